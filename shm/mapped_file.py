@@ -1,0 +1,158 @@
+"""One fixed-size segment file, allocated on disk and then memory-mapped.
+
+Naming: the file is named by the global offset of its first byte, 20 decimal digits
+(`00000000001073741824`). Every segment has exactly its configured size on disk.
+
+Pre-allocation: a new file gets its blocks with posix_fallocate *before* it is mapped. A store
+into a sparse page of a shared mapping on a full disk raises SIGBUS, which kills a Python
+process outright; allocating first turns a full disk into an OSError(ENOSPC) at creation time,
+which the owner reports (CREATE_MAPEDFILE_FAILED) instead of dying.
+
+Positions (all relative to the file's start, one writer each, in the owning process):
+`flushed <= committed <= written <= size`. Readers in other processes never trust these
+fields; they read the published counters in the control block.
+
+Flush: fdatasync on the file (which also writes pages dirtied through the mapping) or msync of
+the mapping; `scripts/bench-store` measures both and `FLUSH_METHOD` keeps the faster.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from pathlib import Path
+
+FLUSH_METHOD = "fdatasync"  # measured faster than msync on preallocated files (bench-store)
+
+
+class StoreError(Exception):
+    """A store that cannot be opened or written as asked; the message names what and where."""
+
+
+class WrongFileSize(StoreError):
+    pass
+
+
+class AllocationFailed(StoreError):
+    """The disk refused the blocks for a new file (ENOSPC, EDQUOT, ...)."""
+
+
+def file_name(offset: int) -> str:
+    return f"{offset:020d}"
+
+
+def allocate(path: Path, size: int) -> None:
+    """Create `path` with `size` bytes of real blocks, atomically: the blocks are allocated under a
+    temporary name and renamed into place, so a reader never sees a half-made segment and a
+    failure (full disk) leaves nothing behind.
+    """
+    temporary = path.with_name(path.name + ".allocating")
+    fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        os.close(fd)
+        temporary.unlink(missing_ok=True)
+        raise AllocationFailed(f"cannot allocate {size} bytes for {path}: {os.strerror(e.errno)}") from e
+    os.close(fd)
+    os.rename(temporary, path)
+
+
+class MappedFile:
+    """A segment file mapped into memory. `readonly` opens for other processes' readers."""
+
+    __slots__ = ("path", "offset_start", "size", "readonly", "fd", "map",
+                 "position_written", "position_committed", "position_flushed", "_view")
+
+    def __init__(self, path: Path, size: int, *, create: bool = False, readonly: bool = False):
+        self.path = Path(path)
+        self.size = size
+        self.readonly = readonly
+        self.offset_start = int(self.path.name)
+        if create and not self.path.exists():  # the allocator may have made it already
+            allocate(self.path, size)
+        actual = os.stat(self.path).st_size
+        if actual != size:
+            raise WrongFileSize(f"{self.path} is {actual} bytes, the configured segment size is {size}")
+        self.fd = os.open(self.path, os.O_RDONLY if readonly else os.O_RDWR)
+        access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
+        self.map = mmap.mmap(self.fd, size, access=access)
+        self._view = memoryview(self.map)
+        # A newly created file is empty; a loaded one is provisionally full until recovery.
+        start = 0 if create else size
+        self.position_written = self.position_committed = self.position_flushed = start
+
+    @property
+    def view(self) -> memoryview:
+        return self._view
+
+    @property
+    def offset_end(self) -> int:
+        return self.offset_start + self.size
+
+    @property
+    def space_left(self) -> int:
+        return self.size - self.position_written
+
+    def is_full(self) -> bool:
+        return self.position_written == self.size
+
+    def write(self, position: int, data) -> None:
+        assert not self.readonly and 0 <= position and position + len(data) <= self.size
+        self.map[position: position + len(data)] = data
+
+    def set_written(self, position: int) -> None:
+        """Move the write position (append, or truncation by recovery); commit follows it."""
+        assert 0 <= position <= self.size, (position, self.size)
+        self.position_written = position
+        self.position_committed = position
+        self.position_flushed = min(self.position_flushed, position)
+
+    def flush(self, method: str = FLUSH_METHOD) -> int:
+        """Make everything written so far durable; returns the new flushed position."""
+        target = self.position_committed
+        if target > self.position_flushed and not self.readonly:
+            if method == "msync":
+                start = self.position_flushed - self.position_flushed % mmap.PAGESIZE
+                self.map.flush(start, target - start)
+            else:
+                os.fdatasync(self.fd)
+            self.position_flushed = target
+        assert self.position_flushed <= self.position_committed <= self.position_written <= self.size
+        return self.position_flushed
+
+    def warm(self) -> None:
+        """Touch every page once so the writer never takes first-touch page faults."""
+        if self.readonly:
+            return
+        try:
+            self.map.madvise(mmap.MADV_WILLNEED)
+        except (AttributeError, OSError):
+            pass
+        page = mmap.PAGESIZE
+        zero = b"\0"
+        for position in range(self.position_written - self.position_written % page + page, self.size, page):
+            self.map[position: position + 1] = zero
+
+    def close(self) -> None:
+        if self.fd < 0:
+            return
+        self._view.release()
+        self.map.close()
+        os.close(self.fd)
+        self.fd = -1
+
+    def destroy(self) -> None:
+        self.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"MappedFile({self.path.name}, written={self.position_written}, flushed={self.position_flushed})"
+
+
+def is_no_space(error: OSError) -> bool:
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -104,6 +104,7 @@ _MIDDLE = {(b, s): _host_struct(b, s) for b in (8, 20) for s in (8, 20)}
 
 
 class CorruptionKind(enum.Enum):
+    END_OF_DATA = "end of data"  # zeros where a record would start: nothing was written here
     BAD_MAGIC = "bad magic"
     BAD_SIZE = "bad size"
     CRC_MISMATCH = "crc mismatch"
@@ -138,12 +139,17 @@ class Blank:
 
 @dataclass(frozen=True, slots=True)
 class Corruption:
-    """Why the bytes at `position` are not a record. `size` is TOTALSIZE when it was readable."""
+    """Why the bytes at `position` are not a record. `size` is TOTALSIZE when it was readable.
+    END_OF_DATA is the normal end of a segment's data, not damage (see `is_damage`)."""
 
     position: int
     kind: CorruptionKind
     detail: str
     size: int = -1
+
+    @property
+    def is_damage(self) -> bool:
+        return self.kind is not CorruptionKind.END_OF_DATA
 
 
 @dataclass(frozen=True)
@@ -405,6 +411,8 @@ def _check_head(buf, pos: int, end: int) -> tuple[int, int, int] | Blank | Corru
     if end - pos < 8:
         return Corruption(pos, CorruptionKind.TRUNCATED, f"{end - pos} bytes left, a header needs 8")
     size, magic = _BLANK.unpack_from(buf, pos)
+    if size == 0 and magic == 0:
+        return Corruption(pos, CorruptionKind.END_OF_DATA, "zeros: no record was written here", 0)
     if magic == BLANK_MAGIC:
         if size < END_FILE_MIN_BLANK_LENGTH:
             return Corruption(pos, CorruptionKind.BAD_SIZE, f"blank record of size {size}", size)

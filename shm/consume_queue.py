@@ -1,0 +1,263 @@
+"""ConsumeQueue: the per-(topic, queueId) index of a queue's messages in the CommitLog.
+
+Files: `consumequeue/<topic>/<queueId>/<20-digit logical byte offset of the first entry>`, each
+`mappedFileSizeConsumeQueue` bytes rounded up to a multiple of 20 (default 300,000 entries).
+
+Entry n (the queue offset) sits at logical byte n*20; 20 bytes, big-endian:
+
+| offset | width | field                                                            |
+|--------|-------|------------------------------------------------------------------|
+| 0      | 8     | CommitLog physical offset of the record                          |
+| 8      | 4     | record size (TOTALSIZE)                                          |
+| 12     | 8     | tags code: jhash(TAGS) sign-extended; the delivery time in ms for SCHEDULE_TOPIC_XXXX |
+
+An entry is valid when phy >= 0 and size > 0. A queue whose first message has queue offset n>0
+starts with filler entries (phy 0, size 0x7FFFFFFF, tags 0) up to n, as RocketMQ writes them.
+
+No checksum: the queue is derived. Crash policy: rebuilt from the CommitLog. Recovery scans the
+last three files up to the first invalid entry, then entries pointing at or past the recovered
+CommitLog end are truncated, and missing ones are re-dispatched from the CommitLog.
+
+Single writer: the reput dispatcher (or start-up recovery before any actor runs). Readers
+(pull workers) open the files read-only and stay below the dispatched counter.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from shm.file_queue import MappedFileQueue
+from shm.mapped_file import StoreError
+
+ENTRY_SIZE = 20
+FILLER_SIZE = 0x7FFFFFFF
+_ENTRY = struct.Struct(">qiq")
+
+
+def rounded_file_size(configured: int) -> int:
+    return -(-configured // ENTRY_SIZE) * ENTRY_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    queue_offset: int
+    physical_offset: int
+    size: int
+    tags_code: int
+
+
+class ConsumeQueue:
+    def __init__(self, root: Path, topic: str, queue_id: int, file_size: int, *, readonly: bool = False):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.file_size = rounded_file_size(file_size)
+        self.directory = Path(root) / topic / str(queue_id)
+        self.files = MappedFileQueue(self.directory, self.file_size, readonly=readonly)
+        self.offset_min_logical = 0  # bytes; the first live entry is offset_min_logical / 20
+        self.max_physical_offset = -1  # phy + size of the last entry written (idempotence)
+        if self.files.files:
+            self.offset_min_logical = self.files.files[0].offset_start
+
+    @property
+    def key(self) -> str:
+        return f"{self.topic}-{self.queue_id}"
+
+    # -- positions (in entries) ------------------------------------------------------------------
+
+    @property
+    def offset_max(self) -> int:
+        """Next queue offset to be written."""
+        return self.files.offset_written // ENTRY_SIZE
+
+    @property
+    def offset_min(self) -> int:
+        return self.offset_min_logical // ENTRY_SIZE
+
+    # -- writing (the dispatcher) ----------------------------------------------------------------
+
+    def put(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> bool:
+        """Write one entry; a repeat of what is already there is accepted and ignored (§4.4)."""
+        assert size > 0 and physical_offset >= 0
+        if physical_offset + size <= self.max_physical_offset:
+            return True
+        expected = queue_offset * ENTRY_SIZE
+        if not self.files.files and queue_offset != 0:
+            # A queue that starts late (its first message has queue offset > 0).
+            self._fill_to(self.files.last_writable(expected), expected)
+        elif queue_offset != 0 and expected < self.files.offset_written:
+            return True  # already there
+        # expected > end would be a hole: RocketMQ logs it and appends at the end anyway.
+        segment = self.files.last_writable(expected)
+        segment.write(segment.position_written, _ENTRY.pack(physical_offset, size, tags_code))
+        segment.set_written(segment.position_written + ENTRY_SIZE)
+        self.max_physical_offset = physical_offset + size
+        return True
+
+    def _fill_to(self, segment, expected: int) -> None:
+        filler = _ENTRY.pack(0, FILLER_SIZE, 0)
+        count = (expected - segment.offset_start) // ENTRY_SIZE
+        segment.write(0, filler * count)
+        segment.set_written(count * ENTRY_SIZE)
+        segment.position_flushed = segment.position_committed = count * ENTRY_SIZE
+        self.offset_min_logical = expected
+
+    def flush(self) -> int:
+        return self.files.flush()
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def entry(self, queue_offset: int) -> Entry | None:
+        logical = queue_offset * ENTRY_SIZE
+        if queue_offset < self.offset_min or logical >= self.files.offset_written:
+            return None
+        segment = self.files.find(logical)
+        if segment is None:
+            return None
+        phy, size, tags = _ENTRY.unpack_from(segment.map, logical - segment.offset_start)
+        return Entry(queue_offset, phy, size, tags)
+
+    def entries(self, queue_offset: int, max_count: int | None = None, *, limit_offset: int | None = None,
+                ) -> list[Entry]:
+        """Entries from `queue_offset` to the end of the readable part of its file (as getMessage
+        reads), at most `max_count`, never at or past `limit_offset` (a published counter).
+        """
+        logical = queue_offset * ENTRY_SIZE
+        segment = self.files.find(logical)
+        if segment is None or queue_offset < self.offset_min:
+            return []
+        end = segment.position_written
+        if limit_offset is not None:
+            end = min(end, limit_offset * ENTRY_SIZE - segment.offset_start)
+        start = logical - segment.offset_start
+        if max_count is not None:
+            end = min(end, start + max_count * ENTRY_SIZE)
+        if end <= start:
+            return []
+        raw = segment.map[start:end]
+        return [Entry(queue_offset + i, phy, size, tags)
+                for i, (phy, size, tags) in enumerate(_ENTRY.iter_unpack(raw))]
+
+    def offset_by_time(self, timestamp: int, store_time_of: Callable[[int, int], int | None]) -> int:
+        """The queue offset whose message's store time is nearest `timestamp` (ties: the earlier),
+        by binary search over the entries; `store_time_of(phy, size)` reads the CommitLog.
+        """
+        low, high = self.offset_min, self.offset_max - 1
+        if high < low:
+            return 0
+        times: dict[int, int] = {}
+
+        def time_at(offset: int) -> int:
+            if offset not in times:
+                e = self.entry(offset)
+                t = store_time_of(e.physical_offset, e.size) if e else None
+                times[offset] = -1 if t is None else t
+            return times[offset]
+
+        first, last = low, high
+        while low <= high:
+            middle = (low + high) // 2
+            t = time_at(middle)
+            if t < timestamp:
+                low = middle + 1
+            elif t > timestamp:
+                high = middle - 1
+            else:
+                # the first of equal times
+                while middle > first and time_at(middle - 1) == timestamp:
+                    middle -= 1
+                return middle
+        if low > last:
+            return last
+        if high < first:
+            return first
+        # timestamp falls between high and low: the nearer wins, the earlier on a tie
+        return high if timestamp - time_at(high) <= time_at(low) - timestamp else low
+
+    # -- recovery --------------------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Find the end of valid entries in the last three files; returns entries dropped."""
+        files = self.files.files
+        if not files:
+            return 0
+        dropped = 0
+        index = max(0, len(files) - 3)
+        for segment in files[index:]:
+            segment.set_written(segment.size)
+        for position, segment in enumerate(files[index:], index):
+            valid = self._valid_prefix(segment)
+            if valid < segment.size:
+                dropped = self._count_dropped(segment, valid) + sum(
+                    self._count_dropped(f, 0) for f in files[position + 1:])
+                self.files.truncate(segment.offset_start + valid)
+                break
+        self._update_max_physical()
+        return dropped
+
+    def _valid_prefix(self, segment) -> int:
+        raw = segment.map[: segment.position_written]
+        for i, (phy, size, _) in enumerate(_ENTRY.iter_unpack(raw)):
+            if phy < 0 or size <= 0:
+                return i * ENTRY_SIZE
+        return len(raw)
+
+    @staticmethod
+    def _count_dropped(segment, valid: int) -> int:
+        raw = segment.map[valid: segment.size]
+        return sum(1 for phy, size, _ in _ENTRY.iter_unpack(raw) if size > 0 and phy >= 0)
+
+    def _update_max_physical(self) -> None:
+        self.max_physical_offset = -1
+        last = self.offset_max - 1
+        entry = self.entry(last) if last >= self.offset_min else None
+        if entry is not None and entry.size != FILLER_SIZE:
+            self.max_physical_offset = entry.physical_offset + entry.size
+
+    def truncate_dirty(self, physical_offset: int) -> int:
+        """Drop entries pointing at or past `physical_offset` (the recovered CommitLog end)."""
+        dropped = 0
+        while self.files.files:
+            segment = self.files.files[-1]
+            entries = list(_ENTRY.iter_unpack(segment.map[: segment.position_written]))
+            keep = next((i for i, (phy, size, _) in enumerate(entries)
+                         if size != FILLER_SIZE and phy >= physical_offset), len(entries))
+            dropped += len(entries) - keep
+            if keep == 0:
+                self.files.files.pop().destroy()
+                continue
+            self.files.truncate(segment.offset_start + keep * ENTRY_SIZE)
+            break
+        self._update_max_physical()
+        return dropped
+
+    def correct_min_offset(self, commitlog_min: int) -> None:
+        """minLogicOffset = first real entry whose message is still in the CommitLog."""
+        if not self.files.files:
+            self.offset_min_logical = 0
+            return
+        first = self.files.files[0]
+        raw = first.map[: first.position_written]
+        for i, (phy, size, _) in enumerate(_ENTRY.iter_unpack(raw)):
+            if size != FILLER_SIZE and phy >= commitlog_min:
+                self.offset_min_logical = first.offset_start + i * ENTRY_SIZE
+                return
+        self.offset_min_logical = first.offset_start + len(raw)
+
+    def sanity_check(self) -> str | None:
+        """A cheap look for damage that recovery cannot mend in place; None when sound."""
+        try:
+            self.files.check_contiguous()
+        except StoreError as e:
+            return str(e)
+        return None
+
+    def destroy(self) -> None:
+        self.files.destroy()
+        self.offset_min_logical = 0
+        self.max_physical_offset = -1
+
+    def close(self) -> None:
+        self.files.close()

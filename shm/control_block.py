@@ -1,0 +1,109 @@
+"""The control block: shared int64 counters that publish the store's positions to every actor.
+
+File: `<store>/control`, one 4096-byte page, memory-mapped by every process of a node. It is
+mqnode's own file (RocketMQ has none and ignores it). Slots are 8-byte aligned int64 in the
+machine's byte order, read and written through `memoryview.cast('q')`: an aligned 8-byte store
+is one instruction on x86-64, so a reader sees the old or the new value, never a mix. (Never use
+struct.pack_into here: it zeroes the bytes before writing, so a reader can see a transient 0.)
+
+| slot | name            | single writer                | meaning                               |
+|------|-----------------|------------------------------|---------------------------------------|
+| 0    | magic           | recovery                     | CONTROL_MAGIC once initialised         |
+| 1    | written         | append writer / HA client    | CommitLog bytes readable below this    |
+| 2    | committed       | flush (write-buffer mode)    | bytes handed from the buffer to the file |
+| 3    | flushed         | flush                        | bytes durable on disk                  |
+| 4    | dispatched      | reput dispatcher             | CommitLog bytes in ConsumeQueue/index  |
+| 5    | min_offset      | clean                        | first CommitLog byte still stored      |
+| 6    | slave_acked     | HA server                    | bytes a slave has confirmed            |
+| 7    | flags           | recovery / clean / node      | FLAG_* bits                            |
+| 8    | store_timestamp | append writer                | store time of the last appended record |
+| 9    | generation      | recovery                     | bumped on every start (stale readers)  |
+| 16+  | heartbeats      | each actor its own slot      | last loop time, ms                     |
+
+Ordering: data first, then the counter that publishes it; readers also check each record's
+magic and size. Invariant (asserted by writers): min_offset <= flushed <= committed <= written.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+from shm.mapped_file import allocate
+
+FILE_SIZE = 4096
+CONTROL_MAGIC = 0x6D716E6F64650001  # "mqnode" v1
+
+SLOTS = {
+    "magic": 0, "written": 1, "committed": 2, "flushed": 3, "dispatched": 4, "min_offset": 5,
+    "slave_acked": 6, "flags": 7, "store_timestamp": 8, "generation": 9,
+}
+HEARTBEAT_BASE = 16
+HEARTBEAT_SLOTS = FILE_SIZE // 8 - HEARTBEAT_BASE
+
+FLAG_WRITABLE = 1 << 0
+FLAG_DISK_FULL = 1 << 4  # RocketMQ's running-flags DISK_FULL bit
+FLAG_LOGICS_WRITE_ERROR = 1 << 2
+FLAG_INDEX_WRITE_ERROR = 1 << 3
+FLAG_SHUTTING_DOWN = 1 << 8
+
+
+class ControlBlock:
+    def __init__(self, path: Path, *, create: bool = False):
+        self.path = Path(path)
+        if create and not self.path.exists():
+            allocate(self.path, FILE_SIZE)
+        self.fd = os.open(self.path, os.O_RDWR)
+        self.map = mmap.mmap(self.fd, FILE_SIZE)
+        self.slots = memoryview(self.map).cast("q")
+
+    def get(self, name: str) -> int:
+        return self.slots[SLOTS[name]]
+
+    def set(self, name: str, value: int) -> None:
+        self.slots[SLOTS[name]] = value
+
+    def advance(self, name: str, value: int) -> None:
+        """Move a monotone counter forward (never back)."""
+        slot = SLOTS[name]
+        assert value >= self.slots[slot], (name, value, self.slots[slot])
+        self.slots[slot] = value
+
+    # flags are written by few writers, each owning distinct bits, at quiet moments
+    def set_flag(self, bit: int, on: bool) -> None:
+        flags = self.slots[SLOTS["flags"]]
+        self.slots[SLOTS["flags"]] = (flags | bit) if on else (flags & ~bit)
+
+    def has_flag(self, bit: int) -> bool:
+        return bool(self.slots[SLOTS["flags"]] & bit)
+
+    def heartbeat(self, actor_slot: int, now_ms: int) -> None:
+        assert 0 <= actor_slot < HEARTBEAT_SLOTS
+        self.slots[HEARTBEAT_BASE + actor_slot] = now_ms
+
+    def heartbeat_of(self, actor_slot: int) -> int:
+        return self.slots[HEARTBEAT_BASE + actor_slot]
+
+    def publish_recovered(self, *, written: int, flushed: int, dispatched: int, min_offset: int) -> None:
+        """Start-up: publish what recovery found, before any actor starts."""
+        assert min_offset <= flushed <= written and dispatched <= written
+        for name, value in (("written", written), ("committed", written), ("flushed", flushed),
+                            ("dispatched", dispatched), ("min_offset", min_offset), ("slave_acked", 0)):
+            self.set(name, value)
+        self.set("generation", self.get("generation") + 1 if self.get("magic") == CONTROL_MAGIC else 1)
+        self.set("magic", CONTROL_MAGIC)
+
+    def check(self) -> None:
+        written, committed, flushed = self.get("written"), self.get("committed"), self.get("flushed")
+        assert self.get("min_offset") <= flushed <= committed <= written, (flushed, committed, written)
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: self.slots[slot] for name, slot in SLOTS.items()}
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.slots.release()
+            self.map.close()
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,300 @@
+"""IndexFile: a hash index from `topic#key` to CommitLog offsets, one fixed-size file per period.
+
+Files: `index/<yyyyMMddHHmmssSSS>` (creation time, local zone), each
+40 + maxHashSlotNum*4 + maxIndexNum*20 bytes (420,000,040 with the defaults), allocated before
+mapping. All integers big-endian.
+
+Header (40 bytes at 0), written through to the mapping as it changes:
+
+| offset | width | field                                                      |
+|--------|-------|------------------------------------------------------------|
+| 0      | 8     | beginTimestamp: store time of the first indexed message     |
+| 8      | 8     | endTimestamp: store time of the last indexed message        |
+| 16     | 8     | beginPhyOffset                                              |
+| 24     | 8     | endPhyOffset                                                |
+| 32     | 4     | hashSlotCount: slots ever used                              |
+| 36     | 4     | indexCount: next entry number, from 1 (entry 0 is unused)   |
+
+Slot s (i32 at 40 + s*4): the number of the newest entry whose keyHash % slots == s; 0 = empty.
+Entry n (20 bytes at 40 + slots*4 + n*20): keyHash i32 (abs(jhash(key)), MIN_VALUE -> 0),
+phyOffset i64, timeDiff i32 (seconds since beginTimestamp), prevIndex i32 (older entry of the
+same slot, 0 = none). A file is full at indexCount == maxIndexNum (maxIndexNum - 1 entries).
+
+No checksum: the index is derived. Crash policy: after an unclean stop, files whose
+endTimestamp is newer than the checkpoint's indexMsgTimestamp are deleted and rebuilt by
+re-dispatching the CommitLog; entries for records already indexed are skipped (phy < endPhyOffset).
+Matching is by hash only: callers re-check the real key of each returned record.
+
+Single writer: the reput dispatcher (or start-up recovery). Readers re-read the header from the
+mapping on every query.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from shm.codec import TRANSACTION_MASK, TRANSACTION_ROLLBACK, index_key_hash
+from shm.mapped_file import allocate
+
+HEADER_SIZE = 40
+SLOT_SIZE = 4
+ENTRY_SIZE = 20
+_HEADER = struct.Struct(">qqqqii")
+_SLOT = struct.Struct(">i")
+_ENTRY = struct.Struct(">iqii")
+_INT_MAX = 2**31 - 1
+
+
+def index_file_size(slot_count: int, index_max: int) -> int:
+    return HEADER_SIZE + slot_count * SLOT_SIZE + index_max * ENTRY_SIZE
+
+
+def file_name_for(timestamp_ms: int) -> str:
+    seconds, millis = divmod(timestamp_ms, 1000)
+    return time.strftime("%Y%m%d%H%M%S", time.localtime(seconds)) + f"{millis:03d}"
+
+
+class IndexFile:
+    def __init__(self, path: Path, slot_count: int, index_max: int, *, create: bool = False,
+                 readonly: bool = False):
+        import mmap
+
+        self.path = Path(path)
+        self.slot_count = slot_count
+        self.index_max = index_max
+        self.size = index_file_size(slot_count, index_max)
+        if create:
+            allocate(self.path, self.size)
+        actual = os.stat(self.path).st_size
+        if actual != self.size:
+            from shm.mapped_file import WrongFileSize
+            raise WrongFileSize(f"{self.path} is {actual} bytes; {slot_count} slots and {index_max} entries need {self.size}")
+        self.fd = os.open(self.path, os.O_RDONLY if readonly else os.O_RDWR)
+        self.map = mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE)
+        self.readonly = readonly
+        self._read_header()
+
+    # -- header ------------------------------------------------------------------------------
+
+    def _read_header(self) -> None:
+        (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset,
+         self.hash_slot_count, self.index_count) = _HEADER.unpack_from(self.map, 0)
+        if self.index_count <= 0:
+            self.index_count = 1
+
+    def _write_header(self) -> None:
+        _HEADER.pack_into(self.map, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
+                          self.end_phy_offset, self.hash_slot_count, self.index_count)
+
+    def seed(self, end_phy_offset: int, end_timestamp: int) -> None:
+        """A file that follows a full one starts from that file's end (IndexService behaviour)."""
+        self.begin_timestamp = self.end_timestamp = end_timestamp
+        self.begin_phy_offset = self.end_phy_offset = end_phy_offset
+        self._write_header()
+
+    def is_full(self) -> bool:
+        return self.index_count >= self.index_max
+
+    def has_history(self) -> bool:
+        """True once the record at end_phy_offset is known indexed (own entries, or seeded)."""
+        return self.index_count > 1 or self.end_timestamp > 0
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
+        """Add one key; False when the file is full (the caller rolls over)."""
+        if self.is_full():
+            return False
+        key_hash = index_key_hash(key)
+        slot_at = HEADER_SIZE + (key_hash % self.slot_count) * SLOT_SIZE
+        previous, = _SLOT.unpack_from(self.map, slot_at)
+        if previous <= 0 or previous > self.index_count:
+            previous = 0
+        time_diff = int((store_timestamp - self.begin_timestamp) / 1000)  # Java truncation
+        time_diff = 0 if self.begin_timestamp <= 0 else min(max(time_diff, 0), _INT_MAX)
+        entry_at = HEADER_SIZE + self.slot_count * SLOT_SIZE + self.index_count * ENTRY_SIZE
+        _ENTRY.pack_into(self.map, entry_at, key_hash, phy_offset, time_diff, previous)
+        _SLOT.pack_into(self.map, slot_at, self.index_count)
+        if self.index_count <= 1:
+            self.begin_phy_offset = phy_offset
+            self.begin_timestamp = store_timestamp
+        if previous == 0:
+            self.hash_slot_count += 1
+        self.index_count += 1
+        self.end_phy_offset = phy_offset
+        self.end_timestamp = store_timestamp
+        self._write_header()
+        return True
+
+    def flush(self) -> None:
+        if not self.readonly:
+            self.map.flush()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        return ((begin < self.begin_timestamp and end > self.end_timestamp)
+                or self.begin_timestamp <= begin <= self.end_timestamp
+                or self.begin_timestamp <= end <= self.end_timestamp)
+
+    def select(self, key: str, max_count: int, begin: int, end: int) -> list[int]:
+        """Physical offsets whose keyHash matches `key` with time in [begin, end], newest first."""
+        if self.readonly:
+            self._read_header()
+        key_hash = index_key_hash(key)
+        found: list[int] = []
+        slot_value, = _SLOT.unpack_from(self.map, HEADER_SIZE + (key_hash % self.slot_count) * SLOT_SIZE)
+        if slot_value <= 0 or slot_value > self.index_count or self.index_count <= 1:
+            return found
+        entries_at = HEADER_SIZE + self.slot_count * SLOT_SIZE
+        current = slot_value
+        for _ in range(self.index_max):  # a chain is never longer than the file
+            if len(found) >= max_count:
+                break
+            hash_read, phy, time_diff, previous = _ENTRY.unpack_from(self.map, entries_at + current * ENTRY_SIZE)
+            if time_diff < 0:
+                break
+            time_read = self.begin_timestamp + time_diff * 1000
+            if hash_read == key_hash and begin <= time_read <= end:
+                found.append(phy)
+            if previous <= 0 or previous > self.index_count or previous == current or time_read < begin:
+                break
+            current = previous
+        return found
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.map.close()
+            os.close(self.fd)
+            self.fd = -1
+
+    def destroy(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+class IndexService:
+    """The index files of a store, oldest first; builds entries and answers key queries."""
+
+    def __init__(self, directory: Path, slot_count: int, index_max: int, *, readonly: bool = False,
+                 clock: Callable[[], float] = time.time, max_query: int = 64):
+        self.directory = Path(directory)
+        self.slot_count = slot_count
+        self.index_max = index_max
+        self.readonly = readonly
+        self.clock = clock
+        self.max_query = max_query
+        self.files: list[IndexFile] = []
+        # Called with a full file's endTimestamp once it is forced (checkpoint indexMsgTimestamp).
+        self.on_file_full: Callable[[int], None] = lambda timestamp: None
+
+    def load(self, *, last_exit_ok: bool = True, checkpoint_index_timestamp: int = 0) -> list[str]:
+        """Open every index file; after an unclean stop, delete the ones newer than the
+        checkpoint (they are rebuilt by re-dispatch). Returns deleted names."""
+        self.close()
+        if not self.readonly:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        deleted = []
+        paths = sorted(p for p in self.directory.iterdir() if p.name.isdigit()) if self.directory.is_dir() else []
+        for path in paths:
+            index = IndexFile(path, self.slot_count, self.index_max, readonly=self.readonly)
+            if not last_exit_ok and index.end_timestamp > checkpoint_index_timestamp and not self.readonly:
+                index.destroy()
+                deleted.append(path.name)
+                continue
+            self.files.append(index)
+        return deleted
+
+    def refresh(self) -> None:
+        """Readers: pick up files the writer created or deleted."""
+        known = {f.path.name: f for f in self.files}
+        names = sorted(p.name for p in self.directory.iterdir() if p.name.isdigit()) if self.directory.is_dir() else []
+        for name in set(known) - set(names):
+            known.pop(name).close()
+        for name in names:
+            if name not in known:
+                known[name] = IndexFile(self.directory / name, self.slot_count, self.index_max, readonly=True)
+        self.files = [known[n] for n in sorted(known)]
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def build_index(self, topic: str, phy_offset: int, store_timestamp: int, sys_flag: int,
+                    uniq_key: str | None, keys: Iterable[str]) -> None:
+        """Index one dispatched record: UNIQ_KEY first, then each KEYS token (§5.6)."""
+        index = self._writable()
+        if phy_offset < index.end_phy_offset or (phy_offset == index.end_phy_offset and index.has_history()):
+            # Indexed before (re-dispatch after recovery). RocketMQ tests only `<` and so indexes
+            # the record at endPhyOffset a second time after an abnormal restart; we do not.
+            return
+        if sys_flag & TRANSACTION_MASK == TRANSACTION_ROLLBACK:
+            return
+        if uniq_key:
+            index = self._put(index, f"{topic}#{uniq_key}", phy_offset, store_timestamp)
+        for key in keys:
+            if key:
+                index = self._put(index, f"{topic}#{key}", phy_offset, store_timestamp)
+
+    def _put(self, index: IndexFile, key: str, phy_offset: int, store_timestamp: int) -> IndexFile:
+        if not index.put_key(key, phy_offset, store_timestamp):
+            index = self._writable()
+            ok = index.put_key(key, phy_offset, store_timestamp)
+            assert ok, "a fresh index file accepts a key"
+        return index
+
+    def _writable(self) -> IndexFile:
+        last = self.files[-1] if self.files else None
+        if last is not None and not last.is_full():
+            return last
+        name = file_name_for(int(self.clock() * 1000))
+        while (self.directory / name).exists() or (last is not None and name <= last.path.name):
+            name = str(int(name) + 1)
+        index = IndexFile(self.directory / name, self.slot_count, self.index_max, create=True)
+        if last is not None:
+            index.seed(last.end_phy_offset, last.end_timestamp)
+            last.flush()
+            self.on_file_full(last.end_timestamp)
+        self.files.append(index)
+        return index
+
+    def flush(self) -> None:
+        for index in self.files:
+            index.flush()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def query(self, topic: str, key: str, max_count: int, begin: int, end: int) -> list[int]:
+        """Offsets for `topic#key` in [begin, end], newest file first (IndexService.queryOffset)."""
+        max_count = min(max_count, self.max_query)
+        found: list[int] = []
+        full_key = f"{topic}#{key}"
+        for index in reversed(self.files):
+            if index.readonly:
+                index._read_header()
+            if index.is_time_matched(begin, end):
+                found.extend(index.select(full_key, max_count - len(found), begin, end))
+            if index.begin_timestamp < begin or len(found) >= max_count:
+                break
+        return found
+
+    def delete_before(self, phy_offset: int) -> list[str]:
+        """Drop index files (never the last) that only point below `phy_offset`."""
+        deleted = []
+        while len(self.files) > 1 and self.files[0].end_phy_offset < phy_offset:
+            index = self.files.pop(0)
+            deleted.append(index.path.name)
+            index.destroy()
+        return deleted
+
+    def destroy(self) -> None:
+        for index in self.files:
+            index.destroy()
+        self.files = []
+
+    def close(self) -> None:
+        for index in self.files:
+            index.close()
+        self.files = []

@@ -1,0 +1,285 @@
+"""Every setting of the store and node, with RocketMQ's camelCase names and 4.9 defaults.
+
+This is the one place settings are defined; `conf/broker.toml` is rendered from it
+(`python -m shm.settings > conf/broker.toml`, checked by a test) so the two cannot drift.
+
+Files hold flat `key = value` lines, as RocketMQ's broker.conf: TOML-style (`"quoted"` strings)
+and broker.conf-style (`key=value`, bare strings) both parse. Keys a file omits keep their
+defaults; an unknown key or a value of the wrong type is an error naming the line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+GiB = 1024 * 1024 * 1024
+
+
+def _s(default, comment: str, group: str):
+    return field(default=default, metadata={"comment": comment, "group": group})
+
+
+STORE = "Storage paths and sizes"
+FLUSH = "CommitLog flush and commit"
+CQ_FLUSH = "ConsumeQueue flush"
+CLEAN = "File cleaning"
+LIMITS = "Message limits, recovery and delayed messages"
+INDEX = "Message index"
+PULL = "Pull and read"
+HA = "HA and broker role"
+BROKER = "Broker settings that affect store behaviour"
+
+
+@dataclass(frozen=True)
+class Settings:
+    # -- storage paths and sizes
+    storePathRootDir: str = _s("~/store", "Store root directory", STORE)
+    storePathCommitLog: str = _s("", "CommitLog directory; empty means <storePathRootDir>/commitlog", STORE)
+    mappedFileSizeCommitLog: int = _s(1 * GiB, "CommitLog segment size in bytes", STORE)
+    mappedFileSizeConsumeQueue: int = _s(300000 * 20, "ConsumeQueue file size (rounded up to a multiple of 20)", STORE)
+    enableConsumeQueueExt: bool = _s(False, "Write ConsumeQueueExt units (not supported by mqnode; must stay false)", STORE)
+    mappedFileSizeConsumeQueueExt: int = _s(48 * 1024 * 1024, "ConsumeQueueExt file size", STORE)
+    bitMapLengthConsumeQueueExt: int = _s(64, "Bits of the ConsumeQueueExt filter bitmap", STORE)
+    # -- CommitLog flush and commit
+    flushDiskType: str = _s("ASYNC_FLUSH", "ASYNC_FLUSH or SYNC_FLUSH", FLUSH)
+    flushIntervalCommitLog: int = _s(500, "Async flush period, ms", FLUSH)
+    flushCommitLogTimed: bool = _s(True, "Async flush sleeps a fixed interval instead of a wakeable wait", FLUSH)
+    flushCommitLogLeastPages: int = _s(4, "Minimum dirty 4 KiB pages for an async flush", FLUSH)
+    flushCommitLogThoroughInterval: int = _s(10000, "Period of a forced full flush, ms", FLUSH)
+    commitIntervalCommitLog: int = _s(200, "Write-buffer commit period, ms", FLUSH)
+    commitCommitLogLeastPages: int = _s(4, "Minimum pages per write-buffer commit", FLUSH)
+    commitCommitLogThoroughInterval: int = _s(200, "Period of a forced full commit, ms", FLUSH)
+    syncFlushTimeout: int = _s(5000, "SYNC_FLUSH wait limit, ms (then FLUSH_DISK_TIMEOUT)", FLUSH)
+    transientStorePoolEnable: bool = _s(False, "Write buffers in memory, committed to the file (ASYNC_FLUSH, non-slave only)", FLUSH)
+    transientStorePoolSize: int = _s(5, "Number of write buffers, each one segment in size", FLUSH)
+    fastFailIfNoBufferInStorePool: bool = _s(False, "Limit pre-allocation to the free pool buffers", FLUSH)
+    warmMapedFileEnable: bool = _s(False, "Pre-touch every page of a new segment", FLUSH)
+    flushLeastPagesWhenWarmMapedFile: int = _s(4096, "Flush step while warming with SYNC_FLUSH, pages", FLUSH)
+    useReentrantLockWhenPutMessage: bool = _s(True, "Put lock type (no effect: mqnode has one writer process)", FLUSH)
+    # -- ConsumeQueue flush
+    flushIntervalConsumeQueue: int = _s(1000, "ConsumeQueue flush period, ms", CQ_FLUSH)
+    flushConsumeQueueLeastPages: int = _s(2, "Minimum dirty pages for a ConsumeQueue flush", CQ_FLUSH)
+    flushConsumeQueueThoroughInterval: int = _s(60000, "Full ConsumeQueue flush and checkpoint force, ms", CQ_FLUSH)
+    # -- file cleaning
+    fileReservedTime: int = _s(72, "CommitLog retention, hours", CLEAN)
+    deleteWhen: str = _s("04", "Hours (;-separated, local time) when expired files are deleted", CLEAN)
+    diskMaxUsedSpaceRatio: int = _s(75, "Disk use (%) above which files are deleted before their time; clamped to [10, 95]", CLEAN)
+    cleanResourceInterval: int = _s(10000, "Cleaner period, ms", CLEAN)
+    deleteCommitLogFilesInterval: int = _s(100, "Pause between CommitLog deletions, ms", CLEAN)
+    deleteConsumeQueueFilesInterval: int = _s(100, "Pause between ConsumeQueue deletions, ms", CLEAN)
+    destroyMapedFileIntervalForcibly: int = _s(120000, "Force delete of a still-referenced file after, ms", CLEAN)
+    redeleteHangedFileInterval: int = _s(120000, "Retry period for a hanged first file, ms", CLEAN)
+    cleanFileForciblyEnable: bool = _s(True, "Ignore file age when the disk is nearly full", CLEAN)
+    diskSpaceWarningLevelRatio: float = _s(0.90, "Disk use above which writes are refused (disk full) and cleaning is immediate", CLEAN)
+    diskSpaceCleanForciblyRatio: float = _s(0.85, "Disk use above which cleaning is immediate", CLEAN)
+    # -- message limits, recovery and delayed messages
+    maxMessageSize: int = _s(4 * 1024 * 1024, "Maximum body size in bytes; a record may be 64 KiB larger", LIMITS)
+    checkCRCOnRecover: bool = _s(True, "Verify body CRCs during CommitLog recovery", LIMITS)
+    messageDelayLevel: str = _s("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", "Delay levels 1..N", LIMITS)
+    flushDelayOffsetInterval: int = _s(10000, "delayOffset.json persist period, ms", LIMITS)
+    enableScheduleMessageStats: bool = _s(True, "Count schedule deliveries in the broker stats", LIMITS)
+    enableScheduleAsyncDeliver: bool = _s(False, "Async re-put of delayed messages", LIMITS)
+    scheduleAsyncDeliverMaxPendingLimit: int = _s(2000, "Async pending limit per level", LIMITS)
+    scheduleAsyncDeliverMaxResendNum2Blocked: int = _s(3, "Resends before a level blocks", LIMITS)
+    # -- message index
+    messageIndexEnable: bool = _s(True, "Build IndexFiles", INDEX)
+    messageIndexSafe: bool = _s(False, "Abnormal recovery also considers the index checkpoint", INDEX)
+    maxHashSlotNum: int = _s(5000000, "Index slots per file", INDEX)
+    maxIndexNum: int = _s(20000000, "Index entries per file (one fewer are usable)", INDEX)
+    maxMsgsNumBatch: int = _s(64, "Maximum offsets per index query", INDEX)
+    defaultQueryMaxNum: int = _s(32, "Default query count", INDEX)
+    # -- pull and read
+    accessMessageInMemoryMaxRatio: int = _s(40, "Share of RAM (%) treated as hot; drives suggestPullingFromSlave", PULL)
+    maxTransferBytesOnMessageInMemory: int = _s(262144, "Pull byte cap for hot data", PULL)
+    maxTransferCountOnMessageInMemory: int = _s(32, "Pull message cap for hot data", PULL)
+    maxTransferBytesOnMessageInDisk: int = _s(65536, "Pull byte cap for cold data", PULL)
+    maxTransferCountOnMessageInDisk: int = _s(8, "Pull message cap for cold data", PULL)
+    diskFallRecorded: bool = _s(True, "Record consumer disk-lag stats", PULL)
+    offsetCheckInSlave: bool = _s(False, "If false, a slave returns the requested offset as nextBeginOffset on errors", PULL)
+    osPageCacheBusyTimeOutMills: int = _s(1000, "Append time that signals OS_PAGECACHE_BUSY, ms", PULL)
+    # -- HA and broker role
+    brokerRole: str = _s("ASYNC_MASTER", "ASYNC_MASTER, SYNC_MASTER or SLAVE", HA)
+    haListenPort: int = _s(10912, "HA port (listenPort + 1 when left at the default)", HA)
+    haSendHeartbeatInterval: int = _s(5000, "HA heartbeat / report period, ms", HA)
+    haHousekeepingInterval: int = _s(20000, "Idle HA connection timeout, ms", HA)
+    haTransferBatchSize: int = _s(32768, "Maximum bytes per HA transfer", HA)
+    haMasterAddress: str = _s("", "A slave's master HA address, host:port", HA)
+    haSlaveFallbehindMax: int = _s(268435456, "SYNC_MASTER fails fast with SLAVE_NOT_AVAILABLE beyond this lag, bytes", HA)
+    slaveTimeout: int = _s(3000, "SYNC_MASTER replication wait, ms (then FLUSH_SLAVE_TIMEOUT)", HA)
+    duplicationEnable: bool = _s(False, "Dispatch only below the confirm offset", HA)
+    # -- broker settings that affect store behaviour
+    brokerClusterName: str = _s("DefaultCluster", "Cluster name, stored in every record's CLUSTER property", BROKER)
+    brokerName: str = _s("broker-a", "Broker name", BROKER)
+    brokerIP1: str = _s("127.0.0.1", "Address stored as each record's store host", BROKER)
+    listenPort: int = _s(10911, "Port stored as each record's store host (and the default listen port)", BROKER)
+    longPollingEnable: bool = _s(True, "Hold empty pulls until a message arrives", BROKER)
+    shortPollingTimeMills: int = _s(1000, "Hold time and check period without long polling, ms", BROKER)
+    brokerFastFailureEnable: bool = _s(True, "Expire queued requests", BROKER)
+    waitTimeMillsInSendQueue: int = _s(200, "Send-queue wait limit, ms (then SYSTEM_BUSY)", BROKER)
+    waitTimeMillsInPullQueue: int = _s(5000, "Pull-queue wait limit, ms", BROKER)
+    slaveReadEnable: bool = _s(False, "Allow redirecting consumers to a slave", BROKER)
+    flushConsumerOffsetInterval: int = _s(5000, "consumerOffset.json persist period, ms", BROKER)
+    defaultTopicQueueNums: int = _s(8, "Queues of an auto-created topic", BROKER)
+    autoCreateTopicEnable: bool = _s(True, "Create a topic on its first send", BROKER)
+
+    # -- derived ------------------------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        return Path(os.path.expanduser(self.storePathRootDir))
+
+    @property
+    def commitlog_dir(self) -> Path:
+        return Path(os.path.expanduser(self.storePathCommitLog)) if self.storePathCommitLog else self.root / "commitlog"
+
+    @property
+    def consumequeue_dir(self) -> Path:
+        return self.root / "consumequeue"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.root / "index"
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.flushDiskType == "SYNC_FLUSH"
+
+    def delay_levels_ms(self) -> list[int]:
+        return parse_delay_levels(self.messageDelayLevel)
+
+
+class SettingsError(ValueError):
+    pass
+
+
+_UNITS = {"s": 1000, "m": 60000, "h": 3600000, "d": 86400000}
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    levels = []
+    for item in text.split(" "):
+        if not item:
+            continue
+        try:
+            levels.append(int(item[:-1]) * _UNITS[item[-1]])
+        except (KeyError, ValueError):
+            raise SettingsError(f"messageDelayLevel: {item!r} is not a number followed by s, m, h or d") from None
+    return levels
+
+
+FIELDS = {f.name: f for f in fields(Settings)}
+_CHOICES = {
+    "flushDiskType": ("ASYNC_FLUSH", "SYNC_FLUSH"),
+    "brokerRole": ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"),
+}
+
+
+def coerce(name: str, raw: str) -> object:
+    """Turn the text of a value into the setting's type, or raise SettingsError."""
+    if name not in FIELDS:
+        raise SettingsError(f"unknown setting {name!r}")
+    kind = type(FIELDS[name].default)
+    text = raw.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        text = text[1:-1]
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false"):
+                raise ValueError
+            value: object = text.lower() == "true"
+        elif kind is int:
+            value = int(text.replace("_", ""))
+        elif kind is float:
+            value = float(text)
+        else:
+            value = text
+    except ValueError:
+        raise SettingsError(f"{name}: {raw.strip()!r} is not a {kind.__name__}") from None
+    if name in _CHOICES and value not in _CHOICES[name]:
+        raise SettingsError(f"{name}: {value!r} is not one of {', '.join(_CHOICES[name])}")
+    return value
+
+
+def parse_conf(text: str, origin: str = "<conf>") -> dict[str, object]:
+    values: dict[str, object] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = _strip_comment(line).strip()
+        if not stripped or stripped.startswith("["):
+            continue
+        name, separator, raw = stripped.partition("=")
+        if not separator:
+            raise SettingsError(f"{origin}:{number}: expected key = value, got {line.strip()!r}")
+        try:
+            values[name.strip()] = coerce(name.strip(), raw)
+        except SettingsError as e:
+            raise SettingsError(f"{origin}:{number}: {e}") from None
+    return values
+
+
+def _strip_comment(line: str) -> str:
+    quote = None
+    for i, ch in enumerate(line):
+        if ch in "\"'":
+            quote = None if quote == ch else (quote or ch)
+        elif ch == "#" and quote is None:
+            return line[:i]
+    return line
+
+
+def load(conf: str | Path | None = None, overrides: dict[str, object] | None = None) -> Settings:
+    """Defaults, then the file's keys, then explicit overrides (already typed or text)."""
+    values: dict[str, object] = {}
+    if conf is not None:
+        path = Path(conf)
+        try:
+            values.update(parse_conf(path.read_text(), str(path)))
+        except OSError as e:
+            raise SettingsError(f"cannot read {path}: {e.strerror}") from None
+    for name, value in (overrides or {}).items():
+        values[name] = coerce(name, value) if isinstance(value, str) else value
+    settings = replace(Settings(), **values)
+    validate(settings)
+    return settings
+
+
+def validate(settings: Settings) -> None:
+    if settings.mappedFileSizeCommitLog < 4096:
+        raise SettingsError("mappedFileSizeCommitLog must be at least 4096 bytes")
+    if settings.mappedFileSizeConsumeQueue < 20:
+        raise SettingsError("mappedFileSizeConsumeQueue must hold at least one 20-byte entry")
+    if settings.maxHashSlotNum <= 0 or settings.maxIndexNum <= 1:
+        raise SettingsError("maxHashSlotNum must be > 0 and maxIndexNum > 1")
+    if settings.enableConsumeQueueExt:
+        raise SettingsError("enableConsumeQueueExt=true is not supported by mqnode")
+    parse_delay_levels(settings.messageDelayLevel)
+
+
+def render_conf() -> str:
+    """conf/broker.toml: every key, its default and what it does, grouped as the spec groups them."""
+    lines = ["# mqnode broker settings: RocketMQ 4.9 MessageStoreConfig/BrokerConfig names and defaults.",
+             "# Flat `key = value` lines (TOML; RocketMQ broker.conf `key=value` lines parse too).",
+             "# Keys left out of a file given with --conf keep these defaults.",
+             "# Generated from shm/settings.py: python -m shm.settings > conf/broker.toml", ""]
+    group = None
+    for f in fields(Settings):
+        if f.metadata["group"] != group:
+            group = f.metadata["group"]
+            lines += ["", f"# ---- {group}"]
+        lines.append(f"# {f.metadata['comment']}")
+        lines.append(f"{f.name} = {_render_value(f.default)}")
+    return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
+
+
+def _render_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value + '"'
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_conf())

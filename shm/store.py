@@ -1,0 +1,128 @@
+"""MessageStore: the store directory opened as a whole — CommitLog, ConsumeQueues, IndexFiles,
+checkpoint — for one process. The writable opener holds the `lock`; readers open read-only.
+
+Layout under `storePathRootDir` (RocketMQ 4.9's, so either can open the other's store):
+`commitlog/`, `consumequeue/<topic>/<queueId>/`, `index/`, `checkpoint`, `abort`, `lock`,
+`config/*.json`, plus mqnode's own `control` (shm.control_block).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from shm.checkpoint import Checkpoint
+from shm.commitlog import CommitLog
+from shm.consume_queue import ConsumeQueue
+from shm.index_file import IndexService
+from shm.mapped_file import StoreError
+from shm.settings import Settings
+from shm.store_files import StoreLock
+
+
+class MessageStore:
+    def __init__(self, settings: Settings, *, readonly: bool = False, lock: bool = True,
+                 clock: Callable[[], float] = time.time):
+        self.settings = settings
+        self.readonly = readonly
+        self.root = settings.root
+        self.clock = clock
+        self.delay_levels_ms = settings.delay_levels_ms()
+        self.lock = StoreLock(self.root) if (lock and not readonly) else None
+        if self.lock:
+            self.lock.acquire()
+        try:
+            if not readonly:
+                self.root.mkdir(parents=True, exist_ok=True)
+            self.commitlog = CommitLog(settings.commitlog_dir, settings.mappedFileSizeCommitLog, readonly=readonly)
+            self.checkpoint = Checkpoint(self.root / "checkpoint", readonly=readonly) if (
+                not readonly or (self.root / "checkpoint").exists()) else None
+            self.index = IndexService(settings.index_dir, settings.maxHashSlotNum, settings.maxIndexNum,
+                                      readonly=readonly, clock=clock, max_query=settings.maxMsgsNumBatch)
+            self.index.on_file_full = self._index_file_full
+            self.consume_queues: dict[tuple[str, int], ConsumeQueue] = {}
+            self.damaged_queues: list[str] = []  # queues dropped at load, to be rebuilt
+        except BaseException:
+            if self.lock:
+                self.lock.release()
+            raise
+
+    def _index_file_full(self, end_timestamp: int) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint.index_timestamp = end_timestamp
+            self.checkpoint.flush()
+
+    # -- consume queues --------------------------------------------------------------------------
+
+    def load_consume_queues(self) -> None:
+        """Open every queue on disk. A queue whose files cannot be opened (wrong size, a gap) is
+        derived data: it is deleted and rebuilt from the CommitLog by recovery."""
+        root = self.settings.consumequeue_dir
+        if not root.is_dir():
+            return
+        for topic_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+            for queue_dir in sorted(p for p in topic_dir.iterdir() if p.is_dir()):
+                if not queue_dir.name.isdigit():
+                    continue  # RocketMQ ignores non-integer queue directories
+                key = (topic_dir.name, int(queue_dir.name))
+                try:
+                    self.consume_queues[key] = self._open_queue(*key)
+                except StoreError as e:
+                    if self.readonly:
+                        raise
+                    self.damaged_queues.append(f"{topic_dir.name}/{queue_dir.name}: {e}")
+                    shutil.rmtree(queue_dir)
+
+    def _open_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        return ConsumeQueue(self.settings.consumequeue_dir, topic, queue_id,
+                            self.settings.mappedFileSizeConsumeQueue, readonly=self.readonly)
+
+    def consume_queue(self, topic: str, queue_id: int, *, create: bool = True) -> ConsumeQueue | None:
+        key = (topic, queue_id)
+        queue = self.consume_queues.get(key)
+        if queue is None and (create or (self.settings.consumequeue_dir / topic / str(queue_id)).is_dir()):
+            queue = self.consume_queues[key] = self._open_queue(topic, queue_id)
+        return queue
+
+    def rebuild_queue_offsets(self) -> None:
+        """The next queue offset of every queue = its ConsumeQueue's max offset (§2.9)."""
+        self.commitlog.queue_offsets = {q.key: q.offset_max for q in self.consume_queues.values()}
+        for queue in self.consume_queues.values():
+            queue.correct_min_offset(self.commitlog.offset_min)
+
+    def destroy_logics(self) -> None:
+        for queue in self.consume_queues.values():
+            queue.destroy()
+        self.consume_queues.clear()
+        shutil.rmtree(self.settings.consumequeue_dir, ignore_errors=True)
+        self.index.destroy()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def flush_all(self) -> None:
+        """Everything written so far to disk, then the checkpoint (shutdown, tools)."""
+        self.commitlog.flush()
+        for queue in self.consume_queues.values():
+            queue.flush()
+        self.index.flush()
+        if self.checkpoint is not None and not self.readonly:
+            self.checkpoint.flush()
+
+    def close(self) -> None:
+        self.commitlog.close()
+        for queue in self.consume_queues.values():
+            queue.close()
+        self.index.close()
+        if self.checkpoint is not None:
+            self.checkpoint.close()
+        if self.lock:
+            self.lock.release()
+            self.lock = None
+
+    def __enter__(self) -> "MessageStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,82 @@
+"""The `lock` and `abort` files at the store root.
+
+`lock`: the running broker holds an exclusive POSIX record lock (fcntl, as Java's
+FileChannel.tryLock) on byte 0 and writes the 4 bytes `lock`. A second broker on the same store
+fails at once with StoreLocked. POSIX locks do not conflict within one process, so this module
+also refuses a second lock of the same store from the process that holds it.
+
+`abort`: an empty file that exists while the store is open for writing; removed by a clean
+shutdown (writable store, nothing left to dispatch). Found at start => the last stop was not
+clean => abnormal recovery.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from shm.mapped_file import StoreError
+
+
+class StoreLocked(StoreError):
+    pass
+
+
+_held: dict[str, int] = {}  # resolved lock path -> fd, for this process
+
+
+class StoreLock:
+    def __init__(self, root: Path):
+        self.path = Path(root) / "lock"
+        self.fd = -1
+
+    def acquire(self) -> None:
+        key = str(self.path.resolve())
+        if key in _held:
+            raise StoreLocked(f"{self.path}: this process already has the store open (lock overlapping)")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        except OSError as e:
+            os.close(fd)
+            raise StoreLocked(f"{self.path}: the store is in use by another process (MQ already started)") from e
+        os.pwrite(fd, b"lock", 0)
+        self.fd = fd
+        _held[key] = fd
+
+    def release(self) -> None:
+        if self.fd < 0:
+            return
+        _held.pop(str(self.path.resolve()), None)
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 0)
+        os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self) -> "StoreLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def abort_path(root: Path) -> Path:
+    return Path(root) / "abort"
+
+
+def last_exit_ok(root: Path) -> bool:
+    return not abort_path(root).exists()
+
+
+def mark_running(root: Path) -> None:
+    path = abort_path(root)
+    path.touch()
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def mark_clean_exit(root: Path) -> None:
+    abort_path(root).unlink(missing_ok=True)

@@ -1,19 +1,25 @@
 # Sourced by the scripts: make sure .venv exists and holds this project, then use it.
-# A stamp of pyproject.toml's hash means a changed dependency list reinstalls once.
+# A stamp per extras set holds pyproject.toml's hash, so a changed dependency list reinstalls once.
 set -euo pipefail
 MQNODE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$MQNODE_ROOT/.venv"
 EXTRAS="${MQNODE_EXTRAS:-}"
-stamp_want="$(sha256sum "$MQNODE_ROOT/pyproject.toml" | cut -c1-16)${EXTRAS:+-$EXTRAS}"
-stamp_file="$VENV/.mqnode-installed"
+stamp_want="$(sha256sum "$MQNODE_ROOT/pyproject.toml" | cut -c1-16)"
+stamp_file="$VENV/.mqnode-installed${EXTRAS:+-$EXTRAS}"
 if [ ! -x "$VENV/bin/python" ]; then
   echo "mqnode: creating $VENV (first use; this takes a minute)" >&2
   "${PYTHON:-python3}" -m venv "$VENV"
 fi
-if [ ! -f "$stamp_file" ] || ! grep -qx -- "$stamp_want" "$stamp_file"; then
-  echo "mqnode: installing mqnode${EXTRAS:+[$EXTRAS]} into $VENV" >&2
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$MQNODE_ROOT${EXTRAS:+[$EXTRAS]}" >&2
+if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp_want" ]; then
+  echo "mqnode: installing mqnode${EXTRAS:+[$EXTRAS]} and its dependencies into $VENV" >&2
+  log="$VENV/install.log"
+  if ! { "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip &&
+         "$VENV/bin/python" -m pip install --disable-pip-version-check -e "$MQNODE_ROOT${EXTRAS:+[$EXTRAS]}"; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "mqnode: installing failed (log above, also in $log)" >&2
+    exit 1
+  fi
   echo "$stamp_want" > "$stamp_file"
+  [ -z "$EXTRAS" ] || echo "$stamp_want" > "$VENV/.mqnode-installed"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -140,6 +140,13 @@ class ConsumeQueue:
         return [Entry(queue_offset + i, phy, size, tags)
                 for i, (phy, size, tags) in enumerate(_ENTRY.iter_unpack(raw))]
 
+    @staticmethod
+    def matching(entries: list[Entry], tags_codes: set[int] | None) -> list[Entry]:
+        """The entries whose tag code is subscribed (None or an empty set: all, as `*`)."""
+        if not tags_codes:
+            return entries
+        return [e for e in entries if e.tags_code in tags_codes]
+
     def offset_by_time(self, timestamp: int, store_time_of: Callable[[int, int], int | None]) -> int:
         """The queue offset whose message's store time is nearest `timestamp` (ties: the earlier),
         by binary search over the entries; `store_time_of(phy, size)` reads the CommitLog.
@@ -179,7 +186,8 @@ class ConsumeQueue:
     # -- recovery --------------------------------------------------------------------------------
 
     def recover(self) -> int:
-        """Find the end of valid entries in the last three files; returns entries dropped."""
+        """Find the end of valid entries in the last three files; returns entries dropped.
+        Opened read-only, it only finds the end (in memory) and deletes nothing."""
         files = self.files.files
         if not files:
             return 0
@@ -226,7 +234,8 @@ class ConsumeQueue:
                          if size != FILLER_SIZE and phy >= physical_offset), len(entries))
             dropped += len(entries) - keep
             if keep == 0:
-                self.files.files.pop().destroy()
+                dropped_file = self.files.files.pop()
+                dropped_file.close() if self.files.readonly else dropped_file.destroy()
                 continue
             self.files.truncate(segment.offset_start + keep * ENTRY_SIZE)
             break

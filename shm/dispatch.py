@@ -54,3 +54,23 @@ def dispatch(store, record: Record) -> None:
     if store.settings.messageIndexEnable:
         store.index.build_index(record.topic, record.physical_offset, record.store_timestamp,
                                 record.sys_flag, record.uniq_key, record.keys)
+
+
+def reput(store, begin: int, end: int | None = None) -> tuple[int, int]:
+    """Dispatch every record in [begin, end) of the CommitLog; returns (next offset, records).
+
+    The core of the reput dispatcher and of recovery's catch-up. Stops early at damage (a
+    record that does not decode), returning where it stopped so the caller can report it.
+    """
+    from shm.codec import Corruption
+
+    end = store.commitlog.offset_written if end is None else end
+    count = 0
+    offset = begin
+    for item in store.commitlog.iterate(begin, limit=end, read_body=False):
+        if isinstance(item, Corruption):
+            return item.position, count
+        dispatch(store, item)
+        count += 1
+        offset = item.position + item.total_size
+    return max(offset, min(end, store.commitlog.offset_written)) if count else offset, count

@@ -144,7 +144,8 @@ class MappedFileQueue:
             if f.offset_start <= offset:
                 f.set_written(offset - f.offset_start)
             else:
-                f.destroy()
+                # A reader only forgets the file; the writer deletes it.
+                f.close() if self.readonly else f.destroy()
                 self.files.remove(f)
                 deleted.append(f.path.name)
         return deleted

@@ -280,6 +280,16 @@ class IndexService:
                 break
         return found
 
+    def query_all(self, topic: str, key: str) -> list[int]:
+        """Every offset indexed under `topic#key`, whatever its time, across all files (verify)."""
+        full_key = f"{topic}#{key}"
+        found: list[int] = []
+        for index in self.files:
+            if index.readonly:
+                index._read_header()
+            found.extend(index.select(full_key, self.index_max, -(2**62), 2**62))
+        return found
+
     def delete_before(self, phy_offset: int) -> list[str]:
         """Drop index files (never the last) that only point below `phy_offset`."""
         deleted = []

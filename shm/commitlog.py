@@ -84,11 +84,12 @@ class CommitLog:
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def append_batch(self, batch: EncodedBatch, store_timestamp: int) -> AppendResult:
+    def append_batch(self, batch: EncodedBatch, store_timestamp: int, *, atomic: bool = False) -> AppendResult:
         """Place a batch at the end of the log: one copy per segment touched and, per record,
         the queue and physical offsets and the store time patched in. Records never straddle a
         segment; when the next one does not fit (with 8 bytes to spare) the segment is closed
-        with a blank record and the rest goes on in the next one.
+        with a blank record and the rest goes on in the next one. `atomic` keeps the whole batch
+        in one segment, as RocketMQ stores a client's MessageExtBatch.
         """
         assert not self.segments.readonly
         n = len(batch)
@@ -98,6 +99,10 @@ class CommitLog:
         while i < n:
             segment = self.segments.last_writable(self.offset_written)
             j = self._fitting(batch, i, segment.space_left)
+            if atomic and j < n:
+                if segment.position_written == 0:
+                    raise RecordTooLarge(f"a batch of {batch.size_bytes} bytes cannot fit a segment of {self.segment_size}")
+                j = i
             if j == i:
                 self._close_segment(segment, batch.sizes[i])
                 continue

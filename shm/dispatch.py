@@ -66,11 +66,9 @@ def reput(store, begin: int, end: int | None = None) -> tuple[int, int]:
 
     end = store.commitlog.offset_written if end is None else end
     count = 0
-    offset = begin
     for item in store.commitlog.iterate(begin, limit=end, read_body=False):
         if isinstance(item, Corruption):
             return item.position, count
         dispatch(store, item)
         count += 1
-        offset = item.position + item.total_size
-    return max(offset, min(end, store.commitlog.offset_written)) if count else offset, count
+    return max(begin, end), count

@@ -1,0 +1,70 @@
+"""Building small stores for tests: settings with small files, messages, puts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shm import settings as settings_module
+from shm.codec import EncodedBatch, encode, encode_host, properties_string
+from shm.dispatch import reput
+from shm.settings import Settings
+from shm.store import MessageStore
+
+BORN = encode_host("127.0.0.1", 50000)
+STORE_HOST = encode_host("127.0.0.1", 10911)
+BORN_V6 = encode_host("::1", 50000)
+STORE_V6 = encode_host("::1", 10911)
+
+
+def small_settings(root: Path, **overrides) -> Settings:
+    values = {"storePathRootDir": str(root), "mappedFileSizeCommitLog": 64 * 1024,
+              "mappedFileSizeConsumeQueue": 100 * 20, "maxHashSlotNum": 500, "maxIndexNum": 400}
+    values.update(overrides)
+    return settings_module.load(None, values)
+
+
+def message(i: int, *, topic: str = "TopicA", queues: int = 4, size: int | None = None, born=BORN,
+            store_host=STORE_HOST, delay: int = 0, sys_flag: int = 0) -> bytes:
+    """Message i: body of a size that varies with i, tags/keys on some, as the golden harness."""
+    length = size if size is not None else 1 + (i * 997 + (i * i) % 13) % 700
+    props: dict[str, str | None] = {
+        "TAGS": ("TagA", "TagB", None)[i % 3],
+        "KEYS": f"key-{i}" + (f" alt-{i % 10}" if i % 4 == 3 else "") if i % 2 else None,
+        "UNIQ_KEY": f"{i:032X}" if i % 5 == 0 else None,
+        "CLUSTER": "DefaultCluster",
+    }
+    if delay:
+        props["DELAY"] = str(delay)
+    body = bytes((i * 7 + j) % 251 for j in range(length))
+    return encode(topic=topic, body=body, queue_id=i % queues, born_timestamp=1700000000000 + i,
+                  born_host=born, store_host=store_host, properties=properties_string(props), sys_flag=sys_flag)
+
+
+def put(store: MessageStore, records: list[bytes], *, store_timestamp: int = 1795000000000, dispatch: bool = True):
+    batch = EncodedBatch()
+    for record in records:
+        batch.add(record)
+    begin = store.commitlog.offset_written
+    result = store.commitlog.append_batch(batch, store_timestamp)
+    if dispatch:
+        reput(store, begin)
+    return result
+
+
+def open_store(settings: Settings, **kwargs) -> MessageStore:
+    from shm.recovery import recover
+    from shm.store_files import mark_running
+
+    store = MessageStore(settings, **kwargs)
+    store.report = recover(store)
+    mark_running(settings.root)
+    return store
+
+
+def close_clean(store: MessageStore) -> None:
+    from shm.store_files import mark_clean_exit
+
+    store.flush_all()
+    root = store.root
+    store.close()
+    mark_clean_exit(root)

@@ -200,6 +200,8 @@ class ConsumeQueue:
             if valid < segment.size:
                 dropped = self._count_dropped(segment, valid) + sum(
                     self._count_dropped(f, 0) for f in files[position + 1:])
+                if dropped and not self.files.readonly:
+                    segment.zero(valid, segment.size)
                 self.files.truncate(segment.offset_start + valid)
                 break
         self._update_max_physical()
@@ -237,6 +239,8 @@ class ConsumeQueue:
                 dropped_file = self.files.files.pop()
                 dropped_file.close() if self.files.readonly else dropped_file.destroy()
                 continue
+            if not self.files.readonly:
+                segment.zero(keep * ENTRY_SIZE, len(entries) * ENTRY_SIZE)
             self.files.truncate(segment.offset_start + keep * ENTRY_SIZE)
             break
         self._update_max_physical()

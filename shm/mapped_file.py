@@ -109,6 +109,14 @@ class MappedFile:
         self.position_committed = position
         self.position_flushed = min(self.position_flushed, position)
 
+    def zero(self, start: int, end: int, chunk: int = 1 << 20) -> None:
+        """Overwrite [start, end) with zeros, so truncated data cannot come back after a later
+        crash lets new writes end where old, still-valid-looking records begin."""
+        assert not self.readonly and 0 <= start <= end <= self.size
+        for position in range(start, end, chunk):
+            stop = min(end, position + chunk)
+            self.map[position:stop] = bytes(stop - position)
+
     def flush(self, method: str = FLUSH_METHOD) -> int:
         """Make everything written so far durable; returns the new flushed position."""
         target = self.position_committed

@@ -189,6 +189,10 @@ class Recovery:
         store = self.store
         self.report.recovered_offset = end
         self.report.deleted_segments = store.commitlog.truncate(end)
+        if self.report.corruption:  # damaged bytes follow the valid prefix: make sure they stay gone
+            segment = store.commitlog.segments.find(end) or store.commitlog.segments.last()
+            if segment is not None and segment.offset_start <= end < segment.offset_end:
+                segment.zero(end - segment.offset_start, segment.size)
         for segment in store.commitlog.segments.files:
             segment.position_flushed = segment.position_committed = segment.position_written
         for queue in store.consume_queues.values():

@@ -1,0 +1,200 @@
+"""ConsumeQueueTest, IndexFileTest, StoreCheckpointTest and DefaultMessageStoreTest read scenarios."""
+
+import subprocess
+import sys
+
+import pytest
+from helpers import message, open_store, put, small_settings
+
+from shm.checkpoint import Checkpoint
+from shm.codec import decode, tags_code
+from shm.consume_queue import FILLER_SIZE, ConsumeQueue
+from shm.control_block import FLAG_DISK_FULL, ControlBlock
+from shm.index_file import IndexFile, IndexService, index_file_size
+from shm.store import MessageStore
+from shm.store_files import StoreLock, StoreLocked
+
+
+def test_queue_put_read_rollover_and_repeat(tmp_path):
+    queue = ConsumeQueue(tmp_path, "T", 0, 200)  # 10 entries a file
+    for i in range(25):
+        assert queue.put(i, 1000 + i * 100, 100, i % 3)
+    assert (queue.offset_min, queue.offset_max) == (0, 25)
+    assert [f.path.name for f in queue.files.files] == ["00000000000000000000", "00000000000000000200",
+                                                        "00000000000000000400"]
+    assert queue.put(3, 1300, 100, 0)  # a repeat is accepted and changes nothing
+    assert queue.offset_max == 25 and queue.entry(3).physical_offset == 1300
+    entries = queue.entries(7)
+    assert [e.queue_offset for e in entries] == [7, 8, 9]  # to the end of that file, as getMessage reads
+    assert [e.queue_offset for e in ConsumeQueue.matching(queue.entries(10), {1})] == [10, 13, 16, 19]
+    assert queue.entries(25) == [] and queue.entry(30) is None
+
+
+def test_queue_that_starts_late_is_filled_like_rocketmq(tmp_path):
+    queue = ConsumeQueue(tmp_path, "T", 1, 200)
+    queue.put(13, 5000, 50, 0)
+    assert (queue.offset_min, queue.offset_max) == (13, 14)
+    raw = queue.files.files[0].map[:80]
+    assert raw[:20] == (0).to_bytes(8, "big") + FILLER_SIZE.to_bytes(4, "big") + bytes(8)
+    reopened = ConsumeQueue(tmp_path, "T", 1, 200)
+    reopened.recover()
+    reopened.correct_min_offset(0)
+    assert (reopened.offset_min, reopened.offset_max) == (13, 14)
+
+
+def test_queue_truncate_dirty_and_recover(tmp_path):
+    queue = ConsumeQueue(tmp_path, "T", 0, 200)
+    for i in range(25):
+        queue.put(i, i * 100, 100, 0)
+    assert queue.truncate_dirty(1250) == 12
+    assert queue.offset_max == 13 and queue.max_physical_offset == 1300
+    assert len(queue.files.files) == 2
+    queue.close()
+    reopened = ConsumeQueue(tmp_path, "T", 0, 200)
+    assert reopened.recover() == 0 and reopened.offset_max == 13
+
+
+def test_offset_by_time(tmp_path):
+    """testGetOffsetInQueueByTime and its skewing cases."""
+    settings = small_settings(tmp_path / "s")
+    store = open_store(settings)
+    for i in range(10):
+        put(store, [message(i, queues=1)], store_timestamp=1795000000000 + i * 10)
+    queue = store.consume_queue("TopicA", 0)
+
+    def store_time(phy, size):
+        return store.commitlog.read(phy).store_timestamp
+
+    for i in range(10):
+        t = 1795000000000 + i * 10
+        assert queue.offset_by_time(t, store_time) == i
+        assert queue.offset_by_time(t + 2, store_time) == i
+        assert queue.offset_by_time(t - 2, store_time) == i
+    assert queue.offset_by_time(1795000000000 + 20000, store_time) == 9
+    assert queue.offset_by_time(1795000000000 - 20000, store_time) == 0
+    assert ConsumeQueue(tmp_path / "none", "X", 0, 200).offset_by_time(5, store_time) == 0
+    store.close()
+
+
+def test_index_file_capacity_and_select(tmp_path):
+    """IndexFileTest: 400 entries hold 399 keys; key "60" is found once."""
+    index = IndexFile(tmp_path / "20260101000000000", 100, 400, create=True)
+    assert index.size == index_file_size(100, 400)
+    for i in range(399):
+        assert index.put_key(str(i), i, 1795000000000)
+    assert not index.put_key("399", 399, 1795000000000)
+    assert index.select("60", 10, 0, 2**62) == [60]
+
+
+def test_index_worked_example_bytes(tmp_path):
+    index = IndexFile(tmp_path / "20260101000000000", 5_000_000 // 1000, 2000, create=True)
+    for key in ("TopicTest#7F00000130391B6D358647B760000000", "TopicTest#k1", "TopicTest#k2"):
+        index.put_key(key, 1024, 1700000000123)
+    assert (index.begin_timestamp, index.end_timestamp, index.begin_phy_offset, index.end_phy_offset,
+            index.hash_slot_count, index.index_count) == (1700000000123, 1700000000123, 1024, 1024, 3, 4)
+    entries_at = 40 + index.slot_count * 4
+    assert bytes(index.map[entries_at + 20: entries_at + 40]).hex() == "2f07e886" + "0000000000000400" + "0" * 16
+
+
+def test_index_service_rolls_over_and_queries_across_files(tmp_path):
+    clock = iter(range(1795000000, 1795100000)).__next__
+    service = IndexService(tmp_path / "index", 50, 20, clock=lambda: clock())
+    service.load()
+    for i in range(100):
+        service.build_index("T", i * 100, 1795000000000 + i * 1000, 0, None, [f"k{i % 7}", "all"])
+    assert len(service.files) > 5
+    found = service.query("T", "k3", 64, 0, 2**62)
+    assert sorted(found) == [i * 100 for i in range(100) if i % 7 == 3]
+    assert len(service.query("T", "all", 64, 0, 2**62)) == 64  # capped at maxMsgsNumBatch
+    assert sorted(service.query_all("T", "all")) == [i * 100 for i in range(100)]
+    in_range = service.query("T", "all", 64, 1795000010000, 1795000019000)
+    assert sorted(in_range) == [i * 100 for i in range(10, 20)]
+
+
+def test_checkpoint_round_trip(tmp_path):
+    """StoreCheckpointTest.testWriteAndRead."""
+    checkpoint = Checkpoint(tmp_path / "checkpoint")
+    checkpoint.physic_timestamp, checkpoint.logics_timestamp = 0xAABB, 0xCCDD
+    checkpoint.flush()
+    assert checkpoint.min_timestamp == 0xAABB - 3000
+    checkpoint.close()
+    again = Checkpoint(tmp_path / "checkpoint")
+    assert (again.physic_timestamp, again.logics_timestamp) == (0xAABB, 0xCCDD)
+    assert (tmp_path / "checkpoint").stat().st_size == 4096
+
+
+def test_store_lock_refuses_a_second_opener_in_this_and_another_process(tmp_path):
+    """DefaultMessageStoreTest.test_repeat_restart."""
+    settings = small_settings(tmp_path)
+    store = MessageStore(settings)
+    with pytest.raises(StoreLocked, match="already"):
+        MessageStore(settings)
+    code = ("import sys; from shm.store_files import StoreLock, StoreLocked\n"
+            "try:\n StoreLock(sys.argv[1]).acquire(); print('got it')\n"
+            "except StoreLocked as e: print('locked')")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "locked"
+    assert (tmp_path / "lock").read_bytes() == b"lock"
+    store.close()
+    with StoreLock(tmp_path):
+        pass
+
+
+def test_control_block_counters_are_shared_between_processes(tmp_path):
+    block = ControlBlock(tmp_path / "control", create=True)
+    block.publish_recovered(written=100, flushed=50, dispatched=100, min_offset=0)
+    block.set_flag(FLAG_DISK_FULL, True)
+    block.heartbeat(3, 12345)
+    code = ("import sys; from shm.control_block import ControlBlock, FLAG_DISK_FULL\n"
+            "b = ControlBlock(sys.argv[1]); print(b.get('written'), b.get('flushed'), b.has_flag(FLAG_DISK_FULL), "
+            "b.heartbeat_of(3)); b.advance('flushed', 100)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "control")], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split() == ["100", "50", "True", "12345"]
+    assert block.get("flushed") == 100
+    block.check()
+    with pytest.raises(AssertionError):
+        block.advance("written", 10)
+
+
+def test_rebuilt_queues_and_index_equal_the_incremental_ones(tmp_path):
+    """Derived structures rebuilt from the CommitLog are byte-identical to those built as records arrived."""
+    import shutil
+
+    from shm.recovery import recover
+    from shm.store_files import mark_clean_exit
+
+    settings = small_settings(tmp_path / "s")
+    store = open_store(settings)
+    for start in range(0, 600, 50):
+        put(store, [message(i, topic=("TopicA", "TopicB")[i % 2]) for i in range(start, start + 50)],
+            store_timestamp=1795000000000 + start)
+    store.flush_all()
+    before = {p.relative_to(settings.root): p.read_bytes() for p in settings.consumequeue_dir.rglob("0*") if p.is_file()}
+    index_before = [p.read_bytes() for p in sorted(settings.index_dir.iterdir())]
+    store.close()
+    mark_clean_exit(settings.root)
+    shutil.rmtree(settings.consumequeue_dir)
+    shutil.rmtree(settings.index_dir)
+    store = MessageStore(settings, clock=lambda: 1795000000.0)
+    report = recover(store)
+    assert report.records_dispatched == 600
+    store.flush_all()
+    after = {p.relative_to(settings.root): p.read_bytes() for p in settings.consumequeue_dir.rglob("0*") if p.is_file()}
+    assert after == before
+    assert [p.read_bytes() for p in sorted(settings.index_dir.iterdir())] == index_before
+    store.close()
+
+
+def test_pull_size_scenario(tmp_path):
+    """testPullSize: 32 messages in one queue, read 32, 20 and 10 at a time."""
+    store = open_store(small_settings(tmp_path, mappedFileSizeConsumeQueue=20 * 1000))
+    put(store, [message(i, queues=1) for i in range(32)])
+    queue = store.consume_queue("TopicA", 0)
+    for count in (32, 20, 10):
+        entries = queue.entries(0, count)
+        assert len(entries) == count
+        records = [decode(store.commitlog.read_bytes(e.physical_offset, e.size)) for e in entries]
+        assert [r.queue_offset for r in records] == list(range(count))
+        assert all(tags_code(r.tags) == e.tags_code for r, e in zip(records, entries))
+    store.close()

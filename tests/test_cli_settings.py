@@ -1,0 +1,103 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from golden import GOLDEN_STORE, manifest
+from helpers import close_clean, message, open_store, put, small_settings
+
+from shm import settings as settings_module
+from shm.settings import Settings, SettingsError
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN_FLAGS = ["--mappedFileSizeCommitLog", "65536", "--mappedFileSizeConsumeQueue", "2000",
+                "--maxHashSlotNum", "500", "--set", "maxIndexNum=400"]
+
+
+def mqnode(*args):
+    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_verify_golden_store_is_clean():
+    out = mqnode("verify", "--store", str(GOLDEN_STORE), *GOLDEN_FLAGS)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "623 records" in out.stdout and "OK: no fault found" in out.stdout
+
+
+def test_dump_golden_store_matches_the_manifest():
+    out = mqnode("dump", "--store", str(GOLDEN_STORE), *GOLDEN_FLAGS)
+    assert out.returncode == 0, out.stderr
+    lines = [orjson.loads(line) for line in out.stdout.splitlines()]
+    assert len(lines) == 623
+    by_offset = {p["commitLogOffset"]: p for p in manifest()["puts"]}
+    empty = next(x for x in lines if x["offset"] == 433220)
+    assert empty["body"] == "" and empty["properties"]["KEYS"] == "empty-key"
+    for line in lines:
+        if line["offset"] in by_offset:
+            put = by_offset[line["offset"]]
+            assert line["msgId"] == put["msgId"] and line["queueOffset"] == put["queueOffset"]
+            assert line["bodyCrc"] == put["bodyCRC"] and line["properties"] == put["properties"]
+            assert ("body" in line) or bytes.fromhex(put["bodyHex"]) != b""
+    some = mqnode("dump", "--store", str(GOLDEN_STORE), *GOLDEN_FLAGS, "--topic", "TopicB", "--count", "3")
+    assert [orjson.loads(x)["topic"] for x in some.stdout.splitlines()] == ["TopicB"] * 3
+    start = lines[5]["offset"]
+    later = mqnode("dump", "--store", str(GOLDEN_STORE), *GOLDEN_FLAGS, "--from", str(start), "--count", "1")
+    assert orjson.loads(later.stdout)["offset"] == start
+
+
+def test_verify_reports_a_flipped_byte_and_exits_nonzero(tmp_path):
+    settings = small_settings(tmp_path / "s")
+    store = open_store(settings)
+    put(store, [message(i) for i in range(100)])
+    close_clean(store)
+    flags = ["--store", str(settings.root), "--mappedFileSizeCommitLog", "65536", "--mappedFileSizeConsumeQueue",
+             "2000", "--maxHashSlotNum", "500", "--maxIndexNum", "400"]
+    assert mqnode("verify", *flags).returncode == 0
+    with open(settings.commitlog_dir / f"{0:020d}", "r+b") as f:
+        f.seek(5000)
+        byte = f.read(1)
+        f.seek(5000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    out = mqnode("verify", *flags)
+    assert out.returncode == 1 and "FAULT: CommitLog" in out.stdout
+    with open(settings.commitlog_dir / f"{0:020d}", "r+b") as f:
+        f.seek(5000)
+        f.write(byte)
+    queue_file = settings.consumequeue_dir / "TopicA" / "0" / f"{0:020d}"
+    with open(queue_file, "r+b") as f:
+        f.seek(20 * 3 + 8)
+        f.write((999).to_bytes(4, "big"))
+    out = mqnode("verify", *flags)
+    assert out.returncode == 1 and "TopicA/0 offset 3" in out.stdout and "size differ" in out.stdout
+
+
+def test_bad_usage_is_a_clear_error():
+    out = mqnode("verify", "--store", str(GOLDEN_STORE), "--mappedFileSizeCommitLog", "big")
+    assert out.returncode == 2 and "not a int" in out.stderr
+    out = mqnode("dump", "--store", "/nonexistent/store")
+    assert out.returncode == 2 and "no store" in out.stderr
+
+
+def test_conf_file_lists_every_setting_with_its_default():
+    import tomllib
+
+    conf = (ROOT / "conf" / "broker.toml").read_text()
+    assert conf == settings_module.render_conf()
+    assert tomllib.loads(conf) == {k: getattr(Settings(), k) for k in tomllib.loads(conf)}
+    assert settings_module.load(ROOT / "conf" / "broker.toml") == Settings()
+
+
+def test_broker_conf_style_and_overrides(tmp_path):
+    conf = tmp_path / "broker.conf"
+    conf.write_text("# RocketMQ style\nflushDiskType=SYNC_FLUSH\nmappedFileSizeCommitLog = 65536\nbrokerIP1=10.0.0.5\n")
+    settings = settings_module.load(conf, {"maxIndexNum": "400"})
+    assert (settings.flushDiskType, settings.mappedFileSizeCommitLog, settings.brokerIP1, settings.maxIndexNum) == (
+        "SYNC_FLUSH", 65536, "10.0.0.5", 400)
+    assert settings.fileReservedTime == 72  # omitted keys keep their defaults
+    conf.write_text("noSuchKey = 1\n")
+    with pytest.raises(SettingsError, match="broker.conf:1: unknown setting 'noSuchKey'"):
+        settings_module.load(conf)
+    with pytest.raises(SettingsError, match="flushDiskType"):
+        settings_module.load(None, {"flushDiskType": "FAST"})
+    assert settings_module.parse_delay_levels("1s 5s 2m 1h") == [1000, 5000, 120000, 3600000]

@@ -1,0 +1,199 @@
+"""Recovery: the golden store in both modes, seeded corruption, and RocketMQ's testRecover."""
+
+import random
+
+import pytest
+from golden import GOLDEN_SETTINGS, copy_store, manifest
+from helpers import close_clean, message, open_store, put, small_settings
+
+from shm import settings as settings_module
+from shm.codec import Record
+from shm.file_queue import SegmentGap
+from shm.mapped_file import WrongFileSize
+from shm.recovery import recover
+from shm.store import MessageStore
+from shm.store_files import abort_path
+from shm.verify import verify_store
+
+
+def golden_settings(root):
+    return settings_module.load(None, {**GOLDEN_SETTINGS, "storePathRootDir": str(root)})
+
+
+@pytest.mark.parametrize("abnormal", [False, True])
+def test_golden_store_recovers_to_rocketmqs_state(tmp_path, abnormal):
+    root = copy_store(tmp_path)
+    if abnormal:
+        abort_path(root).touch()
+    store = MessageStore(golden_settings(root))
+    report = recover(store)
+    m = manifest()
+    assert report.mode == ("abnormal" if abnormal else "normal") and report.corruption is None
+    assert store.commitlog.offset_written == m["maxPhyOffset"] == m["recoveryCheck"]["recoveredMaxPhyOffset"]
+    expected_queues = m["recoveryCheck"]["queues"] if abnormal else m["queues"]
+    for topic, queues in expected_queues.items():
+        for queue_id, bounds in queues.items():
+            queue = store.consume_queue(topic, int(queue_id), create=False)
+            got = (queue.offset_min, queue.offset_max) if queue else (0, 0)
+            assert got == (bounds["minOffset"], bounds["maxOffset"]), (topic, queue_id)
+    for query in m["queries"]:
+        assert store.index.query(query["topic"], query["key"], 64, 0, 2**62) == \
+            query["indexServiceQueryOffset_phyOffsets_rawOrder"]
+    for entry in m["readback"]:
+        e = store.consume_queue(entry["topic"], entry["queueId"]).entry(entry["queueOffset"])
+        assert (e.physical_offset, e.size, e.tags_code) == (entry["cqPhyOffset"], entry["cqSize"], entry["cqTagsCode"])
+    assert store.commitlog.queue_offsets["TopicA-1"] == 151
+    store.close()
+    assert verify_store(golden_settings(root)).ok
+
+
+def test_mqnode_appends_to_a_golden_store_and_it_still_verifies(tmp_path):
+    root = copy_store(tmp_path)
+    store = open_store(golden_settings(root))
+    put(store, [message(i) for i in range(200)], store_timestamp=1795313400000)
+    close_clean(store)
+    report = verify_store(golden_settings(root))
+    assert report.ok, report.summary()
+    assert report.records == 623 + 200
+
+
+def _filled_store(root, count=400):
+    settings = small_settings(root)
+    store = open_store(settings)
+    offsets = []
+    for start in range(0, count, 40):
+        result = put(store, [message(i) for i in range(start, start + 40)], store_timestamp=1795000000000 + start)
+        offsets += result.physical_offsets
+    return settings, store, offsets
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_garbage_from_a_random_position_keeps_exactly_the_intact_prefix(tmp_path, seed):
+    """Kafka LogSegmentTest style: overwrite from a random position, recover, only the records
+    entirely before it survive; queues and index agree."""
+    rng = random.Random(seed)
+    settings, store, offsets = _filled_store(tmp_path / "s")
+    end = store.commitlog.offset_written
+    sizes = {r.position: r.total_size for r in store.commitlog.iterate()}
+    close_clean(store) if seed % 2 else store.close()  # odd seeds: clean stop; even: crash (abort stays)
+    position = rng.randrange(0, end)
+    segment_path = settings.commitlog_dir / f"{position - position % settings.mappedFileSizeCommitLog:020d}"
+    with open(segment_path, "r+b") as f:
+        f.seek(position % settings.mappedFileSizeCommitLog)
+        f.write(bytes(rng.randrange(1, 256) for _ in range(rng.randrange(1, 64))))
+    if position % settings.mappedFileSizeCommitLog == 0 and seed % 2:
+        pass
+    store = MessageStore(settings)
+    report = recover(store)
+    survivors = [o for o in offsets if o + sizes[o] <= position]
+    recovered = [r.position for r in store.commitlog.iterate(check_crc=True)]
+    # Normal recovery checks only the last three segments; damage before them stays (verify finds it).
+    checked_from = report.walk_start
+    if position >= checked_from:
+        assert recovered == survivors, (position, report.summary())
+        assert report.corruption is not None
+        for queue in store.consume_queues.values():
+            for e in queue.entries(queue.offset_min) if queue.offset_max else []:
+                assert e.physical_offset in set(survivors)
+    store.close()
+    if position >= checked_from:
+        assert verify_store(settings).ok
+
+
+def test_rocketmq_test_recover_scenario(tmp_path):
+    """testRecover: clean restart keeps everything; a corrupted last record rolls back, in both modes."""
+    settings = small_settings(tmp_path / "s", mappedFileSizeCommitLog=1024 * 1024)
+    store = open_store(settings)
+    put(store, [message(i, queues=1) for i in range(100)])
+    written, queue_max = store.commitlog.offset_written, store.consume_queue("TopicA", 0).offset_max
+    close_clean(store)
+    store = open_store(settings)
+    assert (store.commitlog.offset_written, store.consume_queue("TopicA", 0).offset_max) == (written, queue_max)
+    for abnormal in (False, True):
+        put(store, [message(i, queues=1) for i in range(100)])
+        written, queue_max = store.commitlog.offset_written, store.consume_queue("TopicA", 0).offset_max
+        last = put(store, [message(1000, queues=1)]).physical_offsets[0]
+        record = store.commitlog.read(last)
+        topic_length_at = last + record.total_size - 2 - len(record.properties_string.encode()) - len(record.topic) - 1
+        close_clean(store)
+        with open(settings.commitlog_dir / f"{0:020d}", "r+b") as f:
+            f.seek(topic_length_at)
+            f.write(bytes(16))
+        if abnormal:
+            abort_path(settings.root).touch()
+        store = open_store(settings)
+        assert store.report.mode == ("abnormal" if abnormal else "normal")
+        assert store.commitlog.offset_written == written
+        assert store.consume_queue("TopicA", 0).offset_max == queue_max
+    put(store, [message(i, queues=1) for i in range(100)])
+    close_clean(store)
+    assert verify_store(settings).ok
+
+
+def test_crash_with_the_dispatcher_behind_completes_queues_and_index(tmp_path):
+    settings = small_settings(tmp_path / "s")
+    store = open_store(settings)
+    put(store, [message(i) for i in range(100)])
+    put(store, [message(i) for i in range(100, 300)], dispatch=False)  # appended, never dispatched
+    store.close()  # a crash: abort file stays
+    store = open_store(settings)
+    assert store.report.records_dispatched >= 200
+    assert sum(q.offset_max for q in store.consume_queues.values()) == 300
+    store.close()
+    assert verify_store(settings).ok
+
+
+def test_damaged_derived_files_are_rebuilt(tmp_path):
+    settings, store, offsets = _filled_store(tmp_path / "s")
+    close_clean(store)
+    queue_file = settings.consumequeue_dir / "TopicA" / "1" / f"{0:020d}"
+    with open(queue_file, "r+b") as f:
+        f.truncate(1000)  # a truncated ConsumeQueue file
+    garbage = settings.consumequeue_dir / "TopicA" / "2" / f"{0:020d}"
+    with open(garbage, "r+b") as f:
+        f.seek(200)
+        f.write(b"\xff" * 20)  # an invalid entry in the middle
+    store = open_store(settings)
+    assert store.report.damaged_queues and store.report.queue_entries_dropped
+    close_clean(store)
+    report = verify_store(settings)
+    assert report.ok, report.summary()
+    assert report.queue_entries == 400
+
+
+def test_store_level_damage_is_a_named_error(tmp_path):
+    settings, store, offsets = _filled_store(tmp_path / "s", count=600)
+    close_clean(store)
+    segments = sorted(settings.commitlog_dir.iterdir())
+    assert len(segments) >= 4
+    segments[1].rename(tmp_path / "moved")
+    with pytest.raises(SegmentGap, match=segments[1].name):
+        MessageStore(settings)
+    (tmp_path / "moved").rename(segments[1])
+    with open(segments[-1], "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(WrongFileSize, match="1000 bytes"):
+        MessageStore(settings)
+
+
+def test_progress_and_phase_timings_are_reported(tmp_path):
+    from shm.recovery import Recovery
+
+    settings, store, _ = _filled_store(tmp_path / "s")
+    store.close()
+    store = MessageStore(settings)
+    recovery = Recovery(store)
+    report = recovery.run()
+    assert recovery.progress.phase == "done"
+    assert set(report.phases_ms) == {"load", "consume_queues", "commitlog", "dispatch", "offsets"}
+    assert "recovery (abnormal)" in report.summary()
+    store.close()
+
+
+def test_empty_store_opens(tmp_path):
+    store = open_store(small_settings(tmp_path / "s"))
+    assert store.commitlog.offset_written == 0
+    result = put(store, [message(0)])
+    assert result.physical_offsets == [0]
+    assert isinstance(store.commitlog.read(0), Record)
+    close_clean(store)

@@ -43,7 +43,7 @@ import ipaddress
 import struct
 import zlib
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from shm.javacompat import hashmap_order, jhash, jhash_cached
 
@@ -211,7 +211,9 @@ def encode_host(ip: str, port: int) -> bytes:
     return ipaddress.ip_address(ip).packed + _I32.pack(port)
 
 
+@lru_cache(maxsize=4096)
 def decode_host(raw: bytes) -> Host:
+    """Hosts repeat (one store host, few producers): cached, since ipaddress is slow."""
     return Host(str(ipaddress.ip_address(raw[:-4])), _I32.unpack(raw[-4:])[0])
 
 
@@ -356,17 +358,20 @@ class EncodedBatch:
     def __len__(self) -> int:
         return len(self.positions)
 
-    def add(self, record: bytes) -> None:
+    def add(self, record: bytes, topic: str | None = None) -> None:
+        """Append one encoded record; pass its `topic` when known to skip re-reading it."""
         size, magic = _BLANK.unpack_from(record, 0)
         assert magic == MESSAGE_MAGIC and size == len(record), "EncodedBatch takes whole V1 records"
         queue_id, = _I32.unpack_from(record, 12)
         sys_flag, = _I32.unpack_from(record, OFFSET_SYSFLAG)
-        transaction = sys_flag & TRANSACTION_MASK
-        advances = transaction in (TRANSACTION_NOT, TRANSACTION_COMMIT)
+        advances = sys_flag & TRANSACTION_MASK in (TRANSACTION_NOT, TRANSACTION_COMMIT)
         self.positions.append(len(self.data))
         self.sizes.append(size)
-        self.queue_keys.append(f"{_topic_of(record, sys_flag)}-{queue_id}" if advances else None)
-        self.timestamp_offsets.append(store_timestamp_offset(sys_flag))
+        if advances:
+            self.queue_keys.append(f"{topic if topic is not None else _topic_of(record, sys_flag)}-{queue_id}")
+        else:
+            self.queue_keys.append(None)
+        self.timestamp_offsets.append(56 if not sys_flag & FLAG_BORNHOST_V6 else 68)
         self.data += record
 
     @property

@@ -217,6 +217,8 @@ class ConsumeQueue:
     @staticmethod
     def _count_dropped(segment, valid: int) -> int:
         raw = segment.map[valid: segment.size]
+        if not raw.strip(b"\0"):
+            return 0  # the usual case: the zeros after the last entry
         return sum(1 for phy, size, _ in _ENTRY.iter_unpack(raw) if size > 0 and phy >= 0)
 
     def _update_max_physical(self) -> None:

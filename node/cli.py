@@ -22,7 +22,7 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", help="store root directory (storePathRootDir)")
     parser.add_argument("--conf", help="settings file (flat key = value lines, as conf/broker.toml)")
     group = parser.add_argument_group("settings (override --conf)")
-    for name, f in FIELDS.items():
+    for name in FIELDS:
         group.add_argument(f"--{name}", dest=f"setting_{name}", metavar="VALUE", help=argparse.SUPPRESS)
     group.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="any setting of conf/broker.toml, e.g. --mappedFileSizeCommitLog 65536 or "

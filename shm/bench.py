@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ def bench_append(directory: Path, records: int) -> float:
     for start in range(0, records, 64):
         batch = EncodedBatch()
         for i in range(start, min(start + 64, records)):
-            batch.add(_record(i % 1024) if i >= 1024 else _record(i))
+            batch.add(_record(i % 1024))
         batches.append(batch)
     log = CommitLog(directory / "commitlog", SEGMENT)
     log.segments.last_writable().warm()
@@ -70,8 +69,6 @@ def bench_encode_append(directory: Path, records: int) -> float:
 
 def bench_flush(directory: Path, method: str, rounds: int = 400) -> tuple[float, float, float]:
     """Append ~4 KiB then flush, repeatedly: flushes/s, p50 and p99 latency in µs."""
-    import shm.mapped_file as mapped
-
     log = CommitLog(directory / f"flush-{method}", SEGMENT)
     batch = EncodedBatch()
     for i in range(4):

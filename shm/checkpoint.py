@@ -19,7 +19,7 @@ import os
 import struct
 from pathlib import Path
 
-from shm.mapped_file import allocate
+from shm.mapped_file import WrongFileSize, allocate
 
 FILE_SIZE = 4096
 _FIELDS = struct.Struct(">qqq")
@@ -35,7 +35,6 @@ class Checkpoint:
         size = os.fstat(self.fd).st_size
         if size < 24:
             os.close(self.fd)
-            from shm.mapped_file import WrongFileSize
             raise WrongFileSize(f"{self.path} is {size} bytes; a checkpoint is {FILE_SIZE}")
         self.map = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE)
         self.physic_timestamp, self.logics_timestamp, self.index_timestamp = _FIELDS.unpack_from(self.map, 0)

@@ -88,7 +88,6 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _I64 = struct.Struct(">q")
-_QUEUE_AND_PHYSICAL = struct.Struct(">qq")
 _BLANK = struct.Struct(">ii")
 # TOTALSIZE, MAGIC, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, BORNTIMESTAMP
 _HEAD = struct.Struct(">iiiiiqqiq")

@@ -19,15 +19,13 @@ from shm.codec import (
 
 
 def delivery_time(store_timestamp: int, level_text: str, delay_levels_ms: list[int]) -> int | None:
-    """SCHEDULE_TOPIC_XXXX tag slot: store time + the level's delay (unknown level: + 1 s)."""
+    """The SCHEDULE_TOPIC_XXXX tag slot: store time + the level's delay, the level clamped to the
+    highest configured one (as RocketMQ clamps it); None for a level that is not a positive int."""
     try:
-        level = int(level_text)
+        level = min(int(level_text), len(delay_levels_ms))
     except ValueError:
         return None
-    level = min(level, len(delay_levels_ms))
-    if level <= 0:
-        return None
-    return store_timestamp + delay_levels_ms[level - 1] if level <= len(delay_levels_ms) else store_timestamp + 1000
+    return store_timestamp + delay_levels_ms[level - 1] if level > 0 else None
 
 
 def tags_code_of(record: Record, delay_levels_ms: list[int]) -> int:

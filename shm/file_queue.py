@@ -55,7 +55,7 @@ class MappedFileQueue:
         self.check_contiguous()
 
     def check_contiguous(self) -> None:
-        for before, after in zip(self.files, self.files[1:]):
+        for before, after in zip(self.files, self.files[1:], strict=False):
             if after.offset_start != before.offset_start + self.file_size:
                 raise SegmentGap(f"{self.directory}: segment {file_name(before.offset_start + self.file_size)} "
                                  f"is missing between {before.path.name} and {after.path.name}")

@@ -31,6 +31,7 @@ mapping on every query.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import time
@@ -38,7 +39,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from shm.codec import TRANSACTION_MASK, TRANSACTION_ROLLBACK, index_key_hash
-from shm.mapped_file import allocate
+from shm.mapped_file import WrongFileSize, allocate
 
 HEADER_SIZE = 40
 SLOT_SIZE = 4
@@ -61,8 +62,6 @@ def file_name_for(timestamp_ms: int) -> str:
 class IndexFile:
     def __init__(self, path: Path, slot_count: int, index_max: int, *, create: bool = False,
                  readonly: bool = False):
-        import mmap
-
         self.path = Path(path)
         self.slot_count = slot_count
         self.index_max = index_max
@@ -71,7 +70,6 @@ class IndexFile:
             allocate(self.path, self.size)
         actual = os.stat(self.path).st_size
         if actual != self.size:
-            from shm.mapped_file import WrongFileSize
             raise WrongFileSize(f"{self.path} is {actual} bytes; {slot_count} slots and {index_max} entries need {self.size}")
         self.fd = os.open(self.path, os.O_RDONLY if readonly else os.O_RDWR)
         self.map = mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE)

@@ -18,7 +18,6 @@ the mapping; `scripts/bench-store` measures both and `FLUSH_METHOD` keeps the fa
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 from pathlib import Path
@@ -161,6 +160,3 @@ class MappedFile:
     def __repr__(self) -> str:
         return f"MappedFile({self.path.name}, written={self.position_written}, flushed={self.position_flushed})"
 
-
-def is_no_space(error: OSError) -> bool:
-    return error.errno in (errno.ENOSPC, errno.EDQUOT)

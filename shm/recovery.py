@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from shm.codec import MESSAGE_MAGIC, Corruption, Record, scan, store_timestamp_offset
@@ -108,18 +109,14 @@ class Recovery:
 
     # -- phases ----------------------------------------------------------------------------------
 
+    @contextmanager
     def _phase(self, name: str):
-        recovery = self
-
-        class _Timer:
-            def __enter__(self):
-                recovery.progress.phase = name
-                self.started = time.perf_counter()
-
-            def __exit__(self, *exc):
-                recovery.report.phases_ms[name] = (time.perf_counter() - self.started) * 1000
-
-        return _Timer()
+        self.progress.phase = name
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.report.phases_ms[name] = (time.perf_counter() - started) * 1000
 
     def _recover_queues(self) -> int | None:
         """Recover every ConsumeQueue; returns the lowest max-offset of a queue that lost
@@ -149,11 +146,11 @@ class Recovery:
             if not self.clean:
                 self._dispatch_range(segment, 0, result.end)
             self.progress.done_bytes += segment.size
-            end = segment.offset_start + result.end
             stop = result.stopped_by
-            if stop is None or (not isinstance(stop, Corruption)):  # a blank: go on with the next segment
-                end = segment.offset_end if stop is not None else end
+            if not isinstance(stop, Corruption):  # a blank or data to the last byte: the segment is full
+                end = segment.offset_end
                 continue
+            end = segment.offset_start + result.end
             if stop.is_damage:
                 self.report.corruption = f"{stop.kind.value} at offset {segment.offset_start + stop.position}: {stop.detail}"
             break

@@ -11,7 +11,6 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from shm.checkpoint import Checkpoint
 from shm.commitlog import CommitLog

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from shm.codec import Blank, Corruption, Record, decode
+from shm.codec import TRANSACTION_MASK, TRANSACTION_ROLLBACK, Blank, Corruption, decode
 from shm.consume_queue import FILLER_SIZE
 from shm.dispatch import is_queued, tags_code_of
 from shm.mapped_file import StoreError
@@ -131,7 +131,7 @@ def _check_commitlog(store: MessageStore, report: VerifyReport):
             report.fault(f"record at {item.position} says PHYSICALOFFSET {item.physical_offset}")
         seen[item.position] = _Seen(item.topic, item.queue_id, item.queue_offset, item.total_size,
                                     tags_code_of(item, store.delay_levels_ms), is_queued(item))
-        if item.sys_flag & 0xC != 0xC:  # ROLLBACK records are not indexed
+        if item.sys_flag & TRANSACTION_MASK != TRANSACTION_ROLLBACK:  # ROLLBACK records are not indexed
             for key in ([item.uniq_key] if item.uniq_key else []) + item.keys:
                 keys[item.topic, key].append(item.position)
     return seen, keys

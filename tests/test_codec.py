@@ -21,7 +21,6 @@ from shm.codec import (
     encode_blank,
     encode_host,
     index_key_hash,
-    offset_msg_id,
     properties_string,
     scan,
     tags_code,

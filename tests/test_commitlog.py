@@ -5,7 +5,7 @@ import struct
 import pytest
 from helpers import BORN, BORN_V6, STORE_HOST, STORE_V6, message
 
-from shm.codec import BLANK_MAGIC, Blank, EncodedBatch, Record, encode
+from shm.codec import BLANK_MAGIC, Blank, EncodedBatch, Record, decode, encode
 from shm.commitlog import CommitLog, RecordTooLarge
 from shm.file_queue import MappedFileQueue, SegmentGap
 from shm.mapped_file import AllocationFailed, MappedFile, WrongFileSize, allocate
@@ -87,7 +87,7 @@ def test_append_patches_offsets_and_pads_segment_ends(tmp_path):
     assert all(isinstance(r, Record) and r.physical_offset == r.position for r in items)
     assert [r.queue_offset for r in items] == result.queue_offsets == [i // 4 for i in range(60)]
     assert {r.store_timestamp for r in items} == {1795000000000}
-    assert [r.body for r in items] == [r.body for r in map(lambda b: __import__("shm.codec").codec.decode(b), records)]
+    assert [r.body for r in items] == [decode(b).body for b in records]
     for segment in log.segments.files[:-1]:
         end = segment.position_written
         blank = next(x for x in _walk(segment) if isinstance(x, Blank))

@@ -196,5 +196,5 @@ def test_pull_size_scenario(tmp_path):
         assert len(entries) == count
         records = [decode(store.commitlog.read_bytes(e.physical_offset, e.size)) for e in entries]
         assert [r.queue_offset for r in records] == list(range(count))
-        assert all(tags_code(r.tags) == e.tags_code for r, e in zip(records, entries))
+        assert all(tags_code(r.tags) == e.tags_code for r, e in zip(records, entries, strict=True))
     store.close()

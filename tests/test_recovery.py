@@ -70,34 +70,86 @@ def _filled_store(root, count=400):
 @pytest.mark.parametrize("seed", range(12))
 def test_garbage_from_a_random_position_keeps_exactly_the_intact_prefix(tmp_path, seed):
     """Kafka LogSegmentTest style: overwrite from a random position, recover, only the records
-    entirely before it survive; queues and index agree."""
+    entirely before it survive; queues and index agree. Odd seeds stop cleanly (normal recovery),
+    even seeds crash (abnormal recovery)."""
     rng = random.Random(seed)
     settings, store, offsets = _filled_store(tmp_path / "s")
-    end = store.commitlog.offset_written
+    segment_size = settings.mappedFileSizeCommitLog
     sizes = {r.position: r.total_size for r in store.commitlog.iterate()}
-    close_clean(store) if seed % 2 else store.close()  # odd seeds: clean stop; even: crash (abort stays)
+    # bytes a reader looks at: every record, and the 8-byte blank header closing each full segment
+    looked_at = [(o, o + sizes[o]) for o in offsets]
+    looked_at += [(f.offset_start + _blank_at(f), f.offset_start + _blank_at(f) + 8) for f in store.commitlog.segments.files[:-1]]
+    end = store.commitlog.offset_written
+    close_clean(store) if seed % 2 else store.close()
     position = rng.randrange(0, end)
-    segment_path = settings.commitlog_dir / f"{position - position % settings.mappedFileSizeCommitLog:020d}"
-    with open(segment_path, "r+b") as f:
-        f.seek(position % settings.mappedFileSizeCommitLog)
-        f.write(bytes(rng.randrange(1, 256) for _ in range(rng.randrange(1, 64))))
-    if position % settings.mappedFileSizeCommitLog == 0 and seed % 2:
-        pass
+    garbage = bytes(rng.randrange(1, 256) for _ in range(rng.randrange(1, 64)))
+    with open(settings.commitlog_dir / f"{position - position % segment_size:020d}", "r+b") as f:
+        f.seek(position % segment_size)
+        original = f.read(len(garbage))
+        f.seek(position % segment_size)
+        f.write(garbage)
+    damaged = any(a <= position + i < b for a, b in looked_at for i, (x, y) in enumerate(zip(garbage, original, strict=True)) if x != y)
     store = MessageStore(settings)
     report = recover(store)
-    survivors = [o for o in offsets if o + sizes[o] <= position]
     recovered = [r.position for r in store.commitlog.iterate(check_crc=True)]
-    # Normal recovery checks only the last three segments; damage before them stays (verify finds it).
-    checked_from = report.walk_start
-    if position >= checked_from:
+    queued = {e.physical_offset for q in store.consume_queues.values() for e in q.entries(q.offset_min)}
+    store.close()
+    if not damaged:  # the garbage fell in blank padding nobody reads: nothing is lost
+        assert recovered == offsets and report.corruption is None
+        assert verify_store(settings).ok
+    elif position >= report.walk_start:
+        survivors = [o for o in offsets if o + sizes[o] <= position]
         assert recovered == survivors, (position, report.summary())
         assert report.corruption is not None
-        for queue in store.consume_queues.values():
-            for e in queue.entries(queue.offset_min) if queue.offset_max else []:
-                assert e.physical_offset in set(survivors)
-    store.close()
-    if position >= checked_from:
+        assert queued <= set(survivors)
         assert verify_store(settings).ok
+    else:
+        # Before the last three segments, which a normal recovery checks (as RocketMQ does):
+        # recovery keeps the log as it is and `verify` names the damage.
+        assert report.corruption is None
+        assert not verify_store(settings).ok
+
+
+def _overwrite(settings, offset: int, data: bytes) -> None:
+    segment_size = settings.mappedFileSizeCommitLog
+    with open(settings.commitlog_dir / f"{offset - offset % segment_size:020d}", "r+b") as f:
+        f.seek(offset % segment_size)
+        f.write(data)
+
+
+def test_damage_before_the_normally_recovered_segments_is_kept_and_verify_names_it(tmp_path):
+    settings, store, offsets = _filled_store(tmp_path / "s", count=600)
+    assert len(store.commitlog.segments.files) > 3
+    close_clean(store)
+    _overwrite(settings, offsets[2] + 100, b"\xee" * 16)  # inside a body in the first segment
+    store = MessageStore(settings)
+    report = recover(store)
+    assert report.walk_start > offsets[2] and report.corruption is None
+    assert [r.position for r in store.commitlog.iterate()] == offsets
+    store.close()
+    result = verify_store(settings)
+    assert not result.ok and f"crc mismatch at offset {offsets[2]}" in result.summary()
+
+
+def test_garbage_in_blank_padding_loses_nothing(tmp_path):
+    settings, store, offsets = _filled_store(tmp_path / "s")
+    first = store.commitlog.segments.files[0]
+    padding = first.offset_start + _blank_at(first) + 8
+    assert padding < first.offset_end
+    close_clean(store)
+    _overwrite(settings, padding, b"\xee" * (first.offset_end - padding))
+    store = MessageStore(settings)
+    report = recover(store, clean=False)  # abnormal: walks every segment
+    assert report.corruption is None
+    assert [r.position for r in store.commitlog.iterate(check_crc=True)] == offsets
+    store.close()
+    assert verify_store(settings).ok
+
+
+def _blank_at(segment) -> int:
+    from shm.codec import scan
+
+    return scan(segment.map, 0, segment.size, check_crc=False).end
 
 
 def test_rocketmq_test_recover_scenario(tmp_path):

@@ -96,6 +96,29 @@ class ConsumeQueue:
         self.max_physical_offset = physical_offset + size
         return True
 
+    def put_many(self, entries: list[tuple[int, int, int, int]]) -> None:
+        """`put` for (queue_offset, phy, size, tags_code) tuples in order. A run that simply
+        continues the queue is packed and written in one copy per file; anything else (a
+        repeat, a late start, a hole) goes through `put` one entry at a time."""
+        if not entries:
+            return
+        first_offset, first_phy = entries[0][0], entries[0][1]
+        contiguous = (entries[-1][0] - first_offset == len(entries) - 1 and first_offset == self.offset_max
+                      and first_phy + entries[0][2] > self.max_physical_offset)
+        if not contiguous:
+            for entry in entries:
+                self.put(*entry)
+            return
+        data = b"".join([_ENTRY.pack(phy, size, tags) for _, phy, size, tags in entries])
+        logical, done = first_offset * ENTRY_SIZE, 0
+        while done < len(data):
+            segment = self.files.last_writable(logical + done)
+            room = min(len(data) - done, segment.size - segment.position_written)
+            segment.write(segment.position_written, memoryview(data)[done: done + room])
+            segment.set_written(segment.position_written + room)
+            done += room
+        self.max_physical_offset = entries[-1][1] + entries[-1][2]
+
     def _fill_to(self, segment, expected: int) -> None:
         filler = _ENTRY.pack(0, FILLER_SIZE, 0)
         count = (expected - segment.offset_start) // ENTRY_SIZE

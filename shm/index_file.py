@@ -38,7 +38,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import numpy as np
+
 from shm.codec import TRANSACTION_MASK, TRANSACTION_ROLLBACK, index_key_hash
+from shm.javacompat import jhash_many
 from shm.mapped_file import WrongFileSize, allocate
 
 HEADER_SIZE = 40
@@ -48,6 +51,7 @@ _HEADER = struct.Struct(">qqqqii")
 _SLOT = struct.Struct(">i")
 _ENTRY = struct.Struct(">iqii")
 _INT_MAX = 2**31 - 1
+_ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
 
 
 def index_file_size(slot_count: int, index_max: int) -> int:
@@ -127,6 +131,60 @@ class IndexFile:
         self.end_timestamp = store_timestamp
         self._write_header()
         return True
+
+    def put_many(self, key_hashes: np.ndarray, phy_offsets: np.ndarray, store_timestamps: np.ndarray) -> int:
+        """Add keys in order, as `put_key` one by one would, byte for byte; returns how many fit.
+
+        The batch's chains are linked with array operations: within one slot each entry points
+        at the one before it in the batch, the first at the slot's old head.
+        """
+        count = min(len(key_hashes), self.index_max - self.index_count)
+        if count <= 0:
+            return 0
+        hashes, phys, stamps = key_hashes[:count], phy_offsets[:count], store_timestamps[:count]
+        first_number = self.index_count
+        numbers = np.arange(first_number, first_number + count, dtype=np.int64)
+        slots = np.frombuffer(self.map, dtype=">i4", count=self.slot_count, offset=HEADER_SIZE)
+        slot_of = hashes % self.slot_count
+        order = np.argsort(slot_of, kind="stable")
+        sorted_slots = slot_of[order]
+        starts = np.ones(count, dtype=bool)
+        starts[1:] = sorted_slots[1:] != sorted_slots[:-1]
+        previous = np.empty(count, dtype=np.int64)
+        previous[1:] = numbers[order[:-1]]
+        heads = slots[sorted_slots[starts]].astype(np.int64)
+        heads[(heads <= 0) | (heads > first_number)] = 0
+        previous[starts] = heads
+        prev_in_order = np.empty(count, dtype=np.int64)
+        prev_in_order[order] = previous
+        ends = np.ones(count, dtype=bool)
+        ends[:-1] = starts[1:]
+        slots[sorted_slots[ends]] = numbers[order[ends]]
+        time_diffs = self._time_diffs(phys, stamps)
+        entries_at = HEADER_SIZE + self.slot_count * SLOT_SIZE + first_number * ENTRY_SIZE
+        entries = np.frombuffer(self.map, dtype=_ENTRY_DTYPE, count=count, offset=entries_at)
+        entries["hash"], entries["phy"] = hashes, phys
+        entries["time_diff"], entries["prev"] = time_diffs, prev_in_order
+        self.hash_slot_count += int(np.count_nonzero(heads == 0))
+        self.index_count += count
+        self.end_phy_offset, self.end_timestamp = int(phys[-1]), int(stamps[-1])
+        self._write_header()
+        return count
+
+    def _time_diffs(self, phys: np.ndarray, stamps: np.ndarray) -> np.ndarray:
+        """Seconds since beginTimestamp. The first entry of a file is measured against the begin
+        it had (0, or a seed), then becomes the begin for the rest: what put_key does."""
+        diffs = np.empty(len(stamps), dtype=np.int64)
+        begin = self.begin_timestamp
+        diffs[0] = 0 if begin <= 0 else min(max(int((int(stamps[0]) - begin) / 1000), 0), _INT_MAX)
+        if self.index_count <= 1:
+            self.begin_phy_offset, self.begin_timestamp = int(phys[0]), int(stamps[0])
+            begin = self.begin_timestamp
+        if begin <= 0:
+            diffs[1:] = 0
+        else:
+            diffs[1:] = np.minimum(np.maximum(stamps[1:] - begin, 0) // 1000, _INT_MAX)
+        return diffs
 
     def flush(self) -> None:
         if not self.readonly:
@@ -235,6 +293,37 @@ class IndexService:
         for key in keys:
             if key:
                 index = self._put(index, f"{topic}#{key}", phy_offset, store_timestamp)
+
+    def build_many(self, records: list[tuple[str, int, int, int, str | None, list[str]]]) -> int:
+        """`build_index` over (topic, phy, store_timestamp, sys_flag, uniq_key, keys) tuples in
+        CommitLog order, hashing and linking the whole batch at once; returns keys added."""
+        index = self._writable()
+        floor, inclusive = index.end_phy_offset, index.has_history()
+        keys, phys, stamps = [], [], []
+        for topic, phy, stamp, sys_flag, uniq_key, record_keys in records:
+            if phy < floor or (phy == floor and inclusive) or sys_flag & TRANSACTION_MASK == TRANSACTION_ROLLBACK:
+                continue
+            if uniq_key:
+                keys.append(f"{topic}#{uniq_key}")
+                phys.append(phy)
+                stamps.append(stamp)
+            for key in record_keys:
+                if key:
+                    keys.append(f"{topic}#{key}")
+                    phys.append(phy)
+                    stamps.append(stamp)
+        if not keys:
+            return 0
+        hashes = jhash_many(keys)
+        hashes = np.where(hashes == -2147483648, 0, np.abs(hashes))
+        phy_array, stamp_array = np.array(phys, dtype=np.int64), np.array(stamps, dtype=np.int64)
+        done = 0
+        for _ in range(len(keys) + 1):  # each round fills a file or finishes
+            done += index.put_many(hashes[done:], phy_array[done:], stamp_array[done:])
+            if done == len(keys):
+                break
+            index = self._writable()
+        return done
 
     def _put(self, index: IndexFile, key: str, phy_offset: int, store_timestamp: int) -> IndexFile:
         if not index.put_key(key, phy_offset, store_timestamp):

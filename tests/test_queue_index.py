@@ -198,3 +198,54 @@ def test_pull_size_scenario(tmp_path):
         assert [r.queue_offset for r in records] == list(range(count))
         assert all(tags_code(r.tags) == e.tags_code for r, e in zip(records, entries, strict=True))
     store.close()
+
+
+def _derived_files(root):
+    """Every ConsumeQueue and IndexFile of a store, by relative path, with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes()
+            for d in ("consumequeue", "index") for p in sorted((root / d).rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("batch_records", [1, 7, 4096])
+def test_batched_reput_writes_the_bytes_of_per_record_dispatch(tmp_path, monkeypatch, batch_records):
+    """The batch path (one unpack per record, per-queue packing, numpy hashing and chain
+    linking) against the plain one, over everything that takes a different branch: IPv6 hosts,
+    delayed messages, PREPARED and ROLLBACK records, late-starting queues, CQ and index rollover."""
+    from helpers import BORN_V6, STORE_V6
+
+    from shm import dispatch as dispatch_module
+    from shm.codec import SCHEDULE_TOPIC, TRANSACTION_PREPARED, TRANSACTION_ROLLBACK
+
+    def records():
+        for i in range(700):
+            if i % 50 == 7:
+                yield message(i, born=BORN_V6, store_host=STORE_V6)
+            elif i % 40 == 3:
+                yield message(i, topic=SCHEDULE_TOPIC, queues=2, delay=1 + i % 20)
+            elif i % 30 == 11:
+                yield message(i, sys_flag=(TRANSACTION_PREPARED, TRANSACTION_ROLLBACK)[i % 2])
+            else:
+                yield message(i, topic=("TopicA", "TopicB")[i % 2], queues=3)
+
+    def clock():  # index file names must not depend on when the test ran
+        return 1795000000.0
+
+    stores = {}
+    for mode in ("plain", "batched"):
+        settings = small_settings(tmp_path / mode, maxIndexNum=150)
+        store = open_store(settings, clock=clock)
+        for n, record in enumerate(records()):
+            put(store, [record], store_timestamp=1795000000000 + n * 900, dispatch=False)
+        if mode == "plain":
+            for record in store.commitlog.iterate(0, read_body=False):
+                dispatch_module.dispatch(store, record)
+        else:
+            monkeypatch.setattr(dispatch_module, "BATCH_RECORDS", batch_records)
+            assert dispatch_module.reput(store, 0) == (store.commitlog.offset_written, 700)
+        store.flush_all()
+        stores[mode] = _derived_files(settings.root)
+        assert len([name for name in stores[mode] if name.startswith("index")]) > 2
+        store.close()
+    assert stores["plain"].keys() == stores["batched"].keys()
+    for name in stores["plain"]:
+        assert stores["plain"][name] == stores["batched"][name], name

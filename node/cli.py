@@ -1,4 +1,4 @@
-"""`scripts/mqnode`: the command users run. Subcommands: dump, verify (more come with the node).
+"""`scripts/mqnode`: the command users run. Subcommands: start, produce, admin, dump, verify.
 
 Every command that opens a store takes its settings from `--conf FILE` (flat key = value lines,
 see conf/broker.toml) and from `--<settingName> VALUE` flags, which win over the file.
@@ -97,6 +97,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_start(args: argparse.Namespace) -> int:
+    from node.launcher import run
+    from shm.store_files import StoreLocked
+
+    settings = _settings_from(args)
+    try:
+        return run(settings, ray_address=args.ray_address)
+    except StoreLocked as e:
+        print(f"mqnode start: {e}", file=sys.stderr)
+        return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mqnode", description="mqnode: a RocketMQ-compatible message store node")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -109,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", help="check CRCs, ConsumeQueues and the IndexFile of a store")
     _add_store_options(verify)
     verify.set_defaults(handler=cmd_verify)
+    start = commands.add_parser("start", help="run a node until SIGINT/SIGTERM (defaults: conf/broker.toml)")
+    _add_store_options(start)
+    start.add_argument("--ray-address", help="join this Ray cluster instead of starting an embedded Ray")
+    start.set_defaults(handler=cmd_start)
     return parser
 
 

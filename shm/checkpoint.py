@@ -23,6 +23,7 @@ from shm.mapped_file import WrongFileSize, allocate
 
 FILE_SIZE = 4096
 _FIELDS = struct.Struct(">qqq")
+_PHYSIC = struct.Struct(">q")
 RECOVERY_MARGIN_MS = 3000
 
 
@@ -46,6 +47,13 @@ class Checkpoint:
     def flush(self) -> None:
         self.write()
         self.map.flush()
+
+    def flush_physic(self, timestamp: int) -> None:
+        """Advance and force only physicMsgTimestamp: the flush actor's own field, so it never
+        overwrites the logics/index fields another process owns."""
+        self.physic_timestamp = max(self.physic_timestamp, timestamp)
+        _PHYSIC.pack_into(self.map, 0, self.physic_timestamp)
+        self.map.flush(0, mmap.PAGESIZE)
 
     @property
     def min_timestamp(self) -> int:

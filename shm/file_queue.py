@@ -150,6 +150,19 @@ class MappedFileQueue:
                 deleted.append(f.path.name)
         return deleted
 
+    def resume_at(self, offset: int) -> None:
+        """A writer restarting on a running node: data ends at `offset` (the published counter).
+        Files starting at or past it are forgotten, not deleted (the allocator may have made
+        them; `last_writable` opens them again when it needs them)."""
+        for f in list(self.files):
+            if f.offset_start >= offset:
+                f.close()
+                self.files.remove(f)
+                continue
+            position = min(f.size, offset - f.offset_start)
+            f.set_written(position)
+            f.position_committed = f.position_flushed = position
+
     def delete_head(self, count: int) -> list[str]:
         """Delete up to `count` oldest files, never the last one."""
         deleted = []

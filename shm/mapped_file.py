@@ -41,12 +41,14 @@ def file_name(offset: int) -> str:
     return f"{offset:020d}"
 
 
-def allocate(path: Path, size: int) -> None:
+def allocate(path: Path, size: int) -> bool:
     """Create `path` with `size` bytes of real blocks, atomically: the blocks are allocated under a
-    temporary name and renamed into place, so a reader never sees a half-made segment and a
-    failure (full disk) leaves nothing behind.
+    temporary name and linked into place, so a reader never sees a half-made segment and a
+    failure (full disk) leaves nothing behind. Linking (not renaming) never replaces a file that
+    another process (the allocator, or the writer) put there first: returns False in that case,
+    and the caller opens that file instead.
     """
-    temporary = path.with_name(path.name + ".allocating")
+    temporary = path.with_name(f"{path.name}.allocating.{os.getpid()}")
     fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.posix_fallocate(fd, 0, size)
@@ -55,7 +57,13 @@ def allocate(path: Path, size: int) -> None:
         temporary.unlink(missing_ok=True)
         raise AllocationFailed(f"cannot allocate {size} bytes for {path}: {os.strerror(e.errno)}") from e
     os.close(fd)
-    os.rename(temporary, path)
+    try:
+        os.link(temporary, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 class MappedFile:

@@ -10,8 +10,10 @@ defaults; an unknown key or a value of the wrong type is an error naming the lin
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -31,6 +33,7 @@ INDEX = "Message index"
 PULL = "Pull and read"
 HA = "HA and broker role"
 BROKER = "Broker settings that affect store behaviour"
+NODE = "mqnode's node: endpoints, actors and Ray"
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,13 @@ class Settings:
     flushConsumerOffsetInterval: int = _s(5000, "consumerOffset.json persist period, ms", BROKER)
     defaultTopicQueueNums: int = _s(8, "Queues of an auto-created topic", BROKER)
     autoCreateTopicEnable: bool = _s(True, "Create a topic on its first send", BROKER)
+    # -- mqnode's node
+    listen: str = _s("tcp://127.0.0.1:10911", "Client endpoint the front binds (ZeroMQ ROUTER)", NODE)
+    ingressWorkers: int = _s(0, "Encoding workers between front and writer; 0 = the append writer encodes", NODE)
+    sendQueueCapacity: int = _s(10000, "Send requests the front lets wait before answering SYSTEM_BUSY", NODE)
+    actorMaxRestarts: int = _s(20, "Times Ray restarts a dead actor", NODE)
+    rayObjectStoreMemory: int = _s(80 * 1024 * 1024, "Object store of an embedded Ray, bytes (nothing large goes through it)", NODE)
+    runDir: str = _s("", "Directory for the node's ipc sockets; empty means /tmp/mqnode-<hash of the store path>", NODE)
 
     # -- derived ------------------------------------------------------------------------------
 
@@ -146,6 +156,13 @@ class Settings:
     @property
     def sync_flush(self) -> bool:
         return self.flushDiskType == "SYNC_FLUSH"
+
+    @property
+    def run_dir(self) -> Path:
+        if self.runDir:
+            return Path(os.path.expanduser(self.runDir))
+        digest = hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"mqnode-{digest}"
 
     def delay_levels_ms(self) -> list[int]:
         return parse_delay_levels(self.messageDelayLevel)
@@ -255,6 +272,10 @@ def validate(settings: Settings) -> None:
     if settings.enableConsumeQueueExt:
         raise SettingsError("enableConsumeQueueExt=true is not supported by mqnode")
     parse_delay_levels(settings.messageDelayLevel)
+    if settings.ingressWorkers < 0 or settings.sendQueueCapacity < 1:
+        raise SettingsError("ingressWorkers must be >= 0 and sendQueueCapacity >= 1")
+    if not settings.listen.startswith(("tcp://", "ipc://")):
+        raise SettingsError(f"listen must be a tcp:// or ipc:// endpoint, not {settings.listen!r}")
 
 
 def render_conf() -> str:

@@ -1,0 +1,140 @@
+"""What every actor shares: endpoints, the run-loop skeleton, statistics pushed to the front.
+
+An actor is a plain class: `start()` opens its files and sockets, `run()` loops until `stop()`
+is called (from any thread), `statistics()` says what it has done. Ray only hosts it
+(`node.supervisor`); a test can run one in a thread. Each loop turn is bounded (a poll timeout,
+a cap on messages taken per turn), so `stop()` takes effect within one turn.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import zmq
+
+from shm.control_block import ControlBlock
+
+POLL_MS = 50  # longest a loop sleeps before it looks at its stop flag again
+STATS_PERIOD_S = 1.0
+HEARTBEAT_SLOTS = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "ingress": 8}
+
+
+def endpoints(settings) -> dict[str, str]:
+    """The node's internal ipc endpoints, under its run directory."""
+    run = settings.run_dir
+    return {name: f"ipc://{run}/{name}" for name in ("ingress", "writer", "flush", "replies", "stats")}
+
+
+def socket(context: zmq.Context, kind: int, *, hwm: int = 10000) -> zmq.Socket:
+    s = context.socket(kind)
+    s.setsockopt(zmq.LINGER, 0)  # never hang at close on unsent messages
+    s.setsockopt(zmq.SNDHWM, hwm)
+    s.setsockopt(zmq.RCVHWM, hwm)
+    return s
+
+
+class Actor:
+    name = "actor"
+
+    def __init__(self, settings, *, instance: int = 0):
+        self.settings = settings
+        self.instance = instance
+        self.endpoints = endpoints(settings)
+        self.context = zmq.Context.instance()
+        self.stopping = threading.Event()
+        self.ready = threading.Event()
+        self.started_at = time.time()
+        self.loops = 0
+        self.errors = 0
+        self.control: ControlBlock | None = None
+        self._stats_socket: zmq.Socket | None = None
+        self._stats_due = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}-{self.instance}" if self.name == "ingress" else self.name
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        Path(self.settings.run_dir).mkdir(parents=True, exist_ok=True)
+        self.control = ControlBlock(self.settings.root / "control")
+        self._stats_socket = socket(self.context, zmq.PUSH, hwm=10)
+        self._stats_socket.connect(self.endpoints["stats"])
+        self.open()
+
+    def open(self) -> None:
+        """Files and sockets of the actor (subclasses)."""
+
+    def run(self) -> None:
+        """The loop; returns after `stop()`. Opens and closes the sockets in this thread."""
+        self.start()
+        self.ready.set()
+        try:
+            while not self.stopping.is_set():
+                self.turn()
+                self.loops += 1
+                self._housekeeping()
+            self.drain()
+        finally:
+            self.close()
+
+    def turn(self) -> None:
+        raise NotImplementedError
+
+    def drain(self) -> None:
+        """Finish what is in hand after stop (subclasses)."""
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def close(self) -> None:
+        for value in list(vars(self).values()):
+            if isinstance(value, zmq.Socket):
+                value.close(0)
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+
+    # -- statistics ------------------------------------------------------------------------------
+
+    def statistics(self) -> dict:
+        return {"actor": self.label, "pid": os.getpid(), "uptimeSeconds": round(time.time() - self.started_at, 1),
+                "loops": self.loops, "errors": self.errors}
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        slot = HEARTBEAT_SLOTS.get(self.name, 15) + (self.instance if self.name == "ingress" else 0)
+        self.control.heartbeat(slot, int(time.time() * 1000))
+        if now >= self._stats_due:
+            self._stats_due = now + STATS_PERIOD_S
+            try:
+                self._stats_socket.send(orjson.dumps(self.statistics()), zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # the front is gone or slow: statistics are best effort
+
+
+# -- replies travel to the front joined into one frame: (client id, arrival ns, reply header) ------
+_REPLY_HEAD = struct.Struct(">BqI")
+
+
+def pack_replies(replies: list[tuple[bytes, int, bytes]]) -> bytes:
+    parts = []
+    for client, arrival_ns, header in replies:
+        parts += [_REPLY_HEAD.pack(len(client), arrival_ns, len(header)), client, header]
+    return b"".join(parts)
+
+
+def unpack_replies(data: bytes) -> list[tuple[bytes, int, bytes]]:
+    out, at, size = [], 0, _REPLY_HEAD.size
+    while at < len(data):
+        id_len, arrival_ns, header_len = _REPLY_HEAD.unpack_from(data, at)
+        at += size
+        out.append((data[at: at + id_len], arrival_ns, data[at + id_len: at + id_len + header_len]))
+        at += id_len + header_len
+    return out

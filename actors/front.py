@@ -1,0 +1,228 @@
+"""front: the node's client-facing ZeroMQ ROUTER.
+
+Sockets:
+- `clients` ROUTER, bound to `listen`: requests in, replies out (routed by the client's id).
+- `sends` PUSH: send requests to the ingress workers (bound at `ingress`) or, with
+  `ingressWorkers = 0`, straight to the append writer (connected to `writer`).
+- `replies` PULL, bound: joined replies from ingress, writer and flush.
+- `stats` PULL, bound: every actor's statistics, once a second.
+
+It validates what needs the topic table (it is the table's single writer): topic names,
+auto-creation, queue ids; answers route and runtime-info requests itself; refuses with
+SYSTEM_BUSY when `sendQueueCapacity` requests are already waiting (fast-fail, with the age
+check `waitTimeMillsInSendQueue` made where requests are taken off the queue); refuses with
+SERVICE_NOT_AVAILABLE once draining for shutdown. A malformed frame or unknown code gets an
+error reply; nothing a client sends can stop this loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import zmq
+
+from actors.base import Actor, socket, unpack_replies
+from node import protocol
+from node.store_stats import StoreStats
+from node.topics import PERM_WRITE, TopicTable
+
+MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
+
+
+class Front(Actor):
+    name = "front"
+
+    def open(self) -> None:
+        s = self.settings
+        self.topics = TopicTable(s.root / "config", auto_create=s.autoCreateTopicEnable,
+                                 default_queues=s.defaultTopicQueueNums)
+        self.clients = socket(self.context, zmq.ROUTER, hwm=100000)
+        self.clients.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client takes its id back
+        self.clients.bind(s.listen)
+        self.sends = socket(self.context, zmq.PUSH, hwm=s.sendQueueCapacity)
+        if s.ingressWorkers > 0:
+            self.sends.bind(self.endpoints["ingress"])
+        else:
+            self.sends.connect(self.endpoints["writer"])
+        self.replies = socket(self.context, zmq.PULL, hwm=100000)
+        self.replies.bind(self.endpoints["replies"])
+        self.stats_in = socket(self.context, zmq.PULL, hwm=1000)
+        self.stats_in.bind(self.endpoints["stats"])
+        self.poller = zmq.Poller()
+        for sock in (self.clients, self.replies, self.stats_in):
+            self.poller.register(sock, zmq.POLLIN)
+        self.accepting = True
+        self.in_flight = 0
+        self.requests = self.refused = self.malformed = 0
+        self.actor_stats: dict[str, dict] = {}
+        self.store_stats = StoreStats(int(time.time() * 1000))
+
+    def drain_mode(self) -> None:
+        """Shutdown: refuse new sends from now on; those in flight still get their replies."""
+        self.accepting = False
+
+    def turn(self) -> None:
+        events = dict(self.poller.poll(50))
+        if self.replies in events:
+            self._forward_replies()
+        if self.clients in events:
+            self._serve_clients()
+        if self.stats_in in events:
+            self._take_stats()
+
+    # -- clients -----------------------------------------------------------------------------------
+
+    def _serve_clients(self) -> None:
+        for _ in range(MAX_TAKE):
+            try:
+                frames = self.clients.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.requests += 1
+            client, rest = frames[0], frames[1:]
+            try:
+                request = protocol.decode_request(rest)
+            except protocol.ProtocolError as e:
+                self.malformed += 1
+                self._reply(client, protocol.error_reply(_opaque_of(rest), "SYSTEM_ERROR", str(e)))
+                continue
+            try:
+                self._route(client, request, rest)
+            except protocol.ProtocolError as e:
+                self.malformed += 1
+                self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_ERROR", str(e)))
+
+    def _route(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
+        code = request.code
+        if code in protocol.SEND_CODES:
+            self._send(client, request, frames)
+        elif code == protocol.GET_ROUTEINFO_BY_TOPIC:
+            self._route_info(client, request)
+        elif code == protocol.GET_BROKER_RUNTIME_INFO:
+            info = {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)),
+                    "actors": dict(sorted(self.actor_stats.items())) | {"front": self.statistics()},
+                    "control": self.control.snapshot()}
+            self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", **info))])
+        else:
+            self._reply(client, protocol.error_reply(request.opaque, "REQUEST_CODE_NOT_SUPPORTED",
+                                                     f"request code {code} is not supported"))
+
+    def _route_info(self, client: bytes, request: protocol.Request) -> None:
+        config, problem = self.topics.resolve(request.header.get("topic"))
+        if config is None:
+            self._reply(client, protocol.error_reply(request.opaque, "TOPIC_NOT_EXIST", problem))
+            return
+        self._reply(client, [orjson.dumps(protocol.reply_header(
+            request.opaque, "OK", topic=config.topicName, writeQueueNums=config.writeQueueNums,
+            readQueueNums=config.readQueueNums, perm=config.perm, brokerName=self.settings.brokerName))])
+
+    def _send(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
+        oneway = bool(request.header.get("oneway"))
+        if not self.accepting:
+            return self._refuse(client, request, oneway, "SERVICE_NOT_AVAILABLE", "the node is shutting down")
+        if self.in_flight >= self.settings.sendQueueCapacity:
+            return self._refuse(client, request, oneway, "SYSTEM_BUSY",
+                                f"[REJECTREQUEST]system busy: {self.in_flight} sends waiting")
+        refusals = self._check_topics(request)
+        meta = {"t": time.monotonic_ns()}
+        if refusals:
+            if request.code != protocol.SEND_MESSAGES:
+                status, remark = refusals["0"]
+                return self._refuse(client, request, oneway, status, remark)
+            meta["refused"] = refusals
+        body = frames[1] if len(frames) == 2 else b""
+        try:
+            self.sends.send_multipart([client, orjson.dumps(meta), frames[0], body], zmq.NOBLOCK)
+        except zmq.Again:
+            return self._refuse(client, request, oneway, "SYSTEM_BUSY", "[TIMEOUT_CLEAN_QUEUE]send queue is full")
+        if not oneway:
+            self.in_flight += 1
+
+    def _check_topics(self, request: protocol.Request) -> dict[str, tuple[str, str]]:
+        """Per message index (as text, for JSON): (status, remark) for what the topic table
+        refuses. Raises ProtocolError for a malformed request."""
+        header = request.header
+        if request.code == protocol.SEND_MESSAGES:
+            messages = header.get("messages")
+            if not isinstance(messages, list):
+                raise protocol.ProtocolError("SEND_MESSAGES needs a `messages` list")
+        else:
+            messages = [header]
+        refusals = {}
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise protocol.ProtocolError("each message must be a JSON object")
+            problem = self._check_one(message.get("topic"), message.get("queueId"))
+            if problem:
+                refusals[str(i)] = problem
+        return refusals
+
+    def _check_one(self, topic, queue_id) -> tuple[str, str] | None:
+        config, problem = self.topics.resolve(topic)
+        if config is None:
+            status = "TOPIC_NOT_EXIST" if "does not exist" in problem else "MESSAGE_ILLEGAL"
+            return status, problem
+        if not config.perm & PERM_WRITE:
+            return "SERVICE_NOT_AVAILABLE", f"the topic {topic} is not writable"
+        if not isinstance(queue_id, int) or isinstance(queue_id, bool) or not 0 <= queue_id < config.writeQueueNums:
+            return "MESSAGE_ILLEGAL", (f"queueId {queue_id!r} is not one of the topic's "
+                                       f"{config.writeQueueNums} queues (0..{config.writeQueueNums - 1})")
+        return None
+
+    def _refuse(self, client: bytes, request: protocol.Request, oneway: bool, status: str, remark: str) -> None:
+        self.refused += 1
+        if oneway:
+            return
+        if request.code == protocol.SEND_MESSAGES:
+            count = len(request.header.get("messages") or [])
+            header = protocol.reply_header(request.opaque, status, remark,
+                                           results=[{"status": status, "remark": remark}] * count)
+            self._reply(client, [orjson.dumps(header)])
+        else:
+            self._reply(client, protocol.error_reply(request.opaque, status, remark))
+
+    def _reply(self, client: bytes, frames: list[bytes]) -> None:
+        try:
+            self.clients.send_multipart([client, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.errors += 1  # the client is gone or not reading: its reply is dropped
+
+    # -- replies and statistics --------------------------------------------------------------------
+
+    def _forward_replies(self) -> None:
+        now = time.monotonic_ns()
+        for _ in range(MAX_TAKE):
+            try:
+                joined = self.replies.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            for client, arrival_ns, header in unpack_replies(joined):
+                self.in_flight = max(0, self.in_flight - 1)
+                self.store_stats.record_latency((now - arrival_ns) / 1e6)
+                self._reply(client, [header])
+
+    def _take_stats(self) -> None:
+        for _ in range(MAX_TAKE):
+            try:
+                stats = orjson.loads(self.stats_in.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            self.actor_stats[stats["actor"]] = stats
+            if stats["actor"] == "writer":
+                self.store_stats.sample(int(time.time() * 1000), stats["putMessageTimesTotal"],
+                                        stats["putMessageSizeTotal"], stats["putMessageFailedTimes"])
+
+    def statistics(self) -> dict:
+        return super().statistics() | {"requests": self.requests, "inFlight": self.in_flight,
+                                       "refused": self.refused, "malformed": self.malformed,
+                                       "accepting": self.accepting, "topics": len(self.topics.topics)}
+
+
+def _opaque_of(frames: list[bytes]):
+    """The opaque of a request whose header is broken, when it can still be read."""
+    try:
+        header = orjson.loads(frames[0])
+        return header.get("opaque") if isinstance(header, dict) else None
+    except (orjson.JSONDecodeError, IndexError):
+        return None

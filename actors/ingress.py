@@ -1,0 +1,144 @@
+"""ingress: validates and encodes send requests into CommitLog records, in batches.
+
+Sockets: `requests` PULL (connected to the front's `ingress`), `records` PUSH (connected to the
+writer), `replies` PUSH (refusals it answers itself: a request that waited in the send queue
+longer than `waitTimeMillsInSendQueue`, or one that does not parse).
+
+Several workers run side by side (`ingressWorkers`); each turns up to MAX_REQUESTS requests
+into one EncodedBatch and ships it to the append writer as two frames: the records, and a JSON
+list saying whose they are. A client's SEND_BATCH_MESSAGE travels alone, flagged atomic, so the
+writer keeps it in one segment as RocketMQ does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import zmq
+
+from actors.base import Actor, pack_replies, socket
+from node import protocol
+from node.sendcore import PendingSend, SendEncoder, add_request_atomic
+from shm.codec import EncodedBatch
+
+MAX_REQUESTS = 256  # requests folded into one batch
+MAX_RECORDS = 4096
+
+
+class RequestBatcher:
+    """Requests from the front -> (batch, pendings, atomic) groups plus replies for refusals.
+    Shared by the ingress worker and by the writer when it encodes for itself."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.encoder = SendEncoder(settings)
+        self.max_wait_ns = settings.waitTimeMillsInSendQueue * 1_000_000
+        self.fast_fail = settings.brokerFastFailureEnable
+        self.expired = self.malformed = 0
+
+    def build(self, messages: list[list[bytes]]) -> tuple[list[tuple[EncodedBatch, list[PendingSend], bool]], list]:
+        groups, replies = [], []
+        batch, pendings = EncodedBatch(), []
+        now = time.monotonic_ns()
+        for frames in messages:
+            try:
+                client, meta_raw, header_raw, body = frames
+                meta, header = orjson.loads(meta_raw), orjson.loads(header_raw)
+            except (ValueError, orjson.JSONDecodeError):
+                self.malformed += 1  # not from the front: nobody to answer
+                continue
+            pending = PendingSend(client, header.get("opaque"), header["code"], meta["t"])
+            pending.oneway = bool(header.get("oneway", False))
+            if self.fast_fail and now - pending.arrival_ns > self.max_wait_ns:
+                self.expired += 1
+                self._refuse_all(pending, header, replies, "SYSTEM_BUSY",
+                                 f"[TIMEOUT_CLEAN_QUEUE]broker busy, waited {(now - pending.arrival_ns) // 1_000_000} ms "
+                                 f"in the send queue (waitTimeMillsInSendQueue {self.settings.waitTimeMillsInSendQueue})")
+                continue
+            for index, refusal in (meta.get("refused") or {}).items():
+                header["messages"][int(index)]["_refused"] = refusal
+            atomic = pending.code == protocol.SEND_BATCH_MESSAGE
+            if atomic and pendings:
+                groups.append((batch, pendings, False))
+                batch, pendings = EncodedBatch(), []
+            try:
+                add_request_atomic(self.encoder, pending, header, body, self.encoder.born_host(header.get("bornHost")),
+                                   batch)
+            except (protocol.ProtocolError, KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+                self.malformed += 1
+                self._refuse_all(pending, header, replies, "SYSTEM_ERROR", f"malformed send request: {e}")
+                continue
+            pendings.append(pending)
+            if atomic or len(batch) >= MAX_RECORDS:
+                groups.append((batch, pendings, atomic))
+                batch, pendings = EncodedBatch(), []
+        if pendings:
+            groups.append((batch, pendings, False))
+        return groups, replies
+
+    @staticmethod
+    def _refuse_all(pending: PendingSend, header: dict, replies: list, status: str, remark: str) -> None:
+        if pending.oneway:
+            return
+        if pending.code == protocol.SEND_MESSAGES:
+            count = len(header.get("messages") or [])
+            reply = protocol.reply_header(pending.opaque, status, remark, results=[{"status": status, "remark": remark}] * count)
+        else:
+            reply = protocol.reply_header(pending.opaque, status, remark)
+        replies.append((pending.client, pending.arrival_ns, orjson.dumps(reply)))
+
+
+def group_to_wire(batch: EncodedBatch, pendings: list[PendingSend], atomic: bool) -> list[bytes]:
+    meta = {"sizes": batch.sizes, "keys": batch.queue_keys, "stamps": batch.timestamp_offsets, "atomic": atomic,
+            "pendings": [p.to_wire() for p in pendings]}
+    return [orjson.dumps(meta), bytes(batch.data)]
+
+
+def group_from_wire(frames: list[bytes]) -> tuple[EncodedBatch, list[PendingSend], bool]:
+    meta = orjson.loads(frames[0])
+    batch = EncodedBatch()
+    batch.data = bytearray(frames[1])
+    batch.sizes, batch.queue_keys, batch.timestamp_offsets = meta["sizes"], meta["keys"], meta["stamps"]
+    position, positions = 0, []
+    for size in batch.sizes:
+        positions.append(position)
+        position += size
+    assert position == len(batch.data), "record sizes must add up to the batch"
+    batch.positions = positions
+    return batch, [PendingSend.from_wire(p) for p in meta["pendings"]], meta["atomic"]
+
+
+class Ingress(Actor):
+    name = "ingress"
+
+    def open(self) -> None:
+        self.batcher = RequestBatcher(self.settings)
+        self.requests = socket(self.context, zmq.PULL, hwm=self.settings.sendQueueCapacity)
+        self.requests.connect(self.endpoints["ingress"])
+        self.records = socket(self.context, zmq.PUSH, hwm=1000)
+        self.records.connect(self.endpoints["writer"])
+        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
+        self.replies.connect(self.endpoints["replies"])
+        self.batches = self.encoded = 0
+
+    def turn(self) -> None:
+        if not self.requests.poll(50):
+            return
+        messages = []
+        for _ in range(MAX_REQUESTS):
+            try:
+                messages.append(self.requests.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        groups, replies = self.batcher.build(messages)
+        if replies:
+            self.replies.send(pack_replies(replies))
+        for group in groups:
+            self.records.send_multipart(group_to_wire(*group))
+            self.batches += 1
+            self.encoded += len(group[0])
+
+    def statistics(self) -> dict:
+        return super().statistics() | {"batches": self.batches, "recordsEncoded": self.encoded,
+                                       "expired": self.batcher.expired, "malformed": self.batcher.malformed}

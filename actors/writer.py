@@ -1,0 +1,174 @@
+"""writer: the single writer of the CommitLog.
+
+Sockets: `records` PULL, bound at `writer` (encoded groups from the ingress workers, or raw
+send requests from the front when `ingressWorkers = 0`, which it encodes itself); `replies`
+PUSH to the front; `waits` PUSH to the flush actor (SYNC_FLUSH sends that wait for the disk).
+
+Per group: one append (one copy per segment, three patches per record), then the written
+position and store time are published in the control block, then the replies go out: to the
+front at once, or through the flush actor when the send must be durable first. Data first,
+counter second, reply third: a reader never sees an unpublished record, a client never hears
+of an unwritten one.
+
+Restart (Ray restarts a killed writer): it resumes at the control block's `written`. Its
+queue-offset table is the one recovery built at start-up (passed in by the supervisor) advanced
+over the records appended since, re-read from the log.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import zmq
+
+from actors.base import Actor, pack_replies, socket
+from actors.ingress import RequestBatcher, group_from_wire
+from node import sendcore
+from shm.codec import TRANSACTION_COMMIT, TRANSACTION_MASK, TRANSACTION_NOT, Record
+from shm.commitlog import CommitLog, RecordTooLarge
+from shm.control_block import FLAG_DISK_FULL, FLAG_SHUTTING_DOWN
+from shm.mapped_file import AllocationFailed, StoreError
+
+MAX_GROUPS = 64  # groups appended per turn before replies are flushed out
+
+
+class Writer(Actor):
+    name = "writer"
+
+    def __init__(self, settings, *, queue_offsets: dict[str, int] | None = None, recovered_offset: int = 0):
+        super().__init__(settings)
+        self.recovered_queue_offsets = dict(queue_offsets or {})
+        self.recovered_offset = recovered_offset
+        self.put_times = self.put_bytes = self.put_failed = self.groups = 0
+        self.append_ns_max = 0
+
+    def open(self) -> None:
+        s = self.settings
+        self.log = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog)
+        self.log.segments.load()
+        written = self.control.get("written")
+        self.log.segments.resume_at(written)
+        self.log.queue_offsets = self._queue_offsets(written)
+        self.batcher = RequestBatcher(s) if s.ingressWorkers == 0 else None
+        self.store_host = self.batcher.encoder.store_host if self.batcher else sendcore.SendEncoder(s).store_host
+        self.sync_flush = s.sync_flush
+        self.records = socket(self.context, zmq.PULL, hwm=max(1000, s.sendQueueCapacity))
+        self.records.bind(self.endpoints["writer"])
+        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
+        self.replies.connect(self.endpoints["replies"])
+        self.waits = socket(self.context, zmq.PUSH, hwm=100000)
+        self.waits.connect(self.endpoints["flush"])
+
+    def _queue_offsets(self, written: int) -> dict[str, int]:
+        """Recovery's table, advanced over what was appended since start-up (a restarted writer)."""
+        table = dict(self.recovered_queue_offsets)
+        begin = self.recovered_offset
+        for item in self.log.iterate(begin, limit=written, read_body=False) if written > begin else ():
+            if not isinstance(item, Record):
+                raise StoreError(f"the CommitLog below the published end {written} is damaged at {item.position}")
+            if item.sys_flag & TRANSACTION_MASK in (TRANSACTION_NOT, TRANSACTION_COMMIT):
+                key = f"{item.topic}-{item.queue_id}"
+                table[key] = max(table.get(key, 0), item.queue_offset + 1)
+        return table
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def turn(self) -> None:
+        if not self.records.poll(50):
+            return
+        replies, waits = [], []
+        for _ in range(MAX_GROUPS):
+            try:
+                frames = self.records.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            for batch, pendings, atomic in self._groups(frames, replies):
+                self._append(batch, pendings, atomic, replies, waits)
+        if replies:
+            self.replies.send(pack_replies(replies))
+        if waits:
+            self.waits.send(orjson.dumps(waits))
+
+    def _groups(self, frames: list[bytes], replies: list):
+        if self.batcher is not None:  # raw requests from the front
+            groups, refused = self.batcher.build([frames])
+            replies.extend(refused)
+            return groups
+        try:
+            return [group_from_wire(frames)]
+        except (ValueError, KeyError, AssertionError, orjson.JSONDecodeError):
+            self.errors += 1
+            return []
+
+    def _append(self, batch, pendings, atomic: bool, replies: list, waits: list) -> None:
+        status, remark, result = self._place(batch, atomic)
+        physical = result.physical_offsets if result else []
+        queue = result.queue_offsets if result else []
+        for pending in pendings:
+            appended = [i for i in pending.indices if i >= 0]
+            if result is None:
+                for i, index in enumerate(pending.indices):
+                    if index >= 0:
+                        pending.indices[i] = -1
+                        pending.refusals[i] = (status, remark)
+            if pending.oneway:
+                continue
+            header = sendcore.reply(pending, sendcore.results(pending, physical, queue, self.store_host))
+            if result is not None and appended and self.sync_flush and pending.wait:
+                last = max(appended)
+                waits.append([pending.client.hex(), pending.arrival_ns, physical[last] + batch.sizes[last],
+                              header.decode()])
+            else:
+                replies.append((pending.client, pending.arrival_ns, header))
+
+    def _place(self, batch, atomic: bool):
+        """Append and publish; (status, remark, result) with result None when nothing was stored."""
+        if not len(batch):
+            return "PUT_OK", "", None
+        if self.control.has_flag(FLAG_SHUTTING_DOWN):
+            return self._failed(batch, "SERVICE_NOT_AVAILABLE", "the node is shutting down")
+        if self.control.has_flag(FLAG_DISK_FULL):
+            return self._failed(batch, "SERVICE_NOT_AVAILABLE", "the disk is full: the store is not writable")
+        began = time.monotonic_ns()
+        store_timestamp = int(time.time() * 1000)
+        table = self.log.queue_offsets
+        saved = {key: table.get(key) for key in set(batch.queue_keys)}  # to undo a half-placed batch
+        try:
+            result = self.log.append_batch(batch, store_timestamp, atomic=atomic)
+        except (AllocationFailed, RecordTooLarge) as e:
+            for key, value in saved.items():
+                if value is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = value
+            status = "CREATE_MAPEDFILE_FAILED" if isinstance(e, AllocationFailed) else "MESSAGE_ILLEGAL"
+            return self._failed(batch, status, str(e))
+        self.control.set("store_timestamp", store_timestamp)
+        self.control.advance("written", result.offset_written)
+        self.append_ns_max = max(self.append_ns_max, time.monotonic_ns() - began)
+        self.put_times += len(batch)
+        self.put_bytes += batch.size_bytes
+        self.groups += 1
+        return "PUT_OK", "", result
+
+    def _failed(self, batch, status: str, remark: str):
+        self.put_failed += len(batch)
+        # a failed append may have closed a segment with a blank and moved on; nothing of this
+        # batch was published, so the written counter still marks the end of the log.
+        self.log.segments.resume_at(self.control.get("written"))
+        return status, remark, None
+
+    def statistics(self) -> dict:
+        return super().statistics() | {
+            "putMessageTimesTotal": self.put_times, "putMessageSizeTotal": self.put_bytes,
+            "putMessageFailedTimes": self.put_failed, "groups": self.groups,
+            "appendMaxMicros": self.append_ns_max // 1000, "written": self.control.get("written") if self.control else 0,
+            "queues": len(self.log.queue_offsets) if hasattr(self, "log") else 0,
+        }
+
+    def close(self) -> None:
+        if hasattr(self, "log"):
+            self.log.close()
+        super().close()
+

@@ -1,0 +1,270 @@
+"""Starting and stopping a node: lock, recover, publish, launch the actors under Ray, and back.
+
+Start-up (before any actor runs): take the store lock (held by this process until the end),
+run recovery (normal after a clean stop, abnormal when the abort file says the last run
+crashed), leave the abort file in place while running, publish the recovered positions in the
+control block, then launch the actors through Ray and print one `ready` line.
+
+Stop (SIGINT/SIGTERM): the front refuses new sends, the sends in flight are answered (up to
+DRAIN_S), the actors stop in data order (ingress, writer, flush with a final flush, allocator,
+front), then the physic checkpoint is forced, a preallocated segment past the end is removed,
+the abort file goes, the lock is released and an embedded Ray is shut down. ConsumeQueues and
+the index are completed by the next start's recovery (or, once it exists, by the dispatcher).
+
+Ray is the supervisor only: each actor runs in an `ActorHost` (a Ray actor) that runs the
+plain actor's loop in a thread and exits the process if the loop dies, so Ray restarts it
+(`actorMaxRestarts`). Actors ask Ray for no CPU: on a 2-core machine, CPU reservations would
+only keep them from starting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+from shm import settings as settings_module
+from shm.control_block import (
+    FLAG_SHUTTING_DOWN,
+    FLAG_WRITABLE,
+    ControlBlock,
+)
+from shm.recovery import recover
+from shm.settings import Settings
+from shm.store import MessageStore
+from shm.store_files import StoreLock, mark_clean_exit, mark_running
+
+DRAIN_S = 3.0
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 5.0
+
+
+def actor_classes() -> dict:
+    from actors.allocator import Allocator
+    from actors.flush import Flush
+    from actors.front import Front
+    from actors.ingress import Ingress
+    from actors.writer import Writer
+
+    return {"front": Front, "ingress": Ingress, "writer": Writer, "flush": Flush, "allocator": Allocator}
+
+
+class ActorHost:
+    """A plain actor inside a Ray actor process (see the module docstring)."""
+
+    def __init__(self, kind: str, settings_values: dict, kwargs: dict):
+        settings = settings_module.load(None, settings_values)
+        self.actor = actor_classes()[kind](settings, **kwargs)
+        self.thread = threading.Thread(target=self._run, name=f"mqnode-{kind}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.actor.run()
+        except BaseException:
+            logging.getLogger("mqnode").exception("actor %s died", self.actor.label)
+            os._exit(1)  # let Ray restart the process: a fresh start resumes from the files
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self.actor.ready.wait(timeout)
+
+    def statistics(self) -> dict:
+        return self.actor.statistics()
+
+    def call(self, method: str):
+        return getattr(self.actor, method)()
+
+    def stop(self, timeout: float) -> bool:
+        self.actor.stop()
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Node:
+    def __init__(self, settings: Settings, *, ray_address: str | None = None, out=print):
+        self.settings = settings
+        self.ray_address = ray_address
+        self.out = out
+        self.lock: StoreLock | None = None
+        self.control: ControlBlock | None = None
+        self.hosts: dict[str, object] = {}
+        self.started_ray = False
+        self.recovery_report = None
+
+    # -- start ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        s = self.settings
+        s.root.mkdir(parents=True, exist_ok=True)
+        self.lock = StoreLock(s.root)
+        self.lock.acquire()
+        try:
+            queue_offsets, recovered = self._recover()
+            self._launch(queue_offsets, recovered)
+        except BaseException:
+            self.stop()
+            raise
+        self.out(f"mqnode ready endpoint={s.listen} store={s.root} pid={os.getpid()} "
+                 f"recovery={self.recovery_report.mode} offset={recovered}", flush=True)
+
+    def _recover(self) -> tuple[dict[str, int], int]:
+        s = self.settings
+        store = MessageStore(s, lock=False)
+        try:
+            self.recovery_report = recover(store)
+            store.rebuild_queue_offsets()
+            store.flush_all()
+            written = store.commitlog.offset_written
+            queue_offsets = dict(store.commitlog.queue_offsets)
+            min_offset = store.commitlog.offset_min if store.commitlog.segments.files else written
+        finally:
+            store.close()
+        mark_running(s.root)
+        self.control = ControlBlock(s.root / "control", create=True)
+        self.control.set("flags", 0)
+        self.control.publish_recovered(written=written, flushed=written, dispatched=written,
+                                       min_offset=min(min_offset, written))
+        self.control.set_flag(FLAG_WRITABLE, True)
+        return queue_offsets, written
+
+    def _launch(self, queue_offsets: dict[str, int], recovered: int) -> None:
+        import ray
+
+        s = self.settings
+        s.run_dir.mkdir(parents=True, exist_ok=True)
+        if not ray.is_initialized():
+            if self.ray_address:
+                ray.init(address=self.ray_address, logging_level=logging.ERROR, log_to_driver=False)
+            else:
+                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=s.rayObjectStoreMemory,
+                         logging_level=logging.ERROR, log_to_driver=False)
+                self.started_ray = True
+        remote = ray.remote(ActorHost)
+        values = dataclasses.asdict(s)
+        plan = [("flush", "flush", {}), ("allocator", "allocator", {}),
+                ("writer", "writer", {"queue_offsets": queue_offsets, "recovered_offset": recovered})]
+        plan += [(f"ingress-{i}", "ingress", {"instance": i}) for i in range(s.ingressWorkers)]
+        plan.append(("front", "front", {}))
+        for label, kind, kwargs in plan:
+            self.hosts[label] = remote.options(num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0,
+                                               max_concurrency=4).remote(kind, values, kwargs)
+        ready = ray.get([h.wait_ready.remote(READY_TIMEOUT_S) for h in self.hosts.values()], timeout=READY_TIMEOUT_S + 10)
+        if not all(ready):
+            raise RuntimeError("some actors did not start: " + ", ".join(
+                label for label, ok in zip(self.hosts, ready) if not ok))
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    def statistics(self) -> dict[str, dict]:
+        import ray
+
+        labels = list(self.hosts)
+        values = ray.get([self.hosts[label].statistics.remote() for label in labels], timeout=10)
+        return dict(zip(labels, values))
+
+    def actor_pids(self) -> dict[str, int]:
+        import ray
+
+        labels = list(self.hosts)
+        return dict(zip(labels, ray.get([self.hosts[label].pid.remote() for label in labels], timeout=10)))
+
+    def serve_forever(self) -> None:
+        """Block until SIGINT or SIGTERM, then stop."""
+        stop = threading.Event()
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, lambda *_: stop.set())
+        while not stop.wait(1.0):
+            pass
+        self.out("mqnode stopping", flush=True)
+        self.stop()
+        self.out("mqnode stopped", flush=True)
+
+    # -- stop ------------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        import ray
+
+        if self.hosts:
+            self._drain()
+            for label in self._stop_order():
+                try:
+                    ray.get(self.hosts[label].stop.remote(STOP_TIMEOUT_S), timeout=STOP_TIMEOUT_S + 2)
+                except Exception:  # a dead or stuck actor: killed below with the rest
+                    pass
+            for host in self.hosts.values():
+                ray.kill(host, no_restart=True)
+            self.hosts.clear()
+        if self.control is not None:
+            self._finish_store()
+        if self.started_ray and ray.is_initialized():
+            ray.shutdown()
+            self.started_ray = False
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def _drain(self) -> None:
+        import ray
+
+        front = self.hosts.get("front")
+        if front is None:
+            return
+        try:
+            ray.get(front.call.remote("drain_mode"), timeout=5)
+            deadline = time.monotonic() + DRAIN_S
+            while time.monotonic() < deadline:
+                if ray.get(front.statistics.remote(), timeout=5)["inFlight"] == 0:
+                    break
+                time.sleep(0.02)
+        except Exception:
+            pass  # the front is gone: nothing more can be answered anyway
+        self.control.set_flag(FLAG_SHUTTING_DOWN, True)
+
+    def _stop_order(self) -> list[str]:
+        ingress = [label for label in self.hosts if label.startswith("ingress")]
+        return ingress + [label for label in ("writer", "flush", "allocator", "front") if label in self.hosts]
+
+    def _finish_store(self) -> None:
+        """After the actors: everything written is durable, the end is exact, the exit is clean."""
+        from shm.checkpoint import Checkpoint
+        from shm.commitlog import CommitLog
+
+        s = self.settings
+        written = self.control.get("written")
+        log = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog)
+        log.segments.load()
+        for segment in log.segments.files:
+            if segment.offset_start >= written and segment.offset_start > 0:
+                segment.destroy()  # preallocated, never written
+            elif segment.offset_start <= written:
+                os.fdatasync(segment.fd)
+        log.segments.files = [f for f in log.segments.files if f.fd >= 0]
+        log.close()
+        checkpoint = Checkpoint(s.root / "checkpoint")
+        stamp = self.control.get("store_timestamp")
+        if stamp > 0:
+            checkpoint.flush_physic(stamp)
+        checkpoint.close()
+        self.control.advance("flushed", max(written, self.control.get("flushed")))
+        self.control.close()
+        self.control = None
+        if s.root.exists():
+            mark_clean_exit(s.root)
+
+
+def run(settings: Settings, ray_address: str | None = None) -> int:
+    node = Node(settings, ray_address=ray_address)
+    node.start()
+    node.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the CLI's `start` is the way in
+    sys.exit(run(settings_module.load()))

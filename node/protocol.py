@@ -1,0 +1,165 @@
+"""The wire protocol's core: codes, statuses and frame codecs, with no sockets (h11 style).
+
+A request or reply is one ZeroMQ message of one or two frames: frame 0 a header (a UTF-8 JSON
+object), frame 1 an optional binary body. `docs/protocol.md` is the specification for clients in
+other languages; this module is its reference implementation, shared by the node and the Python
+client, so both sides parse the same way.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import orjson
+
+# -- request codes: RocketMQ's RequestCode numbers where RocketMQ has the request -----------------
+SEND_MESSAGE = 10
+PULL_MESSAGE = 11
+QUERY_MESSAGE = 12
+QUERY_CONSUMER_OFFSET = 14
+UPDATE_CONSUMER_OFFSET = 15
+GET_BROKER_RUNTIME_INFO = 28
+SEARCH_OFFSET_BY_TIMESTAMP = 29
+GET_MAX_OFFSET = 30
+GET_MIN_OFFSET = 31
+VIEW_MESSAGE_BY_ID = 33
+GET_ROUTEINFO_BY_TOPIC = 105
+SEND_BATCH_MESSAGE = 320
+SEND_MESSAGES = 9010  # mqnode: many independent sends in one frame (a client's coalesced sends)
+
+SEND_CODES = frozenset({SEND_MESSAGE, SEND_BATCH_MESSAGE, SEND_MESSAGES})
+
+# -- response codes: RocketMQ's ResponseCode numbers ------------------------------------------------
+SUCCESS = 0
+SYSTEM_ERROR = 1
+SYSTEM_BUSY = 2
+REQUEST_CODE_NOT_SUPPORTED = 3
+FLUSH_DISK_TIMEOUT = 10
+SLAVE_NOT_AVAILABLE = 11
+FLUSH_SLAVE_TIMEOUT = 12
+MESSAGE_ILLEGAL = 13
+SERVICE_NOT_AVAILABLE = 14
+TOPIC_NOT_EXIST = 17
+
+# PutMessageStatus (spec §11) and the node's own refusals -> response code
+STATUS_CODES = {
+    "PUT_OK": SUCCESS,
+    "FLUSH_DISK_TIMEOUT": FLUSH_DISK_TIMEOUT,
+    "FLUSH_SLAVE_TIMEOUT": FLUSH_SLAVE_TIMEOUT,
+    "SLAVE_NOT_AVAILABLE": SLAVE_NOT_AVAILABLE,
+    "SERVICE_NOT_AVAILABLE": SERVICE_NOT_AVAILABLE,
+    "CREATE_MAPEDFILE_FAILED": SYSTEM_ERROR,
+    "MESSAGE_ILLEGAL": MESSAGE_ILLEGAL,
+    "PROPERTIES_SIZE_EXCEEDED": MESSAGE_ILLEGAL,
+    "OS_PAGECACHE_BUSY": SYSTEM_BUSY,
+    "UNKNOWN_ERROR": SYSTEM_ERROR,
+    "SYSTEM_BUSY": SYSTEM_BUSY,
+    "TOPIC_NOT_EXIST": TOPIC_NOT_EXIST,
+    "REQUEST_CODE_NOT_SUPPORTED": REQUEST_CODE_NOT_SUPPORTED,
+    "SYSTEM_ERROR": SYSTEM_ERROR,
+    "OK": SUCCESS,
+}
+# Stored, so the send is not to be retried: isOk() in RocketMQ
+STORED_STATUSES = frozenset({"PUT_OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"})
+RETRIABLE_STATUSES = frozenset({"SYSTEM_BUSY", "OS_PAGECACHE_BUSY"})
+
+MAX_HEADER_BYTES = 4 * 1024 * 1024  # a header beyond this is malformed, whatever it says
+MAX_MESSAGES_PER_REQUEST = 4096
+
+
+class ProtocolError(ValueError):
+    """A frame that cannot be a request: answered with SYSTEM_ERROR and the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    header: dict
+    body: bytes
+
+    @property
+    def code(self) -> int:
+        return self.header["code"]
+
+    @property
+    def opaque(self):
+        return self.header.get("opaque")
+
+
+def encode_request(header: dict, body: bytes | None = None) -> list[bytes]:
+    frames = [orjson.dumps(header)]
+    if body is not None:
+        frames.append(body)
+    return frames
+
+
+def decode_request(frames: list[bytes]) -> Request:
+    """Frames after the ROUTER's identity frame. Raises ProtocolError naming the fault."""
+    if not frames or len(frames) > 2:
+        raise ProtocolError(f"a request is 1 or 2 frames, got {len(frames)}")
+    raw = frames[0]
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ProtocolError(f"header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header must be a JSON object")
+    code = header.get("code")
+    if not isinstance(code, int) or isinstance(code, bool):
+        raise ProtocolError("header needs an integer `code`")
+    return Request(header, bytes(frames[1]) if len(frames) == 2 else b"")
+
+
+def reply_header(opaque, status: str, remark: str = "", **fields) -> dict:
+    header = {"code": STATUS_CODES.get(status, SYSTEM_ERROR), "opaque": opaque, "status": status}
+    if remark:
+        header["remark"] = remark
+    header.update(fields)
+    return header
+
+
+def error_reply(opaque, status: str, remark: str) -> list[bytes]:
+    return [orjson.dumps(reply_header(opaque, status, remark))]
+
+
+# -- RocketMQ's client batch body (MessageDecoder.encodeMessages), spec §2.10 -----------------------
+_INNER_HEAD = struct.Struct(">iiiii")  # total size, magic (0), body CRC (0), flag, body length
+_I16 = struct.Struct(">h")
+
+
+def encode_batch_body(messages: list[tuple[bytes, int, str]]) -> bytes:
+    """(body, flag, properties string) per message -> the batch body a SEND_BATCH_MESSAGE carries."""
+    parts = []
+    for body, flag, properties in messages:
+        props = properties.encode("utf-8")
+        size = _INNER_HEAD.size + len(body) + 2 + len(props)
+        parts += [_INNER_HEAD.pack(size, 0, 0, flag, len(body)), body, _I16.pack(len(props)), props]
+    return b"".join(parts)
+
+
+def decode_batch_body(data: bytes, limit: int = MAX_MESSAGES_PER_REQUEST) -> list[tuple[bytes, int, str]]:
+    """The inverse of `encode_batch_body`; ProtocolError for a body that does not parse exactly."""
+    messages, at = [], 0
+    while at < len(data):
+        if len(messages) >= limit:
+            raise ProtocolError(f"a batch holds at most {limit} messages")
+        if len(data) - at < _INNER_HEAD.size + 2:
+            raise ProtocolError(f"batch message at byte {at} is truncated")
+        size, _, _, flag, body_len = _INNER_HEAD.unpack_from(data, at)
+        props_at = at + _INNER_HEAD.size + body_len
+        if body_len < 0 or size < _INNER_HEAD.size + 2 or props_at + 2 > len(data):
+            raise ProtocolError(f"batch message at byte {at}: body length {body_len} does not fit")
+        props_len, = _I16.unpack_from(data, props_at)
+        if props_len < 0 or size != _INNER_HEAD.size + body_len + 2 + props_len or at + size > len(data):
+            raise ProtocolError(f"batch message at byte {at}: size {size} does not match its fields")
+        try:
+            props = data[props_at + 2: props_at + 2 + props_len].decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError(f"batch message at byte {at}: properties are not UTF-8") from None
+        messages.append((data[at + _INNER_HEAD.size: props_at], flag, props))
+        at += size
+    if not messages:
+        raise ProtocolError("a batch holds at least one message")
+    return messages

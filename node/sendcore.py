@@ -1,0 +1,318 @@
+"""Turning send requests into CommitLog records, and append results into replies. No I/O.
+
+Used by the ingress workers (or by the append writer itself when `ingressWorkers = 0`): each
+request's messages are validated and encoded into one shared `EncodedBatch`; a `PendingSend`
+remembers where its records sit in the batch so the writer can answer once they are placed.
+
+Stored properties follow the 4.9 broker (spec §2.7): the client's map, plus CLUSTER, minus WAIT
+(which only decides whether the send waits for the flush), serialised in Java HashMap order. A
+DELAY level > 0 moves the message to SCHEDULE_TOPIC_XXXX queue level-1 with REAL_TOPIC/REAL_QID.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from dataclasses import dataclass, field
+
+import orjson
+
+from node import protocol
+from shm.codec import (
+    MAX_PROPERTIES_BYTES,
+    PROPERTY_CLUSTER,
+    PROPERTY_DELAY,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT,
+    SCHEDULE_TOPIC,
+    EncodedBatch,
+    MessageIllegal,
+    encode,
+    encode_host,
+    offset_msg_id,
+    parse_properties,
+    properties_string,
+)
+from shm.javacompat import hashmap_capacity
+
+
+@dataclass(slots=True)
+class PendingSend:
+    """One client request on its way through the write path."""
+
+    client: bytes
+    opaque: object
+    code: int
+    arrival_ns: int
+    oneway: bool = False
+    wait: bool = True  # any message of the request waits for the flush (WAIT not "false")
+    # per message: the record's index in the batch, or -1 when refused (see `refusals`)
+    indices: list[int] = field(default_factory=list)
+    refusals: dict[int, tuple[str, str]] = field(default_factory=dict)
+    uniq_keys: list[str | None] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)
+    queue_ids: list[int] = field(default_factory=list)
+
+    def to_wire(self) -> list:
+        return [self.client.hex(), self.opaque, self.code, self.arrival_ns, self.oneway, self.wait,
+                self.indices, {str(k): v for k, v in self.refusals.items()}, self.uniq_keys, self.topics,
+                self.queue_ids]
+
+    @classmethod
+    def from_wire(cls, item: list) -> PendingSend:
+        return cls(bytes.fromhex(item[0]), item[1], item[2], item[3], item[4], item[5], item[6],
+                   {int(k): tuple(v) for k, v in item[7].items()}, item[8], item[9], item[10])
+
+
+class SendEncoder:
+    def __init__(self, settings):
+        self.settings = settings
+        self.store_host = encode_host(settings.brokerIP1, settings.listenPort)
+        self.cluster = settings.brokerClusterName
+        self.delay_levels = len(settings.delay_levels_ms())
+        self._born_cache: dict[str, bytes] = {}
+
+    def born_host(self, text: str | None) -> bytes:
+        """`ip:port` (or `[v6]:port`) as record bytes; unparseable -> 127.0.0.1:0."""
+        raw = self._born_cache.get(text or "")
+        if raw is None:
+            raw = _parse_host(text) or encode_host("127.0.0.1", 0)
+            if len(self._born_cache) < 10000:
+                self._born_cache[text or ""] = raw
+        return raw
+
+    # -- requests -> records ---------------------------------------------------------------------
+
+    def add_request(self, pending: PendingSend, header: dict, body: bytes, born: bytes, batch: EncodedBatch) -> None:
+        """Encode the request's messages into `batch`; refusals are recorded in `pending`.
+        Raises ProtocolError for a request that is malformed as a whole."""
+        code = header["code"]
+        pending.oneway = bool(header.get("oneway", False))
+        if code == protocol.SEND_MESSAGE:
+            self._add_message(pending, header, body, born, batch)
+        elif code == protocol.SEND_MESSAGES:
+            self._add_messages(pending, header, body, born, batch)
+        elif code == protocol.SEND_BATCH_MESSAGE:
+            self._add_batch(pending, header, body, born, batch)
+        else:
+            raise protocol.ProtocolError(f"code {code} is not a send")
+
+    def _add_messages(self, pending, header, body, born, batch) -> None:
+        messages = header.get("messages")
+        if not isinstance(messages, list) or not 0 < len(messages) <= protocol.MAX_MESSAGES_PER_REQUEST:
+            raise protocol.ProtocolError(f"`messages` must be a list of 1 to {protocol.MAX_MESSAGES_PER_REQUEST}")
+        at = 0
+        for item in messages:
+            size = item.get("bodySize") if isinstance(item, dict) else None
+            if not isinstance(size, int) or size < 0 or at + size > len(body):
+                raise protocol.ProtocolError("each message needs a `bodySize` and the sizes must add up to the body")
+            at += size
+        if at != len(body):
+            raise protocol.ProtocolError(f"bodies add up to {at} bytes but the body frame holds {len(body)}")
+        at = 0
+        for item in messages:
+            size = item["bodySize"]
+            self._add_message(pending, item, body[at: at + size], born, batch)
+            at += size
+
+    def _add_message(self, pending, header, body, born, batch) -> None:
+        index = len(pending.indices)
+        topic, queue_id = header.get("topic"), header.get("queueId")
+        pending.topics.append(topic if isinstance(topic, str) else "")
+        pending.queue_ids.append(queue_id if isinstance(queue_id, int) else -1)
+        pending.indices.append(-1)
+        pending.uniq_keys.append(None)
+        refused = header.get("_refused")  # set by the front (unknown topic, bad queue id)
+        if refused:
+            pending.refusals[index] = tuple(refused)
+            return
+        try:
+            properties = _client_properties(header.get("properties"))
+            if properties.get(PROPERTY_WAIT) == "false":
+                pending.wait = False
+            capacity = hashmap_capacity(len(properties) + (PROPERTY_CLUSTER not in properties))
+            properties[PROPERTY_CLUSTER] = self.cluster
+            properties.pop(PROPERTY_WAIT, None)
+            pending.uniq_keys[index] = properties.get(PROPERTY_UNIQ_KEY)
+            topic, queue_id, capacity = self._delay(properties, topic, queue_id, capacity)
+            record = encode(topic=topic, body=body, queue_id=queue_id, flag=_int(header.get("flag", 0), "flag"),
+                            born_timestamp=_int(header.get("bornTimestamp", 0), "bornTimestamp"), born_host=born,
+                            store_host=self.store_host, properties=properties_string(properties, capacity),
+                            reconsume_times=_int(header.get("reconsumeTimes", 0), "reconsumeTimes"),
+                            max_message_size=self.settings.maxMessageSize)
+        except MessageIllegal as e:
+            pending.refusals[index] = (e.status, e.remark)
+            return
+        except struct.error:
+            pending.refusals[index] = ("MESSAGE_ILLEGAL", "queueId, flag or reconsumeTimes is out of the int32 range")
+            return
+        pending.indices[index] = len(batch)
+        batch.add(record, topic)
+
+    def _delay(self, properties: dict, topic: str, queue_id: int, capacity: int) -> tuple[str, int, int]:
+        level_text = properties.get(PROPERTY_DELAY)
+        if level_text is None:
+            return topic, queue_id, capacity
+        try:
+            level = int(level_text)
+        except ValueError:
+            raise MessageIllegal("MESSAGE_ILLEGAL", f"DELAY must be an integer level, not {level_text!r}") from None
+        if level <= 0:
+            return topic, queue_id, capacity
+        level = min(level, self.delay_levels)
+        properties[PROPERTY_REAL_TOPIC] = topic
+        properties[PROPERTY_REAL_QID] = str(queue_id)
+        return SCHEDULE_TOPIC, level - 1, max(capacity, hashmap_capacity(len(properties)))
+
+    def _add_batch(self, pending, header, body, born, batch) -> None:
+        """SEND_BATCH_MESSAGE: inner messages keep their own properties bytes, then the batch's
+        (header properties plus CLUSTER) after a 0x02, as the 4.9 broker stores them."""
+        topic, queue_id = header.get("topic"), header.get("queueId")
+        refused = header.get("_refused")
+        inner = protocol.decode_batch_body(body)
+        batch_props = _client_properties(header.get("properties"))
+        if batch_props.get(PROPERTY_WAIT) == "false":
+            pending.wait = False
+        if refused is None and PROPERTY_DELAY in batch_props:
+            refused = ("MESSAGE_ILLEGAL", "a batch may not carry a DELAY level")
+        batch_props[PROPERTY_CLUSTER] = self.cluster
+        suffix = properties_string(batch_props)
+        for body_bytes, flag, inner_props in inner:
+            index = len(pending.indices)
+            pending.topics.append(topic if isinstance(topic, str) else "")
+            pending.queue_ids.append(queue_id if isinstance(queue_id, int) else -1)
+            pending.indices.append(-1)
+            pending.uniq_keys.append(parse_properties(inner_props).get(PROPERTY_UNIQ_KEY))
+            if refused:
+                pending.refusals[index] = tuple(refused)
+                continue
+            joined = inner_props if not suffix else (
+                inner_props + suffix if inner_props.endswith("\x02") or not inner_props else inner_props + "\x02" + suffix)
+            try:
+                record = encode(topic=topic, body=body_bytes, queue_id=queue_id, flag=flag,
+                                born_timestamp=_int(header.get("bornTimestamp", 0), "bornTimestamp"),
+                                born_host=born, store_host=self.store_host, properties=joined,
+                                max_message_size=self.settings.maxMessageSize)
+            except MessageIllegal as e:
+                pending.refusals[index] = (e.status, e.remark)
+                continue
+            pending.indices[index] = len(batch)
+            batch.add(record, topic)
+        if any(i < 0 for i in pending.indices) and len(pending.refusals) < len(pending.indices):
+            # a client batch is all or nothing: refuse the rest with the first reason
+            reason = next(iter(pending.refusals.values()))
+            raise _BatchRefused(reason)
+
+
+class _BatchRefused(Exception):
+    def __init__(self, reason: tuple[str, str]):
+        super().__init__(reason[1])
+        self.reason = reason
+
+
+def add_request_atomic(encoder: SendEncoder, pending: PendingSend, header: dict, body: bytes, born: bytes,
+                       batch: EncodedBatch) -> None:
+    """`add_request`, all or nothing: on any failure the request's records leave the batch again.
+    A refused client batch becomes per-message refusals; other failures propagate."""
+    mark = (len(batch.data), len(batch))
+    try:
+        encoder.add_request(pending, header, body, born, batch)
+    except BaseException as e:
+        del batch.data[mark[0]:]
+        for column in (batch.positions, batch.sizes, batch.queue_keys, batch.timestamp_offsets):
+            del column[mark[1]:]
+        if not isinstance(e, _BatchRefused):
+            raise
+        pending.indices = [-1] * len(pending.indices)
+        pending.refusals = {i: e.reason for i in range(len(pending.indices))}
+
+
+# -- results -> replies ----------------------------------------------------------------------------
+
+
+def results(pending: PendingSend, physical: list[int], queue: list[int], store_host: bytes,
+            status: str = "PUT_OK", remark: str = "") -> list[dict]:
+    """Per message: status, msgId (UNIQ_KEY, else the offset msgId), offsetMsgId, queueId,
+    queueOffset. `physical`/`queue` are the batch's append results."""
+    out = []
+    for i, index in enumerate(pending.indices):
+        if index < 0:
+            refused = pending.refusals.get(i, ("UNKNOWN_ERROR", "not appended"))
+            out.append({"status": refused[0], "remark": refused[1], "queueId": pending.queue_ids[i]})
+            continue
+        offset_id = offset_msg_id(store_host, physical[index])
+        entry = {"status": status, "msgId": pending.uniq_keys[i] or offset_id, "offsetMsgId": offset_id,
+                 "queueId": pending.queue_ids[i], "queueOffset": queue[index], "topic": pending.topics[i]}
+        if remark:
+            entry["remark"] = remark
+        out.append(entry)
+    return out
+
+
+def reply(pending: PendingSend, per_message: list[dict]) -> bytes:
+    """The reply header for the request's code (see docs/protocol.md)."""
+    if pending.code == protocol.SEND_MESSAGES:
+        overall = "PUT_OK" if all(r["status"] == "PUT_OK" for r in per_message) else _worst(per_message)
+        header = protocol.reply_header(pending.opaque, overall, results=per_message)
+        header["code"] = protocol.SUCCESS  # the envelope succeeded; each result has its status
+    elif pending.code == protocol.SEND_BATCH_MESSAGE:
+        first = per_message[0]
+        stored = [r for r in per_message if "offsetMsgId" in r]
+        status = first["status"] if len(stored) == len(per_message) else _worst(per_message)
+        fields = {"queueId": first.get("queueId"), "count": len(per_message)}
+        if len(stored) == len(per_message):
+            fields.update(msgId=",".join(r["msgId"] for r in stored),
+                          offsetMsgId=",".join(r["offsetMsgId"] for r in stored), queueOffset=first["queueOffset"])
+        header = protocol.reply_header(pending.opaque, status, first.get("remark", ""), **fields)
+    else:
+        result = dict(per_message[0])
+        status, remark = result.pop("status"), result.pop("remark", "")
+        result.pop("topic", None)
+        header = protocol.reply_header(pending.opaque, status, remark, **result)
+    return orjson.dumps(header)
+
+
+def _worst(per_message: list[dict]) -> str:
+    for r in per_message:
+        if r["status"] != "PUT_OK":
+            return r["status"]
+    return "PUT_OK"
+
+
+# -- small pieces ------------------------------------------------------------------------------------
+
+
+def _client_properties(value) -> dict[str, str]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        if len(value) > MAX_PROPERTIES_BYTES:
+            raise MessageIllegal("MESSAGE_ILLEGAL", f"properties string of {len(value)} chars exceeds {MAX_PROPERTIES_BYTES}")
+        return parse_properties(value)
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(v, str) or "\x01" in k or "\x02" in k or "\x02" in v:
+                raise MessageIllegal("MESSAGE_ILLEGAL", f"property {k!r} must be a string without \\x01/\\x02")
+            if k and v:
+                out[k] = v
+        return out
+    raise MessageIllegal("MESSAGE_ILLEGAL", "properties must be an object of strings or a RocketMQ properties string")
+
+
+def _int(value, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not -(2**63) <= value < 2**63:
+        raise MessageIllegal("MESSAGE_ILLEGAL", f"`{name}` must be a 64-bit integer")
+    return value
+
+
+def _parse_host(text: str | None) -> bytes | None:
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    try:
+        return encode_host(str(ipaddress.ip_address(host.strip("[]"))), int(port))
+    except (ValueError, struct.error):
+        return None

@@ -6,10 +6,10 @@ crashed), leave the abort file in place while running, publish the recovered pos
 control block, then launch the actors through Ray and print one `ready` line.
 
 Stop (SIGINT/SIGTERM): the front refuses new sends, the sends in flight are answered (up to
-DRAIN_S), the actors stop in data order (ingress, writer, flush with a final flush, allocator,
-front), then the physic checkpoint is forced, a preallocated segment past the end is removed,
-the abort file goes, the lock is released and an embedded Ray is shut down. ConsumeQueues and
-the index are completed by the next start's recovery (or, once it exists, by the dispatcher).
+DRAIN_S), the actors stop in data order (ingress, writer, dispatcher catching up to the end,
+flush with a final flush, allocator, front), then the physic checkpoint is forced, a
+preallocated segment past the end is removed, the abort file goes, the lock is released and an
+embedded Ray is shut down.
 
 Ray is the supervisor only: each actor runs in an `ActorHost` (a Ray actor) that runs the
 plain actor's loop in a thread and exits the process if the loop dies, so Ray restarts it
@@ -45,12 +45,14 @@ STOP_TIMEOUT_S = 5.0
 
 def actor_classes() -> dict:
     from actors.allocator import Allocator
+    from actors.dispatcher import Dispatcher
     from actors.flush import Flush
     from actors.front import Front
     from actors.ingress import Ingress
     from actors.writer import Writer
 
-    return {"front": Front, "ingress": Ingress, "writer": Writer, "flush": Flush, "allocator": Allocator}
+    return {"front": Front, "ingress": Ingress, "writer": Writer, "flush": Flush, "allocator": Allocator,
+            "dispatcher": Dispatcher}
 
 
 class ActorHost:
@@ -148,7 +150,7 @@ class Node:
                 self.started_ray = True
         remote = ray.remote(ActorHost)
         values = dataclasses.asdict(s)
-        plan = [("flush", "flush", {}), ("allocator", "allocator", {}),
+        plan = [("flush", "flush", {}), ("allocator", "allocator", {}), ("dispatcher", "dispatcher", {}),
                 ("writer", "writer", {"queue_offsets": queue_offsets, "recovered_offset": recovered})]
         plan += [(f"ingress-{i}", "ingress", {"instance": i}) for i in range(s.ingressWorkers)]
         plan.append(("front", "front", {}))
@@ -229,7 +231,8 @@ class Node:
 
     def _stop_order(self) -> list[str]:
         ingress = [label for label in self.hosts if label.startswith("ingress")]
-        return ingress + [label for label in ("writer", "flush", "allocator", "front") if label in self.hosts]
+        order = ("writer", "dispatcher", "flush", "allocator", "front")
+        return ingress + [label for label in order if label in self.hosts]
 
     def _finish_store(self) -> None:
         """After the actors: everything written is durable, the end is exact, the exit is clean."""

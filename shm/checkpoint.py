@@ -23,7 +23,7 @@ from shm.mapped_file import WrongFileSize, allocate
 
 FILE_SIZE = 4096
 _FIELDS = struct.Struct(">qqq")
-_PHYSIC = struct.Struct(">q")
+_ONE = struct.Struct(">q")
 RECOVERY_MARGIN_MS = 3000
 
 
@@ -48,11 +48,22 @@ class Checkpoint:
         self.write()
         self.map.flush()
 
+    # Each field has its own writer on a running node (physic: flush actor; logics and index:
+    # the dispatcher), so each is published alone, never from a stale copy of the others.
     def flush_physic(self, timestamp: int) -> None:
-        """Advance and force only physicMsgTimestamp: the flush actor's own field, so it never
-        overwrites the logics/index fields another process owns."""
         self.physic_timestamp = max(self.physic_timestamp, timestamp)
-        _PHYSIC.pack_into(self.map, 0, self.physic_timestamp)
+        self._force(0, self.physic_timestamp)
+
+    def flush_logics(self, timestamp: int) -> None:
+        self.logics_timestamp = max(self.logics_timestamp, timestamp)
+        self._force(8, self.logics_timestamp)
+
+    def flush_index(self, timestamp: int) -> None:
+        self.index_timestamp = max(self.index_timestamp, timestamp)
+        self._force(16, self.index_timestamp)
+
+    def _force(self, offset: int, value: int) -> None:
+        _ONE.pack_into(self.map, offset, value)
         self.map.flush(0, mmap.PAGESIZE)
 
     @property

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from shm.codec import MESSAGE_MAGIC, Corruption, Record, scan, store_timestamp_offset
-from shm.dispatch import dispatch
+from shm.dispatch import reput
 from shm.store import MessageStore
 from shm.store_files import last_exit_ok
 
@@ -175,12 +175,9 @@ class Recovery:
         return 0
 
     def _dispatch_range(self, segment, start: int, end: int) -> None:
-        commitlog = self.store.commitlog
         base = segment.offset_start
-        for item in commitlog.iterate(base + start, limit=base + end, read_body=False):
-            if isinstance(item, Record):
-                dispatch(self.store, item)
-                self.report.records_dispatched += 1
+        _, count = reput(self.store, base + start, base + end)
+        self.report.records_dispatched += count
 
     def _truncate(self, end: int) -> None:
         store = self.store
@@ -209,11 +206,9 @@ class Recovery:
         begin = max(min(starts), store.commitlog.offset_min)
         self.report.dispatch_start = begin
         self.progress.done_bytes, self.progress.total_bytes = 0, end - begin
-        for item in store.commitlog.iterate(begin, limit=end, read_body=False):
-            if isinstance(item, Record):
-                dispatch(store, item)
-                self.report.records_dispatched += 1
-                self.progress.done_bytes = item.physical_offset + item.total_size - begin
+        _, count = reput(store, begin, end)
+        self.report.records_dispatched += count
+        self.progress.done_bytes = end - begin
 
     def _index_end(self) -> int:
         """First CommitLog offset the index has not seen."""

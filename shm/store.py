@@ -49,9 +49,8 @@ class MessageStore:
             raise
 
     def _index_file_full(self, end_timestamp: int) -> None:
-        if self.checkpoint is not None:
-            self.checkpoint.index_timestamp = end_timestamp
-            self.checkpoint.flush()
+        if self.checkpoint is not None and not self.readonly:
+            self.checkpoint.flush_index(end_timestamp)
 
     # -- consume queues --------------------------------------------------------------------------
 

@@ -63,6 +63,7 @@ class Actor:
 
     def start(self) -> None:
         Path(self.settings.run_dir).mkdir(parents=True, exist_ok=True)
+        (self.settings.run_dir / f"{self.label}.pid").write_text(f"{os.getpid()}\n")  # for operators and tests
         self.control = ControlBlock(self.settings.root / "control")
         self._stats_socket = socket(self.context, zmq.PUSH, hwm=10)
         self._stats_socket.connect(self.endpoints["stats"])

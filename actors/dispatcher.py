@@ -18,8 +18,12 @@ import time
 
 from actors.base import Actor
 from shm.commitlog import CommitLog
+from shm.control_block import FLAG_LOGICS_WRITE_ERROR
 from shm.dispatch import reput
+from shm.mapped_file import StoreError
 from shm.store import MessageStore
+
+RETRY_S = 0.5
 
 IDLE_SLEEP_S = (0.001, 0.02)  # poll fast while records arrive, back off when idle
 
@@ -39,6 +43,7 @@ class Dispatcher(Actor):
             queue.recover()
         self.position = self.control.get("dispatched")
         self.records = self.stalls = 0
+        self.last_error = ""
         self.sleep = IDLE_SLEEP_S[0]
         self.next_flush = time.monotonic() + s.flushIntervalConsumeQueue / 1000
 
@@ -60,7 +65,16 @@ class Dispatcher(Actor):
         log = self.store.commitlog
         if log.segments.find(written - 1) is None or log.segments.find(self.position) is None:
             log.segments.refresh()
-        reached, count = reput(self.store, self.position, written)
+        try:
+            reached, count = reput(self.store, self.position, written)
+        except StoreError as e:  # a full disk: no room for a ConsumeQueue or index file
+            self.errors += 1
+            self.last_error = str(e)
+            self.control.set_flag(FLAG_LOGICS_WRITE_ERROR, True)  # the writer refuses sends meanwhile
+            self.stopping.wait(RETRY_S)
+            return False
+        if self.control.has_flag(FLAG_LOGICS_WRITE_ERROR):
+            self.control.set_flag(FLAG_LOGICS_WRITE_ERROR, False)
         if reached == self.position:
             self.stalls += 1  # below a published counter: only a fault elsewhere explains this
             return False
@@ -85,6 +99,7 @@ class Dispatcher(Actor):
 
     def statistics(self) -> dict:
         return super().statistics() | {"dispatched": self.position, "records": self.records, "stalls": self.stalls,
+                                       "lastError": getattr(self, "last_error", ""),
                                        "queues": len(self.store.consume_queues) if hasattr(self, "store") else 0}
 
     def close(self) -> None:

@@ -109,9 +109,9 @@ class Front(Actor):
                                                      f"request code {code} is not supported"))
 
     def _route_info(self, client: bytes, request: protocol.Request) -> None:
-        config, problem = self.topics.resolve(request.header.get("topic"))
+        config, status, problem = self.topics.resolve(request.header.get("topic"))
         if config is None:
-            self._reply(client, protocol.error_reply(request.opaque, "TOPIC_NOT_EXIST", problem))
+            self._reply(client, protocol.error_reply(request.opaque, status, problem))
             return
         self._reply(client, [orjson.dumps(protocol.reply_header(
             request.opaque, "OK", topic=config.topicName, writeQueueNums=config.writeQueueNums,
@@ -159,9 +159,8 @@ class Front(Actor):
         return refusals
 
     def _check_one(self, topic, queue_id) -> tuple[str, str] | None:
-        config, problem = self.topics.resolve(topic)
+        config, status, problem = self.topics.resolve(topic)
         if config is None:
-            status = "TOPIC_NOT_EXIST" if "does not exist" in problem else "MESSAGE_ILLEGAL"
             return status, problem
         if not config.perm & PERM_WRITE:
             return "SERVICE_NOT_AVAILABLE", f"the topic {topic} is not writable"

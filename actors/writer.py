@@ -27,7 +27,11 @@ from actors.ingress import RequestBatcher, group_from_wire
 from node import sendcore
 from shm.codec import TRANSACTION_COMMIT, TRANSACTION_MASK, TRANSACTION_NOT, Record
 from shm.commitlog import CommitLog, RecordTooLarge
-from shm.control_block import FLAG_DISK_FULL, FLAG_SHUTTING_DOWN
+from shm.control_block import (
+    FLAG_DISK_FULL,
+    FLAG_LOGICS_WRITE_ERROR,
+    FLAG_SHUTTING_DOWN,
+)
 from shm.mapped_file import AllocationFailed, StoreError
 
 MAX_GROUPS = 64  # groups appended per turn before replies are flushed out
@@ -130,6 +134,9 @@ class Writer(Actor):
             return self._failed(batch, "SERVICE_NOT_AVAILABLE", "the node is shutting down")
         if self.control.has_flag(FLAG_DISK_FULL):
             return self._failed(batch, "SERVICE_NOT_AVAILABLE", "the disk is full: the store is not writable")
+        if self.control.has_flag(FLAG_LOGICS_WRITE_ERROR):
+            return self._failed(batch, "SERVICE_NOT_AVAILABLE",
+                                "ConsumeQueue/index writes are failing (disk full?): the store is not writable")
         began = time.monotonic_ns()
         store_timestamp = int(time.time() * 1000)
         table = self.log.queue_offsets

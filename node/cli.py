@@ -109,6 +109,84 @@ def cmd_start(args: argparse.Namespace) -> int:
         return 1
 
 
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911"
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    """Bodies from stdin, one per line; a JSON line per message; exit 1 if any send failed."""
+    from node.client import Message, Producer, SendError
+
+    properties = {}
+    for item in args.property:
+        name, separator, value = item.partition("=")
+        if not separator or not name:
+            raise SettingsError(f"--property {item!r}: expected KEY=VALUE")
+        properties[name] = value
+    keys = args.keys.split() if args.keys else None
+    lines = (line.rstrip("\n").encode("utf-8") for line in sys.stdin)
+    failed = 0
+    out = sys.stdout
+    with Producer(args.endpoint, timeout=args.timeout) as producer:
+        def message(body: bytes) -> Message:
+            return Message(args.topic, body, args.tags, keys, dict(properties), args.delay_level)
+
+        def report(outcome) -> None:
+            nonlocal failed
+            if isinstance(outcome, SendError):
+                failed += 1
+                out.write(orjson.dumps({"status": outcome.status, "remark": outcome.remark}).decode() + "\n")
+            else:
+                out.write(orjson.dumps(outcome.to_json()).decode() + "\n")
+
+        for chunk in _chunks(lines, args.batch or 256):
+            if args.batch:
+                try:
+                    for result in producer.send_batch(args.topic, [message(b) for b in chunk], queue_id=args.queue):
+                        report(result)
+                except SendError as e:
+                    for _ in chunk:
+                        report(e)
+                continue
+            futures = [producer._call_async(producer.inner.send_message(message(b), queue_id=args.queue)) for b in chunk]
+            for future in futures:
+                try:
+                    report(future.result())
+                except SendError as e:
+                    report(e)
+            out.flush()
+    return 1 if failed else 0
+
+
+def _chunks(iterable, size: int):
+    chunk = []
+    for item in iterable:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    from node.client import Producer, SendError
+    from node.protocol import GET_BROKER_RUNTIME_INFO, GET_ROUTEINFO_BY_TOPIC
+
+    with Producer(args.endpoint, timeout=args.timeout, retries=0) as client:
+        try:
+            if args.what == "stats":
+                reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
+                shown = {"runtime": reply.get("runtime"), "actors": reply.get("actors"), "control": reply.get("control")}
+            else:
+                reply, _ = client.request({"code": GET_ROUTEINFO_BY_TOPIC, "topic": args.topic})
+                shown = {k: v for k, v in reply.items() if k not in ("code", "opaque")}
+        except SendError as e:
+            print(f"mqnode admin: {e}", file=sys.stderr)
+            return 1
+    sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0 if reply.get("status") == "OK" else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mqnode", description="mqnode: a RocketMQ-compatible message store node")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -125,6 +203,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_options(start)
     start.add_argument("--ray-address", help="join this Ray cluster instead of starting an embedded Ray")
     start.set_defaults(handler=cmd_start)
+    produce = commands.add_parser("produce", help="send stdin lines as messages, print a JSON result per line")
+    produce.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--tags")
+    produce.add_argument("--keys", help='space-separated keys, e.g. "k1 k2"')
+    produce.add_argument("--property", action="append", default=[], metavar="KEY=VALUE", help="a user property (repeatable)")
+    produce.add_argument("--delay-level", type=int, default=0)
+    produce.add_argument("--queue", type=int, help="queue id (default: round-robin)")
+    produce.add_argument("--batch", type=int, default=0, help="send N lines at a time as one batch (one queue)")
+    produce.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each reply")
+    produce.set_defaults(handler=cmd_produce)
+    admin = commands.add_parser("admin", help="ask a running node: stats, or a topic's route")
+    admin.add_argument("what", choices=["stats", "topic"])
+    admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    admin.add_argument("--topic", help="for `admin topic`")
+    admin.add_argument("--timeout", type=float, default=5.0)
+    admin.set_defaults(handler=cmd_admin)
     return parser
 
 

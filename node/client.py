@@ -28,7 +28,13 @@ import zmq
 import zmq.asyncio
 
 from node import protocol
-from shm.codec import PROPERTY_DELAY, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, PROPERTY_WAIT
+from shm.codec import (
+    PROPERTY_DELAY,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT,
+)
 
 
 class SendError(Exception):
@@ -339,7 +345,10 @@ class Producer:
         return self._call(self.inner.send(topic, body, **kwargs))
 
     def send_async(self, topic: str, body: bytes | str, **kwargs) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(self.inner.send(topic, body, **kwargs), self.loop)
+        return self._call_async(self.inner.send(topic, body, **kwargs))
+
+    def _call_async(self, coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def send_oneway(self, topic: str, body: bytes | str, **kwargs) -> None:
         self._call(self.inner.send_oneway(topic, body, **kwargs))

@@ -77,17 +77,18 @@ class TopicTable:
     def get(self, topic: str) -> TopicConfig | None:
         return self.topics.get(topic)
 
-    def resolve(self, topic: str) -> tuple[TopicConfig | None, str]:
-        """The topic's config, creating it when allowed; else None and the reason."""
+    def resolve(self, topic: str) -> tuple[TopicConfig | None, str, str]:
+        """(config, "", "") for a usable topic, creating it when allowed; else (None, status,
+        reason): MESSAGE_ILLEGAL for a bad name, TOPIC_NOT_EXIST for an unknown one."""
         config = self.topics.get(topic)
         if config is not None:
-            return config, ""
+            return config, "", ""
         problem = topic_error(topic)
         if problem:
-            return None, problem
+            return None, "MESSAGE_ILLEGAL", problem
         if not self.auto_create:
-            return None, f"topic {topic} does not exist and autoCreateTopicEnable is false"
-        return self.create(topic, self.default_queues), ""
+            return None, "TOPIC_NOT_EXIST", f"topic {topic} does not exist and autoCreateTopicEnable is false"
+        return self.create(topic, self.default_queues), "", ""
 
     def create(self, topic: str, queues: int) -> TopicConfig:
         config = self.topics[topic] = TopicConfig(topic, queues, queues)

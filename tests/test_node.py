@@ -1,0 +1,204 @@
+"""A real node (Ray actors, ZeroMQ on 127.0.0.1, real files) driven by the Python client and by
+raw ZeroMQ frames. One node for the module: Ray takes seconds to start."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+
+import orjson
+import pytest
+import zmq
+from nodes import ROOT, node_settings
+
+from node import protocol
+from node.client import AsyncProducer, Message, Producer, SendError
+from node.launcher import Node
+from shm.codec import decode_msg_id, encode, encode_host, properties_string
+from shm.store import MessageStore
+from shm.verify import verify_store
+
+MAX_BODY = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
+             logging_level=logging.ERROR, log_to_driver=False)
+    settings = node_settings(tmp_path_factory.mktemp("node") / "store", maxMessageSize=MAX_BODY)
+    running = Node(settings, out=lambda *a, **k: None)
+    running.start()
+    yield running
+    running.stop()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def producer(node):
+    with Producer(node.settings.listen, timeout=5.0) as p:
+        yield p
+
+
+@pytest.fixture
+def raw(node):
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(node.settings.listen)
+
+    def ask(frames: list[bytes], timeout_ms: int = 5000) -> dict:
+        sock.send_multipart(frames)
+        assert sock.poll(timeout_ms), "no reply: the node must answer everything"
+        return orjson.loads(sock.recv_multipart()[0])
+
+    yield ask
+    sock.close(0)
+    context.term()
+
+
+def _record_at(node, offset_msg_id: str):
+    _, offset = decode_msg_id(offset_msg_id)
+    with MessageStore(node.settings, readonly=True) as store:
+        return store.commitlog.read(offset, limit=offset + MAX_BODY * 2)
+
+
+def test_sends_are_stored_as_rocketmq_stores_them(node, producer):
+    result = producer.send("TopicA", b"hello", tags="TagA", keys=["k1", "k2"], properties={"color": "red"})
+    assert result.status == "PUT_OK" and result.queue_offset == 0 and len(result.msg_id) == 32
+    record = _record_at(node, result.offset_msg_id)
+    # What a 4.9 broker stores: the client's map plus CLUSTER, no WAIT, in Java HashMap order.
+    expected_props = properties_string({"color": "red", "TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": result.msg_id,
+                                        "CLUSTER": node.settings.brokerClusterName})
+    store_host = encode_host(node.settings.brokerIP1, node.settings.listenPort)
+    expected = encode(topic="TopicA", body=b"hello", queue_id=result.queue_id, born_timestamp=record.born_timestamp,
+                      born_host=encode_host(record.born_host.ip, record.born_host.port), store_host=store_host,
+                      properties=expected_props, queue_offset=0, physical_offset=record.physical_offset,
+                      store_timestamp=record.store_timestamp)
+    with MessageStore(node.settings, readonly=True) as store:
+        assert store.commitlog.read_bytes(record.physical_offset, record.total_size) == expected
+    assert record.born_host.ip == "127.0.0.1"
+
+
+def test_round_robin_ordered_batch_oneway_and_delay(node, producer):
+    queues = {producer.send("TopicB", f"m{i}").queue_id for i in range(16)}
+    assert queues == set(range(node.settings.defaultTopicQueueNums))
+    ordered = {producer.send("TopicB", "x", shard_key="order-42").queue_id for _ in range(5)}
+    assert len(ordered) == 1
+    results = producer.send_batch("TopicB", [Message("TopicB", b"a", tags="T"), b"b", "c"], queue_id=3)
+    assert [r.queue_offset for r in results] == [results[0].queue_offset + i for i in range(3)]
+    assert len({r.msg_id for r in results}) == 3
+    first = _record_at(node, results[0].offset_msg_id)
+    assert first.properties["TAGS"] == "T" and first.properties["CLUSTER"] == node.settings.brokerClusterName
+    producer.send_oneway("TopicB", "fire and forget", queue_id=0)
+    delayed = producer.send("TopicB", "later", delay_level=3, queue_id=2)
+    record = _record_at(node, delayed.offset_msg_id)
+    assert (record.topic, record.queue_id) == ("SCHEDULE_TOPIC_XXXX", 2)
+    assert record.properties["REAL_TOPIC"] == "TopicB" and record.properties["REAL_QID"] == "2"
+
+
+def test_concurrent_single_sends_are_coalesced(node):
+    async def main():
+        async with AsyncProducer(node.settings.listen, linger_ms=2) as p:
+            results = await asyncio.gather(*[p.send("TopicC", f"body-{i}") for i in range(500)])
+            return results
+
+    results = asyncio.run(main())
+    assert all(r.status == "PUT_OK" for r in results)
+    assert len({r.offset_msg_id for r in results}) == 500
+    by_queue = {}
+    for r in results:
+        by_queue.setdefault(r.queue_id, []).append(r.queue_offset)
+    for offsets in by_queue.values():
+        assert sorted(offsets) == list(range(len(offsets)))
+
+
+def test_statuses_for_what_may_not_be_stored(node, producer):
+    with pytest.raises(SendError) as e:
+        producer.send("Topic With Spaces", "x")
+    assert e.value.status == "MESSAGE_ILLEGAL"
+    with pytest.raises(SendError) as e:
+        producer.send("TopicA", b"x" * (MAX_BODY + 1))
+    assert e.value.status == "MESSAGE_ILLEGAL" and "maxMessageSize" in e.value.remark
+    with pytest.raises(SendError) as e:
+        producer.send("TopicA", "x", properties={"big": "v" * 40000})
+    assert e.value.status in ("PROPERTIES_SIZE_EXCEEDED", "MESSAGE_ILLEGAL")
+    with pytest.raises(SendError) as e:
+        producer.send("TopicA", "x", queue_id=99)
+    assert e.value.status == "MESSAGE_ILLEGAL" and "queueId" in e.value.remark
+    with pytest.raises(SendError) as e:
+        producer.send("SCHEDULE_TOPIC_XXXX", "x", queue_id=0)
+    assert e.value.status == "MESSAGE_ILLEGAL"
+    assert producer.send("TopicA", "still serving").status == "PUT_OK"
+
+
+def test_malformed_frames_and_unknown_codes_get_error_replies(node, raw):
+    assert raw([b"not json"])["status"] == "SYSTEM_ERROR"
+    assert raw([b"[1, 2]"])["status"] == "SYSTEM_ERROR"
+    assert raw([b'{"opaque": 5}'])["opaque"] == 5
+    assert raw([b'{"code": 10}', b"body", b"third frame"])["status"] == "SYSTEM_ERROR"
+    assert raw([b'{"code": 4242, "opaque": 1}'])["status"] == "REQUEST_CODE_NOT_SUPPORTED"
+    sizes = orjson.dumps({"code": protocol.SEND_MESSAGES, "opaque": 2,
+                          "messages": [{"topic": "TopicA", "queueId": 0, "bodySize": 10}]})
+    assert raw([sizes, b"short"])["status"] == "SYSTEM_ERROR"
+    bad_batch = orjson.dumps({"code": protocol.SEND_BATCH_MESSAGE, "opaque": 3, "topic": "TopicA", "queueId": 0})
+    assert raw([bad_batch, b"\x00\x00\x00\x05garbage"])["status"] == "SYSTEM_ERROR"
+    delayed_batch = orjson.dumps({"code": protocol.SEND_BATCH_MESSAGE, "opaque": 4, "topic": "TopicA", "queueId": 0,
+                                  "properties": {"DELAY": "2"}})
+    reply = raw([delayed_batch, protocol.encode_batch_body([(b"a", 0, "")])])
+    assert reply["status"] == "MESSAGE_ILLEGAL"
+    typed = orjson.dumps({"code": protocol.SEND_MESSAGE, "opaque": 6, "topic": "TopicA", "queueId": 0,
+                          "flag": "not an int"})
+    assert raw([typed, b"x"])["status"] == "MESSAGE_ILLEGAL"
+    mixed = orjson.dumps({"code": protocol.SEND_MESSAGES, "opaque": 7, "messages": [
+        {"topic": "TopicA", "queueId": 0, "bodySize": 1}, {"topic": "bad topic", "queueId": 0, "bodySize": 1}]})
+    reply = raw([mixed, b"ab"])
+    assert [r["status"] for r in reply["results"]] == ["PUT_OK", "MESSAGE_ILLEGAL"]
+    good = orjson.dumps({"code": protocol.SEND_MESSAGE, "opaque": 8, "topic": "TopicA", "queueId": 1})
+    assert raw([good, b"after all that"])["status"] == "PUT_OK"
+
+
+def test_cli_produce_and_admin_stats(node):
+    endpoint = node.settings.listen
+    done = subprocess.run([sys.executable, "-m", "node.cli", "produce", "--endpoint", endpoint, "--topic", "CliTopic",
+                           "--tags", "T1", "--keys", "a b", "--property", "k=v"],
+                          input=b"one\ntwo\nthree\n", cwd=ROOT, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert [line["status"] for line in lines] == ["PUT_OK"] * 3
+    assert set(lines[0]) >= {"status", "msgId", "offsetMsgId", "queueId", "queueOffset"}
+    record = _record_at(node, lines[1]["offsetMsgId"])
+    assert record.body == b"two" and record.properties["k"] == "v" and record.keys == ["a", "b"]
+    failed = subprocess.run([sys.executable, "-m", "node.cli", "produce", "--endpoint", endpoint, "--topic", "bad topic"],
+                            input=b"x\n", cwd=ROOT, capture_output=True, timeout=60, check=False)
+    assert failed.returncode == 1 and orjson.loads(failed.stdout)["status"] == "MESSAGE_ILLEGAL"
+    stats = subprocess.run([sys.executable, "-m", "node.cli", "admin", "stats", "--endpoint", endpoint],
+                           cwd=ROOT, capture_output=True, timeout=60, check=False)
+    assert stats.returncode == 0, stats.stderr
+    shown = orjson.loads(stats.stdout)
+    assert {"putMessageTimesTotal", "putMessageSizeTotal", "putTps", "putMessageDistributeTime",
+            "putMessageEntireTimeMax"} <= set(shown["runtime"])
+    assert {"front", "writer", "flush", "allocator", "dispatcher"} <= set(shown["actors"])
+
+
+def test_topics_json_is_written_as_rocketmq_writes_it(node, producer):
+    from node import config_files
+
+    producer.send("TopicJson", "x")
+    text = (node.settings.root / "config" / "topics.json").read_text()
+    assert text.startswith("{\n\t\"dataVersion\":{") and "\t\t\"TopicJson\":{\n" in text
+    table = config_files.loads(text)["topicConfigTable"]["TopicJson"]
+    assert table == {"order": False, "perm": 6, "readQueueNums": 8, "topicFilterType": "SINGLE_TAG",
+                     "topicName": "TopicJson", "topicSysFlag": 0, "writeQueueNums": 8}
+
+
+def test_zz_clean_stop_leaves_a_store_that_verifies(node, producer):
+    """Runs last (zz): stop the node, then every record must pass verify."""
+    producer.send("TopicA", "last one")
+    node.stop()
+    report = verify_store(node.settings)
+    assert report.ok, report.summary()
+    assert not (node.settings.root / "abort").exists()

@@ -1,0 +1,151 @@
+"""Crashes and a full disk, with real `mqnode start` processes (each with its own embedded Ray,
+so kill -9 can take every process of the node at once)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+from nodes import NodeProcess, node_settings
+
+from node.client import AsyncProducer, SendError
+from shm.codec import Record, decode_msg_id
+from shm.store import MessageStore
+from shm.verify import verify_store
+
+pytestmark = pytest.mark.slow
+
+
+class Load:
+    """Concurrent senders in a thread until stopped; remembers every acknowledged message."""
+
+    def __init__(self, endpoint: str, *, senders: int = 32, topic: str = "Crash"):
+        self.endpoint, self.senders, self.topic = endpoint, senders, topic
+        self.acked: dict[str, bytes] = {}  # offsetMsgId -> body
+        self.failures: dict[str, int] = {}
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        async with AsyncProducer(self.endpoint, timeout=2.0, retries=1, linger_ms=0.5) as producer:
+            async def sender(k: int) -> None:
+                i = 0
+                while not self.stop_event.is_set():
+                    body = f"sender-{k}-message-{i}".encode()
+                    i += 1
+                    try:
+                        result = await producer.send(self.topic, body)
+                        self.acked[result.offset_msg_id] = body
+                    except SendError as e:
+                        self.failures[e.status] = self.failures.get(e.status, 0) + 1
+                        await asyncio.sleep(0.05)
+
+            await asyncio.gather(*[sender(k) for k in range(self.senders)])
+
+    def start(self) -> Load:
+        self.thread.start()
+        return self
+
+    def wait_for(self, count: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.acked) < count:
+            assert time.monotonic() < deadline, f"only {len(self.acked)} acks, failures {self.failures}"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "a client hung"
+
+
+def assert_all_acked_stored(settings, acked: dict[str, bytes]) -> None:
+    with MessageStore(settings, readonly=True) as store:
+        for offset_id, body in acked.items():
+            _, offset = decode_msg_id(offset_id)
+            record = store.commitlog.read(offset, check_crc=True)
+            assert isinstance(record, Record) and record.body == body, (offset_id, record)
+
+
+@pytest.mark.parametrize("flush", ["SYNC_FLUSH", "ASYNC_FLUSH"])
+def test_kill_9_of_every_process_loses_no_acknowledged_message(tmp_path, flush):
+    settings = node_settings(tmp_path / "store", flushDiskType=flush)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    load = Load(node.endpoint).start()
+    load.wait_for(2000)
+    node.kill_all()  # mid-stream: sends are in flight at every stage
+    load.stop()
+    acked = dict(load.acked)
+    assert (settings.root / "abort").exists()
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    ready = [line for line in (tmp_path / "node.log").read_text().splitlines() if line.startswith("mqnode ready")]
+    assert "recovery=abnormal" in ready[-1]
+    assert node.stop() == 0
+    # SYNC_FLUSH: every PUT_OK was fsync'd. ASYNC_FLUSH: a process kill leaves the page cache, so
+    # the acknowledged messages are there too; only the host's power could take them.
+    assert_all_acked_stored(settings, acked)
+    report = verify_store(settings)
+    assert report.ok, report.summary()
+
+
+def test_a_killed_actor_is_restarted_and_nothing_acknowledged_is_lost(tmp_path):
+    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH", ingressWorkers=1)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    load = Load(node.endpoint).start()
+    for label in ("flush", "ingress-0", "writer"):
+        load.wait_for(len(load.acked) + 500)
+        victim = node.actor_process(label)
+        victim.kill()
+        victim.wait(10)
+        before = len(load.acked)
+        load.wait_for(before + 500, timeout=60)  # Ray restarted it and the node serves again
+        assert node.actor_process(label).pid != victim.pid
+    load.stop()
+    assert node.stop() == 0
+    assert_all_acked_stored(settings, load.acked)
+    report = verify_store(settings)
+    assert report.ok, report.summary()
+
+
+def _mount_tmpfs(path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, check=False)
+    return done.returncode == 0
+
+
+def test_a_full_disk_gives_clear_statuses_and_no_corruption(tmp_path):
+    small = tmp_path / "small"
+    if not _mount_tmpfs(small, "5m"):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        settings = node_settings(small / "store", runDir=str(tmp_path / "run"))
+        node = NodeProcess(settings, tmp_path / "node.log").start()
+
+        async def fill() -> tuple[int, dict[str, int]]:
+            ok, statuses = 0, {}
+            async with AsyncProducer(node.endpoint, timeout=5.0, retries=0) as producer:
+                for _ in range(20000):
+                    try:
+                        await producer.send("Full", b"z" * 4000)
+                        ok += 1
+                    except SendError as e:
+                        statuses[e.status] = statuses.get(e.status, 0) + 1
+                        if sum(statuses.values()) > 50:
+                            break
+            return ok, statuses
+
+        ok, statuses = asyncio.run(fill())
+        assert ok > 100
+        assert set(statuses) <= {"CREATE_MAPEDFILE_FAILED", "SERVICE_NOT_AVAILABLE"} and statuses, statuses
+        assert node.stop() == 0
+        report = verify_store(settings)
+        assert report.ok, report.summary()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)

@@ -1,0 +1,178 @@
+"""scripts/bench-produce: the write path's speed on this machine, 1 KiB bodies, client beside node.
+
+Starts `mqnode start` on a temporary store for each flush mode and prints:
+ASYNC_FLUSH with send_batch and with concurrent single sends, SYNC_FLUSH with 64 concurrent
+senders, ack latency p50/p99 at a fixed 5k msgs/s, and the node's CPU and memory (psutil over
+every process of the node). A benchmark, never a test: the figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from node.client import AsyncProducer, Message
+
+BODY = bytes(range(256)) * 4
+
+
+class BenchNode:
+    def __init__(self, directory: Path, flush: str, ingress: int):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.directory = directory
+        self.args = [sys.executable, "-m", "node.cli", "start", "--store", str(directory / "store"),
+                     "--listen", self.endpoint, "--listenPort", str(self.port), "--flushDiskType", flush,
+                     "--ingressWorkers", str(ingress), "--runDir", str(directory / "run"),
+                     "--maxHashSlotNum", "500000", "--maxIndexNum", "2000000"]
+
+    def __enter__(self) -> BenchNode:
+        self.log = open(self.directory / "node.log", "wb")  # noqa: SIM115 - closed in __exit__
+        self.process = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while b"mqnode ready" not in (self.directory / "node.log").read_bytes():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError((self.directory / "node.log").read_text()[-2000:])
+            time.sleep(0.1)
+        return self
+
+    def processes(self) -> list[psutil.Process]:
+        root = psutil.Process(self.process.pid)
+        return [root, *root.children(recursive=True)]
+
+    def __exit__(self, *exc) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(60)
+        self.log.close()
+
+
+class Usage:
+    """CPU seconds and peak RSS of the node's processes over a measured stretch."""
+
+    def __init__(self, node: BenchNode):
+        self.processes = node.processes()
+        self.cpu0 = self._cpu()
+        self.began = time.perf_counter()
+
+    def _cpu(self) -> float:
+        total = 0.0
+        for p in self.processes:
+            try:
+                times = p.cpu_times()
+                total += times.user + times.system
+            except psutil.Error:
+                pass
+        return total
+
+    def report(self) -> str:
+        elapsed = time.perf_counter() - self.began
+        rss = 0
+        for p in self.processes:
+            try:
+                rss += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return f"node CPU {100 * (self._cpu() - self.cpu0) / elapsed:.0f}% of one core, RSS {rss / 2**20:.0f} MiB"
+
+
+async def batches(endpoint: str, count: int, batch: int, senders: int) -> float:
+    async with AsyncProducer(endpoint) as producer:
+        messages = [Message("BenchBatch", BODY) for _ in range(batch)]
+        await producer.send_batch("BenchBatch", messages)
+
+        async def sender(k: int) -> None:
+            for _ in range(count // batch // senders):
+                await producer.send_batch("BenchBatch", messages)
+
+        began = time.perf_counter()
+        await asyncio.gather(*[sender(k) for k in range(senders)])
+        return (count // batch // senders) * batch * senders / (time.perf_counter() - began)
+
+
+async def singles(endpoint: str, count: int, senders: int, topic: str) -> float:
+    async with AsyncProducer(endpoint) as producer:
+        await producer.send(topic, BODY)
+
+        async def sender(k: int) -> None:
+            for _ in range(count // senders):
+                await producer.send(topic, BODY)
+
+        began = time.perf_counter()
+        await asyncio.gather(*[sender(k) for k in range(senders)])
+        return (count // senders) * senders / (time.perf_counter() - began)
+
+
+async def latency(endpoint: str, rate: int, seconds: float) -> tuple[float, float]:
+    """Paced single sends at `rate`/s; (p50, p99) ack latency in µs."""
+    async with AsyncProducer(endpoint, linger_ms=0) as producer:
+        await producer.send("BenchLatency", BODY)
+        samples: list[float] = []
+
+        async def one() -> None:
+            began = time.perf_counter()
+            await producer.send("BenchLatency", BODY)
+            samples.append(time.perf_counter() - began)
+
+        tasks = []
+        start = time.perf_counter()
+        for i in range(int(rate * seconds)):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one()))
+        await asyncio.gather(*tasks)
+        samples.sort()
+        return samples[len(samples) // 2] * 1e6, samples[int(len(samples) * 0.99)] * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=200_000, help="messages per throughput figure")
+    parser.add_argument("--ingress-workers", type=int, nargs="+", default=[0, 2],
+                        help="ingressWorkers settings to compare (0 = the writer encodes)")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="mqnode-bench-produce-"))
+    print(f"mqnode bench-produce: 1 KiB bodies, {psutil.cpu_count()} cores, client on the same machine")
+    try:
+        for ingress in args.ingress_workers:
+            directory = base / f"async-{ingress}"
+            directory.mkdir()
+            with BenchNode(directory, "ASYNC_FLUSH", ingress) as node:
+                usage = Usage(node)
+                rate = asyncio.run(batches(node.endpoint, args.count, 128, 4))
+                print(f"[ingressWorkers={ingress}] ASYNC_FLUSH send_batch (128/batch, 4 senders): {rate:>9,.0f} msgs/s "
+                      f"(target >= 150,000); {usage.report()}")
+                usage = Usage(node)
+                rate = asyncio.run(singles(node.endpoint, args.count, 1024, "BenchSingle"))
+                print(f"[ingressWorkers={ingress}] ASYNC_FLUSH concurrent single sends (1024):    {rate:>9,.0f} msgs/s "
+                      f"(target >= 80,000); {usage.report()}")
+                if ingress == args.ingress_workers[0]:
+                    usage = Usage(node)
+                    p50, p99 = asyncio.run(latency(node.endpoint, 5000, 5.0))
+                    print(f"[ingressWorkers={ingress}] ack latency at 5k msgs/s: p50 {p50:,.0f} µs (target <= 300), "
+                          f"p99 {p99:,.0f} µs (target <= 2,000); {usage.report()}")
+        directory = base / "sync"
+        directory.mkdir()
+        with BenchNode(directory, "SYNC_FLUSH", args.ingress_workers[0]) as node:
+            usage = Usage(node)
+            rate = asyncio.run(singles(node.endpoint, args.count // 2, 64, "BenchSync"))
+            print(f"[ingressWorkers={args.ingress_workers[0]}] SYNC_FLUSH, 64 concurrent senders:            "
+                  f"{rate:>9,.0f} msgs/s (target >= 50,000); {usage.report()}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The protocol's pure parts, the config-file format, topic names and the node's small codecs."""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+import pytest
+from golden import GOLDEN_STORE
+from hypothesis import given
+from hypothesis import strategies as st
+from nodes import ROOT
+
+from actors.base import pack_replies, unpack_replies
+from node import config_files, protocol
+from node.sendcore import PendingSend, SendEncoder, add_request_atomic, reply, results
+from node.store_stats import StoreStats
+from node.topics import TopicTable, topic_error
+from shm import settings as settings_module
+from shm.codec import EncodedBatch, decode
+
+
+def test_documented_example_exchange_is_what_the_code_sends():
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    blocks = re.findall(r"```\n(.*?)```", text.split("## Example exchange")[1], re.S)
+    request_json, *request_hex = blocks[0].splitlines()[:-1]
+    request = protocol.encode_request(orjson.loads(request_json.removeprefix("frame 0: ")), b"hello")
+    assert "".join(request_hex) == request[0].hex() and blocks[0].splitlines()[-1] == "frame 1: " + b"hello".hex()
+    reply_json, *reply_hex = blocks[1].splitlines()
+    assert bytes.fromhex("".join(reply_hex)) == orjson.dumps(orjson.loads(reply_json))
+    batch_hex = "".join(blocks[2].split())
+    assert bytes.fromhex(batch_hex) == protocol.encode_batch_body([(b"a", 0, "TAGS\x01T"), (b"bc", 0, "")])
+
+
+@given(st.lists(st.tuples(st.binary(max_size=64), st.integers(-2**31, 2**31 - 1),
+                          st.text(alphabet=st.characters(blacklist_characters="\x00", max_codepoint=0x2FF),
+                                  max_size=20)), min_size=1, max_size=8))
+def test_batch_body_round_trips(messages):
+    assert protocol.decode_batch_body(protocol.encode_batch_body(messages)) == messages
+
+
+@pytest.mark.parametrize("body", [b"", b"\x00\x00\x00\x01", b"\x00\x00\x00\x30" + bytes(20),
+                                  protocol.encode_batch_body([(b"abc", 0, "")])[:-1]])
+def test_malformed_batch_bodies_are_protocol_errors(body):
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode_batch_body(body)
+
+
+@pytest.mark.parametrize("frames", [[], [b"{}", b"", b""], [b"nope"], [b"[]"], [b'{"code": "10"}'],
+                                    [b'{"code": true}']])
+def test_malformed_requests_are_named(frames):
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode_request(frames)
+
+
+def test_config_files_read_fastjson_output_and_fall_back_to_bak(tmp_path):
+    golden = (GOLDEN_STORE / "config" / "delayOffset.json").read_text()
+    assert config_files.loads(golden) == {"offsetTable": {"3": 3}}
+    assert config_files.dumps({"offsetTable": {3: 3}}) == golden
+    path = tmp_path / "topics.json"
+    config_files.persist(path, {"a": 1})
+    config_files.persist(path, {"a": 2})
+    assert config_files.read(path) == {"a": 2} and config_files.loads((tmp_path / "topics.json.bak").read_text()) == {"a": 1}
+    path.write_text("{broken")
+    assert config_files.read(path) == {"a": 1}
+
+
+def test_topic_names_and_auto_creation(tmp_path):
+    assert topic_error("Topic_A-1%|x") is None
+    for bad in ("", "a b", "x" * 128, "SCHEDULE_TOPIC_XXXX", None, "tópico"):
+        assert topic_error(bad)
+    table = TopicTable(tmp_path, auto_create=False, default_queues=4)
+    assert table.resolve("New")[1] == "TOPIC_NOT_EXIST"
+    assert table.resolve("bad name")[1] == "MESSAGE_ILLEGAL"
+    table = TopicTable(tmp_path, auto_create=True, default_queues=4)
+    assert table.resolve("New")[0].writeQueueNums == 4
+    assert TopicTable(tmp_path, auto_create=False, default_queues=1).get("New").readQueueNums == 4
+
+
+def test_joined_replies_round_trip():
+    replies = [(b"client-1", 123, b'{"a":1}'), (b"", -5, b""), (bytes(255), 2**62, b"x" * 70000)]
+    assert unpack_replies(pack_replies(replies)) == replies
+
+
+def test_store_stats_tps_and_buckets():
+    stats = StoreStats(0)
+    for second in range(12):
+        stats.sample(second * 1000, second * 100, second * 1000, 0)
+    assert stats.tps(10) == "100.00" and stats.tps(60) == ""
+    for ms in (0, 5, 30, 12000):
+        stats.record_latency(ms)
+    info = stats.runtime_info(61_000)
+    assert info["putMessageEntireTimeMax"] == "12000" and "[10s~]:1" in info["putMessageDistributeTime"]
+    assert info["runtime"] == "[ 0 days, 0 hours, 1 minutes, 1 seconds ]"
+
+
+def test_encoder_refusals_keep_the_batch_clean(tmp_path):
+    settings = settings_module.load(None, {"storePathRootDir": str(tmp_path), "maxMessageSize": 100})
+    encoder = SendEncoder(settings)
+    batch = EncodedBatch()
+    good = PendingSend(b"c", 1, protocol.SEND_MESSAGE, 0)
+    add_request_atomic(encoder, good, {"code": 10, "topic": "T", "queueId": 0, "properties": {"TAGS": "x"}}, b"ok",
+                       encoder.born_host("10.0.0.1:5"), batch)
+    too_big = PendingSend(b"c", 2, protocol.SEND_BATCH_MESSAGE, 0)
+    body = protocol.encode_batch_body([(b"small", 0, ""), (b"x" * 101, 0, "")])
+    add_request_atomic(encoder, too_big, {"code": 320, "topic": "T", "queueId": 0}, body, encoder.born_host(None), batch)
+    assert len(batch) == 1 and too_big.indices == [-1, -1]
+    assert {r for r, _ in too_big.refusals.values()} == {"MESSAGE_ILLEGAL"}
+    record = decode(bytes(batch.data))
+    assert record.properties == {"TAGS": "x", "CLUSTER": "DefaultCluster"} and str(record.born_host) == "10.0.0.1:5"
+    header = orjson.loads(reply(too_big, results(too_big, [], [], encoder.store_host)))
+    assert header["status"] == "MESSAGE_ILLEGAL" and header["code"] == protocol.MESSAGE_ILLEGAL

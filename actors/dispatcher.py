@@ -49,10 +49,10 @@ class Dispatcher(Actor):
 
     def turn(self) -> None:
         if not self.catch_up():
-            self.stopping.wait(self.sleep)
             self.sleep = min(self.sleep * 2, IDLE_SLEEP_S[1])
         else:
-            self.sleep = IDLE_SLEEP_S[0]
+            self.sleep = IDLE_SLEEP_S[0]  # busy: still pause 1 ms, so each reput takes a batch
+        self.stopping.wait(self.sleep)
         if time.monotonic() >= self.next_flush:
             self.next_flush = time.monotonic() + self.settings.flushIntervalConsumeQueue / 1000
             self.flush()

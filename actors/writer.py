@@ -46,6 +46,7 @@ class Writer(Actor):
         self.recovered_offset = recovered_offset
         self.put_times = self.put_bytes = self.put_failed = self.groups = 0
         self.append_ns_max = 0
+        self.busy_ns = self.queue_wait_ns = 0  # time spent working; time groups waited before it
 
     def open(self) -> None:
         s = self.settings
@@ -82,17 +83,21 @@ class Writer(Actor):
         if not self.records.poll(50):
             return
         replies, waits = [], []
+        began = time.monotonic_ns()
         for _ in range(MAX_GROUPS):
             try:
                 frames = self.records.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             for batch, pendings, atomic in self._groups(frames, replies):
+                if pendings:
+                    self.queue_wait_ns += began - min(p.arrival_ns for p in pendings)
                 self._append(batch, pendings, atomic, replies, waits)
         if replies:
             self.replies.send(pack_replies(replies))
         if waits:
             self.waits.send(orjson.dumps(waits))
+        self.busy_ns += time.monotonic_ns() - began
 
     def _groups(self, frames: list[bytes], replies: list):
         if self.batcher is not None:  # raw requests from the front
@@ -170,7 +175,8 @@ class Writer(Actor):
         return super().statistics() | {
             "putMessageTimesTotal": self.put_times, "putMessageSizeTotal": self.put_bytes,
             "putMessageFailedTimes": self.put_failed, "groups": self.groups,
-            "appendMaxMicros": self.append_ns_max // 1000, "written": self.control.get("written") if self.control else 0,
+            "appendMaxMicros": self.append_ns_max // 1000, "busySeconds": round(self.busy_ns / 1e9, 3),
+            "queueWaitMicrosAvg": self.queue_wait_ns // max(1, self.groups) // 1000, "written": self.control.get("written") if self.control else 0,
             "queues": len(self.log.queue_offsets) if hasattr(self, "log") else 0,
         }
 

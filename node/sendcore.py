@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import struct
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import orjson
 
@@ -31,6 +32,7 @@ from shm.codec import (
     MessageIllegal,
     encode,
     encode_host,
+    encode_v4,
     offset_msg_id,
     parse_properties,
     properties_string,
@@ -137,11 +139,10 @@ class SendEncoder:
             properties.pop(PROPERTY_WAIT, None)
             pending.uniq_keys[index] = properties.get(PROPERTY_UNIQ_KEY)
             topic, queue_id, capacity = self._delay(properties, topic, queue_id, capacity)
-            record = encode(topic=topic, body=body, queue_id=queue_id, flag=_int(header.get("flag", 0), "flag"),
-                            born_timestamp=_int(header.get("bornTimestamp", 0), "bornTimestamp"), born_host=born,
-                            store_host=self.store_host, properties=properties_string(properties, capacity),
-                            reconsume_times=_int(header.get("reconsumeTimes", 0), "reconsumeTimes"),
-                            max_message_size=self.settings.maxMessageSize)
+            record = self._encode(topic, body, queue_id, _int(header.get("flag", 0), "flag"),
+                                  _int(header.get("bornTimestamp", 0), "bornTimestamp"), born,
+                                  properties_string(properties, capacity),
+                                  _int(header.get("reconsumeTimes", 0), "reconsumeTimes"))
         except MessageIllegal as e:
             pending.refusals[index] = (e.status, e.remark)
             return
@@ -149,7 +150,23 @@ class SendEncoder:
             pending.refusals[index] = ("MESSAGE_ILLEGAL", "queueId, flag or reconsumeTimes is out of the int32 range")
             return
         pending.indices[index] = len(batch)
-        batch.add(record, topic)
+        self._add(batch, record, topic, queue_id, born)
+
+    def _encode(self, topic: str, body: bytes, queue_id: int, flag: int, born_timestamp: int, born: bytes,
+                properties: str, reconsume_times: int) -> bytes:
+        if len(born) == 8 and len(self.store_host) == 8:
+            return encode_v4(_topic_bytes(topic), body, queue_id, flag, 0, born_timestamp, born, self.store_host,
+                             properties.encode("utf-8"), reconsume_times, self.settings.maxMessageSize)
+        return encode(topic=topic, body=body, queue_id=queue_id, flag=flag, born_timestamp=born_timestamp,
+                      born_host=born, store_host=self.store_host, properties=properties,
+                      reconsume_times=reconsume_times, max_message_size=self.settings.maxMessageSize)
+
+    @staticmethod
+    def _add(batch: EncodedBatch, record: bytes, topic: str, queue_id: int, born: bytes) -> None:
+        if len(born) == 8:
+            batch.add_v4(record, f"{topic}-{queue_id}")
+        else:
+            batch.add(record, topic)
 
     def _delay(self, properties: dict, topic: str, queue_id: int, capacity: int) -> tuple[str, int, int]:
         level_text = properties.get(PROPERTY_DELAY)
@@ -191,15 +208,16 @@ class SendEncoder:
             joined = inner_props if not suffix else (
                 inner_props + suffix if inner_props.endswith("\x02") or not inner_props else inner_props + "\x02" + suffix)
             try:
-                record = encode(topic=topic, body=body_bytes, queue_id=queue_id, flag=flag,
-                                born_timestamp=_int(header.get("bornTimestamp", 0), "bornTimestamp"),
-                                born_host=born, store_host=self.store_host, properties=joined,
-                                max_message_size=self.settings.maxMessageSize)
+                record = self._encode(topic, body_bytes, queue_id, flag,
+                                      _int(header.get("bornTimestamp", 0), "bornTimestamp"), born, joined, 0)
             except MessageIllegal as e:
                 pending.refusals[index] = (e.status, e.remark)
                 continue
+            except struct.error:
+                pending.refusals[index] = ("MESSAGE_ILLEGAL", "queueId or flag is out of the int32 range")
+                continue
             pending.indices[index] = len(batch)
-            batch.add(record, topic)
+            self._add(batch, record, topic, queue_id, born)
         if any(i < 0 for i in pending.indices) and len(pending.refusals) < len(pending.indices):
             # a client batch is all or nothing: refuse the rest with the first reason
             reason = next(iter(pending.refusals.values()))
@@ -300,6 +318,11 @@ def _client_properties(value) -> dict[str, str]:
                 out[k] = v
         return out
     raise MessageIllegal("MESSAGE_ILLEGAL", "properties must be an object of strings or a RocketMQ properties string")
+
+
+@lru_cache(maxsize=1024)
+def _topic_bytes(topic: str) -> bytes:
+    return topic.encode("utf-8")
 
 
 def _int(value, name: str) -> int:

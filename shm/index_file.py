@@ -51,6 +51,7 @@ _HEADER = struct.Struct(">qqqqii")
 _SLOT = struct.Struct(">i")
 _ENTRY = struct.Struct(">iqii")
 _INT_MAX = 2**31 - 1
+SMALL_BATCH = 48  # below this many keys, build_many puts them one by one
 _ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
 
 
@@ -314,6 +315,10 @@ class IndexService:
                     stamps.append(stamp)
         if not keys:
             return 0
+        if len(keys) < SMALL_BATCH:  # numpy's fixed cost outweighs it for a handful of keys
+            for key, phy, stamp in zip(keys, phys, stamps):
+                index = self._put(index, key, phy, stamp)
+            return len(keys)
         hashes = jhash_many(keys)
         hashes = np.where(hashes == -2147483648, 0, np.abs(hashes))
         phy_array, stamp_array = np.array(phys, dtype=np.int64), np.array(stamps, dtype=np.int64)

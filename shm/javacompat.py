@@ -116,7 +116,12 @@ def hashmap_order(keys: list[str], capacity: int | None = None) -> list[str]:
     """
     if capacity is None:
         capacity = hashmap_capacity(len(keys))
+    return list(_order(tuple(keys), capacity))
+
+
+@lru_cache(maxsize=4096)
+def _order(keys: tuple[str, ...], capacity: int) -> tuple[str, ...]:
+    """Messages of one producer repeat the same property names: one sort per distinct set."""
     mask = capacity - 1
-    indexed = [(hashmap_bucket_hash(k) & mask, i, k) for i, k in enumerate(keys)]
-    indexed.sort()
-    return [k for _, _, k in indexed]
+    indexed = sorted((hashmap_bucket_hash(k) & mask, i, k) for i, k in enumerate(keys))
+    return tuple(k for _, _, k in indexed)

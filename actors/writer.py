@@ -10,6 +10,12 @@ front at once, or through the flush actor when the send must be durable first. D
 counter second, reply third: a reader never sees an unpublished record, a client never hears
 of an unwritten one.
 
+Write-buffer mode (`transientStorePoolEnable`, ASYNC_FLUSH only): records are acked once
+appended, but `written` (what readers and the flush actor see) moves only at each commit,
+every `commitIntervalCommitLog` ms. mqnode's buffer is the mapping itself, beyond the published
+end: a writer crash loses what was not yet committed, as RocketMQ's pool loses it, and the
+restarted writer overwrites it.
+
 Restart (Ray restarts a killed writer): it resumes at the control block's `written`. Its
 queue-offset table is the one recovery built at start-up (passed in by the supervisor) advanced
 over the records appended since, re-read from the log.
@@ -17,6 +23,7 @@ over the records appended since, re-read from the log.
 
 from __future__ import annotations
 
+import struct
 import time
 
 import orjson
@@ -25,7 +32,7 @@ import zmq
 from actors.base import Actor, pack_replies, socket
 from actors.ingress import RequestBatcher, group_from_wire
 from node import sendcore
-from shm.codec import TRANSACTION_COMMIT, TRANSACTION_MASK, TRANSACTION_NOT, Record
+from shm.codec import BLANK_MAGIC, MESSAGE_MAGIC, TRANSACTION_COMMIT, TRANSACTION_MASK, TRANSACTION_NOT, Record
 from shm.commitlog import CommitLog, RecordTooLarge
 from shm.control_block import (
     FLAG_DISK_FULL,
@@ -35,6 +42,19 @@ from shm.control_block import (
 from shm.mapped_file import AllocationFailed, StoreError
 
 MAX_GROUPS = 64  # groups appended per turn before replies are flushed out
+_HEADER = struct.Struct(">ii")
+
+
+def _chain_end(buf, position: int, limit: int) -> int:
+    """End of the run of record-shaped entries (message or blank headers) from `position`."""
+    for _ in range(limit // 8 + 1):  # each step moves forward by at least 8 bytes
+        if limit - position < 8:
+            return limit
+        size, magic = _HEADER.unpack_from(buf, position)
+        if magic not in (MESSAGE_MAGIC, BLANK_MAGIC) or size < 8:
+            return position
+        position = min(limit, position + size)
+    return limit
 
 
 class Writer(Actor):
@@ -46,6 +66,7 @@ class Writer(Actor):
         self.recovered_offset = recovered_offset
         self.put_times = self.put_bytes = self.put_failed = self.groups = 0
         self.append_ns_max = 0
+        self.scrubbed = 0
         self.busy_ns = self.queue_wait_ns = 0  # time spent working; time groups waited before it
 
     def open(self) -> None:
@@ -53,17 +74,43 @@ class Writer(Actor):
         self.log = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog)
         self.log.segments.load()
         written = self.control.get("written")
+        if self.control.get("writer_generation") == self.control.get("generation"):
+            self.scrubbed = self._scrub_stale_tail(written)  # Ray restarted us mid-run
+        self.control.set("writer_generation", self.control.get("generation"))
         self.log.segments.resume_at(written)
         self.log.queue_offsets = self._queue_offsets(written)
         self.batcher = RequestBatcher(s) if s.ingressWorkers == 0 else None
         self.store_host = self.batcher.encoder.store_host if self.batcher else sendcore.SendEncoder(s).store_host
         self.sync_flush = s.sync_flush
+        # Write-buffer mode, as RocketMQ applies it: only with ASYNC_FLUSH on a master.
+        self.buffered = s.transientStorePoolEnable and not s.sync_flush and s.brokerRole != "SLAVE"
+        self.end, self.end_timestamp = written, self.control.get("store_timestamp")
+        self.poll_ms = min(50, s.commitIntervalCommitLog) if self.buffered else 50
+        self.next_commit = self.next_thorough_commit = time.monotonic()
+        self.commits = 0
         self.records = socket(self.context, zmq.PULL, hwm=max(1000, s.sendQueueCapacity))
         self.records.bind(self.endpoints["writer"])
         self.replies = socket(self.context, zmq.PUSH, hwm=100000)
         self.replies.connect(self.endpoints["replies"])
         self.waits = socket(self.context, zmq.PUSH, hwm=100000)
         self.waits.connect(self.endpoints["flush"])
+
+    def _scrub_stale_tail(self, written: int) -> int:
+        """Zero what a killed predecessor appended past the published end (acked or not, it was
+        never readable), and delete later segments. Otherwise new records could end exactly where
+        stale, valid-looking ones begin, and a later recovery would bring those back. Returns
+        the bytes zeroed."""
+        zeroed = 0
+        for segment in list(self.log.segments.files):
+            if segment.offset_start > written or (segment.offset_start == written and written > 0):
+                segment.destroy()
+                self.log.segments.files.remove(segment)
+            elif segment.offset_start <= written < segment.offset_end:
+                start = written - segment.offset_start
+                end = _chain_end(segment.map, start, segment.size)
+                segment.zero(start, min(segment.size, end + 4096))
+                zeroed += min(segment.size, end + 4096) - start
+        return zeroed
 
     def _queue_offsets(self, written: int) -> dict[str, int]:
         """Recovery's table, advanced over what was appended since start-up (a restarted writer)."""
@@ -80,7 +127,8 @@ class Writer(Actor):
     # -- the loop ----------------------------------------------------------------------------------
 
     def turn(self) -> None:
-        if not self.records.poll(50):
+        if not self.records.poll(self.poll_ms):
+            self._commit(force=False)
             return
         replies, waits = [], []
         began = time.monotonic_ns()
@@ -97,6 +145,7 @@ class Writer(Actor):
             self.replies.send(pack_replies(replies))
         if waits:
             self.waits.send(orjson.dumps(waits))
+        self._commit(force=False)
         self.busy_ns += time.monotonic_ns() - began
 
     def _groups(self, frames: list[bytes], replies: list):
@@ -156,8 +205,10 @@ class Writer(Actor):
                     table[key] = value
             status = "CREATE_MAPEDFILE_FAILED" if isinstance(e, AllocationFailed) else "MESSAGE_ILLEGAL"
             return self._failed(batch, status, str(e))
-        self.control.set("store_timestamp", store_timestamp)
-        self.control.advance("written", result.offset_written)
+        self.end, self.end_timestamp = result.offset_written, store_timestamp
+        if not self.buffered:
+            self.control.set("store_timestamp", store_timestamp)
+            self.control.advance("written", result.offset_written)
         self.append_ns_max = max(self.append_ns_max, time.monotonic_ns() - began)
         self.put_times += len(batch)
         self.put_bytes += batch.size_bytes
@@ -168,15 +219,42 @@ class Writer(Actor):
         self.put_failed += len(batch)
         # a failed append may have closed a segment with a blank and moved on; nothing of this
         # batch was published, so the written counter still marks the end of the log.
-        self.log.segments.resume_at(self.control.get("written"))
+        self.log.segments.resume_at(self.end)
         return status, remark, None
+
+    # -- write-buffer mode ---------------------------------------------------------------------------
+
+    def _commit(self, *, force: bool) -> None:
+        """transientStorePoolEnable: appended bytes become readable (and flushable) only here,
+        every commitIntervalCommitLog ms once commitCommitLogLeastPages pages wait, or at
+        commitCommitLogThoroughInterval / stop whatever waits."""
+        if not self.buffered:
+            return
+        pending = self.end - self.control.get("written")
+        now = time.monotonic()
+        if pending <= 0 or (not force and now < self.next_commit):
+            return
+        s = self.settings
+        thorough = now >= self.next_thorough_commit
+        if not (force or thorough or pending >= s.commitCommitLogLeastPages * 4096):
+            return
+        self.next_commit = now + s.commitIntervalCommitLog / 1000
+        if thorough:
+            self.next_thorough_commit = now + s.commitCommitLogThoroughInterval / 1000
+        self.control.set("store_timestamp", self.end_timestamp)
+        self.control.advance("written", self.end)
+        self.commits += 1
+
+    def drain(self) -> None:
+        self._commit(force=True)
 
     def statistics(self) -> dict:
         return super().statistics() | {
             "putMessageTimesTotal": self.put_times, "putMessageSizeTotal": self.put_bytes,
             "putMessageFailedTimes": self.put_failed, "groups": self.groups,
             "appendMaxMicros": self.append_ns_max // 1000, "busySeconds": round(self.busy_ns / 1e9, 3),
-            "queueWaitMicrosAvg": self.queue_wait_ns // max(1, self.groups) // 1000, "written": self.control.get("written") if self.control else 0,
+            "queueWaitMicrosAvg": self.queue_wait_ns // max(1, self.groups) // 1000,
+            "writeBuffer": getattr(self, "buffered", False), "scrubbedBytes": self.scrubbed, "commits": getattr(self, "commits", 0), "written": self.control.get("written") if self.control else 0,
             "queues": len(self.log.queue_offsets) if hasattr(self, "log") else 0,
         }
 

@@ -37,7 +37,7 @@ CONTROL_MAGIC = 0x6D716E6F64650001  # "mqnode" v1
 
 SLOTS = {
     "magic": 0, "written": 1, "committed": 2, "flushed": 3, "dispatched": 4, "min_offset": 5,
-    "slave_acked": 6, "flags": 7, "store_timestamp": 8, "generation": 9,
+    "slave_acked": 6, "flags": 7, "store_timestamp": 8, "generation": 9, "writer_generation": 10,
 }
 HEARTBEAT_BASE = 16
 HEARTBEAT_SLOTS = FILE_SIZE // 8 - HEARTBEAT_BASE

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import signal
 import socket
 import subprocess
@@ -46,10 +48,11 @@ class NodeProcess:
 
     def start(self, timeout: float = 90.0) -> NodeProcess:
         args = [sys.executable, "-m", "node.cli", "start"]
-        for name in ("storePathRootDir", "listen", "listenPort", "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue",
-                     "maxHashSlotNum", "maxIndexNum", "runDir", "flushDiskType", "maxMessageSize", "ingressWorkers",
-                     "flushIntervalCommitLog", "actorMaxRestarts"):
-            args += [f"--{name}", str(getattr(self.settings, name))]
+        defaults = settings_module.Settings()
+        for f in dataclasses.fields(self.settings):  # every setting the test changed, as a flag
+            value = getattr(self.settings, f.name)
+            if value != getattr(defaults, f.name):
+                args += [f"--{f.name}", str(value).lower() if isinstance(value, bool) else str(value)]
         out = open(self.log, "ab")
         seen = self.log.stat().st_size if self.log.exists() else 0
         self.process = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

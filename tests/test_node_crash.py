@@ -111,6 +111,40 @@ def test_a_killed_actor_is_restarted_and_nothing_acknowledged_is_lost(tmp_path):
     assert report.ok, report.summary()
 
 
+def test_write_buffer_mode_acks_before_commit_and_a_writer_crash_loses_only_the_uncommitted(tmp_path):
+    from shm.control_block import ControlBlock
+
+    settings = node_settings(tmp_path / "store", transientStorePoolEnable=True, commitIntervalCommitLog=60000,
+                             commitCommitLogThoroughInterval=60000, commitCommitLogLeastPages=100000)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+
+    async def send(count: int, prefix: str) -> dict[str, bytes]:
+        async with AsyncProducer(node.endpoint, timeout=5.0) as producer:
+            acked = {}
+            for i in range(count):
+                body = f"{prefix}-{i}".encode()
+                acked[(await producer.send("Buffered", body)).offset_msg_id] = body
+            return acked
+
+    committed = asyncio.run(send(1, "first"))  # the first append commits at once (the thorough commit)
+    buffered = asyncio.run(send(50, "buffered"))
+    control = ControlBlock(settings.root / "control")
+    written = control.get("written")
+    control.close()
+    assert all(decode_msg_id(i)[1] >= written for i in buffered)  # acked, not yet readable
+    victim = node.actor_process("writer")
+    victim.kill()
+    victim.wait(10)
+    after = asyncio.run(send(5, "after"))  # the restarted writer serves again
+    assert node.stop() == 0  # a clean stop commits what waits
+    assert_all_acked_stored(settings, committed | after)
+    with MessageStore(settings, readonly=True) as store:
+        bodies = {r.body for r in store.commitlog.iterate(0, read_body=True) if isinstance(r, Record)}
+    assert not bodies & set(buffered.values())  # the crash took exactly the uncommitted part
+    report = verify_store(settings)
+    assert report.ok, report.summary()
+
+
 def _mount_tmpfs(path, size: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0 or shutil.which("mount") is None:

@@ -32,7 +32,14 @@ import zmq
 from actors.base import Actor, pack_replies, socket
 from actors.ingress import RequestBatcher, group_from_wire
 from node import sendcore
-from shm.codec import BLANK_MAGIC, MESSAGE_MAGIC, TRANSACTION_COMMIT, TRANSACTION_MASK, TRANSACTION_NOT, Record
+from shm.codec import (
+    BLANK_MAGIC,
+    MESSAGE_MAGIC,
+    TRANSACTION_COMMIT,
+    TRANSACTION_MASK,
+    TRANSACTION_NOT,
+    Record,
+)
 from shm.commitlog import CommitLog, RecordTooLarge
 from shm.control_block import (
     FLAG_DISK_FULL,

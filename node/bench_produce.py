@@ -39,7 +39,7 @@ class BenchNode:
                      "--maxHashSlotNum", "500000", "--maxIndexNum", "2000000"]
 
     def __enter__(self) -> BenchNode:
-        self.log = open(self.directory / "node.log", "wb")  # noqa: SIM115 - closed in __exit__
+        self.log = open(self.directory / "node.log", "wb")
         self.process = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while b"mqnode ready" not in (self.directory / "node.log").read_bytes():

@@ -28,6 +28,7 @@ from node.store_stats import StoreStats
 from node.topics import PERM_WRITE, TopicTable
 
 MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
+SEND_WAIT_MS = 20
 
 
 class Front(Actor):
@@ -41,6 +42,9 @@ class Front(Actor):
         self.clients.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client takes its id back
         self.clients.bind(s.listen)
         self.sends = socket(self.context, zmq.PUSH, hwm=s.sendQueueCapacity)
+        # A short wait rather than none: right after start-up the workers' connections may still
+        # be in their handshake, and a full queue is answered SYSTEM_BUSY either way.
+        self.sends.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         if s.ingressWorkers > 0:
             self.sends.bind(self.endpoints["ingress"])
         else:
@@ -133,7 +137,7 @@ class Front(Actor):
             meta["refused"] = refusals
         body = frames[1] if len(frames) == 2 else b""
         try:
-            self.sends.send_multipart([client, orjson.dumps(meta), frames[0], body], zmq.NOBLOCK)
+            self.sends.send_multipart([client, orjson.dumps(meta), frames[0], body])
         except zmq.Again:
             return self._refuse(client, request, oneway, "SYSTEM_BUSY", "[TIMEOUT_CLEAN_QUEUE]send queue is full")
         if not oneway:

@@ -55,10 +55,22 @@ def actor_classes() -> dict:
             "dispatcher": Dispatcher}
 
 
+def _normal_priority() -> None:
+    """Ray starts workers at nice 15 (for batch jobs); the node's actors serve requests and must
+    not lose the CPU to every other process. Lowering niceness needs privilege: best effort (an
+    embedded Ray is started with RAY_worker_niceness=0 anyway)."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except OSError:
+        pass
+
+
 class ActorHost:
     """A plain actor inside a Ray actor process (see the module docstring)."""
 
     def __init__(self, kind: str, settings_values: dict, kwargs: dict):
+        _normal_priority()
         settings = settings_module.load(None, settings_values)
         self.actor = actor_classes()[kind](settings, **kwargs)
         self.thread = threading.Thread(target=self._run, name=f"mqnode-{kind}", daemon=True)
@@ -145,6 +157,7 @@ class Node:
             if self.ray_address:
                 ray.init(address=self.ray_address, logging_level=logging.ERROR, log_to_driver=False)
             else:
+                os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet it starts
                 ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=s.rayObjectStoreMemory,
                          logging_level=logging.ERROR, log_to_driver=False)
                 self.started_ray = True

@@ -110,3 +110,38 @@ def test_encoder_refusals_keep_the_batch_clean(tmp_path):
     assert record.properties == {"TAGS": "x", "CLUSTER": "DefaultCluster"} and str(record.born_host) == "10.0.0.1:5"
     header = orjson.loads(reply(too_big, results(too_big, [], [], encoder.store_host)))
     assert header["status"] == "MESSAGE_ILLEGAL" and header["code"] == protocol.MESSAGE_ILLEGAL
+
+
+def test_fast_fail_answers_sends_that_waited_too_long(tmp_path):
+    import time
+
+    from actors.ingress import RequestBatcher
+
+    settings = settings_module.load(None, {"storePathRootDir": str(tmp_path), "waitTimeMillsInSendQueue": 200})
+    batcher = RequestBatcher(settings)
+    header = orjson.dumps({"code": protocol.SEND_MESSAGE, "opaque": 9, "topic": "T", "queueId": 0})
+    stale = [b"client", orjson.dumps({"t": time.monotonic_ns() - 300_000_000}), header, b"x"]
+    fresh = [b"client", orjson.dumps({"t": time.monotonic_ns()}), header, b"y"]
+    groups, replies = batcher.build([stale, fresh])
+    assert len(replies) == 1 and batcher.expired == 1
+    refused = orjson.loads(replies[0][2])
+    assert refused["status"] == "SYSTEM_BUSY" and refused["remark"].startswith("[TIMEOUT_CLEAN_QUEUE]")
+    assert sum(len(batch) for batch, _, _ in groups) == 1
+
+
+def test_wait_false_and_flush_timeouts():
+    from actors.flush import _downgrade
+
+    settings = settings_module.load(None, {"storePathRootDir": "/nonexistent"})
+    encoder = SendEncoder(settings)
+    pending = PendingSend(b"c", 1, protocol.SEND_MESSAGES, 0)
+    messages = [{"topic": "T", "queueId": 0, "bodySize": 1, "properties": {"WAIT": "false"}}]
+    add_request_atomic(encoder, pending, {"code": protocol.SEND_MESSAGES, "messages": messages}, b"x",
+                       encoder.born_host(None), EncodedBatch())
+    assert pending.wait is False  # answered at append, even under SYNC_FLUSH
+    header = orjson.loads(reply(pending, results(pending, [0], [0], encoder.store_host)))
+    _downgrade(header, "FLUSH_DISK_TIMEOUT")
+    assert header["results"][0]["status"] == "FLUSH_DISK_TIMEOUT"
+    single = {"code": 0, "status": "PUT_OK"}
+    _downgrade(single, "FLUSH_DISK_TIMEOUT")
+    assert single == {"code": protocol.FLUSH_DISK_TIMEOUT, "status": "FLUSH_DISK_TIMEOUT"}

@@ -196,20 +196,24 @@ class SendEncoder:
             refused = ("MESSAGE_ILLEGAL", "a batch may not carry a DELAY level")
         batch_props[PROPERTY_CLUSTER] = self.cluster
         suffix = properties_string(batch_props)
+        born_timestamp = 0
+        try:
+            born_timestamp = _int(header.get("bornTimestamp", 0), "bornTimestamp")
+        except MessageIllegal as e:
+            refused = refused or (e.status, e.remark)
         for body_bytes, flag, inner_props in inner:
             index = len(pending.indices)
             pending.topics.append(topic if isinstance(topic, str) else "")
             pending.queue_ids.append(queue_id if isinstance(queue_id, int) else -1)
             pending.indices.append(-1)
-            pending.uniq_keys.append(parse_properties(inner_props).get(PROPERTY_UNIQ_KEY))
+            pending.uniq_keys.append(_uniq_key(inner_props))
             if refused:
                 pending.refusals[index] = tuple(refused)
                 continue
             joined = inner_props if not suffix else (
                 inner_props + suffix if inner_props.endswith("\x02") or not inner_props else inner_props + "\x02" + suffix)
             try:
-                record = self._encode(topic, body_bytes, queue_id, flag,
-                                      _int(header.get("bornTimestamp", 0), "bornTimestamp"), born, joined, 0)
+                record = self._encode(topic, body_bytes, queue_id, flag, born_timestamp, born, joined, 0)
             except MessageIllegal as e:
                 pending.refusals[index] = (e.status, e.remark)
                 continue
@@ -318,6 +322,18 @@ def _client_properties(value) -> dict[str, str]:
                 out[k] = v
         return out
     raise MessageIllegal("MESSAGE_ILLEGAL", "properties must be an object of strings or a RocketMQ properties string")
+
+
+def _uniq_key(properties: str) -> str | None:
+    """UNIQ_KEY of a properties string without parsing all of it (the last one wins, as in Java)."""
+    at = properties.rfind(PROPERTY_UNIQ_KEY + "\x01")
+    if at < 0:
+        return None
+    if at > 0 and properties[at - 1] != "\x02":  # inside another pair: parse properly
+        return parse_properties(properties).get(PROPERTY_UNIQ_KEY)
+    end = properties.find("\x02", at)
+    value = properties[at + len(PROPERTY_UNIQ_KEY) + 1: end if end >= 0 else None]
+    return value or parse_properties(properties).get(PROPERTY_UNIQ_KEY)  # Java skips empty values
 
 
 @lru_cache(maxsize=1024)

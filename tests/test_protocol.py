@@ -145,3 +145,13 @@ def test_wait_false_and_flush_timeouts():
     single = {"code": 0, "status": "PUT_OK"}
     _downgrade(single, "FLUSH_DISK_TIMEOUT")
     assert single == {"code": protocol.FLUSH_DISK_TIMEOUT, "status": "FLUSH_DISK_TIMEOUT"}
+
+
+@given(st.lists(st.sampled_from(["UNIQ_KEY", "\x01", "\x02", "A", "b", "UNIQ_KEY\x01X", "\x02UNIQ_KEY\x01"]),
+                max_size=12))
+def test_uniq_key_shortcut_agrees_with_the_full_parse(pieces):
+    from node.sendcore import _uniq_key
+    from shm.codec import parse_properties
+
+    text = "".join(pieces)
+    assert _uniq_key(text) == parse_properties(text).get("UNIQ_KEY")

@@ -21,13 +21,14 @@ from shm.control_block import ControlBlock
 
 POLL_MS = 50  # longest a loop sleeps before it looks at its stop flag again
 STATS_PERIOD_S = 1.0
-HEARTBEAT_SLOTS = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "ingress": 8}
+HEARTBEAT_SLOTS = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "ingress": 8, "pull": 24}
 
 
 def endpoints(settings) -> dict[str, str]:
     """The node's internal ipc endpoints, under its run directory."""
     run = settings.run_dir
-    return {name: f"ipc://{run}/{name}" for name in ("ingress", "writer", "flush", "replies", "stats")}
+    return {name: f"ipc://{run}/{name}" for name in ("ingress", "writer", "flush", "replies", "stats", "pulls",
+                                                      "arrivals")}
 
 
 def socket(context: zmq.Context, kind: int, *, hwm: int = 10000) -> zmq.Socket:
@@ -57,7 +58,7 @@ class Actor:
 
     @property
     def label(self) -> str:
-        return f"{self.name}-{self.instance}" if self.name == "ingress" else self.name
+        return f"{self.name}-{self.instance}" if self.name in ("ingress", "pull") else self.name
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -110,7 +111,7 @@ class Actor:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
-        slot = HEARTBEAT_SLOTS.get(self.name, 15) + (self.instance if self.name == "ingress" else 0)
+        slot = HEARTBEAT_SLOTS.get(self.name, 15) + (self.instance if self.name in ("ingress", "pull") else 0)
         self.control.heartbeat(slot, int(time.time() * 1000))
         if now >= self._stats_due:
             self._stats_due = now + STATS_PERIOD_S
@@ -120,22 +121,29 @@ class Actor:
                 pass  # the front is gone or slow: statistics are best effort
 
 
-# -- replies travel to the front joined into one frame: (client id, arrival ns, reply header) ------
-_REPLY_HEAD = struct.Struct(">BqI")
+# -- replies travel to the front joined into one frame -----------------------------------------------
+# per reply: u8 client-id length, i64 arrival ns (negated for replies to reads, which the front
+# neither counts in flight nor times as puts), u32 header length, u32 body length, id, header, body
+_REPLY_HEAD = struct.Struct(">BqII")
 
 
-def pack_replies(replies: list[tuple[bytes, int, bytes]]) -> bytes:
+def pack_replies(replies: list[tuple]) -> bytes:
+    """(client, arrival ns, header) or (client, arrival ns, header, body) per reply."""
     parts = []
-    for client, arrival_ns, header in replies:
-        parts += [_REPLY_HEAD.pack(len(client), arrival_ns, len(header)), client, header]
+    for reply in replies:
+        client, arrival_ns, header = reply[0], reply[1], reply[2]
+        body = reply[3] if len(reply) > 3 else b""
+        parts += [_REPLY_HEAD.pack(len(client), arrival_ns, len(header), len(body)), client, header, body]
     return b"".join(parts)
 
 
-def unpack_replies(data: bytes) -> list[tuple[bytes, int, bytes]]:
+def unpack_replies(data: bytes) -> list[tuple[bytes, int, bytes, bytes]]:
     out, at, size = [], 0, _REPLY_HEAD.size
     while at < len(data):
-        id_len, arrival_ns, header_len = _REPLY_HEAD.unpack_from(data, at)
+        id_len, arrival_ns, header_len, body_len = _REPLY_HEAD.unpack_from(data, at)
         at += size
-        out.append((data[at: at + id_len], arrival_ns, data[at + id_len: at + id_len + header_len]))
-        at += id_len + header_len
+        header_at = at + id_len
+        body_at = header_at + header_len
+        out.append((data[at: header_at], arrival_ns, data[header_at: body_at], data[body_at: body_at + body_len]))
+        at = body_at + body_len
     return out

@@ -1,6 +1,7 @@
 """dispatcher (reput): tails the CommitLog and builds the ConsumeQueues and the IndexFile.
 
-No request sockets: it follows the control block's `written` counter, dispatches every record
+Socket: `arrivals` PUB (bound): after each batch, [topic, queueId, new max offset] per queue
+that grew, for the pull workers' held pulls. It follows the control block's `written` counter, dispatches every record
 below it with the batched `shm.dispatch.reput`, then advances `dispatched` (data first,
 counter second: a reader below `dispatched` finds every entry). It is the single writer of the
 ConsumeQueue and IndexFile files and of the checkpoint's logics and index timestamps, which it
@@ -16,7 +17,10 @@ from __future__ import annotations
 
 import time
 
-from actors.base import Actor
+import orjson
+import zmq
+
+from actors.base import Actor, socket
 from shm.commitlog import CommitLog
 from shm.control_block import FLAG_LOGICS_WRITE_ERROR
 from shm.dispatch import reput
@@ -42,6 +46,8 @@ class Dispatcher(Actor):
         for queue in self.store.consume_queues.values():
             queue.recover()
         self.position = self.control.get("dispatched")
+        self.arrivals = socket(self.context, zmq.PUB, hwm=10000)
+        self.arrivals.bind(self.endpoints["arrivals"])
         self.records = self.stalls = 0
         self.last_error = ""
         self.sleep = IDLE_SLEEP_S[0]
@@ -65,8 +71,9 @@ class Dispatcher(Actor):
         log = self.store.commitlog
         if log.segments.find(written - 1) is None or log.segments.find(self.position) is None:
             log.segments.refresh()
+        touched: dict = {}
         try:
-            reached, count = reput(self.store, self.position, written)
+            reached, count = reput(self.store, self.position, written, touched)
         except StoreError as e:  # a full disk: no room for a ConsumeQueue or index file
             self.errors += 1
             self.last_error = str(e)
@@ -81,6 +88,8 @@ class Dispatcher(Actor):
         self.position = reached
         self.records += count
         self.control.advance("dispatched", reached)
+        if touched:  # "queue grew": wakes the pulls held on these queues
+            self.arrivals.send(orjson.dumps([[t, q, m] for (t, q), m in touched.items()]))
         return True
 
     def flush(self) -> None:

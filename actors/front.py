@@ -6,6 +6,10 @@ Sockets:
   `ingressWorkers = 0`, straight to the append writer (connected to `writer`).
 - `replies` PULL, bound: joined replies from ingress, writer and flush.
 - `stats` PULL, bound: every actor's statistics, once a second.
+- `pulls` PUSH, bound: read requests to the pull workers.
+
+It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
+`flushConsumerOffsetInterval` ms and at stop).
 
 It validates what needs the topic table (it is the table's single writer): topic names,
 auto-creation, queue ids; answers route and runtime-info requests itself; refuses with
@@ -24,6 +28,7 @@ import zmq
 
 from actors.base import Actor, socket, unpack_replies
 from node import protocol
+from node.offsets import ConsumerOffsets
 from node.store_stats import StoreStats
 from node.topics import PERM_WRITE, TopicTable
 
@@ -49,6 +54,11 @@ class Front(Actor):
             self.sends.bind(self.endpoints["ingress"])
         else:
             self.sends.connect(self.endpoints["writer"])
+        self.pulls = socket(self.context, zmq.PUSH, hwm=100000)
+        self.pulls.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
+        self.pulls.bind(self.endpoints["pulls"])
+        self.offsets = ConsumerOffsets(s.root / "config")
+        self.next_offsets_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
         self.replies = socket(self.context, zmq.PULL, hwm=100000)
         self.replies.bind(self.endpoints["replies"])
         self.stats_in = socket(self.context, zmq.PULL, hwm=1000)
@@ -74,6 +84,12 @@ class Front(Actor):
             self._serve_clients()
         if self.stats_in in events:
             self._take_stats()
+        if time.monotonic() >= self.next_offsets_persist:
+            self.next_offsets_persist = time.monotonic() + self.settings.flushConsumerOffsetInterval / 1000
+            self.offsets.persist()
+
+    def drain(self) -> None:
+        self.offsets.persist()
 
     # -- clients -----------------------------------------------------------------------------------
 
@@ -101,6 +117,16 @@ class Front(Actor):
         code = request.code
         if code in protocol.SEND_CODES:
             self._send(client, request, frames)
+        elif code in protocol.READ_CODES:
+            try:
+                self.pulls.send_multipart([client, orjson.dumps({"t": time.monotonic_ns()}), frames[0], b""])
+            except zmq.Again:
+                self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY", "no pull worker is available"))
+        elif code in protocol.OFFSET_CODES:
+            self._offsets(client, request)
+        elif code == protocol.GET_ALL_TOPIC_CONFIG:
+            table = {name: config.to_json() for name, config in sorted(self.topics.topics.items())}
+            self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", topicConfigTable=table))])
         elif code == protocol.GET_ROUTEINFO_BY_TOPIC:
             self._route_info(client, request)
         elif code == protocol.GET_BROKER_RUNTIME_INFO:
@@ -111,6 +137,33 @@ class Front(Actor):
         else:
             self._reply(client, protocol.error_reply(request.opaque, "REQUEST_CODE_NOT_SUPPORTED",
                                                      f"request code {code} is not supported"))
+
+    def _offsets(self, client: bytes, request: protocol.Request) -> None:
+        header = request.header
+        group = header.get("consumerGroup")
+        if not isinstance(group, str) or not group or len(group) > 255:
+            raise protocol.ProtocolError("consumerGroup must be a non-empty string")
+        if request.code == protocol.GET_CONSUME_STATS:
+            fields = {"offsetTable": {topic: {str(q): o for q, o in queues.items()}
+                                      for topic, queues in self.offsets.of_group(group).items()}}
+            self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", **fields))])
+            return
+        topic, queue_id = header.get("topic"), header.get("queueId")
+        if not isinstance(topic, str) or not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
+            raise protocol.ProtocolError("topic and queueId are required")
+        if request.code == protocol.UPDATE_CONSUMER_OFFSET:
+            offset = header.get("commitOffset")
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+                raise protocol.ProtocolError("commitOffset must be a non-negative integer")
+            self.offsets.commit(group, topic, queue_id, offset)
+            self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK"))])
+            return
+        offset = self.offsets.query(group, topic, queue_id)
+        if offset is None:
+            self._reply(client, protocol.error_reply(request.opaque, "QUERY_NOT_FOUND",
+                                                     f"no offset committed by {group} for {topic}/{queue_id}"))
+        else:
+            self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", offset=offset))])
 
     def _route_info(self, client: bytes, request: protocol.Request) -> None:
         config, status, problem = self.topics.resolve(request.header.get("topic"))
@@ -200,10 +253,11 @@ class Front(Actor):
                 joined = self.replies.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            for client, arrival_ns, header in unpack_replies(joined):
-                self.in_flight = max(0, self.in_flight - 1)
-                self.store_stats.record_latency((now - arrival_ns) / 1e6)
-                self._reply(client, [header])
+            for client, arrival_ns, header, body in unpack_replies(joined):
+                if arrival_ns >= 0:  # a send's reply (reads are marked with a negative arrival)
+                    self.in_flight = max(0, self.in_flight - 1)
+                    self.store_stats.record_latency((now - arrival_ns) / 1e6)
+                self._reply(client, [header, body] if body else [header])
 
     def _take_stats(self) -> None:
         for _ in range(MAX_TAKE):

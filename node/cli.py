@@ -168,15 +168,68 @@ def _chunks(iterable, size: int):
         yield chunk
 
 
+def cmd_consume(args: argparse.Namespace) -> int:
+    """One JSON line per message; commits the group's offsets as it goes."""
+    from node.client import PullConsumer, SendError
+
+    printed = 0
+    with PullConsumer(args.endpoint) as consumer:
+        try:
+            for message in consumer.consume(args.topic, args.group, start=args.start, subscription=args.tags or "*",
+                                            idle_timeout=args.timeout, limit=args.count):
+                sys.stdout.write(orjson.dumps(message.to_json()).decode() + "\n")
+                sys.stdout.flush()
+                printed += 1
+        except SendError as e:
+            print(f"mqnode consume: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from node.client import PullConsumer, SendError
+
+    with PullConsumer(args.endpoint) as consumer:
+        try:
+            messages = consumer.query(args.topic, args.key, begin=args.begin, end=args.end, max_count=args.max)
+        except SendError as e:
+            print(f"mqnode query: {e}", file=sys.stderr)
+            return 1
+    for message in messages:
+        sys.stdout.write(orjson.dumps(message.to_json()).decode() + "\n")
+    return 0 if messages else 1
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     from node.client import Producer, SendError
-    from node.protocol import GET_BROKER_RUNTIME_INFO, GET_ROUTEINFO_BY_TOPIC
+    from node.protocol import (
+        GET_ALL_TOPIC_CONFIG,
+        GET_BROKER_RUNTIME_INFO,
+        GET_CONSUME_STATS,
+        GET_MAX_OFFSET,
+        GET_ROUTEINFO_BY_TOPIC,
+    )
 
     with Producer(args.endpoint, timeout=args.timeout, retries=0) as client:
         try:
             if args.what == "stats":
                 reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
                 shown = {"runtime": reply.get("runtime"), "actors": reply.get("actors"), "control": reply.get("control")}
+            elif args.what == "topics":
+                reply, _ = client.request({"code": GET_ALL_TOPIC_CONFIG})
+                shown = reply.get("topicConfigTable")
+            elif args.what == "offsets":
+                if not args.group:
+                    raise SettingsError("admin offsets needs --group")
+                reply, _ = client.request({"code": GET_CONSUME_STATS, "consumerGroup": args.group})
+                shown = {}
+                for topic, queues in (reply.get("offsetTable") or {}).items():
+                    if args.topic and topic != args.topic:
+                        continue
+                    for queue, offset in sorted(queues.items(), key=lambda item: int(item[0])):
+                        top, _ = client.request({"code": GET_MAX_OFFSET, "topic": topic, "queueId": int(queue)})
+                        shown.setdefault(topic, {})[queue] = {"consumerOffset": offset, "brokerOffset": top.get("offset"),
+                                                              "lag": (top.get("offset") or 0) - offset}
             else:
                 reply, _ = client.request({"code": GET_ROUTEINFO_BY_TOPIC, "topic": args.topic})
                 shown = {k: v for k, v in reply.items() if k not in ("code", "opaque")}
@@ -184,7 +237,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
             print(f"mqnode admin: {e}", file=sys.stderr)
             return 1
     sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
-    return 0 if reply.get("status") == "OK" else 1
+    return 0 if reply.get("status") in ("OK", "QUERY_NOT_FOUND") else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,10 +267,29 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--batch", type=int, default=0, help="send N lines at a time as one batch (one queue)")
     produce.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each reply")
     produce.set_defaults(handler=cmd_produce)
-    admin = commands.add_parser("admin", help="ask a running node: stats, or a topic's route")
-    admin.add_argument("what", choices=["stats", "topic"])
+    consume = commands.add_parser("consume", help="print a topic's messages as JSON lines, committing a group's offsets")
+    consume.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    consume.add_argument("--topic", required=True)
+    consume.add_argument("--group", required=True)
+    consume.add_argument("--from", dest="start", choices=["first", "last", "committed"], default="committed",
+                         help="committed (default): the group's offsets, first where it has none")
+    consume.add_argument("--tags", help='subscription: "*" or "TagA || TagB"')
+    consume.add_argument("--count", type=int, help="stop after N messages")
+    consume.add_argument("--timeout", type=float, default=5.0, help="stop after S seconds without a message")
+    consume.set_defaults(handler=cmd_consume)
+    query = commands.add_parser("query", help="find messages by key (UNIQ_KEY or one of KEYS) through the index")
+    query.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    query.add_argument("--topic", required=True)
+    query.add_argument("--key", required=True)
+    query.add_argument("--begin", type=int, default=0, help="store time from (ms)")
+    query.add_argument("--end", type=int, default=2**62, help="store time to (ms)")
+    query.add_argument("--max", type=int, default=32)
+    query.set_defaults(handler=cmd_query)
+    admin = commands.add_parser("admin", help="ask a running node: stats, topics, offsets, or a topic's route")
+    admin.add_argument("what", choices=["stats", "topics", "offsets", "topic"])
     admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
-    admin.add_argument("--topic", help="for `admin topic`")
+    admin.add_argument("--topic", help="for `admin topic`; filters `admin offsets`")
+    admin.add_argument("--group", help="for `admin offsets`")
     admin.add_argument("--timeout", type=float, default=5.0)
     admin.set_defaults(handler=cmd_admin)
     return parser

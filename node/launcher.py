@@ -49,10 +49,11 @@ def actor_classes() -> dict:
     from actors.flush import Flush
     from actors.front import Front
     from actors.ingress import Ingress
+    from actors.pull import Pull
     from actors.writer import Writer
 
     return {"front": Front, "ingress": Ingress, "writer": Writer, "flush": Flush, "allocator": Allocator,
-            "dispatcher": Dispatcher}
+            "dispatcher": Dispatcher, "pull": Pull}
 
 
 def _normal_priority() -> None:
@@ -166,6 +167,7 @@ class Node:
         plan = [("flush", "flush", {}), ("allocator", "allocator", {}), ("dispatcher", "dispatcher", {}),
                 ("writer", "writer", {"queue_offsets": queue_offsets, "recovered_offset": recovered})]
         plan += [(f"ingress-{i}", "ingress", {"instance": i}) for i in range(s.ingressWorkers)]
+        plan += [(f"pull-{i}", "pull", {"instance": i}) for i in range(s.pullWorkers or os.cpu_count() or 1)]
         plan.append(("front", "front", {}))
         for label, kind, kwargs in plan:
             self.hosts[label] = remote.options(num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0,
@@ -174,6 +176,31 @@ class Node:
         if not all(ready):
             raise RuntimeError("some actors did not start: " + ", ".join(
                 label for label, ok in zip(self.hosts, ready) if not ok))
+        self._wait_for_connections()
+
+    def _wait_for_connections(self) -> None:
+        """Actors connect to each other asynchronously: `ready` is printed only once a read
+        makes the round trip front -> pull worker -> front."""
+        import orjson
+        import zmq
+
+        from node import protocol
+
+        context = zmq.Context()
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.settings.listen)
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while time.monotonic() < deadline:
+                sock.send(orjson.dumps({"code": protocol.GET_MAX_OFFSET, "topic": "SELF_TEST_TOPIC", "queueId": 0}))
+                if sock.poll(1000) and orjson.loads(sock.recv()).get("status") == "OK":
+                    return
+                time.sleep(0.05)
+            raise RuntimeError("the node's actors did not connect to each other")
+        finally:
+            sock.close(0)
+            context.term()
 
     # -- running ---------------------------------------------------------------------------------------
 
@@ -244,8 +271,9 @@ class Node:
 
     def _stop_order(self) -> list[str]:
         ingress = [label for label in self.hosts if label.startswith("ingress")]
-        order = ("writer", "dispatcher", "flush", "allocator", "front")
-        return ingress + [label for label in order if label in self.hosts]
+        pulls = [label for label in self.hosts if label.startswith("pull")]
+        order = ("writer", "dispatcher", "flush", "allocator")
+        return ingress + [label for label in order if label in self.hosts] + pulls + ["front"] * ("front" in self.hosts)
 
     def _finish_store(self) -> None:
         """After the actors: everything written is durable, the end is exact, the exit is clean."""

@@ -28,7 +28,15 @@ GET_ROUTEINFO_BY_TOPIC = 105
 SEND_BATCH_MESSAGE = 320
 SEND_MESSAGES = 9010  # mqnode: many independent sends in one frame (a client's coalesced sends)
 
+GET_ALL_TOPIC_CONFIG = 21
+GET_CONSUME_STATS = 208
+
 SEND_CODES = frozenset({SEND_MESSAGE, SEND_BATCH_MESSAGE, SEND_MESSAGES})
+# served by the pull workers, from read-only mappings
+READ_CODES = frozenset({PULL_MESSAGE, QUERY_MESSAGE, SEARCH_OFFSET_BY_TIMESTAMP, GET_MAX_OFFSET, GET_MIN_OFFSET,
+                        VIEW_MESSAGE_BY_ID})
+# served by the front, the single writer of config/consumerOffset.json
+OFFSET_CODES = frozenset({QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET, GET_CONSUME_STATS})
 
 # -- response codes: RocketMQ's ResponseCode numbers ------------------------------------------------
 SUCCESS = 0
@@ -41,6 +49,10 @@ FLUSH_SLAVE_TIMEOUT = 12
 MESSAGE_ILLEGAL = 13
 SERVICE_NOT_AVAILABLE = 14
 TOPIC_NOT_EXIST = 17
+PULL_NOT_FOUND = 19
+PULL_RETRY_IMMEDIATELY = 20
+PULL_OFFSET_MOVED = 21
+QUERY_NOT_FOUND = 22
 
 # PutMessageStatus (spec §11) and the node's own refusals -> response code
 STATUS_CODES = {
@@ -59,6 +71,13 @@ STATUS_CODES = {
     "REQUEST_CODE_NOT_SUPPORTED": REQUEST_CODE_NOT_SUPPORTED,
     "SYSTEM_ERROR": SYSTEM_ERROR,
     "OK": SUCCESS,
+    # pulls (the client's PullStatus)
+    "FOUND": SUCCESS,
+    "NO_NEW_MSG": PULL_NOT_FOUND,
+    "NO_MATCHED_MSG": PULL_RETRY_IMMEDIATELY,
+    "OFFSET_ILLEGAL": PULL_OFFSET_MOVED,
+    "QUERY_NOT_FOUND": QUERY_NOT_FOUND,
+    "SUBSCRIPTION_PARSE_FAILED": SYSTEM_ERROR,
 }
 # Stored, so the send is not to be retried: isOk() in RocketMQ
 STORED_STATUSES = frozenset({"PUT_OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"})
@@ -122,6 +141,33 @@ def reply_header(opaque, status: str, remark: str = "", **fields) -> dict:
 
 def error_reply(opaque, status: str, remark: str) -> list[bytes]:
     return [orjson.dumps(reply_header(opaque, status, remark))]
+
+
+# -- subscriptions -------------------------------------------------------------------------------
+
+
+def parse_subscription(expression) -> list[str] | None:
+    """`*` (or empty) -> None (everything); `TagA || TagB` -> the tags. ProtocolError otherwise."""
+    if expression is None or (isinstance(expression, str) and expression.strip() in ("", "*")):
+        return None
+    if not isinstance(expression, str):
+        raise ProtocolError("the subscription expression must be a string")
+    tags = [t.strip() for t in expression.split("||")]
+    if any(not t or t == "*" for t in tags):
+        raise ProtocolError(f"subscription {expression!r}: expected * or TagA || TagB")
+    return tags
+
+
+def split_records(body: bytes) -> list[bytes]:
+    """A pull reply's body: raw CommitLog records back to back (each starts with its size)."""
+    out, at = [], 0
+    while at + 4 <= len(body):
+        size = int.from_bytes(body[at: at + 4], "big", signed=True)
+        if size <= 0 or at + size > len(body):
+            raise ProtocolError(f"record at byte {at} of the pull body has size {size}")
+        out.append(body[at: at + size])
+        at += size
+    return out
 
 
 # -- RocketMQ's client batch body (MessageDecoder.encodeMessages), spec §2.10 -----------------------

@@ -92,6 +92,7 @@ class DispatchBatch:
         self.index_requests: list[tuple[str, int, int, int, str | None, list[str]]] = []
         self.count = 0
         self.logics_timestamp = 0
+        self.touched: dict | None = None
 
     def scan(self, buf, position: int, limit: int) -> tuple[int, Blank | Corruption | None]:
         """Add records from `position` until `limit`, a blank, damage, or a full batch; returns
@@ -156,6 +157,8 @@ class DispatchBatch:
         store = self.store
         for (topic, queue_id), entries in self.queue_entries.items():
             store.consume_queue(topic, queue_id).put_many(entries)
+            if self.touched is not None:
+                self.touched[topic, queue_id] = entries[-1][0] + 1
         if self.index_requests:
             store.index.build_many(self.index_requests)
         if self.logics_timestamp:
@@ -177,15 +180,17 @@ def _fast_properties(text: str) -> dict[str, str]:
         return parse_properties(text)
 
 
-def reput(store, begin: int, end: int | None = None) -> tuple[int, int]:
+def reput(store, begin: int, end: int | None = None, touched: dict | None = None) -> tuple[int, int]:
     """Dispatch every record in [begin, end) of the CommitLog; returns (next offset, records).
 
     The core of the reput dispatcher and of recovery's catch-up. Stops early at damage (a
     record that does not decode), returning where it stopped so the caller can report it.
+    `touched`, when given, receives (topic, queueId) -> the queue's new max offset.
     """
     log = store.commitlog
     end = log.offset_written if end is None else end
     batch = DispatchBatch(store)
+    batch.touched = touched
     offset, total = begin, 0
     while offset < end:
         segment = log.segments.find(offset)

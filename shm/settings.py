@@ -130,6 +130,7 @@ class Settings:
     # -- mqnode's node
     listen: str = _s("tcp://127.0.0.1:10911", "Client endpoint the front binds (ZeroMQ ROUTER)", NODE)
     ingressWorkers: int = _s(0, "Encoding workers between front and writer; 0 = the append writer encodes", NODE)
+    pullWorkers: int = _s(0, "Pull workers serving reads; 0 = one per core", NODE)
     sendQueueCapacity: int = _s(10000, "Send requests the front lets wait before answering SYSTEM_BUSY", NODE)
     actorMaxRestarts: int = _s(20, "Times Ray restarts a dead actor", NODE)
     rayObjectStoreMemory: int = _s(80 * 1024 * 1024, "Object store of an embedded Ray, bytes (nothing large goes through it)", NODE)
@@ -272,8 +273,8 @@ def validate(settings: Settings) -> None:
     if settings.enableConsumeQueueExt:
         raise SettingsError("enableConsumeQueueExt=true is not supported by mqnode")
     parse_delay_levels(settings.messageDelayLevel)
-    if settings.ingressWorkers < 0 or settings.sendQueueCapacity < 1:
-        raise SettingsError("ingressWorkers must be >= 0 and sendQueueCapacity >= 1")
+    if settings.ingressWorkers < 0 or settings.pullWorkers < 0 or settings.sendQueueCapacity < 1:
+        raise SettingsError("ingressWorkers and pullWorkers must be >= 0, sendQueueCapacity >= 1")
     if not settings.listen.startswith(("tcp://", "ipc://")):
         raise SettingsError(f"listen must be a tcp:// or ipc:// endpoint, not {settings.listen!r}")
 

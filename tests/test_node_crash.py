@@ -13,7 +13,7 @@ import time
 import pytest
 from nodes import NodeProcess, node_settings
 
-from node.client import AsyncProducer, SendError
+from node.client import AsyncProducer, PullConsumer, SendError
 from shm.codec import Record, decode_msg_id
 from shm.store import MessageStore
 from shm.verify import verify_store
@@ -84,6 +84,13 @@ def test_kill_9_of_every_process_loses_no_acknowledged_message(tmp_path, flush):
     node = NodeProcess(settings, tmp_path / "node.log").start()
     ready = [line for line in (tmp_path / "node.log").read_text().splitlines() if line.startswith("mqnode ready")]
     assert "recovery=abnormal" in ready[-1]
+    # queues and index were completed from the CommitLog: every acked message can be pulled and found
+    with PullConsumer(node.endpoint) as consumer:
+        pulled = {m.offset_msg_id: m for m in consumer.consume("Crash", "after-crash", start="first", idle_timeout=2)}
+        assert {i: m.body for i, m in pulled.items() if i in acked} == acked
+        for offset_id in list(acked)[:: max(1, len(acked) // 20)]:
+            found = consumer.query("Crash", pulled[offset_id].msg_id)  # by UNIQ_KEY, through the index
+            assert offset_id in {m.offset_msg_id for m in found}
     assert node.stop() == 0
     # SYNC_FLUSH: every PUT_OK was fsync'd. ASYNC_FLUSH: a process kill leaves the page cache, so
     # the acknowledged messages are there too; only the host's power could take them.

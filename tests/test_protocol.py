@@ -22,7 +22,7 @@ from shm.codec import EncodedBatch, decode
 
 def test_documented_example_exchange_is_what_the_code_sends():
     text = (ROOT / "docs" / "protocol.md").read_text()
-    blocks = re.findall(r"```\n(.*?)```", text.split("## Example exchange")[1], re.S)
+    blocks = re.findall(r"```\n(.*?)```", text.split("## Example exchange")[1], re.DOTALL)
     request_json, *request_hex = blocks[0].splitlines()[:-1]
     request = protocol.encode_request(orjson.loads(request_json.removeprefix("frame 0: ")), b"hello")
     assert "".join(request_hex) == request[0].hex() and blocks[0].splitlines()[-1] == "frame 1: " + b"hello".hex()
@@ -78,8 +78,9 @@ def test_topic_names_and_auto_creation(tmp_path):
 
 
 def test_joined_replies_round_trip():
-    replies = [(b"client-1", 123, b'{"a":1}'), (b"", -5, b""), (bytes(255), 2**62, b"x" * 70000)]
+    replies = [(b"client-1", 123, b'{"a":1}', b""), (b"", -5, b"", b"body"), (bytes(255), 2**62, b"x" * 70000, b"y")]
     assert unpack_replies(pack_replies(replies)) == replies
+    assert unpack_replies(pack_replies([(b"c", 1, b"h")])) == [(b"c", 1, b"h", b"")]
 
 
 def test_store_stats_tps_and_buckets():
@@ -155,3 +156,15 @@ def test_uniq_key_shortcut_agrees_with_the_full_parse(pieces):
 
     text = "".join(pieces)
     assert _uniq_key(text) == parse_properties(text).get("UNIQ_KEY")
+
+
+def test_consumer_offsets_read_rocketmqs_file_and_write_its_format(tmp_path):
+    from node.offsets import ConsumerOffsets
+
+    (tmp_path / "consumerOffset.json").write_text('{\n\t"offsetTable":{\n\t\t"TopicA@g1":{0:12,1:7\n\t\t}\n\t}\n}')
+    offsets = ConsumerOffsets(tmp_path)
+    assert offsets.query("g1", "TopicA", 1) == 7 and offsets.query("g1", "TopicA", 2) is None
+    offsets.commit("g1", "TopicA", 2, 3)
+    assert offsets.persist() and not offsets.persist()  # only when changed
+    assert ConsumerOffsets(tmp_path).of_group("g1") == {"TopicA": {0: 12, 1: 7, 2: 3}}
+    assert "{0:12,1:7,2:3" in (tmp_path / "consumerOffset.json").read_text()

@@ -1,0 +1,301 @@
+"""pull: serves the read side from read-only mappings, and holds empty pulls (long polling).
+
+Sockets: `requests` PULL (connected to the front's `pulls`), `replies` PUSH to the front,
+`arrivals` SUB (connected to the dispatcher's PUB: "queue grew" announcements).
+
+Requests: PULL_MESSAGE, GET_MAX_OFFSET, GET_MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP,
+VIEW_MESSAGE_BY_ID, QUERY_MESSAGE. Nothing is read past the control block's `dispatched`.
+
+Long polling (PullRequestHoldService): a pull that finds nothing new (NO_NEW_MSG) and carries
+`suspend` is held, keyed by topic@queueId, until an announcement says its queue reached past
+its offset, or its `suspendTimeoutMillis` (default 15 s; `shortPollingTimeMills` without
+`longPollingEnable`) ends; then it is served once more, without suspension. Held pulls are
+entries in a dict: they cost nothing while idle. At most MAX_HELD are held per worker.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import zmq
+
+from actors.base import Actor, pack_replies, socket
+from node import protocol
+from shm import reader as store_reader
+from shm.codec import Record, decode, decode_msg_id, tags_code
+from shm.index_file import IndexService
+
+MAX_HELD = 100_000
+MAX_TAKE = 256
+DEFAULT_SUSPEND_MS = 15000
+MAX_PULL_COUNT = 1024
+
+# store status -> (the client's pull status, whether the pull may be held)
+_PULL_STATUS = {
+    store_reader.FOUND: "FOUND",
+    store_reader.NO_MATCHED_MESSAGE: "NO_MATCHED_MSG",
+    store_reader.MESSAGE_WAS_REMOVING: "NO_MATCHED_MSG",
+    store_reader.OFFSET_FOUND_NULL: "NO_NEW_MSG",
+    store_reader.OFFSET_OVERFLOW_ONE: "NO_NEW_MSG",
+    store_reader.OFFSET_OVERFLOW_BADLY: "OFFSET_ILLEGAL",
+    store_reader.OFFSET_TOO_SMALL: "OFFSET_ILLEGAL",
+}
+
+
+class Pull(Actor):
+    name = "pull"
+
+    def open(self) -> None:
+        s = self.settings
+        self.reader = store_reader.StoreReader(s)
+        self.index = IndexService(s.index_dir, s.maxHashSlotNum, s.maxIndexNum, readonly=True,
+                                  max_query=s.maxMsgsNumBatch)
+        self.requests = socket(self.context, zmq.PULL, hwm=100000)
+        self.requests.connect(self.endpoints["pulls"])
+        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
+        self.replies.connect(self.endpoints["replies"])
+        self.arrivals = socket(self.context, zmq.SUB, hwm=100000)
+        self.arrivals.setsockopt(zmq.SUBSCRIBE, b"")
+        self.arrivals.connect(self.endpoints["arrivals"])
+        self.poller = zmq.Poller()
+        self.poller.register(self.requests, zmq.POLLIN)
+        self.poller.register(self.arrivals, zmq.POLLIN)
+        self.held: dict[tuple[str, int], list[list]] = {}  # key -> [deadline, client, arrival, header]
+        self.held_count = 0
+        self.served = self.found = self.woken = self.expired = 0
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def turn(self) -> None:
+        events = dict(self.poller.poll(self._timeout_ms()))
+        out: list = []
+        if self.arrivals in events:
+            self._on_arrivals(out)
+        if self.requests in events:
+            for _ in range(MAX_TAKE):
+                try:
+                    frames = self.requests.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._serve_frames(frames, out)
+        self._expire(out)
+        if out:
+            self.replies.send(pack_replies(out))
+
+    def _timeout_ms(self) -> int:
+        if not self.held_count:
+            return 100
+        soonest = min(h[0] for waiting in self.held.values() for h in waiting)
+        return max(1, min(100, int((soonest - time.monotonic()) * 1000) + 1))
+
+    def _serve_frames(self, frames: list[bytes], out: list) -> None:
+        try:
+            client, meta_raw, header_raw, _ = frames
+            header = orjson.loads(header_raw)
+            arrival = orjson.loads(meta_raw)["t"]
+        except (ValueError, KeyError, orjson.JSONDecodeError):
+            self.errors += 1
+            return
+        try:
+            reply = self.serve(header, client, arrival, allow_hold=True)
+        except (protocol.ProtocolError, KeyError, TypeError, ValueError) as e:
+            reply = [orjson.dumps(protocol.reply_header(header.get("opaque"), "SYSTEM_ERROR", f"malformed request: {e}"))]
+        if reply is not None:
+            out.append((client, -arrival, *reply) if len(reply) == 2 else (client, -arrival, reply[0]))
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def serve(self, header: dict, client: bytes, arrival: int, *, allow_hold: bool) -> list[bytes] | None:
+        """The reply frames, or None when the pull is held."""
+        self.served += 1
+        code, opaque = header["code"], header.get("opaque")
+        dispatched = self.control.get("dispatched")
+        if code == protocol.PULL_MESSAGE:
+            return self._pull(header, client, arrival, dispatched, allow_hold)
+        if code in (protocol.GET_MAX_OFFSET, protocol.GET_MIN_OFFSET):
+            view = self.reader.queue(_topic(header), _queue_id(header), dispatched)
+            offset = view.max_offset if code == protocol.GET_MAX_OFFSET else view.min_offset
+            return [orjson.dumps(protocol.reply_header(opaque, "OK", offset=offset))]
+        if code == protocol.SEARCH_OFFSET_BY_TIMESTAMP:
+            return [orjson.dumps(protocol.reply_header(opaque, "OK", offset=self._offset_by_time(header, dispatched)))]
+        if code == protocol.VIEW_MESSAGE_BY_ID:
+            return self._view(header, opaque, dispatched)
+        if code == protocol.QUERY_MESSAGE:
+            return self._query(header, opaque, dispatched)
+        return [orjson.dumps(protocol.reply_header(opaque, "REQUEST_CODE_NOT_SUPPORTED", f"code {code}"))]
+
+    def _pull(self, header: dict, client: bytes, arrival: int, dispatched: int, allow_hold: bool):
+        opaque = header.get("opaque")
+        topic, queue_id = _topic(header), _queue_id(header)
+        offset = header.get("queueOffset")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise protocol.ProtocolError("queueOffset must be an integer")
+        count = header.get("maxMsgNums", 32)
+        if not isinstance(count, int) or not 0 < count <= MAX_PULL_COUNT:
+            raise protocol.ProtocolError(f"maxMsgNums must be 1..{MAX_PULL_COUNT}")
+        try:
+            tags = protocol.parse_subscription(header.get("subscription", "*"))
+        except protocol.ProtocolError as e:
+            return [orjson.dumps(protocol.reply_header(opaque, "SUBSCRIPTION_PARSE_FAILED", str(e)))]
+        codes = {tags_code(t) for t in tags} if tags else None
+        result = self.reader.get_message(topic, queue_id, offset, count, codes, dispatched)
+        status = _PULL_STATUS.get(result.status)
+        if result.status == store_reader.NO_MESSAGE_IN_QUEUE:
+            status = "OFFSET_ILLEGAL" if offset != 0 else "NO_NEW_MSG"
+        if status == "NO_NEW_MSG" and allow_hold and header.get("suspend") and self.held_count < MAX_HELD:
+            self._hold(topic, queue_id, header, client, arrival)
+            return None
+        if status == "FOUND":
+            self.found += 1
+        fields = {"nextBeginOffset": result.next_begin_offset, "minOffset": result.min_offset,
+                  "maxOffset": result.max_offset, "getStatus": result.status, "count": len(result.records),
+                  "suggestWhichBrokerId": 1 if (result.suggest_pulling_from_slave and self.settings.slaveReadEnable) else 0}
+        reply = [orjson.dumps(protocol.reply_header(opaque, status, **fields))]
+        if result.records:
+            reply.append(b"".join(result.records))
+        return reply
+
+    def _offset_by_time(self, header: dict, dispatched: int) -> int:
+        view = self.reader.queue(_topic(header), _queue_id(header), dispatched)
+        stamp = header.get("timestamp")
+        if not isinstance(stamp, int):
+            raise protocol.ProtocolError("timestamp must be an integer (ms)")
+        view.queue.offset_min_logical = view.min_offset * 20
+
+        def store_time(phy: int, size: int) -> int | None:
+            raw = self.reader.record_bytes(phy, size)
+            record = decode(raw, check_crc=False, read_body=False) if raw else None
+            return record.store_timestamp if isinstance(record, Record) else None
+
+        return view.queue.offset_by_time(stamp, store_time)
+
+    def _view(self, header: dict, opaque, dispatched: int) -> list[bytes]:
+        try:
+            _, offset = decode_msg_id(header.get("offsetMsgId", ""))
+        except (ValueError, TypeError):
+            raise protocol.ProtocolError("offsetMsgId must be 32 or 56 hex characters") from None
+        raw = self._record_at(offset, dispatched)
+        if raw is None:
+            return [orjson.dumps(protocol.reply_header(opaque, "QUERY_NOT_FOUND", f"no message at offset {offset}"))]
+        return [orjson.dumps(protocol.reply_header(opaque, "OK")), raw]
+
+    def _record_at(self, offset: int, dispatched: int) -> bytes | None:
+        if not 0 <= offset < dispatched:
+            return None
+        head = self.reader.record_bytes(offset, 8)
+        if head is None:
+            return None
+        size = int.from_bytes(head[:4], "big", signed=True)
+        raw = self.reader.record_bytes(offset, size) if 0 < size else None
+        return raw if raw is not None and isinstance(decode(raw, check_crc=False), Record) else None
+
+    def _query(self, header: dict, opaque, dispatched: int) -> list[bytes]:
+        topic, key = _topic(header), header.get("key")
+        if not isinstance(key, str) or not key:
+            raise protocol.ProtocolError("key must be a non-empty string")
+        begin, end = header.get("beginTimestamp", 0), header.get("endTimestamp", 2**62)
+        max_count = min(int(header.get("maxNum", 32)), self.settings.maxMsgsNumBatch)
+        self.index.refresh()
+        found = []
+        for offset in self.index.query(topic, key, max_count, begin, end):
+            raw = self._record_at(offset, dispatched)
+            record = decode(raw, check_crc=False, read_body=False) if raw else None
+            # the index matches by hash: re-check topic and key (UNIQ_KEY or one of KEYS)
+            if isinstance(record, Record) and record.topic == topic and (key == record.uniq_key or key in record.keys):
+                found.append(raw)
+        if not found:
+            return [orjson.dumps(protocol.reply_header(opaque, "QUERY_NOT_FOUND", f"no message with key {key}"))]
+        return [orjson.dumps(protocol.reply_header(opaque, "OK", count=len(found))), b"".join(found)]
+
+    # -- long polling ------------------------------------------------------------------------------
+
+    def _hold(self, topic: str, queue_id: int, header: dict, client: bytes, arrival: int) -> None:
+        if self.settings.longPollingEnable:
+            wait_ms = header.get("suspendTimeoutMillis", DEFAULT_SUSPEND_MS)
+            wait_ms = wait_ms if isinstance(wait_ms, int) and 0 <= wait_ms <= 600_000 else DEFAULT_SUSPEND_MS
+        else:
+            wait_ms = self.settings.shortPollingTimeMills
+        self.held.setdefault((topic, queue_id), []).append([time.monotonic() + wait_ms / 1000, client, arrival, header])
+        self.held_count += 1
+
+    def _on_arrivals(self, out: list) -> None:
+        for _ in range(MAX_TAKE):
+            try:
+                grown = orjson.loads(self.arrivals.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            for topic, queue_id, max_offset in grown:
+                waiting = self.held.get((topic, queue_id))
+                if not waiting:
+                    continue
+                keep = []
+                for held in waiting:
+                    if held[3]["queueOffset"] < max_offset:
+                        self.woken += 1
+                        self._release(held, out)
+                    else:
+                        keep.append(held)
+                self._set_waiting((topic, queue_id), keep)
+
+    def _expire(self, out: list) -> None:
+        if not self.held_count:
+            return
+        now = time.monotonic()
+        for key in list(self.held):
+            keep = []
+            for held in self.held[key]:
+                if held[0] <= now:
+                    self.expired += 1
+                    self._release(held, out)
+                else:
+                    keep.append(held)
+            self._set_waiting(key, keep)
+
+    def _set_waiting(self, key, keep: list) -> None:
+        self.held_count -= len(self.held.get(key, ())) - len(keep)
+        if keep:
+            self.held[key] = keep
+        else:
+            self.held.pop(key, None)
+
+    def _release(self, held: list, out: list) -> None:
+        _, client, arrival, header = held
+        try:
+            reply = self.serve(header, client, arrival, allow_hold=False)
+        except (protocol.ProtocolError, KeyError, TypeError, ValueError) as e:
+            reply = [orjson.dumps(protocol.reply_header(header.get("opaque"), "SYSTEM_ERROR", str(e)))]
+        out.append((client, -arrival, *reply) if len(reply) == 2 else (client, -arrival, reply[0]))
+
+    def drain(self) -> None:
+        out: list = []
+        for key in list(self.held):
+            for held in self.held.pop(key):
+                self._release(held, out)
+        self.held_count = 0
+        if out:
+            self.replies.send(pack_replies(out))
+
+    def statistics(self) -> dict:
+        return super().statistics() | {"served": self.served, "found": self.found, "held": self.held_count,
+                                       "woken": self.woken, "expired": self.expired}
+
+    def close(self) -> None:
+        if hasattr(self, "reader"):
+            self.reader.close()
+            self.index.close()
+        super().close()
+
+
+def _topic(header: dict) -> str:
+    topic = header.get("topic")
+    if not isinstance(topic, str) or not topic or "/" in topic or topic.startswith("."):
+        raise protocol.ProtocolError("topic must be a topic name")
+    return topic
+
+
+def _queue_id(header: dict) -> int:
+    queue_id = header.get("queueId")
+    if not isinstance(queue_id, int) or isinstance(queue_id, bool) or not 0 <= queue_id < 65536:
+        raise protocol.ProtocolError("queueId must be an integer 0..65535")
+    return queue_id

@@ -1,0 +1,180 @@
+"""Reading a running store from another process: RocketMQ's getMessage over read-only mappings.
+
+A `StoreReader` opens the CommitLog and ConsumeQueues read-only and trusts nothing past the
+`dispatched` counter it is handed (from the control block): every ConsumeQueue entry for a
+record below it is in place, and every record it points at is whole. Files the writer and the
+dispatcher create later are picked up on demand (`refresh`).
+
+`get_message` follows spec §10.1: the queue bounds decide NO_MESSAGE_IN_QUEUE, OFFSET_TOO_SMALL,
+OFFSET_OVERFLOW_ONE, OFFSET_OVERFLOW_BADLY; otherwise a scan of that ConsumeQueue file from the
+offset (at most max(16000, maxMsgNums*20) bytes) filters by tag code, stops at the transfer
+limits (hot: 32 messages / 256 KiB; cold: 8 / 64 KiB) and returns the raw records, with
+nextBeginOffset = offset + entries scanned.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from shm.commitlog import CommitLog
+from shm.consume_queue import ENTRY_SIZE, FILLER_SIZE, ConsumeQueue
+
+_ENTRY = struct.Struct(">qiq")
+
+FOUND = "FOUND"
+NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
+NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+
+
+@dataclass
+class GetResult:
+    status: str
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    records: list[bytes] = field(default_factory=list)
+    suggest_pulling_from_slave: bool = False
+
+
+class QueueView:
+    """A ConsumeQueue as a reader sees it: its end found by scanning forward from the last
+    known end, never past an entry whose record is not yet dispatched."""
+
+    def __init__(self, root: Path, topic: str, queue_id: int, file_size: int):
+        self.queue = ConsumeQueue(root, topic, queue_id, file_size, readonly=True)
+        self.end = 0  # logical bytes known valid
+
+    def refresh(self, dispatched: int) -> None:
+        files = self.queue.files
+        files.refresh()
+        if not files.files:
+            self.end = 0
+            return
+        self.end = max(self.end, files.files[0].offset_start)
+        for segment in files.files:
+            if segment.offset_end <= self.end:
+                segment.position_written = segment.size
+                continue
+            position = max(0, self.end - segment.offset_start)
+            raw = segment.map[position: segment.size]
+            count = 0
+            for phy, size, _ in _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE]):
+                if size <= 0 or phy < 0 or (size != FILLER_SIZE and phy + size > dispatched):
+                    break
+                count += 1
+            self.end = segment.offset_start + position + count * ENTRY_SIZE
+            segment.position_written = self.end - segment.offset_start
+            if segment.position_written < segment.size:
+                break
+        for segment in files.files:
+            if segment.offset_start > self.end:
+                segment.position_written = 0
+
+    @property
+    def max_offset(self) -> int:
+        return self.end // ENTRY_SIZE
+
+    @property
+    def min_offset(self) -> int:
+        files = self.queue.files.files
+        if not files:
+            return 0
+        first = files[0]
+        raw = first.map[: first.position_written]
+        for i, (_, size, _) in enumerate(_ENTRY.iter_unpack(raw)):
+            if size != FILLER_SIZE:
+                return (first.offset_start + i * ENTRY_SIZE) // ENTRY_SIZE
+        return (first.offset_start + len(raw)) // ENTRY_SIZE
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+class StoreReader:
+    def __init__(self, settings):
+        self.settings = settings
+        self.commitlog = CommitLog(settings.commitlog_dir, settings.mappedFileSizeCommitLog, readonly=True)
+        self.commitlog.segments.load()
+        self.queues: dict[tuple[str, int], QueueView] = {}
+        self.hot_bytes = psutil.virtual_memory().total * settings.accessMessageInMemoryMaxRatio // 100
+
+    def queue(self, topic: str, queue_id: int, dispatched: int) -> QueueView:
+        view = self.queues.get((topic, queue_id))
+        if view is None:
+            view = self.queues[topic, queue_id] = QueueView(
+                self.settings.consumequeue_dir, topic, queue_id, self.settings.mappedFileSizeConsumeQueue)
+        view.refresh(dispatched)
+        return view
+
+    def record_bytes(self, offset: int, size: int) -> bytes | None:
+        raw = self.commitlog.read_bytes(offset, size)
+        if raw is None:
+            self.commitlog.segments.refresh()
+            raw = self.commitlog.read_bytes(offset, size)
+        return raw
+
+    def get_message(self, topic: str, queue_id: int, offset: int, max_count: int, tags_codes: set[int] | None,
+                    dispatched: int) -> GetResult:
+        view = self.queue(topic, queue_id, dispatched)
+        low, high = view.min_offset, view.max_offset
+        if high == 0:
+            return GetResult(NO_MESSAGE_IN_QUEUE, 0, low, high)
+        if offset < low:
+            return GetResult(OFFSET_TOO_SMALL, low, low, high)
+        if offset == high:
+            return GetResult(OFFSET_OVERFLOW_ONE, offset, low, high)
+        if offset > high:
+            return GetResult(OFFSET_OVERFLOW_BADLY, high, low, high)
+        limit = max(16000 // ENTRY_SIZE, max_count)
+        entries = view.queue.entries(offset, limit, limit_offset=high)
+        if not entries:
+            per_file = view.queue.file_size // ENTRY_SIZE
+            return GetResult(OFFSET_FOUND_NULL, offset + per_file - offset % per_file, low, high)
+        return self._scan(entries, offset, max_count, tags_codes, dispatched, low, high)
+
+    def _scan(self, entries, offset: int, max_count: int, tags_codes, dispatched: int, low: int,
+              high: int) -> GetResult:
+        s = self.settings
+        result = GetResult(NO_MATCHED_MESSAGE, offset, low, high)
+        total_bytes, scanned, last_phy = 0, 0, None
+        for entry in entries:
+            if entry.size == FILLER_SIZE:
+                scanned += 1
+                continue
+            cold = dispatched - entry.physical_offset > self.hot_bytes
+            count_cap = s.maxTransferCountOnMessageInDisk if cold else s.maxTransferCountOnMessageInMemory
+            bytes_cap = s.maxTransferBytesOnMessageInDisk if cold else s.maxTransferBytesOnMessageInMemory
+            if result.records and (len(result.records) >= max_count or len(result.records) >= count_cap
+                                   or total_bytes + entry.size > bytes_cap):
+                break
+            scanned += 1
+            last_phy = entry.physical_offset
+            if tags_codes and entry.tags_code not in tags_codes:
+                continue
+            raw = self.record_bytes(entry.physical_offset, entry.size)
+            if raw is None:
+                if not result.records:
+                    result.status = MESSAGE_WAS_REMOVING
+                continue
+            result.records.append(raw)
+            total_bytes += entry.size
+            result.status = FOUND
+        result.next_begin_offset = offset + scanned
+        if last_phy is not None:
+            result.suggest_pulling_from_slave = dispatched - last_phy > self.hot_bytes
+        return result
+
+    def close(self) -> None:
+        self.commitlog.close()
+        for view in self.queues.values():
+            view.close()
+        self.queues.clear()

@@ -1,0 +1,212 @@
+"""The read side on a real node: pulls with RocketMQ's statuses, long polling, consumer offsets,
+queries by key, time and id, and the consume/query/admin commands. One node for the module."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+
+import orjson
+import psutil
+import pytest
+import zmq
+from nodes import ROOT, node_settings
+
+from node import protocol
+from node.client import Producer, PullConsumer
+from node.launcher import Node
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
+             logging_level=logging.ERROR, log_to_driver=False)
+    settings = node_settings(tmp_path_factory.mktemp("read") / "store", pullWorkers=1, defaultTopicQueueNums=4)
+    running = Node(settings, out=lambda *a, **k: None)
+    running.start()
+    yield running
+    running.stop()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def producer(node):
+    with Producer(node.settings.listen, timeout=5.0) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def consumer(node):
+    with PullConsumer(node.settings.listen, timeout=5.0) as c:
+        yield c
+
+
+def _wait_dispatched(consumer, topic: str, queue_id: int, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while consumer.max_offset(topic, queue_id) < count:
+        assert time.monotonic() < deadline, "the dispatcher did not catch up"
+        time.sleep(0.01)
+
+
+def test_pull_statuses_follow_rocketmq(node, producer, consumer):
+    for i in range(10):
+        producer.send("Pulls", f"m{i}", tags="TagA" if i % 2 else "TagB", queue_id=0)
+    _wait_dispatched(consumer, "Pulls", 0, 10)
+    found = consumer.pull("Pulls", 0, 0, max_count=4)
+    assert (found.status, found.next_begin_offset, found.min_offset, found.max_offset) == ("FOUND", 4, 0, 10)
+    assert [m.body for m in found.messages] == [b"m0", b"m1", b"m2", b"m3"]
+    assert [m.queue_offset for m in found.messages] == [0, 1, 2, 3]
+    assert consumer.pull("Pulls", 0, 10).status == "NO_NEW_MSG"  # OFFSET_OVERFLOW_ONE
+    moved = consumer.pull("Pulls", 0, 50)  # OFFSET_OVERFLOW_BADLY
+    assert (moved.status, moved.next_begin_offset) == ("OFFSET_ILLEGAL", 10)
+    assert consumer.pull("Pulls", 0, -3).status == "OFFSET_ILLEGAL"  # OFFSET_TOO_SMALL
+    assert consumer.pull("Pulls", 3, 0).status == "NO_NEW_MSG"  # NO_MESSAGE_IN_QUEUE at 0
+    assert consumer.pull("Pulls", 3, 7).status == "OFFSET_ILLEGAL"
+    assert consumer.pull("NoSuchTopic", 0, 0).status == "NO_NEW_MSG"
+
+
+def test_tag_filtering_gives_exactly_the_matching_messages(node, producer, consumer):
+    for i in range(30):
+        producer.send("Tagged", f"t{i}", tags=("TagA", "TagB", "TagC")[i % 3], queue_id=1)
+    _wait_dispatched(consumer, "Tagged", 1, 30)
+    got, offset = [], 0
+    while offset < 30:
+        result = consumer.pull("Tagged", 1, offset, subscription="TagA || TagC")
+        got += [m.body.decode() for m in result.messages]
+        offset = result.next_begin_offset
+    assert got == [f"t{i}" for i in range(30) if i % 3 != 1]
+    nothing = consumer.pull("Tagged", 1, 0, subscription="TagZ")
+    assert nothing.status == "NO_MATCHED_MSG" and nothing.next_begin_offset > 0
+
+
+def test_long_polling_wakes_on_arrival_and_idles_for_free(node, producer, consumer):
+    _wait_dispatched(consumer, "Pulls", 0, 10)
+    top = consumer.max_offset("Pulls", 0)
+    sent_at = []
+
+    def send_later():
+        time.sleep(0.3)
+        sent_at.append(time.monotonic())
+        producer.send("Pulls", "wake up", queue_id=0)
+
+    threading.Thread(target=send_later).start()
+    began = time.monotonic()
+    result = consumer.pull("Pulls", 0, top, suspend_ms=10000)
+    woke = time.monotonic()
+    assert result.status == "FOUND" and result.messages[0].body == b"wake up"
+    assert woke - began < 5.0 and woke - sent_at[0] < 1.0  # woken by the arrival, not the timeout
+    # an empty held pull ends at its timeout with NO_NEW_MSG
+    began = time.monotonic()
+    assert consumer.pull("Pulls", 0, top + 1, suspend_ms=300).status == "NO_NEW_MSG"
+    assert time.monotonic() - began >= 0.25
+    # 300 held pulls cost (almost) no CPU while nothing arrives
+    pull_worker = psutil.Process(int((node.settings.run_dir / "pull-0.pid").read_text()))
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(node.settings.listen)
+    for i in range(300):
+        sock.send(orjson.dumps({"code": protocol.PULL_MESSAGE, "opaque": i, "topic": "Idle", "queueId": 0,
+                                "queueOffset": 0, "suspend": True, "suspendTimeoutMillis": 4000}))
+    time.sleep(0.5)
+    before = sum(pull_worker.cpu_times()[:2])
+    time.sleep(2.0)
+    spent = sum(pull_worker.cpu_times()[:2]) - before
+    assert spent < 0.4, f"held pulls burned {spent:.2f} s of CPU in 2 s"
+    replies = 0
+    while sock.poll(5000) and replies < 300:
+        assert orjson.loads(sock.recv())["status"] == "NO_NEW_MSG"
+        replies += 1
+    assert replies == 300
+    sock.close(0)
+    context.term()
+
+
+def test_a_group_consumes_everything_exactly_once_across_restarts(node, producer):
+    sent = [producer.send("Orders", f"order-{i}", keys=[f"order-{i}"], properties={"n": str(i)}) for i in range(120)]
+    seen = []
+    with PullConsumer(node.settings.listen) as first:
+        seen += list(first.consume("Orders", "billing", limit=50, idle_timeout=5))
+    with PullConsumer(node.settings.listen) as second:  # a restarted consumer resumes from committed offsets
+        seen += list(second.consume("Orders", "billing", idle_timeout=1.5))
+    assert sorted(m.msg_id for m in seen) == sorted(r.msg_id for r in sent)  # each exactly once
+    by_queue = {}
+    for m in seen:
+        by_queue.setdefault(m.queue_id, []).append(m.queue_offset)
+        assert m.body == f"order-{m.properties['n']}".encode() and m.keys == [f"order-{m.properties['n']}"]
+    assert all(offsets == sorted(offsets) for offsets in by_queue.values())
+    with PullConsumer(node.settings.listen) as third:
+        assert list(third.consume("Orders", "billing", idle_timeout=0.5)) == []
+        assert len(list(third.consume("Orders", "audit", start="first", idle_timeout=1.5))) == 120
+
+
+def test_queries_by_key_time_and_id(node, producer, consumer):
+    result = producer.send("Lookup", "find me", keys=["needle", "other"], queue_id=0)
+    time.sleep(0.1)
+    _wait_dispatched(consumer, "Lookup", 0, 1)
+    assert [m.body for m in consumer.query("Lookup", "needle")] == [b"find me"]
+    assert [m.body for m in consumer.query("Lookup", result.msg_id)] == [b"find me"]  # UNIQ_KEY
+    assert consumer.query("Lookup", "absent") == [] and consumer.query("Pulls", "needle") == []
+    reply, body = consumer._call(consumer.inner._ask({"code": protocol.VIEW_MESSAGE_BY_ID,
+                                                      "offsetMsgId": result.offset_msg_id}))
+    assert reply["status"] == "OK" and b"find me" in body
+    stamp = consumer.query("Lookup", "needle")[0].store_timestamp
+    reply, _ = consumer._call(consumer.inner._ask({"code": protocol.SEARCH_OFFSET_BY_TIMESTAMP, "topic": "Lookup",
+                                                   "queueId": 0, "timestamp": stamp}))
+    assert reply["offset"] == 0
+
+
+def test_bad_read_requests_get_statuses_and_the_node_lives(node, consumer):
+    ask = lambda header: consumer._call(consumer.inner._ask(header))[0]
+    assert ask({"code": protocol.PULL_MESSAGE, "topic": "Pulls", "queueId": 0})["status"] == "SYSTEM_ERROR"
+    assert ask({"code": protocol.PULL_MESSAGE, "topic": "../etc", "queueId": 0, "queueOffset": 0})["status"] == "SYSTEM_ERROR"
+    assert ask({"code": protocol.PULL_MESSAGE, "topic": "Pulls", "queueId": 0, "queueOffset": 0,
+                "subscription": "A || "})["status"] == "SUBSCRIPTION_PARSE_FAILED"
+    assert ask({"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": "zz"})["status"] == "SYSTEM_ERROR"
+    assert ask({"code": protocol.UPDATE_CONSUMER_OFFSET, "consumerGroup": "g", "topic": "T", "queueId": 0,
+                "commitOffset": -1})["status"] == "SYSTEM_ERROR"
+    assert ask({"code": protocol.QUERY_CONSUMER_OFFSET, "consumerGroup": "nobody", "topic": "T",
+                "queueId": 0})["status"] == "QUERY_NOT_FOUND"
+    assert consumer.pull("Pulls", 0, 0).status == "FOUND"
+
+
+def test_consume_query_and_admin_commands(node, producer):
+    for i in range(5):
+        producer.send("CliRead", f"line {i}", tags="X", keys=[f"key-{i}"])
+    endpoint = node.settings.listen
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "node.cli", *args, "--endpoint", endpoint], cwd=ROOT,
+                              capture_output=True, timeout=60, check=False)
+
+    done = run("consume", "--topic", "CliRead", "--group", "cli", "--timeout", "2")
+    assert done.returncode == 0, done.stderr
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert sorted(line["body"] for line in lines) == [f"line {i}" for i in range(5)]
+    assert {"topic", "queueId", "queueOffset", "msgId", "offsetMsgId", "tags", "keys", "properties",
+            "bornTimestamp", "storeTimestamp"} <= set(lines[0])
+    again = run("consume", "--topic", "CliRead", "--group", "cli", "--timeout", "1")
+    assert again.returncode == 0 and again.stdout == b""  # offsets were committed
+    found = run("query", "--topic", "CliRead", "--key", "key-3")
+    assert found.returncode == 0 and orjson.loads(found.stdout)["body"] == "line 3"
+    offsets = run("admin", "offsets", "--group", "cli")
+    assert offsets.returncode == 0, offsets.stderr
+    table = orjson.loads(offsets.stdout)["CliRead"]
+    assert sum(q["consumerOffset"] for q in table.values()) == 5 and all(q["lag"] == 0 for q in table.values())
+    topics = run("admin", "topics")
+    assert "CliRead" in orjson.loads(topics.stdout)
+
+
+def test_zz_offsets_are_persisted_as_rocketmq_writes_them(node):
+    from node import config_files
+
+    node.stop()
+    text = (node.settings.root / "config" / "consumerOffset.json").read_text()
+    table = config_files.loads(text)["offsetTable"]
+    assert "Orders@billing" in table and "\t\"offsetTable\":{" in text
+    assert sum(table["Orders@billing"].values()) == 120

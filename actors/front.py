@@ -28,7 +28,7 @@ import zmq
 
 from actors.base import Actor, socket, unpack_replies
 from node import protocol
-from node.offsets import ConsumerOffsets
+from node.offsets import ConsumerOffsets, SubscriptionGroups
 from node.store_stats import StoreStats
 from node.topics import PERM_WRITE, TopicTable
 
@@ -58,6 +58,7 @@ class Front(Actor):
         self.pulls.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.pulls.bind(self.endpoints["pulls"])
         self.offsets = ConsumerOffsets(s.root / "config")
+        self.groups = SubscriptionGroups(s.root / "config")
         self.next_offsets_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
         self.replies = socket(self.context, zmq.PULL, hwm=100000)
         self.replies.bind(self.endpoints["replies"])
@@ -155,6 +156,7 @@ class Front(Actor):
             offset = header.get("commitOffset")
             if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
                 raise protocol.ProtocolError("commitOffset must be a non-negative integer")
+            self.groups.ensure(group)
             self.offsets.commit(group, topic, queue_id, offset)
             self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK"))])
             return

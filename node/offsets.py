@@ -7,6 +7,7 @@ the next queue offset to consume. Single writer: the front. Persisted every
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from node import config_files
@@ -38,4 +39,29 @@ class ConsumerOffsets:
         ordered = {key: dict(sorted(queues.items())) for key, queues in sorted(self.table.items())}
         config_files.persist(self.path, {"offsetTable": ordered})
         self.dirty = False
+        return True
+
+
+class SubscriptionGroups:
+    """`config/subscriptionGroup.json`: a group is created (RocketMQ's defaults) the first time it
+    commits an offset, as autoCreateSubscriptionGroup does. Single writer: the front."""
+
+    def __init__(self, config_dir: Path, clock=time.time):
+        self.path = Path(config_dir) / "subscriptionGroup.json"
+        self.clock = clock
+        data = config_files.read(self.path) or {}
+        self.groups: dict[str, dict] = dict(data.get("subscriptionGroupTable") or {})
+        self.counter = int((data.get("dataVersion") or {}).get("counter", 0))
+
+    def ensure(self, group: str) -> bool:
+        """True when the group was new (and has now been persisted)."""
+        if group in self.groups:
+            return False
+        self.groups[group] = {"brokerId": 0, "consumeBroadcastEnable": True, "consumeEnable": True,
+                              "consumeFromMinEnable": True, "groupName": group,
+                              "notifyConsumerIdsChangedEnable": True, "retryMaxTimes": 16, "retryQueueNums": 1,
+                              "whichBrokerWhenConsumeSlowly": 1}
+        self.counter += 1
+        config_files.persist(self.path, {"dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)},
+                                         "subscriptionGroupTable": dict(sorted(self.groups.items()))})
         return True

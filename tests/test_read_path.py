@@ -210,3 +210,5 @@ def test_zz_offsets_are_persisted_as_rocketmq_writes_them(node):
     table = config_files.loads(text)["offsetTable"]
     assert "Orders@billing" in table and "\t\"offsetTable\":{" in text
     assert sum(table["Orders@billing"].values()) == 120
+    groups = config_files.loads((node.settings.root / "config" / "subscriptionGroup.json").read_text())
+    assert groups["subscriptionGroupTable"]["billing"]["retryMaxTimes"] == 16

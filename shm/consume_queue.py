@@ -142,6 +142,19 @@ class ConsumeQueue:
         phy, size, tags = _ENTRY.unpack_from(segment.map, logical - segment.offset_start)
         return Entry(queue_offset, phy, size, tags)
 
+    def raw_entries(self, queue_offset: int, max_count: int, *, limit_offset: int | None = None) -> bytes:
+        """`entries` as the raw 20-byte entries (readers that walk many and keep few)."""
+        logical = queue_offset * ENTRY_SIZE
+        segment = self.files.find(logical)
+        if segment is None or queue_offset < self.offset_min:
+            return b""
+        end = segment.position_written
+        if limit_offset is not None:
+            end = min(end, limit_offset * ENTRY_SIZE - segment.offset_start)
+        start = logical - segment.offset_start
+        end = min(end, start + max_count * ENTRY_SIZE)
+        return segment.map[start:end] if end > start else b""
+
     def entries(self, queue_offset: int, max_count: int | None = None, *, limit_offset: int | None = None,
                 ) -> list[Entry]:
         """Entries from `queue_offset` to the end of the readable part of its file (as getMessage

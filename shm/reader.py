@@ -24,6 +24,7 @@ from shm.commitlog import CommitLog
 from shm.consume_queue import ENTRY_SIZE, FILLER_SIZE, ConsumeQueue
 
 _ENTRY = struct.Struct(">qiq")
+SCAN_CHUNK = 4096 * ENTRY_SIZE  # bytes of ConsumeQueue looked at per step when finding its end
 
 FOUND = "FOUND"
 NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
@@ -54,30 +55,41 @@ class QueueView:
         self.end = 0  # logical bytes known valid
 
     def refresh(self, dispatched: int) -> None:
+        """Advance the known end over entries written since, a chunk at a time; list the
+        directory only when the end reaches the last file known."""
         files = self.queue.files
-        files.refresh()
-        if not files.files:
-            self.end = 0
-            return
+        if not files.files or self.end >= files.files[-1].offset_end:
+            files.refresh()
+            if not files.files:
+                self.end = 0
+                return
+            for segment in files.files:
+                segment.position_written = min(segment.size, max(0, self.end - segment.offset_start))
         self.end = max(self.end, files.files[0].offset_start)
         for segment in files.files:
             if segment.offset_end <= self.end:
-                segment.position_written = segment.size
                 continue
-            position = max(0, self.end - segment.offset_start)
-            raw = segment.map[position: segment.size]
+            if not self._advance(segment, dispatched):
+                break
+
+    def _advance(self, segment, dispatched: int) -> bool:
+        """Scan `segment` from the known end; True when it is full (go on to the next file)."""
+        position = max(0, self.end - segment.offset_start)
+        chunk = 64 * ENTRY_SIZE  # small first: usually only a few entries are new
+        for _ in range(segment.size // ENTRY_SIZE + 1):
+            raw = segment.map[position: min(segment.size, position + chunk)]
+            chunk = min(chunk * 4, SCAN_CHUNK)
             count = 0
             for phy, size, _ in _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE]):
                 if size <= 0 or phy < 0 or (size != FILLER_SIZE and phy + size > dispatched):
                     break
                 count += 1
-            self.end = segment.offset_start + position + count * ENTRY_SIZE
-            segment.position_written = self.end - segment.offset_start
-            if segment.position_written < segment.size:
+            position += count * ENTRY_SIZE
+            segment.position_written = position
+            self.end = segment.offset_start + position
+            if count * ENTRY_SIZE < len(raw) or position >= segment.size:
                 break
-        for segment in files.files:
-            if segment.offset_start > self.end:
-                segment.position_written = 0
+        return position >= segment.size
 
     @property
     def max_offset(self) -> int:
@@ -135,7 +147,7 @@ class StoreReader:
         if offset > high:
             return GetResult(OFFSET_OVERFLOW_BADLY, high, low, high)
         limit = max(16000 // ENTRY_SIZE, max_count)
-        entries = view.queue.entries(offset, limit, limit_offset=high)
+        entries = view.queue.raw_entries(offset, limit, limit_offset=high)
         if not entries:
             per_file = view.queue.file_size // ENTRY_SIZE
             return GetResult(OFFSET_FOUND_NULL, offset + per_file - offset % per_file, low, high)
@@ -146,27 +158,27 @@ class StoreReader:
         s = self.settings
         result = GetResult(NO_MATCHED_MESSAGE, offset, low, high)
         total_bytes, scanned, last_phy = 0, 0, None
-        for entry in entries:
-            if entry.size == FILLER_SIZE:
+        records = result.records
+        for phy, size, tags in _ENTRY.iter_unpack(entries):
+            if size == FILLER_SIZE:
                 scanned += 1
                 continue
-            cold = dispatched - entry.physical_offset > self.hot_bytes
+            cold = dispatched - phy > self.hot_bytes
             count_cap = s.maxTransferCountOnMessageInDisk if cold else s.maxTransferCountOnMessageInMemory
             bytes_cap = s.maxTransferBytesOnMessageInDisk if cold else s.maxTransferBytesOnMessageInMemory
-            if result.records and (len(result.records) >= max_count or len(result.records) >= count_cap
-                                   or total_bytes + entry.size > bytes_cap):
+            if records and (len(records) >= max_count or len(records) >= count_cap or total_bytes + size > bytes_cap):
                 break
             scanned += 1
-            last_phy = entry.physical_offset
-            if tags_codes and entry.tags_code not in tags_codes:
+            last_phy = phy
+            if tags_codes and tags not in tags_codes:
                 continue
-            raw = self.record_bytes(entry.physical_offset, entry.size)
+            raw = self.record_bytes(phy, size)
             if raw is None:
-                if not result.records:
+                if not records:
                     result.status = MESSAGE_WAS_REMOVING
                 continue
-            result.records.append(raw)
-            total_bytes += entry.size
+            records.append(raw)
+            total_bytes += size
             result.status = FOUND
         result.next_begin_offset = offset + scanned
         if last_phy is not None:

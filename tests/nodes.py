@@ -52,9 +52,10 @@ class NodeProcess:
             value = getattr(self.settings, f.name)
             if value != getattr(defaults, f.name):
                 args += [f"--{f.name}", str(value).lower() if isinstance(value, bool) else str(value)]
-        out = open(self.log, "ab")
         seen = self.log.stat().st_size if self.log.exists() else 0
-        self.process = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if b"mqnode ready" in self.log.read_bytes()[seen:]:
@@ -93,3 +94,22 @@ class NodeProcess:
             p.kill()
         assert not alive, f"processes left behind: {[p.pid for p in alive]}"
         return code
+
+
+def in_process_node(directory: Path, **overrides):
+    """A node in this process on a Ray session the caller's module shares (fixture body)."""
+    import logging
+
+    import ray
+
+    from node.launcher import Node
+
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
+             logging_level=logging.ERROR, log_to_driver=False)
+    running = Node(node_settings(directory / "store", **overrides), out=lambda *a, **k: None)
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        ray.shutdown()

@@ -4,18 +4,16 @@ raw ZeroMQ frames. One node for the module: Ray takes seconds to start."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import subprocess
 import sys
 
 import orjson
 import pytest
 import zmq
-from nodes import ROOT, node_settings
+from nodes import ROOT, in_process_node
 
 from node import protocol
 from node.client import AsyncProducer, Message, Producer, SendError
-from node.launcher import Node
 from shm.codec import decode_msg_id, encode, encode_host, properties_string
 from shm.store import MessageStore
 from shm.verify import verify_store
@@ -25,16 +23,7 @@ MAX_BODY = 64 * 1024
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
-             logging_level=logging.ERROR, log_to_driver=False)
-    settings = node_settings(tmp_path_factory.mktemp("node") / "store", maxMessageSize=MAX_BODY)
-    running = Node(settings, out=lambda *a, **k: None)
-    running.start()
-    yield running
-    running.stop()
-    ray.shutdown()
+    yield from in_process_node(tmp_path_factory.mktemp("node"), maxMessageSize=MAX_BODY)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ queries by key, time and id, and the consume/query/admin commands. One node for 
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 import threading
@@ -13,25 +12,15 @@ import orjson
 import psutil
 import pytest
 import zmq
-from nodes import ROOT, node_settings
+from nodes import ROOT, in_process_node
 
 from node import protocol
 from node.client import Producer, PullConsumer
-from node.launcher import Node
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
-             logging_level=logging.ERROR, log_to_driver=False)
-    settings = node_settings(tmp_path_factory.mktemp("read") / "store", pullWorkers=1, defaultTopicQueueNums=4)
-    running = Node(settings, out=lambda *a, **k: None)
-    running.start()
-    yield running
-    running.stop()
-    ray.shutdown()
+    yield from in_process_node(tmp_path_factory.mktemp("read"), pullWorkers=1, defaultTopicQueueNums=4)
 
 
 @pytest.fixture(scope="module")

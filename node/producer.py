@@ -1,0 +1,387 @@
+"""The producer: `AsyncProducer` (asyncio) and `Producer` (blocking, thread-safe).
+
+One DEALER connection per producer, with a stable routing id, so replies find it again after
+the node's front restarts. Concurrent single sends are coalesced: sends made within `linger_ms`
+of each other (or up to `max_coalesce` of them) travel as one SEND_MESSAGES frame and come back
+as one reply with a result each, so the one-message API reaches batch throughput. Every send
+carries a client-made UNIQ_KEY (RocketMQ's MessageClientIDSetter layout), which is the msgId
+the caller gets back. SYSTEM_BUSY and timeouts are retried `retries` times; a send is
+at-least-once, as in RocketMQ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import os
+import socket as socket_module
+import struct
+import threading
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+
+import orjson
+import zmq
+import zmq.asyncio
+
+from node import protocol
+from shm.codec import (
+    PROPERTY_DELAY,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT,
+)
+
+
+class SendError(Exception):
+    """A send that failed for good: `status` is the node's status (or TIMEOUT)."""
+
+    def __init__(self, status: str, remark: str = ""):
+        super().__init__(f"{status}: {remark}" if remark else status)
+        self.status = status
+        self.remark = remark
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    status: str
+    msg_id: str
+    offset_msg_id: str
+    queue_id: int
+    queue_offset: int
+    topic: str = ""
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "msgId": self.msg_id, "offsetMsgId": self.offset_msg_id,
+                "queueId": self.queue_id, "queueOffset": self.queue_offset}
+
+
+@dataclass(slots=True)
+class Message:
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: list[str] | str | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    delay_level: int = 0
+    flag: int = 0
+    wait: bool = True
+
+    def wire_properties(self, uniq_key: str) -> dict[str, str]:
+        props = dict(self.properties)
+        if self.tags:
+            props[PROPERTY_TAGS] = self.tags
+        if self.keys:
+            props[PROPERTY_KEYS] = self.keys if isinstance(self.keys, str) else " ".join(self.keys)
+        if self.delay_level:
+            props[PROPERTY_DELAY] = str(self.delay_level)
+        if not self.wait:
+            props[PROPERTY_WAIT] = "false"
+        props.setdefault(PROPERTY_UNIQ_KEY, uniq_key)
+        return props
+
+
+class UniqKeys:
+    """MessageClientIDSetter: ip(4) pid(2) random(4) | ms since the month began(4) counter(2), hex."""
+
+    def __init__(self):
+        try:
+            ip = socket_module.inet_aton(socket_module.gethostbyname(socket_module.gethostname()))
+        except OSError:
+            ip = b"\x7f\x00\x00\x01"
+        self.prefix = (ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)).hex().upper()
+        self.counter = itertools.count()
+        now = time.localtime()
+        self.month_start = int(time.mktime((now.tm_year, now.tm_mon, 1, 0, 0, 0, 0, 0, -1)) * 1000)
+
+    def next(self) -> str:
+        elapsed = (int(time.time() * 1000) - self.month_start) & 0xFFFFFFFF
+        return self.prefix + struct.pack(">IH", elapsed, next(self.counter) & 0xFFFF).hex().upper()
+
+
+class AsyncProducer:
+    def __init__(self, endpoint: str, *, linger_ms: float = 1.0, max_coalesce: int = 256, timeout: float = 3.0,
+                 retries: int = 2, context: zmq.asyncio.Context | None = None):
+        self.endpoint = endpoint
+        self.linger = linger_ms / 1000
+        self.max_coalesce = max_coalesce
+        self.timeout = timeout
+        self.retries = retries
+        self.context = context or zmq.asyncio.Context.instance()
+        self.socket: zmq.asyncio.Socket | None = None
+        self.keys = UniqKeys()
+        self.opaque = itertools.count(1)
+        self.waiting: dict[int, tuple[asyncio.Future, float]] = {}
+        self.queued: list[tuple[dict, bytes, asyncio.Future]] = []
+        self.flush_handle: asyncio.Handle | None = None
+        self.routes: dict[str, int] = {}
+        self.round_robin: dict[str, itertools.count] = {}
+        self.reader: asyncio.Task | None = None
+        self.reaper: asyncio.Task | None = None
+
+    async def start(self) -> AsyncProducer:
+        if self.socket is None:
+            self.socket = self.context.socket(zmq.DEALER)
+            self.socket.setsockopt(zmq.LINGER, 0)
+            self.socket.setsockopt(zmq.ROUTING_ID, b"p" + uuid.uuid4().bytes)
+            self.socket.setsockopt(zmq.SNDHWM, 100000)
+            self.socket.setsockopt(zmq.RCVHWM, 100000)
+            self.socket.connect(self.endpoint)
+            self.reader = asyncio.create_task(self._read())
+            self.reaper = asyncio.create_task(self._reap())
+        return self
+
+    async def close(self) -> None:
+        for task in (self.reader, self.reaper):
+            if task is not None:
+                task.cancel()
+        if self.socket is not None:
+            self.socket.close(0)
+            self.socket = None
+        for future, _ in self.waiting.values():
+            if not future.done():
+                future.set_exception(SendError("CLOSED", "the producer was closed"))
+        self.waiting.clear()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def request(self, header: dict, body: bytes | None = None) -> tuple[dict, bytes | None]:
+        """One request, one reply (any code); raises SendError("TIMEOUT") after `timeout`."""
+        await self.start()
+        opaque = next(self.opaque)
+        header = dict(header, opaque=opaque)
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[opaque] = (future, time.monotonic() + self.timeout)
+        await self.socket.send_multipart(protocol.encode_request(header, body))
+        return await future
+
+    async def queue_count(self, topic: str) -> int:
+        count = self.routes.get(topic)
+        if count is None:
+            reply, _ = await self.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
+            if reply.get("status") != "OK":
+                raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
+            count = self.routes[topic] = reply["writeQueueNums"]
+        return count
+
+    async def _choose_queue(self, topic: str, queue_id: int | None, shard_key: str | None) -> int:
+        if queue_id is not None:
+            return queue_id
+        count = await self.queue_count(topic)
+        if shard_key is not None:  # ordered sends: one key, one queue
+            return zlib.crc32(shard_key.encode()) % count
+        counter = self.round_robin.setdefault(topic, itertools.count())
+        return next(counter) % count
+
+    async def send(self, topic: str, body: bytes | str, *, tags: str | None = None, keys=None,
+                   properties: dict[str, str] | None = None, delay_level: int = 0, queue_id: int | None = None,
+                   shard_key: str | None = None, wait: bool = True) -> SendResult:
+        """Send one message; returns when the node has stored it (and flushed it, under SYNC_FLUSH)."""
+        message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait)
+        return await self.send_message(message, queue_id=queue_id, shard_key=shard_key)
+
+    async def send_message(self, message: Message, *, queue_id: int | None = None,
+                           shard_key: str | None = None) -> SendResult:
+        queue = await self._choose_queue(message.topic, queue_id, shard_key)
+        uniq = message.properties.get(PROPERTY_UNIQ_KEY) or self.keys.next()
+        entry = {"topic": message.topic, "queueId": queue, "flag": message.flag, "bodySize": len(message.body),
+                 "bornTimestamp": int(time.time() * 1000), "properties": message.wire_properties(uniq)}
+        for attempt in range(self.retries + 1):
+            try:
+                result = await self._coalesced(entry, message.body)
+            except SendError as e:
+                if e.status != "TIMEOUT" or attempt == self.retries:
+                    raise
+                continue
+            status = result["status"]
+            if status in protocol.STORED_STATUSES:
+                return SendResult(status, result["msgId"], result["offsetMsgId"], result["queueId"],
+                                  result["queueOffset"], message.topic)
+            if status not in protocol.RETRIABLE_STATUSES or attempt == self.retries:
+                raise SendError(status, result.get("remark", ""))
+            await asyncio.sleep(_backoff(attempt))
+        raise AssertionError("unreachable")
+
+    async def send_oneway(self, topic: str, body: bytes | str, *, queue_id: int | None = None, **kwargs) -> None:
+        """Fire and forget: no reply is sent or awaited."""
+        message = Message(topic, _bytes(body), kwargs.get("tags"), kwargs.get("keys"),
+                          dict(kwargs.get("properties") or {}), kwargs.get("delay_level", 0))
+        queue = await self._choose_queue(topic, queue_id, kwargs.get("shard_key"))
+        header = {"code": protocol.SEND_MESSAGE, "oneway": True, "topic": topic, "queueId": queue,
+                  "bornTimestamp": int(time.time() * 1000), "properties": message.wire_properties(self.keys.next())}
+        await self.start()
+        await self.socket.send_multipart(protocol.encode_request(header, message.body))
+
+    async def send_batch(self, topic: str, messages: list[Message | bytes | str], *, queue_id: int | None = None,
+                         shard_key: str | None = None) -> list[SendResult]:
+        """RocketMQ's batch send: one topic, one queue, stored together; a result per message."""
+        items = [m if isinstance(m, Message) else Message(topic, _bytes(m)) for m in messages]
+        queue = await self._choose_queue(topic, queue_id, shard_key)
+        uniq = [m.properties.get(PROPERTY_UNIQ_KEY) or self.keys.next() for m in items]
+        body = protocol.encode_batch_body([(m.body, m.flag, _props_string(m.wire_properties(u)))
+                                           for m, u in zip(items, uniq)])
+        header = {"code": protocol.SEND_BATCH_MESSAGE, "topic": topic, "queueId": queue,
+                  "bornTimestamp": int(time.time() * 1000)}
+        for attempt in range(self.retries + 1):
+            try:
+                reply, _ = await self.request(header, body)
+            except SendError as e:
+                if e.status != "TIMEOUT" or attempt == self.retries:
+                    raise
+                continue
+            status = reply.get("status")
+            if status in protocol.STORED_STATUSES:
+                ids, offsets = reply["msgId"].split(","), reply["offsetMsgId"].split(",")
+                return [SendResult(status, ids[i], offsets[i], reply["queueId"], reply["queueOffset"] + i, topic)
+                        for i in range(len(items))]
+            if status not in protocol.RETRIABLE_STATUSES or attempt == self.retries:
+                raise SendError(status, reply.get("remark", ""))
+            await asyncio.sleep(_backoff(attempt))
+        raise AssertionError("unreachable")
+
+    # -- coalescing -------------------------------------------------------------------------------
+
+    async def _coalesced(self, entry: dict, body: bytes) -> dict:
+        await self.start()
+        future = asyncio.get_running_loop().create_future()
+        self.queued.append((entry, body, future))
+        if len(self.queued) >= self.max_coalesce:
+            self._flush_queued()
+        elif self.flush_handle is None:
+            loop = asyncio.get_running_loop()
+            self.flush_handle = loop.call_later(self.linger, self._flush_queued) if self.linger > 0 else \
+                loop.call_soon(self._flush_queued)
+        return await future
+
+    def _flush_queued(self) -> None:
+        if self.flush_handle is not None:
+            self.flush_handle.cancel()
+            self.flush_handle = None
+        queued, self.queued = self.queued, []
+        if not queued or self.socket is None:
+            return
+        opaque = next(self.opaque)
+        futures = [f for _, _, f in queued]
+        group = asyncio.get_running_loop().create_future()
+        group.add_done_callback(lambda done: _spread(done, futures))
+        self.waiting[opaque] = (group, time.monotonic() + self.timeout)
+        header = {"code": protocol.SEND_MESSAGES, "opaque": opaque, "messages": [e for e, _, _ in queued]}
+        try:
+            self.socket.send_multipart([orjson.dumps(header), b"".join(b for _, b, _ in queued)], zmq.NOBLOCK)
+        except zmq.Again:
+            self.waiting.pop(opaque, None)
+            group.set_exception(SendError("SYSTEM_BUSY", "the connection's send queue is full"))
+
+    # -- replies ----------------------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        while True:
+            frames = await self.socket.recv_multipart()
+            try:
+                header = orjson.loads(frames[0])
+            except orjson.JSONDecodeError:
+                continue
+            waiter = self.waiting.pop(header.get("opaque"), None)
+            if waiter is not None and not waiter[0].done():
+                waiter[0].set_result((header, frames[1] if len(frames) > 1 else None))
+
+    async def _reap(self) -> None:
+        """Time out requests whose reply never came (a node restart, a lost actor)."""
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            for opaque in [o for o, (_, deadline) in self.waiting.items() if deadline < now]:
+                future, _ = self.waiting.pop(opaque)
+                if not future.done():
+                    future.set_exception(SendError("TIMEOUT", f"no reply within {self.timeout} s"))
+
+
+def _spread(group: asyncio.Future, futures: list[asyncio.Future]) -> None:
+    """A SEND_MESSAGES reply (or its failure) to each coalesced send."""
+    if group.cancelled():
+        error = SendError("CLOSED")
+    else:
+        error = group.exception()
+    if error is not None:
+        for f in futures:
+            if not f.done():
+                f.set_exception(error)
+        return
+    header, _ = group.result()
+    results = header.get("results")
+    if not isinstance(results, list) or len(results) != len(futures):
+        results = [{"status": header.get("status", "SYSTEM_ERROR"), "remark": header.get("remark", "")}] * len(futures)
+    for f, result in zip(futures, results):
+        if not f.done():
+            f.set_result(result)
+
+
+class Producer:
+    """The blocking producer: an AsyncProducer on a private event-loop thread. Thread-safe."""
+
+    def __init__(self, endpoint: str, **options):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="mqnode-producer", daemon=True)
+        self.thread.start()
+        self.inner = self._call(self._make(endpoint, options))
+
+    async def _make(self, endpoint: str, options: dict) -> AsyncProducer:
+        return await AsyncProducer(endpoint, context=zmq.asyncio.Context(), **options).start()
+
+    def _call(self, coroutine, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def send(self, topic: str, body: bytes | str, **kwargs) -> SendResult:
+        return self._call(self.inner.send(topic, body, **kwargs))
+
+    def send_async(self, topic: str, body: bytes | str, **kwargs) -> concurrent.futures.Future:
+        return self._call_async(self.inner.send(topic, body, **kwargs))
+
+    def _call_async(self, coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def send_oneway(self, topic: str, body: bytes | str, **kwargs) -> None:
+        self._call(self.inner.send_oneway(topic, body, **kwargs))
+
+    def send_batch(self, topic: str, messages: list, **kwargs) -> list[SendResult]:
+        return self._call(self.inner.send_batch(topic, messages, **kwargs))
+
+    def request(self, header: dict, body: bytes | None = None) -> tuple[dict, bytes | None]:
+        return self._call(self.inner.request(header, body))
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self._call(self.inner.close())
+            context = self.inner.context
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+            context.term()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds before retrying a SYSTEM_BUSY send: 10, 40, 160 ms, ..."""
+    return 0.01 * 4 ** attempt
+
+
+def _bytes(body: bytes | str) -> bytes:
+    return body.encode("utf-8") if isinstance(body, str) else bytes(body)
+
+
+def _props_string(props: dict[str, str]) -> str:
+    return "\x02".join(f"{k}\x01{v}" for k, v in props.items())

@@ -23,7 +23,6 @@ over the records appended since, re-read from the log.
 
 from __future__ import annotations
 
-import struct
 import time
 
 import orjson
@@ -33,8 +32,6 @@ from actors.base import Actor, pack_replies, socket
 from actors.ingress import RequestBatcher, group_from_wire
 from node import sendcore
 from shm.codec import (
-    BLANK_MAGIC,
-    MESSAGE_MAGIC,
     TRANSACTION_COMMIT,
     TRANSACTION_MASK,
     TRANSACTION_NOT,
@@ -49,20 +46,6 @@ from shm.control_block import (
 from shm.mapped_file import AllocationFailed, StoreError
 
 MAX_GROUPS = 64  # groups appended per turn before replies are flushed out
-_HEADER = struct.Struct(">ii")
-
-
-def _chain_end(buf, position: int, limit: int) -> int:
-    """End of the run of record-shaped entries (message or blank headers) from `position`."""
-    for _ in range(limit // 8 + 1):  # each step moves forward by at least 8 bytes
-        if limit - position < 8:
-            return limit
-        size, magic = _HEADER.unpack_from(buf, position)
-        if magic not in (MESSAGE_MAGIC, BLANK_MAGIC) or size < 8:
-            return position
-        position = min(limit, position + size)
-    return limit
-
 
 class Writer(Actor):
     name = "writer"
@@ -82,7 +65,8 @@ class Writer(Actor):
         self.log.segments.load()
         written = self.control.get("written")
         if self.control.get("writer_generation") == self.control.get("generation"):
-            self.scrubbed = self._scrub_stale_tail(written)  # Ray restarted us mid-run
+            # Ray restarted us mid-run: what the predecessor appended past `written` must go
+            self.scrubbed = self.log.discard_after(written, delete_later=True)
         self.control.set("writer_generation", self.control.get("generation"))
         self.log.segments.resume_at(written)
         self.log.queue_offsets = self._queue_offsets(written)
@@ -101,23 +85,6 @@ class Writer(Actor):
         self.replies.connect(self.endpoints["replies"])
         self.waits = socket(self.context, zmq.PUSH, hwm=100000)
         self.waits.connect(self.endpoints["flush"])
-
-    def _scrub_stale_tail(self, written: int) -> int:
-        """Zero what a killed predecessor appended past the published end (acked or not, it was
-        never readable), and delete later segments. Otherwise new records could end exactly where
-        stale, valid-looking ones begin, and a later recovery would bring those back. Returns
-        the bytes zeroed."""
-        zeroed = 0
-        for segment in list(self.log.segments.files):
-            if segment.offset_start > written or (segment.offset_start == written and written > 0):
-                segment.destroy()
-                self.log.segments.files.remove(segment)
-            elif segment.offset_start <= written < segment.offset_end:
-                start = written - segment.offset_start
-                end = _chain_end(segment.map, start, segment.size)
-                segment.zero(start, min(segment.size, end + 4096))
-                zeroed += min(segment.size, end + 4096) - start
-        return zeroed
 
     def _queue_offsets(self, written: int) -> dict[str, int]:
         """Recovery's table, advanced over what was appended since start-up (a restarted writer)."""
@@ -224,8 +191,9 @@ class Writer(Actor):
 
     def _failed(self, batch, status: str, remark: str):
         self.put_failed += len(batch)
-        # a failed append may have closed a segment with a blank and moved on; nothing of this
-        # batch was published, so the written counter still marks the end of the log.
+        # a failed append may have placed part of the batch and closed a segment with a blank;
+        # nothing of it was published, so it is zeroed and the log resumes at its end.
+        self.scrubbed += self.log.discard_after(self.end, delete_later=False)
         self.log.segments.resume_at(self.end)
         return status, remark, None
 

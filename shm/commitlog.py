@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shm.codec import (
+    BLANK_MAGIC,
     END_FILE_MIN_BLANK_LENGTH,
     MESSAGE_MAGIC,
     Blank,
@@ -155,6 +156,25 @@ class CommitLog:
         self.check_positions()
         return flushed
 
+    def discard_after(self, offset: int, *, delete_later: bool) -> int:
+        """Zero the records (and blank) a writer placed past `offset` without publishing them: a
+        failed append, or a killed predecessor. Left in place, new records could end exactly where
+        a stale, valid-looking one begins, and a later recovery would bring it back. Later
+        segments are deleted when asked (a restart), else kept (the allocator may have made them,
+        empty). Returns the bytes zeroed."""
+        zeroed = 0
+        for segment in list(self.segments.files):
+            if segment.offset_start > offset or (segment.offset_start == offset and offset > 0):
+                if delete_later:
+                    segment.destroy()
+                    self.segments.files.remove(segment)
+            elif offset < segment.offset_end:
+                start = offset - segment.offset_start
+                end = min(segment.size, _record_run_end(segment.map, start, segment.size) + 4096)
+                segment.zero(start, end)
+                zeroed += end - start
+        return zeroed
+
     def truncate(self, offset: int) -> list[str]:
         """Cut the log at `offset` (recovery): later segments are deleted."""
         return self.segments.truncate(offset)
@@ -200,6 +220,18 @@ class CommitLog:
 
     def close(self) -> None:
         self.segments.close()
+
+
+def _record_run_end(buf, position: int, limit: int) -> int:
+    """End of the run of record-shaped entries (message or blank headers) from `position`."""
+    for _ in range(limit // 8 + 1):  # each step moves forward by at least 8 bytes
+        if limit - position < 8:
+            return limit
+        size, magic = _HEADER.unpack_from(buf, position)
+        if magic not in (MESSAGE_MAGIC, BLANK_MAGIC) or size < 8:
+            return position
+        position = min(limit, position + size)
+    return limit
 
 
 def _globalise(item, start: int):

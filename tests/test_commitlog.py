@@ -170,3 +170,28 @@ def test_readonly_reader_in_another_process_sees_appends(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "commitlog")], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "300"
+
+
+def test_records_placed_past_the_published_end_are_discarded(tmp_path):
+    """A failed append or a killed writer leaves records past `written`: discard_after zeroes
+    them, so new records that happen to end where a stale one began cannot revive it."""
+    from helpers import message
+
+    from shm.codec import EncodedBatch
+
+    log = CommitLog(tmp_path / "commitlog", 64 * 1024)
+    first = EncodedBatch()
+    for i in range(5):
+        first.add(message(i, size=100))
+    end = log.append_batch(first, 1795000000000).offset_written
+    stale = EncodedBatch()
+    for i in range(5, 400):  # rolls into a second segment
+        stale.add(message(i, size=300))
+    log.append_batch(stale, 1795000000001)
+    assert len(log.segments.files) >= 2
+    zeroed = log.discard_after(end, delete_later=True)
+    segment = log.segments.files[0]
+    assert zeroed >= segment.size - end - 4096 and not segment.map[end:].strip(b"\0")
+    assert [f.name for f in (tmp_path / "commitlog").iterdir()] == ["00000000000000000000"]
+    log.segments.resume_at(end)
+    assert sum(1 for _ in log.iterate(0)) == 5

@@ -32,6 +32,7 @@ from shm.mapped_file import file_name
 
 PAGE = 4096
 GROUP_COMMIT_WAKE_MS = 10
+CHECKPOINT_FORCE_S = 1.0
 MAX_WAITING = 1_000_000  # sends held for the disk; beyond this the oldest are timed out early
 
 
@@ -54,6 +55,7 @@ class Flush(Actor):
         now = time.monotonic()
         self.next_flush = now + s.flushIntervalCommitLog / 1000
         self.next_thorough = now + s.flushCommitLogThoroughInterval / 1000
+        self.next_checkpoint_force = now
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -109,7 +111,13 @@ class Flush(Actor):
         self.control.advance("flushed", written)
         self.control.advance("committed", max(written, self.control.get("committed")))
         if store_timestamp > 0:
-            self.checkpoint.flush_physic(store_timestamp)
+            # one msync of the checkpoint a second, not one per group commit (RocketMQ forces it
+            # from its ConsumeQueue flush, also about once a second)
+            now = time.monotonic()
+            force = now >= self.next_checkpoint_force
+            if force:
+                self.next_checkpoint_force = now + CHECKPOINT_FORCE_S
+            self.checkpoint.flush_physic(store_timestamp, force=force)
         self._forget_segments_below(start)
         return written
 
@@ -155,6 +163,8 @@ class Flush(Actor):
         for wait in list(self.waiting):
             self._time_out(wait)
         self.waiting.clear()
+        if self.checkpoint.physic_timestamp:
+            self.checkpoint.flush_physic(self.checkpoint.physic_timestamp)
 
     def statistics(self) -> dict:
         return super().statistics() | {

@@ -50,9 +50,14 @@ class Checkpoint:
 
     # Each field has its own writer on a running node (physic: flush actor; logics and index:
     # the dispatcher), so each is published alone, never from a stale copy of the others.
-    def flush_physic(self, timestamp: int) -> None:
+    def flush_physic(self, timestamp: int, *, force: bool = True) -> None:
+        """`force=False` only publishes to the mapping (durable at the next force or writeback):
+        the value still lags the data, which is all recovery needs."""
         self.physic_timestamp = max(self.physic_timestamp, timestamp)
-        self._force(0, self.physic_timestamp)
+        if force:
+            self._force(0, self.physic_timestamp)
+        else:
+            _ONE.pack_into(self.map, 0, self.physic_timestamp)
 
     def flush_logics(self, timestamp: int) -> None:
         self.logics_timestamp = max(self.logics_timestamp, timestamp)

@@ -161,7 +161,6 @@ class Pull(Actor):
         stamp = header.get("timestamp")
         if not isinstance(stamp, int):
             raise protocol.ProtocolError("timestamp must be an integer (ms)")
-        view.queue.offset_min_logical = view.min_offset * 20
 
         def store_time(phy: int, size: int) -> int | None:
             raw = self.reader.record_bytes(phy, size)

@@ -4,8 +4,21 @@
 `node.consumer`; both speak `docs/protocol.md`.
 """
 
-from node.consumer import AsyncPullConsumer, PullConsumer, PullResult, ReceivedMessage, decode_messages
-from node.producer import AsyncProducer, Message, Producer, SendError, SendResult, UniqKeys
+from node.consumer import (
+           AsyncPullConsumer,
+           PullConsumer,
+           PullResult,
+           ReceivedMessage,
+           decode_messages,
+)
+from node.producer import (
+           AsyncProducer,
+           Message,
+           Producer,
+           SendError,
+           SendResult,
+           UniqKeys,
+)
 
 __all__ = ["AsyncProducer", "AsyncPullConsumer", "Message", "Producer", "PullConsumer", "PullResult",
            "ReceivedMessage", "SendError", "SendResult", "UniqKeys", "decode_messages"]

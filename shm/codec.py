@@ -545,15 +545,11 @@ def _check_fields(buf, pos: int, size: int, magic: int, sys_flag: int, check_crc
 
 
 
-# What the dispatcher needs of a record, as a plain tuple (building objects costs more than the
-# decode): (TOTALSIZE, queueId, queueOffset, physicalOffset, sysFlag, storeTimestamp, topic,
-# properties string).
-DispatchFields = tuple
-
-
-def dispatch_fields(buf, pos: int, limit: int) -> DispatchFields | Blank | Corruption:
+def dispatch_fields(buf, pos: int, limit: int) -> tuple | Blank | Corruption:
     """The reput dispatcher's decode: sizes checked, body neither copied nor CRC-checked (as
-    RocketMQ's reput reads with checkCRC=false)."""
+    RocketMQ's reput reads with checkCRC=false). A plain tuple, since building objects costs more
+    than the decode: (TOTALSIZE, queueId, queueOffset, physicalOffset, sysFlag, storeTimestamp,
+    topic, properties string)."""
     head = _check_head(buf, pos, limit)
     if not isinstance(head, tuple):
         return head

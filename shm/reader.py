@@ -65,6 +65,7 @@ class QueueView:
                 return
             for segment in files.files:
                 segment.position_written = min(segment.size, max(0, self.end - segment.offset_start))
+            self.queue.offset_min_logical = files.files[0].offset_start  # bounds entry() and offset_by_time
         self.end = max(self.end, files.files[0].offset_start)
         for segment in files.files:
             if segment.offset_end <= self.end:

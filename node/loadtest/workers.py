@@ -1,0 +1,287 @@
+"""The load generators: producer and consumer processes (spawned by `run`), each one asyncio loop.
+
+Each worker reports cumulative figures to the coordinator every `interval` over a
+multiprocessing queue, and appends per-message records (with `--verify`). Every loop is bounded:
+producers by count, duration and the stop event; consumers by the queues' end once producing is
+done, the drain timeout, and the abort event. A send is never repeated after a timeout (the
+first may have been stored, and a repeat would be a duplicate the verifier must not excuse);
+statuses that say "not stored, try again" (SYSTEM_BUSY) are retried with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter
+from pathlib import Path
+
+import zmq
+
+from node import protocol
+from node.client import AsyncProducer, AsyncPullConsumer, Message, SendError
+from node.loadtest import payload, records
+from node.loadtest.histogram import LogHistogram
+from node.loadtest.params import RunParams, SizeSpec
+
+RETRY_ATTEMPTS = 6          # SYSTEM_BUSY retries of one send before it counts as refused
+PULL_BATCH = 32             # messages per pull (RocketMQ's default maxMsgNums)
+SUSPEND_MS = 500            # long-poll hold of an empty pull
+MAX_START_WAIT = 60.0       # seconds a worker waits for the node to answer at start
+MAX_CATCH_UP = 1.0          # seconds a paced producer may fall behind before it stops catching up
+
+
+def producer_main(params: dict, run_id: int, index: int, records_dir: str | None, reports, stop) -> None:
+    worker = ProducerWorker(RunParams(**params), run_id, index, records_dir, reports, stop)
+    asyncio.run(worker.run())
+
+
+def consumer_main(params: dict, run_id: int, index: int, records_dir: str | None, reports, events,
+                  starts: dict[int, int]) -> None:
+    worker = ConsumerWorker(RunParams(**params), run_id, index, records_dir, reports, events, starts)
+    asyncio.run(worker.run())
+
+
+class _Reporting:
+    """What both workers share: counters, the report loop, the record file."""
+
+    role = ""
+
+    def __init__(self, params: RunParams, index: int, records_dir: str | None, reports, dtype, kind: str):
+        self.params = params
+        self.index = index
+        self.reports = reports
+        self.messages = 0
+        self.bytes = 0
+        self.errors: Counter[str] = Counter()
+        self.began: float | None = None
+        self.ended: float | None = None
+        self.records = records.RecordWriter(Path(records_dir) / f"{kind}-{index}.bin", dtype) if records_dir else None
+
+    def report(self, done: bool = False) -> None:
+        if self.records:
+            self.records.flush()
+        self.reports.put({"role": self.role, "index": self.index, "t": time.time(), "messages": self.messages,
+                          "bytes": self.bytes, "errors": dict(self.errors), "began": self.began,
+                          "ended": self.ended, "done": done, **self.extra()})
+
+    def extra(self) -> dict:
+        return {}
+
+    async def report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.params.interval)
+            self.poll_events()
+            self.report()
+
+    def poll_events(self) -> None:
+        pass
+
+
+async def _wait_for_node(ask):
+    """Call `ask()` until the node answers (it may be restarting under --chaos), bounded."""
+    deadline = time.monotonic() + MAX_START_WAIT
+    while True:
+        try:
+            return await ask()
+        except (SendError, zmq.ZMQError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+class ProducerWorker(_Reporting):
+    role = "producer"
+
+    def __init__(self, params: RunParams, run_id: int, index: int, records_dir: str | None, reports, stop):
+        super().__init__(params, index, records_dir, reports, records.SENT, "sent")
+        self.run_id = run_id
+        self.stop = stop
+        self.stopped = False
+        share, extra = divmod(params.count, params.producers) if params.count else (None, 0)
+        self.share = None if share is None else share + (1 if index < extra else 0)
+        self.rate = params.rate / params.producers
+        sizes = SizeSpec.parse(params.size)
+        self.size = sizes.sampler(params.seed * 1000 + index)
+        self.filler = payload.Filler(params.seed * 1000 + index, sizes.largest)
+        self.tags = itertools.cycle(params.tags.split(",")) if params.tags else itertools.repeat(None)
+        self.outcomes = [0, 0, 0, 0]
+        self.ack = LogHistogram()
+
+    def extra(self) -> dict:
+        return {"outcomes": self.outcomes, "ack": self.ack.to_sparse()}
+
+    def poll_events(self) -> None:
+        self.stopped = self.stopped or self.stop.is_set()
+
+    async def run(self) -> None:
+        p = self.params
+        async with AsyncProducer(p.endpoint, linger_ms=p.linger_ms, timeout=p.send_timeout, retries=0) as producer:
+            queues = await _wait_for_node(lambda: producer.queue_count(p.topic))
+            reporter = asyncio.create_task(self.report_loop())
+            in_flight = asyncio.Semaphore(p.concurrency)
+            tasks: set[asyncio.Task] = set()
+            self.began = time.time()
+            deadline = time.monotonic() + p.duration if p.duration else None
+            sent, unit = 0, 0
+            paced_from, paced_sent = self.began, 0
+            while not self.stopped and (self.share is None or sent < self.share):
+                if deadline and time.monotonic() >= deadline:
+                    break
+                if self.rate:
+                    delay = paced_from + (sent - paced_sent) / self.rate - time.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    elif delay < -MAX_CATCH_UP:  # the node was away: carry on at the rate, no burst
+                        paced_from, paced_sent = time.time(), sent
+                await in_flight.acquire()
+                count = p.batch if self.share is None else min(p.batch, self.share - sent)
+                task = asyncio.create_task(self._send(producer, range(sent, sent + count), (self.index + unit) % queues))
+                tasks.add(task)
+                task.add_done_callback(lambda t: (tasks.discard(t), in_flight.release()))
+                sent += count
+                unit += 1
+            if tasks:
+                await asyncio.wait(tasks, timeout=RETRY_ATTEMPTS * (p.send_timeout + 1))
+            self.ended = time.time()
+            reporter.cancel()
+        self.report(done=True)
+        if self.records:
+            self.records.close()
+
+    def _message(self, seq: int) -> Message:
+        body = payload.make(self.run_id, self.index, seq, time.time_ns(), self.size(), self.filler)
+        keys = f"lt-{self.index}-{seq}" if self.params.keys else None
+        return Message(self.params.topic, body, next(self.tags), keys)
+
+    async def _send(self, producer: AsyncProducer, seqs: range, queue: int) -> None:
+        messages = [self._message(seq) for seq in seqs]
+        status = "TIMEOUT"
+        for attempt in range(RETRY_ATTEMPTS):
+            began = time.perf_counter()
+            try:
+                if len(messages) == 1:
+                    results = [await producer.send_message(messages[0], queue_id=queue)]
+                else:
+                    results = await producer.send_batch(self.params.topic, messages, queue_id=queue)
+            except SendError as e:
+                status = e.status
+                self.errors[status] += len(messages)
+                if status in protocol.RETRIABLE_STATUSES and attempt + 1 < RETRY_ATTEMPTS:
+                    await asyncio.sleep(0.01 * 2 ** attempt)
+                    continue
+                break
+            except zmq.ZMQError as e:
+                status = f"ZMQ:{e.errno}"
+                self.errors[status] += len(messages)
+                break
+            self._acked(messages, seqs, results, (time.perf_counter() - began) * 1e6)
+            return
+        outcome = records.UNKNOWN if status == "TIMEOUT" or status.startswith("ZMQ") else records.REFUSED
+        self.outcomes[outcome] += len(messages)
+        if self.records:
+            for m, seq in zip(messages, seqs):
+                self.records.add((self.index, seq, -1, -1, len(m.body), outcome))
+        if outcome == records.UNKNOWN:  # the node may be down: do not spin
+            await asyncio.sleep(0.05)
+
+    def _acked(self, messages: list[Message], seqs: range, results, micros: float) -> None:
+        for m, seq, r in zip(messages, seqs, results):
+            outcome = records.ACKED if r.status == "PUT_OK" else records.STORED
+            self.outcomes[outcome] += 1
+            self.messages += 1
+            self.bytes += len(m.body)
+            self.ack.add(micros)
+            if self.records:
+                self.records.add((self.index, seq, r.queue_id, r.queue_offset, len(m.body), outcome))
+            if r.status != "PUT_OK":
+                self.errors[r.status] += 1
+
+
+class ConsumerWorker(_Reporting):
+    """Follows its share of the queues from the run's start offsets with long polling; once the
+    producers are done, reads each queue up to its end at that moment, then stops."""
+
+    role = "consumer"
+
+    def __init__(self, params: RunParams, run_id: int, index: int, records_dir: str | None, reports, events,
+                 starts: dict[int, int]):
+        super().__init__(params, index, records_dir, reports, records.CONSUMED, "consumed")
+        self.run_id = run_id
+        self.produced, self.abort = events
+        self.starts = {int(q): o for q, o in starts.items()}
+        self.offsets = dict(self.starts)
+        self.producing_done = False
+        self.aborted = False
+        self.drain_deadline: float | None = None
+        self.e2e = LogHistogram()
+        self.foreign = 0
+        self.unfinished: list[int] = []
+
+    def extra(self) -> dict:
+        return {"e2e": self.e2e.to_sparse(), "foreign": self.foreign, "unfinished": self.unfinished,
+                "position": sum(self.offsets.values()) - sum(self.starts.values())}
+
+    def poll_events(self) -> None:
+        self.aborted = self.aborted or self.abort.is_set()
+        if not self.producing_done and self.produced.is_set():
+            self.producing_done = True
+            self.drain_deadline = time.monotonic() + self.params.drain_timeout
+
+    async def run(self) -> None:
+        reporter = asyncio.create_task(self.report_loop())
+        if self.params.backlog:  # consume what was produced, after it was produced
+            while not (self.producing_done or self.aborted):
+                await asyncio.sleep(0.05)
+                self.poll_events()
+        async with AsyncPullConsumer(self.params.endpoint, timeout=self.params.send_timeout) as consumer:
+            done = await asyncio.gather(*[self._follow(consumer, q) for q in self.starts])
+        self.unfinished = [q for q, finished in zip(self.starts, done) if not finished]
+        reporter.cancel()
+        self.report(done=True)
+        if self.records:
+            self.records.close()
+
+    async def _follow(self, consumer: AsyncPullConsumer, queue: int) -> bool:
+        """Pull one queue until it is read to its end after producing ended; False if cut short."""
+        topic, target = self.params.topic, None
+        while not self.aborted:
+            if self.producing_done and target is None:
+                target = await _wait_for_node(lambda: consumer.max_offset(topic, queue))
+            if target is not None and self.offsets[queue] >= target:
+                return True
+            if self.drain_deadline and time.monotonic() > self.drain_deadline:
+                return False
+            try:
+                result = await consumer.pull(topic, queue, self.offsets[queue], max_count=PULL_BATCH,
+                                             suspend_ms=SUSPEND_MS)
+            except (SendError, zmq.ZMQError) as e:
+                self.errors[getattr(e, "status", "ZMQ")] += 1
+                await asyncio.sleep(0.05)
+                continue
+            if result.status == "OFFSET_ILLEGAL":
+                self.errors["OFFSET_ILLEGAL"] += 1
+            self._received(result.messages)
+            self.offsets[queue] = result.next_begin_offset
+        return False
+
+    def _received(self, messages) -> None:
+        now_ns = time.time_ns()
+        if messages:  # the consume rate runs from the first message to the last
+            self.ended = time.time()
+            self.began = self.began or self.ended
+        for m in messages:
+            parsed = payload.read(m.body)
+            self.messages += 1
+            self.bytes += len(m.body)
+            if parsed is not None and parsed.run_id != self.run_id:
+                self.foreign += 1
+                continue
+            if parsed is None:
+                row = (records.UNREADABLE, m.queue_offset, m.queue_id, m.queue_offset, len(m.body), 0, self.index)
+            else:
+                self.e2e.add((now_ns - parsed.send_ns) / 1000)
+                row = (parsed.producer, parsed.seq, m.queue_id, m.queue_offset, len(m.body), parsed.intact,
+                       self.index)
+            if self.records:
+                self.records.add(row)

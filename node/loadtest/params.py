@@ -43,6 +43,7 @@ class RunParams:
     chaos_interval: tuple[float, float] = (2.0, 5.0)
     seed: int = 1
     output: str | None = None
+    profile: bool = False            # py-spy every actor and worker (see profile.py)
     interval: float = 0.5            # seconds between progress samples
 
     def validate(self) -> None:
@@ -92,7 +93,7 @@ PRESETS: dict[str, dict] = {
     "async-single": dict(flush="ASYNC_FLUSH", producers=2, consumers=0, batch=1, concurrency=512, count=200_000),
     "sync-flush": dict(flush="SYNC_FLUSH", producers=2, consumers=0, batch=1, concurrency=64, count=100_000),
     "consume-backlog": dict(flush="ASYNC_FLUSH", producers=2, consumers=1, batch=128, concurrency=2,
-                            count=1_000_000, backlog=True),
+                            count=1_000_000, backlog=True, drain_timeout=600.0),
     "latency": dict(flush="ASYNC_FLUSH", producers=1, consumers=1, batch=1, concurrency=64, rate=1000,
                     linger_ms=0.0, duration=20.0),
     "mixed": dict(flush="ASYNC_FLUSH", producers=2, consumers=2, batch=1, concurrency=256, rate=10_000,

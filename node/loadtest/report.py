@@ -64,6 +64,15 @@ def print_summary(results: dict, console: Console) -> None:
     for name, value in summary_rows(results):
         table.add_row(name, value)
     console.print(table)
+    if results.get("profile"):
+        profile = Table(title="where the time goes (py-spy, CPU seconds sampled, top functions by self time)")
+        profile.add_column("process", style="bold")
+        profile.add_column("CPU s", justify="right")
+        profile.add_column("top functions")
+        for label, p in results["profile"].items():
+            top = ", ".join(f"{t['function']} {100 * t['share']:.0f}%" for t in p["top"][:3]) or p.get("error", "")
+            profile.add_row(label, f"{p['samples'] / 100:.1f}", top)
+        console.print(profile)
 
 
 def write_all(results: dict, output: Path) -> None:
@@ -157,6 +166,14 @@ def render_html(results: dict, output: Path) -> str:
                         + (f", back after {ev['recoveredAfter']:.1f} s" if "recoveredAfter" in ev else f": {e(ev.get('error', ''))}")
                         + "</li>" for ev in results["chaos"])
         chaos = f"<h2>Chaos</h2><ul>{items or '<li>no strikes</li>'}</ul>"
+    profile = ""
+    if results.get("profile"):
+        blocks = ""
+        for label, p in results["profile"].items():
+            items = "".join(f"<tr><td>{100 * t['share']:.1f}%</td><td><code>{e(t['function'])}</code></td></tr>" for t in p["top"])
+            note = e(p.get("error", "")) or f"{p['samples'] / 100:.1f} CPU seconds sampled"
+            blocks += f"<div><h3>{e(label)}</h3><p>{note}</p><table>{items}</table></div>"
+        profile = f'<h2>Where the time goes (py-spy, self time)</h2><div class="grid">{blocks}</div>'
     title = f"mqnode loadtest: {params.get('scenario') or 'custom run'}"
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{e(title)}</title>
@@ -172,5 +189,6 @@ figure {{ margin: 0; }} figcaption {{ color: #666; font-size: 90%; }}
 <div class="cols"><div><h2>Figures</h2><table>{rows}</table></div><div><h2>Parameters</h2><table>{settings}</table></div></div>
 {verify}{chaos}
 <div class="grid">{images}</div>
+{profile}
 </body></html>
 """

@@ -31,6 +31,7 @@ from node.loadtest import records, report, verify
 from node.loadtest.chaos import Chaos
 from node.loadtest.monitor import NodeMonitor
 from node.loadtest.params import PRESETS, RunParams
+from node.loadtest.profile import Profiler
 from node.loadtest.progress import Progress
 from node.loadtest.workers import consumer_main, producer_main
 from shm import settings as settings_module
@@ -69,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kill -9 an actor or the whole node at random instants and restart it")
     p.add_argument("--chaos-interval", dest="chaos_interval", metavar="MIN,MAX",
                    help="seconds between chaos strikes, drawn uniformly (default 2,5)")
+    p.add_argument("--profile", action="store_true", default=None,
+                   help="py-spy every actor of a node the run starts and every worker; top functions in the report")
     p.add_argument("--seed", type=int, help="seed of sizes, fillers and the chaos schedule (default 1)")
     p.add_argument("--output", help="folder for results.json, plots, report.html (default results/<time>-<scenario>)")
     p.add_argument("--interval", type=float, help="seconds between progress samples (default 0.5)")
@@ -132,6 +135,8 @@ class Run:
         self.progress = Progress(params.producers, params.consumers)
         self.monitor = NodeMonitor(node.process.pid) if node else NodeMonitor.for_endpoint(params.endpoint)
         self.chaos: Chaos | None = None
+        self.profiler = Profiler(output / "profiles") if params.profile else None
+        self.workers: list = []
 
     def execute(self) -> dict:
         p = self.params
@@ -148,7 +153,8 @@ class Run:
         producers = [context.Process(target=producer_main, name=f"loadtest-producer-{i}", daemon=True,
                                      args=(config, self.run_id, i, records_dir, reports, stop))
                      for i in range(p.producers)]
-        for worker in consumers + producers:
+        self.workers = consumers + producers
+        for worker in self.workers:
             worker.start()
         self.monitor.sample()
         if p.chaos:
@@ -161,6 +167,8 @@ class Run:
                 self.chaos.stop()
             self._drain(reports)
             self._reap(producers + consumers)
+            if self.profiler:
+                self.profiler.stop()
         return self._results(starts)
 
     def _watch(self, reports, producers, consumers, stop, produced, abort) -> None:
@@ -207,6 +215,20 @@ class Run:
             self.monitor.root_pid = self.node.process.pid
         cpu, rss = self.monitor.sample()
         self.progress.sample(cpu, rss)
+        if self.profiler and not self.profiler.running and len(self.progress.latest) == len(self.workers):
+            self._attach_profiler()  # now: py-spy cannot attach to a process still starting up
+
+    def _attach_profiler(self) -> None:
+        if self.node:
+            for label in self.node.actor_labels():
+                try:
+                    self.profiler.attach(label, self.node.actor_process(label).pid)
+                except (OSError, ValueError, psutil.Error) as e:
+                    self.profiler.errors[label] = str(e)
+        else:
+            self.profiler.errors["node"] = "the actors are profiled on a node the run starts (no --endpoint)"
+        for w in self.workers:
+            self.profiler.attach(w.name.removeprefix("loadtest-"), w.pid)
 
     def _drain(self, reports, until: float | None = None) -> None:
         while True:
@@ -275,6 +297,7 @@ class Run:
                            "e2e": self.progress.histogram("consumer", "e2e").to_sparse()},
             "verify": verdict.to_json() if verdict else None,
             "chaos": self.chaos.events if self.chaos else None,
+            "profile": self.profiler.summary() if self.profiler else None,
             "failures": self.failures,
         }
 

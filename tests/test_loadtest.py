@@ -257,17 +257,17 @@ def _left_behind(marker: str) -> list[int]:
 
 @pytest.mark.slow
 def test_sync_flush_preset_starts_and_stops_its_own_node(tmp_path):
-    done, results = loadtest("--scenario", "sync-flush", "--count", "2000", "--consumers", "1", "--verify",
+    done, results = loadtest("--scenario", "sync-flush", "--count", "10000", "--consumers", "1", "--verify",
                              "--profile", "--output", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert results["node"]["started"] and results["params"]["flush"] == "SYNC_FLUSH"
-    assert results["verify"]["ok"] and results["summary"]["produced"] == 2000
+    assert results["verify"]["ok"] and results["summary"]["produced"] == 10000
     assert b"mqnode ready" in (tmp_path / "node.log").read_bytes()
     assert not _left_behind("mqnode-loadtest-")
     profile = results["profile"]  # py-spy on every actor and worker; one that cannot attach says why
     assert {"writer", "front", "flush", "dispatcher", "producer-0", "consumer-0"} <= set(profile)
-    assert all(p["samples"] > 0 or p.get("error") for p in profile.values()), profile
-    assert "where the time goes" in (tmp_path / "report.html").read_text()
+    assert profile["writer"]["samples"] > 0 and profile["writer"]["top"], profile["writer"]
+    assert "where the time goes" in (tmp_path / "report.html").read_text().lower()
 
 
 @pytest.mark.slow

@@ -29,8 +29,8 @@ def clean_run(producers: int = 2, per_producer: int = 100, queues: int = 4):
     for seq in range(per_producer):
         for p in range(producers):
             q = (p + seq) % queues
-            sent.append((p, seq, q, next_offset[q], 100, records.ACKED))
-            consumed.append((p, seq, q, next_offset[q], 100, 1, q % 2))
+            sent.append((p, seq, 0, q, next_offset[q], 100, records.ACKED))
+            consumed.append((p, seq, 0, q, next_offset[q], 100, 1, q % 2))
             next_offset[q] += 1
     return np.array(sent, records.SENT), np.array(consumed, records.CONSUMED)
 
@@ -77,7 +77,13 @@ def _reorder(s, c):
 
 
 def _phantom(s, c):
-    return s, np.append(c, np.array([(7, 99, 1, 9999, 100, 1, 1)], records.CONSUMED))
+    return s, np.append(c, np.array([(7, 99, 0, 1, 9999, 100, 1, 1)], records.CONSUMED))
+
+
+def _other_topic(s, c):
+    c = c.copy()
+    c["topic"][60] = 1  # same queue and offset, but of another topic
+    return s, c
 
 
 def _refused_yet_delivered(s, c):
@@ -94,7 +100,7 @@ def _resized(s, c):
 
 @pytest.mark.parametrize("breakage, kind", [
     (_drop, "lost"), (_duplicate, "duplicate"), (_corrupt, "corrupt"), (_unreadable, "corrupt"),
-    (_misplace, "misplaced"), (_reorder, "out-of-order"), (_phantom, "phantom"),
+    (_misplace, "misplaced"), (_other_topic, "misplaced"), (_reorder, "out-of-order"), (_phantom, "phantom"),
     (_refused_yet_delivered, "phantom"), (_resized, "corrupt-size"),
 ])
 def test_verify_fails_a_broken_run(breakage, kind):
@@ -204,7 +210,7 @@ SMALL = {
     "async-single": ["--count", "3000"],
     "consume-backlog": ["--count", "4000", "--verify"],
     "latency": ["--duration", "3", "--rate", "300", "--verify"],
-    "mixed": ["--duration", "3", "--rate", "1000", "--verify"],
+    "mixed": ["--duration", "3", "--rate", "1000", "--verify", "--topics", "3"],
 }
 
 
@@ -223,6 +229,8 @@ def test_each_preset_runs_and_reports(scenario, node, tmp_path):
         assert results["verify"]["ok"], results["verify"]
         assert summary["consumed"] == summary["produced"] and summary["e2e"]["count"] == summary["consumed"]
     assert len(results["series"]) >= 2
+    if "--topics" in SMALL[scenario]:
+        assert len(results["startOffsets"]) == 3 * 8
     for name in ("throughput.png", "ack_latency_cdf.png", "e2e_latency_hist.png", "node_resources.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     page = (tmp_path / "report.html").read_text()

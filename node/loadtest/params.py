@@ -21,6 +21,7 @@ class RunParams:
     scenario: str | None = None
     endpoint: str | None = None      # None: start a node on a temporary store
     topic: str = "LoadTest"
+    topics: int = 1                  # > 1: topics <topic>-0 .. <topic>-<N-1>, sends spread over them
     queues: int = 8                  # queues of the topic, on a node the run starts
     producers: int = 1
     consumers: int = 1
@@ -56,6 +57,8 @@ class RunParams:
             problems.append("--batch must be 1..4096")
         if self.concurrency < 1 or self.concurrency > 10_000:
             problems.append("--concurrency must be 1..10000")
+        if self.topics < 1 or self.topics > 256:
+            problems.append("--topics must be 1..256")
         if self.queues < 1 or self.queues > 1024:
             problems.append("--queues must be 1..1024")
         if self.rate < 0:
@@ -76,6 +79,10 @@ class RunParams:
             problems.append(str(e))
         if problems:
             raise ValueError("; ".join(problems))
+
+    @property
+    def topic_names(self) -> list[str]:
+        return [self.topic] if self.topics == 1 else [f"{self.topic}-{i}" for i in range(self.topics)]
 
     def bounded(self) -> RunParams:
         """Every run stops by itself: no count and no duration means 30 seconds."""

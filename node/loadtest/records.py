@@ -20,10 +20,11 @@ REFUSED = 2   # a status that says it was not stored (SYSTEM_BUSY, SERVICE_NOT_A
 UNKNOWN = 3   # no reply (timeout, the node died): stored or not, at most once
 OUTCOMES = {ACKED: "acked", STORED: "stored", REFUSED: "refused", UNKNOWN: "unknown"}
 
-SENT = np.dtype([("producer", "<u4"), ("seq", "<u8"), ("queue", "<i4"), ("offset", "<i8"),
+SENT = np.dtype([("producer", "<u4"), ("seq", "<u8"), ("topic", "<u2"), ("queue", "<i4"), ("offset", "<i8"),
                  ("size", "<u4"), ("outcome", "u1")])
-CONSUMED = np.dtype([("producer", "<u4"), ("seq", "<u8"), ("queue", "<i4"), ("offset", "<i8"),
+CONSUMED = np.dtype([("producer", "<u4"), ("seq", "<u8"), ("topic", "<u2"), ("queue", "<i4"), ("offset", "<i8"),
                      ("size", "<u4"), ("intact", "u1"), ("consumer", "<u2")])
+# `topic` is the index in the run's topic list (RunParams.topic_names).
 UNREADABLE = 0xFFFFFFFF  # CONSUMED.producer of a body whose header could not be read
 
 

@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", choices=sorted(PRESETS), help="a preset of the published figures (flags override it)")
     p.add_argument("--endpoint", help="target a running node (default: start one on a temporary store)")
     p.add_argument("--topic", help="topic to load (default LoadTest); nobody else should write to it")
+    p.add_argument("--topics", type=int, help="spread the load over N topics <topic>-0..N-1 (default 1)")
     p.add_argument("--queues", type=int, help="queues of the topic on a node the run starts (default 8)")
     p.add_argument("--producers", type=int, help="producer processes (default 1)")
     p.add_argument("--consumers", type=int, help="consumer processes, each taking a share of the queues (default 1)")
@@ -111,13 +112,16 @@ def node_settings(params: RunParams, store: Path, run_dir: Path):
     return settings_module.load(None, values)
 
 
-async def _probe(endpoint: str, topic: str) -> dict[int, int]:
-    """Each queue's max offset now: where this run's messages will start."""
+async def _probe(endpoint: str, topics: list[str]) -> dict[tuple[int, int], int]:
+    """Each (topic index, queue)'s max offset now: where this run's messages will start."""
     from node.client import AsyncPullConsumer
 
+    starts = {}
     async with AsyncPullConsumer(endpoint, timeout=10) as consumer:
-        queues = await consumer.client.queue_count(topic)
-        return {q: await consumer.max_offset(topic, q) for q in range(queues)}
+        for t, topic in enumerate(topics):
+            for q in range(await consumer.client.queue_count(topic)):
+                starts[t, q] = await consumer.max_offset(topic, q)
+    return starts
 
 
 class Run:
@@ -140,7 +144,7 @@ class Run:
 
     def execute(self) -> dict:
         p = self.params
-        starts = asyncio.run(_probe(p.endpoint, p.topic))
+        starts = asyncio.run(_probe(p.endpoint, p.topic_names))
         context = multiprocessing.get_context("spawn")
         reports = context.Queue()
         stop, produced, abort = context.Event(), context.Event(), context.Event()
@@ -148,7 +152,8 @@ class Run:
         config = p.to_json()
         consumers = [context.Process(target=consumer_main, name=f"loadtest-consumer-{i}", daemon=True,
                                      args=(config, self.run_id, i, records_dir, reports, (produced, abort),
-                                           {q: o for q, o in starts.items() if q % p.consumers == i}))
+                                           {pair: o for k, (pair, o) in enumerate(starts.items())
+                                            if k % p.consumers == i}))
                      for i in range(p.consumers)]
         producers = [context.Process(target=producer_main, name=f"loadtest-producer-{i}", daemon=True,
                                      args=(config, self.run_id, i, records_dir, reports, stop))
@@ -276,7 +281,7 @@ class Run:
             return "producing: " + ", ".join(bounds)
         return f"draining (up to {p.drain_timeout:.0f} s)"
 
-    def _results(self, starts: dict[int, int]) -> dict:
+    def _results(self, starts: dict[tuple[int, int], int]) -> dict:
         verdict = None
         if self.records_dir:
             verdict = verify.verify(records.load(self.records_dir, "sent"), records.load(self.records_dir, "consumed"))
@@ -292,7 +297,8 @@ class Run:
                         "memory": psutil.virtual_memory().total},
             "node": {"endpoint": self.params.endpoint, "started": self.node is not None,
                      "log": str(self.output / "node.log") if self.node else None},
-            "startOffsets": starts, "summary": summary, "series": self.progress.series,
+            "startOffsets": {f"{self.params.topic_names[t]}:{q}": o for (t, q), o in starts.items()},
+            "summary": summary, "series": self.progress.series,
             "histograms": {"ack": self.progress.histogram("producer", "ack").to_sparse(),
                            "e2e": self.progress.histogram("consumer", "e2e").to_sparse()},
             "verify": verdict.to_json() if verdict else None,

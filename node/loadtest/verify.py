@@ -5,7 +5,7 @@ Findings, each fatal to the run:
 - lost: acknowledged (PUT_OK) and never consumed;
 - duplicate: one id consumed more than once;
 - corrupt: a body whose header or CRC does not check, or whose size differs from the one sent;
-- misplaced: consumed at another (queue, offset) than the node acknowledged;
+- misplaced: consumed at another (topic, queue, offset) than the node acknowledged;
 - out-of-order: a consumer saw a queue's offsets go backwards or repeat;
 - phantom: consumed, but never sent in this run, or sent and refused by the node.
 A send with no reply (UNKNOWN) may be there or not, but at most once; that is counted, not fatal.
@@ -108,7 +108,8 @@ def _phantoms_and_misplaced(verdict: Verdict, sent: np.ndarray, sent_keys: np.nd
                  + ("refused by the node, yet delivered" if bad else "never sent in this run")
                  for r, bad in zip(readable[phantom], refused[phantom])])
     placed = known & ((match["outcome"] == ACKED) | (match["outcome"] == STORED))
-    wrong = placed & ((match["queue"] != readable["queue"]) | (match["offset"] != readable["offset"]))
+    wrong = placed & ((match["topic"] != readable["topic"]) | (match["queue"] != readable["queue"])
+                      | (match["offset"] != readable["offset"]))
     verdict.add("misplaced", int(wrong.sum()),
                 [f"{_name(r)}: acknowledged at queue {int(m['queue'])} offset {int(m['offset'])}, "
                  f"consumed at queue {int(r['queue'])} offset {int(r['offset'])}"
@@ -130,13 +131,14 @@ def _match(sent: np.ndarray, sent_keys: np.ndarray, keys: np.ndarray) -> tuple[n
 
 
 def _order(verdict: Verdict, readable: np.ndarray) -> None:
-    """Within each (consumer, queue) stream, in the order received, offsets must increase."""
+    """Within each (consumer, topic, queue) stream, in the order received, offsets must increase."""
     n = len(readable)
     if n < 2:
         return
-    index = np.lexsort((np.arange(n), readable["queue"], readable["consumer"]))
+    index = np.lexsort((np.arange(n), readable["queue"], readable["topic"], readable["consumer"]))
     rows = readable[index]
-    same = (rows["queue"][1:] == rows["queue"][:-1]) & (rows["consumer"][1:] == rows["consumer"][:-1])
+    same = ((rows["queue"][1:] == rows["queue"][:-1]) & (rows["topic"][1:] == rows["topic"][:-1])
+            & (rows["consumer"][1:] == rows["consumer"][:-1]))
     back = np.flatnonzero(same & (rows["offset"][1:] <= rows["offset"][:-1]))
     verdict.add("out-of-order", len(back),
                 [f"queue {int(rows['queue'][i + 1])}: offset {int(rows['offset'][i + 1])} "

@@ -37,7 +37,7 @@ def producer_main(params: dict, run_id: int, index: int, records_dir: str | None
 
 
 def consumer_main(params: dict, run_id: int, index: int, records_dir: str | None, reports, events,
-                  starts: dict[int, int]) -> None:
+                  starts: dict[tuple[int, int], int]) -> None:
     worker = ConsumerWorker(RunParams(**params), run_id, index, records_dir, reports, events, starts)
     asyncio.run(worker.run())
 
@@ -116,8 +116,9 @@ class ProducerWorker(_Reporting):
 
     async def run(self) -> None:
         p = self.params
+        topics = p.topic_names
         async with AsyncProducer(p.endpoint, linger_ms=p.linger_ms, timeout=p.send_timeout, retries=0) as producer:
-            queues = await _wait_for_node(lambda: producer.queue_count(p.topic))
+            queues = [await _wait_for_node(lambda t=t: producer.queue_count(t)) for t in topics]
             reporter = asyncio.create_task(self.report_loop())
             in_flight = asyncio.Semaphore(p.concurrency)
             tasks: set[asyncio.Task] = set()
@@ -136,7 +137,9 @@ class ProducerWorker(_Reporting):
                         paced_from, paced_sent = time.time(), sent
                 await in_flight.acquire()
                 count = p.batch if self.share is None else min(p.batch, self.share - sent)
-                task = asyncio.create_task(self._send(producer, range(sent, sent + count), (self.index + unit) % queues))
+                topic = unit % len(topics)  # spread over topics, then over each topic's queues
+                queue = (self.index + unit // len(topics)) % queues[topic]
+                task = asyncio.create_task(self._send(producer, range(sent, sent + count), topic, queue))
                 tasks.add(task)
                 task.add_done_callback(lambda t: (tasks.discard(t), in_flight.release()))
                 sent += count
@@ -149,13 +152,14 @@ class ProducerWorker(_Reporting):
         if self.records:
             self.records.close()
 
-    def _message(self, seq: int) -> Message:
+    def _message(self, topic: str, seq: int) -> Message:
         body = payload.make(self.run_id, self.index, seq, time.time_ns(), self.size(), self.filler)
         keys = f"lt-{self.index}-{seq}" if self.params.keys else None
-        return Message(self.params.topic, body, next(self.tags), keys)
+        return Message(topic, body, next(self.tags), keys)
 
-    async def _send(self, producer: AsyncProducer, seqs: range, queue: int) -> None:
-        messages = [self._message(seq) for seq in seqs]
+    async def _send(self, producer: AsyncProducer, seqs: range, topic: int, queue: int) -> None:
+        name = self.params.topic_names[topic]
+        messages = [self._message(name, seq) for seq in seqs]
         status = "TIMEOUT"
         for attempt in range(RETRY_ATTEMPTS):
             began = time.perf_counter()
@@ -163,7 +167,7 @@ class ProducerWorker(_Reporting):
                 if len(messages) == 1:
                     results = [await producer.send_message(messages[0], queue_id=queue)]
                 else:
-                    results = await producer.send_batch(self.params.topic, messages, queue_id=queue)
+                    results = await producer.send_batch(name, messages, queue_id=queue)
             except SendError as e:
                 status = e.status
                 self.errors[status] += len(messages)
@@ -175,17 +179,17 @@ class ProducerWorker(_Reporting):
                 status = f"ZMQ:{e.errno}"
                 self.errors[status] += len(messages)
                 break
-            self._acked(messages, seqs, results, (time.perf_counter() - began) * 1e6)
+            self._acked(messages, seqs, topic, results, (time.perf_counter() - began) * 1e6)
             return
         outcome = records.UNKNOWN if status == "TIMEOUT" or status.startswith("ZMQ") else records.REFUSED
         self.outcomes[outcome] += len(messages)
         if self.records:
             for m, seq in zip(messages, seqs):
-                self.records.add((self.index, seq, -1, -1, len(m.body), outcome))
+                self.records.add((self.index, seq, topic, -1, -1, len(m.body), outcome))
         if outcome == records.UNKNOWN:  # the node may be down: do not spin
             await asyncio.sleep(0.05)
 
-    def _acked(self, messages: list[Message], seqs: range, results, micros: float) -> None:
+    def _acked(self, messages: list[Message], seqs: range, topic: int, results, micros: float) -> None:
         for m, seq, r in zip(messages, seqs, results):
             outcome = records.ACKED if r.status == "PUT_OK" else records.STORED
             self.outcomes[outcome] += 1
@@ -193,23 +197,24 @@ class ProducerWorker(_Reporting):
             self.bytes += len(m.body)
             self.ack.add(micros)
             if self.records:
-                self.records.add((self.index, seq, r.queue_id, r.queue_offset, len(m.body), outcome))
+                self.records.add((self.index, seq, topic, r.queue_id, r.queue_offset, len(m.body), outcome))
             if r.status != "PUT_OK":
                 self.errors[r.status] += 1
 
 
 class ConsumerWorker(_Reporting):
-    """Follows its share of the queues from the run's start offsets with long polling; once the
-    producers are done, reads each queue up to its end at that moment, then stops."""
+    """Follows its share of the (topic, queue) pairs from the run's start offsets with long
+    polling; once the producers are done, reads each queue up to its end at that moment, then
+    stops."""
 
     role = "consumer"
 
     def __init__(self, params: RunParams, run_id: int, index: int, records_dir: str | None, reports, events,
-                 starts: dict[int, int]):
+                 starts: dict[tuple[int, int], int]):
         super().__init__(params, index, records_dir, reports, records.CONSUMED, "consumed")
         self.run_id = run_id
         self.produced, self.abort = events
-        self.starts = {int(q): o for q, o in starts.items()}
+        self.starts = dict(starts)
         self.offsets = dict(self.starts)
         self.producing_done = False
         self.aborted = False
@@ -236,24 +241,26 @@ class ConsumerWorker(_Reporting):
                 self.poll_events()
         async with AsyncPullConsumer(self.params.endpoint, timeout=self.params.send_timeout) as consumer:
             done = await asyncio.gather(*[self._follow(consumer, q) for q in self.starts])
-        self.unfinished = [q for q, finished in zip(self.starts, done) if not finished]
+        self.unfinished = [f"{self.params.topic_names[t]}:{q}" for (t, q), finished in zip(self.starts, done)
+                           if not finished]
         reporter.cancel()
         self.report(done=True)
         if self.records:
             self.records.close()
 
-    async def _follow(self, consumer: AsyncPullConsumer, queue: int) -> bool:
+    async def _follow(self, consumer: AsyncPullConsumer, pair: tuple[int, int]) -> bool:
         """Pull one queue until it is read to its end after producing ended; False if cut short."""
-        topic, target = self.params.topic, None
+        topic, queue = self.params.topic_names[pair[0]], pair[1]
+        target = None
         while not self.aborted:
             if self.producing_done and target is None:
                 target = await _wait_for_node(lambda: consumer.max_offset(topic, queue))
-            if target is not None and self.offsets[queue] >= target:
+            if target is not None and self.offsets[pair] >= target:
                 return True
             if self.drain_deadline and time.monotonic() > self.drain_deadline:
                 return False
             try:
-                result = await consumer.pull(topic, queue, self.offsets[queue], max_count=PULL_BATCH,
+                result = await consumer.pull(topic, queue, self.offsets[pair], max_count=PULL_BATCH,
                                              suspend_ms=SUSPEND_MS)
             except (SendError, zmq.ZMQError) as e:
                 self.errors[getattr(e, "status", "ZMQ")] += 1
@@ -261,11 +268,11 @@ class ConsumerWorker(_Reporting):
                 continue
             if result.status == "OFFSET_ILLEGAL":
                 self.errors["OFFSET_ILLEGAL"] += 1
-            self._received(result.messages)
-            self.offsets[queue] = result.next_begin_offset
+            self._received(pair[0], result.messages)
+            self.offsets[pair] = result.next_begin_offset
         return False
 
-    def _received(self, messages) -> None:
+    def _received(self, topic: int, messages) -> None:
         now_ns = time.time_ns()
         if messages:  # the consume rate runs from the first message to the last
             self.ended = time.time()
@@ -278,10 +285,10 @@ class ConsumerWorker(_Reporting):
                 self.foreign += 1
                 continue
             if parsed is None:
-                row = (records.UNREADABLE, m.queue_offset, m.queue_id, m.queue_offset, len(m.body), 0, self.index)
+                row = (records.UNREADABLE, m.queue_offset, topic, m.queue_id, m.queue_offset, len(m.body), 0, self.index)
             else:
                 self.e2e.add((now_ns - parsed.send_ns) / 1000)
-                row = (parsed.producer, parsed.seq, m.queue_id, m.queue_offset, len(m.body), parsed.intact,
+                row = (parsed.producer, parsed.seq, topic, m.queue_id, m.queue_offset, len(m.body), parsed.intact,
                        self.index)
             if self.records:
                 self.records.add(row)

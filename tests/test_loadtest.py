@@ -185,6 +185,14 @@ def test_bad_flags_exit_2_before_starting_anything(flags, capsys):
     assert "loadtest:" in capsys.readouterr().out
 
 
+def test_a_node_that_does_not_answer_fails_the_run_clearly(tmp_path, capsys):
+    from nodes import free_port
+
+    assert main(["--endpoint", f"tcp://127.0.0.1:{free_port()}", "--count", "10", "--quiet",
+                 "--output", str(tmp_path)]) == 1
+    assert "no answer from" in capsys.readouterr().out
+
+
 # -- real runs ----------------------------------------------------------------------------------
 
 

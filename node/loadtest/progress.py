@@ -107,10 +107,10 @@ class Progress:
             table.add_column(column, justify="right" if column else "left")
         ack, e2e = self.histogram("producer", "ack"), self.histogram("consumer", "e2e")
         if point:
-            table.add_row("produce", f"{point['produceRate']:,.0f}", f"{point['produceMBps']:,.1f}",
+            table.add_row("produce (ack)", f"{point['produceRate']:,.0f}", f"{point['produceMBps']:,.1f}",
                           f"{point['produced']:,}", f"{_fmt(ack.percentile(50))} / {_fmt(ack.percentile(99))}")
             if self.expected["consumer"]:
-                table.add_row("consume", f"{point['consumeRate']:,.0f}", f"{point['consumeMBps']:,.1f}",
+                table.add_row("consume (end-to-end)", f"{point['consumeRate']:,.0f}", f"{point['consumeMBps']:,.1f}",
                               f"{point['consumed']:,}", f"{_fmt(e2e.percentile(50))} / {_fmt(e2e.percentile(99))}")
         errors = ", ".join(f"{k} {v:,}" for k, v in sorted(self.errors().items())) or "none"
         node = "-" if self.cpu is None else f"CPU {self.cpu:.0f}%  RSS {self.rss / 2**20:,.0f} MiB"

@@ -26,6 +26,7 @@ import psutil
 from rich.console import Console
 from rich.live import Live
 
+from node.client import SendError
 from node.local_node import ROOT, NodeProcess, free_port
 from node.loadtest import records, report, verify
 from node.loadtest.chaos import Chaos
@@ -38,6 +39,7 @@ from shm import settings as settings_module
 
 JOIN_TIMEOUT = 30.0     # seconds a finished worker gets to exit
 OPEN_ENDED = 1800.0     # the hard limit of a run bounded by count only, before the drain
+PROBE_TIMEOUT = 5.0     # seconds the node gets to answer before any worker starts
 LINE_EVERY = 5.0        # seconds between progress lines when stdout is not a terminal
 
 
@@ -117,7 +119,7 @@ async def _probe(endpoint: str, topics: list[str]) -> dict[tuple[int, int], int]
     from node.client import AsyncPullConsumer
 
     starts = {}
-    async with AsyncPullConsumer(endpoint, timeout=10) as consumer:
+    async with AsyncPullConsumer(endpoint, timeout=PROBE_TIMEOUT) as consumer:
         for t, topic in enumerate(topics):
             for q in range(await consumer.client.queue_count(topic)):
                 starts[t, q] = await consumer.max_offset(topic, q)
@@ -354,9 +356,18 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"loadtest: {e}", highlight=False)
                 return 2
             console.print(f"loadtest: starting a node ({params.flush}) on {store}", highlight=False)
-            node = NodeProcess(settings, output / "node.log").start(timeout=120)
+            node = NodeProcess(settings, output / "node.log")
+            try:
+                node.start(timeout=120)
+            except (RuntimeError, TimeoutError) as e:
+                console.print(f"loadtest: the node did not start (log: {output / 'node.log'}): {e}", highlight=False)
+                return 1
             params = dataclasses.replace(params, endpoint=node.endpoint)
-        results = Run(params, output, console, node, args.quiet).execute()
+        try:
+            results = Run(params, output, console, node, args.quiet).execute()
+        except SendError as e:  # before any worker started: the node did not answer the probe
+            console.print(f"loadtest: no answer from {params.endpoint} ({e})", highlight=False)
+            return 1
     finally:
         if node:
             node.stop(timeout=60, strict=False)

@@ -207,8 +207,10 @@ def body_crc(body: bytes | memoryview) -> int:
     return zlib.crc32(body) & 0x7FFFFFFF if len(body) else 0
 
 
+@lru_cache(maxsize=4096)
 def encode_host(ip: str, port: int) -> bytes:
-    """Address bytes in network order, then the port as i32: 8 bytes (IPv4) or 20 (IPv6)."""
+    """Address bytes in network order, then the port as i32: 8 bytes (IPv4) or 20 (IPv6).
+    Cached like decode_host: every msgId of a pull reply goes through here."""
     return ipaddress.ip_address(ip).packed + _I32.pack(port)
 
 

@@ -13,6 +13,7 @@ from nodes import ROOT
 
 from actors.base import pack_replies, unpack_replies
 from node import config_files, protocol
+from node.producer import SendError
 from node.sendcore import PendingSend, SendEncoder, add_request_atomic, reply, results
 from node.store_stats import StoreStats
 from node.topics import TopicTable, topic_error
@@ -168,3 +169,44 @@ def test_consumer_offsets_read_rocketmqs_file_and_write_its_format(tmp_path):
     assert offsets.persist() and not offsets.persist()  # only when changed
     assert ConsumerOffsets(tmp_path).of_group("g1") == {"TopicA": {0: 12, 1: 7, 2: 3}}
     assert "{0:12,1:7,2:3" in (tmp_path / "consumerOffset.json").read_text()
+
+
+# -- the consumer's record decoding: fast path == full codec ------------------------------------
+
+
+def _v2(record: bytes) -> bytes:
+    """The same message in RocketMQ 5's v2 layout: a two-byte topic length."""
+    from shm import codec
+
+    fixed = codec._FIXED_V4.size
+    body_len = int.from_bytes(record[fixed - 4: fixed], "big")
+    at = fixed + body_len
+    out = bytearray(record[:at] + b"\x00" + record[at:])
+    out[0:4] = (len(out)).to_bytes(4, "big")
+    out[4:8] = codec.MESSAGE_MAGIC_V2.to_bytes(4, "big", signed=True)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("v6, props, body", [
+    (False, "UNIQ_KEY\x01AB12\x02TAGS\x01TagA\x02KEYS\x01k1 k2", b"x" * 300),
+    (False, "", b""),
+    (False, "TAGS\x01T\x02EMPTY\x01", b"\x00\xff"),
+    (True, "KEYS\x01only", b"body"),
+])
+def test_pull_reply_decoding_matches_the_full_codec(v6, props, body):
+    from node.consumer import _decode_full, decode_messages
+    from shm import codec
+
+    born = codec.encode_host("::1" if v6 else "10.1.2.3", 5000)
+    store = codec.encode_host("fe80::2" if v6 else "127.0.0.1", 10911)
+    sys_flag = (codec.FLAG_BORNHOST_V6 | codec.FLAG_STOREHOST_V6) if v6 else 0
+    records = [codec.encode(topic="T%d" % i, body=body, queue_id=i, born_timestamp=111 + i, born_host=born,
+                            store_host=store, properties=props, sys_flag=sys_flag, queue_offset=7 + i,
+                            physical_offset=4096 * i, store_timestamp=222, reconsume_times=i) for i in range(3)]
+    if not v6:
+        records.append(_v2(records[0]))
+    decoded = decode_messages(b"".join(records))
+    assert decoded == [_decode_full(r) for r in records]
+    assert decoded[-1].body == body and decoded[-1].topic == ("T2" if v6 else "T0")
+    with pytest.raises(SendError):
+        decode_messages(b"".join(records)[:-1])

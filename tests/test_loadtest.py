@@ -171,6 +171,21 @@ def test_size_specs():
             SizeSpec.parse(bad)
 
 
+def test_the_send_plan_paces_and_stops_at_the_share():
+    from node.loadtest.workers import MAX_CATCH_UP, _Plan
+
+    plan = _Plan(share=10, batch=4, rate=100.0, began=1000.0, deadline=None)
+    claims = []
+    while (claim := plan.claim()) is not None:
+        claims.append(claim)
+    assert [list(c[0]) for c in claims] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert [c[1] for c in claims] == [0, 1, 2]
+    # began long ago: the first claim is overdue by more than MAX_CATCH_UP, so the schedule restarts now
+    assert claims[0][2] > 1000.0 + MAX_CATCH_UP and claims[1][2] - claims[0][2] == pytest.approx(0.04)
+    unpaced = _Plan(share=None, batch=1, rate=0.0, began=0.0, deadline=0.0)
+    assert unpaced.claim() is None  # past its deadline
+
+
 def test_presets_resolve_and_flags_override_them():
     params = resolve(build_parser().parse_args(["--scenario", "sync-flush", "--count", "10"]))
     assert params.flush == "SYNC_FLUSH" and params.count == 10 and params.concurrency == 64

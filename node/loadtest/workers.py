@@ -120,37 +120,32 @@ class ProducerWorker(_Reporting):
         async with AsyncProducer(p.endpoint, linger_ms=p.linger_ms, timeout=p.send_timeout, retries=0) as producer:
             queues = [await _wait_for_node(lambda t=t: producer.queue_count(t)) for t in topics]
             reporter = asyncio.create_task(self.report_loop())
-            in_flight = asyncio.Semaphore(p.concurrency)
-            tasks: set[asyncio.Task] = set()
             self.began = time.time()
-            deadline = time.monotonic() + p.duration if p.duration else None
-            sent, unit = 0, 0
-            paced_from, paced_sent = self.began, 0
-            while not self.stopped and (self.share is None or sent < self.share):
-                if deadline and time.monotonic() >= deadline:
-                    break
-                if self.rate:
-                    delay = paced_from + (sent - paced_sent) / self.rate - time.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    elif delay < -MAX_CATCH_UP:  # the node was away: carry on at the rate, no burst
-                        paced_from, paced_sent = time.time(), sent
-                await in_flight.acquire()
-                count = p.batch if self.share is None else min(p.batch, self.share - sent)
-                topic = unit % len(topics)  # spread over topics, then over each topic's queues
-                queue = (self.index + unit // len(topics)) % queues[topic]
-                task = asyncio.create_task(self._send(producer, range(sent, sent + count), topic, queue))
-                tasks.add(task)
-                task.add_done_callback(lambda t: (tasks.discard(t), in_flight.release()))
-                sent += count
-                unit += 1
-            if tasks:
-                await asyncio.wait(tasks, timeout=RETRY_ATTEMPTS * (p.send_timeout + 1))
+            self.plan = _Plan(self.share, p.batch, self.rate, self.began,
+                              time.monotonic() + p.duration if p.duration else None)
+            # `concurrency` long-lived senders, not a task per send: the generator's own CPU is
+            # what a two-core machine takes from the node it measures.
+            await asyncio.gather(*[self._sender(producer, topics, queues) for _ in range(p.concurrency)])
             self.ended = time.time()
             reporter.cancel()
         self.report(done=True)
         if self.records:
             self.records.close()
+
+    async def _sender(self, producer: AsyncProducer, topics: list[str], queues: list[int]) -> None:
+        while not self.stopped:
+            claim = self.plan.claim()
+            if claim is None:
+                return
+            seqs, unit, due = claim
+            delay = due - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if self.plan.past_deadline():
+                return
+            topic = unit % len(topics)  # spread over topics, then over each topic's queues
+            queue = (self.index + unit // len(topics)) % queues[topic]
+            await self._send(producer, seqs, topic, queue)
 
     def _message(self, topic: str, seq: int) -> Message:
         body = payload.make(self.run_id, self.index, seq, time.time_ns(), self.size(), self.filler)
@@ -200,6 +195,35 @@ class ProducerWorker(_Reporting):
                 self.records.add((self.index, seq, topic, r.queue_id, r.queue_offset, len(m.body), outcome))
             if r.status != "PUT_OK":
                 self.errors[r.status] += 1
+
+
+class _Plan:
+    """Hands out the producer's sends in order: (sequence numbers, unit index, due time). The
+    due time paces the sends at `rate` (0: now); after a stall longer than MAX_CATCH_UP (the
+    node was away) the schedule restarts from now instead of bursting to catch up."""
+
+    def __init__(self, share: int | None, batch: int, rate: float, began: float, deadline: float | None):
+        self.share, self.batch, self.rate, self.deadline = share, batch, rate, deadline
+        self.sent = self.unit = 0
+        self.paced_from, self.paced_sent = began, 0
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def claim(self) -> tuple[range, int, float] | None:
+        if (self.share is not None and self.sent >= self.share) or self.past_deadline():
+            return None
+        count = self.batch if self.share is None else min(self.batch, self.share - self.sent)
+        due = 0.0
+        if self.rate:
+            due = self.paced_from + (self.sent - self.paced_sent) / self.rate
+            now = time.time()
+            if due < now - MAX_CATCH_UP:
+                self.paced_from, self.paced_sent, due = now, self.sent, now
+        seqs, unit = range(self.sent, self.sent + count), self.unit
+        self.sent += count
+        self.unit += 1
+        return seqs, unit, due
 
 
 class ConsumerWorker(_Reporting):

@@ -1,9 +1,12 @@
 """`--profile`: py-spy on every actor of the node and every load-test worker, for the whole run.
 
-Each process gets one `py-spy record --format raw` (collapsed stacks: `frame;frame;... count`,
-idle threads left out, so the samples are where CPU went). At the end each profile is reduced
-to its busiest leaf functions ("self" time), which results.json and report.html show as "where
-the time goes"; the raw files stay in `<output>/profiles/` for speedscope or flamegraph.pl.
+Each process gets one `py-spy record --gil --format raw` (collapsed stacks: `frame;... count`,
+sampled only while a thread holds the GIL, so waits in epoll or ZeroMQ do not count as work).
+At the end each profile is reduced to its busiest leaf functions ("self" time), which
+results.json and report.html show as "where the time goes", beside the process's CPU seconds
+measured by the OS over the same stretch (py-spy's sample counts are not CPU time: GIL-free C
+work is missing from them). The raw files stay in `<output>/profiles/` for speedscope or
+flamegraph.pl.
 py-spy attaches with ptrace: inside a container that may need CAP_SYS_PTRACE; a profiler that
 cannot attach is reported, and the run goes on.
 """
@@ -17,6 +20,8 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+
+import psutil
 
 RATE = 100          # samples per second per process
 TOP = 8             # leaf functions listed per process
@@ -35,6 +40,8 @@ class Profiler:
         self.directory = directory
         self.running: dict[str, subprocess.Popen] = {}
         self.errors: dict[str, str] = {}
+        self.watched: dict[str, tuple[psutil.Process, float]] = {}  # CPU seconds at attach
+        self.cpu: dict[str, float] = {}  # CPU seconds while profiled
 
     def attach(self, label: str, pid: int) -> None:
         binary = py_spy()
@@ -42,10 +49,25 @@ class Profiler:
             self.errors[label] = "py-spy is not installed"
             return
         self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            process = psutil.Process(pid)
+            self.watched[label] = (process, _cpu(process))
+        except psutil.Error:
+            pass
         self.running[label] = subprocess.Popen(
-            [binary, "record", "--pid", str(pid), "--rate", str(RATE), "--format", "raw", "--nonblocking",
+            [binary, "record", "--pid", str(pid), "--rate", str(RATE), "--format", "raw", "--nonblocking", "--gil",
              "--output", str(self.directory / f"{label}.txt")],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def measure(self, cpu_of_exited: dict[str, float] | None = None) -> None:
+        """CPU seconds of every profiled process since it was attached; processes that already
+        exited (the workers) report their own, passed in `cpu_of_exited` as totals."""
+        for label, (process, began) in self.watched.items():
+            try:
+                self.cpu[label] = round(_cpu(process) - began, 2)
+            except psutil.Error:
+                if cpu_of_exited and label in cpu_of_exited:
+                    self.cpu[label] = round(cpu_of_exited[label], 2)
 
     def stop(self) -> None:
         """py-spy writes its file when interrupted (or when its process exits)."""
@@ -66,9 +88,15 @@ class Profiler:
         out = {}
         for path in sorted(self.directory.glob("*.txt")):
             out[path.stem] = summarise(path.read_text(errors="replace"))
+            out[path.stem]["cpuSeconds"] = self.cpu.get(path.stem)
         for label, error in self.errors.items():
             out.setdefault(label, {"samples": 0, "top": [], "error": error})
         return out
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def summarise(collapsed: str) -> dict:

@@ -65,13 +65,14 @@ def print_summary(results: dict, console: Console) -> None:
         table.add_row(name, value)
     console.print(table)
     if results.get("profile"):
-        profile = Table(title="where the time goes (py-spy, CPU seconds sampled, top functions by self time)")
+        profile = Table(title="where the time goes (CPU seconds from the OS; top functions by py-spy self time)")
         profile.add_column("process", style="bold")
         profile.add_column("CPU s", justify="right")
         profile.add_column("top functions")
         for label, p in results["profile"].items():
             top = ", ".join(f"{t['function']} {100 * t['share']:.0f}%" for t in p["top"][:3]) or p.get("error", "")
-            profile.add_row(label, f"{p['samples'] / 100:.1f}", top)
+            cpu = p.get("cpuSeconds")
+            profile.add_row(label, "-" if cpu is None else f"{cpu:.1f}", top)
         console.print(profile)
 
 
@@ -171,7 +172,9 @@ def render_html(results: dict, output: Path) -> str:
         blocks = ""
         for label, p in results["profile"].items():
             items = "".join(f"<tr><td>{100 * t['share']:.1f}%</td><td><code>{e(t['function'])}</code></td></tr>" for t in p["top"])
-            note = e(p.get("error", "")) or f"{p['samples'] / 100:.1f} CPU seconds sampled"
+            cpu = p.get("cpuSeconds")
+            note = e(p.get("error", "")) or (f"{cpu:.1f} CPU seconds" if cpu is not None else "") \
+                + f", {p['samples']:,} samples holding the GIL"
             blocks += f"<div><h3>{e(label)}</h3><p>{note}</p><table>{items}</table></div>"
         profile = f'<h2>Where the time goes (py-spy, self time)</h2><div class="grid">{blocks}</div>'
     title = f"mqnode loadtest: {params.get('scenario') or 'custom run'}"

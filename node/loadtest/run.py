@@ -143,6 +143,7 @@ class Run:
         self.chaos: Chaos | None = None
         self.profiler = Profiler(output / "profiles") if params.profile else None
         self.workers: list = []
+        self.cpu_at_attach: dict[str, float] = {}  # worker CPU seconds (their reports) when profiling began
 
     def execute(self) -> dict:
         p = self.params
@@ -175,6 +176,9 @@ class Run:
             self._drain(reports)
             self._reap(producers + consumers)
             if self.profiler:
+                exited = {f"{role}-{i}": r["cpu"] - self.cpu_at_attach.get(f"{role}-{i}", 0.0)
+                          for (role, i), r in self.progress.latest.items()}
+                self.profiler.measure(exited)
                 self.profiler.stop()
         return self._results(starts)
 
@@ -235,7 +239,10 @@ class Run:
         else:
             self.profiler.errors["node"] = "the actors are profiled on a node the run starts (no --endpoint)"
         for w in self.workers:
-            self.profiler.attach(w.name.removeprefix("loadtest-"), w.pid)
+            label = w.name.removeprefix("loadtest-")
+            self.profiler.attach(label, w.pid)
+            role, _, index = label.partition("-")
+            self.cpu_at_attach[label] = self.progress.latest[(role, int(index))]["cpu"]
 
     def _drain(self, reports, until: float | None = None) -> None:
         while True:

@@ -63,7 +63,7 @@ class _Reporting:
             self.records.flush()
         self.reports.put({"role": self.role, "index": self.index, "t": time.time(), "messages": self.messages,
                           "bytes": self.bytes, "errors": dict(self.errors), "began": self.began,
-                          "ended": self.ended, "done": done, **self.extra()})
+                          "ended": self.ended, "done": done, "cpu": time.process_time(), **self.extra()})
 
     def extra(self) -> dict:
         return {}

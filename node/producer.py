@@ -84,6 +84,13 @@ class Message:
         props.setdefault(PROPERTY_UNIQ_KEY, uniq_key)
         return props
 
+    def wire_properties_string(self, uniq_key: str) -> str:
+        """`wire_properties` as the properties string; a plain message (no tags, keys, user
+        properties, delay or WAIT) skips the dict: batches are mostly such messages."""
+        if self.properties or self.tags or self.keys or self.delay_level or not self.wait:
+            return _props_string(self.wire_properties(uniq_key))
+        return f"{PROPERTY_UNIQ_KEY}\x01{uniq_key}"
+
 
 class UniqKeys:
     """MessageClientIDSetter: ip(4) pid(2) random(4) | ms since the month began(4) counter(2), hex."""
@@ -101,6 +108,11 @@ class UniqKeys:
     def next(self) -> str:
         elapsed = (int(time.time() * 1000) - self.month_start) & 0xFFFFFFFF
         return self.prefix + struct.pack(">IH", elapsed, next(self.counter) & 0xFFFF).hex().upper()
+
+    def next_many(self, count: int) -> list[str]:
+        """`count` keys sharing one clock reading (a batch is stamped in the same millisecond)."""
+        stem = self.prefix + f"{(int(time.time() * 1000) - self.month_start) & 0xFFFFFFFF:08X}"
+        return [f"{stem}{next(self.counter) & 0xFFFF:04X}" for _ in range(count)]
 
 
 class AsyncProducer:
@@ -227,9 +239,9 @@ class AsyncProducer:
         """RocketMQ's batch send: one topic, one queue, stored together; a result per message."""
         items = [m if isinstance(m, Message) else Message(topic, _bytes(m)) for m in messages]
         queue = await self._choose_queue(topic, queue_id, shard_key)
-        uniq = [m.properties.get(PROPERTY_UNIQ_KEY) or self.keys.next() for m in items]
-        body = protocol.encode_batch_body([(m.body, m.flag, _props_string(m.wire_properties(u)))
-                                           for m, u in zip(items, uniq)])
+        fresh = iter(self.keys.next_many(sum(1 for m in items if not m.properties.get(PROPERTY_UNIQ_KEY))))
+        uniq = [m.properties.get(PROPERTY_UNIQ_KEY) or next(fresh) for m in items]
+        body = protocol.encode_batch_body([(m.body, m.flag, m.wire_properties_string(u)) for m, u in zip(items, uniq)])
         header = {"code": protocol.SEND_BATCH_MESSAGE, "topic": topic, "queueId": queue,
                   "bornTimestamp": int(time.time() * 1000)}
         for attempt in range(self.retries + 1):

@@ -282,6 +282,25 @@ def test_reverify_fails_on_tampered_records(node, tmp_path):
         assert kind in again.stdout
 
 
+def test_sigterm_stops_producing_drains_and_still_reports(node, tmp_path):
+    import signal
+    import time
+
+    run = subprocess.Popen([sys.executable, "-m", "node.loadtest.run", "--quiet", "--endpoint", node.endpoint,
+                            "--topic", "LTSigterm", "--duration", "120", "--rate", "500", "--consumers", "1",
+                            "--verify", "--output", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "records").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
+    run.send_signal(signal.SIGTERM)
+    out, _ = run.communicate(timeout=60)
+    assert run.returncode == 0, out
+    results = orjson.loads((tmp_path / "results.json").read_bytes())
+    assert results["verify"]["ok"] and 0 < results["summary"]["produced"] < 500 * 60
+    assert results["elapsed"] < 60
+
+
 def _left_behind(marker: str) -> list[int]:
     return [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
 

@@ -355,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     store = Path(tempfile.mkdtemp(prefix="mqnode-loadtest-")) if not params.endpoint else None
     node = None
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)  # also when started with SIGINT ignored (a background job)
     try:
         if store:
             try:

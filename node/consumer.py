@@ -18,9 +18,24 @@ import zmq.asyncio
 
 from node import protocol
 from node.producer import AsyncProducer, SendError
-from shm.codec import (_FIXED_V4, _I16, _I32, _I64, FLAG_BORNHOST_V6, FLAG_STOREHOST_V6, MESSAGE_MAGIC, MESSAGE_MAGIC_V2,
-                       PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Record, decode, decode_host, parse_properties,
-                       split_keys)
+from shm.codec import (
+    _FIXED_V4,
+    _I16,
+    _I32,
+    _I64,
+    FLAG_BORNHOST_V6,
+    FLAG_STOREHOST_V6,
+    MESSAGE_MAGIC,
+    MESSAGE_MAGIC_V2,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    Record,
+    decode,
+    decode_host,
+    parse_properties,
+    split_keys,
+)
 
 
 @dataclass(frozen=True, slots=True)

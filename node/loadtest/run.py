@@ -27,7 +27,6 @@ from rich.console import Console
 from rich.live import Live
 
 from node.client import SendError
-from node.local_node import ROOT, NodeProcess, free_port
 from node.loadtest import records, report, verify
 from node.loadtest.chaos import Chaos
 from node.loadtest.monitor import NodeMonitor
@@ -35,6 +34,7 @@ from node.loadtest.params import PRESETS, RunParams
 from node.loadtest.profile import Profiler
 from node.loadtest.progress import Progress
 from node.loadtest.workers import consumer_main, producer_main
+from node.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
 JOIN_TIMEOUT = 30.0     # seconds a finished worker gets to exit

@@ -8,6 +8,7 @@ clients decode them), and the tags checked exactly (the node filters by tag hash
 from __future__ import annotations
 
 import asyncio
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -19,10 +20,7 @@ import zmq.asyncio
 from node import protocol
 from node.producer import AsyncProducer, SendError
 from shm.codec import (
-    _FIXED_V4,
-    _I16,
-    _I32,
-    _I64,
+    FIXED_V4,
     FLAG_BORNHOST_V6,
     FLAG_STOREHOST_V6,
     MESSAGE_MAGIC,
@@ -36,6 +34,8 @@ from shm.codec import (
     parse_properties,
     split_keys,
 )
+
+_I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,7 @@ def decode_messages(body: bytes | None) -> list[ReceivedMessage]:
         size = _I32.unpack_from(body, at)[0]
         if size <= 0 or at + size > end:
             raise SendError("SYSTEM_ERROR", f"record at byte {at} of the pull body has size {size}")
-        message = _decode_v4(body, at, size) if size > _FIXED_V4.size else None
+        message = _decode_v4(body, at, size) if size > FIXED_V4.size else None
         out.append(message or _decode_full(body[at: at + size]))
         at += size
     return out
@@ -90,10 +90,10 @@ def decode_messages(body: bytes | None) -> list[ReceivedMessage]:
 
 def _decode_v4(buf: bytes, at: int, size: int) -> ReceivedMessage | None:
     (_, magic, _, queue_id, _, queue_offset, physical, sys_flag, born_ts, born_host, store_ts, store_host,
-     reconsume, _, body_len) = _FIXED_V4.unpack_from(buf, at)
+     reconsume, _, body_len) = FIXED_V4.unpack_from(buf, at)
     if sys_flag & (FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6) or magic not in (MESSAGE_MAGIC, MESSAGE_MAGIC_V2):
         return None
-    p = at + _FIXED_V4.size
+    p = at + FIXED_V4.size
     if body_len < 0 or p + body_len + 3 > at + size:
         return None
     body = buf[p: p + body_len]

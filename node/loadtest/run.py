@@ -162,6 +162,8 @@ class Run:
                                      args=(config, self.run_id, i, records_dir, reports, stop))
                      for i in range(p.producers)]
         self.workers = consumers + producers
+        if self.profiler:
+            self._profile_actors()
         for worker in self.workers:
             worker.start()
         self.monitor.sample()
@@ -170,11 +172,14 @@ class Run:
         try:
             self._watch(reports, producers, consumers, stop, produced, abort)
         finally:
-            stop.set(), produced.set(), abort.set()
+            for event in (stop, produced, abort):
+                event.set()
             if self.chaos:
                 self.chaos.stop()
             self._drain(reports)
             self._reap(producers + consumers)
+            self._drain(reports)
+            self.progress.sample(*self.monitor.sample())  # the end point of the time series, however short the run
             if self.profiler:
                 exited = {f"{role}-{i}": r["cpu"] - self.cpu_at_attach.get(f"{role}-{i}", 0.0)
                           for (role, i), r in self.progress.latest.items()}
@@ -205,7 +210,7 @@ class Run:
                         produced.set()
                     if produced.is_set() and self.progress.done("consumer"):
                         return
-                    self._check_workers(producers + consumers)
+                    self._check_workers(producers + consumers, reports)
                     if self.failures:
                         return
                     if time.monotonic() > hard_limit:
@@ -226,23 +231,28 @@ class Run:
             self.monitor.root_pid = self.node.process.pid
         cpu, rss = self.monitor.sample()
         self.progress.sample(cpu, rss)
-        if self.profiler and not self.profiler.running and len(self.progress.latest) == len(self.workers):
-            self._attach_profiler()  # now: py-spy cannot attach to a process still starting up
+        if self.profiler:
+            self._profile_workers()
 
-    def _attach_profiler(self) -> None:
-        if self.node:
-            for label in self.node.actor_labels():
-                try:
-                    self.profiler.attach(label, self.node.actor_process(label).pid)
-                except (OSError, ValueError, psutil.Error) as e:
-                    self.profiler.errors[label] = str(e)
-        else:
+    def _profile_actors(self) -> None:
+        if not self.node:
             self.profiler.errors["node"] = "the actors are profiled on a node the run starts (no --endpoint)"
+            return
+        for label in self.node.actor_labels():
+            try:
+                self.profiler.attach(label, self.node.actor_process(label).pid)
+            except (OSError, ValueError, psutil.Error) as e:
+                self.profiler.errors[label] = str(e)
+
+    def _profile_workers(self) -> None:
+        """Each worker once it has reported: py-spy cannot attach to a process still starting up."""
         for w in self.workers:
             label = w.name.removeprefix("loadtest-")
-            self.profiler.attach(label, w.pid)
             role, _, index = label.partition("-")
-            self.cpu_at_attach[label] = self.progress.latest[(role, int(index))]["cpu"]
+            first = self.progress.latest.get((role, int(index)))
+            if first is not None and label not in self.cpu_at_attach:
+                self.cpu_at_attach[label] = first["cpu"]
+                self.profiler.attach(label, w.pid)
 
     def _drain(self, reports, until: float | None = None) -> None:
         while True:
@@ -258,12 +268,13 @@ class Run:
                 return
             self.progress.update(report_)
 
-    def _check_workers(self, workers) -> None:
+    def _check_workers(self, workers, reports) -> None:
         for w in workers:
             role, index = w.name.split("-")[1], int(w.name.split("-")[2])
             report_ = self.progress.latest.get((role, index))
             if w.exitcode not in (None, 0) or (w.exitcode == 0 and not (report_ and report_["done"])):
                 time.sleep(0.2)  # its last report may still be in the queue
+                self._drain(reports)
                 report_ = self.progress.latest.get((role, index))
                 if not (report_ and report_["done"]):
                     self.failures.append(f"{w.name} exited with status {w.exitcode} before finishing")

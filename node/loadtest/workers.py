@@ -120,6 +120,7 @@ class ProducerWorker(_Reporting):
     async def run(self) -> None:
         p = self.params
         topics = p.topic_names
+        self.report()  # at once: the coordinator learns the worker is up (and may attach a profiler)
         async with AsyncProducer(p.endpoint, linger_ms=p.linger_ms, timeout=p.send_timeout, retries=0) as producer:
             queues = [await _wait_for_node(lambda t=t: producer.queue_count(t)) for t in topics]
             reporter = asyncio.create_task(self.report_loop())
@@ -261,6 +262,7 @@ class ConsumerWorker(_Reporting):
             self.drain_deadline = time.monotonic() + self.params.drain_timeout
 
     async def run(self) -> None:
+        self.report()
         reporter = asyncio.create_task(self.report_loop())
         if self.params.backlog:  # consume what was produced, after it was produced
             while not (self.producing_done or self.aborted):

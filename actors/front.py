@@ -26,7 +26,7 @@ import time
 import orjson
 import zmq
 
-from actors.base import Actor, socket, unpack_replies
+from actors.base import Actor, incoming, socket, unpack_replies, wait_readable
 from node import protocol
 from node.offsets import ConsumerOffsets, SubscriptionGroups
 from node.store_stats import StoreStats
@@ -64,9 +64,7 @@ class Front(Actor):
         self.replies.bind(self.endpoints["replies"])
         self.stats_in = socket(self.context, zmq.PULL, hwm=1000)
         self.stats_in.bind(self.endpoints["stats"])
-        self.poller = zmq.Poller()
-        for sock in (self.clients, self.replies, self.stats_in):
-            self.poller.register(sock, zmq.POLLIN)
+        self.poll_items = [(sock, zmq.POLLIN) for sock in (self.clients, self.replies, self.stats_in)]
         self.accepting = True
         self.in_flight = 0
         self.requests = self.refused = self.malformed = 0
@@ -78,7 +76,7 @@ class Front(Actor):
         self.accepting = False
 
     def turn(self) -> None:
-        events = dict(self.poller.poll(50))
+        events = wait_readable(self.poll_items, 50)
         if self.replies in events:
             self._forward_replies()
         if self.clients in events:
@@ -95,11 +93,7 @@ class Front(Actor):
     # -- clients -----------------------------------------------------------------------------------
 
     def _serve_clients(self) -> None:
-        for _ in range(MAX_TAKE):
-            try:
-                frames = self.clients.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in incoming(self.clients, MAX_TAKE):
             self.requests += 1
             client, rest = frames[0], frames[1:]
             try:
@@ -250,11 +244,7 @@ class Front(Actor):
 
     def _forward_replies(self) -> None:
         now = time.monotonic_ns()
-        for _ in range(MAX_TAKE):
-            try:
-                joined = self.replies.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for joined in incoming(self.replies, MAX_TAKE, multipart=False):
             for client, arrival_ns, header, body in unpack_replies(joined):
                 if arrival_ns >= 0:  # a send's reply (reads are marked with a negative arrival)
                     self.in_flight = max(0, self.in_flight - 1)
@@ -262,11 +252,8 @@ class Front(Actor):
                 self._reply(client, [header, body] if body else [header])
 
     def _take_stats(self) -> None:
-        for _ in range(MAX_TAKE):
-            try:
-                stats = orjson.loads(self.stats_in.recv(zmq.NOBLOCK))
-            except zmq.Again:
-                return
+        for raw in incoming(self.stats_in, MAX_TAKE, multipart=False):
+            stats = orjson.loads(raw)
             self.actor_stats[stats["actor"]] = stats
             if stats["actor"] == "writer":
                 self.store_stats.sample(int(time.time() * 1000), stats["putMessageTimesTotal"],

@@ -20,7 +20,7 @@ import time
 import orjson
 import zmq
 
-from actors.base import Actor, pack_replies, socket
+from actors.base import Actor, incoming, pack_replies, socket, wait_readable
 from node import protocol
 from shm import reader as store_reader
 from shm.codec import Record, decode, decode_msg_id, tags_code
@@ -58,9 +58,7 @@ class Pull(Actor):
         self.arrivals = socket(self.context, zmq.SUB, hwm=100000)
         self.arrivals.setsockopt(zmq.SUBSCRIBE, b"")
         self.arrivals.connect(self.endpoints["arrivals"])
-        self.poller = zmq.Poller()
-        self.poller.register(self.requests, zmq.POLLIN)
-        self.poller.register(self.arrivals, zmq.POLLIN)
+        self.poll_items = [(self.requests, zmq.POLLIN), (self.arrivals, zmq.POLLIN)]
         self.held: dict[tuple[str, int], list[list]] = {}  # key -> [deadline, client, arrival, header]
         self.held_count = 0
         self.served = self.found = self.woken = self.expired = 0
@@ -68,16 +66,12 @@ class Pull(Actor):
     # -- the loop ----------------------------------------------------------------------------------
 
     def turn(self) -> None:
-        events = dict(self.poller.poll(self._timeout_ms()))
+        events = wait_readable(self.poll_items, self._timeout_ms())
         out: list = []
         if self.arrivals in events:
             self._on_arrivals(out)
         if self.requests in events:
-            for _ in range(MAX_TAKE):
-                try:
-                    frames = self.requests.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+            for frames in incoming(self.requests, MAX_TAKE):
                 self._serve_frames(frames, out)
         self._expire(out)
         if out:
@@ -219,12 +213,8 @@ class Pull(Actor):
         self.held_count += 1
 
     def _on_arrivals(self, out: list) -> None:
-        for _ in range(MAX_TAKE):
-            try:
-                grown = orjson.loads(self.arrivals.recv(zmq.NOBLOCK))
-            except zmq.Again:
-                return
-            for topic, queue_id, max_offset in grown:
+        for raw in incoming(self.arrivals, MAX_TAKE, multipart=False):
+            for topic, queue_id, max_offset in orjson.loads(raw):
                 waiting = self.held.get((topic, queue_id))
                 if not waiting:
                     continue

@@ -28,7 +28,7 @@ import time
 import orjson
 import zmq
 
-from actors.base import Actor, pack_replies, socket
+from actors.base import Actor, incoming, pack_replies, socket, wait_readable
 from actors.ingress import RequestBatcher, group_from_wire
 from node import sendcore
 from shm.codec import (
@@ -81,6 +81,7 @@ class Writer(Actor):
         self.commits = 0
         self.records = socket(self.context, zmq.PULL, hwm=max(1000, s.sendQueueCapacity))
         self.records.bind(self.endpoints["writer"])
+        self.poll_items = [(self.records, zmq.POLLIN)]
         self.replies = socket(self.context, zmq.PUSH, hwm=100000)
         self.replies.connect(self.endpoints["replies"])
         self.waits = socket(self.context, zmq.PUSH, hwm=100000)
@@ -101,16 +102,12 @@ class Writer(Actor):
     # -- the loop ----------------------------------------------------------------------------------
 
     def turn(self) -> None:
-        if not self.records.poll(self.poll_ms):
+        if not wait_readable(self.poll_items, self.poll_ms):
             self._commit(force=False)
             return
         replies, waits = [], []
         began = time.monotonic_ns()
-        for _ in range(MAX_GROUPS):
-            try:
-                frames = self.records.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        for frames in incoming(self.records, MAX_GROUPS):
             for batch, pendings, atomic in self._groups(frames, replies):
                 if pendings:
                     self.queue_wait_ns += began - min(p.arrival_ns for p in pendings)

@@ -11,6 +11,8 @@ Long polling (PullRequestHoldService): a pull that finds nothing new (NO_NEW_MSG
 its offset, or its `suspendTimeoutMillis` (default 15 s; `shortPollingTimeMills` without
 `longPollingEnable`) ends; then it is served once more, without suspension. Held pulls are
 entries in a dict: they cost nothing while idle. At most MAX_HELD are held per worker.
+Announcements are read only while some pull is held; when holding starts, the queued ones are
+dropped and each held pull's queue is looked at once more instead (`_catch_up`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from shm.index_file import IndexService
 
 MAX_HELD = 100_000
 MAX_TAKE = 256
+ARRIVALS_HWM = 10_000  # announcements queued while no pull is held are dropped unread (see _catch_up)
 DEFAULT_SUSPEND_MS = 15000
 MAX_PULL_COUNT = 1024
 
@@ -55,10 +58,12 @@ class Pull(Actor):
         self.requests.connect(self.endpoints["pulls"])
         self.replies = socket(self.context, zmq.PUSH, hwm=100000)
         self.replies.connect(self.endpoints["replies"])
-        self.arrivals = socket(self.context, zmq.SUB, hwm=100000)
+        self.arrivals = socket(self.context, zmq.SUB, hwm=ARRIVALS_HWM)
         self.arrivals.setsockopt(zmq.SUBSCRIBE, b"")
         self.arrivals.connect(self.endpoints["arrivals"])
         self.poll_items = [(self.requests, zmq.POLLIN), (self.arrivals, zmq.POLLIN)]
+        self.idle_items = self.poll_items[:1]
+        self.watching = False  # reading arrivals: only while some pull is held
         self.held: dict[tuple[str, int], list[list]] = {}  # key -> [deadline, client, arrival, header]
         self.held_count = 0
         self.served = self.found = self.woken = self.expired = 0
@@ -66,13 +71,16 @@ class Pull(Actor):
     # -- the loop ----------------------------------------------------------------------------------
 
     def turn(self) -> None:
-        events = wait_readable(self.poll_items, self._timeout_ms())
+        events = wait_readable(self.poll_items if self.watching else self.idle_items, self._timeout_ms())
         out: list = []
         if self.arrivals in events:
             self._on_arrivals(out)
         if self.requests in events:
             for frames in incoming(self.requests, MAX_TAKE):
                 self._serve_frames(frames, out)
+        if self.held_count and not self.watching:
+            self._catch_up(out)
+        self.watching = self.held_count > 0
         self._expire(out)
         if out:
             self.replies.send(pack_replies(out))
@@ -212,20 +220,35 @@ class Pull(Actor):
         self.held.setdefault((topic, queue_id), []).append([time.monotonic() + wait_ms / 1000, client, arrival, header])
         self.held_count += 1
 
+    def _catch_up(self, out: list) -> None:
+        """Arrivals go unread while no pull is held (reading them cost every worker ~40 µs a
+        send for nothing). When holding starts: drop what queued up, then look at each held
+        pull's queue once more. Anything dispatched before that look is found by it; anything
+        after is announced into the emptied queue, which is read from now on."""
+        for _ in incoming(self.arrivals, ARRIVALS_HWM, multipart=False):
+            pass
+        dispatched = self.control.get("dispatched")
+        for key in list(self.held):
+            self._wake(key, self.reader.queue(key[0], key[1], dispatched).max_offset, out)
+
     def _on_arrivals(self, out: list) -> None:
         for raw in incoming(self.arrivals, MAX_TAKE, multipart=False):
             for topic, queue_id, max_offset in orjson.loads(raw):
-                waiting = self.held.get((topic, queue_id))
-                if not waiting:
-                    continue
-                keep = []
-                for held in waiting:
-                    if held[3]["queueOffset"] < max_offset:
-                        self.woken += 1
-                        self._release(held, out)
-                    else:
-                        keep.append(held)
-                self._set_waiting((topic, queue_id), keep)
+                self._wake((topic, queue_id), max_offset, out)
+
+    def _wake(self, key: tuple[str, int], max_offset: int, out: list) -> None:
+        """Answer the pulls held on queue `key` that `max_offset` has passed."""
+        waiting = self.held.get(key)
+        if not waiting:
+            return
+        keep = []
+        for held in waiting:
+            if held[3]["queueOffset"] < max_offset:
+                self.woken += 1
+                self._release(held, out)
+            else:
+                keep.append(held)
+        self._set_waiting(key, keep)
 
     def _expire(self, out: list) -> None:
         if not self.held_count:

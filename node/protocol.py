@@ -158,18 +158,6 @@ def parse_subscription(expression) -> list[str] | None:
     return tags
 
 
-def split_records(body: bytes) -> list[bytes]:
-    """A pull reply's body: raw CommitLog records back to back (each starts with its size)."""
-    out, at = [], 0
-    while at + 4 <= len(body):
-        size = int.from_bytes(body[at: at + 4], "big", signed=True)
-        if size <= 0 or at + size > len(body):
-            raise ProtocolError(f"record at byte {at} of the pull body has size {size}")
-        out.append(body[at: at + size])
-        at += size
-    return out
-
-
 # -- RocketMQ's client batch body (MessageDecoder.encodeMessages), spec §2.10 -----------------------
 _INNER_HEAD = struct.Struct(">iiiii")  # total size, magic (0), body CRC (0), flag, body length
 _I16 = struct.Struct(">h")

@@ -124,7 +124,7 @@ def write_plots(results: dict, output: Path) -> None:
     ax.plot(t, [p["cpu"] for p in series], color="tab:blue", label="CPU %")
     ax.set(xlabel="seconds", ylabel="CPU % (100 = one core)", title=PLOTS["node_resources.png"])
     right = ax.twinx()
-    right.plot(t, [(p["rss"] or 0) / 2**20 if p["rss"] is not None else None for p in series],
+    right.plot(t, [p["rss"] / 2**20 if p["rss"] is not None else None for p in series],
                color="tab:orange", label="RSS MiB")
     right.set_ylabel("RSS MiB (sum over processes)")
     ax.set_ylim(bottom=0)

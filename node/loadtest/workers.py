@@ -252,8 +252,7 @@ class ConsumerWorker(_Reporting):
         self.unfinished: list[int] = []
 
     def extra(self) -> dict:
-        return {"e2e": self.e2e.to_sparse(), "foreign": self.foreign, "unfinished": self.unfinished,
-                "position": sum(self.offsets.values()) - sum(self.starts.values())}
+        return {"e2e": self.e2e.to_sparse(), "foreign": self.foreign, "unfinished": self.unfinished}
 
     def poll_events(self) -> None:
         self.aborted = self.aborted or self.abort.is_set()

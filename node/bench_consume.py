@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from node.bench_produce import BODY, BenchNode, Usage
+from node.bench_produce import BODY, Usage, bench_node
 from node.client import AsyncProducer, AsyncPullConsumer, Message
 from shm.control_block import ControlBlock
 
@@ -126,7 +126,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-consume-"))
     print(f"mqnode bench-consume: 1 KiB bodies, backlog {args.backlog:,}, client(s) on the same machine")
     try:
-        with BenchNode(base, "ASYNC_FLUSH", 0) as node:
+        with bench_node(base, "ASYNC_FLUSH", 0) as node:
             control = ControlBlock(base / "store" / "control")
             rate, lag_max, lag_mean = asyncio.run(produce_backlog(node.endpoint, args.backlog, control))
             print(f"backlog produced at {rate:,.0f} msgs/s; dispatcher lag under that load: "

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,47 +19,27 @@ from pathlib import Path
 import psutil
 
 from node.client import AsyncProducer, Message
+from node.local_node import NodeProcess, local_settings
 
 BODY = bytes(range(256)) * 4
 
 
-class BenchNode:
-    def __init__(self, directory: Path, flush: str, ingress: int):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.endpoint = f"tcp://127.0.0.1:{self.port}"
-        self.directory = directory
-        self.args = [sys.executable, "-m", "node.cli", "start", "--store", str(directory / "store"),
-                     "--listen", self.endpoint, "--listenPort", str(self.port), "--flushDiskType", flush,
-                     "--ingressWorkers", str(ingress), "--runDir", str(directory / "run"),
-                     "--maxHashSlotNum", "500000", "--maxIndexNum", "2000000"]
-
-    def __enter__(self) -> BenchNode:
-        self.log = open(self.directory / "node.log", "wb")
-        self.process = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while b"mqnode ready" not in (self.directory / "node.log").read_bytes():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((self.directory / "node.log").read_text()[-2000:])
-            time.sleep(0.1)
-        return self
-
-    def processes(self) -> list[psutil.Process]:
-        root = psutil.Process(self.process.pid)
-        return [root, *root.children(recursive=True)]
-
-    def __exit__(self, *exc) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(60)
-        self.log.close()
+@contextlib.contextmanager
+def bench_node(directory: Path, flush: str, ingress: int):
+    """`mqnode start` on `directory` with this flush mode and ingress workers, stopped after."""
+    node = NodeProcess(local_settings(directory, flushDiskType=flush, ingressWorkers=ingress),
+                       directory / "node.log").start(timeout=120)
+    try:
+        yield node
+    finally:
+        node.stop(timeout=60, strict=False)
 
 
 class Usage:
     """CPU seconds and peak RSS of the node's processes over a measured stretch."""
 
-    def __init__(self, node: BenchNode):
-        self.processes = node.processes()
+    def __init__(self, node: NodeProcess):
+        self.processes = node.tree()
         self.cpu0 = self._cpu()
         self.began = time.perf_counter()
 
@@ -149,7 +126,7 @@ def main() -> None:
         for ingress in args.ingress_workers:
             directory = base / f"async-{ingress}"
             directory.mkdir()
-            with BenchNode(directory, "ASYNC_FLUSH", ingress) as node:
+            with bench_node(directory, "ASYNC_FLUSH", ingress) as node:
                 usage = Usage(node)
                 rate = asyncio.run(batches(node.endpoint, args.count, 128, 4))
                 print(f"[ingressWorkers={ingress}] ASYNC_FLUSH send_batch (128/batch, 4 senders): {rate:>9,.0f} msgs/s "
@@ -165,7 +142,7 @@ def main() -> None:
                           f"p99 {p99:,.0f} µs (target <= 2,000); {usage.report()}")
         directory = base / "sync"
         directory.mkdir()
-        with BenchNode(directory, "SYNC_FLUSH", args.ingress_workers[0]) as node:
+        with bench_node(directory, "SYNC_FLUSH", args.ingress_workers[0]) as node:
             usage = Usage(node)
             rate = asyncio.run(singles(node.endpoint, args.count // 2, 64, "BenchSync"))
             print(f"[ingressWorkers={args.ingress_workers[0]}] SYNC_FLUSH, 64 concurrent senders:            "

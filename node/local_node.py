@@ -39,6 +39,16 @@ def start_flags(settings) -> list[str]:
     return args
 
 
+def local_settings(directory: Path, **overrides):
+    """Settings for a node of its own under `directory` (store/, run/), on a free port. The
+    IndexFile is sized for a run, not RocketMQ's 5M slots x 20M entries (a 420 MB file each)."""
+    port = free_port()
+    values = {"storePathRootDir": str(directory / "store"), "listen": f"tcp://127.0.0.1:{port}", "listenPort": port,
+              "runDir": str(directory / "run"), "maxHashSlotNum": 500_000, "maxIndexNum": 2_000_000}
+    values.update(overrides)
+    return settings_module.load(None, values)
+
+
 class NodeProcess:
     """`python -m node.cli start` with its own embedded Ray; `kill_all` is kill -9 of the tree."""
 

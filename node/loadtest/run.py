@@ -34,7 +34,7 @@ from node.loadtest.params import PRESETS, RunParams
 from node.loadtest.profile import Profiler
 from node.loadtest.progress import Progress
 from node.loadtest.workers import consumer_main, producer_main
-from node.local_node import ROOT, NodeProcess, free_port
+from node.local_node import ROOT, NodeProcess, local_settings
 from shm import settings as settings_module
 
 JOIN_TIMEOUT = 30.0     # seconds a finished worker gets to exit
@@ -99,11 +99,8 @@ def resolve(args: argparse.Namespace) -> RunParams:
     return params
 
 
-def node_settings(params: RunParams, store: Path, run_dir: Path):
-    port = free_port()
-    values = {"storePathRootDir": str(store), "listen": f"tcp://127.0.0.1:{port}", "listenPort": port,
-              "flushDiskType": params.flush, "defaultTopicQueueNums": params.queues, "runDir": str(run_dir),
-              "maxHashSlotNum": 500_000, "maxIndexNum": 2_000_000}
+def node_settings(params: RunParams, directory: Path):
+    values = {"flushDiskType": params.flush, "defaultTopicQueueNums": params.queues}
     if params.chaos:
         values["actorMaxRestarts"] = 1000
     for item in params.node_options:
@@ -111,7 +108,7 @@ def node_settings(params: RunParams, store: Path, run_dir: Path):
         if not separator:
             raise ValueError(f"--node-option {item!r}: expected KEY=VALUE")
         values[name.strip()] = value.strip()
-    return settings_module.load(None, values)
+    return local_settings(directory, **values)
 
 
 async def _probe(endpoint: str, topics: list[str]) -> dict[tuple[int, int], int]:
@@ -370,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if store:
             try:
-                settings = node_settings(params, store / "store", store / "run")
+                settings = node_settings(params, store)
             except (ValueError, settings_module.SettingsError) as e:
                 console.print(f"loadtest: {e}", highlight=False)
                 return 2

@@ -143,7 +143,7 @@ class Writer(Actor):
                         pending.refusals[i] = (status, remark)
             if pending.oneway:
                 continue
-            header = sendcore.reply(pending, sendcore.results(pending, physical, queue, self.store_host))
+            header = sendcore.answer(pending, physical, queue, self.store_host)
             if result is not None and appended and self.sync_flush and pending.wait:
                 last = max(appended)
                 waits.append([pending.client.hex(), pending.arrival_ns, physical[last] + batch.sizes[last],

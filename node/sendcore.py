@@ -20,7 +20,11 @@ import orjson
 
 from node import protocol
 from shm.codec import (
+    FIXED_V4,
     MAX_PROPERTIES_BYTES,
+    MAX_RECORD_OVERHEAD,
+    MAX_TOPIC_BYTES,
+    MESSAGE_MAGIC,
     PROPERTY_CLUSTER,
     PROPERTY_DELAY,
     PROPERTY_REAL_QID,
@@ -30,6 +34,7 @@ from shm.codec import (
     SCHEDULE_TOPIC,
     EncodedBatch,
     MessageIllegal,
+    crc32,
     encode,
     encode_host,
     encode_v4,
@@ -188,6 +193,8 @@ class SendEncoder:
         (header properties plus CLUSTER) after a 0x02, as the 4.9 broker stores them."""
         topic, queue_id = header.get("topic"), header.get("queueId")
         refused = header.get("_refused")
+        if refused is None and self._add_batch_v4(pending, header, body, born, batch):
+            return
         inner = protocol.decode_batch_body(body)
         batch_props = _client_properties(header.get("properties"))
         if batch_props.get(PROPERTY_WAIT) == "false":
@@ -226,6 +233,90 @@ class SendEncoder:
             # a client batch is all or nothing: refuse the rest with the first reason
             reason = next(iter(pending.refusals.values()))
             raise _BatchRefused(reason)
+
+
+    def _add_batch_v4(self, pending, header, body, born, batch) -> bool:
+        """`_add_batch` in one pass over the client's batch body, for the common case: IPv4
+        hosts, ASCII properties, nothing refused. False leaves `pending` and `batch` untouched
+        for the general path, which writes the same bytes and names whatever is wrong."""
+        topic, queue_id = header.get("topic"), header.get("queueId")
+        if len(born) != 8 or len(self.store_host) != 8 or not isinstance(topic, str) or type(queue_id) is not int:
+            return False
+        try:
+            batch_props = _client_properties(header.get("properties"))
+            born_timestamp = _int(header.get("bornTimestamp", 0), "bornTimestamp")
+        except MessageIllegal:
+            return False
+        if PROPERTY_DELAY in batch_props:
+            return False
+        wait = batch_props.get(PROPERTY_WAIT) != "false"
+        batch_props[PROPERTY_CLUSTER] = self.cluster
+        try:
+            encoded = encode_batch_v4(body, _topic_bytes(topic), queue_id, born_timestamp, born, self.store_host,
+                                      properties_string(batch_props).encode(), self.settings.maxMessageSize)
+        except struct.error:  # queueId or a flag beyond int32
+            return False
+        if encoded is None:
+            return False
+        records, sizes, inner_props = encoded
+        n = len(sizes)
+        first = len(batch)
+        batch.add_many_v4(records, sizes, f"{topic}-{queue_id}")
+        pending.wait = pending.wait and wait
+        pending.topics += [topic] * n
+        pending.queue_ids += [queue_id] * n
+        pending.indices += range(first, first + n)
+        pending.uniq_keys += [_uniq_key(p.decode("ascii")) if b"UNIQ_KEY\x01" in p else None for p in inner_props]
+        return True
+
+
+def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp: int, born_host: bytes,
+                    store_host: bytes, suffix: bytes, max_message_size: int,
+                    limit: int = protocol.MAX_MESSAGES_PER_REQUEST) -> tuple[bytearray, list[int], list[bytes]] | None:
+    """A client batch body (`protocol.encode_batch_body`) -> its CommitLog records back to back,
+    their sizes and each message's own properties bytes; the same bytes `encode_v4` gives one
+    message at a time, without a tuple, str or record object per message. None for anything
+    unusual (a malformed body, non-ASCII properties, a limit exceeded): the caller then takes
+    the general path, which refuses with the exact reason."""
+    if not 0 < len(topic_raw) <= MAX_TOPIC_BYTES:
+        return None
+    view, end, at = memoryview(data), len(data), 0
+    topic_part = bytes((len(topic_raw),)) + topic_raw
+    record_base = 91 + len(topic_raw)
+    largest = max_message_size + MAX_RECORD_OVERHEAD
+    parts, sizes, inner = [], [], []
+    head, i16, fixed, checksum = _INNER_HEAD.unpack_from, _I16_STRUCT, FIXED_V4.pack, crc32
+    while at < end:
+        if len(sizes) >= limit or end - at < 22:
+            return None
+        size, _, _, flag, body_len = head(data, at)
+        props_at = at + 20 + body_len
+        if body_len < 0 or props_at + 2 > end or body_len > max_message_size:
+            return None
+        props_len, = i16.unpack_from(data, props_at)
+        if props_len < 0 or size != 22 + body_len + props_len or at + size > end:
+            return None
+        own = data[props_at + 2: props_at + 2 + props_len]
+        if not own.isascii():
+            return None
+        props = own if not suffix else own + suffix if not own or own.endswith(b"\x02") else own + b"\x02" + suffix
+        record_size = record_base + body_len + len(props)
+        if len(props) > MAX_PROPERTIES_BYTES or record_size > largest:
+            return None
+        body = view[at + 20: props_at]
+        parts += (fixed(record_size, MESSAGE_MAGIC, checksum(body) & 0x7FFFFFFF if body_len else 0, queue_id, flag, 0,
+                        0, 0, born_timestamp, born_host, 0, store_host, 0, 0, body_len),
+                  body, topic_part, i16.pack(len(props)), props)
+        sizes.append(record_size)
+        inner.append(own)
+        at += size
+    if not sizes:
+        return None
+    return bytearray().join(parts), sizes, inner
+
+
+_INNER_HEAD = struct.Struct(">iiiii")  # a batch body's message: size, magic, CRC, flag, body length
+_I16_STRUCT = struct.Struct(">h")
 
 
 class _BatchRefused(Exception):
@@ -271,6 +362,20 @@ def results(pending: PendingSend, physical: list[int], queue: list[int], store_h
             entry["remark"] = remark
         out.append(entry)
     return out
+
+
+def answer(pending: PendingSend, physical: list[int], queue: list[int], store_host: bytes) -> bytes:
+    """The reply header for an appended request: `reply(pending, results(...))`, with a client
+    batch that was stored whole answered without a dict per message (same bytes)."""
+    indices = pending.indices
+    if pending.code != protocol.SEND_BATCH_MESSAGE or not indices or pending.refusals or min(indices) < 0:
+        return reply(pending, results(pending, physical, queue, store_host))
+    prefix = store_host.hex().upper()
+    offset_ids = [f"{prefix}{physical[i]:016X}" for i in indices]
+    msg_ids = ",".join([u or o for u, o in zip(pending.uniq_keys, offset_ids)])
+    return orjson.dumps(protocol.reply_header(
+        pending.opaque, "PUT_OK", queueId=pending.queue_ids[0], count=len(indices), msgId=msg_ids,
+        offsetMsgId=",".join(offset_ids), queueOffset=queue[indices[0]]))
 
 
 def reply(pending: PendingSend, per_message: list[dict]) -> bytes:

@@ -41,9 +41,13 @@ from __future__ import annotations
 import enum
 import ipaddress
 import struct
-import zlib
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+
+try:  # ISA-L computes the same CRC-32 as zlib, ~4x faster per 1 KiB body on this machine
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - isal is a dependency; zlib gives identical values
+    from zlib import crc32
 
 from shm.javacompat import hashmap_order, jhash, jhash_cached
 
@@ -205,7 +209,7 @@ class Record:
 
 
 def body_crc(body: bytes | memoryview) -> int:
-    return zlib.crc32(body) & 0x7FFFFFFF if len(body) else 0
+    return crc32(body) & 0x7FFFFFFF if len(body) else 0
 
 
 @lru_cache(maxsize=4096)
@@ -327,7 +331,7 @@ def encode_v4(topic_raw: bytes, body: bytes, queue_id: int, flag: int, sys_flag:
     size = 91 + len(body) + len(topic_raw) + len(props_raw)
     if size > max_message_size + MAX_RECORD_OVERHEAD:
         raise MessageIllegal("MESSAGE_ILLEGAL", f"record of {size} bytes exceeds maxMessageSize + 64 KiB")
-    crc = zlib.crc32(body) & 0x7FFFFFFF if body else 0
+    crc = crc32(body) & 0x7FFFFFFF if body else 0
     fixed = _FIXED_V4.pack(size, MESSAGE_MAGIC, crc, queue_id, flag, 0, 0, sys_flag & ~0x30, born_timestamp,
                            born_host, 0, store_host, reconsume_times, 0, len(body))
     return b"".join((fixed, body, bytes((len(topic_raw),)), topic_raw, _I16.pack(len(props_raw)), props_raw))
@@ -400,6 +404,18 @@ class EncodedBatch:
         self.queue_keys.append(queue_key)
         self.timestamp_offsets.append(56)
         self.data += record
+
+    def add_many_v4(self, records: bytes | bytearray, sizes: list[int], queue_key: str) -> None:
+        """Append records made like `encode_v4`'s (IPv4 born host), back to back, of one queue."""
+        at = len(self.data)
+        for size in sizes:
+            self.positions.append(at)
+            at += size
+        assert at == len(self.data) + len(records), "record sizes must add up to the records"
+        self.sizes += sizes
+        self.queue_keys += [queue_key] * len(sizes)
+        self.timestamp_offsets += [56] * len(sizes)
+        self.data += records
 
     @property
     def size_bytes(self) -> int:
@@ -540,7 +556,7 @@ def _check_fields(buf, pos: int, size: int, magic: int, sys_flag: int, check_crc
         return Corruption(pos, CorruptionKind.BAD_SIZE, f"TOTALSIZE {size} but fields add up to {want}", size)
     if check_crc and body_len > 0:
         stored, = _I32.unpack_from(buf, pos + 8)
-        actual = zlib.crc32(memoryview(buf)[body_at: body_at + body_len]) & 0x7FFFFFFF
+        actual = crc32(memoryview(buf)[body_at: body_at + body_len]) & 0x7FFFFFFF
         if actual != stored:
             return Corruption(pos, CorruptionKind.CRC_MISMATCH, f"body CRC {actual} != stored {stored}", size)
     return None

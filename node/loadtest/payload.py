@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import random
 import struct
-import zlib
 from typing import NamedTuple
+
+from shm.codec import crc32
 
 MAGIC = b"MQLT"
 HEADER = struct.Struct("<4sIIQQI")
@@ -40,7 +41,7 @@ class Filler:
 def make(run_id: int, producer: int, seq: int, send_ns: int, size: int, filler: Filler) -> bytes:
     assert size >= HEADER_SIZE, size
     rest = filler.take(seq, size - HEADER_SIZE)
-    return HEADER.pack(MAGIC, run_id, producer, seq, send_ns, zlib.crc32(rest)) + rest
+    return HEADER.pack(MAGIC, run_id, producer, seq, send_ns, crc32(rest)) + rest
 
 
 class Parsed(NamedTuple):
@@ -56,4 +57,4 @@ def read(body: bytes) -> Parsed | None:
     if len(body) < HEADER_SIZE or body[:4] != MAGIC:
         return None
     _, run_id, producer, seq, send_ns, crc = HEADER.unpack_from(body)
-    return Parsed(run_id, producer, seq, send_ns, zlib.crc32(memoryview(body)[HEADER_SIZE:]) == crc)
+    return Parsed(run_id, producer, seq, send_ns, crc32(memoryview(body)[HEADER_SIZE:]) == crc)

@@ -266,7 +266,7 @@ class SendEncoder:
         pending.topics += [topic] * n
         pending.queue_ids += [queue_id] * n
         pending.indices += range(first, first + n)
-        pending.uniq_keys += [_uniq_key(p.decode("ascii")) if b"UNIQ_KEY\x01" in p else None for p in inner_props]
+        pending.uniq_keys += [_uniq_key_ascii(p) for p in inner_props]
         return True
 
 
@@ -439,6 +439,20 @@ def _uniq_key(properties: str) -> str | None:
     end = properties.find("\x02", at)
     value = properties[at + len(PROPERTY_UNIQ_KEY) + 1: end if end >= 0 else None]
     return value or parse_properties(properties).get(PROPERTY_UNIQ_KEY)  # Java skips empty values
+
+
+def _uniq_key_ascii(properties: bytes) -> str | None:
+    """`_uniq_key` of ASCII properties bytes, without decoding them when UNIQ_KEY leads the
+    string or follows a separator (what clients send)."""
+    at = properties.rfind(b"UNIQ_KEY\x01")
+    if at < 0:
+        return None
+    if at == 0 or properties[at - 1] == 2:
+        end = properties.find(b"\x02", at)
+        value = properties[at + 9: end if end >= 0 else None]
+        if value:
+            return value.decode("ascii")
+    return _uniq_key(properties.decode("ascii"))  # Java skips an empty value: the full rules
 
 
 @lru_cache(maxsize=1024)

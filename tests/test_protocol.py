@@ -152,11 +152,12 @@ def test_wait_false_and_flush_timeouts():
 @given(st.lists(st.sampled_from(["UNIQ_KEY", "\x01", "\x02", "A", "b", "UNIQ_KEY\x01X", "\x02UNIQ_KEY\x01"]),
                 max_size=12))
 def test_uniq_key_shortcut_agrees_with_the_full_parse(pieces):
-    from node.sendcore import _uniq_key
+    from node.sendcore import _uniq_key, _uniq_key_ascii
     from shm.codec import parse_properties
 
     text = "".join(pieces)
     assert _uniq_key(text) == parse_properties(text).get("UNIQ_KEY")
+    assert _uniq_key_ascii(text.encode()) == parse_properties(text).get("UNIQ_KEY")
 
 
 def test_consumer_offsets_read_rocketmqs_file_and_write_its_format(tmp_path):

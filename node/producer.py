@@ -108,9 +108,14 @@ class UniqKeys:
         now = time.localtime()
         self.month_start = int(time.mktime((now.tm_year, now.tm_mon, 1, 0, 0, 0, 0, 0, -1)) * 1000)
 
-    def next(self) -> str:
-        elapsed = (int(time.time() * 1000) - self.month_start) & 0xFFFFFFFF
-        return self.prefix + struct.pack(">IH", elapsed, next(self.counter) & 0xFFFF).hex().upper()
+        self._ms, self._stem = -1, ""
+
+    def next(self, now_ms: int | None = None) -> str:
+        """The next key; `now_ms` is the caller's clock reading, when it has one."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        if now_ms != self._ms:  # the stem changes once a millisecond, not once a key
+            self._ms, self._stem = now_ms, self.prefix + f"{(now_ms - self.month_start) & 0xFFFFFFFF:08X}"
+        return f"{self._stem}{next(self.counter) & 0xFFFF:04X}"
 
     def next_many(self, count: int) -> list[str]:
         """`count` keys sharing one clock reading (a batch is stamped in the same millisecond)."""
@@ -192,7 +197,7 @@ class AsyncProducer:
     async def _choose_queue(self, topic: str, queue_id: int | None, shard_key: str | None) -> int:
         if queue_id is not None:
             return queue_id
-        count = await self.queue_count(topic)
+        count = self.routes.get(topic) or await self.queue_count(topic)
         if shard_key is not None:  # ordered sends: one key, one queue
             return zlib.crc32(shard_key.encode()) % count
         counter = self.round_robin.setdefault(topic, itertools.count())
@@ -207,10 +212,15 @@ class AsyncProducer:
 
     async def send_message(self, message: Message, *, queue_id: int | None = None,
                            shard_key: str | None = None) -> SendResult:
-        queue = await self._choose_queue(message.topic, queue_id, shard_key)
-        uniq = message.properties.get(PROPERTY_UNIQ_KEY) or self.keys.next()
+        count = self.routes.get(message.topic) if queue_id is None and shard_key is None else None
+        if count:  # round robin over a known topic: no coroutine to await
+            queue = next(self.round_robin.setdefault(message.topic, itertools.count())) % count
+        else:
+            queue = await self._choose_queue(message.topic, queue_id, shard_key)
+        now_ms = int(time.time() * 1000)
+        uniq = message.properties.get(PROPERTY_UNIQ_KEY) or self.keys.next(now_ms)
         entry = {"topic": message.topic, "queueId": queue, "flag": message.flag, "bodySize": len(message.body),
-                 "bornTimestamp": int(time.time() * 1000), "properties": message.wire_properties(uniq)}
+                 "bornTimestamp": now_ms, "properties": message.wire_properties(uniq)}
         for attempt in range(self.retries + 1):
             try:
                 result = await self._coalesced(entry, message.body)
@@ -267,13 +277,14 @@ class AsyncProducer:
     # -- coalescing -------------------------------------------------------------------------------
 
     async def _coalesced(self, entry: dict, body: bytes) -> dict:
-        await self.start()
-        future = asyncio.get_running_loop().create_future()
+        if self.socket is None:
+            await self.start()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self.queued.append((entry, body, future))
         if len(self.queued) >= self.max_coalesce:
             self._flush_queued()
         elif self.flush_handle is None:
-            loop = asyncio.get_running_loop()
             self.flush_handle = loop.call_later(self.linger, self._flush_queued) if self.linger > 0 else \
                 loop.call_soon(self._flush_queued)
         return await future

@@ -246,3 +246,22 @@ def test_batch_fast_path_writes_what_the_general_path_writes(messages, propertie
                 pending.indices, pending.refusals, pending.uniq_keys, pending.wait, answered)
 
     assert run(True) == run(False)
+
+
+def test_uniq_keys_follow_message_client_id_setter_layout():
+    """ip(4) pid(2) random(4) | ms since the month began(4) counter(2), upper hex; one counter
+    across `next` and `next_many`, the time field from the caller's clock when given."""
+    import os
+    import time
+
+    from node.producer import UniqKeys
+
+    keys = UniqKeys()
+    now_ms = int(time.time() * 1000)
+    made = [keys.next(now_ms), *keys.next_many(2), keys.next(), keys.next(now_ms + 1)]
+    assert all(re.fullmatch(r"[0-9A-F]{32}", k) for k in made) and len(set(made)) == len(made)
+    assert {k[:20] for k in made} == {keys.prefix} and keys.prefix[8:12] == f"{os.getpid() & 0xFFFF:04X}"
+    assert [int(k[28:], 16) for k in made] == list(range(5))
+    assert int(made[0][20:28], 16) == now_ms - keys.month_start
+    assert int(made[4][20:28], 16) == now_ms + 1 - keys.month_start
+    assert 0 <= int(made[1][20:28], 16) - int(made[0][20:28], 16) < 60_000

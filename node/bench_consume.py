@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from node import aio
 from node.bench_produce import BODY, Usage, bench_node
 from node.client import AsyncProducer, AsyncPullConsumer, Message
 from shm.control_block import ControlBlock
@@ -64,7 +65,7 @@ async def drain(endpoint: str, queues: list[int], max_offsets: dict[int, int]) -
 
 
 def _drain_process(endpoint: str, queues: list[int], max_offsets: dict[int, int], out) -> None:
-    out.put(asyncio.run(drain(endpoint, queues, max_offsets)))
+    out.put(aio.run(drain(endpoint, queues, max_offsets)))
 
 
 def parallel_drain(endpoint: str, max_offsets: dict[int, int], processes: int) -> float:
@@ -128,7 +129,7 @@ def main() -> None:
     try:
         with bench_node(base, "ASYNC_FLUSH", 0) as node:
             control = ControlBlock(base / "store" / "control")
-            rate, lag_max, lag_mean = asyncio.run(produce_backlog(node.endpoint, args.backlog, control))
+            rate, lag_max, lag_mean = aio.run(produce_backlog(node.endpoint, args.backlog, control))
             print(f"backlog produced at {rate:,.0f} msgs/s; dispatcher lag under that load: "
                   f"max {lag_max / 2**20:.1f} MiB, mean {lag_mean / 2**20:.1f} MiB")
             while control.get("dispatched") < control.get("written"):
@@ -138,7 +139,7 @@ def main() -> None:
                 async with AsyncPullConsumer(node.endpoint) as c:
                     return {q: await c.max_offset(TOPIC, q) for q in range(QUEUES)}
 
-            max_offsets = asyncio.run(tops())
+            max_offsets = aio.run(tops())
             usage = Usage(node)
             rate = parallel_drain(node.endpoint, max_offsets, 1)
             print(f"pull, 1 consumer process over the backlog : {rate:>10,.0f} msgs/s (target >= 250,000); "
@@ -147,7 +148,7 @@ def main() -> None:
             rate = parallel_drain(node.endpoint, max_offsets, 4)
             print(f"pull, 4 consumer processes                : {rate:>10,.0f} msgs/s; {usage.report()}")
             for rate in (1000, 5000):
-                p50, p99 = asyncio.run(end_to_end(node.endpoint, rate, 5.0))
+                p50, p99 = aio.run(end_to_end(node.endpoint, rate, 5.0))
                 print(f"produce-to-consume, long polling, {rate // 1000}k msgs/s: p50 {p50:,.0f} µs, p99 {p99:,.0f} µs "
                       f"(target at 5k: <= 5,000)")
             control.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from node import aio
 from node.client import AsyncProducer, Message
 from node.local_node import NodeProcess, local_settings
 
@@ -128,23 +129,23 @@ def main() -> None:
             directory.mkdir()
             with bench_node(directory, "ASYNC_FLUSH", ingress) as node:
                 usage = Usage(node)
-                rate = asyncio.run(batches(node.endpoint, args.count, 128, 4))
+                rate = aio.run(batches(node.endpoint, args.count, 128, 4))
                 print(f"[ingressWorkers={ingress}] ASYNC_FLUSH send_batch (128/batch, 4 senders): {rate:>9,.0f} msgs/s "
                       f"(target >= 150,000); {usage.report()}")
                 usage = Usage(node)
-                rate = asyncio.run(singles(node.endpoint, args.count, 1024, "BenchSingle"))
+                rate = aio.run(singles(node.endpoint, args.count, 1024, "BenchSingle"))
                 print(f"[ingressWorkers={ingress}] ASYNC_FLUSH concurrent single sends (1024):    {rate:>9,.0f} msgs/s "
                       f"(target >= 80,000); {usage.report()}")
                 if ingress == args.ingress_workers[0]:
                     usage = Usage(node)
-                    p50, p99 = asyncio.run(latency(node.endpoint, 5000, 5.0))
+                    p50, p99 = aio.run(latency(node.endpoint, 5000, 5.0))
                     print(f"[ingressWorkers={ingress}] ack latency at 5k msgs/s: p50 {p50:,.0f} µs (target <= 300), "
                           f"p99 {p99:,.0f} µs (target <= 2,000); {usage.report()}")
         directory = base / "sync"
         directory.mkdir()
         with bench_node(directory, "SYNC_FLUSH", args.ingress_workers[0]) as node:
             usage = Usage(node)
-            rate = asyncio.run(singles(node.endpoint, args.count // 2, 64, "BenchSync"))
+            rate = aio.run(singles(node.endpoint, args.count // 2, 64, "BenchSync"))
             print(f"[ingressWorkers={args.ingress_workers[0]}] SYNC_FLUSH, 64 concurrent senders:            "
                   f"{rate:>9,.0f} msgs/s (target >= 50,000); {usage.report()}")
     finally:

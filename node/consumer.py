@@ -17,7 +17,7 @@ from functools import lru_cache
 import zmq
 import zmq.asyncio
 
-from node import protocol
+from node import aio, protocol
 from node.producer import AsyncProducer, SendError
 from shm.codec import (
     FIXED_V4,
@@ -258,7 +258,7 @@ class PullConsumer:
     """The blocking pull consumer: an AsyncPullConsumer on a private event-loop thread."""
 
     def __init__(self, endpoint: str, **options):
-        self.loop = asyncio.new_event_loop()
+        self.loop = aio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="mqnode-consumer", daemon=True)
         self.thread.start()
         self.context = zmq.asyncio.Context()

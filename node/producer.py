@@ -28,7 +28,7 @@ import orjson
 import zmq
 import zmq.asyncio
 
-from node import protocol
+from node import aio, protocol
 from shm.codec import (
     PROPERTY_DELAY,
     PROPERTY_KEYS,
@@ -356,7 +356,7 @@ class Producer:
     """The blocking producer: an AsyncProducer on a private event-loop thread. Thread-safe."""
 
     def __init__(self, endpoint: str, **options):
-        self.loop = asyncio.new_event_loop()
+        self.loop = aio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="mqnode-producer", daemon=True)
         self.thread.start()
         self.inner = self._call(self._make(endpoint, options))

@@ -8,7 +8,6 @@ verified), 1 when anything went wrong (listed), 2 for bad flags.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
 import multiprocessing
@@ -26,6 +25,7 @@ import psutil
 from rich.console import Console
 from rich.live import Live
 
+from node import aio
 from node.client import SendError
 from node.loadtest import records, report, verify
 from node.loadtest.chaos import Chaos
@@ -144,7 +144,7 @@ class Run:
 
     def execute(self) -> dict:
         p = self.params
-        starts = asyncio.run(_probe(p.endpoint, p.topic_names))
+        starts = aio.run(_probe(p.endpoint, p.topic_names))
         context = multiprocessing.get_context("spawn")
         reports = context.Queue()
         stop, produced, abort = context.Event(), context.Event(), context.Event()

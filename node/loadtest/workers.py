@@ -19,7 +19,7 @@ from pathlib import Path
 
 import zmq
 
-from node import protocol
+from node import aio, protocol
 from node.client import AsyncProducer, AsyncPullConsumer, Message, SendError
 from node.loadtest import payload, records
 from node.loadtest.histogram import LogHistogram
@@ -35,14 +35,14 @@ MAX_CATCH_UP = 1.0          # seconds a paced producer may fall behind before it
 def producer_main(params: dict, run_id: int, index: int, records_dir: str | None, reports, stop) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the coordinator decides
     worker = ProducerWorker(RunParams(**params), run_id, index, records_dir, reports, stop)
-    asyncio.run(worker.run())
+    aio.run(worker.run())
 
 
 def consumer_main(params: dict, run_id: int, index: int, records_dir: str | None, reports, events,
                   starts: dict[tuple[int, int], int]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker = ConsumerWorker(RunParams(**params), run_id, index, records_dir, reports, events, starts)
-    asyncio.run(worker.run())
+    aio.run(worker.run())
 
 
 class _Reporting:

@@ -143,11 +143,21 @@ class SendEncoder:
             properties[PROPERTY_CLUSTER] = self.cluster
             properties.pop(PROPERTY_WAIT, None)
             pending.uniq_keys[index] = properties.get(PROPERTY_UNIQ_KEY)
-            topic, queue_id, capacity = self._delay(properties, topic, queue_id, capacity)
-            record = self._encode(topic, body, queue_id, _int(header.get("flag", 0), "flag"),
-                                  _int(header.get("bornTimestamp", 0), "bornTimestamp"), born,
-                                  properties_string(properties, capacity),
-                                  _int(header.get("reconsumeTimes", 0), "reconsumeTimes"))
+            if PROPERTY_DELAY in properties:
+                topic, queue_id, capacity = self._delay(properties, topic, queue_id, capacity)
+            flag, reconsume_times = header.get("flag", 0), header.get("reconsumeTimes", 0)
+            if type(flag) is not int or type(reconsume_times) is not int:  # ints beyond int32: struct.error
+                flag, reconsume_times = _int(flag, "flag"), _int(reconsume_times, "reconsumeTimes")
+            born_timestamp = _int(header.get("bornTimestamp", 0), "bornTimestamp")
+            if len(born) == 8 and len(self.store_host) == 8:  # the common case, inlined
+                record = encode_v4(_topic_bytes(topic), body, queue_id, flag, 0, born_timestamp, born,
+                                   self.store_host, properties_string(properties, capacity).encode(),
+                                   reconsume_times, self.settings.maxMessageSize)
+                pending.indices[index] = len(batch)
+                batch.add_v4(record, f"{topic}-{queue_id}")
+                return
+            record = self._encode(topic, body, queue_id, flag, born_timestamp, born,
+                                  properties_string(properties, capacity), reconsume_times)
         except MessageIllegal as e:
             pending.refusals[index] = (e.status, e.remark)
             return

@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import zmq
 import zmq.asyncio
@@ -38,9 +39,9 @@ from shm.codec import (
 _I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 
 
-@dataclass(frozen=True, slots=True)
-class ReceivedMessage:
-    """A consumed message with RocketMQ's fields (decoded by the shared codec)."""
+class ReceivedMessage(NamedTuple):
+    """A consumed message with RocketMQ's fields (decoded by the shared codec). Immutable; a
+    NamedTuple builds in a quarter of a frozen dataclass's time (one per message pulled)."""
 
     topic: str
     queue_id: int

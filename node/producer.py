@@ -95,6 +95,9 @@ class Message:
         return f"{PROPERTY_UNIQ_KEY}\x01{uniq_key}"
 
 
+_U16 = struct.Struct(">H")
+
+
 class UniqKeys:
     """MessageClientIDSetter: ip(4) pid(2) random(4) | ms since the month began(4) counter(2), hex."""
 
@@ -115,7 +118,7 @@ class UniqKeys:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         if now_ms != self._ms:  # the stem changes once a millisecond, not once a key
             self._ms, self._stem = now_ms, self.prefix + f"{(now_ms - self.month_start) & 0xFFFFFFFF:08X}"
-        return f"{self._stem}{next(self.counter) & 0xFFFF:04X}"
+        return self._stem + _U16.pack(next(self.counter) & 0xFFFF).hex().upper()  # beats :04X here
 
     def next_many(self, count: int) -> list[str]:
         """`count` keys sharing one clock reading (a batch is stamped in the same millisecond)."""

@@ -1,9 +1,11 @@
 """The producer: `AsyncProducer` (asyncio) and `Producer` (blocking, thread-safe).
 
 One DEALER connection per producer, with a stable routing id, so replies find it again after
-the node's front restarts. Concurrent single sends are coalesced: sends made within `linger_ms`
-of each other (or up to `max_coalesce` of them) travel as one SEND_MESSAGES frame and come back
-as one reply with a result each, so the one-message API reaches batch throughput. Every send
+the node's front restarts. Concurrent single sends are coalesced (up to `max_coalesce` of them)
+into one SEND_MESSAGES frame that comes back as one reply with a result each, so the one-message
+API reaches batch throughput: the sends made in one turn of the event loop leave together at its
+end, and while an earlier coalesced request is still in flight they wait up to `linger_ms` for
+more company (Nagle's rule: never linger in front of an idle connection). Every send
 carries a client-made UNIQ_KEY (RocketMQ's MessageClientIDSetter layout), which is the msgId
 the caller gets back. SYSTEM_BUSY and timeouts are retried `retries` times; a send is
 at-least-once, as in RocketMQ.
@@ -141,6 +143,7 @@ class AsyncProducer:
         self.waiting: dict[int, tuple[asyncio.Future, float]] = {}
         self.queued: list[tuple[dict, bytes, asyncio.Future]] = []
         self.flush_handle: asyncio.Handle | None = None
+        self.coalesced_in_flight = 0  # SEND_MESSAGES requests awaiting their reply
         self.routes: dict[str, int] = {}
         self.round_robin: dict[str, itertools.count] = {}
         self.reader: asyncio.Task | None = None
@@ -288,8 +291,11 @@ class AsyncProducer:
         if len(self.queued) >= self.max_coalesce:
             self._flush_queued()
         elif self.flush_handle is None:
-            self.flush_handle = loop.call_later(self.linger, self._flush_queued) if self.linger > 0 else \
-                loop.call_soon(self._flush_queued)
+            # Linger only behind a coalesced request still in flight: with none, waiting buys
+            # nothing, and the sends made in this turn of the loop (say, 64 senders woken by one
+            # reply) still leave together at its end.
+            self.flush_handle = loop.call_later(self.linger, self._flush_queued) \
+                if self.linger > 0 and self.coalesced_in_flight else loop.call_soon(self._flush_queued)
         return await future
 
     def _flush_queued(self) -> None:
@@ -303,6 +309,8 @@ class AsyncProducer:
         futures = [f for _, _, f in queued]
         group = asyncio.get_running_loop().create_future()
         group.add_done_callback(lambda done: _spread(done, futures))
+        self.coalesced_in_flight += 1
+        group.add_done_callback(self._coalesced_done)
         self.waiting[opaque] = (group, time.monotonic() + self.timeout)
         header = {"code": protocol.SEND_MESSAGES, "opaque": opaque, "messages": [e for e, _, _ in queued]}
         try:
@@ -310,6 +318,9 @@ class AsyncProducer:
         except zmq.Again:
             self.waiting.pop(opaque, None)
             group.set_exception(SendError("SYSTEM_BUSY", "the connection's send queue is full"))
+
+    def _coalesced_done(self, _group: asyncio.Future) -> None:
+        self.coalesced_in_flight -= 1
 
     # -- replies ----------------------------------------------------------------------------------
 

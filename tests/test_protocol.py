@@ -265,3 +265,47 @@ def test_uniq_keys_follow_message_client_id_setter_layout():
     assert int(made[0][20:28], 16) == now_ms - keys.month_start
     assert int(made[4][20:28], 16) == now_ms + 1 - keys.month_start
     assert 0 <= int(made[1][20:28], 16) - int(made[0][20:28], 16) < 60_000
+
+
+def test_coalescing_never_lingers_in_front_of_an_idle_connection():
+    """Sends made in one loop turn leave at its end as one SEND_MESSAGES, however long the
+    linger; a send made while that request is in flight waits for the linger (or the reply)."""
+    import asyncio
+    import time
+
+    import zmq.asyncio
+
+    from node.producer import AsyncProducer
+
+    async def main():
+        context = zmq.asyncio.Context()
+        front = context.socket(zmq.ROUTER)
+        port = front.bind_to_random_port("tcp://127.0.0.1")
+        producer = AsyncProducer(f"tcp://127.0.0.1:{port}", linger_ms=1500, context=context, timeout=20)
+        producer.routes["T"] = 4  # no route lookup on the wire
+
+        async def answer(frames):
+            header = orjson.loads(frames[1])
+            results = [{"status": "PUT_OK", "msgId": m["properties"]["UNIQ_KEY"], "offsetMsgId": "00",
+                        "queueId": m["queueId"], "queueOffset": 0} for m in header["messages"]]
+            reply = {"code": 0, "opaque": header["opaque"], "status": "PUT_OK", "results": results}
+            await front.send_multipart([frames[0], orjson.dumps(reply)])
+            return len(results)
+
+        try:
+            began = time.monotonic()
+            first = asyncio.gather(*[producer.send("T", b"x") for _ in range(64)])
+            request = await asyncio.wait_for(front.recv_multipart(), 1.0)  # not 1.5 s later
+            assert time.monotonic() - began < 1.0
+            late = asyncio.ensure_future(producer.send("T", b"y"))
+            assert not await front.poll(400)  # the first is in flight: the late send lingers
+            assert await answer(request) == 64
+            assert len(await asyncio.wait_for(first, 5)) == 64
+            assert await answer(await asyncio.wait_for(front.recv_multipart(), 5)) == 1
+            assert (await asyncio.wait_for(late, 5)).status == "PUT_OK"
+        finally:
+            await producer.close()
+            front.close(0)
+            context.term()
+
+    asyncio.run(main())

@@ -415,7 +415,10 @@ class EncodedBatch:
         self.sizes += sizes
         self.queue_keys += [queue_key] * len(sizes)
         self.timestamp_offsets += [56] * len(sizes)
-        self.data += records
+        if not self.data and isinstance(records, bytearray):
+            self.data = records  # a client batch travels alone: adopt its buffer, no copy
+        else:
+            self.data += records
 
     @property
     def size_bytes(self) -> int:

@@ -159,8 +159,10 @@ def parse_subscription(expression) -> list[str] | None:
 
 
 # -- RocketMQ's client batch body (MessageDecoder.encodeMessages), spec §2.10 -----------------------
-_INNER_HEAD = struct.Struct(">iiiii")  # total size, magic (0), body CRC (0), flag, body length
-_I16 = struct.Struct(">h")
+# A batch body's message: head, body, properties length, properties (public: the writer's
+# one-pass encoder in node.sendcore walks the same layout).
+BATCH_MESSAGE_HEAD = struct.Struct(">iiiii")  # total size, magic (0), body CRC (0), flag, body length
+BATCH_PROPS_LENGTH = struct.Struct(">h")
 
 
 def encode_batch_body(messages: list[tuple[bytes, int, str]]) -> bytes:
@@ -168,8 +170,8 @@ def encode_batch_body(messages: list[tuple[bytes, int, str]]) -> bytes:
     parts = []
     for body, flag, properties in messages:
         props = properties.encode("utf-8")
-        size = _INNER_HEAD.size + len(body) + 2 + len(props)
-        parts += [_INNER_HEAD.pack(size, 0, 0, flag, len(body)), body, _I16.pack(len(props)), props]
+        size = BATCH_MESSAGE_HEAD.size + len(body) + 2 + len(props)
+        parts += [BATCH_MESSAGE_HEAD.pack(size, 0, 0, flag, len(body)), body, BATCH_PROPS_LENGTH.pack(len(props)), props]
     return b"".join(parts)
 
 
@@ -179,20 +181,20 @@ def decode_batch_body(data: bytes, limit: int = MAX_MESSAGES_PER_REQUEST) -> lis
     while at < len(data):
         if len(messages) >= limit:
             raise ProtocolError(f"a batch holds at most {limit} messages")
-        if len(data) - at < _INNER_HEAD.size + 2:
+        if len(data) - at < BATCH_MESSAGE_HEAD.size + 2:
             raise ProtocolError(f"batch message at byte {at} is truncated")
-        size, _, _, flag, body_len = _INNER_HEAD.unpack_from(data, at)
-        props_at = at + _INNER_HEAD.size + body_len
-        if body_len < 0 or size < _INNER_HEAD.size + 2 or props_at + 2 > len(data):
+        size, _, _, flag, body_len = BATCH_MESSAGE_HEAD.unpack_from(data, at)
+        props_at = at + BATCH_MESSAGE_HEAD.size + body_len
+        if body_len < 0 or size < BATCH_MESSAGE_HEAD.size + 2 or props_at + 2 > len(data):
             raise ProtocolError(f"batch message at byte {at}: body length {body_len} does not fit")
-        props_len, = _I16.unpack_from(data, props_at)
-        if props_len < 0 or size != _INNER_HEAD.size + body_len + 2 + props_len or at + size > len(data):
+        props_len, = BATCH_PROPS_LENGTH.unpack_from(data, props_at)
+        if props_len < 0 or size != BATCH_MESSAGE_HEAD.size + body_len + 2 + props_len or at + size > len(data):
             raise ProtocolError(f"batch message at byte {at}: size {size} does not match its fields")
         try:
             props = data[props_at + 2: props_at + 2 + props_len].decode("utf-8")
         except UnicodeDecodeError:
             raise ProtocolError(f"batch message at byte {at}: properties are not UTF-8") from None
-        messages.append((data[at + _INNER_HEAD.size: props_at], flag, props))
+        messages.append((data[at + BATCH_MESSAGE_HEAD.size: props_at], flag, props))
         at += size
     if not messages:
         raise ProtocolError("a batch holds at least one message")

@@ -34,7 +34,7 @@ from shm.codec import (
     SCHEDULE_TOPIC,
     EncodedBatch,
     MessageIllegal,
-    crc32,
+    body_crc,
     encode,
     encode_host,
     encode_v4,
@@ -244,7 +244,6 @@ class SendEncoder:
             reason = next(iter(pending.refusals.values()))
             raise _BatchRefused(reason)
 
-
     def _add_batch_v4(self, pending, header, body, born, batch) -> bool:
         """`_add_batch` in one pass over the client's batch body, for the common case: IPv4
         hosts, ASCII properties, nothing refused. False leaves `pending` and `batch` untouched
@@ -295,16 +294,17 @@ def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp
     record_base = 91 + len(topic_raw)
     largest = max_message_size + MAX_RECORD_OVERHEAD
     parts, sizes, inner = [], [], []
-    head, i16, fixed, checksum = _INNER_HEAD.unpack_from, _I16_STRUCT, FIXED_V4.pack, crc32
+    head, i16, fixed = protocol.BATCH_MESSAGE_HEAD.unpack_from, protocol.BATCH_PROPS_LENGTH, FIXED_V4.pack
+    head_size = protocol.BATCH_MESSAGE_HEAD.size
     while at < end:
-        if len(sizes) >= limit or end - at < 22:
+        if len(sizes) >= limit or end - at < head_size + 2:
             return None
         size, _, _, flag, body_len = head(data, at)
-        props_at = at + 20 + body_len
+        props_at = at + head_size + body_len
         if body_len < 0 or props_at + 2 > end or body_len > max_message_size:
             return None
         props_len, = i16.unpack_from(data, props_at)
-        if props_len < 0 or size != 22 + body_len + props_len or at + size > end:
+        if props_len < 0 or size != head_size + body_len + 2 + props_len or at + size > end:
             return None
         own = data[props_at + 2: props_at + 2 + props_len]
         if not own.isascii():
@@ -313,8 +313,8 @@ def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp
         record_size = record_base + body_len + len(props)
         if len(props) > MAX_PROPERTIES_BYTES or record_size > largest:
             return None
-        body = view[at + 20: props_at]
-        parts += (fixed(record_size, MESSAGE_MAGIC, checksum(body) & 0x7FFFFFFF if body_len else 0, queue_id, flag, 0,
+        body = view[at + head_size: props_at]
+        parts += (fixed(record_size, MESSAGE_MAGIC, body_crc(body), queue_id, flag, 0,
                         0, 0, born_timestamp, born_host, 0, store_host, 0, 0, body_len),
                   body, topic_part, i16.pack(len(props)), props)
         sizes.append(record_size)
@@ -325,8 +325,6 @@ def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp
     return bytearray().join(parts), sizes, inner
 
 
-_INNER_HEAD = struct.Struct(">iiiii")  # a batch body's message: size, magic, CRC, flag, body length
-_I16_STRUCT = struct.Struct(">h")
 _I64_STRUCT = struct.Struct(">q")
 
 

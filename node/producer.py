@@ -201,9 +201,12 @@ class AsyncProducer:
         return count
 
     async def _choose_queue(self, topic: str, queue_id: int | None, shard_key: str | None) -> int:
+        count = None if queue_id is not None else self.routes.get(topic) or await self.queue_count(topic)
+        return self._pick_queue(topic, queue_id, shard_key, count)
+
+    def _pick_queue(self, topic: str, queue_id: int | None, shard_key: str | None, count: int | None) -> int:
         if queue_id is not None:
             return queue_id
-        count = self.routes.get(topic) or await self.queue_count(topic)
         if shard_key is not None:  # ordered sends: one key, one queue
             return zlib.crc32(shard_key.encode()) % count
         counter = self.round_robin.setdefault(topic, itertools.count())
@@ -218,9 +221,9 @@ class AsyncProducer:
 
     async def send_message(self, message: Message, *, queue_id: int | None = None,
                            shard_key: str | None = None) -> SendResult:
-        count = self.routes.get(message.topic) if queue_id is None and shard_key is None else None
-        if count:  # round robin over a known topic: no coroutine to await
-            queue = next(self.round_robin.setdefault(message.topic, itertools.count())) % count
+        count = self.routes.get(message.topic)
+        if queue_id is not None or count:  # no route to look up: no coroutine to await
+            queue = self._pick_queue(message.topic, queue_id, shard_key, count)
         else:
             queue = await self._choose_queue(message.topic, queue_id, shard_key)
         now_ms = int(time.time() * 1000)

@@ -16,7 +16,6 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import zmq
-import zmq.asyncio
 
 from node import aio, protocol
 from node.producer import AsyncProducer, SendError
@@ -145,7 +144,7 @@ class PullResult:
 class AsyncPullConsumer:
     """Pulls from queues at offsets (with long polling), and a `consume` loop for a group."""
 
-    def __init__(self, endpoint: str, *, timeout: float = 5.0, context: zmq.asyncio.Context | None = None):
+    def __init__(self, endpoint: str, *, timeout: float = 5.0, context: zmq.Context | None = None):
         self.client = AsyncProducer(endpoint, timeout=timeout, retries=0, context=context)
 
     async def start(self) -> AsyncPullConsumer:
@@ -262,7 +261,7 @@ class PullConsumer:
         self.loop = aio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="mqnode-consumer", daemon=True)
         self.thread.start()
-        self.context = zmq.asyncio.Context()
+        self.context = zmq.Context()
         self.inner = AsyncPullConsumer(endpoint, context=self.context, **options)
         self._call(self.inner.start())
 

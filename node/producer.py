@@ -1,7 +1,7 @@
 """The producer: `AsyncProducer` (asyncio) and `Producer` (blocking, thread-safe).
 
-One DEALER connection per producer, with a stable routing id, so replies find it again after
-the node's front restarts. Concurrent single sends are coalesced (up to `max_coalesce` of them)
+One DEALER connection per producer (`node.connection`), with a stable routing id, so replies
+find it again after the node's front restarts. Concurrent single sends are coalesced (up to `max_coalesce` of them)
 into one SEND_MESSAGES frame that comes back as one reply with a result each, so the one-message
 API reaches batch throughput: the sends made in one turn of the event loop leave together at its
 end, and while an earlier coalesced request is still in flight they wait up to `linger_ms` for
@@ -21,16 +21,15 @@ import socket as socket_module
 import struct
 import threading
 import time
-import uuid
 import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import orjson
 import zmq
-import zmq.asyncio
 
 from node import aio, protocol
+from node.connection import Connection
 from shm.codec import (
     PROPERTY_DELAY,
     PROPERTY_KEYS,
@@ -130,14 +129,14 @@ class UniqKeys:
 
 class AsyncProducer:
     def __init__(self, endpoint: str, *, linger_ms: float = 1.0, max_coalesce: int = 256, timeout: float = 3.0,
-                 retries: int = 2, context: zmq.asyncio.Context | None = None):
+                 retries: int = 2, context: zmq.Context | None = None):
         self.endpoint = endpoint
         self.linger = linger_ms / 1000
         self.max_coalesce = max_coalesce
         self.timeout = timeout
         self.retries = retries
-        self.context = context or zmq.asyncio.Context.instance()
-        self.socket: zmq.asyncio.Socket | None = None
+        self.context = context or zmq.Context.instance()
+        self.connection: Connection | None = None
         self.keys = UniqKeys()
         self.opaque = itertools.count(1)
         self.waiting: dict[int, tuple[asyncio.Future, float]] = {}
@@ -146,28 +145,20 @@ class AsyncProducer:
         self.coalesced_in_flight = 0  # SEND_MESSAGES requests awaiting their reply
         self.routes: dict[str, int] = {}
         self.round_robin: dict[str, itertools.count] = {}
-        self.reader: asyncio.Task | None = None
         self.reaper: asyncio.Task | None = None
 
     async def start(self) -> AsyncProducer:
-        if self.socket is None:
-            self.socket = self.context.socket(zmq.DEALER)
-            self.socket.setsockopt(zmq.LINGER, 0)
-            self.socket.setsockopt(zmq.ROUTING_ID, b"p" + uuid.uuid4().bytes)
-            self.socket.setsockopt(zmq.SNDHWM, 100000)
-            self.socket.setsockopt(zmq.RCVHWM, 100000)
-            self.socket.connect(self.endpoint)
-            self.reader = asyncio.create_task(self._read())
+        if self.connection is None:
+            self.connection = Connection(self.context, self.endpoint, self._on_reply)
             self.reaper = asyncio.create_task(self._reap())
         return self
 
     async def close(self) -> None:
-        for task in (self.reader, self.reaper):
-            if task is not None:
-                task.cancel()
-        if self.socket is not None:
-            self.socket.close(0)
-            self.socket = None
+        if self.reaper is not None:
+            self.reaper.cancel()
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
         for future, _ in self.waiting.values():
             if not future.done():
                 future.set_exception(SendError("CLOSED", "the producer was closed"))
@@ -187,9 +178,14 @@ class AsyncProducer:
         opaque = next(self.opaque)
         header = dict(header, opaque=opaque)
         future = asyncio.get_running_loop().create_future()
-        self.waiting[opaque] = (future, time.monotonic() + self.timeout)
-        await self.socket.send_multipart(protocol.encode_request(header, body))
+        deadline = time.monotonic() + self.timeout
+        self.waiting[opaque] = (future, deadline)
+        await self._send(protocol.encode_request(header, body), deadline)
         return await future
+
+    async def _send(self, frames: list[bytes], deadline: float) -> None:
+        if not self.connection.send(frames) and not await self.connection.send_by(frames, deadline):
+            raise SendError("SYSTEM_BUSY", "the connection's send queue stayed full")
 
     async def queue_count(self, topic: str) -> int:
         count = self.routes.get(topic)
@@ -254,7 +250,7 @@ class AsyncProducer:
         header = {"code": protocol.SEND_MESSAGE, "oneway": True, "topic": topic, "queueId": queue,
                   "bornTimestamp": int(time.time() * 1000), "properties": message.wire_properties(self.keys.next())}
         await self.start()
-        await self.socket.send_multipart(protocol.encode_request(header, message.body))
+        await self._send(protocol.encode_request(header, message.body), time.monotonic() + self.timeout)
 
     async def send_batch(self, topic: str, messages: list[Message | bytes | str], *, queue_id: int | None = None,
                          shard_key: str | None = None) -> list[SendResult]:
@@ -286,7 +282,7 @@ class AsyncProducer:
     # -- coalescing -------------------------------------------------------------------------------
 
     async def _coalesced(self, entry: dict, body: bytes) -> dict:
-        if self.socket is None:
+        if self.connection is None:
             await self.start()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -306,7 +302,7 @@ class AsyncProducer:
             self.flush_handle.cancel()
             self.flush_handle = None
         queued, self.queued = self.queued, []
-        if not queued or self.socket is None:
+        if not queued or self.connection is None:
             return
         opaque = next(self.opaque)
         futures = [f for _, _, f in queued]
@@ -316,9 +312,7 @@ class AsyncProducer:
         group.add_done_callback(self._coalesced_done)
         self.waiting[opaque] = (group, time.monotonic() + self.timeout)
         header = {"code": protocol.SEND_MESSAGES, "opaque": opaque, "messages": [e for e, _, _ in queued]}
-        try:
-            self.socket.send_multipart([orjson.dumps(header), b"".join(b for _, b, _ in queued)], zmq.NOBLOCK)
-        except zmq.Again:
+        if not self.connection.send([orjson.dumps(header), b"".join(b for _, b, _ in queued)]):
             self.waiting.pop(opaque, None)
             group.set_exception(SendError("SYSTEM_BUSY", "the connection's send queue is full"))
 
@@ -327,16 +321,16 @@ class AsyncProducer:
 
     # -- replies ----------------------------------------------------------------------------------
 
-    async def _read(self) -> None:
-        while True:
-            frames = await self.socket.recv_multipart()
-            try:
-                header = orjson.loads(frames[0])
-            except orjson.JSONDecodeError:
-                continue
-            waiter = self.waiting.pop(header.get("opaque"), None)
-            if waiter is not None and not waiter[0].done():
-                waiter[0].set_result((header, frames[1] if len(frames) > 1 else None))
+    def _on_reply(self, frames: list[bytes]) -> None:
+        try:
+            header = orjson.loads(frames[0])
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(header, dict):
+            return
+        waiter = self.waiting.pop(header.get("opaque"), None)
+        if waiter is not None and not waiter[0].done():
+            waiter[0].set_result((header, frames[1] if len(frames) > 1 else None))
 
     async def _reap(self) -> None:
         """Time out requests whose reply never came (a node restart, a lost actor)."""
@@ -379,7 +373,7 @@ class Producer:
         self.inner = self._call(self._make(endpoint, options))
 
     async def _make(self, endpoint: str, options: dict) -> AsyncProducer:
-        return await AsyncProducer(endpoint, context=zmq.asyncio.Context(), **options).start()
+        return await AsyncProducer(endpoint, context=zmq.Context(), **options).start()
 
     def _call(self, coroutine, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)

@@ -3,6 +3,7 @@ queries by key, time and id, and the consume/query/admin commands. One node for 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -57,6 +58,25 @@ def test_pull_statuses_follow_rocketmq(node, producer, consumer):
     assert consumer.pull("Pulls", 3, 0).status == "NO_NEW_MSG"  # NO_MESSAGE_IN_QUEUE at 0
     assert consumer.pull("Pulls", 3, 7).status == "OFFSET_ILLEGAL"
     assert consumer.pull("NoSuchTopic", 0, 0).status == "NO_NEW_MSG"
+
+
+def test_pull_replies_large_and_small_arrive_intact_together(node, producer, consumer):
+    """Pull replies of ~1 KiB to ~33 KiB, several in flight at once: each gets its own records,
+    whole and in queue order, however the worker and the front batch them."""
+    bodies = [bytes([i]) * (1000 + i) for i in range(40)]
+    producer.send_batch("BigPulls", bodies, queue_id=1)
+    _wait_dispatched(consumer, "BigPulls", 1, 40)
+
+    async def both():
+        pulls = [consumer.inner.pull("BigPulls", 1, offset, max_count=count)
+                 for offset, count in [(0, 32), (32, 1), (5, 32), (39, 1), (33, 2)]]
+        return await asyncio.gather(*pulls)
+
+    for _ in range(3):
+        for (offset, count), result in zip([(0, 32), (32, 1), (5, 32), (39, 1), (33, 2)], consumer._call(both())):
+            expected = range(offset, min(40, offset + count))
+            assert [m.queue_offset for m in result.messages] == list(expected)
+            assert [m.body for m in result.messages] == [bodies[i] for i in expected]
 
 
 def test_tag_filtering_gives_exactly_the_matching_messages(node, producer, consumer):

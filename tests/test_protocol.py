@@ -6,6 +6,7 @@ import re
 
 import orjson
 import pytest
+import zmq
 from golden import GOLDEN_STORE
 from hypothesis import given
 from hypothesis import strategies as st
@@ -309,3 +310,55 @@ def test_coalescing_never_lingers_in_front_of_an_idle_connection():
             context.term()
 
     asyncio.run(main())
+
+
+def test_a_connection_misses_no_reply_however_sends_and_replies_interleave():
+    """ZMQ_FD is edge-triggered and a send can take the edge of a reply that arrived meanwhile:
+    the client must find every reply anyway. A fake front answers in bursts, out of order,
+    while the client keeps sending; every request gets its own reply, and none hangs."""
+    import asyncio
+    import random
+    import threading
+
+    from node.producer import AsyncProducer
+
+    context = zmq.Context()
+    front = context.socket(zmq.ROUTER)
+    port = front.bind_to_random_port("tcp://127.0.0.1")
+    total = 3000
+
+    def serve():
+        rng, pending, answered = random.Random(7), [], 0
+        while answered < total:
+            if front.poll(20):
+                pending.append(front.recv_multipart())
+            if pending and (len(pending) >= rng.randint(1, 40) or not front.poll(0)):
+                rng.shuffle(pending)
+                for client, header, *_ in pending:
+                    opaque = orjson.loads(header)["opaque"]
+                    front.send_multipart([client, orjson.dumps({"opaque": opaque, "status": "OK", "echo": opaque})])
+                answered += len(pending)
+                pending.clear()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+
+    async def main():
+        producer = AsyncProducer(f"tcp://127.0.0.1:{port}", context=context, timeout=10, retries=0)
+        try:
+            async def asker(n):
+                for _ in range(n):
+                    reply, _ = await producer.request({"code": 105, "topic": "T"})
+                    assert reply["echo"] == reply["opaque"]
+
+            await asyncio.wait_for(asyncio.gather(*[asker(total // 100) for _ in range(100)]), 30)
+        finally:
+            await producer.close()
+
+    try:
+        asyncio.run(main())
+        server.join(5)
+        assert not server.is_alive()
+    finally:
+        front.close(0)
+        context.term()

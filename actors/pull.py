@@ -151,7 +151,7 @@ class Pull(Actor):
         if status == "FOUND":
             self.found += 1
         fields = {"nextBeginOffset": result.next_begin_offset, "minOffset": result.min_offset,
-                  "maxOffset": result.max_offset, "getStatus": result.status, "count": len(result.records),
+                  "maxOffset": result.max_offset, "getStatus": result.status, "count": result.count,
                   "suggestWhichBrokerId": 1 if (result.suggest_pulling_from_slave and self.settings.slaveReadEnable) else 0}
         reply = [orjson.dumps(protocol.reply_header(opaque, status, **fields))]
         if result.records:

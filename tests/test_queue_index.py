@@ -249,3 +249,34 @@ def test_batched_reput_writes_the_bytes_of_per_record_dispatch(tmp_path, monkeyp
     assert stores["plain"].keys() == stores["batched"].keys()
     for name in stores["plain"]:
         assert stores["plain"][name] == stores["batched"][name], name
+
+
+def test_reader_returns_exactly_the_named_records_reading_runs_within_segments(tmp_path):
+    """get_message reads records lying back to back as one run, never across a CommitLog
+    segment: at any offset, count and tag filter, a pull returns exactly the records its
+    ConsumeQueue entries name, in order (here 64 KiB segments, runs of one queue and interleaved)."""
+    from shm.reader import FOUND, StoreReader
+
+    settings = small_settings(tmp_path, mappedFileSizeConsumeQueue=1000 * 20)
+    store = open_store(settings)
+    for start in range(0, 900, 60):
+        put(store, [message(i, queues=1 if start % 120 else 3) for i in range(start, start + 60)])
+    store.flush_all()
+    assert len(store.commitlog.segments.files) >= 4
+    reader = StoreReader(settings)
+    dispatched = store.commitlog.offset_written
+    for queue_id in range(3):
+        queue = store.consume_queue("TopicA", queue_id)
+        for offset in range(0, queue.offset_max, 7):
+            for count, tags in ((32, None), (5, None), (32, {tags_code("TagA")}), (1, {tags_code("TagB")})):
+                result = reader.get_message("TopicA", queue_id, offset, count, tags, dispatched)
+                chosen = [e for e in queue.entries(offset, result.next_begin_offset - offset)
+                          if tags is None or e.tags_code in tags]
+                assert result.count == len(chosen) <= count
+                assert b"".join(result.records) == b"".join(
+                    store.commitlog.read_bytes(e.physical_offset, e.size) for e in chosen)
+                assert result.status == (FOUND if chosen else "NO_MATCHED_MESSAGE")
+    one_queue = reader.get_message("TopicA", 0, 20, 32, None, dispatched)  # from the batch of 60 to queue 0
+    assert one_queue.count == 32 and len(one_queue.records) <= 2  # one run (two, where a segment ends)
+    reader.close()
+    store.close()

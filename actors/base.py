@@ -18,6 +18,7 @@ import orjson
 import zmq
 from zmq.backend import zmq_poll
 
+from node.frames import recv_frame, recv_frames
 from shm.control_block import ControlBlock
 
 POLL_MS = 50  # longest a loop sleeps before it looks at its stop flag again
@@ -142,7 +143,7 @@ def incoming(sock: zmq.Socket, limit: int, *, multipart: bool = True):
         if not zmq_poll(items, 0):
             return
         try:
-            yield sock.recv_multipart(zmq.NOBLOCK) if multipart else sock.recv(zmq.NOBLOCK)
+            yield recv_frames(sock) if multipart else recv_frame(sock)
         except zmq.Again:  # raced away (not expected: each socket has one reader)
             return
 

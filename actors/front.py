@@ -28,6 +28,7 @@ import zmq
 
 from actors.base import Actor, incoming, socket, unpack_replies, wait_readable
 from node import protocol
+from node.frames import NOBLOCK, send_frames
 from node.offsets import ConsumerOffsets, SubscriptionGroups
 from node.store_stats import StoreStats
 from node.topics import PERM_WRITE, TopicTable
@@ -114,7 +115,7 @@ class Front(Actor):
             self._send(client, request, frames)
         elif code in protocol.READ_CODES:
             try:
-                self.pulls.send_multipart([client, orjson.dumps({"t": time.monotonic_ns()}), frames[0], b""])
+                send_frames(self.pulls, [client, orjson.dumps({"t": time.monotonic_ns()}), frames[0], b""])
             except zmq.Again:
                 self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY", "no pull worker is available"))
         elif code in protocol.OFFSET_CODES:
@@ -186,7 +187,7 @@ class Front(Actor):
             meta["refused"] = refusals
         body = frames[1] if len(frames) == 2 else b""
         try:
-            self.sends.send_multipart([client, orjson.dumps(meta), frames[0], body])
+            send_frames(self.sends, [client, orjson.dumps(meta), frames[0], body])
         except zmq.Again:
             return self._refuse(client, request, oneway, "SYSTEM_BUSY", "[TIMEOUT_CLEAN_QUEUE]send queue is full")
         if not oneway:
@@ -236,7 +237,7 @@ class Front(Actor):
 
     def _reply(self, client: bytes, frames: list[bytes]) -> None:
         try:
-            self.clients.send_multipart([client, *frames], zmq.NOBLOCK)
+            send_frames(self.clients, [client, *frames], NOBLOCK)
         except zmq.ZMQError:
             self.errors += 1  # the client is gone or not reading: its reply is dropped
 

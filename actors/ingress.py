@@ -17,8 +17,9 @@ import time
 import orjson
 import zmq
 
-from actors.base import Actor, pack_replies, socket
+from actors.base import Actor, incoming, pack_replies, socket, wait_readable
 from node import protocol
+from node.frames import send_frames
 from node.sendcore import PendingSend, SendEncoder, add_request_atomic
 from shm.codec import EncodedBatch
 
@@ -121,21 +122,17 @@ class Ingress(Actor):
         self.replies = socket(self.context, zmq.PUSH, hwm=100000)
         self.replies.connect(self.endpoints["replies"])
         self.batches = self.encoded = 0
+        self.poll_items = [(self.requests, zmq.POLLIN)]
 
     def turn(self) -> None:
-        if not self.requests.poll(50):
+        if not wait_readable(self.poll_items, 50):
             return
-        messages = []
-        for _ in range(MAX_REQUESTS):
-            try:
-                messages.append(self.requests.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                break
+        messages = list(incoming(self.requests, MAX_REQUESTS))
         groups, replies = self.batcher.build(messages)
         if replies:
             self.replies.send(pack_replies(replies))
         for group in groups:
-            self.records.send_multipart(group_to_wire(*group))
+            send_frames(self.records, group_to_wire(*group))
             self.batches += 1
             self.encoded += len(group[0])
 

@@ -20,6 +20,9 @@ import uuid
 from collections.abc import Callable
 
 import zmq
+from zmq.backend import zmq_poll
+
+from node.frames import NOBLOCK, recv_frames, send_frames
 
 MAX_READ = 256  # replies handled per reader callback before other callbacks get a turn
 FULL_RETRY_S = 0.001  # a full send queue is tried again this often, until the caller's deadline
@@ -40,6 +43,7 @@ class Connection:
         self.on_frames = on_frames
         self.loop = asyncio.get_running_loop()
         self.fd = self.socket.getsockopt(zmq.FD)
+        self.poll_items = [(self.socket, zmq.POLLIN)]
         self.loop.add_reader(self.fd, self._readable)
         self.read_scheduled = False
         self.closed = False
@@ -47,7 +51,7 @@ class Connection:
     def send(self, frames: list[bytes]) -> bool:
         """Queue `frames` without blocking; False when the connection's queue is full."""
         try:
-            self.socket.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(self.socket, frames, NOBLOCK)
             return True
         except zmq.Again:
             return False
@@ -65,7 +69,7 @@ class Connection:
 
     def _look(self) -> None:
         """Schedule the reader if a reply waits that the FD may not announce."""
-        if not self.read_scheduled and not self.closed and self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if not self.read_scheduled and not self.closed and zmq_poll(self.poll_items, 0):
             self.read_scheduled = True
             self.loop.call_soon(self._readable)
 
@@ -75,9 +79,9 @@ class Connection:
             return
         socket = self.socket
         for _ in range(MAX_READ):
-            if not socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not zmq_poll(self.poll_items, 0):  # reads ZMQ_EVENTS, as getsockopt would
                 return
-            self.on_frames(socket.recv_multipart(zmq.NOBLOCK))
+            self.on_frames(recv_frames(socket))
         self._look()  # more are waiting: come back after the loop's other callbacks
 
     def close(self) -> None:

@@ -362,3 +362,29 @@ def test_a_connection_misses_no_reply_however_sends_and_replies_interleave():
     finally:
         front.close(0)
         context.term()
+
+
+def test_fast_frames_round_trip_as_pyzmq_multipart_does():
+    from node.frames import NOBLOCK, readable, recv_frames, send_frames
+
+    context = zmq.Context()
+    a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    try:
+        a.bind("inproc://frames")
+        b.connect("inproc://frames")
+        messages = [[b"one"], [b"c", b"", b'{"t":1}', memoryview(b"body" * 3000)], [b""] * 5]
+        expected = [[bytes(f) for f in frames] for frames in messages]
+        for send, receive in ((send_frames, recv_frames), (zmq.Socket.send_multipart, recv_frames),
+                              (send_frames, lambda sock: sock.recv_multipart())):
+            for frames in messages:
+                send(a, frames, NOBLOCK)
+            got = []
+            while readable(b):
+                got.append(receive(b))
+            assert got == expected
+        with pytest.raises(zmq.Again):
+            recv_frames(b)
+    finally:
+        a.close(0)
+        b.close(0)
+        context.term()

@@ -1,0 +1,50 @@
+"""Multipart send and receive without pyzmq's conveniences, for the hot paths of actors and clients.
+
+`zmq.Socket.send_multipart` type-checks every frame and ORs enum Flags for each one (an Enum
+instance is made every time); `recv_multipart` passes enums to `getsockopt`. Measured here, a
+4-frame message sent and received cost 14.9 µs that way, and 7.4 µs through the base class's
+methods with plain int flags; the front does four such hops a pull. `readable` is zmq_poll with
+no wait: ~1 µs, against ~2.7 µs for `getsockopt(zmq.EVENTS)` (and it reads the socket's events,
+which re-arms its edge-triggered FD just as that does).
+"""
+
+from __future__ import annotations
+
+import zmq
+from zmq.backend import Socket as _BaseSocket
+from zmq.backend import zmq_poll
+
+SNDMORE = int(zmq.SNDMORE)
+NOBLOCK = int(zmq.NOBLOCK)
+RCVMORE = int(zmq.RCVMORE)
+POLLIN = int(zmq.POLLIN)
+
+_send = _BaseSocket.send
+_recv = _BaseSocket.recv
+_get = _BaseSocket.get
+
+
+def send_frames(sock: zmq.Socket, frames: list, flags: int = 0) -> None:
+    """`sock.send_multipart(frames, flags)`; raises zmq.Again as it does (a multipart message is
+    atomic: once its first frame is queued, the rest are)."""
+    more = flags | SNDMORE
+    for frame in frames[:-1]:
+        _send(sock, frame, more)
+    _send(sock, frames[-1], flags)
+
+
+def recv_frames(sock: zmq.Socket, flags: int = NOBLOCK) -> list[bytes]:
+    """`sock.recv_multipart(flags)`: every frame of the next message, as bytes."""
+    parts = [_recv(sock, flags)]
+    while _get(sock, RCVMORE):
+        parts.append(_recv(sock, flags))
+    return parts
+
+
+def recv_frame(sock: zmq.Socket, flags: int = NOBLOCK) -> bytes:
+    return _recv(sock, flags)
+
+
+def readable(sock: zmq.Socket) -> bool:
+    """Whether a message waits on `sock`, without waiting."""
+    return bool(zmq_poll([(sock, POLLIN)], 0))

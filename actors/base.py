@@ -30,7 +30,7 @@ def endpoints(settings) -> dict[str, str]:
     """The node's internal ipc endpoints, under its run directory."""
     run = settings.run_dir
     return {name: f"ipc://{run}/{name}" for name in ("ingress", "writer", "flush", "replies", "stats", "pulls",
-                                                      "arrivals")}
+                                                      "arrivals", "reput")}
 
 
 def socket(context: zmq.Context, kind: int, *, hwm: int = 10000) -> zmq.Socket:
@@ -38,6 +38,13 @@ def socket(context: zmq.Context, kind: int, *, hwm: int = 10000) -> zmq.Socket:
     s.setsockopt(zmq.LINGER, 0)  # never hang at close on unsent messages
     s.setsockopt(zmq.SNDHWM, hwm)
     s.setsockopt(zmq.RCVHWM, hwm)
+    return s
+
+
+def conflated(context: zmq.Context, kind: int) -> zmq.Socket:
+    """A socket that keeps only the latest message (wake-ups: one pending says it all)."""
+    s = socket(context, kind, hwm=1)
+    s.setsockopt(zmq.CONFLATE, 1)  # before bind/connect
     return s
 
 

@@ -2,7 +2,8 @@
 
 Sockets: `records` PULL, bound at `writer` (encoded groups from the ingress workers, or raw
 send requests from the front when `ingressWorkers = 0`, which it encodes itself); `replies`
-PUSH to the front; `waits` PUSH to the flush actor (SYNC_FLUSH sends that wait for the disk).
+PUSH to the front; `waits` PUSH to the flush actor (SYNC_FLUSH sends that wait for the disk);
+`wakes` PUSH, conflated, to the dispatcher: "written moved", once per turn that moved it.
 
 Per group: one append (one copy per segment, three patches per record), then the written
 position and store time are published in the control block, then the replies go out: to the
@@ -28,9 +29,10 @@ import time
 import orjson
 import zmq
 
-from actors.base import Actor, incoming, pack_replies, socket, wait_readable
+from actors.base import Actor, conflated, incoming, pack_replies, socket, wait_readable
 from actors.ingress import RequestBatcher, group_from_wire
 from node import sendcore
+from node.frames import NOBLOCK
 from shm.codec import (
     TRANSACTION_COMMIT,
     TRANSACTION_MASK,
@@ -86,6 +88,9 @@ class Writer(Actor):
         self.replies.connect(self.endpoints["replies"])
         self.waits = socket(self.context, zmq.PUSH, hwm=100000)
         self.waits.connect(self.endpoints["flush"])
+        self.wakes = conflated(self.context, zmq.PUSH)
+        self.wakes.connect(self.endpoints["reput"])
+        self.wake_due = False
 
     def _queue_offsets(self, written: int) -> dict[str, int]:
         """Recovery's table, advanced over what was appended since start-up (a restarted writer)."""
@@ -104,6 +109,7 @@ class Writer(Actor):
     def turn(self) -> None:
         if not wait_readable(self.poll_items, self.poll_ms):
             self._commit(force=False)
+            self._wake_dispatcher()
             return
         replies, waits = [], []
         began = time.monotonic_ns()
@@ -117,7 +123,23 @@ class Writer(Actor):
         if waits:
             self.waits.send(orjson.dumps(waits))
         self._commit(force=False)
+        self._wake_dispatcher()
         self.busy_ns += time.monotonic_ns() - began
+
+    def _publish(self, offset: int, store_timestamp: int) -> None:
+        self.control.set("store_timestamp", store_timestamp)
+        self.control.advance("written", offset)
+        self.wake_due = True
+
+    def _wake_dispatcher(self) -> None:
+        """One wake-up per turn that moved `written` (after the replies: they are what a
+        client waits for). Conflated: a dispatcher still busy finds one message, not many."""
+        if self.wake_due:
+            self.wake_due = False
+            try:
+                self.wakes.send(b"", NOBLOCK)
+            except zmq.Again:
+                pass  # the dispatcher is not there (restarting): its timer catches up
 
     def _groups(self, frames: list[bytes], replies: list):
         if self.batcher is not None:  # raw requests from the front
@@ -178,8 +200,7 @@ class Writer(Actor):
             return self._failed(batch, status, str(e))
         self.end, self.end_timestamp = result.offset_written, store_timestamp
         if not self.buffered:
-            self.control.set("store_timestamp", store_timestamp)
-            self.control.advance("written", result.offset_written)
+            self._publish(result.offset_written, store_timestamp)
         self.append_ns_max = max(self.append_ns_max, time.monotonic_ns() - began)
         self.put_times += len(batch)
         self.put_bytes += batch.size_bytes
@@ -213,12 +234,12 @@ class Writer(Actor):
         self.next_commit = now + s.commitIntervalCommitLog / 1000
         if thorough:
             self.next_thorough_commit = now + s.commitCommitLogThoroughInterval / 1000
-        self.control.set("store_timestamp", self.end_timestamp)
-        self.control.advance("written", self.end)
+        self._publish(self.end, self.end_timestamp)
         self.commits += 1
 
     def drain(self) -> None:
         self._commit(force=True)
+        self._wake_dispatcher()
 
     def statistics(self) -> dict:
         return super().statistics() | {

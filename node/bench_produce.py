@@ -125,7 +125,7 @@ def main() -> None:
     print(f"mqnode bench-produce: 1 KiB bodies, {psutil.cpu_count()} cores, client on the same machine")
     try:
         for ingress in args.ingress_workers:
-            directory = base / f"async-{ingress}"
+            directory = base / f"async-{ingress}-{len(list(base.iterdir()))}"
             directory.mkdir()
             with bench_node(directory, "ASYNC_FLUSH", ingress) as node:
                 usage = Usage(node)

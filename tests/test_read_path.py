@@ -79,6 +79,25 @@ def test_pull_replies_large_and_small_arrive_intact_together(node, producer, con
             assert [m.body for m in result.messages] == [bodies[i] for i in expected]
 
 
+def test_the_writer_wakes_the_dispatcher(node, producer, consumer):
+    """Each record is dispatched because the writer said `written` moved, not found by the
+    dispatcher's fallback timer (sends spaced wider than it, so either could find them)."""
+    def dispatcher_stats() -> dict:
+        time.sleep(1.2)  # quiet for longer than the once-a-second statistics push
+        reply, _ = producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+        return reply["actors"]["dispatcher"]
+
+    before = dispatcher_stats()
+    for i in range(20):
+        producer.send("Wakes", f"w{i}", queue_id=0)
+        time.sleep(0.08)
+    _wait_dispatched(consumer, "Wakes", 0, 20)
+    after = dispatcher_stats()
+    on_wake = after["caughtUpOnWake"] - before["caughtUpOnWake"]
+    on_timer = after["caughtUpOnTimer"] - before["caughtUpOnTimer"]
+    assert on_wake >= 18 and on_timer <= 2, (on_wake, on_timer)
+
+
 def test_tag_filtering_gives_exactly_the_matching_messages(node, producer, consumer):
     for i in range(30):
         producer.send("Tagged", f"t{i}", tags=("TagA", "TagB", "TagC")[i % 3], queue_id=1)

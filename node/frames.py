@@ -16,12 +16,10 @@ from zmq.backend import zmq_poll
 
 SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
-RCVMORE = int(zmq.RCVMORE)
 POLLIN = int(zmq.POLLIN)
 
 _send = _BaseSocket.send
 _recv = _BaseSocket.recv
-_get = _BaseSocket.get
 
 
 def send_frames(sock: zmq.Socket, frames: list, flags: int = 0) -> None:
@@ -34,10 +32,14 @@ def send_frames(sock: zmq.Socket, frames: list, flags: int = 0) -> None:
 
 
 def recv_frames(sock: zmq.Socket, flags: int = NOBLOCK) -> list[bytes]:
-    """`sock.recv_multipart(flags)`: every frame of the next message, as bytes."""
-    parts = [_recv(sock, flags)]
-    while _get(sock, RCVMORE):
-        parts.append(_recv(sock, flags))
+    """`sock.recv_multipart(flags)`: every frame of the next message, as bytes. Each frame's
+    `more` flag says whether another follows (asking the socket for RCVMORE looks the option
+    up as an Enum each time)."""
+    frame = _recv(sock, flags, False)
+    parts = [frame.bytes]
+    while frame.more:
+        frame = _recv(sock, flags, False)
+        parts.append(frame.bytes)
     return parts
 
 

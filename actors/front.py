@@ -6,7 +6,9 @@ Sockets:
   `ingressWorkers = 0`, straight to the append writer (connected to `writer`).
 - `replies` PULL, bound: joined replies from ingress, writer and flush.
 - `stats` PULL, bound: every actor's statistics, once a second.
-- `pulls` PUSH, bound: read requests to the pull workers.
+- `pulls` PUSH, bound: read requests to the pull workers; with `readsInFront`, none run and
+  the front serves reads itself with the pull worker's read core (`actors.pull`), subscribed
+  to the dispatcher's arrivals while it holds pulls.
 
 It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
 `flushConsumerOffsetInterval` ms and at stop).
@@ -27,6 +29,7 @@ import orjson
 import zmq
 
 from actors.base import Actor, incoming, socket, unpack_replies, wait_readable
+from actors.pull import Pull
 from node import protocol
 from node.frames import NOBLOCK, send_frames
 from node.offsets import ConsumerOffsets, SubscriptionGroups
@@ -66,6 +69,13 @@ class Front(Actor):
         self.stats_in = socket(self.context, zmq.PULL, hwm=1000)
         self.stats_in.bind(self.endpoints["stats"])
         self.poll_items = [(sock, zmq.POLLIN) for sock in (self.clients, self.replies, self.stats_in)]
+        self.reads: Pull | None = None
+        self.read_replies: list = []
+        if s.readsInFront:
+            self.reads = Pull(s)
+            self.reads.control = self.control  # shared, not owned: close_reads leaves it open
+            self.reads.open_reads()
+            self.watch_items = self.poll_items + [(self.reads.arrivals, zmq.POLLIN)]
         self.accepting = True
         self.in_flight = 0
         self.requests = self.refused = self.malformed = 0
@@ -77,19 +87,40 @@ class Front(Actor):
         self.accepting = False
 
     def turn(self) -> None:
-        events = wait_readable(self.poll_items, 50)
+        reads = self.reads
+        if reads is None:
+            events = wait_readable(self.poll_items, 50)
+        else:
+            events = wait_readable(self.watch_items if reads.watching else self.poll_items, min(50, reads.timeout_ms()))
         if self.replies in events:
             self._forward_replies()
         if self.clients in events:
             self._serve_clients()
         if self.stats_in in events:
             self._take_stats()
+        if reads is not None:
+            self._finish_reads(events)
         if time.monotonic() >= self.next_offsets_persist:
             self.next_offsets_persist = time.monotonic() + self.settings.flushConsumerOffsetInterval / 1000
             self.offsets.persist()
 
     def drain(self) -> None:
+        if self.reads is not None:
+            self.reads.release_all(self.read_replies)
+            self._send_read_replies()
         self.offsets.persist()
+
+    def _finish_reads(self, events: set) -> None:
+        """readsInFront: wake held pulls whose queues grew, end expired ones, send the replies."""
+        if self.reads.arrivals in events:
+            self.reads.on_arrivals(self.read_replies)
+        self.reads.after_turn(self.read_replies)
+        self._send_read_replies()
+
+    def _send_read_replies(self) -> None:
+        for reply in self.read_replies:  # (client, -arrival, header[, body])
+            self._reply(reply[0], list(reply[2:]))
+        self.read_replies.clear()
 
     # -- clients -----------------------------------------------------------------------------------
 
@@ -113,6 +144,8 @@ class Front(Actor):
         code = request.code
         if code in protocol.SEND_CODES:
             self._send(client, request, frames)
+        elif code in protocol.READ_CODES and self.reads is not None:
+            self.reads.serve_request(request.header, client, time.monotonic_ns(), self.read_replies)
         elif code in protocol.READ_CODES:
             try:
                 send_frames(self.pulls, [client, orjson.dumps({"t": time.monotonic_ns()}), frames[0], b""])
@@ -261,9 +294,19 @@ class Front(Actor):
                                         stats["putMessageSizeTotal"], stats["putMessageFailedTimes"])
 
     def statistics(self) -> dict:
-        return super().statistics() | {"requests": self.requests, "inFlight": self.in_flight,
-                                       "refused": self.refused, "malformed": self.malformed,
-                                       "accepting": self.accepting, "topics": len(self.topics.topics)}
+        stats = super().statistics() | {"requests": self.requests, "inFlight": self.in_flight,
+                                        "refused": self.refused, "malformed": self.malformed,
+                                        "accepting": self.accepting, "topics": len(self.topics.topics)}
+        if getattr(self, "reads", None) is not None:
+            reads = self.reads
+            stats["reads"] = {"served": reads.served, "found": reads.found, "held": reads.held_count,
+                              "woken": reads.woken, "expired": reads.expired}
+        return stats
+
+    def close(self) -> None:
+        if getattr(self, "reads", None) is not None:
+            self.reads.close_reads()
+        super().close()
 
 
 def _opaque_of(frames: list[bytes]):

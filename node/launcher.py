@@ -167,7 +167,8 @@ class Node:
         plan = [("flush", "flush", {}), ("allocator", "allocator", {}), ("dispatcher", "dispatcher", {}),
                 ("writer", "writer", {"queue_offsets": queue_offsets, "recovered_offset": recovered})]
         plan += [(f"ingress-{i}", "ingress", {"instance": i}) for i in range(s.ingressWorkers)]
-        plan += [(f"pull-{i}", "pull", {"instance": i}) for i in range(s.pullWorkers or os.cpu_count() or 1)]
+        if not s.readsInFront:
+            plan += [(f"pull-{i}", "pull", {"instance": i}) for i in range(s.pullWorkers or os.cpu_count() or 1)]
         plan.append(("front", "front", {}))
         for label, kind, kwargs in plan:
             self.hosts[label] = remote.options(num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0,

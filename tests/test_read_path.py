@@ -19,9 +19,11 @@ from node import protocol
 from node.client import Producer, PullConsumer
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    yield from in_process_node(tmp_path_factory.mktemp("read"), pullWorkers=1, defaultTopicQueueNums=4)
+@pytest.fixture(scope="module", params=[False, True], ids=["pull-worker", "reads-in-front"])
+def node(tmp_path_factory, request):
+    """Every test runs against a node with a pull worker and against one whose front serves reads."""
+    yield from in_process_node(tmp_path_factory.mktemp("read"), pullWorkers=1, defaultTopicQueueNums=4,
+                               readsInFront=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +135,8 @@ def test_long_polling_wakes_on_arrival_and_idles_for_free(node, producer, consum
     assert consumer.pull("Pulls", 0, top + 1, suspend_ms=300).status == "NO_NEW_MSG"
     assert time.monotonic() - began >= 0.25
     # 300 held pulls cost (almost) no CPU while nothing arrives
-    pull_worker = psutil.Process(int((node.settings.run_dir / "pull-0.pid").read_text()))
+    holder = "front" if node.settings.readsInFront else "pull-0"
+    pull_worker = psutil.Process(int((node.settings.run_dir / f"{holder}.pid").read_text()))
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

@@ -130,7 +130,7 @@ class Settings:
     # -- mqnode's node
     listen: str = _s("tcp://127.0.0.1:10911", "Client endpoint the front binds (ZeroMQ ROUTER)", NODE)
     ingressWorkers: int = _s(0, "Encoding workers between front and writer; 0 = the append writer encodes", NODE)
-    pullWorkers: int = _s(0, "Pull workers serving reads; 0 = one per core", NODE)
+    pullWorkers: int = _s(0, "Pull workers serving reads when readsInFront = false; 0 = one per core", NODE)
     readsInFront: bool = _s(True, "The front serves reads itself, no pull worker runs (faster on 2 cores; false for pullWorkers)", NODE)
     sendQueueCapacity: int = _s(10000, "Send requests the front lets wait before answering SYSTEM_BUSY", NODE)
     actorMaxRestarts: int = _s(20, "Times Ray restarts a dead actor", NODE)

@@ -36,6 +36,8 @@ from shm.codec import (
 )
 
 _I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
+_FIXED_V4_UNPACK = FIXED_V4.unpack_from
+_V6_FLAGS = FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6
 
 
 class ReceivedMessage(NamedTuple):
@@ -90,31 +92,39 @@ def decode_messages(body: bytes | None) -> list[ReceivedMessage]:
 
 def _decode_v4(buf: bytes, at: int, size: int) -> ReceivedMessage | None:
     (_, magic, _, queue_id, _, queue_offset, physical, sys_flag, born_ts, born_host, store_ts, store_host,
-     reconsume, _, body_len) = FIXED_V4.unpack_from(buf, at)
-    if sys_flag & (FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6) or magic not in (MESSAGE_MAGIC, MESSAGE_MAGIC_V2):
+     reconsume, _, body_len) = _FIXED_V4_UNPACK(buf, at)
+    if sys_flag & _V6_FLAGS or (magic != MESSAGE_MAGIC and magic != MESSAGE_MAGIC_V2):
         return None
-    p = at + FIXED_V4.size
-    if body_len < 0 or p + body_len + 3 > at + size:
+    p, end = at + FIXED_V4.size, at + size
+    if body_len < 0 or p + body_len + 3 > end:
         return None
     body = buf[p: p + body_len]
     p += body_len
     if magic == MESSAGE_MAGIC:
         topic_len, p = buf[p], p + 1
-        topic_len = topic_len if topic_len < 128 else -1  # a signed byte in Java
+        if topic_len >= 128:  # a negative signed byte in Java
+            return None
     else:
         topic_len, p = _I16.unpack_from(buf, p)[0], p + 2
-    if topic_len <= 0 or p + topic_len + 2 > at + size:
+    if topic_len <= 0 or p + topic_len + 2 > end:
         return None  # let the full codec say what is wrong with it
-    topic = buf[p: p + topic_len].decode("utf-8")
+    topic = _topic_text(buf[p: p + topic_len])
     p += topic_len
     props_len = _I16.unpack_from(buf, p)[0]
-    if props_len < 0 or p + 2 + props_len != at + size:
+    if props_len < 0 or p + 2 + props_len != end:
         return None
-    properties = parse_properties(buf[p + 2: p + 2 + props_len].decode("utf-8"))
+    properties = parse_properties(buf[p + 2: end].decode("utf-8"))
     offset_id = (store_host + _I64.pack(physical)).hex().upper()
+    keys = properties.get(PROPERTY_KEYS)
     return ReceivedMessage(topic, queue_id, queue_offset, properties.get(PROPERTY_UNIQ_KEY) or offset_id, offset_id,
-                           properties.get(PROPERTY_TAGS), split_keys(properties.get(PROPERTY_KEYS, "")), properties,
+                           properties.get(PROPERTY_TAGS), split_keys(keys) if keys else [], properties,
                            body, born_ts, store_ts, _host_text(born_host), _host_text(store_host), reconsume)
+
+
+@lru_cache(maxsize=1024)
+def _topic_text(raw: bytes) -> str:
+    """A reply's records share a topic: its name is decoded once, not once a message."""
+    return raw.decode("utf-8")
 
 
 def _decode_full(raw: bytes) -> ReceivedMessage:

@@ -1,11 +1,12 @@
 """The producer: `AsyncProducer` (asyncio) and `Producer` (blocking, thread-safe).
 
 One DEALER connection per producer (`node.connection`), with a stable routing id, so replies
-find it again after the node's front restarts. Concurrent single sends are coalesced (up to `max_coalesce` of them)
-into one SEND_MESSAGES frame that comes back as one reply with a result each, so the one-message
-API reaches batch throughput: the sends made in one turn of the event loop leave together at its
-end, and while an earlier coalesced request is still in flight they wait up to `linger_ms` for
-more company (Nagle's rule: never linger in front of an idle connection). Every send
+find it again after the node's front restarts. Concurrent single sends are coalesced (up to
+`max_coalesce` of them) into one SEND_MESSAGES frame that comes back as one reply with a result
+each, so the one-message API reaches batch throughput: the sends made in one turn of the event
+loop leave together at its end, and while an earlier coalesced request is still in flight they
+wait up to `linger_ms` for more company (Nagle's rule: never linger in front of an idle
+connection). Every send
 carries a client-made UNIQ_KEY (RocketMQ's MessageClientIDSetter layout), which is the msgId
 the caller gets back. SYSTEM_BUSY and timeouts are retried `retries` times; a send is
 at-least-once, as in RocketMQ.
@@ -180,7 +181,11 @@ class AsyncProducer:
         future = asyncio.get_running_loop().create_future()
         deadline = time.monotonic() + self.timeout
         self.waiting[opaque] = (future, deadline)
-        await self._send(protocol.encode_request(header, body), deadline)
+        try:
+            await self._send(protocol.encode_request(header, body), deadline)
+        except SendError:
+            self.waiting.pop(opaque, None)  # never sent: nothing to reap, no reply to wait for
+            raise
         return await future
 
     async def _send(self, frames: list[bytes], deadline: float) -> None:

@@ -405,15 +405,16 @@ class EncodedBatch:
         self.timestamp_offsets.append(56)
         self.data += record
 
-    def add_many_v4(self, records: bytes | bytearray, sizes: list[int], queue_key: str) -> None:
-        """Append records made like `encode_v4`'s (IPv4 born host), back to back, of one queue."""
+    def add_many_v4(self, records: bytes | bytearray, sizes: list[int], queue_keys: list[str]) -> None:
+        """Append records made like `encode_v4`'s (IPv4 born host), back to back."""
         at = len(self.data)
         for size in sizes:
             self.positions.append(at)
             at += size
         assert at == len(self.data) + len(records), "record sizes must add up to the records"
+        assert len(queue_keys) == len(sizes), "one queue key per record"
         self.sizes += sizes
-        self.queue_keys += [queue_key] * len(sizes)
+        self.queue_keys += queue_keys
         self.timestamp_offsets += [56] * len(sizes)
         if not self.data and isinstance(records, bytearray):
             self.data = records  # a client batch travels alone: adopt its buffer, no copy

@@ -9,6 +9,7 @@ import pytest
 import zmq
 from golden import GOLDEN_STORE
 from hypothesis import given
+from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from nodes import ROOT
 
@@ -247,6 +248,70 @@ def test_batch_fast_path_writes_what_the_general_path_writes(messages, propertie
                 pending.indices, pending.refusals, pending.uniq_keys, pending.wait, answered)
 
     assert run(True) == run(False)
+
+
+_GOOD_PROPS = [None, {}, {"TAGS": "a"}, {"WAIT": "false"}, {"WAIT": "true", "TAGS": "t"}, {"é": "ü"},
+               {"UNIQ_KEY": "u1", "KEYS": "k1 k2"}, {"CLUSTER": "mine"}, {"KEYS": "k", "p7": "v"}, {f"p{i}": "v" for i in range(7)},
+               {f"p{i}": "v" for i in range(14)}]
+_GOOD_ENTRY = st.fixed_dictionaries(
+    {"topic": st.sampled_from(["Ta", "Tb", "é"]), "queueId": st.sampled_from([0, 3]), "body": st.binary(max_size=30),
+     "properties": st.sampled_from(_GOOD_PROPS)},
+    optional={"flag": st.sampled_from([0, 7]), "reconsumeTimes": st.sampled_from([0, 2]),
+              "bornTimestamp": st.just(1_700_000_000_000)})
+_SPOILERS = [  # each spoils a request for the fast path in its own way
+    {"_refused": ["MESSAGE_ILLEGAL", "refused by the front"]}, {"body": bytes(31)},
+    {"queueId": 2**31}, {"queueId": True}, {"flag": 2**31}, {"flag": "x"}, {"reconsumeTimes": 2**31},
+    {"bornTimestamp": 2**63}, {"bornTimestamp": False}, {"properties": {"DELAY": "2"}},
+    {"properties": {"": "x"}}, {"properties": {"a": ""}}, {"properties": {"a\x01": "b"}},
+    {"properties": {"a": "b\x02"}}, {"properties": {"n": 5}}, {"properties": {"big": "x" * 32800}}, {"properties": "TAGS\x01x"}, {"properties": ""},
+    {"properties": []}]
+
+
+@pytest.mark.parametrize("spoiler", [None, *_SPOILERS])
+@hypothesis_settings(max_examples=40)
+@given(st.lists(_GOOD_ENTRY, min_size=1, max_size=6), st.integers(0, 6), st.sampled_from(["10.0.0.1:5", "[::1]:7"]))
+def test_coalesced_sends_fast_path_writes_what_the_general_path_writes(spoiler, entries, at, born):
+    """SEND_MESSAGES' one-pass encoder and its reply agree byte for byte with the general path
+    (message by message through `_add_message`), refusals included."""
+    import node.sendcore as sendcore
+
+    settings = settings_module.load(None, {"storePathRootDir": "/nonexistent", "maxMessageSize": 30})
+    if spoiler is not None:
+        entries = entries[:at] + [entries[at % len(entries)] | spoiler] + entries[at:]
+    messages = [{k: v for k, v in e.items() if k != "body"} | {"bodySize": len(e["body"])} for e in entries]
+    header = {"code": protocol.SEND_MESSAGES, "opaque": 9, "messages": messages}
+    body = b"".join(e["body"] for e in entries)
+
+    class GeneralOnly(SendEncoder):
+        def _add_messages_v4(self, *args) -> bool:
+            return False
+
+    def run(fast: bool):
+        encoder, batch = (SendEncoder if fast else GeneralOnly)(settings), EncodedBatch()
+        batch.add_v4(b"\x00" * 8, "other-0")  # the batch may already hold another request's records
+        pending = PendingSend(b"c", 9, protocol.SEND_MESSAGES, 0)
+        add_request_atomic(encoder, pending, orjson.loads(orjson.dumps(header)), body, encoder.born_host(born), batch)
+        physical = [1000 * i for i in range(len(batch))]
+        queue = list(range(len(batch)))
+        answered = sendcore.answer(pending, physical, queue, encoder.store_host)
+        assert answered == reply(pending, results(pending, physical, queue, encoder.store_host))
+        return (bytes(batch.data), batch.positions, batch.sizes, batch.queue_keys, batch.timestamp_offsets,
+                pending.indices, pending.refusals, pending.uniq_keys, pending.topics, pending.queue_ids,
+                pending.wait, answered)
+
+    assert run(True) == run(False)
+
+
+def test_coalesced_sends_take_the_fast_path():
+    """The common coalesced request does take the one-pass encoder (the test above would pass
+    if it never did)."""
+    settings = settings_module.load(None, {"storePathRootDir": "/nonexistent"})
+    encoder = SendEncoder(settings)
+    messages = [{"topic": "T", "queueId": i, "bornTimestamp": 1, "bodySize": 3,
+                 "properties": {"UNIQ_KEY": f"K{i}", "TAGS": "a", "WAIT": "true"}} for i in range(4)]
+    pending = PendingSend(b"c", 1, protocol.SEND_MESSAGES, 0)
+    assert encoder._add_messages_v4(pending, messages, b"abc" * 4, encoder.born_host("10.0.0.1:5"), EncodedBatch())
+    assert pending.uniq_keys == ["K0", "K1", "K2", "K3"] and pending.indices == [0, 1, 2, 3] and pending.wait
 
 
 def test_uniq_keys_follow_message_client_id_setter_layout():

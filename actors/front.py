@@ -3,7 +3,10 @@
 Sockets:
 - `clients` ROUTER, bound to `listen`: requests in, replies out (routed by the client's id).
 - `sends` PUSH: send requests to the ingress workers (bound at `ingress`) or, with
-  `ingressWorkers = 0`, straight to the append writer (connected to `writer`).
+  `ingressWorkers = 0` and `writesInFront = false`, straight to the append writer (connected
+  to `writer`). With `writesInFront` (and no ingress workers) no writer process runs: the
+  front is the CommitLog's single writer, with the writer's core (`actors.writer`), appending
+  each turn's sends together and answering them itself.
 - `replies` PULL, bound: joined replies from ingress, writer and flush.
 - `stats` PULL, bound: every actor's statistics, once a second.
 - `pulls` PUSH, bound: read requests to the pull workers; with `readsInFront`, none run and
@@ -30,6 +33,7 @@ import zmq
 
 from actors.base import Actor, incoming, socket, unpack_replies, wait_readable
 from actors.pull import Pull
+from actors.writer import Writer
 from node import protocol
 from node.frames import NOBLOCK, send_frames
 from node.offsets import ConsumerOffsets, SubscriptionGroups
@@ -43,6 +47,10 @@ SEND_WAIT_MS = 20
 class Front(Actor):
     name = "front"
 
+    def __init__(self, settings, *, queue_offsets: dict[str, int] | None = None, recovered_offset: int = 0):
+        super().__init__(settings)
+        self.recovered = (queue_offsets, recovered_offset)  # for the write core, as the writer gets them
+
     def open(self) -> None:
         s = self.settings
         self.topics = TopicTable(s.root / "config", auto_create=s.autoCreateTopicEnable,
@@ -50,14 +58,22 @@ class Front(Actor):
         self.clients = socket(self.context, zmq.ROUTER, hwm=100000)
         self.clients.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client takes its id back
         self.clients.bind(s.listen)
-        self.sends = socket(self.context, zmq.PUSH, hwm=s.sendQueueCapacity)
-        # A short wait rather than none: right after start-up the workers' connections may still
-        # be in their handshake, and a full queue is answered SYSTEM_BUSY either way.
-        self.sends.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
-        if s.ingressWorkers > 0:
-            self.sends.bind(self.endpoints["ingress"])
+        self.writes: Writer | None = None
+        self.write_requests: list[list[bytes]] = []  # this turn's sends, appended together
+        if s.front_writes:
+            self.writes = Writer(s, queue_offsets=self.recovered[0], recovered_offset=self.recovered[1])
+            self.writes.control = self.control  # shared, not owned: close_writes leaves it open
+            self.writes.open_writes()
+            self.next_put_sample = 0.0
         else:
-            self.sends.connect(self.endpoints["writer"])
+            self.sends = socket(self.context, zmq.PUSH, hwm=s.sendQueueCapacity)
+            # A short wait rather than none: right after start-up the workers' connections may
+            # still be in their handshake, and a full queue is answered SYSTEM_BUSY either way.
+            self.sends.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
+            if s.ingressWorkers > 0:
+                self.sends.bind(self.endpoints["ingress"])
+            else:
+                self.sends.connect(self.endpoints["writer"])
         self.pulls = socket(self.context, zmq.PUSH, hwm=100000)
         self.pulls.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.pulls.bind(self.endpoints["pulls"])
@@ -87,28 +103,50 @@ class Front(Actor):
         self.accepting = False
 
     def turn(self) -> None:
-        reads = self.reads
+        reads, writes = self.reads, self.writes
+        wait_ms = 50 if writes is None else writes.poll_ms  # a write-buffer commit may fall due
         if reads is None:
-            events = wait_readable(self.poll_items, 50)
+            events = wait_readable(self.poll_items, wait_ms)
         else:
-            events = wait_readable(self.watch_items if reads.watching else self.poll_items, min(50, reads.timeout_ms()))
+            events = wait_readable(self.watch_items if reads.watching else self.poll_items,
+                                   min(wait_ms, reads.timeout_ms()))
         if self.replies in events:
             self._forward_replies()
         if self.clients in events:
             self._serve_clients()
         if self.stats_in in events:
             self._take_stats()
+        if writes is not None:
+            self._finish_writes()
         if reads is not None:
             self._finish_reads(events)
-        if time.monotonic() >= self.next_offsets_persist:
-            self.next_offsets_persist = time.monotonic() + self.settings.flushConsumerOffsetInterval / 1000
+        now = time.monotonic()
+        if now >= self.next_offsets_persist:
+            self.next_offsets_persist = now + self.settings.flushConsumerOffsetInterval / 1000
             self.offsets.persist()
 
     def drain(self) -> None:
+        if self.writes is not None:  # sends in hand (none once drained), then a write-buffer's tail
+            self._finish_writes()
+            self.writes.drain()
         if self.reads is not None:
             self.reads.release_all(self.read_replies)
             self._send_read_replies()
         self.offsets.persist()
+
+    def _finish_writes(self) -> None:
+        """writesInFront: append this turn's sends together, answer those that do not wait
+        for the disk, hand the rest to the flush actor, wake the dispatcher."""
+        writes = self.writes
+        if self.write_requests:
+            requests, self.write_requests = self.write_requests, []
+            now = time.monotonic_ns()
+            for client, arrival_ns, header in writes.append_requests(requests):
+                self._answer_send(client, arrival_ns, [header], now)
+        writes.finish_turn()
+        if time.monotonic() >= self.next_put_sample:  # what the writer's statistics feed otherwise
+            self.next_put_sample = time.monotonic() + 1.0
+            self.store_stats.sample(int(time.time() * 1000), writes.put_times, writes.put_bytes, writes.put_failed)
 
     def _finish_reads(self, events: set) -> None:
         """readsInFront: wake held pulls whose queues grew, end expired ones, send the replies."""
@@ -159,8 +197,11 @@ class Front(Actor):
         elif code == protocol.GET_ROUTEINFO_BY_TOPIC:
             self._route_info(client, request)
         elif code == protocol.GET_BROKER_RUNTIME_INFO:
+            actors = dict(self.actor_stats) | {"front": self.statistics()}
+            if self.writes is not None:
+                actors["writer"] = self.writes.statistics()  # the write core, in the front's process
             info = {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)),
-                    "actors": dict(sorted(self.actor_stats.items())) | {"front": self.statistics()},
+                    "actors": dict(sorted(actors.items())),
                     "control": self.control.snapshot()}
             self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", **info))])
         else:
@@ -219,10 +260,13 @@ class Front(Actor):
                 return self._refuse(client, request, oneway, status, remark)
             meta["refused"] = refusals
         body = frames[1] if len(frames) == 2 else b""
-        try:
-            send_frames(self.sends, [client, orjson.dumps(meta), frames[0], body])
-        except zmq.Again:
-            return self._refuse(client, request, oneway, "SYSTEM_BUSY", "[TIMEOUT_CLEAN_QUEUE]send queue is full")
+        if self.writes is not None:
+            self.write_requests.append([client, orjson.dumps(meta), frames[0], body])
+        else:
+            try:
+                send_frames(self.sends, [client, orjson.dumps(meta), frames[0], body])
+            except zmq.Again:
+                return self._refuse(client, request, oneway, "SYSTEM_BUSY", "[TIMEOUT_CLEAN_QUEUE]send queue is full")
         if not oneway:
             self.in_flight += 1
 
@@ -280,10 +324,13 @@ class Front(Actor):
         now = time.monotonic_ns()
         for joined in incoming(self.replies, MAX_TAKE, multipart=False):
             for client, arrival_ns, header, body in unpack_replies(joined):
-                if arrival_ns >= 0:  # a send's reply (reads are marked with a negative arrival)
-                    self.in_flight = max(0, self.in_flight - 1)
-                    self.store_stats.record_latency((now - arrival_ns) / 1e6)
-                self._reply(client, [header, body] if body else [header])
+                self._answer_send(client, arrival_ns, [header, body] if body else [header], now)
+
+    def _answer_send(self, client: bytes, arrival_ns: int, frames: list[bytes], now: int) -> None:
+        if arrival_ns >= 0:  # a send's reply (reads are marked with a negative arrival)
+            self.in_flight = max(0, self.in_flight - 1)
+            self.store_stats.record_latency((now - arrival_ns) / 1e6)
+        self._reply(client, frames)
 
     def _take_stats(self) -> None:
         for raw in incoming(self.stats_in, MAX_TAKE, multipart=False):
@@ -306,6 +353,8 @@ class Front(Actor):
     def close(self) -> None:
         if getattr(self, "reads", None) is not None:
             self.reads.close_reads()
+        if getattr(self, "writes", None) is not None:
+            self.writes.close_writes()
         super().close()
 
 

@@ -62,6 +62,16 @@ class Writer(Actor):
         self.busy_ns = self.queue_wait_ns = 0  # time spent working; time groups waited before it
 
     def open(self) -> None:
+        self.open_writes()
+        self.records = socket(self.context, zmq.PULL, hwm=max(1000, self.settings.sendQueueCapacity))
+        self.records.bind(self.endpoints["writer"])
+        self.poll_items = [(self.records, zmq.POLLIN)]
+        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
+        self.replies.connect(self.endpoints["replies"])
+
+    def open_writes(self) -> None:
+        """The write core: the CommitLog, the encoder and the sockets to the flush actor and the
+        dispatcher (what the front opens when it writes itself, `writesInFront`)."""
         s = self.settings
         self.log = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog)
         self.log.segments.load()
@@ -81,16 +91,12 @@ class Writer(Actor):
         self.poll_ms = min(50, s.commitIntervalCommitLog) if self.buffered else 50
         self.next_commit = self.next_thorough_commit = time.monotonic()
         self.commits = 0
-        self.records = socket(self.context, zmq.PULL, hwm=max(1000, s.sendQueueCapacity))
-        self.records.bind(self.endpoints["writer"])
-        self.poll_items = [(self.records, zmq.POLLIN)]
-        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
-        self.replies.connect(self.endpoints["replies"])
         self.waits = socket(self.context, zmq.PUSH, hwm=100000)
         self.waits.connect(self.endpoints["flush"])
         self.wakes = conflated(self.context, zmq.PUSH)
         self.wakes.connect(self.endpoints["reput"])
         self.wake_due = False
+        self.pending_waits: list = []
 
     def _queue_offsets(self, written: int) -> dict[str, int]:
         """Recovery's table, advanced over what was appended since start-up (a restarted writer)."""
@@ -108,23 +114,42 @@ class Writer(Actor):
 
     def turn(self) -> None:
         if not wait_readable(self.poll_items, self.poll_ms):
-            self._commit(force=False)
-            self._wake_dispatcher()
+            self.idle()
             return
-        replies, waits = [], []
-        began = time.monotonic_ns()
-        for frames in incoming(self.records, MAX_GROUPS):
-            for batch, pendings, atomic in self._groups(frames, replies):
-                if pendings:
-                    self.queue_wait_ns += began - min(p.arrival_ns for p in pendings)
-                self._append(batch, pendings, atomic, replies, waits)
+        replies = self.append_requests(list(incoming(self.records, MAX_GROUPS)))
         if replies:
             self.replies.send(pack_replies(replies))
-        if waits:
-            self.waits.send(orjson.dumps(waits))
+        self.finish_turn()
+
+    def append_requests(self, messages: list[list[bytes]]) -> list:
+        """Append what the requests carry (raw from the front: encoded together, so a turn's
+        requests share one append; or groups the ingress workers encoded). Returns the replies
+        to send at once, as (client, arrival_ns, header); those that must wait for the disk go
+        to the flush actor in `finish_turn`, after the replies."""
+        replies: list = []
+        began = time.monotonic_ns()
+        if self.batcher is not None:
+            groups, refused = self.batcher.build(messages)
+            replies.extend(refused)
+        else:
+            groups = [group for frames in messages for group in self._from_ingress(frames)]
+        for batch, pendings, atomic in groups:
+            if pendings:
+                self.queue_wait_ns += began - min(p.arrival_ns for p in pendings)
+            self._append(batch, pendings, atomic, replies, self.pending_waits)
+        self.busy_ns += time.monotonic_ns() - began
+        return replies
+
+    def finish_turn(self) -> None:
+        if self.pending_waits:
+            self.waits.send(orjson.dumps(self.pending_waits))
+            self.pending_waits = []
+        self.idle()
+
+    def idle(self) -> None:
+        """Each turn, busy or not: a write-buffer commit when one is due, the dispatcher's wake."""
         self._commit(force=False)
         self._wake_dispatcher()
-        self.busy_ns += time.monotonic_ns() - began
 
     def _publish(self, offset: int, store_timestamp: int) -> None:
         self.control.set("store_timestamp", store_timestamp)
@@ -141,11 +166,7 @@ class Writer(Actor):
             except zmq.Again:
                 pass  # the dispatcher is not there (restarting): its timer catches up
 
-    def _groups(self, frames: list[bytes], replies: list):
-        if self.batcher is not None:  # raw requests from the front
-            groups, refused = self.batcher.build([frames])
-            replies.extend(refused)
-            return groups
+    def _from_ingress(self, frames: list[bytes]) -> list:
         try:
             return [group_from_wire(frames)]
         except (ValueError, KeyError, AssertionError, orjson.JSONDecodeError):
@@ -251,8 +272,16 @@ class Writer(Actor):
             "queues": len(self.log.queue_offsets) if hasattr(self, "log") else 0,
         }
 
+    def close_writes(self) -> None:
+        """Close the write core (the front's, with `writesInFront`; the control block is the
+        front's, not closed here)."""
+        for name in ("waits", "wakes"):
+            if hasattr(self, name):
+                getattr(self, name).close(0)
+        if hasattr(self, "log"):
+            self.log.close()
+
     def close(self) -> None:
         if hasattr(self, "log"):
             self.log.close()
         super().close()
-

@@ -164,12 +164,16 @@ class Node:
                 self.started_ray = True
         remote = ray.remote(ActorHost)
         values = dataclasses.asdict(s)
-        plan = [("flush", "flush", {}), ("allocator", "allocator", {}), ("dispatcher", "dispatcher", {}),
-                ("writer", "writer", {"queue_offsets": queue_offsets, "recovered_offset": recovered})]
+        recovered_state = {"queue_offsets": queue_offsets, "recovered_offset": recovered}
+        plan = [("flush", "flush", {}), ("allocator", "allocator", {}), ("dispatcher", "dispatcher", {})]
+        if not s.front_writes:
+            plan.append(("writer", "writer", recovered_state))
         plan += [(f"ingress-{i}", "ingress", {"instance": i}) for i in range(s.ingressWorkers)]
         if not s.readsInFront:
             plan += [(f"pull-{i}", "pull", {"instance": i}) for i in range(s.pullWorkers or os.cpu_count() or 1)]
-        plan.append(("front", "front", {}))
+        plan.append(("front", "front", recovered_state if s.front_writes else {}))
+        for stale in s.run_dir.glob("*.pid"):  # an earlier run's layout must not name live actors
+            stale.unlink(missing_ok=True)
         for label, kind, kwargs in plan:
             self.hosts[label] = remote.options(num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0,
                                                max_concurrency=4).remote(kind, values, kwargs)
@@ -271,10 +275,15 @@ class Node:
         self.control.set_flag(FLAG_SHUTTING_DOWN, True)
 
     def _stop_order(self) -> list[str]:
+        """Writers first (their drain commits a write buffer's tail), then the dispatcher and
+        the flush actor (they catch up with it); the front last, unless it is the writer."""
         ingress = [label for label in self.hosts if label.startswith("ingress")]
         pulls = [label for label in self.hosts if label.startswith("pull")]
-        order = ("writer", "dispatcher", "flush", "allocator")
-        return ingress + [label for label in order if label in self.hosts] + pulls + ["front"] * ("front" in self.hosts)
+        front = ["front"] * ("front" in self.hosts)
+        rest = [label for label in ("writer", "dispatcher", "flush", "allocator") if label in self.hosts]
+        if self.settings.front_writes:  # its held pulls were released when the pull workers stopped
+            return ingress + pulls + front + rest
+        return ingress + rest + pulls + front
 
     def _finish_store(self) -> None:
         """After the actors: everything written is durable, the end is exact, the exit is clean."""

@@ -131,6 +131,7 @@ class Settings:
     listen: str = _s("tcp://127.0.0.1:10911", "Client endpoint the front binds (ZeroMQ ROUTER)", NODE)
     ingressWorkers: int = _s(0, "Encoding workers between front and writer; 0 = the append writer encodes", NODE)
     pullWorkers: int = _s(0, "Pull workers serving reads when readsInFront = false; 0 = one per core", NODE)
+    writesInFront: bool = _s(True, "With ingressWorkers = 0, the front appends to the CommitLog itself, no writer process runs (one hop less a send)", NODE)
     readsInFront: bool = _s(True, "The front serves reads itself, no pull worker runs (faster on 2 cores; false for pullWorkers)", NODE)
     sendQueueCapacity: int = _s(10000, "Send requests the front lets wait before answering SYSTEM_BUSY", NODE)
     actorMaxRestarts: int = _s(20, "Times Ray restarts a dead actor", NODE)
@@ -138,6 +139,12 @@ class Settings:
     runDir: str = _s("", "Directory for the node's ipc sockets; empty means /tmp/mqnode-<hash of the store path>", NODE)
 
     # -- derived ------------------------------------------------------------------------------
+
+    @property
+    def front_writes(self) -> bool:
+        """The front is the CommitLog's single writer (no writer process): writesInFront, which
+        needs ingressWorkers = 0 (the workers ship encoded groups to a writer process)."""
+        return self.writesInFront and self.ingressWorkers == 0
 
     @property
     def root(self) -> Path:

@@ -21,9 +21,12 @@ from shm.verify import verify_store
 MAX_BODY = 64 * 1024
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    yield from in_process_node(tmp_path_factory.mktemp("node"), maxMessageSize=MAX_BODY)
+@pytest.fixture(scope="module", params=[True, False], ids=["front-writes", "writer-process"])
+def node(tmp_path_factory, request):
+    """Every test runs against a node whose front writes the CommitLog (the default) and one
+    with a writer process."""
+    yield from in_process_node(tmp_path_factory.mktemp("node"), maxMessageSize=MAX_BODY,
+                               writesInFront=request.param)
 
 
 @pytest.fixture(scope="module")

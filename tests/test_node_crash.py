@@ -118,11 +118,37 @@ def test_a_killed_actor_is_restarted_and_nothing_acknowledged_is_lost(tmp_path):
     assert report.ok, report.summary()
 
 
-def test_write_buffer_mode_acks_before_commit_and_a_writer_crash_loses_only_the_uncommitted(tmp_path):
+def test_a_killed_front_that_writes_is_restarted_and_nothing_acknowledged_is_lost(tmp_path):
+    """writesInFront (the default): the front is the CommitLog's writer. Killed mid-load under
+    SYNC_FLUSH, the restarted front scrubs what its predecessor left past `written` and serves
+    again; every PUT_OK is stored and the store verifies."""
+    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH")
+    assert settings.front_writes
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    assert "writer" not in node.actor_labels()
+    load = Load(node.endpoint).start()
+    for _ in range(2):
+        load.wait_for(len(load.acked) + 500)
+        victim = node.actor_process("front")
+        victim.kill()
+        victim.wait(10)
+        before = len(load.acked)
+        load.wait_for(before + 500, timeout=60)
+        assert node.actor_process("front").pid != victim.pid
+    load.stop()
+    assert node.stop() == 0
+    assert_all_acked_stored(settings, load.acked)
+    report = verify_store(settings)
+    assert report.ok, report.summary()
+
+
+@pytest.mark.parametrize("writes_in_front", [True, False], ids=["front-writes", "writer-process"])
+def test_write_buffer_mode_acks_before_commit_and_a_writer_crash_loses_only_the_uncommitted(tmp_path, writes_in_front):
     from shm.control_block import ControlBlock
 
     settings = node_settings(tmp_path / "store", transientStorePoolEnable=True, commitIntervalCommitLog=60000,
-                             commitCommitLogThoroughInterval=60000, commitCommitLogLeastPages=100000)
+                             commitCommitLogThoroughInterval=60000, commitCommitLogLeastPages=100000,
+                             writesInFront=writes_in_front)
     node = NodeProcess(settings, tmp_path / "node.log").start()
 
     async def send(count: int, prefix: str) -> dict[str, bytes]:
@@ -139,7 +165,7 @@ def test_write_buffer_mode_acks_before_commit_and_a_writer_crash_loses_only_the_
     written = control.get("written")
     control.close()
     assert all(decode_msg_id(i)[1] >= written for i in buffered)  # acked, not yet readable
-    victim = node.actor_process("writer")
+    victim = node.actor_process("front" if writes_in_front else "writer")
     victim.kill()
     victim.wait(10)
     after = asyncio.run(send(5, "after"))  # the restarted writer serves again

@@ -19,11 +19,12 @@ from node import protocol
 from node.client import Producer, PullConsumer
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["pull-worker", "reads-in-front"])
+@pytest.fixture(scope="module", params=[False, True], ids=["pull-worker-and-writer", "front-reads-and-writes"])
 def node(tmp_path_factory, request):
-    """Every test runs against a node with a pull worker and against one whose front serves reads."""
+    """Every test runs against a node with a pull worker and a writer process and against one
+    whose front serves reads and writes the CommitLog itself."""
     yield from in_process_node(tmp_path_factory.mktemp("read"), pullWorkers=1, defaultTopicQueueNums=4,
-                               readsInFront=request.param)
+                               readsInFront=request.param, writesInFront=request.param)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,11 @@ send requests from the front when `ingressWorkers = 0`, which it encodes itself)
 PUSH to the front; `waits` PUSH to the flush actor (SYNC_FLUSH sends that wait for the disk);
 `wakes` PUSH, conflated, to the dispatcher: "written moved", once per turn that moved it.
 
+With `writesInFront` (the default when `ingressWorkers = 0`) no writer process runs: the front
+opens this class's write core (`open_writes`, `append_requests`, `finish_turn`, `idle`,
+`drain`, `close_writes`) and is the CommitLog's single writer; a request then crosses one hop
+and wakes one process fewer (docs/performance.md).
+
 Per group: one append (one copy per segment, three patches per record), then the written
 position and store time are published in the control block, then the replies go out: to the
 front at once, or through the flush actor when the send must be durable first. Data first,

@@ -275,13 +275,14 @@ class Node:
         self.control.set_flag(FLAG_SHUTTING_DOWN, True)
 
     def _stop_order(self) -> list[str]:
-        """Writers first (their drain commits a write buffer's tail), then the dispatcher and
-        the flush actor (they catch up with it); the front last, unless it is the writer."""
+        """Whoever appends first (a writer's drain commits a write buffer's tail), then the
+        dispatcher and the flush actor, which catch up with it. The front goes last, unless it
+        is the writer: then right after the pull workers, whose held pulls it still answers."""
         ingress = [label for label in self.hosts if label.startswith("ingress")]
         pulls = [label for label in self.hosts if label.startswith("pull")]
         front = ["front"] * ("front" in self.hosts)
         rest = [label for label in ("writer", "dispatcher", "flush", "allocator") if label in self.hosts]
-        if self.settings.front_writes:  # its held pulls were released when the pull workers stopped
+        if self.settings.front_writes:
             return ingress + pulls + front + rest
         return ingress + rest + pulls + front
 

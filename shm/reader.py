@@ -176,30 +176,35 @@ class StoreReader:
         s = self.settings
         result = GetResult(NO_MATCHED_MESSAGE, offset, low, high)
         total_bytes, chosen, scanned, last_phy = 0, 0, 0, None
-        runs: list[list[int]] = []  # [start, end, records] of back-to-back chosen records
+        runs: list[tuple[int, int, int]] = []  # (start, end, records) of back-to-back chosen records
+        run_start = run_end = run_count = 0
         segment_size = s.mappedFileSizeCommitLog
+        # RocketMQ's transfer limits, per entry by where the record lies: in memory (hot) or not
+        cold_below = dispatched - self.hot_bytes
+        hot_count, hot_bytes = min(max_count, s.maxTransferCountOnMessageInMemory), s.maxTransferBytesOnMessageInMemory
+        cold_count, cold_bytes = min(max_count, s.maxTransferCountOnMessageInDisk), s.maxTransferBytesOnMessageInDisk
         for phy, size, tags in _ENTRY.iter_unpack(entries):
             if size == FILLER_SIZE:
                 scanned += 1
                 continue
-            if chosen:
-                cold = dispatched - phy > self.hot_bytes
-                if (chosen >= max_count or total_bytes + size > (s.maxTransferBytesOnMessageInDisk if cold else
-                                                                s.maxTransferBytesOnMessageInMemory)
-                        or chosen >= (s.maxTransferCountOnMessageInDisk if cold else
-                                      s.maxTransferCountOnMessageInMemory)):
-                    break
+            if chosen and (chosen >= cold_count or total_bytes + size > cold_bytes if phy < cold_below
+                           else chosen >= hot_count or total_bytes + size > hot_bytes):
+                break
             scanned += 1
             last_phy = phy
             if tags_codes and tags not in tags_codes:
                 continue
             chosen += 1
             total_bytes += size
-            if runs and runs[-1][1] == phy and phy % segment_size:  # a run stays in one segment
-                runs[-1][1] += size
-                runs[-1][2] += 1
+            if run_count and run_end == phy and phy % segment_size:  # a run stays in one segment
+                run_end += size
+                run_count += 1
             else:
-                runs.append([phy, phy + size, 1])
+                if run_count:
+                    runs.append((run_start, run_end, run_count))
+                run_start, run_end, run_count = phy, phy + size, 1
+        if run_count:
+            runs.append((run_start, run_end, run_count))
         result.next_begin_offset = offset + scanned
         if last_phy is not None:
             result.suggest_pulling_from_slave = dispatched - last_phy > self.hot_bytes

@@ -224,30 +224,34 @@ _PROPS = st.lists(st.sampled_from(["UNIQ_KEY\x01", "TAGS\x01a", "\x02", "KEYS\x0
 def test_batch_fast_path_writes_what_the_general_path_writes(messages, properties, born, queue_id):
     """SEND_BATCH_MESSAGE's one-pass encoder and its reply agree byte for byte with the general
     path (message by message through encode_v4 / encode), refusals included."""
+    header = {"code": protocol.SEND_BATCH_MESSAGE, "opaque": 5, "topic": "Tb", "queueId": queue_id,
+              "bornTimestamp": 1_700_000_000_000, "properties": properties}
+    _fast_path_matches_general_path("_add_batch_v4", header, protocol.encode_batch_body(messages), born)
+
+
+def _fast_path_matches_general_path(fast_method: str, header: dict, body: bytes, born: str) -> None:
+    """Encode the request with `SendEncoder` and with one whose `fast_method` always declines;
+    the batches, the pending sends and the replies must be identical, and the reply must be what
+    the general `reply(results(...))` says."""
     import node.sendcore as sendcore
 
     settings = settings_module.load(None, {"storePathRootDir": "/nonexistent", "maxMessageSize": 30})
-    header = {"code": protocol.SEND_BATCH_MESSAGE, "opaque": 5, "topic": "Tb", "queueId": queue_id,
-              "bornTimestamp": 1_700_000_000_000, "properties": properties}
-    body = protocol.encode_batch_body(messages)
+    general_only = type("GeneralOnly", (SendEncoder,), {fast_method: lambda self, *args: False})
 
-    class GeneralOnly(SendEncoder):
-        def _add_batch_v4(self, *args) -> bool:
-            return False
-
-    def run(fast: bool):
-        encoder, batch = (SendEncoder if fast else GeneralOnly)(settings), EncodedBatch()
+    def run(encoder_class):
+        encoder, batch = encoder_class(settings), EncodedBatch()
         batch.add_v4(b"\x00" * 8, "other-0")  # the batch may already hold another request's records
-        pending = PendingSend(b"c", 5, protocol.SEND_BATCH_MESSAGE, 0)
-        add_request_atomic(encoder, pending, dict(header), body, encoder.born_host(born), batch)
+        pending = PendingSend(b"c", header["opaque"], header["code"], 0)
+        add_request_atomic(encoder, pending, orjson.loads(orjson.dumps(header)), body, encoder.born_host(born), batch)
         physical = [1000 * i for i in range(len(batch))]
         queue = list(range(len(batch)))
         answered = sendcore.answer(pending, physical, queue, encoder.store_host)
         assert answered == reply(pending, results(pending, physical, queue, encoder.store_host))
         return (bytes(batch.data), batch.positions, batch.sizes, batch.queue_keys, batch.timestamp_offsets,
-                pending.indices, pending.refusals, pending.uniq_keys, pending.wait, answered)
+                pending.indices, pending.refusals, pending.uniq_keys, pending.topics, pending.queue_ids,
+                pending.wait, answered)
 
-    assert run(True) == run(False)
+    assert run(SendEncoder) == run(general_only)
 
 
 _GOOD_PROPS = [None, {}, {"TAGS": "a"}, {"WAIT": "false"}, {"WAIT": "true", "TAGS": "t"}, {"é": "ü"},
@@ -273,33 +277,11 @@ _SPOILERS = [  # each spoils a request for the fast path in its own way
 def test_coalesced_sends_fast_path_writes_what_the_general_path_writes(spoiler, entries, at, born):
     """SEND_MESSAGES' one-pass encoder and its reply agree byte for byte with the general path
     (message by message through `_add_message`), refusals included."""
-    import node.sendcore as sendcore
-
-    settings = settings_module.load(None, {"storePathRootDir": "/nonexistent", "maxMessageSize": 30})
     if spoiler is not None:
         entries = entries[:at] + [entries[at % len(entries)] | spoiler] + entries[at:]
     messages = [{k: v for k, v in e.items() if k != "body"} | {"bodySize": len(e["body"])} for e in entries]
     header = {"code": protocol.SEND_MESSAGES, "opaque": 9, "messages": messages}
-    body = b"".join(e["body"] for e in entries)
-
-    class GeneralOnly(SendEncoder):
-        def _add_messages_v4(self, *args) -> bool:
-            return False
-
-    def run(fast: bool):
-        encoder, batch = (SendEncoder if fast else GeneralOnly)(settings), EncodedBatch()
-        batch.add_v4(b"\x00" * 8, "other-0")  # the batch may already hold another request's records
-        pending = PendingSend(b"c", 9, protocol.SEND_MESSAGES, 0)
-        add_request_atomic(encoder, pending, orjson.loads(orjson.dumps(header)), body, encoder.born_host(born), batch)
-        physical = [1000 * i for i in range(len(batch))]
-        queue = list(range(len(batch)))
-        answered = sendcore.answer(pending, physical, queue, encoder.store_host)
-        assert answered == reply(pending, results(pending, physical, queue, encoder.store_host))
-        return (bytes(batch.data), batch.positions, batch.sizes, batch.queue_keys, batch.timestamp_offsets,
-                pending.indices, pending.refusals, pending.uniq_keys, pending.topics, pending.queue_ids,
-                pending.wait, answered)
-
-    assert run(True) == run(False)
+    _fast_path_matches_general_path("_add_messages_v4", header, b"".join(e["body"] for e in entries), born)
 
 
 def test_coalesced_sends_take_the_fast_path():

@@ -83,7 +83,7 @@ class Writer(Actor):
         written = self.control.get("written")
         if self.control.get("writer_generation") == self.control.get("generation"):
             # Ray restarted us mid-run: what the predecessor appended past `written` must go
-            self.scrubbed = self.log.discard_after(written, delete_later=True)
+            self.scrubbed = self.log.discard_after(written)
         self.control.set("writer_generation", self.control.get("generation"))
         self.log.segments.resume_at(written)
         self.log.queue_offsets = self._queue_offsets(written)
@@ -237,7 +237,7 @@ class Writer(Actor):
         self.put_failed += len(batch)
         # a failed append may have placed part of the batch and closed a segment with a blank;
         # nothing of it was published, so it is zeroed and the log resumes at its end.
-        self.scrubbed += self.log.discard_after(self.end, delete_later=False)
+        self.scrubbed += self.log.discard_after(self.end)
         self.log.segments.resume_at(self.end)
         return status, remark, None
 

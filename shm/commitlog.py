@@ -156,23 +156,22 @@ class CommitLog:
         self.check_positions()
         return flushed
 
-    def discard_after(self, offset: int, *, delete_later: bool) -> int:
+    def discard_after(self, offset: int) -> int:
         """Zero the records (and blank) a writer placed past `offset` without publishing them: a
         failed append, or a killed predecessor. Left in place, new records could end exactly where
         a stale, valid-looking one begins, and a later recovery would bring it back. Later
-        segments are deleted when asked (a restart), else kept (the allocator may have made them,
-        empty). Returns the bytes zeroed."""
+        segments are zeroed too, never deleted: readers in other processes (the dispatcher, the
+        pulls) may have them mapped, and a segment deleted and made again would leave them reading
+        the deleted file's pages for good (seen: a dispatcher stalled at the segment boundary
+        after the writer was killed). Returns the bytes zeroed."""
         zeroed = 0
-        for segment in list(self.segments.files):
-            if segment.offset_start > offset or (segment.offset_start == offset and offset > 0):
-                if delete_later:
-                    segment.destroy()
-                    self.segments.files.remove(segment)
-            elif offset < segment.offset_end:
-                start = offset - segment.offset_start
-                end = min(segment.size, _record_run_end(segment.map, start, segment.size) + 4096)
-                segment.zero(start, end)
-                zeroed += end - start
+        for segment in self.segments.files:
+            if segment.offset_end <= offset:
+                continue
+            start = max(0, offset - segment.offset_start)
+            end = min(segment.size, _record_run_end(segment.map, start, segment.size) + 4096)
+            segment.zero(start, end)
+            zeroed += end - start
         return zeroed
 
     def truncate(self, offset: int) -> list[str]:

@@ -174,7 +174,9 @@ def test_readonly_reader_in_another_process_sees_appends(tmp_path):
 
 def test_records_placed_past_the_published_end_are_discarded(tmp_path):
     """A failed append or a killed writer leaves records past `written`: discard_after zeroes
-    them, so new records that happen to end where a stale one began cannot revive it."""
+    them, so new records that happen to end where a stale one began cannot revive it. Later
+    segments stay in place (zeroed, not deleted): a reader that mapped them before the discard
+    reads what the writer appends next through the same mapping."""
     from helpers import message
 
     from shm.codec import EncodedBatch
@@ -185,13 +187,22 @@ def test_records_placed_past_the_published_end_are_discarded(tmp_path):
         first.add(message(i, size=100))
     end = log.append_batch(first, 1795000000000).offset_written
     stale = EncodedBatch()
-    for i in range(5, 400):  # rolls into a second segment
+    for i in range(5, 400):  # rolls into a third segment
         stale.add(message(i, size=300))
     log.append_batch(stale, 1795000000001)
-    assert len(log.segments.files) >= 2
-    zeroed = log.discard_after(end, delete_later=True)
-    segment = log.segments.files[0]
-    assert zeroed >= segment.size - end - 4096 and not segment.map[end:].strip(b"\0")
-    assert [f.name for f in (tmp_path / "commitlog").iterdir()] == ["00000000000000000000"]
+    assert len(log.segments.files) >= 3
+    reader = CommitLog(tmp_path / "commitlog", 64 * 1024, readonly=True)  # maps every segment now
+    names = sorted(p.name for p in (tmp_path / "commitlog").iterdir())
+    zeroed = log.discard_after(end)
+    assert zeroed >= log.segments.files[0].size - end
+    assert not log.segments.files[0].map[end:].strip(b"\0")
+    assert all(not f.map[:8192].strip(b"\0") for f in log.segments.files[1:])
+    assert sorted(p.name for p in (tmp_path / "commitlog").iterdir()) == names
     log.segments.resume_at(end)
     assert sum(1 for _ in log.iterate(0)) == 5
+    again = EncodedBatch()
+    for i in range(5, 400):
+        again.add(message(i, size=300))
+    written = log.append_batch(again, 1795000000002).offset_written
+    assert sum(1 for _ in reader.iterate(0, limit=written, check_crc=True)) == 400
+    reader.close()

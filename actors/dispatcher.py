@@ -102,7 +102,10 @@ class Dispatcher(Actor):
         if self.control.has_flag(FLAG_LOGICS_WRITE_ERROR):
             self.control.set_flag(FLAG_LOGICS_WRITE_ERROR, False)
         if reached == self.position:
-            self.stalls += 1  # below a published counter: only a fault elsewhere explains this
+            # below a published counter: only a fault elsewhere explains this. Map the segments
+            # again, in case one was replaced under a name already mapped.
+            self.stalls += 1
+            log.segments.refresh()
             return False
         self.position = reached
         self.records += count

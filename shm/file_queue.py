@@ -63,11 +63,12 @@ class MappedFileQueue:
             raise SegmentGap(f"{self.files[0].path} does not start on a segment boundary")
 
     def refresh(self) -> None:
-        """Readers: pick up segments the writer created and drop the ones it deleted."""
+        """Readers: pick up segments the writer created and drop the ones it deleted, or replaced
+        (a file under a known name that is not the one mapped is mapped afresh)."""
         known = {f.offset_start: f for f in self.files}
         on_disk = {int(p.name): p for p in self.segment_paths()}
         for start, f in list(known.items()):
-            if start not in on_disk:
+            if start not in on_disk or not f.is_file_at(on_disk[start]):
                 f.close()
                 del known[start]
         for start, path in on_disk.items():

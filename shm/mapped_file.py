@@ -158,6 +158,13 @@ class MappedFile:
         os.close(self.fd)
         self.fd = -1
 
+    def is_file_at(self, path: Path) -> bool:
+        """Whether `path` names the file this mapping holds (not one made again under its name)."""
+        try:
+            return os.fstat(self.fd).st_ino == os.stat(path).st_ino
+        except (FileNotFoundError, OSError):
+            return False
+
     def destroy(self) -> None:
         self.close()
         try:

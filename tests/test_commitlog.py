@@ -206,3 +206,21 @@ def test_records_placed_past_the_published_end_are_discarded(tmp_path):
     written = log.append_batch(again, 1795000000002).offset_written
     assert sum(1 for _ in reader.iterate(0, limit=written, check_crc=True)) == 400
     reader.close()
+
+
+def test_a_reader_refresh_maps_a_segment_made_again_under_its_name(tmp_path):
+    """Readers map a segment once. Should one ever be deleted and made again under its name,
+    refresh() maps the new file (the dispatcher refreshes when it stalls below `written`)."""
+    log = CommitLog(tmp_path / "commitlog", 64 * 1024)
+    log.append_batch(batch_of([message(i) for i in range(10)]), 5)
+    reader = CommitLog(tmp_path / "commitlog", 64 * 1024, readonly=True)
+    old = reader.segments.files[0]
+    log.segments.files[0].destroy()
+    log.segments.files.clear()
+    written = log.append_batch(batch_of([message(i) for i in range(20)]), 6).offset_written
+    stale = list(reader.iterate(0, limit=written))  # the deleted file's pages: 10, then zeros
+    assert sum(isinstance(r, Record) for r in stale) == 10 and not isinstance(stale[-1], Record)
+    reader.segments.refresh()
+    assert reader.segments.files[0] is not old
+    assert sum(1 for _ in reader.iterate(0, limit=written, check_crc=True)) == 20
+    reader.close()

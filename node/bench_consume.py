@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from node import aio
-from node.bench_produce import BODY, Usage, bench_node
+from node.bench_produce import BODY, Usage, bench_node, paced
 from node.client import AsyncProducer, AsyncPullConsumer, Message
 from shm.control_block import ControlBlock
 
@@ -103,18 +103,13 @@ async def end_to_end(endpoint: str, rate: int, seconds: float) -> tuple[float, f
                         latencies.append(now - sent[m.msg_id])
                 offset = result.next_begin_offset
 
-        follower = asyncio.create_task(follow())
-        began = time.perf_counter()
-        pending = []
-        for i in range(total):
-            delay = began + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        async def send(i: int) -> None:
             key = f"lat-{i}"
             sent[key] = time.perf_counter()  # before the send: the consumer may see it before the ack
-            pending.append(asyncio.create_task(producer.send("BenchLatency", BODY, queue_id=0,
-                                                             properties={"UNIQ_KEY": key})))
-        await asyncio.gather(*pending)
+            await producer.send("BenchLatency", BODY, queue_id=0, properties={"UNIQ_KEY": key})
+
+        follower = asyncio.create_task(follow())
+        await paced(rate, seconds, send)
         await asyncio.wait_for(follower, 30)
     latencies.sort()
     return latencies[len(latencies) // 2] * 1e6, latencies[int(len(latencies) * 0.99)] * 1e6

@@ -1,6 +1,15 @@
 """allocator: creates (and, with `warmMapedFileEnable`, warms) the next CommitLog segment before
 the writer needs it, so the writer never waits on fallocate or first-touch page faults.
 
+It also reads one byte of every page from the written end to `prefaultAheadBytes` past it,
+whatever `warmMapedFileEnable` says: a page the writer first touches must be allocated and
+zeroed in the page cache inside the writer's fault, and on this machine's VM that costs ~2.5 ms
+of system time a MiB (fresh guest memory faults in the host; ext4's large folios take it in
+~10-20 ms bites). In the front that was a 15-25 ms stall about every 1.4 s at 5k sends/s, the
+whole of the ack latency's p99 past the first seconds (traced with getrusage per call). Read
+here, the pages are in the cache before the writer gets there, and the writer's fault only
+marks them dirty. Reading never changes the file, so it is safe while the writer fills it.
+
 No sockets but statistics: it watches the control block's `written` every few ms. Files are
 made by `shm.mapped_file.allocate`, which links a fully allocated file into place and never
 replaces one the writer made first. A full disk is reported in its statistics and retried
@@ -10,31 +19,49 @@ once a second; the writer answers CREATE_MAPEDFILE_FAILED if it gets there first
 from __future__ import annotations
 
 import mmap
+import os
 import time
 
 from actors.base import Actor
-from shm.mapped_file import AllocationFailed, MappedFile, allocate, file_name
+from shm.mapped_file import (
+    AllocationFailed,
+    MappedFile,
+    StoreError,
+    allocate,
+    file_name,
+)
 
 WATCH_MS = 20
 RETRY_S = 1.0
+NICENESS = 10
+PREFAULT_STEP = 2 * 1024 * 1024  # bytes read a turn at most: short bursts (~5 ms here), prompt stop()
 
 
 class Allocator(Actor):
     name = "allocator"
 
     def open(self) -> None:
+        try:
+            os.nice(NICENESS)  # background work: the front and the clients go first on a busy CPU
+        except OSError:
+            pass
         self.segment_size = self.settings.mappedFileSizeCommitLog
         self.directory = self.settings.commitlog_dir
         self.directory.mkdir(parents=True, exist_ok=True)
         self.allocated = self.warmed = self.failures = 0
         self.last_error = ""
         self.retry_at = 0.0
+        self.prefaulted = self.prefaulted_bytes = 0  # read up to this offset; bytes read so far
+        self.mapped: dict[int, MappedFile] = {}  # segments being read ahead, by start offset
 
     def turn(self) -> None:
         self.stopping.wait(WATCH_MS / 1000)
-        if time.monotonic() < self.retry_at:
-            return
         written = self.control.get("written")
+        if time.monotonic() >= self.retry_at:
+            self._allocate_following(written)
+        self._prefault(written)
+
+    def _allocate_following(self, written: int) -> None:
         following = (written // self.segment_size + 1) * self.segment_size
         path = self.directory / file_name(following)
         if path.exists():
@@ -49,6 +76,33 @@ class Allocator(Actor):
             self.last_error = str(e)
             self.retry_at = time.monotonic() + RETRY_S
 
+    def _prefault(self, written: int) -> None:
+        """Read one byte a page of [written, written + prefaultAheadBytes), what is not read yet,
+        at most PREFAULT_STEP a turn; a segment not made yet waits for a later turn."""
+        for start in [start for start, segment in self.mapped.items() if segment.offset_end <= written]:
+            self.mapped.pop(start).close()
+        begin = max(self.prefaulted, written)
+        end = min(written + self.settings.prefaultAheadBytes, begin + PREFAULT_STEP)
+        while begin < end:
+            segment = self._segment_at(begin)
+            if segment is None:
+                break
+            low = (begin - segment.offset_start) // mmap.PAGESIZE * mmap.PAGESIZE
+            high = min(end, segment.offset_end) - segment.offset_start
+            segment.map[low:high:mmap.PAGESIZE]
+            self.prefaulted_bytes += high - low
+            begin = segment.offset_start + high
+        self.prefaulted = begin
+
+    def _segment_at(self, offset: int) -> MappedFile | None:
+        start = offset // self.segment_size * self.segment_size
+        if start not in self.mapped:
+            try:
+                self.mapped[start] = MappedFile(self.directory / file_name(start), self.segment_size, readonly=True)
+            except (FileNotFoundError, StoreError):
+                return None
+        return self.mapped[start]
+
     def _warm(self, path) -> None:
         """Read (never write: the writer may already be filling the file) one byte of every page,
         which brings the whole file into the page cache."""
@@ -62,4 +116,10 @@ class Allocator(Actor):
 
     def statistics(self) -> dict:
         return super().statistics() | {"allocated": self.allocated, "warmed": self.warmed,
-                                       "failures": self.failures, "lastError": self.last_error}
+                                       "failures": self.failures, "lastError": self.last_error,
+                                       "prefaultedTo": self.prefaulted, "prefaultedBytes": self.prefaulted_bytes}
+
+    def close(self) -> None:
+        for segment in getattr(self, "mapped", {}).values():
+            segment.close()
+        super().close()

@@ -133,6 +133,7 @@ class Settings:
     pullWorkers: int = _s(0, "Pull workers serving reads when readsInFront = false; 0 = one per core", NODE)
     writesInFront: bool = _s(True, "With ingressWorkers = 0, the front appends to the CommitLog itself, no writer process runs (one hop less a send)", NODE)
     readsInFront: bool = _s(True, "The front serves reads itself, no pull worker runs (faster on 2 cores; false for pullWorkers)", NODE)
+    prefaultAheadBytes: int = _s(32 * 1024 * 1024, "The allocator reads the CommitLog's pages this far past the written end, so the writer never takes the page-cache allocation faults (0 = off)", NODE)
     sendQueueCapacity: int = _s(10000, "Send requests the front lets wait before answering SYSTEM_BUSY", NODE)
     actorMaxRestarts: int = _s(20, "Times Ray restarts a dead actor", NODE)
     rayObjectStoreMemory: int = _s(80 * 1024 * 1024, "Object store of an embedded Ray, bytes (nothing large goes through it)", NODE)
@@ -281,6 +282,8 @@ def validate(settings: Settings) -> None:
     if settings.enableConsumeQueueExt:
         raise SettingsError("enableConsumeQueueExt=true is not supported by mqnode")
     parse_delay_levels(settings.messageDelayLevel)
+    if settings.prefaultAheadBytes < 0:
+        raise SettingsError("prefaultAheadBytes must be >= 0")
     if settings.ingressWorkers < 0 or settings.pullWorkers < 0 or settings.sendQueueCapacity < 1:
         raise SettingsError("ingressWorkers and pullWorkers must be >= 0, sendQueueCapacity >= 1")
     if not settings.listen.startswith(("tcp://", "ipc://")):

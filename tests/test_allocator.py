@@ -1,0 +1,56 @@
+"""The allocator as a plain class (no Ray): the next segment made ahead of the writer, and the
+pages past the written end read ahead of it (`prefaultAheadBytes`)."""
+
+from __future__ import annotations
+
+from nodes import node_settings
+
+from actors.allocator import Allocator
+from shm.commitlog import CommitLog
+from shm.control_block import ControlBlock
+
+MiB = 1024 * 1024
+
+
+def test_the_allocator_reads_ahead_of_the_writer_a_bounded_step_a_turn(tmp_path):
+    settings = node_settings(tmp_path / "store", mappedFileSizeCommitLog=4 * MiB, prefaultAheadBytes=10 * MiB)
+    settings.root.mkdir(parents=True)
+    control = ControlBlock(settings.root / "control", create=True)
+    log = CommitLog(settings.commitlog_dir, settings.mappedFileSizeCommitLog)
+    log.segments.last_writable(0)
+    written = 100_000
+    control.set("written", written)
+    allocator = Allocator(settings)
+    allocator.start()
+    try:
+        reached = []
+        for _ in range(5):
+            allocator.turn()
+            reached.append(allocator.statistics()["prefaultedTo"])
+        # a step a turn; segment 2 is not made while the writer is in segment 0: it stops there
+        assert reached == [written + 2 * MiB, written + 4 * MiB, written + 6 * MiB, 8 * MiB, 8 * MiB]
+        assert allocator.statistics()["allocated"] == 1
+        control.set("written", 4 * MiB + 10)  # into segment 1: segment 2 is made, segment 0 let go
+        allocator.turn()
+        assert allocator.statistics()["prefaultedTo"] == 10 * MiB
+        assert set(allocator.mapped) == {4 * MiB, 8 * MiB}
+        assert allocator.statistics()["prefaultedBytes"] >= 10 * MiB - written - 4096
+    finally:
+        allocator.close()
+        log.close()
+        control.close()
+
+
+def test_prefault_off_reads_nothing(tmp_path):
+    settings = node_settings(tmp_path / "store", prefaultAheadBytes=0)
+    settings.root.mkdir(parents=True)
+    control = ControlBlock(settings.root / "control", create=True)
+    control.set("written", 100_000)
+    allocator = Allocator(settings)
+    allocator.start()
+    try:
+        allocator.turn()
+        assert allocator.statistics()["prefaultedBytes"] == 0 and not allocator.mapped
+    finally:
+        allocator.close()
+        control.close()

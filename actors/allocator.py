@@ -90,6 +90,9 @@ class Allocator(Actor):
             low = (begin - segment.offset_start) // mmap.PAGESIZE * mmap.PAGESIZE
             high = min(end, segment.offset_end) - segment.offset_start
             segment.map[low:high:mmap.PAGESIZE]
+            # Unmap them here again (the page cache keeps them): else the allocator's RSS grows
+            # to the whole segment, and the node's memory figure with it.
+            segment.map.madvise(mmap.MADV_DONTNEED, low, high - low)
             self.prefaulted_bytes += high - low
             begin = segment.offset_start + high
         self.prefaulted = begin

@@ -5,10 +5,11 @@ It also reads one byte of every page from the written end to `prefaultAheadBytes
 whatever `warmMapedFileEnable` says: a page the writer first touches must be allocated and
 zeroed in the page cache inside the writer's fault, and on this machine's VM that costs ~2.5 ms
 of system time a MiB (fresh guest memory faults in the host; ext4's large folios take it in
-~10-20 ms bites). In the front that was a 15-25 ms stall about every 1.4 s at 5k sends/s, the
-whole of the ack latency's p99 past the first seconds (traced with getrusage per call). Read
-here, the pages are in the cache before the writer gets there, and the writer's fault only
-marks them dirty. Reading never changes the file, so it is safe while the writer fills it.
+~10-20 ms bites). In the front that was a 15-25 ms stall about every 1.4 s at 5k sends/s
+(traced with getrusage per call), and ~2.5 µs of every 1 KiB message's append. Read here, the
+pages are in the cache before the writer gets there, and the writer's fault only marks them
+dirty (A/B: send_batch and single sends ~10% faster). Reading never changes the file, so it is
+safe while the writer fills it.
 
 No sockets but statistics: it watches the control block's `written` every few ms. Files are
 made by `shm.mapped_file.allocate`, which links a fully allocated file into place and never

@@ -162,7 +162,7 @@ class MappedFile:
         """Whether `path` names the file this mapping holds (not one made again under its name)."""
         try:
             return os.fstat(self.fd).st_ino == os.stat(path).st_ino
-        except (FileNotFoundError, OSError):
+        except OSError:  # gone meanwhile
             return False
 
     def destroy(self) -> None:

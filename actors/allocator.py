@@ -90,10 +90,7 @@ class Allocator(Actor):
                 break
             low = (begin - segment.offset_start) // mmap.PAGESIZE * mmap.PAGESIZE
             high = min(end, segment.offset_end) - segment.offset_start
-            segment.map[low:high:mmap.PAGESIZE]
-            # Unmap them here again (the page cache keeps them): else the allocator's RSS grows
-            # to the whole segment, and the node's memory figure with it.
-            segment.map.madvise(mmap.MADV_DONTNEED, low, high - low)
+            _read_pages(segment, low, high)
             self.prefaulted_bytes += high - low
             begin = segment.offset_start + high
         self.prefaulted = begin
@@ -113,7 +110,7 @@ class Allocator(Actor):
         segment = MappedFile(path, self.segment_size, readonly=True)
         try:
             segment.map.madvise(mmap.MADV_WILLNEED)
-            segment.map[::mmap.PAGESIZE]
+            _read_pages(segment, 0, segment.size)
             self.warmed += 1
         finally:
             segment.close()
@@ -127,3 +124,11 @@ class Allocator(Actor):
         for segment in getattr(self, "mapped", {}).values():
             segment.close()
         super().close()
+
+
+def _read_pages(segment: MappedFile, low: int, high: int) -> None:
+    """Read one byte of every page of [low, high) (page-aligned `low`), which puts the pages in
+    the page cache, then unmap them here again (the page cache keeps them): else the allocator's
+    RSS grows to the whole segment, and the node's memory figure with it."""
+    segment.map[low:high:mmap.PAGESIZE]
+    segment.map.madvise(mmap.MADV_DONTNEED, low, high - low)

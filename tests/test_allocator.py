@@ -3,6 +3,12 @@ pages past the written end read ahead of it (`prefaultAheadBytes`)."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import mmap
+import os
+
+import numpy as np
 from nodes import node_settings
 
 from actors.allocator import Allocator
@@ -10,6 +16,22 @@ from shm.commitlog import CommitLog
 from shm.control_block import ControlBlock
 
 MiB = 1024 * 1024
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def cached_pages(path, low: int, high: int) -> int:
+    """How many pages of [low, high) of the file are in the page cache (mincore(2) on a fresh
+    read-only mapping: it reports the cache, whether or not any process has them mapped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with mmap.mmap(fd, high, prot=mmap.PROT_READ) as mapped:
+            view = np.frombuffer(mapped, dtype=np.uint8)
+            pages = (ctypes.c_ubyte * ((high - low) // mmap.PAGESIZE))()
+            assert _LIBC.mincore(ctypes.c_void_p(view.ctypes.data + low), ctypes.c_size_t(high - low), pages) == 0
+            del view
+            return sum(b & 1 for b in bytes(pages))
+    finally:
+        os.close(fd)
 
 
 def test_the_allocator_reads_ahead_of_the_writer_a_bounded_step_a_turn(tmp_path):
@@ -35,6 +57,11 @@ def test_the_allocator_reads_ahead_of_the_writer_a_bounded_step_a_turn(tmp_path)
         assert allocator.statistics()["prefaultedTo"] == 10 * MiB
         assert set(allocator.mapped) == {4 * MiB, 8 * MiB}
         assert allocator.statistics()["prefaultedBytes"] >= 10 * MiB - written - 4096
+        # what it read is in the page cache (the unmapping after each read keeps it there)
+        segment_1, segment_2 = (settings.commitlog_dir / name for name in ("00000000000004194304",
+                                                                           "00000000000008388608"))
+        assert cached_pages(segment_1, 0, 4 * MiB) == 4 * MiB // mmap.PAGESIZE
+        assert cached_pages(segment_2, 0, 2 * MiB) == 2 * MiB // mmap.PAGESIZE
     finally:
         allocator.close()
         log.close()
@@ -51,6 +78,8 @@ def test_prefault_off_reads_nothing(tmp_path):
     try:
         allocator.turn()
         assert allocator.statistics()["prefaultedBytes"] == 0 and not allocator.mapped
+        following = settings.commitlog_dir / "00000000000001048576"  # made, and left unread
+        assert following.exists() and cached_pages(following, 0, MiB) == 0
     finally:
         allocator.close()
         control.close()

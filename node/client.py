@@ -1,15 +1,13 @@
 """The Python client, one import for users: the producer and the pull consumer.
 
 `Producer` / `AsyncProducer` live in `node.producer`, `PullConsumer` / `AsyncPullConsumer` in
-`node.consumer`; both speak `docs/protocol.md`.
+`node.consumer` (its messages in `node.received`); both speak `docs/protocol.md`.
 """
 
 from node.consumer import (
            AsyncPullConsumer,
            PullConsumer,
            PullResult,
-           ReceivedMessage,
-           decode_messages,
 )
 from node.producer import (
            AsyncProducer,
@@ -19,6 +17,7 @@ from node.producer import (
            SendResult,
            UniqKeys,
 )
+from node.received import ReceivedMessage, decode_messages
 
 __all__ = ["AsyncProducer", "AsyncPullConsumer", "Message", "Producer", "PullConsumer", "PullResult",
            "ReceivedMessage", "SendError", "SendResult", "UniqKeys", "decode_messages"]

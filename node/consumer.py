@@ -1,145 +1,22 @@
 """The pull consumer: `AsyncPullConsumer` (asyncio) and `PullConsumer` (blocking).
 
-Pulls carry raw CommitLog records; they are decoded here with the shared codec (as RocketMQ's
-clients decode them), and the tags checked exactly (the node filters by tag hash only).
+Pulls carry raw CommitLog records; `node.received` decodes them (as RocketMQ's clients do, but
+each field on first use), and the tags are checked here exactly (the node filters by tag hash only).
 `consume` walks every queue of a topic from a group's committed offsets, committing as it goes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import struct
 import threading
 import time
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import NamedTuple
 
 import zmq
 
 from node import aio, protocol
 from node.producer import AsyncProducer, SendError
-from shm.codec import (
-    FIXED_V4,
-    FLAG_BORNHOST_V6,
-    FLAG_STOREHOST_V6,
-    MESSAGE_MAGIC,
-    MESSAGE_MAGIC_V2,
-    PROPERTY_KEYS,
-    PROPERTY_TAGS,
-    PROPERTY_UNIQ_KEY,
-    Record,
-    decode,
-    decode_host,
-    parse_properties,
-    split_keys,
-)
-
-_I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
-_FIXED_V4_UNPACK = FIXED_V4.unpack_from
-_V6_FLAGS = FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6
-
-
-class ReceivedMessage(NamedTuple):
-    """A consumed message with RocketMQ's fields (decoded by the shared codec). Immutable; a
-    NamedTuple builds in a quarter of a frozen dataclass's time (one per message pulled)."""
-
-    topic: str
-    queue_id: int
-    queue_offset: int
-    msg_id: str
-    offset_msg_id: str
-    tags: str | None
-    keys: list[str]
-    properties: dict[str, str]
-    body: bytes
-    born_timestamp: int
-    store_timestamp: int
-    born_host: str
-    store_host: str
-    reconsume_times: int
-
-    def to_json(self) -> dict:
-        out = {"topic": self.topic, "queueId": self.queue_id, "queueOffset": self.queue_offset, "msgId": self.msg_id,
-               "offsetMsgId": self.offset_msg_id, "tags": self.tags, "keys": self.keys,
-               "properties": self.properties, "bornTimestamp": self.born_timestamp,
-               "storeTimestamp": self.store_timestamp}
-        try:
-            out["body"] = self.body.decode("utf-8")
-        except UnicodeDecodeError:
-            import base64
-
-            out["bodyBase64"] = base64.b64encode(self.body).decode("ascii")
-        return out
-
-
-def decode_messages(body: bytes | None) -> list[ReceivedMessage]:
-    """The records of a pull reply. IPv4 records (what nodes write) take one unpack of the fixed
-    part and no intermediate `Record`; anything else goes through the full codec. Same result
-    either way (tests compare them)."""
-    out: list[ReceivedMessage] = []
-    body = bytes(body or b"")
-    at, end = 0, len(body)
-    while at + 4 <= end:
-        size = _I32.unpack_from(body, at)[0]
-        if size <= 0 or at + size > end:
-            raise SendError("SYSTEM_ERROR", f"record at byte {at} of the pull body has size {size}")
-        message = _decode_v4(body, at, size) if size > FIXED_V4.size else None
-        out.append(message or _decode_full(body[at: at + size]))
-        at += size
-    return out
-
-
-def _decode_v4(buf: bytes, at: int, size: int) -> ReceivedMessage | None:
-    (_, magic, _, queue_id, _, queue_offset, physical, sys_flag, born_ts, born_host, store_ts, store_host,
-     reconsume, _, body_len) = _FIXED_V4_UNPACK(buf, at)
-    if sys_flag & _V6_FLAGS or (magic != MESSAGE_MAGIC and magic != MESSAGE_MAGIC_V2):
-        return None
-    p, end = at + FIXED_V4.size, at + size
-    if body_len < 0 or p + body_len + 3 > end:
-        return None
-    body = buf[p: p + body_len]
-    p += body_len
-    if magic == MESSAGE_MAGIC:
-        topic_len, p = buf[p], p + 1
-        if topic_len >= 128:  # a negative signed byte in Java
-            return None
-    else:
-        topic_len, p = _I16.unpack_from(buf, p)[0], p + 2
-    if topic_len <= 0 or p + topic_len + 2 > end:
-        return None  # let the full codec say what is wrong with it
-    topic = _topic_text(buf[p: p + topic_len])
-    p += topic_len
-    props_len = _I16.unpack_from(buf, p)[0]
-    if props_len < 0 or p + 2 + props_len != end:
-        return None
-    properties = parse_properties(buf[p + 2: end].decode("utf-8"))
-    offset_id = (store_host + _I64.pack(physical)).hex().upper()
-    keys = properties.get(PROPERTY_KEYS)
-    return ReceivedMessage(topic, queue_id, queue_offset, properties.get(PROPERTY_UNIQ_KEY) or offset_id, offset_id,
-                           properties.get(PROPERTY_TAGS), split_keys(keys) if keys else [], properties,
-                           body, born_ts, store_ts, _host_text(born_host), _host_text(store_host), reconsume)
-
-
-@lru_cache(maxsize=1024)
-def _topic_text(raw: bytes) -> str:
-    """A reply's records share a topic: its name is decoded once, not once a message."""
-    return raw.decode("utf-8")
-
-
-def _decode_full(raw: bytes) -> ReceivedMessage:
-    record = decode(raw, check_crc=False)
-    if not isinstance(record, Record):
-        raise SendError("SYSTEM_ERROR", f"undecodable record in a reply: {record}")
-    return ReceivedMessage(record.topic, record.queue_id, record.queue_offset, record.uniq_key or record.msg_id,
-                           record.msg_id, record.tags, record.keys, dict(record.properties), record.body,
-                           record.born_timestamp, record.store_timestamp, str(record.born_host),
-                           str(record.store_host), record.reconsume_times)
-
-
-@lru_cache(maxsize=1024)
-def _host_text(raw: bytes) -> str:
-    return str(decode_host(raw))
+from node.received import ReceivedMessage, decode_messages
 
 
 @dataclass(frozen=True, slots=True)

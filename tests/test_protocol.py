@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import re
 
 import orjson
@@ -197,7 +198,7 @@ def _v2(record: bytes) -> bytes:
     (True, "KEYS\x01only", b"body"),
 ])
 def test_pull_reply_decoding_matches_the_full_codec(v6, props, body):
-    from node.consumer import _decode_full, decode_messages
+    from node.received import _decode_full, decode_messages
     from shm import codec
 
     born = codec.encode_host("::1" if v6 else "10.1.2.3", 5000)
@@ -209,13 +210,31 @@ def test_pull_reply_decoding_matches_the_full_codec(v6, props, body):
     if not v6:
         records.append(_v2(records[0]))
     decoded = decode_messages(b"".join(records))
-    assert decoded == [_decode_full(r) for r in records]
+    assert decoded == [_decode_full(r) for r in records]  # every field, the lazily decoded ones too
     assert decoded[-1].body == body and decoded[-1].topic == ("T2" if v6 else "T0")
-    with pytest.raises(SendError):
-        decode_messages(b"".join(records)[:-1])
+    assert pickle.loads(pickle.dumps(decoded)) == decoded and "queue_offset=7" in repr(decoded[0])
+    for broken in (b"".join(records)[:-1], b"".join(records) + b"\x00\x00"):  # cut short; stray bytes after
+        with pytest.raises(SendError):
+            decode_messages(broken)
 
 
 _PROPS = st.lists(st.sampled_from(["UNIQ_KEY\x01", "TAGS\x01a", "\x02", "KEYS\x01k1 k2", "é", "x"]), max_size=6).map("".join)
+
+
+@given(st.lists(st.sampled_from(["UNIQ_KEY\x01", "UNIQ_KEY\x01u1", "X_UNIQ_KEY\x01u2", "\x02", "\x01", "é",
+                                 "TAGS\x01a"]), max_size=8).map("".join))
+def test_a_pulled_message_finds_its_msg_id_as_parsing_every_property_would(props):
+    """msg_id's shortcut (UNIQ_KEY found in the raw bytes) agrees with the parsed properties,
+    for odd properties too: the key twice, empty, as a suffix of another name."""
+    from node.received import decode_messages
+    from shm import codec
+
+    store = codec.encode_host("127.0.0.1", 10911)
+    raw = codec.encode(topic="T", body=b"b", queue_id=0, born_timestamp=1, born_host=store, store_host=store,
+                       properties=props, physical_offset=4096)
+    lazy, parsed = decode_messages(raw)[0], decode_messages(raw)[0]
+    expected = parsed.properties.get("UNIQ_KEY") or codec.offset_msg_id(store, 4096)
+    assert lazy.msg_id == expected == parsed.msg_id
 
 
 @given(st.lists(st.tuples(st.binary(max_size=40), st.integers(-2**31, 2**31 - 1), _PROPS), min_size=1, max_size=6),

@@ -1,8 +1,8 @@
 """scripts/bench-consume: the read path's speed on this machine, 1 KiB bodies, clients beside node.
 
 Starts `mqnode start` on a temporary store, produces a backlog (batch sends), and prints: pull
-throughput from one consumer process over the backlog and with 4 consumer processes (each
-taking a share of the queues), produce-to-consume latency with long polling at a fixed 5k
+throughput from one consumer process over the backlog (reading each body; again reading each
+msgId too) and with 4 consumer processes (each taking a share of the queues), produce-to-consume latency with long polling at a fixed 5k
 msgs/s, and the dispatcher's lag (written - dispatched) under batch-produce load. A benchmark,
 never a test.
 """
@@ -50,29 +50,39 @@ async def produce_backlog(endpoint: str, count: int, control: ControlBlock) -> t
     return rate, max(lags or [0]), sum(lags) // max(1, len(lags))
 
 
-async def drain(endpoint: str, queues: list[int], max_offsets: dict[int, int]) -> int:
-    """Pull the given queues to their end, all concurrently; returns messages received."""
+async def drain(endpoint: str, queues: list[int], max_offsets: dict[int, int], ids: bool = False) -> int:
+    """Pull the given queues to their end, all concurrently, reading every message's body (and
+    with `ids` its msgId, as a consumer that dedupes does) as an application would: messages
+    decode their fields on first use, so a drain that read nothing would flatter. Returns the
+    messages received."""
     async with AsyncPullConsumer(endpoint, timeout=10) as consumer:
         async def one(q: int) -> int:
-            offset, got = 0, 0
+            offset, got, body_bytes = 0, 0, 0
             while offset < max_offsets[q]:
                 result = await consumer.pull(TOPIC, q, offset, max_count=32)
+                for message in result.messages:
+                    body_bytes += len(message.body)
+                    if ids and not message.msg_id:
+                        raise AssertionError(f"a message without a msgId at queue {q} offset {message.queue_offset}")
                 got += len(result.messages)
                 offset = result.next_begin_offset
+            if body_bytes != got * len(BODY):
+                raise AssertionError(f"queue {q}: {body_bytes} body bytes for {got} messages of {len(BODY)}")
             return got
 
         return sum(await asyncio.gather(*[one(q) for q in queues]))
 
 
-def _drain_process(endpoint: str, queues: list[int], max_offsets: dict[int, int], out) -> None:
-    out.put(aio.run(drain(endpoint, queues, max_offsets)))
+def _drain_process(endpoint: str, queues: list[int], max_offsets: dict[int, int], ids: bool, out) -> None:
+    out.put(aio.run(drain(endpoint, queues, max_offsets, ids)))
 
 
-def parallel_drain(endpoint: str, max_offsets: dict[int, int], processes: int) -> float:
+def parallel_drain(endpoint: str, max_offsets: dict[int, int], processes: int, ids: bool = False) -> float:
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     shares = [[q for q in range(QUEUES) if q % processes == p] for p in range(processes)]
-    workers = [context.Process(target=_drain_process, args=(endpoint, share, max_offsets, out)) for share in shares]
+    workers = [context.Process(target=_drain_process, args=(endpoint, share, max_offsets, ids, out))
+               for share in shares]
     began = time.perf_counter()
     for w in workers:
         w.start()
@@ -139,6 +149,9 @@ def main() -> None:
             rate = parallel_drain(node.endpoint, max_offsets, 1)
             print(f"pull, 1 consumer process over the backlog : {rate:>10,.0f} msgs/s (target >= 250,000); "
                   f"{usage.report()}")
+            usage = Usage(node)
+            rate = parallel_drain(node.endpoint, max_offsets, 1, ids=True)
+            print(f"pull, 1 consumer, reading msgIds too      : {rate:>10,.0f} msgs/s; {usage.report()}")
             usage = Usage(node)
             rate = parallel_drain(node.endpoint, max_offsets, 4)
             print(f"pull, 4 consumer processes                : {rate:>10,.0f} msgs/s; {usage.report()}")

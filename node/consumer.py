@@ -48,13 +48,7 @@ class AsyncPullConsumer:
         await self.close()
 
     async def _ask(self, header: dict, *, timeout: float | None = None) -> tuple[dict, bytes | None]:
-        saved = self.client.timeout
-        if timeout is not None:
-            self.client.timeout = timeout
-        try:
-            return await self.client.request(header)
-        finally:
-            self.client.timeout = saved
+        return await self.client.request(header, timeout=timeout)
 
     async def pull(self, topic: str, queue_id: int, offset: int, *, max_count: int = 32, subscription: str = "*",
                    suspend_ms: int = 0) -> PullResult:

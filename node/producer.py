@@ -173,13 +173,15 @@ class AsyncProducer:
 
     # -- requests -------------------------------------------------------------------------------
 
-    async def request(self, header: dict, body: bytes | None = None) -> tuple[dict, bytes | None]:
-        """One request, one reply (any code); raises SendError("TIMEOUT") after `timeout`."""
+    async def request(self, header: dict, body: bytes | None = None, *,
+                      timeout: float | None = None) -> tuple[dict, bytes | None]:
+        """One request, one reply (any code); raises SendError("TIMEOUT") after `timeout`
+        seconds (the producer's own by default)."""
         await self.start()
         opaque = next(self.opaque)
         header = dict(header, opaque=opaque)
         future = asyncio.get_running_loop().create_future()
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         self.waiting[opaque] = (future, deadline)
         try:
             await self._send(protocol.encode_request(header, body), deadline)
@@ -398,8 +400,9 @@ class Producer:
     def send_batch(self, topic: str, messages: list, **kwargs) -> list[SendResult]:
         return self._call(self.inner.send_batch(topic, messages, **kwargs))
 
-    def request(self, header: dict, body: bytes | None = None) -> tuple[dict, bytes | None]:
-        return self._call(self.inner.request(header, body))
+    def request(self, header: dict, body: bytes | None = None, *,
+                timeout: float | None = None) -> tuple[dict, bytes | None]:
+        return self._call(self.inner.request(header, body, timeout=timeout))
 
     def close(self) -> None:
         if self.loop.is_running():

@@ -135,6 +135,15 @@ def test_long_polling_wakes_on_arrival_and_idles_for_free(node, producer, consum
     began = time.monotonic()
     assert consumer.pull("Pulls", 0, top + 1, suspend_ms=300).status == "NO_NEW_MSG"
     assert time.monotonic() - began >= 0.25
+    # held pulls that overlap leave the consumer's own timeout as it was (a long poll's deadline
+    # is its own, not lent to the consumer while it waits)
+    async def overlapping():
+        short = asyncio.ensure_future(consumer.inner.pull("Pulls", 0, top + 1, suspend_ms=200))
+        await asyncio.sleep(0.05)
+        await consumer.inner.pull("Pulls", 0, top + 1, suspend_ms=600)
+        await short
+    consumer._call(overlapping())
+    assert consumer.inner.client.timeout == 5.0
     # 300 held pulls cost (almost) no CPU while nothing arrives
     holder = "front" if node.settings.readsInFront else "pull-0"
     pull_worker = psutil.Process(int((node.settings.run_dir / f"{holder}.pid").read_text()))

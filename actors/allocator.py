@@ -35,7 +35,7 @@ from shm.mapped_file import (
 WATCH_MS = 20
 RETRY_S = 1.0
 NICENESS = 10
-PREFAULT_STEP = 2 * 1024 * 1024  # bytes read a turn at most: short bursts (~5 ms here), prompt stop()
+PREFAULT_STEP = 2 * 1024 * 1024  # bytes read a turn at most: short bursts, prompt stop()
 
 
 class Allocator(Actor):
@@ -109,7 +109,6 @@ class Allocator(Actor):
         which brings the whole file into the page cache."""
         segment = MappedFile(path, self.segment_size, readonly=True)
         try:
-            segment.map.madvise(mmap.MADV_WILLNEED)
             _read_pages(segment, 0, segment.size)
             self.warmed += 1
         finally:
@@ -129,6 +128,13 @@ class Allocator(Actor):
 def _read_pages(segment: MappedFile, low: int, high: int) -> None:
     """Read one byte of every page of [low, high) (page-aligned `low`), which puts the pages in
     the page cache, then unmap them here again (the page cache keeps them): else the allocator's
-    RSS grows to the whole segment, and the node's memory figure with it."""
+    RSS grows to the whole segment, and the node's memory figure with it.
+
+    A page at a time (MADV_RANDOM: no read-around): a fault on a file not yet in the cache
+    otherwise reads around it, here 8 MiB (the disk's read_ahead_kb) of large folios in one
+    fault. On this VM, whose fresh memory costs ~2.5 ms a MiB, that held the allocator's CPU for
+    ~20 ms every ~8 MiB written; nothing else ran on it meanwhile (a pinned probe saw the same
+    gaps), and the sends and pulls queued there made the latency tails."""
+    segment.map.madvise(mmap.MADV_RANDOM)  # the whole mapping: no split VMAs
     segment.map[low:high:mmap.PAGESIZE]
     segment.map.madvise(mmap.MADV_DONTNEED, low, high - low)

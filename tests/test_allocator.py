@@ -62,6 +62,8 @@ def test_the_allocator_reads_ahead_of_the_writer_a_bounded_step_a_turn(tmp_path)
                                                                            "00000000000008388608"))
         assert cached_pages(segment_1, 0, 4 * MiB) == 4 * MiB // mmap.PAGESIZE
         assert cached_pages(segment_2, 0, 2 * MiB) == 2 * MiB // mmap.PAGESIZE
+        # and nothing past it: a page a time, no read-around (which came in 8 MiB bites here)
+        assert cached_pages(segment_2, 2 * MiB, 4 * MiB) == 0
     finally:
         allocator.close()
         log.close()

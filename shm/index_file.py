@@ -42,7 +42,7 @@ import numpy as np
 
 from shm.codec import TRANSACTION_MASK, TRANSACTION_ROLLBACK, index_key_hash
 from shm.javacompat import jhash_many
-from shm.mapped_file import WrongFileSize, allocate
+from shm.mapped_file import WrongFileSize, allocate, no_read_around
 
 HEADER_SIZE = 40
 SLOT_SIZE = 4
@@ -78,6 +78,8 @@ class IndexFile:
             raise WrongFileSize(f"{self.path} is {actual} bytes; {slot_count} slots and {index_max} entries need {self.size}")
         self.fd = os.open(self.path, os.O_RDONLY if readonly else os.O_RDWR)
         self.map = mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE)
+        if create:
+            no_read_around(self.map)  # a new file is holes: its hash slots are touched at random
         self.readonly = readonly
         self._read_header()
 

@@ -66,6 +66,19 @@ def allocate(path: Path, size: int) -> bool:
         temporary.unlink(missing_ok=True)
 
 
+def no_read_around(mapped: mmap.mmap) -> None:
+    """Fault this mapping in a page at a time (MADV_RANDOM). A fault on an uncached page
+    otherwise reads around it (read_ahead_kb: 8 MiB on the project's machine). In a new file
+    those are holes, so it makes that much zeroed page cache in one fault. Measured here: the
+    first 20-byte entry of a new 6 MB ConsumeQueue file took p50 1.9-2.8 ms (max 13.5 ms) and
+    cached the whole file; a page at a time it takes 0.1-0.15 ms. Only new files get it: files
+    read back (recovery, pull readers, queries, verify) keep their read-ahead."""
+    try:
+        mapped.madvise(mmap.MADV_RANDOM)
+    except (AttributeError, OSError):
+        pass  # a platform without madvise: read-around is a cost, not a fault
+
+
 class MappedFile:
     """A segment file mapped into memory. `readonly` opens for other processes' readers."""
 
@@ -85,6 +98,8 @@ class MappedFile:
         self.fd = os.open(self.path, os.O_RDONLY if readonly else os.O_RDWR)
         access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
         self.map = mmap.mmap(self.fd, size, access=access)
+        if create and not readonly:
+            no_read_around(self.map)
         self._view = memoryview(self.map)
         # A newly created file is empty; a loaded one is provisionally full until recovery.
         start = 0 if create else size

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import mmap
+import os
 from pathlib import Path
+
+import numpy as np
 
 from shm import settings as settings_module
 from shm.codec import EncodedBatch, encode, encode_host, properties_string
@@ -68,3 +74,21 @@ def close_clean(store: MessageStore) -> None:
     root = store.root
     store.close()
     mark_clean_exit(root)
+
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def cached_pages(path, low: int, high: int) -> int:
+    """How many pages of [low, high) of the file are in the page cache (mincore(2) on a fresh
+    read-only mapping: it reports the cache, whether or not any process has them mapped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with mmap.mmap(fd, high, prot=mmap.PROT_READ) as mapped:
+            view = np.frombuffer(mapped, dtype=np.uint8)
+            pages = (ctypes.c_ubyte * ((high - low) // mmap.PAGESIZE))()
+            assert _LIBC.mincore(ctypes.c_void_p(view.ctypes.data + low), ctypes.c_size_t(high - low), pages) == 0
+            del view
+            return sum(b & 1 for b in bytes(pages))
+    finally:
+        os.close(fd)

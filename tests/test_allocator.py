@@ -3,12 +3,9 @@ pages past the written end read ahead of it (`prefaultAheadBytes`)."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import mmap
-import os
 
-import numpy as np
+from helpers import cached_pages
 from nodes import node_settings
 
 from actors.allocator import Allocator
@@ -16,24 +13,6 @@ from shm.commitlog import CommitLog
 from shm.control_block import ControlBlock
 
 MiB = 1024 * 1024
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-
-
-def cached_pages(path, low: int, high: int) -> int:
-    """How many pages of [low, high) of the file are in the page cache (mincore(2) on a fresh
-    read-only mapping: it reports the cache, whether or not any process has them mapped)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        with mmap.mmap(fd, high, prot=mmap.PROT_READ) as mapped:
-            view = np.frombuffer(mapped, dtype=np.uint8)
-            pages = (ctypes.c_ubyte * ((high - low) // mmap.PAGESIZE))()
-            assert _LIBC.mincore(ctypes.c_void_p(view.ctypes.data + low), ctypes.c_size_t(high - low), pages) == 0
-            del view
-            return sum(b & 1 for b in bytes(pages))
-    finally:
-        os.close(fd)
-
-
 def test_the_allocator_reads_ahead_of_the_writer_a_bounded_step_a_turn(tmp_path):
     settings = node_settings(tmp_path / "store", mappedFileSizeCommitLog=4 * MiB, prefaultAheadBytes=10 * MiB)
     settings.root.mkdir(parents=True)

@@ -2,9 +2,9 @@
 
 Starts `mqnode start` on a temporary store, produces a backlog (batch sends), and prints: pull
 throughput from one consumer process over the backlog (reading each body; again reading each
-msgId too) and with 4 consumer processes (each taking a share of the queues), produce-to-consume latency with long polling at a fixed 5k
-msgs/s, and the dispatcher's lag (written - dispatched) under batch-produce load. A benchmark,
-never a test.
+msgId too) and with 4 consumer processes (each taking a share of the queues), produce-to-consume
+latency with long polling at a fixed 5k msgs/s, and the dispatcher's lag (written - dispatched)
+under batch-produce load. A benchmark, never a test.
 """
 
 from __future__ import annotations

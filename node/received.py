@@ -51,6 +51,11 @@ FIELDS = ("topic", "queue_id", "queue_offset", "msg_id", "offset_msg_id", "tags"
           "born_timestamp", "store_timestamp", "born_host", "store_host", "reconsume_times")
 
 
+def _fixed_field(index: int) -> property:
+    """A read-only int field: one item of the record's unpacked fixed part."""
+    return property(lambda message: message._fixed[index])
+
+
 class ReceivedMessage:
     """A consumed message with RocketMQ's fields (see `FIELDS`). Read-only. Equal when every
     field is."""
@@ -60,25 +65,11 @@ class ReceivedMessage:
 
     # -- fixed fields and body: unpacked with the record ----------------------------------------
 
-    @property
-    def queue_id(self) -> int:
-        return self._fixed[_QUEUE_ID]
-
-    @property
-    def queue_offset(self) -> int:
-        return self._fixed[_QUEUE_OFFSET]
-
-    @property
-    def born_timestamp(self) -> int:
-        return self._fixed[_BORN_TS]
-
-    @property
-    def store_timestamp(self) -> int:
-        return self._fixed[_STORE_TS]
-
-    @property
-    def reconsume_times(self) -> int:
-        return self._fixed[_RECONSUME]
+    queue_id = _fixed_field(_QUEUE_ID)
+    queue_offset = _fixed_field(_QUEUE_OFFSET)
+    born_timestamp = _fixed_field(_BORN_TS)
+    store_timestamp = _fixed_field(_STORE_TS)
+    reconsume_times = _fixed_field(_RECONSUME)
 
     @property
     def body(self) -> bytes:

@@ -30,6 +30,7 @@ from shm.mapped_file import (
     StoreError,
     allocate,
     file_name,
+    no_read_around,
 )
 
 WATCH_MS = 20
@@ -130,11 +131,10 @@ def _read_pages(segment: MappedFile, low: int, high: int) -> None:
     the page cache, then unmap them here again (the page cache keeps them): else the allocator's
     RSS grows to the whole segment, and the node's memory figure with it.
 
-    A page at a time (MADV_RANDOM: no read-around): a fault on a file not yet in the cache
-    otherwise reads around it, here 8 MiB (the disk's read_ahead_kb) of large folios in one
-    fault. On this VM, whose fresh memory costs ~2.5 ms a MiB, that held the allocator's CPU for
-    ~20 ms every ~8 MiB written; nothing else ran on it meanwhile (a pinned probe saw the same
-    gaps), and the sends and pulls queued there made the latency tails."""
-    segment.map.madvise(mmap.MADV_RANDOM)  # the whole mapping: no split VMAs
+    A page at a time (`no_read_around`): read-around made 8 MiB of page cache in one fault
+    here, which held the allocator's CPU ~20 ms every ~8 MiB written while nothing else ran on
+    it (a pinned probe saw the same gaps), and the sends and pulls queued there made the latency
+    tails."""
+    no_read_around(segment.map)  # the whole mapping, so its VMA is not split
     segment.map[low:high:mmap.PAGESIZE]
     segment.map.madvise(mmap.MADV_DONTNEED, low, high - low)

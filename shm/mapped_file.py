@@ -71,8 +71,9 @@ def no_read_around(mapped: mmap.mmap) -> None:
     otherwise reads around it (read_ahead_kb: 8 MiB on the project's machine). In a new file
     those are holes, so it makes that much zeroed page cache in one fault. Measured here: the
     first 20-byte entry of a new 6 MB ConsumeQueue file took p50 1.9-2.8 ms (max 13.5 ms) and
-    cached the whole file; a page at a time it takes 0.1-0.15 ms. Only new files get it: files
-    read back (recovery, pull readers, queries, verify) keep their read-ahead."""
+    cached the whole file; a page at a time it takes 0.1-0.15 ms. New files get it, and the
+    allocator's read-ahead of the CommitLog; files read back (recovery, pull readers, queries,
+    verify) keep their read-ahead."""
     try:
         mapped.madvise(mmap.MADV_RANDOM)
     except (AttributeError, OSError):

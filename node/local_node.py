@@ -8,6 +8,7 @@ line, lists its process tree (for psutil figures and kill -9), and stops it.
 from __future__ import annotations
 
 import dataclasses
+import random
 import signal
 import socket
 import subprocess
@@ -22,10 +23,22 @@ from shm import settings as settings_module
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Below Linux's ephemeral range (32768-60999) and above Ray's worker ports (10002-19999): a port
+# the kernel hands out (bind to 0) is free now, but an outgoing connection of the node's own Ray
+# may take it before the front binds it (seen: a front restarted a dozen times on EADDRINUSE).
+LISTEN_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for _ in range(1000):
+        port = random.choice(LISTEN_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {LISTEN_PORTS}")
 
 
 def start_flags(settings) -> list[str]:

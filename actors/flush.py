@@ -1,25 +1,36 @@
 """flush: makes the CommitLog durable and answers the sends that wait for it.
 
-Sockets: `waits` PULL, bound at `flush` (from the writer: client, arrival, the offset the send
-needs flushed, its PUT_OK reply); `replies` PUSH to the front.
+Three parts, so the same flushing runs in its own process or on a thread of the front:
+- `CommitLogFlusher`: fdatasync up to the published `written`, then publish `flushed` and the
+  checkpoint's physicMsgTimestamp (the store time read *before* the flush, so it never claims
+  more than is durable). It flushes through its own descriptors: dirty pages of a shared mapping
+  belong to the file, whichever process wrote them.
+- `Waiting`: the SYNC_FLUSH sends held for the disk, in offset order, each answered PUT_OK once
+  `flushed` passes it, or FLUSH_DISK_TIMEOUT after `syncFlushTimeout` (it is stored; only its
+  durability is unconfirmed).
+- `Flush`, the actor (a writer process, `writesInFront = false` or ingress workers) and
+  `FlushThread`, the front's (`flushInFront`, the default when the front writes).
 
 SYNC_FLUSH (GroupCommitService): wakes on a wait or every 10 ms; one fdatasync covers every
-send waiting at that moment (group commit), then each send whose offset is now durable is
-answered PUT_OK; one still waiting after `syncFlushTimeout` is answered FLUSH_DISK_TIMEOUT (it
-is stored; only its durability is unconfirmed).
+send waiting at that moment (group commit).
 ASYNC_FLUSH (FlushRealTimeService): every `flushIntervalCommitLog` ms, flush when at least
 `flushCommitLogLeastPages` pages are dirty, and everything every
 `flushCommitLogThoroughInterval` ms.
 
-Either way it publishes `flushed` in the control block and advances the checkpoint's
-physicMsgTimestamp to the store time read *before* the flush (so it never claims more than is
-durable). It flushes by fdatasync on its own descriptors: dirty pages of a shared mapping
-belong to the file, whichever process wrote them.
+The actor's sockets: `waits` PULL, bound at `flush` (from the writer: client, arrival, the
+offset the send needs flushed, its PUT_OK reply); `replies` PUSH to the front.
+
+Why a thread of the front: a SYNC_FLUSH send otherwise crosses four process hops (client,
+front, flush actor, front, client), each a cold wake-up on this VM. On the thread, fdatasync
+releases the GIL, so the front keeps appending while the disk works, and the next group
+commit covers what arrived meanwhile, as RocketMQ's GroupCommitService thread does beside the
+CommitLog's writer.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 
@@ -36,63 +47,21 @@ CHECKPOINT_FORCE_S = 1.0
 MAX_WAITING = 1_000_000  # sends held for the disk; beyond this the oldest are timed out early
 
 
-class Flush(Actor):
-    name = "flush"
+class CommitLogFlusher:
+    """fdatasync of the CommitLog up to `written`; publishes `flushed` and the checkpoint."""
 
-    def open(self) -> None:
-        s = self.settings
-        self.sync = s.sync_flush
-        self.segment_size = s.mappedFileSizeCommitLog
-        self.directory = s.commitlog_dir
+    def __init__(self, settings, control):
+        self.settings = settings
+        self.control = control
+        self.segment_size = settings.mappedFileSizeCommitLog
+        self.directory = settings.commitlog_dir
         self.fds: dict[int, int] = {}
-        self.checkpoint = Checkpoint(s.root / "checkpoint")
-        self.waits_in = socket(self.context, zmq.PULL, hwm=100000)
-        self.waits_in.bind(self.endpoints["flush"])
-        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
-        self.replies.connect(self.endpoints["replies"])
-        self.waiting: deque[list] = deque()  # [client hex, arrival ns, offset, header], offset order
-        self.flushes = self.flush_ns_total = self.flush_ns_max = self.timeouts = self.answered = 0
+        self.checkpoint = Checkpoint(settings.root / "checkpoint")
+        self.flushes = self.flush_ns_total = self.flush_ns_max = 0
         now = time.monotonic()
-        self.next_flush = now + s.flushIntervalCommitLog / 1000
-        self.next_thorough = now + s.flushCommitLogThoroughInterval / 1000
+        self.next_flush = now + settings.flushIntervalCommitLog / 1000
+        self.next_thorough = now + settings.flushCommitLogThoroughInterval / 1000
         self.next_checkpoint_force = now
-
-    # -- the loop ----------------------------------------------------------------------------------
-
-    def turn(self) -> None:
-        timeout = GROUP_COMMIT_WAKE_MS if self.sync else min(50, self.settings.flushIntervalCommitLog)
-        if self.waits_in.poll(timeout):
-            self._take_waits()
-        if self.sync:
-            if self.waiting or self.control.get("written") > self.control.get("flushed"):
-                self.flush_to_written()
-            self._answer()
-        else:
-            self._async_flush()
-
-    def _take_waits(self) -> None:
-        for _ in range(1000):
-            try:
-                self.waiting.extend(orjson.loads(self.waits_in.recv(zmq.NOBLOCK)))
-            except zmq.Again:
-                break
-        while len(self.waiting) > MAX_WAITING:
-            self._time_out(self.waiting.popleft())
-
-    def _async_flush(self) -> None:
-        now = time.monotonic()
-        if now < self.next_flush:
-            return
-        s = self.settings
-        self.next_flush = now + s.flushIntervalCommitLog / 1000
-        dirty = self.control.get("written") - self.control.get("flushed")
-        if now >= self.next_thorough:
-            self.next_thorough = now + s.flushCommitLogThoroughInterval / 1000
-            least = 0
-        else:
-            least = s.flushCommitLogLeastPages * PAGE
-        if dirty > least:
-            self.flush_to_written()
 
     def flush_to_written(self) -> int:
         """fdatasync every segment holding unflushed bytes; publish `flushed`. Returns it."""
@@ -121,6 +90,28 @@ class Flush(Actor):
         self._forget_segments_below(start)
         return written
 
+    def async_turn(self) -> None:
+        """ASYNC_FLUSH, called at least every flushIntervalCommitLog ms: flush when due."""
+        now = time.monotonic()
+        if now < self.next_flush:
+            return
+        s = self.settings
+        self.next_flush = now + s.flushIntervalCommitLog / 1000
+        dirty = self.control.get("written") - self.control.get("flushed")
+        if now >= self.next_thorough:
+            self.next_thorough = now + s.flushCommitLogThoroughInterval / 1000
+            least = 0
+        else:
+            least = s.flushCommitLogLeastPages * PAGE
+        if dirty > least:
+            self.flush_to_written()
+
+    def finish(self) -> None:
+        """Stop: everything written made durable, the checkpoint forced."""
+        self.flush_to_written()
+        if self.checkpoint.physic_timestamp:
+            self.checkpoint.flush_physic(self.checkpoint.physic_timestamp)
+
     def _fd(self, segment_start: int) -> int:
         fd = self.fds.get(segment_start)
         if fd is None:
@@ -131,55 +122,223 @@ class Flush(Actor):
         for segment_start in [s for s in self.fds if s < start]:
             os.close(self.fds.pop(segment_start))
 
-    # -- answering ---------------------------------------------------------------------------------
-
-    def _answer(self) -> None:
-        flushed = self.control.get("flushed")
-        deadline = time.monotonic_ns() - self.settings.syncFlushTimeout * 1_000_000
-        done, kept = [], deque()
-        for wait in self.waiting:
-            if wait[2] <= flushed:
-                done.append((bytes.fromhex(wait[0]), wait[1], wait[3].encode()))
-            elif wait[1] < deadline:
-                self._time_out(wait)
-            else:
-                kept.append(wait)
-        self.waiting = kept
-        if done:
-            self.answered += len(done)
-            self.replies.send(pack_replies(done))
-
-    def _time_out(self, wait: list) -> None:
-        self.timeouts += 1
-        header = orjson.loads(wait[3])
-        _downgrade(header, "FLUSH_DISK_TIMEOUT")
-        self.replies.send(pack_replies([(bytes.fromhex(wait[0]), wait[1], orjson.dumps(header))]))
-
-    def drain(self) -> None:
-        """Stop: flush what was written and answer everyone still waiting."""
-        self._take_waits()
-        self.flush_to_written()
-        self._answer()
-        for wait in list(self.waiting):
-            self._time_out(wait)
-        self.waiting.clear()
-        if self.checkpoint.physic_timestamp:
-            self.checkpoint.flush_physic(self.checkpoint.physic_timestamp)
-
     def statistics(self) -> dict:
-        return super().statistics() | {
-            "mode": "SYNC_FLUSH" if self.sync else "ASYNC_FLUSH", "flushes": self.flushes,
-            "flushAvgMicros": self.flush_ns_total // max(1, self.flushes) // 1000,
-            "flushMaxMicros": self.flush_ns_max // 1000, "waiting": len(self.waiting), "answered": self.answered,
-            "flushDiskTimeouts": self.timeouts, "flushed": self.control.get("flushed") if self.control else 0}
+        return {"mode": self.settings.flushDiskType, "flushes": self.flushes,
+                "flushAvgMicros": self.flush_ns_total // max(1, self.flushes) // 1000,
+                "flushMaxMicros": self.flush_ns_max // 1000,
+                "flushed": self.control.get("flushed") if self.control else 0}
 
     def close(self) -> None:
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
-        if hasattr(self, "checkpoint"):
-            self.checkpoint.close()
+        self.checkpoint.close()
+
+
+class Waiting:
+    """SYNC_FLUSH sends held for the disk: (client, arrival ns, offset to be flushed, PUT_OK
+    header), in offset order (one writer appends them in order)."""
+
+    def __init__(self, timeout_ms: int):
+        self.timeout_ns = timeout_ms * 1_000_000
+        self.items: deque[tuple] = deque()
+        self.answered = self.timeouts = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, waits) -> list[tuple]:
+        """Hold `waits`; returns the replies of the oldest, timed out early past MAX_WAITING."""
+        self.items.extend(waits)
+        overflow = []
+        while len(self.items) > MAX_WAITING:
+            overflow.append(self._time_out(self.items.popleft()))
+        return overflow
+
+    def settle(self, flushed: int, *, everyone: bool = False) -> list[tuple]:
+        """The replies now due, as (client, arrival ns, header): PUT_OK for each send `flushed`
+        covers, FLUSH_DISK_TIMEOUT for each that waited `syncFlushTimeout` (or all the rest,
+        `everyone`, at stop)."""
+        items, replies = self.items, []
+        while items and items[0][2] <= flushed:
+            client, arrival_ns, _, header = items.popleft()
+            replies.append((client, arrival_ns, header))
+        self.answered += len(replies)
+        if items:
+            deadline = time.monotonic_ns() - self.timeout_ns
+            if everyone or any(wait[1] < deadline for wait in items):
+                kept = deque()
+                for wait in items:
+                    if everyone or wait[1] < deadline:
+                        replies.append(self._time_out(wait))
+                    else:
+                        kept.append(wait)
+                self.items = kept
+        return replies
+
+    def _time_out(self, wait: tuple) -> tuple:
+        self.timeouts += 1
+        header = orjson.loads(wait[3])
+        _downgrade(header, "FLUSH_DISK_TIMEOUT")
+        return wait[0], wait[1], orjson.dumps(header)
+
+    def statistics(self) -> dict:
+        return {"waiting": len(self.items), "answered": self.answered, "flushDiskTimeouts": self.timeouts}
+
+
+def waits_to_wire(waits: list[tuple]) -> bytes:
+    """The writer process's held sends, to the flush actor (one JSON frame a turn)."""
+    return orjson.dumps([[client.hex(), arrival_ns, offset, header.decode()]
+                         for client, arrival_ns, offset, header in waits])
+
+
+def waits_from_wire(frame: bytes) -> list[tuple]:
+    return [(bytes.fromhex(client), arrival_ns, offset, header.encode())
+            for client, arrival_ns, offset, header in orjson.loads(frame)]
+
+
+class Flush(Actor):
+    name = "flush"
+
+    def open(self) -> None:
+        s = self.settings
+        self.sync = s.sync_flush
+        self.flusher = CommitLogFlusher(s, self.control)
+        self.waiting = Waiting(s.syncFlushTimeout)
+        self.waits_in = socket(self.context, zmq.PULL, hwm=100000)
+        self.waits_in.bind(self.endpoints["flush"])
+        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
+        self.replies.connect(self.endpoints["replies"])
+
+    def turn(self) -> None:
+        timeout = GROUP_COMMIT_WAKE_MS if self.sync else min(50, self.settings.flushIntervalCommitLog)
+        if self.waits_in.poll(timeout):
+            self._take_waits()
+        if self.sync:
+            if self.waiting or self.control.get("written") > self.control.get("flushed"):
+                self.flusher.flush_to_written()
+            self._send(self.waiting.settle(self.control.get("flushed")))
+        else:
+            self.flusher.async_turn()
+
+    def _take_waits(self) -> None:
+        for _ in range(1000):
+            try:
+                self._send(self.waiting.add(waits_from_wire(self.waits_in.recv(zmq.NOBLOCK))))
+            except zmq.Again:
+                break
+
+    def _send(self, replies: list[tuple]) -> None:
+        if replies:
+            self.replies.send(pack_replies(replies))
+
+    def drain(self) -> None:
+        """Stop: flush what was written and answer everyone still waiting."""
+        self._take_waits()
+        self.flusher.finish()
+        self._send(self.waiting.settle(self.control.get("flushed"), everyone=True))
+
+    def statistics(self) -> dict:
+        stats = super().statistics()
+        if hasattr(self, "flusher"):
+            stats |= self.flusher.statistics() | self.waiting.statistics()
+        return stats
+
+    def close(self) -> None:
+        if hasattr(self, "flusher"):
+            self.flusher.close()
         super().close()
+
+
+class FlushThread:
+    """The front's flusher (`flushInFront`): a `CommitLogFlusher` on a thread of the front's
+    process. The front holds the `Waiting` sends, wakes the thread after each turn that added
+    some, and answers them when the thread reports on the inproc socket `flushed_in` (the
+    front's to poll). A disk error is counted and retried (the held sends time out as
+    FLUSH_DISK_TIMEOUT); anything else kills the thread, and `check` then fails the front,
+    which Ray restarts."""
+
+    def __init__(self, settings, control, context: zmq.Context):
+        self.sync = settings.sync_flush
+        self.period_s = (GROUP_COMMIT_WAKE_MS if self.sync else min(50, settings.flushIntervalCommitLog)) / 1000
+        self.flusher = CommitLogFlusher(settings, control)
+        self.context = context
+        self.endpoint = f"inproc://flushed-{id(self)}"
+        self.flushed_in = socket(context, zmq.PULL, hwm=16)
+        self.flushed_in.bind(self.endpoint)  # before the thread connects
+        self.woken = threading.Event()
+        self.stopping = False
+        self.disk_errors = 0
+        self.last_error = ""
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="mqnode-flush", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def wake(self) -> None:
+        self.woken.set()
+
+    def _run(self) -> None:
+        report = socket(self.context, zmq.PUSH, hwm=16)
+        report.connect(self.endpoint)
+        try:
+            while not self.stopping:
+                woken = self.woken.wait(self.period_s)
+                self.woken.clear()  # before reading `written`: a wake after this read comes round again
+                if self.stopping:
+                    break
+                try:
+                    if self.sync:
+                        self.flusher.flush_to_written()
+                        if woken:
+                            _notify(report)
+                    else:
+                        self.flusher.async_turn()
+                except OSError as e:
+                    self.disk_errors += 1
+                    self.last_error = str(e)
+                    time.sleep(self.period_s)
+        except BaseException as e:  # a bug: the front must not go on with no flusher
+            self.failure = e
+        finally:
+            report.close(0)
+
+    def take_reports(self) -> None:
+        """Empty `flushed_in` (the reports only say "look at `flushed`")."""
+        while True:
+            try:
+                self.flushed_in.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+
+    def check(self) -> None:
+        if not self.stopping and not self.thread.is_alive():
+            raise RuntimeError(f"the flush thread died: {self.failure!r}") from self.failure
+
+    def stop(self, *, flush: bool = True) -> None:
+        """Stop the thread, then (`flush`) flush what was written from the calling thread."""
+        self.stopping = True
+        self.woken.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
+        if flush:
+            self.flusher.finish()
+
+    def statistics(self) -> dict:
+        return {"actor": "flush", "thread": "front", "alive": self.thread.is_alive(),
+                "diskErrors": self.disk_errors, "lastError": self.last_error} | self.flusher.statistics()
+
+    def close(self) -> None:
+        self.flushed_in.close(0)
+        self.flusher.close()
+
+
+def _notify(report: zmq.Socket) -> None:
+    try:
+        report.send(b"", zmq.NOBLOCK)
+    except zmq.Again:
+        pass  # reports already queued say the same
 
 
 def _downgrade(header: dict, status: str) -> None:

@@ -6,7 +6,9 @@ Sockets:
   `ingressWorkers = 0` and `writesInFront = false`, straight to the append writer (connected
   to `writer`). With `writesInFront` (and no ingress workers) no writer process runs: the
   front is the CommitLog's single writer, with the writer's core (`actors.writer`), appending
-  each turn's sends together and answering them itself.
+  each turn's sends together and answering them itself. With `flushInFront` too (the
+  default) no flush process runs either: a thread of the front flushes (`actors.flush`), and
+  the front holds the SYNC_FLUSH sends until the thread reports the disk has them.
 - `replies` PULL, bound: joined replies from ingress, writer and flush.
 - `stats` PULL, bound: every actor's statistics, once a second.
 - `pulls` PUSH, bound: read requests to the pull workers; with `readsInFront`, none run and
@@ -32,6 +34,7 @@ import orjson
 import zmq
 
 from actors.base import Actor, incoming, socket, unpack_replies, wait_readable
+from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
 from actors.pull import Pull
 from actors.writer import Writer
 from node import protocol
@@ -85,6 +88,12 @@ class Front(Actor):
         self.stats_in = socket(self.context, zmq.PULL, hwm=1000)
         self.stats_in.bind(self.endpoints["stats"])
         self.poll_items = [(sock, zmq.POLLIN) for sock in (self.clients, self.replies, self.stats_in)]
+        self.flushing: FlushThread | None = None
+        if s.front_flushes:
+            self.flushing = FlushThread(s, self.control, self.context)
+            self.waiting = Waiting(s.syncFlushTimeout)
+            self.poll_items.append((self.flushing.flushed_in, zmq.POLLIN))
+            self.flushing.start()
         self.reads: Pull | None = None
         self.read_replies: list = []
         if s.readsInFront:
@@ -103,13 +112,17 @@ class Front(Actor):
         self.accepting = False
 
     def turn(self) -> None:
-        reads, writes = self.reads, self.writes
+        reads, writes, flushing = self.reads, self.writes, self.flushing
         wait_ms = 50 if writes is None else writes.poll_ms  # a write-buffer commit may fall due
+        if flushing is not None and self.waiting:
+            wait_ms = min(wait_ms, GROUP_COMMIT_WAKE_MS)  # held sends may time out
         if reads is None:
             events = wait_readable(self.poll_items, wait_ms)
         else:
             events = wait_readable(self.watch_items if reads.watching else self.poll_items,
                                    min(wait_ms, reads.timeout_ms()))
+        if flushing is not None:  # first: these replies have waited longest
+            self._answer_flushed(events)
         if self.replies in events:
             self._forward_replies()
         if self.clients in events:
@@ -129,6 +142,9 @@ class Front(Actor):
         if self.writes is not None:  # sends in hand (none once drained), then a write-buffer's tail
             self._finish_writes()
             self.writes.drain()
+        if self.flushing is not None:  # then everything written is made durable and answered
+            self.flushing.stop()
+            self._answer_waits(self.waiting.settle(self.control.get("flushed"), everyone=True))
         if self.reads is not None:
             self.reads.release_all(self.read_replies)
             self._send_read_replies()
@@ -143,10 +159,29 @@ class Front(Actor):
             now = time.monotonic_ns()
             for client, arrival_ns, header in writes.append_requests(requests):
                 self._answer_send(client, arrival_ns, [header], now)
+        if self.flushing is not None and writes.pending_waits:
+            self._answer_waits(self.waiting.add(writes.pending_waits))
+            writes.pending_waits = []
+            self.flushing.wake()
         writes.finish_turn()
         if time.monotonic() >= self.next_put_sample:  # what the writer's statistics feed otherwise
             self.next_put_sample = time.monotonic() + 1.0
             self.store_stats.sample(int(time.time() * 1000), writes.put_times, writes.put_bytes, writes.put_failed)
+
+    def _answer_flushed(self, events: set) -> None:
+        """flushInFront: answer the held sends the flush thread's last fdatasync covered, and
+        those held too long."""
+        flushing = self.flushing
+        flushing.check()
+        if flushing.flushed_in in events:
+            flushing.take_reports()
+        if self.waiting:
+            self._answer_waits(self.waiting.settle(self.control.get("flushed")))
+
+    def _answer_waits(self, replies: list[tuple]) -> None:
+        now = time.monotonic_ns()
+        for client, arrival_ns, header in replies:
+            self._answer_send(client, arrival_ns, [header], now)
 
     def _finish_reads(self, events: set) -> None:
         """readsInFront: wake held pulls whose queues grew, end expired ones, send the replies."""
@@ -200,6 +235,8 @@ class Front(Actor):
             actors = dict(self.actor_stats) | {"front": self.statistics()}
             if self.writes is not None:
                 actors["writer"] = self.writes.statistics()  # the write core, in the front's process
+            if self.flushing is not None:
+                actors["flush"] = self.flushing.statistics() | self.waiting.statistics()
             info = {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)),
                     "actors": dict(sorted(actors.items())),
                     "control": self.control.snapshot()}
@@ -351,6 +388,9 @@ class Front(Actor):
         return stats
 
     def close(self) -> None:
+        if getattr(self, "flushing", None) is not None:
+            self.flushing.stop(flush=False)  # (stopped already, unless the front failed)
+            self.flushing.close()
         if getattr(self, "reads", None) is not None:
             self.reads.close_reads()
         if getattr(self, "writes", None) is not None:

@@ -35,6 +35,7 @@ import orjson
 import zmq
 
 from actors.base import Actor, conflated, incoming, pack_replies, socket, wait_readable
+from actors.flush import waits_to_wire
 from actors.ingress import RequestBatcher, group_from_wire
 from node import sendcore
 from node.frames import NOBLOCK
@@ -96,8 +97,10 @@ class Writer(Actor):
         self.poll_ms = min(50, s.commitIntervalCommitLog) if self.buffered else 50
         self.next_commit = self.next_thorough_commit = time.monotonic()
         self.commits = 0
-        self.waits = socket(self.context, zmq.PUSH, hwm=100000)
-        self.waits.connect(self.endpoints["flush"])
+        self.waits = None
+        if not s.front_flushes:
+            self.waits = socket(self.context, zmq.PUSH, hwm=100000)
+            self.waits.connect(self.endpoints["flush"])
         self.wakes = conflated(self.context, zmq.PUSH)
         self.wakes.connect(self.endpoints["reput"])
         self.wake_due = False
@@ -129,8 +132,9 @@ class Writer(Actor):
     def append_requests(self, messages: list[list[bytes]]) -> list:
         """Append what the requests carry (raw from the front: encoded together, so a turn's
         requests share one append; or groups the ingress workers encoded). Returns the replies
-        to send at once, as (client, arrival_ns, header); those that must wait for the disk go
-        to the flush actor in `finish_turn`, after the replies."""
+        to send at once, as (client, arrival_ns, header); those that must wait for the disk
+        collect in `pending_waits` as (client, arrival_ns, offset to flush, header), sent to the
+        flush actor in `finish_turn`, after the replies (or taken by a front that flushes)."""
         replies: list = []
         began = time.monotonic_ns()
         if self.batcher is not None:
@@ -146,8 +150,8 @@ class Writer(Actor):
         return replies
 
     def finish_turn(self) -> None:
-        if self.pending_waits:
-            self.waits.send(orjson.dumps(self.pending_waits))
+        if self.pending_waits and self.waits is not None:  # (the front takes them itself, flushInFront)
+            self.waits.send(waits_to_wire(self.pending_waits))
             self.pending_waits = []
         self.idle()
 
@@ -194,8 +198,7 @@ class Writer(Actor):
             header = sendcore.answer(pending, physical, queue, self.store_host)
             if result is not None and appended and self.sync_flush and pending.wait:
                 last = max(appended)
-                waits.append([pending.client.hex(), pending.arrival_ns, physical[last] + batch.sizes[last],
-                              header.decode()])
+                waits.append((pending.client, pending.arrival_ns, physical[last] + batch.sizes[last], header))
             else:
                 replies.append((pending.client, pending.arrival_ns, header))
 
@@ -281,7 +284,7 @@ class Writer(Actor):
         """Close the write core (the front's, with `writesInFront`; the control block is the
         front's, not closed here)."""
         for name in ("waits", "wakes"):
-            if hasattr(self, name):
+            if getattr(self, name, None) is not None:
                 getattr(self, name).close(0)
         if hasattr(self, "log"):
             self.log.close()

@@ -165,7 +165,8 @@ class Node:
         remote = ray.remote(ActorHost)
         values = dataclasses.asdict(s)
         recovered_state = {"queue_offsets": queue_offsets, "recovered_offset": recovered}
-        plan = [("flush", "flush", {}), ("allocator", "allocator", {}), ("dispatcher", "dispatcher", {})]
+        plan = [] if s.front_flushes else [("flush", "flush", {})]
+        plan += [("allocator", "allocator", {}), ("dispatcher", "dispatcher", {})]
         if not s.front_writes:
             plan.append(("writer", "writer", recovered_state))
         plan += [(f"ingress-{i}", "ingress", {"instance": i}) for i in range(s.ingressWorkers)]

@@ -132,6 +132,7 @@ class Settings:
     ingressWorkers: int = _s(0, "Encoding workers between front and writer; 0 = the append writer encodes", NODE)
     pullWorkers: int = _s(0, "Pull workers serving reads when readsInFront = false; 0 = one per core", NODE)
     writesInFront: bool = _s(True, "With ingressWorkers = 0, the front appends to the CommitLog itself, no writer process runs (one hop less a send)", NODE)
+    flushInFront: bool = _s(True, "With writesInFront, the front flushes the CommitLog on a thread of its own, no flush process runs (a SYNC_FLUSH send crosses two process hops fewer)", NODE)
     readsInFront: bool = _s(True, "The front serves reads itself, no pull worker runs (faster on 2 cores; false for pullWorkers)", NODE)
     prefaultAheadBytes: int = _s(32 * 1024 * 1024, "The allocator reads the CommitLog's pages this far past the written end, so the writer never takes the page-cache allocation faults (0 = off)", NODE)
     sendQueueCapacity: int = _s(10000, "Send requests the front lets wait before answering SYSTEM_BUSY", NODE)
@@ -146,6 +147,12 @@ class Settings:
         """The front is the CommitLog's single writer (no writer process): writesInFront, which
         needs ingressWorkers = 0 (the workers ship encoded groups to a writer process)."""
         return self.writesInFront and self.ingressWorkers == 0
+
+    @property
+    def front_flushes(self) -> bool:
+        """The front flushes the CommitLog on a thread (no flush process): flushInFront, which
+        needs the front to be the writer (a writer process hands its held sends to the actor)."""
+        return self.flushInFront and self.front_writes
 
     @property
     def root(self) -> Path:

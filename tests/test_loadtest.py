@@ -315,8 +315,9 @@ def test_sync_flush_preset_starts_and_stops_its_own_node(tmp_path):
     assert b"mqnode ready" in (tmp_path / "node.log").read_bytes()
     assert not _left_behind("mqnode-loadtest-")
     profile = results["profile"]  # py-spy on every actor and worker; one that cannot attach says why
-    assert {"front", "flush", "dispatcher", "producer-0", "consumer-0"} <= set(profile)
-    assert "writer" not in profile  # the front is the writer (writesInFront): no such process
+    assert {"front", "dispatcher", "producer-0", "consumer-0"} <= set(profile)
+    # the front is the writer and the flusher (writesInFront, flushInFront): no such processes
+    assert "writer" not in profile and "flush" not in profile
     assert profile["front"]["samples"] > 0 and profile["front"]["top"], profile["front"]
     assert "where the time goes" in (tmp_path / "report.html").read_text().lower()
 

@@ -13,8 +13,10 @@ import time
 import pytest
 from nodes import NodeProcess, node_settings
 
+from node import protocol
 from node.client import AsyncProducer, PullConsumer, SendError
 from shm.codec import Record, decode_msg_id
+from shm.control_block import ControlBlock
 from shm.store import MessageStore
 from shm.verify import verify_store
 
@@ -95,6 +97,49 @@ def test_kill_9_of_every_process_loses_no_acknowledged_message(tmp_path, flush):
     # SYNC_FLUSH: every PUT_OK was fsync'd. ASYNC_FLUSH: a process kill leaves the page cache, so
     # the acknowledged messages are there too; only the host's power could take them.
     assert_all_acked_stored(settings, acked)
+    report = verify_store(settings)
+    assert report.ok, report.summary()
+
+
+@pytest.mark.parametrize("flush_in_front", [True, False], ids=["flush-thread", "flush-actor"])
+def test_a_sync_flush_ack_comes_after_the_fdatasync_that_covers_it(tmp_path, flush_in_front):
+    """SYNC_FLUSH: when a PUT_OK reaches the client, the control block's `flushed` (advanced only
+    after fdatasync returns) is already past the message; WAIT=false sends are acked without
+    waiting. With flushInFront (the default) a thread of the front flushes and no flush process
+    runs; without it, the flush actor does."""
+    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH", flushInFront=flush_in_front)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    assert ("flush" in node.actor_labels()) is not flush_in_front
+    control = ControlBlock(settings.root / "control")
+    behind: list[tuple[int, int]] = []
+
+    async def main() -> dict:
+        async with AsyncProducer(node.endpoint, timeout=10.0) as producer:
+            async def sender(k: int) -> None:
+                for i in range(150):
+                    result = await producer.send("Durable", f"{k}-{i}".encode() * 40, wait=i % 10 != 0)
+                    assert result.status == "PUT_OK"
+                    _, offset = decode_msg_id(result.offset_msg_id)
+                    if i % 10 and control.get("flushed") <= offset:
+                        behind.append((offset, control.get("flushed")))
+
+            await asyncio.gather(*[sender(k) for k in range(24)])
+            for _ in range(40):  # a flush actor's statistics reach the front once a second
+                reply, _ = await producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+                if reply["actors"]["flush"]["answered"]:
+                    break
+                await asyncio.sleep(0.1)
+            return reply["actors"]["flush"]
+
+    try:
+        stats = asyncio.run(main())
+    finally:
+        control.close()
+        assert node.stop() == 0
+    assert behind == [], f"{len(behind)} acks came before their flush, e.g. {behind[:3]}"
+    # (a coalesced request of many sends is held, and answered, as one)
+    assert stats["mode"] == "SYNC_FLUSH" and 0 < stats["answered"] <= 24 * 135 and stats["flushDiskTimeouts"] == 0
+    assert ("thread" in stats) is flush_in_front
     report = verify_store(settings)
     assert report.ok, report.summary()
 

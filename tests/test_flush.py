@@ -1,0 +1,143 @@
+"""The flush parts without Ray: the held SYNC_FLUSH sends (`Waiting`) and the front's flush
+thread (`FlushThread`) over a real CommitLog and control block."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+import zmq
+from helpers import message, open_store, put, small_settings
+
+from actors import flush
+from actors.flush import FlushThread, Waiting
+from shm.checkpoint import Checkpoint
+from shm.control_block import ControlBlock
+
+
+def _put_ok(opaque: int) -> bytes:
+    return orjson.dumps({"code": 0, "status": "PUT_OK", "opaque": opaque})
+
+
+def test_held_sends_are_answered_in_order_once_flushed_covers_them():
+    waiting = Waiting(timeout_ms=5000)
+    now = time.monotonic_ns()
+    waiting.add([(b"c%d" % i, now, 100 * (i + 1), _put_ok(i)) for i in range(5)])
+    assert waiting.settle(flushed=99) == []
+    assert [client for client, _, _ in waiting.settle(flushed=300)] == [b"c0", b"c1", b"c2"]
+    assert len(waiting) == 2 and waiting.answered == 3
+    replies = waiting.settle(flushed=500)
+    assert [orjson.loads(h)["status"] for _, _, h in replies] == ["PUT_OK", "PUT_OK"]
+    assert waiting.statistics() == {"waiting": 0, "answered": 5, "flushDiskTimeouts": 0}
+
+
+def test_a_send_held_past_the_sync_flush_timeout_gets_flush_disk_timeout():
+    waiting = Waiting(timeout_ms=100)
+    now = time.monotonic_ns()
+    waiting.add([(b"old", now - 200_000_000, 100, _put_ok(1)), (b"new", now, 200, _put_ok(2))])
+    (client, _, header), = waiting.settle(flushed=0)
+    assert client == b"old" and orjson.loads(header)["status"] == "FLUSH_DISK_TIMEOUT"
+    assert len(waiting) == 1 and waiting.timeouts == 1
+    (client, _, header), = waiting.settle(flushed=0, everyone=True)  # at stop, nobody is left
+    assert client == b"new" and orjson.loads(header)["status"] == "FLUSH_DISK_TIMEOUT"
+    assert len(waiting) == 0
+
+
+def test_past_the_limit_the_oldest_held_sends_time_out_at_once(monkeypatch):
+    monkeypatch.setattr(flush, "MAX_WAITING", 3)
+    waiting = Waiting(timeout_ms=5000)
+    now = time.monotonic_ns()
+    overflow = waiting.add([(b"c%d" % i, now, i + 1, _put_ok(i)) for i in range(5)])
+    assert [client for client, _, _ in overflow] == [b"c0", b"c1"]
+    assert len(waiting) == 3
+
+
+def test_the_writer_process_hands_held_sends_over_the_wire_intact():
+    waits = [(b"\x00\x01client", 123, 4096, _put_ok(7))]
+    assert flush.waits_from_wire(flush.waits_to_wire(waits)) == waits
+
+
+@pytest.fixture
+def store_and_control(tmp_path):
+    settings = small_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH")
+    store = open_store(settings)
+    control = ControlBlock(settings.root / "control", create=True)
+    yield settings, store, control
+    control.close()
+    store.close()
+
+
+def _written(store, control, records) -> int:
+    result = put(store, records, dispatch=False)
+    control.set("store_timestamp", 1795000000000)
+    control.advance("written", result.offset_written)
+    return result.offset_written
+
+
+def test_the_flush_thread_flushes_what_was_written_when_woken_and_reports(store_and_control):
+    settings, store, control = store_and_control
+    context = zmq.Context.instance()
+    thread = FlushThread(settings, control, context)
+    thread.start()
+    try:
+        end = _written(store, control, [message(i) for i in range(400)])  # spans segments of 64 KiB
+        assert end > 2 * settings.mappedFileSizeCommitLog and control.get("flushed") < end
+        thread.wake()
+        assert thread.flushed_in.poll(5000), "the thread reports each woken flush"
+        thread.take_reports()
+        assert control.get("flushed") == end
+        thread.check()
+        stats = thread.statistics()
+        assert stats["alive"] and stats["flushes"] >= 1 and stats["flushed"] == end
+        end = _written(store, control, [message(1000)])
+        thread.stop()  # the last bytes are flushed at stop, woken or not
+        assert control.get("flushed") == end and not thread.thread.is_alive()
+    finally:
+        thread.stop(flush=False)
+        thread.close()
+    checkpoint = Checkpoint(settings.root / "checkpoint", readonly=True)
+    assert checkpoint.physic_timestamp == 1795000000000  # forced at stop
+    checkpoint.map.close()
+
+
+def test_a_flush_thread_that_fails_fails_its_front(store_and_control, monkeypatch):
+    settings, store, control = store_and_control
+    thread = FlushThread(settings, control, zmq.Context.instance())
+
+    def broken() -> int:
+        raise ValueError("a bug, not the disk")
+
+    monkeypatch.setattr(thread.flusher, "flush_to_written", broken)
+    thread.start()
+    try:
+        thread.wake()
+        thread.thread.join(5)
+        with pytest.raises(RuntimeError, match="flush thread died"):
+            thread.check()
+    finally:
+        thread.stop(flush=False)
+        thread.close()
+
+
+def test_a_disk_error_is_counted_and_the_flush_thread_goes_on(store_and_control, monkeypatch):
+    settings, store, control = store_and_control
+    thread = FlushThread(settings, control, zmq.Context.instance())
+    calls = []
+
+    def failing() -> int:
+        calls.append(1)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(thread.flusher, "flush_to_written", failing)
+    thread.start()
+    try:
+        thread.wake()
+        deadline = time.monotonic() + 5
+        while thread.disk_errors < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # it retries every group-commit period
+        assert thread.disk_errors >= 2 and "Input/output error" in thread.statistics()["lastError"]
+        thread.check()  # still alive: the held sends time out as FLUSH_DISK_TIMEOUT meanwhile
+    finally:
+        thread.stop(flush=False)
+        thread.close()

@@ -34,7 +34,6 @@ from shm.codec import (  # the dispatcher's hot loop shares the codec's structs
     Record,
     _topic_text,
     dispatch_fields,
-    parse_properties,
     tags_code,
 )
 from shm.javacompat import jhash_cached
@@ -134,12 +133,15 @@ class DispatchBatch:
 
     def _add(self, size: int, queue_id: int, queue_offset: int, physical_offset: int, sys_flag: int,
              store_timestamp: int, topic: str, text: str) -> None:
-        properties = _fast_properties(text)
+        # The three or four properties used here are looked up in the text, not parsed into a
+        # dict of all of them: 0.2 against 0.66 µs a record (an `in` test first: most records
+        # carry no TAGS or KEYS).
         if sys_flag & TRANSACTION_MASK in (TRANSACTION_NOT, TRANSACTION_COMMIT):
-            tags = properties.get(PROPERTY_TAGS)
+            tags = _value(text, _TAGS) if _TAGS_NAME in text else None
             code = jhash_cached(tags) if tags else 0
-            if topic == SCHEDULE_TOPIC and PROPERTY_DELAY in properties:
-                due = delivery_time(store_timestamp, properties[PROPERTY_DELAY], self.store.delay_levels_ms)
+            if topic == SCHEDULE_TOPIC:
+                level = _value(text, _DELAY)
+                due = delivery_time(store_timestamp, level, self.store.delay_levels_ms) if level else None
                 code = code if due is None else due
             entries = self.queue_entries.get((topic, queue_id))
             if entries is None:
@@ -147,9 +149,10 @@ class DispatchBatch:
             entries.append((queue_offset, physical_offset, size, code))
             self.logics_timestamp = store_timestamp
         if self.index_enabled:
-            keys = properties.get(PROPERTY_KEYS)
+            keys = _value(text, _KEYS) if _KEYS_NAME in text else None
             self.index_requests.append((topic, physical_offset, store_timestamp, sys_flag,
-                                        properties.get(PROPERTY_UNIQ_KEY), keys.split(" ") if keys else ()))
+                                        _value(text, _UNIQ_KEY) if _UNIQ_NAME in text else None,
+                                        keys.split(" ") if keys else ()))
         self.count += 1
 
     def apply(self) -> int:
@@ -168,16 +171,33 @@ class DispatchBatch:
         return count
 
 
-def _fast_properties(text: str) -> dict[str, str]:
-    """The properties as a dict, fast. Java skips pairs without a separator or with an empty name
-    or value; the fast path keeps empty ones, which reads the same for TAGS, KEYS, UNIQ_KEY and
-    DELAY (an empty value means absent to every use here)."""
-    if not text:
-        return {}
-    try:
-        return dict([pair.split(NAME_VALUE_SEPARATOR, 1) for pair in text.split(PROPERTY_SEPARATOR)])
-    except ValueError:  # a pair without a separator
-        return parse_properties(text)
+_TAGS_NAME, _KEYS_NAME, _UNIQ_NAME = (name + NAME_VALUE_SEPARATOR for name in
+                                     (PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY))
+_TAGS, _KEYS, _UNIQ_KEY, _DELAY = ((name + NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR + name + NAME_VALUE_SEPARATOR)
+                                   for name in (PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_DELAY))
+
+
+def _value(text: str, name: tuple[str, str]) -> str | None:
+    """The value of the property `name` (its "NAME\x01" and "\x02NAME\x01") in a properties
+    text, exactly as `parse_properties` reads it: the last pair of that name with a non-empty
+    value wins (Java skips empty ones; a HashMap's put keeps the last). A value runs to the next
+    pair separator, and no name or value can hold one, so a match is always a whole name."""
+    first, later = name
+    before = len(text)
+    while before > 0:  # each round looks further left: at most one round a pair
+        at = text.rfind(later, 0, before)
+        if at >= 0:
+            value_at = at + len(later)
+        elif text.startswith(first):
+            at, value_at = 0, len(first)
+        else:
+            return None
+        end = text.find(PROPERTY_SEPARATOR, value_at)
+        value = text[value_at:] if end < 0 else text[value_at:end]
+        if value:
+            return value
+        before = at
+    return None
 
 
 def reput(store, begin: int, end: int | None = None, touched: dict | None = None) -> tuple[int, int]:

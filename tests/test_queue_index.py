@@ -5,9 +5,11 @@ import sys
 
 import pytest
 from helpers import message, open_store, put, small_settings
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from shm.checkpoint import Checkpoint
-from shm.codec import decode, tags_code
+from shm.codec import decode, parse_properties, tags_code
 from shm.consume_queue import FILLER_SIZE, ConsumeQueue
 from shm.control_block import FLAG_DISK_FULL, ControlBlock
 from shm.index_file import IndexFile, IndexService, index_file_size
@@ -280,3 +282,19 @@ def test_reader_returns_exactly_the_named_records_reading_runs_within_segments(t
     assert one_queue.count == 32 and len(one_queue.records) <= 2  # one run (two, where a segment ends)
     reader.close()
     store.close()
+
+
+@given(st.lists(st.sampled_from(["TAGS\x01", "KEYS\x01", "UNIQ_KEY\x01", "DELAY\x01", "XTAGS\x01", "a", "k1 k2",
+                                 "\x01", "\x02", "é"]), max_size=10).map("".join))
+@example("TAGS\x01a\x02TAGS\x01")  # the last pair is empty: Java keeps the earlier one
+@example("XTAGS\x01a\x02KEYS\x01\x02UNIQ_KEY\x01u\x01v")
+def test_dispatch_reads_a_property_as_parsing_them_all_would(text):
+    """The reput fast path looks up TAGS, KEYS, UNIQ_KEY and DELAY in the text instead of parsing
+    every pair; for any text, even odd ones (a name twice, empty values, a name inside another,
+    pairs without a separator) it finds what Java's rules do."""
+    from shm import dispatch
+
+    parsed = parse_properties(text)
+    for name, marker in (("TAGS", dispatch._TAGS), ("KEYS", dispatch._KEYS), ("UNIQ_KEY", dispatch._UNIQ_KEY),
+                         ("DELAY", dispatch._DELAY)):
+        assert dispatch._value(text, marker) == parsed.get(name), name

@@ -62,7 +62,7 @@ class Front(Actor):
         self.clients.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client takes its id back
         self.clients.bind(s.listen)
         self.writes: Writer | None = None
-        self.write_requests: list[list[bytes]] = []  # this turn's sends, appended together
+        self.write_requests: list[list] = []  # this turn's sends (client, meta, header, body), appended together
         if s.front_writes:
             self.writes = Writer(s, queue_offsets=self.recovered[0], recovered_offset=self.recovered[1])
             self.writes.control = self.control  # shared, not owned: close_writes leaves it open
@@ -297,8 +297,8 @@ class Front(Actor):
                 return self._refuse(client, request, oneway, status, remark)
             meta["refused"] = refusals
         body = frames[1] if len(frames) == 2 else b""
-        if self.writes is not None:
-            self.write_requests.append([client, orjson.dumps(meta), frames[0], body])
+        if self.writes is not None:  # the write core takes the parsed header as it is
+            self.write_requests.append([client, meta, request.header, body])
         else:
             try:
                 send_frames(self.sends, [client, orjson.dumps(meta), frames[0], body])

@@ -38,14 +38,19 @@ class RequestBatcher:
         self.fast_fail = settings.brokerFastFailureEnable
         self.expired = self.malformed = 0
 
-    def build(self, messages: list[list[bytes]]) -> tuple[list[tuple[EncodedBatch, list[PendingSend], bool]], list]:
+    def build(self, messages: list[list]) -> tuple[list[tuple[EncodedBatch, list[PendingSend], bool]], list]:
+        """[client, meta, header, body] per request, meta and header as JSON frames or as the
+        dicts a writing front parsed -> (batch, pendings, atomic) groups and refusals' replies."""
         groups, replies = [], []
         batch, pendings = EncodedBatch(), []
         now = time.monotonic_ns()
         for frames in messages:
             try:
-                client, meta_raw, header_raw, body = frames
-                meta, header = orjson.loads(meta_raw), orjson.loads(header_raw)
+                client, meta, header, body = frames
+                # from a socket, JSON; from a front that writes, the dicts it already parsed
+                # (parsing a coalesced request's header again cost ~0.4 us a message)
+                if type(meta) is not dict:
+                    meta, header = orjson.loads(meta), orjson.loads(header)
             except (ValueError, orjson.JSONDecodeError):
                 self.malformed += 1  # not from the front: nobody to answer
                 continue

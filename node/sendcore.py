@@ -98,7 +98,7 @@ class SendEncoder:
         code = header["code"]
         pending.oneway = bool(header.get("oneway", False))
         if code == protocol.SEND_MESSAGE:
-            self._add_message(pending, header, body, born, batch)
+            pending.wait = self._add_message(pending, header, body, born, batch)
         elif code == protocol.SEND_MESSAGES:
             self._add_messages(pending, header, body, born, batch)
         elif code == protocol.SEND_BATCH_MESSAGE:
@@ -120,11 +120,12 @@ class SendEncoder:
             raise protocol.ProtocolError(f"bodies add up to {at} bytes but the body frame holds {len(body)}")
         if self._add_messages_v4(pending, messages, body, born, batch):
             return
-        at = 0
+        at, waits = 0, False
         for item in messages:
             size = item["bodySize"]
-            self._add_message(pending, item, body[at: at + size], born, batch)
+            waits = self._add_message(pending, item, body[at: at + size], born, batch) or waits
             at += size
+        pending.wait = waits
 
     def _add_messages_v4(self, pending, messages: list[dict], body: bytes, born: bytes, batch) -> bool:
         """`_add_messages` in one pass for the common case (coalesced single sends): IPv4 hosts,
@@ -139,7 +140,7 @@ class SendEncoder:
         max_body = self.settings.maxMessageSize
         fixed, i16, cluster = FIXED_V4.pack, _I16_STRUCT.pack, self.cluster
         parts, sizes, queue_keys, topics, queue_ids, uniq_keys = [], [], [], [], [], []
-        wait = True
+        waits = False  # the request waits for the flush if any of its sends does
         try:
             for item in messages:
                 topic, queue_id, size = item["topic"], item["queueId"], item["bodySize"]
@@ -156,8 +157,8 @@ class SendEncoder:
                 topic_raw = _topic_bytes(topic)  # TypeError: not a str (unhashable) ...
                 if not 0 < len(topic_raw) <= MAX_TOPIC_BYTES:
                     return False
-                if props.get(PROPERTY_WAIT) == "false":
-                    wait = False
+                if not waits and props.get(PROPERTY_WAIT) != "false":
+                    waits = True
                 template, filled_by = plan
                 props_raw = template.format(*[props[name] for name in filled_by]).encode()
                 if len(props_raw) > MAX_PROPERTIES_BYTES:  # (so the record stays within maxMessageSize + 64 KiB)
@@ -177,14 +178,18 @@ class SendEncoder:
             return False
         first = len(batch)
         batch.add_many_v4(bytearray().join(parts), sizes, queue_keys)
-        pending.wait = pending.wait and wait
+        pending.wait = waits
         pending.topics += topics
         pending.queue_ids += queue_ids
         pending.indices += range(first, first + len(sizes))
         pending.uniq_keys += uniq_keys
         return True
 
-    def _add_message(self, pending, header, body, born, batch) -> None:
+    def _add_message(self, pending, header, body, born, batch) -> bool:
+        """Encode one message into `batch` (or record its refusal); returns whether it was
+        stored and waits for the flush (WAIT not "false"). The caller sets `pending.wait`: a
+        coalesced request waits if any of its sends does, so one WAIT=false send never speeds
+        the others' acks past the disk."""
         index = len(pending.indices)
         topic, queue_id = header.get("topic"), header.get("queueId")
         pending.topics.append(topic if isinstance(topic, str) else "")
@@ -194,11 +199,10 @@ class SendEncoder:
         refused = header.get("_refused")  # set by the front (unknown topic, bad queue id)
         if refused:
             pending.refusals[index] = tuple(refused)
-            return
+            return False
         try:
             properties = _client_properties(header.get("properties"))
-            if properties.get(PROPERTY_WAIT) == "false":
-                pending.wait = False
+            waits = properties.get(PROPERTY_WAIT) != "false"
             capacity = hashmap_capacity(len(properties) + (PROPERTY_CLUSTER not in properties))
             properties[PROPERTY_CLUSTER] = self.cluster
             properties.pop(PROPERTY_WAIT, None)
@@ -215,17 +219,18 @@ class SendEncoder:
                                    reconsume_times, self.settings.maxMessageSize)
                 pending.indices[index] = len(batch)
                 batch.add_v4(record, f"{topic}-{queue_id}")
-                return
+                return waits
             record = self._encode(topic, body, queue_id, flag, born_timestamp, born,
                                   properties_string(properties, capacity), reconsume_times)
         except MessageIllegal as e:
             pending.refusals[index] = (e.status, e.remark)
-            return
+            return False
         except struct.error:
             pending.refusals[index] = ("MESSAGE_ILLEGAL", "queueId, flag or reconsumeTimes is out of the int32 range")
-            return
+            return False
         pending.indices[index] = len(batch)
         self._add(batch, record, topic, queue_id, born)
+        return waits
 
     def _encode(self, topic: str, body: bytes, queue_id: int, flag: int, born_timestamp: int, born: bytes,
                 properties: str, reconsume_times: int) -> bytes:

@@ -315,6 +315,33 @@ def test_coalesced_sends_take_the_fast_path():
     assert pending.uniq_keys == ["K0", "K1", "K2", "K3"] and pending.indices == [0, 1, 2, 3] and pending.wait
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["one-pass", "general"])
+def test_a_coalesced_request_waits_for_the_flush_if_any_of_its_sends_does(fast):
+    """Coalescing must not let one WAIT=false send speed the others' PUT_OK past the disk under
+    SYNC_FLUSH: the request is held for the flush when any stored send waits, and only when
+    every stored one says WAIT=false is it answered at once."""
+    settings = settings_module.load(None, {"storePathRootDir": "/nonexistent"})
+    encoder = SendEncoder(settings)
+    if not fast:
+        encoder._add_messages_v4 = lambda *args: False
+
+    def waits(*wait_props, refused_at: int | None = None) -> bool:
+        messages = [{"topic": "T", "queueId": 0, "bodySize": 1, "properties": {"UNIQ_KEY": f"K{i}"} | props}
+                    for i, props in enumerate(wait_props)]
+        if refused_at is not None:
+            messages[refused_at]["_refused"] = ["MESSAGE_ILLEGAL", "refused by the front"]
+        pending = PendingSend(b"c", 1, protocol.SEND_MESSAGES, 0)
+        header = {"code": protocol.SEND_MESSAGES, "opaque": 1, "messages": messages}
+        add_request_atomic(encoder, pending, header, b"x" * len(messages), encoder.born_host("10.0.0.1:5"),
+                           EncodedBatch())
+        return pending.wait
+
+    no_wait = {"WAIT": "false"}
+    assert waits(no_wait, {}, no_wait) and waits({}, {"WAIT": "true"}) and waits({})
+    assert not waits(no_wait, no_wait)
+    assert not waits({}, no_wait, refused_at=0)  # a refused send is not stored: nothing to wait for
+
+
 def test_uniq_keys_follow_message_client_id_setter_layout():
     """ip(4) pid(2) random(4) | ms since the month began(4) counter(2), upper hex; one counter
     across `next` and `next_many`, the time field from the caller's clock when given."""

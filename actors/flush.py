@@ -253,8 +253,8 @@ class Flush(Actor):
 class FlushThread:
     """The front's flusher (`flushInFront`): a `CommitLogFlusher` on a thread of the front's
     process. The front holds the `Waiting` sends, wakes the thread after each turn that added
-    some, and answers them when the thread reports on the inproc socket `flushed_in` (the
-    front's to poll). A disk error is counted and retried (the held sends time out as
+    some, and answers them when the thread reports (each advance of `flushed`) on the inproc
+    socket `flushed_in` (the front's to poll). A disk error is counted and retried (the held sends time out as
     FLUSH_DISK_TIMEOUT); anything else kills the thread, and `check` then fails the front,
     which Ray restarts."""
 
@@ -282,16 +282,21 @@ class FlushThread:
     def _run(self) -> None:
         report = socket(self.context, zmq.PUSH, hwm=16)
         report.connect(self.endpoint)
+        reported = 0
         try:
             while not self.stopping:
-                woken = self.woken.wait(self.period_s)
+                self.woken.wait(self.period_s)
                 self.woken.clear()  # before reading `written`: a wake after this read comes round again
                 if self.stopping:
                     break
                 try:
                     if self.sync:
-                        self.flusher.flush_to_written()
-                        if woken:
+                        # Every advance is reported, woken or not: a wake that lands between a
+                        # timed-out wait and the clear is lost, but the flush after the clear
+                        # covers what that wake was for, and its report reaches the front.
+                        flushed = self.flusher.flush_to_written()
+                        if flushed > reported:
+                            reported = flushed
                             _notify(report)
                     else:
                         self.flusher.async_turn()

@@ -101,6 +101,22 @@ def test_the_flush_thread_flushes_what_was_written_when_woken_and_reports(store_
     checkpoint.map.close()
 
 
+def test_the_flush_thread_reports_a_flush_it_made_on_its_timer(store_and_control):
+    """A wake can land between a timed-out wait and the clear that follows, and be lost. The
+    round after the clear flushes what the wake was for, so every advance of `flushed` is
+    reported, woken or not; else the front's held sends would wait for its next timeout."""
+    settings, store, control = store_and_control
+    thread = FlushThread(settings, control, zmq.Context.instance())
+    thread.start()
+    try:
+        end = _written(store, control, [message(i) for i in range(10)])  # published, no wake
+        assert thread.flushed_in.poll(5000), "an unwoken flush is reported too"
+        assert control.get("flushed") == end
+    finally:
+        thread.stop(flush=False)
+        thread.close()
+
+
 def test_a_flush_thread_that_fails_fails_its_front(store_and_control, monkeypatch):
     settings, store, control = store_and_control
     thread = FlushThread(settings, control, zmq.Context.instance())

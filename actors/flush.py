@@ -254,9 +254,9 @@ class FlushThread:
     """The front's flusher (`flushInFront`): a `CommitLogFlusher` on a thread of the front's
     process. The front holds the `Waiting` sends, wakes the thread after each turn that added
     some, and answers them when the thread reports (each advance of `flushed`) on the inproc
-    socket `flushed_in` (the front's to poll). A disk error is counted and retried (the held sends time out as
-    FLUSH_DISK_TIMEOUT); anything else kills the thread, and `check` then fails the front,
-    which Ray restarts."""
+    socket `flushed_in` (the front's to poll). A disk error is counted and retried (the held
+    sends time out as FLUSH_DISK_TIMEOUT); anything else kills the thread, and `check` then
+    fails the front, which Ray restarts."""
 
     def __init__(self, settings, control, context: zmq.Context):
         self.sync = settings.sync_flush
@@ -310,8 +310,8 @@ class FlushThread:
             report.close(0)
 
     def take_reports(self) -> None:
-        """Empty `flushed_in` (the reports only say "look at `flushed`")."""
-        while True:
+        """Empty `flushed_in` (the reports only say "look at `flushed`"; its queue holds 16)."""
+        for _ in range(64):
             try:
                 self.flushed_in.recv(zmq.NOBLOCK)
             except zmq.Again:

@@ -68,6 +68,16 @@ def store_and_control(tmp_path):
     store.close()
 
 
+@pytest.fixture
+def flush_thread(store_and_control):
+    """A FlushThread over the store, not yet started (tests patch it first); stopped after."""
+    settings, store, control = store_and_control
+    thread = FlushThread(settings, control, zmq.Context.instance())
+    yield thread
+    thread.stop(flush=False)
+    thread.close()
+
+
 def _written(store, control, records) -> int:
     result = put(store, records, dispatch=False)
     control.set("store_timestamp", 1795000000000)
@@ -75,85 +85,58 @@ def _written(store, control, records) -> int:
     return result.offset_written
 
 
-def test_the_flush_thread_flushes_what_was_written_when_woken_and_reports(store_and_control):
+def test_the_flush_thread_flushes_what_was_written_when_woken_and_reports(store_and_control, flush_thread):
     settings, store, control = store_and_control
-    context = zmq.Context.instance()
-    thread = FlushThread(settings, control, context)
-    thread.start()
-    try:
-        end = _written(store, control, [message(i) for i in range(400)])  # spans segments of 64 KiB
-        assert end > 2 * settings.mappedFileSizeCommitLog and control.get("flushed") < end
-        thread.wake()
-        assert thread.flushed_in.poll(5000), "the thread reports each woken flush"
-        thread.take_reports()
-        assert control.get("flushed") == end
-        thread.check()
-        stats = thread.statistics()
-        assert stats["alive"] and stats["flushes"] >= 1 and stats["flushed"] == end
-        end = _written(store, control, [message(1000)])
-        thread.stop()  # the last bytes are flushed at stop, woken or not
-        assert control.get("flushed") == end and not thread.thread.is_alive()
-    finally:
-        thread.stop(flush=False)
-        thread.close()
+    flush_thread.start()
+    end = _written(store, control, [message(i) for i in range(400)])  # spans segments of 64 KiB
+    assert end > 2 * settings.mappedFileSizeCommitLog
+    flush_thread.wake()
+    assert flush_thread.flushed_in.poll(5000), "the thread reports each woken flush"
+    flush_thread.take_reports()
+    assert control.get("flushed") == end
+    flush_thread.check()
+    stats = flush_thread.statistics()
+    assert stats["alive"] and stats["flushes"] >= 1 and stats["flushed"] == end
+    end = _written(store, control, [message(1000)])
+    flush_thread.stop()  # the last bytes are flushed at stop, woken or not
+    assert control.get("flushed") == end and not flush_thread.thread.is_alive()
     checkpoint = Checkpoint(settings.root / "checkpoint", readonly=True)
     assert checkpoint.physic_timestamp == 1795000000000  # forced at stop
     checkpoint.map.close()
 
 
-def test_the_flush_thread_reports_a_flush_it_made_on_its_timer(store_and_control):
+def test_the_flush_thread_reports_a_flush_it_made_on_its_timer(store_and_control, flush_thread):
     """A wake can land between a timed-out wait and the clear that follows, and be lost. The
     round after the clear flushes what the wake was for, so every advance of `flushed` is
     reported, woken or not; else the front's held sends would wait for its next timeout."""
-    settings, store, control = store_and_control
-    thread = FlushThread(settings, control, zmq.Context.instance())
-    thread.start()
-    try:
-        end = _written(store, control, [message(i) for i in range(10)])  # published, no wake
-        assert thread.flushed_in.poll(5000), "an unwoken flush is reported too"
-        assert control.get("flushed") == end
-    finally:
-        thread.stop(flush=False)
-        thread.close()
+    _, store, control = store_and_control
+    flush_thread.start()
+    end = _written(store, control, [message(i) for i in range(10)])  # published, no wake
+    assert flush_thread.flushed_in.poll(5000), "an unwoken flush is reported too"
+    assert control.get("flushed") == end
 
 
-def test_a_flush_thread_that_fails_fails_its_front(store_and_control, monkeypatch):
-    settings, store, control = store_and_control
-    thread = FlushThread(settings, control, zmq.Context.instance())
-
+def test_a_flush_thread_that_fails_fails_its_front(flush_thread, monkeypatch):
     def broken() -> int:
         raise ValueError("a bug, not the disk")
 
-    monkeypatch.setattr(thread.flusher, "flush_to_written", broken)
-    thread.start()
-    try:
-        thread.wake()
-        thread.thread.join(5)
-        with pytest.raises(RuntimeError, match="flush thread died"):
-            thread.check()
-    finally:
-        thread.stop(flush=False)
-        thread.close()
+    monkeypatch.setattr(flush_thread.flusher, "flush_to_written", broken)
+    flush_thread.start()
+    flush_thread.wake()
+    flush_thread.thread.join(5)
+    with pytest.raises(RuntimeError, match="flush thread died"):
+        flush_thread.check()
 
 
-def test_a_disk_error_is_counted_and_the_flush_thread_goes_on(store_and_control, monkeypatch):
-    settings, store, control = store_and_control
-    thread = FlushThread(settings, control, zmq.Context.instance())
-    calls = []
-
+def test_a_disk_error_is_counted_and_the_flush_thread_goes_on(flush_thread, monkeypatch):
     def failing() -> int:
-        calls.append(1)
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(thread.flusher, "flush_to_written", failing)
-    thread.start()
-    try:
-        thread.wake()
-        deadline = time.monotonic() + 5
-        while thread.disk_errors < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)  # it retries every group-commit period
-        assert thread.disk_errors >= 2 and "Input/output error" in thread.statistics()["lastError"]
-        thread.check()  # still alive: the held sends time out as FLUSH_DISK_TIMEOUT meanwhile
-    finally:
-        thread.stop(flush=False)
-        thread.close()
+    monkeypatch.setattr(flush_thread.flusher, "flush_to_written", failing)
+    flush_thread.start()
+    flush_thread.wake()
+    deadline = time.monotonic() + 5
+    while flush_thread.disk_errors < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # it retries every group-commit period
+    assert flush_thread.disk_errors >= 2 and "Input/output error" in flush_thread.statistics()["lastError"]
+    flush_thread.check()  # still alive: the held sends time out as FLUSH_DISK_TIMEOUT meanwhile

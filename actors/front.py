@@ -159,10 +159,11 @@ class Front(Actor):
             now = time.monotonic_ns()
             for client, arrival_ns, header in writes.append_requests(requests):
                 self._answer_send(client, arrival_ns, [header], now)
-        if self.flushing is not None and writes.pending_waits:
-            self._answer_waits(self.waiting.add(writes.pending_waits))
-            writes.pending_waits = []
-            self.flushing.wake()
+        if self.flushing is not None:
+            waits = writes.take_waits()
+            if waits:
+                self._answer_waits(self.waiting.add(waits))
+                self.flushing.wake()
         writes.finish_turn()
         if time.monotonic() >= self.next_put_sample:  # what the writer's statistics feed otherwise
             self.next_put_sample = time.monotonic() + 1.0

@@ -149,10 +149,14 @@ class Writer(Actor):
         self.busy_ns += time.monotonic_ns() - began
         return replies
 
+    def take_waits(self) -> list:
+        """This turn's sends that wait for the disk (a front that flushes holds them itself)."""
+        waits, self.pending_waits = self.pending_waits, []
+        return waits
+
     def finish_turn(self) -> None:
-        if self.pending_waits and self.waits is not None:  # (the front takes them itself, flushInFront)
-            self.waits.send(waits_to_wire(self.pending_waits))
-            self.pending_waits = []
+        if self.pending_waits and self.waits is not None:
+            self.waits.send(waits_to_wire(self.take_waits()))
         self.idle()
 
     def idle(self) -> None:

@@ -104,8 +104,8 @@ def test_kill_9_of_every_process_loses_no_acknowledged_message(tmp_path, flush):
 @pytest.mark.parametrize("flush_in_front", [True, False], ids=["flush-thread", "flush-actor"])
 def test_a_sync_flush_ack_comes_after_the_fdatasync_that_covers_it(tmp_path, flush_in_front):
     """SYNC_FLUSH: when a PUT_OK reaches the client, the control block's `flushed` (advanced only
-    after fdatasync returns) is already past the message; WAIT=false sends are acked without
-    waiting. With flushInFront (the default) a thread of the front flushes and no flush process
+    after fdatasync returns) is already past the message, also when a WAIT=false send (every
+    tenth) shares its coalesced request. With flushInFront (the default) a thread of the front flushes and no flush process
     runs; without it, the flush actor does."""
     settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH", flushInFront=flush_in_front)
     node = NodeProcess(settings, tmp_path / "node.log").start()

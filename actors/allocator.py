@@ -20,10 +20,9 @@ once a second; the writer answers CREATE_MAPEDFILE_FAILED if it gets there first
 from __future__ import annotations
 
 import mmap
-import os
 import time
 
-from actors.base import Actor
+from actors.base import Actor, give_way
 from shm.mapped_file import (
     AllocationFailed,
     MappedFile,
@@ -43,10 +42,7 @@ class Allocator(Actor):
     name = "allocator"
 
     def open(self) -> None:
-        try:
-            os.nice(NICENESS)  # background work: the front and the clients go first on a busy CPU
-        except OSError:
-            pass
+        give_way(NICENESS)  # background work: the front and the clients go first on a busy CPU
         self.segment_size = self.settings.mappedFileSizeCommitLog
         self.directory = self.settings.commitlog_dir
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,19 @@ def conflated(context: zmq.Context, kind: int) -> zmq.Socket:
     return s
 
 
+def give_way(niceness: int) -> int:
+    """Run the calling thread (on Linux nice is a thread's) at `niceness` unless it already runs
+    lower: background work yields the CPU to the front and the clients, and on an idle CPU it
+    runs as before. Best effort, as raising priority back would need privilege. Returns the
+    thread's niceness."""
+    try:
+        if niceness > os.getpriority(os.PRIO_PROCESS, 0):
+            os.setpriority(os.PRIO_PROCESS, 0, niceness)
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    except OSError:
+        return 0
+
+
 class Actor:
     name = "actor"
 

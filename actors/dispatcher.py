@@ -7,7 +7,10 @@ offset] per queue that grew, for held pulls (the front's, or the pull workers').
 It waits for a wake-up (or POLL_MS, which covers one lost while either side restarted), takes
 the wake-ups waiting, then reads the control block's `written` counter, dispatches every
 record below it with the batched `shm.dispatch.reput`, and advances `dispatched` (data first,
-counter second: a reader below `dispatched` finds every entry). A reput of BUSY_RECORDS or more
+counter second: a reader below `dispatched` finds every entry). Its loop runs at nice
+`dispatcherNiceness` (5): on a busy CPU the front and the clients go first, and the dispatcher
+catches up in larger, cheaper batches (single sends +8%, the lag under a saturating load a few
+MiB more; docs/performance.md). A reput of BUSY_RECORDS or more
 is followed by a 1 ms pause, so under load each reput takes a large batch (without it, a reput
 per writer turn looked ~10% slower on batch throughput); a few records are dispatched the
 moment they are written. (It used to poll `written` every 1-20 ms: ~12 ms added to a message's
@@ -29,7 +32,15 @@ import time
 import orjson
 import zmq
 
-from actors.base import POLL_MS, Actor, conflated, incoming, socket, wait_readable
+from actors.base import (
+    POLL_MS,
+    Actor,
+    conflated,
+    give_way,
+    incoming,
+    socket,
+    wait_readable,
+)
 from shm.commitlog import CommitLog
 from shm.control_block import FLAG_LOGICS_WRITE_ERROR
 from shm.dispatch import reput
@@ -47,6 +58,7 @@ class Dispatcher(Actor):
 
     def open(self) -> None:
         s = self.settings
+        self.niceness = give_way(s.dispatcherNiceness)
         self.store = MessageStore(s, lock=False)
         self.store.commitlog.close()
         self.store.commitlog = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog, readonly=True)
@@ -130,7 +142,7 @@ class Dispatcher(Actor):
         self.flush()
 
     def statistics(self) -> dict:
-        return super().statistics() | {"dispatched": self.position, "records": self.records, "stalls": self.stalls,
+        return super().statistics() | {"niceness": getattr(self, "niceness", 0), "dispatched": self.position, "records": self.records, "stalls": self.stalls,
                                        "caughtUpOnWake": getattr(self, "caught_up_on_wake", 0),
                                        "caughtUpOnTimer": getattr(self, "caught_up_on_timer", 0),
                                        "lastError": getattr(self, "last_error", ""),

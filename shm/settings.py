@@ -134,6 +134,7 @@ class Settings:
     writesInFront: bool = _s(True, "With ingressWorkers = 0, the front appends to the CommitLog itself, no writer process runs (one hop less a send)", NODE)
     flushInFront: bool = _s(True, "With writesInFront, the front flushes the CommitLog on a thread of its own, no flush process runs (a SYNC_FLUSH send crosses two process hops fewer)", NODE)
     readsInFront: bool = _s(True, "The front serves reads itself, no pull worker runs (faster on 2 cores; false for pullWorkers)", NODE)
+    dispatcherNiceness: int = _s(5, "Nice value of the dispatcher's loop (0-19): on a busy CPU the front and the clients go first and it catches up in larger batches; 0 = normal priority", NODE)
     prefaultAheadBytes: int = _s(32 * 1024 * 1024, "The allocator reads the CommitLog's pages this far past the written end, so the writer never takes the page-cache allocation faults (0 = off)", NODE)
     sendQueueCapacity: int = _s(10000, "Send requests the front lets wait before answering SYSTEM_BUSY", NODE)
     actorMaxRestarts: int = _s(20, "Times Ray restarts a dead actor", NODE)
@@ -289,6 +290,8 @@ def validate(settings: Settings) -> None:
     if settings.enableConsumeQueueExt:
         raise SettingsError("enableConsumeQueueExt=true is not supported by mqnode")
     parse_delay_levels(settings.messageDelayLevel)
+    if not 0 <= settings.dispatcherNiceness <= 19:
+        raise SettingsError("dispatcherNiceness must be between 0 and 19")
     if settings.prefaultAheadBytes < 0:
         raise SettingsError("prefaultAheadBytes must be >= 0")
     if settings.ingressWorkers < 0 or settings.pullWorkers < 0 or settings.sendQueueCapacity < 1:

@@ -100,4 +100,6 @@ def test_broker_conf_style_and_overrides(tmp_path):
         settings_module.load(conf)
     with pytest.raises(SettingsError, match="flushDiskType"):
         settings_module.load(None, {"flushDiskType": "FAST"})
+    with pytest.raises(SettingsError, match="dispatcherNiceness"):
+        settings_module.load(None, {"dispatcherNiceness": "20"})
     assert settings_module.parse_delay_levels("1s 5s 2m 1h") == [1000, 5000, 120000, 3600000]

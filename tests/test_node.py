@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pytest
@@ -174,6 +175,25 @@ def test_cli_produce_and_admin_stats(node):
     assert {"putMessageTimesTotal", "putMessageSizeTotal", "putTps", "putMessageDistributeTime",
             "putMessageEntireTimeMax"} <= set(shown["runtime"])
     assert {"front", "writer", "flush", "allocator", "dispatcher"} <= set(shown["actors"])
+
+
+def _thread_nice_values(pid: int) -> set[int]:
+    values = set()
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        text = stat.read_text()
+        values.add(int(text[text.rindex(")") + 2:].split()[16]))  # field 19 of proc(5): nice
+    return values
+
+
+def test_background_actors_give_way_on_a_busy_cpu(node):
+    """The dispatcher's and the allocator's loops run niced: the front and the clients go first
+    on a busy CPU. (Only those threads are looked for: in a Ray session a test process started,
+    Ray's own threads run at its worker niceness.)"""
+    run = node.settings.run_dir
+    assert node.settings.dispatcherNiceness == 5
+    pid = {name: int((run / f"{name}.pid").read_text()) for name in ("dispatcher", "allocator")}
+    assert 5 in _thread_nice_values(pid["dispatcher"])
+    assert 10 in _thread_nice_values(pid["allocator"])
 
 
 def test_topics_json_is_written_as_rocketmq_writes_it(node, producer):

@@ -142,7 +142,8 @@ class Dispatcher(Actor):
         self.flush()
 
     def statistics(self) -> dict:
-        return super().statistics() | {"niceness": getattr(self, "niceness", 0), "dispatched": self.position, "records": self.records, "stalls": self.stalls,
+        return super().statistics() | {"niceness": getattr(self, "niceness", 0), "dispatched": self.position,
+                                       "records": self.records, "stalls": self.stalls,
                                        "caughtUpOnWake": getattr(self, "caught_up_on_wake", 0),
                                        "caughtUpOnTimer": getattr(self, "caught_up_on_timer", 0),
                                        "lastError": getattr(self, "last_error", ""),

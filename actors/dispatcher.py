@@ -9,8 +9,8 @@ the wake-ups waiting, then reads the control block's `written` counter, dispatch
 record below it with the batched `shm.dispatch.reput`, and advances `dispatched` (data first,
 counter second: a reader below `dispatched` finds every entry). Its loop runs at nice
 `dispatcherNiceness` (5): on a busy CPU the front and the clients go first, and the dispatcher
-catches up in larger, cheaper batches (single sends +8%, the lag under a saturating load a few
-MiB more; docs/performance.md). A reput of BUSY_RECORDS or more
+catches up in larger, cheaper batches (more throughput, a few MiB more lag under a saturating
+load: docs/performance.md). A reput of BUSY_RECORDS or more
 is followed by a 1 ms pause, so under load each reput takes a large batch (without it, a reput
 per writer turn looked ~10% slower on batch throughput); a few records are dispatched the
 moment they are written. (It used to poll `written` every 1-20 ms: ~12 ms added to a message's

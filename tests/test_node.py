@@ -185,10 +185,10 @@ def _thread_nice_values(pid: int) -> set[int]:
     return values
 
 
-def test_background_actors_give_way_on_a_busy_cpu(node):
-    """The dispatcher's and the allocator's loops run niced: the front and the clients go first
-    on a busy CPU. (Only those threads are looked for: in a Ray session a test process started,
-    Ray's own threads run at its worker niceness.)"""
+def test_dispatcher_and_allocator_loops_run_niced(node):
+    """The dispatcher's loop runs at dispatcherNiceness and the allocator's at 10, so the front
+    and the clients go first on a busy CPU. (Only those threads are looked for: in a Ray session
+    a test process started, Ray's own threads run at its worker niceness.)"""
     run = node.settings.run_dir
     assert node.settings.dispatcherNiceness == 5
     pid = {name: int((run / f"{name}.pid").read_text()) for name in ("dispatcher", "allocator")}

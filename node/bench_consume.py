@@ -4,7 +4,8 @@ Starts `mqnode start` on a temporary store, produces a backlog (batch sends), an
 throughput from one consumer process over the backlog (reading each body; again reading each
 msgId too) and with 4 consumer processes (each taking a share of the queues), produce-to-consume
 latency with long polling at a fixed 5k msgs/s, and the dispatcher's lag (written - dispatched)
-under batch-produce load. A benchmark, never a test.
+under batch-produce load. A benchmark, never a test: the machine's floors (`node.floors`) are
+printed before and after the figures.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from node import aio
+from node import aio, floors
 from node.bench_produce import BODY, Usage, bench_node, paced
 from node.client import AsyncProducer, AsyncPullConsumer, Message
 from shm.control_block import ControlBlock
@@ -132,6 +133,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-consume-"))
     print(f"mqnode bench-consume: 1 KiB bodies, backlog {args.backlog:,}, client(s) on the same machine")
     try:
+        print(f"before: {floors.report(base)}", flush=True)
         with bench_node(base, "ASYNC_FLUSH", 0) as node:
             control = ControlBlock(base / "store" / "control")
             rate, lag_max, lag_mean = aio.run(produce_backlog(node.endpoint, args.backlog, control))
@@ -160,6 +162,7 @@ def main() -> None:
                 print(f"produce-to-consume, long polling, {rate // 1000}k msgs/s: p50 {p50:,.0f} µs, p99 {p99:,.0f} µs "
                       f"(target at 5k: <= 5,000)")
             control.close()
+        print(f"after: {floors.report(base)}")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

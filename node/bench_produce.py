@@ -3,7 +3,8 @@
 Starts `mqnode start` on a temporary store for each flush mode and prints:
 ASYNC_FLUSH with send_batch and with concurrent single sends, SYNC_FLUSH with 64 concurrent
 senders, ack latency p50/p99 at a fixed 5k msgs/s, and the node's CPU and memory (psutil over
-every process of the node). A benchmark, never a test: the figures depend on the machine.
+every process of the node). A benchmark, never a test: the figures depend on the machine, so the
+machine's floors (`node.floors`) are printed before and after them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from node import aio
+from node import aio, floors
 from node.client import AsyncProducer, Message
 from node.local_node import NodeProcess, local_settings
 
@@ -136,6 +137,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-produce-"))
     print(f"mqnode bench-produce: 1 KiB bodies, {psutil.cpu_count()} cores, client on the same machine")
     try:
+        print(f"before: {floors.report(base)}", flush=True)
         for ingress in args.ingress_workers:
             directory = base / f"async-{ingress}-{len(list(base.iterdir()))}"
             directory.mkdir()
@@ -160,6 +162,7 @@ def main() -> None:
             rate = aio.run(singles(node.endpoint, args.count // 2, 64, "BenchSync"))
             print(f"[ingressWorkers={args.ingress_workers[0]}] SYNC_FLUSH, 64 concurrent senders:            "
                   f"{rate:>9,.0f} msgs/s (target >= 50,000); {usage.report()}")
+        print(f"after: {floors.report(base)}")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -1,0 +1,28 @@
+"""node.floors, the machine floors the benchmarks print beside their figures: each measures
+something real and leaves nothing behind (no echo process, no scratch file). No speed is asserted."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+
+from node import floors
+
+
+def test_transport_floor_round_trips_to_an_echo_process_and_stops_it():
+    p50 = floors.transport_us(trips=50)
+    assert math.isfinite(p50) and p50 > 0
+    assert not multiprocessing.active_children()  # the echo process got its stop and exited
+
+
+def test_disk_floor_syncs_a_scratch_file_and_removes_it(tmp_path):
+    p50 = floors.disk_us(tmp_path, syncs=4)
+    assert math.isfinite(p50) and p50 > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_names_the_three_floors(tmp_path):
+    line = floors.report(tmp_path)
+    assert line.startswith("machine floors: ZeroMQ round trip p50 ")
+    assert "fdatasync of 64 KiB p50 " in line and "Python loop of 1,000,000 additions " in line
+    assert list(tmp_path.iterdir()) == []

@@ -26,3 +26,10 @@ def test_report_names_the_three_floors(tmp_path):
     assert line.startswith("machine floors: ZeroMQ round trip p50 ")
     assert "fdatasync of 64 KiB p50 " in line and "Python loop of 1,000,000 additions " in line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_floor_that_cannot_be_measured_is_reported_not_raised(tmp_path):
+    missing = tmp_path / "gone"  # no such directory: the disk floor cannot open its scratch file
+    line = floors.report(missing)
+    assert "fdatasync of 64 KiB p50 not measured (FileNotFoundError" in line
+    assert "ZeroMQ round trip p50 not measured" not in line

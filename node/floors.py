@@ -80,6 +80,9 @@ def transport_us(trips: int = ROUND_TRIPS) -> float:
         echo.join(timeout=10)
         if echo.is_alive():
             echo.kill()
+            echo.join()
+    if echo.exitcode != 0:  # killed above, or died: its round trips are not the machine's floor
+        raise RuntimeError(f"the echo process ended with exit code {echo.exitcode}, not on its stop")
     return _p50(samples)
 
 
@@ -128,7 +131,7 @@ def report(directory: Path) -> str:
 def _measure(floor, unit: str) -> str:
     try:
         return f"{floor():,.0f} {unit}"
-    except (OSError, zmq.ZMQError) as e:  # zmq.Again: the echo process never answered
+    except (OSError, zmq.ZMQError, RuntimeError) as e:  # zmq.Again: the echo process never answered
         return f"not measured ({type(e).__name__}: {e})"
 
 

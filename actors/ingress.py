@@ -21,7 +21,7 @@ from actors.base import Actor, incoming, pack_replies, socket, wait_readable
 from node import protocol
 from node.frames import send_frames
 from node.sendcore import PendingSend, SendEncoder, add_request_atomic
-from shm.codec import EncodedBatch
+from shm.encoded_batch import EncodedBatch
 
 MAX_REQUESTS = 256  # requests folded into one batch
 MAX_RECORDS = 4096

@@ -37,7 +37,7 @@ import zmq
 from actors.base import Actor, conflated, incoming, pack_replies, socket, wait_readable
 from actors.flush import waits_to_wire
 from actors.ingress import RequestBatcher, group_from_wire
-from node import sendcore
+from node import sendcore, sendreply
 from node.frames import NOBLOCK
 from shm.codec import (
     TRANSACTION_COMMIT,
@@ -199,7 +199,7 @@ class Writer(Actor):
                         pending.refusals[i] = (status, remark)
             if pending.oneway:
                 continue
-            header = sendcore.answer(pending, physical, queue, self.store_host)
+            header = sendreply.answer(pending, physical, queue, self.store_host)
             if result is not None and appended and self.sync_flush and pending.wait:
                 last = max(appended)
                 waits.append((pending.client, pending.arrival_ns, physical[last] + batch.sizes[last], header))

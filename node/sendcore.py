@@ -1,8 +1,9 @@
-"""Turning send requests into CommitLog records, and append results into replies. No I/O.
+"""Turning send requests into CommitLog records. No I/O.
 
 Used by the ingress workers (or by the append writer itself when `ingressWorkers = 0`): each
 request's messages are validated and encoded into one shared `EncodedBatch`; a `PendingSend`
-remembers where its records sit in the batch so the writer can answer once they are placed.
+remembers where its records sit in the batch so the writer can answer once they are placed
+(`node.sendreply`). A client batch's body is encoded by `node.batchbody`.
 
 Stored properties follow the 4.9 broker (spec §2.7): the client's map, plus CLUSTER, minus WAIT
 (which only decides whether the send waits for the flush), serialised in Java HashMap order. A
@@ -16,13 +17,11 @@ import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-import orjson
-
 from node import protocol
+from node.batchbody import encode_batch_v4, find_uniq_key, find_uniq_key_ascii
 from shm.codec import (
     FIXED_V4,
     MAX_PROPERTIES_BYTES,
-    MAX_RECORD_OVERHEAD,
     MAX_TOPIC_BYTES,
     MESSAGE_MAGIC,
     PROPERTY_CLUSTER,
@@ -32,16 +31,15 @@ from shm.codec import (
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
     SCHEDULE_TOPIC,
-    EncodedBatch,
     MessageIllegal,
     body_crc,
     encode,
     encode_host,
     encode_v4,
-    offset_msg_id,
     parse_properties,
     properties_string,
 )
+from shm.encoded_batch import EncodedBatch
 from shm.javacompat import hashmap_capacity, hashmap_order
 
 
@@ -288,7 +286,7 @@ class SendEncoder:
             pending.topics.append(topic if isinstance(topic, str) else "")
             pending.queue_ids.append(queue_id if isinstance(queue_id, int) else -1)
             pending.indices.append(-1)
-            pending.uniq_keys.append(_uniq_key(inner_props))
+            pending.uniq_keys.append(find_uniq_key(inner_props))
             if refused:
                 pending.refusals[index] = tuple(refused)
                 continue
@@ -340,57 +338,11 @@ class SendEncoder:
         pending.topics += [topic] * n
         pending.queue_ids += [queue_id] * n
         pending.indices += range(first, first + n)
-        pending.uniq_keys += [_uniq_key_ascii(p) for p in inner_props]
+        pending.uniq_keys += [find_uniq_key_ascii(p) for p in inner_props]
         return True
 
 
-def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp: int, born_host: bytes,
-                    store_host: bytes, suffix: bytes, max_message_size: int,
-                    limit: int = protocol.MAX_MESSAGES_PER_REQUEST) -> tuple[bytearray, list[int], list[bytes]] | None:
-    """A client batch body (`protocol.encode_batch_body`) -> its CommitLog records back to back,
-    their sizes and each message's own properties bytes; the same bytes `encode_v4` gives one
-    message at a time, without a tuple, str or record object per message. None for anything
-    unusual (a malformed body, non-ASCII properties, a limit exceeded): the caller then takes
-    the general path, which refuses with the exact reason."""
-    if not 0 < len(topic_raw) <= MAX_TOPIC_BYTES:
-        return None
-    view, end, at = memoryview(data), len(data), 0
-    topic_part = bytes((len(topic_raw),)) + topic_raw
-    record_base = 91 + len(topic_raw)
-    largest = max_message_size + MAX_RECORD_OVERHEAD
-    parts, sizes, inner = [], [], []
-    head, i16, fixed = protocol.BATCH_MESSAGE_HEAD.unpack_from, protocol.BATCH_PROPS_LENGTH, FIXED_V4.pack
-    head_size = protocol.BATCH_MESSAGE_HEAD.size
-    while at < end:
-        if len(sizes) >= limit or end - at < head_size + 2:
-            return None
-        size, _, _, flag, body_len = head(data, at)
-        props_at = at + head_size + body_len
-        if body_len < 0 or props_at + 2 > end or body_len > max_message_size:
-            return None
-        props_len, = i16.unpack_from(data, props_at)
-        if props_len < 0 or size != head_size + body_len + 2 + props_len or at + size > end:
-            return None
-        own = data[props_at + 2: props_at + 2 + props_len]
-        if not own.isascii():
-            return None
-        props = own if not suffix else own + suffix if not own or own.endswith(b"\x02") else own + b"\x02" + suffix
-        record_size = record_base + body_len + len(props)
-        if len(props) > MAX_PROPERTIES_BYTES or record_size > largest:
-            return None
-        body = view[at + head_size: props_at]
-        parts += (fixed(record_size, MESSAGE_MAGIC, body_crc(body), queue_id, flag, 0,
-                        0, 0, born_timestamp, born_host, 0, store_host, 0, 0, body_len),
-                  body, topic_part, i16.pack(len(props)), props)
-        sizes.append(record_size)
-        inner.append(own)
-        at += size
-    if not sizes:
-        return None
-    return bytearray().join(parts), sizes, inner
-
-
-_I16_STRUCT, _I64_STRUCT = struct.Struct(">h"), struct.Struct(">q")
+_I16_STRUCT = struct.Struct(">h")
 
 
 class _BatchRefused(Exception):
@@ -416,79 +368,6 @@ def add_request_atomic(encoder: SendEncoder, pending: PendingSend, header: dict,
         pending.refusals = {i: e.reason for i in range(len(pending.indices))}
 
 
-# -- results -> replies ----------------------------------------------------------------------------
-
-
-def results(pending: PendingSend, physical: list[int], queue: list[int], store_host: bytes,
-            status: str = "PUT_OK", remark: str = "") -> list[dict]:
-    """Per message: status, msgId (UNIQ_KEY, else the offset msgId), offsetMsgId, queueId,
-    queueOffset. `physical`/`queue` are the batch's append results."""
-    out = []
-    for i, index in enumerate(pending.indices):
-        if index < 0:
-            refused = pending.refusals.get(i, ("UNKNOWN_ERROR", "not appended"))
-            out.append({"status": refused[0], "remark": refused[1], "queueId": pending.queue_ids[i]})
-            continue
-        offset_id = offset_msg_id(store_host, physical[index])
-        entry = {"status": status, "msgId": pending.uniq_keys[i] or offset_id, "offsetMsgId": offset_id,
-                 "queueId": pending.queue_ids[i], "queueOffset": queue[index], "topic": pending.topics[i]}
-        if remark:
-            entry["remark"] = remark
-        out.append(entry)
-    return out
-
-
-def answer(pending: PendingSend, physical: list[int], queue: list[int], store_host: bytes) -> bytes:
-    """The reply header for an appended request: `reply(pending, results(...))`, with a request
-    whose messages were all stored answered without the general path's per-message detours
-    (same bytes)."""
-    indices = pending.indices
-    if not indices or pending.refusals or min(indices) < 0 or pending.code == protocol.SEND_MESSAGE:
-        return reply(pending, results(pending, physical, queue, store_host))
-    pack = _I64_STRUCT.pack  # (host + pack).hex() beats an f-string's :016X here
-    offset_ids = [(store_host + pack(physical[i])).hex().upper() for i in indices]
-    if pending.code == protocol.SEND_MESSAGES:
-        header = protocol.reply_header(pending.opaque, "PUT_OK", results=[
-            {"status": "PUT_OK", "msgId": u or o, "offsetMsgId": o, "queueId": q, "queueOffset": queue[i], "topic": t}
-            for i, u, o, q, t in zip(indices, pending.uniq_keys, offset_ids, pending.queue_ids, pending.topics)])
-        header["code"] = protocol.SUCCESS  # the envelope succeeded; each result has its status
-        return orjson.dumps(header)
-    msg_ids = ",".join([u or o for u, o in zip(pending.uniq_keys, offset_ids)])
-    return orjson.dumps(protocol.reply_header(
-        pending.opaque, "PUT_OK", queueId=pending.queue_ids[0], count=len(indices), msgId=msg_ids,
-        offsetMsgId=",".join(offset_ids), queueOffset=queue[indices[0]]))
-
-
-def reply(pending: PendingSend, per_message: list[dict]) -> bytes:
-    """The reply header for the request's code (see docs/protocol.md)."""
-    if pending.code == protocol.SEND_MESSAGES:
-        overall = "PUT_OK" if all(r["status"] == "PUT_OK" for r in per_message) else _worst(per_message)
-        header = protocol.reply_header(pending.opaque, overall, results=per_message)
-        header["code"] = protocol.SUCCESS  # the envelope succeeded; each result has its status
-    elif pending.code == protocol.SEND_BATCH_MESSAGE:
-        first = per_message[0]
-        stored = [r for r in per_message if "offsetMsgId" in r]
-        status = first["status"] if len(stored) == len(per_message) else _worst(per_message)
-        fields = {"queueId": first.get("queueId"), "count": len(per_message)}
-        if len(stored) == len(per_message):
-            fields.update(msgId=",".join(r["msgId"] for r in stored),
-                          offsetMsgId=",".join(r["offsetMsgId"] for r in stored), queueOffset=first["queueOffset"])
-        header = protocol.reply_header(pending.opaque, status, first.get("remark", ""), **fields)
-    else:
-        result = dict(per_message[0])
-        status, remark = result.pop("status"), result.pop("remark", "")
-        result.pop("topic", None)
-        header = protocol.reply_header(pending.opaque, status, remark, **result)
-    return orjson.dumps(header)
-
-
-def _worst(per_message: list[dict]) -> str:
-    for r in per_message:
-        if r["status"] != "PUT_OK":
-            return r["status"]
-    return "PUT_OK"
-
-
 # -- small pieces ------------------------------------------------------------------------------------
 
 
@@ -508,32 +387,6 @@ def _client_properties(value) -> dict[str, str]:
                 out[k] = v
         return out
     raise MessageIllegal("MESSAGE_ILLEGAL", "properties must be an object of strings or a RocketMQ properties string")
-
-
-def _uniq_key(properties: str) -> str | None:
-    """UNIQ_KEY of a properties string without parsing all of it (the last one wins, as in Java)."""
-    at = properties.rfind(PROPERTY_UNIQ_KEY + "\x01")
-    if at < 0:
-        return None
-    if at > 0 and properties[at - 1] != "\x02":  # inside another pair: parse properly
-        return parse_properties(properties).get(PROPERTY_UNIQ_KEY)
-    end = properties.find("\x02", at)
-    value = properties[at + len(PROPERTY_UNIQ_KEY) + 1: end if end >= 0 else None]
-    return value or parse_properties(properties).get(PROPERTY_UNIQ_KEY)  # Java skips empty values
-
-
-def _uniq_key_ascii(properties: bytes) -> str | None:
-    """`_uniq_key` of ASCII properties bytes, without decoding them when UNIQ_KEY leads the
-    string or follows a separator (what clients send)."""
-    at = properties.rfind(b"UNIQ_KEY\x01")
-    if at < 0:
-        return None
-    if at == 0 or properties[at - 1] == 2:
-        end = properties.find(b"\x02", at)
-        value = properties[at + 9: end if end >= 0 else None]
-        if value:
-            return value.decode("ascii")
-    return _uniq_key(properties.decode("ascii"))  # Java skips an empty value: the full rules
 
 
 @lru_cache(maxsize=1024)

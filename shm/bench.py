@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 from shm import settings as settings_module
-from shm.codec import EncodedBatch, encode, encode_host, encode_v4, properties_string
+from shm.codec import encode, encode_host, encode_v4, properties_string
 from shm.commitlog import CommitLog
 from shm.dispatch import reput
+from shm.encoded_batch import EncodedBatch
 from shm.recovery import recover
 from shm.store import MessageStore
 from shm.store_files import mark_clean_exit

@@ -305,7 +305,7 @@ def encode(
     """One CommitLog record. The v6 host bits of sys_flag follow the host lengths.
 
     QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP default to 0 for the single writer to patch
-    (see `EncodedBatch`). Raises MessageIllegal with RocketMQ's status for what may not be stored.
+    (see `shm.encoded_batch.EncodedBatch`). Raises MessageIllegal with RocketMQ's status for what may not be stored.
     """
     topic_raw = topic.encode("utf-8")
     props_raw = properties.encode("utf-8")
@@ -358,82 +358,6 @@ def _check_limits(topic_raw: bytes, body: bytes, props_raw: bytes, max_message_s
 
 def store_timestamp_offset(sys_flag: int) -> int:
     return 48 + (20 if sys_flag & FLAG_BORNHOST_V6 else 8)
-
-
-class EncodedBatch:
-    """Records encoded back to back, waiting for the single writer to place them.
-
-    The writer copies `data` into the log and patches, per record, QUEUEOFFSET+PHYSICALOFFSET
-    (one 16-byte write at +20) and STORETIMESTAMP; nothing else. `queue_keys[i]` is
-    "topic-queueId", or None for PREPARED/ROLLBACK records, which keep queue offset 0 and do not
-    advance their queue.
-    """
-
-    __slots__ = ("data", "positions", "sizes", "queue_keys", "timestamp_offsets")
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.positions: list[int] = []
-        self.sizes: list[int] = []
-        self.queue_keys: list[str | None] = []
-        self.timestamp_offsets: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.positions)
-
-    def add(self, record: bytes, topic: str | None = None) -> None:
-        """Append one encoded record; pass its `topic` when known to skip re-reading it."""
-        size, magic = _BLANK.unpack_from(record, 0)
-        assert magic == MESSAGE_MAGIC and size == len(record), "EncodedBatch takes whole V1 records"
-        queue_id, = _I32.unpack_from(record, 12)
-        sys_flag, = _I32.unpack_from(record, OFFSET_SYSFLAG)
-        advances = sys_flag & TRANSACTION_MASK in (TRANSACTION_NOT, TRANSACTION_COMMIT)
-        self.positions.append(len(self.data))
-        self.sizes.append(size)
-        if advances:
-            self.queue_keys.append(f"{topic if topic is not None else _topic_of(record, sys_flag)}-{queue_id}")
-        else:
-            self.queue_keys.append(None)
-        self.timestamp_offsets.append(56 if not sys_flag & FLAG_BORNHOST_V6 else 68)
-        self.data += record
-
-    def add_v4(self, record: bytes, queue_key: str | None) -> None:
-        """Append a record made by `encode_v4` (IPv4 born host), whose queue key the caller knows."""
-        self.positions.append(len(self.data))
-        self.sizes.append(len(record))
-        self.queue_keys.append(queue_key)
-        self.timestamp_offsets.append(56)
-        self.data += record
-
-    def add_many_v4(self, records: bytes | bytearray, sizes: list[int], queue_keys: list[str]) -> None:
-        """Append records made like `encode_v4`'s (IPv4 born host), back to back."""
-        at = len(self.data)
-        for size in sizes:
-            self.positions.append(at)
-            at += size
-        assert at == len(self.data) + len(records), "record sizes must add up to the records"
-        assert len(queue_keys) == len(sizes), "one queue key per record"
-        self.sizes += sizes
-        self.queue_keys += queue_keys
-        self.timestamp_offsets += [56] * len(sizes)
-        if not self.data and isinstance(records, bytearray):
-            self.data = records  # a client batch travels alone: adopt its buffer, no copy
-        else:
-            self.data += records
-
-    @property
-    def size_bytes(self) -> int:
-        return len(self.data)
-
-
-def _topic_of(record: bytes, sys_flag: int) -> str:
-    born = 20 if sys_flag & FLAG_BORNHOST_V6 else 8
-    store = 20 if sys_flag & FLAG_STOREHOST_V6 else 8
-    body_len_at = 68 + born + store
-    body_len = max(_I32.unpack_from(record, body_len_at)[0], 0)
-    topic_at = body_len_at + 4 + body_len
-    topic_len = record[topic_at]
-    return record[topic_at + 1: topic_at + 1 + topic_len].decode("utf-8")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -31,11 +31,11 @@ from shm.codec import (
     MESSAGE_MAGIC,
     Blank,
     Corruption,
-    EncodedBatch,
     Record,
     decode,
     encode_blank,
 )
+from shm.encoded_batch import EncodedBatch
 from shm.file_queue import MappedFileQueue
 from shm.mapped_file import StoreError
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from shm import settings as settings_module
-from shm.codec import EncodedBatch, encode, encode_host, properties_string
+from shm.codec import encode, encode_host, properties_string
 from shm.dispatch import reput
+from shm.encoded_batch import EncodedBatch
 from shm.settings import Settings
 from shm.store import MessageStore
 

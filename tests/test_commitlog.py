@@ -5,8 +5,9 @@ import struct
 import pytest
 from helpers import BORN, BORN_V6, STORE_HOST, STORE_V6, cached_pages, message
 
-from shm.codec import BLANK_MAGIC, Blank, EncodedBatch, Record, decode, encode
+from shm.codec import BLANK_MAGIC, Blank, Record, decode, encode
 from shm.commitlog import CommitLog, RecordTooLarge
+from shm.encoded_batch import EncodedBatch
 from shm.file_queue import MappedFileQueue, SegmentGap
 from shm.mapped_file import AllocationFailed, MappedFile, WrongFileSize, allocate
 
@@ -179,7 +180,6 @@ def test_records_placed_past_the_published_end_are_discarded(tmp_path):
     reads what the writer appends next through the same mapping."""
     from helpers import message
 
-    from shm.codec import EncodedBatch
 
     log = CommitLog(tmp_path / "commitlog", 64 * 1024)
     first = EncodedBatch()

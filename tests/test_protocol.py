@@ -17,11 +17,13 @@ from nodes import ROOT
 from actors.base import pack_replies, unpack_replies
 from node import config_files, protocol
 from node.producer import SendError
-from node.sendcore import PendingSend, SendEncoder, add_request_atomic, reply, results
+from node.sendcore import PendingSend, SendEncoder, add_request_atomic
+from node.sendreply import reply, results
 from node.store_stats import StoreStats
 from node.topics import TopicTable, topic_error
 from shm import settings as settings_module
-from shm.codec import EncodedBatch, decode
+from shm.codec import decode
+from shm.encoded_batch import EncodedBatch
 
 
 def test_documented_example_exchange_is_what_the_code_sends():
@@ -155,12 +157,12 @@ def test_wait_false_and_flush_timeouts():
 @given(st.lists(st.sampled_from(["UNIQ_KEY", "\x01", "\x02", "A", "b", "UNIQ_KEY\x01X", "\x02UNIQ_KEY\x01"]),
                 max_size=12))
 def test_uniq_key_shortcut_agrees_with_the_full_parse(pieces):
-    from node.sendcore import _uniq_key, _uniq_key_ascii
+    from node.batchbody import find_uniq_key, find_uniq_key_ascii
     from shm.codec import parse_properties
 
     text = "".join(pieces)
-    assert _uniq_key(text) == parse_properties(text).get("UNIQ_KEY")
-    assert _uniq_key_ascii(text.encode()) == parse_properties(text).get("UNIQ_KEY")
+    assert find_uniq_key(text) == parse_properties(text).get("UNIQ_KEY")
+    assert find_uniq_key_ascii(text.encode()) == parse_properties(text).get("UNIQ_KEY")
 
 
 def test_consumer_offsets_read_rocketmqs_file_and_write_its_format(tmp_path):
@@ -252,7 +254,7 @@ def _fast_path_matches_general_path(fast_method: str, header: dict, body: bytes,
     """Encode the request with `SendEncoder` and with one whose `fast_method` always declines;
     the batches, the pending sends and the replies must be identical, and the reply must be what
     the general `reply(results(...))` says."""
-    import node.sendcore as sendcore
+    import node.sendreply as sendreply
 
     settings = settings_module.load(None, {"storePathRootDir": "/nonexistent", "maxMessageSize": 30})
     general_only = type("GeneralOnly", (SendEncoder,), {fast_method: lambda self, *args: False})
@@ -264,7 +266,7 @@ def _fast_path_matches_general_path(fast_method: str, header: dict, body: bytes,
         add_request_atomic(encoder, pending, orjson.loads(orjson.dumps(header)), body, encoder.born_host(born), batch)
         physical = [1000 * i for i in range(len(batch))]
         queue = list(range(len(batch)))
-        answered = sendcore.answer(pending, physical, queue, encoder.store_host)
+        answered = sendreply.answer(pending, physical, queue, encoder.store_host)
         assert answered == reply(pending, results(pending, physical, queue, encoder.store_host))
         return (bytes(batch.data), batch.positions, batch.sizes, batch.queue_keys, batch.timestamp_offsets,
                 pending.indices, pending.refusals, pending.uniq_keys, pending.topics, pending.queue_ids,

@@ -219,23 +219,37 @@ class AsyncProducer:
                    properties: dict[str, str] | None = None, delay_level: int = 0, queue_id: int | None = None,
                    shard_key: str | None = None, wait: bool = True) -> SendResult:
         """Send one message; returns when the node has stored it (and flushed it, under SYNC_FLUSH)."""
-        message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait)
-        return await self.send_message(message, queue_id=queue_id, shard_key=shard_key)
+        if tags or keys or properties or delay_level or not wait:
+            message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait)
+            return await self.send_message(message, queue_id=queue_id, shard_key=shard_key)
+        # A plain message (most sends): no Message to build, its only property the uniq key.
+        body = _bytes(body)
+        queue = await self._queue_for(topic, queue_id, shard_key)
+        now_ms = int(time.time() * 1000)
+        entry = {"topic": topic, "queueId": queue, "flag": 0, "bodySize": len(body), "bornTimestamp": now_ms,
+                 "properties": {PROPERTY_UNIQ_KEY: self.keys.next(now_ms)}}
+        return await self._send_entry(entry, body)
 
     async def send_message(self, message: Message, *, queue_id: int | None = None,
                            shard_key: str | None = None) -> SendResult:
-        count = self.routes.get(message.topic)
-        if queue_id is not None or count:  # no route to look up: no coroutine to await
-            queue = self._pick_queue(message.topic, queue_id, shard_key, count)
-        else:
-            queue = await self._choose_queue(message.topic, queue_id, shard_key)
+        queue = await self._queue_for(message.topic, queue_id, shard_key)
         now_ms = int(time.time() * 1000)
         uniq = message.properties.get(PROPERTY_UNIQ_KEY) or self.keys.next(now_ms)
         entry = {"topic": message.topic, "queueId": queue, "flag": message.flag, "bodySize": len(message.body),
                  "bornTimestamp": now_ms, "properties": message.wire_properties(uniq)}
+        return await self._send_entry(entry, message.body)
+
+    async def _queue_for(self, topic: str, queue_id: int | None, shard_key: str | None) -> int:
+        count = self.routes.get(topic)
+        if queue_id is not None or count:  # no route to look up: no coroutine to await
+            return self._pick_queue(topic, queue_id, shard_key, count)
+        return await self._choose_queue(topic, queue_id, shard_key)
+
+    async def _send_entry(self, entry: dict, body: bytes) -> SendResult:
+        """One coalesced send with its retries: TIMEOUT and the retriable statuses, with backoff."""
         for attempt in range(self.retries + 1):
             try:
-                result = await self._coalesced(entry, message.body)
+                result = await self._coalesced(entry, body)
             except SendError as e:
                 if e.status != "TIMEOUT" or attempt == self.retries:
                     raise
@@ -243,7 +257,7 @@ class AsyncProducer:
             status = result["status"]
             if status in protocol.STORED_STATUSES:
                 return SendResult(status, result["msgId"], result["offsetMsgId"], result["queueId"],
-                                  result["queueOffset"], message.topic)
+                                  result["queueOffset"], entry["topic"])
             if status not in protocol.RETRIABLE_STATUSES or attempt == self.retries:
                 raise SendError(status, result.get("remark", ""))
             await asyncio.sleep(_backoff(attempt))

@@ -62,15 +62,25 @@ def _record_at(node, offset_msg_id: str):
 def test_sends_are_stored_as_rocketmq_stores_them(node, producer):
     result = producer.send("TopicA", b"hello", tags="TagA", keys=["k1", "k2"], properties={"color": "red"})
     assert result.status == "PUT_OK" and result.queue_offset == 0 and len(result.msg_id) == 32
-    record = _record_at(node, result.offset_msg_id)
     # What a 4.9 broker stores: the client's map plus CLUSTER, no WAIT, in Java HashMap order.
-    expected_props = properties_string({"color": "red", "TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": result.msg_id,
-                                        "CLUSTER": node.settings.brokerClusterName})
+    _assert_stored_as(node, result, b"hello", {"color": "red", "TAGS": "TagA", "KEYS": "k1 k2",
+                                              "UNIQ_KEY": result.msg_id, "CLUSTER": node.settings.brokerClusterName})
+
+
+def test_plain_sends_are_stored_with_only_their_uniq_key(node, producer):
+    """The client's plain-message path (no Message built) stores what the general path does."""
+    result = producer.send("TopicA", "plain", queue_id=1)
+    assert result.status == "PUT_OK" and result.queue_id == 1
+    _assert_stored_as(node, result, b"plain", {"UNIQ_KEY": result.msg_id, "CLUSTER": node.settings.brokerClusterName})
+
+
+def _assert_stored_as(node, result, body: bytes, properties: dict[str, str]) -> None:
+    record = _record_at(node, result.offset_msg_id)
     store_host = encode_host(node.settings.brokerIP1, node.settings.listenPort)
-    expected = encode(topic="TopicA", body=b"hello", queue_id=result.queue_id, born_timestamp=record.born_timestamp,
+    expected = encode(topic=result.topic, body=body, queue_id=result.queue_id, born_timestamp=record.born_timestamp,
                       born_host=encode_host(record.born_host.ip, record.born_host.port), store_host=store_host,
-                      properties=expected_props, queue_offset=0, physical_offset=record.physical_offset,
-                      store_timestamp=record.store_timestamp)
+                      properties=properties_string(properties), queue_offset=result.queue_offset,
+                      physical_offset=record.physical_offset, store_timestamp=record.store_timestamp)
     with MessageStore(node.settings, readonly=True) as store:
         assert store.commitlog.read_bytes(record.physical_offset, record.total_size) == expected
     assert record.born_host.ip == "127.0.0.1"

@@ -67,7 +67,6 @@ def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp
     return bytearray().join(parts), sizes, inner
 
 
-
 def find_uniq_key(properties: str) -> str | None:
     """UNIQ_KEY of a properties string without parsing all of it (the last one wins, as in Java)."""
     at = properties.rfind(PROPERTY_UNIQ_KEY + "\x01")

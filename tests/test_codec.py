@@ -35,6 +35,7 @@ BORN = encode_host("127.0.0.1", 50000)
 STORE = encode_host("127.0.0.1", 10911)
 SEGMENT = 65536
 
+
 def test_worked_example_record_byte_for_byte():
     props = properties_string({"TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": "7F00000130391B6D358647B760000000"})
     record = encode(topic="TopicTest", body=b"hello", queue_id=3, born_timestamp=1700000000000, born_host=BORN,
@@ -48,11 +49,13 @@ def test_worked_example_record_byte_for_byte():
     assert [index_key_hash(f"TopicTest#{k}") for k in ("7F00000130391B6D358647B760000000", "k1", "k2")] == [
         789047430, 2746024, 2746025]
 
+
 def _golden_bytes(offset: int, size: int) -> bytes:
     path = GOLDEN_STORE / "commitlog" / f"{offset - offset % SEGMENT:020d}"
     with open(path, "rb") as f:
         f.seek(offset % SEGMENT)
         return f.read(size)
+
 
 def test_every_golden_record_decodes_as_the_manifest_says_and_reencodes_identically():
     for expected in all_records():
@@ -72,6 +75,7 @@ def test_every_golden_record_decodes_as_the_manifest_says_and_reencodes_identica
                        physical_offset=record.physical_offset, store_timestamp=record.store_timestamp)
         assert again == raw
 
+
 def test_golden_batch_records_carry_inner_properties_then_cluster():
     batch = [p for p in manifest()["puts"] if p["kind"] == "batch"]
     assert len(batch) == 10
@@ -81,6 +85,7 @@ def test_golden_batch_records_carry_inner_properties_then_cluster():
         ordered = {k: inner[k] for k in ("TAGS", "KEYS", "WAIT", "UNIQ_KEY") if k in inner}
         assert record.properties_string == properties_string(ordered) + "\x02" + put["batchProperties"]
 
+
 def test_golden_segments_end_with_blank_records():
     for path in sorted((GOLDEN_STORE / "commitlog").iterdir())[:-1]:
         data = path.read_bytes()
@@ -89,11 +94,13 @@ def test_golden_segments_end_with_blank_records():
         assert result.stopped_by.size == len(data) - result.end
         assert struct.unpack_from(">ii", data, result.end) == (len(data) - result.end, BLANK_MAGIC)
 
+
 # -- round trips ----------------------------------------------------------------------------------
 
 topics = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40).filter(
     lambda t: len(t.encode()) <= 127)
 prop_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x01\x02"), min_size=1, max_size=30)
+
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(topic=topics, body=st.binary(max_size=3000), props=st.dictionaries(prop_text, prop_text, max_size=6),
@@ -115,12 +122,14 @@ def test_encode_decode_round_trip(topic, body, props, queue_id, flag, v6, offset
     assert decode_msg_id(record.msg_id) == (record.store_host, record.physical_offset)
     assert scan(raw, 0, len(raw)).end == len(raw)
 
+
 @pytest.mark.parametrize("size", [0, 4 * 1024 * 1024])
 def test_empty_and_4mib_bodies(size):
     body = bytes(range(256)) * (size // 256)
     raw = encode(topic="T", body=body, queue_id=0, born_timestamp=1, born_host=BORN, store_host=STORE)
     record = decode(raw)
     assert record.body == body and record.body_crc == (0 if size == 0 else zlib.crc32(body) & 0x7FFFFFFF)
+
 
 # -- limits (DefaultMessageStoreTest.testPutLongMessage) ------------------------------------------
 
@@ -148,6 +157,7 @@ def test_limits_follow_rocketmq():
         encode(topic="T", body=b"x" * 11, queue_id=0, born_timestamp=1, born_host=BORN, store_host=STORE,
                max_message_size=10)
 
+
 # -- named outcomes -----------------------------------------------------------------------------
 
 def test_decode_names_what_is_wrong():
@@ -168,12 +178,14 @@ def test_decode_names_what_is_wrong():
     assert isinstance(result, Corruption) and result.kind is CorruptionKind.BAD_SIZE and result.size == 167
     assert scan(bad_crc, 0, len(bad_crc)).stopped_by.kind is CorruptionKind.CRC_MISMATCH
 
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400), st.integers(0, 300))
 def test_decode_never_raises_on_garbage(garbage, position):
     data = EXAMPLE[:position % len(EXAMPLE)] + garbage
     for item in (decode(data), decode(data, 0, check_crc=False), scan(data, 0, len(data))):
         assert item is not None
+
 
 def test_encoded_batch_leaves_three_fields_for_the_writer():
     batch = EncodedBatch()

@@ -18,7 +18,7 @@ from actors.base import pack_replies, unpack_replies
 from node import config_files, protocol
 from node.producer import SendError
 from node.sendcore import PendingSend, SendEncoder, add_request_atomic
-from node.sendreply import reply, results
+from node.sendreply import answer, reply, results
 from node.store_stats import StoreStats
 from node.topics import TopicTable, topic_error
 from shm import settings as settings_module
@@ -254,8 +254,6 @@ def _fast_path_matches_general_path(fast_method: str, header: dict, body: bytes,
     """Encode the request with `SendEncoder` and with one whose `fast_method` always declines;
     the batches, the pending sends and the replies must be identical, and the reply must be what
     the general `reply(results(...))` says."""
-    import node.sendreply as sendreply
-
     settings = settings_module.load(None, {"storePathRootDir": "/nonexistent", "maxMessageSize": 30})
     general_only = type("GeneralOnly", (SendEncoder,), {fast_method: lambda self, *args: False})
 
@@ -266,7 +264,7 @@ def _fast_path_matches_general_path(fast_method: str, header: dict, body: bytes,
         add_request_atomic(encoder, pending, orjson.loads(orjson.dumps(header)), body, encoder.born_host(born), batch)
         physical = [1000 * i for i in range(len(batch))]
         queue = list(range(len(batch)))
-        answered = sendreply.answer(pending, physical, queue, encoder.store_host)
+        answered = answer(pending, physical, queue, encoder.store_host)
         assert answered == reply(pending, results(pending, physical, queue, encoder.store_host))
         return (bytes(batch.data), batch.positions, batch.sizes, batch.queue_keys, batch.timestamp_offsets,
                 pending.indices, pending.refusals, pending.uniq_keys, pending.topics, pending.queue_ids,

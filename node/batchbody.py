@@ -29,7 +29,7 @@ def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp
     message at a time, without a tuple, str or record object per message. None for anything
     unusual (a malformed body, non-ASCII properties, a limit exceeded): the caller then takes
     the general path, which refuses with the exact reason."""
-    if not 0 < len(topic_raw) <= MAX_TOPIC_BYTES:
+    if not 0 < len(topic_raw) <= MAX_TOPIC_BYTES or not -(2**31) <= queue_id < 2**31:
         return None
     view, end, at = memoryview(data), len(data), 0
     topic_part = bytes((len(topic_raw),)) + topic_raw

@@ -1,10 +1,11 @@
 # Sourced by the scripts: make sure .venv exists and holds this project, then use it.
-# A stamp per extras set holds pyproject.toml's hash, so a changed dependency list reinstalls once.
+# A stamp per extras set holds pyproject.toml's hash (and the C source's), so a changed dependency list reinstalls once.
 set -euo pipefail
 MQNODE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$MQNODE_ROOT/.venv"
 EXTRAS="${MQNODE_EXTRAS:-}"
-stamp_want="$(sha256sum "$MQNODE_ROOT/pyproject.toml" | cut -c1-16)"
+# node/_encode.c is compiled at install: a change to it reinstalls too.
+stamp_want="$(cat "$MQNODE_ROOT/pyproject.toml" "$MQNODE_ROOT/node/_encode.c" | sha256sum | cut -c1-16)"
 stamp_file="$VENV/.mqnode-installed${EXTRAS:+-$EXTRAS}"
 if [ ! -x "$VENV/bin/python" ]; then
   echo "mqnode: creating $VENV (first use; this takes a minute)" >&2

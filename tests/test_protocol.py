@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 
@@ -15,9 +16,15 @@ from hypothesis import strategies as st
 from nodes import ROOT
 
 from actors.base import pack_replies, unpack_replies
-from node import config_files, protocol
+from node import config_files, native, protocol
+from node.batchbody import encode_batch_v4
 from node.producer import SendError
-from node.sendcore import PendingSend, SendEncoder, add_request_atomic
+from node.sendcore import (
+    PendingSend,
+    SendEncoder,
+    add_request_atomic,
+    encode_messages_v4,
+)
 from node.sendreply import answer, reply, results
 from node.store_stats import StoreStats
 from node.topics import TopicTable, topic_error
@@ -239,26 +246,30 @@ def test_a_pulled_message_finds_its_msg_id_as_parsing_every_property_would(props
     assert lazy.msg_id == expected == parsed.msg_id
 
 
+_ONE_PASS = ["c", "python"]  # the one-pass encoders: node._encode, or the Python loops it mirrors
+
+
+@pytest.mark.parametrize("one_pass", _ONE_PASS)
 @given(st.lists(st.tuples(st.binary(max_size=40), st.integers(-2**31, 2**31 - 1), _PROPS), min_size=1, max_size=6),
        st.sampled_from([None, {"TAGS": "batch"}, {"WAIT": "false"}, {"DELAY": "2"}, {"é": "ü"}]),
-       st.sampled_from(["10.0.0.1:5", "[::1]:7"]), st.integers(0, 3))
-def test_batch_fast_path_writes_what_the_general_path_writes(messages, properties, born, queue_id):
+       st.sampled_from(["10.0.0.1:5", "[::1]:7"]), st.sampled_from([0, 3, 2**31]))
+def test_batch_fast_path_writes_what_the_general_path_writes(one_pass, messages, properties, born, queue_id):
     """SEND_BATCH_MESSAGE's one-pass encoder and its reply agree byte for byte with the general
     path (message by message through encode_v4 / encode), refusals included."""
     header = {"code": protocol.SEND_BATCH_MESSAGE, "opaque": 5, "topic": "Tb", "queueId": queue_id,
               "bornTimestamp": 1_700_000_000_000, "properties": properties}
-    _fast_path_matches_general_path("_add_batch_v4", header, protocol.encode_batch_body(messages), born)
+    _fast_path_matches_general_path("_add_batch_v4", header, protocol.encode_batch_body(messages), born, one_pass)
 
 
-def _fast_path_matches_general_path(fast_method: str, header: dict, body: bytes, born: str) -> None:
-    """Encode the request with `SendEncoder` and with one whose `fast_method` always declines;
-    the batches, the pending sends and the replies must be identical, and the reply must be what
-    the general `reply(results(...))` says."""
+def _fast_path_matches_general_path(fast_method: str, header: dict, body: bytes, born: str, one_pass: str) -> None:
+    """Encode the request with `SendEncoder` (its one-pass encoders in C or in Python) and with
+    one whose `fast_method` always declines; the batches, the pending sends and the replies must
+    be identical, and the reply must be what the general `reply(results(...))` says."""
     settings = settings_module.load(None, {"storePathRootDir": "/nonexistent", "maxMessageSize": 30})
     general_only = type("GeneralOnly", (SendEncoder,), {fast_method: lambda self, *args: False})
 
     def run(encoder_class):
-        encoder, batch = encoder_class(settings), EncodedBatch()
+        encoder, batch = _encoder(encoder_class, settings, one_pass), EncodedBatch()
         batch.add_v4(b"\x00" * 8, "other-0")  # the batch may already hold another request's records
         pending = PendingSend(b"c", header["opaque"], header["code"], 0)
         add_request_atomic(encoder, pending, orjson.loads(orjson.dumps(header)), body, encoder.born_host(born), batch)
@@ -290,24 +301,37 @@ _SPOILERS = [  # each spoils a request for the fast path in its own way
     {"properties": []}]
 
 
+@pytest.mark.parametrize("one_pass", _ONE_PASS)
 @pytest.mark.parametrize("spoiler", [None, *_SPOILERS])
 @hypothesis_settings(max_examples=40)
 @given(st.lists(_GOOD_ENTRY, min_size=1, max_size=6), st.integers(0, 6), st.sampled_from(["10.0.0.1:5", "[::1]:7"]))
-def test_coalesced_sends_fast_path_writes_what_the_general_path_writes(spoiler, entries, at, born):
+def test_coalesced_sends_fast_path_writes_what_the_general_path_writes(one_pass, spoiler, entries, at, born):
     """SEND_MESSAGES' one-pass encoder and its reply agree byte for byte with the general path
     (message by message through `_add_message`), refusals included."""
     if spoiler is not None:
         entries = entries[:at] + [entries[at % len(entries)] | spoiler] + entries[at:]
     messages = [{k: v for k, v in e.items() if k != "body"} | {"bodySize": len(e["body"])} for e in entries]
     header = {"code": protocol.SEND_MESSAGES, "opaque": 9, "messages": messages}
-    _fast_path_matches_general_path("_add_messages_v4", header, b"".join(e["body"] for e in entries), born)
+    _fast_path_matches_general_path("_add_messages_v4", header, b"".join(e["body"] for e in entries), born, one_pass)
 
 
-def test_coalesced_sends_take_the_fast_path():
+def _encoder(encoder_class, settings, one_pass: str) -> SendEncoder:
+    encoder = encoder_class(settings)
+    if one_pass == "c" and os.environ.get("MQNODE_NATIVE") == "0":
+        pytest.skip("MQNODE_NATIVE=0: the C encoder is switched off")
+    if one_pass == "python":
+        encoder._messages_v4, encoder._batch_v4 = encode_messages_v4, encode_batch_v4
+    else:
+        assert encoder._messages_v4 is native.encode_messages_v4 and encoder._batch_v4 is native.encode_batch_v4
+    return encoder
+
+
+@pytest.mark.parametrize("one_pass", _ONE_PASS)
+def test_coalesced_sends_take_the_fast_path(one_pass):
     """The common coalesced request does take the one-pass encoder (the test above would pass
     if it never did)."""
     settings = settings_module.load(None, {"storePathRootDir": "/nonexistent"})
-    encoder = SendEncoder(settings)
+    encoder = _encoder(SendEncoder, settings, one_pass)
     messages = [{"topic": "T", "queueId": i, "bornTimestamp": 1, "bodySize": 3,
                  "properties": {"UNIQ_KEY": f"K{i}", "TAGS": "a", "WAIT": "true"}} for i in range(4)]
     pending = PendingSend(b"c", 1, protocol.SEND_MESSAGES, 0)

@@ -1,0 +1,32 @@
+"""The front's encode loops in C (`node/_encode.c`), when they were compiled at install.
+
+`ENABLED` is False where no compiler was at hand (the extension is optional in pyproject.toml)
+or when `MQNODE_NATIVE=0` is set, to measure or debug the Python loops. Either way the bytes
+are the same: tests/test_protocol.py runs both implementations over the same requests.
+"""
+
+from __future__ import annotations
+
+import os
+
+from shm.codec import crc32
+
+try:
+    from node import _encode
+except ImportError:  # pragma: no cover - built wherever gcc and the Python headers are
+    _encode = None
+
+ENABLED = _encode is not None and os.environ.get("MQNODE_NATIVE", "1") != "0"
+
+
+def encode_messages_v4(messages: list, body: bytes, born: bytes, store_host: bytes, max_body: int, cluster: str,
+                       layout) -> tuple | None:
+    """`node.sendcore.encode_messages_v4` in C; `layout` is `sendcore._properties_layout`."""
+    return _encode.encode_messages_v4(messages, body, born, store_host, max_body, cluster, layout, crc32)
+
+
+def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp: int, born_host: bytes,
+                    store_host: bytes, suffix: bytes, max_message_size: int, limit: int) -> tuple | None:
+    """`node.batchbody.encode_batch_v4` in C."""
+    return _encode.encode_batch_v4(data, topic_raw, queue_id, born_timestamp, born_host, store_host, suffix,
+                                   max_message_size, limit, crc32)

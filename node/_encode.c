@@ -383,17 +383,43 @@ done:
 
 /* -- a client batch body ------------------------------------------------------------------------ */
 
+/* UNIQ_KEY of a message's own ASCII properties, as `batchbody.find_uniq_key_ascii` finds it: the
+ * last "UNIQ_KEY\x01" at the start or after a 0x02, up to the next 0x02. Anything else (an empty
+ * value, the name inside another pair) goes to `fallback`, the Python function with Java's rules.
+ * A new reference, or NULL with an exception set. */
+static PyObject *uniq_key(const unsigned char *props, Py_ssize_t len, PyObject *fallback) {
+    static const char name[] = "UNIQ_KEY\x01";
+    const Py_ssize_t name_len = sizeof name - 1;
+    for (Py_ssize_t at = len - name_len; at >= 0; at--) {
+        if (props[at] != 'U' || memcmp(props + at, name, name_len) != 0)
+            continue;
+        if (at == 0 || props[at - 1] == 2) {
+            const unsigned char *value = props + at + name_len, *end = memchr(value, 2, props + len - value);
+            Py_ssize_t value_len = (end ? end : props + len) - value;
+            if (value_len > 0)
+                return PyUnicode_DecodeASCII((const char *)value, value_len, NULL);
+        }
+        PyObject *own = PyBytes_FromStringAndSize((const char *)props, len);
+        if (own == NULL)
+            return NULL;
+        PyObject *key = PyObject_CallOneArg(fallback, own);
+        Py_DECREF(own);
+        return key;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *encode_batch_v4(PyObject *self, PyObject *args) {
     Py_buffer data, topic, born, store_host, suffix;
     long long queue_id, born_ts, max_size;
     Py_ssize_t limit;
-    PyObject *queue_id_obj, *crc_fn;
-    if (!PyArg_ParseTuple(args, "y*y*OLy*y*y*LnO:encode_batch_v4", &data, &topic, &queue_id_obj, &born_ts, &born,
-                          &store_host, &suffix, &max_size, &limit, &crc_fn))
+    PyObject *queue_id_obj, *crc_fn, *uniq_fallback;
+    if (!PyArg_ParseTuple(args, "y*y*OLy*y*y*LnOO:encode_batch_v4", &data, &topic, &queue_id_obj, &born_ts, &born,
+                          &store_host, &suffix, &max_size, &limit, &crc_fn, &uniq_fallback))
         return NULL;
-    PyObject *result = NULL, *sizes = PyList_New(0), *inner = PyList_New(0);
+    PyObject *result = NULL, *sizes = PyList_New(0), *uniq_keys = PyList_New(0);
     Out out = {PyByteArray_FromStringAndSize(NULL, data.len + data.len / 4 + 256), 0};
-    if (sizes == NULL || inner == NULL || out.array == NULL)
+    if (sizes == NULL || uniq_keys == NULL || out.array == NULL)
         goto done;
     const unsigned char *buf = data.buf;
     const Py_ssize_t end = data.len, suffix_len = suffix.len, topic_len = topic.len;
@@ -447,7 +473,7 @@ static PyObject *encode_batch_v4(PyObject *self, PyObject *args) {
             memcpy(p, suffix.buf, suffix_len);
         out.used += (Py_ssize_t)record_size;
         if (append_new(sizes, PyLong_FromLongLong(record_size)) < 0
-            || append_new(inner, PyBytes_FromStringAndSize((const char *)own, own_len)) < 0)
+            || append_new(uniq_keys, uniq_key(own, own_len, uniq_fallback)) < 0)
             goto done;
         at += size;
         count++;
@@ -458,11 +484,11 @@ static PyObject *encode_batch_v4(PyObject *self, PyObject *args) {
     }
     if (PyByteArray_Resize(out.array, out.used) < 0)
         goto done;
-    result = PyTuple_Pack(3, out.array, sizes, inner);
+    result = PyTuple_Pack(3, out.array, sizes, uniq_keys);
 done:
     PyBuffer_Release(&data); PyBuffer_Release(&topic); PyBuffer_Release(&born); PyBuffer_Release(&store_host);
     PyBuffer_Release(&suffix);
-    Py_XDECREF(sizes); Py_XDECREF(inner); Py_XDECREF(out.array);
+    Py_XDECREF(sizes); Py_XDECREF(uniq_keys); Py_XDECREF(out.array);
     return result;
 }
 
@@ -471,8 +497,8 @@ static PyMethodDef methods[] = {
      "encode_messages_v4(messages, body, born, store_host, max_body, cluster, layout_fn, crc_fn)\n"
      "-> (records, sizes, queue_keys, topics, queue_ids, uniq_keys, waits) or None"},
     {"encode_batch_v4", encode_batch_v4, METH_VARARGS,
-     "encode_batch_v4(data, topic_raw, queue_id, born_ts, born, store_host, suffix, max_size, limit, crc_fn)\n"
-     "-> (records, sizes, inner_properties) or None"},
+     "encode_batch_v4(data, topic_raw, queue_id, born_ts, born, store_host, suffix, max_size, limit, crc_fn,\n"
+     "                uniq_fallback) -> (records, sizes, uniq_keys) or None"},
     {NULL, NULL, 0, NULL},
 };
 

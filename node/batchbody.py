@@ -23,9 +23,9 @@ from shm.codec import (
 
 def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp: int, born_host: bytes,
                     store_host: bytes, suffix: bytes, max_message_size: int,
-                    limit: int = protocol.MAX_MESSAGES_PER_REQUEST) -> tuple[bytearray, list[int], list[bytes]] | None:
+                    limit: int = protocol.MAX_MESSAGES_PER_REQUEST) -> tuple[bytearray, list[int], list[str | None]] | None:
     """A client batch body (`protocol.encode_batch_body`) -> its CommitLog records back to back,
-    their sizes and each message's own properties bytes; the same bytes `encode_v4` gives one
+    their sizes and each message's UNIQ_KEY; the same bytes `encode_v4` gives one
     message at a time, without a tuple, str or record object per message. None for anything
     unusual (a malformed body, non-ASCII properties, a limit exceeded): the caller then takes
     the general path, which refuses with the exact reason."""
@@ -35,7 +35,7 @@ def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp
     topic_part = bytes((len(topic_raw),)) + topic_raw
     record_base = 91 + len(topic_raw)
     largest = max_message_size + MAX_RECORD_OVERHEAD
-    parts, sizes, inner = [], [], []
+    parts, sizes, uniq_keys = [], [], []
     head, i16, fixed = protocol.BATCH_MESSAGE_HEAD.unpack_from, protocol.BATCH_PROPS_LENGTH, FIXED_V4.pack
     head_size = protocol.BATCH_MESSAGE_HEAD.size
     while at < end:
@@ -60,11 +60,11 @@ def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp
                         0, 0, born_timestamp, born_host, 0, store_host, 0, 0, body_len),
                   body, topic_part, i16.pack(len(props)), props)
         sizes.append(record_size)
-        inner.append(own)
+        uniq_keys.append(find_uniq_key_ascii(own))
         at += size
     if not sizes:
         return None
-    return bytearray().join(parts), sizes, inner
+    return bytearray().join(parts), sizes, uniq_keys
 
 
 def find_uniq_key(properties: str) -> str | None:

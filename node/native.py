@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from node.batchbody import find_uniq_key_ascii
 from shm.codec import crc32
 
 try:
@@ -29,4 +30,4 @@ def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp
                     store_host: bytes, suffix: bytes, max_message_size: int, limit: int) -> tuple | None:
     """`node.batchbody.encode_batch_v4` in C."""
     return _encode.encode_batch_v4(data, topic_raw, queue_id, born_timestamp, born_host, store_host, suffix,
-                                   max_message_size, limit, crc32)
+                                   max_message_size, limit, crc32, find_uniq_key_ascii)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from node import native, protocol
-from node.batchbody import encode_batch_v4, find_uniq_key, find_uniq_key_ascii
+from node.batchbody import encode_batch_v4, find_uniq_key
 from shm.codec import (
     FIXED_V4,
     MAX_PROPERTIES_BYTES,
@@ -294,7 +294,7 @@ class SendEncoder:
             return False
         if encoded is None:
             return False
-        records, sizes, inner_props = encoded
+        records, sizes, uniq_keys = encoded
         n = len(sizes)
         first = len(batch)
         batch.add_many_v4(records, sizes, [f"{topic}-{queue_id}"] * n)
@@ -302,7 +302,7 @@ class SendEncoder:
         pending.topics += [topic] * n
         pending.queue_ids += [queue_id] * n
         pending.indices += range(first, first + n)
-        pending.uniq_keys += [find_uniq_key_ascii(p) for p in inner_props]
+        pending.uniq_keys += uniq_keys
         return True
 
 

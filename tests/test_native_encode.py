@@ -72,7 +72,7 @@ def test_coalesced_sends_c_writes_the_common_request():
 
 
 _INNER = st.tuples(st.binary(max_size=40), st.integers(-2**31, 2**31 - 1),
-                   st.lists(st.sampled_from(["UNIQ_KEY\x01u", "TAGS\x01a", "\x02", "é", "x"]), max_size=4).map("".join))
+                   st.lists(st.sampled_from(["UNIQ_KEY\x01u", "UNIQ_KEY\x01", "TAGS\x01a", "\x02", "é", "x"]), max_size=5).map("".join))
 
 
 @hypothesis_settings(max_examples=400)

@@ -143,4 +143,5 @@ class Ingress(Actor):
 
     def statistics(self) -> dict:
         return super().statistics() | {"batches": self.batches, "recordsEncoded": self.encoded,
+                                       "nativeEncode": self.batcher.encoder.native,
                                        "expired": self.batcher.expired, "malformed": self.batcher.malformed}

@@ -280,6 +280,7 @@ class Writer(Actor):
             "putMessageFailedTimes": self.put_failed, "groups": self.groups,
             "appendMaxMicros": self.append_ns_max // 1000, "busySeconds": round(self.busy_ns / 1e9, 3),
             "queueWaitMicrosAvg": self.queue_wait_ns // max(1, self.groups) // 1000,
+            "nativeEncode": self.batcher.encoder.native if getattr(self, "batcher", None) else False,
             "writeBuffer": getattr(self, "buffered", False), "scrubbedBytes": self.scrubbed, "commits": getattr(self, "commits", 0), "written": self.control.get("written") if self.control else 0,
             "queues": len(self.log.queue_offsets) if hasattr(self, "log") else 0,
         }

@@ -82,6 +82,11 @@ class SendEncoder:
         self._messages_v4 = native.encode_messages_v4 if native.ENABLED else encode_messages_v4
         self._batch_v4 = native.encode_batch_v4 if native.ENABLED else encode_batch_v4
 
+    @property
+    def native(self) -> bool:
+        """Whether the one-pass encoders run in C (`statistics()` shows it as nativeEncode)."""
+        return self._messages_v4 is native.encode_messages_v4
+
     def born_host(self, text: str | None) -> bytes:
         """`ip:port` (or `[v6]:port`) as record bytes; unparseable -> 127.0.0.1:0."""
         raw = self._born_cache.get(text or "")

@@ -185,6 +185,7 @@ def test_cli_produce_and_admin_stats(node):
     assert {"putMessageTimesTotal", "putMessageSizeTotal", "putTps", "putMessageDistributeTime",
             "putMessageEntireTimeMax"} <= set(shown["runtime"])
     assert {"front", "writer", "flush", "allocator", "dispatcher"} <= set(shown["actors"])
+    assert shown["actors"]["writer"]["nativeEncode"] is True  # the front's encode loops run in C
 
 
 def _thread_nice_values(pid: int) -> set[int]:

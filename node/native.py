@@ -2,7 +2,8 @@
 
 `ENABLED` is False where no compiler was at hand (the extension is optional in pyproject.toml)
 or when `MQNODE_NATIVE=0` is set, to measure or debug the Python loops. Either way the bytes
-are the same: tests/test_protocol.py runs both implementations over the same requests.
+are the same: tests/test_native_encode.py holds the two to each other, and the SendEncoder
+tests in tests/test_protocol.py run over both.
 """
 
 from __future__ import annotations

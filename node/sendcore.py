@@ -291,12 +291,9 @@ class SendEncoder:
             return False
         wait = batch_props.get(PROPERTY_WAIT) != "false"
         batch_props[PROPERTY_CLUSTER] = self.cluster
-        try:
-            encoded = self._batch_v4(body, _topic_bytes(topic), queue_id, born_timestamp, born, self.store_host,
-                                     properties_string(batch_props).encode(), self.settings.maxMessageSize,
-                                     protocol.MAX_MESSAGES_PER_REQUEST)
-        except struct.error:  # queueId or a flag beyond int32
-            return False
+        encoded = self._batch_v4(body, _topic_bytes(topic), queue_id, born_timestamp, born, self.store_host,
+                                 properties_string(batch_props).encode(), self.settings.maxMessageSize,
+                                 protocol.MAX_MESSAGES_PER_REQUEST)  # (None for a queueId beyond int32)
         if encoded is None:
             return False
         records, sizes, uniq_keys = encoded

@@ -43,7 +43,7 @@ from actors.base import (
 )
 from shm.commitlog import CommitLog
 from shm.control_block import FLAG_LOGICS_WRITE_ERROR
-from shm.dispatch import reput
+from shm.dispatch import NATIVE, reput
 from shm.mapped_file import StoreError
 from shm.store import MessageStore
 
@@ -147,7 +147,8 @@ class Dispatcher(Actor):
                                        "caughtUpOnWake": getattr(self, "caught_up_on_wake", 0),
                                        "caughtUpOnTimer": getattr(self, "caught_up_on_timer", 0),
                                        "lastError": getattr(self, "last_error", ""),
-                                       "queues": len(self.store.consume_queues) if hasattr(self, "store") else 0}
+                                       "queues": len(self.store.consume_queues) if hasattr(self, "store") else 0,
+                                       "nativeScan": NATIVE}
 
     def close(self) -> None:
         if hasattr(self, "store"):

@@ -8,9 +8,15 @@ IndexService.build_index skip what they already hold).
 log with one unpack per record into a `DispatchBatch` of up to BATCH_RECORDS, then writes each
 queue's entries in one copy and hashes and links the batch's index keys with numpy. A test
 holds the two to identical bytes.
+
+The scan's common case also runs in C (`shm/_dispatch.c`), when it was compiled at install and
+`MQNODE_NATIVE=0` is not set; the Python scan stays the reference, and takes every record the C
+loop stops in front of. tests/test_native_dispatch.py holds the two to the same batch.
 """
 
 from __future__ import annotations
+
+import os
 
 from shm.codec import (  # the dispatcher's hot loop shares the codec's structs
     _FIXED_V4,
@@ -38,7 +44,14 @@ from shm.codec import (  # the dispatcher's hot loop shares the codec's structs
 )
 from shm.javacompat import jhash_cached
 
+try:
+    from shm import _dispatch
+except ImportError:  # pragma: no cover - built wherever gcc and the Python headers are
+    _dispatch = None
+
+NATIVE = _dispatch is not None and os.environ.get("MQNODE_NATIVE", "1") != "0"
 _V6_FLAGS = FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6
+_SCHEDULE_RAW = SCHEDULE_TOPIC.encode()
 
 
 def delivery_time(store_timestamp: int, level_text: str, delay_levels_ms: list[int]) -> int | None:
@@ -92,16 +105,33 @@ class DispatchBatch:
         self.count = 0
         self.logics_timestamp = 0
         self.touched: dict | None = None
+        self.native = NATIVE
 
     def scan(self, buf, position: int, limit: int) -> tuple[int, Blank | Corruption | None]:
         """Add records from `position` until `limit`, a blank, damage, or a full batch; returns
-        where it stopped and what stopped it (None: the limit or a full batch).
+        where it stopped and what stopped it (None: the limit or a full batch)."""
+        if not self.native:
+            return self._scan_python(buf, position, limit, BATCH_RECORDS - self.count)
+        requests = self.index_requests if self.index_enabled else None
+        for _ in range(BATCH_RECORDS + 1):  # each round adds at least the one record C stopped at
+            room = BATCH_RECORDS - self.count
+            position, added, stamp = _dispatch.scan_v4(buf, position, limit, room, self.queue_entries, requests,
+                                                       _SCHEDULE_RAW)
+            self.count += added
+            if stamp is not None:
+                self.logics_timestamp = stamp
+            if position >= limit or added == room:
+                break
+            position, stopped_by = self._scan_python(buf, position, limit, 1)
+            if stopped_by is not None:
+                return position, stopped_by
+        return position, None
 
-        The hot loop of dispatch: IPv4 V1 records are read with one unpack and no objects; any
-        other record, or anything odd, goes through `dispatch_fields`, which names the problem.
-        """
+    def _scan_python(self, buf, position: int, limit: int, room: int) -> tuple[int, Blank | Corruption | None]:
+        """`scan` of up to `room` records in Python. IPv4 V1 records are read with one unpack and
+        no objects; any other record, or anything odd, goes through `dispatch_fields`, which
+        names the problem."""
         unpack, fixed_size, topic_text, i16 = _FIXED_V4.unpack_from, _FIXED_V4.size, _topic_text, _I16.unpack_from
-        room = BATCH_RECORDS - self.count
         while position < limit and room > 0:
             room -= 1
             if limit - position >= fixed_size:

@@ -208,11 +208,13 @@ def _derived_files(root):
             for d in ("consumequeue", "index") for p in sorted((root / d).rglob("*")) if p.is_file()}
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-scan", "python-scan"])
 @pytest.mark.parametrize("batch_records", [1, 7, 4096])
-def test_batched_reput_writes_the_bytes_of_per_record_dispatch(tmp_path, monkeypatch, batch_records):
+def test_batched_reput_writes_the_bytes_of_per_record_dispatch(tmp_path, monkeypatch, batch_records, native):
     """The batch path (one unpack per record, per-queue packing, numpy hashing and chain
-    linking) against the plain one, over everything that takes a different branch: IPv6 hosts,
-    delayed messages, PREPARED and ROLLBACK records, late-starting queues, CQ and index rollover."""
+    linking), its scan in C or in Python, against the plain one, over everything that takes a
+    different branch: IPv6 hosts, delayed messages, PREPARED and ROLLBACK records, late-starting
+    queues, CQ and index rollover."""
     from helpers import BORN_V6, STORE_V6
 
     from shm import dispatch as dispatch_module
@@ -243,6 +245,7 @@ def test_batched_reput_writes_the_bytes_of_per_record_dispatch(tmp_path, monkeyp
                 dispatch_module.dispatch(store, record)
         else:
             monkeypatch.setattr(dispatch_module, "BATCH_RECORDS", batch_records)
+            monkeypatch.setattr(dispatch_module, "NATIVE", native and dispatch_module.NATIVE)
             assert dispatch_module.reput(store, 0) == (store.commitlog.offset_written, 700)
         store.flush_all()
         stores[mode] = _derived_files(settings.root)

@@ -2,9 +2,14 @@
  *
  * The native twin of the hot loop of `shm.dispatch.DispatchBatch.scan`/`_add`, which stays the
  * reference: tests/test_native_dispatch.py runs both over the same logs and requires the same
- * batch afterwards (ConsumeQueue entries per queue, index requests, where each stopped). In
- * Python a record costs several microseconds of interpreter calls; here it is one pass with
- * only the objects the batch keeps.
+ * batch afterwards (ConsumeQueue entries per queue, index keys, where each stopped). In Python
+ * a record costs several microseconds of interpreter calls; here it is one pass that makes no
+ * object a record: it appends to the batch's bytearrays
+ *   queue run (one a queue):  queueOffset i64 | physicalOffset i64 | size i32 | tagsCode i64,
+ *                             big-endian (shm.consume_queue.RUN_ENTRY)
+ *   index keys (one a batch): keyHash i32 | physicalOffset i64 | storeTimestamp i64,
+ *                             little-endian (shm.index_file.INDEX_KEY): UNIQ_KEY then each KEYS
+ *                             token, for every record but ROLLBACKs.
  *
  * It reads what nearly every record is: a V1 record with IPv4 hosts whose topic and properties
  * are ASCII, big-endian (spec 2.1):
@@ -31,6 +36,9 @@
 #define V6_FLAGS 0x30 /* FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6 */
 #define TRANSACTION_MASK 0xC
 #define TRANSACTION_COMMIT 0x8
+#define TRANSACTION_ROLLBACK 0xC
+#define RUN_ENTRY_SIZE 28
+#define INDEX_KEY_SIZE 20
 #define NAME_VALUE 1
 #define PAIR_END 2
 #define TOPIC_CACHE 8
@@ -42,6 +50,36 @@ static inline int32_t get32(const unsigned char *p) {
 
 static inline int64_t get64(const unsigned char *p) {
     return (int64_t)((uint64_t)(uint32_t)get32(p) << 32 | (uint64_t)(uint32_t)get32(p + 4));
+}
+
+static inline void put_be64(unsigned char *p, int64_t v) {
+    for (int i = 7; i >= 0; i--, v = (int64_t)((uint64_t)v >> 8))
+        p[i] = (unsigned char)v;
+}
+
+static inline void put_be32(unsigned char *p, int32_t v) {
+    uint32_t u = (uint32_t)v;
+    p[0] = (unsigned char)(u >> 24); p[1] = (unsigned char)(u >> 16); p[2] = (unsigned char)(u >> 8);
+    p[3] = (unsigned char)u;
+}
+
+static inline void put_le64(unsigned char *p, int64_t v) {
+    for (int i = 0; i < 8; i++, v = (int64_t)((uint64_t)v >> 8))
+        p[i] = (unsigned char)v;
+}
+
+static inline void put_le32(unsigned char *p, int32_t v) {
+    uint32_t u = (uint32_t)v;
+    p[0] = (unsigned char)u; p[1] = (unsigned char)(u >> 8); p[2] = (unsigned char)(u >> 16);
+    p[3] = (unsigned char)(u >> 24);
+}
+
+/* Room for `more` bytes at the end of a bytearray; where they start, or NULL. */
+static unsigned char *grow(PyObject *array, Py_ssize_t more) {
+    Py_ssize_t used = PyByteArray_GET_SIZE(array);
+    if (PyByteArray_Resize(array, used + more) < 0) /* over-allocates: appends are amortised */
+        return NULL;
+    return (unsigned char *)PyByteArray_AS_STRING(array) + used;
 }
 
 static int is_ascii(const unsigned char *p, Py_ssize_t n) {
@@ -59,12 +97,11 @@ static PyObject *ascii_str(const unsigned char *p, Py_ssize_t n) {
     return text;
 }
 
-/* Java's String.hashCode of ASCII text (one UTF-16 unit a byte), as a signed 32-bit int. */
-static int32_t java_hash(const unsigned char *p, Py_ssize_t n) {
-    uint32_t h = 0;
+/* Java's String.hashCode of ASCII text (one UTF-16 unit a byte), continued from `h`. */
+static uint32_t java_hash(uint32_t h, const unsigned char *p, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++)
         h = 31 * h + p[i];
-    return (int32_t)h;
+    return h;
 }
 
 typedef struct {
@@ -139,10 +176,9 @@ static PyObject *topic_text(Caches *c, const unsigned char *raw, Py_ssize_t len)
     return text;
 }
 
-/* The list of (queueOffset, physicalOffset, size, tagsCode) for (topic, queueId) in `queues`,
- * created when new. Borrowed. The cache is safe: the dict holds every list it names, and the
+/* The run (a bytearray) for (topic, queueId) in `queues`, created when new. Borrowed. The cache is safe: the dict holds every list it names, and the
  * topic cache clears it whenever it lets a topic go. */
-static PyObject *queue_list(Caches *c, PyObject *queues, PyObject *topic, int32_t queue_id) {
+static PyObject *queue_run(Caches *c, PyObject *queues, PyObject *topic, int32_t queue_id) {
     for (int i = 0; i < c->queue_count; i++)
         if (c->queues[i].topic == topic && c->queues[i].queue_id == queue_id)
             return c->queues[i].entries;
@@ -150,8 +186,11 @@ static PyObject *queue_list(Caches *c, PyObject *queues, PyObject *topic, int32_
     if (!key)
         return NULL;
     PyObject *entries = PyDict_GetItemWithError(queues, key);
-    if (!entries && !PyErr_Occurred()) {
-        entries = PyList_New(0);
+    if (entries && !PyByteArray_CheckExact(entries)) {
+        PyErr_SetString(PyExc_TypeError, "a queue's run must be a bytearray");
+        entries = NULL;
+    } else if (!entries && !PyErr_Occurred()) {
+        entries = PyByteArray_FromStringAndSize(NULL, 0);
         if (entries && PyDict_SetItem(queues, key, entries) < 0)
             Py_CLEAR(entries);
         Py_XDECREF(entries); /* the dict holds it */
@@ -175,50 +214,53 @@ static void forget_topics(Caches *c) {
     c->topic_count = 0;
 }
 
-static int append_entry(PyObject *entries, int64_t queue_offset, int64_t physical_offset, int32_t size,
-                        int32_t code) {
-    PyObject *entry = Py_BuildValue("(LLii)", (long long)queue_offset, (long long)physical_offset, size, code);
-    if (!entry)
+static int append_entry(PyObject *run, int64_t queue_offset, int64_t physical_offset, int32_t size,
+                        int64_t code) {
+    unsigned char *p = grow(run, RUN_ENTRY_SIZE);
+    if (!p)
         return -1;
-    int failed = PyList_Append(entries, entry);
-    Py_DECREF(entry);
-    return failed;
+    put_be64(p, queue_offset); put_be64(p + 8, physical_offset); put_be32(p + 16, size); put_be64(p + 20, code);
+    return 0;
 }
 
-static int append_index_request(PyObject *requests, PyObject *topic, int64_t physical_offset,
-                                int64_t store_timestamp, int32_t sys_flag, const Value *uniq, const Value *keys,
-                                PyObject *space, PyObject *no_keys) {
-    PyObject *uniq_text = NULL, *key_list = NULL, *request = NULL;
-    int failed = -1;
-    if (uniq->len > 0 && !(uniq_text = ascii_str(uniq->at, uniq->len)))
-        goto done;
-    if (keys->len > 0) {
-        PyObject *keys_text = ascii_str(keys->at, keys->len);
-        if (!keys_text)
-            goto done;
-        key_list = PyUnicode_Split(keys_text, space, -1);
-        Py_DECREF(keys_text);
-        if (!key_list)
-            goto done;
+/* One INDEX_KEY for "topic#key": keyHash is abs(String.hashCode), with MIN_VALUE mapped to 0. */
+static int append_key(PyObject *keys, uint32_t topic_hash, const unsigned char *key, Py_ssize_t len,
+                      int64_t physical_offset, int64_t store_timestamp) {
+    int32_t h = (int32_t)java_hash(31 * topic_hash + '#', key, len);
+    unsigned char *p = grow(keys, INDEX_KEY_SIZE);
+    if (!p)
+        return -1;
+    put_le32(p, h == INT32_MIN ? 0 : (h < 0 ? -h : h)); put_le64(p + 4, physical_offset);
+    put_le64(p + 12, store_timestamp);
+    return 0;
+}
+
+/* The record's index keys: its UNIQ_KEY, then each non-empty token of KEYS split at spaces. */
+static int append_keys(PyObject *keys, const unsigned char *topic, Py_ssize_t topic_len, const Value *uniq,
+                       const Value *record_keys, int64_t physical_offset, int64_t store_timestamp) {
+    uint32_t topic_hash = java_hash(0, topic, topic_len);
+    if (uniq->len > 0 && append_key(keys, topic_hash, uniq->at, uniq->len, physical_offset, store_timestamp) < 0)
+        return -1;
+    Py_ssize_t at = 0;
+    while (record_keys->len > 0 && at <= record_keys->len) { /* each round takes one token */
+        const unsigned char *token = record_keys->at + at;
+        const unsigned char *space = memchr(token, ' ', (size_t)(record_keys->len - at));
+        Py_ssize_t token_len = space ? space - token : record_keys->len - at;
+        if (token_len > 0
+            && append_key(keys, topic_hash, token, token_len, physical_offset, store_timestamp) < 0)
+            return -1;
+        at += token_len + 1;
     }
-    request = Py_BuildValue("(OLLiOO)", topic, (long long)physical_offset, (long long)store_timestamp, sys_flag,
-                            uniq_text ? uniq_text : Py_None, key_list ? key_list : no_keys);
-    if (request)
-        failed = PyList_Append(requests, request);
-done:
-    Py_XDECREF(uniq_text); Py_XDECREF(key_list); Py_XDECREF(request);
-    return failed;
+    return 0;
 }
 
-static PyObject *space_text, *empty_tuple;
-
-/* scan_v4(buf, position, limit, room, queues, index_requests, schedule_topic)
+/* scan_v4(buf, position, limit, room, queues, index_keys, schedule_topic)
  *   -> (position, records added, the last queued record's store timestamp or None) */
 static PyObject *scan_v4(PyObject *self, PyObject *args) {
     Py_buffer view = {0}, schedule = {0};
     Py_ssize_t position, limit, room;
-    PyObject *queues, *requests, *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*nnnO!Oy*", &view, &position, &limit, &room, &PyDict_Type, &queues, &requests,
+    PyObject *queues, *index_keys, *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*nnnO!Oy*", &view, &position, &limit, &room, &PyDict_Type, &queues, &index_keys,
                           &schedule))
         return NULL;
     Caches caches;
@@ -227,9 +269,9 @@ static PyObject *scan_v4(PyObject *self, PyObject *args) {
     Py_ssize_t added = 0;
     int64_t logics_timestamp = 0;
     int queued = 0;
-    int index_enabled = requests != Py_None;
-    if (index_enabled && !PyList_Check(requests)) {
-        PyErr_SetString(PyExc_TypeError, "index_requests must be a list or None");
+    int index_enabled = index_keys != Py_None;
+    if (index_enabled && !PyByteArray_CheckExact(index_keys)) {
+        PyErr_SetString(PyExc_TypeError, "index_keys must be a bytearray or None");
         goto done;
     }
     if (limit > view.len || position < 0) {
@@ -262,15 +304,15 @@ static PyObject *scan_v4(PyObject *self, PyObject *args) {
         int64_t physical_offset = get64(r + 28), store_timestamp = get64(r + 56);
         int32_t transaction = sys_flag & TRANSACTION_MASK;
         if (transaction == 0 || transaction == TRANSACTION_COMMIT) {
-            PyObject *entries = queue_list(&caches, queues, topic, get32(r + 12));
-            int32_t code = tags.len > 0 ? java_hash(tags.at, tags.len) : 0;
-            if (!entries || append_entry(entries, get64(r + 20), physical_offset, size, code) < 0)
+            PyObject *run = queue_run(&caches, queues, topic, get32(r + 12));
+            int32_t code = tags.len > 0 ? (int32_t)java_hash(0, tags.at, tags.len) : 0;
+            if (!run || append_entry(run, get64(r + 20), physical_offset, size, code) < 0)
                 goto done;
             logics_timestamp = store_timestamp;
             queued = 1;
         }
-        if (index_enabled && append_index_request(requests, topic, physical_offset, store_timestamp, sys_flag, &uniq,
-                                                  &keys, space_text, empty_tuple) < 0)
+        if (index_enabled && transaction != TRANSACTION_ROLLBACK
+            && append_keys(index_keys, topic_raw, topic_len, &uniq, &keys, physical_offset, store_timestamp) < 0)
             goto done;
         position += size;
         added++;
@@ -286,7 +328,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"scan_v4", scan_v4, METH_VARARGS,
-     "scan_v4(buf, position, limit, room, queues, index_requests, schedule_topic)\n"
+     "scan_v4(buf, position, limit, room, queues, index_keys, schedule_topic)\n"
      "-> (position, added, logics_timestamp or None)"},
     {NULL, NULL, 0, NULL},
 };
@@ -294,7 +336,5 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "shm._dispatch", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__dispatch(void) {
-    if (!(space_text = PyUnicode_InternFromString(" ")) || !(empty_tuple = PyTuple_New(0)))
-        return NULL;
     return PyModule_Create(&module);
 }

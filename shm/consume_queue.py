@@ -20,6 +20,10 @@ CommitLog end are truncated, and missing ones are re-dispatched from the CommitL
 
 Single writer: the reput dispatcher (or start-up recovery before any actor runs). Readers
 (pull workers) open the files read-only and stay below the dispatched counter.
+
+The dispatcher hands entries over in runs (`put_many`): RUN_ENTRY records, each a queue offset
+(i64, big-endian) followed by the entry's 20 bytes as stored, so a run is written without a
+Python object per entry.
 """
 
 from __future__ import annotations
@@ -29,12 +33,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from shm.file_queue import MappedFileQueue
 from shm.mapped_file import StoreError
 
 ENTRY_SIZE = 20
 FILLER_SIZE = 0x7FFFFFFF
 _ENTRY = struct.Struct(">qiq")
+RUN_ENTRY = struct.Struct(">qqiq")  # queue offset, then the entry as stored: put_many's input
 
 
 def rounded_file_size(configured: int) -> int:
@@ -96,20 +103,23 @@ class ConsumeQueue:
         self.max_physical_offset = physical_offset + size
         return True
 
-    def put_many(self, entries: list[tuple[int, int, int, int]]) -> None:
-        """`put` for (queue_offset, phy, size, tags_code) tuples in order. A run that simply
-        continues the queue is packed and written in one copy per file; anything else (a
+    def put_many(self, run: bytes | bytearray) -> None:
+        """`put` for a run of RUN_ENTRY records in queue order. A run that simply continues the
+        queue is written with its queue offsets cut out, in one copy per file; anything else (a
         repeat, a late start, a hole) goes through `put` one entry at a time."""
-        if not entries:
+        count = len(run) // RUN_ENTRY.size
+        assert count * RUN_ENTRY.size == len(run), "a run holds whole entries"
+        if not count:
             return
-        first_offset, first_phy = entries[0][0], entries[0][1]
-        contiguous = (entries[-1][0] - first_offset == len(entries) - 1 and first_offset == self.offset_max
-                      and first_phy + entries[0][2] > self.max_physical_offset)
+        first_offset, first_phy, first_size, _ = RUN_ENTRY.unpack_from(run, 0)
+        last_offset, last_phy, last_size, _ = RUN_ENTRY.unpack_from(run, len(run) - RUN_ENTRY.size)
+        contiguous = (last_offset - first_offset == count - 1 and first_offset == self.offset_max
+                      and first_phy + first_size > self.max_physical_offset)
         if not contiguous:
-            for entry in entries:
+            for entry in RUN_ENTRY.iter_unpack(run):
                 self.put(*entry)
             return
-        data = b"".join([_ENTRY.pack(phy, size, tags) for _, phy, size, tags in entries])
+        data = np.frombuffer(run, dtype=np.uint8).reshape(count, RUN_ENTRY.size)[:, 8:].tobytes()
         logical, done = first_offset * ENTRY_SIZE, 0
         while done < len(data):
             segment = self.files.last_writable(logical + done)
@@ -117,7 +127,7 @@ class ConsumeQueue:
             segment.write(segment.position_written, memoryview(data)[done: done + room])
             segment.set_written(segment.position_written + room)
             done += room
-        self.max_physical_offset = entries[-1][1] + entries[-1][2]
+        self.max_physical_offset = last_phy + last_size
 
     def _fill_to(self, segment, expected: int) -> None:
         filler = _ENTRY.pack(0, FILLER_SIZE, 0)

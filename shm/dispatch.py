@@ -5,8 +5,9 @@ same way. Idempotent: dispatching a record twice changes nothing (ConsumeQueue.p
 IndexService.build_index skip what they already hold).
 
 `dispatch` handles one decoded Record (the reference). `reput` is the fast path: it walks the
-log with one unpack per record into a `DispatchBatch` of up to BATCH_RECORDS, then writes each
-queue's entries in one copy and hashes and links the batch's index keys with numpy. A test
+log with one unpack per record into a `DispatchBatch` of up to BATCH_RECORDS, packing each
+queue's entries (ConsumeQueue.RUN_ENTRY) and the batch's hashed index keys (INDEX_KEY) into
+bytearrays, then writes each queue's run in one copy and links the index keys with numpy. A test
 holds the two to identical bytes.
 
 The scan's common case also runs in C (`shm/_dispatch.c`), when it was compiled at install and
@@ -35,13 +36,17 @@ from shm.codec import (  # the dispatcher's hot loop shares the codec's structs
     TRANSACTION_COMMIT,
     TRANSACTION_MASK,
     TRANSACTION_NOT,
+    TRANSACTION_ROLLBACK,
     Blank,
     Corruption,
     Record,
     _topic_text,
     dispatch_fields,
+    index_key_hash,
     tags_code,
 )
+from shm.consume_queue import RUN_ENTRY
+from shm.index_file import INDEX_KEY
 from shm.javacompat import jhash_cached
 
 try:
@@ -95,13 +100,16 @@ BATCH_RECORDS = 4096  # records dispatched per batch: bounds the memory a batch 
 
 class DispatchBatch:
     """Dispatch requests collected in CommitLog order and applied together: ConsumeQueue entries
-    packed per queue, index keys hashed and linked per batch. Same bytes as `dispatch` per record."""
+    packed per queue, index keys hashed and linked per batch. Same bytes as `dispatch` per record.
+
+    `queue_entries`: (topic, queueId) -> a bytearray of RUN_ENTRY records. `index_keys`: a
+    bytearray of INDEX_KEY records, UNIQ_KEY then each KEYS token of each record but ROLLBACKs."""
 
     def __init__(self, store):
         self.store = store
         self.index_enabled = store.settings.messageIndexEnable
-        self.queue_entries: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
-        self.index_requests: list[tuple[str, int, int, int, str | None, list[str]]] = []
+        self.queue_entries: dict[tuple[str, int], bytearray] = {}
+        self.index_keys = bytearray()
         self.count = 0
         self.logics_timestamp = 0
         self.touched: dict | None = None
@@ -112,10 +120,10 @@ class DispatchBatch:
         where it stopped and what stopped it (None: the limit or a full batch)."""
         if not self.native:
             return self._scan_python(buf, position, limit, BATCH_RECORDS - self.count)
-        requests = self.index_requests if self.index_enabled else None
+        index_keys = self.index_keys if self.index_enabled else None
         for _ in range(BATCH_RECORDS + 1):  # each round adds at least the one record C stopped at
             room = BATCH_RECORDS - self.count
-            position, added, stamp = _dispatch.scan_v4(buf, position, limit, room, self.queue_entries, requests,
+            position, added, stamp = _dispatch.scan_v4(buf, position, limit, room, self.queue_entries, index_keys,
                                                        _SCHEDULE_RAW)
             self.count += added
             if stamp is not None:
@@ -175,29 +183,31 @@ class DispatchBatch:
                 code = code if due is None else due
             entries = self.queue_entries.get((topic, queue_id))
             if entries is None:
-                entries = self.queue_entries[topic, queue_id] = []
-            entries.append((queue_offset, physical_offset, size, code))
+                entries = self.queue_entries[topic, queue_id] = bytearray()
+            entries += RUN_ENTRY.pack(queue_offset, physical_offset, size, code)
             self.logics_timestamp = store_timestamp
-        if self.index_enabled:
+        if self.index_enabled and sys_flag & TRANSACTION_MASK != TRANSACTION_ROLLBACK:
+            uniq_key = _value(text, _UNIQ_KEY) if _UNIQ_NAME in text else None
             keys = _value(text, _KEYS) if _KEYS_NAME in text else None
-            self.index_requests.append((topic, physical_offset, store_timestamp, sys_flag,
-                                        _value(text, _UNIQ_KEY) if _UNIQ_NAME in text else None,
-                                        keys.split(" ") if keys else ()))
+            for key in ([uniq_key] if uniq_key else []) + (keys.split(" ") if keys else []):
+                if key:
+                    self.index_keys += INDEX_KEY.pack(index_key_hash(f"{topic}#{key}"), physical_offset,
+                                                      store_timestamp)
         self.count += 1
 
     def apply(self) -> int:
         """Write what the batch holds; returns how many records that was."""
         store = self.store
-        for (topic, queue_id), entries in self.queue_entries.items():
-            store.consume_queue(topic, queue_id).put_many(entries)
+        for (topic, queue_id), run in self.queue_entries.items():
+            store.consume_queue(topic, queue_id).put_many(run)
             if self.touched is not None:
-                self.touched[topic, queue_id] = entries[-1][0] + 1
-        if self.index_requests:
-            store.index.build_many(self.index_requests)
+                self.touched[topic, queue_id] = RUN_ENTRY.unpack_from(run, len(run) - RUN_ENTRY.size)[0] + 1
+        if self.index_keys:
+            store.index.build_many(self.index_keys)
         if self.logics_timestamp:
             store.checkpoint.logics_timestamp = self.logics_timestamp
         count, self.count = self.count, 0
-        self.queue_entries, self.index_requests, self.logics_timestamp = {}, [], 0
+        self.queue_entries, self.index_keys, self.logics_timestamp = {}, bytearray(), 0
         return count
 
 

@@ -26,7 +26,8 @@ re-dispatching the CommitLog; entries for records already indexed are skipped (p
 Matching is by hash only: callers re-check the real key of each returned record.
 
 Single writer: the reput dispatcher (or start-up recovery). Readers re-read the header from the
-mapping on every query.
+mapping on every query. The dispatcher hands keys over already hashed (`build_many`): INDEX_KEY
+records, each keyHash i32, phyOffset i64, storeTimestamp i64, little-endian.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from pathlib import Path
 import numpy as np
 
 from shm.codec import TRANSACTION_MASK, TRANSACTION_ROLLBACK, index_key_hash
-from shm.javacompat import jhash_many
 from shm.mapped_file import WrongFileSize, allocate, no_read_around
 
 HEADER_SIZE = 40
@@ -53,6 +53,8 @@ _ENTRY = struct.Struct(">iqii")
 _INT_MAX = 2**31 - 1
 SMALL_BATCH = 48  # below this many keys, build_many puts them one by one
 _ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
+INDEX_KEY = struct.Struct("<iqq")  # keyHash, phyOffset, storeTimestamp: build_many's input
+_INDEX_KEY_DTYPE = np.dtype([("hash", "<i4"), ("phy", "<i8"), ("stamp", "<i8")])
 
 
 def index_file_size(slot_count: int, index_max: int) -> int:
@@ -112,9 +114,12 @@ class IndexFile:
 
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
         """Add one key; False when the file is full (the caller rolls over)."""
+        return self.put_hash(index_key_hash(key), phy_offset, store_timestamp)
+
+    def put_hash(self, key_hash: int, phy_offset: int, store_timestamp: int) -> bool:
+        """`put_key` of a key already hashed (its keyHash)."""
         if self.is_full():
             return False
-        key_hash = index_key_hash(key)
         slot_at = HEADER_SIZE + (key_hash % self.slot_count) * SLOT_SIZE
         previous, = _SLOT.unpack_from(self.map, slot_at)
         if previous <= 0 or previous > self.index_count:
@@ -292,50 +297,38 @@ class IndexService:
         if sys_flag & TRANSACTION_MASK == TRANSACTION_ROLLBACK:
             return
         if uniq_key:
-            index = self._put(index, f"{topic}#{uniq_key}", phy_offset, store_timestamp)
+            index = self._put(index, index_key_hash(f"{topic}#{uniq_key}"), phy_offset, store_timestamp)
         for key in keys:
             if key:
-                index = self._put(index, f"{topic}#{key}", phy_offset, store_timestamp)
+                index = self._put(index, index_key_hash(f"{topic}#{key}"), phy_offset, store_timestamp)
 
-    def build_many(self, records: list[tuple[str, int, int, int, str | None, list[str]]]) -> int:
-        """`build_index` over (topic, phy, store_timestamp, sys_flag, uniq_key, keys) tuples in
-        CommitLog order, hashing and linking the whole batch at once; returns keys added."""
+    def build_many(self, packed: bytes | bytearray) -> int:
+        """`build_index` over INDEX_KEY records in CommitLog order (ROLLBACK records left out by
+        the caller), linking the whole batch at once; returns keys added."""
         index = self._writable()
         floor, inclusive = index.end_phy_offset, index.has_history()
-        keys, phys, stamps = [], [], []
-        for topic, phy, stamp, sys_flag, uniq_key, record_keys in records:
-            if phy < floor or (phy == floor and inclusive) or sys_flag & TRANSACTION_MASK == TRANSACTION_ROLLBACK:
-                continue
-            if uniq_key:
-                keys.append(f"{topic}#{uniq_key}")
-                phys.append(phy)
-                stamps.append(stamp)
-            for key in record_keys:
-                if key:
-                    keys.append(f"{topic}#{key}")
-                    phys.append(phy)
-                    stamps.append(stamp)
-        if not keys:
+        keys = np.frombuffer(packed, dtype=_INDEX_KEY_DTYPE)
+        keys = keys[keys["phy"] > floor] if inclusive else keys[keys["phy"] >= floor]  # skip what is indexed
+        if not len(keys):
             return 0
         if len(keys) < SMALL_BATCH:  # numpy's fixed cost outweighs it for a handful of keys
-            for key, phy, stamp in zip(keys, phys, stamps):
-                index = self._put(index, key, phy, stamp)
+            for key_hash, phy, stamp in keys.tolist():
+                index = self._put(index, key_hash, phy, stamp)
             return len(keys)
-        hashes = jhash_many(keys)
-        hashes = np.where(hashes == -2147483648, 0, np.abs(hashes))
-        phy_array, stamp_array = np.array(phys, dtype=np.int64), np.array(stamps, dtype=np.int64)
+        hashes = keys["hash"].astype(np.int64)
+        phys, stamps = keys["phy"].astype(np.int64), keys["stamp"].astype(np.int64)
         done = 0
         for _ in range(len(keys) + 1):  # each round fills a file or finishes
-            done += index.put_many(hashes[done:], phy_array[done:], stamp_array[done:])
+            done += index.put_many(hashes[done:], phys[done:], stamps[done:])
             if done == len(keys):
                 break
             index = self._writable()
         return done
 
-    def _put(self, index: IndexFile, key: str, phy_offset: int, store_timestamp: int) -> IndexFile:
-        if not index.put_key(key, phy_offset, store_timestamp):
+    def _put(self, index: IndexFile, key_hash: int, phy_offset: int, store_timestamp: int) -> IndexFile:
+        if not index.put_hash(key_hash, phy_offset, store_timestamp):
             index = self._writable()
-            ok = index.put_key(key, phy_offset, store_timestamp)
+            ok = index.put_hash(key_hash, phy_offset, store_timestamp)
             assert ok, "a fresh index file accepts a key"
         return index
 

@@ -6,9 +6,8 @@ HashMap bucket order) the byte order of a stored properties string.
 
 Speed matters (the dispatcher hashes every key of every record), so instead of a Python loop
 per character we evaluate the polynomial with `sum(map(mul, units, powers))`, which runs the
-loop in C: h = sum(u[i] * 31^(n-1-i)) mod 2^32. `jhash_many` hashes a batch at once with numpy:
-left-padding a string with code unit 0 leaves its hash unchanged, so a batch becomes the rows of
-one matrix and its hashes one matrix-vector product.
+loop in C: h = sum(u[i] * 31^(n-1-i)) mod 2^32. (The reput dispatcher's common case hashes in
+C itself: shm/_dispatch.c.)
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ from __future__ import annotations
 import array
 from functools import lru_cache
 from operator import mul
-
-import numpy as np
 
 _MASK32 = 0xFFFFFFFF
 _POWERS_LEN = 1 << 16  # covers any properties-sized string; longer strings extend it
@@ -51,40 +48,6 @@ def jhash(s: str) -> int:
     n = len(units)
     powers = _powers(n)
     return _to_signed32(sum(map(mul, units, powers[len(powers) - n:])) & _MASK32)
-
-
-_BATCH_WIDTH_MAX = 256  # longer strings are hashed one by one, so a batch's matrix stays small
-
-
-@lru_cache(maxsize=64)
-def _powers_array(width: int) -> np.ndarray:
-    return np.array(_powers(width)[-width:], dtype=np.uint64)
-
-
-def jhash_many(strings: list[str]) -> np.ndarray:
-    """jhash of each string, as an int64 array of signed 32-bit values."""
-    result = np.zeros(len(strings), dtype=np.int64)
-    short = [i for i, s in enumerate(strings) if len(s) <= _BATCH_WIDTH_MAX]
-    if len(short) < len(strings):
-        for i in set(range(len(strings))) - set(short):
-            result[i] = jhash(strings[i])
-    if not short:
-        return result
-    batch = [strings[i] for i in short] if len(short) < len(strings) else strings
-    width = max(map(len, batch)) or 1
-    joined = "".join([s.rjust(width, "\0") for s in batch])
-    if joined.isascii():
-        units = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
-    else:
-        encoded = joined.encode("utf-16-le", "surrogatepass")
-        if len(encoded) != 2 * len(joined):  # a surrogate pair makes rows uneven: one by one
-            result[short] = [jhash(s) for s in batch]
-            return result
-        units = np.frombuffer(encoded, dtype="<u2")
-    # uint64 products wrap modulo 2^64, a multiple of 2^32, so the low 32 bits stay exact.
-    hashes = (units.reshape(len(batch), width).astype(np.uint64) @ _powers_array(width)) & _MASK32
-    result[short] = hashes.astype(np.uint32).view(np.int32)
-    return result
 
 
 @lru_cache(maxsize=4096)

@@ -27,8 +27,11 @@ from shm.codec import (
     TRANSACTION_ROLLBACK,
     encode,
     encode_host,
+    index_key_hash,
     properties_string,
 )
+from shm.consume_queue import RUN_ENTRY
+from shm.index_file import INDEX_KEY
 
 pytestmark = pytest.mark.skipif(os.environ.get("MQNODE_NATIVE") == "0", reason="MQNODE_NATIVE=0")
 
@@ -83,10 +86,10 @@ def _scan_all(log: bytes, native: bool, index: bool, start_count: int) -> tuple:
     for _ in range(len(log) // 91 + 2):
         position, stopped_by = batch.scan(log, position, len(log))
         rounds.append((position, stopped_by, batch.count, batch.logics_timestamp, batch.queue_entries,
-                       batch.index_requests))
+                       batch.index_keys))
         if stopped_by is not None or position >= len(log):
             break
-        batch.count, batch.queue_entries, batch.index_requests, batch.logics_timestamp = 0, {}, [], 0
+        batch.count, batch.queue_entries, batch.index_keys, batch.logics_timestamp = 0, {}, bytearray(), 0
     return rounds
 
 
@@ -102,10 +105,13 @@ def test_the_c_scan_is_built_and_chosen():
            "born_host": V4, "queue_offset": 9, "store_timestamp": 1, "body": b"x"}], None, True, 0)
 @example([{"topic": "TopicA", "properties": "TAGS\x01a\x02UNIQ_KEY\x01u\x02TAGS\x01b\x02UNIQ_KEY\x01v", "queue_id": 1,
            "sys_flag": 0, "born_host": V4, "queue_offset": 9, "store_timestamp": 1, "body": b""}], None, True, 0)
+@example([{"topic": "TopicA", "properties": "KEYS\x01!:/2##- x", "queue_id": 0, "sys_flag": 0, "born_host": V4,
+           "queue_offset": 0, "store_timestamp": 1, "body": b""}], None, True, 0)
 def test_c_scan_leaves_the_batch_the_python_scan_leaves(records, spoil, index, short_of_full):
     """Plain records, and every kind C leaves to Python (IPv6, non-ASCII, the schedule topic,
     blanks, damage), in any order: the two scans end with the same batch, in the same place.
-    (The examples: of two non-empty values of a name the last counts; an empty one is skipped.)"""
+    (The examples: of two non-empty values of a name the last counts; an empty one is skipped;
+    "TopicA#!:/2##-" hashes to Integer.MIN_VALUE, whose keyHash is 0.)"""
     log = _log(records, spoil)
     start_count = dispatch.BATCH_RECORDS - short_of_full if short_of_full else 0
     assert _scan_all(log, True, index, start_count) == _scan_all(log, False, index, start_count)
@@ -120,8 +126,11 @@ def test_c_scan_takes_the_common_record_itself(monkeypatch):
     batch = dispatch.DispatchBatch(_store(True))
     assert batch.scan(log, 0, len(log)) == (len(log), None)
     assert batch.count == 50 and batch.logics_timestamp == 1795000000049
-    assert [entry[0] for entry in batch.queue_entries["TopicA", 1]] == list(range(25))
-    assert batch.index_requests[3][4:] == ("u", ["a", "b"])
+    queue_1 = list(RUN_ENTRY.iter_unpack(batch.queue_entries["TopicA", 1]))
+    assert [entry[0] for entry in queue_1] == list(range(25))
+    keys = list(INDEX_KEY.iter_unpack(batch.index_keys))  # record 3 is queue 1's second
+    assert len(keys) == 150 and keys[3 * 3: 3 * 3 + 3] == [
+        (index_key_hash(f"TopicA#{key}"), queue_1[1][1], 1795000000003) for key in ("u", "a", "b")]
 
 
 def test_c_scan_leaks_nothing():

@@ -241,3 +241,29 @@ def test_a_new_file_is_faulted_in_a_page_at_a_time(tmp_path):
     finally:
         queue_file.close()
         index.close()
+
+
+def test_small_and_large_writes_land_alike_for_every_mapping(tmp_path):
+    """Below PWRITE_FROM a write copies through the mapping, from it on through pwrite: the
+    writer's own mapping and a reader's see the same bytes either way, up to the file's end."""
+    from shm.mapped_file import PWRITE_FROM
+
+    size = 4 * PWRITE_FROM
+    path = tmp_path / f"{0:020d}"
+    writer = MappedFile(path, size, create=True)
+    reader = MappedFile(path, size, readonly=True)
+    try:
+        small, large = b"s" * (PWRITE_FROM - 1), bytes(range(256)) * (2 * PWRITE_FROM // 256) + b"!"
+        tail = b"t" * (size - len(small) - len(large))
+        writer.write(0, small)
+        writer.write(len(small), memoryview(bytearray(large)))
+        writer.write(len(small) + len(large), tail)
+        assert len(tail) >= PWRITE_FROM  # the last write goes through pwrite and ends the file
+        expected = small + large + tail
+        assert writer.map[:] == expected and reader.map[:] == expected
+        with pytest.raises(AssertionError):
+            writer.write(size - 10, b"x" * PWRITE_FROM)  # never past the end, either way
+        assert reader.map[:] == expected
+    finally:
+        reader.close()
+        writer.close()

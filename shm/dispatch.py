@@ -189,7 +189,7 @@ class DispatchBatch:
         if self.index_enabled and sys_flag & TRANSACTION_MASK != TRANSACTION_ROLLBACK:
             uniq_key = _value(text, _UNIQ_KEY) if _UNIQ_NAME in text else None
             keys = _value(text, _KEYS) if _KEYS_NAME in text else None
-            for key in ([uniq_key] if uniq_key else []) + (keys.split(" ") if keys else []):
+            for key in (uniq_key, *(keys.split(" ") if keys else ())):
                 if key:
                     self.index_keys += INDEX_KEY.pack(index_key_hash(f"{topic}#{key}"), physical_offset,
                                                       store_timestamp)

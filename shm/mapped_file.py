@@ -18,6 +18,7 @@ the mapping; `scripts/bench-store` measures both and `FLUSH_METHOD` keeps the fa
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from pathlib import Path
@@ -138,9 +139,10 @@ class MappedFile:
             self.map[position: position + size] = data
             return
         view = memoryview(data)
-        while view:
+        while view:  # a regular file takes it all at once; a short write (a signal) goes on
             done = os.pwrite(self.fd, view, position)
-            assert done > 0, (self.path, position)
+            if done <= 0:  # bounds the loop even under -O; an error raises OSError by itself
+                raise OSError(errno.EIO, f"pwrite wrote nothing at {position} of {self.path}")
             view, position = view[done:], position + done
 
     def set_written(self, position: int) -> None:

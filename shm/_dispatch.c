@@ -176,8 +176,9 @@ static PyObject *topic_text(Caches *c, const unsigned char *raw, Py_ssize_t len)
     return text;
 }
 
-/* The run (a bytearray) for (topic, queueId) in `queues`, created when new. Borrowed. The cache is safe: the dict holds every list it names, and the
- * topic cache clears it whenever it lets a topic go. */
+/* The run (a bytearray) for (topic, queueId) in `queues`, created when new. Borrowed. The cache
+ * is safe: the dict holds every run it names, and the topic cache clears it whenever it lets a
+ * topic go. */
 static PyObject *queue_run(Caches *c, PyObject *queues, PyObject *topic, int32_t queue_id) {
     for (int i = 0; i < c->queue_count; i++)
         if (c->queues[i].topic == topic && c->queues[i].queue_id == queue_id)

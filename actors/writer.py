@@ -39,6 +39,7 @@ from actors.flush import waits_to_wire
 from actors.ingress import RequestBatcher, group_from_wire
 from node import sendcore, sendreply
 from node.frames import NOBLOCK
+from shm import commitlog
 from shm.codec import (
     TRANSACTION_COMMIT,
     TRANSACTION_MASK,
@@ -281,6 +282,7 @@ class Writer(Actor):
             "appendMaxMicros": self.append_ns_max // 1000, "busySeconds": round(self.busy_ns / 1e9, 3),
             "queueWaitMicrosAvg": self.queue_wait_ns // max(1, self.groups) // 1000,
             "nativeEncode": self.batcher.encoder.native if getattr(self, "batcher", None) else False,
+            "nativePlace": commitlog.NATIVE,
             "writeBuffer": getattr(self, "buffered", False), "scrubbedBytes": self.scrubbed, "commits": getattr(self, "commits", 0), "written": self.control.get("written") if self.control else 0,
             "queues": len(self.log.queue_offsets) if hasattr(self, "log") else 0,
         }

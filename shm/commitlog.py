@@ -19,6 +19,7 @@ prefix of valid records and truncates the rest; ConsumeQueue and IndexFile are d
 
 from __future__ import annotations
 
+import os
 import struct
 from bisect import bisect_right
 from collections.abc import Iterator
@@ -39,6 +40,12 @@ from shm.encoded_batch import EncodedBatch
 from shm.file_queue import MappedFileQueue
 from shm.mapped_file import StoreError
 
+try:
+    from shm import _append
+except ImportError:  # pragma: no cover - built wherever gcc and the Python headers are
+    _append = None
+
+NATIVE = _append is not None and os.environ.get("MQNODE_NATIVE", "1") != "0"
 _QUEUE_AND_PHYSICAL = struct.Struct(">qq")
 _TIMESTAMP = struct.Struct(">q")
 _HEADER = struct.Struct(">ii")
@@ -128,24 +135,12 @@ class CommitLog:
 
     def _place(self, batch: EncodedBatch, i: int, j: int, segment, store_timestamp: int,
                physical: list[int], queue: list[int]) -> None:
-        data, positions, keys, stamps = batch.data, batch.positions, batch.queue_keys, batch.timestamp_offsets
-        table = self.queue_offsets
+        data, positions = batch.data, batch.positions
         start = positions[i]
         end = positions[j] if j < len(batch) else len(data)
         base = segment.offset_start + segment.position_written - start
-        pack_offsets, pack_timestamp = _QUEUE_AND_PHYSICAL.pack_into, _TIMESTAMP.pack_into
-        for k in range(i, j):
-            at = positions[k]
-            key = keys[k]
-            if key is None:
-                queue_offset = 0
-            else:
-                queue_offset = table.get(key, 0)
-                table[key] = queue_offset + 1
-            pack_offsets(data, at + 20, queue_offset, base + at)
-            pack_timestamp(data, at + stamps[k], store_timestamp)
-            physical[k] = base + at
-            queue[k] = queue_offset
+        _place_records(data, positions, batch.queue_keys, batch.timestamp_offsets, i, j, self.queue_offsets, base,
+                       store_timestamp, physical, queue)
         # Disk boundary check: what goes in starts with a well-formed record header.
         assert _HEADER.unpack_from(data, start) == (batch.sizes[i], MESSAGE_MAGIC)
         segment.write(segment.position_written, memoryview(data)[start:end])
@@ -219,6 +214,29 @@ class CommitLog:
 
     def close(self) -> None:
         self.segments.close()
+
+
+def place_records(data: bytearray, positions: list[int], keys: list[str | None], stamps: list[int], i: int, j: int,
+                  table: dict[str, int], base: int, store_timestamp: int, physical: list[int],
+                  queue: list[int]) -> None:
+    """Records [i, j) of a batch whose first byte lands at global offset `base`: each takes its
+    queue's next offset from `table` (None keys take 0 and advance nothing), gets its queue and
+    physical offsets and the store time patched in, and its offsets noted in `physical`/`queue`.
+    The reference for its C twin (`shm._append.place`, chosen when built)."""
+    pack_offsets, pack_timestamp = _QUEUE_AND_PHYSICAL.pack_into, _TIMESTAMP.pack_into
+    for k in range(i, j):
+        at = positions[k]
+        key = keys[k]
+        queue_offset = 0 if key is None else table.get(key, 0)
+        pack_offsets(data, at + 20, queue_offset, base + at)
+        pack_timestamp(data, at + stamps[k], store_timestamp)
+        if key is not None:  # counted once placed: a record that fails to fit leaves its queue as it was
+            table[key] = queue_offset + 1
+        physical[k] = base + at
+        queue[k] = queue_offset
+
+
+_place_records = _append.place if NATIVE else place_records
 
 
 def _record_run_end(buf, position: int, limit: int) -> int:

@@ -186,6 +186,7 @@ def test_cli_produce_and_admin_stats(node):
             "putMessageEntireTimeMax"} <= set(shown["runtime"])
     assert {"front", "writer", "flush", "allocator", "dispatcher"} <= set(shown["actors"])
     assert shown["actors"]["writer"]["nativeEncode"] is True  # the front's encode loops run in C
+    assert shown["actors"]["writer"]["nativePlace"] is True  # and the append's patch loop
     assert shown["actors"]["dispatcher"]["nativeScan"] is True  # and so does the dispatcher's scan
 
 

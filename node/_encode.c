@@ -1,4 +1,4 @@
-/* node._encode: the front's two one-pass encode loops in C.
+/* node._encode: the front's two one-pass encode loops in C, and its replies' offset msgIds.
  *
  * Native twins of `node.sendcore.SendEncoder._add_messages_v4` (coalesced single sends) and
  * `node.batchbody.encode_batch_v4` (a client batch body). The Python functions stay the
@@ -492,6 +492,70 @@ done:
     return result;
 }
 
+/* offset_ids(store_host, physical, indices): the offset msgId of each message at `indices`, as
+ * `node.sendreply.offset_ids` makes them: the 8-byte store host, then the physical offset as a
+ * big-endian i64, in 32 upper-case hex digits (shm.codec.offset_msg_id). An index outside
+ * `physical` (negatives too: the caller answers refused messages elsewhere) is an IndexError. */
+static const char HEX[] = "0123456789ABCDEF";
+
+static inline void put_hex(Py_UCS1 *out, const unsigned char *raw, int count) {
+    for (int i = 0; i < count; i++) {
+        out[2 * i] = (Py_UCS1)HEX[raw[i] >> 4];
+        out[2 * i + 1] = (Py_UCS1)HEX[raw[i] & 15];
+    }
+}
+
+static PyObject *offset_id(const Py_UCS1 *host_hex, PyObject *physical, PyObject *index) {
+    Py_ssize_t at = PyLong_AsSsize_t(index);
+    if (at == -1 && PyErr_Occurred())
+        return NULL;
+    if (at < 0 || at >= PyList_GET_SIZE(physical)) {
+        PyErr_Format(PyExc_IndexError, "offset_ids: index %zd outside the %zd results", at, PyList_GET_SIZE(physical));
+        return NULL;
+    }
+    long long offset = PyLong_AsLongLong(PyList_GET_ITEM(physical, at));
+    if (offset == -1 && PyErr_Occurred())
+        return NULL;
+    unsigned char raw[8];
+    for (int i = 7; i >= 0; i--, offset = (long long)((unsigned long long)offset >> 8))
+        raw[i] = (unsigned char)offset;
+    PyObject *id = PyUnicode_New(32, 127);
+    if (id == NULL)
+        return NULL;
+    Py_UCS1 *out = PyUnicode_1BYTE_DATA(id);
+    memcpy(out, host_hex, 16);
+    put_hex(out + 16, raw, 8);
+    return id;
+}
+
+static PyObject *offset_ids(PyObject *self, PyObject *args) {
+    Py_buffer host;
+    PyObject *physical, *indices;
+    if (!PyArg_ParseTuple(args, "y*O!O!", &host, &PyList_Type, &physical, &PyList_Type, &indices))
+        return NULL;
+    PyObject *ids = NULL;
+    if (host.len != 8) {
+        PyErr_Format(PyExc_ValueError, "offset_ids: an IPv4 store host is 8 bytes, not %zd", host.len);
+        goto done;
+    }
+    Py_UCS1 host_hex[16];
+    put_hex(host_hex, host.buf, 8);
+    Py_ssize_t n = PyList_GET_SIZE(indices);
+    if ((ids = PyList_New(n)) == NULL)
+        goto done;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *id = offset_id(host_hex, physical, PyList_GET_ITEM(indices, k));
+        if (id == NULL) {
+            Py_CLEAR(ids);
+            goto done;
+        }
+        PyList_SET_ITEM(ids, k, id);
+    }
+done:
+    PyBuffer_Release(&host);
+    return ids;
+}
+
 static PyMethodDef methods[] = {
     {"encode_messages_v4", encode_messages_v4, METH_VARARGS,
      "encode_messages_v4(messages, body, born, store_host, max_body, cluster, layout_fn, crc_fn)\n"
@@ -499,6 +563,8 @@ static PyMethodDef methods[] = {
     {"encode_batch_v4", encode_batch_v4, METH_VARARGS,
      "encode_batch_v4(data, topic_raw, queue_id, born_ts, born, store_host, suffix, max_size, limit, crc_fn,\n"
      "                uniq_fallback) -> (records, sizes, uniq_keys) or None"},
+    {"offset_ids", offset_ids, METH_VARARGS,
+     "offset_ids(store_host, physical, indices) -> [offset msgId of physical[i] for i in indices]"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,4 +1,5 @@
-"""The front's encode loops in C (`node/_encode.c`), when they were compiled at install.
+"""The front's encode loops and its replies' offset msgIds in C (`node/_encode.c`), when they were
+compiled at install.
 
 `ENABLED` is False where no compiler was at hand (the extension is optional in pyproject.toml)
 or when `MQNODE_NATIVE=0` is set, to measure or debug the Python loops. Either way the bytes
@@ -32,3 +33,8 @@ def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp
     """`node.batchbody.encode_batch_v4` in C."""
     return _encode.encode_batch_v4(data, topic_raw, queue_id, born_timestamp, born_host, store_host, suffix,
                                    max_message_size, limit, crc32, find_uniq_key_ascii)
+
+
+def offset_ids(store_host: bytes, physical: list[int], indices: list[int]) -> list[str]:
+    """`node.sendreply.offset_ids` in C, for an IPv4 (8-byte) store host."""
+    return _encode.offset_ids(store_host, physical, indices)

@@ -11,7 +11,7 @@ import struct
 
 import orjson
 
-from node import protocol
+from node import native, protocol
 from node.sendcore import PendingSend
 from shm.codec import offset_msg_id
 
@@ -44,18 +44,25 @@ def answer(pending: PendingSend, physical: list[int], queue: list[int], store_ho
     indices = pending.indices
     if not indices or pending.refusals or min(indices) < 0 or pending.code == protocol.SEND_MESSAGE:
         return reply(pending, results(pending, physical, queue, store_host))
-    pack = _I64_STRUCT.pack  # (host + pack).hex() beats an f-string's :016X here
-    offset_ids = [(store_host + pack(physical[i])).hex().upper() for i in indices]
+    make_ids = native.offset_ids if native.ENABLED and len(store_host) == 8 else offset_ids
+    ids = make_ids(store_host, physical, indices)
     if pending.code == protocol.SEND_MESSAGES:
         header = protocol.reply_header(pending.opaque, "PUT_OK", results=[
             {"status": "PUT_OK", "msgId": u or o, "offsetMsgId": o, "queueId": q, "queueOffset": queue[i], "topic": t}
-            for i, u, o, q, t in zip(indices, pending.uniq_keys, offset_ids, pending.queue_ids, pending.topics)])
+            for i, u, o, q, t in zip(indices, pending.uniq_keys, ids, pending.queue_ids, pending.topics)])
         header["code"] = protocol.SUCCESS  # the envelope succeeded; each result has its status
         return orjson.dumps(header)
-    msg_ids = ",".join([u or o for u, o in zip(pending.uniq_keys, offset_ids)])
+    msg_ids = ",".join([u or o for u, o in zip(pending.uniq_keys, ids)])
     return orjson.dumps(protocol.reply_header(
         pending.opaque, "PUT_OK", queueId=pending.queue_ids[0], count=len(indices), msgId=msg_ids,
-        offsetMsgId=",".join(offset_ids), queueOffset=queue[indices[0]]))
+        offsetMsgId=",".join(ids), queueOffset=queue[indices[0]]))
+
+
+def offset_ids(store_host: bytes, physical: list[int], indices: list[int]) -> list[str]:
+    """The offset msgId (`shm.codec.offset_msg_id`) of each appended message at `indices`. The
+    reference for its C twin (`node.native.offset_ids`), chosen in `answer` when built."""
+    pack = _I64_STRUCT.pack  # (host + pack).hex() beats an f-string's :016X here
+    return [(store_host + pack(physical[i])).hex().upper() for i in indices]
 
 
 def reply(pending: PendingSend, per_message: list[dict]) -> bytes:

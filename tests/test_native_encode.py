@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from node import native, protocol
 from node.batchbody import encode_batch_v4
 from node.sendcore import _properties_layout, encode_messages_v4
-from shm.codec import encode_host
+from node.sendreply import offset_ids
+from shm.codec import encode_host, offset_msg_id
 
 pytestmark = pytest.mark.skipif(os.environ.get("MQNODE_NATIVE") == "0", reason="MQNODE_NATIVE=0")
 
@@ -101,6 +102,11 @@ def test_the_c_encoder_keeps_no_memory():
         assert native.encode_messages_v4(messages, body, BORN, STORE, 1024, "c", _properties_layout) is not None
         assert native.encode_batch_v4(batch_body, b"T", 0, 1, BORN, STORE, b"CLUSTER\x01c", 1024, 4096) is not None
         assert native.encode_messages_v4(messages + [{"topic": 5}], body, BORN, STORE, 1024, "c", _properties_layout) is None
+        assert len(native.offset_ids(STORE, physical, list(range(64)))) == 64
+        with pytest.raises(IndexError):
+            native.offset_ids(STORE, physical, [0, 64])
+
+    physical = [(1 << 40) + 1100 * i for i in range(64)]
 
     once()
     tracemalloc.start()
@@ -112,6 +118,27 @@ def test_the_c_encoder_keeps_no_memory():
     finally:
         tracemalloc.stop()
     assert grown < 64 * 1024, f"{grown} bytes kept after 1,000 rounds"
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=8, max_size=8), st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=40),
+       st.data())
+def test_offset_ids_c_matches_python(host, physical, data):
+    indices = data.draw(st.lists(st.integers(0, len(physical) - 1), max_size=60))
+    ids = native.offset_ids(host, physical, indices)
+    assert ids == offset_ids(host, physical, indices)
+    assert all(offset_msg_id(host, physical[i]) == ids[k] for k, i in enumerate(indices))
+
+
+def test_offset_ids_c_refuses_what_python_would_not_answer():
+    with pytest.raises(IndexError, match="outside"):
+        native.offset_ids(STORE, [1, 2], [-1])  # Python would wrap; a refused message has no offset
+    with pytest.raises(IndexError, match="outside"):
+        native.offset_ids(STORE, [1, 2], [2])
+    with pytest.raises(ValueError, match="8 bytes"):
+        native.offset_ids(encode_host("::1", 5), [1], [0])  # answer() takes IPv6 hosts through Python
+    with pytest.raises(OverflowError):
+        native.offset_ids(STORE, [2**63], [0])
 
 
 def _plain(encoded):

@@ -230,7 +230,7 @@ def place_records(data: bytearray, positions: list[int], keys: list[str | None],
         queue_offset = 0 if key is None else table.get(key, 0)
         pack_offsets(data, at + 20, queue_offset, base + at)
         pack_timestamp(data, at + stamps[k], store_timestamp)
-        if key is not None:  # counted once placed: a record that fails to fit leaves its queue as it was
+        if key is not None:  # counted once patched, as in C: a failed patch leaves its queue as it was
             table[key] = queue_offset + 1
         physical[k] = base + at
         queue[k] = queue_offset

@@ -7,7 +7,18 @@ offset] per queue that grew, for held pulls (the front's, or the pull workers').
 It waits for a wake-up (or POLL_MS, which covers one lost while either side restarted), takes
 the wake-ups waiting, then reads the control block's `written` counter, dispatches every
 record below it with the batched `shm.dispatch.reput`, and advances `dispatched` (data first,
-counter second: a reader below `dispatched` finds every entry). Its loop runs at nice
+counter second: a reader below `dispatched` finds every entry).
+
+While records keep coming it polls instead (RocketMQ's reput looks every 1 ms): after a reput
+that found records it looks again every `dispatcherPollMillis` until `dispatcherPollHoldMillis`
+after that look, and publishes that promise as `reput_polling_until` in the control block. The
+writer sends no wake-up while the promise has more than WAKE_MARGIN_NS to run, so a steady
+stream costs one timer wake-up a millisecond here instead of a wake-up chain per writer turn
+(front's send, two ZeroMQ I/O threads, this loop, each a costly wake on this VM:
+docs/performance.md). The promise holds because the loop only stops polling after a look that
+began at or after `reput_polling_until`, which comes after any write the writer skipped a wake
+for. A front holding pulls still wakes it at once (`Writer.wake_now`): a waiting consumer's
+message is not left for the next poll. Its loop runs at nice
 `dispatcherNiceness` (5): on a busy CPU the front and the clients go first, and the dispatcher
 catches up in larger, cheaper batches (more throughput, a few MiB more lag under a saturating
 load: docs/performance.md). A reput of BUSY_RECORDS or more
@@ -77,13 +88,26 @@ class Dispatcher(Actor):
         self.caught_up_on_wake = self.caught_up_on_timer = 0
         self.last_error = ""
         self.next_flush = time.monotonic() + s.flushIntervalConsumeQueue / 1000
+        self.poll_ms, self.hold_ns = s.dispatcherPollMillis, s.dispatcherPollHoldMillis * 1_000_000
+        # a restarted dispatcher keeps the promise its last incarnation published
+        self.polling_until = self.control.get("reput_polling_until")
+        self.looked_ns = 0  # when the last look at `written` began
+        self.polled = 0
 
     def turn(self) -> None:
-        woken = bool(wait_readable(self.wake_items, POLL_MS))
+        polling = self.looked_ns < self.polling_until  # no look since the promise ran out yet
+        woken = bool(wait_readable(self.wake_items, self.poll_ms if polling else POLL_MS))
         if woken:  # take them before reading `written`: a later move sends a fresh one
             for _ in incoming(self.wakes, MAX_WAKES, multipart=False):
                 pass
+        elif polling:
+            self.polled += 1
+        self.looked_ns = time.monotonic_ns()  # before catch_up reads `written`
         if self.catch_up():
+            if self.hold_ns:
+                # only ever later: looked_ns grows, so the published promise never shrinks
+                self.polling_until = self.looked_ns + self.hold_ns
+                self.control.set("reput_polling_until", self.polling_until)
             if woken:
                 self.caught_up_on_wake += 1
             else:
@@ -146,6 +170,7 @@ class Dispatcher(Actor):
                                        "records": self.records, "stalls": self.stalls,
                                        "caughtUpOnWake": getattr(self, "caught_up_on_wake", 0),
                                        "caughtUpOnTimer": getattr(self, "caught_up_on_timer", 0),
+                                       "polls": getattr(self, "polled", 0),
                                        "lastError": getattr(self, "last_error", ""),
                                        "queues": len(self.store.consume_queues) if hasattr(self, "store") else 0,
                                        "nativeScan": NATIVE}

@@ -164,6 +164,11 @@ class Front(Actor):
             if waits:
                 self._answer_waits(self.waiting.add(waits))
                 self.flushing.wake()
+        # A pull held here waits for the dispatcher's arrivals: while it lags the written end,
+        # wake it at once, never a poll later; also when this turn wrote nothing (the pull came
+        # in after a write whose wake was skipped).
+        writes.wake_now = (self.reads is not None and self.reads.held_count > 0
+                           and self.control.get("dispatched") < self.control.get("written"))
         writes.finish_turn()
         if time.monotonic() >= self.next_put_sample:  # what the writer's statistics feed otherwise
             self.next_put_sample = time.monotonic() + 1.0

@@ -55,6 +55,9 @@ from shm.control_block import (
 from shm.mapped_file import AllocationFailed, StoreError
 
 MAX_GROUPS = 64  # groups appended per turn before replies are flushed out
+# A wake-up is skipped only while the dispatcher's promise to look again has this long to run:
+# its look then comes well after the write, which any core sees by then.
+WAKE_MARGIN_NS = 200_000
 
 class Writer(Actor):
     name = "writer"
@@ -105,6 +108,8 @@ class Writer(Actor):
         self.wakes = conflated(self.context, zmq.PUSH)
         self.wakes.connect(self.endpoints["reput"])
         self.wake_due = False
+        self.wakes_sent = self.wakes_skipped = 0
+        self.wake_now = False
         self.pending_waits: list = []
 
     def _queue_offsets(self, written: int) -> dict[str, int]:
@@ -172,9 +177,16 @@ class Writer(Actor):
 
     def _wake_dispatcher(self) -> None:
         """One wake-up per turn that moved `written` (after the replies: they are what a
-        client waits for). Conflated: a dispatcher still busy finds one message, not many."""
-        if self.wake_due:
+        client waits for), unless the dispatcher promised to look again anyway
+        (`reput_polling_until`, actors.dispatcher); and whenever a consumer waits for a
+        lagging dispatcher (`wake_now`, set by a front that holds pulls). Conflated: a dispatcher still busy finds one message,
+        not many."""
+        if self.wake_due or self.wake_now:
             self.wake_due = False
+            if not self.wake_now and time.monotonic_ns() < self.control.get("reput_polling_until") - WAKE_MARGIN_NS:
+                self.wakes_skipped += 1
+                return
+            self.wakes_sent += 1
             try:
                 self.wakes.send(b"", NOBLOCK)
             except zmq.Again:
@@ -283,6 +295,7 @@ class Writer(Actor):
             "queueWaitMicrosAvg": self.queue_wait_ns // max(1, self.groups) // 1000,
             "nativeEncode": self.batcher.encoder.native if getattr(self, "batcher", None) else False,
             "nativePlace": commitlog.NATIVE,
+            "dispatcherWakes": getattr(self, "wakes_sent", 0), "dispatcherWakesSkipped": getattr(self, "wakes_skipped", 0),
             "writeBuffer": getattr(self, "buffered", False), "scrubbedBytes": self.scrubbed, "commits": getattr(self, "commits", 0), "written": self.control.get("written") if self.control else 0,
             "queues": len(self.log.queue_offsets) if hasattr(self, "log") else 0,
         }

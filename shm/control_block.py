@@ -18,6 +18,7 @@ struct.pack_into here: it zeroes the bytes before writing, so a reader can see a
 | 7    | flags           | recovery / clean / node      | FLAG_* bits                            |
 | 8    | store_timestamp | append writer                | store time of the last appended record |
 | 9    | generation      | recovery                     | bumped on every start (stale readers)  |
+| 11   | reput_polling_until | reput dispatcher         | CLOCK_MONOTONIC ns: it looks at `written` again at or after this, unwoken |
 | 16+  | heartbeats      | each actor its own slot      | last loop time, ms                     |
 
 Ordering: data first, then the counter that publishes it; readers also check each record's
@@ -38,6 +39,7 @@ CONTROL_MAGIC = 0x6D716E6F64650001  # "mqnode" v1
 SLOTS = {
     "magic": 0, "written": 1, "committed": 2, "flushed": 3, "dispatched": 4, "min_offset": 5,
     "slave_acked": 6, "flags": 7, "store_timestamp": 8, "generation": 9, "writer_generation": 10,
+    "reput_polling_until": 11,
 }
 HEARTBEAT_BASE = 16
 HEARTBEAT_SLOTS = FILE_SIZE // 8 - HEARTBEAT_BASE
@@ -89,7 +91,8 @@ class ControlBlock:
         """Start-up: publish what recovery found, before any actor starts."""
         assert min_offset <= flushed <= written and dispatched <= written
         for name, value in (("written", written), ("committed", written), ("flushed", flushed),
-                            ("dispatched", dispatched), ("min_offset", min_offset), ("slave_acked", 0)):
+                            ("dispatched", dispatched), ("min_offset", min_offset), ("slave_acked", 0),
+                            ("reput_polling_until", 0)):  # a monotonic time: meaningless after a reboot
             self.set(name, value)
         self.set("generation", self.get("generation") + 1 if self.get("magic") == CONTROL_MAGIC else 1)
         self.set("magic", CONTROL_MAGIC)

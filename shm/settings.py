@@ -135,6 +135,8 @@ class Settings:
     flushInFront: bool = _s(True, "With writesInFront, the front flushes the CommitLog on a thread of its own, no flush process runs (a SYNC_FLUSH send crosses two process hops fewer)", NODE)
     readsInFront: bool = _s(True, "The front serves reads itself, no pull worker runs (faster on 2 cores; false for pullWorkers)", NODE)
     dispatcherNiceness: int = _s(5, "Nice value of the dispatcher's loop (0-19): on a busy CPU the front and the clients go first and it catches up in larger batches; 0 = normal priority", NODE)
+    dispatcherPollMillis: int = _s(1, "While records keep coming, the dispatcher looks at the written end this often and the writer stops waking it", NODE)
+    dispatcherPollHoldMillis: int = _s(10, "How long the dispatcher goes on polling after the last record it found, before it waits for the writer's wake-up again (0 = never poll: a wake-up for every writer turn that wrote)", NODE)
     prefaultAheadBytes: int = _s(32 * 1024 * 1024, "The allocator reads the CommitLog's pages this far past the written end, so the writer never takes the page-cache allocation faults (0 = off)", NODE)
     sendQueueCapacity: int = _s(10000, "Send requests the front lets wait before answering SYSTEM_BUSY", NODE)
     actorMaxRestarts: int = _s(20, "Times Ray restarts a dead actor", NODE)
@@ -292,6 +294,8 @@ def validate(settings: Settings) -> None:
     parse_delay_levels(settings.messageDelayLevel)
     if not 0 <= settings.dispatcherNiceness <= 19:
         raise SettingsError("dispatcherNiceness must be between 0 and 19")
+    if settings.dispatcherPollMillis < 1 or settings.dispatcherPollHoldMillis < 0:
+        raise SettingsError("dispatcherPollMillis must be >= 1 and dispatcherPollHoldMillis >= 0")
     if settings.prefaultAheadBytes < 0:
         raise SettingsError("prefaultAheadBytes must be >= 0")
     if settings.ingressWorkers < 0 or settings.pullWorkers < 0 or settings.sendQueueCapacity < 1:

@@ -102,4 +102,8 @@ def test_broker_conf_style_and_overrides(tmp_path):
         settings_module.load(None, {"flushDiskType": "FAST"})
     with pytest.raises(SettingsError, match="dispatcherNiceness"):
         settings_module.load(None, {"dispatcherNiceness": "20"})
+    with pytest.raises(SettingsError, match="dispatcherPollMillis"):
+        settings_module.load(None, {"dispatcherPollMillis": "0"})
+    with pytest.raises(SettingsError, match="dispatcherPollHoldMillis"):
+        settings_module.load(None, {"dispatcherPollHoldMillis": "-1"})
     assert settings_module.parse_delay_levels("1s 5s 2m 1h") == [1000, 5000, 120000, 3600000]

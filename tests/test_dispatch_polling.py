@@ -1,0 +1,151 @@
+"""The dispatcher polls while records keep coming, and the writer stops waking it meanwhile
+(actors.dispatcher): a writing front and a dispatcher in this process, over a real store, their
+turns driven by hand."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+from helpers import small_settings
+
+from actors import writer as writer_module
+from actors.base import POLL_MS
+from actors.dispatcher import Dispatcher
+from actors.front import Front
+from node import protocol
+from node.local_node import free_port
+from shm.control_block import ControlBlock
+
+BODY = b"x" * 100
+
+
+@pytest.fixture
+def node_parts(tmp_path, request):
+    """(front, dispatcher, control) sharing one store; `request.param` overrides settings."""
+    port = free_port()
+    settings = small_settings(tmp_path / "store", runDir=str(tmp_path / "run"), listen=f"tcp://127.0.0.1:{port}",
+                              listenPort=port, mappedFileSizeCommitLog=1 << 20, **getattr(request, "param", {}))
+    (tmp_path / "store").mkdir()
+    control = ControlBlock(tmp_path / "store" / "control", create=True)
+    control.publish_recovered(written=0, flushed=0, dispatched=0, min_offset=0)
+    front = Front(settings, queue_offsets={}, recovered_offset=0)
+    front.start()
+    dispatcher = Dispatcher(settings)
+    dispatcher.start()
+    yield front, dispatcher, control
+    for actor in (front, dispatcher):
+        actor.stop()
+        actor.drain()
+        actor.close()
+    control.close()
+
+
+def _send(front: Front, i: int) -> None:
+    """One single-message send through the front's turn: route, append, answer, wake."""
+    entry = {"topic": "PollTopic", "queueId": 0, "flag": 0, "bodySize": len(BODY), "bornTimestamp": 1,
+             "properties": {"UNIQ_KEY": f"7F000001000000000000{i:012X}"}}
+    frames = [orjson.dumps({"code": protocol.SEND_MESSAGES, "opaque": i, "messages": [entry]}), BODY]
+    front._route(b"client", protocol.decode_request(frames), frames)
+    front._finish_writes()
+
+
+def _wakes(front: Front) -> tuple[int, int]:
+    stats = front.writes.statistics()
+    return stats["dispatcherWakes"], stats["dispatcherWakesSkipped"]
+
+
+@pytest.mark.parametrize("node_parts", [{"dispatcherPollHoldMillis": 2000}], indirect=True)
+def test_a_polling_dispatcher_is_not_woken_and_still_dispatches_every_record(node_parts):
+    front, dispatcher, control = node_parts
+    _send(front, 1)
+    assert _wakes(front) == (1, 0)  # nobody polls yet: the writer wakes the dispatcher
+    dispatcher.turn()
+    assert control.get("dispatched") == control.get("written") > 0
+    promise = control.get("reput_polling_until")
+    assert promise > time.monotonic_ns() + 1_000_000_000  # 2 s from its look
+
+    for i in range(2, 6):
+        _send(front, i)
+        assert _wakes(front) == (1, i - 1)  # skipped: the dispatcher promised to look
+        began = time.monotonic()
+        dispatcher.turn()  # no wake-up waits: it looks after dispatcherPollMillis, not POLL_MS
+        assert time.monotonic() - began < POLL_MS / 1000
+        assert control.get("dispatched") == control.get("written")
+    assert dispatcher.statistics()["polls"] >= 4
+    assert control.get("reput_polling_until") > promise  # each find extends it, never shortens it
+
+
+@pytest.mark.parametrize("node_parts", [{"dispatcherPollHoldMillis": 30}], indirect=True)
+def test_the_dispatcher_stops_polling_only_after_a_look_past_its_promise(node_parts):
+    front, dispatcher, control = node_parts
+    _send(front, 1)
+    dispatcher.turn()
+    _send(front, 2)  # skipped wake: only the promised looks can find it
+    assert _wakes(front) == (1, 1)
+    for _ in range(1000):  # bounded: 30 ms of 1 ms polls
+        if dispatcher.looked_ns >= dispatcher.polling_until:
+            break
+        dispatcher.turn()
+    assert dispatcher.looked_ns >= control.get("reput_polling_until")
+    assert control.get("dispatched") == control.get("written")
+    time.sleep(0.002)
+    _send(front, 3)  # the promise ran out: the writer wakes it again
+    assert _wakes(front) == (2, 1)
+
+
+@pytest.mark.parametrize("node_parts", [{"dispatcherPollHoldMillis": 0}], indirect=True)
+def test_with_no_hold_every_writing_turn_wakes_the_dispatcher(node_parts):
+    front, dispatcher, control = node_parts
+    for i in range(1, 4):
+        _send(front, i)
+        dispatcher.turn()
+    assert _wakes(front) == (3, 0)
+    assert control.get("reput_polling_until") == 0
+    assert control.get("dispatched") == control.get("written")
+
+
+def test_a_promise_about_to_run_out_does_not_stop_the_wake(node_parts, monkeypatch):
+    front, _, control = node_parts
+    monkeypatch.setattr(writer_module, "WAKE_MARGIN_NS", 2_000_000_000)  # wide, so the send's own time is nothing
+    control.set("reput_polling_until", time.monotonic_ns() + 1_000_000_000)  # inside the margin
+    _send(front, 1)
+    assert _wakes(front) == (1, 0)
+    control.set("reput_polling_until", time.monotonic_ns() + 4_000_000_000)
+    _send(front, 2)
+    assert _wakes(front) == (1, 1)
+
+
+@pytest.mark.parametrize("node_parts", [{"dispatcherPollHoldMillis": 2000}], indirect=True)
+def test_a_pull_held_in_the_front_gets_the_wake_and_its_message_at_once(node_parts):
+    front, dispatcher, control = node_parts
+    _send(front, 1)
+    dispatcher.turn()  # polling from here on: sends alone would not wake it
+    pull = [orjson.dumps({"code": protocol.PULL_MESSAGE, "opaque": 99, "consumerGroup": "g", "topic": "PollTopic",
+                          "queueId": 0, "queueOffset": 1, "suspend": True, "suspendTimeoutMillis": 5000})]
+    front._route(b"consumer", protocol.decode_request(pull), pull)
+    assert front.reads.held_count == 1
+    _send(front, 2)
+    assert _wakes(front) == (2, 0)  # a consumer waits: woken, not left to the next poll
+    dispatcher.turn()
+    assert control.get("dispatched") == control.get("written")
+
+
+@pytest.mark.parametrize("node_parts", [{"dispatcherPollHoldMillis": 2000}], indirect=True)
+def test_a_pull_held_after_a_skipped_wake_wakes_the_lagging_dispatcher(node_parts):
+    front, dispatcher, control = node_parts
+    _send(front, 1)
+    dispatcher.turn()
+    _send(front, 2)
+    assert _wakes(front) == (1, 1)  # skipped: nobody waits, the dispatcher polls
+    pull = [orjson.dumps({"code": protocol.PULL_MESSAGE, "opaque": 99, "consumerGroup": "g", "topic": "PollTopic",
+                          "queueId": 0, "queueOffset": 1, "suspend": True, "suspendTimeoutMillis": 5000})]
+    front._route(b"consumer", protocol.decode_request(pull), pull)  # finds nothing yet: held
+    assert front.reads.held_count == 1
+    front._finish_writes()  # the front's turn, nothing written in it
+    assert _wakes(front) == (2, 1)
+    front._finish_writes()
+    dispatcher.turn()
+    front._finish_writes()  # caught up: no more wakes
+    assert _wakes(front) == (3, 1)

@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 from node import aio, floors
-from node.bench_produce import BODY, Usage, bench_node, paced
+from node.bench_produce import BODY, Usage, bench_node
 from node.client import AsyncProducer, AsyncPullConsumer, Message
+from node.pacing import paced
 from shm.control_block import ControlBlock
 
 TOPIC = "BenchConsume"

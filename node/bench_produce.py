@@ -15,7 +15,6 @@ import contextlib
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psutil
@@ -23,6 +22,7 @@ import psutil
 from node import aio, floors
 from node.client import AsyncProducer, Message
 from node.local_node import NodeProcess, local_settings
+from node.pacing import paced, paced_by_loop_timers
 
 BODY = bytes(range(256)) * 4
 
@@ -94,26 +94,8 @@ async def singles(endpoint: str, count: int, senders: int, topic: str) -> float:
         return (count // senders) * senders / (time.perf_counter() - began)
 
 
-async def paced(rate: int, seconds: float, send: Callable[[int], Awaitable[None]]) -> None:
-    """Start `send(i)` at `rate`/s for `seconds` and wait for them all. Only the sends in flight
-    are held: with a list of every task (25k at 5k/s) the client's GC collected every ~300 ms,
-    some collections pausing it ~15 ms, and the latency figures counted those pauses against
-    the node (traced with gc.callbacks)."""
-    in_flight: set[asyncio.Task] = set()
-    start = time.perf_counter()
-    for i in range(int(rate * seconds)):
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        task = asyncio.create_task(send(i))
-        in_flight.add(task)
-        task.add_done_callback(in_flight.discard)
-    while in_flight:
-        await asyncio.gather(*in_flight)
-
-
-async def latency(endpoint: str, rate: int, seconds: float) -> tuple[float, float]:
-    """Paced single sends at `rate`/s; (p50, p99) ack latency in µs."""
+async def latency(endpoint: str, rate: int, seconds: float, pace=paced) -> tuple[float, float]:
+    """Single sends at `rate`/s, one every 1/rate s (`pace`); (p50, p99) ack latency in µs."""
     async with AsyncProducer(endpoint, linger_ms=0) as producer:
         await producer.send("BenchLatency", BODY)
         samples: list[float] = []
@@ -123,7 +105,7 @@ async def latency(endpoint: str, rate: int, seconds: float) -> tuple[float, floa
             await producer.send("BenchLatency", BODY)
             samples.append(time.perf_counter() - began)
 
-        await paced(rate, seconds, one)
+        await pace(rate, seconds, one)
         samples.sort()
         return samples[len(samples) // 2] * 1e6, samples[int(len(samples) * 0.99)] * 1e6
 
@@ -155,6 +137,10 @@ def main() -> None:
                     p50, p99 = aio.run(latency(node.endpoint, 5000, 5.0))
                     print(f"[ingressWorkers={ingress}] ack latency at 5k msgs/s: p50 {p50:,.0f} µs (target <= 300), "
                           f"p99 {p99:,.0f} µs (target <= 2,000); {usage.report()}")
+                    usage = Usage(node)  # the figure as measured before the fourteenth pass, to compare
+                    p50, p99 = aio.run(latency(node.endpoint, 5000, 5.0, paced_by_loop_timers))
+                    print(f"[ingressWorkers={ingress}] ack latency at 5k msgs/s in bursts (~5 sends a ms, the loop's "
+                          f"timers): p50 {p50:,.0f} µs, p99 {p99:,.0f} µs; {usage.report()}")
         directory = base / "sync"
         directory.mkdir()
         with bench_node(directory, "SYNC_FLUSH", args.ingress_workers[0]) as node:

@@ -18,14 +18,15 @@ stream costs one timer wake-up a millisecond here instead of a wake-up chain per
 docs/performance.md). The promise holds because the loop only stops polling after a look that
 began at or after `reput_polling_until`, which comes after any write the writer skipped a wake
 for. A front holding pulls still wakes it at once (`Writer.wake_now`): a waiting consumer's
-message is not left for the next poll. Its loop runs at nice
-`dispatcherNiceness` (5): on a busy CPU the front and the clients go first, and the dispatcher
-catches up in larger, cheaper batches (more throughput, a few MiB more lag under a saturating
-load: docs/performance.md). A reput of BUSY_RECORDS or more
-is followed by a 1 ms pause, so under load each reput takes a large batch (without it, a reput
-per writer turn looked ~10% slower on batch throughput); a few records are dispatched the
-moment they are written. (It used to poll `written` every 1-20 ms: ~12 ms added to a message's
-trip to a consumer at light load.)
+message is not left for the next poll.
+
+Its loop runs at nice `dispatcherNiceness` (5): on a busy CPU the front and the clients go
+first, and the dispatcher catches up in larger, cheaper batches (more throughput, a few MiB more
+lag under a saturating load: docs/performance.md). A reput of BUSY_RECORDS or more is followed
+by a 1 ms pause, so under load each reput takes a large batch (without it, a reput per writer
+turn looked ~10% slower on batch throughput); the first records after a quiet spell are
+dispatched the moment they are written. (It used to poll `written` every 1-20 ms whatever the
+load: ~12 ms added to a message's trip to a consumer at light load.)
 
 It is the single writer of the ConsumeQueue and IndexFile files and of the checkpoint's logics
 and index timestamps, which it advances only after flushing what they describe (every

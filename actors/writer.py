@@ -3,7 +3,8 @@
 Sockets: `records` PULL, bound at `writer` (encoded groups from the ingress workers, or raw
 send requests from the front when `ingressWorkers = 0`, which it encodes itself); `replies`
 PUSH to the front; `waits` PUSH to the flush actor (SYNC_FLUSH sends that wait for the disk);
-`wakes` PUSH, conflated, to the dispatcher: "written moved", once per turn that moved it.
+`wakes` PUSH, conflated, to the dispatcher: "written moved", once per turn that moved it,
+unless the dispatcher is polling (actors.dispatcher).
 
 With `writesInFront` (the default when `ingressWorkers = 0`) no writer process runs: the front
 opens this class's write core (`open_writes`, `append_requests`, `finish_turn`, `idle`,
@@ -179,8 +180,8 @@ class Writer(Actor):
         """One wake-up per turn that moved `written` (after the replies: they are what a
         client waits for), unless the dispatcher promised to look again anyway
         (`reput_polling_until`, actors.dispatcher); and whenever a consumer waits for a
-        lagging dispatcher (`wake_now`, set by a front that holds pulls). Conflated: a dispatcher still busy finds one message,
-        not many."""
+        lagging dispatcher (`wake_now`, set by a front that holds pulls). Conflated: a
+        dispatcher still busy finds one message, not many."""
         if self.wake_due or self.wake_now:
             self.wake_due = False
             if not self.wake_now and time.monotonic_ns() < self.control.get("reput_polling_until") - WAKE_MARGIN_NS:

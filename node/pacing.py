@@ -50,6 +50,7 @@ async def paced(rate: int, seconds: float, send: Callable[[int], Awaitable[None]
     all. Only the sends in flight are held: with a list of every task (25k at 5k/s) the client's
     GC collected every ~300 ms, some collections pausing it ~15 ms, and latency figures counted
     those pauses against the node."""
+    assert rate > 0, rate
     total = int(rate * seconds)
     fd = _timerfd(max(1, round(1e9 / rate)))
     if fd is None:

@@ -4,6 +4,15 @@ Sockets: `wakes` PULL, conflated, bound at `reput`: the writer's "written moved"
 writer turn that moved it; `arrivals` PUB (bound): after each batch, [topic, queueId, new max
 offset] per queue that grew, for held pulls (the front's, or the pull workers').
 
+It announces only while some reader holds pulls (its watcher slot in the control block is set):
+each announcement costs this loop, two ZeroMQ I/O threads and the reader's socket a wake-up, and
+with nobody waiting they bought nothing (at 5k single sends a second, ~1,000 a second). A reader
+sets its slot, then looks at `dispatched` once for each pull it holds; this loop advances
+`dispatched`, then reads the slots. Without a fence, x86 lets both reads see the old values
+(each store still in its core's store buffer). So what a batch touched while no slot was seen
+set is kept (`unannounced`, at most one entry a queue) and announced on the first turn that sees
+one set: a held pull that lost that race waits at most one turn (POLL_MS), never its timeout.
+
 It waits for a wake-up (or POLL_MS, which covers one lost while either side restarted), takes
 the wake-ups waiting, then reads the control block's `written` counter, dispatches every
 record below it with the batched `shm.dispatch.reput`, and advances `dispatched` (data first,
@@ -94,6 +103,8 @@ class Dispatcher(Actor):
         self.polling_until = self.control.get("reput_polling_until")
         self.looked_ns = 0  # when the last look at `written` began
         self.polled = 0
+        self.unannounced: dict[tuple[str, int], int] = {}  # (topic, queueId) -> max offset, while unwatched
+        self.announced = self.announcements_held = 0
 
     def turn(self) -> None:
         polling = self.looked_ns < self.polling_until  # no look since the promise ran out yet
@@ -115,6 +126,8 @@ class Dispatcher(Actor):
                 self.caught_up_on_timer += 1
             if self.last_count >= BUSY_RECORDS:
                 self.stopping.wait(BUSY_PAUSE_S)
+        elif self.unannounced:  # nothing new: a reader may have started watching since
+            self._announce({})
         if time.monotonic() >= self.next_flush:
             self.next_flush = time.monotonic() + self.settings.flushIntervalConsumeQueue / 1000
             self.flush()
@@ -148,9 +161,25 @@ class Dispatcher(Actor):
         self.records += count
         self.last_count = count
         self.control.advance("dispatched", reached)
-        if touched:  # "queue grew": wakes the pulls held on these queues
-            self.arrivals.send(orjson.dumps([[t, q, m] for (t, q), m in touched.items()]))
+        if touched:
+            self._announce(touched)
         return True
+
+    def _announce(self, touched: dict) -> None:
+        """"Queue grew", for the pulls held on these queues: now if a reader watches (read after
+        `dispatched` moved), else kept until one does."""
+        pending = self.unannounced
+        if not self.control.watched():
+            if touched:
+                pending.update(touched)  # a later batch's max offset is the higher
+                self.announcements_held += 1
+            return
+        if pending:
+            pending.update(touched)
+            touched, self.unannounced = pending, {}
+        if touched:
+            self.arrivals.send(orjson.dumps([[t, q, m] for (t, q), m in touched.items()]))
+            self.announced += 1
 
     def flush(self) -> None:
         store = self.store
@@ -172,6 +201,8 @@ class Dispatcher(Actor):
                                        "caughtUpOnWake": getattr(self, "caught_up_on_wake", 0),
                                        "caughtUpOnTimer": getattr(self, "caught_up_on_timer", 0),
                                        "polls": getattr(self, "polled", 0),
+                                       "announcements": getattr(self, "announced", 0),
+                                       "announcementsHeld": getattr(self, "announcements_held", 0),
                                        "lastError": getattr(self, "last_error", ""),
                                        "queues": len(self.store.consume_queues) if hasattr(self, "store") else 0,
                                        "nativeScan": NATIVE}

@@ -99,7 +99,7 @@ class Front(Actor):
         if s.readsInFront:
             self.reads = Pull(s)
             self.reads.control = self.control  # shared, not owned: close_reads leaves it open
-            self.reads.open_reads()
+            self.reads.open_reads(watcher=0)
             self.watch_items = self.poll_items + [(self.reads.arrivals, zmq.POLLIN)]
         self.accepting = True
         self.in_flight = 0

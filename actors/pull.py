@@ -54,7 +54,7 @@ class Pull(Actor):
     name = "pull"
 
     def open(self) -> None:
-        self.open_reads()
+        self.open_reads(watcher=1 + self.instance)
         self.requests = socket(self.context, zmq.PULL, hwm=100000)
         self.requests.connect(self.endpoints["pulls"])
         self.replies = socket(self.context, zmq.PUSH, hwm=100000)
@@ -62,10 +62,12 @@ class Pull(Actor):
         self.poll_items = [(self.requests, zmq.POLLIN), (self.arrivals, zmq.POLLIN)]
         self.idle_items = self.poll_items[:1]
 
-    def open_reads(self) -> None:
+    def open_reads(self, watcher: int) -> None:
         """The read core: mappings, the arrivals subscription and the held pulls (what the
-        front opens when it serves reads itself)."""
+        front opens when it serves reads itself, as watcher 0)."""
         s = self.settings
+        self.watcher = watcher
+        self.control.set_watching(watcher, False)  # a predecessor killed while holding left it set
         self.reader = store_reader.StoreReader(s)
         self.index = IndexService(s.index_dir, s.maxHashSlotNum, s.maxIndexNum, readonly=True,
                                   max_query=s.maxMsgsNumBatch)
@@ -96,9 +98,17 @@ class Pull(Actor):
         """Start or stop watching arrivals as pulls are held, and end the held pulls whose
         time is up."""
         if self.held_count and not self.watching:
+            self._watch(True)  # before _catch_up's look: see actors.dispatcher
             self._catch_up(out)
-        self.watching = self.held_count > 0
+        if self.watching and not self.held_count:
+            self._watch(False)
         self._expire(out)
+
+    def _watch(self, on: bool) -> None:
+        """Read arrivals or not, and tell the dispatcher, which announces only while some
+        reader watches."""
+        self.control.set_watching(self.watcher, on)
+        self.watching = on
 
     def timeout_ms(self) -> int:
         if not self.held_count:
@@ -317,6 +327,8 @@ class Pull(Actor):
             for held in self.held.pop(key):
                 self._release(held, out)
         self.held_count = 0
+        if self.watching:
+            self._watch(False)
 
     def statistics(self) -> dict:
         return super().statistics() | {"served": self.served, "found": self.found, "held": self.held_count,

@@ -171,7 +171,8 @@ class Node:
             plan.append(("writer", "writer", recovered_state))
         plan += [(f"ingress-{i}", "ingress", {"instance": i}) for i in range(s.ingressWorkers)]
         if not s.readsInFront:
-            plan += [(f"pull-{i}", "pull", {"instance": i}) for i in range(s.pullWorkers or os.cpu_count() or 1)]
+            workers = s.pullWorkers or min(os.cpu_count() or 1, settings_module.MAX_PULL_WORKERS)
+            plan += [(f"pull-{i}", "pull", {"instance": i}) for i in range(workers)]
         plan.append(("front", "front", recovered_state if s.front_writes else {}))
         for stale in s.run_dir.glob("*.pid"):  # an earlier run's layout must not name live actors
             stale.unlink(missing_ok=True)

@@ -19,10 +19,14 @@ struct.pack_into here: it zeroes the bytes before writing, so a reader can see a
 | 8    | store_timestamp | append writer                | store time of the last appended record |
 | 9    | generation      | recovery                     | bumped on every start (stale readers)  |
 | 11   | reput_polling_until | reput dispatcher         | CLOCK_MONOTONIC ns: it looks at `written` again at or after this, unwoken |
-| 16+  | heartbeats      | each actor its own slot      | last loop time, ms                     |
+| 16-447 | heartbeats    | each actor its own slot      | last loop time, ms                     |
+| 448-511 | watchers     | each reader its own slot     | 1 while it holds pulls (wants `arrivals`), else 0 |
 
 Ordering: data first, then the counter that publishes it; readers also check each record's
 magic and size. Invariant (asserted by writers): min_offset <= flushed <= committed <= written.
+The watcher slots are read the other way round: a reader sets its slot, then looks at
+`dispatched`; the dispatcher advances `dispatched`, then reads the slots (actors.dispatcher says
+what covers a read that x86's store buffer leaves stale).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import os
 from pathlib import Path
 
 from shm.mapped_file import allocate
+from shm.settings import MAX_PULL_WORKERS
 
 FILE_SIZE = 4096
 CONTROL_MAGIC = 0x6D716E6F64650001  # "mqnode" v1
@@ -42,7 +47,11 @@ SLOTS = {
     "reput_polling_until": 11,
 }
 HEARTBEAT_BASE = 16
-HEARTBEAT_SLOTS = FILE_SIZE // 8 - HEARTBEAT_BASE
+WATCHERS_BASE = 448  # the front is watcher 0, pull worker i is watcher 1 + i
+WATCHER_SLOTS = FILE_SIZE // 8 - WATCHERS_BASE
+HEARTBEAT_SLOTS = WATCHERS_BASE - HEARTBEAT_BASE
+assert WATCHER_SLOTS == 1 + MAX_PULL_WORKERS
+_NO_WATCHERS = bytes(WATCHER_SLOTS * 8)
 
 FLAG_WRITABLE = 1 << 0
 FLAG_DISK_FULL = 1 << 4  # RocketMQ's running-flags DISK_FULL bit
@@ -87,6 +96,15 @@ class ControlBlock:
     def heartbeat_of(self, actor_slot: int) -> int:
         return self.slots[HEARTBEAT_BASE + actor_slot]
 
+    def set_watching(self, watcher: int, on: bool) -> None:
+        """A reader says whether it holds pulls, so wants the dispatcher's "queue grew"."""
+        assert 0 <= watcher < WATCHER_SLOTS, watcher
+        self.slots[WATCHERS_BASE + watcher] = int(on)
+
+    def watched(self) -> bool:
+        """Whether any reader holds pulls: one 512-byte compare, not 64 slot reads."""
+        return self.map[WATCHERS_BASE * 8:FILE_SIZE] != _NO_WATCHERS
+
     def publish_recovered(self, *, written: int, flushed: int, dispatched: int, min_offset: int) -> None:
         """Start-up: publish what recovery found, before any actor starts."""
         assert min_offset <= flushed <= written and dispatched <= written
@@ -94,6 +112,7 @@ class ControlBlock:
                             ("dispatched", dispatched), ("min_offset", min_offset), ("slave_acked", 0),
                             ("reput_polling_until", 0)):  # a monotonic time: meaningless after a reboot
             self.set(name, value)
+        self.map[WATCHERS_BASE * 8:FILE_SIZE] = _NO_WATCHERS  # readers set theirs again as they hold pulls
         self.set("generation", self.get("generation") + 1 if self.get("magic") == CONTROL_MAGIC else 1)
         self.set("magic", CONTROL_MAGIC)
 

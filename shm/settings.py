@@ -17,6 +17,8 @@ import tempfile
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+MAX_PULL_WORKERS = 63  # the control block's watcher slots, less the front's (shm.control_block)
+
 GiB = 1024 * 1024 * 1024
 
 
@@ -130,7 +132,7 @@ class Settings:
     # -- mqnode's node
     listen: str = _s("tcp://127.0.0.1:10911", "Client endpoint the front binds (ZeroMQ ROUTER)", NODE)
     ingressWorkers: int = _s(0, "Encoding workers between front and writer; 0 = the append writer encodes", NODE)
-    pullWorkers: int = _s(0, "Pull workers serving reads when readsInFront = false; 0 = one per core", NODE)
+    pullWorkers: int = _s(0, "Pull workers serving reads when readsInFront = false; 0 = one per core (at most 63)", NODE)
     writesInFront: bool = _s(True, "With ingressWorkers = 0, the front appends to the CommitLog itself, no writer process runs (one hop less a send)", NODE)
     flushInFront: bool = _s(True, "With writesInFront, the front flushes the CommitLog on a thread of its own, no flush process runs (a SYNC_FLUSH send crosses two process hops fewer)", NODE)
     readsInFront: bool = _s(True, "The front serves reads itself, no pull worker runs (faster on 2 cores; false for pullWorkers)", NODE)
@@ -300,6 +302,8 @@ def validate(settings: Settings) -> None:
         raise SettingsError("prefaultAheadBytes must be >= 0")
     if settings.ingressWorkers < 0 or settings.pullWorkers < 0 or settings.sendQueueCapacity < 1:
         raise SettingsError("ingressWorkers and pullWorkers must be >= 0, sendQueueCapacity >= 1")
+    if settings.pullWorkers > MAX_PULL_WORKERS:  # each has a watcher slot in the control block
+        raise SettingsError(f"pullWorkers must be at most {MAX_PULL_WORKERS}")
     if not settings.listen.startswith(("tcp://", "ipc://")):
         raise SettingsError(f"listen must be a tcp:// or ipc:// endpoint, not {settings.listen!r}")
 

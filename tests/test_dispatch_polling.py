@@ -1,6 +1,6 @@
-"""The dispatcher polls while records keep coming, and the writer stops waking it meanwhile
-(actors.dispatcher): a writing front and a dispatcher in this process, over a real store, their
-turns driven by hand."""
+"""The dispatcher polls while records keep coming, and the writer stops waking it meanwhile; it
+announces "queue grew" only while a reader holds pulls (actors.dispatcher): a writing front and
+a dispatcher in this process, over a real store, their turns driven by hand."""
 
 from __future__ import annotations
 
@@ -24,11 +24,14 @@ BODY = b"x" * 100
 def node_parts(tmp_path, request):
     """(front, dispatcher, control) sharing one store; `request.param` overrides settings."""
     port = free_port()
+    overrides = dict(getattr(request, "param", {}))
+    stale_watcher = overrides.pop("stale_watcher", False)
     settings = small_settings(tmp_path / "store", runDir=str(tmp_path / "run"), listen=f"tcp://127.0.0.1:{port}",
-                              listenPort=port, mappedFileSizeCommitLog=1 << 20, **getattr(request, "param", {}))
+                              listenPort=port, mappedFileSizeCommitLog=1 << 20, **overrides)
     (tmp_path / "store").mkdir()
     control = ControlBlock(tmp_path / "store" / "control", create=True)
     control.publish_recovered(written=0, flushed=0, dispatched=0, min_offset=0)
+    control.set_watching(0, stale_watcher)  # as a front killed while holding pulls leaves it
     front = Front(settings, queue_offsets={}, recovered_offset=0)
     front.start()
     dispatcher = Dispatcher(settings)
@@ -41,9 +44,9 @@ def node_parts(tmp_path, request):
     control.close()
 
 
-def _send(front: Front, i: int) -> None:
+def _send(front: Front, i: int, queue_id: int = 0) -> None:
     """One single-message send through the front's turn: route, append, answer, wake."""
-    entry = {"topic": "PollTopic", "queueId": 0, "flag": 0, "bodySize": len(BODY), "bornTimestamp": 1,
+    entry = {"topic": "PollTopic", "queueId": queue_id, "flag": 0, "bodySize": len(BODY), "bornTimestamp": 1,
              "properties": {"UNIQ_KEY": f"7F000001000000000000{i:012X}"}}
     frames = [orjson.dumps({"code": protocol.SEND_MESSAGES, "opaque": i, "messages": [entry]}), BODY]
     front._route(b"client", protocol.decode_request(frames), frames)
@@ -147,3 +150,103 @@ def test_a_pull_held_after_a_skipped_wake_wakes_the_lagging_dispatcher(node_part
     dispatcher.turn()
     front._finish_writes()  # caught up: no more wakes
     assert _wakes(front) == (3, 1)
+
+
+def _hold_pull(front: Front, offset: int) -> None:
+    pull = [orjson.dumps({"code": protocol.PULL_MESSAGE, "opaque": 99, "consumerGroup": "g", "topic": "PollTopic",
+                          "queueId": 0, "queueOffset": offset, "suspend": True, "suspendTimeoutMillis": 30000})]
+    front._route(b"consumer", protocol.decode_request(pull), pull)
+    front._finish_reads(set())  # the end of the front's turn: starts watching
+    assert front.reads.held_count == 1
+
+
+def _announcements(dispatcher: Dispatcher) -> tuple[int, int]:
+    stats = dispatcher.statistics()
+    return stats["announcements"], stats["announcementsHeld"]
+
+
+def _await_arrivals(front: Front) -> None:
+    """Turn the front's reads until its held pull is answered by an announcement (5 s at most)."""
+    deadline = time.monotonic() + 5
+    while front.reads.held_count and time.monotonic() < deadline:
+        if front.reads.arrivals.poll(50):
+            front._finish_reads({front.reads.arrivals})
+
+
+def test_nothing_is_announced_while_no_pull_is_held(node_parts):
+    front, dispatcher, control = node_parts
+    assert not control.watched()
+    for i in range(1, 4):
+        _send(front, i)
+        dispatcher.turn()
+    assert control.get("dispatched") == control.get("written")
+    assert _announcements(dispatcher) == (0, 3)
+    assert dispatcher.unannounced == {("PollTopic", 0): 3}  # one entry a queue, its latest max offset
+
+
+def test_a_held_pull_is_watched_announced_to_and_answered(node_parts):
+    front, dispatcher, control = node_parts
+    time.sleep(0.5)  # the front's SUB reconnects to the dispatcher's PUB (PUB drops while none is there)
+    _hold_pull(front, 0)
+    assert control.watched()
+    assert front.reads.arrivals.poll(0) == 0  # nothing stale: nothing was announced unwatched
+    _send(front, 1)
+    dispatcher.turn()
+    assert _announcements(dispatcher) == (1, 0)
+    _await_arrivals(front)
+    assert front.reads.held_count == 0 and front.reads.statistics()["woken"] == 1
+    front._finish_reads(set())
+    assert not control.watched()  # nothing held: no more announcements
+    _send(front, 2)
+    dispatcher.turn()
+    assert _announcements(dispatcher) == (1, 1)
+
+
+def test_what_a_reader_missed_by_a_stale_look_is_announced_once_it_is_seen_watching(node_parts):
+    """The race the kept announcements cover: the dispatcher read no watcher after advancing
+    `dispatched`, while the reader that had just set its slot read the old `dispatched`."""
+    front, dispatcher, control = node_parts
+    time.sleep(0.5)  # as above
+    _send(front, 1)
+    dispatcher.turn()  # reads no watcher: keeps the queue's new max offset
+    assert _announcements(dispatcher) == (0, 1)
+    header = {"code": protocol.PULL_MESSAGE, "opaque": 99, "consumerGroup": "g", "topic": "PollTopic",
+              "queueId": 0, "queueOffset": 0, "suspend": True, "suspendTimeoutMillis": 30000}
+    front.reads._hold("PollTopic", 0, header, b"consumer", 0)  # its look saw nothing (the old `dispatched`)
+    front.reads._watch(True)
+    dispatcher.turn()  # nothing new, a watcher seen: what it kept goes out
+    assert _announcements(dispatcher) == (1, 1) and dispatcher.unannounced == {}
+    _await_arrivals(front)
+    assert front.reads.held_count == 0 and front.reads.statistics()["woken"] == 1
+
+
+def test_kept_announcements_go_out_with_the_next_batch(node_parts):
+    front, dispatcher, control = node_parts
+    time.sleep(0.5)
+    _send(front, 1)
+    dispatcher.turn()
+    control.set_watching(5, True)  # a pull worker's slot
+    _send(front, 2, queue_id=1)
+    dispatcher.turn()
+    assert _announcements(dispatcher) == (1, 1) and dispatcher.unannounced == {}
+    raw = front.reads.arrivals.recv() if front.reads.arrivals.poll(5000) else b"[]"
+    assert sorted(orjson.loads(raw)) == [["PollTopic", 0, 1], ["PollTopic", 1, 1]]
+
+
+@pytest.mark.parametrize("node_parts", [{"stale_watcher": True}], indirect=True)
+def test_a_restarted_front_clears_the_watcher_slot_its_predecessor_left(node_parts):
+    front, dispatcher, control = node_parts
+    assert not control.watched()
+    _send(front, 1)
+    dispatcher.turn()
+    assert _announcements(dispatcher) == (0, 1)
+
+
+def test_a_restart_clears_the_watchers_a_killed_reader_left(tmp_path):
+    control = ControlBlock(tmp_path / "control", create=True)
+    control.set_watching(0, True)
+    control.set_watching(63, True)
+    assert control.watched()
+    control.publish_recovered(written=0, flushed=0, dispatched=0, min_offset=0)
+    assert not control.watched()
+    control.close()

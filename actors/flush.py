@@ -43,6 +43,9 @@ from shm.mapped_file import file_name
 
 PAGE = 4096
 GROUP_COMMIT_WAKE_MS = 10
+# The front flushes on its own thread only after an fdatasync this quick (FlushThread.flush_here):
+# a slower disk gets the flush thread, so the front keeps serving while it works.
+FLUSH_HERE_MAX_NS = 2_000_000
 CHECKPOINT_FORCE_S = 1.0
 MAX_WAITING = 1_000_000  # sends held for the disk; beyond this the oldest are timed out early
 
@@ -57,7 +60,7 @@ class CommitLogFlusher:
         self.directory = settings.commitlog_dir
         self.fds: dict[int, int] = {}
         self.checkpoint = Checkpoint(settings.root / "checkpoint")
-        self.flushes = self.flush_ns_total = self.flush_ns_max = 0
+        self.flushes = self.flush_ns_total = self.flush_ns_max = self.last_flush_ns = 0
         now = time.monotonic()
         self.next_flush = now + settings.flushIntervalCommitLog / 1000
         self.next_thorough = now + settings.flushCommitLogThoroughInterval / 1000
@@ -77,6 +80,7 @@ class CommitLogFlusher:
         self.flushes += 1
         self.flush_ns_total += elapsed
         self.flush_ns_max = max(self.flush_ns_max, elapsed)
+        self.last_flush_ns = elapsed
         self.control.advance("flushed", written)
         self.control.advance("committed", max(written, self.control.get("committed")))
         if store_timestamp > 0:
@@ -267,7 +271,9 @@ class FlushThread:
         self.flushed_in = socket(context, zmq.PULL, hwm=16)
         self.flushed_in.bind(self.endpoint)  # before the thread connects
         self.woken = threading.Event()
+        self.lock = threading.Lock()  # one flush_to_written at a time: `flushed` only moves forward
         self.stopping = False
+        self.flushed_here = 0
         self.disk_errors = 0
         self.last_error = ""
         self.failure: BaseException | None = None
@@ -294,7 +300,8 @@ class FlushThread:
                         # Every advance is reported, woken or not: a wake that lands between a
                         # timed-out wait and the clear is lost, but the flush after the clear
                         # covers what that wake was for, and its report reaches the front.
-                        flushed = self.flusher.flush_to_written()
+                        with self.lock:
+                            flushed = self.flusher.flush_to_written()
                         if flushed > reported:
                             reported = flushed
                             _notify(report)
@@ -308,6 +315,23 @@ class FlushThread:
             self.failure = e
         finally:
             report.close(0)
+
+    def flush_here(self) -> bool:
+        """SYNC_FLUSH: the group commit on the calling thread, if the last fdatasync was quick
+        and the thread is not flushing. False: it did not, so wake the thread."""
+        if not self.sync or self.flusher.last_flush_ns > FLUSH_HERE_MAX_NS:
+            return False
+        if not self.lock.acquire(blocking=False):  # the thread is flushing: it goes round again
+            return False
+        try:
+            self.flusher.flush_to_written()
+        except OSError as e:  # the thread retries (and counts its own errors)
+            self.last_error = str(e)
+            return False
+        finally:
+            self.lock.release()
+        self.flushed_here += 1
+        return True
 
     def take_reports(self) -> None:
         """Empty `flushed_in` (the reports only say "look at `flushed`"; its queue holds 16)."""
@@ -332,7 +356,7 @@ class FlushThread:
 
     def statistics(self) -> dict:
         return {"actor": "flush", "thread": "front", "alive": self.thread.is_alive(),
-                "diskErrors": self.disk_errors, "lastError": self.last_error} | self.flusher.statistics()
+                "flushedByFront": self.flushed_here, "diskErrors": self.disk_errors, "lastError": self.last_error} | self.flusher.statistics()
 
     def close(self) -> None:
         self.flushed_in.close(0)

@@ -1,6 +1,7 @@
 """The dispatcher polls while records keep coming, and the writer stops waking it meanwhile; it
 announces "queue grew" only while a reader holds pulls (actors.dispatcher): a writing front and
-a dispatcher in this process, over a real store, their turns driven by hand."""
+a dispatcher in this process, over a real store, their turns driven by hand. Also the front's
+SYNC_FLUSH group commit on its own thread when nothing else waits for it (actors.flush)."""
 
 from __future__ import annotations
 
@@ -250,3 +251,24 @@ def test_a_restart_clears_the_watchers_a_killed_reader_left(tmp_path):
     control.publish_recovered(written=0, flushed=0, dispatched=0, min_offset=0)
     assert not control.watched()
     control.close()
+
+
+@pytest.mark.parametrize("node_parts", [{"flushDiskType": "SYNC_FLUSH"}], indirect=True)
+def test_a_lone_sync_send_is_flushed_and_answered_in_the_front_s_turn(node_parts):
+    front, dispatcher, control = node_parts
+    _send(front, 1)
+    assert control.get("flushed") == control.get("written") > 0
+    assert not front.waiting and front.flushing.statistics()["flushedByFront"] == 1
+
+
+@pytest.mark.parametrize("node_parts", [{"flushDiskType": "SYNC_FLUSH"}], indirect=True)
+def test_with_a_pull_held_the_front_leaves_the_sync_flush_to_its_thread(node_parts):
+    front, dispatcher, control = node_parts
+    _hold_pull(front, 0)
+    _send(front, 1)
+    assert front.flushing.statistics()["flushedByFront"] == 0  # the thread's: the pull is served meanwhile
+    deadline = time.monotonic() + 5
+    while front.waiting and time.monotonic() < deadline:
+        if front.flushing.flushed_in.poll(50):
+            front._answer_flushed({front.flushing.flushed_in})
+    assert not front.waiting and control.get("flushed") == control.get("written")

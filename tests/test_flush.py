@@ -140,3 +140,38 @@ def test_a_disk_error_is_counted_and_the_flush_thread_goes_on(flush_thread, monk
         time.sleep(0.01)  # it retries every group-commit period
     assert flush_thread.disk_errors >= 2 and "Input/output error" in flush_thread.statistics()["lastError"]
     flush_thread.check()  # still alive: the held sends time out as FLUSH_DISK_TIMEOUT meanwhile
+
+
+def test_the_front_flushes_itself_when_the_disk_was_quick(store_and_control, flush_thread):
+    _, store, control = store_and_control
+    end = _written(store, control, [message(i) for i in range(10)])
+    assert flush_thread.flush_here()  # not started: this thread did it
+    assert control.get("flushed") == end and flush_thread.statistics()["flushedByFront"] == 1
+
+
+def test_the_front_leaves_the_flush_to_the_thread_after_a_slow_fdatasync(store_and_control, flush_thread):
+    _, store, control = store_and_control
+    _written(store, control, [message(1)])
+    flush_thread.flusher.last_flush_ns = 3_000_000  # a disk this slow would stall the front
+    assert not flush_thread.flush_here()
+    assert control.get("flushed") == 0 and flush_thread.statistics()["flushedByFront"] == 0
+
+
+def test_the_front_does_not_flush_beside_the_thread(store_and_control, flush_thread):
+    _, store, control = store_and_control
+    _written(store, control, [message(1)])
+    with flush_thread.lock:  # the thread is in its fdatasync
+        assert not flush_thread.flush_here()
+    assert control.get("flushed") == 0
+
+
+def test_a_disk_error_in_the_front_s_flush_leaves_it_to_the_thread(store_and_control, flush_thread, monkeypatch):
+    _, store, control = store_and_control
+    _written(store, control, [message(1)])
+
+    def failing() -> int:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(flush_thread.flusher, "flush_to_written", failing)
+    assert not flush_thread.flush_here()
+    assert control.get("flushed") == 0 and not flush_thread.lock.locked()

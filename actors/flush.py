@@ -356,7 +356,8 @@ class FlushThread:
 
     def statistics(self) -> dict:
         return {"actor": "flush", "thread": "front", "alive": self.thread.is_alive(),
-                "flushedByFront": self.flushed_here, "diskErrors": self.disk_errors, "lastError": self.last_error} | self.flusher.statistics()
+                "flushedByFront": self.flushed_here, "diskErrors": self.disk_errors,
+                "lastError": self.last_error} | self.flusher.statistics()
 
     def close(self) -> None:
         self.flushed_in.close(0)

@@ -222,9 +222,12 @@ class AsyncProducer:
         if tags or keys or properties or delay_level or not wait:
             message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait)
             return await self.send_message(message, queue_id=queue_id, shard_key=shard_key)
-        # A plain message (most sends): no Message to build, its only property the uniq key.
+        # A plain message (most sends): no Message to build, its only property the uniq key; a
+        # known route is picked here, with no coroutine to make and await.
         body = _bytes(body)
-        queue = await self._queue_for(topic, queue_id, shard_key)
+        count = self.routes.get(topic)
+        queue = self._pick_queue(topic, queue_id, shard_key, count) if queue_id is not None or count \
+            else await self._choose_queue(topic, queue_id, shard_key)
         now_ms = int(time.time() * 1000)
         entry = {"topic": topic, "queueId": queue, "flag": 0, "bodySize": len(body), "bornTimestamp": now_ms,
                  "properties": {PROPERTY_UNIQ_KEY: self.keys.next(now_ms)}}
@@ -246,10 +249,14 @@ class AsyncProducer:
         return await self._choose_queue(topic, queue_id, shard_key)
 
     async def _send_entry(self, entry: dict, body: bytes) -> SendResult:
-        """One coalesced send with its retries: TIMEOUT and the retriable statuses, with backoff."""
+        """One coalesced send with its retries: TIMEOUT and the retriable statuses, with backoff.
+        It awaits the coalesced future itself: each coroutine frame between a sender and that
+        future is resumed again for every reply (the client's CPU a send, docs/performance.md)."""
+        if self.connection is None:
+            await self.start()
         for attempt in range(self.retries + 1):
             try:
-                result = await self._coalesced(entry, body)
+                result = await self._coalesce(entry, body)
             except SendError as e:
                 if e.status != "TIMEOUT" or attempt == self.retries:
                     raise
@@ -302,9 +309,8 @@ class AsyncProducer:
 
     # -- coalescing -------------------------------------------------------------------------------
 
-    async def _coalesced(self, entry: dict, body: bytes) -> dict:
-        if self.connection is None:
-            await self.start()
+    def _coalesce(self, entry: dict, body: bytes) -> asyncio.Future:
+        """Queue one send for the next SEND_MESSAGES frame; its future gets the send's result."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self.queued.append((entry, body, future))
@@ -316,7 +322,7 @@ class AsyncProducer:
             # reply) still leave together at its end.
             self.flush_handle = loop.call_later(self.linger, self._flush_queued) \
                 if self.linger > 0 and self.coalesced_in_flight else loop.call_soon(self._flush_queued)
-        return await future
+        return future
 
     def _flush_queued(self) -> None:
         if self.flush_handle is not None:

@@ -505,3 +505,65 @@ def test_fast_frames_round_trip_as_pyzmq_multipart_does():
         a.close(0)
         b.close(0)
         context.term()
+
+
+def test_a_coalesced_send_is_retried_on_busy_and_on_silence_and_fails_on_the_rest():
+    """The retry loop of a single send: SYSTEM_BUSY and a reply that never comes (TIMEOUT) are
+    sent again, as the same message (same UNIQ_KEY); a status that is not retriable fails the send
+    at once; a send still busy after `retries` attempts fails with the last status."""
+    import asyncio
+
+    import zmq.asyncio
+
+    from node.producer import AsyncProducer, SendError
+
+    async def main():
+        context = zmq.asyncio.Context()
+        front = context.socket(zmq.ROUTER)
+        port = front.bind_to_random_port("tcp://127.0.0.1")
+        producer = AsyncProducer(f"tcp://127.0.0.1:{port}", context=context, timeout=0.3, retries=2)
+        producer.routes["T"] = 4
+
+        async def take():
+            frames = await asyncio.wait_for(front.recv_multipart(), 5)
+            return frames[0], orjson.loads(frames[1])
+
+        async def answer(client, header, status):
+            results = [{"status": status, "msgId": m["properties"]["UNIQ_KEY"], "offsetMsgId": "00",
+                        "queueId": m["queueId"], "queueOffset": 7} for m in header["messages"]]
+            reply = {"code": 0, "opaque": header["opaque"], "status": status, "results": results}
+            await front.send_multipart([client, orjson.dumps(reply)])
+
+        try:
+            sending = asyncio.ensure_future(producer.send("T", b"x"))
+            client, first = await take()
+            await answer(client, first, "SYSTEM_BUSY")
+            _, second = await take()  # unanswered: the send times out and goes again
+            client, third = await take()
+            keys = {h["messages"][0]["properties"]["UNIQ_KEY"] for h in (first, second, third)}
+            assert len(keys) == 1 and len({h["opaque"] for h in (first, second, third)}) == 3
+            await answer(client, third, "PUT_OK")
+            result = await asyncio.wait_for(sending, 5)
+            assert (result.status, result.queue_offset, result.msg_id) == ("PUT_OK", 7, keys.pop())
+
+            illegal = asyncio.ensure_future(producer.send("T", b"y"))
+            client, header = await take()
+            await answer(client, header, "MESSAGE_ILLEGAL")
+            with pytest.raises(SendError) as failed:
+                await asyncio.wait_for(illegal, 5)
+            assert failed.value.status == "MESSAGE_ILLEGAL"
+            assert not await front.poll(100)  # not sent again
+
+            busy = asyncio.ensure_future(producer.send("T", b"z"))
+            for _ in range(3):
+                client, header = await take()
+                await answer(client, header, "SYSTEM_BUSY")
+            with pytest.raises(SendError) as failed:
+                await asyncio.wait_for(busy, 5)
+            assert failed.value.status == "SYSTEM_BUSY"
+        finally:
+            await producer.close()
+            front.close(0)
+            context.term()
+
+    asyncio.run(main())

@@ -329,7 +329,12 @@ class AsyncProducer:
             self.flush_handle.cancel()
             self.flush_handle = None
         queued, self.queued = self.queued, []
-        if not queued or self.connection is None:
+        if self.connection is None:  # closed meanwhile (a retry waking from its backoff): never hang
+            for _, _, future in queued:
+                if not future.done():
+                    future.set_exception(SendError("CLOSED", "the producer was closed"))
+            return
+        if not queued:
             return
         opaque = next(self.opaque)
         futures = [f for _, _, f in queued]

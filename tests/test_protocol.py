@@ -567,3 +567,43 @@ def test_a_coalesced_send_is_retried_on_busy_and_on_silence_and_fails_on_the_res
             context.term()
 
     asyncio.run(main())
+
+
+def test_a_send_waiting_to_retry_fails_when_the_producer_closes(monkeypatch):
+    """A send in its backoff after SYSTEM_BUSY when the producer is closed: CLOSED, not a hang
+    and not a connection opened again."""
+    import asyncio
+
+    import zmq.asyncio
+
+    from node import producer as producer_module
+    from node.producer import AsyncProducer, SendError
+
+    monkeypatch.setattr(producer_module, "_backoff", lambda attempt: 0.5)
+
+    async def main():
+        context = zmq.asyncio.Context()
+        front = context.socket(zmq.ROUTER)
+        port = front.bind_to_random_port("tcp://127.0.0.1")
+        producer = AsyncProducer(f"tcp://127.0.0.1:{port}", context=context, timeout=5, retries=2)
+        producer.routes["T"] = 4
+        try:
+            sending = asyncio.ensure_future(producer.send("T", b"x"))
+            client, header, *_ = await asyncio.wait_for(front.recv_multipart(), 5)
+            header = orjson.loads(header)
+            busy = [{"status": "SYSTEM_BUSY", "remark": "busy"}]
+            await front.send_multipart([client, orjson.dumps({"opaque": header["opaque"], "status": "SYSTEM_BUSY",
+                                                              "results": busy})])
+            await asyncio.sleep(0.2)  # the reply is in; the send sleeps in its backoff
+            assert not sending.done()
+            await producer.close()
+            with pytest.raises(SendError) as failed:
+                await asyncio.wait_for(sending, 2)
+            assert failed.value.status == "CLOSED" and producer.connection is None
+            assert not await front.poll(100)
+        finally:
+            await producer.close()
+            front.close(0)
+            context.term()
+
+    asyncio.run(main())

@@ -222,12 +222,11 @@ class AsyncProducer:
         if tags or keys or properties or delay_level or not wait:
             message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait)
             return await self.send_message(message, queue_id=queue_id, shard_key=shard_key)
-        # A plain message (most sends): no Message to build, its only property the uniq key; a
-        # known route is picked here, with no coroutine to make and await.
+        # A plain message (most sends): no Message to build, its only property the uniq key.
         body = _bytes(body)
-        count = self.routes.get(topic)
-        queue = self._pick_queue(topic, queue_id, shard_key, count) if queue_id is not None or count \
-            else await self._choose_queue(topic, queue_id, shard_key)
+        queue = self._known_queue(topic, queue_id, shard_key)
+        if queue is None:
+            queue = await self._choose_queue(topic, queue_id, shard_key)
         now_ms = int(time.time() * 1000)
         entry = {"topic": topic, "queueId": queue, "flag": 0, "bodySize": len(body), "bornTimestamp": now_ms,
                  "properties": {PROPERTY_UNIQ_KEY: self.keys.next(now_ms)}}
@@ -235,18 +234,20 @@ class AsyncProducer:
 
     async def send_message(self, message: Message, *, queue_id: int | None = None,
                            shard_key: str | None = None) -> SendResult:
-        queue = await self._queue_for(message.topic, queue_id, shard_key)
+        queue = self._known_queue(message.topic, queue_id, shard_key)
+        if queue is None:
+            queue = await self._choose_queue(message.topic, queue_id, shard_key)
         now_ms = int(time.time() * 1000)
         uniq = message.properties.get(PROPERTY_UNIQ_KEY) or self.keys.next(now_ms)
         entry = {"topic": message.topic, "queueId": queue, "flag": message.flag, "bodySize": len(message.body),
                  "bornTimestamp": now_ms, "properties": message.wire_properties(uniq)}
         return await self._send_entry(entry, message.body)
 
-    async def _queue_for(self, topic: str, queue_id: int | None, shard_key: str | None) -> int:
+    def _known_queue(self, topic: str, queue_id: int | None, shard_key: str | None) -> int | None:
+        """The queue, when no route needs looking up (None: await `_choose_queue`). Plain, not a
+        coroutine: a send makes and awaits no coroutine for what it already knows."""
         count = self.routes.get(topic)
-        if queue_id is not None or count:  # no route to look up: no coroutine to await
-            return self._pick_queue(topic, queue_id, shard_key, count)
-        return await self._choose_queue(topic, queue_id, shard_key)
+        return self._pick_queue(topic, queue_id, shard_key, count) if queue_id is not None or count else None
 
     async def _send_entry(self, entry: dict, body: bytes) -> SendResult:
         """One coalesced send with its retries: TIMEOUT and the retriable statuses, with backoff.

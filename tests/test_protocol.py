@@ -507,33 +507,50 @@ def test_fast_frames_round_trip_as_pyzmq_multipart_does():
         context.term()
 
 
+class _FakeFront:
+    """A ROUTER standing in for the node's front, and an AsyncProducer connected to it (the
+    route of topic T known, so only sends cross the wire). Use inside a running loop."""
+
+    def __init__(self, **producer_options):
+        import zmq.asyncio
+
+        from node.producer import AsyncProducer
+
+        self.context = zmq.asyncio.Context()
+        self.socket = self.context.socket(zmq.ROUTER)
+        port = self.socket.bind_to_random_port("tcp://127.0.0.1")
+        self.producer = AsyncProducer(f"tcp://127.0.0.1:{port}", context=self.context, **producer_options)
+        self.producer.routes["T"] = 4
+
+    async def take(self) -> tuple[bytes, dict]:
+        import asyncio
+
+        frames = await asyncio.wait_for(self.socket.recv_multipart(), 5)
+        return frames[0], orjson.loads(frames[1])
+
+    async def answer(self, client: bytes, header: dict, status: str) -> None:
+        results = [{"status": status, "msgId": m["properties"]["UNIQ_KEY"], "offsetMsgId": "00",
+                    "queueId": m["queueId"], "queueOffset": 7} for m in header["messages"]]
+        reply = {"code": 0, "opaque": header["opaque"], "status": status, "results": results}
+        await self.socket.send_multipart([client, orjson.dumps(reply)])
+
+    async def close(self) -> None:
+        await self.producer.close()
+        self.socket.close(0)
+        self.context.term()
+
+
 def test_a_coalesced_send_is_retried_on_busy_and_on_silence_and_fails_on_the_rest():
     """The retry loop of a single send: SYSTEM_BUSY and a reply that never comes (TIMEOUT) are
     sent again, as the same message (same UNIQ_KEY); a status that is not retriable fails the send
     at once; a send still busy after `retries` attempts fails with the last status."""
     import asyncio
 
-    import zmq.asyncio
-
-    from node.producer import AsyncProducer, SendError
+    from node.producer import SendError
 
     async def main():
-        context = zmq.asyncio.Context()
-        front = context.socket(zmq.ROUTER)
-        port = front.bind_to_random_port("tcp://127.0.0.1")
-        producer = AsyncProducer(f"tcp://127.0.0.1:{port}", context=context, timeout=0.3, retries=2)
-        producer.routes["T"] = 4
-
-        async def take():
-            frames = await asyncio.wait_for(front.recv_multipart(), 5)
-            return frames[0], orjson.loads(frames[1])
-
-        async def answer(client, header, status):
-            results = [{"status": status, "msgId": m["properties"]["UNIQ_KEY"], "offsetMsgId": "00",
-                        "queueId": m["queueId"], "queueOffset": 7} for m in header["messages"]]
-            reply = {"code": 0, "opaque": header["opaque"], "status": status, "results": results}
-            await front.send_multipart([client, orjson.dumps(reply)])
-
+        fake = _FakeFront(timeout=0.3, retries=2)
+        producer, take, answer = fake.producer, fake.take, fake.answer
         try:
             sending = asyncio.ensure_future(producer.send("T", b"x"))
             client, first = await take()
@@ -552,7 +569,7 @@ def test_a_coalesced_send_is_retried_on_busy_and_on_silence_and_fails_on_the_res
             with pytest.raises(SendError) as failed:
                 await asyncio.wait_for(illegal, 5)
             assert failed.value.status == "MESSAGE_ILLEGAL"
-            assert not await front.poll(100)  # not sent again
+            assert not await fake.socket.poll(100)  # not sent again
 
             busy = asyncio.ensure_future(producer.send("T", b"z"))
             for _ in range(3):
@@ -562,9 +579,7 @@ def test_a_coalesced_send_is_retried_on_busy_and_on_silence_and_fails_on_the_res
                 await asyncio.wait_for(busy, 5)
             assert failed.value.status == "SYSTEM_BUSY"
         finally:
-            await producer.close()
-            front.close(0)
-            context.term()
+            await fake.close()
 
     asyncio.run(main())
 
@@ -574,36 +589,26 @@ def test_a_send_waiting_to_retry_fails_when_the_producer_closes(monkeypatch):
     and not a connection opened again."""
     import asyncio
 
-    import zmq.asyncio
-
     from node import producer as producer_module
-    from node.producer import AsyncProducer, SendError
+    from node.producer import SendError
 
     monkeypatch.setattr(producer_module, "_backoff", lambda attempt: 0.5)
 
     async def main():
-        context = zmq.asyncio.Context()
-        front = context.socket(zmq.ROUTER)
-        port = front.bind_to_random_port("tcp://127.0.0.1")
-        producer = AsyncProducer(f"tcp://127.0.0.1:{port}", context=context, timeout=5, retries=2)
-        producer.routes["T"] = 4
+        fake = _FakeFront(timeout=5, retries=2)
+        producer = fake.producer
         try:
             sending = asyncio.ensure_future(producer.send("T", b"x"))
-            client, header, *_ = await asyncio.wait_for(front.recv_multipart(), 5)
-            header = orjson.loads(header)
-            busy = [{"status": "SYSTEM_BUSY", "remark": "busy"}]
-            await front.send_multipart([client, orjson.dumps({"opaque": header["opaque"], "status": "SYSTEM_BUSY",
-                                                              "results": busy})])
+            client, header = await fake.take()
+            await fake.answer(client, header, "SYSTEM_BUSY")
             await asyncio.sleep(0.2)  # the reply is in; the send sleeps in its backoff
             assert not sending.done()
             await producer.close()
             with pytest.raises(SendError) as failed:
                 await asyncio.wait_for(sending, 2)
             assert failed.value.status == "CLOSED" and producer.connection is None
-            assert not await front.poll(100)
+            assert not await fake.socket.poll(100)
         finally:
-            await producer.close()
-            front.close(0)
-            context.term()
+            await fake.close()
 
     asyncio.run(main())

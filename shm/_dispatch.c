@@ -74,6 +74,14 @@ static inline void put_le32(unsigned char *p, int32_t v) {
     p[3] = (unsigned char)(u >> 24);
 }
 
+static inline int32_t get_le32(const unsigned char *p) {
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+}
+
+static inline int64_t get_le64(const unsigned char *p) {
+    return (int64_t)((uint64_t)(uint32_t)get_le32(p) | (uint64_t)(uint32_t)get_le32(p + 4) << 32);
+}
+
 /* Room for `more` bytes at the end of a bytearray; where they start, or NULL. */
 static unsigned char *grow(PyObject *array, Py_ssize_t more) {
     Py_ssize_t used = PyByteArray_GET_SIZE(array);
@@ -327,10 +335,99 @@ done:
     return result;
 }
 
+/* index_put: IndexFile.put_hash over INDEX_KEY records, into one mapped index file.
+ *
+ * The native twin of `shm.index_file.IndexFile.put_hash` called key by key (the reference;
+ * tests/test_queue_index.py requires the same file bytes from both). Layout (big-endian):
+ *   header 40: beginTimestamp i64 | endTimestamp i64 | beginPhyOffset i64 | endPhyOffset i64 |
+ *              hashSlotCount i32 | indexCount i32
+ *   slots:     i32 each, the newest entry number of the slot (0 = empty)
+ *   entries:   20 bytes at 40 + slots*4 + n*20: keyHash i32 | phyOffset i64 | timeDiff i32 |
+ *              prevIndex i32
+ * Keys from `start` on are taken in order until the file is full. A key whose phyOffset is
+ * below `floor`, or equal to it when `floor_indexed`, is already indexed and skipped (the
+ * caller's recovery replays). Each entry is written before the slot that names it, and the
+ * header last: a reader that re-reads the header never counts an entry not yet written. */
+static PyObject *index_put(PyObject *self, PyObject *args) {
+    Py_buffer map, keys;
+    Py_ssize_t slot_count, index_max, start;
+    long long floor;
+    int floor_indexed;
+    if (!PyArg_ParseTuple(args, "w*nny*nLp", &map, &slot_count, &index_max, &keys, &start, &floor,
+                          &floor_indexed))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t entries_at = 40 + slot_count * 4, count_keys = keys.len / INDEX_KEY_SIZE;
+    if (slot_count <= 0 || index_max < 2 || index_max > INT32_MAX || map.len < entries_at + index_max * 20
+        || keys.len % INDEX_KEY_SIZE || start < 0 || start > count_keys) {
+        PyErr_SetString(PyExc_ValueError, "index_put: the file's geometry, the keys or start are inconsistent");
+        goto done;
+    }
+    unsigned char *m = map.buf;
+    int64_t begin_ts = get64(m), end_ts = get64(m + 8), begin_phy = get64(m + 16), end_phy = get64(m + 24);
+    int32_t slots_used = get32(m + 32), count = get32(m + 36);
+    if (count <= 0)
+        count = 1; /* a new file: entry 0 is never used */
+    if (count > index_max || slots_used < 0) {
+        PyErr_SetString(PyExc_ValueError, "index_put: the index file's header is damaged");
+        goto done;
+    }
+    Py_ssize_t i = start, added = 0;
+    for (; i < count_keys; i++) {
+        const unsigned char *key = (const unsigned char *)keys.buf + i * INDEX_KEY_SIZE;
+        int32_t hash = get_le32(key);
+        int64_t phy = get_le64(key + 4), stamp = get_le64(key + 12);
+        if (phy < floor || (phy == floor && floor_indexed))
+            continue;
+        if (count >= index_max)
+            break; /* full: the caller rolls over to a new file */
+        if (hash < 0) {
+            PyErr_SetString(PyExc_ValueError, "index_put: a keyHash is negative");
+            break;
+        }
+        unsigned char *slot = m + 40 + (Py_ssize_t)(hash % slot_count) * 4;
+        int32_t previous = get32(slot);
+        if (previous <= 0 || previous > count)
+            previous = 0;
+        int64_t diff = 0; /* seconds since beginTimestamp, truncated as Java divides */
+        if (begin_ts > 0) {
+            diff = (stamp - begin_ts) / 1000;
+            diff = diff < 0 ? 0 : (diff > INT32_MAX ? INT32_MAX : diff);
+        }
+        unsigned char *entry = m + entries_at + (Py_ssize_t)count * 20;
+        put_be32(entry, hash);
+        put_be64(entry + 4, phy);
+        put_be32(entry + 12, (int32_t)diff);
+        put_be32(entry + 16, previous);
+        put_be32(slot, count);
+        if (count <= 1) {
+            begin_phy = phy;
+            begin_ts = stamp;
+        }
+        slots_used += previous == 0;
+        count++;
+        end_phy = phy;
+        end_ts = stamp;
+        added++;
+    }
+    if (added) { /* a file nothing was added to keeps its header as it was, byte for byte */
+        put_be64(m, begin_ts); put_be64(m + 8, end_ts); put_be64(m + 16, begin_phy); put_be64(m + 24, end_phy);
+        put_be32(m + 32, slots_used); put_be32(m + 36, count);
+    }
+    if (!PyErr_Occurred())
+        result = Py_BuildValue("(nn)", i, added);
+done:
+    PyBuffer_Release(&map);
+    PyBuffer_Release(&keys);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_v4", scan_v4, METH_VARARGS,
      "scan_v4(buf, position, limit, room, queues, index_keys, schedule_topic)\n"
      "-> (position, added, logics_timestamp or None)"},
+    {"index_put", index_put, METH_VARARGS,
+     "index_put(map, slot_count, index_max, keys, start, floor, floor_indexed) -> (next_key, added)"},
     {NULL, NULL, 0, NULL},
 };
 

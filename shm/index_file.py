@@ -44,6 +44,15 @@ import numpy as np
 from shm.codec import TRANSACTION_MASK, TRANSACTION_ROLLBACK, index_key_hash
 from shm.mapped_file import WrongFileSize, allocate, no_read_around
 
+try:
+    from shm import _dispatch
+except ImportError:  # pragma: no cover - built wherever gcc and the Python headers are
+    _dispatch = None
+
+# build_many links keys in C (`shm._dispatch.index_put`) when it was built; put_hash and the
+# numpy put_many are the reference it is tested against and the fallback.
+NATIVE = _dispatch is not None and os.environ.get("MQNODE_NATIVE", "1") != "0"
+
 HEADER_SIZE = 40
 SLOT_SIZE = 4
 ENTRY_SIZE = 20
@@ -179,6 +188,15 @@ class IndexFile:
         self._write_header()
         return count
 
+    def put_packed(self, keys: bytes | bytearray, start: int, floor: int, floor_indexed: bool) -> tuple[int, int]:
+        """put_hash for INDEX_KEY records from `start` on, in C, until the file is full; records
+        below `floor` (or at it, when `floor_indexed`) are skipped as already indexed. Returns
+        (the record to go on from, keys added)."""
+        assert not self.readonly
+        done = _dispatch.index_put(self.map, self.slot_count, self.index_max, keys, start, floor, floor_indexed)
+        self._read_header()
+        return done
+
     def _time_diffs(self, phys: np.ndarray, stamps: np.ndarray) -> np.ndarray:
         """Seconds since beginTimestamp. The first entry of a file is measured against the begin
         it had (0, or a seed), then becomes the begin for the rest: what put_key does."""
@@ -307,6 +325,8 @@ class IndexService:
         the caller), linking the whole batch at once; returns keys added."""
         index = self._writable()
         floor, inclusive = index.end_phy_offset, index.has_history()
+        if NATIVE:
+            return self._build_native(index, packed, floor, inclusive)
         keys = np.frombuffer(packed, dtype=_INDEX_KEY_DTYPE)
         keys = keys[keys["phy"] > floor] if inclusive else keys[keys["phy"] >= floor]  # skip what is indexed
         if not len(keys):
@@ -324,6 +344,18 @@ class IndexService:
                 break
             index = self._writable()
         return done
+
+    def _build_native(self, index: IndexFile, packed: bytes | bytearray, floor: int, inclusive: bool) -> int:
+        count = len(packed) // INDEX_KEY.size
+        done, added = index.put_packed(packed, 0, floor, inclusive)
+        for _ in range(count):  # each round fills a file or finishes
+            if done == count:
+                break
+            index = self._writable()
+            done, more = index.put_packed(packed, done, floor, inclusive)
+            added += more
+        assert done == count, "every key was placed or skipped"
+        return added
 
     def _put(self, index: IndexFile, key_hash: int, phy_offset: int, store_timestamp: int) -> IndexFile:
         if not index.put_hash(key_hash, phy_offset, store_timestamp):

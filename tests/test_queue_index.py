@@ -8,11 +8,12 @@ from helpers import message, open_store, put, small_settings
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from shm import index_file as index_file_module
 from shm.checkpoint import Checkpoint
 from shm.codec import decode, parse_properties, tags_code
 from shm.consume_queue import FILLER_SIZE, ConsumeQueue
 from shm.control_block import FLAG_DISK_FULL, ControlBlock
-from shm.index_file import IndexFile, IndexService, index_file_size
+from shm.index_file import INDEX_KEY, IndexFile, IndexService, index_file_size
 from shm.store import MessageStore
 from shm.store_files import StoreLock, StoreLocked
 
@@ -96,6 +97,44 @@ def test_index_worked_example_bytes(tmp_path):
             index.hash_slot_count, index.index_count) == (1700000000123, 1700000000123, 1024, 1024, 3, 4)
     entries_at = 40 + index.slot_count * 4
     assert bytes(index.map[entries_at + 20: entries_at + 40]).hex() == "2f07e886" + "0000000000000400" + "0" * 16
+
+
+@pytest.mark.skipif(not index_file_module.NATIVE, reason="shm._dispatch was not built")
+@given(st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 3), st.integers(-3000, 3000)), max_size=60),
+       st.integers(0, 4), st.booleans(), st.sampled_from([0, 1795000000000]))
+@example([(5, 1, 10)] * 40, 0, False, 0)  # one slot, a file filled mid-message
+def test_index_links_in_c_the_bytes_put_hash_writes(tmp_path_factory, steps, floor, floor_indexed, seed):
+    """shm._dispatch.index_put against put_hash key by key, over files that fill up (and go on
+    in a fresh one), keys sharing slots and messages, stamps before the file's begin, and the
+    already-indexed prefix a replay skips."""
+    root = tmp_path_factory.mktemp("index")
+    keys, phy, stamp = bytearray(), 0, 1795000000000
+    for key_hash, phy_step, stamp_step in steps:
+        phy, stamp = phy + phy_step, stamp + stamp_step
+        keys += INDEX_KEY.pack(key_hash, phy, stamp)
+    files = {}
+    for mode in ("put_hash", "c"):
+        index = IndexFile(root / f"{mode}-0", 7, 16, create=True)
+        if seed:
+            index.seed(floor, seed)
+        done, added, n = 0, 0, 0
+        while done < len(steps):
+            if mode == "c":
+                done, more = index.put_packed(keys, done, floor, floor_indexed)
+                added += more
+            else:
+                key_hash, key_phy, key_stamp = INDEX_KEY.unpack_from(keys, done * INDEX_KEY.size)
+                if key_phy < floor or (key_phy == floor and floor_indexed):
+                    done += 1
+                    continue
+                if index.put_hash(key_hash, key_phy, key_stamp):
+                    done, added = done + 1, added + 1
+                    continue
+            if done < len(steps) and index.is_full():
+                n += 1
+                index = IndexFile(root / f"{mode}-{n}", 7, 16, create=True)
+        files[mode] = (added, [(root / f"{mode}-{i}").read_bytes() for i in range(n + 1)])
+    assert files["c"] == files["put_hash"]
 
 
 def test_index_service_rolls_over_and_queries_across_files(tmp_path):
@@ -218,6 +257,7 @@ def test_batched_reput_writes_the_bytes_of_per_record_dispatch(tmp_path, monkeyp
     from helpers import BORN_V6, STORE_V6
 
     from shm import dispatch as dispatch_module
+    from shm import index_file as index_file_module
     from shm.codec import SCHEDULE_TOPIC, TRANSACTION_PREPARED, TRANSACTION_ROLLBACK
 
     def records():
@@ -246,6 +286,7 @@ def test_batched_reput_writes_the_bytes_of_per_record_dispatch(tmp_path, monkeyp
         else:
             monkeypatch.setattr(dispatch_module, "BATCH_RECORDS", batch_records)
             monkeypatch.setattr(dispatch_module, "NATIVE", native and dispatch_module.NATIVE)
+            monkeypatch.setattr(index_file_module, "NATIVE", native and index_file_module.NATIVE)
             assert dispatch_module.reput(store, 0) == (store.commitlog.offset_written, 700)
         store.flush_all()
         stores[mode] = _derived_files(settings.root)

@@ -422,10 +422,35 @@ done:
     return result;
 }
 
+/* cq_entries(run) -> bytes: a run of RUN_ENTRY records (queueOffset i64 | the 20-byte
+ * ConsumeQueue entry) with the queue offsets cut out, as ConsumeQueue.put_many stores a run
+ * that continues its queue. */
+static PyObject *cq_entries(PyObject *self, PyObject *args) {
+    Py_buffer run;
+    if (!PyArg_ParseTuple(args, "y*", &run))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t count = run.len / RUN_ENTRY_SIZE;
+    if (run.len % RUN_ENTRY_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "cq_entries: a run holds whole entries");
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, count * (RUN_ENTRY_SIZE - 8));
+    if (result == NULL)
+        goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < count; i++)
+        memcpy(out + i * (RUN_ENTRY_SIZE - 8), (const unsigned char *)run.buf + i * RUN_ENTRY_SIZE + 8, RUN_ENTRY_SIZE - 8);
+done:
+    PyBuffer_Release(&run);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_v4", scan_v4, METH_VARARGS,
      "scan_v4(buf, position, limit, room, queues, index_keys, schedule_topic)\n"
      "-> (position, added, logics_timestamp or None)"},
+    {"cq_entries", cq_entries, METH_VARARGS, "cq_entries(run) -> bytes: the run's entries without their queue offsets"},
     {"index_put", index_put, METH_VARARGS,
      "index_put(map, slot_count, index_max, keys, start, floor, floor_indexed) -> (next_key, added)"},
     {NULL, NULL, 0, NULL},

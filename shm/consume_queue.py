@@ -37,6 +37,7 @@ import numpy as np
 
 from shm.file_queue import MappedFileQueue
 from shm.mapped_file import StoreError
+from shm.native import NATIVE, _dispatch  # put_many strips a run's queue offsets in C
 
 ENTRY_SIZE = 20
 FILLER_SIZE = 0x7FFFFFFF
@@ -119,7 +120,8 @@ class ConsumeQueue:
             for entry in RUN_ENTRY.iter_unpack(run):
                 self.put(*entry)
             return
-        data = np.frombuffer(run, dtype=np.uint8).reshape(count, RUN_ENTRY.size)[:, 8:].tobytes()
+        data = _dispatch.cq_entries(run) if NATIVE else \
+            np.frombuffer(run, dtype=np.uint8).reshape(count, RUN_ENTRY.size)[:, 8:].tobytes()
         logical, done = first_offset * ENTRY_SIZE, 0
         while done < len(data):
             segment = self.files.last_writable(logical + done)

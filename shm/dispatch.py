@@ -17,8 +17,6 @@ loop stops in front of. tests/test_native_dispatch.py holds the two to the same 
 
 from __future__ import annotations
 
-import os
-
 from shm.codec import (  # the dispatcher's hot loop shares the codec's structs
     _FIXED_V4,
     _I16,
@@ -48,13 +46,8 @@ from shm.codec import (  # the dispatcher's hot loop shares the codec's structs
 from shm.consume_queue import RUN_ENTRY
 from shm.index_file import INDEX_KEY
 from shm.javacompat import jhash_cached
+from shm.native import NATIVE, _dispatch
 
-try:
-    from shm import _dispatch
-except ImportError:  # pragma: no cover - built wherever gcc and the Python headers are
-    _dispatch = None
-
-NATIVE = _dispatch is not None and os.environ.get("MQNODE_NATIVE", "1") != "0"
 _V6_FLAGS = FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6
 _SCHEDULE_RAW = SCHEDULE_TOPIC.encode()
 

@@ -43,15 +43,7 @@ import numpy as np
 
 from shm.codec import TRANSACTION_MASK, TRANSACTION_ROLLBACK, index_key_hash
 from shm.mapped_file import WrongFileSize, allocate, no_read_around
-
-try:
-    from shm import _dispatch
-except ImportError:  # pragma: no cover - built wherever gcc and the Python headers are
-    _dispatch = None
-
-# build_many links keys in C (`shm._dispatch.index_put`) when it was built; put_hash and the
-# numpy put_many are the reference it is tested against and the fallback.
-NATIVE = _dispatch is not None and os.environ.get("MQNODE_NATIVE", "1") != "0"
+from shm.native import NATIVE, _dispatch
 
 HEADER_SIZE = 40
 SLOT_SIZE = 4

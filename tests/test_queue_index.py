@@ -256,6 +256,7 @@ def test_batched_reput_writes_the_bytes_of_per_record_dispatch(tmp_path, monkeyp
     queues, CQ and index rollover."""
     from helpers import BORN_V6, STORE_V6
 
+    from shm import consume_queue as consume_queue_module
     from shm import dispatch as dispatch_module
     from shm import index_file as index_file_module
     from shm.codec import SCHEDULE_TOPIC, TRANSACTION_PREPARED, TRANSACTION_ROLLBACK
@@ -287,6 +288,7 @@ def test_batched_reput_writes_the_bytes_of_per_record_dispatch(tmp_path, monkeyp
             monkeypatch.setattr(dispatch_module, "BATCH_RECORDS", batch_records)
             monkeypatch.setattr(dispatch_module, "NATIVE", native and dispatch_module.NATIVE)
             monkeypatch.setattr(index_file_module, "NATIVE", native and index_file_module.NATIVE)
+            monkeypatch.setattr(consume_queue_module, "NATIVE", native and consume_queue_module.NATIVE)
             assert dispatch_module.reput(store, 0) == (store.commitlog.offset_written, 700)
         store.flush_all()
         stores[mode] = _derived_files(settings.root)

@@ -65,6 +65,10 @@ class SendResult(NamedTuple):
                 "queueId": self.queue_id, "queueOffset": self.queue_offset}
 
 
+# A send waiting for the next SEND_MESSAGES frame: its header entry, body, future and attempt.
+Queued = tuple[dict, bytes, asyncio.Future, int]
+
+
 @dataclass(slots=True)
 class Message:
     topic: str
@@ -141,7 +145,7 @@ class AsyncProducer:
         self.keys = UniqKeys()
         self.opaque = itertools.count(1)
         self.waiting: dict[int, tuple[asyncio.Future, float]] = {}
-        self.queued: list[tuple[dict, bytes, asyncio.Future]] = []
+        self.queued: list[Queued] = []
         self.flush_handle: asyncio.Handle | None = None
         self.coalesced_in_flight = 0  # SEND_MESSAGES requests awaiting their reply
         self.routes: dict[str, int] = {}
@@ -230,7 +234,9 @@ class AsyncProducer:
         now_ms = int(time.time() * 1000)
         entry = {"topic": topic, "queueId": queue, "flag": 0, "bodySize": len(body), "bornTimestamp": now_ms,
                  "properties": {PROPERTY_UNIQ_KEY: self.keys.next(now_ms)}}
-        return await self._send_entry(entry, body)
+        if self.connection is None:
+            await self.start()
+        return await self._coalesce(entry, body)
 
     async def send_message(self, message: Message, *, queue_id: int | None = None,
                            shard_key: str | None = None) -> SendResult:
@@ -241,35 +247,15 @@ class AsyncProducer:
         uniq = message.properties.get(PROPERTY_UNIQ_KEY) or self.keys.next(now_ms)
         entry = {"topic": message.topic, "queueId": queue, "flag": message.flag, "bodySize": len(message.body),
                  "bornTimestamp": now_ms, "properties": message.wire_properties(uniq)}
-        return await self._send_entry(entry, message.body)
+        if self.connection is None:
+            await self.start()
+        return await self._coalesce(entry, message.body)
 
     def _known_queue(self, topic: str, queue_id: int | None, shard_key: str | None) -> int | None:
         """The queue, when no route needs looking up (None: await `_choose_queue`). Plain, not a
         coroutine: a send makes and awaits no coroutine for what it already knows."""
         count = self.routes.get(topic)
         return self._pick_queue(topic, queue_id, shard_key, count) if queue_id is not None or count else None
-
-    async def _send_entry(self, entry: dict, body: bytes) -> SendResult:
-        """One coalesced send with its retries: TIMEOUT and the retriable statuses, with backoff.
-        It awaits the coalesced future itself: each coroutine frame between a sender and that
-        future is resumed again for every reply (the client's CPU a send, docs/performance.md)."""
-        if self.connection is None:
-            await self.start()
-        for attempt in range(self.retries + 1):
-            try:
-                result = await self._coalesce(entry, body)
-            except SendError as e:
-                if e.status != "TIMEOUT" or attempt == self.retries:
-                    raise
-                continue
-            status = result["status"]
-            if status in protocol.STORED_STATUSES:
-                return SendResult(status, result["msgId"], result["offsetMsgId"], result["queueId"],
-                                  result["queueOffset"], entry["topic"])
-            if status not in protocol.RETRIABLE_STATUSES or attempt == self.retries:
-                raise SendError(status, result.get("remark", ""))
-            await asyncio.sleep(_backoff(attempt))
-        raise AssertionError("unreachable")
 
     async def send_oneway(self, topic: str, body: bytes | str, *, queue_id: int | None = None, **kwargs) -> None:
         """Fire and forget: no reply is sent or awaited."""
@@ -310,11 +296,16 @@ class AsyncProducer:
 
     # -- coalescing -------------------------------------------------------------------------------
 
-    def _coalesce(self, entry: dict, body: bytes) -> asyncio.Future:
-        """Queue one send for the next SEND_MESSAGES frame; its future gets the send's result."""
+    def _coalesce(self, entry: dict, body: bytes, future: asyncio.Future | None = None,
+                  attempt: int = 0) -> asyncio.Future:
+        """Queue one send for the next SEND_MESSAGES frame. Its future gets the SendResult, or the
+        SendError left after the retries (`_settle`). A sender awaits this future itself: each
+        coroutine frame between them would be resumed again for every reply, and the retries
+        run from the reply's callback instead (the client's CPU a send, docs/performance.md)."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.queued.append((entry, body, future))
+        if future is None:
+            future = loop.create_future()
+        self.queued.append((entry, body, future, attempt))
         if len(self.queued) >= self.max_coalesce:
             self._flush_queued()
         elif self.flush_handle is None:
@@ -331,23 +322,65 @@ class AsyncProducer:
             self.flush_handle = None
         queued, self.queued = self.queued, []
         if self.connection is None:  # closed meanwhile (a retry waking from its backoff): never hang
-            for _, _, future in queued:
+            for _, _, future, _ in queued:
                 if not future.done():
                     future.set_exception(SendError("CLOSED", "the producer was closed"))
             return
         if not queued:
             return
         opaque = next(self.opaque)
-        futures = [f for _, _, f in queued]
         group = asyncio.get_running_loop().create_future()
-        group.add_done_callback(lambda done: _spread(done, futures))
+        group.add_done_callback(lambda done: self._spread(done, queued))
         self.coalesced_in_flight += 1
         group.add_done_callback(self._coalesced_done)
         self.waiting[opaque] = (group, time.monotonic() + self.timeout)
-        header = {"code": protocol.SEND_MESSAGES, "opaque": opaque, "messages": [e for e, _, _ in queued]}
-        if not self.connection.send([orjson.dumps(header), b"".join(b for _, b, _ in queued)]):
+        header = {"code": protocol.SEND_MESSAGES, "opaque": opaque, "messages": [q[0] for q in queued]}
+        if not self.connection.send([orjson.dumps(header), b"".join(q[1] for q in queued)]):
             self.waiting.pop(opaque, None)
             group.set_exception(SendError("SYSTEM_BUSY", "the connection's send queue is full"))
+
+    def _spread(self, group: asyncio.Future, queued: list[Queued]) -> None:
+        """A SEND_MESSAGES reply (or its failure) to each coalesced send."""
+        error = SendError("CLOSED") if group.cancelled() else group.exception()
+        if error is not None:
+            for item in queued:
+                self._settle(item, None, error)
+            return
+        header, _ = group.result()
+        results = header.get("results")
+        if not isinstance(results, list) or len(results) != len(queued):
+            results = [{"status": header.get("status", "SYSTEM_ERROR"), "remark": header.get("remark", "")}] * len(queued)
+        for item, result in zip(queued, results):
+            self._settle(item, result, None)
+
+    def _settle(self, item: Queued, result: dict | None, error: BaseException | None) -> None:
+        """One send's outcome: its SendResult; a retry, with the same UNIQ_KEY (an unanswered
+        request at once, SYSTEM_BUSY and the other retriable statuses after a backoff); or,
+        after the last retry or for any other status or error, its SendError."""
+        entry, body, future, attempt = item
+        if future.done():  # its sender gave up (cancelled)
+            return
+        delay = None
+        if error is None:
+            status = result.get("status") if isinstance(result, dict) else "SYSTEM_ERROR"
+            if status in protocol.STORED_STATUSES:
+                future.set_result(SendResult(status, result["msgId"], result["offsetMsgId"], result["queueId"],
+                                             result["queueOffset"], entry["topic"]))
+                return
+            error = SendError(status, result.get("remark", "") if isinstance(result, dict) else "")
+            delay = _backoff(attempt) if status in protocol.RETRIABLE_STATUSES else None
+        elif isinstance(error, SendError) and error.status == "TIMEOUT":
+            delay = 0.0
+        if delay is None or attempt >= self.retries:
+            future.set_exception(error)
+        elif delay:
+            asyncio.get_running_loop().call_later(delay, self._retry, entry, body, future, attempt + 1)
+        else:
+            self._coalesce(entry, body, future, attempt + 1)
+
+    def _retry(self, entry: dict, body: bytes, future: asyncio.Future, attempt: int) -> None:
+        if not future.done():  # not cancelled while it waited out the backoff
+            self._coalesce(entry, body, future, attempt)
 
     def _coalesced_done(self, _group: asyncio.Future) -> None:
         self.coalesced_in_flight -= 1
@@ -374,26 +407,6 @@ class AsyncProducer:
                 future, _ = self.waiting.pop(opaque)
                 if not future.done():
                     future.set_exception(SendError("TIMEOUT", f"no reply within {self.timeout} s"))
-
-
-def _spread(group: asyncio.Future, futures: list[asyncio.Future]) -> None:
-    """A SEND_MESSAGES reply (or its failure) to each coalesced send."""
-    if group.cancelled():
-        error = SendError("CLOSED")
-    else:
-        error = group.exception()
-    if error is not None:
-        for f in futures:
-            if not f.done():
-                f.set_exception(error)
-        return
-    header, _ = group.result()
-    results = header.get("results")
-    if not isinstance(results, list) or len(results) != len(futures):
-        results = [{"status": header.get("status", "SYSTEM_ERROR"), "remark": header.get("remark", "")}] * len(futures)
-    for f, result in zip(futures, results):
-        if not f.done():
-            f.set_result(result)
 
 
 class Producer:

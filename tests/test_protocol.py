@@ -612,3 +612,33 @@ def test_a_send_waiting_to_retry_fails_when_the_producer_closes(monkeypatch):
             await fake.close()
 
     asyncio.run(main())
+
+
+def test_a_send_cancelled_in_its_backoff_is_not_sent_again(monkeypatch):
+    """A sender that gives up (its task cancelled) while its send waits out a SYSTEM_BUSY
+    backoff: the message is not sent again, and the producer goes on sending for others."""
+    import asyncio
+
+    from node import producer as producer_module
+
+    monkeypatch.setattr(producer_module, "_backoff", lambda attempt: 0.3)
+
+    async def main():
+        fake = _FakeFront(timeout=5, retries=2)
+        producer = fake.producer
+        try:
+            sending = asyncio.ensure_future(producer.send("T", b"x"))
+            client, header = await fake.take()
+            await fake.answer(client, header, "SYSTEM_BUSY")
+            await asyncio.sleep(0.1)  # the reply is in; the send waits out its backoff
+            sending.cancel()
+            assert not await fake.socket.poll(500)  # past the backoff: nothing sent again
+            other = asyncio.ensure_future(producer.send("T", b"y"))
+            client, header = await fake.take()
+            assert len(header["messages"]) == 1
+            await fake.answer(client, header, "PUT_OK")
+            assert (await asyncio.wait_for(other, 2)).status == "PUT_OK"
+        finally:
+            await fake.close()
+
+    asyncio.run(main())

@@ -334,7 +334,7 @@ class AsyncProducer:
         self.coalesced_in_flight += 1
         group.add_done_callback(self._coalesced_done)
         self.waiting[opaque] = (group, time.monotonic() + self.timeout)
-        header = {"code": protocol.SEND_MESSAGES, "opaque": opaque, "messages": [q[0] for q in queued]}
+        header = {"code": protocol.SEND_MESSAGES, "opaque": opaque, "compact": True, "messages": [q[0] for q in queued]}
         if not self.connection.send([orjson.dumps(header), b"".join(q[1] for q in queued)]):
             self.waiting.pop(opaque, None)
             group.set_exception(SendError("SYSTEM_BUSY", "the connection's send queue is full"))
@@ -347,11 +347,29 @@ class AsyncProducer:
                 self._settle(item, None, error)
             return
         header, _ = group.result()
+        if "queueOffsets" in header and self._spread_compact(header, queued):
+            return
         results = header.get("results")
         if not isinstance(results, list) or len(results) != len(queued):
             results = [{"status": header.get("status", "SYSTEM_ERROR"), "remark": header.get("remark", "")}] * len(queued)
         for item, result in zip(queued, results):
             self._settle(item, result, None)
+
+    def _spread_compact(self, header: dict, queued: list[Queued]) -> bool:
+        """The compact reply (every message stored, one status for all): ids and queue offsets in
+        request order, the queue and topic each send's own. False for a reply that does not add up."""
+        offsets, ids, offset_ids = header["queueOffsets"], header.get("msgId"), header.get("offsetMsgId")
+        status = header.get("status")  # PUT_OK, or FLUSH_DISK_TIMEOUT when the flush ran late
+        if not (isinstance(offsets, list) and isinstance(ids, str) and isinstance(offset_ids, str)
+                and status in protocol.STORED_STATUSES):
+            return False
+        ids, offset_ids = ids.split(","), offset_ids.split(",")
+        if not len(offsets) == len(ids) == len(offset_ids) == len(queued):
+            return False
+        for (entry, _, future, _), msg_id, offset_id, offset in zip(queued, ids, offset_ids, offsets):
+            if not future.done():  # its sender gave up (cancelled)
+                future.set_result(SendResult(status, msg_id, offset_id, entry["queueId"], offset, entry["topic"]))
+        return True
 
     def _settle(self, item: Queued, result: dict | None, error: BaseException | None) -> None:
         """One send's outcome: its SendResult; a retry, with the same UNIQ_KEY (an unanswered

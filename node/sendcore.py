@@ -59,16 +59,17 @@ class PendingSend:
     uniq_keys: list[str | None] = field(default_factory=list)
     topics: list[str] = field(default_factory=list)
     queue_ids: list[int] = field(default_factory=list)
+    compact: bool = False  # SEND_MESSAGES asked for the compact reply (docs/protocol.md)
 
     def to_wire(self) -> list:
         return [self.client.hex(), self.opaque, self.code, self.arrival_ns, self.oneway, self.wait,
                 self.indices, {str(k): v for k, v in self.refusals.items()}, self.uniq_keys, self.topics,
-                self.queue_ids]
+                self.queue_ids, self.compact]
 
     @classmethod
     def from_wire(cls, item: list) -> PendingSend:
         return cls(bytes.fromhex(item[0]), item[1], item[2], item[3], item[4], item[5], item[6],
-                   {int(k): tuple(v) for k, v in item[7].items()}, item[8], item[9], item[10])
+                   {int(k): tuple(v) for k, v in item[7].items()}, item[8], item[9], item[10], item[11])
 
 
 class SendEncoder:
@@ -124,6 +125,7 @@ class SendEncoder:
             at += size
         if at != len(body):
             raise protocol.ProtocolError(f"bodies add up to {at} bytes but the body frame holds {len(body)}")
+        pending.compact = header.get("compact") is True
         if self._add_messages_v4(pending, messages, body, born, batch):
             return
         at, waits = 0, False

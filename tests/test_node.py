@@ -160,6 +160,13 @@ def test_malformed_frames_and_unknown_codes_get_error_replies(node, raw):
         {"topic": "TopicA", "queueId": 0, "bodySize": 1}, {"topic": "bad topic", "queueId": 0, "bodySize": 1}]})
     reply = raw([mixed, b"ab"])
     assert [r["status"] for r in reply["results"]] == ["PUT_OK", "MESSAGE_ILLEGAL"]
+    reply = raw([mixed.replace(b'"messages"', b'"compact":true,"messages"'), b"ab"])
+    assert [r["status"] for r in reply["results"]] == ["PUT_OK", "MESSAGE_ILLEGAL"]  # compact only when all stored
+    compact = orjson.dumps({"code": protocol.SEND_MESSAGES, "opaque": 9, "compact": True, "messages": [
+        {"topic": "TopicA", "queueId": 2, "bodySize": 1}, {"topic": "TopicA", "queueId": 2, "bodySize": 1}]})
+    reply = raw([compact, b"ab"])
+    assert "results" not in reply and reply["status"] == "PUT_OK" and reply["count"] == 2
+    assert reply["queueOffsets"][1] == reply["queueOffsets"][0] + 1 and len(reply["offsetMsgId"].split(",")) == 2
     good = orjson.dumps({"code": protocol.SEND_MESSAGE, "opaque": 8, "topic": "TopicA", "queueId": 1})
     assert raw([good, b"after all that"])["status"] == "PUT_OK"
 

@@ -315,6 +315,63 @@ def test_coalesced_sends_fast_path_writes_what_the_general_path_writes(one_pass,
     _fast_path_matches_general_path("_add_messages_v4", header, b"".join(e["body"] for e in entries), born, one_pass)
 
 
+@pytest.mark.parametrize("refused_at", [None, 1])
+def test_the_compact_reply_gives_each_send_what_the_full_reply_gives(refused_at):
+    """A SEND_MESSAGES request with `compact` is answered, when all its messages are stored,
+    with comma-joined ids and a list of queue offsets instead of a dict a message; the client
+    rebuilds from it the very SendResults the full `results` form gives, also when the flush
+    actor downgrades it. A refusal anywhere keeps the full form."""
+    import asyncio
+
+    from actors.flush import _downgrade
+    from node.producer import AsyncProducer
+
+    settings = settings_module.load(None, {"storePathRootDir": "/nonexistent"})
+    encoder = SendEncoder(settings)
+    messages = [{"topic": f"T{i % 2}", "queueId": i, "bornTimestamp": 1, "bodySize": 2,
+                 "properties": {"UNIQ_KEY": f"K{i}"} if i != 2 else {"TAGS": "no-uniq-key"}} for i in range(4)]
+    if refused_at is not None:
+        messages[refused_at]["_refused"] = ["MESSAGE_ILLEGAL", "refused by the front"]
+
+    def answered(compact: bool) -> dict:
+        pending = PendingSend(b"c", 5, protocol.SEND_MESSAGES, 0)
+        header = {"code": protocol.SEND_MESSAGES, "opaque": 5, "compact": compact, "messages": messages}
+        batch = EncodedBatch()
+        add_request_atomic(encoder, pending, orjson.loads(orjson.dumps(header)), b"ab" * 4,
+                           encoder.born_host("10.0.0.1:5"), batch)
+        pending = PendingSend.from_wire(orjson.loads(orjson.dumps(pending.to_wire())))  # as the writer gets it
+        return orjson.loads(answer(pending, [4096 * (i + 1) for i in range(len(batch))],
+                                   [100 + i for i in range(len(batch))], encoder.store_host))
+
+    def spread(header: dict) -> list:
+        async def main():
+            producer = AsyncProducer("tcp://127.0.0.1:9", context=zmq.Context())
+            loop = asyncio.get_running_loop()
+            queued = [(m, b"ab", loop.create_future(), producer.retries) for m in messages]
+            group = loop.create_future()
+            group.set_result((header, None))
+            producer._spread(group, queued)
+            return [f.result() if f.exception() is None else f.exception().status for _, _, f, _ in queued]
+        return asyncio.run(main())
+
+    compact, full = answered(True), answered(False)
+    assert ("results" in compact) == (refused_at is not None) and "results" in full
+    if refused_at is None:
+        assert compact["code"] == 0 and compact["status"] == "PUT_OK" and compact["queueOffsets"] == [100, 101, 102, 103]
+        assert len(orjson.dumps(compact)) < len(orjson.dumps(full)) / 2
+    assert spread(compact) == spread(full)
+    for header in (compact, full):  # the flush actor downgrades a late SYNC_FLUSH reply in place
+        _downgrade(header, "FLUSH_DISK_TIMEOUT")
+    assert spread(compact) == spread(full)
+    assert {r.status for r in spread(compact) if not isinstance(r, str)} == {"FLUSH_DISK_TIMEOUT"}
+    outcomes = spread(compact)
+    assert outcomes[refused_at or 0] == ("MESSAGE_ILLEGAL" if refused_at else outcomes[0])
+    stored = [r for r in outcomes if not isinstance(r, str)]
+    assert [r.msg_id for r in stored if r.queue_id != 2] == [f"K{r.queue_id}" for r in stored if r.queue_id != 2]
+    assert all(r.msg_id == r.offset_msg_id for r in stored if r.queue_id == 2)
+    assert [r.topic for r in stored] == [f"T{r.queue_id % 2}" for r in stored]
+
+
 def _encoder(encoder_class, settings, one_pass: str) -> SendEncoder:
     encoder = encoder_class(settings)
     if one_pass == "c" and os.environ.get("MQNODE_NATIVE") == "0":

@@ -47,10 +47,10 @@ def answer(pending: PendingSend, physical: list[int], queue: list[int], store_ho
     make_ids = native.offset_ids if native.ENABLED and len(store_host) == 8 else offset_ids
     ids = make_ids(store_host, physical, indices)
     if pending.code == protocol.SEND_MESSAGES and pending.compact:
-        # a tenth of the bytes and no dict a message, to build here and to read at the client
-        return orjson.dumps(protocol.reply_header(
-            pending.opaque, "PUT_OK", count=len(indices), msgId=",".join([u or o for u, o in zip(pending.uniq_keys, ids)]),
-            offsetMsgId=",".join(ids), queueOffsets=[queue[i] for i in indices]))
+        # a quarter of the bytes and no dict a message, to build here and to read at the client
+        msg_ids = ",".join([u or o for u, o in zip(pending.uniq_keys, ids)])
+        return orjson.dumps(protocol.reply_header(pending.opaque, "PUT_OK", count=len(indices), msgId=msg_ids,
+                                                  offsetMsgId=",".join(ids), queueOffsets=[queue[i] for i in indices]))
     if pending.code == protocol.SEND_MESSAGES:
         header = protocol.reply_header(pending.opaque, "PUT_OK", results=[
             {"status": "PUT_OK", "msgId": u or o, "offsetMsgId": o, "queueId": q, "queueOffset": queue[i], "topic": t}

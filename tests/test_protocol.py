@@ -357,7 +357,8 @@ def test_the_compact_reply_gives_each_send_what_the_full_reply_gives(refused_at)
     compact, full = answered(True), answered(False)
     assert ("results" in compact) == (refused_at is not None) and "results" in full
     if refused_at is None:
-        assert compact["code"] == 0 and compact["status"] == "PUT_OK" and compact["queueOffsets"] == [100, 101, 102, 103]
+        assert compact["code"] == 0 and compact["status"] == "PUT_OK"
+        assert compact["queueOffsets"] == [100, 101, 102, 103]
         assert len(orjson.dumps(compact)) < len(orjson.dumps(full)) / 2
     assert spread(compact) == spread(full)
     for header in (compact, full):  # the flush actor downgrades a late SYNC_FLUSH reply in place
@@ -591,6 +592,17 @@ class _FakeFront:
         reply = {"code": 0, "opaque": header["opaque"], "status": status, "results": results}
         await self.socket.send_multipart([client, orjson.dumps(reply)])
 
+    async def busy_send(self, wait: float):
+        """A send answered SYSTEM_BUSY, `wait` s after its reply arrived (in its backoff)."""
+        import asyncio
+
+        sending = asyncio.ensure_future(self.producer.send("T", b"x"))
+        client, header = await self.take()
+        await self.answer(client, header, "SYSTEM_BUSY")
+        await asyncio.sleep(wait)
+        assert not sending.done()
+        return sending
+
     async def close(self) -> None:
         await self.producer.close()
         self.socket.close(0)
@@ -655,11 +667,7 @@ def test_a_send_waiting_to_retry_fails_when_the_producer_closes(monkeypatch):
         fake = _FakeFront(timeout=5, retries=2)
         producer = fake.producer
         try:
-            sending = asyncio.ensure_future(producer.send("T", b"x"))
-            client, header = await fake.take()
-            await fake.answer(client, header, "SYSTEM_BUSY")
-            await asyncio.sleep(0.2)  # the reply is in; the send sleeps in its backoff
-            assert not sending.done()
+            sending = await fake.busy_send(0.2)
             await producer.close()
             with pytest.raises(SendError) as failed:
                 await asyncio.wait_for(sending, 2)
@@ -684,10 +692,7 @@ def test_a_send_cancelled_in_its_backoff_is_not_sent_again(monkeypatch):
         fake = _FakeFront(timeout=5, retries=2)
         producer = fake.producer
         try:
-            sending = asyncio.ensure_future(producer.send("T", b"x"))
-            client, header = await fake.take()
-            await fake.answer(client, header, "SYSTEM_BUSY")
-            await asyncio.sleep(0.1)  # the reply is in; the send waits out its backoff
+            sending = await fake.busy_send(0.1)
             sending.cancel()
             assert not await fake.socket.poll(500)  # past the backoff: nothing sent again
             other = asyncio.ensure_future(producer.send("T", b"y"))

@@ -348,9 +348,7 @@ def test_the_compact_reply_gives_each_send_what_the_full_reply_gives(refused_at)
             producer = AsyncProducer("tcp://127.0.0.1:9", context=zmq.Context())
             loop = asyncio.get_running_loop()
             queued = [(m, b"ab", loop.create_future(), producer.retries) for m in messages]
-            group = loop.create_future()
-            group.set_result((header, None))
-            producer._spread(group, queued)
+            producer._spread(queued, header, None)
             return [f.result() if f.exception() is None else f.exception().status for _, _, f, _ in queued]
         return asyncio.run(main())
 
@@ -647,6 +645,8 @@ def test_a_coalesced_send_is_retried_on_busy_and_on_silence_and_fails_on_the_res
             with pytest.raises(SendError) as failed:
                 await asyncio.wait_for(busy, 5)
             assert failed.value.status == "SYSTEM_BUSY"
+            # every request answered or timed out: nothing waits, and no later send lingers
+            assert producer.coalesced_in_flight == 0 and not producer.waiting
         finally:
             await fake.close()
 
@@ -654,8 +654,8 @@ def test_a_coalesced_send_is_retried_on_busy_and_on_silence_and_fails_on_the_res
 
 
 def test_a_send_waiting_to_retry_fails_when_the_producer_closes(monkeypatch):
-    """A send in its backoff after SYSTEM_BUSY when the producer is closed: CLOSED, not a hang
-    and not a connection opened again."""
+    """A send in its backoff after SYSTEM_BUSY, and one whose request is in flight, when the
+    producer is closed: CLOSED, not a hang and not a connection opened again."""
     import asyncio
 
     from node import producer as producer_module
@@ -668,10 +668,14 @@ def test_a_send_waiting_to_retry_fails_when_the_producer_closes(monkeypatch):
         producer = fake.producer
         try:
             sending = await fake.busy_send(0.2)
+            in_flight = asyncio.ensure_future(producer.send("T", b"unanswered"))
+            await fake.take()
             await producer.close()
-            with pytest.raises(SendError) as failed:
-                await asyncio.wait_for(sending, 2)
-            assert failed.value.status == "CLOSED" and producer.connection is None
+            for send in (sending, in_flight):
+                with pytest.raises(SendError) as failed:
+                    await asyncio.wait_for(send, 2)
+                assert failed.value.status == "CLOSED"
+            assert producer.connection is None and producer.coalesced_in_flight == 0
             assert not await fake.socket.poll(100)
         finally:
             await fake.close()

@@ -16,7 +16,9 @@ Sockets:
   to the dispatcher's arrivals while it holds pulls.
 
 It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
-`flushConsumerOffsetInterval` ms and at stop).
+`flushConsumerOffsetInterval` ms and at stop). While its load is light it keeps all its threads on one
+CPU (`frontPinBelowCpu`, actors.affinity): the wake-ups between its loop and its ZeroMQ I/O
+thread then stay local, which shortens a lone send's round trip.
 
 It validates what needs the topic table (it is the table's single writer): topic names,
 auto-creation, queue ids; answers route and runtime-info requests itself; refuses with
@@ -33,6 +35,7 @@ import time
 import orjson
 import zmq
 
+from actors.affinity import ProcessPinner
 from actors.base import Actor, incoming, socket, unpack_replies, wait_readable
 from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
 from actors.pull import Pull
@@ -101,6 +104,7 @@ class Front(Actor):
             self.reads.control = self.control  # shared, not owned: close_reads leaves it open
             self.reads.open_reads(watcher=0)
             self.watch_items = self.poll_items + [(self.reads.arrivals, zmq.POLLIN)]
+        self.pinner = ProcessPinner(s.frontPinBelowCpu) if s.frontPinBelowCpu > 0 else None
         self.accepting = True
         self.in_flight = 0
         self.requests = self.refused = self.malformed = 0
@@ -133,12 +137,16 @@ class Front(Actor):
             self._finish_writes()
         if reads is not None:
             self._finish_reads(events)
+        if self.pinner is not None:
+            self.pinner.check()
         now = time.monotonic()
         if now >= self.next_offsets_persist:
             self.next_offsets_persist = now + self.settings.flushConsumerOffsetInterval / 1000
             self.offsets.persist()
 
     def drain(self) -> None:
+        if getattr(self, "pinner", None) is not None:
+            self.pinner.release()
         if self.writes is not None:  # sends in hand (none once drained), then a write-buffer's tail
             self._finish_writes()
             self.writes.drain()
@@ -400,6 +408,8 @@ class Front(Actor):
         stats = super().statistics() | {"requests": self.requests, "inFlight": self.in_flight,
                                         "refused": self.refused, "malformed": self.malformed,
                                         "accepting": self.accepting, "topics": len(self.topics.topics)}
+        if getattr(self, "pinner", None) is not None:
+            stats["cpuPinning"] = self.pinner.statistics()
         if getattr(self, "reads", None) is not None:
             reads = self.reads
             stats["reads"] = {"served": reads.served, "found": reads.found, "held": reads.held_count,

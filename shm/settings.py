@@ -136,6 +136,7 @@ class Settings:
     writesInFront: bool = _s(True, "With ingressWorkers = 0, the front appends to the CommitLog itself, no writer process runs (one hop less a send)", NODE)
     flushInFront: bool = _s(True, "With writesInFront, the front flushes the CommitLog on a thread of its own, no flush process runs (a SYNC_FLUSH send crosses two process hops fewer)", NODE)
     readsInFront: bool = _s(True, "The front serves reads itself, no pull worker runs (faster on 2 cores; false for pullWorkers)", NODE)
+    frontPinBelowCpu: float = _s(0.7, "While the front's process uses less than this fraction of one CPU, all its threads run on one CPU (local wake-ups at light load: lower ack latency); lifted when that CPU is nearly full or contended; 0 = never pin", NODE)
     dispatcherNiceness: int = _s(5, "Nice value of the dispatcher's loop (0-19): on a busy CPU the front and the clients go first and it catches up in larger batches; 0 = normal priority", NODE)
     dispatcherPollMillis: int = _s(1, "While records keep coming, the dispatcher looks at the written end this often and the writer stops waking it", NODE)
     dispatcherPollHoldMillis: int = _s(10, "How long the dispatcher goes on polling after the last record it found, before it waits for the writer's wake-up again (0 = never poll: a wake-up for every writer turn that wrote)", NODE)
@@ -294,6 +295,8 @@ def validate(settings: Settings) -> None:
     if settings.enableConsumeQueueExt:
         raise SettingsError("enableConsumeQueueExt=true is not supported by mqnode")
     parse_delay_levels(settings.messageDelayLevel)
+    if not 0 <= settings.frontPinBelowCpu < 0.85:
+        raise SettingsError("frontPinBelowCpu must be at least 0 and below 0.85 (0 = never pin)")
     if not 0 <= settings.dispatcherNiceness <= 19:
         raise SettingsError("dispatcherNiceness must be between 0 and 19")
     if settings.dispatcherPollMillis < 1 or settings.dispatcherPollHoldMillis < 0:

@@ -4,8 +4,10 @@ raw ZeroMQ frames. One node for the module: Ray takes seconds to start."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -214,6 +216,26 @@ def test_dispatcher_and_allocator_loops_run_niced(node):
     pid = {name: int((run / f"{name}.pid").read_text()) for name in ("dispatcher", "allocator")}
     assert 5 in _thread_nice_values(pid["dispatcher"])
     assert 10 in _thread_nice_values(pid["allocator"])
+
+
+def test_an_idle_front_keeps_its_threads_on_one_cpu(node):
+    """frontPinBelowCpu: the front's process, well under 0.7 of a CPU while idle, has every
+    thread on the one CPU its loop runs on within a few seconds, and says so in its
+    statistics (actors.affinity)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: nothing to pin to")
+    pid = int((node.settings.run_dir / "front.pid").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        masks = {frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
+        if len(masks) == 1 and len(next(iter(masks))) == 1:
+            break
+        time.sleep(0.2)
+    assert len(masks) == 1 and len(next(iter(masks))) == 1, masks
+    with Producer(node.settings.listen, timeout=5.0) as producer:
+        info, _ = producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+    pinning = info["actors"]["front"]["cpuPinning"]
+    assert pinning["enabled"] and pinning["pins"] >= 1 and {pinning["pinnedCpu"]} == set(next(iter(masks)))
 
 
 def test_topics_json_is_written_as_rocketmq_writes_it(node, producer):

@@ -1,0 +1,158 @@
+"""Keeping the front's process on one CPU while its load is light (`frontPinBelowCpu`).
+
+Why: at light load each request is its own turn, and a lone send crosses the front's loop and
+its ZeroMQ I/O thread twice (request in, reply out), each time a wake-up. When the thread woken
+last ran on the other CPU, which has gone idle meanwhile, the wake-up is an interrupt to a
+halted virtual CPU, and on this VM that costs tens of µs. With every thread of the front on one
+CPU those wake-ups stay local. Measured at 5k single sends a second (docs/performance.md),
+alternating pairs of fresh nodes: ack latency p50 344-469 µs unpinned, 266-415 µs pinned, lower
+in every pair. Under load it is the other way round: the loop and the I/O thread each want a
+CPU, so the pin is lifted.
+
+`PinPolicy` is pure, fed one `Reading` a second. `ProcessPinner` takes them from /proc and
+applies the decisions with sched_setaffinity to every thread of the process (threads started
+later inherit the mask of the thread that starts them):
+- pin, to the CPU the loop's thread is on, when the process used less than `pin_below` of one
+  CPU over the last second;
+- unpin when, over the last second, it used more than UNPIN_ABOVE of the one CPU (nearly full),
+  or its loop's thread waited to run more than MAX_LOOP_WAIT of the time (something else pinned
+  there, another node say). Some waiting is the price of sharing: at 5k sends/s, pinned, the
+  process used 0.55-0.61 of the CPU and the loop waited 26-34% of the time, behind its own I/O
+  thread and the clients, and still answered sooner. Judged over 100 ms instead, the waits of
+  single bursts unpinned it in the middle of such a run;
+- after an unpin, not again for HOLD_OFF_S: a load that comes and goes does not move the
+  threads back and forth, and a CPU another process keeps busy is not taken again at once.
+A burst of load shorter than a second runs pinned (send_batch and single sends measured inside
+the noise either way).
+Unpinned tasks are not stuck: the scheduler moves them off a busy pinned CPU. Best effort: where
+sched_setaffinity or /proc is missing, or only one CPU is allowed, nothing is pinned and the
+statistics say so.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+UNPIN_ABOVE = 0.85  # of one CPU, the process's use over a reading
+MAX_LOOP_WAIT = 0.6  # of a reading's wall time, the loop thread's wait to run
+HOLD_OFF_S = 10.0
+READING_S = 1.0
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A second (about) of the process, as `ProcessPinner` measures it."""
+
+    now: float  # monotonic seconds, at its end
+    process_cpu: float  # CPU time of every thread of the process / wall time
+    loop_busy: float  # the loop thread's time running or waiting to run / wall time
+    loop_wait: float  # the waiting part alone
+    cpu: int  # the CPU the loop's thread is on
+
+
+class PinPolicy:
+    """Decides from the readings which CPU the process should be pinned to (None: any)."""
+
+    def __init__(self, pin_below: float):
+        assert 0 < pin_below < UNPIN_ABOVE, pin_below
+        self.pin_below = pin_below
+        self.pinned: int | None = None
+        self.hold_until = 0.0
+        self.pins = self.unpins = 0
+
+    def decide(self, reading: Reading) -> int | None:
+        """The CPU to be pinned to after this reading, or None for any CPU."""
+        if self.pinned is not None:
+            if reading.process_cpu > UNPIN_ABOVE or reading.loop_wait > MAX_LOOP_WAIT:
+                self.pinned = None
+                self.unpins += 1
+                self.hold_until = reading.now + HOLD_OFF_S
+        elif reading.process_cpu < self.pin_below and reading.now >= self.hold_until:
+            self.pinned = reading.cpu
+            self.pins += 1
+        return self.pinned
+
+
+class ProcessPinner:
+    """Reads the process and its loop thread (the thread that made it) and applies
+    `PinPolicy`'s decisions. Call `check()` from the loop each turn; between readings it only
+    looks at the clock."""
+
+    def __init__(self, pin_below: float):
+        self.policy = PinPolicy(pin_below)
+        self.tid = threading.get_native_id()
+        try:
+            self.allowed = os.sched_getaffinity(0)
+        except (AttributeError, OSError):
+            self.allowed = set()
+        first = self._read() if len(self.allowed) > 1 else None
+        self.enabled = first is not None
+        self.failures = 0
+        self.last: Reading | None = None
+        self.began = first  # where the current reading began
+        self.next_check = time.monotonic() + READING_S
+
+    def check(self) -> None:
+        """Once a READING_S, a reading of the stretch since the last, and the policy's decision."""
+        now = time.monotonic()
+        if not self.enabled or now < self.next_check:
+            return
+        self.next_check = now + READING_S
+        current = self._read()
+        if current is None:
+            return
+        self.last, self.began = _between(self.began, current), current
+        was = self.policy.pinned
+        pinned = self.policy.decide(self.last)
+        if pinned != was:
+            self._apply(self.allowed if pinned is None else {pinned})
+
+    def release(self) -> None:
+        """Any CPU again (at stop, so a drain is not confined)."""
+        if self.enabled and self.policy.pinned is not None:
+            self.policy.pinned = None
+            self._apply(self.allowed)
+
+    def _read(self) -> tuple[float, float, int, int, int] | None:
+        """(monotonic s, the process's CPU s, the loop thread's run ns and run-queue wait ns,
+        the CPU it is on), or None where /proc does not tell."""
+        try:
+            times = os.times()
+            with open(f"/proc/self/task/{self.tid}/schedstat") as f:
+                run_ns, wait_ns = (int(v) for v in f.read().split()[:2])
+            with open(f"/proc/self/task/{self.tid}/stat") as f:
+                cpu = int(f.read().rsplit(")", 1)[1].split()[36])  # field 39, "processor"
+        except (OSError, ValueError, IndexError):
+            return None
+        return time.monotonic(), times.user + times.system, run_ns, wait_ns, cpu
+
+    def _apply(self, cpus: set[int]) -> None:
+        try:
+            tasks = [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            self.failures += 1
+            return
+        for tid in tasks:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:  # a thread that ended meanwhile, or a CPU no longer allowed
+                self.failures += 1
+
+    def statistics(self) -> dict:
+        policy, long = self.policy, self.last
+        return {"enabled": self.enabled, "pinnedCpu": policy.pinned, "pins": policy.pins,
+                "unpins": policy.unpins, "failures": self.failures, "allowedCpus": len(self.allowed),
+                "processCpu": round(long.process_cpu, 3) if long else None,
+                "loopBusy": round(long.loop_busy, 3) if long else None,
+                "loopWait": round(long.loop_wait, 3) if long else None}
+
+
+def _between(began: tuple, ended: tuple) -> Reading:
+    """The `Reading` of the stretch between two `ProcessPinner._read` results."""
+    (wall0, cpu0, run0, wait0, _), (wall1, cpu1, run1, wait1, on_cpu) = began, ended
+    elapsed = max(wall1 - wall0, 1e-6)
+    wait = (wait1 - wait0) / 1e9 / elapsed
+    return Reading(wall1, (cpu1 - cpu0) / elapsed, (run1 - run0) / 1e9 / elapsed + wait, wait, on_cpu)

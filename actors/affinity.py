@@ -22,8 +22,13 @@ later inherit the mask of the thread that starts them):
   single bursts unpinned it in the middle of such a run;
 - after an unpin, not again for HOLD_OFF_S: a load that comes and goes does not move the
   threads back and forth, and a CPU another process keeps busy is not taken again at once.
-A burst of load shorter than a second runs pinned (send_batch and single sends measured inside
-the noise either way).
+A burst of load shorter than a second runs pinned.
+
+Off by default (`frontPinBelowCpu = 0`), for what it cost elsewhere: under a batch-produce load
+the front stayed pinned (it used only 0.41-0.58 of its CPU), the dispatcher's lag doubled (max
+~10 → ~17.5 MiB) and four consumer processes pulled 7-18% slower (`scripts/bench-consume`,
+two pairs). And in `scripts/bench-produce`, whose latency figure comes after 400k sends, the
+gain did not show (three pairs, p50 inside the noise); on a fresh node it showed in 13 of 14.
 Unpinned tasks are not stuck: the scheduler moves them off a busy pinned CPU. Best effort: where
 sched_setaffinity or /proc is missing, or only one CPU is allowed, nothing is pinned and the
 statistics say so.

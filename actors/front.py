@@ -16,9 +16,9 @@ Sockets:
   to the dispatcher's arrivals while it holds pulls.
 
 It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
-`flushConsumerOffsetInterval` ms and at stop). While its load is light it keeps all its threads on one
-CPU (`frontPinBelowCpu`, actors.affinity): the wake-ups between its loop and its ZeroMQ I/O
-thread then stay local, which shortens a lone send's round trip.
+`flushConsumerOffsetInterval` ms and at stop). With `frontPinBelowCpu` set, while its load is
+light it keeps all its threads on one CPU (actors.affinity): the wake-ups between its loop and
+its ZeroMQ I/O thread then stay local, which shortens a lone send's round trip.
 
 It validates what needs the topic table (it is the table's single writer): topic names,
 auto-creation, queue ids; answers route and runtime-info requests itself; refuses with

@@ -5,6 +5,11 @@ ASYNC_FLUSH with send_batch and with concurrent single sends, SYNC_FLUSH with 64
 senders, ack latency p50/p99 at a fixed 5k msgs/s, and the node's CPU and memory (psutil over
 every process of the node). A benchmark, never a test: the figures depend on the machine, so the
 machine's floors (`node.floors`) are printed before and after them.
+
+The latency is measured once the node has settled after the throughput figures: the dispatcher
+has caught up with what they wrote (up to SETTLE_S; how long it took is printed), so a backlog
+left by them cannot count against it. (So far none was left: it had caught up by the first
+look.) The front's CPU pinning state is printed with it (`frontPinBelowCpu`, actors.affinity).
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from pathlib import Path
 
 import psutil
 
-from node import aio, floors
+from node import aio, floors, protocol
 from node.client import AsyncProducer, Message
 from node.local_node import NodeProcess, local_settings
 from node.pacing import paced, paced_by_loop_timers
 
 BODY = bytes(range(256)) * 4
+SETTLE_S = 30.0
 
 
 @contextlib.contextmanager
@@ -94,6 +100,33 @@ async def singles(endpoint: str, count: int, senders: int, topic: str) -> float:
         return (count // senders) * senders / (time.perf_counter() - began)
 
 
+async def settle(endpoint: str, timeout: float = SETTLE_S) -> tuple[float, dict]:
+    """Wait until the dispatcher has caught up with the written end (at most `timeout` s) and a
+    second more, for the front's CPU reading to see a quiet node; (seconds waited, the front's
+    `cpuPinning` statistics)."""
+    began = time.monotonic()
+    async with AsyncProducer(endpoint) as producer:
+        while True:
+            info, _ = await producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+            control = info.get("control", {})
+            if control.get("dispatched", 0) >= control.get("written", 0) or time.monotonic() - began > timeout:
+                break
+            await asyncio.sleep(0.1)
+        waited = time.monotonic() - began
+        await asyncio.sleep(1.0)
+        info, _ = await producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+    return waited, info.get("actors", {}).get("front", {}).get("cpuPinning", {})
+
+
+def pinning(stats: dict) -> str:
+    if not stats:
+        return "front not pinned (frontPinBelowCpu = 0)"
+    if not stats.get("enabled"):
+        return "front pinning unavailable here"
+    where = "none" if stats.get("pinnedCpu") is None else f"CPU {stats['pinnedCpu']}"
+    return f"front pinned to {where} ({stats.get('pins')} pins, {stats.get('unpins')} unpins so far)"
+
+
 async def latency(endpoint: str, rate: int, seconds: float, pace=paced) -> tuple[float, float]:
     """Single sends at `rate`/s, one every 1/rate s (`pace`); (p50, p99) ack latency in µs."""
     async with AsyncProducer(endpoint, linger_ms=0) as producer:
@@ -133,6 +166,8 @@ def main() -> None:
                 print(f"[ingressWorkers={ingress}] ASYNC_FLUSH concurrent single sends (1024):    {rate:>9,.0f} msgs/s "
                       f"(target >= 80,000); {usage.report()}")
                 if ingress == args.ingress_workers[0]:
+                    waited, pinned = aio.run(settle(node.endpoint))
+                    print(f"[ingressWorkers={ingress}] settled: dispatcher caught up in {waited:.1f} s; {pinning(pinned)}")
                     usage = Usage(node)
                     p50, p99 = aio.run(latency(node.endpoint, 5000, 5.0))
                     print(f"[ingressWorkers={ingress}] ack latency at 5k msgs/s: p50 {p50:,.0f} µs (target <= 300), "

@@ -136,7 +136,7 @@ class Settings:
     writesInFront: bool = _s(True, "With ingressWorkers = 0, the front appends to the CommitLog itself, no writer process runs (one hop less a send)", NODE)
     flushInFront: bool = _s(True, "With writesInFront, the front flushes the CommitLog on a thread of its own, no flush process runs (a SYNC_FLUSH send crosses two process hops fewer)", NODE)
     readsInFront: bool = _s(True, "The front serves reads itself, no pull worker runs (faster on 2 cores; false for pullWorkers)", NODE)
-    frontPinBelowCpu: float = _s(0.7, "While the front's process uses less than this fraction of one CPU, all its threads run on one CPU (local wake-ups at light load: lower ack latency); lifted when that CPU is nearly full or contended; 0 = never pin", NODE)
+    frontPinBelowCpu: float = _s(0.0, "While the front's process uses less than this fraction of one CPU (0.7, say), all its threads run on one CPU: local wake-ups, lower ack latency at light load, but slower reads under load; lifted when that CPU is nearly full or contended; 0 = never pin", NODE)
     dispatcherNiceness: int = _s(5, "Nice value of the dispatcher's loop (0-19): on a busy CPU the front and the clients go first and it catches up in larger batches; 0 = normal priority", NODE)
     dispatcherPollMillis: int = _s(1, "While records keep coming, the dispatcher looks at the written end this often and the writer stops waking it", NODE)
     dispatcherPollHoldMillis: int = _s(10, "How long the dispatcher goes on polling after the last record it found, before it waits for the writer's wake-up again (0 = never poll: a wake-up for every writer turn that wrote)", NODE)

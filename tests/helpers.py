@@ -26,7 +26,7 @@ STORE_V6 = encode_host("::1", 10911)
 def small_settings(root: Path, **overrides) -> Settings:
     values = {"storePathRootDir": str(root), "mappedFileSizeCommitLog": 64 * 1024,
               "mappedFileSizeConsumeQueue": 100 * 20, "maxHashSlotNum": 500, "maxIndexNum": 400,
-              "frontPinBelowCpu": 0}  # a front opened in the test process must not pin pytest's threads
+              "frontPinBelowCpu": 0}  # (the default) a front opened here must never pin pytest's threads
     values.update(overrides)
     return settings_module.load(None, values)
 

@@ -29,7 +29,7 @@ def node(tmp_path_factory, request):
     """Every test runs against a node whose front writes the CommitLog (the default) and one
     with a writer process."""
     yield from in_process_node(tmp_path_factory.mktemp("node"), maxMessageSize=MAX_BODY,
-                               writesInFront=request.param)
+                               writesInFront=request.param, frontPinBelowCpu=0.7)
 
 
 @pytest.fixture(scope="module")
@@ -219,9 +219,9 @@ def test_dispatcher_and_allocator_loops_run_niced(node):
 
 
 def test_an_idle_front_keeps_its_threads_on_one_cpu(node):
-    """frontPinBelowCpu: the front's process, well under 0.7 of a CPU while idle, has every
-    thread on the one CPU its loop runs on within a few seconds, and says so in its
-    statistics (actors.affinity)."""
+    """frontPinBelowCpu (0.7 for this module's node, off by default): the front's process,
+    well under 0.7 of a CPU while idle, has every thread on the one CPU its loop runs on within
+    a few seconds, and says so in its statistics (actors.affinity)."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: nothing to pin to")
     pid = int((node.settings.run_dir / "front.pid").read_text())

@@ -5,9 +5,8 @@ its ZeroMQ I/O thread twice (request in, reply out), each time a wake-up. When t
 last ran on the other CPU, which has gone idle meanwhile, the wake-up is an interrupt to a
 halted virtual CPU, and on this VM that costs tens of µs. With every thread of the front on one
 CPU those wake-ups stay local. Measured at 5k single sends a second (docs/performance.md),
-alternating pairs of fresh nodes: ack latency p50 344-469 µs unpinned, 266-415 µs pinned, lower
-in every pair. Under load it is the other way round: the loop and the I/O thread each want a
-CPU, so the pin is lifted.
+14 alternating pairs of fresh nodes: ack latency p50 lower pinned in 13 (median ~396 → ~327
+µs). When the front's own load needs more than the one CPU, the pin is lifted.
 
 `PinPolicy` is pure, fed one `Reading` a second. `ProcessPinner` takes them from /proc and
 applies the decisions with sched_setaffinity to every thread of the process (threads started

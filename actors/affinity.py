@@ -146,12 +146,12 @@ class ProcessPinner:
                 self.failures += 1
 
     def statistics(self) -> dict:
-        policy, long = self.policy, self.last
+        policy, last = self.policy, self.last  # the last reading, None before the first
         return {"enabled": self.enabled, "pinnedCpu": policy.pinned, "pins": policy.pins,
                 "unpins": policy.unpins, "failures": self.failures, "allowedCpus": len(self.allowed),
-                "processCpu": round(long.process_cpu, 3) if long else None,
-                "loopBusy": round(long.loop_busy, 3) if long else None,
-                "loopWait": round(long.loop_wait, 3) if long else None}
+                "processCpu": round(last.process_cpu, 3) if last else None,
+                "loopBusy": round(last.loop_busy, 3) if last else None,
+                "loopWait": round(last.loop_wait, 3) if last else None}
 
 
 def _between(began: tuple, ended: tuple) -> Reading:

@@ -18,7 +18,9 @@ Sockets:
 It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
 `flushConsumerOffsetInterval` ms and at stop). With `frontPinBelowCpu` set, while its load is
 light it keeps all its threads on one CPU (actors.affinity): the wake-ups between its loop and
-its ZeroMQ I/O thread then stay local, which shortens a lone send's round trip.
+its ZeroMQ I/O thread then stay local, which shortens a lone send's round trip. While it
+serves, it holds a PM QoS request that keeps idle CPUs from halting (`cpuIdleLatencyUs`,
+actors.cpu_latency), so every thread a request wakes wakes quickly.
 
 It validates what needs the topic table (it is the table's single writer): topic names,
 auto-creation, queue ids; answers route and runtime-info requests itself; refuses with
@@ -37,6 +39,7 @@ import zmq
 
 from actors.affinity import ProcessPinner
 from actors.base import Actor, incoming, socket, unpack_replies, wait_readable
+from actors.cpu_latency import NO_REQUEST, CpuLatencyRequest
 from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
 from actors.pull import Pull
 from actors.writer import Writer
@@ -105,6 +108,7 @@ class Front(Actor):
             self.reads.open_reads(watcher=0)
             self.watch_items = self.poll_items + [(self.reads.arrivals, zmq.POLLIN)]
         self.pinner = ProcessPinner(s.frontPinBelowCpu) if s.frontPinBelowCpu > 0 else None
+        self.cpu_latency = CpuLatencyRequest(s.cpuIdleLatencyUs) if s.cpuIdleLatencyUs != NO_REQUEST else None
         self.accepting = True
         self.in_flight = 0
         self.requests = self.refused = self.malformed = 0
@@ -140,6 +144,8 @@ class Front(Actor):
         if self.pinner is not None:
             self.pinner.check()
         now = time.monotonic()
+        if self.cpu_latency is not None:
+            self.cpu_latency.check(now, self.clients in events)
         if now >= self.next_offsets_persist:
             self.next_offsets_persist = now + self.settings.flushConsumerOffsetInterval / 1000
             self.offsets.persist()
@@ -147,6 +153,7 @@ class Front(Actor):
     def drain(self) -> None:
         if getattr(self, "pinner", None) is not None:
             self.pinner.release()
+        self._release_cpu_latency()
         if self.writes is not None:  # sends in hand (none once drained), then a write-buffer's tail
             self._finish_writes()
             self.writes.drain()
@@ -410,13 +417,20 @@ class Front(Actor):
                                         "accepting": self.accepting, "topics": len(self.topics.topics)}
         if getattr(self, "pinner", None) is not None:
             stats["cpuPinning"] = self.pinner.statistics()
+        if getattr(self, "cpu_latency", None) is not None:
+            stats["cpuLatency"] = self.cpu_latency.statistics(time.monotonic())
         if getattr(self, "reads", None) is not None:
             reads = self.reads
             stats["reads"] = {"served": reads.served, "found": reads.found, "held": reads.held_count,
                               "woken": reads.woken, "expired": reads.expired}
         return stats
 
+    def _release_cpu_latency(self) -> None:
+        if getattr(self, "cpu_latency", None) is not None:
+            self.cpu_latency.release(time.monotonic())
+
     def close(self) -> None:
+        self._release_cpu_latency()  # (released in drain, unless the front failed)
         if getattr(self, "flushing", None) is not None:
             self.flushing.stop(flush=False)  # (stopped already, unless the front failed)
             self.flushing.close()

@@ -137,6 +137,7 @@ class Settings:
     flushInFront: bool = _s(True, "With writesInFront, the front flushes the CommitLog on a thread of its own, no flush process runs (a SYNC_FLUSH send crosses two process hops fewer)", NODE)
     readsInFront: bool = _s(True, "The front serves reads itself, no pull worker runs (faster on 2 cores; false for pullWorkers)", NODE)
     frontPinBelowCpu: float = _s(0.0, "While the front's process uses less than this fraction of one CPU (0.7, say), all its threads run on one CPU: local wake-ups, lower ack latency at light load, but slower reads under load; lifted when that CPU is nearly full or contended; 0 = never pin", NODE)
+    cpuIdleLatencyUs: int = _s(0, "While the front serves (until 2 s after its last request), it asks the kernel (/dev/cpu_dma_latency, needs root) to keep idle CPUs able to wake within this many µs: 0 = idle CPUs poll instead of halting, so the wake-ups of a request's threads are quick (a virtual machine's halted CPU costs tens of µs each); -1 = no request", NODE)
     dispatcherNiceness: int = _s(5, "Nice value of the dispatcher's loop (0-19): on a busy CPU the front and the clients go first and it catches up in larger batches; 0 = normal priority", NODE)
     dispatcherPollMillis: int = _s(1, "While records keep coming, the dispatcher looks at the written end this often and the writer stops waking it", NODE)
     dispatcherPollHoldMillis: int = _s(10, "How long the dispatcher goes on polling after the last record it found, before it waits for the writer's wake-up again (0 = never poll: a wake-up for every writer turn that wrote)", NODE)
@@ -297,6 +298,8 @@ def validate(settings: Settings) -> None:
     parse_delay_levels(settings.messageDelayLevel)
     if not 0 <= settings.frontPinBelowCpu < 0.85:
         raise SettingsError("frontPinBelowCpu must be at least 0 and below 0.85 (0 = never pin)")
+    if settings.cpuIdleLatencyUs < -1:
+        raise SettingsError("cpuIdleLatencyUs must be -1 (no request) or a limit in µs, 0 or more")
     if not 0 <= settings.dispatcherNiceness <= 19:
         raise SettingsError("dispatcherNiceness must be between 0 and 19")
     if settings.dispatcherPollMillis < 1 or settings.dispatcherPollHoldMillis < 0:

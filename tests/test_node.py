@@ -15,6 +15,7 @@ import pytest
 import zmq
 from nodes import ROOT, in_process_node
 
+from actors import cpu_latency
 from node import protocol
 from node.client import AsyncProducer, Message, Producer, SendError
 from shm.codec import decode_msg_id, encode, encode_host, properties_string
@@ -236,6 +237,20 @@ def test_an_idle_front_keeps_its_threads_on_one_cpu(node):
         info, _ = producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
     pinning = info["actors"]["front"]["cpuPinning"]
     assert pinning["enabled"] and pinning["pins"] >= 1 and {pinning["pinnedCpu"]} == set(next(iter(masks)))
+
+
+def test_a_serving_front_keeps_idle_cpus_quick_to_wake(node, producer):
+    """cpuIdleLatencyUs (0, the default): after a request the front holds its PM QoS request
+    (actors.cpu_latency) and says so; where the device cannot be written it says why."""
+    producer.send("TopicA", "wake")
+    info, _ = producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+    latency = info["actors"]["front"]["cpuLatency"]
+    assert latency["limitUs"] == 0
+    if latency["unavailable"] is not None:
+        assert not os.access(cpu_latency.DEVICE, os.W_OK), latency
+        return
+    assert latency["held"] and latency["holds"] >= 1
+    assert cpu_latency.limit_in_force() == 0
 
 
 def test_topics_json_is_written_as_rocketmq_writes_it(node, producer):

@@ -3,7 +3,10 @@
 Each floor is what this machine gives before mqnode does any work of its own:
 - transport: the p50 round trip of a 1 KiB frame between two processes over ZeroMQ
   DEALER/ROUTER on 127.0.0.1, one request at a time, paced at 5k/s like the ack-latency figure;
-  the far side only echoes.
+  the far side only echoes. Where this process may make the PM QoS request a serving node's
+  front makes (`cpuIdleLatencyUs`, actors.cpu_latency), it is measured twice: with idle CPUs
+  halting, as before a node serves, and with them polling, as while it serves (on this VM the
+  second is about half the first).
 - disk: the p50 of one fdatasync after writing 64 KiB through a mapping into a preallocated
   file beside the store, about what a SYNC_FLUSH group commit of 64 senders writes.
 - cpu: how long a fixed pure-Python loop takes, the speed every actor's per-message work scales
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import zmq
 
+from actors.cpu_latency import CpuLatencyRequest, limit_in_force
 from node.local_node import free_port
 
 ROUND_TRIPS = 2000
@@ -123,9 +127,25 @@ def cpu_ms(iterations: int = LOOP_ITERATIONS) -> float:
 
 def report(directory: Path) -> str:
     """One line: the three floors, measured now."""
-    return (f"machine floors: ZeroMQ round trip p50 {_measure(transport_us, 'µs')} (5k/s, echo only), "
+    return (f"machine floors: ZeroMQ round trip p50 {_measure(transport_us, 'µs')} (5k/s, echo only"
+            f"{_polling_transport()}), "
             f"fdatasync of 64 KiB p50 {_measure(lambda: disk_us(directory), 'µs')}, "
             f"Python loop of {LOOP_ITERATIONS:,} additions {_measure(cpu_ms, 'ms')}")
+
+
+def _polling_transport() -> str:
+    """The transport floor again with idle CPUs polling (a 0 µs wake-up limit held), where this
+    process may ask for that and nobody already does; else nothing."""
+    if limit_in_force() in (None, 0):
+        return ""
+    request = CpuLatencyRequest(0)
+    request.check(0.0, served=True)
+    try:
+        if request.unavailable is not None:
+            return ""
+        return f"; {_measure(transport_us, 'µs')} with idle CPUs polling, as while a node serves"
+    finally:
+        request.release(0.0)
 
 
 def _measure(floor, unit: str) -> str:

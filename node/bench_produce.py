@@ -9,7 +9,9 @@ machine's floors (`node.floors`) are printed before and after them.
 The latency is measured once the node has settled after the throughput figures: the dispatcher
 has caught up with what they wrote (up to SETTLE_S; how long it took is printed), so a backlog
 left by them cannot count against it. (So far none was left: it had caught up by the first
-look.) The front's CPU pinning state is printed with it (`frontPinBelowCpu`, actors.affinity).
+look.) The front's CPU pinning state is printed with it (`frontPinBelowCpu`, actors.affinity),
+and its CPU wake-up latency request (`cpuIdleLatencyUs`, actors.cpu_latency): the figures are
+the node's as users run it, with idle CPUs polling while it serves where it may ask for that.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ async def singles(endpoint: str, count: int, senders: int, topic: str) -> float:
 async def settle(endpoint: str, timeout: float = SETTLE_S) -> tuple[float, dict]:
     """Wait until the dispatcher has caught up with the written end (at most `timeout` s) and a
     second more, for the front's CPU reading to see a quiet node; (seconds waited, the front's
-    `cpuPinning` statistics)."""
+    statistics)."""
     began = time.monotonic()
     async with AsyncProducer(endpoint) as producer:
         while True:
@@ -115,16 +117,27 @@ async def settle(endpoint: str, timeout: float = SETTLE_S) -> tuple[float, dict]
         waited = time.monotonic() - began
         await asyncio.sleep(1.0)
         info, _ = await producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
-    return waited, info.get("actors", {}).get("front", {}).get("cpuPinning", {})
+    return waited, info.get("actors", {}).get("front", {})
 
 
-def pinning(stats: dict) -> str:
+def pinning(front: dict) -> str:
+    stats = front.get("cpuPinning", {})
     if not stats:
         return "front not pinned (frontPinBelowCpu = 0)"
     if not stats.get("enabled"):
         return "front pinning unavailable here"
     where = "none" if stats.get("pinnedCpu") is None else f"CPU {stats['pinnedCpu']}"
     return f"front pinned to {where} ({stats.get('pins')} pins, {stats.get('unpins')} unpins so far)"
+
+
+def wake_ups(front: dict) -> str:
+    stats = front.get("cpuLatency")
+    if not stats:
+        return "no CPU wake-up latency request (cpuIdleLatencyUs = -1)"
+    if stats.get("unavailable"):
+        return f"no CPU wake-up latency request ({stats['unavailable']})"
+    return (f"idle CPUs held to {stats.get('limitUs')} µs wake-ups while the front serves "
+            f"({stats.get('holds')} holds, {stats.get('heldSeconds')} s so far)")
 
 
 async def latency(endpoint: str, rate: int, seconds: float, pace=paced) -> tuple[float, float]:
@@ -166,8 +179,9 @@ def main() -> None:
                 print(f"[ingressWorkers={ingress}] ASYNC_FLUSH concurrent single sends (1024):    {rate:>9,.0f} msgs/s "
                       f"(target >= 80,000); {usage.report()}")
                 if ingress == args.ingress_workers[0]:
-                    waited, pinned = aio.run(settle(node.endpoint))
-                    print(f"[ingressWorkers={ingress}] settled: dispatcher caught up in {waited:.1f} s; {pinning(pinned)}")
+                    waited, front = aio.run(settle(node.endpoint))
+                    print(f"[ingressWorkers={ingress}] settled: dispatcher caught up in {waited:.1f} s; "
+                          f"{pinning(front)}; {wake_ups(front)}")
                     usage = Usage(node)
                     p50, p99 = aio.run(latency(node.endpoint, 5000, 5.0))
                     print(f"[ingressWorkers={ingress}] ack latency at 5k msgs/s: p50 {p50:,.0f} µs (target <= 300), "

@@ -8,6 +8,11 @@ CPU those wake-ups stay local. Measured at 5k single sends a second (docs/perfor
 14 alternating pairs of fresh nodes: ack latency p50 lower pinned in 13 (median ~396 → ~327
 µs). When the front's own load needs more than the one CPU, the pin is lifted.
 
+Since the twentieth pass the front also keeps idle CPUs from halting while it serves
+(`cpuIdleLatencyUs`, actors.cpu_latency), which removes most of that cost everywhere. Pinning on
+top of it still gave lower p50 on fresh nodes in 4 of 4 pairs (267 / 272 / 236 / 339 → 221 / 238
+/ 203 / 221 µs), most likely because the front's threads then share warm caches.
+
 `PinPolicy` is pure, fed one `Reading` a second. `ProcessPinner` takes them from /proc and
 applies the decisions with sched_setaffinity to every thread of the process (threads started
 later inherit the mask of the thread that starts them):

@@ -102,6 +102,9 @@ def test_broker_conf_style_and_overrides(tmp_path):
         settings_module.load(None, {"flushDiskType": "FAST"})
     with pytest.raises(SettingsError, match="dispatcherNiceness"):
         settings_module.load(None, {"dispatcherNiceness": "20"})
+    with pytest.raises(SettingsError, match="cpuIdleLatencyUs"):
+        settings_module.load(None, {"cpuIdleLatencyUs": "-2"})
+    assert settings_module.load(None, {"cpuIdleLatencyUs": "-1"}).cpuIdleLatencyUs == -1  # no request
     with pytest.raises(SettingsError, match="dispatcherPollMillis"):
         settings_module.load(None, {"dispatcherPollMillis": "0"})
     with pytest.raises(SettingsError, match="dispatcherPollHoldMillis"):

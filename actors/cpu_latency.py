@@ -69,9 +69,9 @@ class CpuLatencyRequest:
 
     def check(self, now: float, served: bool) -> None:
         wanted = self.policy.wanted(now, served)
-        if wanted and self.fd is None and self.unavailable is None:
-            self._acquire(now)
-        elif not wanted and self.fd is not None:
+        if wanted:
+            self.acquire(now)
+        else:
             self.release(now)
 
     def release(self, now: float) -> None:
@@ -82,17 +82,18 @@ class CpuLatencyRequest:
         self.fd = None
         self.held_s += now - self.held_since
 
-    def _acquire(self, now: float) -> None:
+    def acquire(self, now: float) -> None:
+        """Make the request now (the turns do, through `check`; a one-off measurement may)."""
+        if self.fd is not None or self.unavailable is not None:
+            return
+        fd = None
         try:
             fd = os.open(self.device, os.O_WRONLY | os.O_CLOEXEC)
-        except OSError as e:
-            self.unavailable = f"{self.device}: {e.strerror or e}"
-            return
-        try:
             written = os.write(fd, _LIMIT.pack(self.limit_us))
             assert written == _LIMIT.size, written
         except OSError as e:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
             self.unavailable = f"{self.device}: {e.strerror or e}"
             return
         self.fd = fd

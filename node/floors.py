@@ -139,7 +139,7 @@ def _polling_transport() -> str:
     if limit_in_force() in (None, 0):
         return ""
     request = CpuLatencyRequest(0)
-    request.check(0.0, served=True)
+    request.acquire(0.0)
     try:
         if request.unavailable is not None:
             return ""

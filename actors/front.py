@@ -38,12 +38,12 @@ import orjson
 import zmq
 
 from actors.affinity import ProcessPinner
-from actors.base import Actor, incoming, socket, unpack_replies, wait_readable
+from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket, unpack_replies, wait_readable
 from actors.cpu_latency import NO_REQUEST, CpuLatencyRequest
 from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
 from actors.pull import Pull
 from actors.writer import Writer
-from node import protocol
+from node import edge, protocol
 from node.frames import NOBLOCK, send_frames
 from node.offsets import ConsumerOffsets, SubscriptionGroups
 from node.store_stats import StoreStats
@@ -110,6 +110,7 @@ class Front(Actor):
         self.pinner = ProcessPinner(s.frontPinBelowCpu) if s.frontPinBelowCpu > 0 else None
         self.cpu_latency = CpuLatencyRequest(s.cpuIdleLatencyUs) if s.cpuIdleLatencyUs != NO_REQUEST else None
         self.accepting = True
+        self.bug_code = injected_bug_code(self.name)
         self.in_flight = 0
         self.requests = self.refused = self.malformed = 0
         self.actor_stats: dict[str, dict] = {}
@@ -188,7 +189,7 @@ class Front(Actor):
         # A pull held here waits for the dispatcher's arrivals: while it lags the written end,
         # wake it at once, never a poll later; also when this turn wrote nothing (the pull came
         # in after a write whose wake was skipped).
-        writes.wake_now = (self.reads is not None and self.reads.held_count > 0
+        writes.wake_now = (self.reads is not None and (self.reads.held_count > 0 or bool(self.reads.deferred))
                            and self.control.get("dispatched") < self.control.get("written"))
         writes.finish_turn()
         if time.monotonic() >= self.next_put_sample:  # what the writer's statistics feed otherwise
@@ -248,10 +249,16 @@ class Front(Actor):
                 self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_ERROR", str(e)))
 
     def _route(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
+        """Every field is checked at the edge (node.edge) before anything uses it: from here
+        on an exception is the node's bug, and stops this process."""
         code = request.code
+        if code == self.bug_code:
+            raise InjectedBug(f"request code {code} (MQNODE_INJECT_BUG)")
         if code in protocol.SEND_CODES:
             self._send(client, request, frames)
-        elif code in protocol.READ_CODES and self.reads is not None:
+            return
+        edge.check_request(request)  # ProtocolError: SYSTEM_ERROR with its remark
+        if code in protocol.READ_CODES and self.reads is not None:
             self.reads.serve_request(request.header, client, time.monotonic_ns(), self.read_replies)
         elif code in protocol.READ_CODES:
             try:
@@ -280,24 +287,18 @@ class Front(Actor):
                                                      f"request code {code} is not supported"))
 
     def _offsets(self, client: bytes, request: protocol.Request) -> None:
+        """The fields were checked at the edge (node.edge)."""
         header = request.header
-        group = header.get("consumerGroup")
-        if not isinstance(group, str) or not group or len(group) > 255:
-            raise protocol.ProtocolError("consumerGroup must be a non-empty string")
+        group = header["consumerGroup"]
         if request.code == protocol.GET_CONSUME_STATS:
             fields = {"offsetTable": {topic: {str(q): o for q, o in queues.items()}
                                       for topic, queues in self.offsets.of_group(group).items()}}
             self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", **fields))])
             return
-        topic, queue_id = header.get("topic"), header.get("queueId")
-        if not isinstance(topic, str) or not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
-            raise protocol.ProtocolError("topic and queueId are required")
+        topic, queue_id = header["topic"], header["queueId"]
         if request.code == protocol.UPDATE_CONSUMER_OFFSET:
-            offset = header.get("commitOffset")
-            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-                raise protocol.ProtocolError("commitOffset must be a non-negative integer")
             self.groups.ensure(group)
-            self.offsets.commit(group, topic, queue_id, offset)
+            self.offsets.commit(group, topic, queue_id, header["commitOffset"])
             self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK"))])
             return
         offset = self.offsets.query(group, topic, queue_id)
@@ -317,12 +318,15 @@ class Front(Actor):
             readQueueNums=config.readQueueNums, perm=config.perm, brokerName=self.settings.brokerName))])
 
     def _send(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
-        oneway = bool(request.header.get("oneway"))
+        oneway = request.header.get("oneway") is True  # (a oneway that is not a bool is refused, with a reply)
         if not self.accepting:
             return self._refuse(client, request, oneway, "SERVICE_NOT_AVAILABLE", "the node is shutting down")
         if self.in_flight >= self.settings.sendQueueCapacity:
             return self._refuse(client, request, oneway, "SYSTEM_BUSY",
                                 f"[REJECTREQUEST]system busy: {self.in_flight} sends waiting")
+        remark = edge.send_refusal(request.header)  # ProtocolError for a broken structure
+        if remark:
+            return self._refuse(client, request, oneway, "MESSAGE_ILLEGAL", remark)
         refusals = self._check_topics(request)
         meta = {"t": time.monotonic_ns()}
         if refusals:
@@ -344,29 +348,24 @@ class Front(Actor):
     def _check_topics(self, request: protocol.Request) -> dict[str, tuple[str, str]]:
         """Per message index (as text, for JSON): (status, remark) for what the topic table
         refuses. Raises ProtocolError for a malformed request."""
-        header = request.header
-        if request.code == protocol.SEND_MESSAGES:
-            messages = header.get("messages")
-            if not isinstance(messages, list):
-                raise protocol.ProtocolError("SEND_MESSAGES needs a `messages` list")
-        else:
-            messages = [header]
+        if request.code != protocol.SEND_MESSAGES:  # its header passed edge.send_refusal
+            problem = self._check_one(request.header["topic"], request.header["queueId"])
+            return {"0": problem} if problem else {}
         refusals = {}
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict):
-                raise protocol.ProtocolError("each message must be a JSON object")
-            problem = self._check_one(message.get("topic"), message.get("queueId"))
+        for i, message in enumerate(request.header["messages"]):
+            remark = edge.send_problem(message)
+            problem = ("MESSAGE_ILLEGAL", remark) if remark else self._check_one(message["topic"], message["queueId"])
             if problem:
                 refusals[str(i)] = problem
         return refusals
 
-    def _check_one(self, topic, queue_id) -> tuple[str, str] | None:
+    def _check_one(self, topic: str, queue_id: int) -> tuple[str, str] | None:
         config, status, problem = self.topics.resolve(topic)
         if config is None:
             return status, problem
         if not config.perm & PERM_WRITE:
             return "SERVICE_NOT_AVAILABLE", f"the topic {topic} is not writable"
-        if not isinstance(queue_id, int) or isinstance(queue_id, bool) or not 0 <= queue_id < config.writeQueueNums:
+        if not 0 <= queue_id < config.writeQueueNums:
             return "MESSAGE_ILLEGAL", (f"queueId {queue_id!r} is not one of the topic's "
                                        f"{config.writeQueueNums} queues (0..{config.writeQueueNums - 1})")
         return None
@@ -422,7 +421,8 @@ class Front(Actor):
         if getattr(self, "reads", None) is not None:
             reads = self.reads
             stats["reads"] = {"served": reads.served, "found": reads.found, "held": reads.held_count,
-                              "woken": reads.woken, "expired": reads.expired}
+                              "woken": reads.woken, "expired": reads.expired, "deferred": len(reads.deferred),
+                              "deferrals": reads.deferrals}
         return stats
 
     def _release_cpu_latency(self) -> None:

@@ -71,7 +71,7 @@ class RequestBatcher:
             try:
                 add_request_atomic(self.encoder, pending, header, body, self.encoder.born_host(header.get("bornHost")),
                                    batch)
-            except (protocol.ProtocolError, KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            except protocol.ProtocolError as e:  # the client's bytes; anything else is a bug and stops us
                 self.malformed += 1
                 self._refuse_all(pending, header, replies, "SYSTEM_ERROR", f"malformed send request: {e}")
                 continue

@@ -434,8 +434,8 @@ static PyObject *encode_batch_v4(PyObject *self, PyObject *args) {
         }
         int32_t size = get32(buf + at), flag = get32(buf + at + 12), body_len = get32(buf + at + 16);
         Py_ssize_t props_at = at + BATCH_HEAD_SIZE + (Py_ssize_t)body_len;
-        if (body_len < 0 || props_at + 2 > end || body_len > max_size) {
-            unusual = 1;
+        if (body_len < 0 || props_at + 2 > end || body_len > max_size || get32(buf + at + 4) != 0) {
+            unusual = 1; /* (a magic other than 0 is refused by the general path) */
             break;
         }
         int16_t own_len = (int16_t)(buf[props_at] << 8 | buf[props_at + 1]);

@@ -41,9 +41,9 @@ def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp
     while at < end:
         if len(sizes) >= limit or end - at < head_size + 2:
             return None
-        size, _, _, flag, body_len = head(data, at)
+        size, magic, _, flag, body_len = head(data, at)
         props_at = at + head_size + body_len
-        if body_len < 0 or props_at + 2 > end or body_len > max_message_size:
+        if body_len < 0 or props_at + 2 > end or body_len > max_message_size or magic != 0:
             return None
         props_len, = i16.unpack_from(data, props_at)
         if props_len < 0 or size != head_size + body_len + 2 + props_len or at + size > end:

@@ -53,6 +53,7 @@ PULL_NOT_FOUND = 19
 PULL_RETRY_IMMEDIATELY = 20
 PULL_OFFSET_MOVED = 21
 QUERY_NOT_FOUND = 22
+SUBSCRIPTION_PARSE_FAILED = 23
 
 # PutMessageStatus (spec §11) and the node's own refusals -> response code
 STATUS_CODES = {
@@ -77,7 +78,7 @@ STATUS_CODES = {
     "NO_MATCHED_MSG": PULL_RETRY_IMMEDIATELY,
     "OFFSET_ILLEGAL": PULL_OFFSET_MOVED,
     "QUERY_NOT_FOUND": QUERY_NOT_FOUND,
-    "SUBSCRIPTION_PARSE_FAILED": SYSTEM_ERROR,
+    "SUBSCRIPTION_PARSE_FAILED": SUBSCRIPTION_PARSE_FAILED,
 }
 # Stored, so the send is not to be retried: isOk() in RocketMQ
 STORED_STATUSES = frozenset({"PUT_OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"})
@@ -183,7 +184,9 @@ def decode_batch_body(data: bytes, limit: int = MAX_MESSAGES_PER_REQUEST) -> lis
             raise ProtocolError(f"a batch holds at most {limit} messages")
         if len(data) - at < BATCH_MESSAGE_HEAD.size + 2:
             raise ProtocolError(f"batch message at byte {at} is truncated")
-        size, _, _, flag, body_len = BATCH_MESSAGE_HEAD.unpack_from(data, at)
+        size, magic, _, flag, body_len = BATCH_MESSAGE_HEAD.unpack_from(data, at)
+        if magic != 0:
+            raise ProtocolError(f"batch message at byte {at}: magic {magic}, expected 0")
         props_at = at + BATCH_MESSAGE_HEAD.size + body_len
         if body_len < 0 or size < BATCH_MESSAGE_HEAD.size + 2 or props_at + 2 > len(data):
             raise ProtocolError(f"batch message at byte {at}: body length {body_len} does not fit")

@@ -75,7 +75,7 @@ class PendingSend:
 class SendEncoder:
     def __init__(self, settings):
         self.settings = settings
-        self.store_host = encode_host(settings.brokerIP1, settings.listenPort)
+        self.store_host = encode_host(*settings.store_address)
         self.cluster = settings.brokerClusterName
         self.delay_levels = len(settings.delay_levels_ms())
         self._born_cache: dict[str, bytes] = {}
@@ -89,7 +89,8 @@ class SendEncoder:
         return self._messages_v4 is native.encode_messages_v4
 
     def born_host(self, text: str | None) -> bytes:
-        """`ip:port` (or `[v6]:port`) as record bytes; unparseable -> 127.0.0.1:0."""
+        """`ip:port` (or `[v6]:port`) as record bytes; absent -> 127.0.0.1:0. The front refuses
+        a malformed one (node.edge), so what reaches here parses."""
         raw = self._born_cache.get(text or "")
         if raw is None:
             raw = _parse_host(text) or encode_host("127.0.0.1", 0)
@@ -239,11 +240,15 @@ class SendEncoder:
         if refused is None and self._add_batch_v4(pending, header, body, born, batch):
             return
         inner = protocol.decode_batch_body(body)
-        batch_props = _client_properties(header.get("properties"))
+        try:
+            batch_props = _client_properties(header.get("properties"))
+        except MessageIllegal as e:
+            refused, batch_props = refused or (e.status, e.remark), {}
         if batch_props.get(PROPERTY_WAIT) == "false":
             pending.wait = False
-        if refused is None and PROPERTY_DELAY in batch_props:
-            refused = ("MESSAGE_ILLEGAL", "a batch may not carry a DELAY level")
+        if refused is None and (PROPERTY_DELAY in batch_props
+                                or any(PROPERTY_DELAY in parse_properties(props) for _, _, props in inner)):
+            refused = ("MESSAGE_ILLEGAL", "a batch may not carry a DELAY level (in its header or in a message)")
         batch_props[PROPERTY_CLUSTER] = self.cluster
         suffix = properties_string(batch_props)
         born_timestamp = 0
@@ -289,7 +294,7 @@ class SendEncoder:
             born_timestamp = _int(header.get("bornTimestamp", 0), "bornTimestamp")
         except MessageIllegal:
             return False
-        if PROPERTY_DELAY in batch_props:
+        if PROPERTY_DELAY in batch_props or _DELAY_PAIR in body:  # (refused by the general path)
             return False
         wait = batch_props.get(PROPERTY_WAIT) != "false"
         batch_props[PROPERTY_CLUSTER] = self.cluster
@@ -365,6 +370,7 @@ def encode_messages_v4(messages: list[dict], body: bytes, born: bytes, store_hos
 
 
 _I16_STRUCT = struct.Struct(">h")
+_DELAY_PAIR = (PROPERTY_DELAY + "\x01").encode()  # a batch body that may hold a message's DELAY
 
 
 class _BatchRefused(Exception):

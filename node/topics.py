@@ -19,18 +19,21 @@ _TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 SYSTEM_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
                            "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC",
                            "OFFSET_MOVED_EVENT", "TBW102"})
+SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
 PERM_READ, PERM_WRITE = 4, 2
 
 
 def topic_error(topic) -> str | None:
     """Why `topic` cannot be sent to (Validators.checkTopic plus the system-topic rule), or None."""
-    if not isinstance(topic, str) or not topic:
+    if not isinstance(topic, str):
+        return f"the topic must be a string, not {type(topic).__name__}"
+    if not topic:
         return "the topic is missing or empty"
     if len(topic) > TOPIC_MAX_LENGTH:
         return f"the topic is {len(topic)} characters; at most {TOPIC_MAX_LENGTH} are allowed"
     if not _TOPIC_PATTERN.match(topic):
         return f"the topic {topic!r} may only contain characters from [%|a-zA-Z0-9_-]"
-    if topic in SYSTEM_TOPICS:
+    if topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX):
         return f"the topic {topic} is a system topic"
     return None
 
@@ -72,6 +75,8 @@ class TopicTable:
         data = config_files.read(self.path) or {}
         table = data.get("topicConfigTable") or {}
         self.topics = {name: TopicConfig.from_json(name, value) for name, value in table.items()}
+        # a table written by RocketMQ lists system topics too: known, still not for clients to send to
+        self.unsendable = {name for name in self.topics if topic_error(name)}
         self.counter = int((data.get("dataVersion") or {}).get("counter", 0))
 
     def get(self, topic: str) -> TopicConfig | None:
@@ -80,8 +85,8 @@ class TopicTable:
     def resolve(self, topic: str) -> tuple[TopicConfig | None, str, str]:
         """(config, "", "") for a usable topic, creating it when allowed; else (None, status,
         reason): MESSAGE_ILLEGAL for a bad name, TOPIC_NOT_EXIST for an unknown one."""
-        config = self.topics.get(topic)
-        if config is not None:
+        config = self.topics.get(topic) if isinstance(topic, str) else None
+        if config is not None and topic not in self.unsendable:
             return config, "", ""
         problem = topic_error(topic)
         if problem:

@@ -1,0 +1,103 @@
+"""The edge's promise, fuzzed: a send request that node.edge lets through is encoded or refused
+by the write path with a status, never by an exception (which would now stop the front)."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from helpers import small_settings
+from hypothesis import HealthCheck, example, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from actors.ingress import RequestBatcher
+from node import edge, protocol
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    max_leaves=6)
+PROPERTY_TEXT = st.lists(st.sampled_from(["a", "K", "\x01", "\x02", "é", "DELAY", "WAIT", "1"]), max_size=8).map("".join)
+FIELDS = {
+    "topic": st.sampled_from(["TopicA", "", "bad topic", "é", "t" * 130]) | JSON_VALUES,
+    "queueId": st.sampled_from([0, 1, -1, 2**31, 2**40]) | JSON_VALUES,
+    "flag": st.integers(-2**33, 2**33) | JSON_VALUES,
+    "reconsumeTimes": st.integers(-2**33, 2**33) | JSON_VALUES,
+    "bornTimestamp": st.integers(-2**65, 2**65) | JSON_VALUES,
+    "properties": st.dictionaries(PROPERTY_TEXT, PROPERTY_TEXT | JSON_VALUES, max_size=4) | PROPERTY_TEXT | JSON_VALUES,
+    "bornHost": st.sampled_from(["1.2.3.4:5", "[::1]:80", "1.2.3.4:99999", "x", ""]) | JSON_VALUES,
+    "oneway": st.booleans() | JSON_VALUES,
+}
+MESSAGE = st.fixed_dictionaries({}, optional=FIELDS)
+BATCH_BODIES = st.lists(st.tuples(st.binary(max_size=8), st.integers(-2**31, 2**31 - 1), PROPERTY_TEXT),
+                        min_size=1, max_size=4).map(protocol.encode_batch_body) | st.binary(max_size=40)
+
+
+def _front_refusals(header: dict) -> dict | None:
+    """What the front does before the write core: None when it refuses the request whole."""
+    try:
+        if edge.send_refusal(header):
+            return None
+    except protocol.ProtocolError:
+        return None
+    if header["code"] != protocol.SEND_MESSAGES:
+        return {}
+    refusals = {}
+    for i, message in enumerate(header["messages"]):
+        remark = edge.send_problem(message)
+        if remark:
+            refusals[str(i)] = ["MESSAGE_ILLEGAL", remark]
+    return refusals
+
+
+def _write(tmp_path, header: dict, body: bytes) -> None:
+    refusals = _front_refusals(header)
+    if refusals is None:
+        return
+    batcher = RequestBatcher(small_settings(tmp_path))
+    groups, replies = batcher.build([[b"client", {"t": time.monotonic_ns(), "refused": refusals}, header, body]])
+    assert len(groups) + len(replies) == 1
+    for reply in replies:
+        assert orjson.loads(reply[2])["status"]
+
+
+FUZZ = hypothesis_settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@FUZZ
+@given(message=MESSAGE, body=st.binary(max_size=16))
+@example(message={"topic": "TopicA", "queueId": 0, "properties": {"a\x01": "v"}}, body=b"x")
+def test_single_sends_past_the_edge_never_raise(tmp_path, message, body):
+    _write(tmp_path, {"code": protocol.SEND_MESSAGE, **message}, body)
+
+
+@FUZZ
+@given(message=MESSAGE, body=BATCH_BODIES)
+@example(message={"topic": "TopicA", "queueId": 0, "properties": {"a\x01": "v"}},
+         body=protocol.encode_batch_body([(b"a", 0, "")]))
+def test_batches_past_the_edge_never_raise(tmp_path, message, body):
+    _write(tmp_path, {"code": protocol.SEND_BATCH_MESSAGE, **message}, body)
+
+
+@FUZZ
+@given(messages=st.lists(MESSAGE, min_size=1, max_size=4), sizes=st.lists(st.integers(0, 4), min_size=4, max_size=4),
+       compact=st.booleans())
+def test_coalesced_sends_past_the_edge_never_raise(tmp_path, messages, sizes, compact):
+    for message, size in zip(messages, sizes):
+        message["bodySize"] = size
+        message.pop("bornHost", None)
+    body = bytes(sum(sizes[:len(messages)]))
+    _write(tmp_path, {"code": protocol.SEND_MESSAGES, "messages": messages, "compact": compact}, body)
+
+
+@given(header=st.dictionaries(st.sampled_from(["topic", "queueId", "queueOffset", "maxMsgNums", "suspend",
+                                                "suspendTimeoutMillis", "subscription", "key", "maxNum",
+                                                "offsetMsgId", "timestamp", "consumerGroup", "commitOffset",
+                                                "indexed"]), JSON_VALUES),
+       code=st.sampled_from(sorted(edge.CHECKS)))
+def test_every_other_request_is_checked_or_refused_by_name(header, code):
+    try:
+        edge.check_request(protocol.Request({"code": code, **header}, b""))
+    except protocol.ProtocolError as e:
+        assert str(e)

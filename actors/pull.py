@@ -14,6 +14,15 @@ entries in a dict: they cost nothing while idle. At most MAX_HELD are held per w
 Announcements are read only while some pull is held; when holding starts, the queued ones are
 dropped and each held pull's queue is looked at once more instead (`_catch_up`).
 
+Read your writes: a client told PUT_OK holds a queue offset and an offsetMsgId the dispatcher
+may not have indexed yet (it runs behind `written` by up to a few ms). A read whose answer
+would deny what was acknowledged before it arrived (a pull that would be OFFSET_ILLEGAL past
+the indexed end, GET_MAX_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP, a QUERY_MESSAGE that finds
+nothing) is deferred until `dispatched` reaches the `written` it saw on arrival, then served
+(a pull then may still be held). VIEW_MESSAGE_BY_ID reads the CommitLog below `written`
+directly. A deferred read waits at most DEFER_MAX_S (the dispatcher stalled: SYSTEM_BUSY), and
+at most MAX_DEFERRED wait at once.
+
 With `readsInFront`, no pull worker runs: the front opens this class's read core
 (`open_reads`) and serves reads in its own loop (`serve_request`, `on_arrivals`,
 `after_turn`), which saves two ipc hops and a process wake-up per pull.
@@ -36,7 +45,8 @@ MAX_HELD = 100_000
 MAX_TAKE = 256
 ARRIVALS_HWM = 10_000  # announcements queued while no pull is held are dropped unread (see _catch_up)
 DEFAULT_SUSPEND_MS = 15000
-MAX_PULL_COUNT = 1024
+MAX_DEFERRED = 10_000
+DEFER_MAX_S = 5.0
 
 # store status -> (the client's pull status, whether the pull may be held)
 _PULL_STATUS = {
@@ -78,7 +88,8 @@ class Pull(Actor):
         self.held: dict[tuple[str, int], list[list]] = {}  # key -> [deadline, client, arrival, header]
         self.held_count = 0
         self.soonest = float("inf")  # no held pull ends before this (it may be early: never late)
-        self.served = self.found = self.woken = self.expired = 0
+        self.deferred: list[list] = []  # [written on arrival, give up at, client, arrival, header]
+        self.served = self.found = self.woken = self.expired = self.deferrals = 0
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -103,6 +114,8 @@ class Pull(Actor):
         if self.watching and not self.held_count:
             self._watch(False)
         self._expire(out)
+        if self.deferred:
+            self._serve_deferred(out)
 
     def _watch(self, on: bool) -> None:
         """Read arrivals or not, and tell the dispatcher, which announces only while some
@@ -111,6 +124,8 @@ class Pull(Actor):
         self.watching = on
 
     def timeout_ms(self) -> int:
+        if self.deferred:
+            return 1  # the dispatcher is a millisecond or so behind
         if not self.held_count:
             return 100
         return max(1, min(100, int((self.soonest - time.monotonic()) * 1000) + 1))
@@ -126,45 +141,47 @@ class Pull(Actor):
         self.serve_request(header, client, arrival, out)
 
     def serve_request(self, header: dict, client: bytes, arrival: int, out: list) -> None:
-        """Serve one read request; its reply (client, -arrival, header[, body]) goes to `out`
-        unless the pull is held."""
-        try:
-            reply = self.serve(header, client, arrival, allow_hold=True)
-        except (protocol.ProtocolError, KeyError, TypeError, ValueError) as e:
-            reply = [orjson.dumps(protocol.reply_header(header.get("opaque"), "SYSTEM_ERROR", f"malformed request: {e}"))]
-        if reply is not None:
+        """Serve one read request, its fields checked at the edge (node.edge); its reply
+        (client, -arrival, header[, body]) goes to `out` unless the read is held or deferred."""
+        written = self.control.get("written")  # every send acknowledged before this request is below it
+        reply = self.serve(header, client, arrival, allow_hold=True, written=written)
+        if reply is None:
+            return
+        if reply is DEFER:
+            self._defer(written, header, client, arrival, out)
+        else:
             out.append((client, -arrival, *reply) if len(reply) == 2 else (client, -arrival, reply[0]))
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def serve(self, header: dict, client: bytes, arrival: int, *, allow_hold: bool) -> list[bytes] | None:
-        """The reply frames, or None when the pull is held."""
+    def serve(self, header: dict, client: bytes, arrival: int, *, allow_hold: bool, written: int = 0):
+        """The reply frames; None when the pull is held; DEFER when the answer would deny a
+        record below `written` that the dispatcher has not indexed yet."""
         self.served += 1
         code, opaque = header["code"], header.get("opaque")
         dispatched = self.control.get("dispatched")
+        behind = dispatched < written
         if code == protocol.PULL_MESSAGE:
-            return self._pull(header, client, arrival, dispatched, allow_hold)
+            return self._pull(header, client, arrival, dispatched, allow_hold, behind)
+        if code == protocol.VIEW_MESSAGE_BY_ID:
+            return self._view(header, opaque, self.control.get("written"))
+        if behind and (code in (protocol.GET_MAX_OFFSET, protocol.SEARCH_OFFSET_BY_TIMESTAMP)
+                       and not header.get("indexed")):
+            return DEFER
         if code in (protocol.GET_MAX_OFFSET, protocol.GET_MIN_OFFSET):
-            view = self.reader.queue(_topic(header), _queue_id(header), dispatched)
+            view = self.reader.queue(header["topic"], header["queueId"], dispatched)
             offset = view.max_offset if code == protocol.GET_MAX_OFFSET else view.min_offset
             return [orjson.dumps(protocol.reply_header(opaque, "OK", offset=offset))]
         if code == protocol.SEARCH_OFFSET_BY_TIMESTAMP:
             return [orjson.dumps(protocol.reply_header(opaque, "OK", offset=self._offset_by_time(header, dispatched)))]
-        if code == protocol.VIEW_MESSAGE_BY_ID:
-            return self._view(header, opaque, dispatched)
         if code == protocol.QUERY_MESSAGE:
-            return self._query(header, opaque, dispatched)
+            return self._query(header, opaque, dispatched, behind)
         return [orjson.dumps(protocol.reply_header(opaque, "REQUEST_CODE_NOT_SUPPORTED", f"code {code}"))]
 
-    def _pull(self, header: dict, client: bytes, arrival: int, dispatched: int, allow_hold: bool):
+    def _pull(self, header: dict, client: bytes, arrival: int, dispatched: int, allow_hold: bool, behind: bool):
         opaque = header.get("opaque")
-        topic, queue_id = _topic(header), _queue_id(header)
-        offset = header.get("queueOffset")
-        if not isinstance(offset, int) or isinstance(offset, bool):
-            raise protocol.ProtocolError("queueOffset must be an integer")
+        topic, queue_id, offset = header["topic"], header["queueId"], header["queueOffset"]
         count = header.get("maxMsgNums", 32)
-        if not isinstance(count, int) or not 0 < count <= MAX_PULL_COUNT:
-            raise protocol.ProtocolError(f"maxMsgNums must be 1..{MAX_PULL_COUNT}")
         try:
             tags = protocol.parse_subscription(header.get("subscription", "*"))
         except protocol.ProtocolError as e:
@@ -174,6 +191,8 @@ class Pull(Actor):
         status = _PULL_STATUS.get(result.status)
         if result.status == store_reader.NO_MESSAGE_IN_QUEUE:
             status = "OFFSET_ILLEGAL" if offset != 0 else "NO_NEW_MSG"
+        if behind and status == "OFFSET_ILLEGAL" and offset > result.max_offset:
+            return DEFER  # maybe assigned, not yet indexed: "not yet", never "illegal"
         if status == "NO_NEW_MSG" and allow_hold and header.get("suspend") and self.held_count < MAX_HELD:
             self._hold(topic, queue_id, header, client, arrival)
             return None
@@ -188,10 +207,8 @@ class Pull(Actor):
         return reply
 
     def _offset_by_time(self, header: dict, dispatched: int) -> int:
-        view = self.reader.queue(_topic(header), _queue_id(header), dispatched)
-        stamp = header.get("timestamp")
-        if not isinstance(stamp, int):
-            raise protocol.ProtocolError("timestamp must be an integer (ms)")
+        view = self.reader.queue(header["topic"], header["queueId"], dispatched)
+        stamp = header["timestamp"]
 
         def store_time(phy: int, size: int) -> int | None:
             raw = self.reader.record_bytes(phy, size)
@@ -200,18 +217,17 @@ class Pull(Actor):
 
         return view.queue.offset_by_time(stamp, store_time)
 
-    def _view(self, header: dict, opaque, dispatched: int) -> list[bytes]:
-        try:
-            _, offset = decode_msg_id(header.get("offsetMsgId", ""))
-        except (ValueError, TypeError):
-            raise protocol.ProtocolError("offsetMsgId must be 32 or 56 hex characters") from None
-        raw = self._record_at(offset, dispatched)
+    def _view(self, header: dict, opaque, written: int) -> list[bytes]:
+        """Straight from the CommitLog: every record below `written` is whole, indexed or not."""
+        _, offset = decode_msg_id(header["offsetMsgId"])
+        raw = self._record_at(offset, written)
         if raw is None:
             return [orjson.dumps(protocol.reply_header(opaque, "QUERY_NOT_FOUND", f"no message at offset {offset}"))]
         return [orjson.dumps(protocol.reply_header(opaque, "OK")), raw]
 
-    def _record_at(self, offset: int, dispatched: int) -> bytes | None:
-        if not 0 <= offset < dispatched:
+    def _record_at(self, offset: int, end: int) -> bytes | None:
+        """The whole record that starts at `offset`, below the published `end`, or None."""
+        if not 0 <= offset < end:
             return None
         head = self.reader.record_bytes(offset, 8)
         if head is None:
@@ -220,12 +236,10 @@ class Pull(Actor):
         raw = self.reader.record_bytes(offset, size) if 0 < size else None
         return raw if raw is not None and isinstance(decode(raw, check_crc=False), Record) else None
 
-    def _query(self, header: dict, opaque, dispatched: int) -> list[bytes]:
-        topic, key = _topic(header), header.get("key")
-        if not isinstance(key, str) or not key:
-            raise protocol.ProtocolError("key must be a non-empty string")
+    def _query(self, header: dict, opaque, dispatched: int, behind: bool):
+        topic, key = header["topic"], header["key"]
         begin, end = header.get("beginTimestamp", 0), header.get("endTimestamp", 2**62)
-        max_count = min(int(header.get("maxNum", 32)), self.settings.maxMsgsNumBatch)
+        max_count = min(header.get("maxNum", 32), self.settings.maxMsgsNumBatch)
         self.index.refresh()
         found = []
         for offset in self.index.query(topic, key, max_count, begin, end):
@@ -234,16 +248,47 @@ class Pull(Actor):
             # the index matches by hash: re-check topic and key (UNIQ_KEY or one of KEYS)
             if isinstance(record, Record) and record.topic == topic and (key == record.uniq_key or key in record.keys):
                 found.append(raw)
+        if not found and behind:
+            return DEFER  # the key may be in a record the index does not have yet
         if not found:
             return [orjson.dumps(protocol.reply_header(opaque, "QUERY_NOT_FOUND", f"no message with key {key}"))]
         return [orjson.dumps(protocol.reply_header(opaque, "OK", count=len(found))), b"".join(found)]
+
+    # -- reads that wait for the dispatcher -----------------------------------------------------------
+
+    def _defer(self, written: int, header: dict, client: bytes, arrival: int, out: list) -> None:
+        if len(self.deferred) >= MAX_DEFERRED:
+            out.append((client, -arrival, orjson.dumps(protocol.reply_header(
+                header.get("opaque"), "SYSTEM_BUSY", f"{MAX_DEFERRED} reads already wait for the dispatcher"))))
+            return
+        self.deferrals += 1
+        self.deferred.append([written, time.monotonic() + DEFER_MAX_S, client, arrival, header])
+
+    def _serve_deferred(self, out: list) -> None:
+        """Serve the deferred reads the dispatcher has caught up with (a pull may then be held);
+        answer SYSTEM_BUSY to those it left waiting too long."""
+        dispatched, now, keep = self.control.get("dispatched"), time.monotonic(), []
+        for entry in self.deferred:
+            written, give_up_at, client, arrival, header = entry
+            if dispatched >= written:
+                reply = self.serve(header, client, arrival, allow_hold=True, written=written)
+                if reply is DEFER:  # (an invariant, checked under python -O too)
+                    raise AssertionError("a read served with the dispatcher caught up was deferred again")
+            elif now >= give_up_at:
+                reply = [orjson.dumps(protocol.reply_header(header.get("opaque"), "SYSTEM_BUSY",
+                                                            "the dispatcher is behind; try again"))]
+            else:
+                keep.append(entry)
+                continue
+            if reply is not None:
+                out.append((client, -arrival, *reply) if len(reply) == 2 else (client, -arrival, reply[0]))
+        self.deferred = keep
 
     # -- long polling ------------------------------------------------------------------------------
 
     def _hold(self, topic: str, queue_id: int, header: dict, client: bytes, arrival: int) -> None:
         if self.settings.longPollingEnable:
-            wait_ms = header.get("suspendTimeoutMillis", DEFAULT_SUSPEND_MS)
-            wait_ms = wait_ms if isinstance(wait_ms, int) and 0 <= wait_ms <= 600_000 else DEFAULT_SUSPEND_MS
+            wait_ms = header.get("suspendTimeoutMillis", DEFAULT_SUSPEND_MS)  # (its range: node.edge)
         else:
             wait_ms = self.settings.shortPollingTimeMills
         deadline = time.monotonic() + wait_ms / 1000
@@ -309,10 +354,7 @@ class Pull(Actor):
 
     def _release(self, held: list, out: list) -> None:
         _, client, arrival, header = held
-        try:
-            reply = self.serve(header, client, arrival, allow_hold=False)
-        except (protocol.ProtocolError, KeyError, TypeError, ValueError) as e:
-            reply = [orjson.dumps(protocol.reply_header(header.get("opaque"), "SYSTEM_ERROR", str(e)))]
+        reply = self.serve(header, client, arrival, allow_hold=False)  # (written 0: never deferred)
         out.append((client, -arrival, *reply) if len(reply) == 2 else (client, -arrival, reply[0]))
 
     def drain(self) -> None:
@@ -322,7 +364,11 @@ class Pull(Actor):
             self.replies.send(pack_replies(out))
 
     def release_all(self, out: list) -> None:
-        """Stop: answer every held pull now."""
+        """Stop: answer every held pull now, and the deferred reads as they stand."""
+        for entry in self.deferred:
+            reply = self.serve(entry[4], entry[2], entry[3], allow_hold=False)
+            out.append((entry[2], -entry[3], *reply) if len(reply) == 2 else (entry[2], -entry[3], reply[0]))
+        self.deferred = []
         for key in list(self.held):
             for held in self.held.pop(key):
                 self._release(held, out)
@@ -332,7 +378,8 @@ class Pull(Actor):
 
     def statistics(self) -> dict:
         return super().statistics() | {"served": self.served, "found": self.found, "held": self.held_count,
-                                       "woken": self.woken, "expired": self.expired}
+                                       "woken": self.woken, "expired": self.expired, "deferred": len(self.deferred),
+                                       "deferrals": self.deferrals}
 
     def close(self) -> None:
         self.close_reads()
@@ -346,15 +393,5 @@ class Pull(Actor):
             del self.reader
 
 
-def _topic(header: dict) -> str:
-    topic = header.get("topic")
-    if not isinstance(topic, str) or not topic or "/" in topic or topic.startswith("."):
-        raise protocol.ProtocolError("topic must be a topic name")
-    return topic
 
-
-def _queue_id(header: dict) -> int:
-    queue_id = header.get("queueId")
-    if not isinstance(queue_id, int) or isinstance(queue_id, bool) or not 0 <= queue_id < 65536:
-        raise protocol.ProtocolError("queueId must be an integer 0..65535")
-    return queue_id
+DEFER = object()  # serve(): the answer must wait for the dispatcher

@@ -61,6 +61,17 @@ def give_way(niceness: int) -> int:
         return 0
 
 
+class InjectedBug(RuntimeError):
+    """A bug put in on purpose (MQNODE_INJECT_BUG), to test fail-stop and supervision."""
+
+
+def injected_bug_code(service: str) -> int | None:
+    """The request code that makes `service` raise InjectedBug: `MQNODE_INJECT_BUG=front:4242`
+    in the environment of the node's processes (tests only; unset, nothing is injected)."""
+    target, _, code = os.environ.get("MQNODE_INJECT_BUG", "").partition(":")
+    return int(code) if target == service and code.isdigit() else None
+
+
 class Actor:
     name = "actor"
 

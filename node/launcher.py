@@ -13,7 +13,9 @@ embedded Ray is shut down.
 
 Ray is the supervisor only: each actor runs in an `ActorHost` (a Ray actor) that runs the
 plain actor's loop in a thread and exits the process if the loop dies, so Ray restarts it
-(`actorMaxRestarts`). Actors ask Ray for no CPU: on a 2-core machine, CPU reservations would
+(`actorMaxRestarts`, -1: no limit), after a back-off when it dies again and again; while it
+serves, the node watches every actor and exits non-zero when one is gone for good
+(node.supervision). Actors ask Ray for no CPU: on a 2-core machine, CPU reservations would
 only keep them from starting.
 """
 
@@ -27,6 +29,7 @@ import sys
 import threading
 import time
 
+from node import supervision
 from shm import settings as settings_module
 from shm.control_block import (
     FLAG_SHUTTING_DOWN,
@@ -70,9 +73,14 @@ def _normal_priority() -> None:
 class ActorHost:
     """A plain actor inside a Ray actor process (see the module docstring)."""
 
-    def __init__(self, kind: str, settings_values: dict, kwargs: dict):
+    def __init__(self, kind: str, settings_values: dict, kwargs: dict, label: str = ""):
         _normal_priority()
         settings = settings_module.load(None, settings_values)
+        policy = supervision.RestartBackoff(settings.actorRestartBackoffMaxMillis / 1000)
+        delay = supervision.record_start(settings.run_dir, label or kind, policy)
+        if delay:  # it keeps dying: give whatever kills it time to pass
+            logging.getLogger("mqnode").warning("service %s restarts in %.1f s", label or kind, delay)
+            time.sleep(delay)
         self.actor = actor_classes()[kind](settings, **kwargs)
         self.thread = threading.Thread(target=self._run, name=f"mqnode-{kind}", daemon=True)
         self.thread.start()
@@ -176,9 +184,11 @@ class Node:
         plan.append(("front", "front", recovered_state if s.front_writes else {}))
         for stale in s.run_dir.glob("*.pid"):  # an earlier run's layout must not name live actors
             stale.unlink(missing_ok=True)
+        for stale in s.run_dir.glob("*.starts"):  # restart histories are this run's
+            stale.unlink(missing_ok=True)
         for label, kind, kwargs in plan:
             self.hosts[label] = remote.options(num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0,
-                                               max_concurrency=4).remote(kind, values, kwargs)
+                                               max_concurrency=4).remote(kind, values, kwargs, label)
         ready = ray.get([h.wait_ready.remote(READY_TIMEOUT_S) for h in self.hosts.values()], timeout=READY_TIMEOUT_S + 10)
         if not all(ready):
             raise RuntimeError("some actors did not start: " + ", ".join(
@@ -224,16 +234,22 @@ class Node:
         labels = list(self.hosts)
         return dict(zip(labels, ray.get([self.hosts[label].pid.remote() for label in labels], timeout=10)))
 
-    def serve_forever(self) -> None:
-        """Block until SIGINT or SIGTERM, then stop."""
+    def serve_forever(self) -> int:
+        """Block until SIGINT or SIGTERM, then stop: 0. Or until a service is gone for good
+        (node.supervision): say why, stop, 1."""
         stop = threading.Event()
         for number in (signal.SIGINT, signal.SIGTERM):
             signal.signal(number, lambda *_: stop.set())
-        while not stop.wait(1.0):
-            pass
+        watch = supervision.Watch()
+        failure = None
+        while failure is None and not stop.wait(1.0):
+            failure = watch.check(supervision.actor_states(self.hosts))
+        if failure is not None:
+            self.out(f"mqnode failed: {failure}; exiting so the node is restarted whole", file=sys.stderr, flush=True)
         self.out("mqnode stopping", flush=True)
         self.stop()
         self.out("mqnode stopped", flush=True)
+        return 0 if failure is None else 1
 
     # -- stop ------------------------------------------------------------------------------------------
 
@@ -319,8 +335,7 @@ class Node:
 def run(settings: Settings, ray_address: str | None = None) -> int:
     node = Node(settings, ray_address=ray_address)
     node.start()
-    node.serve_forever()
-    return 0
+    return node.serve_forever()
 
 
 if __name__ == "__main__":  # pragma: no cover - the CLI's `start` is the way in

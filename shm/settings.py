@@ -11,6 +11,7 @@ defaults; an unknown key or a value of the wrong type is an error naming the lin
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import sys
 import tempfile
@@ -143,7 +144,8 @@ class Settings:
     dispatcherPollHoldMillis: int = _s(10, "How long the dispatcher goes on polling after the last record it found, before it waits for the writer's wake-up again (0 = never poll: a wake-up for every writer turn that wrote)", NODE)
     prefaultAheadBytes: int = _s(32 * 1024 * 1024, "The allocator reads the CommitLog's pages this far past the written end, so the writer never takes the page-cache allocation faults (0 = off)", NODE)
     sendQueueCapacity: int = _s(10000, "Send requests the front lets wait before answering SYSTEM_BUSY", NODE)
-    actorMaxRestarts: int = _s(20, "Times Ray restarts a dead actor", NODE)
+    actorMaxRestarts: int = _s(-1, "Times Ray restarts a dead service process; -1 = no limit (restarts back off instead). When a service cannot be restarted, the node exits non-zero", NODE)
+    actorRestartBackoffMaxMillis: int = _s(30000, "A service that keeps dying (more than 3 starts in 10 s) waits before each restart, doubling from 0.5 s up to this; it starts afresh after 60 s up", NODE)
     rayObjectStoreMemory: int = _s(80 * 1024 * 1024, "Object store of an embedded Ray, bytes (nothing large goes through it)", NODE)
     runDir: str = _s("", "Directory for the node's ipc sockets; empty means /tmp/mqnode-<hash of the store path>", NODE)
 
@@ -188,12 +190,40 @@ class Settings:
         digest = hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()[:12]
         return Path(tempfile.gettempdir()) / f"mqnode-{digest}"
 
+    @property
+    def store_address(self) -> tuple[str, int]:
+        """The address stored as each record's store host and encoded in every offsetMsgId: where
+        clients reach this node (RocketMQ: brokerIP1:listenPort). A brokerIP1 or listenPort left at
+        its default follows the host and port of a tcp `listen` (a wildcard host keeps
+        brokerIP1: set it to the address clients use)."""
+        host, port = self.brokerIP1, self.listenPort
+        if self.listen.startswith("tcp://"):
+            listen_host, _, listen_port = self.listen[len("tcp://"):].rpartition(":")
+            listen_host = listen_host.strip("[]")
+            if port == _DEFAULT_LISTEN_PORT and listen_port.isdigit():
+                port = int(listen_port)
+            if host == _DEFAULT_BROKER_IP and _is_address(listen_host) and listen_host not in ("0.0.0.0", "::"):
+                host = listen_host
+        return host, port
+
     def delay_levels_ms(self) -> list[int]:
         return parse_delay_levels(self.messageDelayLevel)
 
 
 class SettingsError(ValueError):
     pass
+
+
+_DEFAULT_LISTEN_PORT = 10911
+_DEFAULT_BROKER_IP = "127.0.0.1"
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 _UNITS = {"s": 1000, "m": 60000, "h": 3600000, "d": 86400000}
@@ -281,6 +311,8 @@ def load(conf: str | Path | None = None, overrides: dict[str, object] | None = N
             raise SettingsError(f"cannot read {path}: {e.strerror}") from None
     for name, value in (overrides or {}).items():
         values[name] = coerce(name, value) if isinstance(value, str) else value
+    if "listenPort" in values and "listen" not in values:  # RocketMQ's way to choose the port
+        values["listen"] = f"tcp://127.0.0.1:{values['listenPort']}"
     settings = replace(Settings(), **values)
     validate(settings)
     return settings
@@ -304,6 +336,8 @@ def validate(settings: Settings) -> None:
         raise SettingsError("dispatcherNiceness must be between 0 and 19")
     if settings.dispatcherPollMillis < 1 or settings.dispatcherPollHoldMillis < 0:
         raise SettingsError("dispatcherPollMillis must be >= 1 and dispatcherPollHoldMillis >= 0")
+    if settings.actorMaxRestarts < -1 or settings.actorRestartBackoffMaxMillis < 0:
+        raise SettingsError("actorMaxRestarts must be -1 (no limit) or more; actorRestartBackoffMaxMillis >= 0")
     if settings.prefaultAheadBytes < 0:
         raise SettingsError("prefaultAheadBytes must be >= 0")
     if settings.ingressWorkers < 0 or settings.pullWorkers < 0 or settings.sendQueueCapacity < 1:

@@ -1,0 +1,117 @@
+"""Supervision: a service killed again and again by a bug keeps coming back (with a back-off),
+and a node whose service cannot come back exits non-zero with the reason, never alive and deaf.
+
+The policies run on a mock clock; the integration tests start real nodes with a bug injected
+into the front (MQNODE_INJECT_BUG: a request code that makes it raise).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import orjson
+import pytest
+import zmq
+from nodes import NodeProcess, in_process_node
+
+from node import protocol
+from node.local_node import local_settings
+from node.supervision import BURST, RESTART_DEADLINE_S, RestartBackoff, Watch, actor_states, record_start
+
+BUG_CODE = 4343
+
+
+def test_restarts_back_off_after_a_burst_and_start_afresh_after_calm():
+    policy = RestartBackoff(max_s=30.0)
+    starts: list[float] = []
+    delays = []
+    now = 1000.0
+    for _ in range(12):  # a service that dies as soon as it starts
+        delay = policy.delay(starts, now)
+        delays.append(delay)
+        starts.append(now + delay)
+        now += delay + 0.1
+    assert delays[:BURST] == [0.0] * BURST
+    assert delays[BURST:BURST + 4] == [0.5, 1.0, 2.0, 4.0] and max(delays) == 30.0
+    assert policy.delay(starts, now + 61) == 0.0  # up for a minute: a fresh start
+
+
+def test_start_history_lives_in_the_run_directory(tmp_path):
+    clock = iter(range(100)).__next__
+    policy = RestartBackoff(max_s=5.0)
+    delays = [record_start(tmp_path, "front", policy, clock=lambda: float(clock())) for _ in range(6)]
+    assert delays[:BURST] == [0.0] * BURST and all(d > 0 for d in delays[BURST:])
+    assert len((tmp_path / "front.starts").read_text().split()) == 6
+
+
+def test_the_watch_names_a_dead_service_and_one_that_never_comes_back():
+    now = [0.0]
+    watch = Watch(clock=lambda: now[0])
+    assert watch.check({"front": {"State": "ALIVE", "NumRestarts": 0}}) is None
+    assert watch.check({"front": {"State": "RESTARTING", "NumRestarts": 1}}) is None
+    now[0] += RESTART_DEADLINE_S + 1
+    assert "has not come back" in watch.check({"front": {"State": "RESTARTING", "NumRestarts": 1}})
+    assert watch.check({"front": {"State": "ALIVE", "NumRestarts": 1}}) is None and watch.restarts["front"] == 1
+    assert "dead" in watch.check({"dispatcher": {"State": "DEAD", "DeathCause": "boom"}})
+
+
+@pytest.fixture(scope="module")
+def buggy_node(tmp_path_factory):
+    os.environ["MQNODE_INJECT_BUG"] = f"front:{BUG_CODE}"  # inherited by the embedded Ray's workers
+    try:
+        yield from in_process_node(tmp_path_factory.mktemp("buggy"), actorRestartBackoffMaxMillis=100)
+    finally:
+        os.environ.pop("MQNODE_INJECT_BUG", None)
+
+
+def _ask(endpoint: str, header: dict, body: bytes | None = None, timeout_ms: int = 3000) -> dict | None:
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart([orjson.dumps(header)] + ([body] if body is not None else []))
+        return orjson.loads(sock.recv_multipart()[0]) if sock.poll(timeout_ms) else None
+    finally:
+        sock.close(0)
+        context.term()
+
+
+def _send_until_stored(endpoint: str, deadline_s: float) -> float:
+    began = time.monotonic()
+    while time.monotonic() - began < deadline_s:
+        reply = _ask(endpoint, {"code": protocol.SEND_MESSAGE, "topic": "Survivor", "queueId": 0}, b"x", 1000)
+        if reply is not None and reply["status"] == "PUT_OK":
+            return time.monotonic() - began
+    raise AssertionError(f"the front did not come back within {deadline_s} s")
+
+
+@pytest.mark.slow
+def test_a_front_killed_by_a_bug_50_times_keeps_coming_back(buggy_node):
+    endpoint = buggy_node.settings.listen
+    _send_until_stored(endpoint, 10)
+    for _ in range(50):
+        assert _ask(endpoint, {"code": BUG_CODE}, timeout_ms=300) is None  # it died: no reply
+        _send_until_stored(endpoint, 30)
+    states = actor_states(buggy_node.hosts)
+    assert states["front"]["State"] == "ALIVE" and states["front"]["NumRestarts"] >= 50
+    assert all(info["State"] == "ALIVE" for info in states.values())
+
+
+@pytest.mark.slow
+def test_a_node_whose_service_cannot_restart_exits_non_zero(tmp_path):
+    settings = local_settings(tmp_path, actorMaxRestarts=0, maxHashSlotNum=1000, maxIndexNum=4000)
+    node = NodeProcess(settings, tmp_path / "node.log")
+    os.environ["MQNODE_INJECT_BUG"] = f"front:{BUG_CODE}"
+    try:
+        node.start()
+    finally:
+        os.environ.pop("MQNODE_INJECT_BUG", None)
+    try:
+        assert _ask(settings.listen, {"code": BUG_CODE}, timeout_ms=300) is None
+        assert node.process.wait(60) == 1
+        log = node.log.read_text()
+        assert "mqnode failed: service front is dead" in log and "mqnode stopped" in log, log[-3000:]
+    finally:
+        node.stop(strict=False)

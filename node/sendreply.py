@@ -55,7 +55,6 @@ def answer(pending: PendingSend, physical: list[int], queue: list[int], store_ho
         header = protocol.reply_header(pending.opaque, "PUT_OK", results=[
             {"status": "PUT_OK", "msgId": u or o, "offsetMsgId": o, "queueId": q, "queueOffset": queue[i], "topic": t}
             for i, u, o, q, t in zip(indices, pending.uniq_keys, ids, pending.queue_ids, pending.topics)])
-        header["code"] = protocol.SUCCESS  # the envelope succeeded; each result has its status
         return orjson.dumps(header)
     msg_ids = ",".join([u or o for u, o in zip(pending.uniq_keys, ids)])
     return orjson.dumps(protocol.reply_header(
@@ -73,9 +72,9 @@ def offset_ids(store_host: bytes, physical: list[int], indices: list[int]) -> li
 def reply(pending: PendingSend, per_message: list[dict]) -> bytes:
     """The reply header for the request's code (see docs/protocol.md)."""
     if pending.code == protocol.SEND_MESSAGES:
-        overall = "PUT_OK" if all(r["status"] == "PUT_OK" for r in per_message) else _worst(per_message)
-        header = protocol.reply_header(pending.opaque, overall, results=per_message)
-        header["code"] = protocol.SUCCESS  # the envelope succeeded; each result has its status
+        # status and code: PUT_OK (0) when every message has it, else the first other status
+        # and its code (docs/protocol.md); each result has its own
+        header = protocol.reply_header(pending.opaque, _worst(per_message), results=per_message)
     elif pending.code == protocol.SEND_BATCH_MESSAGE:
         first = per_message[0]
         stored = [r for r in per_message if "offsetMsgId" in r]

@@ -38,11 +38,14 @@ class StoreStats:
             self.snapshots.append((now_ms, put_times_total))
 
     def tps(self, seconds: int) -> str:
-        if len(self.snapshots) < seconds + 1:
-            return ""
-        first, last = self.snapshots[-1 - seconds], self.snapshots[-1]
+        """Puts a second over the last `seconds` s; before that much time has passed since boot,
+        over the time so far (RocketMQ leaves the field empty then); "0.00" before the second
+        snapshot."""
+        if len(self.snapshots) < 2:
+            return "0.00"
+        first, last = self.snapshots[-1 - min(seconds, len(self.snapshots) - 1)], self.snapshots[-1]
         elapsed = last[0] - first[0]
-        return f"{(last[1] - first[1]) * 1000 / elapsed:.2f}" if elapsed > 0 else ""
+        return f"{(last[1] - first[1]) * 1000 / elapsed:.2f}" if elapsed > 0 else "0.00"
 
     def runtime_info(self, now_ms: int) -> dict[str, str]:
         seconds = (now_ms - self.boot_ms) // 1000

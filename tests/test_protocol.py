@@ -98,9 +98,11 @@ def test_joined_replies_round_trip():
 
 def test_store_stats_tps_and_buckets():
     stats = StoreStats(0)
+    assert stats.tps(10) == "0.00"  # nothing sampled yet
     for second in range(12):
-        stats.sample(second * 1000, second * 100, second * 1000, 0)
-    assert stats.tps(10) == "100.00" and stats.tps(60) == ""
+        stats.sample(second * 1000, second * 100 + (second > 5) * 600, second * 1000, 0)
+    # the last 10 s; before 60 s have passed, the 11 s so far
+    assert stats.tps(10) == "160.00" and stats.tps(60) == f"{1700 / 11:.2f}"
     for ms in (0, 5, 30, 12000):
         stats.record_latency(ms)
     info = stats.runtime_info(61_000)

@@ -1,4 +1,5 @@
-"""Access to the golden store written by real RocketMQ 4.9.8 (../shared/golden)."""
+"""Access to the golden store written by real RocketMQ 4.9.8 (tests/data/rocketmq-4.9-store, with its
+manifest and provenance README)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(os.environ.get("MQNODE_GOLDEN", ROOT.parent / "shared" / "golden" / "rocketmq-4.9-store"))
+GOLDEN = Path(os.environ.get("MQNODE_GOLDEN", ROOT / "tests" / "data" / "rocketmq-4.9-store"))
 GOLDEN_STORE = GOLDEN / "store"
 GOLDEN_SETTINGS = {
     "mappedFileSizeCommitLog": 65536,

@@ -29,6 +29,7 @@ CommitLog's writer.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -50,8 +51,19 @@ CHECKPOINT_FORCE_S = 1.0
 MAX_WAITING = 1_000_000  # sends held for the disk; beyond this the oldest are timed out early
 
 
+class FlushFailed(OSError):
+    """A flush of this process failed before: it is never tried again (see CommitLogFlusher)."""
+
+
 class CommitLogFlusher:
-    """fdatasync of the CommitLog up to `written`; publishes `flushed` and the checkpoint."""
+    """fdatasync of the CommitLog up to `written`; publishes `flushed` and the checkpoint.
+
+    Fail-stop: an fdatasync (or the checkpoint's msync) that fails is never retried. After a
+    failed writeback Linux may mark the dirty pages clean and drop the error, so a second
+    fdatasync "succeeds" over data that never reached the disk, and a SYNC_FLUSH PUT_OK would be
+    a lie (PostgreSQL's "fsyncgate"). The first OSError poisons the flusher: it and every later
+    call raise, `flushed` stays where it was, and the process dies (its restart is recovery);
+    the sends that waited for that flush get no PUT_OK."""
 
     def __init__(self, settings, control):
         self.settings = settings
@@ -65,9 +77,22 @@ class CommitLogFlusher:
         self.next_flush = now + settings.flushIntervalCommitLog / 1000
         self.next_thorough = now + settings.flushCommitLogThoroughInterval / 1000
         self.next_checkpoint_force = now
+        self.failure: OSError | None = None
+        self.fdatasyncs = 0
+        self.fail_at = _injected_flush_failure()
 
     def flush_to_written(self) -> int:
-        """fdatasync every segment holding unflushed bytes; publish `flushed`. Returns it."""
+        """fdatasync every segment holding unflushed bytes; publish `flushed`. Returns it.
+        Raises the OSError of a failed flush, and FlushFailed ever after."""
+        if self.failure is not None:
+            raise FlushFailed(f"an earlier flush failed ({self.failure}); flushes are never retried")
+        try:
+            return self._flush_to_written()
+        except OSError as e:
+            self.failure = e
+            raise
+
+    def _flush_to_written(self) -> int:
         store_timestamp = self.control.get("store_timestamp")
         written, flushed = self.control.get("written"), self.control.get("flushed")
         if written <= flushed:
@@ -75,6 +100,11 @@ class CommitLogFlusher:
         began = time.monotonic_ns()
         start = flushed - flushed % self.segment_size
         for segment_start in range(start, written, self.segment_size):
+            self.fdatasyncs += 1
+            if self.fdatasyncs == self.fail_at:  # the bytes it did not make durable, for the test to check
+                with open(self.settings.run_dir / "injected-flush-eio", "a") as log:
+                    log.write(f"{flushed} {written}\n")
+                raise OSError(errno.EIO, "Input/output error (MQNODE_INJECT_FLUSH_EIO)")
             os.fdatasync(self._fd(segment_start))
         elapsed = time.monotonic_ns() - began
         self.flushes += 1
@@ -258,9 +288,9 @@ class FlushThread:
     """The front's flusher (`flushInFront`): a `CommitLogFlusher` on a thread of the front's
     process. The front holds the `Waiting` sends, wakes the thread after each turn that added
     some, and answers them when the thread reports (each advance of `flushed`) on the inproc
-    socket `flushed_in` (the front's to poll). A disk error is counted and retried (the held
-    sends time out as FLUSH_DISK_TIMEOUT); anything else kills the thread, and `check` then
-    fails the front, which Ray restarts."""
+    socket `flushed_in` (the front's to poll). Any exception, a disk error first of all, ends
+    the thread, and the front's next `check` (every turn) raises it: the front stops, Ray
+    restarts it, and the sends it held never hear PUT_OK (CommitLogFlusher: never retried)."""
 
     def __init__(self, settings, control, context: zmq.Context):
         self.sync = settings.sync_flush
@@ -310,8 +340,8 @@ class FlushThread:
                 except OSError as e:
                     self.disk_errors += 1
                     self.last_error = str(e)
-                    time.sleep(self.period_s)
-        except BaseException as e:  # a bug: the front must not go on with no flusher
+                    raise
+        except BaseException as e:  # the disk or a bug: the front must not go on with no flusher
             self.failure = e
         finally:
             report.close(0)
@@ -324,10 +354,7 @@ class FlushThread:
         if not self.lock.acquire(blocking=False):  # the thread is flushing: it goes round again
             return False
         try:
-            self.flusher.flush_to_written()
-        except OSError as e:  # the thread retries (and counts its own errors)
-            self.last_error = str(e)
-            return False
+            self.flusher.flush_to_written()  # an OSError stops the front: never retried
         finally:
             self.lock.release()
         self.flushed_here += 1
@@ -342,7 +369,7 @@ class FlushThread:
                 return
 
     def check(self) -> None:
-        if not self.stopping and not self.thread.is_alive():
+        if self.failure is not None or (not self.stopping and not self.thread.is_alive()):
             raise RuntimeError(f"the flush thread died: {self.failure!r}") from self.failure
 
     def stop(self, *, flush: bool = True) -> None:
@@ -362,6 +389,13 @@ class FlushThread:
     def close(self) -> None:
         self.flushed_in.close(0)
         self.flusher.close()
+
+
+def _injected_flush_failure() -> int:
+    """`MQNODE_INJECT_FLUSH_EIO=N`: the N-th fdatasync of each flusher fails with EIO (tests of
+    fail-stop on a real node; unset, 0: never)."""
+    text = os.environ.get("MQNODE_INJECT_FLUSH_EIO", "")
+    return int(text) if text.isdigit() else 0
 
 
 def _notify(report: zmq.Socket) -> None:

@@ -11,7 +11,7 @@ import zmq
 from helpers import message, open_store, put, small_settings
 
 from actors import flush
-from actors.flush import FlushThread, Waiting
+from actors.flush import FlushFailed, FlushThread, Waiting
 from shm.checkpoint import Checkpoint
 from shm.control_block import ControlBlock
 
@@ -128,18 +128,31 @@ def test_a_flush_thread_that_fails_fails_its_front(flush_thread, monkeypatch):
         flush_thread.check()
 
 
-def test_a_disk_error_is_counted_and_the_flush_thread_goes_on(flush_thread, monkeypatch):
-    def failing() -> int:
+def test_a_disk_error_stops_the_flush_thread_and_fails_its_front(store_and_control, flush_thread, monkeypatch):
+    """fsyncgate: after a failed fdatasync the kernel may drop the dirty pages and the error, so
+    the flush is never tried again and `flushed` never passes what failed."""
+    _, store, control = store_and_control
+    _written(store, control, [message(1)])
+    calls = []
+
+    def failing(fd: int) -> None:
+        calls.append(fd)
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(flush_thread.flusher, "flush_to_written", failing)
+    monkeypatch.setattr("actors.flush.os.fdatasync", failing)
     flush_thread.start()
     flush_thread.wake()
-    deadline = time.monotonic() + 5
-    while flush_thread.disk_errors < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)  # it retries every group-commit period
-    assert flush_thread.disk_errors >= 2 and "Input/output error" in flush_thread.statistics()["lastError"]
-    flush_thread.check()  # still alive: the held sends time out as FLUSH_DISK_TIMEOUT meanwhile
+    flush_thread.thread.join(5)
+    assert not flush_thread.thread.is_alive() and len(calls) == 1
+    with pytest.raises(RuntimeError, match="flush thread died"):
+        flush_thread.check()
+    monkeypatch.setattr("actors.flush.os.fdatasync", lambda fd: calls.append(fd))  # the disk "recovers"
+    with pytest.raises(FlushFailed):
+        flush_thread.flusher.flush_to_written()
+    with pytest.raises(FlushFailed):
+        flush_thread.flush_here()
+    assert len(calls) == 1 and control.get("flushed") == 0
+    assert flush_thread.statistics()["diskErrors"] == 1
 
 
 def test_the_front_flushes_itself_when_the_disk_was_quick(store_and_control, flush_thread):
@@ -165,13 +178,16 @@ def test_the_front_does_not_flush_beside_the_thread(store_and_control, flush_thr
     assert control.get("flushed") == 0
 
 
-def test_a_disk_error_in_the_front_s_flush_leaves_it_to_the_thread(store_and_control, flush_thread, monkeypatch):
+def test_a_disk_error_in_the_front_s_own_flush_stops_the_front(store_and_control, flush_thread, monkeypatch):
     _, store, control = store_and_control
     _written(store, control, [message(1)])
 
-    def failing() -> int:
+    def failing(fd: int) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(flush_thread.flusher, "flush_to_written", failing)
-    assert not flush_thread.flush_here()
+    monkeypatch.setattr("actors.flush.os.fdatasync", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        flush_thread.flush_here()
     assert control.get("flushed") == 0 and not flush_thread.lock.locked()
+    with pytest.raises(FlushFailed):  # and the thread will not try again either
+        flush_thread.flusher.flush_to_written()

@@ -24,6 +24,13 @@ from shm.control_block import ControlBlock
 POLL_MS = 50  # longest a loop sleeps before it looks at its stop flag again
 STATS_PERIOD_S = 1.0
 HEARTBEAT_SLOTS = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "ingress": 8, "pull": 24}
+INSTANCED = ("ingress", "pull")  # services that run as several processes, labelled kind-i
+
+
+def heartbeat_slot(label: str) -> int:
+    """The control block's heartbeat slot of the service process `label` ("front", "pull-3")."""
+    kind, _, instance = label.partition("-")
+    return HEARTBEAT_SLOTS.get(kind, 15) + (int(instance) if kind in INSTANCED and instance else 0)
 
 
 def endpoints(settings) -> dict[str, str]:
@@ -91,7 +98,7 @@ class Actor:
 
     @property
     def label(self) -> str:
-        return f"{self.name}-{self.instance}" if self.name in ("ingress", "pull") else self.name
+        return f"{self.name}-{self.instance}" if self.name in INSTANCED else self.name
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -99,6 +106,7 @@ class Actor:
         Path(self.settings.run_dir).mkdir(parents=True, exist_ok=True)
         (self.settings.run_dir / f"{self.label}.pid").write_text(f"{os.getpid()}\n")  # for operators and tests
         self.control = ControlBlock(self.settings.root / "control")
+        self.control.heartbeat(heartbeat_slot(self.label), int(time.time() * 1000))  # alive while it opens
         self._stats_socket = socket(self.context, zmq.PUSH, hwm=10)
         self._stats_socket.connect(self.endpoints["stats"])
         self.open()
@@ -144,8 +152,7 @@ class Actor:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
-        slot = HEARTBEAT_SLOTS.get(self.name, 15) + (self.instance if self.name in ("ingress", "pull") else 0)
-        self.control.heartbeat(slot, int(time.time() * 1000))
+        self.control.heartbeat(heartbeat_slot(self.label), int(time.time() * 1000))
         if now >= self._stats_due:
             self._stats_due = now + STATS_PERIOD_S
             try:

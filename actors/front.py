@@ -280,11 +280,19 @@ class Front(Actor):
                 actors["flush"] = self.flushing.statistics() | self.waiting.statistics()
             info = {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)),
                     "actors": dict(sorted(actors.items())),
-                    "control": self.control.snapshot()}
+                    "control": self.control.snapshot(),
+                    "supervision": self._supervision()}
             self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", **info))])
         else:
             self._reply(client, protocol.error_reply(request.opaque, "REQUEST_CODE_NOT_SUPPORTED",
                                                      f"request code {code} is not supported"))
+
+    def _supervision(self) -> dict:
+        """Restarts and hangs per service process, as the node's watch last counted them."""
+        try:
+            return orjson.loads((self.settings.run_dir / "supervision.json").read_bytes())
+        except (FileNotFoundError, orjson.JSONDecodeError):
+            return {}  # not written yet (or a node whose launcher is not watching)
 
     def _offsets(self, client: bytes, request: protocol.Request) -> None:
         """The fields were checked at the edge (node.edge)."""

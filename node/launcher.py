@@ -24,10 +24,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 import signal
+import stat
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
+
+import orjson
 
 from node import supervision
 from shm import settings as settings_module
@@ -68,6 +74,42 @@ def _normal_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
     except OSError:
         pass
+
+
+def _embedded_ray_token() -> None:
+    """Ray runs whatever code a peer sends it, and its gRPC servers listen on every interface:
+    the embedded Ray requires a token (Ray's token authentication), a fresh random one per start
+    unless the environment names one, known only to this process and the ones Ray starts."""
+    if not os.environ.get("RAY_AUTH_TOKEN") and not os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    os.environ["RAY_AUTH_MODE"] = "token"
+
+
+IPC_PATH_MAX = 100  # sun_path holds 107 bytes; the longest endpoint adds "/arrivals"
+RUN_FILES = ("*.pid", "*.starts", "injected-flush-eio", "supervision.json")
+
+
+def prepare_run_dir(settings) -> Path:
+    """The run directory, private and fresh: created with mode 0700 (its parents too, if
+    missing), refused when it exists but another user owns it or others may enter it, and
+    emptied of an earlier run's files (the store lock says no other node of this store runs).
+    A default path too long for an ipc socket gives way to a new private temporary directory."""
+    path = settings.run_dir
+    if not settings.runDir and len(str(path)) > IPC_PATH_MAX:
+        return Path(tempfile.mkdtemp(prefix="mqnode-"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        info = path.lstat()
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise settings_module.SettingsError(
+                f"run directory {path} must be a directory of this user with mode 0700 "
+                f"(it is {stat.filemode(info.st_mode)}, owner uid {info.st_uid}): remove it or choose runDir")
+    for pattern in RUN_FILES:
+        for stale in path.glob(pattern):
+            stale.unlink(missing_ok=True)
+    return path
 
 
 class ActorHost:
@@ -120,6 +162,10 @@ class Node:
         self.hosts: dict[str, object] = {}
         self.started_ray = False
         self.recovery_report = None
+        self.failure: str | None = None
+        self.failed = threading.Event()
+        self.watch_stopping = threading.Event()
+        self.watcher: threading.Thread | None = None
 
     # -- start ---------------------------------------------------------------------------------------
 
@@ -160,15 +206,15 @@ class Node:
     def _launch(self, queue_offsets: dict[str, int], recovered: int) -> None:
         import ray
 
-        s = self.settings
-        s.run_dir.mkdir(parents=True, exist_ok=True)
+        s = self.settings = dataclasses.replace(self.settings, runDir=str(prepare_run_dir(self.settings)))
         if not ray.is_initialized():
             if self.ray_address:
                 ray.init(address=self.ray_address, logging_level=logging.ERROR, log_to_driver=False)
             else:
                 os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet it starts
+                _embedded_ray_token()
                 ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=s.rayObjectStoreMemory,
-                         logging_level=logging.ERROR, log_to_driver=False)
+                         logging_level=logging.ERROR, log_to_driver=False, _node_ip_address="127.0.0.1")
                 self.started_ray = True
         remote = ray.remote(ActorHost)
         values = dataclasses.asdict(s)
@@ -182,10 +228,6 @@ class Node:
             workers = s.pullWorkers or min(os.cpu_count() or 1, settings_module.MAX_PULL_WORKERS)
             plan += [(f"pull-{i}", "pull", {"instance": i}) for i in range(workers)]
         plan.append(("front", "front", recovered_state if s.front_writes else {}))
-        for stale in s.run_dir.glob("*.pid"):  # an earlier run's layout must not name live actors
-            stale.unlink(missing_ok=True)
-        for stale in s.run_dir.glob("*.starts"):  # restart histories are this run's
-            stale.unlink(missing_ok=True)
         for label, kind, kwargs in plan:
             self.hosts[label] = remote.options(num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0,
                                                max_concurrency=4).remote(kind, values, kwargs, label)
@@ -194,6 +236,8 @@ class Node:
             raise RuntimeError("some actors did not start: " + ", ".join(
                 label for label, ok in zip(self.hosts, ready) if not ok))
         self._wait_for_connections()
+        self.watcher = threading.Thread(target=self._watch, name="mqnode-watch", daemon=True)
+        self.watcher.start()
 
     def _wait_for_connections(self) -> None:
         """Actors connect to each other asynchronously: `ready` is printed only once a read
@@ -240,22 +284,65 @@ class Node:
         stop = threading.Event()
         for number in (signal.SIGINT, signal.SIGTERM):
             signal.signal(number, lambda *_: stop.set())
-        watch = supervision.Watch()
-        failure = None
-        while failure is None and not stop.wait(1.0):
-            failure = watch.check(supervision.actor_states(self.hosts))
-        if failure is not None:
-            self.out(f"mqnode failed: {failure}; exiting so the node is restarted whole", file=sys.stderr, flush=True)
+        while not stop.wait(0.2) and not self.failed.is_set():
+            pass
+        if self.failure is not None:
+            self.out(f"mqnode failed: {self.failure}; exiting so the node is restarted whole", file=sys.stderr, flush=True)
         self.out("mqnode stopping", flush=True)
         self.stop()
         self.out("mqnode stopped", flush=True)
-        return 0 if failure is None else 1
+        return 0 if self.failure is None else 1
+
+    def _watch(self) -> None:
+        """Once a second: restarts logged, hung services killed, a service gone for good ends
+        the node (`failed`); what it counted goes to the front's admin stats."""
+        watch = supervision.Watch()
+        while not self.watch_stopping.wait(1.0):
+            states = supervision.actor_states(self.hosts)
+            failure = watch.check(states)
+            if failure is not None:
+                self.failure = failure
+                self.failed.set()
+                return
+            self._kill_hung(watch, states)
+            self._publish_supervision(watch)
+
+    def _kill_hung(self, watch: supervision.Watch, states: dict[str, dict]) -> None:
+        """SIGKILL every service whose loop stopped turning (Ray then restarts it)."""
+        from actors.base import heartbeat_slot
+
+        run_dir, now_ms = self.settings.run_dir, int(time.time() * 1000)
+        heartbeats = {label: self.control.heartbeat_of(heartbeat_slot(label)) for label in states}
+        started = {}
+        for label in states:
+            try:
+                started[label] = int((run_dir / f"{label}.pid").stat().st_mtime * 1000)
+            except FileNotFoundError:
+                started[label] = now_ms  # not started yet: not hung
+        for label in watch.hung(states, heartbeats, started, now_ms, self.settings.processHangTimeoutMillis):
+            try:
+                pid = int((run_dir / f"{label}.pid").read_text())
+                logging.getLogger("mqnode").warning("mqnode: service %s (pid %d) is hung: killing it", label, pid)
+                os.kill(pid, signal.SIGKILL)
+            except (OSError, ValueError):
+                pass  # gone already: Ray restarts it either way
+
+    def _publish_supervision(self, watch: supervision.Watch) -> None:
+        """What the watch counted, for the front's admin stats (a small file in the run directory)."""
+        path = self.settings.run_dir / "supervision.json"
+        temporary = path.with_suffix(".tmp")
+        temporary.write_bytes(orjson.dumps(watch.statistics()))
+        temporary.replace(path)
 
     # -- stop ------------------------------------------------------------------------------------------
 
     def stop(self) -> None:
         import ray
 
+        if self.watcher is not None:  # first: it must not kill or judge what is being stopped
+            self.watch_stopping.set()
+            self.watcher.join(10)
+            self.watcher = None
         if self.hosts:
             self._drain()
             for label in self._stop_order():

@@ -138,7 +138,7 @@ class Settings:
     flushInFront: bool = _s(True, "With writesInFront, the front flushes the CommitLog on a thread of its own, no flush process runs (a SYNC_FLUSH send crosses two process hops fewer)", NODE)
     readsInFront: bool = _s(True, "The front serves reads itself, no pull worker runs (faster on 2 cores; false for pullWorkers)", NODE)
     frontPinBelowCpu: float = _s(0.0, "While the front's process uses less than this fraction of one CPU (0.7, say), all its threads run on one CPU: local wake-ups, lower ack latency at light load, but slower reads under load; lifted when that CPU is nearly full or contended; 0 = never pin", NODE)
-    cpuIdleLatencyUs: int = _s(0, "While the front serves (until 2 s after its last request), it asks the kernel (/dev/cpu_dma_latency, needs root) to keep idle CPUs able to wake within this many µs: 0 = idle CPUs poll instead of halting, so the wake-ups of a request's threads are quick (a virtual machine's halted CPU costs tens of µs each); -1 = no request", NODE)
+    cpuIdleLatencyUs: int = _s(-1, "Host tuning, an operator's opt-in (docs/operations.md): while the front serves (until 2 s after its last request), it asks the kernel (/dev/cpu_dma_latency, needs root) to keep every idle CPU of the host able to wake within this many µs: 0 = idle CPUs poll instead of halting, so the wake-ups of a request's threads are quick (a virtual machine's halted CPU costs tens of µs each) at the cost of the host's power; -1 = no request (the default)", NODE)
     dispatcherNiceness: int = _s(5, "Nice value of the dispatcher's loop (0-19): on a busy CPU the front and the clients go first and it catches up in larger batches; 0 = normal priority", NODE)
     dispatcherPollMillis: int = _s(1, "While records keep coming, the dispatcher looks at the written end this often and the writer stops waking it", NODE)
     dispatcherPollHoldMillis: int = _s(10, "How long the dispatcher goes on polling after the last record it found, before it waits for the writer's wake-up again (0 = never poll: a wake-up for every writer turn that wrote)", NODE)
@@ -146,8 +146,9 @@ class Settings:
     sendQueueCapacity: int = _s(10000, "Send requests the front lets wait before answering SYSTEM_BUSY", NODE)
     actorMaxRestarts: int = _s(-1, "Times Ray restarts a dead service process; -1 = no limit (restarts back off instead). When a service cannot be restarted, the node exits non-zero", NODE)
     actorRestartBackoffMaxMillis: int = _s(30000, "A service that keeps dying (more than 3 starts in 10 s) waits before each restart, doubling from 0.5 s up to this; it starts afresh after 60 s up", NODE)
+    processHangTimeoutMillis: int = _s(10000, "A service process whose loop has not turned for this long (a deadlock, SIGSTOP, a disk that never returns) is killed with SIGKILL, and Ray restarts it", NODE)
     rayObjectStoreMemory: int = _s(80 * 1024 * 1024, "Object store of an embedded Ray, bytes (nothing large goes through it)", NODE)
-    runDir: str = _s("", "Directory for the node's ipc sockets; empty means /tmp/mqnode-<hash of the store path>", NODE)
+    runDir: str = _s("", "Directory for the node's ipc sockets and pid files, private to the node's user (mode 0700; refused if another user owns it or others may enter it); empty means $XDG_RUNTIME_DIR/mqnode-<hash of the store path> when XDG_RUNTIME_DIR is set, else run/ inside the store", NODE)
 
     # -- derived ------------------------------------------------------------------------------
 
@@ -185,10 +186,16 @@ class Settings:
 
     @property
     def run_dir(self) -> Path:
+        """The node's ipc sockets and pid files: `runDir`, else a directory under
+        `$XDG_RUNTIME_DIR` (the user's private runtime directory), else `run/` inside the store.
+        The launcher makes it private (node.launcher.prepare_run_dir)."""
         if self.runDir:
             return Path(os.path.expanduser(self.runDir))
-        digest = hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()[:12]
-        return Path(tempfile.gettempdir()) / f"mqnode-{digest}"
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        if runtime:
+            digest = hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()[:12]
+            return Path(runtime) / f"mqnode-{digest}"
+        return self.root / "run"
 
     @property
     def store_address(self) -> tuple[str, int]:
@@ -318,7 +325,41 @@ def load(conf: str | Path | None = None, overrides: dict[str, object] | None = N
     return settings
 
 
+# Settings mqnode reads but does not act on yet: a value other than the default is refused at
+# load, naming the setting, so nobody believes something happens. The reason says what will
+# implement it (or why it has no meaning here).
+NOT_IMPLEMENTED = {
+    **dict.fromkeys(["fileReservedTime", "deleteWhen", "diskMaxUsedSpaceRatio", "cleanResourceInterval",
+                     "deleteCommitLogFilesInterval", "deleteConsumeQueueFilesInterval",
+                     "destroyMapedFileIntervalForcibly", "redeleteHangedFileInterval", "cleanFileForciblyEnable",
+                     "diskSpaceWarningLevelRatio", "diskSpaceCleanForciblyRatio"], "expired-file cleaning is not built yet"),
+    **dict.fromkeys(["flushDelayOffsetInterval", "enableScheduleMessageStats", "enableScheduleAsyncDeliver",
+                     "scheduleAsyncDeliverMaxPendingLimit", "scheduleAsyncDeliverMaxResendNum2Blocked"], "delayed delivery is not built yet"),
+    **dict.fromkeys(["brokerRole", "haListenPort", "haSendHeartbeatInterval", "haHousekeepingInterval",
+                     "haTransferBatchSize", "haMasterAddress", "haSlaveFallbehindMax", "slaveTimeout",
+                     "duplicationEnable", "offsetCheckInSlave"], "replication is not built yet"),
+    **dict.fromkeys(["mappedFileSizeConsumeQueueExt", "bitMapLengthConsumeQueueExt"],
+                    "ConsumeQueueExt is not supported"),
+    **dict.fromkeys(["transientStorePoolSize", "fastFailIfNoBufferInStorePool"],
+                    "mqnode's write buffer is the segment's own mapping, not a pool of buffers"),
+    **dict.fromkeys(["flushCommitLogTimed", "useReentrantLockWhenPutMessage"],
+                    "a Java threading choice with no counterpart here"),
+    **dict.fromkeys(["flushConsumeQueueLeastPages", "flushConsumeQueueThoroughInterval"],
+                    "ConsumeQueue files are derived and rebuilt after a crash; mqnode does not flush them on a timer"),
+    "flushLeastPagesWhenWarmMapedFile": "the allocator prefaults pages (prefaultAheadBytes); it does not flush them",
+    "defaultQueryMaxNum": "QUERY_MESSAGE is capped by maxMsgsNumBatch",
+    "diskFallRecorded": "consumer disk-lag statistics are not kept yet",
+    "osPageCacheBusyTimeOutMills": "OS_PAGECACHE_BUSY is not detected yet",
+    "waitTimeMillsInPullQueue": "pulls are not queued before they are served",
+}
+
+
 def validate(settings: Settings) -> None:
+    defaults = Settings()
+    for name, why in NOT_IMPLEMENTED.items():
+        if getattr(settings, name) != getattr(defaults, name):
+            raise SettingsError(f"{name} is not implemented by mqnode yet ({why}): remove it or leave it "
+                                f"at its default, {_render_value(getattr(defaults, name))}")
     if settings.mappedFileSizeCommitLog < 4096:
         raise SettingsError("mappedFileSizeCommitLog must be at least 4096 bytes")
     if settings.mappedFileSizeConsumeQueue < 20:
@@ -336,6 +377,8 @@ def validate(settings: Settings) -> None:
         raise SettingsError("dispatcherNiceness must be between 0 and 19")
     if settings.dispatcherPollMillis < 1 or settings.dispatcherPollHoldMillis < 0:
         raise SettingsError("dispatcherPollMillis must be >= 1 and dispatcherPollHoldMillis >= 0")
+    if settings.processHangTimeoutMillis < 1000:
+        raise SettingsError("processHangTimeoutMillis must be at least 1000")
     if settings.actorMaxRestarts < -1 or settings.actorRestartBackoffMaxMillis < 0:
         raise SettingsError("actorMaxRestarts must be -1 (no limit) or more; actorRestartBackoffMaxMillis >= 0")
     if settings.prefaultAheadBytes < 0:
@@ -360,6 +403,8 @@ def render_conf() -> str:
             group = f.metadata["group"]
             lines += ["", f"# ---- {group}"]
         lines.append(f"# {f.metadata['comment']}")
+        if f.name in NOT_IMPLEMENTED:
+            lines.append(f"# Not implemented yet ({NOT_IMPLEMENTED[f.name]}): only the default is accepted.")
         lines.append(f"{f.name} = {_render_value(f.default)}")
     return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
 

@@ -1,3 +1,5 @@
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +97,11 @@ def test_broker_conf_style_and_overrides(tmp_path):
     assert (settings.flushDiskType, settings.mappedFileSizeCommitLog, settings.brokerIP1, settings.maxIndexNum) == (
         "SYNC_FLUSH", 65536, "10.0.0.5", 400)
     assert settings.fileReservedTime == 72  # omitted keys keep their defaults
+    conf.write_text("fileReservedTime = 48\n")  # accepted and ignored would mislead: refused by name
+    with pytest.raises(SettingsError, match="fileReservedTime is not implemented by mqnode yet"):
+        settings_module.load(conf)
+    assert settings_module.load(None, {"fileReservedTime": "72"}).fileReservedTime == 72  # the default is fine
+    assert settings_module.Settings().cpuIdleLatencyUs == -1  # host tuning is an operator's opt-in
     conf.write_text("noSuchKey = 1\n")
     with pytest.raises(SettingsError, match="broker.conf:1: unknown setting 'noSuchKey'"):
         settings_module.load(conf)
@@ -113,3 +120,29 @@ def test_broker_conf_style_and_overrides(tmp_path):
         settings_module.load(None, {"pullWorkers": "64"})
     assert settings_module.load(None, {"pullWorkers": "63"}).pullWorkers == 63
     assert settings_module.parse_delay_levels("1s 5s 2m 1h") == [1000, 5000, 120000, 3600000]
+
+
+def test_the_run_directory_is_private_and_fresh(tmp_path, monkeypatch):
+    from node.launcher import prepare_run_dir
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    settings = settings_module.load(None, {"storePathRootDir": str(tmp_path / "store")})
+    assert settings.run_dir == tmp_path / "store" / "run"  # not a predictable /tmp path
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    assert settings.run_dir.parent == tmp_path / "xdg"
+    path = prepare_run_dir(settings)
+    assert path == settings.run_dir and stat.S_IMODE(path.stat().st_mode) == 0o700
+    (path / "front.pid").write_text("1\n")
+    assert prepare_run_dir(settings) == path and not (path / "front.pid").exists()  # fresh: no stale pid files
+    path.chmod(0o755)
+    with pytest.raises(SettingsError, match="mode 0700"):
+        prepare_run_dir(settings)
+    path.chmod(0o700)
+    if os.getuid() == 0:  # another user's directory is refused too
+        os.chown(path, 12345, 12345)
+        with pytest.raises(SettingsError, match="owner uid 12345"):
+            prepare_run_dir(settings)
+    deep = settings_module.load(None, {"storePathRootDir": str(tmp_path / ("d" * 120))})
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    short = prepare_run_dir(deep)  # too long for an ipc socket: a new private temporary directory
+    assert len(str(short)) < 100 and stat.S_IMODE(short.stat().st_mode) == 0o700

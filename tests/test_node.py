@@ -30,7 +30,7 @@ def node(tmp_path_factory, request):
     """Every test runs against a node whose front writes the CommitLog (the default) and one
     with a writer process."""
     yield from in_process_node(tmp_path_factory.mktemp("node"), maxMessageSize=MAX_BODY,
-                               writesInFront=request.param, frontPinBelowCpu=0.7)
+                               writesInFront=request.param, frontPinBelowCpu=0.7, cpuIdleLatencyUs=0)
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +240,8 @@ def test_an_idle_front_keeps_its_threads_on_one_cpu(node):
 
 
 def test_a_serving_front_keeps_idle_cpus_quick_to_wake(node, producer):
-    """cpuIdleLatencyUs (0, the default): after a request the front holds its PM QoS request
+    """cpuIdleLatencyUs 0 (opted in; -1, no request, is the default): after a request the front
+    holds its PM QoS request
     (actors.cpu_latency) and says so; where the device cannot be written it says why."""
     producer.send("TopicA", "wake")
     info, _ = producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})

@@ -8,9 +8,12 @@ into the front (MQNODE_INJECT_BUG: a request code that makes it raise).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import orjson
+import psutil
 import pytest
 import zmq
 from nodes import NodeProcess, in_process_node
@@ -115,3 +118,25 @@ def test_a_node_whose_service_cannot_restart_exits_non_zero(tmp_path):
         assert "mqnode failed: service front is dead" in log and "mqnode stopped" in log, log[-3000:]
     finally:
         node.stop(strict=False)
+
+
+@pytest.mark.slow
+def test_the_embedded_ray_refuses_a_driver_without_the_node_s_token(tmp_path):
+    """Ray's servers listen on every interface and run what a peer sends: the node's embedded
+    Ray requires a fresh token that only the node's processes know."""
+    settings = local_settings(tmp_path, maxHashSlotNum=1000, maxIndexNum=4000)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    try:
+        gcs = [p for p in node.tree() if p.name() == "gcs_server"]
+        assert len(gcs) == 1 and gcs[0].environ().get("RAY_AUTH_MODE") == "token"
+        port = next(c.laddr.port for c in gcs[0].net_connections("tcp") if c.status == psutil.CONN_LISTEN)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        intruder = subprocess.run(
+            [sys.executable, "-c", f"import ray, logging; ray.init(address='127.0.0.1:{port}', "
+                                   f"logging_level=logging.ERROR); print('connected')"],
+            env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert intruder.returncode != 0 and "connected" not in intruder.stdout
+        assert _ask(settings.listen, {"code": protocol.GET_MAX_OFFSET, "topic": "T", "queueId": 0})["status"] == "OK"
+    finally:
+        assert node.stop() == 0
+

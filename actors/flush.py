@@ -8,8 +8,8 @@ Three parts, so the same flushing runs in its own process or on a thread of the 
 - `Waiting`: the SYNC_FLUSH sends held for the disk, in offset order, each answered PUT_OK once
   `flushed` passes it, or FLUSH_DISK_TIMEOUT after `syncFlushTimeout` (it is stored; only its
   durability is unconfirmed).
-- `Flush`, the actor (a writer process, `writesInFront = false` or ingress workers) and
-  `FlushThread`, the front's (`flushInFront`, the default when the front writes).
+- `Flush`, the actor (the split topology) and `FlushThread`, the front's (the compact
+  topology, the default: node.topology).
 
 SYNC_FLUSH (GroupCommitService): wakes on a wait or every 10 ms; one fdatasync covers every
 send waiting at that moment (group commit).
@@ -285,7 +285,7 @@ class Flush(Actor):
 
 
 class FlushThread:
-    """The front's flusher (`flushInFront`): a `CommitLogFlusher` on a thread of the front's
+    """The front's flusher (the compact topology): a `CommitLogFlusher` on a thread of the front's
     process. The front holds the `Waiting` sends, wakes the thread after each turn that added
     some, and answers them when the thread reports (each advance of `flushed`) on the inproc
     socket `flushed_in` (the front's to poll). Any exception, a disk error first of all, ends

@@ -2,16 +2,16 @@
 
 Sockets:
 - `clients` ROUTER, bound to `listen`: requests in, replies out (routed by the client's id).
-- `sends` PUSH: send requests to the ingress workers (bound at `ingress`) or, with
-  `ingressWorkers = 0` and `writesInFront = false`, straight to the append writer (connected
-  to `writer`). With `writesInFront` (and no ingress workers) no writer process runs: the
-  front is the CommitLog's single writer, with the writer's core (`actors.writer`), appending
-  each turn's sends together and answering them itself. With `flushInFront` too (the
-  default) no flush process runs either: a thread of the front flushes (`actors.flush`), and
-  the front holds the SYNC_FLUSH sends until the thread reports the disk has them.
+- `sends` PUSH (the split topology, node.topology): send requests to the ingress workers
+  (bound at `ingress`) or, with `ingressWorkers = 0`, straight to the append writer (connected
+  to `writer`). In the compact topology (the default) no writer process runs: the front is the
+  CommitLog's single writer, with the writer's core (`actors.writer`), appending each turn's
+  sends together and answering them itself; no flush process runs either: a thread of the
+  front flushes (`actors.flush`), and the front holds the SYNC_FLUSH sends until the thread
+  reports the disk has them.
 - `replies` PULL, bound: joined replies from ingress, writer and flush.
 - `stats` PULL, bound: every actor's statistics, once a second.
-- `pulls` PUSH, bound: read requests to the pull workers; with `readsInFront`, none run and
+- `pulls` PUSH, bound: read requests to the pull workers; in the compact topology none run and
   the front serves reads itself with the pull worker's read core (`actors.pull`), subscribed
   to the dispatcher's arrivals while it holds pulls.
 
@@ -43,7 +43,7 @@ from actors.cpu_latency import NO_REQUEST, CpuLatencyRequest
 from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
 from actors.pull import Pull
 from actors.writer import Writer
-from node import edge, protocol
+from node import edge, protocol, topology
 from node.frames import NOBLOCK, send_frames
 from node.offsets import ConsumerOffsets, SubscriptionGroups
 from node.store_stats import StoreStats
@@ -102,7 +102,7 @@ class Front(Actor):
             self.flushing.start()
         self.reads: Pull | None = None
         self.read_replies: list = []
-        if s.readsInFront:
+        if s.reads_in_front:
             self.reads = Pull(s)
             self.reads.control = self.control  # shared, not owned: close_reads leaves it open
             self.reads.open_reads(watcher=0)
@@ -167,7 +167,7 @@ class Front(Actor):
         self.offsets.persist()
 
     def _finish_writes(self) -> None:
-        """writesInFront: append this turn's sends together, answer those that do not wait
+        """The compact topology: append this turn's sends together, answer those that do not wait
         for the disk, make the group commit for the rest (or hand them to the flush thread or
         actor), wake the dispatcher."""
         writes = self.writes
@@ -204,7 +204,7 @@ class Front(Actor):
         return self.reads is None or not self.reads.held_count
 
     def _answer_flushed(self, events: set) -> None:
-        """flushInFront: answer the held sends the flush thread's last fdatasync covered, and
+        """The compact topology: answer the held sends the flush thread's last fdatasync covered, and
         those held too long."""
         flushing = self.flushing
         flushing.check()
@@ -219,7 +219,7 @@ class Front(Actor):
             self._answer_send(client, arrival_ns, [header], now)
 
     def _finish_reads(self, events: set) -> None:
-        """readsInFront: wake held pulls whose queues grew, end expired ones, send the replies."""
+        """The compact topology: wake held pulls whose queues grew, end expired ones, send the replies."""
         if self.reads.arrivals in events:
             self.reads.on_arrivals(self.read_replies)
         self.reads.after_turn(self.read_replies)
@@ -281,11 +281,18 @@ class Front(Actor):
             info = {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)),
                     "actors": dict(sorted(actors.items())),
                     "control": self.control.snapshot(),
+                    "services": self._services(actors),
                     "supervision": self._supervision()}
             self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", **info))])
         else:
             self._reply(client, protocol.error_reply(request.opaque, "REQUEST_CODE_NOT_SUPPORTED",
                                                      f"request code {code} is not supported"))
+
+    def _services(self, actors: dict[str, dict]) -> dict[str, list[dict]]:
+        """Each service of the declared topology with the process that hosts it and its pid
+        (None until that process has sent its first statistics)."""
+        return {service: [{"process": label, "pid": actors.get(label, {}).get("pid")} for label in labels]
+                for service, labels in topology.hosts(self.settings).items()}
 
     def _supervision(self) -> dict:
         """Restarts and hangs per service process, as the node's watch last counted them."""

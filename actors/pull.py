@@ -23,7 +23,7 @@ nothing) is deferred until `dispatched` reaches the `written` it saw on arrival,
 directly. A deferred read waits at most DEFER_MAX_S (the dispatcher stalled: SYSTEM_BUSY), and
 at most MAX_DEFERRED wait at once.
 
-With `readsInFront`, no pull worker runs: the front opens this class's read core
+In the compact topology (node.topology) no pull worker runs: the front opens this class's read core
 (`open_reads`) and serves reads in its own loop (`serve_request`, `on_arrivals`,
 `after_turn`), which saves two ipc hops and a process wake-up per pull.
 """

@@ -6,7 +6,7 @@ PUSH to the front; `waits` PUSH to the flush actor (SYNC_FLUSH sends that wait f
 `wakes` PUSH, conflated, to the dispatcher: "written moved", once per turn that moved it,
 unless the dispatcher is polling (actors.dispatcher).
 
-With `writesInFront` (the default when `ingressWorkers = 0`) no writer process runs: the front
+In the compact topology (the default, node.topology) no writer process runs: the front
 opens this class's write core (`open_writes`, `append_requests`, `finish_turn`, `idle`,
 `drain`, `close_writes`) and is the CommitLog's single writer; a request then crosses one hop
 and wakes one process fewer (docs/performance.md).
@@ -82,7 +82,7 @@ class Writer(Actor):
 
     def open_writes(self) -> None:
         """The write core: the CommitLog, the encoder and the sockets to the flush actor and the
-        dispatcher (what the front opens when it writes itself, `writesInFront`)."""
+        dispatcher (what the front opens when it writes itself, the compact topology)."""
         s = self.settings
         self.log = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog)
         self.log.segments.load()
@@ -194,11 +194,9 @@ class Writer(Actor):
                 pass  # the dispatcher is not there (restarting): its timer catches up
 
     def _from_ingress(self, frames: list[bytes]) -> list:
-        try:
-            return [group_from_wire(frames)]
-        except (ValueError, KeyError, AssertionError, orjson.JSONDecodeError):
-            self.errors += 1
-            return []
+        """An ingress worker's group: our own frames, so one that does not decode is a bug and
+        stops this process (a dropped group would leave its senders without a reply)."""
+        return [group_from_wire(frames)]
 
     def _append(self, batch, pendings, atomic: bool, replies: list, waits: list) -> None:
         status, remark, result = self._place(batch, atomic)
@@ -302,7 +300,7 @@ class Writer(Actor):
         }
 
     def close_writes(self) -> None:
-        """Close the write core (the front's, with `writesInFront`; the control block is the
+        """Close the write core (the front's, in the compact topology; the control block is the
         front's, not closed here)."""
         for name in ("waits", "wakes"):
             if getattr(self, name, None) is not None:

@@ -130,12 +130,15 @@ async def end_to_end(endpoint: str, rate: int, seconds: float) -> tuple[float, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backlog", type=int, default=1_000_000)
+    parser.add_argument("--node-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for the node it starts, e.g. cpuIdleLatencyUs=0 (host tuning, opt-in)")
     args = parser.parse_args()
+    options = dict(item.split("=", 1) for item in args.node_option)
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-consume-"))
     print(f"mqnode bench-consume: 1 KiB bodies, backlog {args.backlog:,}, client(s) on the same machine")
     try:
         print(f"before: {floors.report(base)}", flush=True)
-        with bench_node(base, "ASYNC_FLUSH", 0) as node:
+        with bench_node(base, "ASYNC_FLUSH", 0, options) as node:
             control = ControlBlock(base / "store" / "control")
             rate, lag_max, lag_mean = aio.run(produce_backlog(node.endpoint, args.backlog, control))
             print(f"backlog produced at {rate:,.0f} msgs/s; dispatcher lag under that load: "

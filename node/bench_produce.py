@@ -36,9 +36,11 @@ SETTLE_S = 30.0
 
 
 @contextlib.contextmanager
-def bench_node(directory: Path, flush: str, ingress: int):
-    """`mqnode start` on `directory` with this flush mode and ingress workers, stopped after."""
-    node = NodeProcess(local_settings(directory, flushDiskType=flush, ingressWorkers=ingress),
+def bench_node(directory: Path, flush: str, ingress: int, options: dict[str, str]):
+    """`mqnode start` on `directory` with this flush mode and ingress workers (the split topology;
+    0: compact) and `options` (--node-option), stopped after."""
+    topology = {"topology": "split", "ingressWorkers": ingress} if ingress else {}
+    node = NodeProcess(local_settings(directory, flushDiskType=flush, **topology, **options),
                        directory / "node.log").start(timeout=120)
     try:
         yield node
@@ -160,8 +162,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=200_000, help="messages per throughput figure")
     parser.add_argument("--ingress-workers", type=int, nargs="+", default=[0, 2],
-                        help="ingressWorkers settings to compare (0 = the writer encodes)")
+                        help="ingressWorkers settings to compare (0 = the compact topology; more = split)")
+    parser.add_argument("--node-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for every node it starts, e.g. cpuIdleLatencyUs=0 (host tuning, opt-in)")
     args = parser.parse_args()
+    options = dict(item.split("=", 1) for item in args.node_option)
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-produce-"))
     print(f"mqnode bench-produce: 1 KiB bodies, {psutil.cpu_count()} cores, client on the same machine")
     try:
@@ -169,7 +174,7 @@ def main() -> None:
         for ingress in args.ingress_workers:
             directory = base / f"async-{ingress}-{len(list(base.iterdir()))}"
             directory.mkdir()
-            with bench_node(directory, "ASYNC_FLUSH", ingress) as node:
+            with bench_node(directory, "ASYNC_FLUSH", ingress, options) as node:
                 usage = Usage(node)
                 rate = aio.run(batches(node.endpoint, args.count, 128, 4))
                 print(f"[ingressWorkers={ingress}] ASYNC_FLUSH send_batch (128/batch, 4 senders): {rate:>9,.0f} msgs/s "
@@ -192,7 +197,7 @@ def main() -> None:
                           f"timers): p50 {p50:,.0f} µs, p99 {p99:,.0f} µs; {usage.report()}")
         directory = base / "sync"
         directory.mkdir()
-        with bench_node(directory, "SYNC_FLUSH", args.ingress_workers[0]) as node:
+        with bench_node(directory, "SYNC_FLUSH", args.ingress_workers[0], options) as node:
             usage = Usage(node)
             rate = aio.run(singles(node.endpoint, args.count // 2, 64, "BenchSync"))
             print(f"[ingressWorkers={args.ingress_workers[0]}] SYNC_FLUSH, 64 concurrent senders:            "

@@ -15,7 +15,7 @@ import orjson
 from shm import settings as settings_module
 from shm.codec import Corruption, Record
 from shm.mapped_file import StoreError
-from shm.settings import FIELDS, Settings, SettingsError
+from shm.settings import FIELDS, REPLACED_BY_TOPOLOGY, Settings, SettingsError
 
 
 def _add_store_options(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +24,8 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("settings (override --conf)")
     for name in FIELDS:
         group.add_argument(f"--{name}", dest=f"setting_{name}", metavar="VALUE", help=argparse.SUPPRESS)
+    for name in REPLACED_BY_TOPOLOGY:  # refused with an error that names `topology`
+        group.add_argument(f"--{name}", dest=f"replaced_{name}", metavar="VALUE", help=argparse.SUPPRESS)
     group.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="any setting of conf/broker.toml, e.g. --mappedFileSizeCommitLog 65536 or "
                             "--set maxHashSlotNum=500 (every setting is also a --<name> flag)")
@@ -36,8 +38,8 @@ def _settings_from(args: argparse.Namespace) -> Settings:
         if not separator:
             raise SettingsError(f"--set {item!r}: expected KEY=VALUE")
         overrides[name.strip()] = value
-    for name in FIELDS:
-        value = getattr(args, f"setting_{name}", None)
+    for name in (*FIELDS, *REPLACED_BY_TOPOLOGY):
+        value = getattr(args, f"setting_{name}", None) or getattr(args, f"replaced_{name}", None)
         if value is not None:
             overrides[name] = value
     if args.store:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import orjson
 
-from node import supervision
+from node import supervision, topology
 from shm import settings as settings_module
 from shm.control_block import (
     FLAG_SHUTTING_DOWN,
@@ -219,18 +219,13 @@ class Node:
         remote = ray.remote(ActorHost)
         values = dataclasses.asdict(s)
         recovered_state = {"queue_offsets": queue_offsets, "recovered_offset": recovered}
-        plan = [] if s.front_flushes else [("flush", "flush", {})]
-        plan += [("allocator", "allocator", {}), ("dispatcher", "dispatcher", {})]
-        if not s.front_writes:
-            plan.append(("writer", "writer", recovered_state))
-        plan += [(f"ingress-{i}", "ingress", {"instance": i}) for i in range(s.ingressWorkers)]
-        if not s.readsInFront:
-            workers = s.pullWorkers or min(os.cpu_count() or 1, settings_module.MAX_PULL_WORKERS)
-            plan += [(f"pull-{i}", "pull", {"instance": i}) for i in range(workers)]
-        plan.append(("front", "front", recovered_state if s.front_writes else {}))
-        for label, kind, kwargs in plan:
-            self.hosts[label] = remote.options(num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0,
-                                               max_concurrency=4).remote(kind, values, kwargs, label)
+        for process in topology.processes(s):
+            kwargs = {"instance": process.instance} if process.kind in ("ingress", "pull") else {}
+            if "write" in process.services:  # the write core resumes from what recovery found
+                kwargs |= recovered_state
+            self.hosts[process.label] = remote.options(
+                num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0, max_concurrency=4,
+            ).remote(process.kind, values, kwargs, process.label)
         ready = ray.get([h.wait_ready.remote(READY_TIMEOUT_S) for h in self.hosts.values()], timeout=READY_TIMEOUT_S + 10)
         if not all(ready):
             raise RuntimeError("some actors did not start: " + ", ".join(

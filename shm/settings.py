@@ -132,11 +132,9 @@ class Settings:
     autoCreateTopicEnable: bool = _s(True, "Create a topic on its first send", BROKER)
     # -- mqnode's node
     listen: str = _s("tcp://127.0.0.1:10911", "Client endpoint the front binds (ZeroMQ ROUTER)", NODE)
-    ingressWorkers: int = _s(0, "Encoding workers between front and writer; 0 = the append writer encodes", NODE)
-    pullWorkers: int = _s(0, "Pull workers serving reads when readsInFront = false; 0 = one per core (at most 63)", NODE)
-    writesInFront: bool = _s(True, "With ingressWorkers = 0, the front appends to the CommitLog itself, no writer process runs (one hop less a send)", NODE)
-    flushInFront: bool = _s(True, "With writesInFront, the front flushes the CommitLog on a thread of its own, no flush process runs (a SYNC_FLUSH send crosses two process hops fewer)", NODE)
-    readsInFront: bool = _s(True, "The front serves reads itself, no pull worker runs (faster on 2 cores; false for pullWorkers)", NODE)
+    ingressWorkers: int = _s(0, "topology = split: encoding processes between the front and the writer; 0 = the writer encodes", NODE)
+    pullWorkers: int = _s(0, "topology = split: processes serving reads; 0 = one per core (at most 63)", NODE)
+    topology: str = _s("compact", "Which process hosts which service (node/topology.py, docs/architecture.md): compact = the front routes, encodes, writes, flushes and serves reads itself, with a dispatcher and an allocator beside it (fewest hops a request; best on a couple of cores); split = every service a process of its own, ingressWorkers and pullWorkers of them for encoding and reads (scales across cores)", NODE)
     frontPinBelowCpu: float = _s(0.0, "While the front's process uses less than this fraction of one CPU (0.7, say), all its threads run on one CPU: local wake-ups, lower ack latency at light load, but slower reads under load; lifted when that CPU is nearly full or contended; 0 = never pin", NODE)
     cpuIdleLatencyUs: int = _s(-1, "Host tuning, an operator's opt-in (docs/operations.md): while the front serves (until 2 s after its last request), it asks the kernel (/dev/cpu_dma_latency, needs root) to keep every idle CPU of the host able to wake within this many µs: 0 = idle CPUs poll instead of halting, so the wake-ups of a request's threads are quick (a virtual machine's halted CPU costs tens of µs each) at the cost of the host's power; -1 = no request (the default)", NODE)
     dispatcherNiceness: int = _s(5, "Nice value of the dispatcher's loop (0-19): on a busy CPU the front and the clients go first and it catches up in larger batches; 0 = normal priority", NODE)
@@ -154,15 +152,18 @@ class Settings:
 
     @property
     def front_writes(self) -> bool:
-        """The front is the CommitLog's single writer (no writer process): writesInFront, which
-        needs ingressWorkers = 0 (the workers ship encoded groups to a writer process)."""
-        return self.writesInFront and self.ingressWorkers == 0
+        """The front hosts the write service (node.topology): compact."""
+        return self.topology == "compact"
 
     @property
     def front_flushes(self) -> bool:
-        """The front flushes the CommitLog on a thread (no flush process): flushInFront, which
-        needs the front to be the writer (a writer process hands its held sends to the actor)."""
-        return self.flushInFront and self.front_writes
+        """The front hosts the group commit, on a thread (node.topology): compact."""
+        return self.topology == "compact"
+
+    @property
+    def reads_in_front(self) -> bool:
+        """The front hosts the read service (node.topology): compact."""
+        return self.topology == "compact"
 
     @property
     def root(self) -> Path:
@@ -252,11 +253,23 @@ FIELDS = {f.name: f for f in fields(Settings)}
 _CHOICES = {
     "flushDiskType": ("ASYNC_FLUSH", "SYNC_FLUSH"),
     "brokerRole": ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"),
+    "topology": ("compact", "split"),
 }
+
+
+# settings that chose process placement one flag at a time, replaced by `topology`
+REPLACED_BY_TOPOLOGY = ("writesInFront", "flushInFront", "readsInFront")
+
+
+def _replaced(name: str) -> SettingsError:
+    return SettingsError(f"{name} is gone: set topology = compact (the front writes, flushes and serves reads) "
+                         f"or topology = split (a process for each service)")
 
 
 def coerce(name: str, raw: str) -> object:
     """Turn the text of a value into the setting's type, or raise SettingsError."""
+    if name in REPLACED_BY_TOPOLOGY:
+        raise _replaced(name)
     if name not in FIELDS:
         raise SettingsError(f"unknown setting {name!r}")
     kind = type(FIELDS[name].default)
@@ -317,6 +330,8 @@ def load(conf: str | Path | None = None, overrides: dict[str, object] | None = N
         except OSError as e:
             raise SettingsError(f"cannot read {path}: {e.strerror}") from None
     for name, value in (overrides or {}).items():
+        if name in REPLACED_BY_TOPOLOGY:
+            raise _replaced(name)
         values[name] = coerce(name, value) if isinstance(value, str) else value
     if "listenPort" in values and "listen" not in values:  # RocketMQ's way to choose the port
         values["listen"] = f"tcp://127.0.0.1:{values['listenPort']}"
@@ -356,6 +371,8 @@ NOT_IMPLEMENTED = {
 
 def validate(settings: Settings) -> None:
     defaults = Settings()
+    if settings.topology not in _CHOICES["topology"]:
+        raise SettingsError(f"topology: {settings.topology!r} is not one of compact, split")
     for name, why in NOT_IMPLEMENTED.items():
         if getattr(settings, name) != getattr(defaults, name):
             raise SettingsError(f"{name} is not implemented by mqnode yet ({why}): remove it or leave it "
@@ -385,6 +402,9 @@ def validate(settings: Settings) -> None:
         raise SettingsError("prefaultAheadBytes must be >= 0")
     if settings.ingressWorkers < 0 or settings.pullWorkers < 0 or settings.sendQueueCapacity < 1:
         raise SettingsError("ingressWorkers and pullWorkers must be >= 0, sendQueueCapacity >= 1")
+    if settings.topology == "compact" and (settings.ingressWorkers or settings.pullWorkers):
+        raise SettingsError("ingressWorkers and pullWorkers scale topology = split; the compact topology "
+                            "encodes and reads in the front")
     if settings.pullWorkers > MAX_PULL_WORKERS:  # each has a watcher slot in the control block
         raise SettingsError(f"pullWorkers must be at most {MAX_PULL_WORKERS}")
     if not settings.listen.startswith(("tcp://", "ipc://")):

@@ -25,12 +25,12 @@ from shm.verify import verify_store
 MAX_BODY = 64 * 1024
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["front-writes", "writer-process"])
+@pytest.fixture(scope="module", params=["compact", "split"])
 def node(tmp_path_factory, request):
     """Every test runs against a node whose front writes the CommitLog (the default) and one
     with a writer process."""
     yield from in_process_node(tmp_path_factory.mktemp("node"), maxMessageSize=MAX_BODY,
-                               writesInFront=request.param, frontPinBelowCpu=0.7, cpuIdleLatencyUs=0)
+                               topology=request.param, frontPinBelowCpu=0.7, cpuIdleLatencyUs=0)
 
 
 @pytest.fixture(scope="module")

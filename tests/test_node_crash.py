@@ -73,9 +73,12 @@ def assert_all_acked_stored(settings, acked: dict[str, bytes]) -> None:
             assert isinstance(record, Record) and record.body == body, (offset_id, record)
 
 
+@pytest.mark.parametrize("topology", ["compact", "split"])
 @pytest.mark.parametrize("flush", ["SYNC_FLUSH", "ASYNC_FLUSH"])
-def test_kill_9_of_every_process_loses_no_acknowledged_message(tmp_path, flush):
-    settings = node_settings(tmp_path / "store", flushDiskType=flush)
+def test_kill_9_of_every_process_loses_no_acknowledged_message(tmp_path, flush, topology):
+    """The conformance suite's crash part, over both topologies (tests/test_node.py has the
+    produce / consume / query / offsets part, the write-buffer and SYNC_FLUSH tests below theirs)."""
+    settings = node_settings(tmp_path / "store", flushDiskType=flush, topology=topology)
     node = NodeProcess(settings, tmp_path / "node.log").start()
     load = Load(node.endpoint).start()
     load.wait_for(2000)
@@ -105,9 +108,10 @@ def test_kill_9_of_every_process_loses_no_acknowledged_message(tmp_path, flush):
 def test_a_sync_flush_ack_comes_after_the_fdatasync_that_covers_it(tmp_path, flush_in_front):
     """SYNC_FLUSH: when a PUT_OK reaches the client, the control block's `flushed` (advanced only
     after fdatasync returns) is already past the message, also when a WAIT=false send (every
-    tenth) shares its coalesced request. With flushInFront (the default) a thread of the front flushes and no flush process
-    runs; without it, the flush actor does."""
-    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH", flushInFront=flush_in_front)
+    tenth) shares its coalesced request. In the compact topology (the default) a thread of the front flushes and no flush
+    process runs; in the split one, the flush actor does."""
+    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH",
+                             topology="compact" if flush_in_front else "split")
     node = NodeProcess(settings, tmp_path / "node.log").start()
     assert ("flush" in node.actor_labels()) is not flush_in_front
     control = ControlBlock(settings.root / "control")
@@ -145,7 +149,7 @@ def test_a_sync_flush_ack_comes_after_the_fdatasync_that_covers_it(tmp_path, flu
 
 
 def test_a_killed_actor_is_restarted_and_nothing_acknowledged_is_lost(tmp_path):
-    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH", ingressWorkers=1)
+    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH", topology="split", ingressWorkers=1)
     node = NodeProcess(settings, tmp_path / "node.log").start()
     load = Load(node.endpoint).start()
     for label in ("flush", "ingress-0", "writer"):
@@ -164,7 +168,7 @@ def test_a_killed_actor_is_restarted_and_nothing_acknowledged_is_lost(tmp_path):
 
 
 def test_a_killed_front_that_writes_is_restarted_and_nothing_acknowledged_is_lost(tmp_path):
-    """writesInFront (the default): the front is the CommitLog's writer. Killed mid-load under
+    """The compact topology (the default): the front is the CommitLog's writer. Killed mid-load under
     SYNC_FLUSH, the restarted front scrubs what its predecessor left past `written` and serves
     again; every PUT_OK is stored and the store verifies."""
     settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH")
@@ -187,13 +191,13 @@ def test_a_killed_front_that_writes_is_restarted_and_nothing_acknowledged_is_los
     assert report.ok, report.summary()
 
 
-@pytest.mark.parametrize("writes_in_front", [True, False], ids=["front-writes", "writer-process"])
-def test_write_buffer_mode_acks_before_commit_and_a_writer_crash_loses_only_the_uncommitted(tmp_path, writes_in_front):
+@pytest.mark.parametrize("topology", ["compact", "split"])
+def test_write_buffer_mode_acks_before_commit_and_a_writer_crash_loses_only_the_uncommitted(tmp_path, topology):
     from shm.control_block import ControlBlock
 
     settings = node_settings(tmp_path / "store", transientStorePoolEnable=True, commitIntervalCommitLog=60000,
                              commitCommitLogThoroughInterval=60000, commitCommitLogLeastPages=100000,
-                             writesInFront=writes_in_front)
+                             topology=topology)
     node = NodeProcess(settings, tmp_path / "node.log").start()
 
     async def send(count: int, prefix: str) -> dict[str, bytes]:
@@ -210,7 +214,7 @@ def test_write_buffer_mode_acks_before_commit_and_a_writer_crash_loses_only_the_
     written = control.get("written")
     control.close()
     assert all(decode_msg_id(i)[1] >= written for i in buffered)  # acked, not yet readable
-    victim = node.actor_process("front" if writes_in_front else "writer")
+    victim = node.actor_process("front" if topology == "compact" else "writer")
     victim.kill()
     victim.wait(10)
     after = asyncio.run(send(5, "after"))  # the restarted writer serves again

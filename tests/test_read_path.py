@@ -19,12 +19,13 @@ from node import protocol
 from node.client import Producer, PullConsumer
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["pull-worker-and-writer", "front-reads-and-writes"])
+@pytest.fixture(scope="module", params=["split", "compact"])
 def node(tmp_path_factory, request):
     """Every test runs against a node with a pull worker and a writer process and against one
     whose front serves reads and writes the CommitLog itself."""
-    yield from in_process_node(tmp_path_factory.mktemp("read"), pullWorkers=1, defaultTopicQueueNums=4,
-                               readsInFront=request.param, writesInFront=request.param)
+    workers = {"pullWorkers": 1} if request.param == "split" else {}
+    yield from in_process_node(tmp_path_factory.mktemp("read"), defaultTopicQueueNums=4, topology=request.param,
+                               **workers)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +146,7 @@ def test_long_polling_wakes_on_arrival_and_idles_for_free(node, producer, consum
     consumer._call(overlapping())
     assert consumer.inner.client.timeout == 5.0
     # 300 held pulls cost (almost) no CPU while nothing arrives
-    holder = "front" if node.settings.readsInFront else "pull-0"
+    holder = "front" if node.settings.reads_in_front else "pull-0"
     pull_worker = psutil.Process(int((node.settings.run_dir / f"{holder}.pid").read_text()))
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)

@@ -1,0 +1,66 @@
+"""The topology is data: the launcher starts what it declares, the docs name what it declares."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from nodes import ROOT
+
+from node import topology
+from shm import settings as settings_module
+from shm.settings import SettingsError
+
+
+def _settings(**values):
+    return settings_module.load(None, {k: str(v) for k, v in values.items()})
+
+
+def test_compact_puts_every_client_facing_service_in_the_front():
+    processes = topology.processes(_settings())
+    assert [p.label for p in processes] == ["allocator", "dispatcher", "front"]
+    assert set(topology.SERVICES) == {service for p in processes for service in p.services}
+    assert topology.hosted_by_front(_settings(), "write") and topology.hosted_by_front(_settings(), "read")
+
+
+def test_split_gives_every_service_a_process_and_scales_ingress_and_reads():
+    processes = topology.processes(_settings(topology="split", ingressWorkers=2, pullWorkers=3))
+    labels = [p.label for p in processes]
+    assert labels[-1] == "front" and {"writer", "flush", "dispatcher", "allocator"} <= set(labels)
+    assert [p.label for p in processes if p.kind == "ingress"] == ["ingress-0", "ingress-1"]
+    assert [p.instance for p in processes if p.kind == "pull"] == [0, 1, 2]
+    hosts = topology.hosts(_settings(topology="split", ingressWorkers=2, pullWorkers=3))
+    assert all(len(labels) == 1 for service, labels in hosts.items() if service not in ("ingress", "read"))
+    assert hosts["router"] == ["front"] and hosts["group commit"] == ["flush"]
+    # with no ingress workers the writer encodes: the topology says so
+    assert topology.hosts(_settings(topology="split"))["ingress"] == ["writer"]
+
+
+@pytest.mark.parametrize("name", settings_module.REPLACED_BY_TOPOLOGY)
+def test_the_old_placement_flags_are_refused_naming_topology(name, tmp_path):
+    with pytest.raises(SettingsError, match="topology = compact"):
+        settings_module.load(None, {name: "false"})
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"{name} = true\n")
+    with pytest.raises(SettingsError, match="topology"):
+        settings_module.load(conf)
+
+
+def test_workers_belong_to_the_split_topology():
+    with pytest.raises(SettingsError, match="topology = split"):
+        _settings(ingressWorkers=1)
+    with pytest.raises(SettingsError, match="compact, split"):
+        _settings(topology="sideways")
+
+
+def test_architecture_md_names_the_declared_services_and_processes():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("## Services")[1].split("##")[0]
+    named = re.findall(r"^\| ([a-z ]+) \| ", table, re.MULTILINE)
+    assert set(named) - {"service"} == set(topology.SERVICES)
+    placement = re.findall(r"^\| (compact|split) \| ([a-z]+)[^|]* \| ([a-z ,]+)", text, re.MULTILINE)
+    for name, settings in (("compact", _settings()), ("split", _settings(topology="split", ingressWorkers=1))):
+        declared = {p.label.split("-")[0]: set(p.services) for p in topology.processes(settings)}
+        drawn = {process: {s.strip() for s in services.split("(")[0].split(",")}
+                 for top, process, services in placement if top == name}
+        assert drawn == declared, (name, drawn, declared)

@@ -45,6 +45,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+from shm.invariant import invariant
+
+
 UNPIN_ABOVE = 0.85  # of one CPU, the process's use over a reading
 MAX_LOOP_WAIT = 0.6  # of a reading's wall time, the loop thread's wait to run
 HOLD_OFF_S = 10.0
@@ -66,7 +69,7 @@ class PinPolicy:
     """Decides from the readings which CPU the process should be pinned to (None: any)."""
 
     def __init__(self, pin_below: float):
-        assert 0 < pin_below < UNPIN_ABOVE, pin_below
+        invariant(0 < pin_below < UNPIN_ABOVE, pin_below)
         self.pin_below = pin_below
         self.pinned: int | None = None
         self.hold_until = 0.0

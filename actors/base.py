@@ -72,11 +72,26 @@ class InjectedBug(RuntimeError):
     """A bug put in on purpose (MQNODE_INJECT_BUG), to test fail-stop and supervision."""
 
 
-def injected_bug_code(service: str) -> int | None:
-    """The request code that makes `service` raise InjectedBug: `MQNODE_INJECT_BUG=front:4242`
-    in the environment of the node's processes (tests only; unset, nothing is injected)."""
-    target, _, code = os.environ.get("MQNODE_INJECT_BUG", "").partition(":")
-    return int(code) if target == service and code.isdigit() else None
+def _injected(label: str) -> list[str]:
+    """What `MQNODE_INJECT_BUG` (in the environment of the node's processes; tests only) puts
+    into process `label`: comma-separated `label:what` entries, `*` for every process."""
+    out = []
+    for entry in os.environ.get("MQNODE_INJECT_BUG", "").split(","):
+        target, _, what = entry.strip().partition(":")
+        if target in (label, "*"):
+            out.append(what)
+    return out
+
+
+def injected_bug_code(label: str) -> int | None:
+    """`front:4242`: the request code that makes the front raise InjectedBug."""
+    return next((int(what) for what in _injected(label) if what.isdigit()), None)
+
+
+def injected_bug_turn(label: str) -> int | None:
+    """`dispatcher:turn=300`: the loop turn at which the process raises InjectedBug."""
+    return next((int(what[5:]) for what in _injected(label) if what.startswith("turn=") and what[5:].isdigit()),
+                None)
 
 
 class Actor:
@@ -118,10 +133,13 @@ class Actor:
         """The loop; returns after `stop()`. Opens and closes the sockets in this thread."""
         self.start()
         self.ready.set()
+        bug_turn = injected_bug_turn(self.label)
         try:
             while not self.stopping.is_set():
                 self.turn()
                 self.loops += 1
+                if self.loops == bug_turn:
+                    raise InjectedBug(f"{self.label}: turn {bug_turn} (MQNODE_INJECT_BUG)")
                 self._housekeeping()
             self.drain()
         finally:

@@ -31,6 +31,9 @@ from __future__ import annotations
 import os
 import struct
 
+from shm.invariant import invariant
+
+
 DEVICE = "/dev/cpu_dma_latency"
 HOLD_S = 2.0  # the request outlives the last request served by this long
 NO_REQUEST = -1
@@ -41,7 +44,7 @@ class LatencyHold:
     """Whether the request should be held, turn by turn."""
 
     def __init__(self, hold_s: float = HOLD_S):
-        assert hold_s > 0, hold_s
+        invariant(hold_s > 0, hold_s)
         self.hold_s = hold_s
         self.last_served = float("-inf")
 
@@ -57,7 +60,7 @@ class CpuLatencyRequest:
     between changes it is two comparisons; a change is an open and a write, or a close."""
 
     def __init__(self, limit_us: int, *, device: str = DEVICE, hold_s: float = HOLD_S):
-        assert limit_us >= 0, limit_us
+        invariant(limit_us >= 0, limit_us)
         self.limit_us = limit_us
         self.device = device
         self.policy = LatencyHold(hold_s)
@@ -90,7 +93,7 @@ class CpuLatencyRequest:
         try:
             fd = os.open(self.device, os.O_WRONLY | os.O_CLOEXEC)
             written = os.write(fd, _LIMIT.pack(self.limit_us))
-            assert written == _LIMIT.size, written
+            invariant(written == _LIMIT.size, written)
         except OSError as e:
             if fd is not None:
                 os.close(fd)

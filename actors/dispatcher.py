@@ -65,6 +65,7 @@ from actors.base import (
 from shm.commitlog import CommitLog
 from shm.control_block import FLAG_LOGICS_WRITE_ERROR
 from shm.dispatch import NATIVE, reput
+from shm.invariant import InvariantBroken
 from shm.mapped_file import StoreError
 from shm.store import MessageStore
 
@@ -152,11 +153,14 @@ class Dispatcher(Actor):
         if self.control.has_flag(FLAG_LOGICS_WRITE_ERROR):
             self.control.set_flag(FLAG_LOGICS_WRITE_ERROR, False)
         if reached == self.position:
-            # below a published counter: only a fault elsewhere explains this. Map the segments
-            # again, in case one was replaced under a name already mapped.
+            # Below a published counter nothing can be missing. Map the segments again once, in
+            # case one was replaced under a name already mapped; still stuck, the log below
+            # `written` is not what the writer published: stop (the restart is recovery).
             self.stalls += 1
             log.segments.refresh()
-            return False
+            reached, count = reput(self.store, self.position, written, touched)
+            if reached == self.position:
+                raise InvariantBroken(f"no record readable at {self.position}, below the published written {written}")
         self.position = reached
         self.records += count
         self.last_count = count

@@ -22,6 +22,7 @@ from node import protocol
 from node.frames import send_frames
 from node.sendcore import PendingSend, SendEncoder, add_request_atomic
 from shm.encoded_batch import EncodedBatch
+from shm.invariant import invariant
 
 MAX_REQUESTS = 256  # requests folded into one batch
 MAX_RECORDS = 4096
@@ -110,7 +111,7 @@ def group_from_wire(frames: list[bytes]) -> tuple[EncodedBatch, list[PendingSend
     for size in batch.sizes:
         positions.append(position)
         position += size
-    assert position == len(batch.data), "record sizes must add up to the batch"
+    invariant(position == len(batch.data), "record sizes must add up to the batch")
     batch.positions = positions
     return batch, [PendingSend.from_wire(p) for p in meta["pendings"]], meta["atomic"]
 

@@ -38,6 +38,7 @@ from shm.codec import (
 )
 from shm.encoded_batch import EncodedBatch
 from shm.file_queue import MappedFileQueue
+from shm.invariant import invariant
 from shm.mapped_file import StoreError
 
 try:
@@ -88,7 +89,7 @@ class CommitLog:
 
     def check_positions(self) -> None:
         flushed, written = self.offset_flushed, self.offset_written
-        assert self.offset_min <= flushed <= written, (self.offset_min, flushed, written)
+        invariant(self.offset_min <= flushed <= written, (self.offset_min, flushed, written))
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -99,7 +100,7 @@ class CommitLog:
         with a blank record and the rest goes on in the next one. `atomic` keeps the whole batch
         in one segment, as RocketMQ stores a client's MessageExtBatch.
         """
-        assert not self.segments.readonly
+        invariant(not self.segments.readonly)
         n = len(batch)
         physical = [0] * n
         queue = [0] * n
@@ -142,7 +143,7 @@ class CommitLog:
         _place_records(data, positions, batch.queue_keys, batch.timestamp_offsets, i, j, self.queue_offsets, base,
                        store_timestamp, physical, queue)
         # Disk boundary check: what goes in starts with a well-formed record header.
-        assert _HEADER.unpack_from(data, start) == (batch.sizes[i], MESSAGE_MAGIC)
+        invariant(_HEADER.unpack_from(data, start) == (batch.sizes[i], MESSAGE_MAGIC))
         segment.write(segment.position_written, memoryview(data)[start:end])
         segment.set_written(segment.position_written + end - start)
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from shm.file_queue import MappedFileQueue
+from shm.invariant import invariant
 from shm.mapped_file import StoreError
 from shm.native import NATIVE, _dispatch  # put_many strips a run's queue offsets in C
 
@@ -88,7 +89,7 @@ class ConsumeQueue:
 
     def put(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> bool:
         """Write one entry; a repeat of what is already there is accepted and ignored (§4.4)."""
-        assert size > 0 and physical_offset >= 0
+        invariant(size > 0 and physical_offset >= 0)
         if physical_offset + size <= self.max_physical_offset:
             return True
         expected = queue_offset * ENTRY_SIZE
@@ -109,7 +110,7 @@ class ConsumeQueue:
         queue is written with its queue offsets cut out, in one copy per file; anything else (a
         repeat, a late start, a hole) goes through `put` one entry at a time."""
         count = len(run) // RUN_ENTRY.size
-        assert count * RUN_ENTRY.size == len(run), "a run holds whole entries"
+        invariant(count * RUN_ENTRY.size == len(run), "a run holds whole entries")
         if not count:
             return
         first_offset, first_phy, first_size, _ = RUN_ENTRY.unpack_from(run, 0)

@@ -35,6 +35,7 @@ import mmap
 import os
 from pathlib import Path
 
+from shm.invariant import invariant
 from shm.mapped_file import allocate
 from shm.settings import MAX_PULL_WORKERS
 
@@ -50,7 +51,7 @@ HEARTBEAT_BASE = 16
 WATCHERS_BASE = 448  # the front is watcher 0, pull worker i is watcher 1 + i
 WATCHER_SLOTS = FILE_SIZE // 8 - WATCHERS_BASE
 HEARTBEAT_SLOTS = WATCHERS_BASE - HEARTBEAT_BASE
-assert WATCHER_SLOTS == 1 + MAX_PULL_WORKERS
+invariant(WATCHER_SLOTS == 1 + MAX_PULL_WORKERS)
 _NO_WATCHERS = bytes(WATCHER_SLOTS * 8)
 
 FLAG_WRITABLE = 1 << 0
@@ -78,7 +79,7 @@ class ControlBlock:
     def advance(self, name: str, value: int) -> None:
         """Move a monotone counter forward (never back)."""
         slot = SLOTS[name]
-        assert value >= self.slots[slot], (name, value, self.slots[slot])
+        invariant(value >= self.slots[slot], (name, value, self.slots[slot]))
         self.slots[slot] = value
 
     # flags are written by few writers, each owning distinct bits, at quiet moments
@@ -90,7 +91,7 @@ class ControlBlock:
         return bool(self.slots[SLOTS["flags"]] & bit)
 
     def heartbeat(self, actor_slot: int, now_ms: int) -> None:
-        assert 0 <= actor_slot < HEARTBEAT_SLOTS
+        invariant(0 <= actor_slot < HEARTBEAT_SLOTS)
         self.slots[HEARTBEAT_BASE + actor_slot] = now_ms
 
     def heartbeat_of(self, actor_slot: int) -> int:
@@ -98,7 +99,7 @@ class ControlBlock:
 
     def set_watching(self, watcher: int, on: bool) -> None:
         """A reader says whether it holds pulls, so wants the dispatcher's "queue grew"."""
-        assert 0 <= watcher < WATCHER_SLOTS, watcher
+        invariant(0 <= watcher < WATCHER_SLOTS, watcher)
         self.slots[WATCHERS_BASE + watcher] = int(on)
 
     def watched(self) -> bool:
@@ -107,7 +108,7 @@ class ControlBlock:
 
     def publish_recovered(self, *, written: int, flushed: int, dispatched: int, min_offset: int) -> None:
         """Start-up: publish what recovery found, before any actor starts."""
-        assert min_offset <= flushed <= written and dispatched <= written
+        invariant(min_offset <= flushed <= written and dispatched <= written)
         for name, value in (("written", written), ("committed", written), ("flushed", flushed),
                             ("dispatched", dispatched), ("min_offset", min_offset), ("slave_acked", 0),
                             ("reput_polling_until", 0)):  # a monotonic time: meaningless after a reboot
@@ -118,7 +119,7 @@ class ControlBlock:
 
     def check(self) -> None:
         written, committed, flushed = self.get("written"), self.get("committed"), self.get("flushed")
-        assert self.get("min_offset") <= flushed <= committed <= written, (flushed, committed, written)
+        invariant(self.get("min_offset") <= flushed <= committed <= written, (flushed, committed, written))
 
     def snapshot(self) -> dict[str, int]:
         return {name: self.slots[slot] for name, slot in SLOTS.items()}

@@ -16,6 +16,7 @@ from shm.codec import (
     TRANSACTION_MASK,
     TRANSACTION_NOT,
 )
+from shm.invariant import invariant
 
 _I32 = struct.Struct(">i")
 _HEAD = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
@@ -45,7 +46,7 @@ class EncodedBatch:
     def add(self, record: bytes, topic: str | None = None) -> None:
         """Append one encoded record; pass its `topic` when known to skip re-reading it."""
         size, magic = _HEAD.unpack_from(record, 0)
-        assert magic == MESSAGE_MAGIC and size == len(record), "EncodedBatch takes whole V1 records"
+        invariant(magic == MESSAGE_MAGIC and size == len(record), "EncodedBatch takes whole V1 records")
         queue_id, = _I32.unpack_from(record, 12)
         sys_flag, = _I32.unpack_from(record, OFFSET_SYSFLAG)
         advances = sys_flag & TRANSACTION_MASK in (TRANSACTION_NOT, TRANSACTION_COMMIT)
@@ -72,8 +73,8 @@ class EncodedBatch:
         for size in sizes:
             self.positions.append(at)
             at += size
-        assert at == len(self.data) + len(records), "record sizes must add up to the records"
-        assert len(queue_keys) == len(sizes), "one queue key per record"
+        invariant(at == len(self.data) + len(records), "record sizes must add up to the records")
+        invariant(len(queue_keys) == len(sizes), "one queue key per record")
         self.sizes += sizes
         self.queue_keys += queue_keys
         self.timestamp_offsets += [56] * len(sizes)

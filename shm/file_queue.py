@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from shm.invariant import invariant
 from shm.mapped_file import MappedFile, StoreError, file_name
 
 _SEGMENT_NAME = re.compile(r"^\d{20}$")
@@ -24,7 +25,7 @@ class SegmentGap(StoreError):
 
 class MappedFileQueue:
     def __init__(self, directory: Path, file_size: int, *, readonly: bool = False):
-        assert file_size > 0
+        invariant(file_size > 0)
         self.directory = Path(directory)
         self.file_size = file_size
         self.readonly = readonly
@@ -119,9 +120,9 @@ class MappedFileQueue:
     # -- writing ---------------------------------------------------------------------------------
 
     def create(self, offset_start: int) -> MappedFile:
-        assert not self.readonly and offset_start % self.file_size == 0
+        invariant(not self.readonly and offset_start % self.file_size == 0)
         last = self.last()
-        assert last is None or offset_start == last.offset_end, (offset_start, last)
+        invariant(last is None or offset_start == last.offset_end, (offset_start, last))
         mapped = MappedFile(self.directory / file_name(offset_start), self.file_size, create=True)
         mapped.set_written(0)
         self.files.append(mapped)

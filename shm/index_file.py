@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from shm.codec import TRANSACTION_MASK, TRANSACTION_ROLLBACK, index_key_hash
+from shm.invariant import invariant
 from shm.mapped_file import WrongFileSize, allocate, no_read_around
 from shm.native import NATIVE, _dispatch
 
@@ -184,7 +185,7 @@ class IndexFile:
         """put_hash for INDEX_KEY records from `start` on, in C, until the file is full; records
         below `floor` (or at it, when `floor_indexed`) are skipped as already indexed. Returns
         (the record to go on from, keys added)."""
-        assert not self.readonly
+        invariant(not self.readonly)
         done = _dispatch.index_put(self.map, self.slot_count, self.index_max, keys, start, floor, floor_indexed)
         self._read_header()
         return done
@@ -346,14 +347,14 @@ class IndexService:
             index = self._writable()
             done, more = index.put_packed(packed, done, floor, inclusive)
             added += more
-        assert done == count, "every key was placed or skipped"
+        invariant(done == count, "every key was placed or skipped")
         return added
 
     def _put(self, index: IndexFile, key_hash: int, phy_offset: int, store_timestamp: int) -> IndexFile:
         if not index.put_hash(key_hash, phy_offset, store_timestamp):
             index = self._writable()
             ok = index.put_hash(key_hash, phy_offset, store_timestamp)
-            assert ok, "a fresh index file accepts a key"
+            invariant(ok, "a fresh index file accepts a key")
         return index
 
     def _writable(self) -> IndexFile:

@@ -23,6 +23,9 @@ import mmap
 import os
 from pathlib import Path
 
+from shm.invariant import invariant
+
+
 PWRITE_FROM = 4096  # writes of at least this many bytes go through pwrite (see MappedFile.write)
 FLUSH_METHOD = "fdatasync"  # measured faster than msync on preallocated files (bench-store)
 
@@ -134,7 +137,7 @@ class MappedFile:
         (docs/performance.md, twelfth pass). A 20-byte ConsumeQueue entry stays a plain copy:
         its page faults once per 204 entries, cheaper than a system call each."""
         size = len(data)
-        assert not self.readonly and 0 <= position and position + size <= self.size
+        invariant(not self.readonly and 0 <= position and position + size <= self.size)
         if size < PWRITE_FROM:
             self.map[position: position + size] = data
             return
@@ -147,7 +150,7 @@ class MappedFile:
 
     def set_written(self, position: int) -> None:
         """Move the write position (append, or truncation by recovery); commit follows it."""
-        assert 0 <= position <= self.size, (position, self.size)
+        invariant(0 <= position <= self.size, (position, self.size))
         self.position_written = position
         self.position_committed = position
         self.position_flushed = min(self.position_flushed, position)
@@ -155,7 +158,7 @@ class MappedFile:
     def zero(self, start: int, end: int, chunk: int = 1 << 20) -> None:
         """Overwrite [start, end) with zeros, so truncated data cannot come back after a later
         crash lets new writes end where old, still-valid-looking records begin."""
-        assert not self.readonly and 0 <= start <= end <= self.size
+        invariant(not self.readonly and 0 <= start <= end <= self.size)
         for position in range(start, end, chunk):
             stop = min(end, position + chunk)
             self.map[position:stop] = bytes(stop - position)
@@ -170,7 +173,7 @@ class MappedFile:
             else:
                 os.fdatasync(self.fd)
             self.position_flushed = target
-        assert self.position_flushed <= self.position_committed <= self.position_written <= self.size
+        invariant(self.position_flushed <= self.position_committed <= self.position_written <= self.size)
         return self.position_flushed
 
     def warm(self) -> None:

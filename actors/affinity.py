@@ -3,12 +3,12 @@
 Why: at light load each request is its own turn, and a lone send crosses the front's loop and
 its ZeroMQ I/O thread twice (request in, reply out), each time a wake-up. When the thread woken
 last ran on the other CPU, which has gone idle meanwhile, the wake-up is an interrupt to a
-halted virtual CPU, and on this VM that costs tens of µs. With every thread of the front on one
+halted virtual CPU, and on a virtual machine that costs tens of µs. With every thread of the front on one
 CPU those wake-ups stay local. Measured at 5k single sends a second (docs/performance.md),
 14 alternating pairs of fresh nodes: ack latency p50 lower pinned in 13 (median ~396 → ~327
 µs). When the front's own load needs more than the one CPU, the pin is lifted.
 
-Since the twentieth pass the front also keeps idle CPUs from halting while it serves
+With `cpuIdleLatencyUs` set the front also keeps idle CPUs from halting while it serves
 (`cpuIdleLatencyUs`, actors.cpu_latency), which removes most of that cost everywhere. Pinning on
 top of it still gave lower p50 on fresh nodes in 4 of 4 pairs (267 / 272 / 236 / 339 → 221 / 238
 / 203 / 221 µs), most likely because the front's threads then share warm caches.

@@ -3,7 +3,7 @@ the writer needs it, so the writer never waits on fallocate or first-touch page 
 
 It also reads one byte of every page from the written end to `prefaultAheadBytes` past it,
 whatever `warmMapedFileEnable` says: a page the writer first touches must be allocated and
-zeroed in the page cache inside the writer's fault, and on this machine's VM that costs ~2.5 ms
+zeroed in the page cache inside the writer's fault, and on the project's virtual machines that costs ~2.5 ms
 of system time a MiB (fresh guest memory faults in the host; ext4's large folios take it in
 ~10-20 ms bites). In the front that was a 15-25 ms stall about every 1.4 s at 5k sends/s
 (traced with getrusage per call), and ~2.5 µs of every 1 KiB message's append. Read here, the

@@ -3,7 +3,7 @@
 Why: every request crosses threads that sleep between requests: the client's loop and its
 ZeroMQ I/O thread, the front's I/O thread and its loop, and back. An idle CPU halts, and
 waking a thread on a halted CPU costs an interrupt and, on a virtual machine, an exit to the
-host. On this VM (the cpuidle-haltpoll driver, booted with `haltpoll.guest_halt_poll_ns=0`:
+host. On the project's virtual machines (the cpuidle-haltpoll driver, booted with `haltpoll.guest_halt_poll_ns=0`:
 no polling before the halt) that is tens of µs a wake-up and several a request. With a latency
 limit of 0 the idle CPUs poll (the kernel's POLL idle state) instead of halting, so a
 wake-up is a flag the other CPU sees at once. Measured (docs/performance.md): the ZeroMQ echo

@@ -23,7 +23,7 @@ that found records it looks again every `dispatcherPollMillis` until `dispatcher
 after that look, and publishes that promise as `reput_polling_until` in the control block. The
 writer sends no wake-up while the promise has more than WAKE_MARGIN_NS to run, so a steady
 stream costs one timer wake-up a millisecond here instead of a wake-up chain per writer turn
-(front's send, two ZeroMQ I/O threads, this loop, each a costly wake on this VM:
+(front's send, two ZeroMQ I/O threads, this loop, each a costly wake on a virtual machine:
 docs/performance.md). The promise holds because the loop only stops polling after a look that
 began at or after `reput_polling_until`, which comes after any write the writer skipped a wake
 for. A front holding pulls still wakes it at once (`Writer.wake_now`): a waiting consumer's

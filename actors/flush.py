@@ -21,7 +21,7 @@ The actor's sockets: `waits` PULL, bound at `flush` (from the writer: client, ar
 offset the send needs flushed, its PUT_OK reply); `replies` PUSH to the front.
 
 Why a thread of the front: a SYNC_FLUSH send otherwise crosses four process hops (client,
-front, flush actor, front, client), each a cold wake-up on this VM. On the thread, fdatasync
+front, flush actor, front, client), each a cold wake-up on a virtual machine. On the thread, fdatasync
 releases the GIL, so the front keeps appending while the disk works, and the next group
 commit covers what arrived meanwhile, as RocketMQ's GroupCommitService thread does beside the
 CommitLog's writer.

@@ -191,7 +191,7 @@ def main() -> None:
                     p50, p99 = aio.run(latency(node.endpoint, 5000, 5.0))
                     print(f"[ingressWorkers={ingress}] ack latency at 5k msgs/s: p50 {p50:,.0f} µs (target <= 300), "
                           f"p99 {p99:,.0f} µs (target <= 2,000); {usage.report()}")
-                    usage = Usage(node)  # the figure as measured before the fourteenth pass, to compare
+                    usage = Usage(node)  # paced by the loop's timers (bursts), to compare with the even pacing
                     p50, p99 = aio.run(latency(node.endpoint, 5000, 5.0, paced_by_loop_timers))
                     print(f"[ingressWorkers={ingress}] ack latency at 5k msgs/s in bursts (~5 sends a ms, the loop's "
                           f"timers): p50 {p50:,.0f} µs, p99 {p99:,.0f} µs; {usage.report()}")

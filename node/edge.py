@@ -61,22 +61,21 @@ def bool_problem(header: dict, name: str) -> str | None:
 
 def read_topic_problem(topic) -> str | None:
     """Why `topic` cannot name a queue to read (a system topic can), or None."""
-    if not isinstance(topic, str) or not topic:
-        return f"`topic` must be a topic name, not {_shown(topic)}"
-    if len(topic) > TOPIC_MAX_LENGTH:
-        return f"the topic is {len(topic)} characters; at most {TOPIC_MAX_LENGTH} are allowed"
-    if not _NAME.fullmatch(topic):
-        return f"the topic {topic!r} may only contain characters from [%|a-zA-Z0-9_-]"
-    return None
+    return _name_problem(topic, "topic", TOPIC_MAX_LENGTH)
 
 
 def group_problem(group) -> str | None:
-    if not isinstance(group, str) or not group:
-        return f"`consumerGroup` must be a group name, not {_shown(group)}"
-    if len(group) > GROUP_MAX_LENGTH:
-        return f"the group is {len(group)} characters; at most {GROUP_MAX_LENGTH} are allowed"
-    if not _NAME.fullmatch(group):
-        return f"the group {group!r} may only contain characters from [%|a-zA-Z0-9_-]"
+    return _name_problem(group, "consumerGroup", GROUP_MAX_LENGTH)
+
+
+def _name_problem(value, field: str, max_length: int) -> str | None:
+    """A topic or group name: `[%|a-zA-Z0-9_-]+`, 1 to `max_length` characters."""
+    if not isinstance(value, str) or not value:
+        return f"`{field}` must be a name, not {_shown(value)}"
+    if len(value) > max_length:
+        return f"`{field}` is {len(value)} characters; at most {max_length} are allowed"
+    if not _NAME.fullmatch(value):
+        return f"`{field}` {_shown(value)} may only contain characters from [%|a-zA-Z0-9_-]"
     return None
 
 

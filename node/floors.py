@@ -5,7 +5,7 @@ Each floor is what this machine gives before mqnode does any work of its own:
   DEALER/ROUTER on 127.0.0.1, one request at a time, paced at 5k/s like the ack-latency figure;
   the far side only echoes. Where this process may make the PM QoS request a serving node's
   front makes (`cpuIdleLatencyUs`, actors.cpu_latency), it is measured twice: with idle CPUs
-  halting, as before a node serves, and with them polling, as while it serves (on this VM the
+  halting, as before a node serves, and with them polling, as while it serves (on the project's virtual machines the
   second is about half the first).
 - disk: the p50 of one fdatasync after writing 64 KiB through a mapping into a preallocated
   file beside the store, about what a SYNC_FLUSH group commit of 64 senders writes.

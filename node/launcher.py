@@ -204,6 +204,10 @@ class Node:
         return queue_offsets, written
 
     def _launch(self, queue_offsets: dict[str, int], recovered: int) -> None:
+        embedded = not self.ray_address and "ray" not in sys.modules  # (a test's own Ray session: not ours)
+        if embedded:  # before Ray is imported: it reads its authentication settings then
+            os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet it starts
+            _embedded_ray_token()
         import ray
 
         s = self.settings = dataclasses.replace(self.settings, runDir=str(prepare_run_dir(self.settings)))
@@ -211,8 +215,6 @@ class Node:
             if self.ray_address:
                 ray.init(address=self.ray_address, logging_level=logging.ERROR, log_to_driver=False)
             else:
-                os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet it starts
-                _embedded_ray_token()
                 ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=s.rayObjectStoreMemory,
                          logging_level=logging.ERROR, log_to_driver=False, _node_ip_address="127.0.0.1")
                 self.started_ray = True

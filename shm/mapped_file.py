@@ -134,7 +134,7 @@ class MappedFile:
         journal handle, dirty accounting, mtime); pwrite copies a whole batch in one call. The
         writer's CommitLog copy was ~40% of its busy time under send_batch and ~7 µs a page;
         with pwrite, send_batch rose ~25% and the node's CPU a message fell ~30%
-        (docs/performance.md, twelfth pass). A 20-byte ConsumeQueue entry stays a plain copy:
+        (docs/performance.md). A 20-byte ConsumeQueue entry stays a plain copy:
         its page faults once per 204 entries, cheaper than a system call each."""
         size = len(data)
         invariant(not self.readonly and 0 <= position and position + size <= self.size)

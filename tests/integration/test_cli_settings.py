@@ -12,7 +12,7 @@ from helpers import close_clean, message, open_store, put, small_settings
 from shm import settings as settings_module
 from shm.settings import Settings, SettingsError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN_FLAGS = ["--mappedFileSizeCommitLog", "65536", "--mappedFileSizeConsumeQueue", "2000",
                 "--maxHashSlotNum", "500", "--set", "maxIndexNum=400"]
 

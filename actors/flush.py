@@ -65,15 +65,16 @@ class CommitLogFlusher:
     call raise, `flushed` stays where it was, and the process dies (its restart is recovery);
     the sends that waited for that flush get no PUT_OK."""
 
-    def __init__(self, settings, control):
+    def __init__(self, settings, control, clock=time.monotonic):
         self.settings = settings
         self.control = control
+        self.clock = clock  # seconds; the flush intervals and the checkpoint's cadence (a test's mock)
         self.segment_size = settings.mappedFileSizeCommitLog
         self.directory = settings.commitlog_dir
         self.fds: dict[int, int] = {}
         self.checkpoint = Checkpoint(settings.root / "checkpoint")
         self.flushes = self.flush_ns_total = self.flush_ns_max = self.last_flush_ns = 0
-        now = time.monotonic()
+        now = clock()
         self.next_flush = now + settings.flushIntervalCommitLog / 1000
         self.next_thorough = now + settings.flushCommitLogThoroughInterval / 1000
         self.next_checkpoint_force = now
@@ -116,7 +117,7 @@ class CommitLogFlusher:
         if store_timestamp > 0:
             # one msync of the checkpoint a second, not one per group commit (RocketMQ forces it
             # from its ConsumeQueue flush, also about once a second)
-            now = time.monotonic()
+            now = self.clock()
             force = now >= self.next_checkpoint_force
             if force:
                 self.next_checkpoint_force = now + CHECKPOINT_FORCE_S
@@ -126,7 +127,7 @@ class CommitLogFlusher:
 
     def async_turn(self) -> None:
         """ASYNC_FLUSH, called at least every flushIntervalCommitLog ms: flush when due."""
-        now = time.monotonic()
+        now = self.clock()
         if now < self.next_flush:
             return
         s = self.settings
@@ -173,8 +174,9 @@ class Waiting:
     """SYNC_FLUSH sends held for the disk: (client, arrival ns, offset to be flushed, PUT_OK
     header), in offset order (one writer appends them in order)."""
 
-    def __init__(self, timeout_ms: int):
+    def __init__(self, timeout_ms: int, clock_ns=time.monotonic_ns):
         self.timeout_ns = timeout_ms * 1_000_000
+        self.clock_ns = clock_ns  # the arrival times it is given are of this clock
         self.items: deque[tuple] = deque()
         self.answered = self.timeouts = 0
 
@@ -199,7 +201,7 @@ class Waiting:
             replies.append((client, arrival_ns, header))
         self.answered += len(replies)
         if items:
-            deadline = time.monotonic_ns() - self.timeout_ns
+            deadline = self.clock_ns() - self.timeout_ns
             if everyone or any(wait[1] < deadline for wait in items):
                 kept = deque()
                 for wait in items:

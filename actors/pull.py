@@ -62,6 +62,7 @@ _PULL_STATUS = {
 
 class Pull(Actor):
     name = "pull"
+    clock = staticmethod(time.monotonic)  # seconds: holds and deferrals (a test sets its own)
 
     def open(self) -> None:
         self.open_reads(watcher=1 + self.instance)
@@ -128,7 +129,7 @@ class Pull(Actor):
             return 1  # the dispatcher is a millisecond or so behind
         if not self.held_count:
             return 100
-        return max(1, min(100, int((self.soonest - time.monotonic()) * 1000) + 1))
+        return max(1, min(100, int((self.soonest - self.clock()) * 1000) + 1))
 
     def _serve_frames(self, frames: list[bytes], out: list) -> None:
         try:
@@ -262,12 +263,12 @@ class Pull(Actor):
                 header.get("opaque"), "SYSTEM_BUSY", f"{MAX_DEFERRED} reads already wait for the dispatcher"))))
             return
         self.deferrals += 1
-        self.deferred.append([written, time.monotonic() + DEFER_MAX_S, client, arrival, header])
+        self.deferred.append([written, self.clock() + DEFER_MAX_S, client, arrival, header])
 
     def _serve_deferred(self, out: list) -> None:
         """Serve the deferred reads the dispatcher has caught up with (a pull may then be held);
         answer SYSTEM_BUSY to those it left waiting too long."""
-        dispatched, now, keep = self.control.get("dispatched"), time.monotonic(), []
+        dispatched, now, keep = self.control.get("dispatched"), self.clock(), []
         for entry in self.deferred:
             written, give_up_at, client, arrival, header = entry
             if dispatched >= written:
@@ -291,7 +292,7 @@ class Pull(Actor):
             wait_ms = header.get("suspendTimeoutMillis", DEFAULT_SUSPEND_MS)  # (its range: node.edge)
         else:
             wait_ms = self.settings.shortPollingTimeMills
-        deadline = time.monotonic() + wait_ms / 1000
+        deadline = self.clock() + wait_ms / 1000
         self.held.setdefault((topic, queue_id), []).append([deadline, client, arrival, header])
         self.held_count += 1
         self.soonest = min(self.soonest, deadline)
@@ -329,7 +330,7 @@ class Pull(Actor):
     def _expire(self, out: list) -> None:
         """Walk the held pulls only when the soonest deadline has come (the front calls this
         every turn, thousands of times a second under load, with maybe thousands held)."""
-        now = time.monotonic()
+        now = self.clock()
         if not self.held_count or now < self.soonest:
             return
         soonest = float("inf")

@@ -447,6 +447,10 @@ static PyObject *encode_batch_v4(PyObject *self, PyObject *args) {
         for (int i = 0; i < own_len; i++)
             if (own[i] >= 0x80)
                 unusual = 1;
+        /* a message's own DELAY: the general path refuses the batch (a batch is never delayed) */
+        for (int i = 0; i + 6 <= own_len && !unusual; i++)
+            if (own[i] == 'D' && memcmp(own + i, "DELAY\x01", 6) == 0)
+                unusual = 1;
         /* own properties, then the batch's after a 0x02 unless own is empty or ends with one */
         int sep = suffix_len && own_len && own[own_len - 1] != 2;
         Py_ssize_t props_len = own_len + (suffix_len ? sep + suffix_len : 0);

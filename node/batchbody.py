@@ -49,7 +49,7 @@ def encode_batch_v4(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp
         if props_len < 0 or size != head_size + body_len + 2 + props_len or at + size > end:
             return None
         own = data[props_at + 2: props_at + 2 + props_len]
-        if not own.isascii():
+        if not own.isascii() or b"DELAY\x01" in own:  # (a batch with DELAY: the general path refuses it)
             return None
         props = own if not suffix else own + suffix if not own or own.endswith(b"\x02") else own + b"\x02" + suffix
         record_size = record_base + body_len + len(props)

@@ -294,7 +294,7 @@ class SendEncoder:
             born_timestamp = _int(header.get("bornTimestamp", 0), "bornTimestamp")
         except MessageIllegal:
             return False
-        if PROPERTY_DELAY in batch_props or _DELAY_PAIR in body:  # (refused by the general path)
+        if PROPERTY_DELAY in batch_props:  # (refused by the general path; a message's own DELAY too)
             return False
         wait = batch_props.get(PROPERTY_WAIT) != "false"
         batch_props[PROPERTY_CLUSTER] = self.cluster
@@ -370,7 +370,6 @@ def encode_messages_v4(messages: list[dict], body: bytes, born: bytes, store_hos
 
 
 _I16_STRUCT = struct.Struct(">h")
-_DELAY_PAIR = (PROPERTY_DELAY + "\x01").encode()  # a batch body that may hold a message's DELAY
 
 
 class _BatchRefused(Exception):

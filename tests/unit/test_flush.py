@@ -3,6 +3,8 @@ thread (`FlushThread`) over a real CommitLog and control block."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 
 import orjson
@@ -11,7 +13,7 @@ import zmq
 from helpers import message, open_store, put, small_settings
 
 from actors import flush
-from actors.flush import FlushFailed, FlushThread, Waiting
+from actors.flush import CommitLogFlusher, FlushFailed, FlushThread, Waiting
 from shm.checkpoint import Checkpoint
 from shm.control_block import ControlBlock
 
@@ -191,3 +193,46 @@ def test_a_disk_error_in_the_front_s_own_flush_stops_the_front(store_and_control
     assert control.get("flushed") == 0 and not flush_thread.lock.locked()
     with pytest.raises(FlushFailed):  # and the thread will not try again either
         flush_thread.flusher.flush_to_written()
+
+
+class MockClock:
+    """Seconds (or ns) that pass only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def ns(self) -> int:
+        return int(self.now * 1e9)
+
+
+def test_held_sends_time_out_by_the_injected_clock_not_the_wall():
+    clock = MockClock()
+    waiting = Waiting(timeout_ms=5000, clock_ns=clock.ns)
+    waiting.add([(b"c%d" % i, clock.ns(), 100 * (i + 1), _put_ok(i)) for i in range(3)])
+    clock.now += 4.9
+    assert waiting.settle(flushed=100) and len(waiting) == 2  # covered: PUT_OK; the rest still wait
+    clock.now += 3600  # an hour of node time, no sleeping
+    replies = waiting.settle(flushed=100)
+    assert [orjson.loads(h)["status"] for _, _, h in replies] == ["FLUSH_DISK_TIMEOUT"] * 2
+
+
+def test_async_flush_follows_its_intervals_on_the_injected_clock(store_and_control):
+    settings, store, control = store_and_control
+    settings = dataclasses.replace(settings, flushDiskType="ASYNC_FLUSH")
+    clock = MockClock()
+    flusher = CommitLogFlusher(settings, control, clock=clock)
+    try:
+        end = _written(store, control, [message(1)])  # less than flushCommitLogLeastPages
+        flusher.async_turn()
+        assert control.get("flushed") == 0  # not due yet
+        clock.now += settings.flushIntervalCommitLog / 1000
+        flusher.async_turn()
+        assert control.get("flushed") == 0  # due, but fewer dirty pages than the least to flush
+        clock.now += settings.flushCommitLogThoroughInterval / 1000
+        flusher.async_turn()
+        assert control.get("flushed") == end  # a thorough flush takes whatever is dirty
+    finally:
+        flusher.close()

@@ -27,6 +27,12 @@ HEARTBEAT_SLOTS = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatc
 INSTANCED = ("ingress", "pull")  # services that run as several processes, labelled kind-i
 
 
+def monotonic_ms() -> int:
+    """Heartbeat time: CLOCK_MONOTONIC is one clock for every process of the host, and a step of
+    the wall clock (NTP) must not make every process look hung."""
+    return int(time.monotonic() * 1000)
+
+
 def heartbeat_slot(label: str) -> int:
     """The control block's heartbeat slot of the service process `label` ("front", "pull-3")."""
     kind, _, instance = label.partition("-")
@@ -121,7 +127,7 @@ class Actor:
         Path(self.settings.run_dir).mkdir(parents=True, exist_ok=True)
         (self.settings.run_dir / f"{self.label}.pid").write_text(f"{os.getpid()}\n")  # for operators and tests
         self.control = ControlBlock(self.settings.root / "control")
-        self.control.heartbeat(heartbeat_slot(self.label), int(time.time() * 1000))  # alive while it opens
+        self.control.heartbeat(heartbeat_slot(self.label), monotonic_ms())  # alive while it opens
         self._stats_socket = socket(self.context, zmq.PUSH, hwm=10)
         self._stats_socket.connect(self.endpoints["stats"])
         self.open()
@@ -170,7 +176,7 @@ class Actor:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
-        self.control.heartbeat(heartbeat_slot(self.label), int(time.time() * 1000))
+        self.control.heartbeat(heartbeat_slot(self.label), monotonic_ms())
         if now >= self._stats_due:
             self._stats_due = now + STATS_PERIOD_S
             try:

@@ -112,6 +112,16 @@ def prepare_run_dir(settings) -> Path:
     return path
 
 
+def _beat(settings, label: str) -> None:
+    from actors.base import heartbeat_slot, monotonic_ms
+
+    control = ControlBlock(settings.root / "control")
+    try:
+        control.heartbeat(heartbeat_slot(label), monotonic_ms())
+    finally:
+        control.close()
+
+
 class ActorHost:
     """A plain actor inside a Ray actor process (see the module docstring)."""
 
@@ -124,6 +134,7 @@ class ActorHost:
             logging.getLogger("mqnode").warning("service %s restarts in %.1f s", label or kind, delay)
             time.sleep(delay)
         self.actor = actor_classes()[kind](settings, **kwargs)
+        _beat(settings, label or kind)  # alive from Ray's view on: a predecessor's stale beat is not ours
         self.thread = threading.Thread(target=self._run, name=f"mqnode-{kind}", daemon=True)
         self.thread.start()
 
@@ -306,17 +317,11 @@ class Node:
 
     def _kill_hung(self, watch: supervision.Watch, states: dict[str, dict]) -> None:
         """SIGKILL every service whose loop stopped turning (Ray then restarts it)."""
-        from actors.base import heartbeat_slot
+        from actors.base import heartbeat_slot, monotonic_ms
 
-        run_dir, now_ms = self.settings.run_dir, int(time.time() * 1000)
+        run_dir = self.settings.run_dir
         heartbeats = {label: self.control.heartbeat_of(heartbeat_slot(label)) for label in states}
-        started = {}
-        for label in states:
-            try:
-                started[label] = int((run_dir / f"{label}.pid").stat().st_mtime * 1000)
-            except FileNotFoundError:
-                started[label] = now_ms  # not started yet: not hung
-        for label in watch.hung(states, heartbeats, started, now_ms, self.settings.processHangTimeoutMillis):
+        for label in watch.hung(states, heartbeats, monotonic_ms(), self.settings.processHangTimeoutMillis):
             try:
                 pid = int((run_dir / f"{label}.pid").read_text())
                 logging.getLogger("mqnode").warning("mqnode: service %s (pid %d) is hung: killing it", label, pid)

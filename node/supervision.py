@@ -9,10 +9,10 @@ unbounded: `actorMaxRestarts = -1`). Two things Ray does not do are done here:
   start first waits, doubling from `BACKOFF_FIRST_S` up to `actorRestartBackoffMaxMillis`, and a
   service that stayed up `CALM_S` starts afresh. It is a pure policy over a list of times (a
   mock clock drives the tests); the actor host applies its delay before it builds the service.
-- **Hung processes.** Every service's loop writes a heartbeat into the control block each turn
-  (and once as it opens). `Watch.hung` names the ALIVE services whose heartbeat, and whose start
-  (the mtime of its pid file), are older than `processHangTimeoutMillis`: a deadlock, SIGSTOP, a
-  disk that never returns. The node kills such a process with SIGKILL; Ray restarts it.
+- **Hung processes.** Every service's loop writes a heartbeat (monotonic ms) into the control
+  block each turn, and its actor host writes one before Ray sees it ALIVE. `Watch.hung` names
+  the ALIVE services whose heartbeat is older than `processHangTimeoutMillis`: a deadlock,
+  SIGSTOP, a disk that never returns. The node kills such a process with SIGKILL; Ray restarts it.
 - **Never alive and deaf.** `watch` looks at every service's actor once a second (Ray's GCS
   actor table, through `actor_states`): one DEAD for good (a failed constructor, the restart
   budget of a positive `actorMaxRestarts` spent) or not back within `RESTART_DEADLINE_S` ends the
@@ -86,13 +86,12 @@ class Watch:
         self.hangs: dict[str, int] = {}
         self.down_since: dict[str, float] = {}
 
-    def hung(self, states: dict[str, dict], heartbeat_ms: dict[str, int], started_ms: dict[str, int],
-             now_ms: int, timeout_ms: int) -> list[str]:
+    def hung(self, states: dict[str, dict], heartbeat_ms: dict[str, int], now_ms: int, timeout_ms: int) -> list[str]:
         """The services that are ALIVE to Ray but whose loop has not turned for `timeout_ms`
-        (their heartbeat, and their start, are older); counted in `hangs`."""
+        (monotonic ms; the actor host beats once before Ray sees it ALIVE); counted in `hangs`."""
         found = []
         for label, info in states.items():
-            last = max(heartbeat_ms.get(label, 0), started_ms.get(label, 0))
+            last = heartbeat_ms.get(label, 0)
             if info.get("State") == "ALIVE" and last and now_ms - last > timeout_ms:
                 self.hangs[label] = self.hangs.get(label, 0) + 1
                 found.append(label)

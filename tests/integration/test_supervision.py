@@ -140,3 +140,12 @@ def test_the_embedded_ray_refuses_a_driver_without_the_node_s_token(tmp_path):
     finally:
         assert node.stop() == 0
 
+
+
+def test_the_watch_names_only_alive_processes_whose_heartbeat_is_stale():
+    watch = Watch()
+    states = {"front": {"State": "ALIVE"}, "writer": {"State": "RESTARTING"}, "flush": {"State": "ALIVE"}}
+    beats = {"front": 1_000, "writer": 1_000, "flush": 11_500}
+    assert watch.hung(states, beats, now_ms=12_000, timeout_ms=10_000) == ["front"]  # restarting is not hung
+    assert watch.hung(states, beats, now_ms=12_000, timeout_ms=10_000) == ["front"]
+    assert watch.hangs == {"front": 2}  # counted each time it is found

@@ -47,7 +47,6 @@ from dataclasses import dataclass
 
 from shm.invariant import invariant
 
-
 UNPIN_ABOVE = 0.85  # of one CPU, the process's use over a reading
 MAX_LOOP_WAIT = 0.6  # of a reading's wall time, the loop thread's wait to run
 HOLD_OFF_S = 10.0

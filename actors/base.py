@@ -9,7 +9,6 @@ a cap on messages taken per turn), so `stop()` takes effect within one turn.
 from __future__ import annotations
 
 import os
-import struct
 import threading
 import time
 from pathlib import Path
@@ -208,31 +207,3 @@ def incoming(sock: zmq.Socket, limit: int, *, multipart: bool = True):
             yield recv_frames(sock) if multipart else recv_frame(sock)
         except zmq.Again:  # raced away (not expected: each socket has one reader)
             return
-
-
-# -- replies travel to the front joined into one frame -----------------------------------------------
-# per reply: u8 client-id length, i64 arrival ns (negated for replies to reads, which the front
-# neither counts in flight nor times as puts), u32 header length, u32 body length, id, header, body
-_REPLY_HEAD = struct.Struct(">BqII")
-
-
-def pack_replies(replies: list[tuple]) -> bytes:
-    """(client, arrival ns, header) or (client, arrival ns, header, body) per reply."""
-    parts = []
-    for reply in replies:
-        client, arrival_ns, header = reply[0], reply[1], reply[2]
-        body = reply[3] if len(reply) > 3 else b""
-        parts += [_REPLY_HEAD.pack(len(client), arrival_ns, len(header), len(body)), client, header, body]
-    return b"".join(parts)
-
-
-def unpack_replies(data: bytes) -> list[tuple[bytes, int, bytes, bytes]]:
-    out, at, size = [], 0, _REPLY_HEAD.size
-    while at < len(data):
-        id_len, arrival_ns, header_len, body_len = _REPLY_HEAD.unpack_from(data, at)
-        at += size
-        header_at = at + id_len
-        body_at = header_at + header_len
-        out.append((data[at: header_at], arrival_ns, data[header_at: body_at], data[body_at: body_at + body_len]))
-        at = body_at + body_len
-    return out

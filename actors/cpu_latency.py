@@ -33,7 +33,6 @@ import struct
 
 from shm.invariant import invariant
 
-
 DEVICE = "/dev/cpu_dma_latency"
 HOLD_S = 2.0  # the request outlives the last request served by this long
 NO_REQUEST = -1

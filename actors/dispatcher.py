@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import time
 
-import orjson
 import zmq
 
 from actors.base import (
@@ -62,6 +61,7 @@ from actors.base import (
     socket,
     wait_readable,
 )
+from actors.wire import arrivals_to_wire
 from shm.commitlog import CommitLog
 from shm.control_block import FLAG_LOGICS_WRITE_ERROR
 from shm.dispatch import NATIVE, reput
@@ -182,7 +182,7 @@ class Dispatcher(Actor):
             pending.update(touched)
             touched, self.unannounced = pending, {}
         if touched:
-            self.arrivals.send(orjson.dumps([[t, q, m] for (t, q), m in touched.items()]))
+            self.arrivals.send(arrivals_to_wire(touched))
             self.announced += 1
 
     def flush(self) -> None:

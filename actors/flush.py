@@ -38,7 +38,8 @@ from collections import deque
 import orjson
 import zmq
 
-from actors.base import Actor, pack_replies, socket
+from actors.base import Actor, socket
+from actors.wire import pack_replies, waits_from_wire
 from shm.checkpoint import Checkpoint
 from shm.mapped_file import file_name
 
@@ -220,17 +221,6 @@ class Waiting:
 
     def statistics(self) -> dict:
         return {"waiting": len(self.items), "answered": self.answered, "flushDiskTimeouts": self.timeouts}
-
-
-def waits_to_wire(waits: list[tuple]) -> bytes:
-    """The writer process's held sends, to the flush actor (one JSON frame a turn)."""
-    return orjson.dumps([[client.hex(), arrival_ns, offset, header.decode()]
-                         for client, arrival_ns, offset, header in waits])
-
-
-def waits_from_wire(frame: bytes) -> list[tuple]:
-    return [(bytes.fromhex(client), arrival_ns, offset, header.encode())
-            for client, arrival_ns, offset, header in orjson.loads(frame)]
 
 
 class Flush(Actor):

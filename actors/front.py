@@ -38,10 +38,11 @@ import orjson
 import zmq
 
 from actors.affinity import ProcessPinner
-from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket, unpack_replies, wait_readable
+from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket, wait_readable
 from actors.cpu_latency import NO_REQUEST, CpuLatencyRequest
 from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
 from actors.pull import Pull
+from actors.wire import read_meta, send_meta, unpack_replies
 from actors.writer import Writer
 from node import edge, protocol, topology
 from node.frames import NOBLOCK, send_frames
@@ -262,7 +263,7 @@ class Front(Actor):
             self.reads.serve_request(request.header, client, time.monotonic_ns(), self.read_replies)
         elif code in protocol.READ_CODES:
             try:
-                send_frames(self.pulls, [client, orjson.dumps({"t": time.monotonic_ns()}), frames[0], b""])
+                send_frames(self.pulls, [client, read_meta(time.monotonic_ns()), frames[0], b""])
             except zmq.Again:
                 self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY", "no pull worker is available"))
         elif code in protocol.OFFSET_CODES:
@@ -343,12 +344,10 @@ class Front(Actor):
         if remark:
             return self._refuse(client, request, oneway, "MESSAGE_ILLEGAL", remark)
         refusals = self._check_topics(request)
-        meta = {"t": time.monotonic_ns()}
-        if refusals:
-            if request.code != protocol.SEND_MESSAGES:
-                status, remark = refusals["0"]
-                return self._refuse(client, request, oneway, status, remark)
-            meta["refused"] = refusals
+        if refusals and request.code != protocol.SEND_MESSAGES:
+            status, remark = refusals["0"]
+            return self._refuse(client, request, oneway, status, remark)
+        meta = send_meta(time.monotonic_ns(), refusals)
         body = frames[1] if len(frames) == 2 else b""
         if self.writes is not None:  # the write core takes the parsed header as it is
             self.write_requests.append([client, meta, request.header, body])

@@ -17,12 +17,12 @@ import time
 import orjson
 import zmq
 
-from actors.base import Actor, incoming, pack_replies, socket, wait_readable
+from actors.base import Actor, incoming, socket, wait_readable
+from actors.wire import group_to_wire, pack_replies
 from node import protocol
 from node.frames import send_frames
 from node.sendcore import PendingSend, SendEncoder, add_request_atomic
 from shm.encoded_batch import EncodedBatch
-from shm.invariant import invariant
 
 MAX_REQUESTS = 256  # requests folded into one batch
 MAX_RECORDS = 4096
@@ -94,26 +94,6 @@ class RequestBatcher:
         else:
             reply = protocol.reply_header(pending.opaque, status, remark)
         replies.append((pending.client, pending.arrival_ns, orjson.dumps(reply)))
-
-
-def group_to_wire(batch: EncodedBatch, pendings: list[PendingSend], atomic: bool) -> list[bytes]:
-    meta = {"sizes": batch.sizes, "keys": batch.queue_keys, "stamps": batch.timestamp_offsets, "atomic": atomic,
-            "pendings": [p.to_wire() for p in pendings]}
-    return [orjson.dumps(meta), bytes(batch.data)]
-
-
-def group_from_wire(frames: list[bytes]) -> tuple[EncodedBatch, list[PendingSend], bool]:
-    meta = orjson.loads(frames[0])
-    batch = EncodedBatch()
-    batch.data = bytearray(frames[1])
-    batch.sizes, batch.queue_keys, batch.timestamp_offsets = meta["sizes"], meta["keys"], meta["stamps"]
-    position, positions = 0, []
-    for size in batch.sizes:
-        positions.append(position)
-        position += size
-    invariant(position == len(batch.data), "record sizes must add up to the batch")
-    batch.positions = positions
-    return batch, [PendingSend.from_wire(p) for p in meta["pendings"]], meta["atomic"]
 
 
 class Ingress(Actor):

@@ -35,7 +35,8 @@ import time
 import orjson
 import zmq
 
-from actors.base import Actor, incoming, pack_replies, socket, wait_readable
+from actors.base import Actor, incoming, socket, wait_readable
+from actors.wire import arrivals_from_wire, pack_replies
 from node import protocol
 from shm import reader as store_reader
 from shm.codec import Record, decode, decode_msg_id, tags_code
@@ -310,7 +311,7 @@ class Pull(Actor):
 
     def on_arrivals(self, out: list) -> None:
         for raw in incoming(self.arrivals, MAX_TAKE, multipart=False):
-            for topic, queue_id, max_offset in orjson.loads(raw):
+            for topic, queue_id, max_offset in arrivals_from_wire(raw):
                 self._wake((topic, queue_id), max_offset, out)
 
     def _wake(self, key: tuple[str, int], max_offset: int, out: list) -> None:

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import time
 
-import orjson
 import zmq
 
-from actors.base import Actor, conflated, incoming, pack_replies, socket, wait_readable
-from actors.flush import waits_to_wire
-from actors.ingress import RequestBatcher, group_from_wire
+from actors.base import Actor, conflated, incoming, socket, wait_readable
+from actors.ingress import RequestBatcher
+from actors.wire import group_from_wire, pack_replies, waits_to_wire
 from node import sendcore, sendreply
 from node.frames import NOBLOCK
 from shm import commitlog

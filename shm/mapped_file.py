@@ -25,7 +25,6 @@ from pathlib import Path
 
 from shm.invariant import invariant
 
-
 PWRITE_FROM = 4096  # writes of at least this many bytes go through pwrite (see MappedFile.write)
 FLUSH_METHOD = "fdatasync"  # measured faster than msync on preallocated files (bench-store)
 

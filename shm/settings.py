@@ -14,7 +14,6 @@ import hashlib
 import ipaddress
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 

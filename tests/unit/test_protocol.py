@@ -15,7 +15,14 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from nodes import ROOT
 
-from actors.base import pack_replies, unpack_replies
+from actors.wire import (
+    arrivals_from_wire,
+    arrivals_to_wire,
+    pack_replies,
+    unpack_replies,
+    waits_from_wire,
+    waits_to_wire,
+)
 from node import config_files, native, protocol
 from node.batchbody import encode_batch_v4
 from node.producer import SendError
@@ -94,6 +101,12 @@ def test_joined_replies_round_trip():
     replies = [(b"client-1", 123, b'{"a":1}', b""), (b"", -5, b"", b"body"), (bytes(255), 2**62, b"x" * 70000, b"y")]
     assert unpack_replies(pack_replies(replies)) == replies
     assert unpack_replies(pack_replies([(b"c", 1, b"h")])) == [(b"c", 1, b"h", b"")]
+
+
+def test_the_other_internal_frames_round_trip():
+    waits = [(b"\x00\x01client", 123, 4096, b'{"status":"PUT_OK"}')]
+    assert waits_from_wire(waits_to_wire(waits)) == waits
+    assert arrivals_from_wire(arrivals_to_wire({("TopicA", 3): 17})) == [("TopicA", 3, 17)]
 
 
 def test_store_stats_tps_and_buckets():

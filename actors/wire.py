@@ -1,0 +1,102 @@
+"""The internal wire: every frame that passes between the processes of one node, in one place.
+
+Clients speak docs/protocol.md (node.protocol); inside a node the services pass these frames
+over ipc sockets in the run directory. None of them is a contract with anything outside the
+node: a process only ever talks to processes of the same version. Each format is a pair of
+pure functions (no sockets), and `tests/unit/test_protocol.py` round-trips them.
+
+| frame | from → to | format |
+| --- | --- | --- |
+| joined replies | ingress, writer, flush, pull → front | per reply: u8 client-id length, i64 arrival ns (negated for replies to reads, which the front neither counts in flight nor times as puts), u32 header length, u32 body length, id, header, body (`pack_replies`) |
+| a send to encode | front → ingress / writer | 4 frames: client id, `{"t": arrival ns, "refused"?: {index: [status, remark]}}` (`send_meta`), the request header as the client sent it, its body |
+| a read to serve | front → pull | 4 frames: client id, `{"t": arrival ns}` (`read_meta`), the request header, empty |
+| an encoded group | ingress → writer | 2 frames: JSON `{sizes, keys, stamps, atomic, pendings}`, the records back to back (`group_to_wire`) |
+| held SYNC_FLUSH sends | writer → flush | one JSON frame: `[[client hex, arrival ns, offset to flush, reply header], ...]` (`waits_to_wire`) |
+| "written moved" | writer → dispatcher | an empty frame on a conflated socket |
+| "queue grew" | dispatcher → readers (PUB) | JSON `[[topic, queueId, new max offset], ...]` (`arrivals_to_wire`) |
+| statistics | every process → front | JSON of its `statistics()`, once a second |
+| "flushed" | flush thread → front (inproc) | an empty frame: look at `flushed` |
+"""
+
+from __future__ import annotations
+
+import struct
+
+import orjson
+
+from node.sendcore import PendingSend
+from shm.encoded_batch import EncodedBatch
+from shm.invariant import invariant
+
+_REPLY_HEAD = struct.Struct(">BqII")
+
+
+def pack_replies(replies: list[tuple]) -> bytes:
+    """(client, arrival ns, header) or (client, arrival ns, header, body) per reply."""
+    parts = []
+    for reply in replies:
+        client, arrival_ns, header = reply[0], reply[1], reply[2]
+        body = reply[3] if len(reply) > 3 else b""
+        parts += [_REPLY_HEAD.pack(len(client), arrival_ns, len(header), len(body)), client, header, body]
+    return b"".join(parts)
+
+
+def unpack_replies(data: bytes) -> list[tuple[bytes, int, bytes, bytes]]:
+    out, at, size = [], 0, _REPLY_HEAD.size
+    while at < len(data):
+        id_len, arrival_ns, header_len, body_len = _REPLY_HEAD.unpack_from(data, at)
+        at += size
+        header_at = at + id_len
+        body_at = header_at + header_len
+        out.append((data[at: header_at], arrival_ns, data[header_at: body_at], data[body_at: body_at + body_len]))
+        at = body_at + body_len
+    return out
+
+
+def send_meta(arrival_ns: int, refused: dict | None = None) -> dict:
+    """What the front adds to a send it passes on: when it arrived, and which of its messages
+    the topic table refused (by index, as text)."""
+    return {"t": arrival_ns, "refused": refused} if refused else {"t": arrival_ns}
+
+
+def read_meta(arrival_ns: int) -> bytes:
+    return orjson.dumps({"t": arrival_ns})
+
+
+def group_to_wire(batch: EncodedBatch, pendings: list[PendingSend], atomic: bool) -> list[bytes]:
+    meta = {"sizes": batch.sizes, "keys": batch.queue_keys, "stamps": batch.timestamp_offsets, "atomic": atomic,
+            "pendings": [p.to_wire() for p in pendings]}
+    return [orjson.dumps(meta), bytes(batch.data)]
+
+
+def group_from_wire(frames: list[bytes]) -> tuple[EncodedBatch, list[PendingSend], bool]:
+    meta = orjson.loads(frames[0])
+    batch = EncodedBatch()
+    batch.data = bytearray(frames[1])
+    batch.sizes, batch.queue_keys, batch.timestamp_offsets = meta["sizes"], meta["keys"], meta["stamps"]
+    position, positions = 0, []
+    for size in batch.sizes:
+        positions.append(position)
+        position += size
+    invariant(position == len(batch.data), "record sizes must add up to the batch")
+    batch.positions = positions
+    return batch, [PendingSend.from_wire(p) for p in meta["pendings"]], meta["atomic"]
+
+
+def waits_to_wire(waits: list[tuple]) -> bytes:
+    """The writer process's held sends, to the flush actor (one JSON frame a turn)."""
+    return orjson.dumps([[client.hex(), arrival_ns, offset, header.decode()]
+                         for client, arrival_ns, offset, header in waits])
+
+
+def waits_from_wire(frame: bytes) -> list[tuple]:
+    return [(bytes.fromhex(client), arrival_ns, offset, header.encode())
+            for client, arrival_ns, offset, header in orjson.loads(frame)]
+
+
+def arrivals_to_wire(touched: dict[tuple[str, int], int]) -> bytes:
+    return orjson.dumps([[topic, queue_id, max_offset] for (topic, queue_id), max_offset in touched.items()])
+
+
+def arrivals_from_wire(frame: bytes) -> list[tuple[str, int, int]]:
+    return [(topic, queue_id, max_offset) for topic, queue_id, max_offset in orjson.loads(frame)]

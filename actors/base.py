@@ -17,27 +17,12 @@ import orjson
 import zmq
 from zmq.backend import zmq_poll
 
-from node.frames import recv_frame, recv_frames
+from node.client.frames import recv_frame, recv_frames
+from node.server.supervision import INSTANCED, heartbeat_slot, monotonic_ms
 from shm.control_block import ControlBlock
 
 POLL_MS = 50  # longest a loop sleeps before it looks at its stop flag again
 STATS_PERIOD_S = 1.0
-HEARTBEAT_SLOTS = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "ingress": 8, "pull": 24}
-INSTANCED = ("ingress", "pull")  # services that run as several processes, labelled kind-i
-
-
-def monotonic_ms() -> int:
-    """Heartbeat time: CLOCK_MONOTONIC is one clock for every process of the host, and a step of
-    the wall clock (NTP) must not make every process look hung."""
-    return int(time.monotonic() * 1000)
-
-
-def heartbeat_slot(label: str) -> int:
-    """The control block's heartbeat slot of the service process `label` ("front", "pull-3")."""
-    kind, _, instance = label.partition("-")
-    return HEARTBEAT_SLOTS.get(kind, 15) + (int(instance) if kind in INSTANCED and instance else 0)
-
-
 def endpoints(settings) -> dict[str, str]:
     """The node's internal ipc endpoints, under its run directory."""
     run = settings.run_dir

@@ -9,7 +9,7 @@ Three parts, so the same flushing runs in its own process or on a thread of the 
   `flushed` passes it, or FLUSH_DISK_TIMEOUT after `syncFlushTimeout` (it is stored; only its
   durability is unconfirmed).
 - `Flush`, the actor (the split topology) and `FlushThread`, the front's (the compact
-  topology, the default: node.topology).
+  topology, the default: node.server.topology).
 
 SYNC_FLUSH (GroupCommitService): wakes on a wait or every 10 ms; one fdatasync covers every
 send waiting at that moment (group commit).

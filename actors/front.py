@@ -2,7 +2,7 @@
 
 Sockets:
 - `clients` ROUTER, bound to `listen`: requests in, replies out (routed by the client's id).
-- `sends` PUSH (the split topology, node.topology): send requests to the ingress workers
+- `sends` PUSH (the split topology, node.server.topology): send requests to the ingress workers
   (bound at `ingress`) or, with `ingressWorkers = 0`, straight to the append writer (connected
   to `writer`). In the compact topology (the default) no writer process runs: the front is the
   CommitLog's single writer, with the writer's core (`actors.writer`), appending each turn's
@@ -17,10 +17,10 @@ Sockets:
 
 It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
 `flushConsumerOffsetInterval` ms and at stop). With `frontPinBelowCpu` set, while its load is
-light it keeps all its threads on one CPU (actors.affinity): the wake-ups between its loop and
+light it keeps all its threads on one CPU (node.server.host_tuning): the wake-ups between its loop and
 its ZeroMQ I/O thread then stay local, which shortens a lone send's round trip. While it
 serves, it holds a PM QoS request that keeps idle CPUs from halting (`cpuIdleLatencyUs`,
-actors.cpu_latency), so every thread a request wakes wakes quickly.
+node.server.host_tuning), so every thread a request wakes wakes quickly.
 
 It validates what needs the topic table (it is the table's single writer): topic names,
 auto-creation, queue ids; answers route and runtime-info requests itself; refuses with
@@ -37,18 +37,18 @@ import time
 import orjson
 import zmq
 
-from actors.affinity import ProcessPinner
 from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket, wait_readable
-from actors.cpu_latency import NO_REQUEST, CpuLatencyRequest
 from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
 from actors.pull import Pull
 from actors.wire import read_meta, send_meta, unpack_replies
 from actors.writer import Writer
-from node import edge, protocol, topology
-from node.frames import NOBLOCK, send_frames
-from node.offsets import ConsumerOffsets, SubscriptionGroups
-from node.store_stats import StoreStats
-from node.topics import PERM_WRITE, TopicTable
+from node import protocol
+from node.client.frames import NOBLOCK, send_frames
+from node.server import edge, topology
+from node.server.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
+from node.server.offsets import ConsumerOffsets, SubscriptionGroups
+from node.server.store_stats import StoreStats
+from node.server.topics import PERM_WRITE, TopicTable
 
 MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
 SEND_WAIT_MS = 20
@@ -250,7 +250,7 @@ class Front(Actor):
                 self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_ERROR", str(e)))
 
     def _route(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
-        """Every field is checked at the edge (node.edge) before anything uses it: from here
+        """Every field is checked at the edge (node.server.edge) before anything uses it: from here
         on an exception is the node's bug, and stops this process."""
         code = request.code
         if code == self.bug_code:
@@ -303,7 +303,7 @@ class Front(Actor):
             return {}  # not written yet (or a node whose launcher is not watching)
 
     def _offsets(self, client: bytes, request: protocol.Request) -> None:
-        """The fields were checked at the edge (node.edge)."""
+        """The fields were checked at the edge (node.server.edge)."""
         header = request.header
         group = header["consumerGroup"]
         if request.code == protocol.GET_CONSUME_STATS:

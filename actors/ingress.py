@@ -20,8 +20,8 @@ import zmq
 from actors.base import Actor, incoming, socket, wait_readable
 from actors.wire import group_to_wire, pack_replies
 from node import protocol
-from node.frames import send_frames
-from node.sendcore import PendingSend, SendEncoder, add_request_atomic
+from node.client.frames import send_frames
+from node.server.sendcore import PendingSend, SendEncoder, add_request_atomic
 from shm.encoded_batch import EncodedBatch
 
 MAX_REQUESTS = 256  # requests folded into one batch

@@ -23,7 +23,7 @@ nothing) is deferred until `dispatched` reaches the `written` it saw on arrival,
 directly. A deferred read waits at most DEFER_MAX_S (the dispatcher stalled: SYSTEM_BUSY), and
 at most MAX_DEFERRED wait at once.
 
-In the compact topology (node.topology) no pull worker runs: the front opens this class's read core
+In the compact topology (node.server.topology) no pull worker runs: the front opens this class's read core
 (`open_reads`) and serves reads in its own loop (`serve_request`, `on_arrivals`,
 `after_turn`), which saves two ipc hops and a process wake-up per pull.
 """
@@ -143,7 +143,7 @@ class Pull(Actor):
         self.serve_request(header, client, arrival, out)
 
     def serve_request(self, header: dict, client: bytes, arrival: int, out: list) -> None:
-        """Serve one read request, its fields checked at the edge (node.edge); its reply
+        """Serve one read request, its fields checked at the edge (node.server.edge); its reply
         (client, -arrival, header[, body]) goes to `out` unless the read is held or deferred."""
         written = self.control.get("written")  # every send acknowledged before this request is below it
         reply = self.serve(header, client, arrival, allow_hold=True, written=written)
@@ -290,7 +290,7 @@ class Pull(Actor):
 
     def _hold(self, topic: str, queue_id: int, header: dict, client: bytes, arrival: int) -> None:
         if self.settings.longPollingEnable:
-            wait_ms = header.get("suspendTimeoutMillis", DEFAULT_SUSPEND_MS)  # (its range: node.edge)
+            wait_ms = header.get("suspendTimeoutMillis", DEFAULT_SUSPEND_MS)  # (its range: node.server.edge)
         else:
             wait_ms = self.settings.shortPollingTimeMills
         deadline = self.clock() + wait_ms / 1000

@@ -24,7 +24,7 @@ import struct
 
 import orjson
 
-from node.sendcore import PendingSend
+from node.server.sendcore import PendingSend
 from shm.encoded_batch import EncodedBatch
 from shm.invariant import invariant
 

@@ -6,7 +6,7 @@ PUSH to the front; `waits` PUSH to the flush actor (SYNC_FLUSH sends that wait f
 `wakes` PUSH, conflated, to the dispatcher: "written moved", once per turn that moved it,
 unless the dispatcher is polling (actors.dispatcher).
 
-In the compact topology (the default, node.topology) no writer process runs: the front
+In the compact topology (the default, node.server.topology) no writer process runs: the front
 opens this class's write core (`open_writes`, `append_requests`, `finish_turn`, `idle`,
 `drain`, `close_writes`) and is the CommitLog's single writer; a request then crosses one hop
 and wakes one process fewer (docs/performance.md).
@@ -37,8 +37,8 @@ import zmq
 from actors.base import Actor, conflated, incoming, socket, wait_readable
 from actors.ingress import RequestBatcher
 from actors.wire import group_from_wire, pack_replies, waits_to_wire
-from node import sendcore, sendreply
-from node.frames import NOBLOCK
+from node.client.frames import NOBLOCK
+from node.server import sendcore, sendreply
 from shm import commitlog
 from shm.codec import (
     TRANSACTION_COMMIT,

@@ -161,7 +161,7 @@ def parse_subscription(expression) -> list[str] | None:
 
 # -- RocketMQ's client batch body (MessageDecoder.encodeMessages), spec §2.10 -----------------------
 # A batch body's message: head, body, properties length, properties (public: the writer's
-# one-pass encoder in node.batchbody walks the same layout).
+# one-pass encoder in node.server.batchbody walks the same layout).
 BATCH_MESSAGE_HEAD = struct.Struct(">iiiii")  # total size, magic (0), body CRC (0), flag, body length
 BATCH_PROPS_LENGTH = struct.Struct(">h")
 

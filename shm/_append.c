@@ -1,7 +1,7 @@
 /* shm._append: the CommitLog append's per-record loop in C.
  *
  * The native twin of `shm.commitlog.place_records` (CommitLog._place's loop), the reference:
- * tests/test_native_append.py runs both over the same batches and requires the same bytes,
+ * tests/unit/test_native_append.py runs both over the same batches and requires the same bytes,
  * offsets and queue table afterwards. For each record k in [i, j) of an encoded batch:
  *   queue offset: table[keys[k]] (0 when absent), and the table then holds one more; a record
  *                 whose key is None (PREPARED/ROLLBACK) gets 0 and advances nothing

@@ -1,7 +1,7 @@
 /* shm._dispatch: the reput dispatcher's scan of the CommitLog in C.
  *
  * The native twin of the hot loop of `shm.dispatch.DispatchBatch.scan`/`_add`, which stays the
- * reference: tests/test_native_dispatch.py runs both over the same logs and requires the same
+ * reference: tests/unit/test_native_dispatch.py runs both over the same logs and requires the same
  * batch afterwards (ConsumeQueue entries per queue, index keys, where each stopped). In Python
  * a record costs several microseconds of interpreter calls; here it is one pass that makes no
  * object a record: it appends to the batch's bytearrays
@@ -338,7 +338,7 @@ done:
 /* index_put: IndexFile.put_hash over INDEX_KEY records, into one mapped index file.
  *
  * The native twin of `shm.index_file.IndexFile.put_hash` called key by key (the reference;
- * tests/test_queue_index.py requires the same file bytes from both). Layout (big-endian):
+ * tests/integration/test_queue_index.py requires the same file bytes from both). Layout (big-endian):
  *   header 40: beginTimestamp i64 | endTimestamp i64 | beginPhyOffset i64 | endPhyOffset i64 |
  *              hashSlotCount i32 | indexCount i32
  *   slots:     i32 each, the newest entry number of the slot (0 = empty)

@@ -106,7 +106,7 @@ def _host_struct(born_len: int, store_len: int) -> struct.Struct:
 _MIDDLE = {(b, s): _host_struct(b, s) for b in (8, 20) for s in (8, 20)}
 # Through BODYLENGTH when both hosts are IPv4 (nearly every record): one (un)pack for the hot paths.
 _FIXED_V4 = struct.Struct(">iiiiiqqiq8sq8siqi")
-FIXED_V4 = _FIXED_V4  # public: readers that decode IPv4 records in one unpack (node.consumer)
+FIXED_V4 = _FIXED_V4  # public: readers that decode IPv4 records in one unpack (node.client.consumer)
 
 
 class CorruptionKind(enum.Enum):

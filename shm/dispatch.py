@@ -12,7 +12,7 @@ holds the two to identical bytes.
 
 The scan's common case also runs in C (`shm/_dispatch.c`), when it was compiled at install and
 `MQNODE_NATIVE=0` is not set; the Python scan stays the reference, and takes every record the C
-loop stops in front of. tests/test_native_dispatch.py holds the two to the same batch.
+loop stops in front of. tests/unit/test_native_dispatch.py holds the two to the same batch.
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ class Settings:
     listen: str = _s("tcp://127.0.0.1:10911", "Client endpoint the front binds (ZeroMQ ROUTER)", NODE)
     ingressWorkers: int = _s(0, "topology = split: encoding processes between the front and the writer; 0 = the writer encodes", NODE)
     pullWorkers: int = _s(0, "topology = split: processes serving reads; 0 = one per core (at most 63)", NODE)
-    topology: str = _s("compact", "Which process hosts which service (node/topology.py, docs/architecture.md): compact = the front routes, encodes, writes, flushes and serves reads itself, with a dispatcher and an allocator beside it (fewest hops a request; best on a couple of cores); split = every service a process of its own, ingressWorkers and pullWorkers of them for encoding and reads (scales across cores)", NODE)
+    topology: str = _s("compact", "Which process hosts which service (node/server/topology.py, docs/architecture.md): compact = the front routes, encodes, writes, flushes and serves reads itself, with a dispatcher and an allocator beside it (fewest hops a request; best on a couple of cores); split = every service a process of its own, ingressWorkers and pullWorkers of them for encoding and reads (scales across cores)", NODE)
     frontPinBelowCpu: float = _s(0.0, "While the front's process uses less than this fraction of one CPU (0.7, say), all its threads run on one CPU: local wake-ups, lower ack latency at light load, but slower reads under load; lifted when that CPU is nearly full or contended; 0 = never pin", NODE)
     cpuIdleLatencyUs: int = _s(-1, "Host tuning, an operator's opt-in (docs/operations.md): while the front serves (until 2 s after its last request), it asks the kernel (/dev/cpu_dma_latency, needs root) to keep every idle CPU of the host able to wake within this many µs: 0 = idle CPUs poll instead of halting, so the wake-ups of a request's threads are quick (a virtual machine's halted CPU costs tens of µs each) at the cost of the host's power; -1 = no request (the default)", NODE)
     dispatcherNiceness: int = _s(5, "Nice value of the dispatcher's loop (0-19): on a busy CPU the front and the clients go first and it catches up in larger batches; 0 = normal priority", NODE)
@@ -151,17 +151,17 @@ class Settings:
 
     @property
     def front_writes(self) -> bool:
-        """The front hosts the write service (node.topology): compact."""
+        """The front hosts the write service (node.server.topology): compact."""
         return self.topology == "compact"
 
     @property
     def front_flushes(self) -> bool:
-        """The front hosts the group commit, on a thread (node.topology): compact."""
+        """The front hosts the group commit, on a thread (node.server.topology): compact."""
         return self.topology == "compact"
 
     @property
     def reads_in_front(self) -> bool:
-        """The front hosts the read service (node.topology): compact."""
+        """The front hosts the read service (node.server.topology): compact."""
         return self.topology == "compact"
 
     @property
@@ -188,7 +188,7 @@ class Settings:
     def run_dir(self) -> Path:
         """The node's ipc sockets and pid files: `runDir`, else a directory under
         `$XDG_RUNTIME_DIR` (the user's private runtime directory), else `run/` inside the store.
-        The launcher makes it private (node.launcher.prepare_run_dir)."""
+        The launcher makes it private (node.server.launcher.prepare_run_dir)."""
         if self.runDir:
             return Path(os.path.expanduser(self.runDir))
         runtime = os.environ.get("XDG_RUNTIME_DIR")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from node.local_node import ROOT, NodeProcess, free_port
+from node.tools.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
 __all__ = ["ROOT", "NodeProcess", "free_port", "node_settings", "in_process_node"]
@@ -26,7 +26,7 @@ def in_process_node(directory: Path, **overrides):
 
     import ray
 
-    from node.launcher import Node
+    from node.server.launcher import Node
 
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
              logging_level=logging.ERROR, log_to_driver=False)

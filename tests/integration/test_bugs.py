@@ -11,7 +11,7 @@ import pytest
 from nodes import in_process_node
 
 from node.client import Producer, PullConsumer, SendError
-from node.supervision import actor_states
+from node.server.supervision import actor_states
 
 LABELS = ("front", "writer", "flush", "dispatcher", "allocator", "ingress-0", "pull-0")
 TURN = 400  # every process raises at its 400th loop turn, then again after each restart

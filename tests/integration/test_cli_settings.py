@@ -18,7 +18,7 @@ GOLDEN_FLAGS = ["--mappedFileSizeCommitLog", "65536", "--mappedFileSizeConsumeQu
 
 
 def mqnode(*args):
-    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "node.tools.cli", *args], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_verify_golden_store_is_clean():
@@ -123,7 +123,7 @@ def test_broker_conf_style_and_overrides(tmp_path):
 
 
 def test_the_run_directory_is_private_and_fresh(tmp_path, monkeypatch):
-    from node.launcher import prepare_run_dir
+    from node.server.launcher import prepare_run_dir
 
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     settings = settings_module.load(None, {"storePathRootDir": str(tmp_path / "store")})

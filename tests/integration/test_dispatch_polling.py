@@ -15,7 +15,7 @@ from actors import writer as writer_module
 from actors.dispatcher import Dispatcher
 from actors.front import Front
 from node import protocol
-from node.local_node import free_port
+from node.tools.local_node import free_port
 from shm.control_block import ControlBlock
 
 BODY = b"x" * 100

@@ -13,7 +13,7 @@ from nodes import in_process_node
 
 from node import protocol
 from node.client import PullConsumer
-from node.supervision import actor_states
+from node.server.supervision import actor_states
 from shm.codec import decode_msg_id
 
 FAIL_AT = 150  # every flusher's 150th fdatasync fails

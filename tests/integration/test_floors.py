@@ -1,4 +1,4 @@
-"""node.floors, the machine floors the benchmarks print beside their figures: each measures
+"""node.tools.floors, the machine floors the benchmarks print beside their figures: each measures
 something real and leaves nothing behind (no echo process, no scratch file). No speed is asserted."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 import multiprocessing
 import os
 
-from actors import cpu_latency
-from node import floors
+from node.server import host_tuning as cpu_latency
+from node.tools import floors
 
 
 def test_transport_floor_round_trips_to_an_echo_process_and_stops_it():

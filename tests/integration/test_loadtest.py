@@ -14,11 +14,11 @@ import psutil
 import pytest
 from nodes import ROOT, NodeProcess, node_settings
 
-from node.loadtest import payload, records
-from node.loadtest.histogram import LogHistogram
-from node.loadtest.params import PRESETS, SizeSpec
-from node.loadtest.run import build_parser, main, resolve
-from node.loadtest.verify import verify
+from node.tools.loadtest import payload, records
+from node.tools.loadtest.histogram import LogHistogram
+from node.tools.loadtest.params import PRESETS, SizeSpec
+from node.tools.loadtest.run import build_parser, main, resolve
+from node.tools.loadtest.verify import verify
 
 # -- the verifier -------------------------------------------------------------------------------
 
@@ -172,7 +172,7 @@ def test_size_specs():
 
 
 def test_the_send_plan_paces_and_stops_at_the_share():
-    from node.loadtest.workers import MAX_CATCH_UP, _Plan
+    from node.tools.loadtest.workers import MAX_CATCH_UP, _Plan
 
     plan = _Plan(share=10, batch=4, rate=100.0, began=1000.0, deadline=None)
     claims = []
@@ -213,7 +213,7 @@ def test_a_node_that_does_not_answer_fails_the_run_clearly(tmp_path, capsys):
 
 def loadtest(*args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:
     output = next(a for a in args[args.index("--output") + 1:])
-    done = subprocess.run([sys.executable, "-m", "node.loadtest.run", "--quiet", *args], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "node.tools.loadtest.run", "--quiet", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     results = orjson.loads((ROOT / output / "results.json").read_bytes()) if (ROOT / output / "results.json").exists() else {}
     return done, results
@@ -265,7 +265,7 @@ def test_reverify_fails_on_tampered_records(node, tmp_path):
     done, results = loadtest("--endpoint", node.endpoint, "--topic", "LTReverify", "--count", "600",
                              "--consumers", "2", "--verify", "--output", str(tmp_path))
     assert done.returncode == 0 and results["verify"]["ok"], done.stdout
-    again = subprocess.run([sys.executable, "-m", "node.loadtest.run", "--reverify", str(tmp_path)], cwd=ROOT,
+    again = subprocess.run([sys.executable, "-m", "node.tools.loadtest.run", "--reverify", str(tmp_path)], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "PASSED" in again.stdout
     consumed = records.load(tmp_path / "records", "consumed")
@@ -275,7 +275,7 @@ def test_reverify_fails_on_tampered_records(node, tmp_path):
     broken = np.append(broken, broken[100:101])           # a duplicate
     broken["intact"][200] = 0                             # a corruption
     records.save(tmp_path / "records", "consumed", broken)
-    again = subprocess.run([sys.executable, "-m", "node.loadtest.run", "--reverify", str(tmp_path)], cwd=ROOT,
+    again = subprocess.run([sys.executable, "-m", "node.tools.loadtest.run", "--reverify", str(tmp_path)], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 1, again.stdout
     for kind in ("lost: 1", "duplicate: 1", "corrupt: 1"):
@@ -286,7 +286,7 @@ def test_sigterm_stops_producing_drains_and_still_reports(node, tmp_path):
     import signal
     import time
 
-    run = subprocess.Popen([sys.executable, "-m", "node.loadtest.run", "--quiet", "--endpoint", node.endpoint,
+    run = subprocess.Popen([sys.executable, "-m", "node.tools.loadtest.run", "--quiet", "--endpoint", node.endpoint,
                             "--topic", "LTSigterm", "--duration", "120", "--rate", "500", "--consumers", "1",
                             "--verify", "--output", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60

@@ -15,9 +15,9 @@ import pytest
 import zmq
 from nodes import ROOT, in_process_node
 
-from actors import cpu_latency
 from node import protocol
 from node.client import AsyncProducer, Message, Producer, SendError
+from node.server import host_tuning as cpu_latency
 from shm.codec import decode_msg_id, encode, encode_host, properties_string
 from shm.store import MessageStore
 from shm.verify import verify_store
@@ -176,7 +176,7 @@ def test_malformed_frames_and_unknown_codes_get_error_replies(node, raw):
 
 def test_cli_produce_and_admin_stats(node):
     endpoint = node.settings.listen
-    done = subprocess.run([sys.executable, "-m", "node.cli", "produce", "--endpoint", endpoint, "--topic", "CliTopic",
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "produce", "--endpoint", endpoint, "--topic", "CliTopic",
                            "--tags", "T1", "--keys", "a b", "--property", "k=v"],
                           input=b"one\ntwo\nthree\n", cwd=ROOT, capture_output=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
@@ -185,10 +185,10 @@ def test_cli_produce_and_admin_stats(node):
     assert set(lines[0]) >= {"status", "msgId", "offsetMsgId", "queueId", "queueOffset"}
     record = _record_at(node, lines[1]["offsetMsgId"])
     assert record.body == b"two" and record.properties["k"] == "v" and record.keys == ["a", "b"]
-    failed = subprocess.run([sys.executable, "-m", "node.cli", "produce", "--endpoint", endpoint, "--topic", "bad topic"],
+    failed = subprocess.run([sys.executable, "-m", "node.tools.cli", "produce", "--endpoint", endpoint, "--topic", "bad topic"],
                             input=b"x\n", cwd=ROOT, capture_output=True, timeout=60, check=False)
     assert failed.returncode == 1 and orjson.loads(failed.stdout)["status"] == "MESSAGE_ILLEGAL"
-    stats = subprocess.run([sys.executable, "-m", "node.cli", "admin", "stats", "--endpoint", endpoint],
+    stats = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", "stats", "--endpoint", endpoint],
                            cwd=ROOT, capture_output=True, timeout=60, check=False)
     assert stats.returncode == 0, stats.stderr
     shown = orjson.loads(stats.stdout)
@@ -222,7 +222,7 @@ def test_dispatcher_and_allocator_loops_run_niced(node):
 def test_an_idle_front_keeps_its_threads_on_one_cpu(node):
     """frontPinBelowCpu (0.7 for this module's node, off by default): the front's process,
     well under 0.7 of a CPU while idle, has every thread on the one CPU its loop runs on within
-    a few seconds, and says so in its statistics (actors.affinity)."""
+    a few seconds, and says so in its statistics (node.server.host_tuning)."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: nothing to pin to")
     pid = int((node.settings.run_dir / "front.pid").read_text())
@@ -242,7 +242,7 @@ def test_an_idle_front_keeps_its_threads_on_one_cpu(node):
 def test_a_serving_front_keeps_idle_cpus_quick_to_wake(node, producer):
     """cpuIdleLatencyUs 0 (opted in; -1, no request, is the default): after a request the front
     holds its PM QoS request
-    (actors.cpu_latency) and says so; where the device cannot be written it says why."""
+    (node.server.host_tuning) and says so; where the device cannot be written it says why."""
     producer.send("TopicA", "wake")
     info, _ = producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
     latency = info["actors"]["front"]["cpuLatency"]
@@ -255,7 +255,7 @@ def test_a_serving_front_keeps_idle_cpus_quick_to_wake(node, producer):
 
 
 def test_topics_json_is_written_as_rocketmq_writes_it(node, producer):
-    from node import config_files
+    from node.server import config_files
 
     producer.send("TopicJson", "x")
     text = (node.settings.root / "config" / "topics.json").read_text()

@@ -76,7 +76,7 @@ def assert_all_acked_stored(settings, acked: dict[str, bytes]) -> None:
 @pytest.mark.parametrize("topology", ["compact", "split"])
 @pytest.mark.parametrize("flush", ["SYNC_FLUSH", "ASYNC_FLUSH"])
 def test_kill_9_of_every_process_loses_no_acknowledged_message(tmp_path, flush, topology):
-    """The conformance suite's crash part, over both topologies (tests/test_node.py has the
+    """The conformance suite's crash part, over both topologies (tests/integration/test_node.py has the
     produce / consume / query / offsets part, the write-buffer and SYNC_FLUSH tests below theirs)."""
     settings = node_settings(tmp_path / "store", flushDiskType=flush, topology=topology)
     node = NodeProcess(settings, tmp_path / "node.log").start()

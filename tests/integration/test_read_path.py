@@ -223,7 +223,7 @@ def test_consume_query_and_admin_commands(node, producer):
     endpoint = node.settings.listen
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "node.cli", *args, "--endpoint", endpoint], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "node.tools.cli", *args, "--endpoint", endpoint], cwd=ROOT,
                               capture_output=True, timeout=60, check=False)
 
     done = run("consume", "--topic", "CliRead", "--group", "cli", "--timeout", "2")
@@ -245,7 +245,7 @@ def test_consume_query_and_admin_commands(node, producer):
 
 
 def test_zz_offsets_are_persisted_as_rocketmq_writes_them(node):
-    from node import config_files
+    from node.server import config_files
 
     node.stop()
     text = (node.settings.root / "config" / "consumerOffset.json").read_text()

@@ -19,8 +19,8 @@ import zmq
 from nodes import NodeProcess, in_process_node
 
 from node import protocol
-from node.local_node import local_settings
-from node.supervision import BURST, RESTART_DEADLINE_S, RestartBackoff, Watch, actor_states, record_start
+from node.server.supervision import BURST, RESTART_DEADLINE_S, RestartBackoff, Watch, actor_states, record_start
+from node.tools.local_node import local_settings
 
 BUG_CODE = 4343
 

@@ -3,7 +3,7 @@
 One suite over both implementations: for any batch, any span [i, j) of it, any queue table and
 base offset, `shm._append.place` leaves the same bytes, the same physical and queue offsets and
 the same table as `shm.commitlog.place_records`. A batch whose positions point outside its bytes
-is refused by both and written by neither past its end. tests/test_commitlog.py checks what the
+is refused by both and written by neither past its end. tests/integration/test_commitlog.py checks what the
 log holds after append_batch, with whichever loop was built.
 """
 

@@ -3,7 +3,7 @@
 One suite over both implementations (the NATS file store's conformance idea): over any log,
 well-formed or damaged, a DispatchBatch that scans with C ends exactly as one that scans in
 Python: the same ConsumeQueue entries per queue, index requests, count, logics timestamp, and
-the same stopping place and reason. tests/test_queue_index.py holds the Python scan to the plain
+the same stopping place and reason. tests/integration/test_queue_index.py holds the Python scan to the plain
 per-record dispatch, and runs the byte-for-byte reput test over both.
 """
 

@@ -1,8 +1,8 @@
-"""node._encode, the front's one-pass encode loops in C, against the Python loops it mirrors.
+"""node.server._encode, the front's one-pass encode loops in C, against the Python loops it mirrors.
 
 One suite over both implementations (the NATS file store's conformance idea): for any input,
 well-formed or not, the C function returns exactly what the Python one returns (the same bytes
-and side lists, or None: take the general path). tests/test_protocol.py checks the Python loops
+and side lists, or None: take the general path). tests/unit/test_protocol.py checks the Python loops
 against the general path, and runs its SendEncoder tests over both.
 """
 
@@ -16,10 +16,11 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from node import native, protocol
-from node.batchbody import encode_batch_v4
-from node.sendcore import _properties_layout, encode_messages_v4
-from node.sendreply import offset_ids
+from node import protocol
+from node.server import native
+from node.server.batchbody import encode_batch_v4
+from node.server.sendcore import _properties_layout, encode_messages_v4
+from node.server.sendreply import offset_ids
 from shm.codec import encode_host, offset_msg_id
 
 pytestmark = pytest.mark.skipif(os.environ.get("MQNODE_NATIVE") == "0", reason="MQNODE_NATIVE=0")

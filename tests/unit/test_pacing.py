@@ -1,4 +1,4 @@
-"""node.pacing: every send started once, in order, none before its time, all awaited."""
+"""node.tools.pacing: every send started once, in order, none before its time, all awaited."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from node import pacing
+from node.tools import pacing
 
 
 async def _run(pace, rate: int, seconds: float) -> tuple[list[int], list[float], float, int]:

@@ -23,18 +23,19 @@ from actors.wire import (
     waits_from_wire,
     waits_to_wire,
 )
-from node import config_files, native, protocol
-from node.batchbody import encode_batch_v4
-from node.producer import SendError
-from node.sendcore import (
+from node import protocol
+from node.client.producer import SendError
+from node.server import config_files, native
+from node.server.batchbody import encode_batch_v4
+from node.server.sendcore import (
     PendingSend,
     SendEncoder,
     add_request_atomic,
     encode_messages_v4,
 )
-from node.sendreply import answer, reply, results
-from node.store_stats import StoreStats
-from node.topics import TopicTable, topic_error
+from node.server.sendreply import answer, reply, results
+from node.server.store_stats import StoreStats
+from node.server.topics import TopicTable, topic_error
 from shm import settings as settings_module
 from shm.codec import decode
 from shm.encoded_batch import EncodedBatch
@@ -179,7 +180,7 @@ def test_wait_false_and_flush_timeouts():
 @given(st.lists(st.sampled_from(["UNIQ_KEY", "\x01", "\x02", "A", "b", "UNIQ_KEY\x01X", "\x02UNIQ_KEY\x01"]),
                 max_size=12))
 def test_uniq_key_shortcut_agrees_with_the_full_parse(pieces):
-    from node.batchbody import find_uniq_key, find_uniq_key_ascii
+    from node.server.batchbody import find_uniq_key, find_uniq_key_ascii
     from shm.codec import parse_properties
 
     text = "".join(pieces)
@@ -188,7 +189,7 @@ def test_uniq_key_shortcut_agrees_with_the_full_parse(pieces):
 
 
 def test_consumer_offsets_read_rocketmqs_file_and_write_its_format(tmp_path):
-    from node.offsets import ConsumerOffsets
+    from node.server.offsets import ConsumerOffsets
 
     (tmp_path / "consumerOffset.json").write_text('{\n\t"offsetTable":{\n\t\t"TopicA@g1":{0:12,1:7\n\t\t}\n\t}\n}')
     offsets = ConsumerOffsets(tmp_path)
@@ -222,7 +223,7 @@ def _v2(record: bytes) -> bytes:
     (True, "KEYS\x01only", b"body"),
 ])
 def test_pull_reply_decoding_matches_the_full_codec(v6, props, body):
-    from node.received import _decode_full, decode_messages
+    from node.client.received import _decode_full, decode_messages
     from shm import codec
 
     born = codec.encode_host("::1" if v6 else "10.1.2.3", 5000)
@@ -250,7 +251,7 @@ _PROPS = st.lists(st.sampled_from(["UNIQ_KEY\x01", "TAGS\x01a", "\x02", "KEYS\x0
 def test_a_pulled_message_finds_its_msg_id_as_parsing_every_property_would(props):
     """msg_id's shortcut (UNIQ_KEY found in the raw bytes) agrees with the parsed properties,
     for odd properties too: the key twice, empty, as a suffix of another name."""
-    from node.received import decode_messages
+    from node.client.received import decode_messages
     from shm import codec
 
     store = codec.encode_host("127.0.0.1", 10911)
@@ -261,7 +262,7 @@ def test_a_pulled_message_finds_its_msg_id_as_parsing_every_property_would(props
     assert lazy.msg_id == expected == parsed.msg_id
 
 
-_ONE_PASS = ["c", "python"]  # the one-pass encoders: node._encode, or the Python loops it mirrors
+_ONE_PASS = ["c", "python"]  # the one-pass encoders: node.server._encode, or the Python loops it mirrors
 
 
 @pytest.mark.parametrize("one_pass", _ONE_PASS)
@@ -339,7 +340,7 @@ def test_the_compact_reply_gives_each_send_what_the_full_reply_gives(refused_at)
     import asyncio
 
     from actors.flush import _downgrade
-    from node.producer import AsyncProducer
+    from node.client.producer import AsyncProducer
 
     settings = settings_module.load(None, {"storePathRootDir": "/nonexistent"})
     encoder = SendEncoder(settings)
@@ -443,7 +444,7 @@ def test_uniq_keys_follow_message_client_id_setter_layout():
     import os
     import time
 
-    from node.producer import UniqKeys
+    from node.client.producer import UniqKeys
 
     keys = UniqKeys()
     now_ms = int(time.time() * 1000)
@@ -464,7 +465,7 @@ def test_coalescing_never_lingers_in_front_of_an_idle_connection():
 
     import zmq.asyncio
 
-    from node.producer import AsyncProducer
+    from node.client.producer import AsyncProducer
 
     async def main():
         context = zmq.asyncio.Context()
@@ -508,7 +509,7 @@ def test_a_connection_misses_no_reply_however_sends_and_replies_interleave():
     import random
     import threading
 
-    from node.producer import AsyncProducer
+    from node.client.producer import AsyncProducer
 
     context = zmq.Context()
     front = context.socket(zmq.ROUTER)
@@ -553,7 +554,7 @@ def test_a_connection_misses_no_reply_however_sends_and_replies_interleave():
 
 
 def test_fast_frames_round_trip_as_pyzmq_multipart_does():
-    from node.frames import NOBLOCK, recv_frames, send_frames
+    from node.client.frames import NOBLOCK, recv_frames, send_frames
 
     context = zmq.Context()
     a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
@@ -585,7 +586,7 @@ class _FakeFront:
     def __init__(self, **producer_options):
         import zmq.asyncio
 
-        from node.producer import AsyncProducer
+        from node.client.producer import AsyncProducer
 
         self.context = zmq.asyncio.Context()
         self.socket = self.context.socket(zmq.ROUTER)
@@ -628,7 +629,7 @@ def test_a_coalesced_send_is_retried_on_busy_and_on_silence_and_fails_on_the_res
     at once; a send still busy after `retries` attempts fails with the last status."""
     import asyncio
 
-    from node.producer import SendError
+    from node.client.producer import SendError
 
     async def main():
         fake = _FakeFront(timeout=0.3, retries=2)
@@ -673,8 +674,8 @@ def test_a_send_waiting_to_retry_fails_when_the_producer_closes(monkeypatch):
     producer is closed: CLOSED, not a hang and not a connection opened again."""
     import asyncio
 
-    from node import producer as producer_module
-    from node.producer import SendError
+    from node.client import producer as producer_module
+    from node.client.producer import SendError
 
     monkeypatch.setattr(producer_module, "_backoff", lambda attempt: 0.5)
 
@@ -703,7 +704,7 @@ def test_a_send_cancelled_in_its_backoff_is_not_sent_again(monkeypatch):
     backoff: the message is not sent again, and the producer goes on sending for others."""
     import asyncio
 
-    from node import producer as producer_module
+    from node.client import producer as producer_module
 
     monkeypatch.setattr(producer_module, "_backoff", lambda attempt: 0.3)
 

@@ -7,7 +7,7 @@ import re
 import pytest
 from nodes import ROOT
 
-from node import topology
+from node.server import topology
 from shm import settings as settings_module
 from shm.settings import SettingsError
 

@@ -1,0 +1,23 @@
+"""The Python client, one import for users: the producer and the pull consumer.
+
+`Producer` / `AsyncProducer` live in `node.client.producer`, `PullConsumer` / `AsyncPullConsumer` in
+`node.client.consumer` (its messages in `node.client.received`); both speak `docs/protocol.md`.
+"""
+
+from node.client.consumer import (
+           AsyncPullConsumer,
+           PullConsumer,
+           PullResult,
+)
+from node.client.producer import (
+           AsyncProducer,
+           Message,
+           Producer,
+           SendError,
+           SendResult,
+           UniqKeys,
+)
+from node.client.received import ReceivedMessage, decode_messages
+
+__all__ = ["AsyncProducer", "AsyncPullConsumer", "Message", "Producer", "PullConsumer", "PullResult",
+           "ReceivedMessage", "SendError", "SendResult", "UniqKeys", "decode_messages"]

@@ -1,0 +1,191 @@
+"""The pull consumer: `AsyncPullConsumer` (asyncio) and `PullConsumer` (blocking).
+
+Pulls carry raw CommitLog records; `node.client.received` decodes them (as RocketMQ's clients do, but
+each field on first use), and the tags are checked here exactly (the node filters by tag hash only).
+`consume` walks every queue of a topic from a group's committed offsets, committing as it goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from node import protocol
+from node.client import aio
+from node.client.producer import AsyncProducer, SendError
+from node.client.received import ReceivedMessage, decode_messages
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    status: str  # FOUND, NO_NEW_MSG, NO_MATCHED_MSG, OFFSET_ILLEGAL
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[ReceivedMessage]
+
+
+class AsyncPullConsumer:
+    """Pulls from queues at offsets (with long polling), and a `consume` loop for a group."""
+
+    def __init__(self, endpoint: str, *, timeout: float = 5.0, context: zmq.Context | None = None):
+        self.client = AsyncProducer(endpoint, timeout=timeout, retries=0, context=context)
+
+    async def start(self) -> AsyncPullConsumer:
+        await self.client.start()
+        return self
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def __aenter__(self) -> AsyncPullConsumer:
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _ask(self, header: dict, *, timeout: float | None = None) -> tuple[dict, bytes | None]:
+        return await self.client.request(header, timeout=timeout)
+
+    async def pull(self, topic: str, queue_id: int, offset: int, *, max_count: int = 32, subscription: str = "*",
+                   suspend_ms: int = 0) -> PullResult:
+        """One pull. With `suspend_ms` > 0 an empty pull waits at the node until a message
+        arrives or the time is up (long polling)."""
+        header = {"code": protocol.PULL_MESSAGE, "topic": topic, "queueId": queue_id, "queueOffset": offset,
+                  "maxMsgNums": max_count, "subscription": subscription, "suspend": suspend_ms > 0,
+                  "suspendTimeoutMillis": suspend_ms}
+        reply, body = await self._ask(header, timeout=self.client.timeout + suspend_ms / 1000)
+        status = reply.get("status")
+        if status not in ("FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"):
+            raise SendError(status or "SYSTEM_ERROR", reply.get("remark", ""))
+        messages = decode_messages(body)
+        tags = protocol.parse_subscription(subscription)
+        if tags is not None:  # the node filters by tag hash; the client checks the tags exactly
+            messages = [m for m in messages if m.tags in tags]
+        return PullResult(status, reply["nextBeginOffset"], reply["minOffset"], reply["maxOffset"], messages)
+
+    async def _offset_request(self, code: int, **fields) -> dict:
+        reply, _ = await self._ask({"code": code, **fields})
+        if reply.get("status") not in ("OK", "QUERY_NOT_FOUND"):
+            raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
+        return reply
+
+    async def max_offset(self, topic: str, queue_id: int) -> int:
+        return (await self._offset_request(protocol.GET_MAX_OFFSET, topic=topic, queueId=queue_id))["offset"]
+
+    async def min_offset(self, topic: str, queue_id: int) -> int:
+        return (await self._offset_request(protocol.GET_MIN_OFFSET, topic=topic, queueId=queue_id))["offset"]
+
+    async def committed(self, group: str, topic: str, queue_id: int) -> int | None:
+        reply = await self._offset_request(protocol.QUERY_CONSUMER_OFFSET, consumerGroup=group, topic=topic,
+                                           queueId=queue_id)
+        return reply.get("offset")
+
+    async def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        await self._offset_request(protocol.UPDATE_CONSUMER_OFFSET, consumerGroup=group, topic=topic,
+                                   queueId=queue_id, commitOffset=offset)
+
+    async def query(self, topic: str, key: str, *, begin: int = 0, end: int = 2**62, max_count: int = 32):
+        reply, body = await self._ask({"code": protocol.QUERY_MESSAGE, "topic": topic, "key": key,
+                                       "beginTimestamp": begin, "endTimestamp": end, "maxNum": max_count})
+        if reply.get("status") == "QUERY_NOT_FOUND":
+            return []
+        if reply.get("status") != "OK":
+            raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
+        return decode_messages(body)
+
+    async def consume(self, topic: str, group: str, *, start: str = "committed", subscription: str = "*",
+                      idle_timeout: float = 5.0, suspend_ms: int = 1000, limit: int | None = None):
+        """Yield messages from every queue of `topic`, from the group's committed offsets
+        (`start="committed"`, falling back to the first), or `"first"` / `"last"`; commits after
+        each pull. Stops after `limit` messages or `idle_timeout` seconds without one."""
+        queues = await self.client.queue_count(topic)
+        offsets = {}
+        for q in range(queues):
+            committed = await self.committed(group, topic, q) if start == "committed" else None
+            if committed is not None:
+                offsets[q] = committed
+            elif start == "last":
+                offsets[q] = await self.max_offset(topic, q)
+            else:
+                offsets[q] = await self.min_offset(topic, q)
+        delivered, last_message = 0, time.monotonic()
+        while limit is None or delivered < limit:
+            if time.monotonic() - last_message > idle_timeout:
+                return
+            wait = min(suspend_ms, max(1, int((idle_timeout - (time.monotonic() - last_message)) * 1000)))
+            results = await asyncio.gather(*[self.pull(topic, q, offsets[q], subscription=subscription,
+                                                       suspend_ms=wait) for q in range(queues)])
+            for q, result in enumerate(results):
+                if result.status == "OFFSET_ILLEGAL":
+                    offsets[q] = min(max(offsets[q], result.min_offset), result.max_offset)
+                    continue
+                for message in result.messages:
+                    if limit is not None and delivered >= limit:
+                        break
+                    yield message
+                    delivered += 1
+                    offsets[q] = message.queue_offset + 1
+                    last_message = time.monotonic()
+                else:
+                    offsets[q] = result.next_begin_offset
+                await self.commit(group, topic, q, offsets[q])
+
+
+class PullConsumer:
+    """The blocking pull consumer: an AsyncPullConsumer on a private event-loop thread."""
+
+    def __init__(self, endpoint: str, **options):
+        self.loop = aio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="mqnode-consumer", daemon=True)
+        self.thread.start()
+        self.context = zmq.Context()
+        self.inner = AsyncPullConsumer(endpoint, context=self.context, **options)
+        self._call(self.inner.start())
+
+    def _call(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def pull(self, topic: str, queue_id: int, offset: int, **kwargs) -> PullResult:
+        return self._call(self.inner.pull(topic, queue_id, offset, **kwargs))
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self._call(self.inner.max_offset(topic, queue_id))
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return self._call(self.inner.min_offset(topic, queue_id))
+
+    def committed(self, group: str, topic: str, queue_id: int) -> int | None:
+        return self._call(self.inner.committed(group, topic, queue_id))
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self._call(self.inner.commit(group, topic, queue_id, offset))
+
+    def query(self, topic: str, key: str, **kwargs) -> list[ReceivedMessage]:
+        return self._call(self.inner.query(topic, key, **kwargs))
+
+    def consume(self, topic: str, group: str, **kwargs):
+        """The blocking form of AsyncPullConsumer.consume: an iterator of messages."""
+        generator = self.inner.consume(topic, group, **kwargs)
+        while True:
+            try:
+                yield self._call(generator.__anext__())
+            except StopAsyncIteration:
+                return
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self._call(self.inner.close())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+            self.context.term()
+
+    def __enter__(self) -> PullConsumer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

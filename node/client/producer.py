@@ -1,0 +1,496 @@
+"""The producer: `AsyncProducer` (asyncio) and `Producer` (blocking, thread-safe).
+
+One DEALER connection per producer (`node.client.connection`), with a stable routing id, so replies
+find it again after the node's front restarts. Concurrent single sends are coalesced (up to
+`max_coalesce` of them) into one SEND_MESSAGES frame that comes back as one reply with a result
+each, so the one-message API reaches batch throughput: the sends made in one turn of the event
+loop leave together at its end, and while an earlier coalesced request is still in flight they
+wait up to `linger_ms` for more company (Nagle's rule: never linger in front of an idle
+connection). Every send
+carries a client-made UNIQ_KEY (RocketMQ's MessageClientIDSetter layout), which is the msgId
+the caller gets back. SYSTEM_BUSY and timeouts are retried `retries` times; a send is
+at-least-once, as in RocketMQ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import os
+import socket as socket_module
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import orjson
+import zmq
+
+from node import protocol
+from node.client import aio
+from node.client.connection import Connection
+from shm.codec import (
+    PROPERTY_DELAY,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT,
+)
+
+
+class SendError(Exception):
+    """A send that failed for good: `status` is the node's status (or TIMEOUT)."""
+
+    def __init__(self, status: str, remark: str = ""):
+        super().__init__(f"{status}: {remark}" if remark else status)
+        self.status = status
+        self.remark = remark
+
+
+class SendResult(NamedTuple):
+    """Immutable, as a frozen dataclass would be, at a third of its construction cost (a batch
+    makes one per message)."""
+
+    status: str
+    msg_id: str
+    offset_msg_id: str
+    queue_id: int
+    queue_offset: int
+    topic: str = ""
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "msgId": self.msg_id, "offsetMsgId": self.offset_msg_id,
+                "queueId": self.queue_id, "queueOffset": self.queue_offset}
+
+
+# A send waiting for the next SEND_MESSAGES frame: its header entry, body, future and attempt.
+Queued = tuple[dict, bytes, asyncio.Future, int]
+
+
+@dataclass(slots=True)
+class Message:
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: list[str] | str | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    delay_level: int = 0
+    flag: int = 0
+    wait: bool = True
+
+    def wire_properties(self, uniq_key: str) -> dict[str, str]:
+        props = dict(self.properties)
+        if self.tags:
+            props[PROPERTY_TAGS] = self.tags
+        if self.keys:
+            props[PROPERTY_KEYS] = self.keys if isinstance(self.keys, str) else " ".join(self.keys)
+        if self.delay_level:
+            props[PROPERTY_DELAY] = str(self.delay_level)
+        if not self.wait:
+            props[PROPERTY_WAIT] = "false"
+        props.setdefault(PROPERTY_UNIQ_KEY, uniq_key)
+        return props
+
+    def wire_properties_string(self, uniq_key: str) -> str:
+        """`wire_properties` as the properties string; a plain message (no tags, keys, user
+        properties, delay or WAIT) skips the dict: batches are mostly such messages."""
+        if self.properties or self.tags or self.keys or self.delay_level or not self.wait:
+            return _props_string(self.wire_properties(uniq_key))
+        return f"{PROPERTY_UNIQ_KEY}\x01{uniq_key}"
+
+
+_U16 = struct.Struct(">H")
+
+
+class UniqKeys:
+    """MessageClientIDSetter: ip(4) pid(2) random(4) | ms since the month began(4) counter(2), hex."""
+
+    def __init__(self):
+        try:
+            ip = socket_module.inet_aton(socket_module.gethostbyname(socket_module.gethostname()))
+        except OSError:
+            ip = b"\x7f\x00\x00\x01"
+        self.prefix = (ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)).hex().upper()
+        self.counter = itertools.count()
+        now = time.localtime()
+        self.month_start = int(time.mktime((now.tm_year, now.tm_mon, 1, 0, 0, 0, 0, 0, -1)) * 1000)
+
+        self._ms, self._stem = -1, ""
+
+    def next(self, now_ms: int | None = None) -> str:
+        """The next key; `now_ms` is the caller's clock reading, when it has one."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        if now_ms != self._ms:  # the stem changes once a millisecond, not once a key
+            self._ms, self._stem = now_ms, self.prefix + f"{(now_ms - self.month_start) & 0xFFFFFFFF:08X}"
+        return self._stem + _U16.pack(next(self.counter) & 0xFFFF).hex().upper()  # beats :04X here
+
+    def next_many(self, count: int) -> list[str]:
+        """`count` keys sharing one clock reading (a batch is stamped in the same millisecond)."""
+        stem = self.prefix + f"{(int(time.time() * 1000) - self.month_start) & 0xFFFFFFFF:08X}"
+        return [f"{stem}{next(self.counter) & 0xFFFF:04X}" for _ in range(count)]
+
+
+class AsyncProducer:
+    def __init__(self, endpoint: str, *, linger_ms: float = 1.0, max_coalesce: int = 256, timeout: float = 3.0,
+                 retries: int = 2, context: zmq.Context | None = None):
+        self.endpoint = endpoint
+        self.linger = linger_ms / 1000
+        self.max_coalesce = max_coalesce
+        self.timeout = timeout
+        self.retries = retries
+        self.context = context or zmq.Context.instance()
+        self.connection: Connection | None = None
+        self.keys = UniqKeys()
+        self.opaque = itertools.count(1)
+        # opaque -> (what waits for the reply, deadline): a request's future, or the sends a
+        # SEND_MESSAGES request coalesced, answered straight from the reply (`_finish`)
+        self.waiting: dict[int, tuple[asyncio.Future | list[Queued], float]] = {}
+        self.queued: list[Queued] = []
+        self.flush_handle: asyncio.Handle | None = None
+        self.coalesced_in_flight = 0  # SEND_MESSAGES requests awaiting their reply
+        self.routes: dict[str, int] = {}
+        self.round_robin: dict[str, itertools.count] = {}
+        self.reaper: asyncio.Task | None = None
+
+    async def start(self) -> AsyncProducer:
+        if self.connection is None:
+            self.connection = Connection(self.context, self.endpoint, self._on_reply)
+            self.reaper = asyncio.create_task(self._reap())
+        return self
+
+    async def close(self) -> None:
+        if self.reaper is not None:
+            self.reaper.cancel()
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+        waiters, self.waiting = list(self.waiting.values()), {}
+        for waiter, _ in waiters:
+            self._finish(waiter, None, SendError("CLOSED", "the producer was closed"))
+
+    async def __aenter__(self) -> AsyncProducer:
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def request(self, header: dict, body: bytes | None = None, *,
+                      timeout: float | None = None) -> tuple[dict, bytes | None]:
+        """One request, one reply (any code); raises SendError("TIMEOUT") after `timeout`
+        seconds (the producer's own by default)."""
+        await self.start()
+        opaque = next(self.opaque)
+        header = dict(header, opaque=opaque)
+        future = asyncio.get_running_loop().create_future()
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        self.waiting[opaque] = (future, deadline)
+        try:
+            await self._send(protocol.encode_request(header, body), deadline)
+        except SendError:
+            self.waiting.pop(opaque, None)  # never sent: nothing to reap, no reply to wait for
+            raise
+        return await future
+
+    async def _send(self, frames: list[bytes], deadline: float) -> None:
+        if not self.connection.send(frames) and not await self.connection.send_by(frames, deadline):
+            raise SendError("SYSTEM_BUSY", "the connection's send queue stayed full")
+
+    async def queue_count(self, topic: str) -> int:
+        count = self.routes.get(topic)
+        if count is None:
+            reply, _ = await self.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
+            if reply.get("status") != "OK":
+                raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
+            count = self.routes[topic] = reply["writeQueueNums"]
+        return count
+
+    async def _choose_queue(self, topic: str, queue_id: int | None, shard_key: str | None) -> int:
+        count = None if queue_id is not None else self.routes.get(topic) or await self.queue_count(topic)
+        return self._pick_queue(topic, queue_id, shard_key, count)
+
+    def _pick_queue(self, topic: str, queue_id: int | None, shard_key: str | None, count: int | None) -> int:
+        if queue_id is not None:
+            return queue_id
+        if shard_key is not None:  # ordered sends: one key, one queue
+            return zlib.crc32(shard_key.encode()) % count
+        counter = self.round_robin.setdefault(topic, itertools.count())
+        return next(counter) % count
+
+    async def send(self, topic: str, body: bytes | str, *, tags: str | None = None, keys=None,
+                   properties: dict[str, str] | None = None, delay_level: int = 0, queue_id: int | None = None,
+                   shard_key: str | None = None, wait: bool = True) -> SendResult:
+        """Send one message; returns when the node has stored it (and flushed it, under SYNC_FLUSH)."""
+        if tags or keys or properties or delay_level or not wait:
+            message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait)
+            return await self.send_message(message, queue_id=queue_id, shard_key=shard_key)
+        # A plain message (most sends): no Message to build, its only property the uniq key.
+        body = _bytes(body)
+        queue = self._known_queue(topic, queue_id, shard_key)
+        if queue is None:
+            queue = await self._choose_queue(topic, queue_id, shard_key)
+        now_ms = int(time.time() * 1000)
+        entry = {"topic": topic, "queueId": queue, "flag": 0, "bodySize": len(body), "bornTimestamp": now_ms,
+                 "properties": {PROPERTY_UNIQ_KEY: self.keys.next(now_ms)}}
+        if self.connection is None:
+            await self.start()
+        return await self._coalesce(entry, body)
+
+    async def send_message(self, message: Message, *, queue_id: int | None = None,
+                           shard_key: str | None = None) -> SendResult:
+        queue = self._known_queue(message.topic, queue_id, shard_key)
+        if queue is None:
+            queue = await self._choose_queue(message.topic, queue_id, shard_key)
+        now_ms = int(time.time() * 1000)
+        uniq = message.properties.get(PROPERTY_UNIQ_KEY) or self.keys.next(now_ms)
+        entry = {"topic": message.topic, "queueId": queue, "flag": message.flag, "bodySize": len(message.body),
+                 "bornTimestamp": now_ms, "properties": message.wire_properties(uniq)}
+        if self.connection is None:
+            await self.start()
+        return await self._coalesce(entry, message.body)
+
+    def _known_queue(self, topic: str, queue_id: int | None, shard_key: str | None) -> int | None:
+        """The queue, when no route needs looking up (None: await `_choose_queue`). Plain, not a
+        coroutine: a send makes and awaits no coroutine for what it already knows."""
+        count = self.routes.get(topic)
+        return self._pick_queue(topic, queue_id, shard_key, count) if queue_id is not None or count else None
+
+    async def send_oneway(self, topic: str, body: bytes | str, *, queue_id: int | None = None, **kwargs) -> None:
+        """Fire and forget: no reply is sent or awaited."""
+        message = Message(topic, _bytes(body), kwargs.get("tags"), kwargs.get("keys"),
+                          dict(kwargs.get("properties") or {}), kwargs.get("delay_level", 0))
+        queue = await self._choose_queue(topic, queue_id, kwargs.get("shard_key"))
+        header = {"code": protocol.SEND_MESSAGE, "oneway": True, "topic": topic, "queueId": queue,
+                  "bornTimestamp": int(time.time() * 1000), "properties": message.wire_properties(self.keys.next())}
+        await self.start()
+        await self._send(protocol.encode_request(header, message.body), time.monotonic() + self.timeout)
+
+    async def send_batch(self, topic: str, messages: list[Message | bytes | str], *, queue_id: int | None = None,
+                         shard_key: str | None = None) -> list[SendResult]:
+        """RocketMQ's batch send: one topic, one queue, stored together; a result per message."""
+        items = [m if isinstance(m, Message) else Message(topic, _bytes(m)) for m in messages]
+        queue = await self._choose_queue(topic, queue_id, shard_key)
+        fresh = iter(self.keys.next_many(sum(1 for m in items if not m.properties.get(PROPERTY_UNIQ_KEY))))
+        uniq = [m.properties.get(PROPERTY_UNIQ_KEY) or next(fresh) for m in items]
+        body = protocol.encode_batch_body([(m.body, m.flag, m.wire_properties_string(u)) for m, u in zip(items, uniq)])
+        header = {"code": protocol.SEND_BATCH_MESSAGE, "topic": topic, "queueId": queue,
+                  "bornTimestamp": int(time.time() * 1000)}
+        for attempt in range(self.retries + 1):
+            try:
+                reply, _ = await self.request(header, body)
+            except SendError as e:
+                if e.status != "TIMEOUT" or attempt == self.retries:
+                    raise
+                continue
+            status = reply.get("status")
+            if status in protocol.STORED_STATUSES:
+                ids, offsets = reply["msgId"].split(","), reply["offsetMsgId"].split(",")
+                return [SendResult(status, ids[i], offsets[i], reply["queueId"], reply["queueOffset"] + i, topic)
+                        for i in range(len(items))]
+            if status not in protocol.RETRIABLE_STATUSES or attempt == self.retries:
+                raise SendError(status, reply.get("remark", ""))
+            await asyncio.sleep(_backoff(attempt))
+        raise AssertionError("unreachable")
+
+    # -- coalescing -------------------------------------------------------------------------------
+
+    def _coalesce(self, entry: dict, body: bytes, future: asyncio.Future | None = None,
+                  attempt: int = 0) -> asyncio.Future:
+        """Queue one send for the next SEND_MESSAGES frame. Its future gets the SendResult, or the
+        SendError left after the retries (`_settle`). A sender awaits this future itself: each
+        coroutine frame between them would be resumed again for every reply, and the retries
+        run from the reply's callback instead (the client's CPU a send, docs/performance.md)."""
+        loop = asyncio.get_running_loop()
+        if future is None:
+            future = loop.create_future()
+        self.queued.append((entry, body, future, attempt))
+        if len(self.queued) >= self.max_coalesce:
+            self._flush_queued()
+        elif self.flush_handle is None:
+            # Linger only behind a coalesced request still in flight: with none, waiting buys
+            # nothing, and the sends made in this turn of the loop (say, 64 senders woken by one
+            # reply) still leave together at its end.
+            self.flush_handle = loop.call_later(self.linger, self._flush_queued) \
+                if self.linger > 0 and self.coalesced_in_flight else loop.call_soon(self._flush_queued)
+        return future
+
+    def _flush_queued(self) -> None:
+        if self.flush_handle is not None:
+            self.flush_handle.cancel()
+            self.flush_handle = None
+        queued, self.queued = self.queued, []
+        if self.connection is None:  # closed meanwhile (a retry waking from its backoff): never hang
+            for _, _, future, _ in queued:
+                if not future.done():
+                    future.set_exception(SendError("CLOSED", "the producer was closed"))
+            return
+        if not queued:
+            return
+        opaque = next(self.opaque)
+        self.coalesced_in_flight += 1
+        self.waiting[opaque] = (queued, time.monotonic() + self.timeout)
+        header = {"code": protocol.SEND_MESSAGES, "opaque": opaque, "compact": True, "messages": [q[0] for q in queued]}
+        if not self.connection.send([orjson.dumps(header), b"".join(q[1] for q in queued)]):
+            del self.waiting[opaque]
+            self._finish(queued, None, SendError("SYSTEM_BUSY", "the connection's send queue is full"))
+
+    def _finish(self, waiter: asyncio.Future | list[Queued], reply: tuple | None, error: BaseException | None) -> None:
+        """A reply (header, body), or the error in its place, to what waited for it. Coalesced
+        sends get theirs in this very callback: through a future for the whole request, each
+        reply took one more turn of the loop before any sender heard of it (~25 µs of a lone
+        send's ack latency here, docs/performance.md)."""
+        if isinstance(waiter, list):
+            self.coalesced_in_flight -= 1
+            self._spread(waiter, None if reply is None else reply[0], error)
+        elif not waiter.done():  # its caller gave up (cancelled)
+            if error is None:
+                waiter.set_result(reply)
+            else:
+                waiter.set_exception(error)
+
+    def _spread(self, queued: list[Queued], header: dict | None, error: BaseException | None) -> None:
+        """A SEND_MESSAGES reply header (or the error in its place) to each coalesced send."""
+        if error is not None:
+            for item in queued:
+                self._settle(item, None, error)
+            return
+        if "queueOffsets" in header and self._spread_compact(header, queued):
+            return
+        results = header.get("results")
+        if not isinstance(results, list) or len(results) != len(queued):
+            results = [{"status": header.get("status", "SYSTEM_ERROR"), "remark": header.get("remark", "")}] * len(queued)
+        for item, result in zip(queued, results):
+            self._settle(item, result, None)
+
+    def _spread_compact(self, header: dict, queued: list[Queued]) -> bool:
+        """The compact reply (every message stored, one status for all): ids and queue offsets in
+        request order, the queue and topic each send's own. False for a reply that does not add up."""
+        offsets, ids, offset_ids = header["queueOffsets"], header.get("msgId"), header.get("offsetMsgId")
+        status = header.get("status")  # PUT_OK, or FLUSH_DISK_TIMEOUT when the flush ran late
+        if not (isinstance(offsets, list) and isinstance(ids, str) and isinstance(offset_ids, str)
+                and status in protocol.STORED_STATUSES):
+            return False
+        ids, offset_ids = ids.split(","), offset_ids.split(",")
+        if not len(offsets) == len(ids) == len(offset_ids) == len(queued):
+            return False
+        for (entry, _, future, _), msg_id, offset_id, offset in zip(queued, ids, offset_ids, offsets):
+            if not future.done():  # its sender gave up (cancelled)
+                future.set_result(SendResult(status, msg_id, offset_id, entry["queueId"], offset, entry["topic"]))
+        return True
+
+    def _settle(self, item: Queued, result: dict | None, error: BaseException | None) -> None:
+        """One send's outcome: its SendResult; a retry, with the same UNIQ_KEY (an unanswered
+        request at once, SYSTEM_BUSY and the other retriable statuses after a backoff); or,
+        after the last retry or for any other status or error, its SendError."""
+        entry, body, future, attempt = item
+        if future.done():  # its sender gave up (cancelled)
+            return
+        delay = None
+        if error is None:
+            status = result.get("status") if isinstance(result, dict) else "SYSTEM_ERROR"
+            if status in protocol.STORED_STATUSES:
+                future.set_result(SendResult(status, result["msgId"], result["offsetMsgId"], result["queueId"],
+                                             result["queueOffset"], entry["topic"]))
+                return
+            error = SendError(status, result.get("remark", "") if isinstance(result, dict) else "")
+            delay = _backoff(attempt) if status in protocol.RETRIABLE_STATUSES else None
+        elif isinstance(error, SendError) and error.status == "TIMEOUT":
+            delay = 0.0
+        if delay is None or attempt >= self.retries:
+            future.set_exception(error)
+        elif delay:
+            asyncio.get_running_loop().call_later(delay, self._retry, entry, body, future, attempt + 1)
+        else:
+            self._coalesce(entry, body, future, attempt + 1)
+
+    def _retry(self, entry: dict, body: bytes, future: asyncio.Future, attempt: int) -> None:
+        if not future.done():  # not cancelled while it waited out the backoff
+            self._coalesce(entry, body, future, attempt)
+
+    # -- replies ----------------------------------------------------------------------------------
+
+    def _on_reply(self, frames: list[bytes]) -> None:
+        try:
+            header = orjson.loads(frames[0])
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(header, dict):
+            return
+        waiter = self.waiting.pop(header.get("opaque"), None)
+        if waiter is not None:
+            self._finish(waiter[0], (header, frames[1] if len(frames) > 1 else None), None)
+
+    async def _reap(self) -> None:
+        """Time out requests whose reply never came (a node restart, a lost actor)."""
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            for opaque in [o for o, (_, deadline) in self.waiting.items() if deadline < now]:
+                waiter, _ = self.waiting.pop(opaque)
+                self._finish(waiter, None, SendError("TIMEOUT", f"no reply within {self.timeout} s"))
+
+
+class Producer:
+    """The blocking producer: an AsyncProducer on a private event-loop thread. Thread-safe."""
+
+    def __init__(self, endpoint: str, **options):
+        self.loop = aio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="mqnode-producer", daemon=True)
+        self.thread.start()
+        self.inner = self._call(self._make(endpoint, options))
+
+    async def _make(self, endpoint: str, options: dict) -> AsyncProducer:
+        return await AsyncProducer(endpoint, context=zmq.Context(), **options).start()
+
+    def _call(self, coroutine, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def send(self, topic: str, body: bytes | str, **kwargs) -> SendResult:
+        return self._call(self.inner.send(topic, body, **kwargs))
+
+    def send_async(self, topic: str, body: bytes | str, **kwargs) -> concurrent.futures.Future:
+        return self._call_async(self.inner.send(topic, body, **kwargs))
+
+    def _call_async(self, coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def send_oneway(self, topic: str, body: bytes | str, **kwargs) -> None:
+        self._call(self.inner.send_oneway(topic, body, **kwargs))
+
+    def send_batch(self, topic: str, messages: list, **kwargs) -> list[SendResult]:
+        return self._call(self.inner.send_batch(topic, messages, **kwargs))
+
+    def request(self, header: dict, body: bytes | None = None, *,
+                timeout: float | None = None) -> tuple[dict, bytes | None]:
+        return self._call(self.inner.request(header, body, timeout=timeout))
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self._call(self.inner.close())
+            context = self.inner.context
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+            context.term()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds before retrying a SYSTEM_BUSY send: 10, 40, 160 ms, ..."""
+    return 0.01 * 4 ** attempt
+
+
+def _bytes(body: bytes | str) -> bytes:
+    return body.encode("utf-8") if isinstance(body, str) else bytes(body)
+
+
+def _props_string(props: dict[str, str]) -> str:
+    return "\x02".join(f"{k}\x01{v}" for k, v in props.items())

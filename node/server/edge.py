@@ -1,0 +1,271 @@
+"""The edge: every field of every request checked for type and range before anything uses it.
+
+The front calls `check_request` on each decoded request before routing it. What passes can be
+routed, encoded and served without another type check; an exception past this point is the
+node's bug, not the client's, and stops the process (its restart is recovery). So the checks
+here are the whole contract of docs/protocol.md's field tables, and a field a code does not
+name is ignored.
+
+Two outcomes besides success:
+- `ProtocolError(remark)`: the request cannot be served as asked. Answered `SYSTEM_ERROR`
+  with the remark: a read, query, offset or admin request with a bad field, or a send whose
+  structure is broken (the `messages` list, `bodySize`s, a batch body).
+- a send's refusal, `(MESSAGE_ILLEGAL, remark)`: a message field of the wrong type or range
+  (`send_problem`). SEND_MESSAGE and SEND_BATCH_MESSAGE are refused whole; SEND_MESSAGES
+  refuses only the message at fault, each message succeeding or failing on its own.
+
+Names follow RocketMQ's `Validators`: topics and groups match `[%|a-zA-Z0-9_-]+`, a topic at
+most 127 characters, a group at most 255. Reads may name system topics (`SCHEDULE_TOPIC_XXXX`
+can be pulled); sends may not (node.server.topics).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from node import protocol
+from node.protocol import ProtocolError
+from node.server.topics import TOPIC_MAX_LENGTH
+
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+GROUP_MAX_LENGTH = 255
+QUEUE_ID_MAX = 2**31 - 1
+SUSPEND_MS_MAX = 600_000  # a held pull waits at most 10 minutes
+MAX_PULL_COUNT = 1024
+MAX_PROPERTIES_CHARS = 32767
+_NAME = re.compile(r"[%|a-zA-Z0-9_-]+")
+_HEX = re.compile(r"[0-9a-fA-F]+")
+
+
+def is_int(value) -> bool:
+    """A JSON integer: not a bool, not a float (10.0 is refused), not a string."""
+    return type(value) is int
+
+
+def int_problem(header: dict, name: str, low: int, high: int, *, required: bool = False) -> str | None:
+    value = header.get(name)
+    if value is None and not required and name not in header:
+        return None
+    if not is_int(value) or not low <= value <= high:
+        return f"`{name}` must be an integer from {low} to {high}, not {_shown(value)}"
+    return None
+
+
+def bool_problem(header: dict, name: str) -> str | None:
+    if name in header and type(header[name]) is not bool:
+        return f"`{name}` must be true or false, not {_shown(header[name])}"
+    return None
+
+
+def read_topic_problem(topic) -> str | None:
+    """Why `topic` cannot name a queue to read (a system topic can), or None."""
+    return _name_problem(topic, "topic", TOPIC_MAX_LENGTH)
+
+
+def group_problem(group) -> str | None:
+    return _name_problem(group, "consumerGroup", GROUP_MAX_LENGTH)
+
+
+def _name_problem(value, field: str, max_length: int) -> str | None:
+    """A topic or group name: `[%|a-zA-Z0-9_-]+`, 1 to `max_length` characters."""
+    if not isinstance(value, str) or not value:
+        return f"`{field}` must be a name, not {_shown(value)}"
+    if len(value) > max_length:
+        return f"`{field}` is {len(value)} characters; at most {max_length} are allowed"
+    if not _NAME.fullmatch(value):
+        return f"`{field}` {_shown(value)} may only contain characters from [%|a-zA-Z0-9_-]"
+    return None
+
+
+def born_host_problem(value) -> str | None:
+    """`bornHost` is optional (stored as 127.0.0.1:0 when absent); present, it is "ip:port" or
+    "[ipv6]:port" with a port 0..65535."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return f"`bornHost` must be \"ip:port\", not {_shown(value)}"
+    host, separator, port = value.rpartition(":")
+    try:
+        ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+        port_ok = separator and port.isdigit() and 0 <= int(port) <= 65535
+    except ValueError:
+        port_ok = False
+    if not port_ok:
+        return f"`bornHost` must be \"ip:port\" (or \"[ipv6]:port\") with a port 0..65535, not {value!r}"
+    return None
+
+
+def properties_problem(value) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if len(value) > MAX_PROPERTIES_CHARS:
+            return f"the properties string of {len(value)} characters exceeds {MAX_PROPERTIES_CHARS}"
+        return None
+    if isinstance(value, dict):
+        for name, text in value.items():
+            if not isinstance(text, str):
+                return f"property {name!r} must be a string, not {_shown(text)}"
+            if "\x01" in name or "\x02" in name or "\x02" in text:
+                return f"property {name!r}: names hold no \\x01 or \\x02, values no \\x02 (the separators)"
+        return None
+    return f"`properties` must be an object of strings or a RocketMQ properties string, not {_shown(value)}"
+
+
+# -- sends ---------------------------------------------------------------------------------------------
+
+
+def send_problem(message: dict) -> str | None:
+    """Why one message of a send (a SEND_MESSAGE or SEND_BATCH_MESSAGE header, or an entry of
+    SEND_MESSAGES) is MESSAGE_ILLEGAL by its fields' types and ranges, or None. Names and queue
+    ids against the topic table are the front's (node.server.topics).
+
+    Runs for every message sent: the common message (the fields the Python client sends, of
+    the right types) is passed by the first test alone."""
+    flag, born, properties = message.get("flag", 0), message.get("bornTimestamp", 0), message.get("properties")
+    if (type(message.get("topic")) is str and type(message.get("queueId")) is int and type(flag) is int
+            and type(born) is int and -2**31 <= flag < 2**31 and -2**63 <= born < 2**63
+            and "reconsumeTimes" not in message and (properties is None or type(properties) is dict)
+            and all(type(v) is str for v in (properties or {}).values())):
+        return None
+    topic = message.get("topic")
+    if not isinstance(topic, str):
+        return f"`topic` must be a string, not {_shown(topic)}"
+    if not is_int(message.get("queueId")):
+        return f"`queueId` must be an integer, not {_shown(message.get('queueId'))}"
+    return (properties_problem(message.get("properties"))
+            or int_problem(message, "flag", *INT32)
+            or int_problem(message, "reconsumeTimes", *INT32)
+            or int_problem(message, "bornTimestamp", *INT64))
+
+
+def check_send_request(header: dict) -> None:
+    """The structure of a send request (ProtocolError: SYSTEM_ERROR); its messages' fields are
+    `send_problem`'s."""
+    problem = bool_problem(header, "oneway") or born_host_problem(header.get("bornHost"))
+    if problem:
+        raise _Refused(problem)
+    if header["code"] != protocol.SEND_MESSAGES:
+        return
+    messages = header.get("messages")
+    if not isinstance(messages, list) or not 0 < len(messages) <= protocol.MAX_MESSAGES_PER_REQUEST:
+        raise ProtocolError(f"`messages` must be a list of 1 to {protocol.MAX_MESSAGES_PER_REQUEST} objects")
+    problem = bool_problem(header, "compact")
+    if problem:
+        raise ProtocolError(problem)
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ProtocolError(f"message {i} must be a JSON object")
+        if not is_int(message.get("bodySize")) or message["bodySize"] < 0:
+            raise ProtocolError(f"message {i} needs a `bodySize`, a non-negative integer")
+        if "bornHost" in message:
+            raise _Refused(f"message {i}: `bornHost` belongs in the SEND_MESSAGES header (one for all its messages)")
+
+
+class _Refused(ValueError):
+    """A send request refused whole as MESSAGE_ILLEGAL."""
+
+
+def send_refusal(header: dict) -> str | None:
+    """MESSAGE_ILLEGAL's remark for a send request refused whole, or None; raises ProtocolError
+    for a broken structure."""
+    try:
+        check_send_request(header)
+    except _Refused as e:
+        return str(e)
+    if header["code"] == protocol.SEND_MESSAGES:
+        return None
+    return send_problem(header)
+
+
+# -- everything else -----------------------------------------------------------------------------------
+
+
+def _queue(header: dict) -> str | None:
+    return read_topic_problem(header.get("topic")) or int_problem(header, "queueId", 0, QUEUE_ID_MAX, required=True)
+
+
+def _pull(header: dict) -> str | None:
+    return (_queue(header)
+            or int_problem(header, "queueOffset", *INT64, required=True)
+            or int_problem(header, "maxMsgNums", 1, MAX_PULL_COUNT)
+            or _subscription(header)
+            or bool_problem(header, "suspend")
+            or int_problem(header, "suspendTimeoutMillis", 0, SUSPEND_MS_MAX))
+
+
+def _subscription(header: dict) -> str | None:
+    value = header.get("subscription")
+    if value is not None and not isinstance(value, str):
+        return f"`subscription` must be a string, not {_shown(value)}"
+    return None  # its syntax is answered SUBSCRIPTION_PARSE_FAILED by the read core
+
+
+def _query(header: dict) -> str | None:
+    key = header.get("key")
+    if not isinstance(key, str) or not key:
+        return f"`key` must be a non-empty string, not {_shown(key)}"
+    return (read_topic_problem(header.get("topic"))
+            or int_problem(header, "beginTimestamp", *INT64)
+            or int_problem(header, "endTimestamp", *INT64)
+            or int_problem(header, "maxNum", 1, INT32[1]))
+
+
+def _view(header: dict) -> str | None:
+    value = header.get("offsetMsgId")
+    if not isinstance(value, str) or len(value) not in (32, 56) or not _HEX.fullmatch(value):
+        return f"`offsetMsgId` must be 32 (IPv4 store host) or 56 (IPv6) hex characters, not {_shown(value)}"
+    return None
+
+
+def _offsets(header: dict) -> str | None:
+    problem = group_problem(header.get("consumerGroup"))
+    if problem or header["code"] == protocol.GET_CONSUME_STATS:
+        return problem
+    problem = _queue(header)
+    if problem or header["code"] != protocol.UPDATE_CONSUMER_OFFSET:
+        return problem
+    return int_problem(header, "commitOffset", 0, INT64[1], required=True)
+
+
+def _max_offset(header: dict) -> str | None:
+    return _queue(header) or bool_problem(header, "indexed")
+
+
+# code -> the check of its fields (None: fine); sends are `send_refusal`'s
+CHECKS = {
+    protocol.PULL_MESSAGE: _pull,
+    protocol.QUERY_MESSAGE: _query,
+    protocol.VIEW_MESSAGE_BY_ID: _view,
+    protocol.GET_MAX_OFFSET: _max_offset,
+    protocol.GET_MIN_OFFSET: _queue,
+    protocol.SEARCH_OFFSET_BY_TIMESTAMP: lambda h: _queue(h) or int_problem(h, "timestamp", *INT64, required=True),
+    protocol.QUERY_CONSUMER_OFFSET: _offsets,
+    protocol.UPDATE_CONSUMER_OFFSET: _offsets,
+    protocol.GET_CONSUME_STATS: _offsets,
+    protocol.GET_ROUTEINFO_BY_TOPIC: lambda h: None,  # a bad name: MESSAGE_ILLEGAL, as its send would be
+    protocol.GET_ALL_TOPIC_CONFIG: lambda h: None,
+    protocol.GET_BROKER_RUNTIME_INFO: lambda h: None,
+}
+
+
+def check_request(request: protocol.Request) -> str | None:
+    """Raises ProtocolError (SYSTEM_ERROR) for a request that cannot be served; returns
+    MESSAGE_ILLEGAL's remark for a send refused whole, else None. Unknown codes pass: the
+    front answers them REQUEST_CODE_NOT_SUPPORTED."""
+    header = request.header
+    if request.code in protocol.SEND_CODES:
+        return send_refusal(header)
+    check = CHECKS.get(request.code)
+    problem = check(header) if check is not None else None
+    if problem:
+        raise ProtocolError(problem)
+    return None
+
+
+def _shown(value) -> str:
+    """A client's value in a remark: short, whatever its size."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,423 @@
+"""Starting and stopping a node: lock, recover, publish, launch the actors under Ray, and back.
+
+Start-up (before any actor runs): take the store lock (held by this process until the end),
+run recovery (normal after a clean stop, abnormal when the abort file says the last run
+crashed), leave the abort file in place while running, publish the recovered positions in the
+control block, then launch the actors through Ray and print one `ready` line.
+
+Stop (SIGINT/SIGTERM): the front refuses new sends, the sends in flight are answered (up to
+DRAIN_S), the actors stop in data order (ingress, writer, dispatcher catching up to the end,
+flush with a final flush, allocator, front), then the physic checkpoint is forced, a
+preallocated segment past the end is removed, the abort file goes, the lock is released and an
+embedded Ray is shut down.
+
+Ray is the supervisor only: each actor runs in an `ActorHost` (a Ray actor) that runs the
+plain actor's loop in a thread and exits the process if the loop dies, so Ray restarts it
+(`actorMaxRestarts`, -1: no limit), after a back-off when it dies again and again; while it
+serves, the node watches every actor and exits non-zero when one is gone for good
+(node.server.supervision). Actors ask Ray for no CPU: on a 2-core machine, CPU reservations would
+only keep them from starting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import os
+import secrets
+import signal
+import stat
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import orjson
+
+from node.server import supervision, topology
+from node.server.supervision import heartbeat_slot, monotonic_ms
+from shm import settings as settings_module
+from shm.control_block import (
+    FLAG_SHUTTING_DOWN,
+    FLAG_WRITABLE,
+    ControlBlock,
+)
+from shm.recovery import recover
+from shm.settings import Settings
+from shm.store import MessageStore
+from shm.store_files import StoreLock, mark_clean_exit, mark_running
+
+DRAIN_S = 3.0
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 5.0
+
+
+def actor_class(kind: str) -> type:
+    """The class that hosts a process of `kind`, by the name the topology gives it (no import of
+    the services here: they import the server's tables, so the server names them instead)."""
+    module, _, name = topology.ACTOR_CLASSES[kind].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _normal_priority() -> None:
+    """Ray starts workers at nice 15 (for batch jobs); the node's actors serve requests and must
+    not lose the CPU to every other process. Lowering niceness needs privilege: best effort (an
+    embedded Ray is started with RAY_worker_niceness=0 anyway)."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except OSError:
+        pass
+
+
+def _embedded_ray_token() -> None:
+    """Ray runs whatever code a peer sends it, and its gRPC servers listen on every interface:
+    the embedded Ray requires a token (Ray's token authentication), a fresh random one per start
+    unless the environment names one, known only to this process and the ones Ray starts."""
+    if not os.environ.get("RAY_AUTH_TOKEN") and not os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    os.environ["RAY_AUTH_MODE"] = "token"
+
+
+IPC_PATH_MAX = 100  # sun_path holds 107 bytes; the longest endpoint adds "/arrivals"
+RUN_FILES = ("*.pid", "*.starts", "injected-flush-eio", "supervision.json")
+
+
+def prepare_run_dir(settings) -> Path:
+    """The run directory, private and fresh: created with mode 0700 (its parents too, if
+    missing), refused when it exists but another user owns it or others may enter it, and
+    emptied of an earlier run's files (the store lock says no other node of this store runs).
+    A default path too long for an ipc socket gives way to a new private temporary directory."""
+    path = settings.run_dir
+    if not settings.runDir and len(str(path)) > IPC_PATH_MAX:
+        return Path(tempfile.mkdtemp(prefix="mqnode-"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        info = path.lstat()
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise settings_module.SettingsError(
+                f"run directory {path} must be a directory of this user with mode 0700 "
+                f"(it is {stat.filemode(info.st_mode)}, owner uid {info.st_uid}): remove it or choose runDir")
+    for pattern in RUN_FILES:
+        for stale in path.glob(pattern):
+            stale.unlink(missing_ok=True)
+    return path
+
+
+def _beat(settings, label: str) -> None:
+    control = ControlBlock(settings.root / "control")
+    try:
+        control.heartbeat(heartbeat_slot(label), monotonic_ms())
+    finally:
+        control.close()
+
+
+class ActorHost:
+    """A plain actor inside a Ray actor process (see the module docstring)."""
+
+    def __init__(self, kind: str, settings_values: dict, kwargs: dict, label: str = ""):
+        _normal_priority()
+        settings = settings_module.load(None, settings_values)
+        policy = supervision.RestartBackoff(settings.actorRestartBackoffMaxMillis / 1000)
+        delay = supervision.record_start(settings.run_dir, label or kind, policy)
+        if delay:  # it keeps dying: give whatever kills it time to pass
+            logging.getLogger("mqnode").warning("service %s restarts in %.1f s", label or kind, delay)
+            time.sleep(delay)
+        self.actor = actor_class(kind)(settings, **kwargs)
+        _beat(settings, label or kind)  # alive from Ray's view on: a predecessor's stale beat is not ours
+        self.thread = threading.Thread(target=self._run, name=f"mqnode-{kind}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.actor.run()
+        except BaseException:
+            logging.getLogger("mqnode").exception("actor %s died", self.actor.label)
+            os._exit(1)  # let Ray restart the process: a fresh start resumes from the files
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self.actor.ready.wait(timeout)
+
+    def statistics(self) -> dict:
+        return self.actor.statistics()
+
+    def call(self, method: str):
+        return getattr(self.actor, method)()
+
+    def stop(self, timeout: float) -> bool:
+        self.actor.stop()
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Node:
+    def __init__(self, settings: Settings, *, ray_address: str | None = None, out=print):
+        self.settings = settings
+        self.ray_address = ray_address
+        self.out = out
+        self.lock: StoreLock | None = None
+        self.control: ControlBlock | None = None
+        self.hosts: dict[str, object] = {}
+        self.started_ray = False
+        self.recovery_report = None
+        self.failure: str | None = None
+        self.failed = threading.Event()
+        self.watch_stopping = threading.Event()
+        self.watcher: threading.Thread | None = None
+
+    # -- start ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        s = self.settings
+        s.root.mkdir(parents=True, exist_ok=True)
+        self.lock = StoreLock(s.root)
+        self.lock.acquire()
+        try:
+            queue_offsets, recovered = self._recover()
+            self._launch(queue_offsets, recovered)
+        except BaseException:
+            self.stop()
+            raise
+        self.out(f"mqnode ready endpoint={s.listen} store={s.root} pid={os.getpid()} "
+                 f"recovery={self.recovery_report.mode} offset={recovered}", flush=True)
+
+    def _recover(self) -> tuple[dict[str, int], int]:
+        s = self.settings
+        store = MessageStore(s, lock=False)
+        try:
+            self.recovery_report = recover(store)
+            store.rebuild_queue_offsets()
+            store.flush_all()
+            written = store.commitlog.offset_written
+            queue_offsets = dict(store.commitlog.queue_offsets)
+            min_offset = store.commitlog.offset_min if store.commitlog.segments.files else written
+        finally:
+            store.close()
+        mark_running(s.root)
+        self.control = ControlBlock(s.root / "control", create=True)
+        self.control.set("flags", 0)
+        self.control.publish_recovered(written=written, flushed=written, dispatched=written,
+                                       min_offset=min(min_offset, written))
+        self.control.set_flag(FLAG_WRITABLE, True)
+        return queue_offsets, written
+
+    def _launch(self, queue_offsets: dict[str, int], recovered: int) -> None:
+        embedded = not self.ray_address and "ray" not in sys.modules  # (a test's own Ray session: not ours)
+        if embedded:  # before Ray is imported: it reads its authentication settings then
+            os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet it starts
+            _embedded_ray_token()
+        import ray
+
+        s = self.settings = dataclasses.replace(self.settings, runDir=str(prepare_run_dir(self.settings)))
+        if not ray.is_initialized():
+            if self.ray_address:
+                ray.init(address=self.ray_address, logging_level=logging.ERROR, log_to_driver=False)
+            else:
+                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=s.rayObjectStoreMemory,
+                         logging_level=logging.ERROR, log_to_driver=False, _node_ip_address="127.0.0.1")
+                self.started_ray = True
+        remote = ray.remote(ActorHost)
+        values = dataclasses.asdict(s)
+        recovered_state = {"queue_offsets": queue_offsets, "recovered_offset": recovered}
+        for process in topology.processes(s):
+            kwargs = {"instance": process.instance} if process.kind in ("ingress", "pull") else {}
+            if "write" in process.services:  # the write core resumes from what recovery found
+                kwargs |= recovered_state
+            self.hosts[process.label] = remote.options(
+                num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0, max_concurrency=4,
+            ).remote(process.kind, values, kwargs, process.label)
+        ready = ray.get([h.wait_ready.remote(READY_TIMEOUT_S) for h in self.hosts.values()], timeout=READY_TIMEOUT_S + 10)
+        if not all(ready):
+            raise RuntimeError("some actors did not start: " + ", ".join(
+                label for label, ok in zip(self.hosts, ready) if not ok))
+        self._wait_for_connections()
+        self.watcher = threading.Thread(target=self._watch, name="mqnode-watch", daemon=True)
+        self.watcher.start()
+
+    def _wait_for_connections(self) -> None:
+        """Actors connect to each other asynchronously: `ready` is printed only once a read
+        makes the round trip front -> pull worker -> front."""
+        import orjson
+        import zmq
+
+        from node import protocol
+
+        context = zmq.Context()
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.settings.listen)
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while time.monotonic() < deadline:
+                sock.send(orjson.dumps({"code": protocol.GET_MAX_OFFSET, "topic": "SELF_TEST_TOPIC", "queueId": 0}))
+                if sock.poll(1000) and orjson.loads(sock.recv()).get("status") == "OK":
+                    return
+                time.sleep(0.05)
+            raise RuntimeError("the node's actors did not connect to each other")
+        finally:
+            sock.close(0)
+            context.term()
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    def statistics(self) -> dict[str, dict]:
+        import ray
+
+        labels = list(self.hosts)
+        values = ray.get([self.hosts[label].statistics.remote() for label in labels], timeout=10)
+        return dict(zip(labels, values))
+
+    def actor_pids(self) -> dict[str, int]:
+        import ray
+
+        labels = list(self.hosts)
+        return dict(zip(labels, ray.get([self.hosts[label].pid.remote() for label in labels], timeout=10)))
+
+    def serve_forever(self) -> int:
+        """Block until SIGINT or SIGTERM, then stop: 0. Or until a service is gone for good
+        (node.server.supervision): say why, stop, 1."""
+        stop = threading.Event()
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, lambda *_: stop.set())
+        while not stop.wait(0.2) and not self.failed.is_set():
+            pass
+        if self.failure is not None:
+            self.out(f"mqnode failed: {self.failure}; exiting so the node is restarted whole", file=sys.stderr, flush=True)
+        self.out("mqnode stopping", flush=True)
+        self.stop()
+        self.out("mqnode stopped", flush=True)
+        return 0 if self.failure is None else 1
+
+    def _watch(self) -> None:
+        """Once a second: restarts logged, hung services killed, a service gone for good ends
+        the node (`failed`); what it counted goes to the front's admin stats."""
+        watch = supervision.Watch()
+        while not self.watch_stopping.wait(1.0):
+            states = supervision.actor_states(self.hosts)
+            failure = watch.check(states)
+            if failure is not None:
+                self.failure = failure
+                self.failed.set()
+                return
+            self._kill_hung(watch, states)
+            self._publish_supervision(watch)
+
+    def _kill_hung(self, watch: supervision.Watch, states: dict[str, dict]) -> None:
+        """SIGKILL every service whose loop stopped turning (Ray then restarts it)."""
+        run_dir = self.settings.run_dir
+        heartbeats = {label: self.control.heartbeat_of(heartbeat_slot(label)) for label in states}
+        for label in watch.hung(states, heartbeats, monotonic_ms(), self.settings.processHangTimeoutMillis):
+            try:
+                pid = int((run_dir / f"{label}.pid").read_text())
+                logging.getLogger("mqnode").warning("mqnode: service %s (pid %d) is hung: killing it", label, pid)
+                os.kill(pid, signal.SIGKILL)
+            except (OSError, ValueError):
+                pass  # gone already: Ray restarts it either way
+
+    def _publish_supervision(self, watch: supervision.Watch) -> None:
+        """What the watch counted, for the front's admin stats (a small file in the run directory)."""
+        path = self.settings.run_dir / "supervision.json"
+        temporary = path.with_suffix(".tmp")
+        temporary.write_bytes(orjson.dumps(watch.statistics()))
+        temporary.replace(path)
+
+    # -- stop ------------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        import ray
+
+        if self.watcher is not None:  # first: it must not kill or judge what is being stopped
+            self.watch_stopping.set()
+            self.watcher.join(10)
+            self.watcher = None
+        if self.hosts:
+            self._drain()
+            for label in self._stop_order():
+                try:
+                    ray.get(self.hosts[label].stop.remote(STOP_TIMEOUT_S), timeout=STOP_TIMEOUT_S + 2)
+                except Exception:  # a dead or stuck actor: killed below with the rest
+                    pass
+            for host in self.hosts.values():
+                ray.kill(host, no_restart=True)
+            self.hosts.clear()
+        if self.control is not None:
+            self._finish_store()
+        if self.started_ray and ray.is_initialized():
+            ray.shutdown()
+            self.started_ray = False
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def _drain(self) -> None:
+        import ray
+
+        front = self.hosts.get("front")
+        if front is None:
+            return
+        try:
+            ray.get(front.call.remote("drain_mode"), timeout=5)
+            deadline = time.monotonic() + DRAIN_S
+            while time.monotonic() < deadline:
+                if ray.get(front.statistics.remote(), timeout=5)["inFlight"] == 0:
+                    break
+                time.sleep(0.02)
+        except Exception:
+            pass  # the front is gone: nothing more can be answered anyway
+        self.control.set_flag(FLAG_SHUTTING_DOWN, True)
+
+    def _stop_order(self) -> list[str]:
+        """Whoever appends first (a writer's drain commits a write buffer's tail), then the
+        dispatcher and the flush actor, which catch up with it. The front goes last, unless it
+        is the writer: then right after the pull workers, whose held pulls it still answers."""
+        ingress = [label for label in self.hosts if label.startswith("ingress")]
+        pulls = [label for label in self.hosts if label.startswith("pull")]
+        front = ["front"] * ("front" in self.hosts)
+        rest = [label for label in ("writer", "dispatcher", "flush", "allocator") if label in self.hosts]
+        if self.settings.front_writes:
+            return ingress + pulls + front + rest
+        return ingress + rest + pulls + front
+
+    def _finish_store(self) -> None:
+        """After the actors: everything written is durable, the end is exact, the exit is clean."""
+        from shm.checkpoint import Checkpoint
+        from shm.commitlog import CommitLog
+
+        s = self.settings
+        written = self.control.get("written")
+        log = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog)
+        log.segments.load()
+        for segment in log.segments.files:
+            if segment.offset_start >= written and segment.offset_start > 0:
+                segment.destroy()  # preallocated, never written
+            elif segment.offset_start <= written:
+                os.fdatasync(segment.fd)
+        log.segments.files = [f for f in log.segments.files if f.fd >= 0]
+        log.close()
+        checkpoint = Checkpoint(s.root / "checkpoint")
+        stamp = self.control.get("store_timestamp")
+        if stamp > 0:
+            checkpoint.flush_physic(stamp)
+        checkpoint.close()
+        self.control.advance("flushed", max(written, self.control.get("flushed")))
+        self.control.close()
+        self.control = None
+        if s.root.exists():
+            mark_clean_exit(s.root)
+
+
+def run(settings: Settings, ray_address: str | None = None) -> int:
+    node = Node(settings, ray_address=ray_address)
+    node.start()
+    return node.serve_forever()
+
+
+if __name__ == "__main__":  # pragma: no cover - the CLI's `start` is the way in
+    sys.exit(run(settings_module.load()))

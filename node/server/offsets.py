@@ -1,0 +1,67 @@
+"""Consumer offsets: `config/consumerOffset.json` as RocketMQ writes it.
+
+`{"offsetTable":{"<topic>@<group>":{0:12,1:7}}}` (bare integer keys, spec §8), the value being
+the next queue offset to consume. Single writer: the front. Persisted every
+`flushConsumerOffsetInterval` ms when changed, and at stop; RocketMQ's own files load.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from node.server import config_files
+
+
+class ConsumerOffsets:
+    def __init__(self, config_dir: Path):
+        self.path = Path(config_dir) / "consumerOffset.json"
+        self.table: dict[str, dict[int, int]] = {}
+        self.dirty = False
+        data = config_files.read(self.path) or {}
+        for key, queues in (data.get("offsetTable") or {}).items():
+            self.table[key] = {int(q): int(o) for q, o in queues.items()}
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.table.setdefault(f"{topic}@{group}", {})[queue_id] = offset
+        self.dirty = True
+
+    def query(self, group: str, topic: str, queue_id: int) -> int | None:
+        return self.table.get(f"{topic}@{group}", {}).get(queue_id)
+
+    def of_group(self, group: str) -> dict[str, dict[int, int]]:
+        return {key.rpartition("@")[0]: dict(queues) for key, queues in self.table.items()
+                if key.rpartition("@")[2] == group}
+
+    def persist(self, *, force: bool = False) -> bool:
+        if not (self.dirty or force):
+            return False
+        ordered = {key: dict(sorted(queues.items())) for key, queues in sorted(self.table.items())}
+        config_files.persist(self.path, {"offsetTable": ordered})
+        self.dirty = False
+        return True
+
+
+class SubscriptionGroups:
+    """`config/subscriptionGroup.json`: a group is created (RocketMQ's defaults) the first time it
+    commits an offset, as autoCreateSubscriptionGroup does. Single writer: the front."""
+
+    def __init__(self, config_dir: Path, clock=time.time):
+        self.path = Path(config_dir) / "subscriptionGroup.json"
+        self.clock = clock
+        data = config_files.read(self.path) or {}
+        self.groups: dict[str, dict] = dict(data.get("subscriptionGroupTable") or {})
+        self.counter = int((data.get("dataVersion") or {}).get("counter", 0))
+
+    def ensure(self, group: str) -> bool:
+        """True when the group was new (and has now been persisted)."""
+        if group in self.groups:
+            return False
+        self.groups[group] = {"brokerId": 0, "consumeBroadcastEnable": True, "consumeEnable": True,
+                              "consumeFromMinEnable": True, "groupName": group,
+                              "notifyConsumerIdsChangedEnable": True, "retryMaxTimes": 16, "retryQueueNums": 1,
+                              "whichBrokerWhenConsumeSlowly": 1}
+        self.counter += 1
+        config_files.persist(self.path, {"dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)},
+                                         "subscriptionGroupTable": dict(sorted(self.groups.items()))})
+        return True

@@ -1,0 +1,500 @@
+"""Turning send requests into CommitLog records. No I/O.
+
+Used by the ingress workers (or by the append writer itself when `ingressWorkers = 0`): each
+request's messages are validated and encoded into one shared `EncodedBatch`; a `PendingSend`
+remembers where its records sit in the batch so the writer can answer once they are placed
+(`node.server.sendreply`). A client batch's body is encoded by `node.server.batchbody`.
+
+Stored properties follow the 4.9 broker (spec §2.7): the client's map, plus CLUSTER, minus WAIT
+(which only decides whether the send waits for the flush), serialised in Java HashMap order. A
+DELAY level > 0 moves the message to SCHEDULE_TOPIC_XXXX queue level-1 with REAL_TOPIC/REAL_QID.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from node import protocol
+from node.server import native
+from node.server.batchbody import encode_batch_v4, find_uniq_key
+from shm.codec import (
+    FIXED_V4,
+    MAX_PROPERTIES_BYTES,
+    MAX_TOPIC_BYTES,
+    MESSAGE_MAGIC,
+    PROPERTY_CLUSTER,
+    PROPERTY_DELAY,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT,
+    SCHEDULE_TOPIC,
+    MessageIllegal,
+    body_crc,
+    encode,
+    encode_host,
+    encode_v4,
+    parse_properties,
+    properties_string,
+)
+from shm.encoded_batch import EncodedBatch
+from shm.javacompat import hashmap_capacity, hashmap_order
+
+
+@dataclass(slots=True)
+class PendingSend:
+    """One client request on its way through the write path."""
+
+    client: bytes
+    opaque: object
+    code: int
+    arrival_ns: int
+    oneway: bool = False
+    wait: bool = True  # any message of the request waits for the flush (WAIT not "false")
+    # per message: the record's index in the batch, or -1 when refused (see `refusals`)
+    indices: list[int] = field(default_factory=list)
+    refusals: dict[int, tuple[str, str]] = field(default_factory=dict)
+    uniq_keys: list[str | None] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)
+    queue_ids: list[int] = field(default_factory=list)
+    compact: bool = False  # SEND_MESSAGES asked for the compact reply (docs/protocol.md)
+
+    def to_wire(self) -> list:
+        return [self.client.hex(), self.opaque, self.code, self.arrival_ns, self.oneway, self.wait,
+                self.indices, {str(k): v for k, v in self.refusals.items()}, self.uniq_keys, self.topics,
+                self.queue_ids, self.compact]
+
+    @classmethod
+    def from_wire(cls, item: list) -> PendingSend:
+        return cls(bytes.fromhex(item[0]), item[1], item[2], item[3], item[4], item[5], item[6],
+                   {int(k): tuple(v) for k, v in item[7].items()}, item[8], item[9], item[10], item[11])
+
+
+class SendEncoder:
+    def __init__(self, settings):
+        self.settings = settings
+        self.store_host = encode_host(*settings.store_address)
+        self.cluster = settings.brokerClusterName
+        self.delay_levels = len(settings.delay_levels_ms())
+        self._born_cache: dict[str, bytes] = {}
+        # the one-pass encoders: in C where it was built (node.server.native), else in Python
+        self._messages_v4 = native.encode_messages_v4 if native.ENABLED else encode_messages_v4
+        self._batch_v4 = native.encode_batch_v4 if native.ENABLED else encode_batch_v4
+
+    @property
+    def native(self) -> bool:
+        """Whether the one-pass encoders run in C (`statistics()` shows it as nativeEncode)."""
+        return self._messages_v4 is native.encode_messages_v4
+
+    def born_host(self, text: str | None) -> bytes:
+        """`ip:port` (or `[v6]:port`) as record bytes; absent -> 127.0.0.1:0. The front refuses
+        a malformed one (node.server.edge), so what reaches here parses."""
+        raw = self._born_cache.get(text or "")
+        if raw is None:
+            raw = _parse_host(text) or encode_host("127.0.0.1", 0)
+            if len(self._born_cache) < 10000:
+                self._born_cache[text or ""] = raw
+        return raw
+
+    # -- requests -> records ---------------------------------------------------------------------
+
+    def add_request(self, pending: PendingSend, header: dict, body: bytes, born: bytes, batch: EncodedBatch) -> None:
+        """Encode the request's messages into `batch`; refusals are recorded in `pending`.
+        Raises ProtocolError for a request that is malformed as a whole."""
+        code = header["code"]
+        pending.oneway = bool(header.get("oneway", False))
+        if code == protocol.SEND_MESSAGE:
+            pending.wait = self._add_message(pending, header, body, born, batch)
+        elif code == protocol.SEND_MESSAGES:
+            self._add_messages(pending, header, body, born, batch)
+        elif code == protocol.SEND_BATCH_MESSAGE:
+            self._add_batch(pending, header, body, born, batch)
+        else:
+            raise protocol.ProtocolError(f"code {code} is not a send")
+
+    def _add_messages(self, pending, header, body, born, batch) -> None:
+        messages = header.get("messages")
+        if not isinstance(messages, list) or not 0 < len(messages) <= protocol.MAX_MESSAGES_PER_REQUEST:
+            raise protocol.ProtocolError(f"`messages` must be a list of 1 to {protocol.MAX_MESSAGES_PER_REQUEST}")
+        at = 0
+        for item in messages:
+            size = item.get("bodySize") if isinstance(item, dict) else None
+            if not isinstance(size, int) or size < 0 or at + size > len(body):
+                raise protocol.ProtocolError("each message needs a `bodySize` and the sizes must add up to the body")
+            at += size
+        if at != len(body):
+            raise protocol.ProtocolError(f"bodies add up to {at} bytes but the body frame holds {len(body)}")
+        pending.compact = header.get("compact") is True
+        if self._add_messages_v4(pending, messages, body, born, batch):
+            return
+        at, waits = 0, False
+        for item in messages:
+            size = item["bodySize"]
+            waits = self._add_message(pending, item, body[at: at + size], born, batch) or waits
+            at += size
+        pending.wait = waits
+
+    def _add_messages_v4(self, pending, messages: list[dict], body: bytes, born: bytes, batch) -> bool:
+        """`_add_messages` in one pass for the common case (`encode_messages_v4`), in C where it
+        was built. False leaves `pending` and `batch` untouched for the general path, which
+        names whatever is wrong."""
+        encoded = self._messages_v4(messages, body, born, self.store_host, self.settings.maxMessageSize,
+                                    self.cluster, _properties_layout)
+        if encoded is None:
+            return False
+        records, sizes, queue_keys, topics, queue_ids, uniq_keys, waits = encoded
+        first = len(batch)
+        batch.add_many_v4(records, sizes, queue_keys)
+        pending.wait = waits
+        pending.topics += topics
+        pending.queue_ids += queue_ids
+        pending.indices += range(first, first + len(sizes))
+        pending.uniq_keys += uniq_keys
+        return True
+
+    def _add_message(self, pending, header, body, born, batch) -> bool:
+        """Encode one message into `batch` (or record its refusal); returns whether it was
+        stored and waits for the flush (WAIT not "false"). The caller sets `pending.wait`: a
+        coalesced request waits if any of its sends does, so one WAIT=false send never speeds
+        the others' acks past the disk."""
+        index = len(pending.indices)
+        topic, queue_id = header.get("topic"), header.get("queueId")
+        pending.topics.append(topic if isinstance(topic, str) else "")
+        pending.queue_ids.append(queue_id if isinstance(queue_id, int) else -1)
+        pending.indices.append(-1)
+        pending.uniq_keys.append(None)
+        refused = header.get("_refused")  # set by the front (unknown topic, bad queue id)
+        if refused:
+            pending.refusals[index] = tuple(refused)
+            return False
+        try:
+            properties = _client_properties(header.get("properties"))
+            waits = properties.get(PROPERTY_WAIT) != "false"
+            capacity = hashmap_capacity(len(properties) + (PROPERTY_CLUSTER not in properties))
+            properties[PROPERTY_CLUSTER] = self.cluster
+            properties.pop(PROPERTY_WAIT, None)
+            pending.uniq_keys[index] = properties.get(PROPERTY_UNIQ_KEY)
+            if PROPERTY_DELAY in properties:
+                topic, queue_id, capacity = self._delay(properties, topic, queue_id, capacity)
+            flag, reconsume_times = header.get("flag", 0), header.get("reconsumeTimes", 0)
+            if type(flag) is not int or type(reconsume_times) is not int:  # ints beyond int32: struct.error
+                flag, reconsume_times = _int(flag, "flag"), _int(reconsume_times, "reconsumeTimes")
+            born_timestamp = _int(header.get("bornTimestamp", 0), "bornTimestamp")
+            if len(born) == 8 and len(self.store_host) == 8:  # the common case, inlined
+                record = encode_v4(_topic_bytes(topic), body, queue_id, flag, 0, born_timestamp, born,
+                                   self.store_host, properties_string(properties, capacity).encode(),
+                                   reconsume_times, self.settings.maxMessageSize)
+                pending.indices[index] = len(batch)
+                batch.add_v4(record, f"{topic}-{queue_id}")
+                return waits
+            record = self._encode(topic, body, queue_id, flag, born_timestamp, born,
+                                  properties_string(properties, capacity), reconsume_times)
+        except MessageIllegal as e:
+            pending.refusals[index] = (e.status, e.remark)
+            return False
+        except struct.error:
+            pending.refusals[index] = ("MESSAGE_ILLEGAL", "queueId, flag or reconsumeTimes is out of the int32 range")
+            return False
+        pending.indices[index] = len(batch)
+        self._add(batch, record, topic, queue_id, born)
+        return waits
+
+    def _encode(self, topic: str, body: bytes, queue_id: int, flag: int, born_timestamp: int, born: bytes,
+                properties: str, reconsume_times: int) -> bytes:
+        if len(born) == 8 and len(self.store_host) == 8:
+            return encode_v4(_topic_bytes(topic), body, queue_id, flag, 0, born_timestamp, born, self.store_host,
+                             properties.encode("utf-8"), reconsume_times, self.settings.maxMessageSize)
+        return encode(topic=topic, body=body, queue_id=queue_id, flag=flag, born_timestamp=born_timestamp,
+                      born_host=born, store_host=self.store_host, properties=properties,
+                      reconsume_times=reconsume_times, max_message_size=self.settings.maxMessageSize)
+
+    @staticmethod
+    def _add(batch: EncodedBatch, record: bytes, topic: str, queue_id: int, born: bytes) -> None:
+        if len(born) == 8:
+            batch.add_v4(record, f"{topic}-{queue_id}")
+        else:
+            batch.add(record, topic)
+
+    def _delay(self, properties: dict, topic: str, queue_id: int, capacity: int) -> tuple[str, int, int]:
+        level_text = properties.get(PROPERTY_DELAY)
+        if level_text is None:
+            return topic, queue_id, capacity
+        try:
+            level = int(level_text)
+        except ValueError:
+            raise MessageIllegal("MESSAGE_ILLEGAL", f"DELAY must be an integer level, not {level_text!r}") from None
+        if level <= 0:
+            return topic, queue_id, capacity
+        level = min(level, self.delay_levels)
+        properties[PROPERTY_REAL_TOPIC] = topic
+        properties[PROPERTY_REAL_QID] = str(queue_id)
+        return SCHEDULE_TOPIC, level - 1, max(capacity, hashmap_capacity(len(properties)))
+
+    def _add_batch(self, pending, header, body, born, batch) -> None:
+        """SEND_BATCH_MESSAGE: inner messages keep their own properties bytes, then the batch's
+        (header properties plus CLUSTER) after a 0x02, as the 4.9 broker stores them."""
+        topic, queue_id = header.get("topic"), header.get("queueId")
+        refused = header.get("_refused")
+        if refused is None and self._add_batch_v4(pending, header, body, born, batch):
+            return
+        inner = protocol.decode_batch_body(body)
+        try:
+            batch_props = _client_properties(header.get("properties"))
+        except MessageIllegal as e:
+            refused, batch_props = refused or (e.status, e.remark), {}
+        if batch_props.get(PROPERTY_WAIT) == "false":
+            pending.wait = False
+        if refused is None and (PROPERTY_DELAY in batch_props
+                                or any(PROPERTY_DELAY in parse_properties(props) for _, _, props in inner)):
+            refused = ("MESSAGE_ILLEGAL", "a batch may not carry a DELAY level (in its header or in a message)")
+        batch_props[PROPERTY_CLUSTER] = self.cluster
+        suffix = properties_string(batch_props)
+        born_timestamp = 0
+        try:
+            born_timestamp = _int(header.get("bornTimestamp", 0), "bornTimestamp")
+        except MessageIllegal as e:
+            refused = refused or (e.status, e.remark)
+        for body_bytes, flag, inner_props in inner:
+            index = len(pending.indices)
+            pending.topics.append(topic if isinstance(topic, str) else "")
+            pending.queue_ids.append(queue_id if isinstance(queue_id, int) else -1)
+            pending.indices.append(-1)
+            pending.uniq_keys.append(find_uniq_key(inner_props))
+            if refused:
+                pending.refusals[index] = tuple(refused)
+                continue
+            joined = inner_props if not suffix else (
+                inner_props + suffix if inner_props.endswith("\x02") or not inner_props else inner_props + "\x02" + suffix)
+            try:
+                record = self._encode(topic, body_bytes, queue_id, flag, born_timestamp, born, joined, 0)
+            except MessageIllegal as e:
+                pending.refusals[index] = (e.status, e.remark)
+                continue
+            except struct.error:
+                pending.refusals[index] = ("MESSAGE_ILLEGAL", "queueId or flag is out of the int32 range")
+                continue
+            pending.indices[index] = len(batch)
+            self._add(batch, record, topic, queue_id, born)
+        if any(i < 0 for i in pending.indices) and len(pending.refusals) < len(pending.indices):
+            # a client batch is all or nothing: refuse the rest with the first reason
+            reason = next(iter(pending.refusals.values()))
+            raise _BatchRefused(reason)
+
+    def _add_batch_v4(self, pending, header, body, born, batch) -> bool:
+        """`_add_batch` in one pass over the client's batch body, for the common case: IPv4
+        hosts, ASCII properties, nothing refused. False leaves `pending` and `batch` untouched
+        for the general path, which writes the same bytes and names whatever is wrong."""
+        topic, queue_id = header.get("topic"), header.get("queueId")
+        if len(born) != 8 or len(self.store_host) != 8 or not isinstance(topic, str) or type(queue_id) is not int:
+            return False
+        try:
+            batch_props = _client_properties(header.get("properties"))
+            born_timestamp = _int(header.get("bornTimestamp", 0), "bornTimestamp")
+        except MessageIllegal:
+            return False
+        if PROPERTY_DELAY in batch_props:  # (refused by the general path; a message's own DELAY too)
+            return False
+        wait = batch_props.get(PROPERTY_WAIT) != "false"
+        batch_props[PROPERTY_CLUSTER] = self.cluster
+        encoded = self._batch_v4(body, _topic_bytes(topic), queue_id, born_timestamp, born, self.store_host,
+                                 properties_string(batch_props).encode(), self.settings.maxMessageSize,
+                                 protocol.MAX_MESSAGES_PER_REQUEST)  # (None for a queueId beyond int32)
+        if encoded is None:
+            return False
+        records, sizes, uniq_keys = encoded
+        n = len(sizes)
+        first = len(batch)
+        batch.add_many_v4(records, sizes, [f"{topic}-{queue_id}"] * n)
+        pending.wait = pending.wait and wait
+        pending.topics += [topic] * n
+        pending.queue_ids += [queue_id] * n
+        pending.indices += range(first, first + n)
+        pending.uniq_keys += uniq_keys
+        return True
+
+
+def encode_messages_v4(messages: list[dict], body: bytes, born: bytes, store_host: bytes, max_body: int,
+                       cluster: str, layout=None) -> tuple | None:
+    """A SEND_MESSAGES request's messages (coalesced single sends) as CommitLog records, in one
+    pass, for the common case: IPv4 hosts, nothing refused by the front, no DELAY, properties an
+    object of non-empty strings without separators, every limit kept. Writes what
+    `SendEncoder._add_message` writes, message by message, into one buffer. Returns (records,
+    sizes, queue keys, topics, queue ids, uniq keys, whether any send waits for the flush), or
+    None for the general path. `node.server._encode` is its twin in C (`layout` is for that one).
+
+    The messages' `bodySize`s are checked by the caller to add up to `body`."""
+    if len(born) != 8 or len(store_host) != 8:
+        return None
+    view, at = memoryview(body), 0
+    fixed, i16 = FIXED_V4.pack, _I16_STRUCT.pack
+    parts, sizes, queue_keys, topics, queue_ids, uniq_keys = [], [], [], [], [], []
+    waits = False  # the request waits for the flush if any of its sends does
+    try:
+        for item in messages:
+            topic, queue_id, size = item["topic"], item["queueId"], item["bodySize"]
+            props = item.get("properties")
+            props = {} if props is None else props
+            flag, reconsume, born_ts = item.get("flag", 0), item.get("reconsumeTimes", 0), item.get("bornTimestamp", 0)
+            if (type(props) is not dict or type(queue_id) is not int or type(flag) is not int or type(size) is not int
+                    or type(reconsume) is not int or type(born_ts) is not int or "_refused" in item
+                    or PROPERTY_DELAY in props or size > max_body):
+                return None
+            plan = _properties_plan(tuple(props), cluster)
+            if plan is None or "\x02" in "".join(props.values()) or "" in props.values():  # TypeError: not a str
+                return None
+            topic_raw = _topic_bytes(topic)  # TypeError: not a str (unhashable) ...
+            if type(topic) is not str or not 0 < len(topic_raw) <= MAX_TOPIC_BYTES:
+                return None
+            if not waits and props.get(PROPERTY_WAIT) != "false":
+                waits = True
+            template, filled_by = plan
+            props_raw = template.format(*[props[name] for name in filled_by]).encode()
+            if len(props_raw) > MAX_PROPERTIES_BYTES:  # (so the record stays within maxMessageSize + 64 KiB)
+                return None
+            record_size = 91 + size + len(topic_raw) + len(props_raw)
+            piece = view[at: at + size]
+            parts += (fixed(record_size, MESSAGE_MAGIC, body_crc(piece), queue_id, flag, 0, 0, 0, born_ts, born,
+                            0, store_host, reconsume, 0, size),
+                      piece, _topic_part(topic_raw), i16(len(props_raw)), props_raw)
+            at += size
+            sizes.append(record_size)
+            queue_keys.append(f"{topic}-{queue_id}")
+            topics.append(topic)
+            queue_ids.append(queue_id)
+            uniq_keys.append(props.get(PROPERTY_UNIQ_KEY))
+    except (KeyError, TypeError, AttributeError, struct.error, UnicodeEncodeError):  # struct.error: an int beyond its field
+        return None
+    return bytearray().join(parts), sizes, queue_keys, topics, queue_ids, uniq_keys, waits
+
+
+_I16_STRUCT = struct.Struct(">h")
+
+
+class _BatchRefused(Exception):
+    def __init__(self, reason: tuple[str, str]):
+        super().__init__(reason[1])
+        self.reason = reason
+
+
+def add_request_atomic(encoder: SendEncoder, pending: PendingSend, header: dict, body: bytes, born: bytes,
+                       batch: EncodedBatch) -> None:
+    """`add_request`, all or nothing: on any failure the request's records leave the batch again.
+    A refused client batch becomes per-message refusals; other failures propagate."""
+    mark = (len(batch.data), len(batch))
+    try:
+        encoder.add_request(pending, header, body, born, batch)
+    except BaseException as e:
+        del batch.data[mark[0]:]
+        for column in (batch.positions, batch.sizes, batch.queue_keys, batch.timestamp_offsets):
+            del column[mark[1]:]
+        if not isinstance(e, _BatchRefused):
+            raise
+        pending.indices = [-1] * len(pending.indices)
+        pending.refusals = {i: e.reason for i in range(len(pending.indices))}
+
+
+# -- small pieces ------------------------------------------------------------------------------------
+
+
+def _client_properties(value) -> dict[str, str]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        if len(value) > MAX_PROPERTIES_BYTES:
+            raise MessageIllegal("MESSAGE_ILLEGAL", f"properties string of {len(value)} chars exceeds {MAX_PROPERTIES_BYTES}")
+        return parse_properties(value)
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(v, str) or "\x01" in k or "\x02" in k or "\x02" in v:
+                raise MessageIllegal("MESSAGE_ILLEGAL", f"property {k!r} must be a string without \\x01/\\x02")
+            if k and v:
+                out[k] = v
+        return out
+    raise MessageIllegal("MESSAGE_ILLEGAL", "properties must be an object of strings or a RocketMQ properties string")
+
+
+@lru_cache(maxsize=1024)
+def _topic_bytes(topic: str) -> bytes:
+    return topic.encode("utf-8")
+
+
+def _stored_names(names: tuple[str, ...], cluster: str) -> list[str] | None:
+    """The names a coalesced send's properties are stored under, in Java HashMap order: WAIT
+    dropped, CLUSTER added (its value is this node's). None for names the one-pass encoders
+    leave to the general path (empty, holding a separator, DELAY)."""
+    if PROPERTY_DELAY in names or any(not name or "\x01" in name or "\x02" in name for name in names):
+        return None
+    stored = [name for name in names if name != PROPERTY_WAIT]
+    if PROPERTY_CLUSTER not in stored:
+        stored.append(PROPERTY_CLUSTER)
+    count = len(names) + (PROPERTY_CLUSTER not in names)  # a map of at most 12 keys has 16 buckets
+    return hashmap_order(stored, 16 if count <= 12 else hashmap_capacity(count))
+
+
+@lru_cache(maxsize=1024)
+def _properties_plan(names: tuple[str, ...], cluster: str) -> tuple[str, tuple[str, ...]] | None:
+    """How the Python encoder stores a coalesced send's properties, worked out once per set of
+    names (in the message's order): a `str.format` template of the stored text and the names
+    whose values fill it, in order. The per-message work is then one format call (~0.7 us a
+    message less than ordering and joining each message's pairs; docs/performance.md)."""
+    order = _stored_names(names, cluster)
+    if order is None:
+        return None
+    pieces, filled_by = [], []
+    for name in order:
+        if name == PROPERTY_CLUSTER:
+            pieces.append(_literal(f"{name}\x01{cluster}"))
+        else:
+            pieces.append(_literal(f"{name}\x01") + "{}")
+            filled_by.append(name)
+    return "\x02".join(pieces), tuple(filled_by)
+
+
+@lru_cache(maxsize=1024)
+def _properties_layout(names: tuple[str, ...], cluster: str) -> tuple | None:
+    """`_properties_plan` for the C encoder: the stored text as UTF-8 literals and the names
+    whose values go between them, alternating, a literal first and last."""
+    order = _stored_names(names, cluster)
+    if order is None:
+        return None
+    layout, literal = [], ""
+    for i, name in enumerate(order):
+        literal += ("\x02" if i else "") + f"{name}\x01"
+        if name == PROPERTY_CLUSTER:
+            literal += cluster
+        else:
+            layout += (literal.encode(), name)
+            literal = ""
+    layout.append(literal.encode())
+    return tuple(layout)
+
+
+def _literal(text: str) -> str:
+    """`text` as literal text of a format template."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+@lru_cache(maxsize=1024)
+def _topic_part(topic_raw: bytes) -> bytes:
+    """TOPICLENGTH (one byte) and the topic, as a V1 record holds them."""
+    return bytes((len(topic_raw),)) + topic_raw
+
+
+def _int(value, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not -(2**63) <= value < 2**63:
+        raise MessageIllegal("MESSAGE_ILLEGAL", f"`{name}` must be a 64-bit integer")
+    return value
+
+
+def _parse_host(text: str | None) -> bytes | None:
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    try:
+        return encode_host(str(ipaddress.ip_address(host.strip("[]"))), int(port))
+    except (ValueError, struct.error):
+        return None

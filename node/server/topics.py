@@ -1,0 +1,108 @@
+"""Topic names and the topic table, persisted in `config/topics.json` as RocketMQ writes it.
+
+Single writer: the front, which sees every request first; it validates names, auto-creates
+topics (`autoCreateTopicEnable`, `defaultTopicQueueNums` queues) and persists the table.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.server import config_files
+
+TOPIC_MAX_LENGTH = 127
+_TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+# RocketMQ's system topics: stored by the broker itself, never sent to by clients.
+SYSTEM_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
+                           "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC",
+                           "OFFSET_MOVED_EVENT", "TBW102"})
+SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
+PERM_READ, PERM_WRITE = 4, 2
+
+
+def topic_error(topic) -> str | None:
+    """Why `topic` cannot be sent to (Validators.checkTopic plus the system-topic rule), or None."""
+    if not isinstance(topic, str):
+        return f"the topic must be a string, not {type(topic).__name__}"
+    if not topic:
+        return "the topic is missing or empty"
+    if len(topic) > TOPIC_MAX_LENGTH:
+        return f"the topic is {len(topic)} characters; at most {TOPIC_MAX_LENGTH} are allowed"
+    if not _TOPIC_PATTERN.match(topic):
+        return f"the topic {topic!r} may only contain characters from [%|a-zA-Z0-9_-]"
+    if topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX):
+        return f"the topic {topic} is a system topic"
+    return None
+
+
+@dataclass
+class TopicConfig:
+    topicName: str
+    readQueueNums: int = 8
+    writeQueueNums: int = 8
+    perm: int = PERM_READ | PERM_WRITE
+    topicFilterType: str = "SINGLE_TAG"
+    topicSysFlag: int = 0
+    order: bool = False
+
+    def to_json(self) -> dict:
+        return {"order": self.order, "perm": self.perm, "readQueueNums": self.readQueueNums,
+                "topicFilterType": self.topicFilterType, "topicName": self.topicName,
+                "topicSysFlag": self.topicSysFlag, "writeQueueNums": self.writeQueueNums}
+
+    @classmethod
+    def from_json(cls, name: str, data: dict) -> TopicConfig:
+        return cls(topicName=data.get("topicName", name), readQueueNums=int(data.get("readQueueNums", 16)),
+                   writeQueueNums=int(data.get("writeQueueNums", 16)), perm=int(data.get("perm", 6)),
+                   topicFilterType=data.get("topicFilterType", "SINGLE_TAG"),
+                   topicSysFlag=int(data.get("topicSysFlag", 0)), order=bool(data.get("order", False)))
+
+
+class TopicTable:
+    def __init__(self, config_dir: Path, *, auto_create: bool, default_queues: int, clock=time.time):
+        self.path = Path(config_dir) / "topics.json"
+        self.auto_create = auto_create
+        self.default_queues = default_queues
+        self.clock = clock
+        self.topics: dict[str, TopicConfig] = {}
+        self.counter = 0
+        self.load()
+
+    def load(self) -> None:
+        data = config_files.read(self.path) or {}
+        table = data.get("topicConfigTable") or {}
+        self.topics = {name: TopicConfig.from_json(name, value) for name, value in table.items()}
+        # a table written by RocketMQ lists system topics too: known, still not for clients to send to
+        self.unsendable = {name for name in self.topics if topic_error(name)}
+        self.counter = int((data.get("dataVersion") or {}).get("counter", 0))
+
+    def get(self, topic: str) -> TopicConfig | None:
+        return self.topics.get(topic)
+
+    def resolve(self, topic: str) -> tuple[TopicConfig | None, str, str]:
+        """(config, "", "") for a usable topic, creating it when allowed; else (None, status,
+        reason): MESSAGE_ILLEGAL for a bad name, TOPIC_NOT_EXIST for an unknown one."""
+        config = self.topics.get(topic) if isinstance(topic, str) else None
+        if config is not None and topic not in self.unsendable:
+            return config, "", ""
+        problem = topic_error(topic)
+        if problem:
+            return None, "MESSAGE_ILLEGAL", problem
+        if not self.auto_create:
+            return None, "TOPIC_NOT_EXIST", f"topic {topic} does not exist and autoCreateTopicEnable is false"
+        return self.create(topic, self.default_queues), "", ""
+
+    def create(self, topic: str, queues: int) -> TopicConfig:
+        config = self.topics[topic] = TopicConfig(topic, queues, queues)
+        self.persist()
+        return config
+
+    def persist(self) -> None:
+        self.counter += 1
+        config_files.persist(self.path, {
+            "dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)},
+            "topicConfigTable": {name: config.to_json() for name, config in sorted(self.topics.items())},
+        })

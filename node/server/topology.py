@@ -1,0 +1,84 @@
+"""The node's topology, declared as data: which services exist and which process hosts each.
+
+A *service* is one job of the node (route requests, encode sends, append, group commit, read,
+dispatch, allocate). A *process* is a Ray actor hosting one or more services; its `kind` names
+the actor class that runs them (`node.server.launcher.actor_classes`). The launcher starts the
+processes `processes(settings)` lists, the supervisor watches exactly those, the front asks
+`hosts(settings)` where a service lives, and docs/architecture.md is checked against
+`SERVICES` by a test. Two topologies, chosen by the setting `topology`:
+
+```
+compact (default: fewest hops a request, best on a couple of cores)
+  front       router + ingress + write + group commit + read (pull hold)
+  dispatcher  dispatch          allocator  allocate
+
+split (every service its own process; scales across cores)
+  front       router
+  ingress-i   ingress           (ingressWorkers of them; with 0 the writer encodes: writer hosts ingress)
+  writer      write
+  flush       group commit
+  pull-i      read              (pullWorkers of them; 0 = one per core)
+  dispatcher  dispatch          allocator  allocate
+```
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from shm.settings import MAX_PULL_WORKERS
+
+# every service a node runs, and what it does
+SERVICES = {
+    "router": "the client-facing ROUTER socket: checks every request at the edge, answers routes, offsets and admin",
+    "ingress": "validates send requests and encodes them into CommitLog records",
+    "write": "the CommitLog's single writer: appends, publishes `written`, answers what need not wait for the disk",
+    "group commit": "fdatasync up to `written`, publishes `flushed`, answers the SYNC_FLUSH sends it covers",
+    "read": "pulls, queries, offsets by time, view by id, from read-only mappings; holds empty pulls",
+    "dispatch": "the reput: ConsumeQueue and IndexFile entries for every record, publishes `dispatched`",
+    "allocate": "creates the next CommitLog segment and prefaults pages ahead of the writer",
+}
+TOPOLOGIES = ("compact", "split")
+# the actor class of each process kind, by name (module:class), for the launcher
+ACTOR_CLASSES = {"front": "actors.front:Front", "ingress": "actors.ingress:Ingress", "writer": "actors.writer:Writer",
+                 "flush": "actors.flush:Flush", "allocator": "actors.allocator:Allocator",
+                 "dispatcher": "actors.dispatcher:Dispatcher", "pull": "actors.pull:Pull"}
+
+
+@dataclass(frozen=True)
+class Process:
+    label: str  # what the supervisor, the pid files and admin stats call it: "front", "pull-2"
+    kind: str  # the actor class that hosts its services
+    services: tuple[str, ...]
+    instance: int = 0
+
+
+def processes(settings) -> list[Process]:
+    """The node's processes in start order (the front last: the others' sockets exist then)."""
+    if settings.topology == "compact":
+        return [Process("allocator", "allocator", ("allocate",)),
+                Process("dispatcher", "dispatcher", ("dispatch",)),
+                Process("front", "front", ("router", "ingress", "write", "group commit", "read"))]
+    ingress = settings.ingressWorkers
+    pulls = settings.pullWorkers or min(os.cpu_count() or 1, MAX_PULL_WORKERS)
+    return [Process("flush", "flush", ("group commit",)),
+            Process("allocator", "allocator", ("allocate",)),
+            Process("dispatcher", "dispatcher", ("dispatch",)),
+            Process("writer", "writer", ("write",) if ingress else ("ingress", "write")),
+            *(Process(f"ingress-{i}", "ingress", ("ingress",), i) for i in range(ingress)),
+            *(Process(f"pull-{i}", "pull", ("read",), i) for i in range(pulls)),
+            Process("front", "front", ("router",))]
+
+
+def hosts(settings) -> dict[str, list[str]]:
+    """service -> the labels of the processes that host it."""
+    out: dict[str, list[str]] = {service: [] for service in SERVICES}
+    for process in processes(settings):
+        for service in process.services:
+            out[service].append(process.label)
+    return out
+
+
+def hosted_by_front(settings, service: str) -> bool:
+    return hosts(settings)[service] == ["front"]

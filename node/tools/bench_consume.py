@@ -1,0 +1,175 @@
+"""scripts/bench-consume: the read path's speed on this machine, 1 KiB bodies, clients beside node.
+
+Starts `mqnode start` on a temporary store, produces a backlog (batch sends), and prints: pull
+throughput from one consumer process over the backlog (reading each body; again reading each
+msgId too) and with 4 consumer processes (each taking a share of the queues), produce-to-consume
+latency with long polling at a fixed 5k msgs/s, and the dispatcher's lag (written - dispatched)
+under batch-produce load. A benchmark, never a test: the machine's floors (`node.tools.floors`) are
+printed before and after the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from node.client import AsyncProducer, AsyncPullConsumer, Message, aio
+from node.tools import floors
+from node.tools.bench_produce import BODY, Usage, bench_node
+from node.tools.pacing import paced
+from shm.control_block import ControlBlock
+
+TOPIC = "BenchConsume"
+QUEUES = 8
+
+
+async def produce_backlog(endpoint: str, count: int, control: ControlBlock) -> tuple[float, int, int]:
+    """Batch-send `count` messages; returns (msgs/s, max and mean dispatcher lag in bytes)."""
+    lags: list[int] = []
+
+    async def sample() -> None:
+        while True:
+            lags.append(control.get("written") - control.get("dispatched"))
+            await asyncio.sleep(0.05)
+
+    async with AsyncProducer(endpoint, timeout=10) as producer:
+        messages = [Message(TOPIC, BODY) for _ in range(128)]
+        sampler = asyncio.create_task(sample())
+
+        async def sender(k: int) -> None:
+            for i in range(count // 128 // 4):
+                await producer.send_batch(TOPIC, messages, queue_id=(k + 4 * i) % QUEUES)
+
+        began = time.perf_counter()
+        await asyncio.gather(*[sender(k) for k in range(4)])
+        rate = (count // 128 // 4) * 128 * 4 / (time.perf_counter() - began)
+        sampler.cancel()
+    return rate, max(lags or [0]), sum(lags) // max(1, len(lags))
+
+
+async def drain(endpoint: str, queues: list[int], max_offsets: dict[int, int], ids: bool = False) -> int:
+    """Pull the given queues to their end, all concurrently, reading every message's body (and
+    with `ids` its msgId, as a consumer that dedupes does) as an application would: messages
+    decode their fields on first use, so a drain that read nothing would flatter. Returns the
+    messages received."""
+    async with AsyncPullConsumer(endpoint, timeout=10) as consumer:
+        async def one(q: int) -> int:
+            offset, got, body_bytes = 0, 0, 0
+            while offset < max_offsets[q]:
+                result = await consumer.pull(TOPIC, q, offset, max_count=32)
+                for message in result.messages:
+                    body_bytes += len(message.body)
+                    if ids and not message.msg_id:
+                        raise AssertionError(f"a message without a msgId at queue {q} offset {message.queue_offset}")
+                got += len(result.messages)
+                offset = result.next_begin_offset
+            if body_bytes != got * len(BODY):
+                raise AssertionError(f"queue {q}: {body_bytes} body bytes for {got} messages of {len(BODY)}")
+            return got
+
+        return sum(await asyncio.gather(*[one(q) for q in queues]))
+
+
+def _drain_process(endpoint: str, queues: list[int], max_offsets: dict[int, int], ids: bool, out) -> None:
+    out.put(aio.run(drain(endpoint, queues, max_offsets, ids)))
+
+
+def parallel_drain(endpoint: str, max_offsets: dict[int, int], processes: int, ids: bool = False) -> float:
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    shares = [[q for q in range(QUEUES) if q % processes == p] for p in range(processes)]
+    workers = [context.Process(target=_drain_process, args=(endpoint, share, max_offsets, ids, out))
+               for share in shares]
+    began = time.perf_counter()
+    for w in workers:
+        w.start()
+    total = sum(out.get() for _ in workers)
+    elapsed = time.perf_counter() - began
+    for w in workers:
+        w.join()
+    return total / elapsed
+
+
+async def end_to_end(endpoint: str, rate: int, seconds: float) -> tuple[float, float]:
+    """Produce at `rate` to one queue while a long-polling consumer follows; (p50, p99) µs from
+    send to receipt."""
+    async with AsyncProducer(endpoint, linger_ms=0) as producer, AsyncPullConsumer(endpoint) as consumer:
+        await producer.send("BenchLatency", b"warm", queue_id=0)
+        start_offset = await consumer.max_offset("BenchLatency", 0)
+        sent: dict[str, float] = {}
+        latencies: list[float] = []
+        total = int(rate * seconds)
+
+        async def follow() -> None:
+            offset = start_offset
+            while len(latencies) < total:
+                result = await consumer.pull("BenchLatency", 0, offset, suspend_ms=1000)
+                now = time.perf_counter()
+                for m in result.messages:
+                    if m.msg_id in sent:
+                        latencies.append(now - sent[m.msg_id])
+                offset = result.next_begin_offset
+
+        async def send(i: int) -> None:
+            key = f"lat-{i}"
+            sent[key] = time.perf_counter()  # before the send: the consumer may see it before the ack
+            await producer.send("BenchLatency", BODY, queue_id=0, properties={"UNIQ_KEY": key})
+
+        follower = asyncio.create_task(follow())
+        await paced(rate, seconds, send)
+        await asyncio.wait_for(follower, 30)
+    latencies.sort()
+    return latencies[len(latencies) // 2] * 1e6, latencies[int(len(latencies) * 0.99)] * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backlog", type=int, default=1_000_000)
+    parser.add_argument("--node-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for the node it starts, e.g. cpuIdleLatencyUs=0 (host tuning, opt-in)")
+    args = parser.parse_args()
+    options = dict(item.split("=", 1) for item in args.node_option)
+    base = Path(tempfile.mkdtemp(prefix="mqnode-bench-consume-"))
+    print(f"mqnode bench-consume: 1 KiB bodies, backlog {args.backlog:,}, client(s) on the same machine")
+    try:
+        print(f"before: {floors.report(base)}", flush=True)
+        with bench_node(base, "ASYNC_FLUSH", 0, options) as node:
+            control = ControlBlock(base / "store" / "control")
+            rate, lag_max, lag_mean = aio.run(produce_backlog(node.endpoint, args.backlog, control))
+            print(f"backlog produced at {rate:,.0f} msgs/s; dispatcher lag under that load: "
+                  f"max {lag_max / 2**20:.1f} MiB, mean {lag_mean / 2**20:.1f} MiB")
+            while control.get("dispatched") < control.get("written"):
+                time.sleep(0.05)
+
+            async def tops() -> dict[int, int]:
+                async with AsyncPullConsumer(node.endpoint) as c:
+                    return {q: await c.max_offset(TOPIC, q) for q in range(QUEUES)}
+
+            max_offsets = aio.run(tops())
+            usage = Usage(node)
+            rate = parallel_drain(node.endpoint, max_offsets, 1)
+            print(f"pull, 1 consumer process over the backlog : {rate:>10,.0f} msgs/s (target >= 250,000); "
+                  f"{usage.report()}")
+            usage = Usage(node)
+            rate = parallel_drain(node.endpoint, max_offsets, 1, ids=True)
+            print(f"pull, 1 consumer, reading msgIds too      : {rate:>10,.0f} msgs/s; {usage.report()}")
+            usage = Usage(node)
+            rate = parallel_drain(node.endpoint, max_offsets, 4)
+            print(f"pull, 4 consumer processes                : {rate:>10,.0f} msgs/s; {usage.report()}")
+            for rate in (1000, 5000):
+                p50, p99 = aio.run(end_to_end(node.endpoint, rate, 5.0))
+                print(f"produce-to-consume, long polling, {rate // 1000}k msgs/s: p50 {p50:,.0f} µs, p99 {p99:,.0f} µs "
+                      f"(target at 5k: <= 5,000)")
+            control.close()
+        print(f"after: {floors.report(base)}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

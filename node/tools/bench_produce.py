@@ -1,0 +1,212 @@
+"""scripts/bench-produce: the write path's speed on this machine, 1 KiB bodies, client beside node.
+
+Starts `mqnode start` on a temporary store for each flush mode and prints:
+ASYNC_FLUSH with send_batch and with concurrent single sends, SYNC_FLUSH with 64 concurrent
+senders, ack latency p50/p99 at a fixed 5k msgs/s, and the node's CPU and memory (psutil over
+every process of the node). A benchmark, never a test: the figures depend on the machine, so the
+machine's floors (`node.tools.floors`) are printed before and after them.
+
+The latency is measured once the node has settled after the throughput figures: the dispatcher
+has caught up with what they wrote (up to SETTLE_S; how long it took is printed), so a backlog
+left by them cannot count against it. (So far none was left: it had caught up by the first
+look.) The front's CPU pinning state is printed with it (`frontPinBelowCpu`, node.server.host_tuning),
+and its CPU wake-up latency request (`cpuIdleLatencyUs`, node.server.host_tuning): the figures are
+the node's as users run it, with idle CPUs polling while it serves where it may ask for that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from node import protocol
+from node.client import AsyncProducer, Message, aio
+from node.tools import floors
+from node.tools.local_node import NodeProcess, local_settings
+from node.tools.pacing import paced, paced_by_loop_timers
+
+BODY = bytes(range(256)) * 4
+SETTLE_S = 30.0
+
+
+@contextlib.contextmanager
+def bench_node(directory: Path, flush: str, ingress: int, options: dict[str, str]):
+    """`mqnode start` on `directory` with this flush mode and ingress workers (the split topology;
+    0: compact) and `options` (--node-option), stopped after."""
+    topology = {"topology": "split", "ingressWorkers": ingress} if ingress else {}
+    node = NodeProcess(local_settings(directory, flushDiskType=flush, **topology, **options),
+                       directory / "node.log").start(timeout=120)
+    try:
+        yield node
+    finally:
+        node.stop(timeout=60, strict=False)
+
+
+class Usage:
+    """CPU seconds and peak RSS of the node's processes over a measured stretch."""
+
+    def __init__(self, node: NodeProcess):
+        self.processes = node.tree()
+        self.cpu0 = self._cpu()
+        self.began = time.perf_counter()
+
+    def _cpu(self) -> float:
+        total = 0.0
+        for p in self.processes:
+            try:
+                times = p.cpu_times()
+                total += times.user + times.system
+            except psutil.Error:
+                pass
+        return total
+
+    def report(self) -> str:
+        elapsed = time.perf_counter() - self.began
+        rss = 0
+        for p in self.processes:
+            try:
+                rss += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return f"node CPU {100 * (self._cpu() - self.cpu0) / elapsed:.0f}% of one core, RSS {rss / 2**20:.0f} MiB"
+
+
+async def batches(endpoint: str, count: int, batch: int, senders: int) -> float:
+    async with AsyncProducer(endpoint) as producer:
+        messages = [Message("BenchBatch", BODY) for _ in range(batch)]
+        await producer.send_batch("BenchBatch", messages)
+
+        async def sender(k: int) -> None:
+            for _ in range(count // batch // senders):
+                await producer.send_batch("BenchBatch", messages)
+
+        began = time.perf_counter()
+        await asyncio.gather(*[sender(k) for k in range(senders)])
+        return (count // batch // senders) * batch * senders / (time.perf_counter() - began)
+
+
+async def singles(endpoint: str, count: int, senders: int, topic: str) -> float:
+    async with AsyncProducer(endpoint) as producer:
+        await producer.send(topic, BODY)
+
+        async def sender(k: int) -> None:
+            for _ in range(count // senders):
+                await producer.send(topic, BODY)
+
+        began = time.perf_counter()
+        await asyncio.gather(*[sender(k) for k in range(senders)])
+        return (count // senders) * senders / (time.perf_counter() - began)
+
+
+async def settle(endpoint: str, timeout: float = SETTLE_S) -> tuple[float, dict]:
+    """Wait until the dispatcher has caught up with the written end (at most `timeout` s) and a
+    second more, for the front's CPU reading to see a quiet node; (seconds waited, the front's
+    statistics)."""
+    began = time.monotonic()
+    async with AsyncProducer(endpoint) as producer:
+        while True:
+            info, _ = await producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+            control = info.get("control", {})
+            if control.get("dispatched", 0) >= control.get("written", 0) or time.monotonic() - began > timeout:
+                break
+            await asyncio.sleep(0.1)
+        waited = time.monotonic() - began
+        await asyncio.sleep(1.0)
+        info, _ = await producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+    return waited, info.get("actors", {}).get("front", {})
+
+
+def pinning(front: dict) -> str:
+    stats = front.get("cpuPinning", {})
+    if not stats:
+        return "front not pinned (frontPinBelowCpu = 0)"
+    if not stats.get("enabled"):
+        return "front pinning unavailable here"
+    where = "none" if stats.get("pinnedCpu") is None else f"CPU {stats['pinnedCpu']}"
+    return f"front pinned to {where} ({stats.get('pins')} pins, {stats.get('unpins')} unpins so far)"
+
+
+def wake_ups(front: dict) -> str:
+    stats = front.get("cpuLatency")
+    if not stats:
+        return "no CPU wake-up latency request (cpuIdleLatencyUs = -1)"
+    if stats.get("unavailable"):
+        return f"no CPU wake-up latency request ({stats['unavailable']})"
+    return (f"idle CPUs held to {stats.get('limitUs')} µs wake-ups while the front serves "
+            f"({stats.get('holds')} holds, {stats.get('heldSeconds')} s so far)")
+
+
+async def latency(endpoint: str, rate: int, seconds: float, pace=paced) -> tuple[float, float]:
+    """Single sends at `rate`/s, one every 1/rate s (`pace`); (p50, p99) ack latency in µs."""
+    async with AsyncProducer(endpoint, linger_ms=0) as producer:
+        await producer.send("BenchLatency", BODY)
+        samples: list[float] = []
+
+        async def one(_: int) -> None:
+            began = time.perf_counter()
+            await producer.send("BenchLatency", BODY)
+            samples.append(time.perf_counter() - began)
+
+        await pace(rate, seconds, one)
+        samples.sort()
+        return samples[len(samples) // 2] * 1e6, samples[int(len(samples) * 0.99)] * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=200_000, help="messages per throughput figure")
+    parser.add_argument("--ingress-workers", type=int, nargs="+", default=[0, 2],
+                        help="ingressWorkers settings to compare (0 = the compact topology; more = split)")
+    parser.add_argument("--node-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for every node it starts, e.g. cpuIdleLatencyUs=0 (host tuning, opt-in)")
+    args = parser.parse_args()
+    options = dict(item.split("=", 1) for item in args.node_option)
+    base = Path(tempfile.mkdtemp(prefix="mqnode-bench-produce-"))
+    print(f"mqnode bench-produce: 1 KiB bodies, {psutil.cpu_count()} cores, client on the same machine")
+    try:
+        print(f"before: {floors.report(base)}", flush=True)
+        for ingress in args.ingress_workers:
+            directory = base / f"async-{ingress}-{len(list(base.iterdir()))}"
+            directory.mkdir()
+            with bench_node(directory, "ASYNC_FLUSH", ingress, options) as node:
+                usage = Usage(node)
+                rate = aio.run(batches(node.endpoint, args.count, 128, 4))
+                print(f"[ingressWorkers={ingress}] ASYNC_FLUSH send_batch (128/batch, 4 senders): {rate:>9,.0f} msgs/s "
+                      f"(target >= 150,000); {usage.report()}")
+                usage = Usage(node)
+                rate = aio.run(singles(node.endpoint, args.count, 1024, "BenchSingle"))
+                print(f"[ingressWorkers={ingress}] ASYNC_FLUSH concurrent single sends (1024):    {rate:>9,.0f} msgs/s "
+                      f"(target >= 80,000); {usage.report()}")
+                if ingress == args.ingress_workers[0]:
+                    waited, front = aio.run(settle(node.endpoint))
+                    print(f"[ingressWorkers={ingress}] settled: dispatcher caught up in {waited:.1f} s; "
+                          f"{pinning(front)}; {wake_ups(front)}")
+                    usage = Usage(node)
+                    p50, p99 = aio.run(latency(node.endpoint, 5000, 5.0))
+                    print(f"[ingressWorkers={ingress}] ack latency at 5k msgs/s: p50 {p50:,.0f} µs (target <= 300), "
+                          f"p99 {p99:,.0f} µs (target <= 2,000); {usage.report()}")
+                    usage = Usage(node)  # paced by the loop's timers (bursts), to compare with the even pacing
+                    p50, p99 = aio.run(latency(node.endpoint, 5000, 5.0, paced_by_loop_timers))
+                    print(f"[ingressWorkers={ingress}] ack latency at 5k msgs/s in bursts (~5 sends a ms, the loop's "
+                          f"timers): p50 {p50:,.0f} µs, p99 {p99:,.0f} µs; {usage.report()}")
+        directory = base / "sync"
+        directory.mkdir()
+        with bench_node(directory, "SYNC_FLUSH", args.ingress_workers[0], options) as node:
+            usage = Usage(node)
+            rate = aio.run(singles(node.endpoint, args.count // 2, 64, "BenchSync"))
+            print(f"[ingressWorkers={args.ingress_workers[0]}] SYNC_FLUSH, 64 concurrent senders:            "
+                  f"{rate:>9,.0f} msgs/s (target >= 50,000); {usage.report()}")
+        print(f"after: {floors.report(base)}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

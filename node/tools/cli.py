@@ -1,0 +1,312 @@
+"""`scripts/mqnode`: the command users run. Subcommands: start, produce, admin, dump, verify.
+
+Every command that opens a store takes its settings from `--conf FILE` (flat key = value lines,
+see conf/broker.toml) and from `--<settingName> VALUE` flags, which win over the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import sys
+
+import orjson
+
+from shm import settings as settings_module
+from shm.codec import Corruption, Record
+from shm.mapped_file import StoreError
+from shm.settings import FIELDS, REPLACED_BY_TOPOLOGY, Settings, SettingsError
+
+
+def _add_store_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", help="store root directory (storePathRootDir)")
+    parser.add_argument("--conf", help="settings file (flat key = value lines, as conf/broker.toml)")
+    group = parser.add_argument_group("settings (override --conf)")
+    for name in FIELDS:
+        group.add_argument(f"--{name}", dest=f"setting_{name}", metavar="VALUE", help=argparse.SUPPRESS)
+    for name in REPLACED_BY_TOPOLOGY:  # refused with an error that names `topology`
+        group.add_argument(f"--{name}", dest=f"replaced_{name}", metavar="VALUE", help=argparse.SUPPRESS)
+    group.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="any setting of conf/broker.toml, e.g. --mappedFileSizeCommitLog 65536 or "
+                            "--set maxHashSlotNum=500 (every setting is also a --<name> flag)")
+
+
+def _settings_from(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, object] = {}
+    for item in args.set:
+        name, separator, value = item.partition("=")
+        if not separator:
+            raise SettingsError(f"--set {item!r}: expected KEY=VALUE")
+        overrides[name.strip()] = value
+    for name in (*FIELDS, *REPLACED_BY_TOPOLOGY):
+        value = getattr(args, f"setting_{name}", None) or getattr(args, f"replaced_{name}", None)
+        if value is not None:
+            overrides[name] = value
+    if args.store:
+        overrides["storePathRootDir"] = args.store
+    return settings_module.load(args.conf, overrides)
+
+
+# -- dump --------------------------------------------------------------------------------------
+
+
+def record_json(record: Record) -> dict:
+    """A record as RocketMQ names its fields; the body as text when it is UTF-8, else base64."""
+    out = {
+        "offset": record.position, "size": record.total_size, "topic": record.topic,
+        "queueId": record.queue_id, "queueOffset": record.queue_offset, "flag": record.flag,
+        "sysFlag": record.sys_flag, "bornTimestamp": record.born_timestamp,
+        "storeTimestamp": record.store_timestamp, "bornHost": str(record.born_host),
+        "storeHost": str(record.store_host), "reconsumeTimes": record.reconsume_times,
+        "preparedTransactionOffset": record.prepared_transaction_offset, "bodyCrc": record.body_crc,
+        "properties": record.properties, "msgId": record.msg_id,
+    }
+    try:
+        out["body"] = record.body.decode("utf-8")
+    except UnicodeDecodeError:
+        out["bodyBase64"] = base64.b64encode(record.body).decode("ascii")
+    return out
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    from shm.store import MessageStore
+    from shm.verify import walk_records
+
+    settings = _settings_from(args)
+    if not settings.commitlog_dir.is_dir():
+        raise StoreError(f"no store at {settings.root}: {settings.commitlog_dir} does not exist")
+    with MessageStore(settings, readonly=True) as store:
+        printed = 0
+        write = sys.stdout.buffer.write
+        for item in walk_records(store, args.from_offset):
+            if isinstance(item, Corruption):
+                print(f"mqnode dump: {item.kind.value} at offset {item.position}: {item.detail}", file=sys.stderr)
+                return 1
+            if args.topic is not None and item.topic != args.topic:
+                continue
+            write(orjson.dumps(record_json(item)) + b"\n")
+            printed += 1
+            if args.count is not None and printed >= args.count:
+                break
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from shm.verify import verify_store
+
+    report = verify_store(_settings_from(args))
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    from node.server.launcher import run
+    from shm.store_files import StoreLocked
+
+    settings = _settings_from(args)
+    try:
+        return run(settings, ray_address=args.ray_address)
+    except StoreLocked as e:
+        print(f"mqnode start: {e}", file=sys.stderr)
+        return 1
+
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911"
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    """Bodies from stdin, one per line; a JSON line per message; exit 1 if any send failed."""
+    from node.client import Message, Producer, SendError
+
+    properties = {}
+    for item in args.property:
+        name, separator, value = item.partition("=")
+        if not separator or not name:
+            raise SettingsError(f"--property {item!r}: expected KEY=VALUE")
+        properties[name] = value
+    keys = args.keys.split() if args.keys else None
+    lines = (line.rstrip("\n").encode("utf-8") for line in sys.stdin)
+    failed = 0
+    out = sys.stdout
+    with Producer(args.endpoint, timeout=args.timeout) as producer:
+        def message(body: bytes) -> Message:
+            return Message(args.topic, body, args.tags, keys, dict(properties), args.delay_level)
+
+        def report(outcome) -> None:
+            nonlocal failed
+            if isinstance(outcome, SendError):
+                failed += 1
+                out.write(orjson.dumps({"status": outcome.status, "remark": outcome.remark}).decode() + "\n")
+            else:
+                out.write(orjson.dumps(outcome.to_json()).decode() + "\n")
+
+        for chunk in _chunks(lines, args.batch or 256):
+            if args.batch:
+                try:
+                    for result in producer.send_batch(args.topic, [message(b) for b in chunk], queue_id=args.queue):
+                        report(result)
+                except SendError as e:
+                    for _ in chunk:
+                        report(e)
+                continue
+            futures = [producer._call_async(producer.inner.send_message(message(b), queue_id=args.queue)) for b in chunk]
+            for future in futures:
+                try:
+                    report(future.result())
+                except SendError as e:
+                    report(e)
+            out.flush()
+    return 1 if failed else 0
+
+
+def _chunks(iterable, size: int):
+    chunk = []
+    for item in iterable:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    """One JSON line per message; commits the group's offsets as it goes."""
+    from node.client import PullConsumer, SendError
+
+    printed = 0
+    with PullConsumer(args.endpoint) as consumer:
+        try:
+            for message in consumer.consume(args.topic, args.group, start=args.start, subscription=args.tags or "*",
+                                            idle_timeout=args.timeout, limit=args.count):
+                sys.stdout.write(orjson.dumps(message.to_json()).decode() + "\n")
+                sys.stdout.flush()
+                printed += 1
+        except SendError as e:
+            print(f"mqnode consume: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from node.client import PullConsumer, SendError
+
+    with PullConsumer(args.endpoint) as consumer:
+        try:
+            messages = consumer.query(args.topic, args.key, begin=args.begin, end=args.end, max_count=args.max)
+        except SendError as e:
+            print(f"mqnode query: {e}", file=sys.stderr)
+            return 1
+    for message in messages:
+        sys.stdout.write(orjson.dumps(message.to_json()).decode() + "\n")
+    return 0 if messages else 1
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    from node.client import Producer, SendError
+    from node.protocol import (
+        GET_ALL_TOPIC_CONFIG,
+        GET_BROKER_RUNTIME_INFO,
+        GET_CONSUME_STATS,
+        GET_MAX_OFFSET,
+        GET_ROUTEINFO_BY_TOPIC,
+    )
+
+    with Producer(args.endpoint, timeout=args.timeout, retries=0) as client:
+        try:
+            if args.what == "stats":
+                reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
+                shown = {"runtime": reply.get("runtime"), "actors": reply.get("actors"), "control": reply.get("control")}
+            elif args.what == "topics":
+                reply, _ = client.request({"code": GET_ALL_TOPIC_CONFIG})
+                shown = reply.get("topicConfigTable")
+            elif args.what == "offsets":
+                if not args.group:
+                    raise SettingsError("admin offsets needs --group")
+                reply, _ = client.request({"code": GET_CONSUME_STATS, "consumerGroup": args.group})
+                shown = {}
+                for topic, queues in (reply.get("offsetTable") or {}).items():
+                    if args.topic and topic != args.topic:
+                        continue
+                    for queue, offset in sorted(queues.items(), key=lambda item: int(item[0])):
+                        top, _ = client.request({"code": GET_MAX_OFFSET, "topic": topic, "queueId": int(queue)})
+                        shown.setdefault(topic, {})[queue] = {"consumerOffset": offset, "brokerOffset": top.get("offset"),
+                                                              "lag": (top.get("offset") or 0) - offset}
+            else:
+                reply, _ = client.request({"code": GET_ROUTEINFO_BY_TOPIC, "topic": args.topic})
+                shown = {k: v for k, v in reply.items() if k not in ("code", "opaque")}
+        except SendError as e:
+            print(f"mqnode admin: {e}", file=sys.stderr)
+            return 1
+    sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0 if reply.get("status") in ("OK", "QUERY_NOT_FOUND") else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mqnode", description="mqnode: a RocketMQ-compatible message store node")
+    commands = parser.add_subparsers(dest="command", required=True)
+    dump = commands.add_parser("dump", help="print CommitLog records as JSON lines")
+    _add_store_options(dump)
+    dump.add_argument("--topic", help="only records of this topic")
+    dump.add_argument("--from", dest="from_offset", type=int, help="start at this CommitLog offset (a record start)")
+    dump.add_argument("--count", type=int, help="stop after this many records")
+    dump.set_defaults(handler=cmd_dump)
+    verify = commands.add_parser("verify", help="check CRCs, ConsumeQueues and the IndexFile of a store")
+    _add_store_options(verify)
+    verify.set_defaults(handler=cmd_verify)
+    start = commands.add_parser("start", help="run a node until SIGINT/SIGTERM (defaults: conf/broker.toml)")
+    _add_store_options(start)
+    start.add_argument("--ray-address", help="join this Ray cluster instead of starting an embedded Ray")
+    start.set_defaults(handler=cmd_start)
+    produce = commands.add_parser("produce", help="send stdin lines as messages, print a JSON result per line")
+    produce.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--tags")
+    produce.add_argument("--keys", help='space-separated keys, e.g. "k1 k2"')
+    produce.add_argument("--property", action="append", default=[], metavar="KEY=VALUE", help="a user property (repeatable)")
+    produce.add_argument("--delay-level", type=int, default=0)
+    produce.add_argument("--queue", type=int, help="queue id (default: round-robin)")
+    produce.add_argument("--batch", type=int, default=0, help="send N lines at a time as one batch (one queue)")
+    produce.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each reply")
+    produce.set_defaults(handler=cmd_produce)
+    consume = commands.add_parser("consume", help="print a topic's messages as JSON lines, committing a group's offsets")
+    consume.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    consume.add_argument("--topic", required=True)
+    consume.add_argument("--group", required=True)
+    consume.add_argument("--from", dest="start", choices=["first", "last", "committed"], default="committed",
+                         help="committed (default): the group's offsets, first where it has none")
+    consume.add_argument("--tags", help='subscription: "*" or "TagA || TagB"')
+    consume.add_argument("--count", type=int, help="stop after N messages")
+    consume.add_argument("--timeout", type=float, default=5.0, help="stop after S seconds without a message")
+    consume.set_defaults(handler=cmd_consume)
+    query = commands.add_parser("query", help="find messages by key (UNIQ_KEY or one of KEYS) through the index")
+    query.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    query.add_argument("--topic", required=True)
+    query.add_argument("--key", required=True)
+    query.add_argument("--begin", type=int, default=0, help="store time from (ms)")
+    query.add_argument("--end", type=int, default=2**62, help="store time to (ms)")
+    query.add_argument("--max", type=int, default=32)
+    query.set_defaults(handler=cmd_query)
+    admin = commands.add_parser("admin", help="ask a running node: stats, topics, offsets, or a topic's route")
+    admin.add_argument("what", choices=["stats", "topics", "offsets", "topic"])
+    admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    admin.add_argument("--topic", help="for `admin topic`; filters `admin offsets`")
+    admin.add_argument("--group", help="for `admin offsets`")
+    admin.add_argument("--timeout", type=float, default=5.0)
+    admin.set_defaults(handler=cmd_admin)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (SettingsError, StoreError) as e:
+        print(f"mqnode {args.command}: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

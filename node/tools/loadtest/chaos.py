@@ -1,0 +1,89 @@
+"""`--chaos`: kill -9 an actor or the whole node at random instants, restart what was killed.
+
+The schedule is seeded (`--seed`): the same seed gives the same pauses and the same choice of
+target, so a failing run replays. An actor is killed by the pid in `<runDir>/<label>.pid`, and
+Ray restarts it (the node is started with a high `actorMaxRestarts`); the strike waits until a
+new process has written that pid file. The whole node is killed as a process tree, then started
+again on the same store and port, which runs abnormal recovery. Every strike is an event in the
+results, with how long the node took to come back.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+
+import psutil
+
+from node.tools.local_node import NodeProcess
+
+NODE = "node"
+NODE_SHARE = 1 / 3       # of strikes that take down the whole node, the rest one actor
+RECOVERY_LIMIT = 120.0   # seconds a restart may take before the run fails
+MAX_STRIKES = 1000
+
+
+class Chaos:
+    def __init__(self, node: NodeProcess, seed: int, interval: tuple[float, float]):
+        self.node = node
+        self.rng = random.Random(seed)
+        self.interval = interval
+        self.events: list[dict] = []
+        self.failure: str | None = None
+        self.quiet = threading.Event()  # set by the coordinator: no new strikes
+        self.thread = threading.Thread(target=self._run, name="chaos", daemon=True)
+
+    def start(self) -> Chaos:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """No new strikes; waits for one in progress to finish its restart."""
+        self.quiet.set()
+        self.thread.join(RECOVERY_LIMIT + 30)
+
+    def _run(self) -> None:
+        for _ in range(MAX_STRIKES):
+            if self.quiet.wait(self.rng.uniform(*self.interval)):
+                return
+            target = self.choose(self.node.actor_labels())
+            try:
+                self.events.append(self.strike(target))
+            except Exception as e:  # a node that does not come back fails the run
+                self.failure = f"{target}: {type(e).__name__}: {e}"
+                self.events.append({"t": time.time(), "target": target, "error": self.failure})
+                return
+
+    def choose(self, labels: list[str]) -> str:
+        if not labels or self.rng.random() < NODE_SHARE:
+            return NODE
+        return self.rng.choice(labels)
+
+    def strike(self, target: str) -> dict:
+        began = time.time()
+        if target == NODE:
+            pid = self.node.process.pid
+            self.node.kill_all()
+            self.node.start(timeout=RECOVERY_LIMIT)
+        else:
+            pid = self._kill_actor(target)
+        return {"t": began, "target": target, "pid": pid, "recoveredAfter": round(time.time() - began, 3)}
+
+    def _kill_actor(self, label: str) -> int:
+        path = self.node.settings.run_dir / f"{label}.pid"
+        pid = int(path.read_text())
+        try:
+            psutil.Process(pid).send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+        deadline = time.monotonic() + RECOVERY_LIMIT
+        while time.monotonic() < deadline:
+            try:
+                if int(path.read_text()) != pid:
+                    return pid
+            except (OSError, ValueError):
+                pass  # being rewritten
+            time.sleep(0.05)
+        raise TimeoutError(f"actor {label} was not restarted within {RECOVERY_LIMIT:.0f} s")

@@ -1,0 +1,132 @@
+"""A node as a child process: `python -m node.tools.cli start` with its own embedded Ray.
+
+Used by the load tester, the benchmarks and the crash tests: it starts a node from a `Settings`
+(every setting that differs from the default becomes a `--<name>` flag), waits for its `ready`
+line, lists its process tree (for psutil figures and kill -9), and stops it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from shm import settings as settings_module
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: node/tools/local_node.py
+
+
+# Below Linux's ephemeral range (32768-60999) and above Ray's worker ports (10002-19999): a port
+# the kernel hands out (bind to 0) is free now, but an outgoing connection of the node's own Ray
+# may take it before the front binds it (seen: a front restarted a dozen times on EADDRINUSE).
+LISTEN_PORTS = range(20000, 32768)
+
+
+def free_port() -> int:
+    for _ in range(1000):
+        port = random.choice(LISTEN_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {LISTEN_PORTS}")
+
+
+def start_flags(settings) -> list[str]:
+    """The `--<name> value` flags that reproduce `settings` over the defaults."""
+    args = []
+    defaults = settings_module.Settings()
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if value != getattr(defaults, f.name):
+            args += [f"--{f.name}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return args
+
+
+def local_settings(directory: Path, **overrides):
+    """Settings for a node of its own under `directory` (store/, run/), on a free port. The
+    IndexFile is sized for a run, not RocketMQ's 5M slots x 20M entries (a 420 MB file each)."""
+    port = free_port()
+    values = {"storePathRootDir": str(directory / "store"), "listen": f"tcp://127.0.0.1:{port}", "listenPort": port,
+              "runDir": str(directory / "run"), "maxHashSlotNum": 500_000, "maxIndexNum": 2_000_000}
+    values.update(overrides)
+    return settings_module.load(None, values)
+
+
+class NodeProcess:
+    """`python -m node.tools.cli start` with its own embedded Ray; `kill_all` is kill -9 of the tree."""
+
+    def __init__(self, settings, log: Path):
+        self.settings = settings
+        self.log = log
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return self.settings.listen
+
+    def start(self, timeout: float = 90.0) -> NodeProcess:
+        args = [sys.executable, "-m", "node.tools.cli", "start", *start_flags(self.settings)]
+        seen = self.log.stat().st_size if self.log.exists() else 0
+        with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if b"mqnode ready" in self.log.read_bytes()[seen:]:
+                return self
+            if self.process.poll() is not None:
+                raise RuntimeError(f"node exited {self.process.returncode}: {self.log.read_text()[-3000:]}")
+            time.sleep(0.1)
+        raise TimeoutError(f"node not ready: {self.log.read_text()[-3000:]}")
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.process.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def actor_process(self, label: str) -> psutil.Process:
+        """The Ray worker hosting actor `label` (each actor writes <runDir>/<label>.pid)."""
+        return psutil.Process(int((self.settings.run_dir / f"{label}.pid").read_text()))
+
+    def actor_labels(self) -> list[str]:
+        return sorted(p.stem for p in self.settings.run_dir.glob("*.pid"))
+
+    def kill_all(self) -> None:
+        processes = self.tree()
+        for p in processes:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(processes, timeout=10)
+        self.process.wait(10)
+
+    def stop(self, timeout: float = 30.0, *, strict: bool = True) -> int:
+        """SIGTERM and wait; with `strict`, assert that no process of the node is left behind."""
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        processes = self.tree()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_all()
+            code = self.process.returncode
+        _, alive = psutil.wait_procs(processes, timeout=10)
+        for p in alive:  # kill stragglers so whatever runs next starts clean
+            p.kill()
+        if strict:
+            assert not alive, f"processes left behind: {[p.pid for p in alive]}"
+        return code

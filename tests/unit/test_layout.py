@@ -1,0 +1,62 @@
+"""The layout shows the architecture: which package may import which (no cycles), and a client
+that needs nothing of the server."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+from nodes import ROOT
+
+# package -> the packages it may import (besides itself, node.protocol and the standard library)
+ALLOWED = {
+    "shm": set(),
+    "node.client": {"shm"},
+    "actors": {"shm", "node.client", "node.server"},
+    "node.server": {"shm", "node.client"},  # the services it starts are named, not imported (topology)
+    "node.tools": {"shm", "node.client", "node.server", "actors"},
+}
+
+
+def _package(module: str) -> str | None:
+    for package in sorted(ALLOWED, key=len, reverse=True):
+        if module == package or module.startswith(package + "."):
+            return package
+    return None
+
+
+def _imports(path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_packages_import_only_downward():
+    wrong = []
+    for path in sorted(ROOT.glob("**/*.py")):
+        relative = path.relative_to(ROOT)
+        if relative.parts[0] in (".venv", "tests", "build"):
+            continue
+        package = _package(".".join(relative.with_suffix("").parts))
+        if package is None:
+            continue
+        for module in _imports(path):
+            target = _package(module)
+            if target is not None and target != package and target not in ALLOWED[package]:
+                wrong.append(f"{relative} imports {module}")
+    assert not wrong, wrong
+
+
+def test_the_client_imports_nothing_of_the_server():
+    code = ("import sys; from node.client import Producer, PullConsumer; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'psutil', 'numpy', 'actors') "
+            "or m.startswith(('node.server', 'node.tools'))))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

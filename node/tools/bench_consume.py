@@ -20,7 +20,7 @@ from pathlib import Path
 
 from node.client import AsyncProducer, AsyncPullConsumer, Message, aio
 from node.tools import floors
-from node.tools.bench_produce import BODY, Usage, bench_node
+from node.tools.bench_produce import BODY, Usage, add_node_options, bench_node, node_options
 from node.tools.pacing import paced
 from shm.control_block import ControlBlock
 
@@ -130,10 +130,9 @@ async def end_to_end(endpoint: str, rate: int, seconds: float) -> tuple[float, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backlog", type=int, default=1_000_000)
-    parser.add_argument("--node-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting for the node it starts, e.g. cpuIdleLatencyUs=0 (host tuning, opt-in)")
+    add_node_options(parser)
     args = parser.parse_args()
-    options = dict(item.split("=", 1) for item in args.node_option)
+    options = node_options(args)
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-consume-"))
     print(f"mqnode bench-consume: 1 KiB bodies, backlog {args.backlog:,}, client(s) on the same machine")
     try:

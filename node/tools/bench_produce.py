@@ -159,15 +159,23 @@ async def latency(endpoint: str, rate: int, seconds: float, pace=paced) -> tuple
         return samples[len(samples) // 2] * 1e6, samples[int(len(samples) * 0.99)] * 1e6
 
 
+def add_node_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for every node it starts, e.g. cpuIdleLatencyUs=0 (host tuning, opt-in)")
+
+
+def node_options(args: argparse.Namespace) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in args.node_option)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=200_000, help="messages per throughput figure")
     parser.add_argument("--ingress-workers", type=int, nargs="+", default=[0, 2],
                         help="ingressWorkers settings to compare (0 = the compact topology; more = split)")
-    parser.add_argument("--node-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting for every node it starts, e.g. cpuIdleLatencyUs=0 (host tuning, opt-in)")
+    add_node_options(parser)
     args = parser.parse_args()
-    options = dict(item.split("=", 1) for item in args.node_option)
+    options = node_options(args)
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-produce-"))
     print(f"mqnode bench-produce: 1 KiB bodies, {psutil.cpu_count()} cores, client on the same machine")
     try:

@@ -41,6 +41,7 @@ from node import protocol
 from shm import reader as store_reader
 from shm.codec import Record, decode, decode_msg_id, tags_code
 from shm.index_file import IndexService
+from shm.invariant import InvariantBroken
 
 MAX_HELD = 100_000
 MAX_TAKE = 256
@@ -274,8 +275,8 @@ class Pull(Actor):
             written, give_up_at, client, arrival, header = entry
             if dispatched >= written:
                 reply = self.serve(header, client, arrival, allow_hold=True, written=written)
-                if reply is DEFER:  # (an invariant, checked under python -O too)
-                    raise AssertionError("a read served with the dispatcher caught up was deferred again")
+                if reply is DEFER:
+                    raise InvariantBroken("a read served with the dispatcher caught up was deferred again")
             elif now >= give_up_at:
                 reply = [orjson.dumps(protocol.reply_header(header.get("opaque"), "SYSTEM_BUSY",
                                                             "the dispatcher is behind; try again"))]

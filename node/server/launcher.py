@@ -26,6 +26,7 @@ import importlib
 import logging
 import os
 import secrets
+import shutil
 import signal
 import stat
 import sys
@@ -171,6 +172,7 @@ class Node:
         self.failed = threading.Event()
         self.watch_stopping = threading.Event()
         self.watcher: threading.Thread | None = None
+        self.temporary_run_dir: Path | None = None
 
     # -- start ---------------------------------------------------------------------------------------
 
@@ -215,7 +217,10 @@ class Node:
             _embedded_ray_token()
         import ray
 
-        s = self.settings = dataclasses.replace(self.settings, runDir=str(prepare_run_dir(self.settings)))
+        run_dir = prepare_run_dir(self.settings)
+        if run_dir != self.settings.run_dir:  # a temporary one: removed at stop
+            self.temporary_run_dir = run_dir
+        s = self.settings = dataclasses.replace(self.settings, runDir=str(run_dir))
         if not ray.is_initialized():
             if self.ray_address:
                 ray.init(address=self.ray_address, logging_level=logging.ERROR, log_to_driver=False)
@@ -355,6 +360,9 @@ class Node:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+        if self.temporary_run_dir is not None:
+            shutil.rmtree(self.temporary_run_dir, ignore_errors=True)
+            self.temporary_run_dir = None
 
     def _drain(self) -> None:
         import ray

@@ -216,7 +216,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
         try:
             if args.what == "stats":
                 reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
-                shown = {"runtime": reply.get("runtime"), "actors": reply.get("actors"), "control": reply.get("control")}
+                shown = {key: reply.get(key) for key in ("runtime", "services", "actors", "supervision", "control")}
             elif args.what == "topics":
                 reply, _ = client.request({"code": GET_ALL_TOPIC_CONFIG})
                 shown = reply.get("topicConfigTable")

@@ -18,6 +18,7 @@ from nodes import ROOT, in_process_node
 from node import protocol
 from node.client import AsyncProducer, Message, Producer, SendError
 from node.server import host_tuning as cpu_latency
+from node.server import topology
 from shm.codec import decode_msg_id, encode, encode_host, properties_string
 from shm.store import MessageStore
 from shm.verify import verify_store
@@ -195,6 +196,11 @@ def test_cli_produce_and_admin_stats(node):
     assert {"putMessageTimesTotal", "putMessageSizeTotal", "putTps", "putMessageDistributeTime",
             "putMessageEntireTimeMax"} <= set(shown["runtime"])
     assert {"front", "writer", "flush", "allocator", "dispatcher"} <= set(shown["actors"])
+    # every service of the topology, with the process that hosts it and its pid
+    hosts = topology.hosts(node.settings)
+    assert {service: [h["process"] for h in placed] for service, placed in shown["services"].items()} == hosts
+    assert all(h["pid"] == shown["actors"][h["process"]]["pid"] for placed in shown["services"].values() for h in placed)
+    assert isinstance(shown["supervision"], dict)
     assert shown["actors"]["writer"]["nativeEncode"] is True  # the front's encode loops run in C
     assert shown["actors"]["writer"]["nativePlace"] is True  # and the append's patch loop
     assert shown["actors"]["dispatcher"]["nativeScan"] is True  # and so does the dispatcher's scan

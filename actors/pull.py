@@ -168,9 +168,9 @@ class Pull(Actor):
             return self._pull(header, client, arrival, dispatched, allow_hold, behind)
         if code == protocol.VIEW_MESSAGE_BY_ID:
             return self._view(header, opaque, self.control.get("written"))
-        if behind and (code in (protocol.GET_MAX_OFFSET, protocol.SEARCH_OFFSET_BY_TIMESTAMP)
-                       and not header.get("indexed")):
-            return DEFER
+        if behind and (code == protocol.SEARCH_OFFSET_BY_TIMESTAMP
+                       or code == protocol.GET_MAX_OFFSET and not header.get("indexed")):
+            return DEFER  # (`indexed`: GET_MAX_OFFSET's, RocketMQ's indexed max at once)
         if code in (protocol.GET_MAX_OFFSET, protocol.GET_MIN_OFFSET):
             view = self.reader.queue(header["topic"], header["queueId"], dispatched)
             offset = view.max_offset if code == protocol.GET_MAX_OFFSET else view.min_offset

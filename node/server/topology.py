@@ -79,6 +79,3 @@ def hosts(settings) -> dict[str, list[str]]:
             out[service].append(process.label)
     return out
 
-
-def hosted_by_front(settings, service: str) -> bool:
-    return hosts(settings)[service] == ["front"]

@@ -20,7 +20,7 @@ def test_compact_puts_every_client_facing_service_in_the_front():
     processes = topology.processes(_settings())
     assert [p.label for p in processes] == ["allocator", "dispatcher", "front"]
     assert set(topology.SERVICES) == {service for p in processes for service in p.services}
-    assert topology.hosted_by_front(_settings(), "write") and topology.hosted_by_front(_settings(), "read")
+    assert topology.hosts(_settings())["write"] == ["front"] and topology.hosts(_settings())["read"] == ["front"]
 
 
 def test_split_gives_every_service_a_process_and_scales_ingress_and_reads():

@@ -8,10 +8,11 @@ client, so both sides parse the same way.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import orjson
+
+from shm.codec import BATCH_MESSAGE_HEAD, BATCH_PROPS_LENGTH, MAX_MESSAGES_PER_BATCH
 
 # -- request codes: RocketMQ's RequestCode numbers where RocketMQ has the request -----------------
 SEND_MESSAGE = 10
@@ -85,7 +86,7 @@ STORED_STATUSES = frozenset({"PUT_OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOU
 RETRIABLE_STATUSES = frozenset({"SYSTEM_BUSY", "OS_PAGECACHE_BUSY"})
 
 MAX_HEADER_BYTES = 4 * 1024 * 1024  # a header beyond this is malformed, whatever it says
-MAX_MESSAGES_PER_REQUEST = 4096
+MAX_MESSAGES_PER_REQUEST = MAX_MESSAGES_PER_BATCH
 
 
 class ProtocolError(ValueError):
@@ -160,10 +161,8 @@ def parse_subscription(expression) -> list[str] | None:
 
 
 # -- RocketMQ's client batch body (MessageDecoder.encodeMessages), spec §2.10 -----------------------
-# A batch body's message: head, body, properties length, properties (public: the writer's
-# one-pass encoder in node.server.batchbody walks the same layout).
-BATCH_MESSAGE_HEAD = struct.Struct(">iiiii")  # total size, magic (0), body CRC (0), flag, body length
-BATCH_PROPS_LENGTH = struct.Struct(">h")
+# A batch body's message: head, body, properties length, properties; the layout is the codec's
+# (shm.codec, whose one-pass encoder turns a batch body into records).
 
 
 def encode_batch_body(messages: list[tuple[bytes, int, str]]) -> bytes:

@@ -5,7 +5,7 @@ MQNODE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$MQNODE_ROOT/.venv"
 EXTRAS="${MQNODE_EXTRAS:-}"
 # The C sources are compiled at install: a change to one reinstalls too.
-stamp_want="$(cat "$MQNODE_ROOT/pyproject.toml" "$MQNODE_ROOT"/node/server/*.c "$MQNODE_ROOT"/shm/*.c | sha256sum | cut -c1-16)"
+stamp_want="$(cat "$MQNODE_ROOT/pyproject.toml" "$MQNODE_ROOT"/shm/*.c | sha256sum | cut -c1-16)"
 stamp_file="$VENV/.mqnode-installed${EXTRAS:+-$EXTRAS}"
 if [ ! -x "$VENV/bin/python" ]; then
   echo "mqnode: creating $VENV (first use; this takes a minute)" >&2

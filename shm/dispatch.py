@@ -17,13 +17,7 @@ loop stops in front of. tests/unit/test_native_dispatch.py holds the two to the 
 
 from __future__ import annotations
 
-from shm.codec import (  # the dispatcher's hot loop shares the codec's structs
-    _FIXED_V4,
-    _I16,
-    FLAG_BORNHOST_V6,
-    FLAG_STOREHOST_V6,
-    MAX_TOPIC_BYTES,
-    MESSAGE_MAGIC,
+from shm.codec import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_DELAY,
     PROPERTY_KEYS,
@@ -38,7 +32,6 @@ from shm.codec import (  # the dispatcher's hot loop shares the codec's structs
     Blank,
     Corruption,
     Record,
-    _topic_text,
     dispatch_fields,
     index_key_hash,
     tags_code,
@@ -48,7 +41,6 @@ from shm.index_file import INDEX_KEY
 from shm.javacompat import jhash_cached
 from shm.native import NATIVE, _dispatch
 
-_V6_FLAGS = FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6
 _SCHEDULE_RAW = SCHEDULE_TOPIC.encode()
 
 
@@ -129,36 +121,15 @@ class DispatchBatch:
         return position, None
 
     def _scan_python(self, buf, position: int, limit: int, room: int) -> tuple[int, Blank | Corruption | None]:
-        """`scan` of up to `room` records in Python. IPv4 V1 records are read with one unpack and
-        no objects; any other record, or anything odd, goes through `dispatch_fields`, which
-        names the problem."""
-        unpack, fixed_size, topic_text, i16 = _FIXED_V4.unpack_from, _FIXED_V4.size, _topic_text, _I16.unpack_from
+        """`scan` of up to `room` records in Python, each read by the codec's `dispatch_fields`
+        (one unpack for an IPv4 V1 record, no objects), which names whatever stops it."""
+        fields, add = dispatch_fields, self._add
         while position < limit and room > 0:
             room -= 1
-            if limit - position >= fixed_size:
-                (size, magic, _, queue_id, _, queue_offset, physical_offset, sys_flag, _, _, store_timestamp,
-                 _, _, _, body_len) = unpack(buf, position)
-                end = position + size
-                if (magic == MESSAGE_MAGIC and not sys_flag & _V6_FLAGS and 91 <= size and end <= limit
-                        and body_len >= 0):
-                    topic_at = position + fixed_size + body_len
-                    topic_len = buf[topic_at] if topic_at + 3 <= end else 0
-                    props_at = topic_at + 1 + topic_len
-                    if 0 < topic_len <= MAX_TOPIC_BYTES and props_at + 2 <= end:
-                        props_len = i16(buf, props_at)[0]
-                        if 91 + body_len + topic_len + props_len == size and props_len >= 0:
-                            try:
-                                self._add(size, queue_id, queue_offset, physical_offset, sys_flag, store_timestamp,
-                                          topic_text(buf[topic_at + 1: props_at]),
-                                          buf[props_at + 2: end].decode("utf-8"))
-                                position = end
-                                continue
-                            except UnicodeDecodeError:
-                                pass
-            item = dispatch_fields(buf, position, limit)
+            item = fields(buf, position, limit)
             if item.__class__ is not tuple:
                 return position, item
-            self._add(*item)
+            add(*item)
             position += item[0]
         return position, None
 

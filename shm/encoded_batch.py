@@ -5,21 +5,16 @@ No I/O; the record layout is `shm.codec`'s.
 
 from __future__ import annotations
 
-import struct
-
 from shm.codec import (
     FLAG_BORNHOST_V6,
-    FLAG_STOREHOST_V6,
     MESSAGE_MAGIC,
-    OFFSET_SYSFLAG,
     TRANSACTION_COMMIT,
     TRANSACTION_MASK,
     TRANSACTION_NOT,
+    record_head,
+    record_topic,
 )
 from shm.invariant import invariant
-
-_I32 = struct.Struct(">i")
-_HEAD = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
 
 
 class EncodedBatch:
@@ -45,15 +40,13 @@ class EncodedBatch:
 
     def add(self, record: bytes, topic: str | None = None) -> None:
         """Append one encoded record; pass its `topic` when known to skip re-reading it."""
-        size, magic = _HEAD.unpack_from(record, 0)
+        size, magic, queue_id, sys_flag = record_head(record)
         invariant(magic == MESSAGE_MAGIC and size == len(record), "EncodedBatch takes whole V1 records")
-        queue_id, = _I32.unpack_from(record, 12)
-        sys_flag, = _I32.unpack_from(record, OFFSET_SYSFLAG)
         advances = sys_flag & TRANSACTION_MASK in (TRANSACTION_NOT, TRANSACTION_COMMIT)
         self.positions.append(len(self.data))
         self.sizes.append(size)
         if advances:
-            self.queue_keys.append(f"{topic if topic is not None else _topic_of(record, sys_flag)}-{queue_id}")
+            self.queue_keys.append(f"{topic if topic is not None else record_topic(record, sys_flag)}-{queue_id}")
         else:
             self.queue_keys.append(None)
         self.timestamp_offsets.append(56 if not sys_flag & FLAG_BORNHOST_V6 else 68)
@@ -87,12 +80,3 @@ class EncodedBatch:
     def size_bytes(self) -> int:
         return len(self.data)
 
-
-def _topic_of(record: bytes, sys_flag: int) -> str:
-    born = 20 if sys_flag & FLAG_BORNHOST_V6 else 8
-    store = 20 if sys_flag & FLAG_STOREHOST_V6 else 8
-    body_len_at = 68 + born + store
-    body_len = max(_I32.unpack_from(record, body_len_at)[0], 0)
-    topic_at = body_len_at + 4 + body_len
-    topic_len = record[topic_at]
-    return record[topic_at + 1: topic_at + 1 + topic_len].decode("utf-8")

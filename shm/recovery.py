@@ -20,19 +20,14 @@ the report says what was dropped and how long each phase took.
 
 from __future__ import annotations
 
-import struct
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from shm.codec import MESSAGE_MAGIC, Corruption, Record, scan, store_timestamp_offset
+from shm.codec import Corruption, Record, peek_store_timestamp, scan
 from shm.dispatch import reput
 from shm.store import MessageStore
 from shm.store_files import last_exit_ok
-
-_HEADER = struct.Struct(">ii")
-_I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
 
 
 @dataclass
@@ -164,13 +159,8 @@ class Recovery:
                  else store.checkpoint.min_timestamp)
         segments = store.commitlog.segments.files
         for index in range(len(segments) - 1, -1, -1):
-            first = segments[index].map
-            _, magic = _HEADER.unpack_from(first, 0)
-            if magic != MESSAGE_MAGIC:
-                continue
-            sys_flag, = _I32.unpack_from(first, 36)
-            stamp, = _I64.unpack_from(first, store_timestamp_offset(sys_flag))
-            if stamp != 0 and stamp <= limit:
+            stamp = peek_store_timestamp(segments[index].map)
+            if stamp is not None and stamp != 0 and stamp <= limit:
                 return index
         return 0
 

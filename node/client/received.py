@@ -19,33 +19,35 @@ compare the two).
 
 from __future__ import annotations
 
-import struct
 from functools import lru_cache
 
 from node.client.producer import SendError
 from shm.codec import (
-    FIXED_V4,
-    FLAG_BORNHOST_V6,
-    FLAG_STOREHOST_V6,
-    MESSAGE_MAGIC,
-    MESSAGE_MAGIC_V2,
+    FIXED_BORN_HOST,
+    FIXED_BORN_TS,
+    FIXED_PHYSICAL,
+    FIXED_QUEUE_ID,
+    FIXED_QUEUE_OFFSET,
+    FIXED_RECONSUME,
+    FIXED_STORE_HOST,
+    FIXED_STORE_TS,
+    PROPERTIES_LENGTH,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
+    TOTALSIZE,
     Record,
     decode,
     decode_host,
+    lone_uniq_key,
+    offset_msg_id,
     parse_properties,
     split_keys,
+    walk_v4,
 )
 
-_I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
-_FIXED_V4_UNPACK = FIXED_V4.unpack_from
-_FIXED_SIZE = FIXED_V4.size
-_V6_FLAGS = FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6
-# Positions in FIXED_V4's unpacked tuple (spec §2's field order).
-_QUEUE_ID, _QUEUE_OFFSET, _PHYSICAL, _BORN_TS, _BORN_HOST = 3, 5, 6, 8, 9
-_STORE_TS, _STORE_HOST, _RECONSUME, _BODY_LEN = 10, 11, 12, 14
+_SIZE_AT = TOTALSIZE.unpack_from
+_PROPS_LEN_AT = PROPERTIES_LENGTH.unpack_from
 
 FIELDS = ("topic", "queue_id", "queue_offset", "msg_id", "offset_msg_id", "tags", "keys", "properties", "body",
           "born_timestamp", "store_timestamp", "born_host", "store_host", "reconsume_times")
@@ -65,11 +67,11 @@ class ReceivedMessage:
 
     # -- fixed fields and body: unpacked with the record ----------------------------------------
 
-    queue_id = _fixed_field(_QUEUE_ID)
-    queue_offset = _fixed_field(_QUEUE_OFFSET)
-    born_timestamp = _fixed_field(_BORN_TS)
-    store_timestamp = _fixed_field(_STORE_TS)
-    reconsume_times = _fixed_field(_RECONSUME)
+    queue_id = _fixed_field(FIXED_QUEUE_ID)
+    queue_offset = _fixed_field(FIXED_QUEUE_OFFSET)
+    born_timestamp = _fixed_field(FIXED_BORN_TS)
+    store_timestamp = _fixed_field(FIXED_STORE_TS)
+    reconsume_times = _fixed_field(FIXED_RECONSUME)
 
     @property
     def body(self) -> bytes:
@@ -89,7 +91,7 @@ class ReceivedMessage:
     def properties(self) -> dict[str, str]:
         properties = self._properties
         if properties is None:
-            end = self._props_at + _I16.unpack_from(self._buf, self._props_at - 2)[0]
+            end = self._props_at + _PROPS_LEN_AT(self._buf, self._props_at - 2)[0]
             self._properties = properties = parse_properties(self._buf[self._props_at: end].decode("utf-8"))
         return properties
 
@@ -110,7 +112,7 @@ class ReceivedMessage:
         message."""
         properties = self._properties
         if properties is None:
-            uniq = _lone_uniq_key(self._buf, self._props_at)
+            uniq = lone_uniq_key(self._buf, self._props_at)
             if uniq is not None:
                 return uniq
             properties = self.properties
@@ -121,18 +123,18 @@ class ReceivedMessage:
         offset_id = self._offset_id
         if offset_id is None:
             fixed = self._fixed
-            self._offset_id = offset_id = (fixed[_STORE_HOST] + _I64.pack(fixed[_PHYSICAL])).hex().upper()
+            self._offset_id = offset_id = offset_msg_id(fixed[FIXED_STORE_HOST], fixed[FIXED_PHYSICAL])
         return offset_id
 
     @property
     def born_host(self) -> str:
         hosts = self._hosts
-        return _host_text(self._fixed[_BORN_HOST]) if hosts is None else hosts[0]
+        return _host_text(self._fixed[FIXED_BORN_HOST]) if hosts is None else hosts[0]
 
     @property
     def store_host(self) -> str:
         hosts = self._hosts
-        return _host_text(self._fixed[_STORE_HOST]) if hosts is None else hosts[1]
+        return _host_text(self._fixed[FIXED_STORE_HOST]) if hosts is None else hosts[1]
 
     # -- as a value ------------------------------------------------------------------------------
 
@@ -181,39 +183,25 @@ def decode_messages(body: bytes | None) -> list[ReceivedMessage]:
     while at < end:
         if at + 4 > end:
             raise SendError("SYSTEM_ERROR", f"{end - at} stray bytes after the last record of the reply")
-        size = _I32.unpack_from(buf, at)[0]
+        size = _SIZE_AT(buf, at)[0]
         if size <= 0 or at + size > end:
             raise SendError("SYSTEM_ERROR", f"record at byte {at} of the reply has size {size}")
-        message = _walk_v4(buf, at, size) if size > _FIXED_SIZE else None
+        message = _walk_v4(buf, at, size)
         out.append(message or _decode_full(buf[at: at + size]))
         at += size
     return out
 
 
 def _walk_v4(buf: bytes, at: int, size: int) -> ReceivedMessage | None:
-    """An IPv4 record's layout checked and its fixed part unpacked; None for anything else
-    (IPv6 hosts, an odd layout), which the full codec then decodes or names."""
-    fixed = _FIXED_V4_UNPACK(buf, at)
-    magic, body_len = fixed[1], fixed[_BODY_LEN]
-    if fixed[7] & _V6_FLAGS or (magic != MESSAGE_MAGIC and magic != MESSAGE_MAGIC_V2):
+    """A message over an IPv4 record the codec walked (`walk_v4`); None for anything else."""
+    walked = walk_v4(buf, at, size)
+    if walked is None:
         return None
-    body_at, end = at + _FIXED_SIZE, at + size
-    p = body_at + body_len
-    if body_len < 0 or p + 3 > end:
-        return None
-    if magic == MESSAGE_MAGIC:
-        topic_len, p = buf[p], p + 1
-        if topic_len >= 128:  # a negative signed byte in Java
-            return None
-    else:
-        topic_len, p = _I16.unpack_from(buf, p)[0], p + 2
-    props_at = p + topic_len + 2
-    if topic_len <= 0 or props_at > end or props_at + _I16.unpack_from(buf, props_at - 2)[0] != end:
-        return None
+    fixed, body_at, topic_at, props_at = walked
     message = _new(ReceivedMessage)
-    message._body = buf[body_at: body_at + body_len]  # the one field every consumer reads
+    message._body = buf[body_at: body_at + fixed[14]]  # the one field every consumer reads
     (message._buf, message._fixed, message._topic_at, message._props_at, message._topic, message._properties,
-     message._offset_id, message._hosts) = buf, fixed, p, props_at, None, None, None, None
+     message._offset_id, message._hosts) = buf, fixed, topic_at, props_at, None, None, None, None
     return message
 
 
@@ -236,22 +224,6 @@ def _from_fields(topic, queue_id, queue_offset, _msg_id, offset_msg_id, _tags, _
     message._body, message._buf, message._topic, message._properties, message._offset_id, message._hosts = (
         body, b"", topic, properties, offset_msg_id, (born_host, store_host))
     return message
-
-
-_UNIQ_NAME = PROPERTY_UNIQ_KEY.encode() + b"\x01"
-
-
-def _lone_uniq_key(buf: bytes, props_at: int) -> str | None:
-    """UNIQ_KEY's value when its name occurs once in the properties, as a whole name, with a
-    non-empty value; None otherwise (the caller parses them all)."""
-    end = props_at + _I16.unpack_from(buf, props_at - 2)[0]
-    at = buf.find(_UNIQ_NAME, props_at, end)
-    if at < 0 or (at > props_at and buf[at - 1] != 2) or buf.find(_UNIQ_NAME, at + 1, end) >= 0:
-        return None
-    at += len(_UNIQ_NAME)
-    stop = buf.find(b"\x02", at, end)
-    value = buf[at: end if stop < 0 else stop]
-    return value.decode("utf-8") if value else None
 
 
 @lru_cache(maxsize=1024)

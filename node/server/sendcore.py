@@ -3,7 +3,7 @@
 Used by the ingress workers (or by the append writer itself when `ingressWorkers = 0`): each
 request's messages are validated and encoded into one shared `EncodedBatch`; a `PendingSend`
 remembers where its records sit in the batch so the writer can answer once they are placed
-(`node.server.sendreply`). A client batch's body is encoded by `node.server.batchbody`.
+(`node.server.sendreply`). The one-pass encoders of coalesced sends and client batches are the codec's.
 
 Stored properties follow the 4.9 broker (spec §2.7): the client's map, plus CLUSTER, minus WAIT
 (which only decides whether the send waits for the flush), serialised in Java HashMap order. A
@@ -15,16 +15,11 @@ from __future__ import annotations
 import ipaddress
 import struct
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from node import protocol
-from node.server import native
-from node.server.batchbody import encode_batch_v4, find_uniq_key
+from shm import codec
 from shm.codec import (
-    FIXED_V4,
     MAX_PROPERTIES_BYTES,
-    MAX_TOPIC_BYTES,
-    MESSAGE_MAGIC,
     PROPERTY_CLUSTER,
     PROPERTY_DELAY,
     PROPERTY_REAL_QID,
@@ -33,15 +28,16 @@ from shm.codec import (
     PROPERTY_WAIT,
     SCHEDULE_TOPIC,
     MessageIllegal,
-    body_crc,
     encode,
     encode_host,
     encode_v4,
+    find_uniq_key,
     parse_properties,
     properties_string,
+    topic_bytes,
 )
 from shm.encoded_batch import EncodedBatch
-from shm.javacompat import hashmap_capacity, hashmap_order
+from shm.javacompat import hashmap_capacity
 
 
 @dataclass(slots=True)
@@ -80,14 +76,14 @@ class SendEncoder:
         self.cluster = settings.brokerClusterName
         self.delay_levels = len(settings.delay_levels_ms())
         self._born_cache: dict[str, bytes] = {}
-        # the one-pass encoders: in C where it was built (node.server.native), else in Python
-        self._messages_v4 = native.encode_messages_v4 if native.ENABLED else encode_messages_v4
-        self._batch_v4 = native.encode_batch_v4 if native.ENABLED else encode_batch_v4
+        # the codec's one-pass encoders: in C where it was built, else in Python
+        self._messages_v4 = codec.encode_messages_v4
+        self._batch_v4 = codec.encode_batch_v4
 
     @property
     def native(self) -> bool:
         """Whether the one-pass encoders run in C (`statistics()` shows it as nativeEncode)."""
-        return self._messages_v4 is native.encode_messages_v4
+        return self._messages_v4 is codec.encode_messages_v4_c
 
     def born_host(self, text: str | None) -> bytes:
         """`ip:port` (or `[v6]:port`) as record bytes; absent -> 127.0.0.1:0. The front refuses
@@ -138,11 +134,11 @@ class SendEncoder:
         pending.wait = waits
 
     def _add_messages_v4(self, pending, messages: list[dict], body: bytes, born: bytes, batch) -> bool:
-        """`_add_messages` in one pass for the common case (`encode_messages_v4`), in C where it
+        """`_add_messages` in one pass for the common case (`shm.codec.encode_messages_v4`), in C where it
         was built. False leaves `pending` and `batch` untouched for the general path, which
         names whatever is wrong."""
         encoded = self._messages_v4(messages, body, born, self.store_host, self.settings.maxMessageSize,
-                                    self.cluster, _properties_layout)
+                                    self.cluster)
         if encoded is None:
             return False
         records, sizes, queue_keys, topics, queue_ids, uniq_keys, waits = encoded
@@ -184,7 +180,7 @@ class SendEncoder:
                 flag, reconsume_times = _int(flag, "flag"), _int(reconsume_times, "reconsumeTimes")
             born_timestamp = _int(header.get("bornTimestamp", 0), "bornTimestamp")
             if len(born) == 8 and len(self.store_host) == 8:  # the common case, inlined
-                record = encode_v4(_topic_bytes(topic), body, queue_id, flag, 0, born_timestamp, born,
+                record = encode_v4(topic_bytes(topic), body, queue_id, flag, 0, born_timestamp, born,
                                    self.store_host, properties_string(properties, capacity).encode(),
                                    reconsume_times, self.settings.maxMessageSize)
                 pending.indices[index] = len(batch)
@@ -205,7 +201,7 @@ class SendEncoder:
     def _encode(self, topic: str, body: bytes, queue_id: int, flag: int, born_timestamp: int, born: bytes,
                 properties: str, reconsume_times: int) -> bytes:
         if len(born) == 8 and len(self.store_host) == 8:
-            return encode_v4(_topic_bytes(topic), body, queue_id, flag, 0, born_timestamp, born, self.store_host,
+            return encode_v4(topic_bytes(topic), body, queue_id, flag, 0, born_timestamp, born, self.store_host,
                              properties.encode("utf-8"), reconsume_times, self.settings.maxMessageSize)
         return encode(topic=topic, body=body, queue_id=queue_id, flag=flag, born_timestamp=born_timestamp,
                       born_host=born, store_host=self.store_host, properties=properties,
@@ -299,7 +295,7 @@ class SendEncoder:
             return False
         wait = batch_props.get(PROPERTY_WAIT) != "false"
         batch_props[PROPERTY_CLUSTER] = self.cluster
-        encoded = self._batch_v4(body, _topic_bytes(topic), queue_id, born_timestamp, born, self.store_host,
+        encoded = self._batch_v4(body, topic_bytes(topic), queue_id, born_timestamp, born, self.store_host,
                                  properties_string(batch_props).encode(), self.settings.maxMessageSize,
                                  protocol.MAX_MESSAGES_PER_REQUEST)  # (None for a queueId beyond int32)
         if encoded is None:
@@ -314,63 +310,6 @@ class SendEncoder:
         pending.indices += range(first, first + n)
         pending.uniq_keys += uniq_keys
         return True
-
-
-def encode_messages_v4(messages: list[dict], body: bytes, born: bytes, store_host: bytes, max_body: int,
-                       cluster: str, layout=None) -> tuple | None:
-    """A SEND_MESSAGES request's messages (coalesced single sends) as CommitLog records, in one
-    pass, for the common case: IPv4 hosts, nothing refused by the front, no DELAY, properties an
-    object of non-empty strings without separators, every limit kept. Writes what
-    `SendEncoder._add_message` writes, message by message, into one buffer. Returns (records,
-    sizes, queue keys, topics, queue ids, uniq keys, whether any send waits for the flush), or
-    None for the general path. `node.server._encode` is its twin in C (`layout` is for that one).
-
-    The messages' `bodySize`s are checked by the caller to add up to `body`."""
-    if len(born) != 8 or len(store_host) != 8:
-        return None
-    view, at = memoryview(body), 0
-    fixed, i16 = FIXED_V4.pack, _I16_STRUCT.pack
-    parts, sizes, queue_keys, topics, queue_ids, uniq_keys = [], [], [], [], [], []
-    waits = False  # the request waits for the flush if any of its sends does
-    try:
-        for item in messages:
-            topic, queue_id, size = item["topic"], item["queueId"], item["bodySize"]
-            props = item.get("properties")
-            props = {} if props is None else props
-            flag, reconsume, born_ts = item.get("flag", 0), item.get("reconsumeTimes", 0), item.get("bornTimestamp", 0)
-            if (type(props) is not dict or type(queue_id) is not int or type(flag) is not int or type(size) is not int
-                    or type(reconsume) is not int or type(born_ts) is not int or "_refused" in item
-                    or PROPERTY_DELAY in props or size > max_body):
-                return None
-            plan = _properties_plan(tuple(props), cluster)
-            if plan is None or "\x02" in "".join(props.values()) or "" in props.values():  # TypeError: not a str
-                return None
-            topic_raw = _topic_bytes(topic)  # TypeError: not a str (unhashable) ...
-            if type(topic) is not str or not 0 < len(topic_raw) <= MAX_TOPIC_BYTES:
-                return None
-            if not waits and props.get(PROPERTY_WAIT) != "false":
-                waits = True
-            template, filled_by = plan
-            props_raw = template.format(*[props[name] for name in filled_by]).encode()
-            if len(props_raw) > MAX_PROPERTIES_BYTES:  # (so the record stays within maxMessageSize + 64 KiB)
-                return None
-            record_size = 91 + size + len(topic_raw) + len(props_raw)
-            piece = view[at: at + size]
-            parts += (fixed(record_size, MESSAGE_MAGIC, body_crc(piece), queue_id, flag, 0, 0, 0, born_ts, born,
-                            0, store_host, reconsume, 0, size),
-                      piece, _topic_part(topic_raw), i16(len(props_raw)), props_raw)
-            at += size
-            sizes.append(record_size)
-            queue_keys.append(f"{topic}-{queue_id}")
-            topics.append(topic)
-            queue_ids.append(queue_id)
-            uniq_keys.append(props.get(PROPERTY_UNIQ_KEY))
-    except (KeyError, TypeError, AttributeError, struct.error, UnicodeEncodeError):  # struct.error: an int beyond its field
-        return None
-    return bytearray().join(parts), sizes, queue_keys, topics, queue_ids, uniq_keys, waits
-
-
-_I16_STRUCT = struct.Struct(">h")
 
 
 class _BatchRefused(Exception):
@@ -415,73 +354,6 @@ def _client_properties(value) -> dict[str, str]:
                 out[k] = v
         return out
     raise MessageIllegal("MESSAGE_ILLEGAL", "properties must be an object of strings or a RocketMQ properties string")
-
-
-@lru_cache(maxsize=1024)
-def _topic_bytes(topic: str) -> bytes:
-    return topic.encode("utf-8")
-
-
-def _stored_names(names: tuple[str, ...], cluster: str) -> list[str] | None:
-    """The names a coalesced send's properties are stored under, in Java HashMap order: WAIT
-    dropped, CLUSTER added (its value is this node's). None for names the one-pass encoders
-    leave to the general path (empty, holding a separator, DELAY)."""
-    if PROPERTY_DELAY in names or any(not name or "\x01" in name or "\x02" in name for name in names):
-        return None
-    stored = [name for name in names if name != PROPERTY_WAIT]
-    if PROPERTY_CLUSTER not in stored:
-        stored.append(PROPERTY_CLUSTER)
-    count = len(names) + (PROPERTY_CLUSTER not in names)  # a map of at most 12 keys has 16 buckets
-    return hashmap_order(stored, 16 if count <= 12 else hashmap_capacity(count))
-
-
-@lru_cache(maxsize=1024)
-def _properties_plan(names: tuple[str, ...], cluster: str) -> tuple[str, tuple[str, ...]] | None:
-    """How the Python encoder stores a coalesced send's properties, worked out once per set of
-    names (in the message's order): a `str.format` template of the stored text and the names
-    whose values fill it, in order. The per-message work is then one format call (~0.7 us a
-    message less than ordering and joining each message's pairs; docs/performance.md)."""
-    order = _stored_names(names, cluster)
-    if order is None:
-        return None
-    pieces, filled_by = [], []
-    for name in order:
-        if name == PROPERTY_CLUSTER:
-            pieces.append(_literal(f"{name}\x01{cluster}"))
-        else:
-            pieces.append(_literal(f"{name}\x01") + "{}")
-            filled_by.append(name)
-    return "\x02".join(pieces), tuple(filled_by)
-
-
-@lru_cache(maxsize=1024)
-def _properties_layout(names: tuple[str, ...], cluster: str) -> tuple | None:
-    """`_properties_plan` for the C encoder: the stored text as UTF-8 literals and the names
-    whose values go between them, alternating, a literal first and last."""
-    order = _stored_names(names, cluster)
-    if order is None:
-        return None
-    layout, literal = [], ""
-    for i, name in enumerate(order):
-        literal += ("\x02" if i else "") + f"{name}\x01"
-        if name == PROPERTY_CLUSTER:
-            literal += cluster
-        else:
-            layout += (literal.encode(), name)
-            literal = ""
-    layout.append(literal.encode())
-    return tuple(layout)
-
-
-def _literal(text: str) -> str:
-    """`text` as literal text of a format template."""
-    return text.replace("{", "{{").replace("}", "}}")
-
-
-@lru_cache(maxsize=1024)
-def _topic_part(topic_raw: bytes) -> bytes:
-    """TOPICLENGTH (one byte) and the topic, as a V1 record holds them."""
-    return bytes((len(topic_raw),)) + topic_raw
 
 
 def _int(value, name: str) -> int:

@@ -7,16 +7,11 @@ store host plus the record's physical offset, the msgId the client's UNIQ_KEY wh
 
 from __future__ import annotations
 
-import struct
-
 import orjson
 
 from node import protocol
-from node.server import native
 from node.server.sendcore import PendingSend
-from shm.codec import offset_msg_id
-
-_I64_STRUCT = struct.Struct(">q")
+from shm.codec import offset_ids, offset_msg_id
 
 
 def results(pending: PendingSend, physical: list[int], queue: list[int], store_host: bytes,
@@ -45,8 +40,7 @@ def answer(pending: PendingSend, physical: list[int], queue: list[int], store_ho
     indices = pending.indices
     if not indices or pending.refusals or min(indices) < 0 or pending.code == protocol.SEND_MESSAGE:
         return reply(pending, results(pending, physical, queue, store_host))
-    make_ids = native.offset_ids if native.ENABLED and len(store_host) == 8 else offset_ids
-    ids = make_ids(store_host, physical, indices)
+    ids = offset_ids(store_host, physical, indices)
     if pending.code == protocol.SEND_MESSAGES and pending.compact:
         # a quarter of the bytes and no dict a message, to build here and to read at the client
         msg_ids = ",".join([u or o for u, o in zip(pending.uniq_keys, ids)])
@@ -61,13 +55,6 @@ def answer(pending: PendingSend, physical: list[int], queue: list[int], store_ho
     return orjson.dumps(protocol.reply_header(
         pending.opaque, "PUT_OK", queueId=pending.queue_ids[0], count=len(indices), msgId=msg_ids,
         offsetMsgId=",".join(ids), queueOffset=queue[indices[0]]))
-
-
-def offset_ids(store_host: bytes, physical: list[int], indices: list[int]) -> list[str]:
-    """The offset msgId (`shm.codec.offset_msg_id`) of each appended message at `indices`. The
-    reference for its C twin (`node.server.native.offset_ids`), chosen in `answer` when built."""
-    pack = _I64_STRUCT.pack  # (host + pack).hex() beats an f-string's :016X here
-    return [(store_host + pack(physical[i])).hex().upper() for i in indices]
 
 
 def reply(pending: PendingSend, per_message: list[dict]) -> bytes:

@@ -196,3 +196,65 @@ def test_encoded_batch_leaves_three_fields_for_the_writer():
     assert batch.queue_keys == ["T-1", None, "T-2"]
     assert batch.timestamp_offsets == [56, 56, 68]
     assert batch.positions[1] == batch.sizes[0]
+
+
+# -- one codec: every reader of the layout agrees with `decode` ------------------------------------
+# The dispatcher (`dispatch_fields`), the client (`walk_v4`, `decode_messages`), recovery
+# (`peek_store_timestamp`) and the writer's batch (`record_head`, `record_topic`) each read part of
+# a record in place. Over good records and the same bytes damaged, each either agrees with the
+# full decode or declines (a None, a named Corruption); none raises, none reads past the record.
+
+def _record(topic, body, props, v6, stamp):
+    return encode(topic=topic, body=body, queue_id=5, flag=3, born_timestamp=7,
+                  born_host=encode_host("::1" if v6[0] else "10.1.2.3", 1234),
+                  store_host=encode_host("fe80::1" if v6[1] else "127.0.0.1", 10911),
+                  properties=properties_string(props), queue_offset=11, physical_offset=4096, store_timestamp=stamp)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(topic=topics, body=st.binary(max_size=300), props=st.dictionaries(prop_text, prop_text, max_size=4),
+       v6=st.tuples(st.booleans(), st.booleans()), stamp=st.integers(0, 2**62),
+       flips=st.lists(st.tuples(st.integers(0, 600), st.integers(0, 255)), max_size=3), cut=st.integers(0, 700))
+def test_every_partial_reader_agrees_with_decode(topic, body, props, v6, stamp, flips, cut):
+    from node.client.producer import SendError
+    from node.client.received import decode_messages
+    from shm.codec import dispatch_fields, peek_store_timestamp, record_head, record_topic, walk_v4
+
+    good = _record(topic, body, props, v6, stamp)
+    raw = bytearray(good)
+    for at, value in flips:
+        if at < len(raw):
+            raw[at] = value
+    raw = bytes(raw[:cut]) if cut < len(raw) else bytes(raw)
+    full = decode(raw, check_crc=False)
+
+    item = dispatch_fields(raw, 0, len(raw))
+    if isinstance(full, Record):
+        assert item == (full.total_size, full.queue_id, full.queue_offset, full.physical_offset, full.sys_flag,
+                        full.store_timestamp, full.topic, full.properties_string)
+    else:
+        assert not isinstance(item, tuple)
+
+    # The client's walk is lazy: it checks the layout and leaves text undecoded until asked.
+    walked = walk_v4(raw, 0, len(raw)) if len(raw) >= 4 else None
+    if walked is not None:
+        assert isinstance(full, Record) or "codec can't decode" in full.detail
+        fixed, body_at, topic_at, props_at = walked
+        if isinstance(full, Record):
+            assert raw[body_at: body_at + fixed[14]] == full.body and full.total_size == len(raw)
+            assert raw[topic_at: props_at - 2].decode() == full.topic
+    try:
+        messages = decode_messages(raw)
+    except SendError:
+        assert not isinstance(full, Record) or full.total_size != len(raw)
+    else:
+        assert len(messages) == (1 if raw else 0)
+        assert isinstance(full, Record) or not raw or walked is not None
+        if isinstance(full, Record):
+            assert all((m.topic, m.body, m.properties) == (full.topic, full.body, full.properties) for m in messages)
+
+    if raw == good:
+        assert isinstance(full, Record)
+        assert peek_store_timestamp(raw) == stamp
+        assert record_head(raw) == (len(raw), full.magic, 5, full.sys_flag)
+        assert record_topic(raw, full.sys_flag) == topic

@@ -1,4 +1,4 @@
-"""node.server._encode, the front's one-pass encode loops in C, against the Python loops it mirrors.
+"""shm._encode, the codec's one-pass encode loops in C, against the Python loops it mirrors.
 
 One suite over both implementations (the NATS file store's conformance idea): for any input,
 well-formed or not, the C function returns exactly what the Python one returns (the same bytes
@@ -17,11 +17,8 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from node import protocol
-from node.server import native
-from node.server.batchbody import encode_batch_v4
-from node.server.sendcore import _properties_layout, encode_messages_v4
-from node.server.sendreply import offset_ids
-from shm.codec import encode_host, offset_msg_id
+from shm import codec
+from shm.codec import encode_batch_v4_py, encode_host, encode_messages_v4_py, offset_ids_py, offset_msg_id
 
 pytestmark = pytest.mark.skipif(os.environ.get("MQNODE_NATIVE") == "0", reason="MQNODE_NATIVE=0")
 
@@ -45,7 +42,8 @@ _MESSAGE = st.tuples(_GOOD, st.one_of(st.just({}), st.sampled_from(_SPOILERS))).
 
 def test_the_c_encoder_is_built_and_chosen():
     """The suite must not pass by leaving C out: scripts/test installs with gcc at hand."""
-    assert native.ENABLED and native._encode is not None
+    assert codec.NATIVE and codec._encode is not None
+    assert codec.encode_messages_v4 is codec.encode_messages_v4_c and codec.encode_batch_v4 is codec.encode_batch_v4_c
 
 
 @hypothesis_settings(max_examples=400)
@@ -60,7 +58,7 @@ def test_coalesced_sends_c_matches_python(messages, body, born):
             at += item["bodySize"]
     body = (body * (at // max(len(body), 1) + 1))[:at] if body else bytes(at)
     args = (messages, body, born, STORE, 30, "DefaultCluster")
-    assert _plain(native.encode_messages_v4(*args, _properties_layout)) == _plain(encode_messages_v4(*args))
+    assert _plain(codec.encode_messages_v4_c(*args)) == _plain(encode_messages_v4_py(*args))
 
 
 def test_coalesced_sends_c_writes_the_common_request():
@@ -68,9 +66,9 @@ def test_coalesced_sends_c_writes_the_common_request():
     messages = [{"topic": "T", "queueId": i, "bodySize": 2, "bornTimestamp": 1,
                  "properties": {"UNIQ_KEY": f"K{i}", "TAGS": "a", "WAIT": "false"}} for i in range(3)]
     args = (messages, b"abcdef", BORN, STORE, 1024, "DefaultCluster")
-    encoded = native.encode_messages_v4(*args, _properties_layout)
+    encoded = codec.encode_messages_v4_c(*args)
     assert encoded is not None and encoded[6] is False and encoded[5] == ["K0", "K1", "K2"]
-    assert _plain(encoded) == _plain(encode_messages_v4(*args))
+    assert _plain(encoded) == _plain(encode_messages_v4_py(*args))
 
 
 _INNER = st.tuples(st.binary(max_size=40), st.integers(-2**31, 2**31 - 1),
@@ -90,7 +88,7 @@ def test_client_batches_c_matches_python(inner, flips, cut, suffix, queue_id, to
             data[at] = value
     data = bytes(data[:cut] if cut < len(data) else data)
     args = (data, topic, queue_id, 1_700_000_000_000, BORN, STORE, suffix, max_size, limit)
-    assert _plain(native.encode_batch_v4(*args)) == _plain(encode_batch_v4(*args))
+    assert _plain(codec.encode_batch_v4_c(*args)) == _plain(encode_batch_v4_py(*args))
 
 
 def test_the_c_encoder_keeps_no_memory():
@@ -100,12 +98,12 @@ def test_the_c_encoder_keeps_no_memory():
     body, batch_body = bytes(6400), protocol.encode_batch_body([(bytes(100), 0, "UNIQ_KEY\x01u")] * 64)
 
     def once():
-        assert native.encode_messages_v4(messages, body, BORN, STORE, 1024, "c", _properties_layout) is not None
-        assert native.encode_batch_v4(batch_body, b"T", 0, 1, BORN, STORE, b"CLUSTER\x01c", 1024, 4096) is not None
-        assert native.encode_messages_v4(messages + [{"topic": 5}], body, BORN, STORE, 1024, "c", _properties_layout) is None
-        assert len(native.offset_ids(STORE, physical, list(range(64)))) == 64
+        assert codec.encode_messages_v4_c(messages, body, BORN, STORE, 1024, "c") is not None
+        assert codec.encode_batch_v4_c(batch_body, b"T", 0, 1, BORN, STORE, b"CLUSTER\x01c", 1024, 4096) is not None
+        assert codec.encode_messages_v4_c(messages + [{"topic": 5}], body, BORN, STORE, 1024, "c") is None
+        assert len(codec.offset_ids_c(STORE, physical, list(range(64)))) == 64
         with pytest.raises(IndexError):
-            native.offset_ids(STORE, physical, [0, 64])
+            codec.offset_ids_c(STORE, physical, [0, 64])
 
     physical = [(1 << 40) + 1100 * i for i in range(64)]
 
@@ -126,20 +124,20 @@ def test_the_c_encoder_keeps_no_memory():
        st.data())
 def test_offset_ids_c_matches_python(host, physical, data):
     indices = data.draw(st.lists(st.integers(0, len(physical) - 1), max_size=60))
-    ids = native.offset_ids(host, physical, indices)
-    assert ids == offset_ids(host, physical, indices)
+    ids = codec.offset_ids_c(host, physical, indices)
+    assert ids == offset_ids_py(host, physical, indices)
     assert all(offset_msg_id(host, physical[i]) == ids[k] for k, i in enumerate(indices))
 
 
 def test_offset_ids_c_refuses_what_python_would_not_answer():
     with pytest.raises(IndexError, match="outside"):
-        native.offset_ids(STORE, [1, 2], [-1])  # Python would wrap; a refused message has no offset
+        codec.offset_ids_c(STORE, [1, 2], [-1])  # Python would wrap; a refused message has no offset
     with pytest.raises(IndexError, match="outside"):
-        native.offset_ids(STORE, [1, 2], [2])
+        codec.offset_ids_c(STORE, [1, 2], [2])
     with pytest.raises(ValueError, match="8 bytes"):
-        native.offset_ids(encode_host("::1", 5), [1], [0])  # answer() takes IPv6 hosts through Python
+        codec.offset_ids_c(encode_host("::1", 5), [1], [0])  # answer() takes IPv6 hosts through Python
     with pytest.raises(OverflowError):
-        native.offset_ids(STORE, [2**63], [0])
+        codec.offset_ids_c(STORE, [2**63], [0])
 
 
 def _plain(encoded):

@@ -25,17 +25,12 @@ from actors.wire import (
 )
 from node import protocol
 from node.client.producer import SendError
-from node.server import config_files, native
-from node.server.batchbody import encode_batch_v4
-from node.server.sendcore import (
-    PendingSend,
-    SendEncoder,
-    add_request_atomic,
-    encode_messages_v4,
-)
+from node.server import config_files
+from node.server.sendcore import PendingSend, SendEncoder, add_request_atomic
 from node.server.sendreply import answer, reply, results
 from node.server.store_stats import StoreStats
 from node.server.topics import TopicTable, topic_error
+from shm import codec
 from shm import settings as settings_module
 from shm.codec import decode
 from shm.encoded_batch import EncodedBatch
@@ -180,8 +175,7 @@ def test_wait_false_and_flush_timeouts():
 @given(st.lists(st.sampled_from(["UNIQ_KEY", "\x01", "\x02", "A", "b", "UNIQ_KEY\x01X", "\x02UNIQ_KEY\x01"]),
                 max_size=12))
 def test_uniq_key_shortcut_agrees_with_the_full_parse(pieces):
-    from node.server.batchbody import find_uniq_key, find_uniq_key_ascii
-    from shm.codec import parse_properties
+    from shm.codec import find_uniq_key, find_uniq_key_ascii, parse_properties
 
     text = "".join(pieces)
     assert find_uniq_key(text) == parse_properties(text).get("UNIQ_KEY")
@@ -392,9 +386,9 @@ def _encoder(encoder_class, settings, one_pass: str) -> SendEncoder:
     if one_pass == "c" and os.environ.get("MQNODE_NATIVE") == "0":
         pytest.skip("MQNODE_NATIVE=0: the C encoder is switched off")
     if one_pass == "python":
-        encoder._messages_v4, encoder._batch_v4 = encode_messages_v4, encode_batch_v4
+        encoder._messages_v4, encoder._batch_v4 = codec.encode_messages_v4_py, codec.encode_batch_v4_py
     else:
-        assert encoder._messages_v4 is native.encode_messages_v4 and encoder._batch_v4 is native.encode_batch_v4
+        assert encoder._messages_v4 is codec.encode_messages_v4_c and encoder._batch_v4 is codec.encode_batch_v4_c
     return encoder
 
 

@@ -1,7 +1,7 @@
-/* node._encode: the front's two one-pass encode loops in C, and its replies' offset msgIds.
+/* shm._encode: the codec's one-pass encode loops in C, and the replies' offset msgIds.
  *
- * Native twins of `node.sendcore.SendEncoder._add_messages_v4` (coalesced single sends) and
- * `node.batchbody.encode_batch_v4` (a client batch body). The Python functions stay the
+ * Native twins of `shm.codec.encode_messages_v4_py` (coalesced single sends) and
+ * `shm.codec.encode_batch_v4_py` (a client batch body). The Python functions stay the
  * reference: both pairs run over the same inputs in tests/unit/test_native_encode.py and must give
  * the same bytes, the same side lists, and None (take the general path) for the same inputs.
  * In Python each message costs ~3.7 us of interpreter calls; here it is one pass over the
@@ -383,7 +383,7 @@ done:
 
 /* -- a client batch body ------------------------------------------------------------------------ */
 
-/* UNIQ_KEY of a message's own ASCII properties, as `batchbody.find_uniq_key_ascii` finds it: the
+/* UNIQ_KEY of a message's own ASCII properties, as `shm.codec.find_uniq_key_ascii` finds it: the
  * last "UNIQ_KEY\x01" at the start or after a 0x02, up to the next 0x02. Anything else (an empty
  * value, the name inside another pair) goes to `fallback`, the Python function with Java's rules.
  * A new reference, or NULL with an exception set. */
@@ -497,7 +497,7 @@ done:
 }
 
 /* offset_ids(store_host, physical, indices): the offset msgId of each message at `indices`, as
- * `node.sendreply.offset_ids` makes them: the 8-byte store host, then the physical offset as a
+ * `shm.codec.offset_ids_py` makes them: the 8-byte store host, then the physical offset as a
  * big-endian i64, in 32 upper-case hex digits (shm.codec.offset_msg_id). An index outside
  * `physical` (negatives too: the caller answers refused messages elsewhere) is an IndexError. */
 static const char HEX[] = "0123456789ABCDEF";
@@ -572,7 +572,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "node._encode", NULL, -1, methods, NULL, NULL, NULL, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "shm._encode", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 static PyObject *intern(const char *text) { return PyUnicode_InternFromString(text); }
 

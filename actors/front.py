@@ -5,14 +5,14 @@ Sockets:
 - `sends` PUSH (the split topology, node.server.topology): send requests to the ingress workers
   (bound at `ingress`) or, with `ingressWorkers = 0`, straight to the append writer (connected
   to `writer`). In the compact topology (the default) no writer process runs: the front is the
-  CommitLog's single writer, with the writer's core (`actors.writer`), appending each turn's
+  CommitLog's single writer, hosting the write core (`actors.writer.WriteCore`), appending each turn's
   sends together and answering them itself; no flush process runs either: a thread of the
   front flushes (`actors.flush`), and the front holds the SYNC_FLUSH sends until the thread
   reports the disk has them.
 - `replies` PULL, bound: joined replies from ingress, writer and flush.
 - `stats` PULL, bound: every actor's statistics, once a second.
 - `pulls` PUSH, bound: read requests to the pull workers; in the compact topology none run and
-  the front serves reads itself with the pull worker's read core (`actors.pull`), subscribed
+  the front serves reads itself, hosting the read core (`actors.pull.ReadCore`), subscribed
   to the dispatcher's arrivals while it holds pulls.
 
 It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
@@ -32,6 +32,7 @@ error reply; nothing a client sends can stop this loop.
 
 from __future__ import annotations
 
+import os
 import time
 
 import orjson
@@ -39,9 +40,9 @@ import zmq
 
 from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket, wait_readable
 from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
-from actors.pull import Pull
+from actors.pull import ReadCore, arrivals_socket, follow_arrivals, read_arrivals
 from actors.wire import read_meta, send_meta, unpack_replies
-from actors.writer import Writer
+from actors.writer import WriteCore, dispatcher_wakes, wake
 from node import protocol
 from node.client.frames import NOBLOCK, send_frames
 from node.server import edge, topology
@@ -68,12 +69,11 @@ class Front(Actor):
         self.clients = socket(self.context, zmq.ROUTER, hwm=100000)
         self.clients.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client takes its id back
         self.clients.bind(s.listen)
-        self.writes: Writer | None = None
+        self.writes: WriteCore | None = None
         self.write_requests: list[list] = []  # this turn's sends (client, meta, header, body), appended together
         if s.front_writes:
-            self.writes = Writer(s, queue_offsets=self.recovered[0], recovered_offset=self.recovered[1])
-            self.writes.control = self.control  # shared, not owned: close_writes leaves it open
-            self.writes.open_writes()
+            self.writes = WriteCore(s, self.control, queue_offsets=self.recovered[0], recovered_offset=self.recovered[1])
+            self.wakes = dispatcher_wakes(self.context, self.endpoints)
             self.next_put_sample = 0.0
         else:
             self.sends = socket(self.context, zmq.PUSH, hwm=s.sendQueueCapacity)
@@ -101,13 +101,12 @@ class Front(Actor):
             self.waiting = Waiting(s.syncFlushTimeout)
             self.poll_items.append((self.flushing.flushed_in, zmq.POLLIN))
             self.flushing.start()
-        self.reads: Pull | None = None
+        self.reads: ReadCore | None = None
         self.read_replies: list = []
         if s.reads_in_front:
-            self.reads = Pull(s)
-            self.reads.control = self.control  # shared, not owned: close_reads leaves it open
-            self.reads.open_reads(watcher=0)
-            self.watch_items = self.poll_items + [(self.reads.arrivals, zmq.POLLIN)]
+            self.reads = ReadCore(s, self.control, watcher=0)
+            self.arrivals = arrivals_socket(self.context, self.endpoints)
+            self.watch_items = self.poll_items + [(self.arrivals, zmq.POLLIN)]
         self.pinner = ProcessPinner(s.frontPinBelowCpu) if s.frontPinBelowCpu > 0 else None
         self.cpu_latency = CpuLatencyRequest(s.cpuIdleLatencyUs) if s.cpuIdleLatencyUs != NO_REQUEST else None
         self.accepting = True
@@ -159,6 +158,7 @@ class Front(Actor):
         if self.writes is not None:  # sends in hand (none once drained), then a write-buffer's tail
             self._finish_writes()
             self.writes.drain()
+            wake(self.writes, self.wakes)
         if self.flushing is not None:  # then everything written is made durable and answered
             self.flushing.stop()
             self._answer_waits(self.waiting.settle(self.control.get("flushed"), everyone=True))
@@ -192,7 +192,8 @@ class Front(Actor):
         # in after a write whose wake was skipped).
         writes.wake_now = (self.reads is not None and (self.reads.held_count > 0 or bool(self.reads.deferred))
                            and self.control.get("dispatched") < self.control.get("written"))
-        writes.finish_turn()
+        writes.idle()
+        wake(writes, self.wakes)
         if time.monotonic() >= self.next_put_sample:  # what the writer's statistics feed otherwise
             self.next_put_sample = time.monotonic() + 1.0
             self.store_stats.sample(int(time.time() * 1000), writes.put_times, writes.put_bytes, writes.put_failed)
@@ -221,8 +222,9 @@ class Front(Actor):
 
     def _finish_reads(self, events: set) -> None:
         """The compact topology: wake held pulls whose queues grew, end expired ones, send the replies."""
-        if self.reads.arrivals in events:
-            self.reads.on_arrivals(self.read_replies)
+        if self.arrivals in events:
+            read_arrivals(self.reads, self.arrivals, self.read_replies)
+        follow_arrivals(self.reads, self.arrivals, self.read_replies)
         self.reads.after_turn(self.read_replies)
         self._send_read_replies()
 
@@ -276,7 +278,8 @@ class Front(Actor):
         elif code == protocol.GET_BROKER_RUNTIME_INFO:
             actors = dict(self.actor_stats) | {"front": self.statistics()}
             if self.writes is not None:
-                actors["writer"] = self.writes.statistics()  # the write core, in the front's process
+                # the write core, in the front's process
+                actors["writer"] = {"actor": "writer", "pid": os.getpid()} | self.writes.statistics()
             if self.flushing is not None:
                 actors["flush"] = self.flushing.statistics() | self.waiting.statistics()
             info = {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)),
@@ -433,10 +436,7 @@ class Front(Actor):
         if getattr(self, "cpu_latency", None) is not None:
             stats["cpuLatency"] = self.cpu_latency.statistics(time.monotonic())
         if getattr(self, "reads", None) is not None:
-            reads = self.reads
-            stats["reads"] = {"served": reads.served, "found": reads.found, "held": reads.held_count,
-                              "woken": reads.woken, "expired": reads.expired, "deferred": len(reads.deferred),
-                              "deferrals": reads.deferrals}
+            stats["reads"] = self.reads.statistics()
         return stats
 
     def _release_cpu_latency(self) -> None:
@@ -449,9 +449,9 @@ class Front(Actor):
             self.flushing.stop(flush=False)  # (stopped already, unless the front failed)
             self.flushing.close()
         if getattr(self, "reads", None) is not None:
-            self.reads.close_reads()
+            self.reads.close()
         if getattr(self, "writes", None) is not None:
-            self.writes.close_writes()
+            self.writes.close()
         super().close()
 
 

@@ -23,9 +23,12 @@ nothing) is deferred until `dispatched` reaches the `written` it saw on arrival,
 directly. A deferred read waits at most DEFER_MAX_S (the dispatcher stalled: SYSTEM_BUSY), and
 at most MAX_DEFERRED wait at once.
 
-In the compact topology (node.server.topology) no pull worker runs: the front opens this class's read core
-(`open_reads`) and serves reads in its own loop (`serve_request`, `on_arrivals`,
-`after_turn`), which saves two ipc hops and a process wake-up per pull.
+The service is two classes: `ReadCore`, the reads and the holds with no socket (the control
+block, the store's mappings and a clock in; replies out), and `Pull`, the thin shell that owns
+the sockets and the loop in the split topology. In the compact topology (node.server.topology)
+no pull worker runs: the front hosts a ReadCore and serves reads in its own loop, which saves two
+ipc hops and a process wake-up per pull. `follow_arrivals` and `read_arrivals` are the arrivals
+socket's side, shared by both shells.
 """
 
 from __future__ import annotations
@@ -62,31 +65,22 @@ _PULL_STATUS = {
 }
 
 
-class Pull(Actor):
-    name = "pull"
-    clock = staticmethod(time.monotonic)  # seconds: holds and deferrals (a test sets its own)
+class ReadCore:
+    """The read service's logic: serves read requests below `dispatched`, holds empty pulls and
+    defers reads that would deny an acknowledged send. `clock` (monotonic seconds) times holds
+    and deferrals; a test passes its own. Replies go to the caller's `out` list as
+    (client, -arrival, header[, body])."""
 
-    def open(self) -> None:
-        self.open_reads(watcher=1 + self.instance)
-        self.requests = socket(self.context, zmq.PULL, hwm=100000)
-        self.requests.connect(self.endpoints["pulls"])
-        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
-        self.replies.connect(self.endpoints["replies"])
-        self.poll_items = [(self.requests, zmq.POLLIN), (self.arrivals, zmq.POLLIN)]
-        self.idle_items = self.poll_items[:1]
-
-    def open_reads(self, watcher: int) -> None:
-        """The read core: mappings, the arrivals subscription and the held pulls (what the
-        front opens when it serves reads itself, as watcher 0)."""
-        s = self.settings
+    def __init__(self, settings, control, *, watcher: int, clock=time.monotonic):
+        s = settings
+        self.settings = settings
+        self.control = control
+        self.clock = clock
         self.watcher = watcher
-        self.control.set_watching(watcher, False)  # a predecessor killed while holding left it set
+        control.set_watching(watcher, False)  # a predecessor killed while holding left it set
         self.reader = store_reader.StoreReader(s)
         self.index = IndexService(s.index_dir, s.maxHashSlotNum, s.maxIndexNum, readonly=True,
                                   max_query=s.maxMsgsNumBatch)
-        self.arrivals = socket(self.context, zmq.SUB, hwm=ARRIVALS_HWM)
-        self.arrivals.setsockopt(zmq.SUBSCRIBE, b"")
-        self.arrivals.connect(self.endpoints["arrivals"])
         self.watching = False  # reading arrivals: only while some pull is held
         self.held: dict[tuple[str, int], list[list]] = {}  # key -> [deadline, client, arrival, header]
         self.held_count = 0
@@ -94,33 +88,14 @@ class Pull(Actor):
         self.deferred: list[list] = []  # [written on arrival, give up at, client, arrival, header]
         self.served = self.found = self.woken = self.expired = self.deferrals = 0
 
-    # -- the loop ----------------------------------------------------------------------------------
-
-    def turn(self) -> None:
-        events = wait_readable(self.poll_items if self.watching else self.idle_items, self.timeout_ms())
-        out: list = []
-        if self.arrivals in events:
-            self.on_arrivals(out)
-        if self.requests in events:
-            for frames in incoming(self.requests, MAX_TAKE):
-                self._serve_frames(frames, out)
-        self.after_turn(out)
-        if out:
-            self.replies.send(pack_replies(out))
-
     def after_turn(self, out: list) -> None:
-        """Start or stop watching arrivals as pulls are held, and end the held pulls whose
-        time is up."""
-        if self.held_count and not self.watching:
-            self._watch(True)  # before _catch_up's look: see actors.dispatcher
-            self._catch_up(out)
-        if self.watching and not self.held_count:
-            self._watch(False)
+        """End the held pulls whose time is up; serve the deferred reads the dispatcher caught
+        up with."""
         self._expire(out)
         if self.deferred:
             self._serve_deferred(out)
 
-    def _watch(self, on: bool) -> None:
+    def set_watching(self, on: bool) -> None:
         """Read arrivals or not, and tell the dispatcher, which announces only while some
         reader watches."""
         self.control.set_watching(self.watcher, on)
@@ -132,16 +107,6 @@ class Pull(Actor):
         if not self.held_count:
             return 100
         return max(1, min(100, int((self.soonest - self.clock()) * 1000) + 1))
-
-    def _serve_frames(self, frames: list[bytes], out: list) -> None:
-        try:
-            client, meta_raw, header_raw, _ = frames
-            header = orjson.loads(header_raw)
-            arrival = orjson.loads(meta_raw)["t"]
-        except (ValueError, KeyError, orjson.JSONDecodeError):
-            self.errors += 1
-            return
-        self.serve_request(header, client, arrival, out)
 
     def serve_request(self, header: dict, client: bytes, arrival: int, out: list) -> None:
         """Serve one read request, its fields checked at the edge (node.server.edge); its reply
@@ -299,21 +264,16 @@ class Pull(Actor):
         self.held_count += 1
         self.soonest = min(self.soonest, deadline)
 
-    def _catch_up(self, out: list) -> None:
-        """Arrivals go unread while no pull is held (reading them cost every worker ~40 µs a
-        send for nothing). When holding starts: drop what queued up, then look at each held
-        pull's queue once more. Anything dispatched before that look is found by it; anything
-        after is announced into the emptied queue, which is read from now on."""
-        for _ in incoming(self.arrivals, ARRIVALS_HWM, multipart=False):
-            pass
+    def catch_up(self, out: list) -> None:
+        """Look at each held pull's queue once more (when holding starts: `follow_arrivals`)."""
         dispatched = self.control.get("dispatched")
         for key in list(self.held):
             self._wake(key, self.reader.queue(key[0], key[1], dispatched).max_offset, out)
 
-    def on_arrivals(self, out: list) -> None:
-        for raw in incoming(self.arrivals, MAX_TAKE, multipart=False):
-            for topic, queue_id, max_offset in arrivals_from_wire(raw):
-                self._wake((topic, queue_id), max_offset, out)
+    def on_arrivals(self, announcements, out: list) -> None:
+        """The dispatcher's "queue grew" announcements: (topic, queueId, max offset)."""
+        for topic, queue_id, max_offset in announcements:
+            self._wake((topic, queue_id), max_offset, out)
 
     def _wake(self, key: tuple[str, int], max_offset: int, out: list) -> None:
         """Answer the pulls held on queue `key` that `max_offset` has passed."""
@@ -360,12 +320,6 @@ class Pull(Actor):
         reply = self.serve(header, client, arrival, allow_hold=False)  # (written 0: never deferred)
         out.append((client, -arrival, *reply) if len(reply) == 2 else (client, -arrival, reply[0]))
 
-    def drain(self) -> None:
-        out: list = []
-        self.release_all(out)
-        if out:
-            self.replies.send(pack_replies(out))
-
     def release_all(self, out: list) -> None:
         """Stop: answer every held pull now, and the deferred reads as they stand."""
         for entry in self.deferred:
@@ -377,23 +331,102 @@ class Pull(Actor):
                 self._release(held, out)
         self.held_count = 0
         if self.watching:
-            self._watch(False)
+            self.set_watching(False)
 
     def statistics(self) -> dict:
-        return super().statistics() | {"served": self.served, "found": self.found, "held": self.held_count,
-                                       "woken": self.woken, "expired": self.expired, "deferred": len(self.deferred),
-                                       "deferrals": self.deferrals}
+        return {"served": self.served, "found": self.found, "held": self.held_count, "woken": self.woken,
+                "expired": self.expired, "deferred": len(self.deferred), "deferrals": self.deferrals}
 
     def close(self) -> None:
-        self.close_reads()
+        self.reader.close()
+        self.index.close()
+
+
+class Pull(Actor):
+    """The read service's shell in the split topology: read requests from the front's `pulls`,
+    replies to the front, the dispatcher's arrivals while pulls are held."""
+
+    name = "pull"
+
+    def __init__(self, settings, *, instance: int = 0):
+        super().__init__(settings, instance=instance)
+        self.core: ReadCore | None = None
+
+    def open(self) -> None:
+        self.core = ReadCore(self.settings, self.control, watcher=1 + self.instance)
+        self.arrivals = arrivals_socket(self.context, self.endpoints)
+        self.requests = socket(self.context, zmq.PULL, hwm=100000)
+        self.requests.connect(self.endpoints["pulls"])
+        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
+        self.replies.connect(self.endpoints["replies"])
+        self.poll_items = [(self.requests, zmq.POLLIN), (self.arrivals, zmq.POLLIN)]
+        self.idle_items = self.poll_items[:1]
+
+    def turn(self) -> None:
+        core = self.core
+        events = wait_readable(self.poll_items if core.watching else self.idle_items, core.timeout_ms())
+        out: list = []
+        if self.arrivals in events:
+            read_arrivals(core, self.arrivals, out)
+        if self.requests in events:
+            for frames in incoming(self.requests, MAX_TAKE):
+                self._serve_frames(frames, out)
+        follow_arrivals(core, self.arrivals, out)
+        core.after_turn(out)
+        if out:
+            self.replies.send(pack_replies(out))
+
+    def _serve_frames(self, frames: list[bytes], out: list) -> None:
+        try:
+            client, meta_raw, header_raw, _ = frames
+            header = orjson.loads(header_raw)
+            arrival = orjson.loads(meta_raw)["t"]
+        except (ValueError, KeyError, orjson.JSONDecodeError):
+            self.errors += 1
+            return
+        self.core.serve_request(header, client, arrival, out)
+
+    def drain(self) -> None:
+        out: list = []
+        self.core.release_all(out)
+        if out:
+            self.replies.send(pack_replies(out))
+
+    def statistics(self) -> dict:
+        return super().statistics() | (self.core.statistics() if self.core is not None else {})
+
+    def close(self) -> None:
+        if self.core is not None:
+            self.core.close()
         super().close()
 
-    def close_reads(self) -> None:
-        if hasattr(self, "reader"):
-            self.reader.close()
-            self.index.close()
-            self.arrivals.close(0)
-            del self.reader
+
+def arrivals_socket(context: zmq.Context, endpoints: dict) -> zmq.Socket:
+    """A SUB to the dispatcher's "queue grew" announcements."""
+    arrivals = socket(context, zmq.SUB, hwm=ARRIVALS_HWM)
+    arrivals.setsockopt(zmq.SUBSCRIBE, b"")
+    arrivals.connect(endpoints["arrivals"])
+    return arrivals
+
+
+def read_arrivals(core: ReadCore, arrivals: zmq.Socket, out: list) -> None:
+    for raw in incoming(arrivals, MAX_TAKE, multipart=False):
+        core.on_arrivals(arrivals_from_wire(raw), out)
+
+
+def follow_arrivals(core: ReadCore, arrivals: zmq.Socket, out: list) -> None:
+    """Start or stop reading arrivals as pulls are held. Arrivals go unread while no pull is
+    held (reading them cost every worker ~40 µs a send for nothing). When holding starts: say
+    so first (see actors.dispatcher), drop what queued up, then look at each held pull's queue
+    once more. Anything dispatched before that look is found by it; anything after is
+    announced into the emptied queue, which is read from now on."""
+    if core.held_count and not core.watching:
+        core.set_watching(True)
+        for _ in incoming(arrivals, ARRIVALS_HWM, multipart=False):
+            pass
+        core.catch_up(out)
+    if core.watching and not core.held_count:
+        core.set_watching(False)
 
 
 

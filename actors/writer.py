@@ -6,10 +6,12 @@ PUSH to the front; `waits` PUSH to the flush actor (SYNC_FLUSH sends that wait f
 `wakes` PUSH, conflated, to the dispatcher: "written moved", once per turn that moved it,
 unless the dispatcher is polling (actors.dispatcher).
 
-In the compact topology (the default, node.server.topology) no writer process runs: the front
-opens this class's write core (`open_writes`, `append_requests`, `finish_turn`, `idle`,
-`drain`, `close_writes`) and is the CommitLog's single writer; a request then crosses one hop
-and wakes one process fewer (docs/performance.md).
+The service is two classes: `WriteCore`, the single writer's logic with no socket (the control
+block, the CommitLog and a clock in; replies, flush waits and "wake the dispatcher" out), and
+`Writer`, the thin shell that owns the sockets and the loop in the split topology. In the
+compact topology (the default, node.server.topology) no writer process runs: the front hosts a
+WriteCore and is the CommitLog's single writer; a request then crosses one hop and wakes one
+process fewer (docs/performance.md).
 
 Per group: one append (one copy per segment, three patches per record), then the written
 position and store time are published in the control block, then the replies go out: to the
@@ -59,37 +61,32 @@ MAX_GROUPS = 64  # groups appended per turn before replies are flushed out
 # its look then comes well after the write, which any core sees by then.
 WAKE_MARGIN_NS = 200_000
 
-class Writer(Actor):
-    name = "writer"
+class WriteCore:
+    """The CommitLog's single writer, without I/O but the log's own: requests (or encoded groups)
+    in; replies, SYNC_FLUSH waits and the dispatcher's wake-up out. `clock` (monotonic seconds)
+    times the write-buffer commits, `wall_ms` stamps STORETIMESTAMP; a test passes its own."""
 
-    def __init__(self, settings, *, queue_offsets: dict[str, int] | None = None, recovered_offset: int = 0):
-        super().__init__(settings)
+    def __init__(self, settings, control, *, queue_offsets: dict[str, int] | None = None, recovered_offset: int = 0,
+                 clock=time.monotonic, wall_ms=None):
+        self.settings = settings
+        self.control = control
+        self.clock = clock
+        self.wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
         self.recovered_queue_offsets = dict(queue_offsets or {})
         self.recovered_offset = recovered_offset
         self.put_times = self.put_bytes = self.put_failed = self.groups = 0
         self.append_ns_max = 0
         self.scrubbed = 0
         self.busy_ns = self.queue_wait_ns = 0  # time spent working; time groups waited before it
-
-    def open(self) -> None:
-        self.open_writes()
-        self.records = socket(self.context, zmq.PULL, hwm=max(1000, self.settings.sendQueueCapacity))
-        self.records.bind(self.endpoints["writer"])
-        self.poll_items = [(self.records, zmq.POLLIN)]
-        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
-        self.replies.connect(self.endpoints["replies"])
-
-    def open_writes(self) -> None:
-        """The write core: the CommitLog, the encoder and the sockets to the flush actor and the
-        dispatcher (what the front opens when it writes itself, the compact topology)."""
-        s = self.settings
+        s = settings
         self.log = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog)
         self.log.segments.load()
-        written = self.control.get("written")
-        if self.control.get("writer_generation") == self.control.get("generation"):
-            # Ray restarted us mid-run: what the predecessor appended past `written` must go
+        written = control.get("written")
+        if control.get("writer_generation") == control.get("generation"):
+            # a restart mid-run (Ray restarted the process): what the predecessor appended past
+            # `written` must go
             self.scrubbed = self.log.discard_after(written)
-        self.control.set("writer_generation", self.control.get("generation"))
+        control.set("writer_generation", control.get("generation"))
         self.log.segments.resume_at(written)
         self.log.queue_offsets = self._queue_offsets(written)
         self.batcher = RequestBatcher(s) if s.ingressWorkers == 0 else None
@@ -97,19 +94,13 @@ class Writer(Actor):
         self.sync_flush = s.sync_flush
         # Write-buffer mode, as RocketMQ applies it: only with ASYNC_FLUSH on a master.
         self.buffered = s.transientStorePoolEnable and not s.sync_flush and s.brokerRole != "SLAVE"
-        self.end, self.end_timestamp = written, self.control.get("store_timestamp")
+        self.end, self.end_timestamp = written, control.get("store_timestamp")
         self.poll_ms = min(50, s.commitIntervalCommitLog) if self.buffered else 50
-        self.next_commit = self.next_thorough_commit = time.monotonic()
+        self.next_commit = self.next_thorough_commit = clock()
         self.commits = 0
-        self.waits = None
-        if not s.front_flushes:
-            self.waits = socket(self.context, zmq.PUSH, hwm=100000)
-            self.waits.connect(self.endpoints["flush"])
-        self.wakes = conflated(self.context, zmq.PUSH)
-        self.wakes.connect(self.endpoints["reput"])
-        self.wake_due = False
+        self.wake_due = False  # `written` moved since the dispatcher was last woken
+        self.wake_now = False  # a reader waits for the dispatcher: wake it whatever it promised
         self.wakes_sent = self.wakes_skipped = 0
-        self.wake_now = False
         self.pending_waits: list = []
 
     def _queue_offsets(self, written: int) -> dict[str, int]:
@@ -124,30 +115,20 @@ class Writer(Actor):
                 table[key] = max(table.get(key, 0), item.queue_offset + 1)
         return table
 
-    # -- the loop ----------------------------------------------------------------------------------
-
-    def turn(self) -> None:
-        if not wait_readable(self.poll_items, self.poll_ms):
-            self.idle()
-            return
-        replies = self.append_requests(list(incoming(self.records, MAX_GROUPS)))
-        if replies:
-            self.replies.send(pack_replies(replies))
-        self.finish_turn()
-
     def append_requests(self, messages: list[list[bytes]]) -> list:
-        """Append what the requests carry (raw from the front: encoded together, so a turn's
+        """Append what the requests carry (raw from the router: encoded together, so a turn's
         requests share one append; or groups the ingress workers encoded). Returns the replies
         to send at once, as (client, arrival_ns, header); those that must wait for the disk
-        collect in `pending_waits` as (client, arrival_ns, offset to flush, header), sent to the
-        flush actor in `finish_turn`, after the replies (or taken by a front that flushes)."""
+        collect in `pending_waits` as (client, arrival_ns, offset to flush, header)."""
         replies: list = []
         began = time.monotonic_ns()
         if self.batcher is not None:
             groups, refused = self.batcher.build(messages)
             replies.extend(refused)
         else:
-            groups = [group for frames in messages for group in self._from_ingress(frames)]
+            # an ingress worker's groups: our own frames, so one that does not decode is a bug and
+            # stops this process (a dropped group would leave its senders without a reply)
+            groups = [group_from_wire(frames) for frames in messages]
         for batch, pendings, atomic in groups:
             if pendings:
                 self.queue_wait_ns += began - min(p.arrival_ns for p in pendings)
@@ -156,46 +137,32 @@ class Writer(Actor):
         return replies
 
     def take_waits(self) -> list:
-        """This turn's sends that wait for the disk (a front that flushes holds them itself)."""
+        """The sends appended since the last call that wait for the disk."""
         waits, self.pending_waits = self.pending_waits, []
         return waits
 
-    def finish_turn(self) -> None:
-        if self.pending_waits and self.waits is not None:
-            self.waits.send(waits_to_wire(self.take_waits()))
-        self.idle()
-
     def idle(self) -> None:
-        """Each turn, busy or not: a write-buffer commit when one is due, the dispatcher's wake."""
+        """Each turn, busy or not: a write-buffer commit when one is due."""
         self._commit(force=False)
-        self._wake_dispatcher()
+
+    def take_wake(self, now_ns: int) -> bool:
+        """Whether to wake the dispatcher now: once per turn that moved `written` (after the
+        replies: they are what a client waits for), unless the dispatcher promised to look again
+        anyway (`reput_polling_until`, actors.dispatcher; `now_ns` is the shared monotonic
+        clock's); and whenever a reader waits for a lagging dispatcher (`wake_now`)."""
+        if not (self.wake_due or self.wake_now):
+            return False
+        self.wake_due = False
+        if not self.wake_now and now_ns < self.control.get("reput_polling_until") - WAKE_MARGIN_NS:
+            self.wakes_skipped += 1
+            return False
+        self.wakes_sent += 1
+        return True
 
     def _publish(self, offset: int, store_timestamp: int) -> None:
         self.control.set("store_timestamp", store_timestamp)
         self.control.advance("written", offset)
         self.wake_due = True
-
-    def _wake_dispatcher(self) -> None:
-        """One wake-up per turn that moved `written` (after the replies: they are what a
-        client waits for), unless the dispatcher promised to look again anyway
-        (`reput_polling_until`, actors.dispatcher); and whenever a consumer waits for a
-        lagging dispatcher (`wake_now`, set by a front that holds pulls). Conflated: a
-        dispatcher still busy finds one message, not many."""
-        if self.wake_due or self.wake_now:
-            self.wake_due = False
-            if not self.wake_now and time.monotonic_ns() < self.control.get("reput_polling_until") - WAKE_MARGIN_NS:
-                self.wakes_skipped += 1
-                return
-            self.wakes_sent += 1
-            try:
-                self.wakes.send(b"", NOBLOCK)
-            except zmq.Again:
-                pass  # the dispatcher is not there (restarting): its timer catches up
-
-    def _from_ingress(self, frames: list[bytes]) -> list:
-        """An ingress worker's group: our own frames, so one that does not decode is a bug and
-        stops this process (a dropped group would leave its senders without a reply)."""
-        return [group_from_wire(frames)]
 
     def _append(self, batch, pendings, atomic: bool, replies: list, waits: list) -> None:
         status, remark, result = self._place(batch, atomic)
@@ -229,7 +196,7 @@ class Writer(Actor):
             return self._failed(batch, "SERVICE_NOT_AVAILABLE",
                                 "ConsumeQueue/index writes are failing (disk full?): the store is not writable")
         began = time.monotonic_ns()
-        store_timestamp = int(time.time() * 1000)
+        store_timestamp = self.wall_ms()
         table = self.log.queue_offsets
         saved = {key: table.get(key) for key in set(batch.queue_keys)}  # to undo a half-placed batch
         try:
@@ -268,7 +235,7 @@ class Writer(Actor):
         if not self.buffered:
             return
         pending = self.end - self.control.get("written")
-        now = time.monotonic()
+        now = self.clock()
         if pending <= 0 or (not force and now < self.next_commit):
             return
         s = self.settings
@@ -282,32 +249,85 @@ class Writer(Actor):
         self.commits += 1
 
     def drain(self) -> None:
+        """At stop: what a write buffer holds becomes readable."""
         self._commit(force=True)
-        self._wake_dispatcher()
 
     def statistics(self) -> dict:
-        return super().statistics() | {
+        return {
             "putMessageTimesTotal": self.put_times, "putMessageSizeTotal": self.put_bytes,
             "putMessageFailedTimes": self.put_failed, "groups": self.groups,
             "appendMaxMicros": self.append_ns_max // 1000, "busySeconds": round(self.busy_ns / 1e9, 3),
             "queueWaitMicrosAvg": self.queue_wait_ns // max(1, self.groups) // 1000,
-            "nativeEncode": self.batcher.encoder.native if getattr(self, "batcher", None) else False,
+            "nativeEncode": self.batcher.encoder.native if self.batcher else False,
             "nativePlace": commitlog.NATIVE,
-            "dispatcherWakes": getattr(self, "wakes_sent", 0), "dispatcherWakesSkipped": getattr(self, "wakes_skipped", 0),
-            "writeBuffer": getattr(self, "buffered", False), "scrubbedBytes": self.scrubbed, "commits": getattr(self, "commits", 0), "written": self.control.get("written") if self.control else 0,
-            "queues": len(self.log.queue_offsets) if hasattr(self, "log") else 0,
+            "dispatcherWakes": self.wakes_sent, "dispatcherWakesSkipped": self.wakes_skipped,
+            "writeBuffer": self.buffered, "scrubbedBytes": self.scrubbed, "commits": self.commits,
+            "written": self.control.get("written"), "queues": len(self.log.queue_offsets),
         }
 
-    def close_writes(self) -> None:
-        """Close the write core (the front's, in the compact topology; the control block is the
-        front's, not closed here)."""
-        for name in ("waits", "wakes"):
-            if getattr(self, name, None) is not None:
-                getattr(self, name).close(0)
-        if hasattr(self, "log"):
-            self.log.close()
+    def close(self) -> None:
+        self.log.close()
+
+
+class Writer(Actor):
+    """The write service's shell in the split topology: the records PULL socket in, replies to
+    the front, waits to the flush process, wake-ups to the dispatcher."""
+
+    name = "writer"
+
+    def __init__(self, settings, *, queue_offsets: dict[str, int] | None = None, recovered_offset: int = 0):
+        super().__init__(settings)
+        self.recovered = (queue_offsets, recovered_offset)
+        self.core: WriteCore | None = None
+
+    def open(self) -> None:
+        s = self.settings
+        self.core = WriteCore(s, self.control, queue_offsets=self.recovered[0], recovered_offset=self.recovered[1])
+        self.records = socket(self.context, zmq.PULL, hwm=max(1000, s.sendQueueCapacity))
+        self.records.bind(self.endpoints["writer"])
+        self.poll_items = [(self.records, zmq.POLLIN)]
+        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
+        self.replies.connect(self.endpoints["replies"])
+        self.waits = socket(self.context, zmq.PUSH, hwm=100000)
+        self.waits.connect(self.endpoints["flush"])
+        self.wakes = dispatcher_wakes(self.context, self.endpoints)
+
+    def turn(self) -> None:
+        core = self.core
+        if wait_readable(self.poll_items, core.poll_ms):
+            replies = core.append_requests(list(incoming(self.records, MAX_GROUPS)))
+            if replies:
+                self.replies.send(pack_replies(replies))
+            if core.pending_waits:
+                self.waits.send(waits_to_wire(core.take_waits()))
+        core.idle()
+        wake(core, self.wakes)
+
+    def drain(self) -> None:
+        self.core.drain()
+        wake(self.core, self.wakes)
+
+    def statistics(self) -> dict:
+        return super().statistics() | (self.core.statistics() if self.core is not None else {})
 
     def close(self) -> None:
-        if hasattr(self, "log"):
-            self.log.close()
+        if self.core is not None:
+            self.core.close()
         super().close()
+
+
+def dispatcher_wakes(context: zmq.Context, endpoints: dict) -> zmq.Socket:
+    """The conflated PUSH to the dispatcher's `reput` socket: a dispatcher still busy finds one
+    message, not many."""
+    wakes = conflated(context, zmq.PUSH)
+    wakes.connect(endpoints["reput"])
+    return wakes
+
+
+def wake(core: WriteCore, wakes: zmq.Socket) -> None:
+    """Wake the dispatcher when the core says so."""
+    if core.take_wake(time.monotonic_ns()):
+        try:
+            wakes.send(b"", NOBLOCK)
+        except zmq.Again:
+            pass  # the dispatcher is not there (restarting): its timer catches up

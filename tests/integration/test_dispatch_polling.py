@@ -170,8 +170,8 @@ def _await_arrivals(front: Front) -> None:
     """Turn the front's reads until its held pull is answered by an announcement (5 s at most)."""
     deadline = time.monotonic() + 5
     while front.reads.held_count and time.monotonic() < deadline:
-        if front.reads.arrivals.poll(50):
-            front._finish_reads({front.reads.arrivals})
+        if front.arrivals.poll(50):
+            front._finish_reads({front.arrivals})
 
 
 def test_nothing_is_announced_while_no_pull_is_held(node_parts):
@@ -190,7 +190,7 @@ def test_a_held_pull_is_watched_announced_to_and_answered(node_parts):
     time.sleep(0.5)  # the front's SUB reconnects to the dispatcher's PUB (PUB drops while none is there)
     _hold_pull(front, 0)
     assert control.watched()
-    assert front.reads.arrivals.poll(0) == 0  # nothing stale: nothing was announced unwatched
+    assert front.arrivals.poll(0) == 0  # nothing stale: nothing was announced unwatched
     _send(front, 1)
     dispatcher.turn()
     assert _announcements(dispatcher) == (1, 0)
@@ -214,7 +214,7 @@ def test_what_a_reader_missed_by_a_stale_look_is_announced_once_it_is_seen_watch
     header = {"code": protocol.PULL_MESSAGE, "opaque": 99, "consumerGroup": "g", "topic": "PollTopic",
               "queueId": 0, "queueOffset": 0, "suspend": True, "suspendTimeoutMillis": 30000}
     front.reads._hold("PollTopic", 0, header, b"consumer", 0)  # its look saw nothing (the old `dispatched`)
-    front.reads._watch(True)
+    front.reads.set_watching(True)
     dispatcher.turn()  # nothing new, a watcher seen: what it kept goes out
     assert _announcements(dispatcher) == (1, 1) and dispatcher.unannounced == {}
     _await_arrivals(front)
@@ -230,7 +230,7 @@ def test_kept_announcements_go_out_with_the_next_batch(node_parts):
     _send(front, 2, queue_id=1)
     dispatcher.turn()
     assert _announcements(dispatcher) == (1, 1) and dispatcher.unannounced == {}
-    raw = front.reads.arrivals.recv() if front.reads.arrivals.poll(5000) else b"[]"
+    raw = front.arrivals.recv() if front.arrivals.poll(5000) else b"[]"
     assert sorted(orjson.loads(raw)) == [["PollTopic", 0, 1], ["PollTopic", 1, 1]]
 
 

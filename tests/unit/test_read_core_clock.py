@@ -7,7 +7,7 @@ import orjson
 import pytest
 from helpers import small_settings
 
-from actors.pull import DEFER_MAX_S, Pull
+from actors.pull import DEFER_MAX_S, ReadCore
 from node import protocol
 from shm.control_block import ControlBlock
 from shm.store import MessageStore
@@ -27,12 +27,9 @@ def read_core(tmp_path):
     MessageStore(settings).close()  # the directories a node's store has
     control = ControlBlock(settings.root / "control", create=True)
     control.publish_recovered(written=0, flushed=0, dispatched=0, min_offset=0)
-    pull = Pull(settings)
-    pull.clock = MockClock()
-    pull.control = control
-    pull.open_reads(watcher=1)
+    pull = ReadCore(settings, control, watcher=1, clock=MockClock())
     yield pull, control
-    pull.close_reads()
+    pull.close()
     control.close()
 
 

@@ -27,7 +27,7 @@ def endpoints(settings) -> dict[str, str]:
     """The node's internal ipc endpoints, under its run directory."""
     run = settings.run_dir
     return {name: f"ipc://{run}/{name}" for name in ("ingress", "writer", "flush", "replies", "stats", "pulls",
-                                                      "arrivals", "reput")}
+                                                      "arrivals", "reput", "clean")}
 
 
 def socket(context: zmq.Context, kind: int, *, hwm: int = 10000) -> zmq.Socket:
@@ -112,6 +112,7 @@ class Actor:
         (self.settings.run_dir / f"{self.label}.pid").write_text(f"{os.getpid()}\n")  # for operators and tests
         self.control = ControlBlock(self.settings.root / "control")
         self.control.heartbeat(heartbeat_slot(self.label), monotonic_ms())  # alive while it opens
+        self.deletions_seen = self.control.get("deletions")
         self._stats_socket = socket(self.context, zmq.PUSH, hwm=10)
         self._stats_socket.connect(self.endpoints["stats"])
         self.open()
@@ -158,9 +159,17 @@ class Actor:
         return {"actor": self.label, "pid": os.getpid(), "uptimeSeconds": round(time.time() - self.started_at, 1),
                 "loops": self.loops, "errors": self.errors}
 
+    def follow_min_offset(self, min_offset: int) -> None:
+        """The clean service deleted files below the CommitLog's min offset: drop what this
+        process maps of them, which frees their space (subclasses holding mappings)."""
+
     def _housekeeping(self) -> None:
         now = time.monotonic()
         self.control.heartbeat(heartbeat_slot(self.label), monotonic_ms())
+        deletions = self.control.get("deletions")
+        if deletions != self.deletions_seen:  # the clean service deleted files
+            self.deletions_seen = deletions
+            self.follow_min_offset(self.control.get("min_offset"))
         if now >= self._stats_due:
             self._stats_due = now + STATS_PERIOD_S
             try:

@@ -133,6 +133,15 @@ class Dispatcher(Actor):
             self.next_flush = time.monotonic() + self.settings.flushIntervalConsumeQueue / 1000
             self.flush()
 
+    def follow_min_offset(self, min_offset: int) -> None:
+        """Drop the mappings of what the clean service deleted (the space is freed only then)."""
+        store = self.store
+        store.commitlog.segments.forget_deleted_head()
+        for queue in store.consume_queues.values():
+            if queue.files.forget_deleted_head():
+                queue.correct_min_offset(min_offset)
+        store.index.forget_deleted_head()
+
     def catch_up(self) -> bool:
         """Dispatch up to the published end; True when it moved (`last_count`: records)."""
         written = self.control.get("written")

@@ -87,6 +87,9 @@ class Front(Actor):
         self.pulls = socket(self.context, zmq.PUSH, hwm=100000)
         self.pulls.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.pulls.bind(self.endpoints["pulls"])
+        self.cleans = socket(self.context, zmq.PUSH, hwm=100)  # `admin clean` to the clean service
+        self.cleans.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
+        self.cleans.bind(self.endpoints["clean"])
         self.offsets = ConsumerOffsets(s.root / "config")
         self.groups = SubscriptionGroups(s.root / "config")
         self.next_offsets_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
@@ -150,6 +153,12 @@ class Front(Actor):
         if now >= self.next_offsets_persist:
             self.next_offsets_persist = now + self.settings.flushConsumerOffsetInterval / 1000
             self.offsets.persist()
+
+    def follow_min_offset(self, min_offset: int) -> None:
+        if self.writes is not None:
+            self.writes.follow_min_offset(min_offset)
+        if self.reads is not None:
+            self.reads.follow_min_offset(min_offset)
 
     def drain(self) -> None:
         if getattr(self, "pinner", None) is not None:
@@ -275,6 +284,12 @@ class Front(Actor):
             self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", topicConfigTable=table))])
         elif code == protocol.GET_ROUTEINFO_BY_TOPIC:
             self._route_info(client, request)
+        elif code == protocol.DELETE_EXPIRED_COMMITLOG:
+            try:
+                send_frames(self.cleans, [client, read_meta(time.monotonic_ns()), frames[0], b""])
+            except zmq.Again:
+                self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY",
+                                                         "the clean service is not running; try again"))
         elif code == protocol.GET_BROKER_RUNTIME_INFO:
             actors = dict(self.actor_stats) | {"front": self.statistics()}
             if self.writes is not None:

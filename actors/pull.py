@@ -79,6 +79,7 @@ class ReadCore:
         self.watcher = watcher
         control.set_watching(watcher, False)  # a predecessor killed while holding left it set
         self.reader = store_reader.StoreReader(s)
+        self.reader.commitlog_min = control.get("min_offset")  # entries below it point at deleted files
         self.index = IndexService(s.index_dir, s.maxHashSlotNum, s.maxIndexNum, readonly=True,
                                   max_query=s.maxMsgsNumBatch)
         self.watching = False  # reading arrivals: only while some pull is held
@@ -94,6 +95,12 @@ class ReadCore:
         self._expire(out)
         if self.deferred:
             self._serve_deferred(out)
+
+    def follow_min_offset(self, min_offset: int) -> None:
+        """Files below the CommitLog's new min offset are gone: drop their mappings; queue
+        bounds start at the first entry still stored."""
+        self.reader.follow_min_offset(min_offset)
+        self.index.refresh()
 
     def set_watching(self, on: bool) -> None:
         """Read arrivals or not, and tell the dispatcher, which announces only while some
@@ -138,7 +145,7 @@ class ReadCore:
             return DEFER  # (`indexed`: GET_MAX_OFFSET's, RocketMQ's indexed max at once)
         if code in (protocol.GET_MAX_OFFSET, protocol.GET_MIN_OFFSET):
             view = self.reader.queue(header["topic"], header["queueId"], dispatched)
-            offset = view.max_offset if code == protocol.GET_MAX_OFFSET else view.min_offset
+            offset = view.max_offset if code == protocol.GET_MAX_OFFSET else view.min_offset(self.reader.commitlog_min)
             return [orjson.dumps(protocol.reply_header(opaque, "OK", offset=offset))]
         if code == protocol.SEARCH_OFFSET_BY_TIMESTAMP:
             return [orjson.dumps(protocol.reply_header(opaque, "OK", offset=self._offset_by_time(header, dispatched)))]
@@ -385,6 +392,9 @@ class Pull(Actor):
             self.errors += 1
             return
         self.core.serve_request(header, client, arrival, out)
+
+    def follow_min_offset(self, min_offset: int) -> None:
+        self.core.follow_min_offset(min_offset)
 
     def drain(self) -> None:
         out: list = []

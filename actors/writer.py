@@ -248,6 +248,9 @@ class WriteCore:
         self._publish(self.end, self.end_timestamp)
         self.commits += 1
 
+    def follow_min_offset(self, min_offset: int) -> None:
+        self.log.segments.forget_deleted_head()
+
     def drain(self) -> None:
         """At stop: what a write buffer holds becomes readable."""
         self._commit(force=True)
@@ -302,6 +305,9 @@ class Writer(Actor):
                 self.waits.send(waits_to_wire(core.take_waits()))
         core.idle()
         wake(core, self.wakes)
+
+    def follow_min_offset(self, min_offset: int) -> None:
+        self.core.follow_min_offset(min_offset)
 
     def drain(self) -> None:
         self.core.drain()

@@ -19,6 +19,7 @@ struct.pack_into here: it zeroes the bytes before writing, so a reader can see a
 | 8    | store_timestamp | append writer                | store time of the last appended record |
 | 9    | generation      | recovery                     | bumped on every start (stale readers)  |
 | 11   | reput_polling_until | reput dispatcher         | CLOCK_MONOTONIC ns: it looks at `written` again at or after this, unwoken |
+| 12   | deletions       | clean                        | bumped after each batch of deleted store files: processes drop their mappings |
 | 16-447 | heartbeats    | each actor its own slot      | last loop time, ms                     |
 | 448-511 | watchers     | each reader its own slot     | 1 while it holds pulls (wants `arrivals`), else 0 |
 
@@ -45,7 +46,7 @@ CONTROL_MAGIC = 0x6D716E6F64650001  # "mqnode" v1
 SLOTS = {
     "magic": 0, "written": 1, "committed": 2, "flushed": 3, "dispatched": 4, "min_offset": 5,
     "slave_acked": 6, "flags": 7, "store_timestamp": 8, "generation": 9, "writer_generation": 10,
-    "reput_polling_until": 11,
+    "reput_polling_until": 11, "deletions": 12,
 }
 HEARTBEAT_BASE = 16
 WATCHERS_BASE = 448  # the front is watcher 0, pull worker i is watcher 1 + i

@@ -80,6 +80,15 @@ class MappedFileQueue:
                     continue  # deleted meanwhile, or still being renamed into place
         self.files = [known[k] for k in sorted(known)]
 
+    def forget_deleted_head(self) -> int:
+        """Close (never delete) the oldest files the clean service deleted: their mappings hold
+        the space until dropped. Returns how many were dropped."""
+        dropped = 0
+        while self.files and not self.files[0].is_file_at(self.files[0].path):
+            self.files.pop(0).close()
+            dropped += 1
+        return dropped
+
     # -- addressing ----------------------------------------------------------------------------
 
     @property

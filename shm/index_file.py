@@ -295,6 +295,11 @@ class IndexService:
                 known[name] = IndexFile(self.directory / name, self.slot_count, self.index_max, readonly=True)
         self.files = [known[n] for n in sorted(known)]
 
+    def forget_deleted_head(self) -> None:
+        """Close (never delete) the oldest files the clean service deleted."""
+        while self.files and not self.files[0].path.exists():
+            self.files.pop(0).close()
+
     # -- writing -----------------------------------------------------------------------------
 
     def build_index(self, topic: str, phy_offset: int, store_timestamp: int, sys_flag: int,

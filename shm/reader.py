@@ -54,7 +54,7 @@ class QueueView:
     def __init__(self, root: Path, topic: str, queue_id: int, file_size: int):
         self.queue = ConsumeQueue(root, topic, queue_id, file_size, readonly=True)
         self.end = 0  # logical bytes known valid
-        self.min_cache: tuple[object, int] | None = None  # (first file, its min offset)
+        self.min_cache: tuple[object, int, int] | None = None  # (first file, CommitLog min, min offset)
         self.refreshed_at = -1  # the `dispatched` of the last refresh
 
     def refresh(self, dispatched: int) -> None:
@@ -104,23 +104,35 @@ class QueueView:
     def max_offset(self) -> int:
         return self.end // ENTRY_SIZE
 
-    @property
-    def min_offset(self) -> int:
-        """The first non-filler entry of the first file. Cached per first file: entries are never
-        rewritten, and the first file changes only when files are deleted (this used to copy the
-        whole first file on every pull, a third of a pull worker's time)."""
+    def min_offset(self, commitlog_min: int = 0) -> int:
+        """The first entry that is no filler and whose record is still stored (at or above the
+        CommitLog's `commitlog_min`: RocketMQ's correctMinOffset). Entries point forward in the
+        CommitLog, so it is found by bisection; cached per first file and CommitLog min (this
+        used to copy the whole first file on every pull, a third of a pull worker's time)."""
         files = self.queue.files.files
         if not files:
             return 0
         first = files[0]
-        if self.min_cache is not None and self.min_cache[0] is first:
-            return self.min_cache[1]
-        view, end = first.map, first.position_written - first.position_written % ENTRY_SIZE
-        for position in range(0, end, ENTRY_SIZE):
-            if _ENTRY.unpack_from(view, position)[1] != FILLER_SIZE:
-                self.min_cache = (first, (first.offset_start + position) // ENTRY_SIZE)
-                return self.min_cache[1]
-        return (first.offset_start + end) // ENTRY_SIZE  # only fillers so far: not cached
+        if self.min_cache is not None and self.min_cache[0] is first and self.min_cache[1] == commitlog_min:
+            return self.min_cache[2]
+        for segment in files:
+            count = segment.position_written // ENTRY_SIZE
+            view = segment.map
+            low, high = 0, count  # the first entry in this file that is stored
+            while low < high:
+                middle = (low + high) // 2
+                phy, size, _ = _ENTRY.unpack_from(view, middle * ENTRY_SIZE)
+                if size != FILLER_SIZE and phy >= commitlog_min:
+                    high = middle
+                else:
+                    low = middle + 1
+            if low < count:
+                found = (segment.offset_start + low * ENTRY_SIZE) // ENTRY_SIZE
+                self.min_cache = (first, commitlog_min, found)
+                return found
+            if segment.position_written < segment.size:
+                break
+        return self.end // ENTRY_SIZE  # nothing stored (yet): not cached
 
     def close(self) -> None:
         self.queue.close()
@@ -132,6 +144,7 @@ class StoreReader:
         self.commitlog = CommitLog(settings.commitlog_dir, settings.mappedFileSizeCommitLog, readonly=True)
         self.commitlog.segments.load()
         self.queues: dict[tuple[str, int], QueueView] = {}
+        self.commitlog_min = 0  # the control block's min_offset, as last followed
         self.hot_bytes = psutil.virtual_memory().total * settings.accessMessageInMemoryMaxRatio // 100
 
     def queue(self, topic: str, queue_id: int, dispatched: int) -> QueueView:
@@ -141,6 +154,16 @@ class StoreReader:
                 self.settings.consumequeue_dir, topic, queue_id, self.settings.mappedFileSizeConsumeQueue)
         view.refresh(dispatched)
         return view
+
+    def follow_min_offset(self, min_offset: int) -> None:
+        """The clean service deleted files below `min_offset`: drop their mappings, and bound
+        every queue by it from now on."""
+        self.commitlog_min = min_offset
+        self.commitlog.segments.forget_deleted_head()
+        for view in self.queues.values():
+            if view.queue.files.forget_deleted_head() and view.queue.files.files:
+                view.queue.offset_min_logical = view.queue.files.files[0].offset_start
+                view.end = max(view.end, view.queue.files.files[0].offset_start)
 
     def record_bytes(self, offset: int, size: int) -> bytes | None:
         raw = self.commitlog.read_bytes(offset, size)
@@ -152,7 +175,7 @@ class StoreReader:
     def get_message(self, topic: str, queue_id: int, offset: int, max_count: int, tags_codes: set[int] | None,
                     dispatched: int) -> GetResult:
         view = self.queue(topic, queue_id, dispatched)
-        low, high = view.min_offset, view.max_offset
+        low, high = view.min_offset(self.commitlog_min), view.max_offset
         if high == 0:
             return GetResult(NO_MESSAGE_IN_QUEUE, 0, low, high)
         if offset < low:

@@ -69,7 +69,7 @@ class Settings:
     flushConsumeQueueLeastPages: int = _s(2, "Minimum dirty pages for a ConsumeQueue flush", CQ_FLUSH)
     flushConsumeQueueThoroughInterval: int = _s(60000, "Full ConsumeQueue flush and checkpoint force, ms", CQ_FLUSH)
     # -- file cleaning
-    fileReservedTime: int = _s(72, "CommitLog retention, hours", CLEAN)
+    fileReservedTime: float = _s(72.0, "CommitLog retention, hours (a fraction is accepted)", CLEAN)
     deleteWhen: str = _s("04", "Hours (;-separated, local time) when expired files are deleted", CLEAN)
     diskMaxUsedSpaceRatio: int = _s(75, "Disk use (%) above which files are deleted before their time; clamped to [10, 95]", CLEAN)
     cleanResourceInterval: int = _s(10000, "Cleaner period, ms", CLEAN)
@@ -343,10 +343,6 @@ def load(conf: str | Path | None = None, overrides: dict[str, object] | None = N
 # load, naming the setting, so nobody believes something happens. The reason says what will
 # implement it (or why it has no meaning here).
 NOT_IMPLEMENTED = {
-    **dict.fromkeys(["fileReservedTime", "deleteWhen", "diskMaxUsedSpaceRatio", "cleanResourceInterval",
-                     "deleteCommitLogFilesInterval", "deleteConsumeQueueFilesInterval",
-                     "destroyMapedFileIntervalForcibly", "redeleteHangedFileInterval", "cleanFileForciblyEnable",
-                     "diskSpaceWarningLevelRatio", "diskSpaceCleanForciblyRatio"], "expired-file cleaning is not built yet"),
     **dict.fromkeys(["flushDelayOffsetInterval", "enableScheduleMessageStats", "enableScheduleAsyncDeliver",
                      "scheduleAsyncDeliverMaxPendingLimit", "scheduleAsyncDeliverMaxResendNum2Blocked"], "delayed delivery is not built yet"),
     **dict.fromkeys(["brokerRole", "haListenPort", "haSendHeartbeatInterval", "haHousekeepingInterval",
@@ -376,6 +372,7 @@ def validate(settings: Settings) -> None:
         if getattr(settings, name) != getattr(defaults, name):
             raise SettingsError(f"{name} is not implemented by mqnode yet ({why}): remove it or leave it "
                                 f"at its default, {_render_value(getattr(defaults, name))}")
+    _validate_cleaning(settings)
     if settings.mappedFileSizeCommitLog < 4096:
         raise SettingsError("mappedFileSizeCommitLog must be at least 4096 bytes")
     if settings.mappedFileSizeConsumeQueue < 20:
@@ -408,6 +405,20 @@ def validate(settings: Settings) -> None:
         raise SettingsError(f"pullWorkers must be at most {MAX_PULL_WORKERS}")
     if not settings.listen.startswith(("tcp://", "ipc://")):
         raise SettingsError(f"listen must be a tcp:// or ipc:// endpoint, not {settings.listen!r}")
+
+
+def _validate_cleaning(settings: Settings) -> None:
+    hours = [part.strip() for part in settings.deleteWhen.split(";")]
+    if not all(part.isdigit() and 0 <= int(part) <= 23 for part in hours):
+        raise SettingsError(f"deleteWhen: {settings.deleteWhen!r} must be hours 00..23 separated by ';'")
+    if settings.fileReservedTime <= 0:
+        raise SettingsError("fileReservedTime must be > 0 hours")
+    if not (0 < settings.diskSpaceCleanForciblyRatio <= 1 and 0 < settings.diskSpaceWarningLevelRatio <= 1):
+        raise SettingsError("diskSpaceWarningLevelRatio and diskSpaceCleanForciblyRatio are fractions in (0, 1]")
+    if min(settings.cleanResourceInterval, settings.deleteCommitLogFilesInterval,
+           settings.deleteConsumeQueueFilesInterval, settings.redeleteHangedFileInterval,
+           settings.destroyMapedFileIntervalForcibly) < 0 or settings.cleanResourceInterval < 1:
+        raise SettingsError("the cleaning intervals are ms >= 0 (cleanResourceInterval >= 1)")
 
 
 def render_conf() -> str:

@@ -248,6 +248,7 @@ CHECKS = {
     protocol.GET_ROUTEINFO_BY_TOPIC: lambda h: None,  # a bad name: MESSAGE_ILLEGAL, as its send would be
     protocol.GET_ALL_TOPIC_CONFIG: lambda h: None,
     protocol.GET_BROKER_RUNTIME_INFO: lambda h: None,
+    protocol.DELETE_EXPIRED_COMMITLOG: lambda h: bool_problem(h, "force"),
 }
 
 

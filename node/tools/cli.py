@@ -205,6 +205,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_admin(args: argparse.Namespace) -> int:
     from node.client import Producer, SendError
     from node.protocol import (
+        DELETE_EXPIRED_COMMITLOG,
         GET_ALL_TOPIC_CONFIG,
         GET_BROKER_RUNTIME_INFO,
         GET_CONSUME_STATS,
@@ -212,11 +213,16 @@ def cmd_admin(args: argparse.Namespace) -> int:
         GET_ROUTEINFO_BY_TOPIC,
     )
 
-    with Producer(args.endpoint, timeout=args.timeout, retries=0) as client:
+    # a manual clean takes up to 20 passes of 10 files with a pause between files
+    timeout = args.timeout if args.timeout is not None else 120.0 if args.what == "clean" else 5.0
+    with Producer(args.endpoint, timeout=timeout, retries=0) as client:
         try:
             if args.what == "stats":
                 reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
                 shown = {key: reply.get(key) for key in ("runtime", "services", "actors", "supervision", "control")}
+            elif args.what == "clean":
+                reply, _ = client.request({"code": DELETE_EXPIRED_COMMITLOG, "force": args.force})
+                shown = {key: reply.get(key) for key in ("count", "bytes", "stopped", "deleted")}
             elif args.what == "topics":
                 reply, _ = client.request({"code": GET_ALL_TOPIC_CONFIG})
                 shown = reply.get("topicConfigTable")
@@ -287,12 +293,14 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--end", type=int, default=2**62, help="store time to (ms)")
     query.add_argument("--max", type=int, default=32)
     query.set_defaults(handler=cmd_query)
-    admin = commands.add_parser("admin", help="ask a running node: stats, topics, offsets, or a topic's route")
-    admin.add_argument("what", choices=["stats", "topics", "offsets", "topic"])
+    admin = commands.add_parser("admin", help="ask a running node: stats, topics, offsets, a topic's route, or to clean")
+    admin.add_argument("what", choices=["stats", "topics", "offsets", "topic", "clean"])
     admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     admin.add_argument("--topic", help="for `admin topic`; filters `admin offsets`")
     admin.add_argument("--group", help="for `admin offsets`")
-    admin.add_argument("--timeout", type=float, default=5.0)
+    admin.add_argument("--force", action="store_true",
+                       help="for `admin clean`: delete the oldest segments whatever their age (never the last)")
+    admin.add_argument("--timeout", type=float, default=None, help="seconds to wait (default 5; 120 for clean)")
     admin.set_defaults(handler=cmd_admin)
     return parser
 

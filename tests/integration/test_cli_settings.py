@@ -97,10 +97,15 @@ def test_broker_conf_style_and_overrides(tmp_path):
     assert (settings.flushDiskType, settings.mappedFileSizeCommitLog, settings.brokerIP1, settings.maxIndexNum) == (
         "SYNC_FLUSH", 65536, "10.0.0.5", 400)
     assert settings.fileReservedTime == 72  # omitted keys keep their defaults
-    conf.write_text("fileReservedTime = 48\n")  # accepted and ignored would mislead: refused by name
-    with pytest.raises(SettingsError, match="fileReservedTime is not implemented by mqnode yet"):
+    conf.write_text("flushDelayOffsetInterval = 5000\n")  # accepted and ignored would mislead: refused by name
+    with pytest.raises(SettingsError, match="flushDelayOffsetInterval is not implemented by mqnode yet"):
         settings_module.load(conf)
-    assert settings_module.load(None, {"fileReservedTime": "72"}).fileReservedTime == 72  # the default is fine
+    assert settings_module.load(None, {"flushDelayOffsetInterval": "10000"}).flushDelayOffsetInterval == 10000
+    conf.write_text("fileReservedTime = 0.5\ndeleteWhen = \"04;16\"\n")  # the clean service's: a fraction of an hour
+    assert settings_module.load(conf).fileReservedTime == 0.5
+    for bad in ({"deleteWhen": "24"}, {"fileReservedTime": "0"}, {"diskSpaceWarningLevelRatio": "90"}):
+        with pytest.raises(SettingsError, match=next(iter(bad))):
+            settings_module.load(None, bad)
     assert settings_module.Settings().cpuIdleLatencyUs == -1  # host tuning is an operator's opt-in
     conf.write_text("noSuchKey = 1\n")
     with pytest.raises(SettingsError, match="broker.conf:1: unknown setting 'noSuchKey'"):

@@ -18,7 +18,7 @@ def _settings(**values):
 
 def test_compact_puts_every_client_facing_service_in_the_front():
     processes = topology.processes(_settings())
-    assert [p.label for p in processes] == ["allocator", "dispatcher", "front"]
+    assert [p.label for p in processes] == ["allocator", "dispatcher", "clean", "front"]
     assert set(topology.SERVICES) == {service for p in processes for service in p.services}
     assert topology.hosts(_settings())["write"] == ["front"] and topology.hosts(_settings())["read"] == ["front"]
 
@@ -26,7 +26,7 @@ def test_compact_puts_every_client_facing_service_in_the_front():
 def test_split_gives_every_service_a_process_and_scales_ingress_and_reads():
     processes = topology.processes(_settings(topology="split", ingressWorkers=2, pullWorkers=3))
     labels = [p.label for p in processes]
-    assert labels[-1] == "front" and {"writer", "flush", "dispatcher", "allocator"} <= set(labels)
+    assert labels[-1] == "front" and {"writer", "flush", "dispatcher", "allocator", "clean"} <= set(labels)
     assert [p.label for p in processes if p.kind == "ingress"] == ["ingress-0", "ingress-1"]
     assert [p.instance for p in processes if p.kind == "pull"] == [0, 1, 2]
     hosts = topology.hosts(_settings(topology="split", ingressWorkers=2, pullWorkers=3))

@@ -1,0 +1,173 @@
+"""The clean service end to end, with real `mqnode start` processes on 1 MiB segments: `admin clean`
+deletes aged segments and the files below them, readers answer from the new bounds and drop their
+mappings, the store verifies and restarts to the same state; a full disk refuses sends and takes
+them again once space is back, without a restart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+from nodes import ROOT, NodeProcess, node_settings
+from test_node_crash import _mount_tmpfs
+
+from node import protocol
+from node.client import Message, Producer, PullConsumer, SendError
+from shm.verify import verify_store
+
+pytestmark = pytest.mark.slow
+DAY_NS = 24 * 3600 * 10**9
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "node.tools.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=180)
+
+
+def _stats(node) -> dict:
+    done = _cli("admin", "stats", "--endpoint", node.endpoint)
+    assert done.returncode == 0, done.stderr
+    return orjson.loads(done.stdout)
+
+
+def _fill(endpoint: str, batches: int) -> list[str]:
+    """~2 KiB messages in batches of 100 over four queues, keyed k-<n>; returns the keys in order."""
+    keys = []
+    with Producer(endpoint, timeout=10.0) as producer:
+        for b in range(batches):
+            items = [Message("Clean", bytes([b % 251]) * 2000, keys=f"k-{b * 100 + i}") for i in range(100)]
+            producer.send_batch("Clean", items, queue_id=b % 4)
+            keys += [f"k-{b * 100 + i}" for i in range(100)]
+    return keys
+
+
+def _mapped_deleted(node) -> list[str]:
+    """Store files the node's processes still map after they were deleted."""
+    found = []
+    for process in node.tree():
+        try:
+            with open(f"/proc/{process.pid}/maps") as maps:
+                found += [line.split()[-2] for line in maps
+                          if line.rstrip().endswith("(deleted)") and str(node.settings.root) in line]
+        except OSError:
+            continue
+    return found
+
+
+def test_admin_clean_moves_every_bound_and_the_store_restarts_to_the_same_state(tmp_path):
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), cleanResourceInterval=300,
+                             deleteCommitLogFilesInterval=5, deleteConsumeQueueFilesInterval=5)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    try:
+        keys = _fill(node.endpoint, 60)  # ~12 MiB: a dozen segments
+        segments = sorted(settings.commitlog_dir.iterdir())
+        assert len(segments) >= 10
+        nothing = orjson.loads(_cli("admin", "clean", "--endpoint", node.endpoint).stdout)
+        assert nothing["count"] == 0  # nothing is old enough yet
+        old = time.time_ns() - 4 * DAY_NS  # four days: past the 72 h of fileReservedTime
+        for path in segments:
+            os.utime(path, ns=(old, old))
+        deadline = time.monotonic() + 20
+        while True:  # a segment goes only once flushed and dispatched whole (`stopped` says so)
+            done = _cli("admin", "clean", "--endpoint", node.endpoint)
+            assert done.returncode == 0, done.stderr
+            report = orjson.loads(done.stdout)
+            if report["count"] or time.monotonic() > deadline:
+                break
+            assert report["stopped"] == "the oldest segment is not yet flushed and dispatched whole", report
+            time.sleep(0.5)
+        left = sorted(settings.commitlog_dir.iterdir())
+        assert report["count"] >= 5 and left and not {d["file"] for d in report["deleted"]} & {p.name for p in left}
+        assert {d["cause"] for d in report["deleted"]} == {"manual"}
+        assert [d["file"] for d in report["deleted"]] == [p.name for p in segments[:report["count"]]]
+        min_offset = int(left[0].name)
+
+        with PullConsumer(node.endpoint) as consumer:
+            low = consumer.min_offset("Clean", 0)
+            assert low > 0
+            below = consumer.pull("Clean", 0, 0)
+            assert below.status == "OFFSET_ILLEGAL" and below.next_begin_offset == low
+            first = consumer.pull("Clean", 0, low, max_count=1)
+            assert first.status == "FOUND" and first.messages[0].queue_offset == low
+            assert consumer.query("Clean", keys[0]) == []  # its record is gone
+            assert [m.keys for m in consumer.query("Clean", keys[-1])] == [[keys[-1]]]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            stats = _stats(node)
+            clean = stats["actors"].get("clean", {})
+            if clean.get("deletedFiles", {}).get("manual") == report["count"] and not _mapped_deleted(node):
+                break
+            time.sleep(0.2)
+        assert clean["deletedFiles"]["manual"] == report["count"] and clean["minOffset"] == min_offset
+        assert stats["control"]["min_offset"] == min_offset
+        assert stats["services"]["clean"][0]["process"] == "clean"
+        assert _mapped_deleted(node) == []  # every process dropped what was deleted: the space is free
+        with PullConsumer(node.endpoint) as consumer:
+            bounds = [(consumer.min_offset("Clean", q), consumer.max_offset("Clean", q)) for q in range(4)]
+        assert node.stop() == 0
+        verified = verify_store(settings)
+        assert verified.ok, verified.summary()
+
+        node = NodeProcess(settings, tmp_path / "node.log").start()  # the same state after a restart
+        with PullConsumer(node.endpoint) as consumer:
+            assert [(consumer.min_offset("Clean", q), consumer.max_offset("Clean", q)) for q in range(4)] == bounds
+            assert consumer.pull("Clean", 0, 0).next_begin_offset == bounds[0][0]
+    finally:
+        node.stop(strict=False)
+
+
+def test_a_full_disk_refuses_sends_and_takes_them_again_when_space_is_back(tmp_path):
+    small = tmp_path / "small"
+    if not _mount_tmpfs(small, "16m"):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        settings = node_settings(small / "store", runDir=str(tmp_path / "run"), cleanResourceInterval=200,
+                                 fileReservedTime=1000.0)  # nothing expires: only space matters
+        node = NodeProcess(settings, tmp_path / "node.log").start()
+        with Producer(node.endpoint, timeout=5.0, retries=0) as producer:
+            producer.send("Full", b"before")
+            foreign = small / "foreign"
+            free = os.statvfs(small).f_bavail * os.statvfs(small).f_frsize
+            with open(foreign, "wb") as f:  # someone else fills the disk to ~95 %
+                f.write(bytes(max(0, free - 800 * 1024)))
+            status = _until_refused(producer)
+            assert status.status == "SERVICE_NOT_AVAILABLE" and "disk is full" in status.remark
+            with PullConsumer(node.endpoint) as consumer:  # reads go on
+                assert consumer.pull("Full", 0, 0).status in ("FOUND", "NO_NEW_MSG", "OFFSET_ILLEGAL")
+            foreign.unlink()
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    producer.send("Full", b"after")
+                    break
+                except SendError as e:
+                    assert e.status == "SERVICE_NOT_AVAILABLE" and time.monotonic() < deadline
+                    time.sleep(0.1)
+        assert _stats(node)["actors"]["clean"]["diskFull"] is False
+        assert node.stop() == 0
+        verified = verify_store(settings)
+        assert verified.ok, verified.summary()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def _until_refused(producer, timeout: float = 10.0) -> SendError:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            producer.send("Full", b"x")
+        except SendError as e:
+            return e
+        time.sleep(0.05)
+    raise AssertionError("sends were never refused")
+
+
+def test_admin_clean_checks_its_fields():
+    from node.server.edge import check_request
+
+    with pytest.raises(protocol.ProtocolError, match="force"):
+        check_request(protocol.Request({"code": protocol.DELETE_EXPIRED_COMMITLOG, "force": "yes"}, b""))

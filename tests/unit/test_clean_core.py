@@ -1,0 +1,179 @@
+"""The clean service's core on mock clocks and a mock disk: RocketMQ's DefaultMessageStoreCleanFilesTest
+cases (time-up, space, forced, manual; 10 a pass, the first young segment ends a pass, never the
+last), ConsumeQueue and index files following the min offset, and the disk-full flag. Days of
+retention run in milliseconds."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+from helpers import small_settings
+
+from actors.clean import DELETE_MAX_PER_PASS, CleanCore, delete_hours
+from shm.control_block import FLAG_DISK_FULL, ControlBlock
+
+SEGMENT = 4096
+HOUR_MS = 3600 * 1000
+NOW_MS = 1_800_000_000_000
+
+
+class Disk:
+    """The mock disk's used ratio, and the mock clocks."""
+
+    def __init__(self) -> None:
+        self.used, self.wall, self.hour, self.monotonic = 0.5, NOW_MS, 12, 100.0
+
+    def ratio(self, _path) -> float:
+        return self.used
+
+
+@pytest.fixture
+def store(tmp_path):
+    def make(segments=20, aged=15, **overrides):
+        settings = small_settings(tmp_path / "store", runDir=str(tmp_path / "run"), mappedFileSizeCommitLog=SEGMENT,
+                                  fileReservedTime=1.0, **overrides)
+        settings.commitlog_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(segments):
+            path = settings.commitlog_dir / f"{i * SEGMENT:020d}"
+            path.write_bytes(bytes(SEGMENT))
+            age_ms = 2 * HOUR_MS if i < aged else 0
+            os.utime(path, ns=((NOW_MS - age_ms) * 1_000_000,) * 2)
+        control = ControlBlock(settings.root / "control", create=True)
+        end = segments * SEGMENT - 100
+        control.publish_recovered(written=end, flushed=end, dispatched=end, min_offset=0)
+        disk = Disk()
+        core = CleanCore(settings, control, wall_ms=lambda: disk.wall, local_hour=lambda ms: disk.hour,
+                         ratio=disk.ratio)
+        made.append(control)
+        return core, control, disk, settings
+
+    made: list = []
+    yield make
+    for control in made:
+        control.close()
+
+
+def _run(core, disk, seconds: float) -> None:
+    """Run the core for `seconds` of mock time, waking when it asks to."""
+    end = disk.monotonic + seconds
+    while disk.monotonic < end:
+        wait = core.step(disk.monotonic)
+        disk.monotonic += max(wait, 0.001)
+
+
+def _one_pass(core, disk) -> None:
+    """Run the core until the pass it starts has ended."""
+    passes = core.passes
+    while core.passes == passes or core.running is not None:
+        disk.monotonic += max(core.step(disk.monotonic), 0.001)
+
+
+def _left(settings) -> list[int]:
+    return sorted(int(p.name) for p in settings.commitlog_dir.iterdir())
+
+
+def test_delete_when_parses_rocketmq_hours():
+    assert delete_hours("04") == {4} and delete_hours("4; 16") == {4, 16}
+    with pytest.raises(ValueError):
+        delete_hours("24")
+
+
+def test_time_up_deletes_the_aged_segments_ten_a_pass(store):
+    core, control, disk, settings = store(deleteWhen="04")
+    disk.hour = 4
+    core.step(disk.monotonic)  # the first look: a pass starts
+    _run(core, disk, 2.0)  # 10 deletions 100 ms apart, then the pass ends
+    assert len(_left(settings)) == 10 and core.deleted_files["time"] == 10
+    assert control.get("min_offset") == 10 * SEGMENT
+    _run(core, disk, 10.0)  # the next pass, cleanResourceInterval later: the other 5 aged
+    assert _left(settings)[0] == 15 * SEGMENT and core.deleted_files["time"] == 15
+    _run(core, disk, 3600.0)  # an hour more: the young ones stay
+    assert len(_left(settings)) == 5
+
+
+def test_outside_delete_when_and_under_the_ratio_nothing_goes(store):
+    core, _, disk, settings = store(deleteWhen="04")
+    _run(core, disk, 24 * 3600.0)  # a day at hour 12 (the mock hour does not move)
+    assert len(_left(settings)) == 20 and core.passes == 0
+
+
+def test_space_deletes_only_aged_segments(store):
+    core, _, disk, settings = store(deleteWhen="04", diskMaxUsedSpaceRatio=10)
+    disk.used = 0.5  # over 10 %, under the forcible 85 %
+    _run(core, disk, 30.0)
+    assert len(_left(settings)) == 5 and core.deleted_files["space"] == 15
+
+
+def test_over_the_forcible_ratio_age_is_ignored_but_the_last_segment_stays(store):
+    core, control, disk, settings = store(aged=0)
+    disk.used = 0.86
+    _one_pass(core, disk)  # 10 deletions 100 ms apart
+    assert len(_left(settings)) == 10 and core.deleted_files["forced"] == DELETE_MAX_PER_PASS
+    _run(core, disk, 5.0)  # still over the ratio: the next pass follows at once
+    assert _left(settings) == [19 * SEGMENT] and control.get("min_offset") == 19 * SEGMENT
+
+
+def test_forcing_can_be_switched_off(store):
+    core, _, disk, settings = store(aged=0, cleanFileForciblyEnable=False)
+    disk.used = 0.86
+    _run(core, disk, 60.0)
+    assert len(_left(settings)) == 20
+
+
+def test_nothing_past_the_flushed_or_dispatched_end_is_deleted(store):
+    core, control, disk, settings = store(aged=20)
+    control.set("dispatched", 3 * SEGMENT + 5)  # the dispatcher is behind
+    disk.used = 0.86
+    _run(core, disk, 30.0)
+    assert _left(settings)[0] == 3 * SEGMENT
+
+
+def test_the_disk_full_flag_follows_the_warning_ratio(store):
+    core, control, disk, _ = store(aged=0)
+    disk.used = 0.91
+    core.step(disk.monotonic)
+    assert control.has_flag(FLAG_DISK_FULL) and core.clean_immediately
+    disk.used = 0.5
+    _run(core, disk, 11.0)
+    assert not control.has_flag(FLAG_DISK_FULL)
+
+
+def test_manual_clean_takes_expired_segments_in_passes_and_reports_them(store):
+    core, _, disk, settings = store()
+    core.request_manual(("client", 1, 7), force=False)
+    _run(core, disk, 5.0)
+    (done,) = core.finished
+    assert len(done.deleted) == 15 and {d["cause"] for d in done.deleted} == {"manual"}
+    assert done.deleted[0]["file"] == f"{0:020d}" and done.reply_to == ("client", 1, 7)
+    assert len(_left(settings)) == 5
+
+
+def test_manual_force_takes_everything_but_the_last(store):
+    core, _, disk, settings = store(aged=0)
+    core.request_manual(("client", 1, 7), force=True)
+    _run(core, disk, 5.0)
+    assert len(core.finished[0].deleted) == 19 and len(_left(settings)) == 1
+
+
+def test_consume_queue_and_index_files_follow_the_min_offset(store):
+    core, control, disk, settings = store(aged=12)
+    queue = settings.consumequeue_dir / "T" / "0"
+    queue.mkdir(parents=True)
+    per_file = settings.mappedFileSizeConsumeQueue // 20
+    for f in range(4):  # the last entry of file f points at segment 3f+2
+        entries = b"".join(struct.pack(">qiq", (3 * f + 2) * SEGMENT + i, 10, 0) for i in range(per_file))
+        (queue / f"{f * per_file * 20:020d}").write_bytes(entries)
+    settings.index_dir.mkdir(parents=True, exist_ok=True)
+    for f, end in enumerate((5 * SEGMENT, 9 * SEGMENT, 11 * SEGMENT, 30 * SEGMENT)):
+        (settings.index_dir / f"{20240101000000000 + f}").write_bytes(struct.pack(">qqqqii", 0, 0, 0, end, 0, 0))
+    disk.used = 0.86
+    _one_pass(core, disk)  # 10 forced: the min offset is segment 10
+    assert control.get("min_offset") == 10 * SEGMENT
+    disk.used = 0.5  # no more passes
+    _run(core, disk, 0.5)
+    # CQ files 0..2 end in segments 2, 5, 8 (< 10): gone; file 3 is the last
+    assert sorted(p.name for p in queue.iterdir()) == [f"{3 * per_file * 20:020d}"]
+    assert len(list(settings.index_dir.iterdir())) == 2 and core.index_files_deleted == 2
+    assert core.cq_files_deleted == 3

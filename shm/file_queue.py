@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from shm.invariant import invariant
-from shm.mapped_file import MappedFile, StoreError, file_name
+from shm.mapped_file import MappedFile, StoreError, file_name, retire
 
 _SEGMENT_NAME = re.compile(r"^\d{20}$")
 
@@ -81,11 +81,11 @@ class MappedFileQueue:
         self.files = [known[k] for k in sorted(known)]
 
     def forget_deleted_head(self) -> int:
-        """Close (never delete) the oldest files the clean service deleted: their mappings hold
-        the space until dropped. Returns how many were dropped."""
+        """Drop (never delete) the oldest files the clean service deleted: their mappings hold
+        the space until closed, which a background thread does (`retire`). Returns how many."""
         dropped = 0
         while self.files and not self.files[0].is_file_at(self.files[0].path):
-            self.files.pop(0).close()
+            retire(self.files.pop(0))
             dropped += 1
         return dropped
 

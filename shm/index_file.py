@@ -43,7 +43,7 @@ import numpy as np
 
 from shm.codec import TRANSACTION_MASK, TRANSACTION_ROLLBACK, index_key_hash
 from shm.invariant import invariant
-from shm.mapped_file import WrongFileSize, allocate, no_read_around
+from shm.mapped_file import WrongFileSize, allocate, no_read_around, retire
 from shm.native import NATIVE, _dispatch
 
 HEADER_SIZE = 40
@@ -298,7 +298,7 @@ class IndexService:
     def forget_deleted_head(self) -> None:
         """Close (never delete) the oldest files the clean service deleted."""
         while self.files and not self.files[0].path.exists():
-            self.files.pop(0).close()
+            retire(self.files.pop(0))  # off the loop: an index file's mapping is hundreds of MiB
 
     # -- writing -----------------------------------------------------------------------------
 

@@ -72,6 +72,9 @@ class ReceivedMessage:
     born_timestamp = _fixed_field(FIXED_BORN_TS)
     store_timestamp = _fixed_field(FIXED_STORE_TS)
     reconsume_times = _fixed_field(FIXED_RECONSUME)
+    commit_log_offset = _fixed_field(FIXED_PHYSICAL)  # the record's physical offset in the CommitLog
+    flag = _fixed_field(4)
+    sys_flag = _fixed_field(7)
 
     @property
     def body(self) -> bytes:
@@ -209,9 +212,13 @@ def _decode_full(raw: bytes) -> ReceivedMessage:
     record = decode(raw, check_crc=False)
     if not isinstance(record, Record):
         raise SendError("SYSTEM_ERROR", f"undecodable record in a reply: {record}")
-    return _from_fields(record.topic, record.queue_id, record.queue_offset, None, record.msg_id, None, None,
-                        dict(record.properties), record.body, record.born_timestamp, record.store_timestamp,
-                        str(record.born_host), str(record.store_host), record.reconsume_times)
+    message = _from_fields(record.topic, record.queue_id, record.queue_offset, None, record.msg_id, None, None,
+                           dict(record.properties), record.body, record.born_timestamp, record.store_timestamp,
+                           str(record.born_host), str(record.store_host), record.reconsume_times)
+    fixed = list(message._fixed)  # the fields a walked record has too (flag, sysFlag, physical offset)
+    fixed[4], fixed[FIXED_PHYSICAL], fixed[7] = record.flag, record.physical_offset, record.sys_flag
+    message._fixed = tuple(fixed)
+    return message
 
 
 def _from_fields(topic, queue_id, queue_offset, _msg_id, offset_msg_id, _tags, _keys, properties, body,

@@ -1,0 +1,210 @@
+"""Where a Spark read starts and ends in each queue: options parsed once, offsets resolved against a
+running node over the wire protocol, ranges split into Spark partitions. No Spark here: the
+driver-side planning of `node.pipeline.source`, testable without a session.
+
+An offset map is Kafka's connector's shape: `{"topic": {"queueId": offset}}` (queue ids as JSON
+strings), `-2` standing for earliest and `-1` for latest inside JSON, as Kafka's does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from node import protocol
+from node.client import PullConsumer, SendError
+
+EARLIEST, LATEST = -2, -1
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class PipelineError(ValueError):
+    """A bad option or a node that cannot serve the query: Spark shows the message."""
+
+
+@dataclass(frozen=True)
+class Options:
+    endpoint: str
+    topics: tuple[str, ...]
+    subscription: str = "*"
+    starting: str = "earliest"
+    ending: str = "latest"
+    starting_timestamp: int | None = None
+    ending_timestamp: int | None = None
+    min_partitions: int = 0
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    timeout: float = DEFAULT_TIMEOUT_S
+
+    @classmethod
+    def parse(cls, options: dict, *, streaming: bool = False) -> Options:
+        """Spark's options (case-insensitive keys) -> Options; PipelineError naming what is wrong."""
+        get = {str(k).lower(): v for k, v in options.items()}.get
+        endpoint = get("endpoint")
+        if not endpoint:
+            raise PipelineError("option `endpoint` is required (e.g. tcp://127.0.0.1:10911)")
+        topics = tuple(t.strip() for t in (get("topics") or get("topic") or "").split(",") if t.strip())
+        if not topics:
+            raise PipelineError("option `topic` (or `topics`, a comma list) is required")
+        for name in ("startingOffsets", "endingOffsets"):
+            _check_offsets_option(name, get(name.lower()))
+        if streaming and get("endingoffsets"):
+            raise PipelineError("`endingOffsets` is for batch reads; a stream runs until stopped")
+        return cls(
+            endpoint=endpoint, topics=topics, subscription=get("subscription") or "*",
+            starting=get("startingoffsets") or ("latest" if streaming else "earliest"),
+            ending=get("endingoffsets") or "latest",
+            starting_timestamp=_int_option(get, "startingTimestamp"), ending_timestamp=_int_option(get, "endingTimestamp"),
+            min_partitions=_int_option(get, "minPartitions") or 0,
+            max_offsets_per_trigger=_int_option(get, "maxOffsetsPerTrigger"),
+            fail_on_data_loss=_bool_option(get, "failOnDataLoss", True),
+            timeout=float(get("timeout") or DEFAULT_TIMEOUT_S))
+
+
+def _int_option(get, name: str) -> int | None:
+    value = get(name.lower())
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise PipelineError(f"option `{name}` must be an integer, not {value!r}") from None
+
+
+def _bool_option(get, name: str, default: bool) -> bool:
+    value = get(name.lower())
+    if value is None:
+        return default
+    if str(value).lower() not in ("true", "false"):
+        raise PipelineError(f"option `{name}` must be true or false, not {value!r}")
+    return str(value).lower() == "true"
+
+
+def _check_offsets_option(name: str, value) -> None:
+    if value is None or value in ("earliest", "latest"):
+        return
+    try:
+        parsed = orjson.loads(value)
+    except orjson.JSONDecodeError as e:
+        raise PipelineError(f"option `{name}` is not earliest, latest or JSON {{\"topic\": {{\"0\": 23}}}}: {e}") from None
+    if not isinstance(parsed, dict) or not all(
+            isinstance(t, str) and isinstance(q, dict) and all(k.isdigit() and type(v) is int for k, v in q.items())
+            for t, q in parsed.items()):
+        raise PipelineError(f"option `{name}` must map topics to {{\"queueId\": offset}} objects, not {value!r}")
+
+
+class NodeView:
+    """What planning asks a node: its queues and their bounds. Sync, for the driver."""
+
+    def __init__(self, options: Options):
+        self.options = options
+        try:
+            self.consumer = PullConsumer(options.endpoint, timeout=options.timeout)
+        except Exception as e:  # a malformed endpoint: zmq says why
+            raise PipelineError(f"cannot reach {options.endpoint}: {e}") from None
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def __enter__(self) -> NodeView:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _ask(self, header: dict) -> dict:
+        try:
+            reply, _ = self._request(header)
+        except SendError as e:
+            if e.status == "TIMEOUT":
+                raise PipelineError(f"the node at {self.options.endpoint} did not answer within "
+                                    f"{self.options.timeout:g} s (is it running?)") from None
+            raise PipelineError(f"the node at {self.options.endpoint} refused {header}: {e}") from None
+        return reply
+
+    def _request(self, header: dict) -> tuple[dict, bytes | None]:
+        return self.consumer._call(self.consumer.inner._ask(header))
+
+    def queues(self, topic: str) -> int:
+        reply = self._ask({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
+        if reply.get("status") != "OK":
+            raise PipelineError(f"topic {topic!r}: {reply.get('status')} {reply.get('remark', '')}".strip())
+        return int(reply["readQueueNums"])
+
+    def bound(self, code: int, topic: str, queue_id: int, **fields) -> int:
+        reply = self._ask({"code": code, "topic": topic, "queueId": queue_id, **fields})
+        if reply.get("status") != "OK":
+            raise PipelineError(f"{topic}/{queue_id}: {reply.get('status')} {reply.get('remark', '')}".strip())
+        return int(reply["offset"])
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return self.bound(protocol.GET_MIN_OFFSET, topic, queue_id)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self.bound(protocol.GET_MAX_OFFSET, topic, queue_id)
+
+    def offset_at(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """The first offset whose message was stored at or after `timestamp` (Kafka's meaning;
+        the node's search answers the nearest, which may be just before it)."""
+        offset = self.bound(protocol.SEARCH_OFFSET_BY_TIMESTAMP, topic, queue_id, timestamp=timestamp)
+        end = self.max_offset(topic, queue_id)
+        while offset < end:
+            result = self.consumer.pull(topic, queue_id, offset, max_count=8)
+            earlier = [m for m in result.messages if m.store_timestamp < timestamp]
+            if result.status != "FOUND" or len(earlier) < len(result.messages):
+                return offset + len(earlier)
+            offset += len(earlier)
+        return offset
+
+    def all_queues(self) -> dict[str, list[int]]:
+        return {topic: list(range(self.queues(topic))) for topic in self.options.topics}
+
+    def resolve(self, spec: str, timestamp: int | None, queues: dict[str, list[int]], *, start: bool) -> dict:
+        """earliest / latest / JSON (with -2 and -1) / a timestamp -> {topic: {queueId: offset}}."""
+        explicit = orjson.loads(spec) if spec not in ("earliest", "latest") else {}
+        default = EARLIEST if spec == "earliest" or (spec != "latest" and start) else LATEST
+        out: dict[str, dict[str, int]] = {}
+        for topic, ids in queues.items():
+            given = explicit.get(topic, {})
+            for key in given:
+                if int(key) not in ids:
+                    raise PipelineError(f"offsets name queue {key} of {topic!r}, which has {len(ids)} queues")
+            for q in ids:
+                if timestamp is not None:
+                    value = self.offset_at(topic, q, timestamp)
+                else:
+                    value = given.get(str(q), default)
+                    if value == EARLIEST:
+                        value = self.min_offset(topic, q)
+                    elif value == LATEST:
+                        value = self.max_offset(topic, q)
+                out.setdefault(topic, {})[str(q)] = value
+        return out
+
+
+@dataclass(frozen=True)
+class QueueRange:
+    """One Spark partition: queue offsets [start, end) of one queue."""
+
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+
+
+def split(starts: dict, ends: dict, min_partitions: int) -> list[QueueRange]:
+    """One range per queue with something to read, split evenly until there are at least
+    `min_partitions` (Kafka's minPartitions: the largest ranges are cut first)."""
+    ranges = [QueueRange(t, int(q), starts[t][q], ends[t][q]) for t in starts for q in starts[t]
+              if ends.get(t, {}).get(q, 0) > starts[t][q]]
+    while ranges and len(ranges) < min_partitions:
+        ranges.sort(key=lambda r: r.end - r.start)
+        largest = ranges.pop()
+        if largest.end - largest.start < 2:
+            ranges.append(largest)
+            break
+        middle = (largest.start + largest.end) // 2
+        ranges += [QueueRange(largest.topic, largest.queue_id, largest.start, middle),
+                   QueueRange(largest.topic, largest.queue_id, middle, largest.end)]
+    return sorted(ranges, key=lambda r: (r.topic, r.queue_id, r.start))

@@ -1,0 +1,80 @@
+"""Rows of a DataFrame sent into topics: the write side of the `mqnode` data source. Runs on the
+executors. Columns: `body` (binary or string, required), optional `topic` (else the `topic`
+option), `tags`, `keys` (a string or an array of strings), `properties` (a map), `queueId`,
+`shardingKey`, `delayLevel`. Rows without a delay go as batches per queue (RocketMQ's batch
+send); a row with a delay level goes alone (a batch may carry no delay)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from node.client import Message, Producer, SendError
+from node.pipeline.ranges import DEFAULT_TIMEOUT_S, PipelineError
+
+BATCH = 128  # rows a batch send
+
+
+class SendRefused(RuntimeError):
+    """The node refused a row: its status and remark."""
+
+
+def send_batches(options: dict, batches) -> int:
+    get = {str(k).lower(): v for k, v in options.items()}.get
+    endpoint, default_topic = get("endpoint"), get("topic")
+    if not endpoint:
+        raise PipelineError("option `endpoint` is required")
+    sent = 0
+    with Producer(endpoint, timeout=float(get("timeout") or DEFAULT_TIMEOUT_S)) as producer:
+        for batch in batches:
+            columns = batch.to_pydict()
+            if "body" not in columns:
+                raise PipelineError("writing to mqnode needs a `body` column (binary or string)")
+            if "topic" not in columns and not default_topic:
+                raise PipelineError("writing to mqnode needs a `topic` column or the `topic` option")
+            sent += _send_rows(producer, columns, default_topic, batch.num_rows)
+    return sent
+
+
+def _send_rows(producer: Producer, columns: dict, default_topic: str | None, rows: int) -> int:
+    column = lambda name: columns.get(name) or [None] * rows  # noqa: E731 - a missing column is all nulls
+    topics, bodies, tags, keys = column("topic"), columns["body"], column("tags"), column("keys")
+    properties, queue_ids, shards, delays = column("properties"), column("queueId"), column("shardingKey"), column("delayLevel")
+    groups: dict[tuple, list[Message]] = defaultdict(list)
+    for i in range(rows):
+        topic = topics[i] or default_topic
+        body = bodies[i]
+        if body is None:
+            raise PipelineError(f"row {i}: `body` is null")
+        props = dict(properties[i]) if properties[i] else {}
+        message = Message(topic, body.encode() if isinstance(body, str) else body, tags=tags[i], keys=keys[i],
+                          properties=props, delay_level=delays[i] or 0)
+        if message.delay_level:
+            _check(lambda: producer.send(topic, message.body, tags=message.tags, keys=message.keys,
+                                         properties=message.properties, delay_level=message.delay_level,
+                                         queue_id=queue_ids[i], shard_key=shards[i]))
+            continue
+        group = groups[topic, queue_ids[i], shards[i]]
+        group.append(message)
+        if len(group) >= BATCH:
+            _flush(producer, (topic, queue_ids[i], shards[i]), group)
+    for key, group in groups.items():
+        if group:
+            _flush(producer, key, group)
+    return rows
+
+
+def _flush(producer: Producer, key: tuple, group: list[Message]) -> None:
+    topic, queue_id, shard = key
+    _check(lambda: producer.send_batch(topic, list(group), queue_id=queue_id, shard_key=shard))
+    group.clear()
+
+
+def _check(send) -> None:
+    try:
+        results = send()
+    except SendError as e:
+        raise SendRefused(f"the node refused a send: {e.status} {e.remark}".strip()) from None
+    for result in results if isinstance(results, list) else [results]:
+        status = getattr(result, "status", "PUT_OK")
+        if status != "PUT_OK":
+            raise SendRefused(f"the node answered {status} for a send")

@@ -1,0 +1,189 @@
+"""The `mqnode` Spark data source (PySpark's Python data source API): batch and streaming reads of
+topics, batch and streaming writes into them. Registered by `node.pipeline.register(spark)`.
+
+Reads: one Spark partition per queue range (`node.pipeline.ranges`), read with pulls in flight and
+handed to Spark as Arrow record batches (`node.pipeline.rows`). A stream's offset is Kafka's
+connector's map, `{"topic": {"queueId": next offset}}`: Spark checkpoints it, so a query restarted
+from its checkpoint reads on from exactly there; queues a topic gains are read from their start.
+
+Writes: each task sends its rows with the batching producer (`node.client.Producer`), as batches
+per queue when no row asks for a delay; at-least-once, like Kafka's sink (a task Spark retries
+sends its rows again). A send the node refuses fails the task with the node's status and remark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+
+from node.pipeline.ranges import NodeView, Options, PipelineError, QueueRange, split
+from node.pipeline.rows import SCHEMA_DDL, arrow_schema, read_batches
+from node.pipeline.sink import send_batches
+
+try:  # Spark 4.1+: the streaming sink takes Arrow batches too
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
+except ImportError:  # pragma: no cover
+    from pyspark.sql.datasource import DataSourceStreamWriter as _StreamWriterBase
+
+
+@dataclass
+class RangePartition(InputPartition):
+    range: QueueRange
+
+
+class MqnodeDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "mqnode"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema) -> DataSourceReader:
+        return BatchReader(Options.parse(self.options), arrow_schema(schema))
+
+    def streamReader(self, schema) -> DataSourceStreamReader:
+        return StreamReader(Options.parse(self.options, streaming=True), arrow_schema(schema))
+
+    def writer(self, schema, overwrite: bool) -> DataSourceArrowWriter:
+        return Writer(dict(self.options))
+
+    def streamWriter(self, schema, overwrite: bool):
+        return StreamWriter(dict(self.options))
+
+
+def _read(options: Options, schema, partition: RangePartition):
+    r = partition.range
+    yield from read_batches(options.endpoint, r.topic, r.queue_id, r.start, r.end, subscription=options.subscription,
+                            fail_on_data_loss=options.fail_on_data_loss, timeout=options.timeout, schema=schema)
+
+
+class BatchReader(DataSourceReader):
+    def __init__(self, options: Options, schema):
+        self.options, self.schema = options, schema
+
+    def partitions(self):
+        o = self.options
+        with NodeView(o) as node:
+            queues = node.all_queues()
+            starts = node.resolve(o.starting, o.starting_timestamp, queues, start=True)
+            ends = node.resolve(o.ending, o.ending_timestamp, queues, start=False)
+            if o.fail_on_data_loss:
+                for topic, by_queue in starts.items():
+                    for q, offset in by_queue.items():
+                        low = node.min_offset(topic, int(q))
+                        if offset < low and ends[topic][q] > offset:
+                            raise PipelineError(f"{topic}/{q}: startingOffsets {offset} was cleaned from the node "
+                                                f"(its first offset is {low}; failOnDataLoss=false skips it)")
+        ranges = split(starts, ends, o.min_partitions)
+        return [RangePartition(r) for r in ranges] or [RangePartition(QueueRange(o.topics[0], 0, 0, 0))]
+
+    def read(self, partition: RangePartition):
+        if partition.range.end > partition.range.start:
+            yield from _read(self.options, self.schema, partition)
+
+
+class StreamReader(DataSourceStreamReader):
+    """Micro-batches over every queue of the topics; `maxOffsetsPerTrigger` caps a batch,
+    shared among the queues in proportion to what each has waiting."""
+
+    def __init__(self, options: Options, schema):
+        self.options, self.schema = options, schema
+
+    def initialOffset(self) -> dict:
+        o = self.options
+        with NodeView(o) as node:
+            return node.resolve(o.starting, o.starting_timestamp, node.all_queues(), start=True)
+
+    def getDefaultReadLimit(self):
+        if self.options.max_offsets_per_trigger:
+            from pyspark.sql.datasource_internal import ReadMaxRows
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return super().getDefaultReadLimit()
+
+    def latestOffset(self, start: dict | None = None, limit=None) -> dict:
+        o = self.options
+        with NodeView(o) as node:
+            queues = node.all_queues()
+            latest = node.resolve("latest", None, queues, start=False)
+            base = {t: dict(by_queue) for t, by_queue in (start or {}).items()}
+            for topic, ids in queues.items():  # queues the topic gained start at their first offset
+                for q in ids:
+                    if str(q) not in base.get(topic, {}):
+                        base.setdefault(topic, {})[str(q)] = node.min_offset(topic, q)
+        cap = getattr(limit, "max_rows", None) if limit is not None else o.max_offsets_per_trigger
+        return _capped(base, latest, cap)
+
+    def partitions(self, start: dict, end: dict):
+        # a queue the topic gained since `start` was planned from its first offset in `end`'s
+        # latestOffset; reading it from 0 reads what it holds (below its min: data loss, as ever)
+        starts = {t: {q: start.get(t, {}).get(q, 0) for q in end[t]} for t in end}
+        return [RangePartition(r) for r in split(starts, end, 0)]
+
+    def read(self, partition: RangePartition):
+        yield from _read(self.options, self.schema, partition)
+
+    def commit(self, end: dict) -> None:
+        """Spark has checkpointed `end`: nothing is held at the node for it."""
+
+
+def _capped(start: dict, latest: dict, cap: int | None) -> dict:
+    """`latest`, or no more than `cap` offsets past `start` in all, shared in proportion."""
+    waiting = {(t, q): max(0, latest[t][q] - start.get(t, {}).get(q, 0)) for t in latest for q in latest[t]}
+    total = sum(waiting.values())
+    if not cap or total <= cap:
+        return {t: {q: max(latest[t][q], start.get(t, {}).get(q, 0)) for q in latest[t]} for t in latest}
+    out: dict[str, dict[str, int]] = {}
+    given = 0
+    for (t, q), n in sorted(waiting.items()):
+        share = n * cap // total
+        given += share
+        out.setdefault(t, {})[q] = start.get(t, {}).get(q, 0) + share
+    for (t, q), n in sorted(waiting.items()):  # the rounding's remainder, to queues with more waiting
+        if given >= cap:
+            break
+        if out[t][q] < start.get(t, {}).get(q, 0) + n:
+            out[t][q] += 1
+            given += 1
+    return out
+
+
+@dataclass
+class SendCount(WriterCommitMessage):
+    count: int
+
+
+class Writer(DataSourceArrowWriter):
+    def __init__(self, options: dict):
+        self.options = options
+
+    def write(self, batches) -> SendCount:
+        return SendCount(send_batches(self.options, batches))
+
+    def commit(self, messages) -> None:
+        """Every task's sends were acknowledged by the node: nothing more to do."""
+
+    def abort(self, messages) -> None:
+        """At-least-once: what a failed task sent stays sent (as with Kafka's sink)."""
+
+
+class StreamWriter(_StreamWriterBase):
+    def __init__(self, options: dict):
+        self.options = options
+
+    def write(self, batches) -> SendCount:
+        return SendCount(send_batches(self.options, batches))
+
+    def commit(self, messages, batchId: int) -> None:
+        """The micro-batch's sends were all acknowledged."""
+
+    def abort(self, messages, batchId: int) -> None:
+        """At-least-once: Spark reruns the micro-batch and its rows are sent again."""

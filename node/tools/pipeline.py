@@ -1,0 +1,135 @@
+"""`scripts/pipeline`: Spark jobs over a node's topics, each on a local Spark (`local[*]`) unless
+`--master` names a cluster.
+
+    count        one JSON line per topic and tag: topic, tags, count, bytes (over an offset or time range)
+    stream-copy  topic -> topic through a SQL transform, from its checkpoint (restart it: it goes on)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import orjson
+
+
+def spark_session(master: str, name: str):
+    from pyspark.sql import SparkSession
+
+    from node.pipeline import register
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName(name).config("spark.ui.enabled", "false")
+    if master.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    return session
+
+
+def _source_options(args) -> dict[str, str]:
+    options = {"endpoint": args.endpoint, "topic": args.topic}
+    for name in ("startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp", "subscription"):
+        value = getattr(args, name, None)
+        if value is not None:
+            options[name] = str(value)
+    return options
+
+
+def cmd_count(args) -> int:
+    from pyspark.sql import functions as F
+
+    spark = spark_session(args.master, "mqnode-count")
+    try:
+        frame = spark.read.format("mqnode").options(**_source_options(args)).load()
+        totals = frame.selectExpr("topic", "tags", "length(body) AS size").groupBy("topic", "tags").agg(
+            F.count("*").alias("count"), F.sum("size").alias("bytes"))
+        for row in totals.orderBy("topic", "tags").collect():
+            sys.stdout.write(orjson.dumps({"topic": row["topic"], "tags": row["tags"], "count": row["count"],
+                                           "bytes": row["bytes"] or 0}).decode() + "\n")
+    finally:
+        spark.stop()
+    return 0
+
+
+def cmd_stream_copy(args) -> int:
+    spark = spark_session(args.master, "mqnode-stream-copy")
+    try:
+        options = _source_options(args)
+        options.setdefault("startingOffsets", "earliest")
+        if args.max_offsets_per_trigger:
+            options["maxOffsetsPerTrigger"] = str(args.max_offsets_per_trigger)
+        spark.readStream.format("mqnode").options(**options).load().createOrReplaceTempView("source")
+        copied = spark.sql(args.sql)
+        query = (copied.writeStream.format("mqnode").option("endpoint", args.to_endpoint or args.endpoint)
+                 .option("topic", args.to).option("checkpointLocation", args.checkpoint)
+                 .trigger(processingTime=f"{args.trigger_ms} milliseconds").start())
+        _run(query, args.idle_stop)
+    finally:
+        spark.stop()
+    return 0
+
+
+def _run(query, idle_stop: float | None) -> None:
+    """Until stopped (Ctrl-C), or `idle_stop` seconds with no new rows."""
+    last_rows, quiet_since = -1, time.monotonic()
+    try:
+        while query.isActive:
+            time.sleep(0.5)
+            progress = query.recentProgress
+            rows = sum(p.get("numInputRows", 0) for p in progress) if progress else 0
+            if rows != last_rows:
+                last_rows, quiet_since = rows, time.monotonic()
+                if progress:
+                    sys.stdout.write(orjson.dumps({"batch": progress[-1].get("batchId"),
+                                                   "inputRows": progress[-1].get("numInputRows")}).decode() + "\n")
+                    sys.stdout.flush()
+            elif idle_stop is not None and time.monotonic() - quiet_since >= idle_stop:
+                break
+        if query.exception():
+            raise RuntimeError(str(query.exception()))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        query.stop()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, handler, help_text in (("count", cmd_count, "messages and bytes per topic and tag"),
+                                     ("stream-copy", cmd_stream_copy, "copy a topic into another through SQL")):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--endpoint", required=True, help="the node, e.g. tcp://127.0.0.1:10911")
+        sub.add_argument("--topic", required=True, help="a topic, or a comma list")
+        sub.add_argument("--master", default="local[*]", help="Spark master (default: a local Spark)")
+        sub.add_argument("--subscription", help="a tag expression, e.g. 'TagA || TagB'")
+        sub.add_argument("--starting-offsets", dest="startingOffsets", help="earliest, latest or JSON")
+        sub.add_argument("--starting-timestamp", dest="startingTimestamp", type=int, help="store time, ms")
+        sub.set_defaults(handler=handler)
+        if name == "count":
+            sub.add_argument("--ending-offsets", dest="endingOffsets", help="earliest, latest or JSON")
+            sub.add_argument("--ending-timestamp", dest="endingTimestamp", type=int, help="store time, ms")
+        else:
+            sub.add_argument("--to", required=True, help="the topic written into")
+            sub.add_argument("--to-endpoint", help="the node written to (default: --endpoint)")
+            sub.add_argument("--checkpoint", required=True, help="Spark's checkpoint directory: where a restart goes on")
+            sub.add_argument("--sql", default="SELECT body, tags FROM source",
+                             help="the transform, over the view `source` (the connector's columns)")
+            sub.add_argument("--trigger-ms", type=int, default=1000)
+            sub.add_argument("--max-offsets-per-trigger", type=int)
+            sub.add_argument("--idle-stop", type=float, help="stop after this many seconds with no new rows")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

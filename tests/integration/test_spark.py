@@ -1,0 +1,150 @@
+"""The Spark connector with a real local Spark session and a real node (one of each for the module):
+batch reads equal what was produced, offsets and timestamps bound them, a stream restarted from its
+checkpoint delivers every message exactly once to a file sink, a 100k-row write reads back intact,
+and bad options fail with a clear message."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import orjson
+import pytest
+from nodes import NodeProcess, node_settings
+
+from node.client import Message, Producer
+
+pyspark = pytest.importorskip("pyspark")
+pytestmark = pytest.mark.slow
+TOPICS = ("SparkRead", "SparkStream", "SparkWrite", "SparkTime")
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("spark-node")
+    settings = node_settings(directory / "store", runDir=str(directory / "run"), autoCreateTopicEnable=False)
+    config = settings.root / "config"
+    config.mkdir(parents=True)
+    table = {t: {"topicName": t, "readQueueNums": 4, "writeQueueNums": 4, "perm": 6} for t in TOPICS}
+    (config / "topics.json").write_bytes(orjson.dumps({"topicConfigTable": table}))
+    process = NodeProcess(settings, directory / "node.log").start()
+    yield process
+    process.stop(strict=False)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    from node.pipeline import register
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("mqnode-tests")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    register(session)
+    yield session
+    session.stop()
+
+
+def _read(spark, node, **options):
+    reader = spark.read.format("mqnode").option("endpoint", node.endpoint)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def test_a_batch_read_equals_what_was_produced(spark, node):
+    sent = []
+    with Producer(node.endpoint) as producer:
+        for i in range(200):
+            props = {"é-key": f"välue-{i}", "X": "a=b;c"}
+            result = producer.send("SparkRead", f"body-{i}".encode(), tags=f"T{i % 3}", keys=[f"k{i}", f"alt{i}"],
+                                   properties=props, queue_id=i % 4)
+            sent.append((result, i))
+    rows = _read(spark, node, topic="SparkRead").collect()
+    assert len(rows) == 200
+    by_id = {row.offsetMsgId: row for row in rows}
+    for result, i in sent:
+        row = by_id[result.offset_msg_id]
+        assert (row.body, row.tags, list(row.keys)) == (f"body-{i}".encode(), f"T{i % 3}", [f"k{i}", f"alt{i}"])
+        assert row.properties["é-key"] == f"välue-{i}" and row.properties["X"] == "a=b;c"
+        assert (row.topic, row.queueId, row.queueOffset, row.msgId) == ("SparkRead", i % 4, i // 4, result.msg_id)
+        assert row.commitLogOffset > 0 or (i == 0) and row.storeTimestamp is not None and row.storeHost
+    assert _read(spark, node, topic="SparkRead", minPartitions="9").rdd.getNumPartitions() >= 9
+
+    ranged = _read(spark, node, topic="SparkRead", startingOffsets='{"SparkRead": {"0": 5}}',
+                   endingOffsets='{"SparkRead": {"0": 10, "1": 0, "2": 0, "3": 0}}').collect()
+    assert sorted((r.queueId, r.queueOffset) for r in ranged) == [(0, o) for o in range(5, 10)]
+    tagged = _read(spark, node, topic="SparkRead", subscription="T1").collect()
+    assert len(tagged) == len([i for i in range(200) if i % 3 == 1]) and {r.tags for r in tagged} == {"T1"}
+
+
+def test_timestamps_bound_a_read(spark, node):
+    with Producer(node.endpoint) as producer:
+        for i in range(20):
+            producer.send("SparkTime", f"early-{i}".encode(), queue_id=0)
+        time.sleep(0.3)
+        middle = int(time.time() * 1000)
+        time.sleep(0.3)
+        for i in range(20):
+            producer.send("SparkTime", f"late-{i}".encode(), queue_id=0)
+    rows = _read(spark, node, topic="SparkTime", startingTimestamp=str(middle)).collect()
+    assert sorted(r.body.decode() for r in rows) == sorted(f"late-{i}" for i in range(20))
+
+
+def test_a_stream_restarted_from_its_checkpoint_delivers_each_message_once(spark, node, tmp_path):
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def produce(first: int, count: int) -> None:
+        with Producer(node.endpoint) as producer:
+            producer.send_batch("SparkStream", [Message("SparkStream", f"m-{i}".encode()) for i in range(first, first + count)],
+                                queue_id=first // 100 % 4)
+
+    def run_once() -> None:
+        stream = (spark.readStream.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkStream")
+                  .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "70").load())
+        query = (stream.selectExpr("CAST(body AS STRING) AS body", "queueId", "queueOffset").writeStream
+                 .format("json").option("path", str(out)).option("checkpointLocation", str(checkpoint))
+                 .trigger(processingTime="200 milliseconds").start())
+        query.processAllAvailable()
+        query.stop()
+
+    produce(0, 100)
+    produce(100, 100)
+    run_once()
+    produce(200, 100)  # the topic grows while no query runs
+    produce(300, 100)
+    run_once()
+    bodies = [row.body for row in spark.read.json(str(out)).collect()]
+    assert sorted(bodies) == sorted(f"m-{i}" for i in range(400))  # all, and none twice
+
+
+def test_a_write_of_100k_rows_reads_back_intact(spark, node):
+    frame = spark.range(100_000).selectExpr("CAST(id AS STRING) AS body", "CONCAT('t', id % 5) AS tags",
+                                            "CAST(id % 4 AS INT) AS queueId")
+    frame.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkWrite").mode("append").save()
+    back = _read(spark, node, topic="SparkWrite")
+    assert back.count() == 100_000
+    summary = back.selectExpr("CAST(body AS STRING) AS body", "tags", "queueId").groupBy().agg(
+        {"body": "count"}).collect()
+    assert summary[0][0] == 100_000
+    mismatched = back.selectExpr("CAST(CAST(body AS STRING) AS LONG) AS id", "tags", "queueId").where(
+        "tags != CONCAT('t', id % 5) OR queueId != id % 4").count()
+    distinct = back.selectExpr("CAST(body AS STRING) AS b").distinct().count()
+    assert mismatched == 0 and distinct == 100_000
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"topic": "NoSuchTopic"}, "TOPIC_NOT_EXIST"),
+    ({"topic": "SparkRead", "startingOffsets": "{not json"}, "startingOffsets"),
+    ({"topic": "SparkRead", "endpoint": "tcp://127.0.0.1:1", "timeout": "1"}, "did not answer"),
+    ({}, "option `topic`"),
+])
+def test_bad_options_fail_with_a_clear_message(spark, node, options, message):
+    reader = spark.read.format("mqnode").option("endpoint", node.endpoint)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    with pytest.raises(Exception, match=message):
+        reader.load().collect()

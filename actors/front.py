@@ -41,6 +41,7 @@ import zmq
 from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket, wait_readable
 from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
 from actors.pull import ReadCore, arrivals_socket, follow_arrivals, read_arrivals
+from actors.router import Router, To
 from actors.wire import read_meta, send_meta, unpack_replies
 from actors.writer import WriteCore, dispatcher_wakes, wake
 from node import protocol
@@ -92,6 +93,7 @@ class Front(Actor):
         self.cleans.bind(self.endpoints["clean"])
         self.offsets = ConsumerOffsets(s.root / "config")
         self.groups = SubscriptionGroups(s.root / "config")
+        self.router = Router(s, self.topics, self.offsets, self.groups)
         self.next_offsets_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
         self.replies = socket(self.context, zmq.PULL, hwm=100000)
         self.replies.bind(self.endpoints["replies"])
@@ -261,51 +263,40 @@ class Front(Actor):
                 self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_ERROR", str(e)))
 
     def _route(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
-        """Every field is checked at the edge (node.server.edge) before anything uses it: from here
-        on an exception is the node's bug, and stops this process."""
-        code = request.code
-        if code == self.bug_code:
-            raise InjectedBug(f"request code {code} (MQNODE_INJECT_BUG)")
-        if code in protocol.SEND_CODES:
+        """The router core (actors.router) says where the request goes, its fields checked at the
+        edge: from here on an exception is the node's bug, and stops this process."""
+        if request.code == self.bug_code:
+            raise InjectedBug(f"request code {request.code} (MQNODE_INJECT_BUG)")
+        route = self.router.route(request)
+        if route.to is To.SEND:
             self._send(client, request, frames)
-            return
-        edge.check_request(request)  # ProtocolError: SYSTEM_ERROR with its remark
-        if code in protocol.READ_CODES and self.reads is not None:
+        elif route.to is To.READ and self.reads is not None:
             self.reads.serve_request(request.header, client, time.monotonic_ns(), self.read_replies)
-        elif code in protocol.READ_CODES:
-            try:
-                send_frames(self.pulls, [client, read_meta(time.monotonic_ns()), frames[0], b""])
-            except zmq.Again:
-                self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY", "no pull worker is available"))
-        elif code in protocol.OFFSET_CODES:
-            self._offsets(client, request)
-        elif code == protocol.GET_ALL_TOPIC_CONFIG:
-            table = {name: config.to_json() for name, config in sorted(self.topics.topics.items())}
-            self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", topicConfigTable=table))])
-        elif code == protocol.GET_ROUTEINFO_BY_TOPIC:
-            self._route_info(client, request)
-        elif code == protocol.DELETE_EXPIRED_COMMITLOG:
-            try:
-                send_frames(self.cleans, [client, read_meta(time.monotonic_ns()), frames[0], b""])
-            except zmq.Again:
-                self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY",
-                                                         "the clean service is not running; try again"))
-        elif code == protocol.GET_BROKER_RUNTIME_INFO:
-            actors = dict(self.actor_stats) | {"front": self.statistics()}
-            if self.writes is not None:
-                # the write core, in the front's process
-                actors["writer"] = {"actor": "writer", "pid": os.getpid()} | self.writes.statistics()
-            if self.flushing is not None:
-                actors["flush"] = self.flushing.statistics() | self.waiting.statistics()
-            info = {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)),
-                    "actors": dict(sorted(actors.items())),
-                    "control": self.control.snapshot(),
-                    "services": self._services(actors),
-                    "supervision": self._supervision()}
-            self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", **info))])
+        elif route.to is To.READ:
+            self._forward(self.pulls, client, request, frames, "no pull worker is available")
+        elif route.to is To.CLEAN:
+            self._forward(self.cleans, client, request, frames, "the clean service is not running; try again")
+        elif route.to is To.RUNTIME:
+            self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", **self._runtime_info()))])
         else:
-            self._reply(client, protocol.error_reply(request.opaque, "REQUEST_CODE_NOT_SUPPORTED",
-                                                     f"request code {code} is not supported"))
+            self._reply(client, route.frames)
+
+    def _forward(self, sock: zmq.Socket, client: bytes, request: protocol.Request, frames: list[bytes],
+                 busy: str) -> None:
+        try:
+            send_frames(sock, [client, read_meta(time.monotonic_ns()), frames[0], b""])
+        except zmq.Again:
+            self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY", busy))
+
+    def _runtime_info(self) -> dict:
+        actors = dict(self.actor_stats) | {"front": self.statistics()}
+        if self.writes is not None:  # the write core, in the front's process
+            actors["writer"] = {"actor": "writer", "pid": os.getpid()} | self.writes.statistics()
+        if self.flushing is not None:
+            actors["flush"] = self.flushing.statistics() | self.waiting.statistics()
+        return {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)), "actors": dict(sorted(actors.items())),
+                "control": self.control.snapshot(), "services": self._services(actors),
+                "supervision": self._supervision()}
 
     def _services(self, actors: dict[str, dict]) -> dict[str, list[dict]]:
         """Each service of the declared topology with the process that hosts it and its pid
@@ -319,37 +310,6 @@ class Front(Actor):
             return orjson.loads((self.settings.run_dir / "supervision.json").read_bytes())
         except (FileNotFoundError, orjson.JSONDecodeError):
             return {}  # not written yet (or a node whose launcher is not watching)
-
-    def _offsets(self, client: bytes, request: protocol.Request) -> None:
-        """The fields were checked at the edge (node.server.edge)."""
-        header = request.header
-        group = header["consumerGroup"]
-        if request.code == protocol.GET_CONSUME_STATS:
-            fields = {"offsetTable": {topic: {str(q): o for q, o in queues.items()}
-                                      for topic, queues in self.offsets.of_group(group).items()}}
-            self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", **fields))])
-            return
-        topic, queue_id = header["topic"], header["queueId"]
-        if request.code == protocol.UPDATE_CONSUMER_OFFSET:
-            self.groups.ensure(group)
-            self.offsets.commit(group, topic, queue_id, header["commitOffset"])
-            self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK"))])
-            return
-        offset = self.offsets.query(group, topic, queue_id)
-        if offset is None:
-            self._reply(client, protocol.error_reply(request.opaque, "QUERY_NOT_FOUND",
-                                                     f"no offset committed by {group} for {topic}/{queue_id}"))
-        else:
-            self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", offset=offset))])
-
-    def _route_info(self, client: bytes, request: protocol.Request) -> None:
-        config, status, problem = self.topics.resolve(request.header.get("topic"))
-        if config is None:
-            self._reply(client, protocol.error_reply(request.opaque, status, problem))
-            return
-        self._reply(client, [orjson.dumps(protocol.reply_header(
-            request.opaque, "OK", topic=config.topicName, writeQueueNums=config.writeQueueNums,
-            readQueueNums=config.readQueueNums, perm=config.perm, brokerName=self.settings.brokerName))])
 
     def _send(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
         oneway = request.header.get("oneway") is True  # (a oneway that is not a bool is refused, with a reply)

@@ -600,6 +600,37 @@ def walk_v4(buf: bytes, at: int, size: int) -> tuple[tuple, int, int, int] | Non
     return fixed, body_at, p, props_at
 
 
+def walk_records_v4(buf: bytes) -> tuple[list, list[int]]:
+    """`walk_v4` over a run of whole records (a pull reply), in one call: ([(FIXED_V4 fields,
+    BODY, TOPIC, PROPERTIES start, record end)...] for the records it walked, [positions of
+    those it left for `decode`]). Raises ValueError for a run that is not whole records."""
+    walked, left = [], []
+    at, end_of = 0, len(buf)
+    unpack, i16_at, fixed_size = _FIXED_V4.unpack_from, _I16.unpack_from, _FIXED_V4_SIZE
+    while at < end_of:  # walk_v4's checks, inlined: a call a record costs a third of the walk
+        if end_of - at < 4:
+            raise ValueError(f"{end_of - at} stray bytes after the last record")
+        size = _I32.unpack_from(buf, at)[0]
+        if size <= 0 or at + size > end_of:
+            raise ValueError(f"record at byte {at} has size {size}")
+        end = at + size
+        if size > fixed_size:
+            fixed = unpack(buf, at)
+            body_at = at + fixed_size
+            topic_at = body_at + fixed[14]
+            if (fixed[1] == MESSAGE_MAGIC and not fixed[7] & _V6_FLAGS and fixed[0] == size and fixed[14] >= 0
+                    and topic_at + 3 <= end):
+                topic_len = buf[topic_at]
+                props_at = topic_at + 3 + topic_len
+                if 0 < topic_len < 128 and props_at <= end and props_at + i16_at(buf, props_at - 2)[0] == end:
+                    walked.append((fixed, body_at, topic_at + 1, props_at, end))
+                    at = end
+                    continue
+        left.append(at)  # V2 magic, IPv6 hosts, anything odd: `decode` reads it or names it
+        at = end
+    return walked, left
+
+
 _UNIQ_NAME = PROPERTY_UNIQ_KEY.encode() + b"\x01"
 
 

@@ -68,6 +68,19 @@ class AsyncPullConsumer:
             messages = [m for m in messages if m.tags in tags]
         return PullResult(status, reply["nextBeginOffset"], reply["minOffset"], reply["maxOffset"], messages)
 
+    async def pull_raw(self, topic: str, queue_id: int, offset: int, *, max_count: int = 32,
+                       subscription: str = "*") -> tuple[str, int, int, int, bytes]:
+        """One pull, its records left as the node sent them (back to back, `shm.codec`'s layout):
+        (status, nextBeginOffset, minOffset, maxOffset, records). For readers that decode in bulk
+        (the Spark connector); the tags are not re-checked exactly, as `pull` does."""
+        header = {"code": protocol.PULL_MESSAGE, "topic": topic, "queueId": queue_id, "queueOffset": offset,
+                  "maxMsgNums": max_count, "subscription": subscription, "suspend": False, "suspendTimeoutMillis": 0}
+        reply, body = await self._ask(header)
+        status = reply.get("status")
+        if status not in ("FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"):
+            raise SendError(status or "SYSTEM_ERROR", reply.get("remark", ""))
+        return status, reply["nextBeginOffset"], reply["minOffset"], reply["maxOffset"], body or b""
+
     async def _offset_request(self, code: int, **fields) -> dict:
         reply, _ = await self._ask({"code": code, **fields})
         if reply.get("status") not in ("OK", "QUERY_NOT_FOUND"):

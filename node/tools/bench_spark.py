@@ -106,6 +106,7 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--stream-rate", type=int, default=10_000)
     parser.add_argument("--stream-seconds", type=float, default=20.0)
+    parser.add_argument("--reads-only", action="store_true", help="only the batch reads")
     add_node_options(parser)
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-spark-"))
@@ -122,9 +123,11 @@ def main() -> None:
                 timed("batch read into count()", args.count, lambda: f"; count() = {frame().count():,}")
                 timed("batch read into Parquet", args.count,
                       lambda: frame().write.mode("overwrite").parquet(str(base / "parquet")))
+                if args.reads_only:
+                    return
+                # generated as they are written (a cached 1 GiB frame does not fit the default 1 GiB heap)
                 rows = spark.range(args.count).selectExpr("CAST(id AS STRING) AS body")
-                rows = rows.selectExpr("CONCAT(body, REPEAT('x', 1024 - LENGTH(body))) AS body").cache()
-                rows.count()
+                rows = rows.selectExpr("CONCAT(body, REPEAT('x', 1024 - LENGTH(body))) AS body")
                 timed("batch write into a topic", args.count, lambda: rows.write.format("mqnode").option(
                     "endpoint", node.endpoint).option("topic", "BenchSparkWrite").mode("append").save())
                 streaming_copy(spark, node.endpoint, base, args.stream_rate, args.stream_seconds)

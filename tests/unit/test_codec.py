@@ -218,7 +218,7 @@ def _record(topic, body, props, v6, stamp):
 def test_every_partial_reader_agrees_with_decode(topic, body, props, v6, stamp, flips, cut):
     from node.client.producer import SendError
     from node.client.received import decode_messages
-    from shm.codec import dispatch_fields, peek_store_timestamp, record_head, record_topic, walk_v4
+    from shm.codec import dispatch_fields, peek_store_timestamp, record_head, record_topic, walk_records_v4, walk_v4
 
     good = _record(topic, body, props, v6, stamp)
     raw = bytearray(good)
@@ -243,6 +243,16 @@ def test_every_partial_reader_agrees_with_decode(topic, body, props, v6, stamp, 
         if isinstance(full, Record):
             assert raw[body_at: body_at + fixed[14]] == full.body and full.total_size == len(raw)
             assert raw[topic_at: props_at - 2].decode() == full.topic
+    try:  # the bulk walk (the Spark connector's) agrees with the single one, record for record
+        many, left = walk_records_v4(raw)
+    except ValueError:
+        assert not isinstance(full, Record) or full.total_size != len(raw)  # not one whole record
+    else:
+        single = walk_v4(raw, 0, len(raw)) if len(raw) >= 4 and int.from_bytes(raw[:4], "big", signed=True) == len(raw) else None
+        if single is not None and single[0][1] == -626843481:  # V1: the bulk walk takes V1 only
+            assert [w[:4] for w in many] == [single] and left == []
+        elif many:
+            assert isinstance(full, Record) or "codec can't decode" in full.detail
     try:
         messages = decode_messages(raw)
     except SendError:

@@ -1,0 +1,90 @@
+"""The router's core: which service a checked request goes to, and the answers the router gives
+itself from its tables (consumer offsets, topic configs, routes). No socket, no clock: the front
+(its shell) moves the frames.
+
+`route` returns a `Route`: SEND (the topic checks are the shell's: they need the send path),
+READ (the read service), CLEAN (the clean service), RUNTIME (the front's own statistics), or
+ANSWER with the reply frames. A request whose fields are wrong raises ProtocolError from the edge
+checks (node.server.edge), which the shell answers SYSTEM_ERROR; anything else raised is a bug.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import orjson
+
+from node import protocol
+from node.server import edge
+
+
+class To(enum.Enum):
+    SEND = "send"
+    READ = "read"
+    CLEAN = "clean"
+    RUNTIME = "runtime"
+    ANSWER = "answer"
+
+
+@dataclass(frozen=True)
+class Route:
+    to: To
+    frames: list[bytes] = field(default_factory=list)  # ANSWER's reply
+
+
+class Router:
+    def __init__(self, settings, topics, offsets, groups):
+        self.settings = settings
+        self.topics = topics
+        self.offsets = offsets
+        self.groups = groups
+
+    def route(self, request: protocol.Request) -> Route:
+        code = request.code
+        if code in protocol.SEND_CODES:
+            return Route(To.SEND)
+        edge.check_request(request)  # ProtocolError: SYSTEM_ERROR with its remark
+        if code in protocol.READ_CODES:
+            return Route(To.READ)
+        if code == protocol.DELETE_EXPIRED_COMMITLOG:
+            return Route(To.CLEAN)
+        if code == protocol.GET_BROKER_RUNTIME_INFO:
+            return Route(To.RUNTIME)
+        if code in protocol.OFFSET_CODES:
+            return Route(To.ANSWER, self._offsets(request))
+        if code == protocol.GET_ALL_TOPIC_CONFIG:
+            table = {name: config.to_json() for name, config in sorted(self.topics.topics.items())}
+            return Route(To.ANSWER, _ok(request, topicConfigTable=table))
+        if code == protocol.GET_ROUTEINFO_BY_TOPIC:
+            return Route(To.ANSWER, self._route_info(request))
+        return Route(To.ANSWER, protocol.error_reply(request.opaque, "REQUEST_CODE_NOT_SUPPORTED",
+                                                     f"request code {code} is not supported"))
+
+    def _offsets(self, request: protocol.Request) -> list[bytes]:
+        header = request.header
+        group = header["consumerGroup"]
+        if request.code == protocol.GET_CONSUME_STATS:
+            return _ok(request, offsetTable={topic: {str(q): o for q, o in queues.items()}
+                                             for topic, queues in self.offsets.of_group(group).items()})
+        topic, queue_id = header["topic"], header["queueId"]
+        if request.code == protocol.UPDATE_CONSUMER_OFFSET:
+            self.groups.ensure(group)
+            self.offsets.commit(group, topic, queue_id, header["commitOffset"])
+            return _ok(request)
+        offset = self.offsets.query(group, topic, queue_id)
+        if offset is None:
+            return protocol.error_reply(request.opaque, "QUERY_NOT_FOUND",
+                                        f"no offset committed by {group} for {topic}/{queue_id}")
+        return _ok(request, offset=offset)
+
+    def _route_info(self, request: protocol.Request) -> list[bytes]:
+        config, status, problem = self.topics.resolve(request.header.get("topic"))
+        if config is None:
+            return protocol.error_reply(request.opaque, status, problem)
+        return _ok(request, topic=config.topicName, writeQueueNums=config.writeQueueNums,
+                   readQueueNums=config.readQueueNums, perm=config.perm, brokerName=self.settings.brokerName)
+
+
+def _ok(request: protocol.Request, **fields) -> list[bytes]:
+    return [orjson.dumps(protocol.reply_header(request.opaque, "OK", **fields))]

@@ -1,0 +1,53 @@
+"""The router's core without a socket: where each request goes, and the answers it gives itself."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from helpers import small_settings
+
+from actors.router import Router, To
+from node import protocol
+from node.server.offsets import ConsumerOffsets, SubscriptionGroups
+from node.server.topics import TopicTable
+
+
+@pytest.fixture
+def router(tmp_path):
+    settings = small_settings(tmp_path / "store", autoCreateTopicEnable=False)
+    config = tmp_path / "config"
+    topics = TopicTable(config, auto_create=False, default_queues=4)
+    topics.create("Known", 4)
+    return Router(settings, topics, ConsumerOffsets(config), SubscriptionGroups(config))
+
+
+def _request(code: int, **fields) -> protocol.Request:
+    return protocol.Request({"code": code, "opaque": 9, **fields}, b"")
+
+
+def _answer(route) -> dict:
+    assert route.to is To.ANSWER
+    return orjson.loads(route.frames[0])
+
+
+def test_requests_go_to_their_service(router):
+    assert router.route(_request(protocol.SEND_MESSAGE, topic="Known")).to is To.SEND
+    assert router.route(_request(protocol.PULL_MESSAGE, topic="Known", queueId=0, queueOffset=0)).to is To.READ
+    assert router.route(_request(protocol.DELETE_EXPIRED_COMMITLOG)).to is To.CLEAN
+    assert router.route(_request(protocol.GET_BROKER_RUNTIME_INFO)).to is To.RUNTIME
+    assert _answer(router.route(_request(4242)))["status"] == "REQUEST_CODE_NOT_SUPPORTED"
+    with pytest.raises(protocol.ProtocolError, match="queueOffset"):
+        router.route(_request(protocol.PULL_MESSAGE, topic="Known", queueId=0))
+
+
+def test_the_router_answers_offsets_and_routes_from_its_tables(router):
+    commit = dict(consumerGroup="g", topic="Known", queueId=1)
+    assert _answer(router.route(_request(protocol.QUERY_CONSUMER_OFFSET, **commit)))["status"] == "QUERY_NOT_FOUND"
+    assert _answer(router.route(_request(protocol.UPDATE_CONSUMER_OFFSET, commitOffset=7, **commit)))["status"] == "OK"
+    assert _answer(router.route(_request(protocol.QUERY_CONSUMER_OFFSET, **commit)))["offset"] == 7
+    stats = _answer(router.route(_request(protocol.GET_CONSUME_STATS, consumerGroup="g")))
+    assert stats["offsetTable"] == {"Known": {"1": 7}}
+    route = _answer(router.route(_request(protocol.GET_ROUTEINFO_BY_TOPIC, topic="Known")))
+    assert (route["writeQueueNums"], route["readQueueNums"]) == (4, 4)
+    assert _answer(router.route(_request(protocol.GET_ROUTEINFO_BY_TOPIC, topic="Unknown")))["status"] == "TOPIC_NOT_EXIST"
+    assert "Known" in _answer(router.route(_request(protocol.GET_ALL_TOPIC_CONFIG)))["topicConfigTable"]

@@ -27,7 +27,8 @@ def endpoints(settings) -> dict[str, str]:
     """The node's internal ipc endpoints, under its run directory."""
     run = settings.run_dir
     return {name: f"ipc://{run}/{name}" for name in ("ingress", "writer", "flush", "replies", "stats", "pulls",
-                                                      "arrivals", "reput", "clean")}
+                                                      "arrivals", "reput", "clean", "schedule", "reput-in",
+                                                      "reput-out")}
 
 
 def socket(context: zmq.Context, kind: int, *, hwm: int = 10000) -> zmq.Socket:

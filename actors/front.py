@@ -42,6 +42,7 @@ from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket,
 from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
 from actors.pull import ReadCore, arrivals_socket, follow_arrivals, read_arrivals
 from actors.router import Router, To
+from actors.schedule import REPUT_CLIENT
 from actors.wire import read_meta, send_meta, unpack_replies
 from actors.writer import WriteCore, dispatcher_wakes, wake
 from node import protocol
@@ -91,6 +92,14 @@ class Front(Actor):
         self.cleans = socket(self.context, zmq.PUSH, hwm=100)  # `admin clean` to the clean service
         self.cleans.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.cleans.bind(self.endpoints["clean"])
+        self.schedules = socket(self.context, zmq.PUSH, hwm=10000)  # send-backs to the schedule service
+        self.schedules.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
+        self.schedules.bind(self.endpoints["schedule"])
+        # the schedule service's re-puts in, their answers out: private (the run directory is 0700)
+        self.reput_in = socket(self.context, zmq.PULL, hwm=100000)
+        self.reput_in.bind(self.endpoints["reput-in"])
+        self.reput_out = socket(self.context, zmq.PUSH, hwm=100000)
+        self.reput_out.connect(self.endpoints["reput-out"])
         self.offsets = ConsumerOffsets(s.root / "config")
         self.groups = SubscriptionGroups(s.root / "config")
         self.router = Router(s, self.topics, self.offsets, self.groups)
@@ -99,7 +108,7 @@ class Front(Actor):
         self.replies.bind(self.endpoints["replies"])
         self.stats_in = socket(self.context, zmq.PULL, hwm=1000)
         self.stats_in.bind(self.endpoints["stats"])
-        self.poll_items = [(sock, zmq.POLLIN) for sock in (self.clients, self.replies, self.stats_in)]
+        self.poll_items = [(sock, zmq.POLLIN) for sock in (self.clients, self.replies, self.stats_in, self.reput_in)]
         self.flushing: FlushThread | None = None
         if s.front_flushes:
             self.flushing = FlushThread(s, self.control, self.context)
@@ -141,6 +150,8 @@ class Front(Actor):
             self._forward_replies()
         if self.clients in events:
             self._serve_clients()
+        if self.reput_in in events:
+            self._serve_reputs()
         if self.stats_in in events:
             self._take_stats()
         if writes is not None:
@@ -274,6 +285,8 @@ class Front(Actor):
             self.reads.serve_request(request.header, client, time.monotonic_ns(), self.read_replies)
         elif route.to is To.READ:
             self._forward(self.pulls, client, request, frames, "no pull worker is available")
+        elif route.to is To.SCHEDULE:
+            self._forward(self.schedules, client, request, frames, "the schedule service is not running; try again")
         elif route.to is To.CLEAN:
             self._forward(self.cleans, client, request, frames, "the clean service is not running; try again")
         elif route.to is To.RUNTIME:
@@ -311,7 +324,15 @@ class Front(Actor):
         except (FileNotFoundError, orjson.JSONDecodeError):
             return {}  # not written yet (or a node whose launcher is not watching)
 
-    def _send(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
+    def _serve_reputs(self) -> None:
+        """The schedule service's re-puts: sends the write path stores as given (`_reput`), from
+        the node's private socket only; their answers go back over `reput_out` (`_reply`)."""
+        for client, _, header_raw, body in incoming(self.reput_in, MAX_TAKE):
+            header = orjson.loads(header_raw)  # our own frames: one that does not parse is a bug
+            reput = header.pop("_reput")
+            self._send(client, protocol.Request(header, body), [header_raw, body], reput=reput)
+
+    def _send(self, client: bytes, request: protocol.Request, frames: list[bytes], reput: dict | None = None) -> None:
         oneway = request.header.get("oneway") is True  # (a oneway that is not a bool is refused, with a reply)
         if not self.accepting:
             return self._refuse(client, request, oneway, "SERVICE_NOT_AVAILABLE", "the node is shutting down")
@@ -321,6 +342,10 @@ class Front(Actor):
         remark = edge.send_refusal(request.header)  # ProtocolError for a broken structure
         if remark:
             return self._refuse(client, request, oneway, "MESSAGE_ILLEGAL", remark)
+        if reput is not None:  # checked as a client's send; then marked as the node's own
+            self._internal_topic(request.header["topic"])
+            request.header["_reput"] = reput
+            frames = [orjson.dumps(request.header), frames[1]]
         refusals = self._check_topics(request)
         if refusals and request.code != protocol.SEND_MESSAGES:
             status, remark = refusals["0"]
@@ -351,6 +376,12 @@ class Front(Actor):
                 refusals[str(i)] = problem
         return refusals
 
+    def _internal_topic(self, topic: str) -> None:
+        """A send-back's `%RETRY%<group>` / `%DLQ%<group>` exists from its first use (one queue),
+        auto-creation on or off, as RocketMQ creates them."""
+        if topic.startswith(("%RETRY%", "%DLQ%")) and self.topics.get(topic) is None:
+            self.topics.create(topic, 1)
+
     def _check_one(self, topic: str, queue_id: int) -> tuple[str, str] | None:
         config, status, problem = self.topics.resolve(topic)
         if config is None:
@@ -375,6 +406,9 @@ class Front(Actor):
             self._reply(client, protocol.error_reply(request.opaque, status, remark))
 
     def _reply(self, client: bytes, frames: list[bytes]) -> None:
+        if client == REPUT_CLIENT:  # the schedule service's re-put
+            send_frames(self.reput_out, [client, *frames])
+            return
         try:
             send_frames(self.clients, [client, *frames], NOBLOCK)
         except zmq.ZMQError:

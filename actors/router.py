@@ -3,7 +3,7 @@ itself from its tables (consumer offsets, topic configs, routes). No socket, no 
 (its shell) moves the frames.
 
 `route` returns a `Route`: SEND (the topic checks are the shell's: they need the send path),
-READ (the read service), CLEAN (the clean service), RUNTIME (the front's own statistics), or
+READ (the read service), CLEAN (the clean service), SCHEDULE (the schedule service: send-backs), RUNTIME (the front's own statistics), or
 ANSWER with the reply frames. A request whose fields are wrong raises ProtocolError from the edge
 checks (node.server.edge), which the shell answers SYSTEM_ERROR; anything else raised is a bug.
 """
@@ -23,6 +23,7 @@ class To(enum.Enum):
     SEND = "send"
     READ = "read"
     CLEAN = "clean"
+    SCHEDULE = "schedule"
     RUNTIME = "runtime"
     ANSWER = "answer"
 
@@ -49,6 +50,8 @@ class Router:
             return Route(To.READ)
         if code == protocol.DELETE_EXPIRED_COMMITLOG:
             return Route(To.CLEAN)
+        if code == protocol.CONSUMER_SEND_MSG_BACK:
+            return Route(To.SCHEDULE)
         if code == protocol.GET_BROKER_RUNTIME_INFO:
             return Route(To.RUNTIME)
         if code in protocol.OFFSET_CODES:

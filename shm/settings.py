@@ -343,7 +343,7 @@ def load(conf: str | Path | None = None, overrides: dict[str, object] | None = N
 # load, naming the setting, so nobody believes something happens. The reason says what will
 # implement it (or why it has no meaning here).
 NOT_IMPLEMENTED = {
-    **dict.fromkeys(["flushDelayOffsetInterval", "enableScheduleMessageStats", "enableScheduleAsyncDeliver",
+    **dict.fromkeys(["enableScheduleMessageStats", "enableScheduleAsyncDeliver",
                      "scheduleAsyncDeliverMaxPendingLimit", "scheduleAsyncDeliverMaxResendNum2Blocked"], "delayed delivery is not built yet"),
     **dict.fromkeys(["brokerRole", "haListenPort", "haSendHeartbeatInterval", "haHousekeepingInterval",
                      "haTransferBatchSize", "haMasterAddress", "haSlaveFallbehindMax", "slaveTimeout",

@@ -81,6 +81,18 @@ class AsyncPullConsumer:
             raise SendError(status or "SYSTEM_ERROR", reply.get("remark", ""))
         return status, reply["nextBeginOffset"], reply["minOffset"], reply["maxOffset"], body or b""
 
+    async def send_back(self, message, group: str, *, delay_level: int = 0, max_reconsume_times: int = 16) -> None:
+        """Hand a message back for another try (RocketMQ's consumerSendMsgBack): the node re-puts
+        it into `%RETRY%<group>` after delay level `delay_level` (0: 3 + its reconsumeTimes), or
+        into `%DLQ%<group>` once it was handed back `max_reconsume_times` times (or with a level
+        below 0). Raises SendError when the node refuses."""
+        reply, _ = await self._ask({"code": protocol.CONSUMER_SEND_MSG_BACK, "consumerGroup": group,
+                                    "offsetMsgId": message.offset_msg_id, "delayLevel": delay_level,
+                                    "maxReconsumeTimes": max_reconsume_times, "originTopic": message.topic,
+                                    "originMsgId": message.msg_id})
+        if reply.get("status") != "OK":
+            raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
+
     async def _offset_request(self, code: int, **fields) -> dict:
         reply, _ = await self._ask({"code": code, **fields})
         if reply.get("status") not in ("OK", "QUERY_NOT_FOUND"):
@@ -168,6 +180,9 @@ class PullConsumer:
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         return self._call(self.inner.max_offset(topic, queue_id))
+
+    def send_back(self, message, group: str, **options) -> None:
+        return self._call(self.inner.send_back(message, group, **options))
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         return self._call(self.inner.min_offset(topic, queue_id))

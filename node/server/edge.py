@@ -147,6 +147,8 @@ def check_send_request(header: dict) -> None:
     problem = bool_problem(header, "oneway") or born_host_problem(header.get("bornHost"))
     if problem:
         raise _Refused(problem)
+    if "_reput" in header:  # the schedule service's, over the node's private socket only
+        raise _Refused("`_reput` is the node's own field")
     if header["code"] != protocol.SEND_MESSAGES:
         return
     messages = header.get("messages")
@@ -234,6 +236,24 @@ def _max_offset(header: dict) -> str | None:
     return _queue(header) or bool_problem(header, "indexed")
 
 
+def _send_back(header: dict) -> str | None:
+    if not isinstance(header.get("offsetMsgId"), str) and "offset" not in header:
+        return "CONSUMER_SEND_MSG_BACK needs `offsetMsgId` (or `offset`, the physical offset)"
+    if isinstance(header.get("offsetMsgId"), str) and len(header["offsetMsgId"]) not in (32, 56):
+        return f"`offsetMsgId` must be 32 or 56 hex characters, not {_shown(header['offsetMsgId'])}"
+    if isinstance(header.get("offsetMsgId"), str):
+        try:
+            bytes.fromhex(header["offsetMsgId"])
+        except ValueError:
+            return f"`offsetMsgId` must be hex, not {_shown(header['offsetMsgId'])}"
+    return (group_problem(header.get("consumerGroup"))
+            or int_problem(header, "offset", 0, INT64[1])
+            or int_problem(header, "delayLevel", -1, 2**31 - 1)
+            or int_problem(header, "maxReconsumeTimes", 0, 2**31 - 1)
+            or (None if header.get("originTopic") is None else read_topic_problem(header.get("originTopic")))
+            or (None if isinstance(header.get("originMsgId", ""), str) else "`originMsgId` must be a string"))
+
+
 # code -> the check of its fields (None: fine); sends are `send_refusal`'s
 CHECKS = {
     protocol.PULL_MESSAGE: _pull,
@@ -249,6 +269,7 @@ CHECKS = {
     protocol.GET_ALL_TOPIC_CONFIG: lambda h: None,
     protocol.GET_BROKER_RUNTIME_INFO: lambda h: None,
     protocol.DELETE_EXPIRED_COMMITLOG: lambda h: bool_problem(h, "force"),
+    protocol.CONSUMER_SEND_MSG_BACK: lambda h: _send_back(h),
 }
 
 

@@ -102,7 +102,9 @@ class SendEncoder:
         Raises ProtocolError for a request that is malformed as a whole."""
         code = header["code"]
         pending.oneway = bool(header.get("oneway", False))
-        if code == protocol.SEND_MESSAGE:
+        if code == protocol.SEND_MESSAGE and "_reput" in header:
+            self._add_reput(pending, header, body, born, batch)
+        elif code == protocol.SEND_MESSAGE:
             pending.wait = self._add_message(pending, header, body, born, batch)
         elif code == protocol.SEND_MESSAGES:
             self._add_messages(pending, header, body, born, batch)
@@ -110,6 +112,37 @@ class SendEncoder:
             self._add_batch(pending, header, body, born, batch)
         else:
             raise protocol.ProtocolError(f"code {code} is not a send")
+
+    def _add_reput(self, pending, header, body, born, batch) -> None:
+        """The schedule service's re-put (it came over the node's private socket, never from a
+        client): a stored record's fields as given, its properties string stored as it was, so
+        a delivered delayed message keeps DELAY, REAL_TOPIC and REAL_QID as RocketMQ 4.9's does.
+        With `delay` (a send-back's retry) it goes through SCHEDULE_TOPIC_XXXX like any delayed
+        send. Never waits for the flush (RocketMQ's re-put does not)."""
+        reput = header["_reput"]
+        topic, queue_id, properties = header["topic"], header["queueId"], reput["properties"]
+        delay = reput.get("delay", 0)
+        if delay > 0:
+            props = parse_properties(properties)
+            props[PROPERTY_DELAY], props[PROPERTY_REAL_TOPIC], props[PROPERTY_REAL_QID] = str(delay), topic, str(queue_id)
+            properties, topic, queue_id = properties_string(props), SCHEDULE_TOPIC, min(delay, self.delay_levels) - 1
+        index = len(pending.indices)
+        pending.wait = False
+        pending.topics.append(topic)
+        pending.queue_ids.append(queue_id)
+        pending.uniq_keys.append(find_uniq_key(properties))
+        pending.indices.append(-1)
+        try:
+            record = encode(topic=topic, body=body, queue_id=queue_id, flag=header.get("flag", 0),
+                            sys_flag=reput.get("sysFlag", 0), born_timestamp=header.get("bornTimestamp", 0),
+                            born_host=born, store_host=self.store_host, properties=properties,
+                            reconsume_times=header.get("reconsumeTimes", 0),
+                            max_message_size=self.settings.maxMessageSize)
+        except MessageIllegal as e:
+            pending.refusals[index] = (e.status, e.remark)
+            return
+        pending.indices[index] = len(batch)
+        self._add(batch, record, topic, queue_id, born)
 
     def _add_messages(self, pending, header, body, born, batch) -> None:
         messages = header.get("messages")

@@ -36,7 +36,7 @@ RESTART_DEADLINE_S = 120.0
 
 log = logging.getLogger("mqnode")
 
-HEARTBEAT_SLOTS = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "clean": 5, "ingress": 8,
+HEARTBEAT_SLOTS = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "clean": 5, "schedule": 6, "ingress": 8,
                    "pull": 24}
 INSTANCED = ("ingress", "pull")  # services that run as several processes, labelled kind-i
 

@@ -1,7 +1,7 @@
 """The node's topology, declared as data: which services exist and which process hosts each.
 
 A *service* is one job of the node (route requests, encode sends, append, group commit, read,
-dispatch, allocate, clean). A *process* is a Ray actor hosting one or more services; its `kind` names
+dispatch, allocate, clean, schedule). A *process* is a Ray actor hosting one or more services; its `kind` names
 the actor class that runs them (`node.server.launcher.actor_classes`). The launcher starts the
 processes `processes(settings)` lists, the supervisor watches exactly those, the front asks
 `hosts(settings)` where a service lives, and docs/architecture.md is checked against
@@ -10,7 +10,7 @@ processes `processes(settings)` lists, the supervisor watches exactly those, the
 ```
 compact (default: fewest hops a request, best on a couple of cores)
   front       router + ingress + write + group commit + read (pull hold)
-  dispatcher  dispatch          allocator  allocate          clean  clean
+  dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
 
 split (every service its own process; scales across cores)
   front       router
@@ -18,7 +18,7 @@ split (every service its own process; scales across cores)
   writer      write
   flush       group commit
   pull-i      read              (pullWorkers of them; 0 = one per core)
-  dispatcher  dispatch          allocator  allocate          clean  clean
+  dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
 ```
 """
 
@@ -38,6 +38,7 @@ SERVICES = {
     "read": "pulls, queries, offsets by time, view by id, from read-only mappings; holds empty pulls",
     "dispatch": "the reput: ConsumeQueue and IndexFile entries for every record, publishes `dispatched`",
     "allocate": "creates the next CommitLog segment and prefaults pages ahead of the writer",
+    "schedule": "delivers delayed messages when due (re-put through the write path); consumers' send-backs to %RETRY%/%DLQ%",
     "clean": "deletes expired CommitLog segments and the ConsumeQueue and index files below the min offset; disk-full flag",
 }
 TOPOLOGIES = ("compact", "split")
@@ -45,7 +46,7 @@ TOPOLOGIES = ("compact", "split")
 ACTOR_CLASSES = {"front": "actors.front:Front", "ingress": "actors.ingress:Ingress", "writer": "actors.writer:Writer",
                  "flush": "actors.flush:Flush", "allocator": "actors.allocator:Allocator",
                  "dispatcher": "actors.dispatcher:Dispatcher", "pull": "actors.pull:Pull",
-                 "clean": "actors.clean:Clean"}
+                 "clean": "actors.clean:Clean", "schedule": "actors.schedule:Schedule"}
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ def processes(settings) -> list[Process]:
         return [Process("allocator", "allocator", ("allocate",)),
                 Process("dispatcher", "dispatcher", ("dispatch",)),
                 Process("clean", "clean", ("clean",)),
+                Process("schedule", "schedule", ("schedule",)),
                 Process("front", "front", ("router", "ingress", "write", "group commit", "read"))]
     ingress = settings.ingressWorkers
     pulls = settings.pullWorkers or min(os.cpu_count() or 1, MAX_PULL_WORKERS)
@@ -69,6 +71,7 @@ def processes(settings) -> list[Process]:
             Process("allocator", "allocator", ("allocate",)),
             Process("dispatcher", "dispatcher", ("dispatch",)),
             Process("clean", "clean", ("clean",)),
+            Process("schedule", "schedule", ("schedule",)),
             Process("writer", "writer", ("write",) if ingress else ("ingress", "write")),
             *(Process(f"ingress-{i}", "ingress", ("ingress",), i) for i in range(ingress)),
             *(Process(f"pull-{i}", "pull", ("read",), i) for i in range(pulls)),

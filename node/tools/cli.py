@@ -220,6 +220,10 @@ def cmd_admin(args: argparse.Namespace) -> int:
             if args.what == "stats":
                 reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
                 shown = {key: reply.get(key) for key in ("runtime", "services", "actors", "supervision", "control")}
+            elif args.what == "delays":
+                reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
+                schedule = (reply.get("actors") or {}).get("schedule") or {}
+                shown = {key: schedule.get(key) for key in ("levels", "sendBacks", "deadLetters", "waiting")}
             elif args.what == "clean":
                 reply, _ = client.request({"code": DELETE_EXPIRED_COMMITLOG, "force": args.force})
                 shown = {key: reply.get(key) for key in ("count", "bytes", "stopped", "deleted")}
@@ -293,8 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--end", type=int, default=2**62, help="store time to (ms)")
     query.add_argument("--max", type=int, default=32)
     query.set_defaults(handler=cmd_query)
-    admin = commands.add_parser("admin", help="ask a running node: stats, topics, offsets, a topic's route, or to clean")
-    admin.add_argument("what", choices=["stats", "topics", "offsets", "topic", "clean"])
+    admin = commands.add_parser("admin", help="ask a running node: stats, topics, offsets, a topic's route, delays, or to clean")
+    admin.add_argument("what", choices=["stats", "topics", "offsets", "topic", "clean", "delays"])
     admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     admin.add_argument("--topic", help="for `admin topic`; filters `admin offsets`")
     admin.add_argument("--group", help="for `admin offsets`")

@@ -18,7 +18,7 @@ def _settings(**values):
 
 def test_compact_puts_every_client_facing_service_in_the_front():
     processes = topology.processes(_settings())
-    assert [p.label for p in processes] == ["allocator", "dispatcher", "clean", "front"]
+    assert [p.label for p in processes] == ["allocator", "dispatcher", "clean", "schedule", "front"]
     assert set(topology.SERVICES) == {service for p in processes for service in p.services}
     assert topology.hosts(_settings())["write"] == ["front"] and topology.hosts(_settings())["read"] == ["front"]
 

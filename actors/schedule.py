@@ -1,0 +1,318 @@
+"""schedule: delivers delayed messages (RocketMQ 4.x's ScheduleMessageService, docs/storage.md
+"Delayed messages") and takes consumers' send-backs into `%RETRY%<group>` / `%DLQ%<group>`.
+
+A send with `DELAY` = n > 0 is stored in `SCHEDULE_TOPIC_XXXX` queue n-1 (the write path does
+that), its ConsumeQueue tag slot holding the due time. Per level, the core walks that queue from
+the level's offset: an entry due (its slot <= now; a slot further ahead than the level's delay is
+taken as now, RocketMQ's clock-skew guard) is re-put into its real topic and queue, the record's
+fields copied (body, flag, sysFlag, born time and host, reconsumeTimes, and the properties string
+as stored, so the delivered record keeps DELAY, REAL_TOPIC and REAL_QID, as 4.9's does). An entry
+not yet due stops its level until it is. Deliveries of a level are acknowledged in any order; the
+level's offset moves to the first one not yet stored, so a message is never lost and, across a
+crash, may be delivered twice, never early. Offsets persist in `config/delayOffset.json`
+(RocketMQ's format) every `flushDelayOffsetInterval` ms and at stop.
+
+Re-puts travel to the front over the node's private `reput` socket (only the node's processes can
+reach the run directory) as send requests that the write path stores as given; the front answers
+them over `reput-replies`. The service runs only on a master.
+
+`ScheduleCore` holds the levels without I/O (the reads and the clock are given to it); `Schedule`
+is its process's shell.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+import orjson
+import zmq
+
+from actors.base import Actor, incoming, socket, wait_readable
+from actors.wire import pack_replies, read_meta
+from node import protocol
+from node.client.frames import send_frames
+from node.server import config_files
+from shm import reader as store_reader
+from shm.codec import (
+    PROPERTY_DELAY,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    SCHEDULE_TOPIC,
+    Record,
+    decode,
+    decode_msg_id,
+    properties_string,
+)
+from shm.consume_queue import ENTRY_SIZE, FILLER_SIZE
+
+LEVEL_IN_FLIGHT = 2048  # re-puts of a level awaiting their answer
+RETRY_S = 0.1  # a level whose re-put failed tries again after this (RocketMQ: 100 ms)
+IDLE_S = 0.1  # how often a level with nothing due looks again
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+PERMANENT = frozenset({"MESSAGE_ILLEGAL", "TOPIC_NOT_EXIST", "NO_PERMISSION"})  # never to be retried
+REPUT_CLIENT = b"\x00mqnode-schedule"  # the reput socket's pseudo-client at the front
+RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
+MAX_RECONSUME_TIMES = 16
+PROPERTY_RETRY_TOPIC, PROPERTY_ORIGIN_MESSAGE_ID = "RETRY_TOPIC", "ORIGIN_MESSAGE_ID"
+
+
+@dataclass
+class Level:
+    level: int
+    delay_ms: int
+    offset: int = 0  # the first queue offset not yet delivered
+    read_to: int = 0  # entries below this were handed out
+    in_flight: dict[int, bool] = field(default_factory=dict)  # queue offset -> stored
+    wait_until: float = 0.0  # monotonic s: nothing to do here before
+    delivered: int = 0
+    dropped: int = 0
+    lag_ms: int = 0  # how late the oldest due entry is
+
+
+class ScheduleCore:
+    """The delay levels: `due(now_s, now_ms, entries_of)` hands out the entries to re-put,
+    `stored(level, offset, status)` takes their answers. `entries_of(level, offset, count)` reads
+    the level's ConsumeQueue entries from `offset` as (queue offset, phy, size, tag slot)."""
+
+    def __init__(self, delay_levels_ms: list[int], offsets: dict[int, int]):
+        self.levels = {n: Level(n, ms, offsets.get(n, 0), offsets.get(n, 0)) for n, ms in
+                       enumerate(delay_levels_ms, start=1)}
+        self.dirty = False
+
+    def due(self, now_s: float, now_ms: int, entries_of) -> list[tuple[int, int, int, int]]:
+        """(level, queue offset, phy, size) of every entry due now that is not yet handed out."""
+        out = []
+        for level in self.levels.values():
+            if now_s < level.wait_until or len(level.in_flight) >= LEVEL_IN_FLIGHT:
+                continue
+            level.lag_ms = 0
+            for offset, phy, size, slot in entries_of(level.level, level.read_to, LEVEL_IN_FLIGHT - len(level.in_flight)):
+                if size == FILLER_SIZE:
+                    level.read_to = offset + 1
+                    continue
+                deliver_at = now_ms if slot > now_ms + level.delay_ms else slot  # the clock-skew guard
+                if deliver_at > now_ms:
+                    level.wait_until = now_s + min(RETRY_S, (deliver_at - now_ms) / 1000)
+                    break
+                level.lag_ms = max(level.lag_ms, now_ms - deliver_at)
+                level.in_flight[offset] = False
+                level.read_to = offset + 1
+                out.append((level.level, offset, phy, size))
+            else:
+                level.wait_until = now_s + IDLE_S
+        return out
+
+    def stored(self, level_number: int, offset: int, status: str, now_s: float) -> None:
+        """The answer to a re-put: stored, given up (a permanent refusal), or to be tried again."""
+        level = self.levels[level_number]
+        if offset not in level.in_flight:
+            return
+        if status == "PUT_OK" or status in PERMANENT:
+            level.in_flight[offset] = True
+            level.delivered += status == "PUT_OK"
+            level.dropped += status != "PUT_OK"
+            self._advance(level)
+        else:  # not stored: that entry and the ones after it are read again
+            for later in [o for o in level.in_flight if o >= offset and not level.in_flight[o]]:
+                del level.in_flight[later]
+            level.read_to = min(level.read_to, offset)
+            level.wait_until = now_s + RETRY_S
+
+    def skip(self, level_number: int, offset: int) -> None:
+        """An entry that needs no delivery (a record gone, a transaction half message)."""
+        self.stored(level_number, offset, "MESSAGE_ILLEGAL", 0.0)
+
+    def _advance(self, level: Level) -> None:
+        while level.in_flight.get(level.offset):
+            del level.in_flight[level.offset]
+            level.offset += 1
+            self.dirty = True
+        if not level.in_flight:
+            level.offset = max(level.offset, level.read_to)
+
+    def clamp(self, bounds: dict[int, tuple[int, int]]) -> None:
+        """At load: each level's offset into its queue's [min, max] (RocketMQ does the same)."""
+        for n, (low, high) in bounds.items():
+            level = self.levels.get(n)
+            if level is not None and not level.in_flight:
+                level.offset = level.read_to = min(max(level.offset, low), high)
+
+    def offsets(self) -> dict[int, int]:
+        return {n: level.offset for n, level in self.levels.items() if level.offset}
+
+    def statistics(self, max_offsets: dict[int, int]) -> dict:
+        return {str(n): {"offset": level.offset, "maxOffset": max_offsets.get(n, 0),
+                         "lag": max(0, max_offsets.get(n, 0) - level.offset), "lagMillis": level.lag_ms,
+                         "delivered": level.delivered, "dropped": level.dropped, "inFlight": len(level.in_flight)}
+                for n, level in self.levels.items()}
+
+
+def reput_request(record: Record, opaque: int) -> tuple[dict, bytes] | None:
+    """The send request that stores a due delayed record in its real topic and queue, fields
+    copied as RocketMQ's messageTimeup copies them; None for a record not to deliver."""
+    properties = record.properties
+    topic, queue = properties.get(PROPERTY_REAL_TOPIC), properties.get(PROPERTY_REAL_QID)
+    if not topic or queue is None or not queue.isdigit() or topic == TRANS_HALF_TOPIC:
+        return None
+    header = {"code": protocol.SEND_MESSAGE, "opaque": opaque, "topic": topic, "queueId": int(queue),
+              "flag": record.flag, "bornTimestamp": record.born_timestamp, "bornHost": str(record.born_host),
+              "reconsumeTimes": record.reconsume_times,
+              "_reput": {"sysFlag": record.sys_flag, "properties": record.properties_string}}
+    return header, record.body
+
+
+def send_back_request(record: Record, header: dict, opaque: int, max_level: int) -> tuple[dict, bytes]:
+    """CONSUMER_SEND_MSG_BACK's re-put (spec §10.3): into `%RETRY%<group>` with a delay, or into
+    `%DLQ%<group>` once the retries are used up (or the client asks with a negative level)."""
+    group = header["consumerGroup"]
+    reconsume = record.reconsume_times
+    max_times = header.get("maxReconsumeTimes", MAX_RECONSUME_TIMES)
+    level = header.get("delayLevel", 0)
+    properties = dict(record.properties)
+    properties.setdefault(PROPERTY_RETRY_TOPIC, header.get("originTopic") or record.topic)
+    properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, header.get("originMsgId") or record.uniq_key or record.msg_id)
+    for name in (PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID):
+        properties.pop(name, None)
+    if reconsume >= max_times or level < 0:
+        topic, delay = DLQ_PREFIX + group, 0
+    else:
+        topic, delay = RETRY_PREFIX + group, min(level if level > 0 else 3 + reconsume, max_level)
+    if delay:
+        properties[PROPERTY_DELAY] = str(delay)
+    out = {"code": protocol.SEND_MESSAGE, "opaque": opaque, "topic": topic, "queueId": 0, "flag": record.flag,
+           "bornTimestamp": record.born_timestamp, "bornHost": str(record.born_host),
+           "reconsumeTimes": reconsume + 1,
+           "_reput": {"sysFlag": record.sys_flag, "properties": properties_string(properties), "delay": delay}}
+    return out, record.body
+
+
+class Schedule(Actor):
+    """The schedule service's process: reads the schedule topic's queues and the records below
+    `dispatched`, re-puts through the front's `reput` socket, answers send-backs."""
+
+    name = "schedule"
+
+    def open(self) -> None:
+        s = self.settings
+        self.delays_ms = s.delay_levels_ms()
+        self.path = s.root / "config" / "delayOffset.json"
+        data = config_files.read(self.path) or {}
+        offsets = {int(k): int(v) for k, v in (data.get("offsetTable") or {}).items()}
+        self.core = ScheduleCore(self.delays_ms, offsets)
+        self.reader = store_reader.StoreReader(s)
+        dispatched = self.control.get("dispatched")
+        self.core.clamp({n: (self._view(n, dispatched).min_offset(self.reader.commitlog_min),
+                             self._view(n, dispatched).max_offset) for n in self.core.levels})
+        self.reputs = socket(self.context, zmq.PUSH, hwm=100000)
+        self.reputs.connect(self.endpoints["reput-in"])
+        self.answers = socket(self.context, zmq.PULL, hwm=100000)
+        self.answers.bind(self.endpoints["reput-out"])
+        self.send_backs = socket(self.context, zmq.PULL, hwm=10000)
+        self.send_backs.connect(self.endpoints["schedule"])
+        self.replies = socket(self.context, zmq.PUSH, hwm=10000)
+        self.replies.connect(self.endpoints["replies"])
+        self.poll_items = [(self.answers, zmq.POLLIN), (self.send_backs, zmq.POLLIN)]
+        self.opaque = random.randrange(1 << 30)
+        self.waiting: dict[int, tuple] = {}  # opaque -> (level, offset) or ("back", client, arrival, opaque)
+        self.next_persist = time.monotonic() + s.flushDelayOffsetInterval / 1000
+        self.send_backs_done = self.dlq = 0
+
+    def _view(self, level: int, dispatched: int):
+        return self.reader.queue(SCHEDULE_TOPIC, level - 1, dispatched)
+
+    def turn(self) -> None:
+        events = wait_readable(self.poll_items, 10)
+        now = time.monotonic()
+        if self.answers in events:
+            for frames in incoming(self.answers, 4096):
+                self._answered(frames, now)
+        if self.send_backs in events:
+            for frames in incoming(self.send_backs, 256):
+                self._send_back(frames)
+        dispatched = self.control.get("dispatched")
+        for level, offset, phy, size in self.core.due(now, time.time_ns() // 1_000_000,
+                                                      lambda n, at, count: self._entries(n, at, count, dispatched)):
+            self._reput(level, offset, phy, size)
+        if now >= self.next_persist:
+            self.next_persist = now + self.settings.flushDelayOffsetInterval / 1000
+            self._persist()
+
+    def _entries(self, level: int, offset: int, count: int, dispatched: int):
+        view = self._view(level, dispatched)
+        end = min(view.max_offset, offset + count)
+        if offset >= end:
+            return []
+        raw = view.queue.raw_entries(offset, end - offset, limit_offset=view.max_offset)
+        return [(offset + i, *store_reader._ENTRY.unpack_from(raw, i * ENTRY_SIZE))
+                for i in range(len(raw) // ENTRY_SIZE)]
+
+    def _reput(self, level: int, offset: int, phy: int, size: int) -> None:
+        raw = self.reader.record_bytes(phy, size)
+        record = decode(raw, check_crc=False) if raw else None
+        request = reput_request(record, self._next_opaque()) if isinstance(record, Record) else None
+        if request is None:
+            self.core.skip(level, offset)
+            return
+        header, body = request
+        self.waiting[header["opaque"]] = (level, offset)
+        send_frames(self.reputs, [REPUT_CLIENT, read_meta(time.monotonic_ns()), orjson.dumps(header), body])
+
+    def _answered(self, frames: list[bytes], now: float) -> None:
+        header = orjson.loads(frames[1])  # [client, header]: the front's own frames
+        waiting = self.waiting.pop(header.get("opaque"), None)
+        if waiting is None:
+            return
+        if waiting[0] == "back":
+            _, client, arrival, opaque, dlq = waiting
+            status = "OK" if header.get("status") == "PUT_OK" else header.get("status", "SYSTEM_ERROR")
+            self.send_backs_done += status == "OK"
+            self.dlq += status == "OK" and dlq
+            reply = protocol.reply_header(opaque, status, header.get("remark", ""))
+            self.replies.send(pack_replies([(client, -arrival, orjson.dumps(reply))]))
+            return
+        level, offset = waiting
+        self.core.stored(level, offset, header.get("status", "SYSTEM_ERROR"), now)
+
+    def _send_back(self, frames: list[bytes]) -> None:
+        client, meta, header_raw, _ = frames  # the front's own frames, checked at the edge
+        header, arrival = orjson.loads(header_raw), orjson.loads(meta)["t"]
+        offset_id = header.get("offsetMsgId")
+        phy = decode_msg_id(offset_id)[1] if offset_id else header["offset"]
+        head = self.reader.record_bytes(phy, 4)
+        raw = self.reader.record_bytes(phy, int.from_bytes(head, "big", signed=True)) if head else None
+        record = decode(raw, check_crc=False) if raw else None
+        if not isinstance(record, Record):
+            reply = protocol.reply_header(header.get("opaque"), "SYSTEM_ERROR", f"no message at offset {phy}")
+            self.replies.send(pack_replies([(client, -arrival, orjson.dumps(reply))]))
+            return
+        request, body = send_back_request(record, header, self._next_opaque(), len(self.delays_ms))
+        self.waiting[request["opaque"]] = ("back", client, arrival, header.get("opaque"),
+                                           request["topic"].startswith(DLQ_PREFIX))
+        send_frames(self.reputs, [REPUT_CLIENT, read_meta(time.monotonic_ns()), orjson.dumps(request), body])
+
+    def _next_opaque(self) -> int:
+        self.opaque = (self.opaque + 1) % (1 << 31)
+        return self.opaque
+
+    def _persist(self) -> None:
+        if self.core.dirty:
+            config_files.persist(self.path, {"offsetTable": dict(sorted(self.core.offsets().items()))})
+            self.core.dirty = False
+
+    def drain(self) -> None:
+        self._persist()
+
+    def statistics(self) -> dict:
+        if not hasattr(self, "core"):
+            return super().statistics()
+        dispatched = self.control.get("dispatched")
+        max_offsets = {n: self._view(n, dispatched).max_offset for n in self.core.levels}
+        return super().statistics() | {"levels": self.core.statistics(max_offsets), "sendBacks": self.send_backs_done,
+                                       "deadLetters": self.dlq, "waiting": len(self.waiting)}
+
+    def close(self) -> None:
+        if hasattr(self, "reader"):
+            self.reader.close()
+        super().close()

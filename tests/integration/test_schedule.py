@@ -1,0 +1,111 @@
+"""The schedule service end to end, with real `mqnode start` processes: delayed messages arrive in
+their real topic and queue, in order, never early, with RocketMQ's re-put fields; a restart goes on
+from delayOffset.json; a consumer's send-backs go to %RETRY%<group> and then to %DLQ%<group>."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+from nodes import NodeProcess, node_settings
+
+from node.client import Producer, PullConsumer
+from node.server import config_files
+
+pytestmark = pytest.mark.slow
+LEVELS = " ".join(["1s"] * 18)  # every level one second: the tests wait seconds, not hours
+
+
+@pytest.fixture
+def node(tmp_path):
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), messageDelayLevel=LEVELS,
+                             flushDelayOffsetInterval=200)
+    process = NodeProcess(settings, tmp_path / "node.log").start()
+    yield process
+    process.stop(strict=False)
+
+
+def _wait_for(consumer, topic: str, queue_id: int, count: int, timeout: float = 15.0) -> list:
+    found, offset, deadline = [], 0, time.monotonic() + timeout
+    while len(found) < count and time.monotonic() < deadline:
+        result = consumer.pull(topic, queue_id, offset, suspend_ms=500)
+        found += result.messages
+        offset = result.next_begin_offset if result.status != "OFFSET_ILLEGAL" else result.min_offset
+    return found
+
+
+def test_delayed_messages_arrive_in_order_never_early_and_keep_rocketmqs_fields(node):
+    with Producer(node.endpoint) as producer:
+        sent = [producer.send("Delayed", f"d-{i}".encode(), delay_level=2, tags="T", queue_id=1) for i in range(30)]
+        producer.send("Delayed", b"now", queue_id=0)
+    with PullConsumer(node.endpoint) as consumer:
+        assert consumer.pull("Delayed", 1, 0).messages == []  # not before their time
+        delivered = _wait_for(consumer, "Delayed", 1, 30)
+    assert [m.body for m in delivered] == [f"d-{i}".encode() for i in range(30)]
+    assert [m.msg_id for m in delivered] == [r.msg_id for r in sent]  # the producer's UNIQ_KEY kept
+    for m in delivered:
+        assert m.store_timestamp - m.born_timestamp >= 1000  # a second's level, never early
+        assert (m.properties["DELAY"], m.properties["REAL_TOPIC"], m.properties["REAL_QID"]) == ("2", "Delayed", "1")
+        assert m.tags == "T"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        data = config_files.read(node.settings.root / "config" / "delayOffset.json") or {}
+        if (data.get("offsetTable") or {}).get("2") == 30:
+            break
+        time.sleep(0.1)
+    assert data["offsetTable"]["2"] == 30  # RocketMQ's file: level -> the next offset to deliver
+    deadline = time.monotonic() + 5
+    while True:  # statistics reach the front once a second
+        level = orjson.loads(_admin_stats(node))["actors"]["schedule"]["levels"]["2"]
+        if level["delivered"] == 30 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert (level["delivered"], level["offset"], level["lag"]) == (30, 30, 0)
+
+
+def _admin_stats(node) -> str:
+    import subprocess
+    import sys
+
+    from nodes import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", "stats", "--endpoint", node.endpoint],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_restart_delivers_what_was_delayed_before_it(tmp_path):
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"),
+                             messageDelayLevel=" ".join(["3s"] * 18))
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    try:
+        with Producer(node.endpoint) as producer:
+            for i in range(10):
+                producer.send("Later", f"l-{i}".encode(), delay_level=1, queue_id=0)
+        node.kill_all()  # kill -9, before any is due
+        node = NodeProcess(settings, tmp_path / "node.log").start()
+        with PullConsumer(node.endpoint) as consumer:
+            delivered = _wait_for(consumer, "Later", 0, 10, timeout=20)
+        assert sorted(m.body for m in delivered) == sorted(f"l-{i}".encode() for i in range(10))
+        assert len(delivered) == 10  # each once
+    finally:
+        node.stop(strict=False)
+
+
+def test_send_backs_retry_then_dead_letter(node):
+    with Producer(node.endpoint) as producer:
+        producer.send("Work", b"job", queue_id=0)
+    with PullConsumer(node.endpoint) as consumer:
+        (message,) = _wait_for(consumer, "Work", 0, 1)
+        consumer.send_back(message, "workers", max_reconsume_times=2)
+        (retry,) = _wait_for(consumer, "%RETRY%workers", 0, 1)
+        assert (retry.body, retry.reconsume_times) == (b"job", 1)
+        assert retry.properties["RETRY_TOPIC"] == "Work" and retry.properties["ORIGIN_MESSAGE_ID"] == message.msg_id
+        consumer.send_back(retry, "workers", max_reconsume_times=2)
+        (again,) = _wait_for(consumer, "%RETRY%workers", 0, 2)[1:]
+        assert again.reconsume_times == 2
+        consumer.send_back(again, "workers", max_reconsume_times=2)  # the retries are used up
+        (dead,) = _wait_for(consumer, "%DLQ%workers", 0, 1)
+        assert (dead.body, dead.reconsume_times, dead.properties["RETRY_TOPIC"]) == (b"job", 3, "Work")

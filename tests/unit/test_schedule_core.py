@@ -1,0 +1,81 @@
+"""The schedule service's levels on a mock clock: due entries are handed out in order and never
+early, a level waits at its first entry not yet due, the clock-skew guard, offsets move to the
+first entry not yet stored whatever order the answers come in, failures retry, and the send-back
+rules (retry level 3 + reconsumeTimes, the DLQ after maxReconsumeTimes)."""
+
+from __future__ import annotations
+
+from actors.schedule import ScheduleCore, send_back_request
+from shm.codec import Record, decode, encode, encode_host
+
+LEVELS = [1000, 5000]  # level 1: 1 s, level 2: 5 s
+
+
+class Queue:
+    """A level's ConsumeQueue: (phy, size, due time) per offset."""
+
+    def __init__(self, due_times: list[int]):
+        self.entries = [(1000 + i * 100, 100, due) for i, due in enumerate(due_times)]
+
+    def __call__(self, level: int, offset: int, count: int):
+        if level != 1:
+            return []
+        return [(o, *self.entries[o]) for o in range(offset, min(len(self.entries), offset + count))]
+
+
+def test_due_entries_go_out_in_order_and_never_early():
+    core, queue = ScheduleCore(LEVELS, {}), Queue([10_000, 10_000, 10_500, 11_400])
+    assert core.due(0.0, 9_999, queue) == []  # nothing due a millisecond early
+    assert [o for _, o, _, _ in core.due(1.0, 10_000, queue)] == [0, 1]
+    assert core.due(1.05, 10_050, queue) == []  # the level waits at offset 2
+    assert [o for _, o, _, _ in core.due(1.6, 10_600, queue)] == [2]
+    assert core.levels[1].offset == 0  # nothing stored yet
+    core.stored(1, 1, "PUT_OK", 2.0)
+    assert core.levels[1].offset == 0  # offset 0 not yet stored
+    core.stored(1, 0, "PUT_OK", 2.0)
+    core.stored(1, 2, "PUT_OK", 2.0)
+    assert core.levels[1].offset == 3 and core.offsets() == {1: 3}
+
+
+def test_a_failed_reput_is_read_again_and_a_permanent_refusal_is_skipped():
+    core, queue = ScheduleCore(LEVELS, {}), Queue([0, 0, 0])
+    core.due(0.0, 5, queue)
+    core.stored(1, 0, "PUT_OK", 0.0)
+    core.stored(1, 1, "SERVICE_NOT_AVAILABLE", 0.0)  # the disk is full: try again
+    assert core.levels[1].offset == 1 and core.due(0.05, 5, queue) == []  # after RETRY_S
+    assert [o for _, o, _, _ in core.due(0.2, 5, queue)] == [1, 2]
+    core.stored(1, 1, "TOPIC_NOT_EXIST", 0.2)  # never storable: dropped, counted
+    core.stored(1, 2, "PUT_OK", 0.2)
+    assert core.levels[1].offset == 3 and core.levels[1].dropped == 1 and core.levels[1].delivered == 2
+
+
+def test_the_clock_skew_guard_delivers_what_is_due_further_ahead_than_its_level():
+    core = ScheduleCore(LEVELS, {})
+    far = Queue([10_000 + 3_600_000])  # due an hour ahead on a 1 s level: the clock stepped back
+    assert [o for _, o, _, _ in core.due(0.0, 10_000, far)] == [0]
+
+
+def test_offsets_resume_and_are_clamped_into_the_queue():
+    core = ScheduleCore(LEVELS, {1: 7, 2: 99})
+    core.clamp({1: (0, 10), 2: (0, 4)})
+    assert core.offsets() == {1: 7, 2: 4}
+
+
+def _record(reconsume: int) -> Record:
+    raw = encode(topic="Orders", body=b"b", queue_id=2, born_timestamp=5, born_host=encode_host("10.0.0.1", 1),
+                 store_host=encode_host("10.0.0.2", 10911), properties="UNIQ_KEY\x01U1\x02TAGS\x01t",
+                 reconsume_times=reconsume, physical_offset=4096)
+    return decode(raw)
+
+
+def test_send_back_retries_at_level_three_plus_reconsume_times_then_dead_letters():
+    first, _ = send_back_request(_record(0), {"consumerGroup": "g", "delayLevel": 0}, 1, 18)
+    assert (first["topic"], first["reconsumeTimes"], first["_reput"]["delay"]) == ("%RETRY%g", 1, 3)
+    props = dict(p.split("\x01") for p in first["_reput"]["properties"].split("\x02"))
+    assert props["RETRY_TOPIC"] == "Orders" and props["ORIGIN_MESSAGE_ID"] == "U1" and props["DELAY"] == "3"
+    later, _ = send_back_request(_record(5), {"consumerGroup": "g", "delayLevel": 0}, 1, 18)
+    assert later["_reput"]["delay"] == 8
+    dead, _ = send_back_request(_record(16), {"consumerGroup": "g", "delayLevel": 0}, 1, 18)
+    assert (dead["topic"], dead["_reput"]["delay"]) == ("%DLQ%g", 0)
+    asked, _ = send_back_request(_record(0), {"consumerGroup": "g", "delayLevel": -1}, 1, 18)
+    assert asked["topic"] == "%DLQ%g"

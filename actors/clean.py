@@ -262,10 +262,7 @@ class CleanCore:
         run, self.running = self.running, None
         self.last_stop = why
         if run.deleted:
-            self.queues_to_clean = [queue for topic in sorted(self._dirs(self.settings.consumequeue_dir))
-                                    for queue in sorted(self._dirs(topic))]
-            self.index_pending = True
-            self.next_queue_at = now
+            self.clean_logics(now)
         if run.cause == "manual":
             if run.deleted and self.manual_passes > 0:
                 self.next_check = now  # the next manual pass at once
@@ -280,6 +277,14 @@ class CleanCore:
             self.next_check = now  # still over the ratio: keep up with the appends
 
     # -- ConsumeQueue and index files ------------------------------------------------------------------
+
+    def clean_logics(self, now: float) -> None:
+        """ConsumeQueue and index files below the min offset, queue by queue from `now` (after a
+        pass deleted segments; and once at start: a crash may have come between the two)."""
+        self.queues_to_clean = [queue for topic in sorted(self._dirs(self.settings.consumequeue_dir))
+                                for queue in sorted(self._dirs(topic))]
+        self.index_pending = True
+        self.next_queue_at = now
 
     @staticmethod
     def _dirs(path: Path) -> list[Path]:
@@ -355,6 +360,8 @@ class Clean(Actor):
         # the clients should have first (on two cores it doubled the ack p99 at nice 0).
         self.niceness = give_way(CLEAN_NICENESS)
         self.core = CleanCore(self.settings, self.control)
+        if self.control.get("min_offset") > 0:
+            self.core.clean_logics(time.monotonic())
         self.requests = socket(self.context, zmq.PULL, hwm=1000)
         self.requests.connect(self.endpoints["clean"])
         self.replies = socket(self.context, zmq.PUSH, hwm=1000)

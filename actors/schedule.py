@@ -301,6 +301,9 @@ class Schedule(Actor):
             config_files.persist(self.path, {"offsetTable": dict(sorted(self.core.offsets().items()))})
             self.core.dirty = False
 
+    def follow_min_offset(self, min_offset: int) -> None:
+        self.reader.follow_min_offset(min_offset)
+
     def drain(self) -> None:
         self._persist()
 

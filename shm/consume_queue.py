@@ -298,17 +298,21 @@ class ConsumeQueue:
         return dropped
 
     def correct_min_offset(self, commitlog_min: int) -> None:
-        """minLogicOffset = first real entry whose message is still in the CommitLog."""
+        """minLogicOffset = first real entry whose message is still in the CommitLog. Looked for
+        past the first file too: a crash between the clean service's CommitLog and
+        ConsumeQueue deletions leaves whole files of entries below the CommitLog's min."""
         if not self.files.files:
             self.offset_min_logical = 0
             return
-        first = self.files.files[0]
-        raw = first.map[: first.position_written]
-        for i, (phy, size, _) in enumerate(_ENTRY.iter_unpack(raw)):
-            if size != FILLER_SIZE and phy >= commitlog_min:
-                self.offset_min_logical = first.offset_start + i * ENTRY_SIZE
+        for segment in self.files.files:
+            raw = segment.map[: segment.position_written - segment.position_written % ENTRY_SIZE]
+            for i, (phy, size, _) in enumerate(_ENTRY.iter_unpack(raw)):
+                if size != FILLER_SIZE and phy >= commitlog_min:
+                    self.offset_min_logical = segment.offset_start + i * ENTRY_SIZE
+                    return
+            self.offset_min_logical = segment.offset_start + len(raw)
+            if segment.position_written < segment.size:
                 return
-        self.offset_min_logical = first.offset_start + len(raw)
 
     def sanity_check(self) -> str | None:
         """A cheap look for damage that recovery cannot mend in place; None when sound."""

@@ -148,3 +148,15 @@ def test_bad_options_fail_with_a_clear_message(spark, node, options, message):
         reader = reader.option(key, value)
     with pytest.raises(Exception, match=message):
         reader.load().collect()
+
+
+def test_a_read_from_cleaned_offsets_fails_or_skips_as_failOnDataLoss_says(spark, node):
+    with Producer(node.endpoint) as producer:
+        for i in range(5):
+            producer.send("SparkTime", f"x-{i}".encode(), queue_id=3)
+    # offset -5 is below every queue's min offset: the node no longer has it (as after a clean)
+    with pytest.raises(Exception, match="was cleaned from the node"):
+        _read(spark, node, topic="SparkTime", startingOffsets='{"SparkTime": {"3": -5}}').collect()
+    skipped = _read(spark, node, topic="SparkTime", startingOffsets='{"SparkTime": {"3": -5}}',
+                    failOnDataLoss="false").where("queueId = 3").collect()
+    assert sorted(r.body for r in skipped) == [f"x-{i}".encode() for i in range(5)]

@@ -49,7 +49,7 @@ from shm.consume_queue import ENTRY_SIZE, FILLER_SIZE
 
 LEVEL_IN_FLIGHT = 2048  # re-puts of a level awaiting their answer
 RETRY_S = 0.1  # a level whose re-put failed tries again after this (RocketMQ: 100 ms)
-IDLE_S = 0.1  # how often a level with nothing due looks again
+IDLE_S = 0.5  # how often a level with nothing due looks again (a new entry is due a level's delay, >= 1 s, later)
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 PERMANENT = frozenset({"MESSAGE_ILLEGAL", "TOPIC_NOT_EXIST", "NO_PERMISSION"})  # never to be retried
 REPUT_CLIENT = b"\x00mqnode-schedule"  # the reput socket's pseudo-client at the front
@@ -88,7 +88,9 @@ class ScheduleCore:
             if now_s < level.wait_until or len(level.in_flight) >= LEVEL_IN_FLIGHT:
                 continue
             level.lag_ms = 0
-            for offset, phy, size, slot in entries_of(level.level, level.read_to, LEVEL_IN_FLIGHT - len(level.in_flight)):
+            room = LEVEL_IN_FLIGHT - len(level.in_flight)
+            entries = entries_of(level.level, level.read_to, room)
+            for offset, phy, size, slot in entries:
                 if size == FILLER_SIZE:
                     level.read_to = offset + 1
                     continue
@@ -100,9 +102,13 @@ class ScheduleCore:
                 level.in_flight[offset] = False
                 level.read_to = offset + 1
                 out.append((level.level, offset, phy, size))
-            else:
-                level.wait_until = now_s + IDLE_S
+            else:  # all handed out: more may be waiting when the read was cut at `room`
+                level.wait_until = now_s if len(entries) >= room else now_s + IDLE_S
         return out
+
+    def next_look(self) -> float:
+        """When some level has something to do next (monotonic s)."""
+        return min(level.wait_until for level in self.levels.values())
 
     def stored(self, level_number: int, offset: int, status: str, now_s: float) -> None:
         """The answer to a re-put: stored, given up (a permanent refusal), or to be tried again."""
@@ -145,7 +151,8 @@ class ScheduleCore:
     def statistics(self, max_offsets: dict[int, int]) -> dict:
         return {str(n): {"offset": level.offset, "maxOffset": max_offsets.get(n, 0),
                          "lag": max(0, max_offsets.get(n, 0) - level.offset), "lagMillis": level.lag_ms,
-                         "delivered": level.delivered, "dropped": level.dropped, "inFlight": len(level.in_flight)}
+                         "delivered": level.delivered, "dropped": level.dropped, "inFlight": len(level.in_flight),
+                         "readTo": level.read_to}
                 for n, level in self.levels.items()}
 
 
@@ -223,7 +230,10 @@ class Schedule(Actor):
         return self.reader.queue(SCHEDULE_TOPIC, level - 1, dispatched)
 
     def turn(self) -> None:
-        events = wait_readable(self.poll_items, 10)
+        # asleep until a level is due to look again or an answer comes: an idle node's schedule
+        # service wakes twice a second, not a hundred times (it shares the cores with the front)
+        wait_ms = int((self.core.next_look() - time.monotonic()) * 1000) + 1
+        events = wait_readable(self.poll_items, max(1, min(500, wait_ms)))
         now = time.monotonic()
         if self.answers in events:
             for frames in incoming(self.answers, 4096):
@@ -240,13 +250,18 @@ class Schedule(Actor):
             self._persist()
 
     def _entries(self, level: int, offset: int, count: int, dispatched: int):
+        """Up to `count` entries of the level's queue from `offset`, across its files."""
         view = self._view(level, dispatched)
         end = min(view.max_offset, offset + count)
-        if offset >= end:
-            return []
-        raw = view.queue.raw_entries(offset, end - offset, limit_offset=view.max_offset)
-        return [(offset + i, *store_reader._ENTRY.unpack_from(raw, i * ENTRY_SIZE))
-                for i in range(len(raw) // ENTRY_SIZE)]
+        out = []
+        while offset < end:
+            raw = view.queue.raw_entries(offset, end - offset, limit_offset=view.max_offset)
+            if not raw:
+                break
+            out += [(offset + i, *store_reader._ENTRY.unpack_from(raw, i * ENTRY_SIZE))
+                    for i in range(len(raw) // ENTRY_SIZE)]
+            offset += len(raw) // ENTRY_SIZE  # raw_entries stops at its file's end
+        return out
 
     def _reput(self, level: int, offset: int, phy: int, size: int) -> None:
         raw = self.reader.record_bytes(phy, size)

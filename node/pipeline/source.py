@@ -97,11 +97,17 @@ class StreamReader(DataSourceStreamReader):
 
     def __init__(self, options: Options, schema):
         self.options, self.schema = options, schema
+        self._view: NodeView | None = None
+
+    def _node(self) -> NodeView:
+        """One connection for the query's life (each micro-batch asks for the bounds again)."""
+        if self._view is None:
+            self._view = NodeView(self.options)
+        return self._view
 
     def initialOffset(self) -> dict:
-        o = self.options
-        with NodeView(o) as node:
-            return node.resolve(o.starting, o.starting_timestamp, node.all_queues(), start=True)
+        o, node = self.options, self._node()
+        return node.resolve(o.starting, o.starting_timestamp, node.all_queues(), start=True)
 
     def getDefaultReadLimit(self):
         if self.options.max_offsets_per_trigger:
@@ -110,15 +116,14 @@ class StreamReader(DataSourceStreamReader):
         return super().getDefaultReadLimit()
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:
-        o = self.options
-        with NodeView(o) as node:
-            queues = node.all_queues()
-            latest = node.resolve("latest", None, queues, start=False)
-            base = {t: dict(by_queue) for t, by_queue in (start or {}).items()}
-            for topic, ids in queues.items():  # queues the topic gained start at their first offset
-                for q in ids:
-                    if str(q) not in base.get(topic, {}):
-                        base.setdefault(topic, {})[str(q)] = node.min_offset(topic, q)
+        o, node = self.options, self._node()
+        queues = node.all_queues()
+        latest = node.resolve("latest", None, queues, start=False)
+        base = {t: dict(by_queue) for t, by_queue in (start or {}).items()}
+        for topic, ids in queues.items():  # queues the topic gained start at their first offset
+            for q in ids:
+                if str(q) not in base.get(topic, {}):
+                    base.setdefault(topic, {})[str(q)] = node.min_offset(topic, q)
         cap = getattr(limit, "max_rows", None) if limit is not None else o.max_offsets_per_trigger
         return _capped(base, latest, cap)
 
@@ -133,6 +138,11 @@ class StreamReader(DataSourceStreamReader):
 
     def commit(self, end: dict) -> None:
         """Spark has checkpointed `end`: nothing is held at the node for it."""
+
+    def stop(self) -> None:
+        if self._view is not None:
+            self._view.close()
+            self._view = None
 
 
 def _capped(start: dict, latest: dict, cap: int | None) -> dict:

@@ -42,12 +42,20 @@ async def read_delivered(endpoint: str, topic: str, count: int, delay_ms: int, t
         queues = await consumer.client.queue_count(topic)
         offsets = [0] * queues
         deadline = time.monotonic() + timeout
-        while len(out) < count and time.monotonic() < deadline:
+        while len(out) < count and time.monotonic() < deadline:  # (count: what was sent)
             results = await asyncio.gather(*[consumer.pull(topic, q, offsets[q], suspend_ms=200) for q in range(queues)])
             for q, result in enumerate(results):
                 out += [(m.store_timestamp, m.born_timestamp + delay_ms) for m in result.messages]
                 offsets[q] = result.next_begin_offset if result.status != "OFFSET_ILLEGAL" else result.min_offset
     return out
+
+
+async def _level_one(endpoint: str) -> dict:
+    from node import protocol
+
+    async with AsyncProducer(endpoint) as client:
+        info, _ = await client.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+    return ((info.get("actors") or {}).get("schedule") or {}).get("levels", {}).get("1", {})
 
 
 def main() -> None:
@@ -69,7 +77,8 @@ def main() -> None:
                   f"target <= 20 %)", flush=True)
             delivered = []
             for round_ in range(2):
-                delivered += aio.run(read_delivered(node.endpoint, f"BenchDelayed{round_}", args.count // 2,
+                delivered += aio.run(read_delivered(node.endpoint, f"BenchDelayed{round_}",
+                                                    args.count // 2 // SENDERS * SENDERS + 1,
                                                     args.delay_s * 1000, timeout=args.delay_s + 120))
             if not delivered:
                 print("nothing was delivered")
@@ -78,7 +87,11 @@ def main() -> None:
             late = sorted(s - due for s, due in delivered)
             span = max(1, stored[-1] - stored[0]) / 1000
             first = sorted(delivered)[: max(1, len(delivered) // 100)]
-            print(f"delivered {len(delivered):,} of {args.count // SENDERS * SENDERS:,} at {len(delivered) / span:,.0f} "
+            level = aio.run(_level_one(node.endpoint))
+            print(f"the schedule service's level 1: {level.get('delivered'):,} delivered, {level.get('dropped')} dropped, "
+                  f"offset {level.get('offset'):,} of {level.get('maxOffset'):,}")
+            sent = 2 * (args.count // 2 // SENDERS * SENDERS + 1)  # (each round's first send warms up)
+            print(f"read back {len(delivered):,} of {sent:,} at {len(delivered) / span:,.0f} "
                   f"msgs/s (target >= 50,000); the first 1 % stored {max(s - d for s, d in first)} ms after due at most "
                   f"(target <= 150); lateness p50 {late[len(late) // 2]} ms, p99 {late[int(len(late) * 0.99)]} ms")
     finally:

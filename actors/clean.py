@@ -235,9 +235,8 @@ class CleanCore:
         if not run.forced and stat.st_mtime_ns // 1_000_000 + self.reserved_ms > self.wall_ms():
             return self._end_pass(now, "the oldest segment is younger than fileReservedTime")
         new_min = int(segments[1].name)
-        invariant(new_min > self.control.get("min_offset") or self.control.get("min_offset") == new_min,
-                  "the CommitLog's min offset only moves forward")
-        self.control.set("min_offset", max(new_min, self.control.get("min_offset")))  # readers first
+        invariant(new_min >= self.control.get("min_offset"), "the CommitLog's min offset only moves forward")
+        self.control.set("min_offset", new_min)  # readers first: published before the unlink
         _drop_cached_pages(oldest)
         try:
             oldest.unlink()

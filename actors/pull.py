@@ -195,21 +195,10 @@ class ReadCore:
     def _view(self, header: dict, opaque, written: int) -> list[bytes]:
         """Straight from the CommitLog: every record below `written` is whole, indexed or not."""
         _, offset = decode_msg_id(header["offsetMsgId"])
-        raw = self._record_at(offset, written)
+        raw = self.reader.record_at(offset, written)
         if raw is None:
             return [orjson.dumps(protocol.reply_header(opaque, "QUERY_NOT_FOUND", f"no message at offset {offset}"))]
         return [orjson.dumps(protocol.reply_header(opaque, "OK")), raw]
-
-    def _record_at(self, offset: int, end: int) -> bytes | None:
-        """The whole record that starts at `offset`, below the published `end`, or None."""
-        if not 0 <= offset < end:
-            return None
-        head = self.reader.record_bytes(offset, 8)
-        if head is None:
-            return None
-        size = int.from_bytes(head[:4], "big", signed=True)
-        raw = self.reader.record_bytes(offset, size) if 0 < size else None
-        return raw if raw is not None and isinstance(decode(raw, check_crc=False), Record) else None
 
     def _query(self, header: dict, opaque, dispatched: int, behind: bool):
         topic, key = header["topic"], header["key"]
@@ -218,7 +207,7 @@ class ReadCore:
         self.index.refresh()
         found = []
         for offset in self.index.query(topic, key, max_count, begin, end):
-            raw = self._record_at(offset, dispatched)
+            raw = self.reader.record_at(offset, dispatched)
             record = decode(raw, check_crc=False, read_body=False) if raw else None
             # the index matches by hash: re-check topic and key (UNIQ_KEY or one of KEYS)
             if isinstance(record, Record) and record.topic == topic and (key == record.uniq_key or key in record.keys):

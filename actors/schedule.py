@@ -191,7 +191,9 @@ def send_back_request(record: Record, header: dict, opaque: int, max_level: int)
     out = {"code": protocol.SEND_MESSAGE, "opaque": opaque, "topic": topic, "queueId": 0, "flag": record.flag,
            "bornTimestamp": record.born_timestamp, "bornHost": str(record.born_host),
            "reconsumeTimes": reconsume + 1,
-           "_reput": {"sysFlag": record.sys_flag, "properties": properties_string(properties), "delay": delay}}
+           # answered once stored as its mode promises (flushed under SYNC_FLUSH), as a client's send is
+           "_reput": {"sysFlag": record.sys_flag, "properties": properties_string(properties), "delay": delay,
+                      "wait": True}}
     return out, record.body
 
 
@@ -295,8 +297,7 @@ class Schedule(Actor):
         header, arrival = orjson.loads(header_raw), orjson.loads(meta)["t"]
         offset_id = header.get("offsetMsgId")
         phy = decode_msg_id(offset_id)[1] if offset_id else header["offset"]
-        head = self.reader.record_bytes(phy, 4)
-        raw = self.reader.record_bytes(phy, int.from_bytes(head, "big", signed=True)) if head else None
+        raw = self.reader.record_at(phy, self.control.get("written"))
         record = decode(raw, check_crc=False) if raw else None
         if not isinstance(record, Record):
             reply = protocol.reply_header(header.get("opaque"), "SYSTEM_ERROR", f"no message at offset {phy}")

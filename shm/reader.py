@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from shm.codec import Record, decode
 from shm.commitlog import CommitLog
 from shm.consume_queue import ENTRY_SIZE, FILLER_SIZE, ConsumeQueue
 
@@ -164,6 +165,17 @@ class StoreReader:
             if view.queue.files.forget_deleted_head() and view.queue.files.files:
                 view.queue.offset_min_logical = view.queue.files.files[0].offset_start
                 view.end = max(view.end, view.queue.files.files[0].offset_start)
+
+    def record_at(self, offset: int, end: int) -> bytes | None:
+        """The whole, well-formed record that starts at `offset`, below the published `end`, or None."""
+        if not 0 <= offset < end:
+            return None
+        head = self.record_bytes(offset, 8)
+        if head is None:
+            return None
+        size = int.from_bytes(head[:4], "big", signed=True)
+        raw = self.record_bytes(offset, size) if 0 < size else None
+        return raw if raw is not None and isinstance(decode(raw, check_crc=False), Record) else None
 
     def record_bytes(self, offset: int, size: int) -> bytes | None:
         raw = self.commitlog.read_bytes(offset, size)

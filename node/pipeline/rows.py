@@ -69,7 +69,7 @@ def to_batch(bodies: list[bytes], end: int, tags: frozenset[str] | None = None,
         keep = [i for i, t in enumerate(tags_col) if t in tags]
         fixed, bodies_col, topics, properties, tags_col = ([column[i] for i in keep] for column in
                                                           (fixed, bodies_col, topics, properties, tags_col))
-    offset_ids = [offset_msg_id(f[11], f[6]) if isinstance(f[11], bytes) else _offset_id_of(f) for f in fixed]
+    offset_ids = [offset_msg_id(f[11], f[6]) for f in fixed]
     columns = {
         "topic": topics, "queueId": [f[3] for f in fixed], "queueOffset": [f[5] for f in fixed],
         "commitLogOffset": [f[6] for f in fixed],
@@ -87,19 +87,11 @@ def _full(raw: bytes) -> tuple[tuple, bytes, str, str]:
     record = decode(raw, check_crc=False)
     if not isinstance(record, Record):
         raise RuntimeError(f"undecodable record in a pull reply: {record}")
-    hosts = (str(record.born_host), str(record.store_host))
     f = (record.total_size, record.magic, record.body_crc, record.queue_id, record.flag, record.queue_offset,
-         record.physical_offset, record.sys_flag, record.born_timestamp, hosts[0], record.store_timestamp, hosts[1],
+         record.physical_offset, record.sys_flag, record.born_timestamp, record.born_host, record.store_timestamp,
+         record.store_host,
          record.reconsume_times, record.prepared_transaction_offset, len(record.body))
     return f, record.body, record.topic, record.properties_string
-
-
-def _offset_id_of(f: tuple) -> str:
-    """The offset msgId of a record `_full` decoded (its hosts already text)."""
-    from shm.codec import encode_host
-
-    host, _, port = f[11].rpartition(":")
-    return offset_msg_id(encode_host(host.strip("[]"), int(port)), f[6])
 
 
 @lru_cache(maxsize=1024)
@@ -109,7 +101,8 @@ def _text(raw: bytes) -> str:
 
 @lru_cache(maxsize=4096)
 def _host(raw) -> str:
-    return raw if isinstance(raw, str) else str(decode_host(raw))
+    """A walked record's host bytes, or a decoded record's Host, as text."""
+    return str(decode_host(raw) if isinstance(raw, bytes) else raw)
 
 
 def _array(values: list, kind: pa.DataType) -> pa.Array:

@@ -269,7 +269,7 @@ CHECKS = {
     protocol.GET_ALL_TOPIC_CONFIG: lambda h: None,
     protocol.GET_BROKER_RUNTIME_INFO: lambda h: None,
     protocol.DELETE_EXPIRED_COMMITLOG: lambda h: bool_problem(h, "force"),
-    protocol.CONSUMER_SEND_MSG_BACK: lambda h: _send_back(h),
+    protocol.CONSUMER_SEND_MSG_BACK: _send_back,
 }
 
 

@@ -118,7 +118,8 @@ class SendEncoder:
         client): a stored record's fields as given, its properties string stored as it was, so
         a delivered delayed message keeps DELAY, REAL_TOPIC and REAL_QID as RocketMQ 4.9's does.
         With `delay` (a send-back's retry) it goes through SCHEDULE_TOPIC_XXXX like any delayed
-        send. Never waits for the flush (RocketMQ's re-put does not)."""
+        send. A delivery never waits for the flush (RocketMQ's re-put does not); a send-back
+        (`wait`) does, as the consumer is told it is stored."""
         reput = header["_reput"]
         topic, queue_id, properties = header["topic"], header["queueId"], reput["properties"]
         delay = reput.get("delay", 0)
@@ -127,7 +128,7 @@ class SendEncoder:
             props[PROPERTY_DELAY], props[PROPERTY_REAL_TOPIC], props[PROPERTY_REAL_QID] = str(delay), topic, str(queue_id)
             properties, topic, queue_id = properties_string(props), SCHEDULE_TOPIC, min(delay, self.delay_levels) - 1
         index = len(pending.indices)
-        pending.wait = False
+        pending.wait = reput.get("wait", False) is True
         pending.topics.append(topic)
         pending.queue_ids.append(queue_id)
         pending.uniq_keys.append(find_uniq_key(properties))

@@ -147,6 +147,9 @@ def test_a_full_disk_refuses_sends_and_takes_them_again_when_space_is_back(tmp_p
                 except SendError as e:
                     assert e.status == "SERVICE_NOT_AVAILABLE" and time.monotonic() < deadline
                     time.sleep(0.1)
+        deadline = time.monotonic() + 5
+        while _stats(node)["actors"]["clean"]["diskFull"] and time.monotonic() < deadline:
+            time.sleep(0.3)  # statistics reach the front once a second
         assert _stats(node)["actors"]["clean"]["diskFull"] is False
         assert node.stop() == 0
         verified = verify_store(settings)

@@ -71,7 +71,8 @@ def test_a_batch_read_equals_what_was_produced(spark, node):
         assert (row.body, row.tags, list(row.keys)) == (f"body-{i}".encode(), f"T{i % 3}", [f"k{i}", f"alt{i}"])
         assert row.properties["é-key"] == f"välue-{i}" and row.properties["X"] == "a=b;c"
         assert (row.topic, row.queueId, row.queueOffset, row.msgId) == ("SparkRead", i % 4, i // 4, result.msg_id)
-        assert row.commitLogOffset > 0 or (i == 0) and row.storeTimestamp is not None and row.storeHost
+        assert row.commitLogOffset >= 0 and row.storeTimestamp is not None and row.bornTimestamp is not None
+        assert row.storeHost and row.bornHost and row.sysFlag == 0 and row.flag == 0
     assert _read(spark, node, topic="SparkRead", minPartitions="9").rdd.getNumPartitions() >= 9
 
     ranged = _read(spark, node, topic="SparkRead", startingOffsets='{"SparkRead": {"0": 5}}',

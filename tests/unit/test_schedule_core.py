@@ -79,3 +79,22 @@ def test_send_back_retries_at_level_three_plus_reconsume_times_then_dead_letters
     assert (dead["topic"], dead["_reput"]["delay"]) == ("%DLQ%g", 0)
     asked, _ = send_back_request(_record(0), {"consumerGroup": "g", "delayLevel": -1}, 1, 18)
     assert asked["topic"] == "%DLQ%g"
+
+
+def test_a_send_back_waits_for_the_disk_and_a_delivery_does_not(tmp_path):
+    """The write path stores a re-put as given; only a send-back (the consumer is told it is
+    stored) waits for the flush under SYNC_FLUSH, as a client's send does."""
+    from helpers import small_settings
+
+    from node.server.sendcore import PendingSend, SendEncoder
+    from shm.encoded_batch import EncodedBatch
+
+    encoder = SendEncoder(small_settings(tmp_path, flushDiskType="SYNC_FLUSH"))
+    record = _record(0)
+    back, body = send_back_request(record, {"consumerGroup": "g"}, 1, 18)
+    delivery = {"code": back["code"], "opaque": 2, "topic": "Orders", "queueId": 2, "bornTimestamp": 5,
+                "_reput": {"sysFlag": 0, "properties": record.properties_string}}
+    for header, waits, topic in ((back, True, "SCHEDULE_TOPIC_XXXX"), (delivery, False, "Orders")):
+        pending, batch = PendingSend(b"c", header["opaque"], header["code"], 0), EncodedBatch()
+        encoder.add_request(pending, header, body, encoder.born_host("10.0.0.1:1"), batch)
+        assert (pending.wait, pending.topics, len(batch)) == (waits, [topic], 1)

@@ -339,11 +339,13 @@ class Front(Actor):
         if self.in_flight >= self.settings.sendQueueCapacity:
             return self._refuse(client, request, oneway, "SYSTEM_BUSY",
                                 f"[REJECTREQUEST]system busy: {self.in_flight} sends waiting")
-        remark = edge.send_refusal(request.header)  # ProtocolError for a broken structure
-        if remark:
-            return self._refuse(client, request, oneway, "MESSAGE_ILLEGAL", remark)
-        if reput is not None:  # checked as a client's send; then marked as the node's own
-            self._internal_topic(request.header["topic"])
+        if reput is None:
+            remark = edge.send_refusal(request.header)  # ProtocolError for a broken structure
+            if remark:
+                return self._refuse(client, request, oneway, "MESSAGE_ILLEGAL", remark)
+        else:  # the node's own request, built from stored records: marked as such, topics made
+            for message in request.header.get("messages") or [request.header]:
+                self._internal_topic(message["topic"])
             request.header["_reput"] = reput
             frames = [orjson.dumps(request.header), frames[1]]
         refusals = self._check_topics(request)

@@ -30,6 +30,7 @@ import orjson
 import zmq
 
 from actors.base import Actor, incoming, socket, wait_readable
+from actors.timer import TimerCore
 from actors.wire import pack_replies, read_meta
 from node import protocol
 from node.client.frames import send_frames
@@ -39,15 +40,24 @@ from shm.codec import (
     PROPERTY_DELAY,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_OUT_MS,
     SCHEDULE_TOPIC,
+    TIMER_TOPIC,
     Record,
     decode,
     decode_msg_id,
     properties_string,
 )
 from shm.consume_queue import ENTRY_SIZE, FILLER_SIZE
+from shm.javacompat import hashmap_capacity
+from shm.timer_log import TimerLog
 
-LEVEL_IN_FLIGHT = 2048  # re-puts of a level awaiting their answer
+LEVEL_IN_FLIGHT = 4096  # re-puts of a level awaiting their answer
+REPUT_BATCH = 256  # deliveries a request
+TIMER_IN_FLIGHT = 4096  # timer re-puts awaiting their answer
+TIMER_TAKE = 8192  # timer messages taken into the log a turn
+TIMER_LOOK_MS = 100  # how often new timer messages are looked for
+TIMER = "timer"  # a timer delivery's key: (TIMER, log index)
 RETRY_S = 0.1  # a level whose re-put failed tries again after this (RocketMQ: 100 ms)
 IDLE_S = 0.5  # how often a level with nothing due looks again (a new entry is due a level's delay, >= 1 s, later)
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
@@ -156,18 +166,49 @@ class ScheduleCore:
                 for n, level in self.levels.items()}
 
 
-def reput_request(record: Record, opaque: int) -> tuple[dict, bytes] | None:
-    """The send request that stores a due delayed record in its real topic and queue, fields
-    copied as RocketMQ's messageTimeup copies them; None for a record not to deliver."""
+def reput_item(record: Record) -> tuple[dict, bytes] | None:
+    """One message of a delivery request: a due delayed or timer record for its real topic and
+    queue, fields copied as RocketMQ's messageTimeup copies them (a level's record keeps its
+    properties string; a timer's loses REAL_TOPIC and REAL_QID, as RocketMQ 5's does); None for
+    a record not to deliver."""
     properties = record.properties
     topic, queue = properties.get(PROPERTY_REAL_TOPIC), properties.get(PROPERTY_REAL_QID)
     if not topic or queue is None or not queue.isdigit() or topic == TRANS_HALF_TOPIC:
         return None
-    header = {"code": protocol.SEND_MESSAGE, "opaque": opaque, "topic": topic, "queueId": int(queue),
-              "flag": record.flag, "bornTimestamp": record.born_timestamp, "bornHost": str(record.born_host),
-              "reconsumeTimes": record.reconsume_times,
-              "_reput": {"sysFlag": record.sys_flag, "properties": record.properties_string}}
-    return header, record.body
+    stored = record.properties_string
+    if record.topic == TIMER_TOPIC:
+        capacity = hashmap_capacity(len(properties))  # a HashMap keeps its buckets when keys go
+        stored = properties_string({k: v for k, v in properties.items()
+                                    if k not in (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID)}, capacity)
+    item = {"topic": topic, "queueId": int(queue), "flag": record.flag, "bornTimestamp": record.born_timestamp,
+            "bornHost": str(record.born_host), "reconsumeTimes": record.reconsume_times, "bodySize": len(record.body),
+            "_reput": {"sysFlag": record.sys_flag, "properties": stored}}
+    return item, record.body
+
+
+def delivery_request(items: list[tuple[dict, bytes]], opaque: int) -> tuple[dict, bytes]:
+    """Up to REPUT_BATCH deliveries as one SEND_MESSAGES the write path stores as given."""
+    header = {"code": protocol.SEND_MESSAGES, "opaque": opaque, "compact": True, "_reput": True,
+              "messages": [item for item, _ in items]}
+    return header, b"".join([body for _, body in items])
+
+
+def delivered_statuses(header: dict, count: int) -> list[str]:
+    """Each delivery's status from the answer to a `delivery_request` (compact when all stored)."""
+    results = header.get("results")
+    if results is not None:
+        return [r.get("status", "SYSTEM_ERROR") for r in results]
+    return [header.get("status", "SYSTEM_ERROR")] * count
+
+
+def timer_due(raw: bytes | None) -> int | None:
+    """A stored timer message's TIMER_OUT_MS, None for anything else (a record gone, a value
+    the write path would never have stored)."""
+    record = decode(raw, check_crc=False) if raw else None
+    if not isinstance(record, Record) or record.topic != TIMER_TOPIC:
+        return None
+    text = record.properties.get(PROPERTY_TIMER_OUT_MS, "")
+    return int(text) if text.isdigit() else None
 
 
 def send_back_request(record: Record, header: dict, opaque: int, max_level: int) -> tuple[dict, bytes]:
@@ -227,6 +268,22 @@ class Schedule(Actor):
         self.waiting: dict[int, tuple] = {}  # opaque -> (level, offset) or ("back", client, arrival, opaque)
         self.next_persist = time.monotonic() + s.flushDelayOffsetInterval / 1000
         self.send_backs_done = self.dlq = 0
+        self.timers = self._open_timers(dispatched) if s.timerWheelEnable else None
+
+    def _open_timers(self, dispatched: int) -> TimerCore:
+        """The timer log and its wheel, from the checkpoint (`config/timerCheckpoint.json`)."""
+        self.timer_path = self.settings.root / "config" / "timerCheckpoint.json"
+        check = config_files.read(self.timer_path) or {}
+        log = TimerLog(self.settings.root / "timerlog")
+        log.open(int(check.get("logEnd", 0)))
+        core = TimerCore(log, int(check.get("deliveredMs", 0)), PERMANENT)
+        core.rebuild()
+        taken = log.entry(log.end - 1)[4] + 1 if log.end > log.start else 0  # the intact prefix's last
+        view = self.reader.queue(TIMER_TOPIC, 0, dispatched)
+        low = view.min_offset(self.reader.commitlog_min)
+        self.timer_offset = min(max(int(check.get("enqueueOffset", 0)), taken, low), view.max_offset)
+        self.next_timer_check = time.monotonic() + self.settings.timerFlushIntervalMs / 1000
+        return core
 
     def _view(self, level: int, dispatched: int):
         return self.reader.queue(SCHEDULE_TOPIC, level - 1, dispatched)
@@ -235,6 +292,9 @@ class Schedule(Actor):
         # asleep until a level is due to look again or an answer comes: an idle node's schedule
         # service wakes twice a second, not a hundred times (it shares the cores with the front)
         wait_ms = int((self.core.next_look() - time.monotonic()) * 1000) + 1
+        if self.timers is not None:  # new timer messages are looked for every TIMER_LOOK_MS
+            next_due = self.timers.next_due()
+            wait_ms = min(wait_ms, TIMER_LOOK_MS, next_due - time.time_ns() // 1_000_000 + 1 if next_due else wait_ms)
         events = wait_readable(self.poll_items, max(1, min(500, wait_ms)))
         now = time.monotonic()
         if self.answers in events:
@@ -244,9 +304,18 @@ class Schedule(Actor):
             for frames in incoming(self.send_backs, 256):
                 self._send_back(frames)
         dispatched = self.control.get("dispatched")
-        for level, offset, phy, size in self.core.due(now, time.time_ns() // 1_000_000,
-                                                      lambda n, at, count: self._entries(n, at, count, dispatched)):
-            self._reput(level, offset, phy, size)
+        due = self.core.due(now, time.time_ns() // 1_000_000, lambda n, at, count: self._entries(n, at, count, dispatched))
+        if due:
+            self._deliver([((level, offset), phy, size) for level, offset, phy, size in due])
+        if self.timers is not None:
+            self._take_timers(dispatched)
+            room = TIMER_IN_FLIGHT - (len(self.timers.firing.in_flight) if self.timers.firing else 0)
+            due = self.timers.due(time.time_ns() // 1_000_000, room)
+            if due:
+                self._deliver([((TIMER, index), phy, size) for index, phy, size in due])
+            if now >= self.next_timer_check:
+                self.next_timer_check = now + self.settings.timerFlushIntervalMs / 1000
+                self._timer_checkpoint()
         if now >= self.next_persist:
             self.next_persist = now + self.settings.flushDelayOffsetInterval / 1000
             self._persist()
@@ -265,32 +334,74 @@ class Schedule(Actor):
             offset += len(raw) // ENTRY_SIZE  # raw_entries stops at its file's end
         return out
 
-    def _reput(self, level: int, offset: int, phy: int, size: int) -> None:
-        raw = self.reader.record_bytes(phy, size)
-        record = decode(raw, check_crc=False) if raw else None
-        request = reput_request(record, self._next_opaque()) if isinstance(record, Record) else None
-        if request is None:
-            self.core.skip(level, offset)
-            return
-        header, body = request
-        self.waiting[header["opaque"]] = (level, offset)
+    def _take_timers(self, dispatched: int) -> None:
+        """Timer messages stored since the last look into the timer log, TIMER_TAKE at most."""
+        view = self.reader.queue(TIMER_TOPIC, 0, dispatched)
+        end = min(view.max_offset, self.timer_offset + TIMER_TAKE)
+        while self.timer_offset < end:
+            raw = view.queue.raw_entries(self.timer_offset, end - self.timer_offset, limit_offset=view.max_offset)
+            if not raw:
+                break
+            for i in range(len(raw) // ENTRY_SIZE):
+                phy, size, _ = store_reader._ENTRY.unpack_from(raw, i * ENTRY_SIZE)
+                due_ms = timer_due(self.reader.record_bytes(phy, size))
+                if due_ms is not None:
+                    self.timers.add(due_ms, phy, size, self.timer_offset)
+                self.timer_offset += 1
+
+    def _timer_checkpoint(self) -> None:
+        """The log flushed, then the checkpoint naming what the flush made durable; then the
+        files wholly delivered go."""
+        log_end = self.timers.log.flush()  # an fsync error propagates: the process stops, restart recovers
+        config_files.persist(self.timer_path, {"logEnd": log_end, "deliveredMs": self.timers.delivered_ms,
+                                               "enqueueOffset": self.timer_offset})
+        self.timers.log.delete_before(self.timers.delivered_ms)
+
+    def _deliver(self, due: list[tuple]) -> None:
+        """Re-put due entries, REPUT_BATCH to a request; `due` holds (key, phy, size), the key
+        telling `_answered` whose entry it was."""
+        items, keys = [], []
+        for key, phy, size in due:
+            raw = self.reader.record_bytes(phy, size)
+            record = decode(raw, check_crc=False) if raw else None
+            item = reput_item(record) if isinstance(record, Record) else None
+            if item is None:
+                self._done(key, "MESSAGE_ILLEGAL", 0.0)  # gone, or not for delivery: skipped
+                continue
+            items.append(item)
+            keys.append(key)
+            if len(items) == REPUT_BATCH:
+                self._put(items, keys)
+                items, keys = [], []
+        if items:
+            self._put(items, keys)
+
+    def _put(self, items: list[tuple[dict, bytes]], keys: list[tuple]) -> None:
+        header, body = delivery_request(items, self._next_opaque())
+        self.waiting[header["opaque"]] = keys
         send_frames(self.reputs, [REPUT_CLIENT, read_meta(time.monotonic_ns()), orjson.dumps(header), body])
+
+    def _done(self, key: tuple, status: str, now: float) -> None:
+        if key[0] == TIMER:
+            self.timers.stored(key[1], status, time.time_ns() // 1_000_000)
+        else:
+            self.core.stored(key[0], key[1], status, now)
 
     def _answered(self, frames: list[bytes], now: float) -> None:
         header = orjson.loads(frames[1])  # [client, header]: the front's own frames
         waiting = self.waiting.pop(header.get("opaque"), None)
         if waiting is None:
             return
-        if waiting[0] == "back":
-            _, client, arrival, opaque, dlq = waiting
-            status = "OK" if header.get("status") == "PUT_OK" else header.get("status", "SYSTEM_ERROR")
-            self.send_backs_done += status == "OK"
-            self.dlq += status == "OK" and dlq
-            reply = protocol.reply_header(opaque, status, header.get("remark", ""))
-            self.replies.send(pack_replies([(client, -arrival, orjson.dumps(reply))]))
+        if isinstance(waiting, list):  # a delivery request
+            for key, status in zip(waiting, delivered_statuses(header, len(waiting))):
+                self._done(key, status, now)
             return
-        level, offset = waiting
-        self.core.stored(level, offset, header.get("status", "SYSTEM_ERROR"), now)
+        _, client, arrival, opaque, dlq = waiting  # a send-back
+        status = "OK" if header.get("status") == "PUT_OK" else header.get("status", "SYSTEM_ERROR")
+        self.send_backs_done += status == "OK"
+        self.dlq += status == "OK" and dlq
+        reply = protocol.reply_header(opaque, status, header.get("remark", ""))
+        self.replies.send(pack_replies([(client, -arrival, orjson.dumps(reply))]))
 
     def _send_back(self, frames: list[bytes]) -> None:
         client, meta, header_raw, _ = frames  # the front's own frames, checked at the edge
@@ -322,16 +433,24 @@ class Schedule(Actor):
 
     def drain(self) -> None:
         self._persist()
+        if getattr(self, "timers", None) is not None:
+            self._timer_checkpoint()
 
     def statistics(self) -> dict:
         if not hasattr(self, "core"):
             return super().statistics()
         dispatched = self.control.get("dispatched")
         max_offsets = {n: self._view(n, dispatched).max_offset for n in self.core.levels}
-        return super().statistics() | {"levels": self.core.statistics(max_offsets), "sendBacks": self.send_backs_done,
-                                       "deadLetters": self.dlq, "waiting": len(self.waiting)}
+        out = super().statistics() | {"levels": self.core.statistics(max_offsets), "sendBacks": self.send_backs_done,
+                                      "deadLetters": self.dlq, "waiting": len(self.waiting)}
+        if getattr(self, "timers", None) is not None:
+            out["timers"] = self.timers.statistics(time.time_ns() // 1_000_000) | {
+                "takenTo": self.timer_offset, "queueMaxOffset": self.reader.queue(TIMER_TOPIC, 0, dispatched).max_offset}
+        return out
 
     def close(self) -> None:
+        if getattr(self, "timers", None) is not None:
+            self.timers.log.close()
         if hasattr(self, "reader"):
             self.reader.close()
         super().close()

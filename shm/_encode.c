@@ -118,7 +118,7 @@ static int item_int(PyObject *item, PyObject *key, long long lo, long long hi, l
 /* -- coalesced single sends ------------------------------------------------------------------- */
 
 static PyObject *s_topic, *s_queue_id, *s_body_size, *s_properties, *s_flag, *s_reconsume, *s_born_ts,
-    *s_refused, *s_delay, *s_wait, *s_false, *s_uniq_key;
+    *s_refused, *s_wait, *s_false, *s_uniq_key;
 
 /* The stored properties of one message, from its layout: literals (bytes) and property names
  * (str) alternating, literal first and last. 1 = written, 0 = take the general path, -1 = error. */
@@ -280,9 +280,6 @@ static int encode_one(PyObject *item, const char *body, Py_ssize_t body_len, Py_
         props = empty;
     if (!PyDict_CheckExact(props))
         return 0;
-    int delayed = PyDict_Contains(props, s_delay);
-    if (delayed != 0)
-        return delayed < 0 ? -1 : 0;
     if (*at + size > body_len)
         return 0;
     PyObject *layout = layout_of(memo, props, cluster, layout_fn);
@@ -447,9 +444,10 @@ static PyObject *encode_batch_v4(PyObject *self, PyObject *args) {
         for (int i = 0; i < own_len; i++)
             if (own[i] >= 0x80)
                 unusual = 1;
-        /* a message's own DELAY: the general path refuses the batch (a batch is never delayed) */
+        /* a message's own DELAY or TIMER_*: the general path refuses the batch (a batch is never delayed) */
         for (int i = 0; i + 6 <= own_len && !unusual; i++)
-            if (own[i] == 'D' && memcmp(own + i, "DELAY\x01", 6) == 0)
+            if ((own[i] == 'D' && memcmp(own + i, "DELAY\x01", 6) == 0)
+                || (own[i] == 'T' && memcmp(own + i, "TIMER_", 6) == 0))
                 unusual = 1;
         /* own properties, then the batch's after a 0x02 unless own is empty or ends with one */
         int sep = suffix_len && own_len && own[own_len - 1] != 2;
@@ -580,7 +578,7 @@ PyMODINIT_FUNC PyInit__encode(void) {
     if (!(s_topic = intern("topic")) || !(s_queue_id = intern("queueId")) || !(s_body_size = intern("bodySize"))
         || !(s_properties = intern("properties")) || !(s_flag = intern("flag"))
         || !(s_reconsume = intern("reconsumeTimes")) || !(s_born_ts = intern("bornTimestamp"))
-        || !(s_refused = intern("_refused")) || !(s_delay = intern("DELAY")) || !(s_wait = intern("WAIT"))
+        || !(s_refused = intern("_refused")) || !(s_wait = intern("WAIT"))
         || !(s_false = intern("false")) || !(s_uniq_key = intern("UNIQ_KEY")))
         return NULL;
     return PyModule_Create(&module);

@@ -89,6 +89,13 @@ PROPERTY_REAL_QID = "REAL_QID"
 PROPERTY_CLUSTER = "CLUSTER"
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+# RocketMQ 5's timer (arbitrary delays): what the client sets, and what the broker adds
+TIMER_TOPIC = "rmq_sys_wheel_timer"
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
+PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
+TIMER_PROPERTIES = (PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELIVER_MS)  # first found wins
 
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
@@ -679,15 +686,27 @@ def _topic_part(topic_raw: bytes) -> bytes:
 def _stored_names(names: tuple[str, ...], cluster: str) -> list[str] | None:
     """The names a coalesced send's properties are stored under, in Java HashMap order: WAIT
     dropped, CLUSTER added (its value is this node's), as the 4.9 broker stores them (§2.7).
-    None for names the one-pass encoders leave to the general path (empty, holding a separator,
-    DELAY)."""
-    if PROPERTY_DELAY in names or any(not name or "\x01" in name or "\x02" in name for name in names):
+    A delayed or timer send arrives with the names the write path added last (`SCHEDULED_TAILS`:
+    REAL_TOPIC, REAL_QID, and TIMER_OUT_MS before them), put after CLUSTER as the broker puts
+    them. None for names the one-pass encoders leave to the general path (empty, holding a
+    separator)."""
+    if any(not name or "\x01" in name or "\x02" in name for name in names):
         return None
+    tail: tuple[str, ...] = ()
+    if PROPERTY_DELAY in names or PROPERTY_TIMER_OUT_MS in names:
+        for candidate in SCHEDULED_TAILS:
+            if names[-len(candidate):] == candidate:
+                names, tail = names[:-len(candidate)], candidate
+                break
     stored = [name for name in names if name != PROPERTY_WAIT]
     if PROPERTY_CLUSTER not in stored:
         stored.append(PROPERTY_CLUSTER)
-    count = len(names) + (PROPERTY_CLUSTER not in names)  # a map of at most 12 keys has 16 buckets
-    return hashmap_order(stored, 16 if count <= 12 else hashmap_capacity(count))
+    # a map grows with each put and never shrinks: its most keys at once decide the buckets
+    count = max(len(names) + (PROPERTY_CLUSTER not in names), len(stored) + len(tail))
+    return hashmap_order(stored + list(tail), 16 if count <= 12 else hashmap_capacity(count))
+
+
+SCHEDULED_TAILS = ((PROPERTY_TIMER_OUT_MS, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID), (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID))
 
 
 @lru_cache(maxsize=1024)
@@ -736,7 +755,7 @@ def _literal(text: str) -> str:
 def encode_messages_v4_py(messages: list[dict], body: bytes, born: bytes, store_host: bytes, max_body: int,
                           cluster: str) -> tuple | None:
     """A SEND_MESSAGES request's messages (coalesced single sends) as records, for the common
-    case: IPv4 hosts, nothing refused by the front, no DELAY, properties an object of non-empty
+    case: IPv4 hosts, nothing refused by the front, properties an object of non-empty
     strings without separators, every limit kept. Returns (records, sizes, queue keys, topics,
     queue ids, uniq keys, whether any send waits for the flush), or None for the general path.
 
@@ -755,7 +774,7 @@ def encode_messages_v4_py(messages: list[dict], body: bytes, born: bytes, store_
             flag, reconsume, born_ts = item.get("flag", 0), item.get("reconsumeTimes", 0), item.get("bornTimestamp", 0)
             if (type(props) is not dict or type(queue_id) is not int or type(flag) is not int or type(size) is not int
                     or type(reconsume) is not int or type(born_ts) is not int or "_refused" in item
-                    or PROPERTY_DELAY in props or size > max_body):
+                    or size > max_body):
                 return None
             plan = _properties_plan(tuple(props), cluster)
             if plan is None or "\x02" in "".join(props.values()) or "" in props.values():  # TypeError: not a str
@@ -812,7 +831,7 @@ def encode_batch_v4_py(data: bytes, topic_raw: bytes, queue_id: int, born_timest
         if props_len < 0 or size != head_size + body_len + 2 + props_len or at + size > end:
             return None
         own = data[props_at + 2: props_at + 2 + props_len]
-        if not own.isascii() or b"DELAY\x01" in own:  # (a batch with DELAY: the general path refuses it)
+        if not own.isascii() or b"DELAY\x01" in own or b"TIMER_" in own:  # (the general path refuses a delay)
             return None
         props = own if not suffix else own + suffix if not own or own.endswith(b"\x02") else own + b"\x02" + suffix
         record_size = record_base + body_len + len(props)

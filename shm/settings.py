@@ -85,6 +85,10 @@ class Settings:
     checkCRCOnRecover: bool = _s(True, "Verify body CRCs during CommitLog recovery", LIMITS)
     messageDelayLevel: str = _s("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", "Delay levels 1..N", LIMITS)
     flushDelayOffsetInterval: int = _s(10000, "delayOffset.json persist period, ms", LIMITS)
+    timerWheelEnable: bool = _s(True, "Accept and deliver timer messages (TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS)", LIMITS)
+    timerPrecisionMs: int = _s(1000, "Timer precision, ms (10..1000); due times are rounded up to it", LIMITS)
+    timerMaxDelaySec: int = _s(259200, "Longest timer, s (3 days); a later one is refused MESSAGE_ILLEGAL", LIMITS)
+    timerFlushIntervalMs: int = _s(1000, "Timer log flush and checkpoint period, ms", LIMITS)
     enableScheduleMessageStats: bool = _s(True, "Count schedule deliveries in the broker stats", LIMITS)
     enableScheduleAsyncDeliver: bool = _s(False, "Async re-put of delayed messages", LIMITS)
     scheduleAsyncDeliverMaxPendingLimit: int = _s(2000, "Async pending limit per level", LIMITS)
@@ -344,7 +348,7 @@ def load(conf: str | Path | None = None, overrides: dict[str, object] | None = N
 # implement it (or why it has no meaning here).
 NOT_IMPLEMENTED = {
     **dict.fromkeys(["enableScheduleMessageStats", "enableScheduleAsyncDeliver",
-                     "scheduleAsyncDeliverMaxPendingLimit", "scheduleAsyncDeliverMaxResendNum2Blocked"], "delayed delivery is not built yet"),
+                     "scheduleAsyncDeliverMaxPendingLimit", "scheduleAsyncDeliverMaxResendNum2Blocked"], "the schedule service always re-puts asynchronously, in batches, with its own limits"),
     **dict.fromkeys(["brokerRole", "haListenPort", "haSendHeartbeatInterval", "haHousekeepingInterval",
                      "haTransferBatchSize", "haMasterAddress", "haSlaveFallbehindMax", "slaveTimeout",
                      "duplicationEnable", "offsetCheckInSlave"], "replication is not built yet"),
@@ -382,6 +386,10 @@ def validate(settings: Settings) -> None:
     if settings.enableConsumeQueueExt:
         raise SettingsError("enableConsumeQueueExt=true is not supported by mqnode")
     parse_delay_levels(settings.messageDelayLevel)
+    if not 10 <= settings.timerPrecisionMs <= 1000 or 1000 % settings.timerPrecisionMs:
+        raise SettingsError("timerPrecisionMs must be 10..1000 ms and divide a second (10, 20, 25, 50, 100, ..., 1000)")
+    if settings.timerMaxDelaySec < 1 or settings.timerFlushIntervalMs < 1:
+        raise SettingsError("timerMaxDelaySec and timerFlushIntervalMs must be >= 1")
     if not 0 <= settings.frontPinBelowCpu < 0.85:
         raise SettingsError("frontPinBelowCpu must be at least 0 and below 0.85 (0 = never pin)")
     if settings.cpuIdleLatencyUs < -1:

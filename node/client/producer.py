@@ -36,6 +36,8 @@ from shm.codec import (
     PROPERTY_DELAY,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
 )
@@ -80,6 +82,8 @@ class Message:
     delay_level: int = 0
     flag: int = 0
     wait: bool = True
+    deliver_at_ms: int | None = None  # a timer: deliver at this epoch ms (TIMER_DELIVER_MS)
+    delay_ms: int | None = None  # a timer: deliver this many ms after the send (TIMER_DELAY_MS)
 
     def wire_properties(self, uniq_key: str) -> dict[str, str]:
         props = dict(self.properties)
@@ -89,6 +93,10 @@ class Message:
             props[PROPERTY_KEYS] = self.keys if isinstance(self.keys, str) else " ".join(self.keys)
         if self.delay_level:
             props[PROPERTY_DELAY] = str(self.delay_level)
+        if self.deliver_at_ms is not None:
+            props[PROPERTY_TIMER_DELIVER_MS] = str(self.deliver_at_ms)
+        if self.delay_ms is not None:
+            props[PROPERTY_TIMER_DELAY_MS] = str(self.delay_ms)
         if not self.wait:
             props[PROPERTY_WAIT] = "false"
         props.setdefault(PROPERTY_UNIQ_KEY, uniq_key)
@@ -97,7 +105,8 @@ class Message:
     def wire_properties_string(self, uniq_key: str) -> str:
         """`wire_properties` as the properties string; a plain message (no tags, keys, user
         properties, delay or WAIT) skips the dict: batches are mostly such messages."""
-        if self.properties or self.tags or self.keys or self.delay_level or not self.wait:
+        if (self.properties or self.tags or self.keys or self.delay_level or not self.wait
+                or self.deliver_at_ms is not None or self.delay_ms is not None):
             return _props_string(self.wire_properties(uniq_key))
         return f"{PROPERTY_UNIQ_KEY}\x01{uniq_key}"
 
@@ -223,10 +232,14 @@ class AsyncProducer:
 
     async def send(self, topic: str, body: bytes | str, *, tags: str | None = None, keys=None,
                    properties: dict[str, str] | None = None, delay_level: int = 0, queue_id: int | None = None,
-                   shard_key: str | None = None, wait: bool = True) -> SendResult:
-        """Send one message; returns when the node has stored it (and flushed it, under SYNC_FLUSH)."""
-        if tags or keys or properties or delay_level or not wait:
-            message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait)
+                   shard_key: str | None = None, wait: bool = True, deliver_at_ms: int | None = None,
+                   delay_ms: int | None = None) -> SendResult:
+        """Send one message; returns when the node has stored it (and flushed it, under SYNC_FLUSH).
+        `delay_level` (RocketMQ 4's levels) or a timer, `deliver_at_ms` (epoch ms) or `delay_ms`,
+        holds it back until due (docs/protocol.md "Delays")."""
+        if tags or keys or properties or delay_level or not wait or deliver_at_ms is not None or delay_ms is not None:
+            message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait,
+                              deliver_at_ms=deliver_at_ms, delay_ms=delay_ms)
             return await self.send_message(message, queue_id=queue_id, shard_key=shard_key)
         # A plain message (most sends): no Message to build, its only property the uniq key.
         body = _bytes(body)
@@ -262,7 +275,8 @@ class AsyncProducer:
     async def send_oneway(self, topic: str, body: bytes | str, *, queue_id: int | None = None, **kwargs) -> None:
         """Fire and forget: no reply is sent or awaited."""
         message = Message(topic, _bytes(body), kwargs.get("tags"), kwargs.get("keys"),
-                          dict(kwargs.get("properties") or {}), kwargs.get("delay_level", 0))
+                          dict(kwargs.get("properties") or {}), kwargs.get("delay_level", 0),
+                          deliver_at_ms=kwargs.get("deliver_at_ms"), delay_ms=kwargs.get("delay_ms"))
         queue = await self._choose_queue(topic, queue_id, kwargs.get("shard_key"))
         header = {"code": protocol.SEND_MESSAGE, "oneway": True, "topic": topic, "queueId": queue,
                   "bornTimestamp": int(time.time() * 1000), "properties": message.wire_properties(self.keys.next())}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import struct
+import time
 from dataclasses import dataclass, field
 
 from node import protocol
@@ -24,9 +25,14 @@ from shm.codec import (
     PROPERTY_DELAY,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
     SCHEDULE_TOPIC,
+    TIMER_PROPERTIES,
+    TIMER_TOPIC,
     MessageIllegal,
     encode,
     encode_host,
@@ -70,8 +76,9 @@ class PendingSend:
 
 
 class SendEncoder:
-    def __init__(self, settings):
+    def __init__(self, settings, clock=time.time):
         self.settings = settings
+        self.clock = clock  # epoch seconds: a timer's TIMER_DELAY_* counts from it
         self.store_host = encode_host(*settings.store_address)
         self.cluster = settings.brokerClusterName
         self.delay_levels = len(settings.delay_levels_ms())
@@ -104,6 +111,8 @@ class SendEncoder:
         pending.oneway = bool(header.get("oneway", False))
         if code == protocol.SEND_MESSAGE and "_reput" in header:
             self._add_reput(pending, header, body, born, batch)
+        elif code == protocol.SEND_MESSAGES and header.get("_reput") is True:
+            self._add_reputs(pending, header, body, batch)
         elif code == protocol.SEND_MESSAGE:
             pending.wait = self._add_message(pending, header, body, born, batch)
         elif code == protocol.SEND_MESSAGES:
@@ -133,17 +142,38 @@ class SendEncoder:
         pending.queue_ids.append(queue_id)
         pending.uniq_keys.append(find_uniq_key(properties))
         pending.indices.append(-1)
+        if header.get("_refused"):  # by the front's topic table (a topic deleted since)
+            pending.refusals[index] = tuple(header["_refused"])
+            return
         try:
-            record = encode(topic=topic, body=body, queue_id=queue_id, flag=header.get("flag", 0),
-                            sys_flag=reput.get("sysFlag", 0), born_timestamp=header.get("bornTimestamp", 0),
-                            born_host=born, store_host=self.store_host, properties=properties,
-                            reconsume_times=header.get("reconsumeTimes", 0),
-                            max_message_size=self.settings.maxMessageSize)
+            if len(born) == 8 and len(self.store_host) == 8:
+                record = encode_v4(topic_bytes(topic), body, queue_id, header.get("flag", 0), reput.get("sysFlag", 0),
+                                   header.get("bornTimestamp", 0), born, self.store_host, properties.encode(),
+                                   header.get("reconsumeTimes", 0), self.settings.maxMessageSize)
+            else:
+                record = encode(topic=topic, body=body, queue_id=queue_id, flag=header.get("flag", 0),
+                                sys_flag=reput.get("sysFlag", 0), born_timestamp=header.get("bornTimestamp", 0),
+                                born_host=born, store_host=self.store_host, properties=properties,
+                                reconsume_times=header.get("reconsumeTimes", 0),
+                                max_message_size=self.settings.maxMessageSize)
         except MessageIllegal as e:
             pending.refusals[index] = (e.status, e.remark)
             return
         pending.indices[index] = len(batch)
         self._add(batch, record, topic, queue_id, born)
+
+    def _add_reputs(self, pending, header, body, batch) -> None:
+        """The schedule service's deliveries, many to a request (`_reput: true` on a
+        SEND_MESSAGES): each message a `_reput` re-put with its own born host. One request per
+        few hundred deliveries is what lets a level's backlog go out at tens of thousands a
+        second; none waits for the flush."""
+        pending.compact = header.get("compact") is True
+        at = 0
+        for item in header["messages"]:
+            size = item["bodySize"]
+            self._add_reput(pending, item, body[at: at + size], self.born_host(item.get("bornHost")), batch)
+            at += size
+        pending.wait = False
 
     def _add_messages(self, pending, header, body, born, batch) -> None:
         messages = header.get("messages")
@@ -171,11 +201,19 @@ class SendEncoder:
         """`_add_messages` in one pass for the common case (`shm.codec.encode_messages_v4`), in C where it
         was built. False leaves `pending` and `batch` untouched for the general path, which
         names whatever is wrong."""
+        asked = None
+        if any(type(m) is dict and type(m.get("properties")) is dict and not _SPECIAL.isdisjoint(m["properties"])
+               for m in messages):
+            asked, messages = messages, self._scheduled_items(messages)
+            if messages is None:
+                return False
         encoded = self._messages_v4(messages, body, born, self.store_host, self.settings.maxMessageSize,
                                     self.cluster)
         if encoded is None:
             return False
         records, sizes, queue_keys, topics, queue_ids, uniq_keys, waits = encoded
+        if asked is not None:  # a delayed send is answered with the topic and queue it asked for
+            topics, queue_ids = [m["topic"] for m in asked], [m["queueId"] for m in asked]
         first = len(batch)
         batch.add_many_v4(records, sizes, queue_keys)
         pending.wait = waits
@@ -207,7 +245,7 @@ class SendEncoder:
             properties[PROPERTY_CLUSTER] = self.cluster
             properties.pop(PROPERTY_WAIT, None)
             pending.uniq_keys[index] = properties.get(PROPERTY_UNIQ_KEY)
-            if PROPERTY_DELAY in properties:
+            if not _SCHEDULING.isdisjoint(properties):
                 topic, queue_id, capacity = self._delay(properties, topic, queue_id, capacity)
             flag, reconsume_times = header.get("flag", 0), header.get("reconsumeTimes", 0)
             if type(flag) is not int or type(reconsume_times) is not int:  # ints beyond int32: struct.error
@@ -249,19 +287,91 @@ class SendEncoder:
             batch.add(record, topic)
 
     def _delay(self, properties: dict, topic: str, queue_id: int, capacity: int) -> tuple[str, int, int]:
+        """The general path's `scheduled`, with the map's bucket count it leaves."""
+        topic, queue_id = self.scheduled(properties, topic, queue_id)
+        return topic, queue_id, max(capacity, hashmap_capacity(len(properties)))
+
+    def scheduled(self, properties: dict, topic: str, queue_id: int) -> tuple[str, int]:
+        """Where a send with a delay is stored (docs/protocol.md "Delays"), `properties` changed
+        as the broker changes them; (topic, queue_id) unchanged for a send without one.
+
+        A delay level n > 0 (RocketMQ 4's): SCHEDULE_TOPIC_XXXX queue n-1, a level above the
+        last clamped to it (DELAY rewritten, as setDelayTimeLevel does), REAL_TOPIC and REAL_QID
+        added; timer properties beside it are dropped (RocketMQ 5: the level wins). A timer
+        (TIMER_DELAY_SEC, TIMER_DELAY_MS or TIMER_DELIVER_MS, first found wins): due in the
+        future, it goes to the timer topic with TIMER_OUT_MS (the due time rounded up to
+        `timerPrecisionMs`, so never early), REAL_TOPIC and REAL_QID; due now or before, it is
+        stored as a plain message. Raises MessageIllegal for a value that is not an integer or a
+        timer beyond `timerMaxDelaySec`."""
         level_text = properties.get(PROPERTY_DELAY)
-        if level_text is None:
-            return topic, queue_id, capacity
-        try:
-            level = int(level_text)
-        except ValueError:
-            raise MessageIllegal("MESSAGE_ILLEGAL", f"DELAY must be an integer level, not {level_text!r}") from None
-        if level <= 0:
-            return topic, queue_id, capacity
-        level = min(level, self.delay_levels)
+        level = 0
+        if level_text is not None:
+            try:
+                level = int(level_text)
+            except ValueError:
+                raise MessageIllegal("MESSAGE_ILLEGAL", f"DELAY must be an integer level, not {level_text!r}") from None
+        if level > 0:
+            for name in TIMER_PROPERTIES:
+                properties.pop(name, None)
+            if level > self.delay_levels:
+                level = self.delay_levels
+                properties[PROPERTY_DELAY] = str(level)
+            properties[PROPERTY_REAL_TOPIC] = topic
+            properties[PROPERTY_REAL_QID] = str(queue_id)
+            return SCHEDULE_TOPIC, level - 1
+        due_ms = self._timer_due(properties)
+        if due_ms is None:
+            return topic, queue_id
+        precision = self.settings.timerPrecisionMs
+        properties[PROPERTY_TIMER_OUT_MS] = str(-(-due_ms // precision) * precision)
         properties[PROPERTY_REAL_TOPIC] = topic
         properties[PROPERTY_REAL_QID] = str(queue_id)
-        return SCHEDULE_TOPIC, level - 1, max(capacity, hashmap_capacity(len(properties)))
+        return TIMER_TOPIC, 0
+
+    def _timer_due(self, properties: dict) -> int | None:
+        """A timer's due time (epoch ms) if it is one and still ahead, else None."""
+        for name in TIMER_PROPERTIES:
+            text = properties.get(name)
+            if text is not None:
+                break
+        else:
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            raise MessageIllegal("MESSAGE_ILLEGAL", f"{name} must be an integer, not {text!r}") from None
+        now_ms = int(self.clock() * 1000)
+        due_ms = value if name == PROPERTY_TIMER_DELIVER_MS else now_ms + value * (1000 if name == PROPERTY_TIMER_DELAY_SEC else 1)
+        if due_ms <= now_ms:
+            return None
+        if not self.settings.timerWheelEnable:
+            raise MessageIllegal("MESSAGE_ILLEGAL", "timer messages are off on this node (timerWheelEnable = false)")
+        if due_ms - now_ms > self.settings.timerMaxDelaySec * 1000:
+            raise MessageIllegal("MESSAGE_ILLEGAL", f"{name}={text} is {due_ms - now_ms} ms ahead, beyond "
+                                                   f"timerMaxDelaySec ({self.settings.timerMaxDelaySec} s)")
+        return due_ms
+
+    def _scheduled_items(self, messages: list[dict]) -> list[dict] | None:
+        """SEND_MESSAGES' messages with each delayed or timer send moved where `scheduled` says
+        (copies; the client's dicts stay as sent), for the one-pass encoders; None when one
+        needs the general path to name what is wrong (or holds a name the write path adds)."""
+        out = []
+        for item in messages:
+            props = item.get("properties")
+            if type(props) is not dict or _SPECIAL.isdisjoint(props):
+                out.append(item)
+                continue
+            topic, queue_id = item.get("topic"), item.get("queueId")
+            if (not _ADDED.isdisjoint(props) or type(topic) is not str or type(queue_id) is not int
+                    or not all(type(v) is str for v in props.values())):
+                return None
+            props = dict(props)
+            try:
+                topic, queue_id = self.scheduled(props, topic, queue_id)
+            except MessageIllegal:
+                return None
+            out.append({**item, "topic": topic, "queueId": queue_id, "properties": props})
+        return out
 
     def _add_batch(self, pending, header, body, born, batch) -> None:
         """SEND_BATCH_MESSAGE: inner messages keep their own properties bytes, then the batch's
@@ -277,9 +387,10 @@ class SendEncoder:
             refused, batch_props = refused or (e.status, e.remark), {}
         if batch_props.get(PROPERTY_WAIT) == "false":
             pending.wait = False
-        if refused is None and (PROPERTY_DELAY in batch_props
-                                or any(PROPERTY_DELAY in parse_properties(props) for _, _, props in inner)):
-            refused = ("MESSAGE_ILLEGAL", "a batch may not carry a DELAY level (in its header or in a message)")
+        if refused is None and (not _SCHEDULING.isdisjoint(batch_props)
+                                or any(not _SCHEDULING.isdisjoint(parse_properties(props)) for _, _, props in inner)):
+            refused = ("MESSAGE_ILLEGAL", "a batch may carry neither a DELAY level nor a timer (TIMER_*), "
+                                          "in its header or in a message")
         batch_props[PROPERTY_CLUSTER] = self.cluster
         suffix = properties_string(batch_props)
         born_timestamp = 0
@@ -325,7 +436,7 @@ class SendEncoder:
             born_timestamp = _int(header.get("bornTimestamp", 0), "bornTimestamp")
         except MessageIllegal:
             return False
-        if PROPERTY_DELAY in batch_props:  # (refused by the general path; a message's own DELAY too)
+        if not _SCHEDULING.isdisjoint(batch_props):  # (refused by the general path; a message's own too)
             return False
         wait = batch_props.get(PROPERTY_WAIT) != "false"
         batch_props[PROPERTY_CLUSTER] = self.cluster
@@ -344,6 +455,12 @@ class SendEncoder:
         pending.indices += range(first, first + n)
         pending.uniq_keys += uniq_keys
         return True
+
+
+# names that make a send delayed, and the names the write path then adds (a client's own go the general path)
+_SCHEDULING = frozenset((PROPERTY_DELAY, *TIMER_PROPERTIES))
+_ADDED = frozenset((PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, PROPERTY_TIMER_OUT_MS))
+_SPECIAL = _SCHEDULING | _ADDED
 
 
 class _BatchRefused(Exception):

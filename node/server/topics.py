@@ -18,7 +18,7 @@ _TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 # RocketMQ's system topics: stored by the broker itself, never sent to by clients.
 SYSTEM_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
                            "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC",
-                           "OFFSET_MOVED_EVENT", "TBW102"})
+                           "OFFSET_MOVED_EVENT", "TBW102", "rmq_sys_wheel_timer"})
 SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
 PERM_READ, PERM_WRITE = 4, 2
 

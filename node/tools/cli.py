@@ -130,7 +130,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
     out = sys.stdout
     with Producer(args.endpoint, timeout=args.timeout) as producer:
         def message(body: bytes) -> Message:
-            return Message(args.topic, body, args.tags, keys, dict(properties), args.delay_level)
+            return Message(args.topic, body, args.tags, keys, dict(properties), args.delay_level,
+                           deliver_at_ms=args.deliver_at, delay_ms=args.delay_ms)
 
         def report(outcome) -> None:
             nonlocal failed
@@ -274,7 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--tags")
     produce.add_argument("--keys", help='space-separated keys, e.g. "k1 k2"')
     produce.add_argument("--property", action="append", default=[], metavar="KEY=VALUE", help="a user property (repeatable)")
-    produce.add_argument("--delay-level", type=int, default=0)
+    produce.add_argument("--delay-level", type=int, default=0, help="RocketMQ delay level (1..18 by default)")
+    timer = produce.add_mutually_exclusive_group()
+    timer.add_argument("--deliver-at", type=int, metavar="MS", help="a timer: deliver at this epoch time in ms")
+    timer.add_argument("--delay-ms", type=int, metavar="N", help="a timer: deliver N ms after sending")
     produce.add_argument("--queue", type=int, help="queue id (default: round-robin)")
     produce.add_argument("--batch", type=int, default=0, help="send N lines at a time as one batch (one queue)")
     produce.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each reply")

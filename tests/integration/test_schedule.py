@@ -109,3 +109,114 @@ def test_send_backs_retry_then_dead_letter(node):
         consumer.send_back(again, "workers", max_reconsume_times=2)  # the retries are used up
         (dead,) = _wait_for(consumer, "%DLQ%workers", 0, 1)
         assert (dead.body, dead.reconsume_times, dead.properties["RETRY_TOPIC"]) == (b"job", 3, "Work")
+
+
+# -- timers (RocketMQ 5's arbitrary delays) ---------------------------------------------------------
+
+
+@pytest.fixture
+def timer_node(tmp_path):
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), timerPrecisionMs=100,
+                             timerMaxDelaySec=3600, timerFlushIntervalMs=200)
+    process = NodeProcess(settings, tmp_path / "node.log").start()
+    yield process
+    process.stop(strict=False)
+
+
+def _drain(consumer, topic: str, count: int, timeout: float = 20.0) -> list:
+    return _wait_for(consumer, topic, 0, count, timeout)
+
+
+def test_timers_arrive_at_their_time_never_early_with_rocketmq5s_fields(timer_node):
+    import subprocess
+    import sys
+
+    from nodes import ROOT
+
+    began = int(time.time() * 1000)
+    with Producer(timer_node.endpoint) as producer:
+        sent = {producer.send("Timed", f"t-{i}".encode(), delay_ms=300 + 100 * i, queue_id=0).msg_id: began + 300 + 100 * i
+                for i in range(20)}
+        at = began + 1500
+        sent[producer.send("Timed", b"at", deliver_at_ms=at, queue_id=0).msg_id] = at
+        sent[producer.send("Timed", b"sec", properties={"TIMER_DELAY_SEC": "1"}, queue_id=0).msg_id] = began + 1000
+        assert producer.send("Timed", b"past", deliver_at_ms=began - 10, queue_id=0).topic == "Timed"  # stored now
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "produce", "--endpoint", timer_node.endpoint,
+                           "--topic", "Timed", "--queue", "0", "--delay-ms", "700"], input="cli\n", cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and orjson.loads(done.stdout)["status"] == "PUT_OK", done.stdout + done.stderr
+    with PullConsumer(timer_node.endpoint) as consumer:
+        found = _drain(consumer, "Timed", 24)
+    assert found[0].body == b"past"  # due already: a plain message, at once
+    timed = [m for m in found if m.body not in (b"past", b"cli")]
+    assert len(timed) == 22 and {m.msg_id for m in timed} == set(sent)  # each once
+    for m in timed:
+        out_ms = int(m.properties["TIMER_OUT_MS"])
+        assert out_ms % 100 == 0 and sent[m.msg_id] <= out_ms < sent[m.msg_id] + 100 + 50  # rounded up, never down
+        assert m.store_timestamp >= out_ms  # never early
+        assert "REAL_TOPIC" not in m.properties and "REAL_QID" not in m.properties  # RocketMQ 5 clears them
+    (cli,) = [m for m in found if m.body == b"cli"]
+    assert cli.properties["TIMER_DELAY_MS"] == "700" and cli.store_timestamp >= int(cli.properties["TIMER_OUT_MS"])
+
+
+def test_a_timer_at_the_far_edge_is_taken_and_one_past_it_refused(timer_node):
+    from node.client.producer import Message, SendError
+
+    now = int(time.time() * 1000)
+    with Producer(timer_node.endpoint) as producer:
+        edge = producer.send("Far", b"edge", delay_ms=3600 * 1000 - 5000, queue_id=0)
+        assert edge.status == "PUT_OK"
+        with pytest.raises(SendError, match="MESSAGE_ILLEGAL.*timerMaxDelaySec"):
+            producer.send("Far", b"beyond", deliver_at_ms=now + 3600 * 1000 + 5000, queue_id=0)
+        with pytest.raises(SendError, match="MESSAGE_ILLEGAL.*TIMER_DELAY_MS must be an integer"):
+            producer.send("Far", b"bad", properties={"TIMER_DELAY_MS": "soon"}, queue_id=0)
+        with pytest.raises(SendError, match="MESSAGE_ILLEGAL.*neither a DELAY level nor a timer"):
+            producer.send_batch("Far", [Message("Far", b"b", delay_ms=1000)], queue_id=0)
+    deadline = time.monotonic() + 10
+    while True:  # the edge timer is pending, on disk, not delivered
+        timers = orjson.loads(_admin_stats(timer_node))["actors"]["schedule"]["timers"]
+        if timers["pending"] == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert (timers["pending"], timers["delivered"]) == (1, 0)
+    with PullConsumer(timer_node.endpoint) as consumer:
+        assert consumer.pull("Far", 0, 0).messages == []
+
+
+def test_kill_9_of_the_schedule_process_mid_delivery_loses_no_timer(timer_node):
+    body = [f"k-{i}".encode() for i in range(3000)]
+    with Producer(timer_node.endpoint) as producer:
+        due = int(time.time() * 1000) + 1500
+        for i in range(0, 3000, 100):
+            for b in body[i:i + 100]:
+                producer.send("Killed", b, deliver_at_ms=due + i, queue_id=0)
+    with PullConsumer(timer_node.endpoint) as consumer:
+        first = _drain(consumer, "Killed", 1)
+        assert first, "nothing was delivered"
+        timer_node.actor_process("schedule").kill()  # kill -9 while its slots go out
+        found = _drain(consumer, "Killed", 3000, timeout=60)
+        while True:  # duplicates may follow: read until the queue stays quiet
+            more = consumer.pull("Killed", 0, len(found), suspend_ms=1500).messages
+            if not more:
+                break
+            found += more
+    assert {m.body for m in found} == set(body)  # none lost (some may come twice)
+    assert all(m.store_timestamp >= int(m.properties["TIMER_OUT_MS"]) for m in found)
+
+
+def test_timers_survive_a_kill_9_of_every_process(tmp_path):
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), timerPrecisionMs=100)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    try:
+        with Producer(node.endpoint) as producer:
+            for i in range(10):
+                producer.send("Later", f"l-{i}".encode(), delay_ms=4000, queue_id=0)
+        time.sleep(1.5)  # taken into the timer log (and maybe checkpointed)
+        node.kill_all()  # kill -9, before any is due
+        node = NodeProcess(settings, tmp_path / "node.log").start()
+        with PullConsumer(node.endpoint) as consumer:
+            delivered = _wait_for(consumer, "Later", 0, 10, timeout=20)
+            assert consumer.pull("Later", 0, 10, suspend_ms=1000).messages == []
+        assert sorted(m.body for m in delivered) == sorted(f"l-{i}".encode() for i in range(10))
+    finally:
+        node.stop(strict=False)

@@ -296,7 +296,12 @@ def _fast_path_matches_general_path(fast_method: str, header: dict, body: bytes,
 
 _GOOD_PROPS = [None, {}, {"TAGS": "a"}, {"WAIT": "false"}, {"WAIT": "true", "TAGS": "t"}, {"é": "ü"},
                {"UNIQ_KEY": "u1", "KEYS": "k1 k2"}, {"CLUSTER": "mine"}, {"KEYS": "k", "p7": "v"}, {f"p{i}": "v" for i in range(7)},
-               {f"p{i}": "v" for i in range(14)}]
+               {f"p{i}": "v" for i in range(14)},
+               # delays: moved by the write path, the names it adds in the broker's order
+               {"DELAY": "2"}, {"DELAY": "0", "TAGS": "a"}, {"DELAY": "99", "WAIT": "false"},
+               {f"p{i}": "v" for i in range(10)} | {"DELAY": "1"}, {"TIMER_DELAY_SEC": "30"},
+               {"KEYS": "k", "TIMER_DELIVER_MS": "1700000005001"}, {"TIMER_DELAY_MS": "-5"},
+               {"DELAY": "3", "TIMER_DELAY_MS": "100"}, {"WAIT": "true", "TIMER_DELAY_MS": "2500"}]
 _GOOD_ENTRY = st.fixed_dictionaries(
     {"topic": st.sampled_from(["Ta", "Tb", "é"]), "queueId": st.sampled_from([0, 3]), "body": st.binary(max_size=30),
      "properties": st.sampled_from(_GOOD_PROPS)},
@@ -305,7 +310,9 @@ _GOOD_ENTRY = st.fixed_dictionaries(
 _SPOILERS = [  # each spoils a request for the fast path in its own way
     {"_refused": ["MESSAGE_ILLEGAL", "refused by the front"]}, {"body": bytes(31)},
     {"queueId": 2**31}, {"queueId": True}, {"flag": 2**31}, {"flag": "x"}, {"reconsumeTimes": 2**31},
-    {"bornTimestamp": 2**63}, {"bornTimestamp": False}, {"properties": {"DELAY": "2"}},
+    {"bornTimestamp": 2**63}, {"bornTimestamp": False}, {"properties": {"DELAY": "x"}},
+    {"properties": {"TIMER_DELAY_MS": "soon"}}, {"properties": {"REAL_TOPIC": "x", "DELAY": "1"}},
+    {"properties": {"TIMER_DELAY_SEC": str(10**7)}}, {"properties": {"TIMER_OUT_MS": "5"}},
     {"properties": {"": "x"}}, {"properties": {"a": ""}}, {"properties": {"a\x01": "b"}},
     {"properties": {"a": "b\x02"}}, {"properties": {"n": 5}}, {"properties": {"big": "x" * 32800}}, {"properties": "TAGS\x01x"}, {"properties": ""},
     {"properties": []}]
@@ -382,7 +389,7 @@ def test_the_compact_reply_gives_each_send_what_the_full_reply_gives(refused_at)
 
 
 def _encoder(encoder_class, settings, one_pass: str) -> SendEncoder:
-    encoder = encoder_class(settings)
+    encoder = encoder_class(settings, clock=lambda: 1_700_000_000.0)  # timers count from a fixed now
     if one_pass == "c" and os.environ.get("MQNODE_NATIVE") == "0":
         pytest.skip("MQNODE_NATIVE=0: the C encoder is switched off")
     if one_pass == "python":

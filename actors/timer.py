@@ -1,0 +1,183 @@
+"""Timer messages (RocketMQ 5's arbitrary delays): the wheel over the timer log. No I/O.
+
+A send with TIMER_DELIVER_MS, TIMER_DELAY_SEC or TIMER_DELAY_MS due in the future is stored in
+`rmq_sys_wheel_timer` queue 0 with TIMER_OUT_MS, its due time rounded up to `timerPrecisionMs`
+(node.server.sendcore). The schedule service takes each such message in (`add`): one timer
+log entry (shm.timer_log), hung under its slot. The wheel maps a slot (the due time in ms) to
+its newest entry and count; entries of a slot chain back through `prev`. It lives in memory as
+an index of the log, rebuilt from the log at start (`rebuild`): a million pending timers cost the
+log's 48 bytes each on disk and one dict item a slot in memory.
+
+Slots fire in time order, one at a time (`due`): a slot's entries are handed out for re-put
+(newest first, up to the room given) and the next slot starts once every one is stored. Then the
+slot is `delivered_ms`, persisted by the shell's checkpoint: after a restart or a kill -9, every
+entry hanging under a later slot is pending again, so a timer may be delivered twice across a
+crash, never lost, never early.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from shm.timer_log import TimerLog
+
+RETRY_MS = 100  # a re-put that was not stored goes again after this
+_COUNT_BITS = 32
+
+
+@dataclass
+class _Firing:
+    """The slot being delivered."""
+
+    link_ms: int
+    cursor: int  # the next entry of the chain to hand out (-1: all handed out)
+    left: int  # entries of the slot not handed out yet
+    in_flight: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # index -> (phy, size, due_ms)
+    retry: list[int] = field(default_factory=list)
+    retry_at: int = 0
+
+
+class TimerCore:
+    """`add` takes a stored timer message in, `due(now_ms, room)` hands out (index, phy, size)
+    to re-put, `stored(index, status, now_ms)` takes their answers."""
+
+    def __init__(self, log: TimerLog, delivered_ms: int, permanent: frozenset[str]):
+        self.log = log
+        self.delivered_ms = delivered_ms  # every slot up to this is delivered
+        self.permanent = permanent  # statuses a re-put is never tried again for
+        self.wheel: dict[int, int] = {}  # slot ms -> newest entry << 32 | count
+        self.slots: list[int] = []  # heap of the wheel's slots
+        self.firing: _Firing | None = None
+        self.pending = 0
+        self.delivered = self.dropped = self.late_adds = 0
+        self.lateness: deque[int] = deque(maxlen=1024)  # ms past due of the last deliveries
+        self.dirty = False
+
+    def rebuild(self) -> None:
+        """The wheel from the log's entries under slots after `delivered_ms`."""
+        import numpy as np
+
+        newest: dict[int, int] = {}
+        counts: dict[int, int] = {}
+        for first, records in self.log.scan():
+            links = records["link"]
+            live = np.nonzero(links > self.delivered_ms)[0]
+            if not len(live):
+                continue
+            slots, last_at, count = _group(links[live])
+            for slot, at, n in zip(slots.tolist(), last_at.tolist(), count.tolist()):
+                newest[slot] = first + int(live[at])
+                counts[slot] = counts.get(slot, 0) + n
+        self.wheel = {slot: newest[slot] << _COUNT_BITS | counts[slot] for slot in newest}
+        self.slots = list(self.wheel)
+        heapq.heapify(self.slots)
+        self.pending = sum(counts.values())
+        self.log.note_links()
+
+    # -- in ------------------------------------------------------------------------------------------
+
+    def add(self, due_ms: int, phy: int, size: int, cq: int) -> None:
+        """A timer message taken in: hung under its due slot, or under the first slot still to
+        fire when that one is past (a message taken in late, or after a restart)."""
+        floor = self.firing.link_ms if self.firing else self.delivered_ms
+        link = due_ms if due_ms > floor else floor + 1
+        self.late_adds += link != due_ms
+        packed = self.wheel.get(link)
+        prev, count = (packed >> _COUNT_BITS, packed & ((1 << _COUNT_BITS) - 1)) if packed is not None else (-1, 0)
+        index = self.log.append(link, due_ms, phy, prev, cq, size)
+        if packed is None:
+            heapq.heappush(self.slots, link)
+        self.wheel[link] = index << _COUNT_BITS | (count + 1)
+        self.pending += 1
+
+    # -- out -----------------------------------------------------------------------------------------
+
+    def due(self, now_ms: int, room: int) -> list[tuple[int, int, int]]:
+        """(log index, phy, size) of entries to re-put now, at most `room`."""
+        out: list[tuple[int, int, int]] = []
+        for _ in range(len(self.slots) + 1):  # each pass finishes a slot or stops
+            firing = self.firing
+            if firing is None:
+                if not self.slots or self.slots[0] > now_ms:
+                    break
+                firing = self.firing = self._fire(heapq.heappop(self.slots))
+            if firing.retry and now_ms >= firing.retry_at:
+                while firing.retry and len(out) < room:
+                    index = firing.retry.pop()
+                    out.append((index, *firing.in_flight[index][:2]))
+            while firing.cursor >= 0 and len(out) < room:
+                link, due_ms, phy, prev, _, size = self.log.entry(firing.cursor)
+                assert link == firing.link_ms, f"timer log entry {firing.cursor} hangs under {link}, not {firing.link_ms}"
+                firing.in_flight[firing.cursor] = (phy, size, due_ms)
+                out.append((firing.cursor, phy, size))
+                firing.cursor, firing.left = prev, firing.left - 1
+            if firing.cursor >= 0 or firing.in_flight:
+                break  # room used up, or answers awaited: the next slot waits for this one
+            self._finish(firing)
+        return out
+
+    def _fire(self, link_ms: int) -> _Firing:
+        packed = self.wheel.pop(link_ms)
+        return _Firing(link_ms, packed >> _COUNT_BITS, packed & ((1 << _COUNT_BITS) - 1))
+
+    def _finish(self, firing: _Firing) -> None:
+        assert firing.left == 0, f"slot {firing.link_ms}: its chain ended {firing.left} entries short of its count"
+        self.delivered_ms = firing.link_ms
+        self.firing = None
+        self.dirty = True
+
+    def stored(self, index: int, status: str, now_ms: int) -> None:
+        """The answer to a re-put: stored, given up (a permanent refusal), or to be tried again."""
+        firing = self.firing
+        if firing is None or index not in firing.in_flight:
+            return
+        if status != "PUT_OK" and status not in self.permanent:
+            firing.retry.append(index)
+            firing.retry_at = now_ms + RETRY_MS
+            return
+        _, _, due_ms = firing.in_flight.pop(index)
+        self.pending -= 1
+        if status == "PUT_OK":
+            self.delivered += 1
+            self.lateness.append(now_ms - due_ms)
+        else:
+            self.dropped += 1
+        if firing.cursor < 0 and not firing.in_flight:
+            self._finish(firing)
+
+    def skip(self, index: int, now_ms: int) -> None:
+        """An entry with nothing to deliver (its record gone, or not a timer message)."""
+        self.stored(index, "MESSAGE_ILLEGAL", now_ms)
+
+    def next_due(self) -> int | None:
+        """The epoch ms the next slot fires, None when there is none (or one is firing)."""
+        if self.firing is not None:  # (its answers wake the shell; a retry is due at its time)
+            return self.firing.retry_at if self.firing.retry else None
+        return self.slots[0] if self.slots else None
+
+    def statistics(self, now_ms: int) -> dict:
+        firing = self.firing
+        due_now = sum(self.wheel[slot] & ((1 << _COUNT_BITS) - 1) for slot in self.slots if slot <= now_ms)
+        if firing is not None:
+            due_now += firing.left + len(firing.in_flight)
+        recent = sorted(self.lateness)
+        return {"pending": self.pending, "dueUndelivered": due_now, "delivered": self.delivered,
+                "dropped": self.dropped, "slots": len(self.wheel), "deliveredTo": self.delivered_ms,
+                "lateAdds": self.late_adds,
+                "latenessMillis": {"last": recent and self.lateness[-1], "p50": recent and recent[len(recent) // 2],
+                                   "p99": recent and recent[len(recent) * 99 // 100], "max": recent and recent[-1]},
+                "log": self.log.statistics()}
+
+
+def _group(links):
+    """Per distinct value of `links`: the value, the position of its last occurrence, its count."""
+    import numpy as np
+
+    order = np.argsort(links, kind="stable")
+    ordered = links[order]
+    boundaries = np.flatnonzero(np.diff(ordered)) + 1
+    starts = np.concatenate(([0], boundaries))
+    ends = np.concatenate((boundaries, [len(ordered)]))
+    return ordered[starts].astype(np.int64), order[ends - 1], ends - starts

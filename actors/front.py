@@ -371,8 +371,9 @@ class Front(Actor):
             problem = self._check_one(request.header["topic"], request.header["queueId"])
             return {"0": problem} if problem else {}
         refusals = {}
+        own = request.header.get("_reput") is True  # the schedule service's, built from stored records
         for i, message in enumerate(request.header["messages"]):
-            remark = edge.send_problem(message)
+            remark = None if own else edge.send_problem(message)
             problem = ("MESSAGE_ILLEGAL", remark) if remark else self._check_one(message["topic"], message["queueId"])
             if problem:
                 refusals[str(i)] = problem

@@ -37,6 +37,10 @@ from node.client.frames import send_frames
 from node.server import config_files
 from shm import reader as store_reader
 from shm.codec import (
+    FIXED_BODY_LEN,
+    FIXED_BORN_HOST,
+    FIXED_BORN_TS,
+    FIXED_RECONSUME,
     PROPERTY_DELAY,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
@@ -45,8 +49,11 @@ from shm.codec import (
     TIMER_TOPIC,
     Record,
     decode,
+    decode_host,
     decode_msg_id,
+    parse_properties,
     properties_string,
+    walk_v4,
 )
 from shm.consume_queue import ENTRY_SIZE, FILLER_SIZE
 from shm.javacompat import hashmap_capacity
@@ -164,6 +171,38 @@ class ScheduleCore:
                          "delivered": level.delivered, "dropped": level.dropped, "inFlight": len(level.in_flight),
                          "readTo": level.read_to}
                 for n, level in self.levels.items()}
+
+
+_born_hosts: dict[bytes, str] = {}  # a record's 8 born-host bytes -> "ip:port" (few hosts, many records)
+
+
+def reput_item_raw(raw: bytes) -> tuple[dict, bytes] | None | bool:
+    """`reput_item` of a stored record's bytes, read without decoding the whole record (the
+    common IPv4 record); False for one `reput_item` must read through `decode`."""
+    walked = walk_v4(raw, 0, len(raw))
+    if walked is None:
+        return False
+    fixed, body_at, topic_at, props_at = walked
+    topic = raw[topic_at: props_at - 2].decode()
+    text = raw[props_at:].decode()
+    properties = parse_properties(text)
+    real_topic, queue = properties.get(PROPERTY_REAL_TOPIC), properties.get(PROPERTY_REAL_QID)
+    if not real_topic or queue is None or not queue.isdigit() or real_topic == TRANS_HALF_TOPIC:
+        return None
+    if topic == TIMER_TOPIC:
+        text = properties_string({k: v for k, v in properties.items() if k not in (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID)},
+                                 hashmap_capacity(len(properties)))  # a HashMap keeps its buckets when keys go
+    host = fixed[FIXED_BORN_HOST]
+    born = _born_hosts.get(host)
+    if born is None:
+        born = str(decode_host(host))
+        if len(_born_hosts) < 4096:
+            _born_hosts[host] = born
+    body = raw[body_at: body_at + fixed[FIXED_BODY_LEN]]
+    item = {"topic": real_topic, "queueId": int(queue), "flag": fixed[4], "bornTimestamp": fixed[FIXED_BORN_TS],
+            "bornHost": born, "reconsumeTimes": fixed[FIXED_RECONSUME], "bodySize": len(body),
+            "_reput": {"sysFlag": fixed[7], "properties": text}}
+    return item, body
 
 
 def reput_item(record: Record) -> tuple[dict, bytes] | None:
@@ -363,8 +402,10 @@ class Schedule(Actor):
         items, keys = [], []
         for key, phy, size in due:
             raw = self.reader.record_bytes(phy, size)
-            record = decode(raw, check_crc=False) if raw else None
-            item = reput_item(record) if isinstance(record, Record) else None
+            item = reput_item_raw(raw) if raw else None
+            if item is False:  # (an IPv6 host, a V2 record: the whole decode)
+                record = decode(raw, check_crc=False)
+                item = reput_item(record) if isinstance(record, Record) else None
             if item is None:
                 self._done(key, "MESSAGE_ILLEGAL", 0.0)  # gone, or not for delivery: skipped
                 continue

@@ -9,7 +9,7 @@ an index of the log, rebuilt from the log at start (`rebuild`): a million pendin
 log's 48 bytes each on disk and one dict item a slot in memory.
 
 Slots fire in time order, one at a time (`due`): a slot's entries are handed out for re-put
-(newest first, up to the room given) and the next slot starts once every one is stored. Then the
+(in the order they were taken in, up to the room given) and the next slot starts once every one is stored. Then the
 slot is `delivered_ms`, persisted by the shell's checkpoint: after a restart or a kill -9, every
 entry hanging under a later slot is pending again, so a timer may be delivered twice across a
 crash, never lost, never early.
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from shm.timer_log import TimerLog
 
 RETRY_MS = 100  # a re-put that was not stored goes again after this
+CHAIN_READ = 65536  # entries of a slot read ahead to be handed out oldest first (a list of ints)
 _COUNT_BITS = 32
 
 
@@ -32,8 +33,9 @@ class _Firing:
     """The slot being delivered."""
 
     link_ms: int
-    cursor: int  # the next entry of the chain to hand out (-1: all handed out)
+    cursor: int  # the next entry of the chain to read (-1: all read)
     left: int  # entries of the slot not handed out yet
+    read: list[int] = field(default_factory=list)  # read from the chain, to hand out oldest first
     in_flight: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # index -> (phy, size, due_ms)
     retry: list[int] = field(default_factory=list)
     retry_at: int = 0
@@ -107,16 +109,30 @@ class TimerCore:
                 while firing.retry and len(out) < room:
                     index = firing.retry.pop()
                     out.append((index, *firing.in_flight[index][:2]))
-            while firing.cursor >= 0 and len(out) < room:
-                link, due_ms, phy, prev, _, size = self.log.entry(firing.cursor)
-                assert link == firing.link_ms, f"timer log entry {firing.cursor} hangs under {link}, not {firing.link_ms}"
-                firing.in_flight[firing.cursor] = (phy, size, due_ms)
-                out.append((firing.cursor, phy, size))
-                firing.cursor, firing.left = prev, firing.left - 1
-            if firing.cursor >= 0 or firing.in_flight:
+            while (firing.read or firing.cursor >= 0) and len(out) < room:
+                if not firing.read:
+                    self._read_chain(firing)
+                index = firing.read.pop()
+                _, due_ms, phy, _, _, size = self.log.entry(index)
+                firing.in_flight[index] = (phy, size, due_ms)
+                out.append((index, phy, size))
+                firing.left -= 1
+            if firing.read or firing.cursor >= 0 or firing.in_flight:
                 break  # room used up, or answers awaited: the next slot waits for this one
             self._finish(firing)
         return out
+
+    def _read_chain(self, firing: _Firing) -> None:
+        """The next CHAIN_READ entries of the slot's chain (newest first), kept to be handed out
+        oldest first: a slot's timers go in the order they were taken in (a slot of up to
+        CHAIN_READ exactly; a larger one chunk by chunk, newest chunk first)."""
+        for _ in range(CHAIN_READ):
+            if firing.cursor < 0:
+                break
+            link, _, _, prev, _, _ = self.log.entry(firing.cursor)
+            assert link == firing.link_ms, f"timer log entry {firing.cursor} hangs under {link}, not {firing.link_ms}"
+            firing.read.append(firing.cursor)
+            firing.cursor = prev
 
     def _fire(self, link_ms: int) -> _Firing:
         packed = self.wheel.pop(link_ms)
@@ -144,7 +160,7 @@ class TimerCore:
             self.lateness.append(now_ms - due_ms)
         else:
             self.dropped += 1
-        if firing.cursor < 0 and not firing.in_flight:
+        if firing.cursor < 0 and not firing.read and not firing.in_flight:
             self._finish(firing)
 
     def skip(self, index: int, now_ms: int) -> None:

@@ -17,8 +17,9 @@
  *   PHYSICALOFFSET i64 | SYSFLAG i32 | BORNTIMESTAMP i64 | BORNHOST 8 | STORETIMESTAMP i64 |
  *   STOREHOST 8 | RECONSUMETIMES i32 | PREPAREDTXOFFSET i64 | BODYLENGTH i32 | BODY |
  *   TOPICLENGTH u8 | TOPIC | PROPERTIESLENGTH i16 | PROPERTIES
- * and stops in front of anything else: a blank, damage, an IPv6 host, non-ASCII text, the
- * schedule topic (its tag slot is a delivery time). The caller then takes that one record
+ * and stops in front of anything else: a blank, damage, an IPv6 host, non-ASCII text, a
+ * schedule-topic record whose DELAY is not plain digits (its tag slot is a delivery time,
+ * computed here from `delays` otherwise). The caller then takes that one record
  * through the Python path, which handles it or names what is wrong, and calls again.
  *
  * Properties are "NAME\x01VALUE\x02" pairs. A value is what follows a pair's first \x01; of
@@ -117,10 +118,10 @@ typedef struct {
     Py_ssize_t len; /* -1: absent (or only empty values) */
 } Value;
 
-/* TAGS, KEYS and UNIQ_KEY of a properties text, in one pass over its pairs. */
-static void find_values(const unsigned char *p, Py_ssize_t n, Value *tags, Value *keys, Value *uniq) {
+/* TAGS, KEYS, UNIQ_KEY and DELAY of a properties text, in one pass over its pairs. */
+static void find_values(const unsigned char *p, Py_ssize_t n, Value *tags, Value *keys, Value *uniq, Value *delay) {
     Py_ssize_t at = 0;
-    tags->len = keys->len = uniq->len = -1;
+    tags->len = keys->len = uniq->len = delay->len = -1;
     while (at < n) { /* each round consumes one pair */
         const unsigned char *pair = p + at;
         const unsigned char *end = memchr(pair, PAIR_END, (size_t)(n - at));
@@ -137,6 +138,8 @@ static void find_values(const unsigned char *p, Py_ssize_t n, Value *tags, Value
             slot = keys;
         else if (name_len == 8 && memcmp(pair, "UNIQ_KEY", 8) == 0)
             slot = uniq;
+        else if (name_len == 5 && memcmp(pair, "DELAY", 5) == 0)
+            slot = delay;
         if (slot) {
             slot->at = sep + 1;
             slot->len = pair + pair_len - (sep + 1);
@@ -263,14 +266,36 @@ static int append_keys(PyObject *keys, const unsigned char *topic, Py_ssize_t to
     return 0;
 }
 
-/* scan_v4(buf, position, limit, room, queues, index_keys, schedule_topic)
+/* A schedule-topic record's tag slot, its delivery time: the store time plus its DELAY level's
+ * delay (`delays`: int64 ms per level), the level clamped to the last. 0 when DELAY is not plain
+ * digits naming a level > 0: the Python path (shm.dispatch.delivery_time) takes that record. */
+static int64_t delivery_time(const Value *delay, const Py_buffer *delays, int64_t store_timestamp) {
+    Py_ssize_t levels = delays->len / (Py_ssize_t)sizeof(int64_t);
+    if (delay->len <= 0 || delay->len > 9 || levels == 0)
+        return 0;
+    int64_t level = 0;
+    for (Py_ssize_t i = 0; i < delay->len; i++) {
+        if (delay->at[i] < '0' || delay->at[i] > '9')
+            return 0;
+        level = level * 10 + (delay->at[i] - '0');
+    }
+    if (level <= 0)
+        return 0;
+    if (level > levels)
+        level = levels;
+    int64_t ms;
+    memcpy(&ms, (const char *)delays->buf + (level - 1) * sizeof(int64_t), sizeof ms);
+    return store_timestamp + ms;
+}
+
+/* scan_v4(buf, position, limit, room, queues, index_keys, schedule_topic, delays)
  *   -> (position, records added, the last queued record's store timestamp or None) */
 static PyObject *scan_v4(PyObject *self, PyObject *args) {
-    Py_buffer view = {0}, schedule = {0};
+    Py_buffer view = {0}, schedule = {0}, delays = {0};
     Py_ssize_t position, limit, room;
     PyObject *queues, *index_keys, *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*nnnO!Oy*", &view, &position, &limit, &room, &PyDict_Type, &queues, &index_keys,
-                          &schedule))
+    if (!PyArg_ParseTuple(args, "y*nnnO!Oy*y*", &view, &position, &limit, &room, &PyDict_Type, &queues, &index_keys,
+                          &schedule, &delays))
         return NULL;
     Caches caches;
     caches.topic_count = caches.topic_next = caches.queue_count = caches.queue_next = 0;
@@ -302,19 +327,23 @@ static PyObject *scan_v4(PyObject *self, PyObject *args) {
         Py_ssize_t props_len = (int16_t)((uint16_t)r[props_at] << 8 | r[props_at + 1]);
         const unsigned char *topic_raw = r + topic_at + 1, *props = r + props_at + 2;
         if (props_len < 0 || RECORD_BASE + body_len + topic_len + props_len != size
-            || !is_ascii(topic_raw, topic_len) || !is_ascii(props, props_len)
-            || (topic_len == schedule.len && memcmp(topic_raw, schedule.buf, (size_t)topic_len) == 0))
+            || !is_ascii(topic_raw, topic_len) || !is_ascii(props, props_len))
             break;
+        Value tags, keys, uniq, delay;
+        find_values(props, props_len, &tags, &keys, &uniq, &delay);
+        int64_t physical_offset = get64(r + 28), store_timestamp = get64(r + 56), due = 0;
+        if (topic_len == schedule.len && memcmp(topic_raw, schedule.buf, (size_t)topic_len) == 0) {
+            due = delivery_time(&delay, &delays, store_timestamp);
+            if (due == 0)
+                break;
+        }
         PyObject *topic = topic_text(&caches, topic_raw, topic_len);
         if (!topic)
             goto done;
-        Value tags, keys, uniq;
-        find_values(props, props_len, &tags, &keys, &uniq);
-        int64_t physical_offset = get64(r + 28), store_timestamp = get64(r + 56);
         int32_t transaction = sys_flag & TRANSACTION_MASK;
         if (transaction == 0 || transaction == TRANSACTION_COMMIT) {
             PyObject *run = queue_run(&caches, queues, topic, get32(r + 12));
-            int32_t code = tags.len > 0 ? (int32_t)java_hash(0, tags.at, tags.len) : 0;
+            int64_t code = due ? due : tags.len > 0 ? (int32_t)java_hash(0, tags.at, tags.len) : 0;
             if (!run || append_entry(run, get64(r + 20), physical_offset, size, code) < 0)
                 goto done;
             logics_timestamp = store_timestamp;
@@ -332,6 +361,7 @@ done:
     forget_topics(&caches);
     PyBuffer_Release(&view);
     PyBuffer_Release(&schedule);
+    PyBuffer_Release(&delays);
     return result;
 }
 
@@ -448,7 +478,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"scan_v4", scan_v4, METH_VARARGS,
-     "scan_v4(buf, position, limit, room, queues, index_keys, schedule_topic)\n"
+     "scan_v4(buf, position, limit, room, queues, index_keys, schedule_topic, delays)\n"
      "-> (position, added, logics_timestamp or None)"},
     {"cq_entries", cq_entries, METH_VARARGS, "cq_entries(run) -> bytes: the run's entries without their queue offsets"},
     {"index_put", index_put, METH_VARARGS,

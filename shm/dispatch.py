@@ -17,6 +17,8 @@ loop stops in front of. tests/unit/test_native_dispatch.py holds the two to the 
 
 from __future__ import annotations
 
+from array import array
+
 from shm.codec import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_DELAY,
@@ -99,6 +101,7 @@ class DispatchBatch:
         self.logics_timestamp = 0
         self.touched: dict | None = None
         self.native = NATIVE
+        self.delay_table = array("q", store.delay_levels_ms).tobytes()  # the C scan's level -> delay ms
 
     def scan(self, buf, position: int, limit: int) -> tuple[int, Blank | Corruption | None]:
         """Add records from `position` until `limit`, a blank, damage, or a full batch; returns
@@ -109,7 +112,7 @@ class DispatchBatch:
         for _ in range(BATCH_RECORDS + 1):  # each round adds at least the one record C stopped at
             room = BATCH_RECORDS - self.count
             position, added, stamp = _dispatch.scan_v4(buf, position, limit, room, self.queue_entries, index_keys,
-                                                       _SCHEDULE_RAW)
+                                                       _SCHEDULE_RAW, self.delay_table)
             self.count += added
             if stamp is not None:
                 self.logics_timestamp = stamp

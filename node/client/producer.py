@@ -237,18 +237,25 @@ class AsyncProducer:
         """Send one message; returns when the node has stored it (and flushed it, under SYNC_FLUSH).
         `delay_level` (RocketMQ 4's levels) or a timer, `deliver_at_ms` (epoch ms) or `delay_ms`,
         holds it back until due (docs/protocol.md "Delays")."""
-        if tags or keys or properties or delay_level or not wait or deliver_at_ms is not None or delay_ms is not None:
+        if tags or keys or properties or not wait:
             message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait,
                               deliver_at_ms=deliver_at_ms, delay_ms=delay_ms)
             return await self.send_message(message, queue_id=queue_id, shard_key=shard_key)
-        # A plain message (most sends): no Message to build, its only property the uniq key.
+        # A plain message (most sends): no Message to build, its only properties the uniq key and a delay.
         body = _bytes(body)
         queue = self._known_queue(topic, queue_id, shard_key)
         if queue is None:
             queue = await self._choose_queue(topic, queue_id, shard_key)
         now_ms = int(time.time() * 1000)
+        props = {PROPERTY_UNIQ_KEY: self.keys.next(now_ms)}
+        if delay_level:
+            props[PROPERTY_DELAY] = str(delay_level)
+        if deliver_at_ms is not None:
+            props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_at_ms)
+        if delay_ms is not None:
+            props[PROPERTY_TIMER_DELAY_MS] = str(delay_ms)
         entry = {"topic": topic, "queueId": queue, "flag": 0, "bodySize": len(body), "bornTimestamp": now_ms,
-                 "properties": {PROPERTY_UNIQ_KEY: self.keys.next(now_ms)}}
+                 "properties": props}
         if self.connection is None:
             await self.start()
         return await self._coalesce(entry, body)

@@ -82,6 +82,8 @@ class SendEncoder:
         self.store_host = encode_host(*settings.store_address)
         self.cluster = settings.brokerClusterName
         self.delay_levels = len(settings.delay_levels_ms())
+        # "1".."N" -> its schedule queue: a level `scheduled` moves without rewriting DELAY
+        self._plain_levels = {str(n): n - 1 for n in range(1, self.delay_levels + 1)}
         self._born_cache: dict[str, bytes] = {}
         # the codec's one-pass encoders: in C where it was built, else in Python
         self._messages_v4 = codec.encode_messages_v4
@@ -365,12 +367,20 @@ class SendEncoder:
             if (not _ADDED.isdisjoint(props) or type(topic) is not str or type(queue_id) is not int
                     or not all(type(v) is str for v in props.values())):
                 return None
-            props = dict(props)
-            try:
-                topic, queue_id = self.scheduled(props, topic, queue_id)
-            except MessageIllegal:
-                return None
-            out.append({**item, "topic": topic, "queueId": queue_id, "properties": props})
+            level = props.get(PROPERTY_DELAY)
+            if level in self._plain_levels and _TIMERS.isdisjoint(props):  # the common delayed send, in short
+                props = props.copy()
+                props[PROPERTY_REAL_TOPIC], props[PROPERTY_REAL_QID] = topic, str(queue_id)
+                topic, queue_id = SCHEDULE_TOPIC, self._plain_levels[level]
+            else:
+                props = dict(props)
+                try:
+                    topic, queue_id = self.scheduled(props, topic, queue_id)
+                except MessageIllegal:
+                    return None
+            item = item.copy()
+            item["topic"], item["queueId"], item["properties"] = topic, queue_id, props
+            out.append(item)
         return out
 
     def _add_batch(self, pending, header, body, born, batch) -> None:
@@ -461,6 +471,7 @@ class SendEncoder:
 _SCHEDULING = frozenset((PROPERTY_DELAY, *TIMER_PROPERTIES))
 _ADDED = frozenset((PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, PROPERTY_TIMER_OUT_MS))
 _SPECIAL = _SCHEDULING | _ADDED
+_TIMERS = frozenset(TIMER_PROPERTIES)
 
 
 class _BatchRefused(Exception):

@@ -224,7 +224,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
             elif args.what == "delays":
                 reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
                 schedule = (reply.get("actors") or {}).get("schedule") or {}
-                shown = {key: schedule.get(key) for key in ("levels", "sendBacks", "deadLetters", "waiting")}
+                shown = {key: schedule.get(key) for key in ("levels", "timers", "sendBacks", "deadLetters", "waiting")}
             elif args.what == "clean":
                 reply, _ = client.request({"code": DELETE_EXPIRED_COMMITLOG, "force": args.force})
                 shown = {key: reply.get(key) for key in ("count", "bytes", "stopped", "deleted")}

@@ -64,13 +64,13 @@ def test_delayed_messages_arrive_in_order_never_early_and_keep_rocketmqs_fields(
     assert (level["delivered"], level["offset"], level["lag"]) == (30, 30, 0)
 
 
-def _admin_stats(node) -> str:
+def _admin_stats(node, what: str = "stats") -> str:
     import subprocess
     import sys
 
     from nodes import ROOT
 
-    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", "stats", "--endpoint", node.endpoint],
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", what, "--endpoint", node.endpoint],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -121,6 +121,17 @@ def timer_node(tmp_path):
     process = NodeProcess(settings, tmp_path / "node.log").start()
     yield process
     process.stop(strict=False)
+
+
+def _until_all(consumer, topic: str, bodies: set[bytes], timeout: float = 60.0) -> list:
+    """Queue 0's messages until every body in `bodies` has come (duplicates kept) or the time is
+    up: a killed service is back within seconds, and may deliver some twice."""
+    found, offset, deadline = [], 0, time.monotonic() + timeout
+    while not bodies <= {m.body for m in found} and time.monotonic() < deadline:
+        result = consumer.pull(topic, 0, offset, suspend_ms=500)
+        found += result.messages
+        offset = result.next_begin_offset if result.status != "OFFSET_ILLEGAL" else result.min_offset
+    return found
 
 
 def _drain(consumer, topic: str, count: int, timeout: float = 20.0) -> list:
@@ -174,7 +185,7 @@ def test_a_timer_at_the_far_edge_is_taken_and_one_past_it_refused(timer_node):
             producer.send_batch("Far", [Message("Far", b"b", delay_ms=1000)], queue_id=0)
     deadline = time.monotonic() + 10
     while True:  # the edge timer is pending, on disk, not delivered
-        timers = orjson.loads(_admin_stats(timer_node))["actors"]["schedule"]["timers"]
+        timers = orjson.loads(_admin_stats(timer_node, "delays"))["timers"]
         if timers["pending"] == 1 or time.monotonic() > deadline:
             break
         time.sleep(0.3)
@@ -194,12 +205,7 @@ def test_kill_9_of_the_schedule_process_mid_delivery_loses_no_timer(timer_node):
         first = _drain(consumer, "Killed", 1)
         assert first, "nothing was delivered"
         timer_node.actor_process("schedule").kill()  # kill -9 while its slots go out
-        found = _drain(consumer, "Killed", 3000, timeout=60)
-        while True:  # duplicates may follow: read until the queue stays quiet
-            more = consumer.pull("Killed", 0, len(found), suspend_ms=1500).messages
-            if not more:
-                break
-            found += more
+        found = _until_all(consumer, "Killed", set(body))
     assert {m.body for m in found} == set(body)  # none lost (some may come twice)
     assert all(m.store_timestamp >= int(m.properties["TIMER_OUT_MS"]) for m in found)
 
@@ -218,5 +224,25 @@ def test_timers_survive_a_kill_9_of_every_process(tmp_path):
             delivered = _wait_for(consumer, "Later", 0, 10, timeout=20)
             assert consumer.pull("Later", 0, 10, suspend_ms=1000).messages == []
         assert sorted(m.body for m in delivered) == sorted(f"l-{i}".encode() for i in range(10))
+    finally:
+        node.stop(strict=False)
+
+
+def test_kill_9_of_the_schedule_process_mid_level_delivery_loses_nothing(tmp_path):
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), messageDelayLevel=LEVELS,
+                             flushDelayOffsetInterval=100)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    try:
+        body = [f"m-{i}".encode() for i in range(5000)]
+        with Producer(node.endpoint) as producer:
+            sent = [producer.send_async("Levels", b, delay_level=1, queue_id=0) for b in body]
+            producer.send("Levels", b"last", delay_level=1, queue_id=0)
+            assert {f.result().status for f in sent} == {"PUT_OK"}
+        with PullConsumer(node.endpoint) as consumer:
+            assert _wait_for(consumer, "Levels", 0, 1), "nothing was delivered"
+            node.actor_process("schedule").kill()  # kill -9 while the level goes out
+            found = _until_all(consumer, "Levels", set(body) | {b"last"})
+        assert {m.body for m in found} == set(body) | {b"last"}  # none lost (some may come twice)
+        assert all(m.store_timestamp - m.born_timestamp >= 1000 for m in found)  # none early
     finally:
         node.stop(strict=False)

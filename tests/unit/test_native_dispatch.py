@@ -108,8 +108,8 @@ def test_the_c_scan_is_built_and_chosen():
 @example([{"topic": "TopicA", "properties": "KEYS\x01!:/2##- x", "queue_id": 0, "sys_flag": 0, "born_host": V4,
            "queue_offset": 0, "store_timestamp": 1, "body": b""}], None, True, 0)
 def test_c_scan_leaves_the_batch_the_python_scan_leaves(records, spoil, index, short_of_full):
-    """Plain records, and every kind C leaves to Python (IPv6, non-ASCII, the schedule topic,
-    blanks, damage), in any order: the two scans end with the same batch, in the same place.
+    """Plain and delayed records, and every kind C leaves to Python (IPv6, non-ASCII, a schedule
+    record whose DELAY is not plain digits, blanks, damage), in any order: the two scans end with the same batch, in the same place.
     (The examples: of two non-empty values of a name the last counts; an empty one is skipped;
     "TopicA#!:/2##-" hashes to Integer.MIN_VALUE, whose keyHash is 0.)"""
     log = _log(records, spoil)
@@ -131,6 +131,19 @@ def test_c_scan_takes_the_common_record_itself(monkeypatch):
     keys = list(INDEX_KEY.iter_unpack(batch.index_keys))  # record 3 is queue 1's second
     assert len(keys) == 150 and keys[3 * 3: 3 * 3 + 3] == [
         (index_key_hash(f"TopicA#{key}"), queue_1[1][1], 1795000000003) for key in ("u", "a", "b")]
+
+
+def test_c_scan_takes_a_delayed_record_itself(monkeypatch):
+    """A schedule-topic record with a plain-digits DELAY is C's too: its tag slot the store time
+    plus the level's delay, a level beyond the last clamped to it."""
+    log = _log([{"topic": SCHEDULE_TOPIC, "properties": properties_string({"DELAY": level, "REAL_TOPIC": "T"}),
+                 "queue_id": 0, "sys_flag": 0, "born_host": V4, "queue_offset": i,
+                 "store_timestamp": 1795000000000 + i, "body": b"d"} for i, level in enumerate(["1", "3", "17"])], None)
+    monkeypatch.setattr(dispatch.DispatchBatch, "_scan_python", None)
+    batch = dispatch.DispatchBatch(_store(True))
+    assert batch.scan(log, 0, len(log)) == (len(log), None)
+    slots = [entry[3] for entry in RUN_ENTRY.iter_unpack(batch.queue_entries[SCHEDULE_TOPIC, 0])]
+    assert slots == [1795000000000 + 1000, 1795000000001 + 10000, 1795000000002 + 10000]
 
 
 def test_c_scan_leaks_nothing():

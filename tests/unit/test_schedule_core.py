@@ -5,6 +5,8 @@ rules (retry level 3 + reconsumeTimes, the DLQ after maxReconsumeTimes)."""
 
 from __future__ import annotations
 
+import pytest
+
 from actors.schedule import ScheduleCore, send_back_request
 from shm.codec import Record, decode, encode, encode_host
 
@@ -98,3 +100,26 @@ def test_a_send_back_waits_for_the_disk_and_a_delivery_does_not(tmp_path):
         pending, batch = PendingSend(b"c", header["opaque"], header["code"], 0), EncodedBatch()
         encoder.add_request(pending, header, body, encoder.born_host("10.0.0.1:1"), batch)
         assert (pending.wait, pending.topics, len(batch)) == (waits, [topic], 1)
+
+
+@pytest.mark.parametrize("topic, extra", [("SCHEDULE_TOPIC_XXXX", {"DELAY": "2"}),
+                                          ("rmq_sys_wheel_timer", {"TIMER_OUT_MS": "1795000001000"})])
+@pytest.mark.parametrize("born", [("10.1.2.3", 4567), ("::1", 9)])
+def test_a_delivery_read_from_the_raw_record_is_the_one_read_through_decode(topic, extra, born):
+    """The schedule service reads a due record without decoding it whole; what it re-puts is
+    what `reput_item` makes of the decoded record (an IPv6 record is left to that path)."""
+    from actors.schedule import reput_item, reput_item_raw
+    from shm.codec import properties_string
+
+    props = {"TAGS": "t", "UNIQ_KEY": "U1", **extra, "REAL_TOPIC": "Real", "REAL_QID": "3", "CLUSTER": "c"}
+    raw = encode(topic=topic, body=b"payload", queue_id=1, flag=5, sys_flag=0, born_timestamp=1795000000000,
+                 born_host=encode_host(*born), store_host=encode_host("127.0.0.1", 10911),
+                 properties=properties_string(props), reconsume_times=2)
+    fast = reput_item_raw(raw)
+    if ":" in born[0]:
+        assert fast is False
+        return
+    assert fast == reput_item(decode(raw, check_crc=False))
+    item, body = fast
+    assert (item["topic"], item["queueId"], item["bornHost"], body) == ("Real", 3, "10.1.2.3:4567", b"payload")
+    assert ("REAL_TOPIC" in item["_reput"]["properties"]) == (topic == "SCHEDULE_TOPIC_XXXX")

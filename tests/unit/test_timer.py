@@ -179,3 +179,18 @@ def test_seeded_crashes_never_lose_a_timer_nor_deliver_one_early(tmp_path, seed)
         delivered[phy] = delivered.get(phy, 0) + 1
     assert sorted(delivered) == list(range(len(queue)))  # every timer at least once
     assert core.pending == 0
+
+
+def test_a_slots_timers_go_in_the_order_they_were_taken_in(tmp_path, monkeypatch):
+    """Oldest first within a slot (those rounded up the most wait the least), also for a slot
+    larger than one read of its chain."""
+    import actors.timer
+
+    monkeypatch.setattr(actors.timer, "CHAIN_READ", 7)
+    core = open_core(tmp_path)
+    for phy in range(20):
+        core.add(T0 + 1000, phy, 10, phy)
+    order = deliver_all(core, T0 + 1000, room=3)
+    assert sorted(order) == list(range(20))
+    chunks = [order[:7], order[7:14], order[14:]]  # newest chunk first, each oldest first
+    assert chunks == [list(range(13, 20)), list(range(6, 13)), list(range(0, 6))]

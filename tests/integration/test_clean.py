@@ -71,8 +71,10 @@ def test_admin_clean_moves_every_bound_and_the_store_restarts_to_the_same_state(
         old = time.time_ns() - 4 * DAY_NS  # four days: past the 72 h of fileReservedTime
         for path in segments:
             os.utime(path, ns=(old, old))
-        deadline = time.monotonic() + 20
-        while True:  # a segment goes only once flushed and dispatched whole (`stopped` says so)
+        # a segment goes only once flushed and dispatched whole (`stopped` says so): the last pages
+        # wait for the thorough flush (flushCommitLogThoroughInterval, 10 s), longer on a busy machine
+        deadline = time.monotonic() + 60
+        while True:
             done = _cli("admin", "clean", "--endpoint", node.endpoint)
             assert done.returncode == 0, done.stderr
             report = orjson.loads(done.stdout)

@@ -38,7 +38,7 @@ SERVICES = {
     "read": "pulls, queries, offsets by time, view by id, from read-only mappings; holds empty pulls",
     "dispatch": "the reput: ConsumeQueue and IndexFile entries for every record, publishes `dispatched`",
     "allocate": "creates the next CommitLog segment and prefaults pages ahead of the writer",
-    "schedule": "delivers delayed messages when due (re-put through the write path); consumers' send-backs to %RETRY%/%DLQ%",
+    "schedule": "delivers delayed messages (levels) and timers when due (re-put through the write path); consumers' send-backs to %RETRY%/%DLQ%",
     "clean": "deletes expired CommitLog segments and the ConsumeQueue and index files below the min offset; disk-full flag",
 }
 TOPOLOGIES = ("compact", "split")

@@ -65,6 +65,8 @@ _PULL_STATUS = {
 }
 
 
+MAX_PULL_KEYS = 10_000  # (topic, group) pull counters kept
+
 class ReadCore:
     """The read service's logic: serves read requests below `dispatched`, holds empty pulls and
     defers reads that would deny an acknowledged send. `clock` (monotonic seconds) times holds
@@ -88,6 +90,7 @@ class ReadCore:
         self.soonest = float("inf")  # no held pull ends before this (it may be early: never late)
         self.deferred: list[list] = []  # [written on arrival, give up at, client, arrival, header]
         self.served = self.found = self.woken = self.expired = self.deferrals = 0
+        self.pulled: dict[tuple[str, str], list[int]] = {}  # (topic, group) -> [messages, bytes]
 
     def after_turn(self, out: list) -> None:
         """End the held pulls whose time is up; serve the deferred reads the dispatcher caught
@@ -178,8 +181,21 @@ class ReadCore:
                   "suggestWhichBrokerId": 1 if (result.suggest_pulling_from_slave and self.settings.slaveReadEnable) else 0}
         reply = [orjson.dumps(protocol.reply_header(opaque, status, **fields))]
         if result.records:
-            reply.append(b"".join(result.records))
+            records = b"".join(result.records)
+            reply.append(records)
+            self._count_pulled(topic, header.get("consumerGroup") or "", result.count, len(records))
         return reply
+
+    def _count_pulled(self, topic: str, group: str, count: int, size: int) -> None:
+        """Messages and bytes pulled per (topic, group): the metrics' `mqnode_pull_*_total`. A
+        group is what the pull names (RocketMQ's consumerGroup; "" when it names none); past
+        MAX_PULL_KEYS pairs the rest share one ("_other", "_other")."""
+        key = (topic, group)
+        counts = self.pulled.get(key)
+        if counts is None:
+            counts = self.pulled.setdefault(key if len(self.pulled) < MAX_PULL_KEYS else ("_other", "_other"), [0, 0])
+        counts[0] += count
+        counts[1] += size
 
     def _offset_by_time(self, header: dict, dispatched: int) -> int:
         view = self.reader.queue(header["topic"], header["queueId"], dispatched)
@@ -331,6 +347,7 @@ class ReadCore:
 
     def statistics(self) -> dict:
         return {"served": self.served, "found": self.found, "held": self.held_count, "woken": self.woken,
+                "pulled": [[topic, group, n, size] for (topic, group), (n, size) in self.pulled.items()],
                 "expired": self.expired, "deferred": len(self.deferred), "deferrals": self.deferrals}
 
     def close(self) -> None:

@@ -59,6 +59,9 @@ class Router:
         if code == protocol.GET_ALL_TOPIC_CONFIG:
             table = {name: config.to_json() for name, config in sorted(self.topics.topics.items())}
             return Route(To.ANSWER, _ok(request, topicConfigTable=table))
+        if code == protocol.GET_ALL_CONSUMER_OFFSET:
+            table = {key: {str(q): o for q, o in sorted(queues.items())} for key, queues in sorted(self.offsets.table.items())}
+            return Route(To.ANSWER, _ok(request, offsetTable=table))
         if code == protocol.GET_ROUTEINFO_BY_TOPIC:
             return Route(To.ANSWER, self._route_info(request))
         return Route(To.ANSWER, protocol.error_reply(request.opaque, "REQUEST_CODE_NOT_SUPPORTED",

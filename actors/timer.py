@@ -182,8 +182,8 @@ class TimerCore:
         return {"pending": self.pending, "dueUndelivered": due_now, "delivered": self.delivered,
                 "dropped": self.dropped, "slots": len(self.wheel), "deliveredTo": self.delivered_ms,
                 "lateAdds": self.late_adds,
-                "latenessMillis": {"last": recent and self.lateness[-1], "p50": recent and recent[len(recent) // 2],
-                                   "p99": recent and recent[len(recent) * 99 // 100], "max": recent and recent[-1]},
+                "latenessMillis": {"last": self.lateness[-1], "p50": recent[len(recent) // 2],
+                                   "p99": recent[len(recent) * 99 // 100], "max": recent[-1]} if recent else None,
                 "log": self.log.statistics()}
 
 

@@ -61,6 +61,52 @@ MAX_GROUPS = 64  # groups appended per turn before replies are flushed out
 # its look then comes well after the write, which any core sees by then.
 WAKE_MARGIN_NS = 200_000
 
+
+MAX_TOPICS = 10_000  # per-topic put counters kept; the rest share OTHER_TOPICS
+OTHER_TOPICS = "_other"
+
+
+class TopicPuts:
+    """Sends answered, per topic and status, and the bytes stored per topic: the metrics'
+    `mqnode_put_messages_total` and `mqnode_put_bytes_total`."""
+
+    def __init__(self):
+        self.messages: dict[str, dict[str, int]] = {}
+        self.bytes: dict[str, int] = {}
+
+    def count(self, pending, sizes) -> None:
+        topics, indices = pending.topics, pending.indices
+        if not topics:
+            return
+        first = topics[0]
+        if (not pending.refusals and topics.count(first) == len(topics)
+                and indices[-1] - indices[0] + 1 == len(indices)):  # one topic, all stored together
+            statuses = self._statuses(first)
+            statuses["PUT_OK"] = statuses.get("PUT_OK", 0) + len(topics)
+            self.bytes[first] = self.bytes.get(first, 0) + sum(sizes[indices[0]: indices[-1] + 1])
+            return
+        for i, (topic, index) in enumerate(zip(topics, indices)):
+            status = "PUT_OK" if index >= 0 else pending.refusals.get(i, ("UNKNOWN_ERROR",))[0]
+            statuses = self._statuses(topic)
+            topic = topic if topic in self.messages else OTHER_TOPICS
+            statuses[status] = statuses.get(status, 0) + 1
+            if index >= 0:
+                self.bytes[topic] = self.bytes.get(topic, 0) + sizes[index]
+
+    def _statuses(self, topic: str) -> dict[str, int]:
+        """The topic's counts; past MAX_TOPICS names (a client's refused names count too) they
+        share OTHER_TOPICS, so a flood of made-up names cannot grow this without bound."""
+        statuses = self.messages.get(topic)
+        if statuses is None:
+            key = topic if len(self.messages) < MAX_TOPICS else OTHER_TOPICS
+            statuses = self.messages.setdefault(key, {})
+        return statuses
+
+    def statistics(self) -> dict:
+        return {topic: {"messages": dict(statuses), "bytes": self.bytes.get(topic, 0)}
+                for topic, statuses in self.messages.items()}
+
+
 class WriteCore:
     """The CommitLog's single writer, without I/O but the log's own: requests (or encoded groups)
     in; replies, SYNC_FLUSH waits and the dispatcher's wake-up out. `clock` (monotonic seconds)
@@ -75,6 +121,7 @@ class WriteCore:
         self.recovered_queue_offsets = dict(queue_offsets or {})
         self.recovered_offset = recovered_offset
         self.put_times = self.put_bytes = self.put_failed = self.groups = 0
+        self.by_topic = TopicPuts()
         self.append_ns_max = 0
         self.scrubbed = 0
         self.busy_ns = self.queue_wait_ns = 0  # time spent working; time groups waited before it
@@ -175,6 +222,7 @@ class WriteCore:
                     if index >= 0:
                         pending.indices[i] = -1
                         pending.refusals[i] = (status, remark)
+            self.by_topic.count(pending, batch.sizes)
             if pending.oneway:
                 continue
             header = sendreply.answer(pending, physical, queue, self.store_host)
@@ -258,7 +306,7 @@ class WriteCore:
     def statistics(self) -> dict:
         return {
             "putMessageTimesTotal": self.put_times, "putMessageSizeTotal": self.put_bytes,
-            "putMessageFailedTimes": self.put_failed, "groups": self.groups,
+            "putMessageFailedTimes": self.put_failed, "groups": self.groups, "topics": self.by_topic.statistics(),
             "appendMaxMicros": self.append_ns_max // 1000, "busySeconds": round(self.busy_ns / 1e9, 3),
             "queueWaitMicrosAvg": self.queue_wait_ns // max(1, self.groups) // 1000,
             "nativeEncode": self.batcher.encoder.native if self.batcher else False,

@@ -31,6 +31,7 @@ SEND_MESSAGES = 9010  # mqnode: many independent sends in one frame (a client's 
 
 GET_ALL_TOPIC_CONFIG = 21
 GET_CONSUME_STATS = 208
+GET_ALL_CONSUMER_OFFSET = 43  # RocketMQ's: every group's committed offsets, as config/consumerOffset.json holds them
 CONSUMER_SEND_MSG_BACK = 36  # a consumer hands a message back: %RETRY%<group> with a delay, or %DLQ%<group>
 DELETE_EXPIRED_COMMITLOG = 329  # RocketMQ 5's code: executeDeleteFilesManually (`mqnode admin clean`)
 

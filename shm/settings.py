@@ -145,6 +145,8 @@ class Settings:
     dispatcherPollHoldMillis: int = _s(10, "How long the dispatcher goes on polling after the last record it found, before it waits for the writer's wake-up again (0 = never poll: a wake-up for every writer turn that wrote)", NODE)
     prefaultAheadBytes: int = _s(32 * 1024 * 1024, "The allocator reads the CommitLog's pages this far past the written end, so the writer never takes the page-cache allocation faults (0 = off)", NODE)
     sendQueueCapacity: int = _s(10000, "Send requests the front lets wait before answering SYSTEM_BUSY", NODE)
+    metricsPort: int = _s(0, "Port of the Prometheus endpoint /metrics (docs/operations.md \"Metrics\"); 0 = off", NODE)
+    metricsAddress: str = _s("127.0.0.1", "Address the metrics endpoint binds", NODE)
     actorMaxRestarts: int = _s(-1, "Times Ray restarts a dead service process; -1 = no limit (restarts back off instead). When a service cannot be restarted, the node exits non-zero", NODE)
     actorRestartBackoffMaxMillis: int = _s(30000, "A service that keeps dying (more than 3 starts in 10 s) waits before each restart, doubling from 0.5 s up to this; it starts afresh after 60 s up", NODE)
     processHangTimeoutMillis: int = _s(10000, "A service process whose loop has not turned for this long (a deadlock, SIGSTOP, a disk that never returns) is killed with SIGKILL, and Ray restarts it", NODE)
@@ -411,6 +413,8 @@ def validate(settings: Settings) -> None:
                             "encodes and reads in the front")
     if settings.pullWorkers > MAX_PULL_WORKERS:  # each has a watcher slot in the control block
         raise SettingsError(f"pullWorkers must be at most {MAX_PULL_WORKERS}")
+    if not 0 <= settings.metricsPort <= 65535:
+        raise SettingsError("metricsPort must be a port, 1..65535, or 0 (off)")
     if not settings.listen.startswith(("tcp://", "ipc://")):
         raise SettingsError(f"listen must be a tcp:// or ipc:// endpoint, not {settings.listen!r}")
 

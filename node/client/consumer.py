@@ -52,12 +52,15 @@ class AsyncPullConsumer:
         return await self.client.request(header, timeout=timeout)
 
     async def pull(self, topic: str, queue_id: int, offset: int, *, max_count: int = 32, subscription: str = "*",
-                   suspend_ms: int = 0) -> PullResult:
+                   suspend_ms: int = 0, group: str | None = None) -> PullResult:
         """One pull. With `suspend_ms` > 0 an empty pull waits at the node until a message
-        arrives or the time is up (long polling)."""
+        arrives or the time is up (long polling). `group` names the consumer group the pull is
+        for (the node counts pulls by group; it moves no offset)."""
         header = {"code": protocol.PULL_MESSAGE, "topic": topic, "queueId": queue_id, "queueOffset": offset,
                   "maxMsgNums": max_count, "subscription": subscription, "suspend": suspend_ms > 0,
                   "suspendTimeoutMillis": suspend_ms}
+        if group is not None:
+            header["consumerGroup"] = group
         reply, body = await self._ask(header, timeout=self.client.timeout + suspend_ms / 1000)
         status = reply.get("status")
         if status not in ("FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"):
@@ -144,7 +147,7 @@ class AsyncPullConsumer:
                 return
             wait = min(suspend_ms, max(1, int((idle_timeout - (time.monotonic() - last_message)) * 1000)))
             results = await asyncio.gather(*[self.pull(topic, q, offsets[q], subscription=subscription,
-                                                       suspend_ms=wait) for q in range(queues)])
+                                                       suspend_ms=wait, group=group) for q in range(queues)])
             for q, result in enumerate(results):
                 if result.status == "OFFSET_ILLEGAL":
                     offsets[q] = min(max(offsets[q], result.min_offset), result.max_offset)

@@ -191,6 +191,7 @@ def _queue(header: dict) -> str | None:
 
 def _pull(header: dict) -> str | None:
     return (_queue(header)
+            or ("consumerGroup" in header and group_problem(header["consumerGroup"]) or None)
             or int_problem(header, "queueOffset", *INT64, required=True)
             or int_problem(header, "maxMsgNums", 1, MAX_PULL_COUNT)
             or _subscription(header)
@@ -267,6 +268,7 @@ CHECKS = {
     protocol.GET_CONSUME_STATS: _offsets,
     protocol.GET_ROUTEINFO_BY_TOPIC: lambda h: None,  # a bad name: MESSAGE_ILLEGAL, as its send would be
     protocol.GET_ALL_TOPIC_CONFIG: lambda h: None,
+    protocol.GET_ALL_CONSUMER_OFFSET: lambda h: None,
     protocol.GET_BROKER_RUNTIME_INFO: lambda h: None,
     protocol.DELETE_EXPIRED_COMMITLOG: lambda h: bool_problem(h, "force"),
     protocol.CONSUMER_SEND_MSG_BACK: _send_back,

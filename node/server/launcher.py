@@ -173,6 +173,7 @@ class Node:
         self.watch_stopping = threading.Event()
         self.watcher: threading.Thread | None = None
         self.temporary_run_dir: Path | None = None
+        self.metrics = None  # node.server.metrics.MetricsServer, with metricsPort set
 
     # -- start ---------------------------------------------------------------------------------------
 
@@ -245,6 +246,26 @@ class Node:
         self._wait_for_connections()
         self.watcher = threading.Thread(target=self._watch, name="mqnode-watch", daemon=True)
         self.watcher.start()
+        if self.settings.metricsPort:
+            self._serve_metrics()
+
+    def _serve_metrics(self) -> None:
+        """/metrics (node.server.metrics); a queue's max offset from the launcher's own read-only
+        view of the ConsumeQueues, following the clean service's deletions."""
+        from node.server.metrics import MetricsServer
+        from shm.reader import StoreReader
+
+        reader, lock, seen = StoreReader(self.settings), threading.Lock(), [0]
+
+        def max_offset(topic: str, queue_id: int, dispatched: int) -> int:
+            with lock:
+                if self.control.get("deletions") != seen[0]:
+                    seen[0] = self.control.get("deletions")
+                    reader.follow_min_offset(self.control.get("min_offset"))
+                return reader.queue(topic, queue_id, dispatched).max_offset
+
+        self.metrics_reader = reader
+        self.metrics = MetricsServer(self.settings, max_offset)
 
     def _wait_for_connections(self) -> None:
         """Actors connect to each other asynchronously: `ready` is printed only once a read
@@ -338,6 +359,10 @@ class Node:
     def stop(self) -> None:
         import ray
 
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics_reader.close()
+            self.metrics = None
         if self.watcher is not None:  # first: it must not kill or judge what is being stopped
             self.watch_stopping.set()
             self.watcher.join(10)

@@ -1,0 +1,90 @@
+"""/metrics end to end: a real node with `metricsPort`, real sends, pulls and commits, scraped
+over HTTP and parsed as Prometheus text; each figure checked against what the test did."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import pytest
+from nodes import NodeProcess, free_port, node_settings
+from prometheus_client.parser import text_string_to_metric_families
+
+from node.client import Producer, PullConsumer
+from node.client.producer import SendError
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("metrics")
+    settings = node_settings(tmp / "store", runDir=str(tmp / "run"), metricsPort=free_port(), timerMaxDelaySec=60)
+    process = NodeProcess(settings, tmp / "node.log").start()
+    yield process
+    process.stop(strict=False)
+
+
+def scrape(node) -> dict[tuple[str, tuple], float]:
+    url = f"http://{node.settings.metricsAddress}:{node.settings.metricsPort}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def wait_for(node, check, timeout: float = 10.0) -> dict:
+    """Scrape until `check(samples)` holds (the services report their statistics once a second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = scrape(node)
+        if check(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.3)
+
+
+def value(samples, name: str, **labels) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def test_puts_pulls_and_lag_are_what_the_clients_did(node):
+    with Producer(node.endpoint) as producer:
+        for i in range(10):
+            producer.send("MetricsA", b"a" * 100, queue_id=0)
+        for i in range(3):
+            producer.send("MetricsB", b"b" * 10, queue_id=1)
+        with pytest.raises(SendError, match="MESSAGE_ILLEGAL"):
+            producer.send("MetricsB", b"far", delay_ms=3_600_000, queue_id=1)  # past timerMaxDelaySec
+        producer.send("MetricsB", b"later", delay_ms=50_000, queue_id=1)  # a timer, pending
+    with PullConsumer(node.endpoint) as consumer:
+        pulled = consumer.pull("MetricsA", 0, 0, max_count=6, group="readers")
+        assert len(pulled.messages) == 6
+        consumer.commit("readers", "MetricsA", 0, pulled.next_begin_offset)
+    samples = wait_for(node, lambda s: value(s, "mqnode_put_messages_total", topic="MetricsB", status="PUT_OK") == 4
+                       and value(s, "mqnode_timers_pending") == 1)
+    assert value(samples, "mqnode_put_messages_total", topic="MetricsA", status="PUT_OK") == 10
+    assert value(samples, "mqnode_put_messages_total", topic="MetricsB", status="PUT_OK") == 4  # 3 + the timer
+    assert value(samples, "mqnode_put_messages_total", topic="MetricsB", status="MESSAGE_ILLEGAL") == 1
+    assert value(samples, "mqnode_put_bytes_total", topic="MetricsA") > 10 * 100
+    assert value(samples, "mqnode_pull_messages_total", topic="MetricsA", group="readers") == 6
+    assert value(samples, "mqnode_consumer_lag_messages", group="readers", topic="MetricsA", queue="0") == 4
+    assert value(samples, "mqnode_timers_pending") == 1
+    assert value(samples, "mqnode_put_latency_milliseconds_bucket", le="+Inf") >= 15
+    assert value(samples, "mqnode_dispatch_lag_bytes") is not None
+    assert value(samples, "mqnode_schedule_lag_messages", level="18") == 0
+    assert value(samples, "mqnode_disk_used_ratio", store="commitlog") > 0
+    assert value(samples, "mqnode_process_cpu_seconds_total", process="front") > 0
+    assert value(samples, "mqnode_process_resident_memory_bytes", process="dispatcher") > 0
+    assert value(samples, "mqnode_process_restarts_total", process="front") == 0
+
+
+def test_a_scrape_while_sends_run_stays_consistent(node):
+    """Counters only grow between scrapes, whatever else the node is doing."""
+    before = scrape(node)
+    with Producer(node.endpoint) as producer:
+        for i in range(50):
+            producer.send("MetricsA", b"c", queue_id=1)
+    after = wait_for(node, lambda s: value(s, "mqnode_put_messages_total", topic="MetricsA", status="PUT_OK")
+                     >= value(before, "mqnode_put_messages_total", topic="MetricsA", status="PUT_OK") + 50)
+    for key, old in before.items():
+        if key[0].endswith("_total") and key in after:
+            assert after[key] >= old, key

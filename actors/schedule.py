@@ -16,8 +16,9 @@ Re-puts travel to the front over the node's private `reput` socket (only the nod
 reach the run directory) as send requests that the write path stores as given; the front answers
 them over `reput-replies`. The service runs only on a master.
 
-`ScheduleCore` holds the levels without I/O (the reads and the clock are given to it); `Schedule`
-is its process's shell.
+`ScheduleCore` holds the levels without I/O (the reads and the clock are given to it), and
+`actors.timer.TimerCore` the timers; `actors.reput` builds the requests; `Schedule` is the
+process's shell.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ import orjson
 import zmq
 
 from actors.base import Actor, incoming, socket, wait_readable
+from actors.reput import (
+    DLQ_PREFIX,
+    delivered_statuses,
+    delivery_request,
+    reput_item,
+    reput_item_raw,
+    send_back_request,
+    timer_due,
+)
 from actors.timer import TimerCore
 from actors.wire import pack_replies, read_meta
 from node import protocol
@@ -37,26 +47,13 @@ from node.client.frames import send_frames
 from node.server import config_files
 from shm import reader as store_reader
 from shm.codec import (
-    FIXED_BODY_LEN,
-    FIXED_BORN_HOST,
-    FIXED_BORN_TS,
-    FIXED_RECONSUME,
-    PROPERTY_DELAY,
-    PROPERTY_REAL_QID,
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_TIMER_OUT_MS,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
     Record,
     decode,
-    decode_host,
     decode_msg_id,
-    parse_properties,
-    properties_string,
-    walk_v4,
 )
 from shm.consume_queue import ENTRY_SIZE, FILLER_SIZE
-from shm.javacompat import hashmap_capacity
 from shm.timer_log import TimerLog
 
 LEVEL_IN_FLIGHT = 4096  # re-puts of a level awaiting their answer
@@ -65,14 +62,11 @@ TIMER_IN_FLIGHT = 4096  # timer re-puts awaiting their answer
 TIMER_TAKE = 8192  # timer messages taken into the log a turn
 TIMER_LOOK_MS = 100  # how often new timer messages are looked for
 TIMER = "timer"  # a timer delivery's key: (TIMER, log index)
+REPUT_TIMEOUT_S = 5.0  # a re-put not answered by then counts as not stored
 RETRY_S = 0.1  # a level whose re-put failed tries again after this (RocketMQ: 100 ms)
 IDLE_S = 0.5  # how often a level with nothing due looks again (a new entry is due a level's delay, >= 1 s, later)
-TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 PERMANENT = frozenset({"MESSAGE_ILLEGAL", "TOPIC_NOT_EXIST", "NO_PERMISSION"})  # never to be retried
 REPUT_CLIENT = b"\x00mqnode-schedule"  # the reput socket's pseudo-client at the front
-RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
-MAX_RECONSUME_TIMES = 16
-PROPERTY_RETRY_TOPIC, PROPERTY_ORIGIN_MESSAGE_ID = "RETRY_TOPIC", "ORIGIN_MESSAGE_ID"
 
 
 @dataclass
@@ -173,110 +167,6 @@ class ScheduleCore:
                 for n, level in self.levels.items()}
 
 
-_born_hosts: dict[bytes, str] = {}  # a record's 8 born-host bytes -> "ip:port" (few hosts, many records)
-
-
-def reput_item_raw(raw: bytes) -> tuple[dict, bytes] | None | bool:
-    """`reput_item` of a stored record's bytes, read without decoding the whole record (the
-    common IPv4 record); False for one `reput_item` must read through `decode`."""
-    walked = walk_v4(raw, 0, len(raw))
-    if walked is None:
-        return False
-    fixed, body_at, topic_at, props_at = walked
-    topic = raw[topic_at: props_at - 2].decode()
-    text = raw[props_at:].decode()
-    properties = parse_properties(text)
-    real_topic, queue = properties.get(PROPERTY_REAL_TOPIC), properties.get(PROPERTY_REAL_QID)
-    if not real_topic or queue is None or not queue.isdigit() or real_topic == TRANS_HALF_TOPIC:
-        return None
-    if topic == TIMER_TOPIC:
-        text = properties_string({k: v for k, v in properties.items() if k not in (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID)},
-                                 hashmap_capacity(len(properties)))  # a HashMap keeps its buckets when keys go
-    host = fixed[FIXED_BORN_HOST]
-    born = _born_hosts.get(host)
-    if born is None:
-        born = str(decode_host(host))
-        if len(_born_hosts) < 4096:
-            _born_hosts[host] = born
-    body = raw[body_at: body_at + fixed[FIXED_BODY_LEN]]
-    item = {"topic": real_topic, "queueId": int(queue), "flag": fixed[4], "bornTimestamp": fixed[FIXED_BORN_TS],
-            "bornHost": born, "reconsumeTimes": fixed[FIXED_RECONSUME], "bodySize": len(body),
-            "_reput": {"sysFlag": fixed[7], "properties": text}}
-    return item, body
-
-
-def reput_item(record: Record) -> tuple[dict, bytes] | None:
-    """One message of a delivery request: a due delayed or timer record for its real topic and
-    queue, fields copied as RocketMQ's messageTimeup copies them (a level's record keeps its
-    properties string; a timer's loses REAL_TOPIC and REAL_QID, as RocketMQ 5's does); None for
-    a record not to deliver."""
-    properties = record.properties
-    topic, queue = properties.get(PROPERTY_REAL_TOPIC), properties.get(PROPERTY_REAL_QID)
-    if not topic or queue is None or not queue.isdigit() or topic == TRANS_HALF_TOPIC:
-        return None
-    stored = record.properties_string
-    if record.topic == TIMER_TOPIC:
-        capacity = hashmap_capacity(len(properties))  # a HashMap keeps its buckets when keys go
-        stored = properties_string({k: v for k, v in properties.items()
-                                    if k not in (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID)}, capacity)
-    item = {"topic": topic, "queueId": int(queue), "flag": record.flag, "bornTimestamp": record.born_timestamp,
-            "bornHost": str(record.born_host), "reconsumeTimes": record.reconsume_times, "bodySize": len(record.body),
-            "_reput": {"sysFlag": record.sys_flag, "properties": stored}}
-    return item, record.body
-
-
-def delivery_request(items: list[tuple[dict, bytes]], opaque: int) -> tuple[dict, bytes]:
-    """Up to REPUT_BATCH deliveries as one SEND_MESSAGES the write path stores as given."""
-    header = {"code": protocol.SEND_MESSAGES, "opaque": opaque, "compact": True, "_reput": True,
-              "messages": [item for item, _ in items]}
-    return header, b"".join([body for _, body in items])
-
-
-def delivered_statuses(header: dict, count: int) -> list[str]:
-    """Each delivery's status from the answer to a `delivery_request` (compact when all stored)."""
-    results = header.get("results")
-    if results is not None:
-        return [r.get("status", "SYSTEM_ERROR") for r in results]
-    return [header.get("status", "SYSTEM_ERROR")] * count
-
-
-def timer_due(raw: bytes | None) -> int | None:
-    """A stored timer message's TIMER_OUT_MS, None for anything else (a record gone, a value
-    the write path would never have stored)."""
-    record = decode(raw, check_crc=False) if raw else None
-    if not isinstance(record, Record) or record.topic != TIMER_TOPIC:
-        return None
-    text = record.properties.get(PROPERTY_TIMER_OUT_MS, "")
-    return int(text) if text.isdigit() else None
-
-
-def send_back_request(record: Record, header: dict, opaque: int, max_level: int) -> tuple[dict, bytes]:
-    """CONSUMER_SEND_MSG_BACK's re-put (spec §10.3): into `%RETRY%<group>` with a delay, or into
-    `%DLQ%<group>` once the retries are used up (or the client asks with a negative level)."""
-    group = header["consumerGroup"]
-    reconsume = record.reconsume_times
-    max_times = header.get("maxReconsumeTimes", MAX_RECONSUME_TIMES)
-    level = header.get("delayLevel", 0)
-    properties = dict(record.properties)
-    properties.setdefault(PROPERTY_RETRY_TOPIC, header.get("originTopic") or record.topic)
-    properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, header.get("originMsgId") or record.uniq_key or record.msg_id)
-    for name in (PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID):
-        properties.pop(name, None)
-    if reconsume >= max_times or level < 0:
-        topic, delay = DLQ_PREFIX + group, 0
-    else:
-        topic, delay = RETRY_PREFIX + group, min(level if level > 0 else 3 + reconsume, max_level)
-    if delay:
-        properties[PROPERTY_DELAY] = str(delay)
-    out = {"code": protocol.SEND_MESSAGE, "opaque": opaque, "topic": topic, "queueId": 0, "flag": record.flag,
-           "bornTimestamp": record.born_timestamp, "bornHost": str(record.born_host),
-           "reconsumeTimes": reconsume + 1,
-           # answered once stored as its mode promises (flushed under SYNC_FLUSH), as a client's send is
-           "_reput": {"sysFlag": record.sys_flag, "properties": properties_string(properties), "delay": delay,
-                      "wait": True}}
-    return out, record.body
-
-
 class Schedule(Actor):
     """The schedule service's process: reads the schedule topic's queues and the records below
     `dispatched`, re-puts through the front's `reput` socket, answers send-backs."""
@@ -306,7 +196,9 @@ class Schedule(Actor):
         self.opaque = random.randrange(1 << 30)
         self.waiting: dict[int, tuple] = {}  # opaque -> (level, offset) or ("back", client, arrival, opaque)
         self.next_persist = time.monotonic() + s.flushDelayOffsetInterval / 1000
-        self.send_backs_done = self.dlq = 0
+        self.send_backs_done = self.dlq = self.expired = 0
+        self.sent_at: dict[int, float] = {}  # opaque -> when its re-put went out (monotonic s)
+        self.next_expiry = 0.0
         self.timers = self._open_timers(dispatched) if s.timerWheelEnable else None
 
     def _open_timers(self, dispatched: int) -> TimerCore:
@@ -342,6 +234,7 @@ class Schedule(Actor):
         if self.send_backs in events:
             for frames in incoming(self.send_backs, 256):
                 self._send_back(frames)
+        self._expire(now)
         dispatched = self.control.get("dispatched")
         due = self.core.due(now, time.time_ns() // 1_000_000, lambda n, at, count: self._entries(n, at, count, dispatched))
         if due:
@@ -420,6 +313,7 @@ class Schedule(Actor):
     def _put(self, items: list[tuple[dict, bytes]], keys: list[tuple]) -> None:
         header, body = delivery_request(items, self._next_opaque())
         self.waiting[header["opaque"]] = keys
+        self.sent_at[header["opaque"]] = time.monotonic()
         send_frames(self.reputs, [REPUT_CLIENT, read_meta(time.monotonic_ns()), orjson.dumps(header), body])
 
     def _done(self, key: tuple, status: str, now: float) -> None:
@@ -429,7 +323,22 @@ class Schedule(Actor):
             self.core.stored(key[0], key[1], status, now)
 
     def _answered(self, frames: list[bytes], now: float) -> None:
-        header = orjson.loads(frames[1])  # [client, header]: the front's own frames
+        self._answer(orjson.loads(frames[1]), now)  # [client, header]: the front's own frames
+
+    def _expire(self, now: float) -> None:
+        """Re-puts unanswered for REPUT_TIMEOUT_S count as not stored: tried again (a send-back is
+        answered SYSTEM_BUSY). An answer can be lost when this process restarts while the front
+        still holds a connection to the old one; without this, a level would wait for it forever.
+        A late answer to an expired re-put is ignored; the entry may be delivered twice, never lost."""
+        if now < self.next_expiry:
+            return
+        self.next_expiry = now + 1.0
+        for opaque in [o for o, at in self.sent_at.items() if now - at > REPUT_TIMEOUT_S]:
+            self.expired += 1
+            self._answer({"opaque": opaque, "status": "SYSTEM_BUSY", "remark": "the re-put was not answered"}, now)
+
+    def _answer(self, header: dict, now: float) -> None:
+        self.sent_at.pop(header.get("opaque"), None)
         waiting = self.waiting.pop(header.get("opaque"), None)
         if waiting is None:
             return
@@ -456,6 +365,7 @@ class Schedule(Actor):
             self.replies.send(pack_replies([(client, -arrival, orjson.dumps(reply))]))
             return
         request, body = send_back_request(record, header, self._next_opaque(), len(self.delays_ms))
+        self.sent_at[request["opaque"]] = time.monotonic()
         self.waiting[request["opaque"]] = ("back", client, arrival, header.get("opaque"),
                                            request["topic"].startswith(DLQ_PREFIX))
         send_frames(self.reputs, [REPUT_CLIENT, read_meta(time.monotonic_ns()), orjson.dumps(request), body])
@@ -483,7 +393,8 @@ class Schedule(Actor):
         dispatched = self.control.get("dispatched")
         max_offsets = {n: self._view(n, dispatched).max_offset for n in self.core.levels}
         out = super().statistics() | {"levels": self.core.statistics(max_offsets), "sendBacks": self.send_backs_done,
-                                      "deadLetters": self.dlq, "waiting": len(self.waiting)}
+                                      "deadLetters": self.dlq, "waiting": len(self.waiting),
+                                      "expired": self.expired}
         if getattr(self, "timers", None) is not None:
             out["timers"] = self.timers.statistics(time.time_ns() // 1_000_000) | {
                 "takenTo": self.timer_offset, "queueMaxOffset": self.reader.queue(TIMER_TOPIC, 0, dispatched).max_offset}

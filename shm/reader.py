@@ -48,6 +48,9 @@ class GetResult:
     suggest_pulling_from_slave: bool = False
 
 
+MAX_NEW_FILES_A_LOOK = 64  # ConsumeQueue files a refresh may find new (a bound on the loop)
+
+
 class QueueView:
     """A ConsumeQueue as a reader sees it: its end found by scanning forward from the last
     known end, never past an entry whose record is not yet dispatched."""
@@ -76,11 +79,19 @@ class QueueView:
                 segment.position_written = min(segment.size, max(0, self.end - segment.offset_start))
             self.queue.offset_min_logical = files.files[0].offset_start  # bounds entry() and offset_by_time
         self.end = max(self.end, files.files[0].offset_start)
-        for segment in files.files:
-            if segment.offset_end <= self.end:
-                continue
-            if not self._advance(segment, dispatched):
-                break
+        for _ in range(MAX_NEW_FILES_A_LOOK):
+            known = len(files.files)
+            for segment in files.files:
+                if segment.offset_end <= self.end:
+                    continue
+                if not self._advance(segment, dispatched):
+                    return
+            # every known file is full: the dispatcher may have begun the next one before it
+            # published `dispatched` (this look would otherwise be the last for that value, and
+            # a reader would stay at this file's end until the next write anywhere)
+            files.refresh()
+            if len(files.files) == known:
+                return
 
     def _advance(self, segment, dispatched: int) -> bool:
         """Scan `segment` from the known end; True when it is full (go on to the next file)."""

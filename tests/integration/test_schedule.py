@@ -126,11 +126,15 @@ def timer_node(tmp_path):
 def _until_all(consumer, topic: str, bodies: set[bytes], timeout: float = 60.0) -> list:
     """Queue 0's messages until every body in `bodies` has come (duplicates kept) or the time is
     up: a killed service is back within seconds, and may deliver some twice."""
-    found, offset, deadline = [], 0, time.monotonic() + timeout
-    while not bodies <= {m.body for m in found} and time.monotonic() < deadline:
+    found, offset, began = [], 0, time.monotonic()
+    seen: list[tuple] = []  # (seconds, status, offset, max offset) of the last pulls, for a failure's report
+    while not bodies <= {m.body for m in found}:
         result = consumer.pull(topic, 0, offset, suspend_ms=500)
         found += result.messages
+        seen = [*seen[-5:], (round(time.monotonic() - began, 1), result.status, offset, result.max_offset)]
         offset = result.next_begin_offset if result.status != "OFFSET_ILLEGAL" else result.min_offset
+        assert time.monotonic() - began < timeout, (f"{len(found)} read, {len(bodies - {m.body for m in found})} "
+                                                    f"still missing after {timeout} s; last pulls: {seen}")
     return found
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.schedule import ScheduleCore, send_back_request
+from actors.reput import send_back_request
+from actors.schedule import ScheduleCore
 from shm.codec import Record, decode, encode, encode_host
 
 LEVELS = [1000, 5000]  # level 1: 1 s, level 2: 5 s
@@ -108,7 +109,7 @@ def test_a_send_back_waits_for_the_disk_and_a_delivery_does_not(tmp_path):
 def test_a_delivery_read_from_the_raw_record_is_the_one_read_through_decode(topic, extra, born):
     """The schedule service reads a due record without decoding it whole; what it re-puts is
     what `reput_item` makes of the decoded record (an IPv6 record is left to that path)."""
-    from actors.schedule import reput_item, reput_item_raw
+    from actors.reput import reput_item, reput_item_raw
     from shm.codec import properties_string
 
     props = {"TAGS": "t", "UNIQ_KEY": "U1", **extra, "REAL_TOPIC": "Real", "REAL_QID": "3", "CLUSTER": "c"}

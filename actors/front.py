@@ -285,8 +285,9 @@ class Front(Actor):
             self.reads.serve_request(request.header, client, time.monotonic_ns(), self.read_replies)
         elif route.to is To.READ:
             self._forward(self.pulls, client, request, frames, "no pull worker is available")
-        elif route.to is To.SCHEDULE:
-            self._forward(self.schedules, client, request, frames, "the schedule service is not running; try again")
+        elif route.to is To.SCHEDULE:  # (its header as the router completed it)
+            self._forward(self.schedules, client, request, [orjson.dumps(request.header)],
+                          "the schedule service is not running; try again")
         elif route.to is To.CLEAN:
             self._forward(self.cleans, client, request, frames, "the clean service is not running; try again")
         elif route.to is To.RUNTIME:

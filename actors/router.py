@@ -16,7 +16,11 @@ from dataclasses import dataclass, field
 import orjson
 
 from node import protocol
-from node.server import edge
+from node.server import admin, edge
+
+ADMIN_CODES = frozenset({protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER,
+                         protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, protocol.DELETE_SUBSCRIPTIONGROUP,
+                         protocol.GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
 
 
 class To(enum.Enum):
@@ -46,11 +50,17 @@ class Router:
         if code in protocol.SEND_CODES:
             return Route(To.SEND)
         edge.check_request(request)  # ProtocolError: SYSTEM_ERROR with its remark
+        if code == protocol.PULL_MESSAGE and "consumerGroup" in request.header:
+            refusal = admin.consume_refusal(self.groups, request.header["consumerGroup"])
+            if refusal:
+                return Route(To.ANSWER, protocol.error_reply(request.opaque, "NO_PERMISSION", refusal))
         if code in protocol.READ_CODES:
             return Route(To.READ)
         if code == protocol.DELETE_EXPIRED_COMMITLOG:
             return Route(To.CLEAN)
         if code == protocol.CONSUMER_SEND_MSG_BACK:
+            if "maxReconsumeTimes" not in request.header:  # (the shell forwards the header as changed here)
+                request.header["maxReconsumeTimes"] = self.groups.retry_max_times(request.header["consumerGroup"])
             return Route(To.SCHEDULE)
         if code == protocol.GET_BROKER_RUNTIME_INFO:
             return Route(To.RUNTIME)
@@ -59,6 +69,8 @@ class Router:
         if code == protocol.GET_ALL_TOPIC_CONFIG:
             table = {name: config.to_json() for name, config in sorted(self.topics.topics.items())}
             return Route(To.ANSWER, _ok(request, topicConfigTable=table))
+        if code in ADMIN_CODES:
+            return Route(To.ANSWER, self._admin(request))
         if code == protocol.GET_ALL_CONSUMER_OFFSET:
             table = {key: {str(q): o for q, o in sorted(queues.items())} for key, queues in sorted(self.offsets.table.items())}
             return Route(To.ANSWER, _ok(request, offsetTable=table))
@@ -83,6 +95,23 @@ class Router:
             return protocol.error_reply(request.opaque, "QUERY_NOT_FOUND",
                                         f"no offset committed by {group} for {topic}/{queue_id}")
         return _ok(request, offset=offset)
+
+    def _admin(self, request: protocol.Request) -> list[bytes]:
+        header, code = request.header, request.code
+        try:
+            if code == protocol.UPDATE_AND_CREATE_TOPIC:
+                return _ok(request, topicConfig=admin.update_topic(self.topics, header))
+            if code == protocol.DELETE_TOPIC_IN_BROKER:
+                admin.delete_topic(self.topics, self.offsets, header)
+                return _ok(request)
+            if code == protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP:
+                return _ok(request, subscriptionGroupConfig=admin.update_group(self.groups, header))
+            if code == protocol.DELETE_SUBSCRIPTIONGROUP:
+                admin.delete_group(self.groups, self.offsets, header)
+                return _ok(request)
+            return _ok(request, subscriptionGroupTable=dict(sorted(self.groups.groups.items())))
+        except admin.AdminRefused as e:
+            return protocol.error_reply(request.opaque, e.status, e.remark)
 
     def _route_info(self, request: protocol.Request) -> list[bytes]:
         config, status, problem = self.topics.resolve(request.header.get("topic"))

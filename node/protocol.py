@@ -31,7 +31,13 @@ SEND_MESSAGES = 9010  # mqnode: many independent sends in one frame (a client's 
 
 GET_ALL_TOPIC_CONFIG = 21
 GET_CONSUME_STATS = 208
-GET_ALL_CONSUMER_OFFSET = 43  # RocketMQ's: every group's committed offsets, as config/consumerOffset.json holds them
+GET_ALL_CONSUMER_OFFSET = 43
+# administration (RocketMQ's codes): `mqnode admin topic|group ...`
+UPDATE_AND_CREATE_TOPIC = 17
+DELETE_TOPIC_IN_BROKER = 215
+UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
+GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
+DELETE_SUBSCRIPTIONGROUP = 207  # RocketMQ's: every group's committed offsets, as config/consumerOffset.json holds them
 CONSUMER_SEND_MSG_BACK = 36  # a consumer hands a message back: %RETRY%<group> with a delay, or %DLQ%<group>
 DELETE_EXPIRED_COMMITLOG = 329  # RocketMQ 5's code: executeDeleteFilesManually (`mqnode admin clean`)
 
@@ -58,6 +64,8 @@ PULL_RETRY_IMMEDIATELY = 20
 PULL_OFFSET_MOVED = 21
 QUERY_NOT_FOUND = 22
 SUBSCRIPTION_PARSE_FAILED = 23
+NO_PERMISSION = 16
+SUBSCRIPTION_GROUP_NOT_EXIST = 26
 
 # PutMessageStatus (spec §11) and the node's own refusals -> response code
 STATUS_CODES = {
@@ -83,6 +91,8 @@ STATUS_CODES = {
     "OFFSET_ILLEGAL": PULL_OFFSET_MOVED,
     "QUERY_NOT_FOUND": QUERY_NOT_FOUND,
     "SUBSCRIPTION_PARSE_FAILED": SUBSCRIPTION_PARSE_FAILED,
+    "NO_PERMISSION": NO_PERMISSION,
+    "SUBSCRIPTION_GROUP_NOT_EXIST": SUBSCRIPTION_GROUP_NOT_EXIST,
 }
 # Stored, so the send is not to be retried: isOk() in RocketMQ
 STORED_STATUSES = frozenset({"PUT_OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"})

@@ -84,15 +84,18 @@ class AsyncPullConsumer:
             raise SendError(status or "SYSTEM_ERROR", reply.get("remark", ""))
         return status, reply["nextBeginOffset"], reply["minOffset"], reply["maxOffset"], body or b""
 
-    async def send_back(self, message, group: str, *, delay_level: int = 0, max_reconsume_times: int = 16) -> None:
+    async def send_back(self, message, group: str, *, delay_level: int = 0,
+                        max_reconsume_times: int | None = None) -> None:
         """Hand a message back for another try (RocketMQ's consumerSendMsgBack): the node re-puts
         it into `%RETRY%<group>` after delay level `delay_level` (0: 3 + its reconsumeTimes), or
-        into `%DLQ%<group>` once it was handed back `max_reconsume_times` times (or with a level
-        below 0). Raises SendError when the node refuses."""
-        reply, _ = await self._ask({"code": protocol.CONSUMER_SEND_MSG_BACK, "consumerGroup": group,
-                                    "offsetMsgId": message.offset_msg_id, "delayLevel": delay_level,
-                                    "maxReconsumeTimes": max_reconsume_times, "originTopic": message.topic,
-                                    "originMsgId": message.msg_id})
+        into `%DLQ%<group>` once it was handed back `max_reconsume_times` times (None: the
+        group's retryMaxTimes, 16 unless `admin group update` set it), or with a level below 0.
+        Raises SendError when the node refuses."""
+        header = {"code": protocol.CONSUMER_SEND_MSG_BACK, "consumerGroup": group, "offsetMsgId": message.offset_msg_id,
+                  "delayLevel": delay_level, "originTopic": message.topic, "originMsgId": message.msg_id}
+        if max_reconsume_times is not None:
+            header["maxReconsumeTimes"] = max_reconsume_times
+        reply, _ = await self._ask(header)
         if reply.get("status") != "OK":
             raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
 

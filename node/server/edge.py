@@ -255,6 +255,19 @@ def _send_back(header: dict) -> str | None:
             or (None if isinstance(header.get("originMsgId", ""), str) else "`originMsgId` must be a string"))
 
 
+QUEUE_NUMS_MAX = 1024  # queues a topic may be given
+
+
+def _group_config(header: dict) -> str | None:
+    return (group_problem(header.get("groupName"))
+            or bool_problem(header, "consumeEnable") or bool_problem(header, "consumeBroadcastEnable")
+            or bool_problem(header, "consumeFromMinEnable")
+            or int_problem(header, "retryQueueNums", 1, QUEUE_NUMS_MAX)
+            or int_problem(header, "retryMaxTimes", 0, 64)
+            or int_problem(header, "whichBrokerWhenConsumeSlowly", 0, 1024)
+            or int_problem(header, "brokerId", 0, 1024))
+
+
 # code -> the check of its fields (None: fine); sends are `send_refusal`'s
 CHECKS = {
     protocol.PULL_MESSAGE: _pull,
@@ -269,6 +282,14 @@ CHECKS = {
     protocol.GET_ROUTEINFO_BY_TOPIC: lambda h: None,  # a bad name: MESSAGE_ILLEGAL, as its send would be
     protocol.GET_ALL_TOPIC_CONFIG: lambda h: None,
     protocol.GET_ALL_CONSUMER_OFFSET: lambda h: None,
+    protocol.UPDATE_AND_CREATE_TOPIC: lambda h: (read_topic_problem(h.get("topic"))
+                                                 or int_problem(h, "readQueueNums", 1, QUEUE_NUMS_MAX)
+                                                 or int_problem(h, "writeQueueNums", 1, QUEUE_NUMS_MAX)
+                                                 or int_problem(h, "perm", 0, 7) or bool_problem(h, "order")),
+    protocol.DELETE_TOPIC_IN_BROKER: lambda h: read_topic_problem(h.get("topic")),
+    protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: lambda h: _group_config(h),
+    protocol.DELETE_SUBSCRIPTIONGROUP: lambda h: group_problem(h.get("groupName")),
+    protocol.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: lambda h: None,
     protocol.GET_BROKER_RUNTIME_INFO: lambda h: None,
     protocol.DELETE_EXPIRED_COMMITLOG: lambda h: bool_problem(h, "force"),
     protocol.CONSUMER_SEND_MSG_BACK: _send_back,

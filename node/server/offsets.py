@@ -29,6 +29,16 @@ class ConsumerOffsets:
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
         return self.table.get(f"{topic}@{group}", {}).get(queue_id)
 
+    def forget(self, *, topic: str | None = None, group: str | None = None) -> int:
+        """Drop every offset of a deleted topic or group; how many queues' offsets went."""
+        gone = [key for key in self.table if (topic is not None and key.rpartition("@")[0] == topic)
+                or (group is not None and key.rpartition("@")[2] == group)]
+        for key in gone:
+            dropped = self.table.pop(key)
+            self.dirty = True
+            del dropped
+        return len(gone)
+
     def of_group(self, group: str) -> dict[str, dict[int, int]]:
         return {key.rpartition("@")[0]: dict(queues) for key, queues in self.table.items()
                 if key.rpartition("@")[2] == group}
@@ -57,11 +67,33 @@ class SubscriptionGroups:
         """True when the group was new (and has now been persisted)."""
         if group in self.groups:
             return False
-        self.groups[group] = {"brokerId": 0, "consumeBroadcastEnable": True, "consumeEnable": True,
-                              "consumeFromMinEnable": True, "groupName": group,
-                              "notifyConsumerIdsChangedEnable": True, "retryMaxTimes": 16, "retryQueueNums": 1,
-                              "whichBrokerWhenConsumeSlowly": 1}
+        self.groups[group] = _default_group(group)
+        self._persist()
+        return True
+
+    def update(self, group: str, changes: dict) -> dict:
+        """A group created (RocketMQ's defaults) or changed: `admin group create|update`."""
+        config = self.groups[group] = {**(self.groups.get(group) or _default_group(group)), **changes}
+        self._persist()
+        return dict(config)
+
+    def delete(self, group: str) -> bool:
+        if self.groups.pop(group, None) is None:
+            return False
+        self._persist()
+        return True
+
+    def retry_max_times(self, group: str) -> int:
+        return int((self.groups.get(group) or {}).get("retryMaxTimes", 16))
+
+    def _persist(self) -> None:
         self.counter += 1
         config_files.persist(self.path, {"dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)},
                                          "subscriptionGroupTable": dict(sorted(self.groups.items()))})
-        return True
+
+
+def _default_group(group: str) -> dict:
+    """subscriptionGroup.json's entry for a new group, RocketMQ 4.9's defaults."""
+    return {"brokerId": 0, "consumeBroadcastEnable": True, "consumeEnable": True, "consumeFromMinEnable": True,
+            "groupName": group, "notifyConsumerIdsChangedEnable": True, "retryMaxTimes": 16, "retryQueueNums": 1,
+            "whichBrokerWhenConsumeSlowly": 1}

@@ -207,6 +207,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
     from node.client import Producer, SendError
     from node.protocol import (
         DELETE_EXPIRED_COMMITLOG,
+        GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
         GET_ALL_TOPIC_CONFIG,
         GET_BROKER_RUNTIME_INFO,
         GET_CONSUME_STATS,
@@ -228,6 +229,17 @@ def cmd_admin(args: argparse.Namespace) -> int:
             elif args.what == "clean":
                 reply, _ = client.request({"code": DELETE_EXPIRED_COMMITLOG, "force": args.force})
                 shown = {key: reply.get(key) for key in ("count", "bytes", "stopped", "deleted")}
+            elif args.what in ("topic", "group") and args.action:
+                reply, shown = _admin_change(client, args)
+            elif args.what == "group":
+                reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
+                table = reply.get("subscriptionGroupTable") or {}
+                shown = table.get(args.group) if args.group else table
+            elif args.what == "reset-offset":
+                reply, shown = _reset_offsets(client, args)
+            elif args.what == "groups":
+                reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
+                shown = reply.get("subscriptionGroupTable")
             elif args.what == "topics":
                 reply, _ = client.request({"code": GET_ALL_TOPIC_CONFIG})
                 shown = reply.get("topicConfigTable")
@@ -249,8 +261,92 @@ def cmd_admin(args: argparse.Namespace) -> int:
         except SendError as e:
             print(f"mqnode admin: {e}", file=sys.stderr)
             return 1
+    if reply.get("status") not in ("OK", "QUERY_NOT_FOUND"):
+        print(f"mqnode admin: {reply.get('status')}: {reply.get('remark', '')}", file=sys.stderr)
+        return 1
     sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
-    return 0 if reply.get("status") in ("OK", "QUERY_NOT_FOUND") else 1
+    return 0
+
+
+def _admin_change(client, args: argparse.Namespace) -> tuple[dict, object]:
+    """`admin topic|group create|update|delete`: RocketMQ's requests for mqadmin updateTopic,
+    deleteTopic, updateSubGroup and deleteSubGroup."""
+    from node import protocol
+
+    if args.what == "topic":
+        if not args.topic:
+            raise SettingsError(f"admin topic {args.action} needs --topic")
+        if args.action == "delete":
+            reply, _ = client.request({"code": protocol.DELETE_TOPIC_IN_BROKER, "topic": args.topic})
+            return reply, {"deleted": args.topic}
+        header = {"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": args.topic}
+        for field, value in (("readQueueNums", args.read_queues or args.queues),
+                             ("writeQueueNums", args.write_queues or args.queues), ("perm", args.perm)):
+            if value is not None:
+                header[field] = value
+        reply, _ = client.request(header)
+        return reply, reply.get("topicConfig")
+    if not args.group:
+        raise SettingsError(f"admin group {args.action} needs --group")
+    if args.action == "delete":
+        reply, _ = client.request({"code": protocol.DELETE_SUBSCRIPTIONGROUP, "groupName": args.group})
+        return reply, {"deleted": args.group}
+    header = {"code": protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, "groupName": args.group}
+    for field, value in (("retryQueueNums", args.retry_queues), ("retryMaxTimes", args.max_retries),
+                         ("whichBrokerWhenConsumeSlowly", args.which_broker_when_slow),
+                         ("consumeEnable", args.consume_enable), ("consumeBroadcastEnable", args.broadcast)):
+        if value is not None:
+            header[field] = value
+    reply, _ = client.request(header)
+    return reply, reply.get("subscriptionGroupConfig")
+
+
+def _reset_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:
+    """`admin reset-offset`: each queue of the topic, the group's offset set to the first message
+    stored at or after --to-timestamp, or to the queue's first or last (as mqadmin
+    resetOffsetByTime does, through the queue requests a client has)."""
+    from node import protocol
+
+    if not (args.group and args.topic) or (args.to_timestamp is None) == (args.to is None):
+        raise SettingsError("admin reset-offset needs --group, --topic and one of --to-timestamp MS or --to first|last")
+    route, _ = client.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": args.topic})
+    if route.get("status") != "OK":
+        return route, {}
+    shown = {}
+    for queue in range(route["readQueueNums"]):
+        if args.to_timestamp is not None:
+            ask = {"code": protocol.SEARCH_OFFSET_BY_TIMESTAMP, "timestamp": args.to_timestamp}
+        else:
+            ask = {"code": protocol.GET_MIN_OFFSET if args.to == "first" else protocol.GET_MAX_OFFSET}
+        found, _ = client.request(ask | {"topic": args.topic, "queueId": queue})
+        if found.get("status") != "OK":
+            return found, shown
+        if args.to_timestamp is not None:
+            found["offset"] = _at_or_after(client, args.topic, queue, found["offset"], args.to_timestamp)
+        done, _ = client.request({"code": protocol.UPDATE_CONSUMER_OFFSET, "consumerGroup": args.group,
+                                  "topic": args.topic, "queueId": queue, "commitOffset": found["offset"]})
+        if done.get("status") != "OK":
+            return done, shown
+        shown[str(queue)] = found["offset"]
+    return route, {args.topic: shown}
+
+
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return text.lower() == "true"
+
+
+def _at_or_after(client, topic: str, queue: int, offset: int, timestamp: int) -> int:
+    """SEARCH_OFFSET_BY_TIMESTAMP gives the offset whose store time is nearest (RocketMQ's
+    rule); a reset to a time starts at the first message stored at or after it."""
+    from node import protocol
+    from shm.codec import Record, decode
+
+    reply, body = client.request({"code": protocol.PULL_MESSAGE, "topic": topic, "queueId": queue,
+                                  "queueOffset": offset, "maxMsgNums": 1})
+    record = decode(body, check_crc=False) if reply.get("status") == "FOUND" and body else None
+    return offset + 1 if isinstance(record, Record) and record.store_timestamp < timestamp else offset
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -301,11 +397,27 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--end", type=int, default=2**62, help="store time to (ms)")
     query.add_argument("--max", type=int, default=32)
     query.set_defaults(handler=cmd_query)
-    admin = commands.add_parser("admin", help="ask a running node: stats, topics, offsets, a topic's route, delays, or to clean")
-    admin.add_argument("what", choices=["stats", "topics", "offsets", "topic", "clean", "delays"])
+    admin = commands.add_parser("admin", help="ask a running node: stats, topics, groups, offsets, a topic's route, "
+                                              "delays, or to clean; create, update or delete topics and groups; "
+                                              "reset a group's offsets")
+    admin.add_argument("what", choices=["stats", "topics", "groups", "offsets", "topic", "group", "reset-offset", "clean",
+                                        "delays"])
+    admin.add_argument("action", nargs="?", choices=["create", "update", "delete"],
+                       help="for `admin topic` and `admin group` (without: `admin topic` shows the topic's route)")
     admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
-    admin.add_argument("--topic", help="for `admin topic`; filters `admin offsets`")
-    admin.add_argument("--group", help="for `admin offsets`")
+    admin.add_argument("--topic", help="for `admin topic` and `admin reset-offset`; filters `admin offsets`")
+    admin.add_argument("--group", help="for `admin offsets`, `admin group` and `admin reset-offset`")
+    admin.add_argument("--queues", type=int, help="admin topic create|update: read and write queues")
+    admin.add_argument("--read-queues", type=int, help="admin topic create|update: read queues only")
+    admin.add_argument("--write-queues", type=int, help="admin topic create|update: write queues only")
+    admin.add_argument("--perm", type=int, help="admin topic create|update: 6 read and write, 4 read only, 2 write only")
+    admin.add_argument("--retry-queues", type=int, help="admin group create|update: retryQueueNums")
+    admin.add_argument("--max-retries", type=int, help="admin group create|update: retryMaxTimes (send-backs before the DLQ)")
+    admin.add_argument("--which-broker-when-slow", type=int, help="admin group create|update: whichBrokerWhenConsumeSlowly")
+    admin.add_argument("--consume-enable", type=_bool, help="admin group create|update: true|false (false: its pulls are refused)")
+    admin.add_argument("--broadcast", type=_bool, help="admin group create|update: consumeBroadcastEnable, true|false")
+    admin.add_argument("--to-timestamp", type=int, metavar="MS", help="admin reset-offset: to the first message stored at or after")
+    admin.add_argument("--to", choices=["first", "last"], help="admin reset-offset: to each queue's first or last offset")
     admin.add_argument("--force", action="store_true",
                        help="for `admin clean`: delete the oldest segments whatever their age (never the last)")
     admin.add_argument("--timeout", type=float, default=None, help="seconds to wait (default 5; 120 for clean)")

@@ -7,7 +7,8 @@ remembers where its records sit in the batch so the writer can answer once they 
 
 Stored properties follow the 4.9 broker (spec §2.7): the client's map, plus CLUSTER, minus WAIT
 (which only decides whether the send waits for the flush), serialised in Java HashMap order. A
-DELAY level > 0 moves the message to SCHEDULE_TOPIC_XXXX queue level-1 with REAL_TOPIC/REAL_QID.
+send with a delay level or a timer is moved where `node.server.delays` says (SCHEDULE_TOPIC_XXXX
+or the timer topic, with REAL_TOPIC/REAL_QID), on the one-pass path as on the general one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from node import protocol
+from node.server.delays import SCHEDULING, SPECIAL, Delays
 from shm import codec
 from shm.codec import (
     MAX_PROPERTIES_BYTES,
@@ -25,14 +27,9 @@ from shm.codec import (
     PROPERTY_DELAY,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
-    PROPERTY_TIMER_DELAY_SEC,
-    PROPERTY_TIMER_DELIVER_MS,
-    PROPERTY_TIMER_OUT_MS,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
     SCHEDULE_TOPIC,
-    TIMER_PROPERTIES,
-    TIMER_TOPIC,
     MessageIllegal,
     encode,
     encode_host,
@@ -78,12 +75,10 @@ class PendingSend:
 class SendEncoder:
     def __init__(self, settings, clock=time.time):
         self.settings = settings
-        self.clock = clock  # epoch seconds: a timer's TIMER_DELAY_* counts from it
         self.store_host = encode_host(*settings.store_address)
         self.cluster = settings.brokerClusterName
         self.delay_levels = len(settings.delay_levels_ms())
-        # "1".."N" -> its schedule queue: a level `scheduled` moves without rewriting DELAY
-        self._plain_levels = {str(n): n - 1 for n in range(1, self.delay_levels + 1)}
+        self.delays = Delays(settings, clock)
         self._born_cache: dict[str, bytes] = {}
         # the codec's one-pass encoders: in C where it was built, else in Python
         self._messages_v4 = codec.encode_messages_v4
@@ -204,9 +199,9 @@ class SendEncoder:
         was built. False leaves `pending` and `batch` untouched for the general path, which
         names whatever is wrong."""
         asked = None
-        if any(type(m) is dict and type(m.get("properties")) is dict and not _SPECIAL.isdisjoint(m["properties"])
+        if any(type(m) is dict and type(m.get("properties")) is dict and not SPECIAL.isdisjoint(m["properties"])
                for m in messages):
-            asked, messages = messages, self._scheduled_items(messages)
+            asked, messages = messages, self.delays.scheduled_items(messages)
             if messages is None:
                 return False
         encoded = self._messages_v4(messages, body, born, self.store_host, self.settings.maxMessageSize,
@@ -247,7 +242,7 @@ class SendEncoder:
             properties[PROPERTY_CLUSTER] = self.cluster
             properties.pop(PROPERTY_WAIT, None)
             pending.uniq_keys[index] = properties.get(PROPERTY_UNIQ_KEY)
-            if not _SCHEDULING.isdisjoint(properties):
+            if not SCHEDULING.isdisjoint(properties):
                 topic, queue_id, capacity = self._delay(properties, topic, queue_id, capacity)
             flag, reconsume_times = header.get("flag", 0), header.get("reconsumeTimes", 0)
             if type(flag) is not int or type(reconsume_times) is not int:  # ints beyond int32: struct.error
@@ -290,98 +285,8 @@ class SendEncoder:
 
     def _delay(self, properties: dict, topic: str, queue_id: int, capacity: int) -> tuple[str, int, int]:
         """The general path's `scheduled`, with the map's bucket count it leaves."""
-        topic, queue_id = self.scheduled(properties, topic, queue_id)
+        topic, queue_id = self.delays.scheduled(properties, topic, queue_id)
         return topic, queue_id, max(capacity, hashmap_capacity(len(properties)))
-
-    def scheduled(self, properties: dict, topic: str, queue_id: int) -> tuple[str, int]:
-        """Where a send with a delay is stored (docs/protocol.md "Delays"), `properties` changed
-        as the broker changes them; (topic, queue_id) unchanged for a send without one.
-
-        A delay level n > 0 (RocketMQ 4's): SCHEDULE_TOPIC_XXXX queue n-1, a level above the
-        last clamped to it (DELAY rewritten, as setDelayTimeLevel does), REAL_TOPIC and REAL_QID
-        added; timer properties beside it are dropped (RocketMQ 5: the level wins). A timer
-        (TIMER_DELAY_SEC, TIMER_DELAY_MS or TIMER_DELIVER_MS, first found wins): due in the
-        future, it goes to the timer topic with TIMER_OUT_MS (the due time rounded up to
-        `timerPrecisionMs`, so never early), REAL_TOPIC and REAL_QID; due now or before, it is
-        stored as a plain message. Raises MessageIllegal for a value that is not an integer or a
-        timer beyond `timerMaxDelaySec`."""
-        level_text = properties.get(PROPERTY_DELAY)
-        level = 0
-        if level_text is not None:
-            try:
-                level = int(level_text)
-            except ValueError:
-                raise MessageIllegal("MESSAGE_ILLEGAL", f"DELAY must be an integer level, not {level_text!r}") from None
-        if level > 0:
-            for name in TIMER_PROPERTIES:
-                properties.pop(name, None)
-            if level > self.delay_levels:
-                level = self.delay_levels
-                properties[PROPERTY_DELAY] = str(level)
-            properties[PROPERTY_REAL_TOPIC] = topic
-            properties[PROPERTY_REAL_QID] = str(queue_id)
-            return SCHEDULE_TOPIC, level - 1
-        due_ms = self._timer_due(properties)
-        if due_ms is None:
-            return topic, queue_id
-        precision = self.settings.timerPrecisionMs
-        properties[PROPERTY_TIMER_OUT_MS] = str(-(-due_ms // precision) * precision)
-        properties[PROPERTY_REAL_TOPIC] = topic
-        properties[PROPERTY_REAL_QID] = str(queue_id)
-        return TIMER_TOPIC, 0
-
-    def _timer_due(self, properties: dict) -> int | None:
-        """A timer's due time (epoch ms) if it is one and still ahead, else None."""
-        for name in TIMER_PROPERTIES:
-            text = properties.get(name)
-            if text is not None:
-                break
-        else:
-            return None
-        try:
-            value = int(text)
-        except ValueError:
-            raise MessageIllegal("MESSAGE_ILLEGAL", f"{name} must be an integer, not {text!r}") from None
-        now_ms = int(self.clock() * 1000)
-        due_ms = value if name == PROPERTY_TIMER_DELIVER_MS else now_ms + value * (1000 if name == PROPERTY_TIMER_DELAY_SEC else 1)
-        if due_ms <= now_ms:
-            return None
-        if not self.settings.timerWheelEnable:
-            raise MessageIllegal("MESSAGE_ILLEGAL", "timer messages are off on this node (timerWheelEnable = false)")
-        if due_ms - now_ms > self.settings.timerMaxDelaySec * 1000:
-            raise MessageIllegal("MESSAGE_ILLEGAL", f"{name}={text} is {due_ms - now_ms} ms ahead, beyond "
-                                                   f"timerMaxDelaySec ({self.settings.timerMaxDelaySec} s)")
-        return due_ms
-
-    def _scheduled_items(self, messages: list[dict]) -> list[dict] | None:
-        """SEND_MESSAGES' messages with each delayed or timer send moved where `scheduled` says
-        (copies; the client's dicts stay as sent), for the one-pass encoders; None when one
-        needs the general path to name what is wrong (or holds a name the write path adds)."""
-        out = []
-        for item in messages:
-            props = item.get("properties")
-            if type(props) is not dict or _SPECIAL.isdisjoint(props):
-                out.append(item)
-                continue
-            topic, queue_id = item.get("topic"), item.get("queueId")
-            if (not _ADDED.isdisjoint(props) or type(topic) is not str or type(queue_id) is not int
-                    or not all(type(v) is str for v in props.values())):
-                return None
-            level = props.get(PROPERTY_DELAY)
-            if level in self._plain_levels and _TIMERS.isdisjoint(props):  # the common delayed send, in short
-                props = props.copy()
-                props[PROPERTY_REAL_TOPIC], props[PROPERTY_REAL_QID] = topic, str(queue_id)
-                topic, queue_id = SCHEDULE_TOPIC, self._plain_levels[level]
-            else:
-                props = dict(props)
-                try:
-                    topic, queue_id = self.scheduled(props, topic, queue_id)
-                except MessageIllegal:
-                    return None
-            item = item.copy()
-            item["topic"], item["queueId"], item["properties"] = topic, queue_id, props
-            out.append(item)
-        return out
 
     def _add_batch(self, pending, header, body, born, batch) -> None:
         """SEND_BATCH_MESSAGE: inner messages keep their own properties bytes, then the batch's
@@ -397,8 +302,8 @@ class SendEncoder:
             refused, batch_props = refused or (e.status, e.remark), {}
         if batch_props.get(PROPERTY_WAIT) == "false":
             pending.wait = False
-        if refused is None and (not _SCHEDULING.isdisjoint(batch_props)
-                                or any(not _SCHEDULING.isdisjoint(parse_properties(props)) for _, _, props in inner)):
+        if refused is None and (not SCHEDULING.isdisjoint(batch_props)
+                                or any(not SCHEDULING.isdisjoint(parse_properties(props)) for _, _, props in inner)):
             refused = ("MESSAGE_ILLEGAL", "a batch may carry neither a DELAY level nor a timer (TIMER_*), "
                                           "in its header or in a message")
         batch_props[PROPERTY_CLUSTER] = self.cluster
@@ -446,7 +351,7 @@ class SendEncoder:
             born_timestamp = _int(header.get("bornTimestamp", 0), "bornTimestamp")
         except MessageIllegal:
             return False
-        if not _SCHEDULING.isdisjoint(batch_props):  # (refused by the general path; a message's own too)
+        if not SCHEDULING.isdisjoint(batch_props):  # (refused by the general path; a message's own too)
             return False
         wait = batch_props.get(PROPERTY_WAIT) != "false"
         batch_props[PROPERTY_CLUSTER] = self.cluster
@@ -467,11 +372,6 @@ class SendEncoder:
         return True
 
 
-# names that make a send delayed, and the names the write path then adds (a client's own go the general path)
-_SCHEDULING = frozenset((PROPERTY_DELAY, *TIMER_PROPERTIES))
-_ADDED = frozenset((PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, PROPERTY_TIMER_OUT_MS))
-_SPECIAL = _SCHEDULING | _ADDED
-_TIMERS = frozenset(TIMER_PROPERTIES)
 
 
 class _BatchRefused(Exception):

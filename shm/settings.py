@@ -388,8 +388,8 @@ def validate(settings: Settings) -> None:
     if settings.enableConsumeQueueExt:
         raise SettingsError("enableConsumeQueueExt=true is not supported by mqnode")
     parse_delay_levels(settings.messageDelayLevel)
-    if not 10 <= settings.timerPrecisionMs <= 1000 or 1000 % settings.timerPrecisionMs:
-        raise SettingsError("timerPrecisionMs must be 10..1000 ms and divide a second (10, 20, 25, 50, 100, ..., 1000)")
+    if not 10 <= settings.timerPrecisionMs <= 1000:
+        raise SettingsError("timerPrecisionMs must be 10..1000 ms")
     if settings.timerMaxDelaySec < 1 or settings.timerFlushIntervalMs < 1:
         raise SettingsError("timerMaxDelaySec and timerFlushIntervalMs must be >= 1")
     if not 0 <= settings.frontPinBelowCpu < 0.85:

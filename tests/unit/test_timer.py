@@ -194,3 +194,15 @@ def test_a_slots_timers_go_in_the_order_they_were_taken_in(tmp_path, monkeypatch
     assert sorted(order) == list(range(20))
     chunks = [order[:7], order[7:14], order[14:]]  # newest chunk first, each oldest first
     assert chunks == [list(range(13, 20)), list(range(6, 13)), list(range(0, 6))]
+
+
+@pytest.mark.parametrize("precision, ok", [(10, True), (30, True), (1000, True), (5, False), (2000, False)])
+def test_timer_precision_is_checked_at_start(precision, ok):
+    from shm import settings as settings_module
+
+    values = {"storePathRootDir": "/nonexistent", "timerPrecisionMs": precision}
+    if ok:
+        assert settings_module.load(None, values).timerPrecisionMs == precision
+    else:
+        with pytest.raises(settings_module.SettingsError, match="timerPrecisionMs"):
+            settings_module.load(None, values)

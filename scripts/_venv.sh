@@ -20,6 +20,9 @@ if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp_want" ]; then
     echo "mqnode: installing failed (log above, also in $log)" >&2
     exit 1
   fi
+  # the C extensions are built in place, one build for every extras set: the other sets' stamps
+  # no longer say what is built (a checkout of another commit rebuilt them), so they go
+  rm -f "$VENV"/.mqnode-installed*
   echo "$stamp_want" > "$stamp_file"
   [ -z "$EXTRAS" ] || echo "$stamp_want" > "$VENV/.mqnode-installed"
 fi

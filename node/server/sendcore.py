@@ -124,8 +124,8 @@ class SendEncoder:
         client): a stored record's fields as given, its properties string stored as it was, so
         a delivered delayed message keeps DELAY, REAL_TOPIC and REAL_QID as RocketMQ 4.9's does.
         With `delay` (a send-back's retry) it goes through SCHEDULE_TOPIC_XXXX like any delayed
-        send. A delivery never waits for the flush (RocketMQ's re-put does not); a send-back
-        (`wait`) does, as the consumer is told it is stored."""
+        send. A send-back (`wait`) is answered once stored as the mode promises, as the consumer
+        is told it is stored; deliveries are `_add_reputs`'."""
         reput = header["_reput"]
         topic, queue_id, properties = header["topic"], header["queueId"], reput["properties"]
         delay = reput.get("delay", 0)
@@ -143,16 +143,8 @@ class SendEncoder:
             pending.refusals[index] = tuple(header["_refused"])
             return
         try:
-            if len(born) == 8 and len(self.store_host) == 8:
-                record = encode_v4(topic_bytes(topic), body, queue_id, header.get("flag", 0), reput.get("sysFlag", 0),
-                                   header.get("bornTimestamp", 0), born, self.store_host, properties.encode(),
-                                   header.get("reconsumeTimes", 0), self.settings.maxMessageSize)
-            else:
-                record = encode(topic=topic, body=body, queue_id=queue_id, flag=header.get("flag", 0),
-                                sys_flag=reput.get("sysFlag", 0), born_timestamp=header.get("bornTimestamp", 0),
-                                born_host=born, store_host=self.store_host, properties=properties,
-                                reconsume_times=header.get("reconsumeTimes", 0),
-                                max_message_size=self.settings.maxMessageSize)
+            record = self._encode(topic, body, queue_id, header.get("flag", 0), header.get("bornTimestamp", 0), born,
+                                  properties, header.get("reconsumeTimes", 0), reput.get("sysFlag", 0))
         except MessageIllegal as e:
             pending.refusals[index] = (e.status, e.remark)
             return
@@ -163,14 +155,17 @@ class SendEncoder:
         """The schedule service's deliveries, many to a request (`_reput: true` on a
         SEND_MESSAGES): each message a `_reput` re-put with its own born host. One request per
         few hundred deliveries is what lets a level's backlog go out at tens of thousands a
-        second; none waits for the flush."""
+        second. They are answered once stored as the mode promises (flushed, under SYNC_FLUSH):
+        the schedule service counts a delivery done on its answer and persists its offsets by
+        it, so an answer before the disk could, after a power loss, skip a message whose
+        delivered copy was lost. (RocketMQ's re-put does not wait.)"""
         pending.compact = header.get("compact") is True
         at = 0
         for item in header["messages"]:
             size = item["bodySize"]
             self._add_reput(pending, item, body[at: at + size], self.born_host(item.get("bornHost")), batch)
             at += size
-        pending.wait = False
+        pending.wait = True
 
     def _add_messages(self, pending, header, body, born, batch) -> None:
         messages = header.get("messages")
@@ -268,12 +263,12 @@ class SendEncoder:
         return waits
 
     def _encode(self, topic: str, body: bytes, queue_id: int, flag: int, born_timestamp: int, born: bytes,
-                properties: str, reconsume_times: int) -> bytes:
+                properties: str, reconsume_times: int, sys_flag: int = 0) -> bytes:
         if len(born) == 8 and len(self.store_host) == 8:
-            return encode_v4(topic_bytes(topic), body, queue_id, flag, 0, born_timestamp, born, self.store_host,
+            return encode_v4(topic_bytes(topic), body, queue_id, flag, sys_flag, born_timestamp, born, self.store_host,
                              properties.encode("utf-8"), reconsume_times, self.settings.maxMessageSize)
-        return encode(topic=topic, body=body, queue_id=queue_id, flag=flag, born_timestamp=born_timestamp,
-                      born_host=born, store_host=self.store_host, properties=properties,
+        return encode(topic=topic, body=body, queue_id=queue_id, flag=flag, sys_flag=sys_flag,
+                      born_timestamp=born_timestamp, born_host=born, store_host=self.store_host, properties=properties,
                       reconsume_times=reconsume_times, max_message_size=self.settings.maxMessageSize)
 
     @staticmethod

@@ -279,26 +279,25 @@ def _admin_change(client, args: argparse.Namespace) -> tuple[dict, object]:
         if args.action == "delete":
             reply, _ = client.request({"code": protocol.DELETE_TOPIC_IN_BROKER, "topic": args.topic})
             return reply, {"deleted": args.topic}
-        header = {"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": args.topic}
-        for field, value in (("readQueueNums", args.read_queues or args.queues),
-                             ("writeQueueNums", args.write_queues or args.queues), ("perm", args.perm)):
-            if value is not None:
-                header[field] = value
-        reply, _ = client.request(header)
+        reply, _ = client.request(_given({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": args.topic},
+                                         readQueueNums=args.read_queues or args.queues,
+                                         writeQueueNums=args.write_queues or args.queues, perm=args.perm))
         return reply, reply.get("topicConfig")
     if not args.group:
         raise SettingsError(f"admin group {args.action} needs --group")
     if args.action == "delete":
         reply, _ = client.request({"code": protocol.DELETE_SUBSCRIPTIONGROUP, "groupName": args.group})
         return reply, {"deleted": args.group}
-    header = {"code": protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, "groupName": args.group}
-    for field, value in (("retryQueueNums", args.retry_queues), ("retryMaxTimes", args.max_retries),
-                         ("whichBrokerWhenConsumeSlowly", args.which_broker_when_slow),
-                         ("consumeEnable", args.consume_enable), ("consumeBroadcastEnable", args.broadcast)):
-        if value is not None:
-            header[field] = value
-    reply, _ = client.request(header)
+    reply, _ = client.request(_given({"code": protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, "groupName": args.group},
+                                     retryQueueNums=args.retry_queues, retryMaxTimes=args.max_retries,
+                                     whichBrokerWhenConsumeSlowly=args.which_broker_when_slow,
+                                     consumeEnable=args.consume_enable, consumeBroadcastEnable=args.broadcast))
     return reply, reply.get("subscriptionGroupConfig")
+
+
+def _given(header: dict, **fields) -> dict:
+    """`header` with the fields the command line gave (left out: the node keeps the value)."""
+    return header | {name: value for name, value in fields.items() if value is not None}
 
 
 def _reset_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:

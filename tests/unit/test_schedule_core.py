@@ -84,23 +84,28 @@ def test_send_back_retries_at_level_three_plus_reconsume_times_then_dead_letters
     assert asked["topic"] == "%DLQ%g"
 
 
-def test_a_send_back_waits_for_the_disk_and_a_delivery_does_not(tmp_path):
-    """The write path stores a re-put as given; only a send-back (the consumer is told it is
-    stored) waits for the flush under SYNC_FLUSH, as a client's send does."""
+def test_send_backs_and_deliveries_wait_for_the_disk_under_sync_flush(tmp_path):
+    """The write path stores a re-put as given, and answers it once stored as the mode promises:
+    a send-back (the consumer is told it is stored) and a delivery request (the schedule service
+    counts, and persists, a delivery done on its answer) wait for the flush under SYNC_FLUSH."""
     from helpers import small_settings
 
+    from actors.reput import delivery_request, reput_item
     from node.server.sendcore import PendingSend, SendEncoder
     from shm.encoded_batch import EncodedBatch
 
     encoder = SendEncoder(small_settings(tmp_path, flushDiskType="SYNC_FLUSH"))
     record = _record(0)
     back, body = send_back_request(record, {"consumerGroup": "g"}, 1, 18)
-    delivery = {"code": back["code"], "opaque": 2, "topic": "Orders", "queueId": 2, "bornTimestamp": 5,
-                "_reput": {"sysFlag": 0, "properties": record.properties_string}}
-    for header, waits, topic in ((back, True, "SCHEDULE_TOPIC_XXXX"), (delivery, False, "Orders")):
+    delivered = decode(encode(topic="SCHEDULE_TOPIC_XXXX", body=b"x", queue_id=0, born_timestamp=5,
+                              born_host=encode_host("10.0.0.1", 1),
+                              store_host=encode_host("127.0.0.1", 10911),
+                              properties="REAL_TOPIC\x01Orders\x02REAL_QID\x012\x02DELAY\x011"))
+    delivery, delivery_body = delivery_request([reput_item(delivered)], 2)
+    for header, payload, topic in ((back, body, "SCHEDULE_TOPIC_XXXX"), (delivery, delivery_body, "Orders")):
         pending, batch = PendingSend(b"c", header["opaque"], header["code"], 0), EncodedBatch()
-        encoder.add_request(pending, header, body, encoder.born_host("10.0.0.1:1"), batch)
-        assert (pending.wait, pending.topics, len(batch)) == (waits, [topic], 1)
+        encoder.add_request(pending, header, payload, encoder.born_host("10.0.0.1:1"), batch)
+        assert (pending.wait, pending.topics, len(batch)) == (True, [topic], 1)
 
 
 @pytest.mark.parametrize("topic, extra", [("SCHEDULE_TOPIC_XXXX", {"DELAY": "2"}),

@@ -19,6 +19,8 @@ from node.client import aio
 from node.client.producer import AsyncProducer, SendError
 from node.client.received import ReceivedMessage, decode_messages
 
+SEND_BACK_TRIES = 6  # 3.4 s of backoff in all: longer than a killed schedule service takes to come back
+
 
 @dataclass(frozen=True, slots=True)
 class PullResult:
@@ -90,14 +92,20 @@ class AsyncPullConsumer:
         it into `%RETRY%<group>` after delay level `delay_level` (0: 3 + its reconsumeTimes), or
         into `%DLQ%<group>` once it was handed back `max_reconsume_times` times (None: the
         group's retryMaxTimes, 16 unless `admin group update` set it), or with a level below 0.
-        Raises SendError when the node refuses."""
+        A busy answer (the schedule service restarting) is retried after 10, 40, ... 2560 ms: a
+        refused hand-back stored nothing. Raises SendError when the node refuses."""
         header = {"code": protocol.CONSUMER_SEND_MSG_BACK, "consumerGroup": group, "offsetMsgId": message.offset_msg_id,
                   "delayLevel": delay_level, "originTopic": message.topic, "originMsgId": message.msg_id}
         if max_reconsume_times is not None:
             header["maxReconsumeTimes"] = max_reconsume_times
-        reply, _ = await self._ask(header)
-        if reply.get("status") != "OK":
-            raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
+        for attempt in range(SEND_BACK_TRIES):
+            reply, _ = await self._ask(header)
+            status = reply.get("status", "SYSTEM_ERROR")
+            if status == "OK":
+                return
+            if status not in protocol.RETRIABLE_STATUSES or attempt == SEND_BACK_TRIES - 1:
+                raise SendError(status, reply.get("remark", ""))
+            await asyncio.sleep(0.01 * 4 ** attempt)
 
     async def _offset_request(self, code: int, **fields) -> dict:
         reply, _ = await self._ask({"code": code, **fields})

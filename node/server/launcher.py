@@ -268,25 +268,28 @@ class Node:
         self.metrics = MetricsServer(self.settings, max_offset)
 
     def _wait_for_connections(self) -> None:
-        """Actors connect to each other asynchronously: `ready` is printed only once a read
-        makes the round trip front -> pull worker -> front."""
-        import orjson
+        """Actors connect to each other asynchronously (one that connected before the front bound
+        retries 100 ms later): `ready` is printed only once a read makes the round trip front ->
+        pull worker -> front, and a send-back of no message the one front -> schedule -> front."""
         import zmq
 
         from node import protocol
 
+        probes = [({"code": protocol.GET_MAX_OFFSET, "topic": "SELF_TEST_TOPIC", "queueId": 0}, {"OK"})]
+        if "schedule" in topology.hosts(self.settings):  # answered "no message at offset ..."
+            probes.append(({"code": protocol.CONSUMER_SEND_MSG_BACK, "consumerGroup": "SELF_TEST_GROUP",
+                            "offset": 2**63 - 1}, {"SYSTEM_ERROR"}))
         context = zmq.Context()
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.settings.listen)
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S
-            while time.monotonic() < deadline:
-                sock.send(orjson.dumps({"code": protocol.GET_MAX_OFFSET, "topic": "SELF_TEST_TOPIC", "queueId": 0}))
-                if sock.poll(1000) and orjson.loads(sock.recv()).get("status") == "OK":
-                    return
-                time.sleep(0.05)
-            raise RuntimeError("the node's actors did not connect to each other")
+            for header, answers in probes:
+                while not _answered(sock, header, answers):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the node's actors did not connect to each other")
+                    time.sleep(0.05)
         finally:
             sock.close(0)
             context.term()
@@ -444,6 +447,19 @@ class Node:
         self.control = None
         if s.root.exists():
             mark_clean_exit(s.root)
+
+
+def _answered(sock, header: dict, answers: set[str]) -> bool:
+    """One probe of `_wait_for_connections`: whether its answer (within 1 s) is one expected;
+    a late answer to an earlier probe (another opaque) is passed over."""
+    opaque = secrets.randbits(31)
+    sock.send(orjson.dumps(header | {"opaque": opaque}))
+    deadline = time.monotonic() + 1.0
+    while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+        reply = orjson.loads(sock.recv())
+        if reply.get("opaque") == opaque:
+            return reply.get("status") in answers
+    return False
 
 
 def run(settings: Settings, ray_address: str | None = None) -> int:

@@ -725,3 +725,46 @@ def test_a_send_cancelled_in_its_backoff_is_not_sent_again(monkeypatch):
             await fake.close()
 
     asyncio.run(main())
+
+
+def test_a_send_back_answered_busy_is_asked_again_and_a_refusal_is_not():
+    """A busy answer (the schedule service restarting) stored nothing: the consumer asks again
+    after a backoff. Any other refusal is the caller's answer at once."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import zmq.asyncio
+
+    from node.client.consumer import AsyncPullConsumer
+    from node.client.producer import SendError
+
+    async def main():
+        context = zmq.asyncio.Context()
+        front = context.socket(zmq.ROUTER)
+        port = front.bind_to_random_port("tcp://127.0.0.1")
+        consumer = AsyncPullConsumer(f"tcp://127.0.0.1:{port}", context=context)
+        await consumer.start()
+        message = SimpleNamespace(topic="T", msg_id="7F0000015C2B7D9A23D1822A121D0000",
+                                  offset_msg_id="7F00000100002A9F0000000000000000")
+
+        async def answer(*statuses):
+            for status in statuses:
+                client, header = (await asyncio.wait_for(front.recv_multipart(), 5))[:2]
+                assert orjson.loads(header)["code"] == 36
+                reply = {"opaque": orjson.loads(header)["opaque"], "status": status, "remark": status.lower()}
+                await front.send_multipart([client, orjson.dumps(reply)])
+
+        try:
+            asked = asyncio.ensure_future(consumer.send_back(message, "g"))
+            await answer("SYSTEM_BUSY", "SYSTEM_BUSY", "OK")
+            assert await asyncio.wait_for(asked, 5) is None
+            asked = asyncio.ensure_future(consumer.send_back(message, "g"))
+            await answer("SUBSCRIPTION_GROUP_NOT_EXIST")
+            with pytest.raises(SendError, match="SUBSCRIPTION_GROUP_NOT_EXIST"):
+                await asyncio.wait_for(asked, 5)
+        finally:
+            await consumer.close()
+            front.close(0)
+            context.term()
+
+    asyncio.run(main())

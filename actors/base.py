@@ -17,7 +17,7 @@ import orjson
 import zmq
 from zmq.backend import zmq_poll
 
-from node.client.frames import recv_frame, recv_frames
+from node.client.frames import recv_frame, recv_frames, recv_frames_from
 from node.server.supervision import INSTANCED, heartbeat_slot, monotonic_ms
 from shm.control_block import ControlBlock
 
@@ -191,14 +191,15 @@ def wait_readable(items: list, timeout_ms: int) -> set:
     return {sock for sock, _ in zmq_poll(items, timeout_ms)}
 
 
-def incoming(sock: zmq.Socket, limit: int, *, multipart: bool = True):
+def incoming(sock: zmq.Socket, limit: int, *, multipart: bool = True, peers: bool = False):
     """The messages waiting on `sock` now, at most `limit`, without blocking: zmq_poll before
-    each recv, so a drained socket ends the loop without raising zmq.Again."""
+    each recv, so a drained socket ends the loop without raising zmq.Again. With `peers`, each
+    as (frames, the sender's address)."""
     items = [(sock, zmq.POLLIN)]
     for _ in range(limit):
         if not zmq_poll(items, 0):
             return
         try:
-            yield recv_frames(sock) if multipart else recv_frame(sock)
+            yield recv_frames_from(sock) if peers else recv_frames(sock) if multipart else recv_frame(sock)
         except zmq.Again:  # raced away (not expected: each socket has one reader)
             return

@@ -47,7 +47,7 @@ from actors.wire import read_meta, send_meta, unpack_replies
 from actors.writer import WriteCore, dispatcher_wakes, wake
 from node import protocol
 from node.client.frames import NOBLOCK, send_frames
-from node.server import edge, topology
+from node.server import edge, guard, topology
 from node.server.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
 from node.server.offsets import ConsumerOffsets, SubscriptionGroups
 from node.server.store_stats import StoreStats
@@ -70,7 +70,10 @@ class Front(Actor):
                                  default_queues=s.defaultTopicQueueNums)
         self.clients = socket(self.context, zmq.ROUTER, hwm=100000)
         self.clients.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client takes its id back
+        self.curve = guard.secure_clients(self.clients, s, self.context)  # (before it binds)
         self.clients.bind(s.listen)
+        self.acl, self.acl_file = guard.open_acl(s) or (None, None)
+        self.next_acl_look = time.monotonic() + 1.0
         self.writes: WriteCore | None = None
         self.write_requests: list[list] = []  # this turn's sends (client, meta, header, body), appended together
         if s.front_writes:
@@ -166,6 +169,9 @@ class Front(Actor):
         if now >= self.next_offsets_persist:
             self.next_offsets_persist = now + self.settings.flushConsumerOffsetInterval / 1000
             self.offsets.persist()
+        if self.acl is not None and now >= self.next_acl_look:
+            self.next_acl_look = now + 1.0
+            guard.reload_acl(self.acl, self.acl_file)
 
     def follow_min_offset(self, min_offset: int) -> None:
         if self.writes is not None:
@@ -258,20 +264,23 @@ class Front(Actor):
     # -- clients -----------------------------------------------------------------------------------
 
     def _serve_clients(self) -> None:
-        for frames in incoming(self.clients, MAX_TAKE):
+        acl = self.acl
+        peers = acl is not None and acl.uses_addresses  # (reading the address costs ~1 µs a request)
+        for frames in incoming(self.clients, MAX_TAKE, peers=peers):
+            frames, address = frames if peers else (frames, None)
             self.requests += 1
             client, rest = frames[0], frames[1:]
             try:
                 request = protocol.decode_request(rest)
+                # the ACL (node.server.acl) before anything else looks at the request
+                remark = None if acl is None else acl.check(request.header, request.body, address)
+                if remark is None:
+                    self._route(client, request, rest)
+                else:
+                    self._refuse(client, request, request.header.get("oneway") is True, "NO_PERMISSION", remark)
             except protocol.ProtocolError as e:
                 self.malformed += 1
                 self._reply(client, protocol.error_reply(_opaque_of(rest), "SYSTEM_ERROR", str(e)))
-                continue
-            try:
-                self._route(client, request, rest)
-            except protocol.ProtocolError as e:
-                self.malformed += 1
-                self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_ERROR", str(e)))
 
     def _route(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
         """The router core (actors.router) says where the request goes, its fields checked at the
@@ -450,6 +459,10 @@ class Front(Actor):
             stats["cpuLatency"] = self.cpu_latency.statistics(time.monotonic())
         if getattr(self, "reads", None) is not None:
             stats["reads"] = self.reads.statistics()
+        if getattr(self, "acl", None) is not None:
+            stats["acl"] = self.acl.statistics()
+        if getattr(self, "curve", None) is not None:
+            stats["curve"] = self.curve.statistics()
         return stats
 
     def _release_cpu_latency(self) -> None:
@@ -465,6 +478,8 @@ class Front(Actor):
             self.reads.close()
         if getattr(self, "writes", None) is not None:
             self.writes.close()
+        if getattr(self, "curve", None) is not None:
+            self.curve.stop()
         super().close()
 
 

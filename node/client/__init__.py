@@ -18,6 +18,7 @@ from node.client.producer import (
            UniqKeys,
 )
 from node.client.received import ReceivedMessage, decode_messages
+from node.security import Credentials
 
-__all__ = ["AsyncProducer", "AsyncPullConsumer", "Message", "Producer", "PullConsumer", "PullResult",
+__all__ = ["AsyncProducer", "AsyncPullConsumer", "Credentials", "Message", "Producer", "PullConsumer", "PullResult",
            "ReceivedMessage", "SendError", "SendResult", "UniqKeys", "decode_messages"]

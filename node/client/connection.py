@@ -32,13 +32,15 @@ class Connection:
     """One DEALER socket on the running loop; `on_frames` gets each reply's frames."""
 
     def __init__(self, context: zmq.Context, endpoint: str, on_frames: Callable[[list[bytes]], None], *,
-                 hwm: int = 100_000):
+                 hwm: int = 100_000, secure: Callable[[zmq.Socket], None] | None = None):
         # A plain socket even when `context` is a zmq.asyncio.Context (both share libzmq's context).
         self.socket = zmq.Socket(context, zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTING_ID, b"p" + uuid.uuid4().bytes)  # stable across reconnects
         self.socket.setsockopt(zmq.SNDHWM, hwm)
         self.socket.setsockopt(zmq.RCVHWM, hwm)
+        if secure is not None:  # CURVE's keys, before the connection's handshake
+            secure(self.socket)
         self.socket.connect(endpoint)
         self.on_frames = on_frames
         self.loop = asyncio.get_running_loop()

@@ -18,6 +18,7 @@ from node import protocol
 from node.client import aio
 from node.client.producer import AsyncProducer, SendError
 from node.client.received import ReceivedMessage, decode_messages
+from node.security import Credentials
 
 SEND_BACK_TRIES = 6  # 3.4 s of backoff in all: longer than a killed schedule service takes to come back
 
@@ -34,8 +35,9 @@ class PullResult:
 class AsyncPullConsumer:
     """Pulls from queues at offsets (with long polling), and a `consume` loop for a group."""
 
-    def __init__(self, endpoint: str, *, timeout: float = 5.0, context: zmq.Context | None = None):
-        self.client = AsyncProducer(endpoint, timeout=timeout, retries=0, context=context)
+    def __init__(self, endpoint: str, *, timeout: float = 5.0, context: zmq.Context | None = None,
+                 credentials: Credentials | None = None):
+        self.client = AsyncProducer(endpoint, timeout=timeout, retries=0, context=context, credentials=credentials)
 
     async def start(self) -> AsyncPullConsumer:
         await self.client.start()

@@ -40,5 +40,17 @@ def recv_frames(sock: zmq.Socket, flags: int = NOBLOCK) -> list[bytes]:
     return parts
 
 
+def recv_frames_from(sock: zmq.Socket, flags: int = NOBLOCK) -> tuple[list[bytes], str | None]:
+    """`recv_frames`, and the address of the peer that sent them (ZeroMQ's `Peer-Address`
+    message property: the client's IP over TCP; None over ipc)."""
+    frame = _recv(sock, flags, False)
+    peer = frame.get("Peer-Address") or None
+    parts = [frame.bytes]
+    while frame.more:
+        frame = _recv(sock, flags, False)
+        parts.append(frame.bytes)
+    return parts, peer
+
+
 def recv_frame(sock: zmq.Socket, flags: int = NOBLOCK) -> bytes:
     return _recv(sock, flags)

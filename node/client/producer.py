@@ -32,6 +32,7 @@ import zmq
 from node import protocol
 from node.client import aio
 from node.client.connection import Connection
+from node.security import Credentials
 from shm.codec import (
     PROPERTY_DELAY,
     PROPERTY_KEYS,
@@ -41,6 +42,11 @@ from shm.codec import (
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
 )
+
+# ZeroMQ takes no request while the queue to the node is full or no connection is up (a node not
+# started, or a CURVE handshake it refused: a plaintext client, a wrong server key, a client key
+# not in its allow-list)
+NOT_TAKEN = "the connection took no request: its send queue is full, or no connection to the node is up"
 
 
 class SendError(Exception):
@@ -144,8 +150,11 @@ class UniqKeys:
 
 class AsyncProducer:
     def __init__(self, endpoint: str, *, linger_ms: float = 1.0, max_coalesce: int = 256, timeout: float = 3.0,
-                 retries: int = 2, context: zmq.Context | None = None):
+                 retries: int = 2, context: zmq.Context | None = None, credentials: Credentials | None = None):
         self.endpoint = endpoint
+        # the ACL's account and CURVE's keys (node.security); by default from MQNODE_* variables
+        self.credentials = credentials if credentials is not None else Credentials.from_env()
+        self.signs = self.credentials.signs
         self.linger = linger_ms / 1000
         self.max_coalesce = max_coalesce
         self.timeout = timeout
@@ -166,7 +175,7 @@ class AsyncProducer:
 
     async def start(self) -> AsyncProducer:
         if self.connection is None:
-            self.connection = Connection(self.context, self.endpoint, self._on_reply)
+            self.connection = Connection(self.context, self.endpoint, self._on_reply, secure=self.credentials.secure)
             self.reaper = asyncio.create_task(self._reap())
         return self
 
@@ -199,15 +208,20 @@ class AsyncProducer:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         self.waiting[opaque] = (future, deadline)
         try:
-            await self._send(protocol.encode_request(header, body), deadline)
+            await self._send(self._encode(header, body), deadline)
         except SendError:
             self.waiting.pop(opaque, None)  # never sent: nothing to reap, no reply to wait for
             raise
         return await future
 
+    def _encode(self, header: dict, body: bytes | None) -> list[bytes]:
+        if self.signs:
+            self.credentials.sign(header, body or b"")
+        return protocol.encode_request(header, body)
+
     async def _send(self, frames: list[bytes], deadline: float) -> None:
         if not self.connection.send(frames) and not await self.connection.send_by(frames, deadline):
-            raise SendError("SYSTEM_BUSY", "the connection's send queue stayed full")
+            raise SendError("SYSTEM_BUSY", NOT_TAKEN + " until the deadline")
 
     async def queue_count(self, topic: str) -> int:
         count = self.routes.get(topic)
@@ -288,7 +302,7 @@ class AsyncProducer:
         header = {"code": protocol.SEND_MESSAGE, "oneway": True, "topic": topic, "queueId": queue,
                   "bornTimestamp": int(time.time() * 1000), "properties": message.wire_properties(self.keys.next())}
         await self.start()
-        await self._send(protocol.encode_request(header, message.body), time.monotonic() + self.timeout)
+        await self._send(self._encode(header, message.body), time.monotonic() + self.timeout)
 
     async def send_batch(self, topic: str, messages: list[Message | bytes | str], *, queue_id: int | None = None,
                          shard_key: str | None = None) -> list[SendResult]:
@@ -355,9 +369,12 @@ class AsyncProducer:
         self.coalesced_in_flight += 1
         self.waiting[opaque] = (queued, time.monotonic() + self.timeout)
         header = {"code": protocol.SEND_MESSAGES, "opaque": opaque, "compact": True, "messages": [q[0] for q in queued]}
-        if not self.connection.send([orjson.dumps(header), b"".join(q[1] for q in queued)]):
+        body = b"".join(q[1] for q in queued)
+        if self.signs:
+            self.credentials.sign(header, body)
+        if not self.connection.send([orjson.dumps(header), body]):
             del self.waiting[opaque]
-            self._finish(queued, None, SendError("SYSTEM_BUSY", "the connection's send queue is full"))
+            self._finish(queued, None, SendError("SYSTEM_BUSY", NOT_TAKEN))
 
     def _finish(self, waiter: asyncio.Future | list[Queued], reply: tuple | None, error: BaseException | None) -> None:
         """A reply (header, body), or the error in its place, to what waited for it. Coalesced

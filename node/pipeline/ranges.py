@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import orjson
 
 from node import protocol
-from node.client import PullConsumer, SendError
+from node.client import Credentials, PullConsumer, SendError
 
 EARLIEST, LATEST = -2, -1
 DEFAULT_TIMEOUT_S = 10.0
@@ -36,6 +36,7 @@ class Options:
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     timeout: float = DEFAULT_TIMEOUT_S
+    credentials: Credentials = Credentials()  # accessKey, secretKey, serverKey, clientKey (node.security)
 
     @classmethod
     def parse(cls, options: dict, *, streaming: bool = False) -> Options:
@@ -59,7 +60,16 @@ class Options:
             min_partitions=_int_option(get, "minPartitions") or 0,
             max_offsets_per_trigger=_int_option(get, "maxOffsetsPerTrigger"),
             fail_on_data_loss=_bool_option(get, "failOnDataLoss", True),
-            timeout=float(get("timeout") or DEFAULT_TIMEOUT_S))
+            timeout=float(get("timeout") or DEFAULT_TIMEOUT_S), credentials=credentials_option(get))
+
+
+def credentials_option(get) -> Credentials:
+    """The options `accessKey`, `secretKey`, `serverKey`, `clientKey`, each missing one from the
+    driver's MQNODE_* environment (the executors get them with the options)."""
+    try:
+        return Credentials.of(get("accesskey"), get("secretkey"), get("serverkey"), get("clientkey"))
+    except ValueError as e:
+        raise PipelineError(f"option `serverKey`: {e}") from None
 
 
 def _int_option(get, name: str) -> int | None:
@@ -100,7 +110,7 @@ class NodeView:
     def __init__(self, options: Options):
         self.options = options
         try:
-            self.consumer = PullConsumer(options.endpoint, timeout=options.timeout)
+            self.consumer = PullConsumer(options.endpoint, timeout=options.timeout, credentials=options.credentials)
         except Exception as e:  # a malformed endpoint: zmq says why
             raise PipelineError(f"cannot reach {options.endpoint}: {e}") from None
 

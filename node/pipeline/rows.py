@@ -11,7 +11,7 @@ from functools import lru_cache
 import pyarrow as pa
 
 from node import protocol
-from node.client import AsyncPullConsumer, aio
+from node.client import AsyncPullConsumer, Credentials, aio
 from shm.codec import (
     TOTALSIZE,
     Record,
@@ -163,13 +163,13 @@ async def read_range(consumer: AsyncPullConsumer, topic: str, queue_id: int, sta
 
 def read_batches(endpoint: str, topic: str, queue_id: int, start: int, end: int, *, subscription: str = "*",
                  fail_on_data_loss: bool = True, timeout: float = 10.0, rows: int = 4096,
-                 schema: pa.Schema = ARROW_SCHEMA) -> Iterator[pa.RecordBatch]:
+                 schema: pa.Schema = ARROW_SCHEMA, credentials: Credentials | None = None) -> Iterator[pa.RecordBatch]:
     """`read_range` as Arrow record batches of about `rows` rows, on a private event loop, one
     batch in memory at a time."""
     loop = aio.new_event_loop()
 
     async def opened() -> AsyncPullConsumer:
-        consumer = AsyncPullConsumer(endpoint, timeout=timeout)
+        consumer = AsyncPullConsumer(endpoint, timeout=timeout, credentials=credentials)
         await consumer.start()
         return consumer
 

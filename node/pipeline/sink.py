@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from node.client import Message, Producer, SendError
-from node.pipeline.ranges import DEFAULT_TIMEOUT_S, PipelineError
+from node.pipeline.ranges import DEFAULT_TIMEOUT_S, PipelineError, credentials_option
 
 BATCH = 128  # rows a batch send
 
@@ -24,7 +24,8 @@ def send_batches(options: dict, batches) -> int:
     if not endpoint:
         raise PipelineError("option `endpoint` is required")
     sent = 0
-    with Producer(endpoint, timeout=float(get("timeout") or DEFAULT_TIMEOUT_S)) as producer:
+    timeout = float(get("timeout") or DEFAULT_TIMEOUT_S)
+    with Producer(endpoint, timeout=timeout, credentials=credentials_option(get)) as producer:
         for batch in batches:
             columns = batch.to_pydict()
             if "body" not in columns:

@@ -178,7 +178,10 @@ class Node:
     # -- start ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        s = self.settings
+        from node.server import guard
+
+        s = self.settings = guard.absolute(self.settings)
+        guard.check_settings(s)  # SecurityError: a key or ACL file that cannot be used
         s.root.mkdir(parents=True, exist_ok=True)
         self.lock = StoreLock(s.root)
         self.lock.acquire()
@@ -218,10 +221,13 @@ class Node:
             _embedded_ray_token()
         import ray
 
+        from node.server import guard
+
         run_dir = prepare_run_dir(self.settings)
         if run_dir != self.settings.run_dir:  # a temporary one: removed at stop
             self.temporary_run_dir = run_dir
         s = self.settings = dataclasses.replace(self.settings, runDir=str(run_dir))
+        guard.write_identity(s)  # the account and key pair of the node's own requests (node.server.guard)
         if not ray.is_initialized():
             if self.ray_address:
                 ray.init(address=self.ray_address, logging_level=logging.ERROR, log_to_driver=False)
@@ -274,19 +280,22 @@ class Node:
         import zmq
 
         from node import protocol
+        from node.server import guard
 
         probes = [({"code": protocol.GET_MAX_OFFSET, "topic": "SELF_TEST_TOPIC", "queueId": 0}, {"OK"})]
         if "schedule" in topology.hosts(self.settings):  # answered "no message at offset ..."
             probes.append(({"code": protocol.CONSUMER_SEND_MSG_BACK, "consumerGroup": "SELF_TEST_GROUP",
                             "offset": 2**63 - 1}, {"SYSTEM_ERROR"}))
+        credentials = guard.node_credentials(self.settings)
         context = zmq.Context()
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        credentials.secure(sock)
         sock.connect(self.settings.listen)
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S
             for header, answers in probes:
-                while not _answered(sock, header, answers):
+                while not _answered(sock, header, answers, credentials):
                     if time.monotonic() > deadline:
                         raise RuntimeError("the node's actors did not connect to each other")
                     time.sleep(0.05)
@@ -449,11 +458,12 @@ class Node:
             mark_clean_exit(s.root)
 
 
-def _answered(sock, header: dict, answers: set[str]) -> bool:
+def _answered(sock, header: dict, answers: set[str], credentials) -> bool:
     """One probe of `_wait_for_connections`: whether its answer (within 1 s) is one expected;
     a late answer to an earlier probe (another opaque) is passed over."""
     opaque = secrets.randbits(31)
-    sock.send(orjson.dumps(header | {"opaque": opaque}))
+    header = header | {"opaque": opaque}
+    sock.send(orjson.dumps(credentials.sign(header) if credentials.signs else header))
     deadline = time.monotonic() + 1.0
     while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
         reply = orjson.loads(sock.recv())

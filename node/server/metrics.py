@@ -21,6 +21,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import CollectorRegistry
 
 from node import protocol
+from node.security import Credentials
+from node.server import guard
 
 ASK_TIMEOUT_MS = 5000
 # RocketMQ's putMessageDistributeTime ranges, by their upper bound in ms ("+Inf": the last)
@@ -31,8 +33,9 @@ class NodeAsker:
     """GET_BROKER_RUNTIME_INFO and friends over the node's endpoint, one at a time (scrapes may
     come concurrently; one DEALER socket is not thread-safe)."""
 
-    def __init__(self, endpoint: str):
+    def __init__(self, endpoint: str, credentials: Credentials):
         self.endpoint = endpoint
+        self.credentials = credentials  # the node's own (node.server.guard), for the ACL and CURVE
         self.lock = threading.Lock()
         self.context = zmq.Context.instance()
         self.socket = None
@@ -43,9 +46,11 @@ class NodeAsker:
             if self.socket is None:
                 self.socket = self.context.socket(zmq.DEALER)
                 self.socket.setsockopt(zmq.LINGER, 0)
+                self.credentials.secure(self.socket)
                 self.socket.connect(self.endpoint)
             self.opaque += 1
-            self.socket.send(orjson.dumps(header | {"opaque": self.opaque}))
+            header = header | {"opaque": self.opaque}
+            self.socket.send(orjson.dumps(self.credentials.sign(header) if self.credentials.signs else header))
             while self.socket.poll(ASK_TIMEOUT_MS):
                 reply = orjson.loads(self.socket.recv_multipart()[0])
                 if reply.get("opaque") == self.opaque:  # (a late answer to a timed-out ask is skipped)
@@ -154,6 +159,14 @@ def _puts(actors: dict, runtime: dict):
                             ("mqnode_requests_malformed", "Requests the front could not read", "malformed")):
         family = CounterMetricFamily(name, what)
         family.add_metric([], front.get(key, 0))
+        yield family
+    if "acl" in front:
+        family = CounterMetricFamily("mqnode_acl_refused", "Requests the ACL refused (NO_PERMISSION)")
+        family.add_metric([], front["acl"]["refused"])
+        yield family
+    if "curve" in front:
+        family = CounterMetricFamily("mqnode_curve_handshakes_refused", "CURVE clients the allow-list turned away")
+        family.add_metric([], front["curve"]["handshakesRefused"])
         yield family
 
 
@@ -267,7 +280,7 @@ class MetricsServer:
     def __init__(self, settings, max_offset):
         from prometheus_client import start_http_server
 
-        self.asker = NodeAsker(settings.listen)
+        self.asker = NodeAsker(settings.listen, guard.node_credentials(settings))
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(self.asker, max_offset))
         self.server, self.thread = start_http_server(settings.metricsPort, settings.metricsAddress, self.registry)

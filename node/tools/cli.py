@@ -1,4 +1,5 @@
-"""`scripts/mqnode`: the command users run. Subcommands: start, produce, admin, dump, verify.
+"""`scripts/mqnode`: the command users run. Subcommands: start, produce, consume, query, admin,
+keygen, dump, verify.
 
 Every command that opens a store takes its settings from `--conf FILE` (flat key = value lines,
 see conf/broker.toml) and from `--<settingName> VALUE` flags, which win over the file.
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import os
 import sys
+from pathlib import Path
 
 import orjson
 
@@ -348,6 +351,39 @@ def _at_or_after(client, topic: str, queue: int, offset: int, timestamp: int) ->
     return offset + 1 if isinstance(record, Record) and record.store_timestamp < timestamp else offset
 
 
+def add_credentials(parser: argparse.ArgumentParser) -> None:
+    """A node with security on (docs/operations.md "Access control"): each flag stands for the
+    environment variable named in its help, which it overrides for this command."""
+    group = parser.add_argument_group("credentials (a node with aclEnable or curveEnable)")
+    for flag, variable, what in CREDENTIAL_FLAGS:
+        group.add_argument(flag, dest=variable, metavar="VALUE", help=f"{what} (else ${variable})")
+
+
+CREDENTIAL_FLAGS = (("--access-key", "MQNODE_ACCESS_KEY", "the ACL account's access key"),
+                    ("--secret-key", "MQNODE_SECRET_KEY", "its secret key: requests are signed with it"),
+                    ("--server-key", "MQNODE_SERVER_KEY", "the node's CURVE public key: Z85 text or its .key file"),
+                    ("--client-key", "MQNODE_CLIENT_KEY", "this client's CURVE key pair, a .key_secret file "
+                                                          "(for a node with curveClientKeysDir)"))
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """A CURVE key pair in ZeroMQ's certificate format: NAME.key (public) and NAME.key_secret."""
+    import zmq.auth
+
+    directory = Path(args.dir)
+    for suffix in (".key", ".key_secret"):
+        if (directory / f"{args.name}{suffix}").exists():
+            print(f"mqnode keygen: {directory / (args.name + suffix)} exists; not overwritten (another --name "
+                  "or --dir, or remove it)", file=sys.stderr)
+            return 1
+    directory.mkdir(parents=True, exist_ok=True)
+    public, secret = zmq.auth.create_certificates(directory, args.name)
+    os.chmod(secret, 0o600)
+    key = zmq.auth.load_certificate(public)[0].decode()
+    print(orjson.dumps({"publicKeyFile": str(public), "secretKeyFile": str(secret), "publicKey": key}).decode())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mqnode", description="mqnode: a RocketMQ-compatible message store node")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -366,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.set_defaults(handler=cmd_start)
     produce = commands.add_parser("produce", help="send stdin lines as messages, print a JSON result per line")
     produce.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    add_credentials(produce)
     produce.add_argument("--topic", required=True)
     produce.add_argument("--tags")
     produce.add_argument("--keys", help='space-separated keys, e.g. "k1 k2"')
@@ -380,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     produce.set_defaults(handler=cmd_produce)
     consume = commands.add_parser("consume", help="print a topic's messages as JSON lines, committing a group's offsets")
     consume.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    add_credentials(consume)
     consume.add_argument("--topic", required=True)
     consume.add_argument("--group", required=True)
     consume.add_argument("--from", dest="start", choices=["first", "last", "committed"], default="committed",
@@ -390,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     consume.set_defaults(handler=cmd_consume)
     query = commands.add_parser("query", help="find messages by key (UNIQ_KEY or one of KEYS) through the index")
     query.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    add_credentials(query)
     query.add_argument("--topic", required=True)
     query.add_argument("--key", required=True)
     query.add_argument("--begin", type=int, default=0, help="store time from (ms)")
@@ -404,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_argument("action", nargs="?", choices=["create", "update", "delete"],
                        help="for `admin topic` and `admin group` (without: `admin topic` shows the topic's route)")
     admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    add_credentials(admin)
     admin.add_argument("--topic", help="for `admin topic` and `admin reset-offset`; filters `admin offsets`")
     admin.add_argument("--group", help="for `admin offsets`, `admin group` and `admin reset-offset`")
     admin.add_argument("--queues", type=int, help="admin topic create|update: read and write queues")
@@ -421,11 +461,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="for `admin clean`: delete the oldest segments whatever their age (never the last)")
     admin.add_argument("--timeout", type=float, default=None, help="seconds to wait (default 5; 120 for clean)")
     admin.set_defaults(handler=cmd_admin)
+    keygen = commands.add_parser("keygen", help="make a CURVE key pair: the node's (curveSecretKeyFile) or a client's")
+    keygen.add_argument("--dir", default="conf/curve", help="where to write NAME.key and NAME.key_secret")
+    keygen.add_argument("--name", default="node", help="the files' name (default node)")
+    keygen.set_defaults(handler=cmd_keygen)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    for _, variable, _ in CREDENTIAL_FLAGS:  # the clients this command makes read them (node.security)
+        if getattr(args, variable, None):
+            os.environ[variable] = getattr(args, variable)
     try:
         return args.handler(args)
     except (SettingsError, StoreError) as e:

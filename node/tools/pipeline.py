@@ -14,6 +14,8 @@ import time
 
 import orjson
 
+from node.tools.cli import CREDENTIAL_FLAGS, add_credentials
+
 
 def spark_session(master: str, name: str):
     from pyspark.sql import SparkSession
@@ -30,8 +32,23 @@ def spark_session(master: str, name: str):
     return session
 
 
+def _credential_options(args) -> dict[str, str]:
+    """accessKey, secretKey, serverKey, clientKey from the flags, else from MQNODE_* variables:
+    passed as options, so the executors get them too."""
+    options = {}
+    for flag, variable, _ in CREDENTIAL_FLAGS:
+        value = getattr(args, variable, None) or os.environ.get(variable)
+        if value:
+            options[CREDENTIAL_OPTIONS[flag]] = value
+    return options
+
+
+CREDENTIAL_OPTIONS = {"--access-key": "accessKey", "--secret-key": "secretKey", "--server-key": "serverKey",
+                      "--client-key": "clientKey"}
+
+
 def _source_options(args) -> dict[str, str]:
-    options = {"endpoint": args.endpoint, "topic": args.topic}
+    options = {"endpoint": args.endpoint, "topic": args.topic} | _credential_options(args)
     for name in ("startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp", "subscription"):
         value = getattr(args, name, None)
         if value is not None:
@@ -65,6 +82,7 @@ def cmd_stream_copy(args) -> int:
         spark.readStream.format("mqnode").options(**options).load().createOrReplaceTempView("source")
         copied = spark.sql(args.sql)
         query = (copied.writeStream.format("mqnode").option("endpoint", args.to_endpoint or args.endpoint)
+                 .options(**_credential_options(args))
                  .option("topic", args.to).option("checkpointLocation", args.checkpoint)
                  .trigger(processingTime=f"{args.trigger_ms} milliseconds").start())
         _run(query, args.idle_stop)
@@ -105,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      ("stream-copy", cmd_stream_copy, "copy a topic into another through SQL")):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--endpoint", required=True, help="the node, e.g. tcp://127.0.0.1:10911")
+        add_credentials(sub)
         sub.add_argument("--topic", required=True, help="a topic, or a comma list")
         sub.add_argument("--master", default="local[*]", help="Spark master (default: a local Spark)")
         sub.add_argument("--subscription", help="a tag expression, e.g. 'TagA || TagB'")

@@ -161,3 +161,25 @@ def test_a_read_from_cleaned_offsets_fails_or_skips_as_failOnDataLoss_says(spark
     skipped = _read(spark, node, topic="SparkTime", startingOffsets='{"SparkTime": {"3": -5}}',
                     failOnDataLoss="false").where("queueId = 3").collect()
     assert sorted(r.body for r in skipped) == [f"x-{i}".encode() for i in range(5)]
+
+
+def test_a_node_with_its_acl_on_is_written_and_read_with_the_credentials_options(spark, tmp_path):
+    (tmp_path / "acl.yml").write_text("accounts:\n  - accessKey: sparkApp\n    secretKey: spark-secret\n"
+                                      "    defaultTopicPerm: PUB|SUB\n    topicPerms: [Locked=DENY]\n")
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), aclEnable=True,
+                             aclFile=str(tmp_path / "acl.yml"))
+    secured = NodeProcess(settings, tmp_path / "node.log").start()
+    account = {"accessKey": "sparkApp", "secretKey": "spark-secret"}
+    try:
+        frame = spark.range(500).selectExpr("CAST(id AS STRING) AS body", "CAST(id % 2 AS INT) AS queueId")
+        writer = frame.write.format("mqnode").option("endpoint", secured.endpoint).mode("append")
+        for key, value in account.items():
+            writer = writer.option(key, value)
+        writer.option("topic", "Open").save()
+        assert _read(spark, secured, topic="Open", **account).count() == 500
+        with pytest.raises(Exception, match="NO_PERMISSION"):
+            _read(spark, secured, topic="Open").collect()  # no credentials
+        with pytest.raises(Exception, match="NO_PERMISSION.*topic Locked"):
+            writer.option("topic", "Locked").save()
+    finally:
+        secured.stop(strict=False)

@@ -47,7 +47,13 @@ class MappedFileQueue:
         files = []
         try:
             for path in self.segment_paths():
-                files.append(MappedFile(path, self.file_size, readonly=self.readonly))
+                try:
+                    files.append(MappedFile(path, self.file_size, readonly=self.readonly))
+                except FileNotFoundError:
+                    # a reader racing the clean service, which deletes from the head: a file
+                    # listed a moment ago is gone; one missing elsewhere is a gap, refused below
+                    if not self.readonly:
+                        raise
         except StoreError:
             for f in files:
                 f.close()

@@ -245,15 +245,31 @@ class Node:
             self.hosts[process.label] = remote.options(
                 num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0, max_concurrency=4,
             ).remote(process.kind, values, kwargs, process.label)
-        ready = ray.get([h.wait_ready.remote(READY_TIMEOUT_S) for h in self.hosts.values()], timeout=READY_TIMEOUT_S + 10)
-        if not all(ready):
-            raise RuntimeError("some actors did not start: " + ", ".join(
-                label for label, ok in zip(self.hosts, ready) if not ok))
+        late = self._wait_ready()
+        if late:
+            raise RuntimeError("some actors did not start: " + ", ".join(late))
         self._wait_for_connections()
         self.watcher = threading.Thread(target=self._watch, name="mqnode-watch", daemon=True)
         self.watcher.start()
         if self.settings.metricsPort:
             self._serve_metrics()
+
+    def _wait_ready(self) -> list[str]:
+        """The labels of the processes not ready within READY_TIMEOUT_S. One that died while it
+        opened (a file the clean service deleted under it, say) is being restarted by Ray: it is
+        waited for again, as the supervisor would."""
+        import ray
+        from ray.exceptions import ActorUnavailableError
+
+        deadline, pending = time.monotonic() + READY_TIMEOUT_S, dict(self.hosts)
+        while pending and time.monotonic() < deadline:
+            for label, handle in list(pending.items()):
+                try:
+                    if ray.get(handle.wait_ready.remote(0.5), timeout=30):
+                        del pending[label]
+                except ActorUnavailableError:
+                    time.sleep(0.2)  # restarting
+        return sorted(pending)
 
     def _serve_metrics(self) -> None:
         """/metrics (node.server.metrics); a queue's max offset from the launcher's own read-only

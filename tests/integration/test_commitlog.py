@@ -66,6 +66,22 @@ def test_load_refuses_wrong_sizes_and_gaps(tmp_path):
         MappedFileQueue(directory, 1024)
 
 
+def test_a_reader_skips_a_head_segment_deleted_while_it_loads(tmp_path, monkeypatch):
+    """The clean service deletes from the head while a service opens its read-only view: a file
+    listed a moment ago may be gone when it is opened (a restart mid-clean hit this)."""
+    directory = tmp_path / "q"
+    directory.mkdir()
+    for start in (1024, 2048):
+        allocate(directory / f"{start:020d}", 1024)
+    listed = [directory / f"{0:020d}", *sorted(p for p in directory.iterdir())]  # 0 was just deleted
+    monkeypatch.setattr(MappedFileQueue, "segment_paths", lambda self: listed)
+    reader = MappedFileQueue(directory, 1024, readonly=True)
+    assert [f.offset_start for f in reader.files] == [1024, 2048]
+    reader.close()
+    with pytest.raises(FileNotFoundError):
+        MappedFileQueue(directory, 1024)  # the writer's own load: a vanished file is not normal
+
+
 def test_full_disk_is_an_error_not_a_crash(tmp_path, monkeypatch):
     import errno
     import os

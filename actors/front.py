@@ -47,10 +47,12 @@ from actors.wire import read_meta, send_meta, unpack_replies
 from actors.writer import WriteCore, dispatcher_wakes, wake
 from node import protocol
 from node.client.frames import NOBLOCK, send_frames
-from node.server import edge, guard, topology
+from node.server import consumers, edge, guard, topology
+from node.server.consumers import ConsumerGroups
 from node.server.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
 from node.server.offsets import ConsumerOffsets, SubscriptionGroups
 from node.server.store_stats import StoreStats
+from node.server.supervision import monotonic_ms
 from node.server.topics import PERM_WRITE, TopicTable
 
 MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
@@ -106,6 +108,8 @@ class Front(Actor):
         self.offsets = ConsumerOffsets(s.root / "config")
         self.groups = SubscriptionGroups(s.root / "config")
         self.router = Router(s, self.topics, self.offsets, self.groups)
+        self.consumers = ConsumerGroups(s.clientChannelExpiredTimeout, s.rebalanceLockMaxLiveTime)
+        self.next_member_look = time.monotonic() + 1.0
         self.next_offsets_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
         self.replies = socket(self.context, zmq.PULL, hwm=100000)
         self.replies.bind(self.endpoints["replies"])
@@ -169,6 +173,9 @@ class Front(Actor):
         if now >= self.next_offsets_persist:
             self.next_offsets_persist = now + self.settings.flushConsumerOffsetInterval / 1000
             self.offsets.persist()
+        if now >= self.next_member_look:  # members silent past clientChannelExpiredTimeout
+            self.next_member_look = now + 1.0
+            self._notify(self.consumers.expire(monotonic_ms()))
         if self.acl is not None and now >= self.next_acl_look:
             self.next_acl_look = now + 1.0
             guard.reload_acl(self.acl, self.acl_file)
@@ -299,10 +306,26 @@ class Front(Actor):
                           "the schedule service is not running; try again")
         elif route.to is To.CLEAN:
             self._forward(self.cleans, client, request, frames, "the clean service is not running; try again")
+        elif route.to is To.GROUPS:
+            reply, changed = consumers.answer(self.consumers, request.header, client, monotonic_ms())
+            self._reply(client, [orjson.dumps(reply)])
+            self._notify(changed)
         elif route.to is To.RUNTIME:
             self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", **self._runtime_info()))])
         else:
             self._reply(client, route.frames)
+            if request.code in (protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER):
+                self._notify(self.consumers.subscribers(request.header["topic"]))  # their queues changed
+
+    def _notify(self, groups: set[str]) -> None:
+        """NOTIFY_CONSUMER_IDS_CHANGED to each member of `groups`, over its own DEALER; a member
+        whose queue is full misses it and rebalances at its next interval anyway."""
+        for group, routing_id in self.consumers.routing_ids(groups) if groups else ():
+            try:
+                send_frames(self.clients, [routing_id, orjson.dumps({"code": protocol.NOTIFY_CONSUMER_IDS_CHANGED,
+                                                                     "consumerGroup": group})], NOBLOCK)
+            except zmq.Again:
+                pass
 
     def _forward(self, sock: zmq.Socket, client: bytes, request: protocol.Request, frames: list[bytes],
                  busy: str) -> None:
@@ -459,6 +482,8 @@ class Front(Actor):
             stats["cpuLatency"] = self.cpu_latency.statistics(time.monotonic())
         if getattr(self, "reads", None) is not None:
             stats["reads"] = self.reads.statistics()
+        if getattr(self, "consumers", None) is not None:
+            stats["consumerGroups"] = self.consumers.statistics()
         if getattr(self, "acl", None) is not None:
             stats["acl"] = self.acl.statistics()
         if getattr(self, "curve", None) is not None:

@@ -28,6 +28,7 @@ class To(enum.Enum):
     READ = "read"
     CLEAN = "clean"
     SCHEDULE = "schedule"
+    GROUPS = "groups"  # consumer groups: the front answers from its member table (node.server.consumers)
     RUNTIME = "runtime"
     ANSWER = "answer"
 
@@ -51,9 +52,13 @@ class Router:
             return Route(To.SEND)
         edge.check_request(request)  # ProtocolError: SYSTEM_ERROR with its remark
         if code == protocol.PULL_MESSAGE and "consumerGroup" in request.header:
-            refusal = admin.consume_refusal(self.groups, request.header["consumerGroup"])
+            header = request.header
+            refusal = admin.consume_refusal(self.groups, header["consumerGroup"])
             if refusal:
                 return Route(To.ANSWER, protocol.error_reply(request.opaque, "NO_PERMISSION", refusal))
+            if "commitOffset" in header:  # RocketMQ's FLAG_COMMIT_OFFSET: the pull commits as it goes
+                self.groups.ensure(header["consumerGroup"])
+                self.offsets.commit(header["consumerGroup"], header["topic"], header["queueId"], header["commitOffset"])
         if code in protocol.READ_CODES:
             return Route(To.READ)
         if code == protocol.DELETE_EXPIRED_COMMITLOG:
@@ -64,6 +69,8 @@ class Router:
             return Route(To.SCHEDULE)
         if code == protocol.GET_BROKER_RUNTIME_INFO:
             return Route(To.RUNTIME)
+        if code in protocol.GROUP_CODES:
+            return Route(To.GROUPS)
         if code in protocol.OFFSET_CODES:
             return Route(To.ANSWER, self._offsets(request))
         if code == protocol.GET_ALL_TOPIC_CONFIG:

@@ -38,6 +38,16 @@ DELETE_TOPIC_IN_BROKER = 215
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
 GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
 DELETE_SUBSCRIPTIONGROUP = 207  # RocketMQ's: every group's committed offsets, as config/consumerOffset.json holds them
+# consumer groups (RocketMQ's codes): node.server.consumers, node.client.push
+HEART_BEAT = 34
+UNREGISTER_CLIENT = 35
+GET_CONSUMER_LIST_BY_GROUP = 38
+NOTIFY_CONSUMER_IDS_CHANGED = 40  # node -> member, unasked: the group's members or queues changed
+LOCK_BATCH_MQ = 41
+UNLOCK_BATCH_MQ = 42
+GET_CONSUMER_CONNECTION_LIST = 203
+GROUP_CODES = frozenset({HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ,
+                         GET_CONSUMER_CONNECTION_LIST})
 CONSUMER_SEND_MSG_BACK = 36  # a consumer hands a message back: %RETRY%<group> with a delay, or %DLQ%<group>
 DELETE_EXPIRED_COMMITLOG = 329  # RocketMQ 5's code: executeDeleteFilesManually (`mqnode admin clean`)
 
@@ -66,6 +76,7 @@ QUERY_NOT_FOUND = 22
 SUBSCRIPTION_PARSE_FAILED = 23
 NO_PERMISSION = 16
 SUBSCRIPTION_GROUP_NOT_EXIST = 26
+CONSUMER_NOT_ONLINE = 206
 
 # PutMessageStatus (spec §11) and the node's own refusals -> response code
 STATUS_CODES = {
@@ -93,6 +104,7 @@ STATUS_CODES = {
     "SUBSCRIPTION_PARSE_FAILED": SUBSCRIPTION_PARSE_FAILED,
     "NO_PERMISSION": NO_PERMISSION,
     "SUBSCRIPTION_GROUP_NOT_EXIST": SUBSCRIPTION_GROUP_NOT_EXIST,
+    "CONSUMER_NOT_ONLINE": CONSUMER_NOT_ONLINE,
 }
 # Stored, so the send is not to be retried: isOk() in RocketMQ
 STORED_STATUSES = frozenset({"PUT_OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"})

@@ -131,6 +131,8 @@ class Settings:
     waitTimeMillsInPullQueue: int = _s(5000, "Pull-queue wait limit, ms", BROKER)
     slaveReadEnable: bool = _s(False, "Allow redirecting consumers to a slave", BROKER)
     flushConsumerOffsetInterval: int = _s(5000, "consumerOffset.json persist period, ms", BROKER)
+    clientChannelExpiredTimeout: int = _s(120000, "A consumer group member silent (no HEART_BEAT) for this long is dropped and its group told, ms", BROKER)
+    rebalanceLockMaxLiveTime: int = _s(60000, "An orderly consumer's queue lock not renewed for this long may be taken by another member, ms", BROKER)
     defaultTopicQueueNums: int = _s(8, "Queues of an auto-created topic", BROKER)
     autoCreateTopicEnable: bool = _s(True, "Create a topic on its first send", BROKER)
     # -- mqnode's node

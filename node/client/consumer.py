@@ -56,15 +56,18 @@ class AsyncPullConsumer:
         return await self.client.request(header, timeout=timeout)
 
     async def pull(self, topic: str, queue_id: int, offset: int, *, max_count: int = 32, subscription: str = "*",
-                   suspend_ms: int = 0, group: str | None = None) -> PullResult:
+                   suspend_ms: int = 0, group: str | None = None, commit_offset: int | None = None) -> PullResult:
         """One pull. With `suspend_ms` > 0 an empty pull waits at the node until a message
         arrives or the time is up (long polling). `group` names the consumer group the pull is
-        for (the node counts pulls by group; it moves no offset)."""
+        for (the node counts pulls by group); with `commit_offset` the pull also commits the
+        group's offset of this queue (RocketMQ's FLAG_COMMIT_OFFSET)."""
         header = {"code": protocol.PULL_MESSAGE, "topic": topic, "queueId": queue_id, "queueOffset": offset,
                   "maxMsgNums": max_count, "subscription": subscription, "suspend": suspend_ms > 0,
                   "suspendTimeoutMillis": suspend_ms}
         if group is not None:
             header["consumerGroup"] = group
+        if commit_offset is not None:  # the group's offset of this queue, committed by the pull itself
+            header["commitOffset"] = commit_offset
         reply, body = await self._ask(header, timeout=self.client.timeout + suspend_ms / 1000)
         status = reply.get("status")
         if status not in ("FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"):

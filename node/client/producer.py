@@ -172,6 +172,7 @@ class AsyncProducer:
         self.routes: dict[str, int] = {}
         self.round_robin: dict[str, itertools.count] = {}
         self.reaper: asyncio.Task | None = None
+        self.on_notice = None  # called with what the node sends unasked (NOTIFY_CONSUMER_IDS_CHANGED)
 
     async def start(self) -> AsyncProducer:
         if self.connection is None:
@@ -461,6 +462,8 @@ class AsyncProducer:
         waiter = self.waiting.pop(header.get("opaque"), None)
         if waiter is not None:
             self._finish(waiter[0], (header, frames[1] if len(frames) > 1 else None), None)
+        elif "opaque" not in header and self.on_notice is not None:
+            self.on_notice(header)
 
     async def _reap(self) -> None:
         """Time out requests whose reply never came (a node restart, a lost actor)."""

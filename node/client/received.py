@@ -242,3 +242,9 @@ def _topic_text(raw: bytes) -> str:
 @lru_cache(maxsize=1024)
 def _host_text(raw: bytes) -> str:
     return str(decode_host(raw))
+
+
+def retopic(message: ReceivedMessage, topic: str) -> None:
+    """Show `message` under `topic`: a retry's original topic (RETRY_TOPIC), as RocketMQ's
+    consumer does before its listener sees it."""
+    message._topic = topic

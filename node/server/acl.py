@@ -43,6 +43,8 @@ ADMIN_CODES = frozenset({protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC
                          protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, protocol.DELETE_SUBSCRIPTIONGROUP,
                          protocol.DELETE_EXPIRED_COMMITLOG})
 SEND_ONE = frozenset({protocol.SEND_MESSAGE, protocol.SEND_BATCH_MESSAGE})
+GROUP_ONLY = frozenset({protocol.CONSUMER_SEND_MSG_BACK, protocol.UNREGISTER_CLIENT, protocol.GET_CONSUMER_LIST_BY_GROUP,
+                        protocol.LOCK_BATCH_MQ, protocol.UNLOCK_BATCH_MQ, protocol.GET_CONSUMER_CONNECTION_LIST})
 TOPIC_AND_GROUP = frozenset({protocol.PULL_MESSAGE, protocol.QUERY_CONSUMER_OFFSET, protocol.UPDATE_CONSUMER_OFFSET})
 
 
@@ -178,10 +180,13 @@ def needed(header: dict) -> list[tuple[str, str, int]]:
         messages = header.get("messages")
         topics = {m.get("topic") for m in messages if isinstance(m, dict)} if isinstance(messages, list) else set()
         return [_send_resource(t) for t in sorted(topics, key=str)]
+    if code == protocol.HEART_BEAT:
+        data = header.get("consumerDataSet")
+        return [("group", str(d.get("groupName")), SUB) for d in data if isinstance(d, dict)] if isinstance(data, list) else []
     out = []
     if code in TOPIC_AND_GROUP or code == protocol.QUERY_MESSAGE:
         out.append(("topic", str(header.get("topic")), SUB))
-    if (code in TOPIC_AND_GROUP or code == protocol.CONSUMER_SEND_MSG_BACK) and "consumerGroup" in header:
+    if (code in TOPIC_AND_GROUP or code in GROUP_ONLY) and "consumerGroup" in header:
         out.append(("group", str(header.get("consumerGroup")), SUB))
     return out
 

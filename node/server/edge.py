@@ -192,6 +192,9 @@ def _queue(header: dict) -> str | None:
 def _pull(header: dict) -> str | None:
     return (_queue(header)
             or ("consumerGroup" in header and group_problem(header["consumerGroup"]) or None)
+            or ("commitOffset" in header and "consumerGroup" not in header and "`commitOffset` needs `consumerGroup`"
+                or None)
+            or int_problem(header, "commitOffset", 0, INT64[1])
             or int_problem(header, "queueOffset", *INT64, required=True)
             or int_problem(header, "maxMsgNums", 1, MAX_PULL_COUNT)
             or _subscription(header)
@@ -268,6 +271,60 @@ def _group_config(header: dict) -> str | None:
             or int_problem(header, "brokerId", 0, 1024))
 
 
+# -- consumer groups --------------------------------------------------------------------------------
+
+
+def _client_id(header: dict) -> str | None:
+    value = header.get("clientID")
+    if not isinstance(value, str) or not 1 <= len(value) <= 255:
+        return f"`clientID` must be a string of 1 to 255 characters, not {_shown(value)}"
+    return None
+
+
+def _queue_list(value, field: str, limit: int) -> str | None:
+    if not isinstance(value, list) or len(value) > limit:
+        return f"`{field}` must be a list of at most {limit} {{topic, queueId}}, not {_shown(value)}"
+    for item in value:
+        problem = (f"each of `{field}` must be {{topic, queueId}}, not {_shown(item)}" if not isinstance(item, dict)
+                   else read_topic_problem(item.get("topic")) or int_problem(item, "queueId", 0, QUEUE_ID_MAX,
+                                                                             required=True))
+        if problem:
+            return problem
+    return None
+
+
+def _consumer_data(item) -> str | None:
+    if not isinstance(item, dict):
+        return f"each of `consumerDataSet` must be an object, not {_shown(item)}"
+    if item.get("messageModel", "CLUSTERING") not in ("CLUSTERING", "BROADCASTING"):
+        return f"`messageModel` must be CLUSTERING or BROADCASTING, not {_shown(item.get('messageModel'))}"
+    subscriptions = item.get("subscriptionDataSet", [])
+    if not isinstance(subscriptions, list) or len(subscriptions) > 1024:
+        return f"`subscriptionDataSet` must be a list of at most 1024 {{topic, subString}}, not {_shown(subscriptions)}"
+    for s in subscriptions:
+        problem = (f"each of `subscriptionDataSet` must be {{topic, subString}}, not {_shown(s)}"
+                   if not isinstance(s, dict) or not isinstance(s.get("subString", "*"), str) else
+                   read_topic_problem(s.get("topic")))
+        if problem:
+            return problem
+    return (_name_problem(item.get("groupName"), "groupName", GROUP_MAX_LENGTH)
+            or next((f"`{k}` must be a string, not {_shown(item[k])}" for k in ("consumeType", "consumeFromWhere")
+                     if k in item and not isinstance(item[k], str)), None)
+            or _queue_list(item.get("queues", []), "queues", 4096))
+
+
+def _heartbeat(header: dict) -> str | None:
+    data = header.get("consumerDataSet", [])
+    if not isinstance(data, list) or len(data) > 64:
+        return f"`consumerDataSet` must be a list of at most 64 groups, not {_shown(data)}"
+    return _client_id(header) or next((p for p in map(_consumer_data, data) if p), None)
+
+
+def _locks(header: dict) -> str | None:
+    return group_problem(header.get("consumerGroup")) or _client_id(header) or _queue_list(header.get("mqSet"), "mqSet",
+                                                                                           1024)
+
+
 # code -> the check of its fields (None: fine); sends are `send_refusal`'s
 CHECKS = {
     protocol.PULL_MESSAGE: _pull,
@@ -293,6 +350,12 @@ CHECKS = {
     protocol.GET_BROKER_RUNTIME_INFO: lambda h: None,
     protocol.DELETE_EXPIRED_COMMITLOG: lambda h: bool_problem(h, "force"),
     protocol.CONSUMER_SEND_MSG_BACK: _send_back,
+    protocol.HEART_BEAT: _heartbeat,
+    protocol.UNREGISTER_CLIENT: lambda h: group_problem(h.get("consumerGroup")) or _client_id(h),
+    protocol.GET_CONSUMER_LIST_BY_GROUP: lambda h: group_problem(h.get("consumerGroup")),
+    protocol.LOCK_BATCH_MQ: _locks,
+    protocol.UNLOCK_BATCH_MQ: _locks,
+    protocol.GET_CONSUMER_CONNECTION_LIST: lambda h: group_problem(h.get("consumerGroup")),
 }
 
 

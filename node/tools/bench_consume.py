@@ -3,8 +3,10 @@
 Starts `mqnode start` on a temporary store, produces a backlog (batch sends), and prints: pull
 throughput from one consumer process over the backlog (reading each body; again reading each
 msgId too) and with 4 consumer processes (each taking a share of the queues), produce-to-consume
-latency with long polling at a fixed 5k msgs/s, and the dispatcher's lag (written - dispatched)
-under batch-produce load. A benchmark, never a test: the machine's floors (`node.tools.floors`) are
+latency with long polling at a fixed 5k msgs/s, the dispatcher's lag (written - dispatched) under
+batch-produce load, push consumers over the backlog (one member, four member processes;
+node.tools.bench_push), and how soon a group's queues are consumed again after a member leaves
+or is killed. A benchmark, never a test: the machine's floors (`node.tools.floors`) are
 printed before and after the figures.
 """
 
@@ -19,13 +21,14 @@ import time
 from pathlib import Path
 
 from node.client import AsyncProducer, AsyncPullConsumer, Message, aio
-from node.tools import floors
+from node.tools import bench_push, floors
 from node.tools.bench_produce import BODY, Usage, add_node_options, bench_node, node_options
 from node.tools.pacing import paced
 from shm.control_block import ControlBlock
 
 TOPIC = "BenchConsume"
 QUEUES = 8
+EXPIRE_MS = 10_000  # clientChannelExpiredTimeout of the takeover figures' node
 
 
 async def produce_backlog(endpoint: str, count: int, control: ControlBlock) -> tuple[float, int, int]:
@@ -127,6 +130,26 @@ async def end_to_end(endpoint: str, rate: int, seconds: float) -> tuple[float, f
     return latencies[len(latencies) // 2] * 1e6, latencies[int(len(latencies) * 0.99)] * 1e6
 
 
+def takeover_figures(directory: Path, options: dict[str, str]) -> None:
+    """How soon a group's queues are consumed again when a member leaves, on a node whose
+    clientChannelExpiredTimeout is EXPIRE_MS (a killed member is noticed only after it)."""
+    directory.mkdir()
+    with bench_node(directory, "ASYNC_FLUSH", 0, options | {"clientChannelExpiredTimeout": str(EXPIRE_MS)}) as node:
+        from node.client import Producer
+
+        with Producer(node.endpoint) as producer:
+            def send_each_queue() -> None:
+                for q in range(QUEUES):
+                    producer.send("BenchTakeover", b"x", queue_id=q)
+
+            send_each_queue()
+            left = bench_push.takeover(node.endpoint, "BenchTakeover", False, send_each_queue)
+            killed = bench_push.takeover(node.endpoint, "BenchTakeover", True, send_each_queue)
+    print(f"rebalance after a member unregisters: its queues consumed again after {left:.2f} s (target <= 1)")
+    print(f"rebalance after a member is killed: after {killed:.2f} s (target <= clientChannelExpiredTimeout "
+          f"{EXPIRE_MS / 1000:.0f} s + 1)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backlog", type=int, default=1_000_000)
@@ -164,7 +187,13 @@ def main() -> None:
                 p50, p99 = aio.run(end_to_end(node.endpoint, rate, 5.0))
                 print(f"produce-to-consume, long polling, {rate // 1000}k msgs/s: p50 {p50:,.0f} µs, p99 {p99:,.0f} µs "
                       f"(target at 5k: <= 5,000)")
+            for members, target in ((1, 150_000), (4, 200_000)):
+                usage = Usage(node)
+                rate = bench_push.throughput(node.endpoint, TOPIC, sum(max_offsets.values()), members)
+                print(f"push consumer{'s' if members > 1 else ''}, {members} member process{'es' if members > 1 else ''}, "
+                      f"no-op listener: {rate:>10,.0f} msgs/s (target >= {target:,}); {usage.report()}")
             control.close()
+        takeover_figures(base / "takeover", options)
         print(f"after: {floors.report(base)}")
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,623 @@
+"""The push consumer: RocketMQ's DefaultMQPushConsumer over mqnode's protocol.
+
+A member of a consumer group. It tells the node it is there (HEART_BEAT every
+`heartbeat_interval` s), learns the group's members (GET_CONSUMER_LIST_BY_GROUP) and computes its
+own share of each subscribed topic's queues (`node.client.allocate`), again whenever the node
+says the group changed (NOTIFY_CONSUMER_IDS_CHANGED) and every `rebalance_interval` s anyway.
+For each queue it holds, a pull loop long-polls the node and buffers what comes in a
+`ProcessQueue`, which also keeps the offset to commit: the lowest offset whose message is not
+done (so a crash redelivers from there, never skips). Flow control: a queue whose buffer holds
+more than `pull_threshold_for_queue` messages or `pull_threshold_size_for_queue` MiB is not pulled
+until it drains.
+
+Concurrently (`register_listener(fn)`): each pulled batch goes to a thread pool of
+`consume_thread_max` threads, which calls `fn` with up to `consume_message_batch_max_size`
+messages at a time; CONSUME_SUCCESS completes them, RECONSUME_LATER (or an exception) hands them
+back to the node (CONSUMER_SEND_MSG_BACK: they return through `%RETRY%<group>`, which a
+clustering member subscribes by itself, and go to `%DLQ%<group>` after `max_reconsume_times`); a
+hand-back the node refuses is consumed again here 5 s later rather than lost.
+
+Orderly (`register_listener(fn, orderly=True)`): a queue is consumed only while this member
+holds its lock on the node (LOCK_BATCH_MQ, renewed every 20 s; it lapses on the node after
+`rebalanceLockMaxLiveTime`), one batch at a time, in queue order. SUCCESS commits;
+SUSPEND_CURRENT_QUEUE_A_MOMENT waits `suspend_current_queue_time_millis` and offers the same
+messages again, up to `max_reconsume_times` (then they go to the DLQ). A member that can no
+longer renew its lock stops before its next message.
+
+Offsets: CLUSTERING commits to the node (every `persist_interval` s, when a queue is given up,
+and at `shutdown`); BROADCASTING (every member gets every message) keeps them in a local file
+per client, `<offset_store_dir>/<client id>/<group>/offsets.json`, as RocketMQ does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import orjson
+
+from node import protocol
+from node.client import aio
+from node.client.allocate import STRATEGIES, allocate
+from node.client.consumer import AsyncPullConsumer
+from node.client.producer import SendError
+from node.client.received import ReceivedMessage, retopic
+from node.security import Credentials
+
+CONSUME_SUCCESS, RECONSUME_LATER = "CONSUME_SUCCESS", "RECONSUME_LATER"  # concurrent listeners
+SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUCCESS", "SUSPEND_CURRENT_QUEUE_A_MOMENT"  # orderly listeners
+CLUSTERING, BROADCASTING = "CLUSTERING", "BROADCASTING"
+FROM_WHERE = {"LAST_OFFSET": "CONSUME_FROM_LAST_OFFSET", "FIRST_OFFSET": "CONSUME_FROM_FIRST_OFFSET",
+              "TIMESTAMP": "CONSUME_FROM_TIMESTAMP"}
+RETRY_PREFIX = "%RETRY%"
+PULL_SUSPEND_MS = 15_000  # a long poll's hold (RocketMQ's brokerSuspendMaxTimeMillis)
+LOCAL_RETRY_S = 5.0  # a hand-back the node refused is consumed again after this
+FLOW_CONTROL_S = 0.05
+PULL_ERROR_S = 3.0
+LOCK_RENEW_S = 20.0  # at most; a node with a shorter rebalanceLockMaxLiveTime gets a third of it
+
+
+@dataclass
+class PushOptions:
+    message_model: str = CLUSTERING
+    consume_thread_min: int = 20
+    consume_thread_max: int = 20
+    consume_message_batch_max_size: int = 1
+    pull_batch_size: int = 32
+    pull_threshold_for_queue: int = 1000
+    pull_threshold_size_for_queue: int = 100  # MiB
+    consume_from_where: str = "LAST_OFFSET"  # or FIRST_OFFSET, TIMESTAMP (then consume_timestamp, ms)
+    consume_timestamp: int | None = None  # default: half an hour ago, as RocketMQ
+    max_reconsume_times: int = 16
+    consume_timeout: float = 15.0  # minutes
+    allocate_strategy: str = "averagely"
+    suspend_current_queue_time_millis: int = 1000
+    heartbeat_interval: float = 30.0
+    rebalance_interval: float = 20.0
+    persist_interval: float = 5.0
+    instance_name: str | None = None  # default: the process id
+    offset_store_dir: str = "~/.mqnode/offsets"
+    timeout: float = 5.0
+    credentials: Credentials | None = None
+
+    def check(self) -> None:
+        if self.message_model not in (CLUSTERING, BROADCASTING):
+            raise ValueError(f"message_model must be CLUSTERING or BROADCASTING, not {self.message_model!r}")
+        if self.consume_from_where.removeprefix("CONSUME_FROM_") not in FROM_WHERE:
+            raise ValueError(f"consume_from_where must be one of {', '.join(FROM_WHERE)}")
+        if self.allocate_strategy not in STRATEGIES:
+            raise ValueError(f"allocate_strategy must be one of {', '.join(STRATEGIES)}")
+        if not 1 <= self.consume_thread_min <= self.consume_thread_max <= 1000:
+            raise ValueError("need 1 <= consume_thread_min <= consume_thread_max <= 1000")
+        if not 1 <= self.pull_batch_size <= 1024 or not 1 <= self.consume_message_batch_max_size <= 1024:
+            raise ValueError("pull_batch_size and consume_message_batch_max_size must be 1..1024")
+
+
+@dataclass
+class ProcessQueue:
+    """One queue this member consumes: what was pulled and is not done, and where to go on."""
+
+    topic: str
+    queue_id: int
+    next_offset: int  # the next pull's offset
+    pending: dict[int, list] = field(default_factory=dict)  # queue offset -> [message, size, given at (s)]
+    buffer: deque = field(default_factory=deque)  # orderly: messages not yet given to the listener
+    size: int = 0
+    dropped: bool = False
+    locked_at: float = 0.0  # orderly: when the node last confirmed our lock (monotonic s)
+    committed: int = -1  # what was last committed
+    consuming: bool = False  # orderly: a task is consuming this queue
+    in_listener: bool = False  # orderly: a batch is with the listener right now
+    tries: dict[int, int] = field(default_factory=dict)  # orderly: suspensions of the batch at an offset
+
+    def add(self, messages: list[ReceivedMessage]) -> None:
+        now = time.monotonic()
+        for message in messages:
+            size = len(message.body)
+            self.pending[message.queue_offset] = [message, size, now]
+            self.size += size
+
+    def done(self, offsets) -> None:
+        for offset in offsets:
+            entry = self.pending.pop(offset, None)
+            if entry is not None:
+                self.size -= entry[1]
+
+    def commit_offset(self) -> int:
+        """The lowest offset not done: a restart redelivers from here."""
+        return min(self.pending) if self.pending else self.next_offset
+
+    def lock_valid(self, valid_s: float) -> bool:
+        return time.monotonic() - self.locked_at < valid_s
+
+
+class AsyncPushConsumer:
+    def __init__(self, endpoint: str, group: str, **options):
+        known = {f.name for f in fields(PushOptions)}
+        unknown = set(options) - known
+        if unknown:
+            raise TypeError(f"unknown PushConsumer options: {', '.join(sorted(unknown))}")
+        self.options = PushOptions(**options)
+        self.options.check()
+        self.endpoint, self.group = endpoint, group
+        instance = self.options.instance_name or str(os.getpid())
+        self.client_id = f"{socket.gethostbyname(socket.gethostname())}@{instance}"
+        self.subscriptions: dict[str, str] = {}
+        self.listener: Callable | None = None
+        self.orderly = False
+        self.queues: dict[tuple[str, int], ProcessQueue] = {}
+        self.tasks: dict[tuple[str, int], asyncio.Task] = {}
+        self.pull: AsyncPullConsumer | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        self.background: list[asyncio.Task] = []
+        self.rebalance_wanted: asyncio.Event | None = None  # (made on the consumer's loop, in start)
+        self.running = False
+        self.consumed = self.failed = self.sent_back = self.local_retries = self.rebalances = 0
+        self.local_offsets: dict[str, int] = {}
+        # what the node says about its timeouts (HEART_BEAT's and LOCK_BATCH_MQ's replies) narrows these
+        self.heartbeat_s = self.options.heartbeat_interval
+        self.lock_renew_s, self.lock_valid_s = LOCK_RENEW_S, 1.5 * LOCK_RENEW_S
+
+    # -- set-up ---------------------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        protocol.parse_subscription(expression)  # ValueError for a malformed expression
+        self.subscriptions[topic] = expression
+
+    def register_listener(self, listener: Callable[[list[ReceivedMessage]], str], *, orderly: bool = False) -> None:
+        self.listener, self.orderly = listener, orderly
+
+    async def start(self) -> AsyncPushConsumer:
+        if self.listener is None or not self.subscriptions:
+            raise ValueError("subscribe() and register_listener() before start()")
+        if self.options.message_model == CLUSTERING:
+            self.subscriptions.setdefault(RETRY_PREFIX + self.group, "*")
+        else:
+            self._load_local_offsets()
+        self.pull = AsyncPullConsumer(self.endpoint, timeout=self.options.timeout, credentials=self.options.credentials)
+        await self.pull.start()
+        self.pull.client.on_notice = self._on_notice
+        self.pool = ThreadPoolExecutor(self.options.consume_thread_max, thread_name_prefix=f"mqnode-consume-{self.group}")
+        self.rebalance_wanted = asyncio.Event()
+        self.running = True
+        await self._heartbeat()
+        await self._rebalance()
+        self.background = [asyncio.create_task(coroutine) for coroutine in (
+            self._every(lambda: self.heartbeat_s, self._heartbeat), self._rebalancer(),
+            self._every(lambda: self.options.persist_interval, self._persist),
+            self._every(lambda: 60.0, self._clean_expired))]
+        if self.orderly:
+            self.background.append(asyncio.create_task(self._every(lambda: self.lock_renew_s, self._lock_all)))
+        return self
+
+    async def shutdown(self) -> None:
+        """Stop pulling, let the listeners finish, commit, leave the group (unlocking)."""
+        if not self.running:
+            return
+        self.running = False
+        for task in self.background:
+            task.cancel()
+        for task in self.tasks.values():
+            task.cancel()
+        await asyncio.gather(*self.background, *self.tasks.values(), return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(None, self.pool.shutdown, True)
+        await asyncio.sleep(0)  # (the last listeners' completions run)
+        await self._persist()
+        try:
+            if self.orderly:
+                await self._unlock(list(self.queues))
+            await self._ask({"code": protocol.UNREGISTER_CLIENT, "clientID": self.client_id,
+                             "consumerGroup": self.group})
+        except SendError:
+            pass  # the node is gone: it drops us after clientChannelExpiredTimeout
+        await self.pull.close()
+
+    # -- membership and rebalancing ------------------------------------------------------------------
+
+    async def _ask(self, header: dict) -> dict:
+        reply, _ = await self.pull.client.request(header)
+        if reply.get("status") != "OK":
+            raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
+        return reply
+
+    def _on_notice(self, header: dict) -> None:
+        if header.get("code") == protocol.NOTIFY_CONSUMER_IDS_CHANGED and self.rebalance_wanted is not None:
+            self.rebalance_wanted.set()
+
+    async def _heartbeat(self) -> None:
+        data = {"groupName": self.group, "consumeType": "CONSUME_PASSIVELY", "messageModel": self.options.message_model,
+                "consumeFromWhere": FROM_WHERE[self.options.consume_from_where.removeprefix("CONSUME_FROM_")],
+                "subscriptionDataSet": [{"topic": t, "subString": e} for t, e in sorted(self.subscriptions.items())],
+                "queues": [{"topic": t, "queueId": q} for t, q in sorted(self.queues)]}
+        try:
+            reply = await self._ask({"code": protocol.HEART_BEAT, "clientID": self.client_id, "consumerDataSet": [data]})
+            expires_ms = reply.get("clientChannelExpiredTimeout")
+            if expires_ms:  # beat at least three times within it
+                self.heartbeat_s = min(self.options.heartbeat_interval, expires_ms / 3000)
+        except SendError:
+            pass  # tried again at the next interval; the node keeps us until clientChannelExpiredTimeout
+
+    async def _rebalancer(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self.rebalance_wanted.wait(), self.options.rebalance_interval)
+            except asyncio.TimeoutError:
+                pass
+            self.rebalance_wanted.clear()
+            await self._rebalance()
+
+    async def _rebalance(self) -> None:
+        self.rebalances += 1
+        await self._persist()  # a queue given up now is taken over from an offset as fresh as can be
+        wanted: set[tuple[str, int]] = set()
+        try:
+            members = [] if self.options.message_model == BROADCASTING else (await self._ask(
+                {"code": protocol.GET_CONSUMER_LIST_BY_GROUP, "consumerGroup": self.group})).get("consumerIdList", [])
+            for topic in sorted(self.subscriptions):
+                count = await self._queue_count(topic)
+                queues = [(topic, q) for q in range(count)]
+                if self.options.message_model == BROADCASTING:
+                    wanted.update(queues)
+                elif members:  # (an empty list: the node restarted and has not heard from us yet)
+                    wanted.update(allocate(self.options.allocate_strategy, self.client_id, queues, members))
+                else:
+                    wanted.update(q for q in self.queues if q[0] == topic)
+        except SendError:
+            return  # the node is unreachable: keep what we have, try again later
+        dropped = [q for q in self.queues if q not in wanted]
+        for queue in dropped:
+            await self._drop(queue)
+        gained = sorted(wanted - set(self.queues))
+        if self.orderly and gained:
+            gained = await self._lock(gained)
+        for queue in gained:
+            await self._take(queue)
+        if gained or dropped:
+            await self._heartbeat()  # (so `admin group` shows the new share)
+
+    async def _queue_count(self, topic: str) -> int:
+        if topic.startswith(RETRY_PREFIX):
+            return 1  # a group's retry topic has one queue (the node makes it on the first send-back)
+        reply, _ = await self.pull.client.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
+        if reply.get("status") == "TOPIC_NOT_EXIST":
+            return 0
+        if reply.get("status") != "OK":
+            raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
+        return reply.get("readQueueNums", reply.get("writeQueueNums", 0))
+
+    async def _take(self, queue: tuple[str, int]) -> None:
+        offset = await self._start_offset(*queue)
+        pq = self.queues[queue] = ProcessQueue(queue[0], queue[1], offset, committed=offset)
+        if self.orderly:
+            pq.locked_at = time.monotonic()
+        self.tasks[queue] = asyncio.create_task(self._pull_loop(pq))
+
+    async def _drop(self, queue: tuple[str, int]) -> None:
+        pq = self.queues.pop(queue)
+        pq.dropped = True
+        task = self.tasks.pop(queue, None)
+        if task is not None:
+            task.cancel()
+        if self.orderly:  # the listener's batch finishes before another member may lock the queue
+            deadline = time.monotonic() + 2 * self.lock_renew_s
+            while pq.in_listener and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        await self._commit(pq)
+        if self.orderly and not pq.in_listener:  # (still in it: the lock lapses on the node instead)
+            await self._unlock([queue])
+
+    async def _start_offset(self, topic: str, queue_id: int) -> int:
+        if self.options.message_model == BROADCASTING:
+            stored = self.local_offsets.get(f"{topic}@{queue_id}")
+        else:
+            stored = await self.pull.committed(self.group, topic, queue_id)
+        if stored is not None and stored >= 0:
+            return stored
+        where = self.options.consume_from_where.removeprefix("CONSUME_FROM_")
+        if topic.startswith(RETRY_PREFIX) or where == "FIRST_OFFSET":
+            return await self.pull.min_offset(topic, queue_id)
+        if where == "TIMESTAMP":
+            at = self.options.consume_timestamp or int(time.time() * 1000) - 30 * 60 * 1000
+            reply = await self._ask({"code": protocol.SEARCH_OFFSET_BY_TIMESTAMP, "topic": topic, "queueId": queue_id,
+                                     "timestamp": at})
+            return reply["offset"]
+        return await self.pull.max_offset(topic, queue_id)
+
+    # -- orderly locks -------------------------------------------------------------------------------
+
+    async def _lock(self, queues: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        try:
+            reply = await self._ask({"code": protocol.LOCK_BATCH_MQ, "consumerGroup": self.group,
+                                     "clientID": self.client_id,
+                                     "mqSet": [{"topic": t, "queueId": q} for t, q in queues]})
+        except SendError:
+            return []
+        live_ms = reply.get("lockMaxLiveTime")
+        if live_ms:  # renew three times within the node's limit; trust a lock for half of it
+            self.lock_renew_s, self.lock_valid_s = min(LOCK_RENEW_S, live_ms / 3000), min(1.5 * LOCK_RENEW_S, live_ms / 2000)
+        return [(m["topic"], m["queueId"]) for m in reply.get("lockOKMQSet", [])]
+
+    async def _lock_all(self) -> None:
+        held = set(await self._lock(sorted(self.queues)))
+        now = time.monotonic()
+        for queue, pq in self.queues.items():
+            if queue in held:
+                pq.locked_at = now
+
+    async def _unlock(self, queues: list[tuple[str, int]]) -> None:
+        try:
+            await self._ask({"code": protocol.UNLOCK_BATCH_MQ, "consumerGroup": self.group, "clientID": self.client_id,
+                             "mqSet": [{"topic": t, "queueId": q} for t, q in queues]})
+        except SendError:
+            pass  # it lapses on the node after rebalanceLockMaxLiveTime
+
+    # -- pulling -------------------------------------------------------------------------------------
+
+    async def _pull_loop(self, pq: ProcessQueue) -> None:
+        options = self.options
+        threshold_size = options.pull_threshold_size_for_queue * 1024 * 1024
+        expression = self.subscriptions.get(pq.topic, "*")
+        while not pq.dropped:
+            if len(pq.pending) > options.pull_threshold_for_queue or pq.size > threshold_size:
+                await asyncio.sleep(FLOW_CONTROL_S)  # flow control: let the listeners catch up
+                continue
+            commit = None
+            if options.message_model == CLUSTERING and pq.commit_offset() != pq.committed:
+                commit = pq.commit_offset()  # each pull commits what is done (RocketMQ's FLAG_COMMIT_OFFSET)
+            try:
+                result = await self.pull.pull(pq.topic, pq.queue_id, pq.next_offset, max_count=options.pull_batch_size,
+                                              subscription=expression, suspend_ms=PULL_SUSPEND_MS, group=self.group,
+                                              commit_offset=commit)
+                if commit is not None:
+                    pq.committed = commit
+            except SendError:
+                await asyncio.sleep(PULL_ERROR_S)
+                continue
+            if pq.dropped:
+                return
+            if result.status == "OFFSET_ILLEGAL":  # cleaned below us, or past the end: go on from the node's word
+                pq.next_offset = min(max(pq.next_offset, result.min_offset), result.max_offset)
+                continue
+            messages = result.messages
+            pq.next_offset = result.next_begin_offset
+            if messages:
+                self._deliver(pq, messages)
+
+    def _deliver(self, pq: ProcessQueue, messages: list[ReceivedMessage]) -> None:
+        for message in messages:
+            retry_topic = message.properties.get("RETRY_TOPIC") if pq.topic.startswith(RETRY_PREFIX) else None
+            if retry_topic:
+                retopic(message, retry_topic)  # the listener sees the topic it subscribed, as in RocketMQ
+        pq.add(messages)
+        if self.orderly:
+            pq.buffer.extend(messages)
+            if not pq.consuming:
+                pq.consuming = True
+                asyncio.create_task(self._consume_orderly(pq))
+            return
+        size = self.options.consume_message_batch_max_size
+        future = asyncio.get_running_loop().run_in_executor(self.pool, self._call_concurrently, messages, size)
+        future.add_done_callback(lambda f: self._concurrent_done(pq, messages, f))
+
+    # -- concurrent consumption ----------------------------------------------------------------------
+
+    def _call_concurrently(self, messages: list[ReceivedMessage], size: int) -> list[ReceivedMessage]:
+        """On a pool thread: the listener over `messages`, `size` at a time; those to hand back."""
+        failed = []
+        for start in range(0, len(messages), size):
+            chunk = messages[start:start + size]
+            try:
+                status = self.listener(chunk)
+            except Exception:  # the listener's bug: RocketMQ counts it as RECONSUME_LATER
+                status = RECONSUME_LATER
+            if status != CONSUME_SUCCESS:
+                failed.extend(chunk)
+        return failed
+
+    def _concurrent_done(self, pq: ProcessQueue, messages: list[ReceivedMessage], future) -> None:
+        if future.cancelled():
+            return
+        failed = future.result()  # (the listener's exceptions are caught: one here is our bug)
+        self.consumed += len(messages) - len(failed)
+        self.failed += len(failed)
+        if failed:
+            handed = {m.queue_offset for m in failed}
+            pq.done(m.queue_offset for m in messages if m.queue_offset not in handed)
+        else:
+            pq.done(m.queue_offset for m in messages)
+        if failed and self.options.message_model == BROADCASTING:
+            pq.done(m.queue_offset for m in failed)  # broadcasting has no retry, as in RocketMQ: dropped, counted
+        elif failed:
+            asyncio.ensure_future(self._hand_back(pq, failed))
+
+    async def _hand_back(self, pq: ProcessQueue, messages: list[ReceivedMessage]) -> None:
+        """RECONSUME_LATER: back to the node (then %RETRY%, later %DLQ%); if the node refuses,
+        consumed here again after LOCAL_RETRY_S, never lost."""
+        again = []
+        for message in messages:
+            try:
+                await self.pull.send_back(message, self.group, max_reconsume_times=self.options.max_reconsume_times)
+                self.sent_back += 1
+                pq.done([message.queue_offset])
+            except SendError:
+                again.append(message)
+        if again and not pq.dropped:
+            self.local_retries += len(again)
+            await asyncio.sleep(LOCAL_RETRY_S)
+            if not pq.dropped and self.running:
+                size = self.options.consume_message_batch_max_size
+                future = asyncio.get_running_loop().run_in_executor(self.pool, self._call_concurrently, again, size)
+                future.add_done_callback(lambda f: self._concurrent_done(pq, again, f))
+
+    async def _clean_expired(self) -> None:
+        """A message with the listener for longer than `consume_timeout` minutes is handed back
+        and counted done (RocketMQ's cleanExpireMsg), so one stuck call cannot hold the offset."""
+        if self.orderly:
+            return
+        oldest = time.monotonic() - self.options.consume_timeout * 60
+        for pq in list(self.queues.values()):
+            stale = [message for message, _, given in list(pq.pending.values()) if given < oldest]
+            if stale:
+                await self._hand_back(pq, stale[:16])
+
+    # -- orderly consumption -------------------------------------------------------------------------
+
+    async def _consume_orderly(self, pq: ProcessQueue) -> None:
+        loop, options = asyncio.get_running_loop(), self.options
+        try:
+            while pq.buffer and not pq.dropped and self.running:
+                if not pq.lock_valid(self.lock_valid_s):
+                    await asyncio.sleep(0.1)  # not ours (any longer): wait for the lock's renewal or a rebalance
+                    continue
+                batch = [pq.buffer[i] for i in range(min(options.consume_message_batch_max_size, len(pq.buffer)))]
+                pq.in_listener = True
+                try:
+                    status = await loop.run_in_executor(self.pool, self._call_orderly, batch)
+                finally:
+                    pq.in_listener = False
+                if pq.dropped:
+                    return
+                if status == SUCCESS or await self._suspended_too_often(pq, batch):
+                    for _ in batch:
+                        pq.buffer.popleft()
+                    pq.done(m.queue_offset for m in batch)
+                    self.consumed += len(batch)
+                else:
+                    self.failed += len(batch)
+                    await asyncio.sleep(options.suspend_current_queue_time_millis / 1000)
+        finally:
+            pq.consuming = False
+            if pq.buffer and not pq.dropped and self.running:  # (arrived while we were leaving)
+                pq.consuming = True
+                asyncio.create_task(self._consume_orderly(pq))
+
+    def _call_orderly(self, batch: list[ReceivedMessage]) -> str:
+        try:
+            return self.listener(batch)
+        except Exception:
+            return SUSPEND_CURRENT_QUEUE_A_MOMENT
+
+    async def _suspended_too_often(self, pq: ProcessQueue, batch: list[ReceivedMessage]) -> bool:
+        """Count a suspension; past max_reconsume_times the batch goes to the DLQ (and is done)."""
+        tries = pq.tries
+        key = batch[0].queue_offset
+        tries[key] = tries.get(key, 0) + 1
+        if self.options.max_reconsume_times < 0 or tries[key] <= self.options.max_reconsume_times:
+            return False
+        for message in batch:
+            try:
+                await self.pull.send_back(message, self.group, delay_level=-1)  # straight to %DLQ%
+                self.sent_back += 1
+            except SendError:
+                return False  # offered again, later
+        tries.pop(key, None)
+        return True
+
+    # -- offsets -------------------------------------------------------------------------------------
+
+    async def _every(self, seconds, action) -> None:
+        while True:
+            await asyncio.sleep(seconds())
+            await action()
+
+    async def _persist(self) -> None:
+        for pq in list(self.queues.values()):
+            await self._commit(pq)
+        if self.options.message_model == BROADCASTING:
+            self._save_local_offsets()
+
+    async def _commit(self, pq: ProcessQueue) -> None:
+        offset = pq.commit_offset()
+        if offset == pq.committed:
+            return
+        if self.options.message_model == BROADCASTING:
+            self.local_offsets[f"{pq.topic}@{pq.queue_id}"] = offset
+            pq.committed = offset
+            return
+        try:
+            await self.pull.commit(self.group, pq.topic, pq.queue_id, offset)
+            pq.committed = offset
+        except SendError:
+            pass  # committed at the next persist
+
+    def _offsets_file(self) -> Path:
+        return Path(os.path.expanduser(self.options.offset_store_dir)) / self.client_id / self.group / "offsets.json"
+
+    def _load_local_offsets(self) -> None:
+        try:
+            self.local_offsets = {k: int(v) for k, v in orjson.loads(self._offsets_file().read_bytes())
+                                  .get("offsetTable", {}).items()}
+        except FileNotFoundError:
+            self.local_offsets = {}
+
+    def _save_local_offsets(self) -> None:
+        path = self._offsets_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        with open(temporary, "wb") as f:
+            f.write(orjson.dumps({"offsetTable": dict(sorted(self.local_offsets.items()))}))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+
+    def statistics(self) -> dict:
+        return {"clientId": self.client_id, "group": self.group, "queues": sorted(self.queues),
+                "consumed": self.consumed, "failed": self.failed, "sentBack": self.sent_back,
+                "localRetries": self.local_retries, "rebalances": self.rebalances,
+                "cached": {f"{t}@{q}": len(pq.pending) for (t, q), pq in sorted(self.queues.items())}}
+
+
+class PushConsumer:
+    """The blocking push consumer: an AsyncPushConsumer on a private event-loop thread; the
+    listener runs on its pool's threads."""
+
+    def __init__(self, endpoint: str, group: str, **options):
+        import threading
+
+        self.loop = aio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=f"mqnode-push-{group}", daemon=True)
+        self.thread.start()
+        self.inner = self._call(self._make(endpoint, group, options))
+
+    @staticmethod
+    async def _make(endpoint: str, group: str, options: dict) -> AsyncPushConsumer:
+        return AsyncPushConsumer(endpoint, group, **options)
+
+    def _call(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        self.inner.subscribe(topic, expression)
+
+    def register_listener(self, listener, *, orderly: bool = False) -> None:
+        self.inner.register_listener(listener, orderly=orderly)
+
+    def start(self) -> PushConsumer:
+        self._call(self.inner.start())
+        return self
+
+    def shutdown(self) -> None:
+        if self.loop.is_running():
+            self._call(self.inner.shutdown())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+    def statistics(self) -> dict:
+        return self._call(_stats(self.inner))
+
+    def __enter__(self) -> PushConsumer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+async def _stats(consumer: AsyncPushConsumer) -> dict:
+    return consumer.statistics()

@@ -1,0 +1,174 @@
+"""The node's side of consumer groups (RocketMQ's ConsumerManager and RebalanceLockManager): who
+is in each group, what they subscribe, and which queues orderly consumers hold locked. No socket,
+no clock: the front (its shell) passes `now` (monotonic ms) and sends NOTIFY_CONSUMER_IDS_CHANGED
+to the members of the groups a call says changed.
+
+Members are clients that sent HEART_BEAT with the group in `consumerDataSet`; each is known by
+its `clientID` and reached through the routing id of the DEALER it last spoke from. A member
+silent for `clientChannelExpiredTimeout` ms is dropped (`expire`). Nothing here is persisted: a
+restarted front learns its groups again from the members' next heartbeats (every 30 s by
+default), as a restarted RocketMQ broker does; until then a member sees an empty list and keeps
+its queues.
+
+Locks (LOCK_BATCH_MQ / UNLOCK_BATCH_MQ): per group, a queue (topic, queueId) is held by one
+client; a lock its holder does not renew within `rebalanceLockMaxLiveTime` ms expires, and a
+lock asked for by another client is granted only then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from node import protocol
+
+MAX_GROUPS_PER_CLIENT = 64  # (bounds what one heartbeat can make the node hold)
+MAX_MEMBERS = 10_000  # members over all groups: a heartbeat beyond it is refused
+
+
+@dataclass
+class Member:
+    client_id: str
+    routing_id: bytes
+    last_seen: int  # monotonic ms
+    message_model: str = "CLUSTERING"
+    consume_type: str = "CONSUME_PASSIVELY"
+    consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
+    subscriptions: dict[str, str] = field(default_factory=dict)  # topic -> expression
+    queues: list[tuple[str, int]] = field(default_factory=list)  # what it says it consumes (mqnode)
+
+    def to_json(self) -> dict:
+        return {"clientId": self.client_id, "lastUpdateTimestamp": self.last_seen, "messageModel": self.message_model,
+                "consumeType": self.consume_type, "consumeFromWhere": self.consume_from_where,
+                "subscriptions": dict(sorted(self.subscriptions.items())),
+                "queues": [{"topic": t, "queueId": q} for t, q in self.queues]}
+
+
+class ConsumerGroups:
+    def __init__(self, channel_expired_ms: int, lock_max_live_ms: int):
+        self.channel_expired_ms = channel_expired_ms
+        self.lock_max_live_ms = lock_max_live_ms
+        self.groups: dict[str, dict[str, Member]] = {}  # group -> clientID -> Member
+        self.locks: dict[str, dict[tuple[str, int], tuple[str, int]]] = {}  # group -> queue -> (client, at)
+        self.expired = self.notifications = 0
+
+    # -- membership ---------------------------------------------------------------------------------
+
+    def heartbeat(self, client_id: str, routing_id: bytes, consumers: list[dict], now: int) -> set[str]:
+        """A HEART_BEAT's consumer data (already checked at the edge) -> the groups whose members
+        or subscriptions changed (their members are to be notified)."""
+        changed = set()
+        for data in consumers[:MAX_GROUPS_PER_CLIENT]:
+            group = data["groupName"]
+            members = self.groups.setdefault(group, {})
+            old = members.get(client_id)
+            subscriptions = {s["topic"]: s.get("subString", "*") for s in data.get("subscriptionDataSet") or []}
+            member = Member(client_id, routing_id, now, data.get("messageModel", "CLUSTERING"),
+                            data.get("consumeType", "CONSUME_PASSIVELY"),
+                            data.get("consumeFromWhere", "CONSUME_FROM_LAST_OFFSET"), subscriptions,
+                            [(q["topic"], q["queueId"]) for q in data.get("queues") or []])
+            if old is None or old.subscriptions != subscriptions:
+                changed.add(group)
+            members[client_id] = member
+        return changed
+
+    def unregister(self, client_id: str, group: str) -> set[str]:
+        members = self.groups.get(group)
+        if not members or members.pop(client_id, None) is None:
+            return set()
+        self._release_locks(group, client_id)
+        if not members:
+            del self.groups[group]
+        return {group}
+
+    def expire(self, now: int) -> set[str]:
+        """Drop members silent for longer than `channel_expired_ms`; the groups that lost one."""
+        changed = set()
+        for group, members in list(self.groups.items()):
+            for client_id, member in list(members.items()):
+                if now - member.last_seen > self.channel_expired_ms:
+                    self.expired += 1
+                    changed |= self.unregister(client_id, group)
+        return changed
+
+    def member_count(self) -> int:
+        return sum(len(m) for m in self.groups.values())
+
+    def client_ids(self, group: str) -> list[str]:
+        return sorted(self.groups.get(group, {}))
+
+    def members(self, group: str) -> list[Member]:
+        return [self.groups[group][c] for c in self.client_ids(group)]
+
+    def routing_ids(self, groups: set[str]) -> list[tuple[str, bytes]]:
+        """(group, routing id) of every member of `groups`: where NOTIFY_CONSUMER_IDS_CHANGED goes."""
+        out = [(g, m.routing_id) for g in sorted(groups) for m in self.members(g)]
+        self.notifications += len(out)
+        return out
+
+    def subscribers(self, topic: str) -> set[str]:
+        """Groups with a member that subscribes `topic` (to notify when its queues change)."""
+        return {g for g, members in self.groups.items() if any(topic in m.subscriptions for m in members.values())}
+
+    # -- locks --------------------------------------------------------------------------------------
+
+    def lock(self, group: str, client_id: str, queues: list[tuple[str, int]], now: int) -> list[tuple[str, int]]:
+        """Lock (or renew) what is free, expired or already this client's; the queues it holds."""
+        table = self.locks.setdefault(group, {})
+        held = []
+        for queue in queues:
+            owner = table.get(queue)
+            if owner is None or owner[0] == client_id or now - owner[1] > self.lock_max_live_ms:
+                table[queue] = (client_id, now)
+                held.append(queue)
+        return held
+
+    def unlock(self, group: str, client_id: str, queues: list[tuple[str, int]]) -> None:
+        table = self.locks.get(group, {})
+        for queue in queues:
+            if table.get(queue, ("",))[0] == client_id:
+                del table[queue]
+
+    def _release_locks(self, group: str, client_id: str) -> None:
+        table = self.locks.get(group, {})
+        for queue in [q for q, (owner, _) in table.items() if owner == client_id]:
+            del table[queue]
+
+    def held_locks(self, group: str, now: int) -> dict[tuple[str, int], str]:
+        return {q: owner for q, (owner, at) in sorted(self.locks.get(group, {}).items())
+                if now - at <= self.lock_max_live_ms}
+
+    def statistics(self) -> dict:
+        return {"groups": len(self.groups), "members": self.member_count(), "expired": self.expired,
+                "notifications": self.notifications,
+                "locks": sum(len(t) for t in self.locks.values())}
+
+
+def answer(groups: ConsumerGroups, header: dict, routing_id: bytes, now: int) -> tuple[dict, set[str]]:
+    """A consumer-group request (its fields checked at the edge) -> (reply header, groups whose
+    members are to be notified)."""
+    code, opaque = header["code"], header.get("opaque")
+    if code == protocol.HEART_BEAT:
+        consumers = header.get("consumerDataSet") or []
+        if groups.member_count() >= MAX_MEMBERS and not any(
+                header["clientID"] in groups.groups.get(c["groupName"], {}) for c in consumers):
+            return protocol.reply_header(opaque, "SYSTEM_BUSY", f"the node holds {MAX_MEMBERS} members already"), set()
+        changed = groups.heartbeat(header["clientID"], routing_id, consumers, now)
+        return protocol.reply_header(opaque, "OK", clientChannelExpiredTimeout=groups.channel_expired_ms), changed
+    group = header["consumerGroup"]
+    if code == protocol.UNREGISTER_CLIENT:
+        return protocol.reply_header(opaque, "OK"), groups.unregister(header["clientID"], group)
+    if code == protocol.GET_CONSUMER_LIST_BY_GROUP:
+        return protocol.reply_header(opaque, "OK", consumerIdList=groups.client_ids(group)), set()
+    queues = [(q["topic"], q["queueId"]) for q in header.get("mqSet") or []]
+    if code == protocol.LOCK_BATCH_MQ:
+        held = groups.lock(group, header["clientID"], queues, now)
+        return protocol.reply_header(opaque, "OK", lockOKMQSet=[{"topic": t, "queueId": q} for t, q in held],
+                                     lockMaxLiveTime=groups.lock_max_live_ms), set()
+    if code == protocol.UNLOCK_BATCH_MQ:
+        groups.unlock(group, header["clientID"], queues)
+        return protocol.reply_header(opaque, "OK"), set()
+    members = groups.members(group)  # GET_CONSUMER_CONNECTION_LIST
+    if not members:
+        return protocol.reply_header(opaque, "CONSUMER_NOT_ONLINE", f"the consumer group {group} has no member"), set()
+    locks = [{"topic": t, "queueId": q, "clientId": owner} for (t, q), owner in groups.held_locks(group, now).items()]
+    return protocol.reply_header(opaque, "OK", connectionSet=[m.to_json() for m in members], locks=locks), set()

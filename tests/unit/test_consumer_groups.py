@@ -1,0 +1,102 @@
+"""Consumer groups without a node: the allocation strategies (RocketMQ's
+AllocateMessageQueue*Test cases) and the node's member and lock table on a mock clock."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from node.client.allocate import STRATEGIES, allocate
+from node.server.consumers import ConsumerGroups
+
+
+def shares(strategy, queues, members):
+    return {m: allocate(strategy, m, queues, members) for m in members}
+
+
+def test_averagely_gives_runs_of_adjacent_queues_the_first_members_one_more():
+    queues = [("T", i) for i in range(10)]
+    got = shares("averagely", queues, ["c0", "c1", "c2"])
+    assert [[q for _, q in got[m]] for m in ("c0", "c1", "c2")] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    few = shares("averagely", queues[:3], [f"c{i}" for i in range(5)])
+    assert [len(few[f"c{i}"]) for i in range(5)] == [1, 1, 1, 0, 0]
+
+
+def test_by_circle_deals_queues_in_turn():
+    got = shares("averagely-by-circle", [("T", i) for i in range(7)], ["a", "b", "c"])
+    assert [[q for _, q in got[m]] for m in "abc"] == [[0, 3, 6], [1, 4], [2, 5]]
+
+
+@given(st.sampled_from(STRATEGIES), st.integers(1, 40), st.sets(st.text("abcdef0123", min_size=1, max_size=6),
+                                                                min_size=1, max_size=12))
+def test_every_strategy_covers_each_queue_exactly_once(strategy, queue_count, members):
+    queues = [("T", i) for i in range(queue_count)]
+    got = shares(strategy, queues, sorted(members))
+    taken = [q for share in got.values() for q in share]
+    assert sorted(taken) == queues
+    assert allocate(strategy, "not-a-member", queues, sorted(members)) == []
+
+
+def test_consistent_hash_moves_only_the_queues_of_a_member_that_left():
+    queues = [("T", i) for i in range(64)]
+    members = [f"client-{i}" for i in range(5)]
+    before = shares("consistent-hash", queues, members)
+    after = shares("consistent-hash", queues, members[:-1])
+    for member in members[:-1]:
+        assert set(before[member]) <= set(after[member])  # kept all it had, took some of the leaver's
+
+
+def test_unknown_strategy_is_named():
+    with pytest.raises(ValueError, match="allocate_strategy"):
+        allocate("random", "a", [("T", 0)], ["a"])
+
+
+def heartbeat(groups, client, now, topics=("T",), group="g", routing=None):
+    data = [{"groupName": group, "messageModel": "CLUSTERING",
+             "subscriptionDataSet": [{"topic": t, "subString": "*"} for t in topics]}]
+    return groups.heartbeat(client, routing or client.encode(), data, now)
+
+
+def test_members_join_change_leave_and_expire_and_each_change_is_reported():
+    groups = ConsumerGroups(channel_expired_ms=120_000, lock_max_live_ms=60_000)
+    assert heartbeat(groups, "a", 0) == {"g"}
+    assert heartbeat(groups, "b", 10) == {"g"}
+    assert heartbeat(groups, "a", 20_000) == set()  # a renewal changes nothing
+    assert heartbeat(groups, "a", 30_000, topics=("T", "U")) == {"g"}  # a new subscription does
+    assert groups.client_ids("g") == ["a", "b"] and groups.subscribers("U") == {"g"}
+    assert groups.expire(120_011) == {"g"} and groups.client_ids("g") == ["a"]  # b silent 120 s
+    assert groups.unregister("a", "g") == {"g"} and groups.client_ids("g") == []
+    assert groups.unregister("a", "g") == set()
+    assert groups.statistics()["expired"] == 1
+
+
+def test_a_lock_is_one_clients_until_released_or_expired():
+    groups = ConsumerGroups(channel_expired_ms=120_000, lock_max_live_ms=60_000)
+    q0, q1 = ("T", 0), ("T", 1)
+    assert groups.lock("g", "a", [q0, q1], 0) == [q0, q1]
+    assert groups.lock("g", "b", [q0, q1], 30_000) == []
+    assert groups.lock("g", "a", [q0], 50_000) == [q0]  # renewed
+    assert groups.lock("g", "b", [q0, q1], 60_001) == [q1]  # q1 expired, q0 renewed at 50 s
+    groups.unlock("g", "a", [q0])
+    assert groups.lock("g", "b", [q0], 60_002) == [q0]
+    heartbeat(groups, "b", 60_003)
+    groups.unregister("b", "g")  # a member that leaves frees its locks
+    assert groups.held_locks("g", 60_004) == {}
+
+
+def test_a_process_queue_commits_the_lowest_offset_not_done():
+    from types import SimpleNamespace
+
+    from node.client.push import ProcessQueue
+
+    pq = ProcessQueue("T", 0, next_offset=0)
+    pq.add([SimpleNamespace(queue_offset=o, body=b"x" * 10) for o in range(5)])
+    pq.next_offset = 5
+    assert pq.commit_offset() == 0 and pq.size == 50
+    pq.done([1, 2, 4])  # done out of order: 0 and 3 are still with the listener
+    assert pq.commit_offset() == 0
+    pq.done([0])
+    assert pq.commit_offset() == 3
+    pq.done([3])
+    assert pq.commit_offset() == 5 and pq.size == 0  # all done: on from the next pull's offset

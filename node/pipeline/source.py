@@ -20,10 +20,18 @@ from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamReader,
+    EqualTo,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
     InputPartition,
+    LessThan,
+    LessThanOrEqual,
     WriterCommitMessage,
 )
 
+from node.pipeline import offline
+from node.pipeline.offline import Segment
 from node.pipeline.ranges import NodeView, Options, PipelineError, QueueRange, split
 from node.pipeline.rows import SCHEMA_DDL, arrow_schema, read_batches
 from node.pipeline.sink import send_batches
@@ -48,6 +56,8 @@ class MqnodeDataSource(DataSource):
         return SCHEMA_DDL
 
     def reader(self, schema) -> DataSourceReader:
+        if any(str(k).lower() == "store" for k in self.options):  # a store directory, no node
+            return OfflineReader(OfflineOptions.parse(self.options), arrow_schema(schema))
         return BatchReader(Options.parse(self.options), arrow_schema(schema))
 
     def streamReader(self, schema) -> DataSourceStreamReader:
@@ -65,6 +75,75 @@ def _read(options: Options, schema, partition: RangePartition):
     yield from read_batches(options.endpoint, r.topic, r.queue_id, r.start, r.end, subscription=options.subscription,
                             fail_on_data_loss=options.fail_on_data_loss, timeout=options.timeout, schema=schema,
                             credentials=options.credentials)
+
+
+@dataclass
+class SegmentPartition(InputPartition):
+    segment: Segment
+
+
+@dataclass(frozen=True)
+class OfflineOptions:
+    store: str
+    commitlog: str | None = None
+    topics: frozenset[str] | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+    failfast: bool = False
+
+    @classmethod
+    def parse(cls, options: dict) -> OfflineOptions:
+        get = {str(k).lower(): v for k, v in options.items()}.get
+        topics = frozenset(t.strip() for t in (get("topics") or get("topic") or "").split(",") if t.strip())
+        mode = (get("mode") or "PERMISSIVE").upper()
+        if mode not in ("PERMISSIVE", "FAILFAST"):
+            raise PipelineError(f"option `mode` must be PERMISSIVE or FAILFAST, not {mode!r}")
+        since, until = (get(n) for n in ("startingtimestamp", "endingtimestamp"))
+        return cls(get("store"), get("storepathcommitlog"), topics or None, int(since) if since else None,
+                   int(until) if until else None, mode == "FAILFAST")
+
+
+class OfflineReader(DataSourceReader):
+    """A store directory read without a node (node.pipeline.offline): a partition a segment."""
+
+    def __init__(self, options: OfflineOptions, schema):
+        self.options, self.schema = options, schema
+
+    def pushFilters(self, filters):
+        """`topic` = / IN and `storeTimestamp` bounds narrow what each segment yields; Spark
+        evaluates every filter again all the same (all are returned)."""
+        import dataclasses
+
+        for f in filters:
+            column = ".".join(f.attribute) if hasattr(f, "attribute") else None
+            if column == "topic" and isinstance(f, EqualTo | In):
+                values = frozenset([f.value] if isinstance(f, EqualTo) else f.value)
+                topics = values if self.options.topics is None else self.options.topics & values
+                self.options = dataclasses.replace(self.options, topics=topics)
+            elif column == "storeTimestamp" and isinstance(f, GreaterThan | GreaterThanOrEqual):
+                self.options = dataclasses.replace(self.options, since_ms=max(self.options.since_ms or 0, _ms(f.value)))
+            elif column == "storeTimestamp" and isinstance(f, LessThan | LessThanOrEqual):
+                bound = _ms(f.value) + 1
+                self.options = dataclasses.replace(self.options, until_ms=min(self.options.until_ms or bound, bound))
+        return filters
+
+    def partitions(self):
+        try:
+            found = offline.segments(offline.commitlog_dir(self.options.store, self.options.commitlog))
+        except FileNotFoundError as e:
+            raise PipelineError(str(e)) from None
+        return [SegmentPartition(s) for s in found] or [SegmentPartition(Segment("", 0, 0))]
+
+    def read(self, partition: SegmentPartition):
+        o = self.options
+        if partition.segment.size:
+            yield from offline.read_segment(partition.segment, topics=o.topics, since_ms=o.since_ms,
+                                            until_ms=o.until_ms, failfast=o.failfast, schema=self.schema)
+
+
+def _ms(value) -> int:
+    """A filter's timestamp (a datetime) as epoch ms."""
+    return int(value.timestamp() * 1000) if hasattr(value, "timestamp") else int(value)
 
 
 class BatchReader(DataSourceReader):

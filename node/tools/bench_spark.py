@@ -4,7 +4,10 @@ node on this machine. A benchmark, never a test.
 Prints: a batch read of `--count` 1 KiB messages into `count()` and into a Parquet write (target
 >= 100k msgs/s), a batch write of `--count` rows into a topic (target >= 80k msgs/s), and a
 streaming copy topic -> topic with a 1 s trigger while a producer sends 10k msgs/s: whether it
-keeps up, and the end-to-end p99 from the send to the copy's arrival at a consumer (target <= 3 s).
+keeps up, and the end-to-end p99 from the send to the copy's arrival at a consumer (target <= 3 s);
+then, on a store of `--count` JSON-like ~1 KiB events whose node is stopped, an offline read into a
+per-topic count (target <= 30 s for 1 GiB) and `pipeline archive`'s rate (target >= 50 MB/s of
+CommitLog) and Parquet size (target <= a third of the CommitLog's). `--offline-only`: just those.
 """
 
 from __future__ import annotations
@@ -100,6 +103,70 @@ def streaming_copy(spark, endpoint: str, base: Path, rate: int, seconds: float) 
           f"p99 {p99:.2f} s (target <= 3 s)", flush=True)
 
 
+def json_events(count: int, seed: int = 7) -> list[bytes]:
+    """JSON-like event bodies of about 1 KiB: fields from small vocabularies and random numbers,
+    as click streams and order events look (what the archive's size target is about)."""
+    import random
+
+    import orjson
+
+    rng = random.Random(seed)
+    pages = [f"/shop/{c}/{i}" for c in ("shoes", "bags", "hats", "coats", "socks") for i in range(200)]
+    agents = ["Mozilla/5.0 (X11; Linux x86_64) Firefox/131.0", "Mozilla/5.0 (Macintosh) Safari/605.1.15",
+              "Mozilla/5.0 (Windows NT 10.0) Chrome/129.0", "okhttp/4.12.0"]
+    out = []
+    for i in range(count):
+        event = {"event": rng.choice(("view", "click", "add_to_cart", "purchase", "search")), "seq": i,
+                 "user": rng.randrange(1_000_000), "session": f"{rng.getrandbits(64):016x}",
+                 "ts": 1_764_000_000_000 + i * 7, "page": rng.choice(pages), "referrer": rng.choice(pages),
+                 "agent": rng.choice(agents), "country": rng.choice(("DE", "FR", "US", "JP", "BR", "IN")),
+                 "price": round(rng.uniform(1, 500), 2),
+                 "items": [rng.randrange(10_000) for _ in range(rng.randrange(1, 6))],
+                 "tags": rng.sample(("new", "sale", "gift", "eco", "limited", "bundle", "clearance"), 3)}
+        body = orjson.dumps(event)
+        out.append(body + b" " * max(0, 1024 - len(body)) if len(body) < 1024 else body)
+    return out
+
+
+def offline_figures(spark, base: Path, count: int, options: dict) -> None:
+    """A store of `count` JSON-like ~1 KiB events (about 1 GiB at a million), its node stopped:
+    an offline read into a per-topic count, and the archive's rate and size against the CommitLog."""
+    from node.pipeline import archive
+
+    directory = base / "offline"
+    directory.mkdir()
+    bodies = json_events(min(count, 50_000))
+    # 64 MiB segments: a partition each for the read, and sealed ones for the archive
+    settings = {"defaultTopicQueueNums": QUEUES, "mappedFileSizeCommitLog": 64 * 2**20, **options}
+    with bench_node(directory, "ASYNC_FLUSH", 0, settings) as node:
+        aio.run(produce_bodies(node.endpoint, "BenchEvents", bodies, count))
+    store = directory / "store"
+    commitlog = sum(p.stat().st_size for p in (store / "commitlog").iterdir())
+    began = time.perf_counter()
+    counts = spark.read.format("mqnode").option("store", str(store)).load().groupBy("topic").count().collect()
+    took = time.perf_counter() - began
+    print(f"offline read of a {commitlog / 2**30:.2f} GiB store into a per-topic count: {took:.1f} s "
+          f"(target <= 30 s at 1 GiB; {sum(r['count'] for r in counts):,} messages)", flush=True)
+    began = time.perf_counter()
+    done = archive.run(spark, str(store), str(base / "archive"))
+    took = time.perf_counter() - began
+    parquet = sum(p.stat().st_size for p in (base / "archive").rglob("*.parquet"))
+    print(f"archive: {done['bytes'] / 2**20 / took:,.0f} MB/s of CommitLog ({len(done['archived'])} sealed "
+          f"segments, {done['rows']:,} rows; target >= 50); Parquet {parquet / 2**20:,.0f} MiB for "
+          f"{done['bytes'] / 2**20:,.0f} MiB of CommitLog = {parquet / max(1, done['bytes']):.2f} (target <= 0.33)",
+          flush=True)
+
+
+async def produce_bodies(endpoint: str, topic: str, bodies: list[bytes], count: int) -> None:
+    async with AsyncProducer(endpoint, timeout=30.0) as producer:
+        async def sender(k: int) -> None:
+            for first in range(k * 128, count, 4 * 128):
+                batch = [Message(topic, bodies[(first + i) % len(bodies)]) for i in range(min(128, count - first))]
+                await producer.send_batch(topic, batch, queue_id=(first // 128) % QUEUES)
+
+        await asyncio.gather(*[sender(k) for k in range(4)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=1_000_000)
@@ -107,10 +174,18 @@ def main() -> None:
     parser.add_argument("--stream-rate", type=int, default=10_000)
     parser.add_argument("--stream-seconds", type=float, default=20.0)
     parser.add_argument("--reads-only", action="store_true", help="only the batch reads")
+    parser.add_argument("--offline-only", action="store_true", help="only the offline read and the archive")
     add_node_options(parser)
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-spark-"))
     try:
+        if args.offline_only:
+            spark = spark_session(args.master, "mqnode-bench-offline")
+            try:
+                offline_figures(spark, base, args.count, node_options(args))
+            finally:
+                spark.stop()
+            return
         directory = base / "node"
         directory.mkdir()
         with bench_node(directory, "ASYNC_FLUSH", 0, {"defaultTopicQueueNums": QUEUES, **node_options(args)}) as node:
@@ -131,6 +206,7 @@ def main() -> None:
                 timed("batch write into a topic", args.count, lambda: rows.write.format("mqnode").option(
                     "endpoint", node.endpoint).option("topic", "BenchSparkWrite").mode("append").save())
                 streaming_copy(spark, node.endpoint, base, args.stream_rate, args.stream_seconds)
+                offline_figures(spark, base, args.count, node_options(args))
             finally:
                 spark.stop()
     finally:

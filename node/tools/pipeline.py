@@ -1,8 +1,10 @@
 """`scripts/pipeline`: Spark jobs over a node's topics, each on a local Spark (`local[*]`) unless
 `--master` names a cluster.
 
-    count        one JSON line per topic and tag: topic, tags, count, bytes (over an offset or time range)
+    count        one JSON line per topic and tag: topic, tags, count, bytes (over an offset or time range),
+                 from a node (--endpoint), a store directory without a node (--store) or an archive
     stream-copy  topic -> topic through a SQL transform, from its checkpoint (restart it: it goes on)
+    archive      a store's sealed CommitLog segments into a Parquet archive, incremental and idempotent
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 
 import orjson
 
-from node.tools.cli import CREDENTIAL_FLAGS, add_credentials
+from node.tools.cli import CREDENTIAL_FLAGS, _add_store_options, add_credentials
 
 
 def spark_session(master: str, name: str):
@@ -48,7 +50,10 @@ CREDENTIAL_OPTIONS = {"--access-key": "accessKey", "--secret-key": "secretKey", 
 
 
 def _source_options(args) -> dict[str, str]:
-    options = {"endpoint": args.endpoint, "topic": args.topic} | _credential_options(args)
+    if getattr(args, "store", None):  # a store directory, read without a node
+        options = {"store": args.store} | ({"topic": args.topic} if args.topic else {})
+    else:
+        options = {"endpoint": args.endpoint, "topic": args.topic} | _credential_options(args)
     for name in ("startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp", "subscription"):
         value = getattr(args, name, None)
         if value is not None:
@@ -56,12 +61,37 @@ def _source_options(args) -> dict[str, str]:
     return options
 
 
+def cmd_archive(args) -> int:
+    """Sealed segments of a store into the Parquet archive (node.pipeline.archive)."""
+    from node.pipeline import archive
+    from node.tools.cli import _settings_from
+
+    settings = _settings_from(args)
+    spark = spark_session(args.master, "mqnode-archive")
+    try:
+        done = archive.run(spark, str(settings.root), args.archive, settings.storePathCommitLog or None)
+    except (archive.ArchiveError, FileNotFoundError) as e:
+        print(f"pipeline archive: {e}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    sys.stdout.write(orjson.dumps(done).decode() + "\n")
+    return 0
+
+
 def cmd_count(args) -> int:
     from pyspark.sql import functions as F
 
+    if args.endpoint and not args.topic:
+        raise SystemExit("pipeline count: --topic is required with --endpoint")
     spark = spark_session(args.master, "mqnode-count")
     try:
-        frame = spark.read.format("mqnode").options(**_source_options(args)).load()
+        if args.archive:
+            frame = spark.read.parquet(args.archive)
+            if args.topic:
+                frame = frame.where(F.col("topic").isin([t.strip() for t in args.topic.split(",")]))
+        else:
+            frame = spark.read.format("mqnode").options(**_source_options(args)).load()
         totals = frame.selectExpr("topic", "tags", "length(body) AS size").groupBy("topic", "tags").agg(
             F.count("*").alias("count"), F.sum("size").alias("bytes"))
         for row in totals.orderBy("topic", "tags").collect():
@@ -73,6 +103,8 @@ def cmd_count(args) -> int:
 
 
 def cmd_stream_copy(args) -> int:
+    if not args.topic:
+        raise SystemExit("pipeline stream-copy: --topic is required")
     spark = spark_session(args.master, "mqnode-stream-copy")
     try:
         options = _source_options(args)
@@ -122,9 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name, handler, help_text in (("count", cmd_count, "messages and bytes per topic and tag"),
                                      ("stream-copy", cmd_stream_copy, "copy a topic into another through SQL")):
         sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("--endpoint", required=True, help="the node, e.g. tcp://127.0.0.1:10911")
+        where = sub.add_mutually_exclusive_group(required=True)
+        where.add_argument("--endpoint", help="the node, e.g. tcp://127.0.0.1:10911")
+        if name == "count":
+            where.add_argument("--store", help="a store directory, read without a node (a stopped or running one)")
+            where.add_argument("--archive", help="an archive `pipeline archive` wrote")
         add_credentials(sub)
-        sub.add_argument("--topic", required=True, help="a topic, or a comma list")
+        sub.add_argument("--topic", help="a topic, or a comma list (required with --endpoint)")
         sub.add_argument("--master", default="local[*]", help="Spark master (default: a local Spark)")
         sub.add_argument("--subscription", help="a tag expression, e.g. 'TagA || TagB'")
         sub.add_argument("--starting-offsets", dest="startingOffsets", help="earliest, latest or JSON")
@@ -142,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--trigger-ms", type=int, default=1000)
             sub.add_argument("--max-offsets-per-trigger", type=int)
             sub.add_argument("--idle-stop", type=float, help="stop after this many seconds with no new rows")
+    archive = commands.add_parser("archive", help="sealed CommitLog segments into a Parquet archive (incremental)")
+    _add_store_options(archive)
+    archive.add_argument("--archive", required=True, help="the archive directory (created on first use)")
+    archive.add_argument("--master", default="local[*]", help="Spark master (default: a local Spark)")
+    archive.set_defaults(handler=cmd_archive)
     return parser
 
 

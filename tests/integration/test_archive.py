@@ -1,0 +1,97 @@
+"""`scripts/pipeline archive` on real local Spark: a store's sealed segments become a plain Parquet
+dataset equal to the store's records; a second run archives nothing; a run killed with -9 is
+completed by the next without duplicates; a segment changed after archiving is refused."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import orjson
+import pyarrow.dataset as ds
+import pytest
+from golden import GOLDEN_STORE
+from nodes import ROOT
+
+from node.pipeline.archive import MANIFEST, ArchiveError, run, sealed
+from node.pipeline.offline import read_segment
+
+pytest.importorskip("pyspark")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def spark():
+    import os
+
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("mqnode-archive-tests")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.ui.enabled", "false").getOrCreate())
+    yield session
+    session.stop()
+
+
+def stored_records(store) -> set[tuple]:
+    return {(r["topic"], r["queueId"], r["queueOffset"], r["commitLogOffset"], r["body"])
+            for segment in sealed(str(store)) for batch in read_segment(segment) for r in batch.to_pylist()}
+
+
+def archived_records(target) -> list[tuple]:
+    table = ds.dataset(target, format="parquet", partitioning="hive").to_table()  # no mqnode code
+    return [(r["topic"], r["queueId"], r["queueOffset"], r["commitLogOffset"], r["body"]) for r in table.to_pylist()]
+
+
+@pytest.fixture
+def store(tmp_path):
+    copy = tmp_path / "store"
+    shutil.copytree(GOLDEN_STORE, copy)
+    return copy
+
+
+def test_the_archive_equals_the_sealed_segments_and_a_second_run_archives_nothing(spark, store, tmp_path):
+    target = tmp_path / "archive"
+    done = run(spark, str(store), str(target))
+    assert len(done["archived"]) == len(sealed(str(store))) == 15  # all but the segment being written
+    rows = archived_records(target)
+    assert len(rows) == len(set(rows)) == done["rows"] and set(rows) == stored_records(store)
+    assert all(p.parent.parent.name.startswith("topic=") and p.parent.name.startswith("date=")
+               for p in target.rglob("*.parquet"))
+    assert run(spark, str(store), str(target))["archived"] == []
+    manifest = orjson.loads((target / MANIFEST).read_bytes())
+    assert set(manifest["segments"]) == set(done["archived"])
+    assert spark.read.parquet(str(target)).count() == len(rows)
+
+
+def test_a_run_killed_with_9_is_completed_by_the_next_without_duplicates(spark, store, tmp_path):
+    target = tmp_path / "archive"
+    job = subprocess.Popen([sys.executable, "-m", "node.tools.pipeline", "archive", "--store", str(store),
+                            "--archive", str(target), "--master", "local[2]"], cwd=ROOT, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (target / MANIFEST).exists() and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.005)
+    subprocess.run(["pkill", "-9", "-g", str(job.pid)], check=False)  # mid-commit, with its Spark
+    job.wait(30)
+    before = orjson.loads((target / MANIFEST).read_bytes()) if (target / MANIFEST).exists() else {"segments": {}}
+    run(spark, str(store), str(target))
+    rows = archived_records(target)
+    assert len(rows) == len(set(rows)) and set(rows) == stored_records(store)
+    assert len(orjson.loads((target / MANIFEST).read_bytes())["segments"]) == 15 >= len(before["segments"])
+
+
+def test_a_segment_changed_after_archiving_is_refused(spark, store, tmp_path):
+    target = tmp_path / "archive"
+    run(spark, str(store), str(target))
+    first = sealed(str(store))[0]
+    with open(first.path, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(ArchiveError, match="changed after it was archived"):
+        run(spark, str(store), str(target))

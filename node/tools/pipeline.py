@@ -92,14 +92,21 @@ def cmd_count(args) -> int:
                 frame = frame.where(F.col("topic").isin([t.strip() for t in args.topic.split(",")]))
         else:
             frame = spark.read.format("mqnode").options(**_source_options(args)).load()
-        totals = frame.selectExpr("topic", "tags", "length(body) AS size").groupBy("topic", "tags").agg(
-            F.count("*").alias("count"), F.sum("size").alias("bytes"))
-        for row in totals.orderBy("topic", "tags").collect():
-            sys.stdout.write(orjson.dumps({"topic": row["topic"], "tags": row["tags"], "count": row["count"],
-                                           "bytes": row["bytes"] or 0}).decode() + "\n")
+        for line in counts(frame):
+            sys.stdout.write(orjson.dumps(line).decode() + "\n")
     finally:
         spark.stop()
     return 0
+
+
+def counts(frame) -> list[dict]:
+    """`count`'s lines: messages and body bytes per topic and tag, in that order."""
+    from pyspark.sql import functions as F
+
+    totals = frame.selectExpr("topic", "tags", "length(body) AS size").groupBy("topic", "tags").agg(
+        F.count("*").alias("count"), F.sum("size").alias("bytes"))
+    return [{"topic": row["topic"], "tags": row["tags"], "count": row["count"], "bytes": row["bytes"] or 0}
+            for row in totals.orderBy("topic", "tags").collect()]
 
 
 def cmd_stream_copy(args) -> int:

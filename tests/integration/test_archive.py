@@ -22,20 +22,6 @@ pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def spark():
-    import os
-
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("mqnode-archive-tests")
-               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false").getOrCreate())
-    yield session
-    session.stop()
-
-
 def stored_records(store) -> set[tuple]:
     return {(r["topic"], r["queueId"], r["queueOffset"], r["commitLogOffset"], r["body"])
             for segment in sealed(str(store)) for batch in read_segment(segment) for r in batch.to_pylist()}

@@ -1,39 +1,21 @@
 """Reading store directories without a node, on a real local Spark: the golden RocketMQ 4.9 store
 reads as exactly its manifest's records; a torn tail is skipped; a CRC mismatch is counted, or
-fails the read with mode=FAILFAST; topic and time filters; `scripts/pipeline count --store`."""
+fails the read with mode=FAILFAST; topic and time filters; the lines of `scripts/pipeline count`."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
+from argparse import Namespace
 
-import orjson
 import pytest
 from golden import GOLDEN_STORE, manifest
-from nodes import ROOT
 
 from node.pipeline.offline import SegmentReport, commitlog_dir, read_segment, segments
+from node.tools.pipeline import _source_options, counts
 from shm.codec import decode
 
 pyspark = pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    from node.pipeline import register
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("mqnode-offline-tests")
-               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    register(session)
-    yield session
-    session.stop()
 
 
 def test_the_golden_store_reads_as_exactly_its_manifests_records(spark):
@@ -50,7 +32,7 @@ def test_the_golden_store_reads_as_exactly_its_manifests_records(spark):
     assert frame.rdd.getNumPartitions() == len(segments(commitlog_dir(str(GOLDEN_STORE))))  # one a segment
 
 
-def test_topic_and_time_filters_and_the_count_command(spark):
+def test_topic_and_time_filters_and_the_count_commands_lines(spark):
     topic_b = spark.read.format("mqnode").option("store", str(GOLDEN_STORE)).option("topic", "TopicB").load()
     assert topic_b.count() == sum(1 for r in manifest()["readback"] if r["msgTopic"] == "TopicB")
     times = sorted(r["storeTimestamp"] for r in manifest()["readback"])
@@ -58,10 +40,8 @@ def test_topic_and_time_filters_and_the_count_command(spark):
     later = (spark.read.format("mqnode").option("store", str(GOLDEN_STORE)).option("startingTimestamp", middle)
              .load().count())
     assert later == sum(1 for t in times if t >= middle)
-    done = subprocess.run([sys.executable, "-m", "node.tools.pipeline", "count", "--store", str(GOLDEN_STORE),
-                           "--master", "local[1]"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    lines = counts(spark.read.format("mqnode").options(**_source_options(Namespace(store=str(GOLDEN_STORE),
+                                                                                    topic=None))).load())
     assert sum(line["count"] for line in lines if line["topic"] == "TopicB") == topic_b.count()
     assert sum(line["count"] for line in lines) == 623
 

@@ -5,8 +5,6 @@ and bad options fail with a clear message."""
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 import orjson
@@ -31,21 +29,6 @@ def node(tmp_path_factory):
     process = NodeProcess(settings, directory / "node.log").start()
     yield process
     process.stop(strict=False)
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    from node.pipeline import register
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("mqnode-tests")
-               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    register(session)
-    yield session
-    session.stop()
 
 
 def _read(spark, node, **options):

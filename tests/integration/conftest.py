@@ -1,0 +1,26 @@
+"""Fixtures the integration modules share."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark for the whole run (its JVM takes ~10 s to start), with the mqnode data
+    source registered; the modules that use it stop nothing."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    from node.pipeline import register
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("mqnode-tests")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    register(session)
+    yield session
+    session.stop()

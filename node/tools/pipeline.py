@@ -5,6 +5,7 @@
                  from a node (--endpoint), a store directory without a node (--store) or an archive
     stream-copy  topic -> topic through a SQL transform, from its checkpoint (restart it: it goes on)
     archive      a store's sealed CommitLog segments into a Parquet archive, incremental and idempotent
+    summary      what a store or an archive holds: summary.json, PNG plots, report.html, a table
 """
 
 from __future__ import annotations
@@ -109,6 +110,28 @@ def counts(frame) -> list[dict]:
             for row in totals.orderBy("topic", "tags").collect()]
 
 
+def cmd_summary(args) -> int:
+    """What a store directory or an archive holds (node.pipeline.summary): summary.json, plots,
+    report.html in --output, and a table on stdout."""
+    from pathlib import Path
+
+    from node.pipeline import summary
+
+    spark = spark_session(args.master, "mqnode-summary")
+    try:
+        if args.archive:
+            frame = spark.read.parquet(args.archive)
+        else:
+            frame = spark.read.format("mqnode").option("store", args.store).load()
+        result = summary.compute(frame)
+    finally:
+        spark.stop()
+    summary.write(result, Path(args.output))
+    print(summary.table(result))
+    print(f"written: {Path(args.output) / 'report.html'}")
+    return 0
+
+
 def cmd_stream_copy(args) -> int:
     if not args.topic:
         raise SystemExit("pipeline stream-copy: --topic is required")
@@ -185,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--trigger-ms", type=int, default=1000)
             sub.add_argument("--max-offsets-per-trigger", type=int)
             sub.add_argument("--idle-stop", type=float, help="stop after this many seconds with no new rows")
+    report = commands.add_parser("summary", help="messages, bytes, sizes, latency, skew, top tags and keys: "
+                                                 "summary.json, plots and report.html")
+    source = report.add_mutually_exclusive_group(required=True)
+    source.add_argument("--store", help="a store directory")
+    source.add_argument("--archive", help="an archive `pipeline archive` wrote")
+    report.add_argument("--output", default="summary", help="where summary.json, the plots and report.html go")
+    report.add_argument("--master", default="local[*]", help="Spark master (default: a local Spark)")
+    report.set_defaults(handler=cmd_summary)
     archive = commands.add_parser("archive", help="sealed CommitLog segments into a Parquet archive (incremental)")
     _add_store_options(archive)
     archive.add_argument("--archive", required=True, help="the archive directory (created on first use)")

@@ -89,3 +89,27 @@ def last_record(segment) -> tuple[int, int]:
             return last
         last = (position, position + record.total_size)
         position += record.total_size
+
+
+def test_the_summary_of_the_golden_store_matches_counts_made_without_spark(spark, tmp_path):
+    from collections import Counter
+
+    from node.pipeline import summary
+
+    records = [r for segment in segments(commitlog_dir(str(GOLDEN_STORE))) for batch in read_segment(segment)
+               for r in batch.to_pylist()]
+    result = summary.compute(spark.read.format("mqnode").option("store", str(GOLDEN_STORE)).load())
+    assert result["messages"] == len(records) == 623
+    assert result["bytes"] == sum(len(r["body"]) for r in records)
+    by_topic = Counter(r["topic"] for r in records)
+    assert {t: v["messages"] for t, v in result["topics"].items()} == dict(by_topic)
+    assert sum(p["messages"] for p in result["topics"]["TopicA"]["overTime"]) == by_topic["TopicA"]
+    assert sum(h["messages"] for h in result["bodySizes"]["histogram"]) == 623
+    assert result["bodySizes"]["max"] == max(len(r["body"]) for r in records)
+    tags = Counter(r["tags"] for r in records if r["tags"] is not None)
+    most = max(tags.values())
+    assert result["topTags"][0]["messages"] == most and tags[result["topTags"][0]["value"]] == most
+    summary.write(result, tmp_path / "report")
+    for name in ("summary.json", "report.html", *summary.PLOTS):
+        assert (tmp_path / "report" / name).stat().st_size > 0
+    assert "TopicA" in summary.table(result)

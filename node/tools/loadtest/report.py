@@ -6,7 +6,6 @@ from results.json.
 
 from __future__ import annotations
 
-import base64
 import html
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from node.figures import embedded, save
 from node.tools.loadtest.histogram import LogHistogram
 
 PLOTS = {
@@ -101,7 +101,7 @@ def write_plots(results: dict, output: Path) -> None:
         ax.axvline(x, color="red", alpha=0.4, linestyle="--")
     ax.set(xlabel="seconds", ylabel="msgs/s", title=PLOTS["throughput.png"])
     ax.legend(loc="best")
-    _save(fig, output / "throughput.png", plt)
+    save(fig, output / "throughput.png", plt)
 
     fig, ax = plt.subplots(figsize=(8, 3.6))
     values, counts = LogHistogram.from_sparse(results["histograms"]["ack"]).points()
@@ -110,7 +110,7 @@ def write_plots(results: dict, output: Path) -> None:
         ax.set_xscale("log")
     ax.set(xlabel="ms (log)", ylabel="% of sends acked within", title=PLOTS["ack_latency_cdf.png"], ylim=(0, 100.5))
     ax.grid(True, which="both", alpha=0.3)
-    _save(fig, output / "ack_latency_cdf.png", plt)
+    save(fig, output / "ack_latency_cdf.png", plt)
 
     fig, ax = plt.subplots(figsize=(8, 3.6))
     values, counts = LogHistogram.from_sparse(results["histograms"]["e2e"]).points()
@@ -118,7 +118,7 @@ def write_plots(results: dict, output: Path) -> None:
         ax.bar(values / 1000, counts, width=values / 1000 * 0.02, align="edge")
         ax.set_xscale("log")
     ax.set(xlabel="ms (log)", ylabel="messages", title=PLOTS["e2e_latency_hist.png"])
-    _save(fig, output / "e2e_latency_hist.png", plt)
+    save(fig, output / "e2e_latency_hist.png", plt)
 
     fig, ax = plt.subplots(figsize=(8, 3.6))
     ax.plot(t, [p["cpu"] for p in series], color="tab:blue", label="CPU %")
@@ -132,13 +132,7 @@ def write_plots(results: dict, output: Path) -> None:
     fig.legend(loc="upper right", bbox_to_anchor=(0.88, 0.88))
     for x in strikes:
         ax.axvline(x, color="red", alpha=0.4, linestyle="--")
-    _save(fig, output / "node_resources.png", plt)
-
-
-def _save(fig, path: Path, plt) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, output / "node_resources.png", plt)
 
 
 def render_html(results: dict, output: Path) -> str:
@@ -147,12 +141,7 @@ def render_html(results: dict, output: Path) -> str:
     params = results["params"]
     rows = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in summary_rows(results))
     settings = "".join(f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in params.items() if v not in (None, [], ""))
-    images = ""
-    for name, title in PLOTS.items():
-        path = output / name
-        if path.exists():
-            data = base64.b64encode(path.read_bytes()).decode("ascii")
-            images += f'<figure><img alt="{e(title)}" src="data:image/png;base64,{data}"><figcaption>{e(title)}</figcaption></figure>'
+    images = embedded(output, PLOTS)
     verdict = results.get("verify")
     verify = ""
     if verdict is not None:

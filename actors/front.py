@@ -32,6 +32,7 @@ error reply; nothing a client sends can stop this loop.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -47,7 +48,7 @@ from actors.wire import read_meta, send_meta, unpack_replies
 from actors.writer import WriteCore, dispatcher_wakes, wake
 from node import protocol
 from node.client.frames import NOBLOCK, send_frames
-from node.server import consumers, edge, guard, topology
+from node.server import consumers, edge, guard, supervision, topology
 from node.server.consumers import ConsumerGroups
 from node.server.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
 from node.server.offsets import ConsumerOffsets, SubscriptionGroups
@@ -321,11 +322,8 @@ class Front(Actor):
         """NOTIFY_CONSUMER_IDS_CHANGED to each member of `groups`, over its own DEALER; a member
         whose queue is full misses it and rebalances at its next interval anyway."""
         for group, routing_id in self.consumers.routing_ids(groups) if groups else ():
-            try:
-                send_frames(self.clients, [routing_id, orjson.dumps({"code": protocol.NOTIFY_CONSUMER_IDS_CHANGED,
-                                                                     "consumerGroup": group})], NOBLOCK)
-            except zmq.Again:
-                pass
+            with contextlib.suppress(zmq.Again):
+                send_frames(self.clients, [routing_id, consumers.notice(group)], NOBLOCK)
 
     def _forward(self, sock: zmq.Socket, client: bytes, request: protocol.Request, frames: list[bytes],
                  busy: str) -> None:
@@ -341,21 +339,8 @@ class Front(Actor):
         if self.flushing is not None:
             actors["flush"] = self.flushing.statistics() | self.waiting.statistics()
         return {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)), "actors": dict(sorted(actors.items())),
-                "control": self.control.snapshot(), "services": self._services(actors),
-                "supervision": self._supervision()}
-
-    def _services(self, actors: dict[str, dict]) -> dict[str, list[dict]]:
-        """Each service of the declared topology with the process that hosts it and its pid
-        (None until that process has sent its first statistics)."""
-        return {service: [{"process": label, "pid": actors.get(label, {}).get("pid")} for label in labels]
-                for service, labels in topology.hosts(self.settings).items()}
-
-    def _supervision(self) -> dict:
-        """Restarts and hangs per service process, as the node's watch last counted them."""
-        try:
-            return orjson.loads((self.settings.run_dir / "supervision.json").read_bytes())
-        except (FileNotFoundError, orjson.JSONDecodeError):
-            return {}  # not written yet (or a node whose launcher is not watching)
+                "control": self.control.snapshot(), "services": topology.services_with_pids(self.settings, actors),
+                "supervision": supervision.last_counts(self.settings)}
 
     def _serve_reputs(self) -> None:
         """The schedule service's re-puts: sends the write path stores as given (`_reput`), from
@@ -480,14 +465,9 @@ class Front(Actor):
             stats["cpuPinning"] = self.pinner.statistics()
         if getattr(self, "cpu_latency", None) is not None:
             stats["cpuLatency"] = self.cpu_latency.statistics(time.monotonic())
-        if getattr(self, "reads", None) is not None:
-            stats["reads"] = self.reads.statistics()
-        if getattr(self, "consumers", None) is not None:
-            stats["consumerGroups"] = self.consumers.statistics()
-        if getattr(self, "acl", None) is not None:
-            stats["acl"] = self.acl.statistics()
-        if getattr(self, "curve", None) is not None:
-            stats["curve"] = self.curve.statistics()
+        for key, part in (("reads", "reads"), ("consumerGroups", "consumers"), ("acl", "acl"), ("curve", "curve")):
+            if getattr(self, part, None) is not None:  # (each service the front hosts, once opened)
+                stats[key] = getattr(self, part).statistics()
         return stats
 
     def _release_cpu_latency(self) -> None:

@@ -9,15 +9,15 @@ from node.client.consumer import (
            PullConsumer,
            PullResult,
 )
+from node.client.message import Message
 from node.client.producer import (
            AsyncProducer,
-           Message,
            Producer,
            SendError,
            SendResult,
-           UniqKeys,
 )
 from node.client.received import ReceivedMessage, decode_messages
+from node.client.uniq_keys import UniqKeys
 from node.security import Credentials
 
 __all__ = ["AsyncProducer", "AsyncPullConsumer", "Credentials", "Message", "Producer", "PullConsumer", "PullResult",

@@ -17,13 +17,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
-import os
-import socket as socket_module
-import struct
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import orjson
@@ -32,15 +28,14 @@ import zmq
 from node import protocol
 from node.client import aio
 from node.client.connection import Connection
+from node.client.message import Message
+from node.client.uniq_keys import UniqKeys
 from node.security import Credentials
 from shm.codec import (
     PROPERTY_DELAY,
-    PROPERTY_KEYS,
-    PROPERTY_TAGS,
     PROPERTY_TIMER_DELAY_MS,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
-    PROPERTY_WAIT,
 )
 
 # ZeroMQ takes no request while the queue to the node is full or no connection is up (a node not
@@ -76,76 +71,6 @@ class SendResult(NamedTuple):
 
 # A send waiting for the next SEND_MESSAGES frame: its header entry, body, future and attempt.
 Queued = tuple[dict, bytes, asyncio.Future, int]
-
-
-@dataclass(slots=True)
-class Message:
-    topic: str
-    body: bytes
-    tags: str | None = None
-    keys: list[str] | str | None = None
-    properties: dict[str, str] = field(default_factory=dict)
-    delay_level: int = 0
-    flag: int = 0
-    wait: bool = True
-    deliver_at_ms: int | None = None  # a timer: deliver at this epoch ms (TIMER_DELIVER_MS)
-    delay_ms: int | None = None  # a timer: deliver this many ms after the send (TIMER_DELAY_MS)
-
-    def wire_properties(self, uniq_key: str) -> dict[str, str]:
-        props = dict(self.properties)
-        if self.tags:
-            props[PROPERTY_TAGS] = self.tags
-        if self.keys:
-            props[PROPERTY_KEYS] = self.keys if isinstance(self.keys, str) else " ".join(self.keys)
-        if self.delay_level:
-            props[PROPERTY_DELAY] = str(self.delay_level)
-        if self.deliver_at_ms is not None:
-            props[PROPERTY_TIMER_DELIVER_MS] = str(self.deliver_at_ms)
-        if self.delay_ms is not None:
-            props[PROPERTY_TIMER_DELAY_MS] = str(self.delay_ms)
-        if not self.wait:
-            props[PROPERTY_WAIT] = "false"
-        props.setdefault(PROPERTY_UNIQ_KEY, uniq_key)
-        return props
-
-    def wire_properties_string(self, uniq_key: str) -> str:
-        """`wire_properties` as the properties string; a plain message (no tags, keys, user
-        properties, delay or WAIT) skips the dict: batches are mostly such messages."""
-        if (self.properties or self.tags or self.keys or self.delay_level or not self.wait
-                or self.deliver_at_ms is not None or self.delay_ms is not None):
-            return _props_string(self.wire_properties(uniq_key))
-        return f"{PROPERTY_UNIQ_KEY}\x01{uniq_key}"
-
-
-_U16 = struct.Struct(">H")
-
-
-class UniqKeys:
-    """MessageClientIDSetter: ip(4) pid(2) random(4) | ms since the month began(4) counter(2), hex."""
-
-    def __init__(self):
-        try:
-            ip = socket_module.inet_aton(socket_module.gethostbyname(socket_module.gethostname()))
-        except OSError:
-            ip = b"\x7f\x00\x00\x01"
-        self.prefix = (ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)).hex().upper()
-        self.counter = itertools.count()
-        now = time.localtime()
-        self.month_start = int(time.mktime((now.tm_year, now.tm_mon, 1, 0, 0, 0, 0, 0, -1)) * 1000)
-
-        self._ms, self._stem = -1, ""
-
-    def next(self, now_ms: int | None = None) -> str:
-        """The next key; `now_ms` is the caller's clock reading, when it has one."""
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        if now_ms != self._ms:  # the stem changes once a millisecond, not once a key
-            self._ms, self._stem = now_ms, self.prefix + f"{(now_ms - self.month_start) & 0xFFFFFFFF:08X}"
-        return self._stem + _U16.pack(next(self.counter) & 0xFFFF).hex().upper()  # beats :04X here
-
-    def next_many(self, count: int) -> list[str]:
-        """`count` keys sharing one clock reading (a batch is stamped in the same millisecond)."""
-        stem = self.prefix + f"{(int(time.time() * 1000) - self.month_start) & 0xFFFFFFFF:08X}"
-        return [f"{stem}{next(self.counter) & 0xFFFF:04X}" for _ in range(count)]
 
 
 class AsyncProducer:
@@ -531,7 +456,3 @@ def _backoff(attempt: int) -> float:
 
 def _bytes(body: bytes | str) -> bytes:
     return body.encode("utf-8") if isinstance(body, str) else bytes(body)
-
-
-def _props_string(props: dict[str, str]) -> str:
-    return "\x02".join(f"{k}\x01{v}" for k, v in props.items())

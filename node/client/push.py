@@ -35,110 +35,43 @@ import asyncio
 import os
 import socket
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
-
-import orjson
 
 from node import protocol
 from node.client import aio
-from node.client.allocate import STRATEGIES, allocate
+from node.client.allocate import allocate
 from node.client.consumer import AsyncPullConsumer
 from node.client.producer import SendError
+from node.client.push_orderly import Orderly
+from node.client.push_state import (  # (the listener's statuses and the models, for users of this module)
+    BROADCASTING,
+    CLUSTERING,
+    CONSUME_SUCCESS,
+    FLOW_CONTROL_S,
+    FROM_WHERE,
+    LOCAL_RETRY_S,
+    LOCK_RENEW_S,
+    PULL_ERROR_S,
+    PULL_SUSPEND_MS,
+    RECONSUME_LATER,
+    RETRY_PREFIX,
+    SUCCESS,
+    SUSPEND_CURRENT_QUEUE_A_MOMENT,
+    ProcessQueue,
+    PushOptions,
+    load_offsets,
+    save_offsets,
+)
 from node.client.received import ReceivedMessage, retopic
-from node.security import Credentials
 
-CONSUME_SUCCESS, RECONSUME_LATER = "CONSUME_SUCCESS", "RECONSUME_LATER"  # concurrent listeners
-SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUCCESS", "SUSPEND_CURRENT_QUEUE_A_MOMENT"  # orderly listeners
-CLUSTERING, BROADCASTING = "CLUSTERING", "BROADCASTING"
-FROM_WHERE = {"LAST_OFFSET": "CONSUME_FROM_LAST_OFFSET", "FIRST_OFFSET": "CONSUME_FROM_FIRST_OFFSET",
-              "TIMESTAMP": "CONSUME_FROM_TIMESTAMP"}
-RETRY_PREFIX = "%RETRY%"
-PULL_SUSPEND_MS = 15_000  # a long poll's hold (RocketMQ's brokerSuspendMaxTimeMillis)
-LOCAL_RETRY_S = 5.0  # a hand-back the node refused is consumed again after this
-FLOW_CONTROL_S = 0.05
-PULL_ERROR_S = 3.0
-LOCK_RENEW_S = 20.0  # at most; a node with a shorter rebalanceLockMaxLiveTime gets a third of it
+__all__ = ["AsyncPushConsumer", "PushConsumer", "PushOptions", "ProcessQueue", "CONSUME_SUCCESS", "RECONSUME_LATER",
+           "SUCCESS", "SUSPEND_CURRENT_QUEUE_A_MOMENT", "CLUSTERING", "BROADCASTING"]
 
 
-@dataclass
-class PushOptions:
-    message_model: str = CLUSTERING
-    consume_thread_min: int = 20
-    consume_thread_max: int = 20
-    consume_message_batch_max_size: int = 1
-    pull_batch_size: int = 32
-    pull_threshold_for_queue: int = 1000
-    pull_threshold_size_for_queue: int = 100  # MiB
-    consume_from_where: str = "LAST_OFFSET"  # or FIRST_OFFSET, TIMESTAMP (then consume_timestamp, ms)
-    consume_timestamp: int | None = None  # default: half an hour ago, as RocketMQ
-    max_reconsume_times: int = 16
-    consume_timeout: float = 15.0  # minutes
-    allocate_strategy: str = "averagely"
-    suspend_current_queue_time_millis: int = 1000
-    heartbeat_interval: float = 30.0
-    rebalance_interval: float = 20.0
-    persist_interval: float = 5.0
-    instance_name: str | None = None  # default: the process id
-    offset_store_dir: str = "~/.mqnode/offsets"
-    timeout: float = 5.0
-    credentials: Credentials | None = None
-
-    def check(self) -> None:
-        if self.message_model not in (CLUSTERING, BROADCASTING):
-            raise ValueError(f"message_model must be CLUSTERING or BROADCASTING, not {self.message_model!r}")
-        if self.consume_from_where.removeprefix("CONSUME_FROM_") not in FROM_WHERE:
-            raise ValueError(f"consume_from_where must be one of {', '.join(FROM_WHERE)}")
-        if self.allocate_strategy not in STRATEGIES:
-            raise ValueError(f"allocate_strategy must be one of {', '.join(STRATEGIES)}")
-        if not 1 <= self.consume_thread_min <= self.consume_thread_max <= 1000:
-            raise ValueError("need 1 <= consume_thread_min <= consume_thread_max <= 1000")
-        if not 1 <= self.pull_batch_size <= 1024 or not 1 <= self.consume_message_batch_max_size <= 1024:
-            raise ValueError("pull_batch_size and consume_message_batch_max_size must be 1..1024")
-
-
-@dataclass
-class ProcessQueue:
-    """One queue this member consumes: what was pulled and is not done, and where to go on."""
-
-    topic: str
-    queue_id: int
-    next_offset: int  # the next pull's offset
-    pending: dict[int, list] = field(default_factory=dict)  # queue offset -> [message, size, given at (s)]
-    buffer: deque = field(default_factory=deque)  # orderly: messages not yet given to the listener
-    size: int = 0
-    dropped: bool = False
-    locked_at: float = 0.0  # orderly: when the node last confirmed our lock (monotonic s)
-    committed: int = -1  # what was last committed
-    consuming: bool = False  # orderly: a task is consuming this queue
-    in_listener: bool = False  # orderly: a batch is with the listener right now
-    tries: dict[int, int] = field(default_factory=dict)  # orderly: suspensions of the batch at an offset
-
-    def add(self, messages: list[ReceivedMessage]) -> None:
-        now = time.monotonic()
-        for message in messages:
-            size = len(message.body)
-            self.pending[message.queue_offset] = [message, size, now]
-            self.size += size
-
-    def done(self, offsets) -> None:
-        for offset in offsets:
-            entry = self.pending.pop(offset, None)
-            if entry is not None:
-                self.size -= entry[1]
-
-    def commit_offset(self) -> int:
-        """The lowest offset not done: a restart redelivers from here."""
-        return min(self.pending) if self.pending else self.next_offset
-
-    def lock_valid(self, valid_s: float) -> bool:
-        return time.monotonic() - self.locked_at < valid_s
-
-
-class AsyncPushConsumer:
+class AsyncPushConsumer(Orderly):
     def __init__(self, endpoint: str, group: str, **options):
         known = {f.name for f in fields(PushOptions)}
         unknown = set(options) - known
@@ -180,7 +113,7 @@ class AsyncPushConsumer:
         if self.options.message_model == CLUSTERING:
             self.subscriptions.setdefault(RETRY_PREFIX + self.group, "*")
         else:
-            self._load_local_offsets()
+            self.local_offsets = load_offsets(self._offsets_file())
         self.pull = AsyncPullConsumer(self.endpoint, timeout=self.options.timeout, credentials=self.options.credentials)
         await self.pull.start()
         self.pull.client.on_notice = self._on_notice
@@ -330,34 +263,6 @@ class AsyncPushConsumer:
             return reply["offset"]
         return await self.pull.max_offset(topic, queue_id)
 
-    # -- orderly locks -------------------------------------------------------------------------------
-
-    async def _lock(self, queues: list[tuple[str, int]]) -> list[tuple[str, int]]:
-        try:
-            reply = await self._ask({"code": protocol.LOCK_BATCH_MQ, "consumerGroup": self.group,
-                                     "clientID": self.client_id,
-                                     "mqSet": [{"topic": t, "queueId": q} for t, q in queues]})
-        except SendError:
-            return []
-        live_ms = reply.get("lockMaxLiveTime")
-        if live_ms:  # renew three times within the node's limit; trust a lock for half of it
-            self.lock_renew_s, self.lock_valid_s = min(LOCK_RENEW_S, live_ms / 3000), min(1.5 * LOCK_RENEW_S, live_ms / 2000)
-        return [(m["topic"], m["queueId"]) for m in reply.get("lockOKMQSet", [])]
-
-    async def _lock_all(self) -> None:
-        held = set(await self._lock(sorted(self.queues)))
-        now = time.monotonic()
-        for queue, pq in self.queues.items():
-            if queue in held:
-                pq.locked_at = now
-
-    async def _unlock(self, queues: list[tuple[str, int]]) -> None:
-        try:
-            await self._ask({"code": protocol.UNLOCK_BATCH_MQ, "consumerGroup": self.group, "clientID": self.client_id,
-                             "mqSet": [{"topic": t, "queueId": q} for t, q in queues]})
-        except SendError:
-            pass  # it lapses on the node after rebalanceLockMaxLiveTime
-
     # -- pulling -------------------------------------------------------------------------------------
 
     async def _pull_loop(self, pq: ProcessQueue) -> None:
@@ -467,59 +372,6 @@ class AsyncPushConsumer:
             if stale:
                 await self._hand_back(pq, stale[:16])
 
-    # -- orderly consumption -------------------------------------------------------------------------
-
-    async def _consume_orderly(self, pq: ProcessQueue) -> None:
-        loop, options = asyncio.get_running_loop(), self.options
-        try:
-            while pq.buffer and not pq.dropped and self.running:
-                if not pq.lock_valid(self.lock_valid_s):
-                    await asyncio.sleep(0.1)  # not ours (any longer): wait for the lock's renewal or a rebalance
-                    continue
-                batch = [pq.buffer[i] for i in range(min(options.consume_message_batch_max_size, len(pq.buffer)))]
-                pq.in_listener = True
-                try:
-                    status = await loop.run_in_executor(self.pool, self._call_orderly, batch)
-                finally:
-                    pq.in_listener = False
-                if pq.dropped:
-                    return
-                if status == SUCCESS or await self._suspended_too_often(pq, batch):
-                    for _ in batch:
-                        pq.buffer.popleft()
-                    pq.done(m.queue_offset for m in batch)
-                    self.consumed += len(batch)
-                else:
-                    self.failed += len(batch)
-                    await asyncio.sleep(options.suspend_current_queue_time_millis / 1000)
-        finally:
-            pq.consuming = False
-            if pq.buffer and not pq.dropped and self.running:  # (arrived while we were leaving)
-                pq.consuming = True
-                asyncio.create_task(self._consume_orderly(pq))
-
-    def _call_orderly(self, batch: list[ReceivedMessage]) -> str:
-        try:
-            return self.listener(batch)
-        except Exception:
-            return SUSPEND_CURRENT_QUEUE_A_MOMENT
-
-    async def _suspended_too_often(self, pq: ProcessQueue, batch: list[ReceivedMessage]) -> bool:
-        """Count a suspension; past max_reconsume_times the batch goes to the DLQ (and is done)."""
-        tries = pq.tries
-        key = batch[0].queue_offset
-        tries[key] = tries.get(key, 0) + 1
-        if self.options.max_reconsume_times < 0 or tries[key] <= self.options.max_reconsume_times:
-            return False
-        for message in batch:
-            try:
-                await self.pull.send_back(message, self.group, delay_level=-1)  # straight to %DLQ%
-                self.sent_back += 1
-            except SendError:
-                return False  # offered again, later
-        tries.pop(key, None)
-        return True
-
     # -- offsets -------------------------------------------------------------------------------------
 
     async def _every(self, seconds, action) -> None:
@@ -531,7 +383,7 @@ class AsyncPushConsumer:
         for pq in list(self.queues.values()):
             await self._commit(pq)
         if self.options.message_model == BROADCASTING:
-            self._save_local_offsets()
+            save_offsets(self._offsets_file(), self.local_offsets)
 
     async def _commit(self, pq: ProcessQueue) -> None:
         offset = pq.commit_offset()
@@ -550,22 +402,6 @@ class AsyncPushConsumer:
     def _offsets_file(self) -> Path:
         return Path(os.path.expanduser(self.options.offset_store_dir)) / self.client_id / self.group / "offsets.json"
 
-    def _load_local_offsets(self) -> None:
-        try:
-            self.local_offsets = {k: int(v) for k, v in orjson.loads(self._offsets_file().read_bytes())
-                                  .get("offsetTable", {}).items()}
-        except FileNotFoundError:
-            self.local_offsets = {}
-
-    def _save_local_offsets(self) -> None:
-        path = self._offsets_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        with open(temporary, "wb") as f:
-            f.write(orjson.dumps({"offsetTable": dict(sorted(self.local_offsets.items()))}))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
 
     def statistics(self) -> dict:
         return {"clientId": self.client_id, "group": self.group, "queues": sorted(self.queues),

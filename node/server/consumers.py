@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import orjson
+
 from node import protocol
 
 MAX_GROUPS_PER_CLIENT = 64  # (bounds what one heartbeat can make the node hold)
@@ -141,6 +143,11 @@ class ConsumerGroups:
         return {"groups": len(self.groups), "members": self.member_count(), "expired": self.expired,
                 "notifications": self.notifications,
                 "locks": sum(len(t) for t in self.locks.values())}
+
+
+def notice(group: str) -> bytes:
+    """NOTIFY_CONSUMER_IDS_CHANGED's frame: no opaque, no reply wanted."""
+    return orjson.dumps({"code": protocol.NOTIFY_CONSUMER_IDS_CHANGED, "consumerGroup": group})
 
 
 def answer(groups: ConsumerGroups, header: dict, routing_id: bytes, now: int) -> tuple[dict, set[str]]:

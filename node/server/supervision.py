@@ -147,3 +147,14 @@ def _cause(info: dict) -> str:
         if found:
             return str(found).strip().splitlines()[-1][:500]
     return " ".join(str(cause or "no cause recorded").split())[:500]
+
+
+def last_counts(settings) -> dict:
+    """Restarts and hangs per service process, as the node's watch last counted them
+    (`supervision.json` in the run directory): `admin stats`' `supervision`."""
+    import orjson
+
+    try:
+        return orjson.loads((settings.run_dir / "supervision.json").read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return {}  # not written yet (or a node whose launcher is not watching)

@@ -78,6 +78,13 @@ def processes(settings) -> list[Process]:
             Process("front", "front", ("router",))]
 
 
+def services_with_pids(settings, actors: dict[str, dict]) -> dict[str, list[dict]]:
+    """Each service of the declared topology with the process that hosts it and its pid (None
+    until that process has sent its first statistics): `admin stats`' `services`."""
+    return {service: [{"process": label, "pid": actors.get(label, {}).get("pid")} for label in labels]
+            for service, labels in hosts(settings).items()}
+
+
 def hosts(settings) -> dict[str, list[str]]:
     """service -> the labels of the processes that host it."""
     out: dict[str, list[str]] = {service: [] for service in SERVICES}

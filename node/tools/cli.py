@@ -179,7 +179,9 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from node.client import PullConsumer, SendError
 
     if args.push:
-        return cmd_consume_push(args)
+        from node.tools.cli_groups import consume_push
+
+        return consume_push(args)
     printed = 0
     with PullConsumer(args.endpoint) as consumer:
         try:
@@ -191,50 +193,6 @@ def cmd_consume(args: argparse.Namespace) -> int:
         except SendError as e:
             print(f"mqnode consume: {e}", file=sys.stderr)
             return 1
-    return 0
-
-
-def cmd_consume_push(args: argparse.Namespace) -> int:
-    """`consume --push`: a member of the group (node.client.push), printing what its listener
-    gets; stops after --count messages, --timeout seconds without one, or SIGTERM/SIGINT."""
-    import signal
-    import threading
-    import time
-
-    from node.client.push import CONSUME_SUCCESS, SUCCESS, PushConsumer
-
-    options = {"message_model": "BROADCASTING" if args.broadcast else "CLUSTERING",
-               "consume_from_where": "LAST_OFFSET" if args.start == "last" else "FIRST_OFFSET"}
-    if args.threads:
-        options |= {"consume_thread_min": args.threads, "consume_thread_max": args.threads}
-    for name in ("instance_name", "offset_store_dir"):
-        if getattr(args, name):
-            options[name] = getattr(args, name)
-    lock, done, state = threading.Lock(), threading.Event(), {"printed": 0, "last": time.monotonic()}
-    answer = SUCCESS if args.orderly else CONSUME_SUCCESS
-
-    def listener(messages) -> str:
-        lines = "".join(orjson.dumps(m.to_json()).decode() + "\n" for m in messages)
-        with lock:
-            sys.stdout.write(lines)
-            sys.stdout.flush()  # printed before it counts as consumed
-            state["printed"] += len(messages)
-            state["last"] = time.monotonic()
-            if args.count and state["printed"] >= args.count:
-                done.set()
-        return answer
-
-    consumer = PushConsumer(args.endpoint, args.group, **options)
-    consumer.subscribe(args.topic, args.tags or "*")
-    consumer.register_listener(listener, orderly=args.orderly)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: done.set())
-    consumer.start()
-    try:
-        while not done.wait(0.2) and time.monotonic() - state["last"] < args.timeout:
-            pass
-    finally:
-        consumer.shutdown()
     return 0
 
 
@@ -263,6 +221,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
         GET_MAX_OFFSET,
         GET_ROUTEINFO_BY_TOPIC,
     )
+    from node.tools.cli_groups import group_view
 
     # a manual clean takes up to 20 passes of 10 files with a pause between files
     timeout = args.timeout if args.timeout is not None else 120.0 if args.what == "clean" else 5.0
@@ -283,7 +242,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
             elif args.what == "group":
                 reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
                 table = reply.get("subscriptionGroupTable") or {}
-                shown = _group_view(client, args.group, table.get(args.group)) if args.group else table
+                shown = group_view(client, args.group, table.get(args.group)) if args.group else table
             elif args.what == "reset-offset":
                 reply, shown = _reset_offsets(client, args)
             elif args.what == "groups":
@@ -315,28 +274,6 @@ def cmd_admin(args: argparse.Namespace) -> int:
         return 1
     sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
-
-
-def _group_view(client, group: str, config: dict | None) -> dict:
-    """`admin group --group G`: its config (when it has one), its members with their queues (as
-    each last said in its heartbeat), the queue locks of orderly members, and the lag per queue."""
-    from node import protocol
-
-    shown = dict(config or {})
-    members, _ = client.request({"code": protocol.GET_CONSUMER_CONNECTION_LIST, "consumerGroup": group})
-    shown["members"] = [{"clientId": m["clientId"], "messageModel": m["messageModel"],
-                         "subscriptions": m["subscriptions"], "queues": [f"{q['topic']}@{q['queueId']}" for q in m["queues"]]}
-                        for m in members.get("connectionSet", [])]
-    shown["locks"] = {f"{lk['topic']}@{lk['queueId']}": lk["clientId"] for lk in members.get("locks", [])}
-    stats, _ = client.request({"code": protocol.GET_CONSUME_STATS, "consumerGroup": group})
-    lag = {}
-    for topic, queues in sorted((stats.get("offsetTable") or {}).items()):
-        for queue, offset in sorted(queues.items(), key=lambda item: int(item[0])):
-            top, _ = client.request({"code": protocol.GET_MAX_OFFSET, "topic": topic, "queueId": int(queue)})
-            lag[f"{topic}@{queue}"] = {"consumerOffset": offset, "brokerOffset": top.get("offset"),
-                                       "lag": (top.get("offset") or 0) - offset}
-    shown["lag"] = lag
-    return shown
 
 
 def _admin_change(client, args: argparse.Namespace) -> tuple[dict, object]:

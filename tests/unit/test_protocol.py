@@ -445,7 +445,7 @@ def test_uniq_keys_follow_message_client_id_setter_layout():
     import os
     import time
 
-    from node.client.producer import UniqKeys
+    from node.client.uniq_keys import UniqKeys
 
     keys = UniqKeys()
     now_ms = int(time.time() * 1000)

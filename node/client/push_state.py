@@ -1,0 +1,122 @@
+"""The push consumer's state, apart from its loops (node.client.push): its options with
+RocketMQ's names and defaults, what one queue holds (`ProcessQueue`), and a broadcasting
+member's offsets file."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from node.client.allocate import STRATEGIES
+from node.client.received import ReceivedMessage
+from node.security import Credentials
+
+CONSUME_SUCCESS, RECONSUME_LATER = "CONSUME_SUCCESS", "RECONSUME_LATER"  # concurrent listeners
+SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUCCESS", "SUSPEND_CURRENT_QUEUE_A_MOMENT"  # orderly listeners
+CLUSTERING, BROADCASTING = "CLUSTERING", "BROADCASTING"
+FROM_WHERE = {"LAST_OFFSET": "CONSUME_FROM_LAST_OFFSET", "FIRST_OFFSET": "CONSUME_FROM_FIRST_OFFSET",
+              "TIMESTAMP": "CONSUME_FROM_TIMESTAMP"}
+RETRY_PREFIX = "%RETRY%"
+PULL_SUSPEND_MS = 15_000  # a long poll's hold (RocketMQ's brokerSuspendMaxTimeMillis)
+LOCAL_RETRY_S = 5.0  # a hand-back the node refused is consumed again after this
+FLOW_CONTROL_S = 0.05
+PULL_ERROR_S = 3.0
+LOCK_RENEW_S = 20.0  # at most; a node with a shorter rebalanceLockMaxLiveTime gets a third of it
+
+
+@dataclass
+class PushOptions:
+    message_model: str = CLUSTERING
+    consume_thread_min: int = 20
+    consume_thread_max: int = 20
+    consume_message_batch_max_size: int = 1
+    pull_batch_size: int = 32
+    pull_threshold_for_queue: int = 1000
+    pull_threshold_size_for_queue: int = 100  # MiB
+    consume_from_where: str = "LAST_OFFSET"  # or FIRST_OFFSET, TIMESTAMP (then consume_timestamp, ms)
+    consume_timestamp: int | None = None  # default: half an hour ago, as RocketMQ
+    max_reconsume_times: int = 16
+    consume_timeout: float = 15.0  # minutes
+    allocate_strategy: str = "averagely"
+    suspend_current_queue_time_millis: int = 1000
+    heartbeat_interval: float = 30.0
+    rebalance_interval: float = 20.0
+    persist_interval: float = 5.0
+    instance_name: str | None = None  # default: the process id
+    offset_store_dir: str = "~/.mqnode/offsets"
+    timeout: float = 5.0
+    credentials: Credentials | None = None
+
+    def check(self) -> None:
+        if self.message_model not in (CLUSTERING, BROADCASTING):
+            raise ValueError(f"message_model must be CLUSTERING or BROADCASTING, not {self.message_model!r}")
+        if self.consume_from_where.removeprefix("CONSUME_FROM_") not in FROM_WHERE:
+            raise ValueError(f"consume_from_where must be one of {', '.join(FROM_WHERE)}")
+        if self.allocate_strategy not in STRATEGIES:
+            raise ValueError(f"allocate_strategy must be one of {', '.join(STRATEGIES)}")
+        if not 1 <= self.consume_thread_min <= self.consume_thread_max <= 1000:
+            raise ValueError("need 1 <= consume_thread_min <= consume_thread_max <= 1000")
+        if not 1 <= self.pull_batch_size <= 1024 or not 1 <= self.consume_message_batch_max_size <= 1024:
+            raise ValueError("pull_batch_size and consume_message_batch_max_size must be 1..1024")
+
+
+@dataclass
+class ProcessQueue:
+    """One queue this member consumes: what was pulled and is not done, and where to go on."""
+
+    topic: str
+    queue_id: int
+    next_offset: int  # the next pull's offset
+    pending: dict[int, list] = field(default_factory=dict)  # queue offset -> [message, size, given at (s)]
+    buffer: deque = field(default_factory=deque)  # orderly: messages not yet given to the listener
+    size: int = 0
+    dropped: bool = False
+    locked_at: float = 0.0  # orderly: when the node last confirmed our lock (monotonic s)
+    committed: int = -1  # what was last committed
+    consuming: bool = False  # orderly: a task is consuming this queue
+    in_listener: bool = False  # orderly: a batch is with the listener right now
+    tries: dict[int, int] = field(default_factory=dict)  # orderly: suspensions of the batch at an offset
+
+    def add(self, messages: list[ReceivedMessage]) -> None:
+        now = time.monotonic()
+        for message in messages:
+            size = len(message.body)
+            self.pending[message.queue_offset] = [message, size, now]
+            self.size += size
+
+    def done(self, offsets) -> None:
+        for offset in offsets:
+            entry = self.pending.pop(offset, None)
+            if entry is not None:
+                self.size -= entry[1]
+
+    def commit_offset(self) -> int:
+        """The lowest offset not done: a restart redelivers from here."""
+        return min(self.pending) if self.pending else self.next_offset
+
+    def lock_valid(self, valid_s: float) -> bool:
+        return time.monotonic() - self.locked_at < valid_s
+
+
+def load_offsets(path: Path) -> dict[str, int]:
+    """A broadcasting member's offsets file: {"offsetTable": {"topic@queueId": offset}}."""
+    try:
+        return {k: int(v) for k, v in orjson.loads(path.read_bytes()).get("offsetTable", {}).items()}
+    except FileNotFoundError:
+        return {}
+
+
+def save_offsets(path: Path, table: dict[str, int]) -> None:
+    """Written whole, fsynced, renamed into place: a crash leaves the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "wb") as f:
+        f.write(orjson.dumps({"offsetTable": dict(sorted(table.items()))}))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)

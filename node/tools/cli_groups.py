@@ -1,0 +1,75 @@
+"""`scripts/mqnode` for consumer groups (node.tools.cli dispatches here): `consume --push` runs a
+member of a group, and `admin group --group G` shows its members, locks and lag."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import orjson
+
+
+def consume_push(args: argparse.Namespace) -> int:
+    """`consume --push`: a member of the group (node.client.push), printing what its listener
+    gets; stops after --count messages, --timeout seconds without one, or SIGTERM/SIGINT."""
+    import signal
+    import threading
+    import time
+
+    from node.client.push import CONSUME_SUCCESS, SUCCESS, PushConsumer
+
+    options = {"message_model": "BROADCASTING" if args.broadcast else "CLUSTERING",
+               "consume_from_where": "LAST_OFFSET" if args.start == "last" else "FIRST_OFFSET"}
+    if args.threads:
+        options |= {"consume_thread_min": args.threads, "consume_thread_max": args.threads}
+    for name in ("instance_name", "offset_store_dir"):
+        if getattr(args, name):
+            options[name] = getattr(args, name)
+    lock, done, state = threading.Lock(), threading.Event(), {"printed": 0, "last": time.monotonic()}
+    answer = SUCCESS if args.orderly else CONSUME_SUCCESS
+
+    def listener(messages) -> str:
+        lines = "".join(orjson.dumps(m.to_json()).decode() + "\n" for m in messages)
+        with lock:
+            sys.stdout.write(lines)
+            sys.stdout.flush()  # printed before it counts as consumed
+            state["printed"] += len(messages)
+            state["last"] = time.monotonic()
+            if args.count and state["printed"] >= args.count:
+                done.set()
+        return answer
+
+    consumer = PushConsumer(args.endpoint, args.group, **options)
+    consumer.subscribe(args.topic, args.tags or "*")
+    consumer.register_listener(listener, orderly=args.orderly)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: done.set())
+    consumer.start()
+    try:
+        while not done.wait(0.2) and time.monotonic() - state["last"] < args.timeout:
+            pass
+    finally:
+        consumer.shutdown()
+    return 0
+
+
+def group_view(client, group: str, config: dict | None) -> dict:
+    """`admin group --group G`: its config (when it has one), its members with their queues (as
+    each last said in its heartbeat), the queue locks of orderly members, and the lag per queue."""
+    from node import protocol
+
+    shown = dict(config or {})
+    members, _ = client.request({"code": protocol.GET_CONSUMER_CONNECTION_LIST, "consumerGroup": group})
+    shown["members"] = [{"clientId": m["clientId"], "messageModel": m["messageModel"],
+                         "subscriptions": m["subscriptions"], "queues": [f"{q['topic']}@{q['queueId']}" for q in m["queues"]]}
+                        for m in members.get("connectionSet", [])]
+    shown["locks"] = {f"{lk['topic']}@{lk['queueId']}": lk["clientId"] for lk in members.get("locks", [])}
+    stats, _ = client.request({"code": protocol.GET_CONSUME_STATS, "consumerGroup": group})
+    lag = {}
+    for topic, queues in sorted((stats.get("offsetTable") or {}).items()):
+        for queue, offset in sorted(queues.items(), key=lambda item: int(item[0])):
+            top, _ = client.request({"code": protocol.GET_MAX_OFFSET, "topic": topic, "queueId": int(queue)})
+            lag[f"{topic}@{queue}"] = {"consumerOffset": offset, "brokerOffset": top.get("offset"),
+                                       "lag": (top.get("offset") or 0) - offset}
+    shown["lag"] = lag
+    return shown

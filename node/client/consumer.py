@@ -16,7 +16,7 @@ import zmq
 
 from node import protocol
 from node.client import aio
-from node.client.producer import AsyncProducer, SendError
+from node.client.producer import AsyncProducer, SendError, backoff
 from node.client.received import ReceivedMessage, decode_messages
 from node.security import Credentials
 
@@ -110,7 +110,7 @@ class AsyncPullConsumer:
                 return
             if status not in protocol.RETRIABLE_STATUSES or attempt == SEND_BACK_TRIES - 1:
                 raise SendError(status, reply.get("remark", ""))
-            await asyncio.sleep(0.01 * 4 ** attempt)
+            await asyncio.sleep(backoff(attempt))
 
     async def _offset_request(self, code: int, **fields) -> dict:
         reply, _ = await self._ask({"code": code, **fields})

@@ -254,7 +254,7 @@ class AsyncProducer:
                         for i in range(len(items))]
             if status not in protocol.RETRIABLE_STATUSES or attempt == self.retries:
                 raise SendError(status, reply.get("remark", ""))
-            await asyncio.sleep(_backoff(attempt))
+            await asyncio.sleep(backoff(attempt))
         raise AssertionError("unreachable")
 
     # -- coalescing -------------------------------------------------------------------------------
@@ -361,7 +361,7 @@ class AsyncProducer:
                                              result["queueOffset"], entry["topic"]))
                 return
             error = SendError(status, result.get("remark", "") if isinstance(result, dict) else "")
-            delay = _backoff(attempt) if status in protocol.RETRIABLE_STATUSES else None
+            delay = backoff(attempt) if status in protocol.RETRIABLE_STATUSES else None
         elif isinstance(error, SendError) and error.status == "TIMEOUT":
             delay = 0.0
         if delay is None or attempt >= self.retries:
@@ -449,8 +449,8 @@ class Producer:
         self.close()
 
 
-def _backoff(attempt: int) -> float:
-    """Seconds before retrying a SYSTEM_BUSY send: 10, 40, 160 ms, ..."""
+def backoff(attempt: int) -> float:
+    """Seconds before retrying a busy answer (a send, a send-back): 10, 40, 160 ms, ..."""
     return 0.01 * 4 ** attempt
 
 

@@ -44,10 +44,8 @@ class Staged:
 
 
 def segment_crc(path: str) -> int:
-    try:
-        from isal.isal_zlib import crc32
-    except ImportError:  # pragma: no cover
-        from zlib import crc32
+    from shm.codec import crc32  # (ISA-L's where installed, zlib's otherwise: the same checksum)
+
     crc = 0
     with open(path, "rb") as f:
         while chunk := f.read(8 * 1024 * 1024):

@@ -293,31 +293,24 @@ class Node:
         """Actors connect to each other asynchronously (one that connected before the front bound
         retries 100 ms later): `ready` is printed only once a read makes the round trip front ->
         pull worker -> front, and a send-back of no message the one front -> schedule -> front."""
-        import zmq
-
         from node import protocol
         from node.server import guard
+        from node.server.asker import NodeAsker
 
         probes = [({"code": protocol.GET_MAX_OFFSET, "topic": "SELF_TEST_TOPIC", "queueId": 0}, {"OK"})]
         if "schedule" in topology.hosts(self.settings):  # answered "no message at offset ..."
             probes.append(({"code": protocol.CONSUMER_SEND_MSG_BACK, "consumerGroup": "SELF_TEST_GROUP",
                             "offset": 2**63 - 1}, {"SYSTEM_ERROR"}))
-        credentials = guard.node_credentials(self.settings)
-        context = zmq.Context()
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        credentials.secure(sock)
-        sock.connect(self.settings.listen)
+        asker = NodeAsker(self.settings.listen, guard.node_credentials(self.settings), timeout_ms=1000)
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S
             for header, answers in probes:
-                while not _answered(sock, header, answers, credentials):
+                while not _answered(asker, header, answers):
                     if time.monotonic() > deadline:
                         raise RuntimeError("the node's actors did not connect to each other")
                     time.sleep(0.05)
         finally:
-            sock.close(0)
-            context.term()
+            asker.close()
 
     # -- running ---------------------------------------------------------------------------------------
 
@@ -474,18 +467,12 @@ class Node:
             mark_clean_exit(s.root)
 
 
-def _answered(sock, header: dict, answers: set[str], credentials) -> bool:
-    """One probe of `_wait_for_connections`: whether its answer (within 1 s) is one expected;
-    a late answer to an earlier probe (another opaque) is passed over."""
-    opaque = secrets.randbits(31)
-    header = header | {"opaque": opaque}
-    sock.send(orjson.dumps(credentials.sign(header) if credentials.signs else header))
-    deadline = time.monotonic() + 1.0
-    while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-        reply = orjson.loads(sock.recv())
-        if reply.get("opaque") == opaque:
-            return reply.get("status") in answers
-    return False
+def _answered(asker, header: dict, answers: set[str]) -> bool:
+    """One probe of `_wait_for_connections`: whether its answer (within 1 s) is one expected."""
+    try:
+        return asker.ask(header).get("status") in answers
+    except TimeoutError:
+        return False
 
 
 def run(settings: Settings, ray_address: str | None = None) -> int:

@@ -12,58 +12,17 @@ are listed in docs/operations.md ("Metrics").
 from __future__ import annotations
 
 import re
-import threading
 
-import orjson
 import psutil
-import zmq
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
 from node import protocol
-from node.security import Credentials
 from node.server import guard
+from node.server.asker import NodeAsker
 
-ASK_TIMEOUT_MS = 5000
 # RocketMQ's putMessageDistributeTime ranges, by their upper bound in ms ("+Inf": the last)
 _DISTRIBUTION = re.compile(r"\[([^\]]+)\]:(\d+)")
-
-
-class NodeAsker:
-    """GET_BROKER_RUNTIME_INFO and friends over the node's endpoint, one at a time (scrapes may
-    come concurrently; one DEALER socket is not thread-safe)."""
-
-    def __init__(self, endpoint: str, credentials: Credentials):
-        self.endpoint = endpoint
-        self.credentials = credentials  # the node's own (node.server.guard), for the ACL and CURVE
-        self.lock = threading.Lock()
-        self.context = zmq.Context.instance()
-        self.socket = None
-        self.opaque = 0
-
-    def ask(self, header: dict) -> dict:
-        with self.lock:
-            if self.socket is None:
-                self.socket = self.context.socket(zmq.DEALER)
-                self.socket.setsockopt(zmq.LINGER, 0)
-                self.credentials.secure(self.socket)
-                self.socket.connect(self.endpoint)
-            self.opaque += 1
-            header = header | {"opaque": self.opaque}
-            self.socket.send(orjson.dumps(self.credentials.sign(header) if self.credentials.signs else header))
-            while self.socket.poll(ASK_TIMEOUT_MS):
-                reply = orjson.loads(self.socket.recv_multipart()[0])
-                if reply.get("opaque") == self.opaque:  # (a late answer to a timed-out ask is skipped)
-                    return reply
-            self.socket.close(0)  # no answer: a fresh socket for the next scrape
-            self.socket = None
-            raise TimeoutError(f"the node did not answer code {header['code']} within {ASK_TIMEOUT_MS} ms")
-
-    def close(self) -> None:
-        with self.lock:
-            if self.socket is not None:
-                self.socket.close(0)
-                self.socket = None
 
 
 class NodeCollector:

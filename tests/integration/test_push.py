@@ -1,6 +1,7 @@
 """Consumer groups end to end with real `mqnode start` processes and real member processes
 (`mqnode consume --push`): the node's member table and locks over the wire, three members
-consuming 30k messages exactly once while one is stopped, one killed with -9 and one added,
+consuming 30k messages (once each while the group is stable, none lost, a bounded few twice
+around the changes) while one is stopped, one killed with -9 and one added,
 broadcasting, orderly consumption across a crash, retries into the DLQ, and flow control."""
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ def wait_until_consumed(members, total: int, timeout: float = 60.0) -> Counter:
     return consumed(members)
 
 
-def test_three_members_consume_30k_exactly_once_through_a_stop_a_kill_and_a_join(node):
+def test_three_members_consume_30k_losing_none_through_a_stop_a_kill_and_a_join(node):
     topic, group = "Orders30k", "billing"
     produce(node, topic, 0, 100)  # the topic exists (8 queues) before anyone subscribes
     members = [Member(node, group, topic, f"m{i}", "--from", "first") for i in range(3)]

@@ -112,6 +112,18 @@ def test_admin_commands_need_an_admin_account_given_by_flags_or_environment(acl_
     assert refused and float(refused[0].split()[1]) >= 2
 
 
+def sent_once_reloaded(producer, topic: str, failure: str) -> None:
+    """A send that succeeds once the front has re-read the ACL file (it looks once a second)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert producer.send(topic, b"after the reload", queue_id=0).status == "PUT_OK"
+            return
+        except SendError:
+            assert time.monotonic() < deadline, failure
+            time.sleep(0.2)
+
+
 def test_the_acl_file_is_reloaded_when_it_changes_and_a_broken_edit_keeps_the_rules(acl_node):
     bob = ("bobKey12", "bob-secret")
     with Producer(acl_node.endpoint, credentials=credentials(bob), retries=0) as client:
@@ -119,14 +131,7 @@ def test_the_acl_file_is_reloaded_when_it_changes_and_a_broken_edit_keeps_the_ru
             client.send("Orders", b"x", queue_id=0)
         acl_node.acl_file.write_text(ACL_YAML + f"  - accessKey: {bob[0]}\n    secretKey: {bob[1]}\n"
                                                 "    defaultTopicPerm: PUB\n")
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert client.send("Orders", b"from bob", queue_id=0).status == "PUT_OK"
-                break
-            except SendError:
-                assert time.monotonic() < deadline, "the changed ACL file was not picked up"
-                time.sleep(0.2)
+        sent_once_reloaded(client, "Orders", "the changed ACL file was not picked up")
         acl_node.acl_file.write_text("accounts: [ {accessKey: ")  # a half-saved edit
         time.sleep(2.5)
         assert client.send("Orders", b"still bob", queue_id=0).status == "PUT_OK"
@@ -136,14 +141,7 @@ def test_the_acl_file_is_reloaded_when_it_changes_and_a_broken_edit_keeps_the_ru
     # a white-listed address needs no account (the front reads each request's peer address then)
     acl_node.acl_file.write_text("globalWhiteRemoteAddresses: [127.0.0.*]\n" + ACL_YAML)
     with Producer(acl_node.endpoint, credentials=Credentials(), retries=0) as anonymous:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert anonymous.send("Secret", b"from a trusted address", queue_id=0).status == "PUT_OK"
-                break
-            except SendError:
-                assert time.monotonic() < deadline, "the white list was not picked up"
-                time.sleep(0.2)
+        sent_once_reloaded(anonymous, "Secret", "the white list was not picked up")
     acl_node.acl_file.write_text(ACL_YAML)
 
 

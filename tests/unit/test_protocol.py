@@ -678,7 +678,7 @@ def test_a_send_waiting_to_retry_fails_when_the_producer_closes(monkeypatch):
     from node.client import producer as producer_module
     from node.client.producer import SendError
 
-    monkeypatch.setattr(producer_module, "_backoff", lambda attempt: 0.5)
+    monkeypatch.setattr(producer_module, "backoff", lambda attempt: 0.5)
 
     async def main():
         fake = _FakeFront(timeout=5, retries=2)
@@ -707,7 +707,7 @@ def test_a_send_cancelled_in_its_backoff_is_not_sent_again(monkeypatch):
 
     from node.client import producer as producer_module
 
-    monkeypatch.setattr(producer_module, "_backoff", lambda attempt: 0.3)
+    monkeypatch.setattr(producer_module, "backoff", lambda attempt: 0.3)
 
     async def main():
         fake = _FakeFront(timeout=5, retries=2)

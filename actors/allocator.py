@@ -23,6 +23,7 @@ import mmap
 import time
 
 from actors.base import Actor, give_way
+from shm.control_block import ROLE_CODES
 from shm.mapped_file import (
     AllocationFailed,
     MappedFile,
@@ -55,6 +56,8 @@ class Allocator(Actor):
     def turn(self) -> None:
         self.stopping.wait(WATCH_MS / 1000)
         written = self.control.get("written")
+        if written == 0 and self.control.get("role") == ROLE_CODES["SLAVE"]:
+            return  # an empty slave's log begins where its master's first transfer lands (actors.ha_client)
         if time.monotonic() >= self.retry_at:
             self._allocate_following(written)
         self._prefault(written)

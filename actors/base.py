@@ -28,7 +28,7 @@ def endpoints(settings) -> dict[str, str]:
     run = settings.run_dir
     return {name: f"ipc://{run}/{name}" for name in ("ingress", "writer", "flush", "replies", "stats", "pulls",
                                                       "arrivals", "reput", "clean", "schedule", "reput-in",
-                                                      "reput-out")}
+                                                      "reput-out", "ha-admin", "ha-wake", "acked")}
 
 
 def socket(context: zmq.Context, kind: int, *, hwm: int = 10000) -> zmq.Socket:

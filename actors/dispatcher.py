@@ -63,7 +63,7 @@ from actors.base import (
 )
 from actors.wire import arrivals_to_wire
 from shm.commitlog import CommitLog
-from shm.control_block import FLAG_LOGICS_WRITE_ERROR
+from shm.control_block import FLAG_LOGICS_WRITE_ERROR, ROLE_CODES
 from shm.dispatch import NATIVE, reput
 from shm.invariant import InvariantBroken
 from shm.mapped_file import StoreError
@@ -145,6 +145,8 @@ class Dispatcher(Actor):
     def catch_up(self) -> bool:
         """Dispatch up to the published end; True when it moved (`last_count`: records)."""
         written = self.control.get("written")
+        # an empty slave's log begins where its master's first transfer landed (actors.ha_client)
+        self.position = max(self.position, self.control.get("dispatched"))
         if written <= self.position:
             return False
         log = self.store.commitlog
@@ -174,6 +176,10 @@ class Dispatcher(Actor):
         self.records += count
         self.last_count = count
         self.control.advance("dispatched", reached)
+        if self.control.get("role") == ROLE_CODES["SLAVE"] and self.store.checkpoint.logics_timestamp:
+            # a slave's physic checkpoint time is set as it dispatches (RocketMQ's rule): its
+            # CommitLog writer, the ha-client, appends raw bytes and reads no record
+            self.control.set("store_timestamp", self.store.checkpoint.logics_timestamp)
         if touched:
             self._announce(touched)
         return True

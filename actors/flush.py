@@ -35,11 +35,11 @@ import threading
 import time
 from collections import deque
 
-import orjson
 import zmq
 
-from actors.base import Actor, socket
+from actors.base import Actor, conflated, incoming, socket, wait_readable
 from actors.wire import pack_replies, waits_from_wire
+from node.server.sendreply import downgraded
 from shm.checkpoint import Checkpoint
 from shm.mapped_file import file_name
 
@@ -100,7 +100,8 @@ class CommitLogFlusher:
         if written <= flushed:
             return flushed
         began = time.monotonic_ns()
-        start = flushed - flushed % self.segment_size
+        low = max(flushed, self.control.get("min_offset"))  # (an empty slave's log may begin past 0)
+        start = low - low % self.segment_size
         for segment_start in range(start, written, self.segment_size):
             self.fdatasyncs += 1
             if self.fdatasyncs == self.fail_at:  # the bytes it did not make durable, for the test to check
@@ -172,14 +173,15 @@ class CommitLogFlusher:
 
 
 class Waiting:
-    """SYNC_FLUSH sends held for the disk: (client, arrival ns, offset to be flushed, PUT_OK
-    header), in offset order (one writer appends them in order)."""
+    """Sends held until the disk has them (SYNC_FLUSH) and/or a slave has them (SYNC_MASTER):
+    (client, arrival ns, offset to be flushed, header, offset to be replicated), in append
+    order (one writer appends them in order). 0 for an offset means "no need"."""
 
     def __init__(self, timeout_ms: int, clock_ns=time.monotonic_ns):
         self.timeout_ns = timeout_ms * 1_000_000
         self.clock_ns = clock_ns  # the arrival times it is given are of this clock
         self.items: deque[tuple] = deque()
-        self.answered = self.timeouts = 0
+        self.answered = self.timeouts = self.slave_timeouts = 0
 
     def __len__(self) -> int:
         return len(self.items)
@@ -189,16 +191,17 @@ class Waiting:
         self.items.extend(waits)
         overflow = []
         while len(self.items) > MAX_WAITING:
-            overflow.append(self._time_out(self.items.popleft()))
+            overflow.append(self._time_out(self.items.popleft(), 0, 0))
         return overflow
 
-    def settle(self, flushed: int, *, everyone: bool = False) -> list[tuple]:
+    def settle(self, flushed: int, acked: int = 2**63 - 1, *, everyone: bool = False) -> list[tuple]:
         """The replies now due, as (client, arrival ns, header): PUT_OK for each send `flushed`
-        covers, FLUSH_DISK_TIMEOUT for each that waited `syncFlushTimeout` (or all the rest,
-        `everyone`, at stop)."""
+        and `acked` (a slave's confirmed offset) cover, FLUSH_DISK_TIMEOUT or
+        FLUSH_SLAVE_TIMEOUT (the replication's status applied last, as RocketMQ combines them)
+        for each that waited `syncFlushTimeout` (or all the rest, `everyone`, at stop)."""
         items, replies = self.items, []
-        while items and items[0][2] <= flushed:
-            client, arrival_ns, _, header = items.popleft()
+        while items and items[0][2] <= flushed and items[0][4] <= acked:
+            client, arrival_ns, _, header, _ = items.popleft()
             replies.append((client, arrival_ns, header))
         self.answered += len(replies)
         if items:
@@ -206,21 +209,25 @@ class Waiting:
             if everyone or any(wait[1] < deadline for wait in items):
                 kept = deque()
                 for wait in items:
-                    if everyone or wait[1] < deadline:
-                        replies.append(self._time_out(wait))
+                    if wait[2] <= flushed and wait[4] <= acked:
+                        replies.append((wait[0], wait[1], wait[3]))
+                    elif everyone or wait[1] < deadline:
+                        replies.append(self._time_out(wait, flushed, acked))
                     else:
                         kept.append(wait)
                 self.items = kept
         return replies
 
-    def _time_out(self, wait: tuple) -> tuple:
+    def _time_out(self, wait: tuple, flushed: int, acked: int) -> tuple:
+        if wait[4] > acked:
+            self.slave_timeouts += 1
+            return wait[0], wait[1], downgraded(wait[3], "FLUSH_SLAVE_TIMEOUT")
         self.timeouts += 1
-        header = orjson.loads(wait[3])
-        _downgrade(header, "FLUSH_DISK_TIMEOUT")
-        return wait[0], wait[1], orjson.dumps(header)
+        return wait[0], wait[1], downgraded(wait[3], "FLUSH_DISK_TIMEOUT")
 
     def statistics(self) -> dict:
-        return {"waiting": len(self.items), "answered": self.answered, "flushDiskTimeouts": self.timeouts}
+        return {"waiting": len(self.items), "answered": self.answered, "flushDiskTimeouts": self.timeouts,
+                "flushSlaveTimeouts": self.slave_timeouts}
 
 
 class Flush(Actor):
@@ -235,17 +242,23 @@ class Flush(Actor):
         self.waits_in.bind(self.endpoints["flush"])
         self.replies = socket(self.context, zmq.PUSH, hwm=100000)
         self.replies.connect(self.endpoints["replies"])
+        self.acked_in = acked_socket(self.context, self.endpoints)
+        self.poll_items = [(self.waits_in, zmq.POLLIN), (self.acked_in, zmq.POLLIN)]
 
     def turn(self) -> None:
-        timeout = GROUP_COMMIT_WAKE_MS if self.sync else min(50, self.settings.flushIntervalCommitLog)
-        if self.waits_in.poll(timeout):
+        timeout = GROUP_COMMIT_WAKE_MS if (self.sync or self.waiting) else min(50, self.settings.flushIntervalCommitLog)
+        ready = wait_readable(self.poll_items, timeout)
+        if self.waits_in in ready:
             self._take_waits()
+        if self.acked_in in ready:
+            take_acks(self.acked_in)
         if self.sync:
             if self.waiting or self.control.get("written") > self.control.get("flushed"):
                 self.flusher.flush_to_written()
-            self._send(self.waiting.settle(self.control.get("flushed")))
         else:
             self.flusher.async_turn()
+        if self.waiting:
+            self._send(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked")))
 
     def _take_waits(self) -> None:
         for _ in range(1000):
@@ -262,7 +275,7 @@ class Flush(Actor):
         """Stop: flush what was written and answer everyone still waiting."""
         self._take_waits()
         self.flusher.finish()
-        self._send(self.waiting.settle(self.control.get("flushed"), everyone=True))
+        self._send(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked"), everyone=True))
 
     def statistics(self) -> dict:
         stats = super().statistics()
@@ -397,12 +410,14 @@ def _notify(report: zmq.Socket) -> None:
         pass  # reports already queued say the same
 
 
-def _downgrade(header: dict, status: str) -> None:
-    """A stored-but-not-durable reply: PUT_OK becomes `status` (and its code)."""
-    from node.protocol import STATUS_CODES
+def acked_socket(context: zmq.Context, endpoints: dict) -> zmq.Socket:
+    """The ha-server's "a slave acked more" (conflated: one pending says it all), for whoever
+    holds the SYNC_MASTER sends."""
+    sock = conflated(context, zmq.PULL)
+    sock.bind(endpoints["acked"])
+    return sock
 
-    if header.get("status") == "PUT_OK":
-        header["status"], header["code"] = status, STATUS_CODES[status]
-    for result in header.get("results") or []:
-        if result.get("status") == "PUT_OK":
-            result["status"] = status
+
+def take_acks(sock: zmq.Socket) -> None:
+    for _ in incoming(sock, 16, multipart=False):
+        pass

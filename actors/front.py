@@ -40,12 +40,13 @@ import orjson
 import zmq
 
 from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket, wait_readable
-from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
+from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting, acked_socket, take_acks
+from actors.front_ha import FrontReplication
 from actors.pull import ReadCore, arrivals_socket, follow_arrivals, read_arrivals
 from actors.router import Router, To
 from actors.schedule import REPUT_CLIENT
 from actors.wire import read_meta, send_meta, unpack_replies
-from actors.writer import WriteCore, dispatcher_wakes, wake
+from actors.writer import WriteCore, dispatcher_wakes, ha_wakes, promoted_write_core, wake
 from node import protocol
 from node.client.frames import NOBLOCK, send_frames
 from node.server import consumers, edge, guard, supervision, topology
@@ -54,7 +55,8 @@ from node.server.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
 from node.server.offsets import ConsumerOffsets, SubscriptionGroups
 from node.server.store_stats import StoreStats
 from node.server.supervision import monotonic_ms
-from node.server.topics import PERM_WRITE, TopicTable
+from node.server.topics import TopicTable
+from shm.control_block import ROLE_CODES
 
 MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
 SEND_WAIT_MS = 20
@@ -79,9 +81,10 @@ class Front(Actor):
         self.next_acl_look = time.monotonic() + 1.0
         self.writes: WriteCore | None = None
         self.write_requests: list[list] = []  # this turn's sends (client, meta, header, body), appended together
-        if s.front_writes:
-            self.writes = WriteCore(s, self.control, queue_offsets=self.recovered[0], recovered_offset=self.recovered[1])
+        if s.front_writes:  # (None on a slave until a promotion: its ha-client writes the CommitLog)
+            self.writes = promoted_write_core(s, self.control, self.recovered)
             self.wakes = dispatcher_wakes(self.context, self.endpoints)
+            self.ha_wake = ha_wakes(self.context, self.endpoints)
             self.next_put_sample = 0.0
         else:
             self.sends = socket(self.context, zmq.PUSH, hwm=s.sendQueueCapacity)
@@ -101,6 +104,9 @@ class Front(Actor):
         self.schedules = socket(self.context, zmq.PUSH, hwm=10000)  # send-backs to the schedule service
         self.schedules.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.schedules.bind(self.endpoints["schedule"])
+        self.ha_admin = socket(self.context, zmq.PUSH, hwm=100)  # `admin role` to a slave's ha-client
+        self.ha_admin.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
+        self.ha_admin.bind(self.endpoints["ha-admin"])
         # the schedule service's re-puts in, their answers out: private (the run directory is 0700)
         self.reput_in = socket(self.context, zmq.PULL, hwm=100000)
         self.reput_in.bind(self.endpoints["reput-in"])
@@ -108,7 +114,9 @@ class Front(Actor):
         self.reput_out.connect(self.endpoints["reput-out"])
         self.offsets = ConsumerOffsets(s.root / "config")
         self.groups = SubscriptionGroups(s.root / "config")
-        self.router = Router(s, self.topics, self.offsets, self.groups)
+        self.replication = FrontReplication(s, self.control, self.topics, self.groups, self.offsets)
+        self.router = Router(s, self.topics, self.offsets, self.groups,
+                             brokers=lambda: self.replication.brokers(self.actor_stats))
         self.consumers = ConsumerGroups(s.clientChannelExpiredTimeout, s.rebalanceLockMaxLiveTime)
         self.next_member_look = time.monotonic() + 1.0
         self.next_offsets_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
@@ -121,7 +129,8 @@ class Front(Actor):
         if s.front_flushes:
             self.flushing = FlushThread(s, self.control, self.context)
             self.waiting = Waiting(s.syncFlushTimeout)
-            self.poll_items.append((self.flushing.flushed_in, zmq.POLLIN))
+            self.acked_in = acked_socket(self.context, self.endpoints)  # the ha-server's acks (SYNC_MASTER)
+            self.poll_items += [(self.flushing.flushed_in, zmq.POLLIN), (self.acked_in, zmq.POLLIN)]
             self.flushing.start()
         self.reads: ReadCore | None = None
         self.read_replies: list = []
@@ -154,6 +163,8 @@ class Front(Actor):
                                    min(wait_ms, reads.timeout_ms()))
         if flushing is not None:  # first: these replies have waited longest
             self._answer_flushed(events)
+        if writes is None and self.settings.front_writes:  # a slave: promoted meanwhile?
+            self.writes = promoted_write_core(self.settings, self.control, self.recovered)
         if self.replies in events:
             self._forward_replies()
         if self.clients in events:
@@ -171,12 +182,15 @@ class Front(Actor):
         now = time.monotonic()
         if self.cpu_latency is not None:
             self.cpu_latency.check(now, self.clients in events)
-        if now >= self.next_offsets_persist:
+        slave = self.control.get("role") == ROLE_CODES["SLAVE"]
+        if now >= self.next_offsets_persist and not slave:  # (a slave's are its master's)
             self.next_offsets_persist = now + self.settings.flushConsumerOffsetInterval / 1000
             self.offsets.persist()
         if now >= self.next_member_look:  # members silent past clientChannelExpiredTimeout
             self.next_member_look = now + 1.0
             self._notify(self.consumers.expire(monotonic_ms()))
+            if slave:
+                self.replication.follow_master_config()
         if self.acl is not None and now >= self.next_acl_look:
             self.next_acl_look = now + 1.0
             guard.reload_acl(self.acl, self.acl_file)
@@ -197,11 +211,13 @@ class Front(Actor):
             wake(self.writes, self.wakes)
         if self.flushing is not None:  # then everything written is made durable and answered
             self.flushing.stop()
-            self._answer_waits(self.waiting.settle(self.control.get("flushed"), everyone=True))
+            self._answer_waits(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked"),
+                                                   everyone=True))
         if self.reads is not None:
             self.reads.release_all(self.read_replies)
             self._send_read_replies()
-        self.offsets.persist()
+        if self.control.get("role") != ROLE_CODES["SLAVE"]:
+            self.offsets.persist()
 
     def _finish_writes(self) -> None:
         """The compact topology: append this turn's sends together, answer those that do not wait
@@ -220,7 +236,7 @@ class Front(Actor):
             # ConsumeQueue and index pages meanwhile, fdatasync took ~150-200 µs longer
             # (SYNC_FLUSH, 64 senders: 21-24k against 26-30k msgs/s, docs/performance.md).
             if self._only_flush_waits() and self.flushing.flush_here():
-                self._answer_waits(self.waiting.settle(self.control.get("flushed")))
+                self._answer_waits(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked")))
             else:
                 self.flushing.wake()
         # A pull held here waits for the dispatcher's arrivals: while it lags the written end,
@@ -229,7 +245,7 @@ class Front(Actor):
         writes.wake_now = (self.reads is not None and (self.reads.held_count > 0 or bool(self.reads.deferred))
                            and self.control.get("dispatched") < self.control.get("written"))
         writes.idle()
-        wake(writes, self.wakes)
+        wake(writes, self.wakes, self.ha_wake)
         if time.monotonic() >= self.next_put_sample:  # what the writer's statistics feed otherwise
             self.next_put_sample = time.monotonic() + 1.0
             self.store_stats.sample(int(time.time() * 1000), writes.put_times, writes.put_bytes, writes.put_failed)
@@ -248,8 +264,10 @@ class Front(Actor):
         flushing.check()
         if flushing.flushed_in in events:
             flushing.take_reports()
+        if self.acked_in in events:
+            take_acks(self.acked_in)
         if self.waiting:
-            self._answer_waits(self.waiting.settle(self.control.get("flushed")))
+            self._answer_waits(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked")))
 
     def _answer_waits(self, replies: list[tuple]) -> None:
         now = time.monotonic_ns()
@@ -311,6 +329,8 @@ class Front(Actor):
             reply, changed = consumers.answer(self.consumers, request.header, client, monotonic_ms())
             self._reply(client, [orjson.dumps(reply)])
             self._notify(changed)
+        elif route.to is To.HA:
+            self._ha(client, request)
         elif route.to is To.RUNTIME:
             self._reply(client, [orjson.dumps(protocol.reply_header(request.opaque, "OK", **self._runtime_info()))])
         else:
@@ -342,6 +362,13 @@ class Front(Actor):
                 "control": self.control.snapshot(), "services": topology.services_with_pids(self.settings, actors),
                 "supervision": supervision.last_counts(self.settings)}
 
+    def _ha(self, client: bytes, request: protocol.Request) -> None:
+        frames = self.replication.answer(request, self.actor_stats)
+        if frames is None:  # a slave's promotion: its ha-client does it, and answers
+            return self._forward(self.ha_admin, client, request, [orjson.dumps(request.header)],
+                                 "the ha-client is not running; try again")
+        self._reply(client, frames)
+
     def _serve_reputs(self) -> None:
         """The schedule service's re-puts: sends the write path stores as given (`_reput`), from
         the node's private socket only; their answers go back over `reput_out` (`_reply`)."""
@@ -354,6 +381,9 @@ class Front(Actor):
         oneway = request.header.get("oneway") is True  # (a oneway that is not a bool is refused, with a reply)
         if not self.accepting:
             return self._refuse(client, request, oneway, "SERVICE_NOT_AVAILABLE", "the node is shutting down")
+        if self.replication.is_slave() or (self.settings.front_writes and self.writes is None):
+            return self._refuse(client, request, oneway, "SERVICE_NOT_AVAILABLE",
+                                f"this node is a slave of {self.settings.haMasterAddress}: send to its master")
         if self.in_flight >= self.settings.sendQueueCapacity:
             return self._refuse(client, request, oneway, "SYSTEM_BUSY",
                                 f"[REJECTREQUEST]system busy: {self.in_flight} sends waiting")
@@ -363,10 +393,10 @@ class Front(Actor):
                 return self._refuse(client, request, oneway, "MESSAGE_ILLEGAL", remark)
         else:  # the node's own request, built from stored records: marked as such, topics made
             for message in request.header.get("messages") or [request.header]:
-                self._internal_topic(message["topic"])
+                self.router.internal_topic(message["topic"])
             request.header["_reput"] = reput
             frames = [orjson.dumps(request.header), frames[1]]
-        refusals = self._check_topics(request)
+        refusals = self.router.check_topics(request)
         if refusals and request.code != protocol.SEND_MESSAGES:
             status, remark = refusals["0"]
             return self._refuse(client, request, oneway, status, remark)
@@ -381,38 +411,6 @@ class Front(Actor):
                 return self._refuse(client, request, oneway, "SYSTEM_BUSY", "[TIMEOUT_CLEAN_QUEUE]send queue is full")
         if not oneway:
             self.in_flight += 1
-
-    def _check_topics(self, request: protocol.Request) -> dict[str, tuple[str, str]]:
-        """Per message index (as text, for JSON): (status, remark) for what the topic table
-        refuses. Raises ProtocolError for a malformed request."""
-        if request.code != protocol.SEND_MESSAGES:  # its header passed edge.send_refusal
-            problem = self._check_one(request.header["topic"], request.header["queueId"])
-            return {"0": problem} if problem else {}
-        refusals = {}
-        own = request.header.get("_reput") is True  # the schedule service's, built from stored records
-        for i, message in enumerate(request.header["messages"]):
-            remark = None if own else edge.send_problem(message)
-            problem = ("MESSAGE_ILLEGAL", remark) if remark else self._check_one(message["topic"], message["queueId"])
-            if problem:
-                refusals[str(i)] = problem
-        return refusals
-
-    def _internal_topic(self, topic: str) -> None:
-        """A send-back's `%RETRY%<group>` / `%DLQ%<group>` exists from its first use (one queue),
-        auto-creation on or off, as RocketMQ creates them."""
-        if topic.startswith(("%RETRY%", "%DLQ%")) and self.topics.get(topic) is None:
-            self.topics.create(topic, 1)
-
-    def _check_one(self, topic: str, queue_id: int) -> tuple[str, str] | None:
-        config, status, problem = self.topics.resolve(topic)
-        if config is None:
-            return status, problem
-        if not config.perm & PERM_WRITE:
-            return "SERVICE_NOT_AVAILABLE", f"the topic {topic} is not writable"
-        if not 0 <= queue_id < config.writeQueueNums:
-            return "MESSAGE_ILLEGAL", (f"queueId {queue_id!r} is not one of the topic's "
-                                       f"{config.writeQueueNums} queues (0..{config.writeQueueNums - 1})")
-        return None
 
     def _refuse(self, client: bytes, request: protocol.Request, oneway: bool, status: str, remark: str) -> None:
         self.refused += 1

@@ -178,13 +178,20 @@ class ReadCore:
             self.found += 1
         fields = {"nextBeginOffset": result.next_begin_offset, "minOffset": result.min_offset,
                   "maxOffset": result.max_offset, "getStatus": result.status, "count": result.count,
-                  "suggestWhichBrokerId": 1 if (result.suggest_pulling_from_slave and self.settings.slaveReadEnable) else 0}
+                  "suggestWhichBrokerId": self._suggested_broker(result)}
         reply = [orjson.dumps(protocol.reply_header(opaque, status, **fields))]
         if result.records:
             records = b"".join(result.records)
             reply.append(records)
             self._count_pulled(topic, header.get("consumerGroup") or "", result.count, len(records))
         return reply
+
+    def _suggested_broker(self, result) -> int:
+        """Spec §10.1: with slaveReadEnable, a read of data no longer in memory
+        (accessMessageInMemoryMaxRatio) suggests whichBrokerWhenConsumeSlowly, anything else the
+        master (0); a slave says the same, so its consumers go back once they read hot data."""
+        s = self.settings
+        return s.whichBrokerWhenConsumeSlowly if (result.suggest_pulling_from_slave and s.slaveReadEnable) else 0
 
     def _count_pulled(self, topic: str, group: str, count: int, size: int) -> None:
         """Messages and bytes pulled per (topic, group): the metrics' `mqnode_pull_*_total`. A

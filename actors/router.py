@@ -17,6 +17,7 @@ import orjson
 
 from node import protocol
 from node.server import admin, edge
+from node.server.topics import PERM_WRITE
 
 ADMIN_CODES = frozenset({protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER,
                          protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, protocol.DELETE_SUBSCRIPTIONGROUP,
@@ -30,6 +31,7 @@ class To(enum.Enum):
     SCHEDULE = "schedule"
     GROUPS = "groups"  # consumer groups: the front answers from its member table (node.server.consumers)
     RUNTIME = "runtime"
+    HA = "ha"  # replication's status and role: the front answers, or the ha-client promotes
     ANSWER = "answer"
 
 
@@ -40,8 +42,9 @@ class Route:
 
 
 class Router:
-    def __init__(self, settings, topics, offsets, groups):
+    def __init__(self, settings, topics, offsets, groups, brokers=None):
         self.settings = settings
+        self.brokers = brokers or (lambda: {str(settings.brokerId): settings.listen})  # brokerId -> client endpoint
         self.topics = topics
         self.offsets = offsets
         self.groups = groups
@@ -69,6 +72,8 @@ class Router:
             return Route(To.SCHEDULE)
         if code == protocol.GET_BROKER_RUNTIME_INFO:
             return Route(To.RUNTIME)
+        if code in protocol.HA_CODES:
+            return Route(To.HA)
         if code in protocol.GROUP_CODES:
             return Route(To.GROUPS)
         if code in protocol.OFFSET_CODES:
@@ -85,6 +90,38 @@ class Router:
             return Route(To.ANSWER, self._route_info(request))
         return Route(To.ANSWER, protocol.error_reply(request.opaque, "REQUEST_CODE_NOT_SUPPORTED",
                                                      f"request code {code} is not supported"))
+
+    def check_topics(self, request: protocol.Request) -> dict[str, tuple[str, str]]:
+        """Per message index (as text, for JSON): (status, remark) for what the topic table
+        refuses. Raises ProtocolError for a malformed request."""
+        if request.code != protocol.SEND_MESSAGES:  # its header passed edge.send_refusal
+            problem = self.check_one(request.header["topic"], request.header["queueId"])
+            return {"0": problem} if problem else {}
+        refusals = {}
+        own = request.header.get("_reput") is True  # the schedule service's, built from stored records
+        for i, message in enumerate(request.header["messages"]):
+            remark = None if own else edge.send_problem(message)
+            problem = ("MESSAGE_ILLEGAL", remark) if remark else self.check_one(message["topic"], message["queueId"])
+            if problem:
+                refusals[str(i)] = problem
+        return refusals
+
+    def internal_topic(self, topic: str) -> None:
+        """A send-back's `%RETRY%<group>` / `%DLQ%<group>` exists from its first use (one queue),
+        auto-creation on or off, as RocketMQ creates them."""
+        if topic.startswith(("%RETRY%", "%DLQ%")) and self.topics.get(topic) is None:
+            self.topics.create(topic, 1)
+
+    def check_one(self, topic: str, queue_id: int) -> tuple[str, str] | None:
+        config, status, problem = self.topics.resolve(topic)
+        if config is None:
+            return status, problem
+        if not config.perm & PERM_WRITE:
+            return "SERVICE_NOT_AVAILABLE", f"the topic {topic} is not writable"
+        if not 0 <= queue_id < config.writeQueueNums:
+            return "MESSAGE_ILLEGAL", (f"queueId {queue_id!r} is not one of the topic's "
+                                       f"{config.writeQueueNums} queues (0..{config.writeQueueNums - 1})")
+        return None
 
     def _offsets(self, request: protocol.Request) -> list[bytes]:
         header = request.header
@@ -125,7 +162,8 @@ class Router:
         if config is None:
             return protocol.error_reply(request.opaque, status, problem)
         return _ok(request, topic=config.topicName, writeQueueNums=config.writeQueueNums,
-                   readQueueNums=config.readQueueNums, perm=config.perm, brokerName=self.settings.brokerName)
+                   readQueueNums=config.readQueueNums, perm=config.perm, brokerName=self.settings.brokerName,
+                   brokerAddrs=self.brokers())
 
 
 def _ok(request: protocol.Request, **fields) -> list[bytes]:

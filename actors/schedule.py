@@ -54,6 +54,7 @@ from shm.codec import (
     decode_msg_id,
 )
 from shm.consume_queue import ENTRY_SIZE, FILLER_SIZE
+from shm.control_block import ROLE_CODES
 from shm.timer_log import TimerLog
 
 LEVEL_IN_FLIGHT = 4096  # re-puts of a level awaiting their answer
@@ -167,6 +168,10 @@ class ScheduleCore:
                 for n, level in self.levels.items()}
 
 
+class PromotedRestart(RuntimeError):
+    """The node was promoted: the service's process ends, and Ray starts it afresh as a master's."""
+
+
 class Schedule(Actor):
     """The schedule service's process: reads the schedule topic's queues and the records below
     `dispatched`, re-puts through the front's `reput` socket, answers send-backs."""
@@ -174,6 +179,7 @@ class Schedule(Actor):
     name = "schedule"
 
     def open(self) -> None:
+        self.role_at_open = self.control.get("role")
         s = self.settings
         self.delays_ms = s.delay_levels_ms()
         self.path = s.root / "config" / "delayOffset.json"
@@ -235,6 +241,12 @@ class Schedule(Actor):
             for frames in incoming(self.send_backs, 256):
                 self._send_back(frames)
         self._expire(now)
+        role = self.control.get("role")
+        if role == ROLE_CODES["SLAVE"]:
+            return  # a slave delivers nothing: its master does, and the slave follows its log
+        if self.role_at_open == ROLE_CODES["SLAVE"]:
+            # promoted: start again from the delay offsets the master last sent (restart is recovery)
+            raise PromotedRestart("promoted from slave: the schedule service starts afresh")
         dispatched = self.control.get("dispatched")
         due = self.core.due(now, time.time_ns() // 1_000_000, lambda n, at, count: self._entries(n, at, count, dispatched))
         if due:

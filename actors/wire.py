@@ -11,7 +11,7 @@ pure functions (no sockets), and `tests/unit/test_protocol.py` round-trips them.
 | a send to encode | front → ingress / writer | 4 frames: client id, `{"t": arrival ns, "refused"?: {index: [status, remark]}}` (`send_meta`), the request header as the client sent it, its body |
 | a read to serve | front → pull | 4 frames: client id, `{"t": arrival ns}` (`read_meta`), the request header, empty |
 | an encoded group | ingress → writer | 2 frames: JSON `{sizes, keys, stamps, atomic, pendings}`, the records back to back (`group_to_wire`) |
-| held SYNC_FLUSH sends | writer → flush | one JSON frame: `[[client hex, arrival ns, offset to flush, reply header], ...]` (`waits_to_wire`) |
+| held SYNC_FLUSH / SYNC_MASTER sends | writer → flush | one JSON frame: `[[client hex, arrival ns, offset to flush, reply header, offset to replicate], ...]` (0: no wait) (`waits_to_wire`) |
 | "written moved" | writer → dispatcher | an empty frame on a conflated socket |
 | "queue grew" | dispatcher → readers (PUB) | JSON `[[topic, queueId, new max offset], ...]` (`arrivals_to_wire`) |
 | statistics | every process → front | JSON of its `statistics()`, once a second |
@@ -85,13 +85,13 @@ def group_from_wire(frames: list[bytes]) -> tuple[EncodedBatch, list[PendingSend
 
 def waits_to_wire(waits: list[tuple]) -> bytes:
     """The writer process's held sends, to the flush actor (one JSON frame a turn)."""
-    return orjson.dumps([[client.hex(), arrival_ns, offset, header.decode()]
-                         for client, arrival_ns, offset, header in waits])
+    return orjson.dumps([[client.hex(), arrival_ns, offset, header.decode(), replicate]
+                         for client, arrival_ns, offset, header, replicate in waits])
 
 
 def waits_from_wire(frame: bytes) -> list[tuple]:
-    return [(bytes.fromhex(client), arrival_ns, offset, header.encode())
-            for client, arrival_ns, offset, header in orjson.loads(frame)]
+    return [(bytes.fromhex(client), arrival_ns, offset, header.encode(), replicate)
+            for client, arrival_ns, offset, header, replicate in orjson.loads(frame)]
 
 
 def arrivals_to_wire(touched: dict[tuple[str, int], int]) -> bytes:

@@ -53,6 +53,7 @@ from shm.control_block import (
     FLAG_DISK_FULL,
     FLAG_LOGICS_WRITE_ERROR,
     FLAG_SHUTTING_DOWN,
+    ROLE_CODES,
 )
 from shm.mapped_file import AllocationFailed, StoreError
 
@@ -149,6 +150,8 @@ class WriteCore:
         self.wake_now = False  # a reader waits for the dispatcher: wake it whatever it promised
         self.wakes_sent = self.wakes_skipped = 0
         self.pending_waits: list = []
+        self.slave_not_available = 0
+        self.ha_wake_due = False  # `written` moved since the ha-server was last woken
 
     def _queue_offsets(self, written: int) -> dict[str, int]:
         """Recovery's table, advanced over what was appended since start-up (a restarted writer)."""
@@ -209,10 +212,19 @@ class WriteCore:
     def _publish(self, offset: int, store_timestamp: int) -> None:
         self.control.set("store_timestamp", store_timestamp)
         self.control.advance("written", offset)
-        self.wake_due = True
+        self.wake_due = self.ha_wake_due = True
+
+    def slave_ok(self) -> bool:
+        """SYNC_MASTER's check (spec §12): a slave follows, and it is less than
+        haSlaveFallbehindMax behind."""
+        control = self.control
+        return (control.get("ha_slaves") > 0
+                and control.get("written") - control.get("slave_acked") < self.settings.haSlaveFallbehindMax)
 
     def _append(self, batch, pendings, atomic: bool, replies: list, waits: list) -> None:
         status, remark, result = self._place(batch, atomic)
+        sync_master = self.control.get("role") == ROLE_CODES["SYNC_MASTER"]  # (`admin role` may switch it)
+        slave_ok = sync_master and self.slave_ok()
         physical = result.physical_offsets if result else []
         queue = result.queue_offsets if result else []
         for pending in pendings:
@@ -226,9 +238,17 @@ class WriteCore:
             if pending.oneway:
                 continue
             header = sendreply.answer(pending, physical, queue, self.store_host)
-            if result is not None and appended and self.sync_flush and pending.wait:
-                last = max(appended)
-                waits.append((pending.client, pending.arrival_ns, physical[last] + batch.sizes[last], header))
+            if result is None or not appended or not pending.wait or not (self.sync_flush or sync_master):
+                replies.append((pending.client, pending.arrival_ns, header))
+                continue
+            last = max(appended)
+            end = physical[last] + batch.sizes[last]
+            replicate = end if sync_master and slave_ok else 0
+            if sync_master and not slave_ok:  # RocketMQ: at once, no wait for a slave
+                header = sendreply.downgraded(header, "SLAVE_NOT_AVAILABLE")
+                self.slave_not_available += 1
+            if self.sync_flush or replicate:
+                waits.append((pending.client, pending.arrival_ns, end if self.sync_flush else 0, header, replicate))
             else:
                 replies.append((pending.client, pending.arrival_ns, header))
 
@@ -313,6 +333,7 @@ class WriteCore:
             "nativePlace": commitlog.NATIVE,
             "dispatcherWakes": self.wakes_sent, "dispatcherWakesSkipped": self.wakes_skipped,
             "writeBuffer": self.buffered, "scrubbedBytes": self.scrubbed, "commits": self.commits,
+            "slaveNotAvailable": self.slave_not_available,
             "written": self.control.get("written"), "queues": len(self.log.queue_offsets),
         }
 
@@ -333,7 +354,8 @@ class Writer(Actor):
 
     def open(self) -> None:
         s = self.settings
-        self.core = WriteCore(s, self.control, queue_offsets=self.recovered[0], recovered_offset=self.recovered[1])
+        self.core = None  # on a slave, until a promotion: the ha-client writes the CommitLog
+        self._open_core()
         self.records = socket(self.context, zmq.PULL, hwm=max(1000, s.sendQueueCapacity))
         self.records.bind(self.endpoints["writer"])
         self.poll_items = [(self.records, zmq.POLLIN)]
@@ -342,9 +364,17 @@ class Writer(Actor):
         self.waits = socket(self.context, zmq.PUSH, hwm=100000)
         self.waits.connect(self.endpoints["flush"])
         self.wakes = dispatcher_wakes(self.context, self.endpoints)
+        self.ha = ha_wakes(self.context, self.endpoints)
+
+    def _open_core(self) -> None:
+        self.core = promoted_write_core(self.settings, self.control, self.recovered)
 
     def turn(self) -> None:
         core = self.core
+        if core is None:  # a slave: the front refuses sends; wait for a promotion
+            self.stopping.wait(0.02)
+            self._open_core()
+            return
         if wait_readable(self.poll_items, core.poll_ms):
             replies = core.append_requests(list(incoming(self.records, MAX_GROUPS)))
             if replies:
@@ -352,14 +382,16 @@ class Writer(Actor):
             if core.pending_waits:
                 self.waits.send(waits_to_wire(core.take_waits()))
         core.idle()
-        wake(core, self.wakes)
+        wake(core, self.wakes, self.ha)
 
     def follow_min_offset(self, min_offset: int) -> None:
-        self.core.follow_min_offset(min_offset)
+        if self.core is not None:
+            self.core.follow_min_offset(min_offset)
 
     def drain(self) -> None:
-        self.core.drain()
-        wake(self.core, self.wakes)
+        if self.core is not None:
+            self.core.drain()
+            wake(self.core, self.wakes, self.ha)
 
     def statistics(self) -> dict:
         return super().statistics() | (self.core.statistics() if self.core is not None else {})
@@ -370,6 +402,37 @@ class Writer(Actor):
         super().close()
 
 
+def promoted_write_core(settings, control, recovered: tuple) -> WriteCore | None:
+    """The write core, unless the node is a slave (None: the ha-client writes its CommitLog).
+    After a promotion it opens once the dispatcher has caught up with what the slave received:
+    its queue offsets are then the ConsumeQueues' ends (a walk of everything followed since
+    start-up would take seconds a GiB)."""
+    role = control.get("role")
+    if role == ROLE_CODES["SLAVE"]:
+        return None
+    queue_offsets, recovered_offset = recovered
+    if settings.is_slave:  # started as a slave, promoted since
+        written = control.get("written")
+        if control.get("dispatched") < written:
+            return None
+        queue_offsets, recovered_offset = consume_queue_ends(settings), written
+    return WriteCore(settings, control, queue_offsets=queue_offsets, recovered_offset=recovered_offset)
+
+
+def consume_queue_ends(settings) -> dict[str, int]:
+    """"topic-queueId" -> next queue offset, from the ConsumeQueues on disk."""
+    from shm.store import MessageStore
+
+    store = MessageStore(settings, readonly=True)
+    try:
+        store.load_consume_queues()
+        for queue in store.consume_queues.values():
+            queue.recover()  # (read-only: finds the end of the valid entries, changes nothing)
+        return {q.key: q.offset_max for q in store.consume_queues.values()}
+    finally:
+        store.close()
+
+
 def dispatcher_wakes(context: zmq.Context, endpoints: dict) -> zmq.Socket:
     """The conflated PUSH to the dispatcher's `reput` socket: a dispatcher still busy finds one
     message, not many."""
@@ -378,10 +441,25 @@ def dispatcher_wakes(context: zmq.Context, endpoints: dict) -> zmq.Socket:
     return wakes
 
 
-def wake(core: WriteCore, wakes: zmq.Socket) -> None:
-    """Wake the dispatcher when the core says so."""
+def ha_wakes(context: zmq.Context, endpoints: dict) -> zmq.Socket:
+    """The conflated PUSH to the ha-server's `ha-wake`: "written moved", while slaves follow."""
+    sock = conflated(context, zmq.PUSH)
+    sock.connect(endpoints["ha-wake"])
+    return sock
+
+
+def wake(core: WriteCore, wakes: zmq.Socket, ha: zmq.Socket | None = None) -> None:
+    """Wake the dispatcher when the core says so, and the ha-server while a slave follows (a
+    SYNC_MASTER send waits for it; an ASYNC slave's lag shrinks)."""
     if core.take_wake(time.monotonic_ns()):
         try:
             wakes.send(b"", NOBLOCK)
         except zmq.Again:
             pass  # the dispatcher is not there (restarting): its timer catches up
+    if ha is not None and core.ha_wake_due:
+        core.ha_wake_due = False
+        if core.control.get("ha_slaves"):
+            try:
+                ha.send(b"", NOBLOCK)
+            except zmq.Again:
+                pass  # its 100 ms look catches up

@@ -50,6 +50,10 @@ GROUP_CODES = frozenset({HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GRO
                          GET_CONSUMER_CONNECTION_LIST})
 CONSUMER_SEND_MSG_BACK = 36  # a consumer hands a message back: %RETRY%<group> with a delay, or %DLQ%<group>
 DELETE_EXPIRED_COMMITLOG = 329  # RocketMQ 5's code: executeDeleteFilesManually (`mqnode admin clean`)
+# replication (docs/protocol.md "Replication"): `mqnode admin ha|role`
+GET_BROKER_HA_STATUS = 907  # RocketMQ 5's code: the role, epoch, slaves or master, offsets and lag
+HA_ROLE = 9020  # mqnode: promote a slave (it stops following and takes sends), or switch a master's sync mode
+HA_CODES = frozenset({GET_BROKER_HA_STATUS, HA_ROLE})
 
 SEND_CODES = frozenset({SEND_MESSAGE, SEND_BATCH_MESSAGE, SEND_MESSAGES})
 # served by the pull workers, from read-only mappings

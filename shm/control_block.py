@@ -20,6 +20,8 @@ struct.pack_into here: it zeroes the bytes before writing, so a reader can see a
 | 9    | generation      | recovery                     | bumped on every start (stale readers)  |
 | 11   | reput_polling_until | reput dispatcher         | CLOCK_MONOTONIC ns: it looks at `written` again at or after this, unwoken |
 | 12   | deletions       | clean                        | bumped after each batch of deleted store files: processes drop their mappings |
+| 13   | role            | launcher; ha-client (promotion); front (`admin role` on a master) | ROLE_CODES: the node's broker role now |
+| 14   | ha_slaves       | ha-server                    | slaves following now (SYNC_MASTER waits only with one) |
 | 16-447 | heartbeats    | each actor its own slot      | last loop time, ms                     |
 | 448-511 | watchers     | each reader its own slot     | 1 while it holds pulls (wants `arrivals`), else 0 |
 
@@ -46,8 +48,10 @@ CONTROL_MAGIC = 0x6D716E6F64650001  # "mqnode" v1
 SLOTS = {
     "magic": 0, "written": 1, "committed": 2, "flushed": 3, "dispatched": 4, "min_offset": 5,
     "slave_acked": 6, "flags": 7, "store_timestamp": 8, "generation": 9, "writer_generation": 10,
-    "reput_polling_until": 11, "deletions": 12,
+    "reput_polling_until": 11, "deletions": 12, "role": 13, "ha_slaves": 14,
 }
+ROLE_CODES = {"ASYNC_MASTER": 0, "SYNC_MASTER": 1, "SLAVE": 2}
+ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
 HEARTBEAT_BASE = 16
 WATCHERS_BASE = 448  # the front is watcher 0, pull worker i is watcher 1 + i
 WATCHER_SLOTS = FILE_SIZE // 8 - WATCHERS_BASE
@@ -111,7 +115,7 @@ class ControlBlock:
         """Start-up: publish what recovery found, before any actor starts."""
         invariant(min_offset <= flushed <= written and dispatched <= written)
         for name, value in (("written", written), ("committed", written), ("flushed", flushed),
-                            ("dispatched", dispatched), ("min_offset", min_offset), ("slave_acked", 0),
+                            ("dispatched", dispatched), ("min_offset", min_offset), ("slave_acked", 0), ("ha_slaves", 0),
                             ("reput_polling_until", 0)):  # a monotonic time: meaningless after a reboot
             self.set(name, value)
         self.map[WATCHERS_BASE * 8:FILE_SIZE] = _NO_WATCHERS  # readers set theirs again as they hold pulls
@@ -131,3 +135,12 @@ class ControlBlock:
             self.map.close()
             os.close(self.fd)
             self.fd = -1
+
+
+def peek(root: Path, name: str) -> int:
+    """One counter of the store at `root`, read from outside the node (tools, tests)."""
+    block = ControlBlock(Path(root) / "control")
+    try:
+        return block.get(name)
+    finally:
+        block.close()

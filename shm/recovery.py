@@ -214,3 +214,23 @@ class Recovery:
 
 def recover(store: MessageStore, *, clean: bool | None = None) -> RecoveryReport:
     return Recovery(store, clean=clean).run()
+
+
+def cut(store: MessageStore, keep: int) -> int:
+    """Fencing (node.server.fencing): drop a recovered store's CommitLog from `keep` on, a
+    follower's tail its new master never had, and make the derived files agree: ConsumeQueue
+    entries past it go, index files that saw past it are rebuilt from their predecessors' end.
+    Runs at start-up, before any service; returns the bytes dropped."""
+    end = store.commitlog.offset_written
+    if keep >= end:
+        return 0
+    recovery = Recovery(store, clean=True)
+    recovery.report.corruption = f"fenced at {keep}"  # (so _truncate zeroes the cut segment's rest)
+    recovery._truncate(keep)
+    for index in [f for f in store.index.files if f.end_phy_offset >= keep]:
+        store.index.files.remove(index)
+        index.destroy()
+    recovery._dispatch_missing(keep, None)
+    store.rebuild_queue_offsets()
+    store.checkpoint.write()
+    return end - keep

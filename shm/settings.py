@@ -110,8 +110,11 @@ class Settings:
     offsetCheckInSlave: bool = _s(False, "If false, a slave returns the requested offset as nextBeginOffset on errors", PULL)
     osPageCacheBusyTimeOutMills: int = _s(1000, "Append time that signals OS_PAGECACHE_BUSY, ms", PULL)
     # -- HA and broker role
-    brokerRole: str = _s("ASYNC_MASTER", "ASYNC_MASTER, SYNC_MASTER or SLAVE", HA)
-    haListenPort: int = _s(10912, "HA port (listenPort + 1 when left at the default)", HA)
+    brokerRole: str = _s("ASYNC_MASTER", "ASYNC_MASTER, SYNC_MASTER or SLAVE (the role at start; `mqnode admin role` promotes a running slave)", HA)
+    brokerId: int = _s(0, "0 for a master, 1 or more for a slave (its id in GET_ROUTEINFO_BY_TOPIC's brokerAddrs)", HA)
+    haListenPort: int = _s(10912, "HA port the ha-server binds (the client port + 1 when left at the default)", HA)
+    haListenAddress: str = _s("127.0.0.1", "Address the ha-server binds (0.0.0.0 for slaves on other hosts)", HA)
+    haProtocol: str = _s("zmq", "The HA link: zmq (ZeroMQ, with the epoch handshake that fences a failed-over log) or rocketmq (RocketMQ 4.x's plain-TCP protocol: 8-byte reports, 12-byte headers, no handshake)", HA)
     haSendHeartbeatInterval: int = _s(5000, "HA heartbeat / report period, ms", HA)
     haHousekeepingInterval: int = _s(20000, "Idle HA connection timeout, ms", HA)
     haTransferBatchSize: int = _s(32768, "Maximum bytes per HA transfer", HA)
@@ -130,6 +133,7 @@ class Settings:
     waitTimeMillsInSendQueue: int = _s(200, "Send-queue wait limit, ms (then SYSTEM_BUSY)", BROKER)
     waitTimeMillsInPullQueue: int = _s(5000, "Pull-queue wait limit, ms", BROKER)
     slaveReadEnable: bool = _s(False, "Allow redirecting consumers to a slave", BROKER)
+    whichBrokerWhenConsumeSlowly: int = _s(1, "The brokerId a master suggests to consumers reading data no longer in memory (slaveReadEnable)", BROKER)
     flushConsumerOffsetInterval: int = _s(5000, "consumerOffset.json persist period, ms", BROKER)
     clientChannelExpiredTimeout: int = _s(120000, "A consumer group member silent (no HEART_BEAT) for this long is dropped and its group told, ms", BROKER)
     rebalanceLockMaxLiveTime: int = _s(60000, "An orderly consumer's queue lock not renewed for this long may be taken by another member, ms", BROKER)
@@ -157,6 +161,7 @@ class Settings:
     actorMaxRestarts: int = _s(-1, "Times Ray restarts a dead service process; -1 = no limit (restarts back off instead). When a service cannot be restarted, the node exits non-zero", NODE)
     actorRestartBackoffMaxMillis: int = _s(30000, "A service that keeps dying (more than 3 starts in 10 s) waits before each restart, doubling from 0.5 s up to this; it starts afresh after 60 s up", NODE)
     processHangTimeoutMillis: int = _s(10000, "A service process whose loop has not turned for this long (a deadlock, SIGSTOP, a disk that never returns) is killed with SIGKILL, and Ray restarts it", NODE)
+    rayNode: str = _s("", "With --ray-address (a Ray cluster): the Ray node that hosts this node's processes, by node id (hex) or by a custom resource that node declares (ray start --resources); empty = the Ray node of the host mqnode start runs on. The store must be on that node's host", NODE)
     rayObjectStoreMemory: int = _s(80 * 1024 * 1024, "Object store of an embedded Ray, bytes (nothing large goes through it)", NODE)
     runDir: str = _s("", "Directory for the node's ipc sockets and pid files, private to the node's user (mode 0700; refused if another user owns it or others may enter it); empty means $XDG_RUNTIME_DIR/mqnode-<hash of the store path> when XDG_RUNTIME_DIR is set, else run/ inside the store", NODE)
 
@@ -176,6 +181,24 @@ class Settings:
     def reads_in_front(self) -> bool:
         """The front hosts the read service (node.server.topology): compact."""
         return self.topology == "compact"
+
+    @property
+    def is_slave(self) -> bool:
+        return self.brokerRole == "SLAVE"
+
+    @property
+    def ha_port(self) -> int:
+        """The ha-server's port: haListenPort, or the client port + 1 when left at its default
+        (RocketMQ's rule, applied to mqnode's `listen`)."""
+        if self.haListenPort != _DEFAULT_HA_PORT:
+            return self.haListenPort
+        return self.store_address[1] + 1
+
+    @property
+    def ha_master(self) -> tuple[str, int]:
+        """A slave's master HA address, `haMasterAddress` as host:port."""
+        host, _, port = self.haMasterAddress.rpartition(":")
+        return host.strip("[]"), int(port)
 
     @property
     def root(self) -> Path:
@@ -235,6 +258,7 @@ class SettingsError(ValueError):
 
 
 _DEFAULT_LISTEN_PORT = 10911
+_DEFAULT_HA_PORT = 10912
 _DEFAULT_BROKER_IP = "127.0.0.1"
 
 
@@ -265,6 +289,7 @@ FIELDS = {f.name: f for f in fields(Settings)}
 _CHOICES = {
     "flushDiskType": ("ASYNC_FLUSH", "SYNC_FLUSH"),
     "brokerRole": ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"),
+    "haProtocol": ("zmq", "rocketmq"),
     "topology": ("compact", "split"),
 }
 
@@ -358,9 +383,8 @@ def load(conf: str | Path | None = None, overrides: dict[str, object] | None = N
 NOT_IMPLEMENTED = {
     **dict.fromkeys(["enableScheduleMessageStats", "enableScheduleAsyncDeliver",
                      "scheduleAsyncDeliverMaxPendingLimit", "scheduleAsyncDeliverMaxResendNum2Blocked"], "the schedule service always re-puts asynchronously, in batches, with its own limits"),
-    **dict.fromkeys(["brokerRole", "haListenPort", "haSendHeartbeatInterval", "haHousekeepingInterval",
-                     "haTransferBatchSize", "haMasterAddress", "haSlaveFallbehindMax", "slaveTimeout",
-                     "duplicationEnable", "offsetCheckInSlave"], "replication is not built yet"),
+    "duplicationEnable": "a slave dispatches everything it has; there is no confirm offset",
+    "offsetCheckInSlave": "a slave answers pull offsets as a master does",
     **dict.fromkeys(["mappedFileSizeConsumeQueueExt", "bitMapLengthConsumeQueueExt"],
                     "ConsumeQueueExt is not supported"),
     **dict.fromkeys(["transientStorePoolSize", "fastFailIfNoBufferInStorePool"],
@@ -424,6 +448,23 @@ def validate(settings: Settings) -> None:
         raise SettingsError("metricsPort must be a port, 1..65535, or 0 (off)")
     if not settings.listen.startswith(("tcp://", "ipc://")):
         raise SettingsError(f"listen must be a tcp:// or ipc:// endpoint, not {settings.listen!r}")
+    _validate_ha(settings)
+
+
+def _validate_ha(settings: Settings) -> None:
+    if settings.brokerId < 0 or settings.whichBrokerWhenConsumeSlowly < 0:
+        raise SettingsError("brokerId and whichBrokerWhenConsumeSlowly must be >= 0")
+    if settings.is_slave:
+        if settings.brokerId == 0:
+            raise SettingsError("brokerRole = SLAVE needs brokerId >= 1 (0 is the master's)")
+        host, _, port = settings.haMasterAddress.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SettingsError(f"brokerRole = SLAVE needs haMasterAddress = host:port, not {settings.haMasterAddress!r}")
+    if not 0 < settings.ha_port < 65536:
+        raise SettingsError(f"haListenPort: {settings.ha_port} is not a port")
+    if min(settings.haSendHeartbeatInterval, settings.haHousekeepingInterval, settings.haTransferBatchSize,
+           settings.haSlaveFallbehindMax, settings.slaveTimeout) < 1:
+        raise SettingsError("the ha* intervals, haTransferBatchSize, haSlaveFallbehindMax and slaveTimeout must be >= 1")
 
 
 def _validate_cleaning(settings: Settings) -> None:

@@ -38,12 +38,21 @@ class AsyncPullConsumer:
     def __init__(self, endpoint: str, *, timeout: float = 5.0, context: zmq.Context | None = None,
                  credentials: Credentials | None = None):
         self.client = AsyncProducer(endpoint, timeout=timeout, retries=0, context=context, credentials=credentials)
+        self.options = {"timeout": timeout, "context": context, "credentials": credentials}
+        # read redirect (spec §10.1): the broker each queue is pulled from, as the last reply
+        # suggested (0: the master this consumer was given), and a client per other broker
+        self.pull_from: dict[tuple[str, int], int] = {}
+        self.brokers: dict[int, AsyncProducer] = {}
+        self.redirects = 0
 
     async def start(self) -> AsyncPullConsumer:
         await self.client.start()
         return self
 
     async def close(self) -> None:
+        for broker in self.brokers.values():
+            await broker.close()
+        self.brokers.clear()
         await self.client.close()
 
     async def __aenter__(self) -> AsyncPullConsumer:
@@ -68,7 +77,7 @@ class AsyncPullConsumer:
             header["consumerGroup"] = group
         if commit_offset is not None:  # the group's offset of this queue, committed by the pull itself
             header["commitOffset"] = commit_offset
-        reply, body = await self._ask(header, timeout=self.client.timeout + suspend_ms / 1000)
+        reply, body = await self._pull_where_suggested(topic, queue_id, header, self.client.timeout + suspend_ms / 1000)
         status = reply.get("status")
         if status not in ("FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"):
             raise SendError(status or "SYSTEM_ERROR", reply.get("remark", ""))
@@ -77,6 +86,44 @@ class AsyncPullConsumer:
         if tags is not None:  # the node filters by tag hash; the client checks the tags exactly
             messages = [m for m in messages if m.tags in tags]
         return PullResult(status, reply["nextBeginOffset"], reply["minOffset"], reply["maxOffset"], messages)
+
+    async def _pull_where_suggested(self, topic: str, queue_id: int, header: dict, timeout: float):
+        """A pull from the broker the last reply for this queue suggested (suggestWhichBrokerId:
+        a master sends consumers of data no longer in memory to a slave, the slave sends them back
+        once they read hot data). A slave that does not answer, or is not known in the topic's
+        brokerAddrs, sends the queue back to the master. Offsets are committed to the master."""
+        key = (topic, queue_id)
+        broker = self.pull_from.get(key, 0)
+        client = await self._broker(topic, broker) if broker else self.client
+        if client is not self.client:
+            commit = header.pop("commitOffset", None)
+            if commit is not None:
+                await self.commit(header["consumerGroup"], topic, queue_id, commit)
+            try:
+                reply, body = await client.request(header, timeout=timeout)
+            except SendError:
+                reply, body = {"status": "SYSTEM_ERROR"}, None
+            if reply.get("status") in ("SYSTEM_ERROR", "SYSTEM_BUSY", "SERVICE_NOT_AVAILABLE"):
+                self.pull_from[key] = 0  # the slave is gone or cannot serve: back to the master
+                return await self._pull_where_suggested(topic, queue_id, header, timeout)
+        else:
+            reply, body = await self._ask(header, timeout=timeout)
+        suggested = reply.get("suggestWhichBrokerId", 0)
+        if isinstance(suggested, int) and suggested != broker:
+            self.redirects += 1
+            self.pull_from[key] = suggested if suggested == 0 or await self._broker(topic, suggested) else 0
+        return reply, body
+
+    async def _broker(self, topic: str, broker_id: int) -> AsyncProducer | None:
+        """The client of `broker_id` from the topic's route (brokerAddrs), or None if unknown."""
+        client = self.brokers.get(broker_id)
+        if client is None:
+            reply, _ = await self._ask({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
+            endpoint = (reply.get("brokerAddrs") or {}).get(str(broker_id))
+            if not endpoint:
+                return None
+            client = self.brokers[broker_id] = AsyncProducer(endpoint, retries=0, **self.options)
+        return client
 
     async def pull_raw(self, topic: str, queue_id: int, offset: int, *, max_count: int = 32,
                        subscription: str = "*") -> tuple[str, int, int, int, bytes]:

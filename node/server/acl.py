@@ -41,7 +41,7 @@ RETRY_PREFIX = "%RETRY%"
 MIN_KEY_LENGTH = 6  # RocketMQ refuses shorter access and secret keys
 ADMIN_CODES = frozenset({protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER,
                          protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, protocol.DELETE_SUBSCRIPTIONGROUP,
-                         protocol.DELETE_EXPIRED_COMMITLOG})
+                         protocol.DELETE_EXPIRED_COMMITLOG, protocol.HA_ROLE})
 SEND_ONE = frozenset({protocol.SEND_MESSAGE, protocol.SEND_BATCH_MESSAGE})
 GROUP_ONLY = frozenset({protocol.CONSUMER_SEND_MSG_BACK, protocol.UNREGISTER_CLIENT, protocol.GET_CONSUMER_LIST_BY_GROUP,
                         protocol.LOCK_BATCH_MQ, protocol.UNLOCK_BATCH_MQ, protocol.GET_CONSUMER_CONNECTION_LIST})

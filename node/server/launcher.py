@@ -25,7 +25,6 @@ import dataclasses
 import importlib
 import logging
 import os
-import secrets
 import shutil
 import signal
 import stat
@@ -37,14 +36,16 @@ from pathlib import Path
 
 import orjson
 
-from node.server import supervision, topology
+from node.server import ray_setup, supervision, topology
 from node.server.supervision import heartbeat_slot, monotonic_ms
 from shm import settings as settings_module
 from shm.control_block import (
     FLAG_SHUTTING_DOWN,
     FLAG_WRITABLE,
+    ROLE_CODES,
     ControlBlock,
 )
+from shm.epochs import EpochFile
 from shm.recovery import recover
 from shm.settings import Settings
 from shm.store import MessageStore
@@ -60,26 +61,6 @@ def actor_class(kind: str) -> type:
     the services here: they import the server's tables, so the server names them instead)."""
     module, _, name = topology.ACTOR_CLASSES[kind].partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-def _normal_priority() -> None:
-    """Ray starts workers at nice 15 (for batch jobs); the node's actors serve requests and must
-    not lose the CPU to every other process. Lowering niceness needs privilege: best effort (an
-    embedded Ray is started with RAY_worker_niceness=0 anyway)."""
-    try:
-        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
-            os.setpriority(os.PRIO_PROCESS, 0, 0)
-    except OSError:
-        pass
-
-
-def _embedded_ray_token() -> None:
-    """Ray runs whatever code a peer sends it, and its gRPC servers listen on every interface:
-    the embedded Ray requires a token (Ray's token authentication), a fresh random one per start
-    unless the environment names one, known only to this process and the ones Ray starts."""
-    if not os.environ.get("RAY_AUTH_TOKEN") and not os.environ.get("RAY_AUTH_TOKEN_PATH"):
-        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    os.environ["RAY_AUTH_MODE"] = "token"
 
 
 IPC_PATH_MAX = 100  # sun_path holds 107 bytes; the longest endpoint adds "/arrivals"
@@ -121,7 +102,7 @@ class ActorHost:
     """A plain actor inside a Ray actor process (see the module docstring)."""
 
     def __init__(self, kind: str, settings_values: dict, kwargs: dict, label: str = ""):
-        _normal_priority()
+        ray_setup.normal_priority()
         settings = settings_module.load(None, settings_values)
         policy = supervision.RestartBackoff(settings.actorRestartBackoffMaxMillis / 1000)
         delay = supervision.record_start(settings.run_dir, label or kind, policy)
@@ -168,6 +149,7 @@ class Node:
         self.hosts: dict[str, object] = {}
         self.started_ray = False
         self.recovery_report = None
+        self.fenced_bytes = 0
         self.failure: str | None = None
         self.failed = threading.Event()
         self.watch_stopping = threading.Event()
@@ -192,13 +174,18 @@ class Node:
             self.stop()
             raise
         self.out(f"mqnode ready endpoint={s.listen} store={s.root} pid={os.getpid()} "
-                 f"recovery={self.recovery_report.mode} offset={recovered}", flush=True)
+                 f"recovery={self.recovery_report.mode} offset={recovered} role={s.brokerRole} "
+                 f"ha={s.haListenAddress}:{s.ha_port}", flush=True)
 
     def _recover(self) -> tuple[dict[str, int], int]:
         s = self.settings
         store = MessageStore(s, lock=False)
         try:
             self.recovery_report = recover(store)
+            if s.is_slave:  # before anything reads the log: cut what the master never had
+                from node.server import fencing
+
+                self.fenced_bytes = fencing.fence(s, store, self.out)
             store.rebuild_queue_offsets()
             store.flush_all()
             written = store.commitlog.offset_written
@@ -212,13 +199,17 @@ class Node:
         self.control.publish_recovered(written=written, flushed=written, dispatched=written,
                                        min_offset=min(min_offset, written))
         self.control.set_flag(FLAG_WRITABLE, True)
+        self.control.set("role", ROLE_CODES[s.brokerRole])
+        if not s.is_slave:  # a master's history begins with its first start (shm.epochs)
+            EpochFile(s.root).genesis(min(min_offset, written))
         return queue_offsets, written
 
     def _launch(self, queue_offsets: dict[str, int], recovered: int) -> None:
         embedded = not self.ray_address and "ray" not in sys.modules  # (a test's own Ray session: not ours)
         if embedded:  # before Ray is imported: it reads its authentication settings then
             os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet it starts
-            _embedded_ray_token()
+            os.environ.pop("RAY_ADDRESS", None)  # a cluster is joined only when --ray-address names it
+            ray_setup.embedded_ray_token()
         import ray
 
         from node.server import guard
@@ -232,10 +223,12 @@ class Node:
             if self.ray_address:
                 ray.init(address=self.ray_address, logging_level=logging.ERROR, log_to_driver=False)
             else:
-                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=s.rayObjectStoreMemory,
+                ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,  # never a cluster found
+                         object_store_memory=s.rayObjectStoreMemory,
                          logging_level=logging.ERROR, log_to_driver=False, _node_ip_address="127.0.0.1")
                 self.started_ray = True
         remote = ray.remote(ActorHost)
+        placement = ray_setup.placement(s) if self.ray_address else {}
         values = dataclasses.asdict(s)
         recovered_state = {"queue_offsets": queue_offsets, "recovered_offset": recovered}
         for process in topology.processes(s):
@@ -243,7 +236,7 @@ class Node:
             if "write" in process.services:  # the write core resumes from what recovery found
                 kwargs |= recovered_state
             self.hosts[process.label] = remote.options(
-                num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0, max_concurrency=4,
+                num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0, max_concurrency=4, **placement,
             ).remote(process.kind, values, kwargs, process.label)
         late = self._wait_ready()
         if late:
@@ -434,7 +427,8 @@ class Node:
         ingress = [label for label in self.hosts if label.startswith("ingress")]
         pulls = [label for label in self.hosts if label.startswith("pull")]
         front = ["front"] * ("front" in self.hosts)
-        rest = [label for label in ("writer", "dispatcher", "flush", "allocator") if label in self.hosts]
+        rest = [label for label in ("ha-client", "writer", "dispatcher", "flush", "allocator", "ha-server")
+                if label in self.hosts]
         if self.settings.front_writes:
             return ingress + pulls + front + rest
         return ingress + rest + pulls + front

@@ -85,3 +85,15 @@ def _worst(per_message: list[dict]) -> str:
         if r["status"] != "PUT_OK":
             return r["status"]
     return "PUT_OK"
+
+
+def downgraded(header: bytes, status: str) -> bytes:
+    """A stored send's reply with PUT_OK replaced by a weaker `status` (SLAVE_NOT_AVAILABLE:
+    stored on the master only), in the header and in each result."""
+    reply = orjson.loads(header)
+    if reply.get("status") == "PUT_OK":
+        reply["status"], reply["code"] = status, protocol.STATUS_CODES[status]
+    for result in reply.get("results") or []:
+        if result.get("status") == "PUT_OK":
+            result["status"] = status
+    return orjson.dumps(reply)

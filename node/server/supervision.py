@@ -36,8 +36,8 @@ RESTART_DEADLINE_S = 120.0
 
 log = logging.getLogger("mqnode")
 
-HEARTBEAT_SLOTS = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "clean": 5, "schedule": 6, "ingress": 8,
-                   "pull": 24}
+HEARTBEAT_SLOTS = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "clean": 5, "schedule": 6,
+                   "ha-server": 7, "ha-client": 88, "ingress": 8, "pull": 24}
 INSTANCED = ("ingress", "pull")  # services that run as several processes, labelled kind-i
 
 
@@ -49,6 +49,8 @@ def monotonic_ms() -> int:
 
 def heartbeat_slot(label: str) -> int:
     """The control block's heartbeat slot of the service process `label` ("front", "pull-3")."""
+    if label in HEARTBEAT_SLOTS:
+        return HEARTBEAT_SLOTS[label]
     kind, _, instance = label.partition("-")
     return HEARTBEAT_SLOTS.get(kind, 15) + (int(instance) if kind in INSTANCED and instance else 0)
 

@@ -11,6 +11,7 @@ processes `processes(settings)` lists, the supervisor watches exactly those, the
 compact (default: fewest hops a request, best on a couple of cores)
   front       router + ingress + write + group commit + read (pull hold)
   dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
+  ha-server   ha-server         ha-client  ha-client (a slave only)
 
 split (every service its own process; scales across cores)
   front       router
@@ -19,6 +20,7 @@ split (every service its own process; scales across cores)
   flush       group commit
   pull-i      read              (pullWorkers of them; 0 = one per core)
   dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
+  ha-server   ha-server         ha-client  ha-client (a slave only)
 ```
 """
 
@@ -40,13 +42,16 @@ SERVICES = {
     "allocate": "creates the next CommitLog segment and prefaults pages ahead of the writer",
     "schedule": "delivers delayed messages (levels) and timers when due (re-put through the write path); consumers' send-backs to %RETRY%/%DLQ%",
     "clean": "deletes expired CommitLog segments and the ConsumeQueue and index files below the min offset; disk-full flag",
+    "ha-server": "a master's HA endpoint: sends each following slave the CommitLog from where it stands, publishes its acks (SYNC_MASTER)",
+    "ha-client": "a slave's follower: appends its master's CommitLog byte for byte (the slave's CommitLog writer); promotion",
 }
 TOPOLOGIES = ("compact", "split")
 # the actor class of each process kind, by name (module:class), for the launcher
 ACTOR_CLASSES = {"front": "actors.front:Front", "ingress": "actors.ingress:Ingress", "writer": "actors.writer:Writer",
                  "flush": "actors.flush:Flush", "allocator": "actors.allocator:Allocator",
                  "dispatcher": "actors.dispatcher:Dispatcher", "pull": "actors.pull:Pull",
-                 "clean": "actors.clean:Clean", "schedule": "actors.schedule:Schedule"}
+                 "clean": "actors.clean:Clean", "schedule": "actors.schedule:Schedule",
+                 "ha-server": "actors.ha_server:HaServer", "ha-client": "actors.ha_client:HaClient"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,12 @@ class Process:
     instance: int = 0
 
 
+def ha_processes(settings) -> list[Process]:
+    """Every node serves HA (a slave's ha-server waits for a promotion); a slave also follows."""
+    follower = [Process("ha-client", "ha-client", ("ha-client",))] if settings.is_slave else []
+    return [Process("ha-server", "ha-server", ("ha-server",)), *follower]
+
+
 def processes(settings) -> list[Process]:
     """The node's processes in start order (the front last: the others' sockets exist then)."""
     if settings.topology == "compact":
@@ -64,6 +75,7 @@ def processes(settings) -> list[Process]:
                 Process("dispatcher", "dispatcher", ("dispatch",)),
                 Process("clean", "clean", ("clean",)),
                 Process("schedule", "schedule", ("schedule",)),
+                *ha_processes(settings),
                 Process("front", "front", ("router", "ingress", "write", "group commit", "read"))]
     ingress = settings.ingressWorkers
     pulls = settings.pullWorkers or min(os.cpu_count() or 1, MAX_PULL_WORKERS)
@@ -75,6 +87,7 @@ def processes(settings) -> list[Process]:
             Process("writer", "writer", ("write",) if ingress else ("ingress", "write")),
             *(Process(f"ingress-{i}", "ingress", ("ingress",), i) for i in range(ingress)),
             *(Process(f"pull-{i}", "pull", ("read",), i) for i in range(pulls)),
+            *ha_processes(settings),
             Process("front", "front", ("router",))]
 
 

@@ -221,7 +221,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
         GET_MAX_OFFSET,
         GET_ROUTEINFO_BY_TOPIC,
     )
-    from node.tools.cli_groups import group_view
+    from node.tools.cli_groups import group_view, reset_offsets
+    from node.tools.cli_ha import admin_ha
 
     # a manual clean takes up to 20 passes of 10 files with a pause between files
     timeout = args.timeout if args.timeout is not None else 120.0 if args.what == "clean" else 5.0
@@ -234,6 +235,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
                 schedule = (reply.get("actors") or {}).get("schedule") or {}
                 shown = {key: schedule.get(key) for key in ("levels", "timers", "sendBacks", "deadLetters", "waiting")}
+            elif args.what in ("ha", "role"):
+                reply, shown = admin_ha(client, args)
             elif args.what == "clean":
                 reply, _ = client.request({"code": DELETE_EXPIRED_COMMITLOG, "force": args.force})
                 shown = {key: reply.get(key) for key in ("count", "bytes", "stopped", "deleted")}
@@ -244,7 +247,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 table = reply.get("subscriptionGroupTable") or {}
                 shown = group_view(client, args.group, table.get(args.group)) if args.group else table
             elif args.what == "reset-offset":
-                reply, shown = _reset_offsets(client, args)
+                reply, shown = reset_offsets(client, args)
             elif args.what == "groups":
                 reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
                 shown = reply.get("subscriptionGroupTable")
@@ -308,52 +311,10 @@ def _given(header: dict, **fields) -> dict:
     return header | {name: value for name, value in fields.items() if value is not None}
 
 
-def _reset_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:
-    """`admin reset-offset`: each queue of the topic, the group's offset set to the first message
-    stored at or after --to-timestamp, or to the queue's first or last (as mqadmin
-    resetOffsetByTime does, through the queue requests a client has)."""
-    from node import protocol
-
-    if not (args.group and args.topic) or (args.to_timestamp is None) == (args.to is None):
-        raise SettingsError("admin reset-offset needs --group, --topic and one of --to-timestamp MS or --to first|last")
-    route, _ = client.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": args.topic})
-    if route.get("status") != "OK":
-        return route, {}
-    shown = {}
-    for queue in range(route["readQueueNums"]):
-        if args.to_timestamp is not None:
-            ask = {"code": protocol.SEARCH_OFFSET_BY_TIMESTAMP, "timestamp": args.to_timestamp}
-        else:
-            ask = {"code": protocol.GET_MIN_OFFSET if args.to == "first" else protocol.GET_MAX_OFFSET}
-        found, _ = client.request(ask | {"topic": args.topic, "queueId": queue})
-        if found.get("status") != "OK":
-            return found, shown
-        if args.to_timestamp is not None:
-            found["offset"] = _at_or_after(client, args.topic, queue, found["offset"], args.to_timestamp)
-        done, _ = client.request({"code": protocol.UPDATE_CONSUMER_OFFSET, "consumerGroup": args.group,
-                                  "topic": args.topic, "queueId": queue, "commitOffset": found["offset"]})
-        if done.get("status") != "OK":
-            return done, shown
-        shown[str(queue)] = found["offset"]
-    return route, {args.topic: shown}
-
-
 def _bool(text: str) -> bool:
     if text.lower() not in ("true", "false"):
         raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
     return text.lower() == "true"
-
-
-def _at_or_after(client, topic: str, queue: int, offset: int, timestamp: int) -> int:
-    """SEARCH_OFFSET_BY_TIMESTAMP gives the offset whose store time is nearest (RocketMQ's
-    rule); a reset to a time starts at the first message stored at or after it."""
-    from node import protocol
-    from shm.codec import Record, decode
-
-    reply, body = client.request({"code": protocol.PULL_MESSAGE, "topic": topic, "queueId": queue,
-                                  "queueOffset": offset, "maxMsgNums": 1})
-    record = decode(body, check_crc=False) if reply.get("status") == "FOUND" and body else None
-    return offset + 1 if isinstance(record, Record) and record.store_timestamp < timestamp else offset
 
 
 def add_credentials(parser: argparse.ArgumentParser) -> None:
@@ -448,10 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--max", type=int, default=32)
     query.set_defaults(handler=cmd_query)
     admin = commands.add_parser("admin", help="ask a running node: stats, topics, groups, offsets, a topic's route, "
-                                              "delays, or to clean; create, update or delete topics and groups; "
+                                              "delays, replication (ha), or to clean; promote a slave (role); create, update or delete topics and groups; "
                                               "reset a group's offsets")
     admin.add_argument("what", choices=["stats", "topics", "groups", "offsets", "topic", "group", "reset-offset", "clean",
-                                        "delays"])
+                                        "delays", "ha", "role"])
     admin.add_argument("action", nargs="?", choices=["create", "update", "delete"],
                        help="for `admin topic` and `admin group` (without: `admin topic` shows the topic's route)")
     admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
@@ -469,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_argument("--broadcast", type=_bool, help="admin group create|update: consumeBroadcastEnable, true|false")
     admin.add_argument("--to-timestamp", type=int, metavar="MS", help="admin reset-offset: to the first message stored at or after")
     admin.add_argument("--to", choices=["first", "last"], help="admin reset-offset: to each queue's first or last offset")
+    admin.add_argument("--role", choices=["ASYNC_MASTER", "SYNC_MASTER"],
+                       help="admin role: promote a slave (it stops following and takes sends), or switch a master")
     admin.add_argument("--force", action="store_true",
                        help="for `admin clean`: delete the oldest segments whatever their age (never the last)")
     admin.add_argument("--timeout", type=float, default=None, help="seconds to wait (default 5; 120 for clean)")

@@ -97,11 +97,18 @@ def test_broker_conf_style_and_overrides(tmp_path):
     assert (settings.flushDiskType, settings.mappedFileSizeCommitLog, settings.brokerIP1, settings.maxIndexNum) == (
         "SYNC_FLUSH", 65536, "10.0.0.5", 400)
     assert settings.fileReservedTime == 72  # omitted keys keep their defaults
-    conf.write_text("haSendHeartbeatInterval = 1234\n")  # accepted and ignored would mislead: refused by name
-    with pytest.raises(SettingsError, match="haSendHeartbeatInterval is not implemented by mqnode yet"):
+    conf.write_text("offsetCheckInSlave = true\n")  # accepted and ignored would mislead: refused by name
+    with pytest.raises(SettingsError, match="offsetCheckInSlave is not implemented by mqnode yet"):
         settings_module.load(conf)
-    default = settings_module.Settings().haSendHeartbeatInterval
-    assert settings_module.load(None, {"haSendHeartbeatInterval": str(default)}).haSendHeartbeatInterval == default
+    default = settings_module.Settings().offsetCheckInSlave
+    assert settings_module.load(None, {"offsetCheckInSlave": str(default).lower()}).offsetCheckInSlave == default
+    conf.write_text("brokerRole=SLAVE\nbrokerId=1\n")  # a slave needs its master
+    with pytest.raises(SettingsError, match="haMasterAddress"):
+        settings_module.load(conf)
+    conf.write_text("brokerRole=SLAVE\nhaMasterAddress=10.0.0.1:10912\n")
+    with pytest.raises(SettingsError, match="brokerId"):
+        settings_module.load(conf)
+    assert settings_module.load(None, {"listen": "tcp://127.0.0.1:20000"}).ha_port == 20001  # RocketMQ's rule
     conf.write_text("fileReservedTime = 0.5\ndeleteWhen = \"04;16\"\n")  # the clean service's: a fraction of an hour
     assert settings_module.load(conf).fileReservedTime == 0.5
     for bad in ({"deleteWhen": "24"}, {"fileReservedTime": "0"}, {"diskSpaceWarningLevelRatio": "90"}):

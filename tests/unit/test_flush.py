@@ -24,19 +24,19 @@ def _put_ok(opaque: int) -> bytes:
 def test_held_sends_are_answered_in_order_once_flushed_covers_them():
     waiting = Waiting(timeout_ms=5000)
     now = time.monotonic_ns()
-    waiting.add([(b"c%d" % i, now, 100 * (i + 1), _put_ok(i)) for i in range(5)])
+    waiting.add([(b"c%d" % i, now, 100 * (i + 1), _put_ok(i), 0) for i in range(5)])
     assert waiting.settle(flushed=99) == []
     assert [client for client, _, _ in waiting.settle(flushed=300)] == [b"c0", b"c1", b"c2"]
     assert len(waiting) == 2 and waiting.answered == 3
     replies = waiting.settle(flushed=500)
     assert [orjson.loads(h)["status"] for _, _, h in replies] == ["PUT_OK", "PUT_OK"]
-    assert waiting.statistics() == {"waiting": 0, "answered": 5, "flushDiskTimeouts": 0}
+    assert waiting.statistics() == {"waiting": 0, "answered": 5, "flushDiskTimeouts": 0, "flushSlaveTimeouts": 0}
 
 
 def test_a_send_held_past_the_sync_flush_timeout_gets_flush_disk_timeout():
     waiting = Waiting(timeout_ms=100)
     now = time.monotonic_ns()
-    waiting.add([(b"old", now - 200_000_000, 100, _put_ok(1)), (b"new", now, 200, _put_ok(2))])
+    waiting.add([(b"old", now - 200_000_000, 100, _put_ok(1), 0), (b"new", now, 200, _put_ok(2), 0)])
     (client, _, header), = waiting.settle(flushed=0)
     assert client == b"old" and orjson.loads(header)["status"] == "FLUSH_DISK_TIMEOUT"
     assert len(waiting) == 1 and waiting.timeouts == 1
@@ -45,11 +45,31 @@ def test_a_send_held_past_the_sync_flush_timeout_gets_flush_disk_timeout():
     assert len(waiting) == 0
 
 
+def test_sync_master_sends_wait_for_the_slave_and_time_out_as_flush_slave_timeout():
+    clock = MockClock()
+    waiting = Waiting(timeout_ms=3000, clock_ns=clock.ns)
+    # SYNC_MASTER with ASYNC_FLUSH: nothing to flush (0), offsets to replicate
+    waiting.add([(b"c%d" % i, clock.ns(), 0, _put_ok(i), 100 * (i + 1)) for i in range(3)])
+    assert waiting.settle(flushed=0, acked=150) and len(waiting) == 2  # the slave has the first
+    # SYNC_MASTER with SYNC_FLUSH: both must cover it
+    waiting.add([(b"both", clock.ns(), 400, _put_ok(9), 400)])
+    assert [c for c, _, _ in waiting.settle(flushed=10_000, acked=300)] == [b"c1", b"c2"]
+    assert waiting.settle(flushed=399, acked=400) == []
+    clock.now += 3.1
+    (client, _, header), = waiting.settle(flushed=0, acked=400)  # the disk was late: its status
+    assert client == b"both" and orjson.loads(header)["status"] == "FLUSH_DISK_TIMEOUT"
+    waiting.add([(b"slow", clock.ns(), 500, _put_ok(10), 500)])
+    clock.now += 3.1
+    (client, _, header), = waiting.settle(flushed=0, acked=0)  # both late: replication's status last
+    assert orjson.loads(header)["status"] == "FLUSH_SLAVE_TIMEOUT"
+    assert waiting.statistics()["flushSlaveTimeouts"] == 1 and waiting.statistics()["flushDiskTimeouts"] == 1
+
+
 def test_past_the_limit_the_oldest_held_sends_time_out_at_once(monkeypatch):
     monkeypatch.setattr(flush, "MAX_WAITING", 3)
     waiting = Waiting(timeout_ms=5000)
     now = time.monotonic_ns()
-    overflow = waiting.add([(b"c%d" % i, now, i + 1, _put_ok(i)) for i in range(5)])
+    overflow = waiting.add([(b"c%d" % i, now, i + 1, _put_ok(i), 0) for i in range(5)])
     assert [client for client, _, _ in overflow] == [b"c0", b"c1"]
     assert len(waiting) == 3
 
@@ -205,7 +225,7 @@ class MockClock:
 def test_held_sends_time_out_by_the_injected_clock_not_the_wall():
     clock = MockClock()
     waiting = Waiting(timeout_ms=5000, clock_ns=clock.ns)
-    waiting.add([(b"c%d" % i, clock.ns(), 100 * (i + 1), _put_ok(i)) for i in range(3)])
+    waiting.add([(b"c%d" % i, clock.ns(), 100 * (i + 1), _put_ok(i), 0) for i in range(3)])
     clock.now += 4.9
     assert waiting.settle(flushed=100) and len(waiting) == 2  # covered: PUT_OK; the rest still wait
     clock.now += 3600  # an hour of node time, no sleeping

@@ -100,7 +100,7 @@ def test_joined_replies_round_trip():
 
 
 def test_the_other_internal_frames_round_trip():
-    waits = [(b"\x00\x01client", 123, 4096, b'{"status":"PUT_OK"}')]
+    waits = [(b"\x00\x01client", 123, 4096, b'{"status":"PUT_OK"}', 8192)]
     assert waits_from_wire(waits_to_wire(waits)) == waits
     assert arrivals_from_wire(arrivals_to_wire({("TopicA", 3): 17})) == [("TopicA", 3, 17)]
 
@@ -155,7 +155,7 @@ def test_fast_fail_answers_sends_that_waited_too_long(tmp_path):
 
 
 def test_wait_false_and_flush_timeouts():
-    from actors.flush import _downgrade
+    from node.server.sendreply import downgraded
 
     settings = settings_module.load(None, {"storePathRootDir": "/nonexistent"})
     encoder = SendEncoder(settings)
@@ -164,12 +164,11 @@ def test_wait_false_and_flush_timeouts():
     add_request_atomic(encoder, pending, {"code": protocol.SEND_MESSAGES, "messages": messages}, b"x",
                        encoder.born_host(None), EncodedBatch())
     assert pending.wait is False  # answered at append, even under SYNC_FLUSH
-    header = orjson.loads(reply(pending, results(pending, [0], [0], encoder.store_host)))
-    _downgrade(header, "FLUSH_DISK_TIMEOUT")
+    header = orjson.loads(downgraded(reply(pending, results(pending, [0], [0], encoder.store_host)),
+                                     "FLUSH_DISK_TIMEOUT"))
     assert header["results"][0]["status"] == "FLUSH_DISK_TIMEOUT"
-    single = {"code": 0, "status": "PUT_OK"}
-    _downgrade(single, "FLUSH_DISK_TIMEOUT")
-    assert single == {"code": protocol.FLUSH_DISK_TIMEOUT, "status": "FLUSH_DISK_TIMEOUT"}
+    single = orjson.loads(downgraded(orjson.dumps({"code": 0, "status": "PUT_OK"}), "SLAVE_NOT_AVAILABLE"))
+    assert single == {"code": protocol.SLAVE_NOT_AVAILABLE, "status": "SLAVE_NOT_AVAILABLE"}
 
 
 @given(st.lists(st.sampled_from(["UNIQ_KEY", "\x01", "\x02", "A", "b", "UNIQ_KEY\x01X", "\x02UNIQ_KEY\x01"]),
@@ -340,8 +339,8 @@ def test_the_compact_reply_gives_each_send_what_the_full_reply_gives(refused_at)
     actor downgrades it. A refusal anywhere keeps the full form."""
     import asyncio
 
-    from actors.flush import _downgrade
     from node.client.producer import AsyncProducer
+    from node.server.sendreply import downgraded
 
     settings = settings_module.load(None, {"storePathRootDir": "/nonexistent"})
     encoder = SendEncoder(settings)
@@ -376,8 +375,8 @@ def test_the_compact_reply_gives_each_send_what_the_full_reply_gives(refused_at)
         assert compact["queueOffsets"] == [100, 101, 102, 103]
         assert len(orjson.dumps(compact)) < len(orjson.dumps(full)) / 2
     assert spread(compact) == spread(full)
-    for header in (compact, full):  # the flush actor downgrades a late SYNC_FLUSH reply in place
-        _downgrade(header, "FLUSH_DISK_TIMEOUT")
+    # the flush actor downgrades a late SYNC_FLUSH reply
+    compact, full = (orjson.loads(downgraded(orjson.dumps(h), "FLUSH_DISK_TIMEOUT")) for h in (compact, full))
     assert spread(compact) == spread(full)
     assert {r.status for r in spread(compact) if not isinstance(r, str)} == {"FLUSH_DISK_TIMEOUT"}
     outcomes = spread(compact)

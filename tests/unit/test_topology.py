@@ -18,8 +18,9 @@ def _settings(**values):
 
 def test_compact_puts_every_client_facing_service_in_the_front():
     processes = topology.processes(_settings())
-    assert [p.label for p in processes] == ["allocator", "dispatcher", "clean", "schedule", "front"]
-    assert set(topology.SERVICES) == {service for p in processes for service in p.services}
+    assert [p.label for p in processes] == ["allocator", "dispatcher", "clean", "schedule", "ha-server", "front"]
+    slave = topology.processes(_settings(brokerRole="SLAVE", brokerId=1, haMasterAddress="127.0.0.1:10912"))
+    assert set(topology.SERVICES) == {service for p in slave for service in p.services}
     assert topology.hosts(_settings())["write"] == ["front"] and topology.hosts(_settings())["read"] == ["front"]
 
 
@@ -30,7 +31,8 @@ def test_split_gives_every_service_a_process_and_scales_ingress_and_reads():
     assert [p.label for p in processes if p.kind == "ingress"] == ["ingress-0", "ingress-1"]
     assert [p.instance for p in processes if p.kind == "pull"] == [0, 1, 2]
     hosts = topology.hosts(_settings(topology="split", ingressWorkers=2, pullWorkers=3))
-    assert all(len(labels) == 1 for service, labels in hosts.items() if service not in ("ingress", "read"))
+    assert all(len(labels) == 1 for service, labels in hosts.items() if service not in ("ingress", "read", "ha-client"))
+    assert hosts["ha-client"] == []  # a master follows nobody
     assert hosts["router"] == ["front"] and hosts["group commit"] == ["flush"]
     # with no ingress workers the writer encodes: the topology says so
     assert topology.hosts(_settings(topology="split"))["ingress"] == ["writer"]
@@ -56,11 +58,12 @@ def test_workers_belong_to_the_split_topology():
 def test_architecture_md_names_the_declared_services_and_processes():
     text = (ROOT / "docs" / "architecture.md").read_text()
     table = text.split("## Services")[1].split("##")[0]
-    named = re.findall(r"^\| ([a-z ]+) \| ", table, re.MULTILINE)
-    assert set(named) - {"service"} == set(topology.SERVICES)
-    placement = re.findall(r"^\| (compact|split) \| ([a-z]+)[^|]* \| ([a-z ,]+)", text, re.MULTILINE)
-    for name, settings in (("compact", _settings()), ("split", _settings(topology="split", ingressWorkers=1))):
-        declared = {p.label.split("-")[0]: set(p.services) for p in topology.processes(settings)}
-        drawn = {process: {s.strip() for s in services.split("(")[0].split(",")}
+    named = re.findall(r"^\| ([a-z -]+) \| ", table, re.MULTILINE)
+    assert set(named) - {"service", "---"} == set(topology.SERVICES)
+    placement = re.findall(r"^\| (compact|split) \| ([a-z-]+)[^|]* \| ([a-z ,-]+)", text, re.MULTILINE)
+    slave = {"brokerRole": "SLAVE", "brokerId": 1, "haMasterAddress": "127.0.0.1:10912"}
+    for name, settings in (("compact", _settings(**slave)), ("split", _settings(topology="split", ingressWorkers=1, **slave))):
+        declared = {p.kind: set(p.services) for p in topology.processes(settings)}
+        drawn = {process.removesuffix("-i"): {s.strip() for s in services.split("(")[0].split(",")}
                  for top, process, services in placement if top == name}
         assert drawn == declared, (name, drawn, declared)

@@ -14,7 +14,7 @@ from actors.wire import send_meta
 from actors.writer import WriteCore
 from node import protocol
 from shm.codec import Record, decode
-from shm.control_block import ControlBlock
+from shm.control_block import ROLE_CODES, ControlBlock
 from shm.store import MessageStore
 
 
@@ -77,9 +77,31 @@ def test_sync_flush_sends_wait_for_the_disk(tmp_path):
     core, control, _, _ = _core(tmp_path, flushDiskType="SYNC_FLUSH")
     try:
         assert core.append_requests([_send(1), _send(2, WAIT="false")]) != []  # WAIT=false: answered at once
-        (client, arrival, flush_to, header), = core.take_waits()
-        assert client == b"client" and arrival > 0 and flush_to <= control.get("written")
+        (client, arrival, flush_to, header, replicate_to), = core.take_waits()
+        assert client == b"client" and arrival > 0 and flush_to <= control.get("written") and replicate_to == 0
         assert orjson.loads(header)["status"] == "PUT_OK"
+    finally:
+        core.close()
+        control.close()
+
+
+def test_sync_master_sends_wait_for_a_slave_that_follows_closely_enough(tmp_path):
+    core, control, _, _ = _core(tmp_path, haSlaveFallbehindMax=200)
+    control.set("role", ROLE_CODES["SYNC_MASTER"])
+    try:
+        (_, _, header), = core.append_requests([_send(1)])  # no slave follows: at once, stored anyway
+        assert orjson.loads(header)["status"] == "SLAVE_NOT_AVAILABLE" and core.take_waits() == []
+        control.set("ha_slaves", 1)
+        control.set("slave_acked", control.get("written"))
+        assert core.append_requests([_send(2)]) == []
+        (_, _, flush_to, header, replicate_to), = core.take_waits()
+        assert flush_to == 0 and replicate_to == control.get("written")  # ASYNC_FLUSH: only the slave
+        assert orjson.loads(header)["status"] == "PUT_OK"  # until the wait is settled
+        control.set("slave_acked", 0)  # the slave is ~270 bytes behind: more than haSlaveFallbehindMax
+        assert control.get("written") > 200
+        (_, _, header), = core.append_requests([_send(3)])
+        assert orjson.loads(header)["status"] == "SLAVE_NOT_AVAILABLE"
+        assert core.statistics()["slaveNotAvailable"] == 2
     finally:
         core.close()
         control.close()

@@ -1,0 +1,75 @@
+"""The front's part in replication (actors.front hosts it): what GET_BROKER_HA_STATUS and
+HA_ROLE are answered, the brokers GET_ROUTEINFO_BY_TOPIC lists, and on a slave its master's
+config files read as the ha-client writes them."""
+
+from __future__ import annotations
+
+import orjson
+
+from node import protocol
+from node.server.ha_status import ha_status
+from node.server.offsets import ConsumerOffsets, SubscriptionGroups
+from shm.control_block import ROLE_CODES
+
+
+class FrontReplication:
+    def __init__(self, settings, control, topics, groups, offsets):
+        self.settings = settings
+        self.control = control
+        self.topics, self.groups, self.offsets = topics, groups, offsets
+        self.config_seen: dict[str, tuple[int, int]] = {}  # a slave: the master's config files read
+
+    def is_slave(self) -> bool:
+        return self.control.get("role") == ROLE_CODES["SLAVE"]
+
+    def answer(self, request: protocol.Request, actor_stats: dict) -> list[bytes] | None:
+        """The reply frames of an HA request; None for a promotion, which the ha-client makes.
+        `admin ha` from what the HA processes reported; `admin role` on a master switches
+        between ASYNC_MASTER and SYNC_MASTER here."""
+        if request.code == protocol.GET_BROKER_HA_STATUS:
+            status = ha_status(self.settings, self.control, actor_stats)
+            return [orjson.dumps(protocol.reply_header(request.opaque, "OK", **status))]
+        role = request.header["role"]
+        if self.is_slave():
+            return protocol.error_reply(request.opaque, "OK", "already a slave") if role == "SLAVE" else None
+        if role == "SLAVE":
+            return protocol.error_reply(
+                request.opaque, "SYSTEM_ERROR", "a master becomes a slave by a restart with brokerRole = SLAVE and "
+                                                "haMasterAddress (its log is then fenced against its new master)")
+        self.control.set("role", ROLE_CODES[role])
+        return [orjson.dumps(protocol.reply_header(request.opaque, "OK", role=role))]
+
+    def brokers(self, actor_stats: dict) -> dict[str, str]:
+        """GET_ROUTEINFO_BY_TOPIC's brokerAddrs: brokerId -> client endpoint of this node, its
+        master (as its welcome said) or its slaves (as their hellos said)."""
+        s, slave = self.settings, self.is_slave()
+        brokers = {str(s.brokerId if slave else 0): s.listen}
+        for follower in actor_stats.get("ha-server", {}).get("slaves", []):
+            if follower.get("brokerId") is not None and follower.get("endpoint"):
+                brokers[str(follower["brokerId"])] = follower["endpoint"]
+        master = actor_stats.get("ha-client", {}).get("masterEndpoint")
+        if master and slave:
+            brokers["0"] = master
+        return dict(sorted(brokers.items()))
+
+    def follow_master_config(self) -> None:
+        """A slave: the topics, groups and consumer offsets its master has, as the ha-client
+        writes them, re-read when they change; the tables are updated in place (the router
+        holds them). Called once a second."""
+        config = self.settings.root / "config"
+        for name in ("topics.json", "subscriptionGroup.json", "consumerOffset.json"):
+            try:
+                info = (config / name).stat()
+            except OSError:
+                continue
+            version = (info.st_mtime_ns, info.st_size)
+            if self.config_seen.get(name) == version:
+                continue
+            self.config_seen[name] = version
+            if name == "topics.json":
+                self.topics.load()
+            elif name == "subscriptionGroup.json":
+                fresh = SubscriptionGroups(config)
+                self.groups.groups, self.groups.counter = fresh.groups, fresh.counter
+            else:
+                self.offsets.table, self.offsets.dirty = ConsumerOffsets(config).table, False

@@ -1,0 +1,370 @@
+"""ha-client: a slave's follower. It is the slave's CommitLog writer: it appends what its master
+sends, byte for byte, so the slave's log is a prefix of the master's; the slave's own dispatcher
+builds its ConsumeQueues and index from it.
+
+Two parts:
+- `Follower`, the log's side with no socket: raw bytes in at the end of the log; `written` is
+  published only at record boundaries (a transfer may cut a record in two; readers and the
+  dispatcher never see half a record), after a check that each record header is one (magic,
+  size within its segment). Bytes that are not records close the link and are zeroed: the
+  master sent garbage, and nothing of it is kept.
+- `HaClient`, the process: connects to `haMasterAddress` over the `haProtocol` link
+  (node.server.ha_link), reports its max offset after each append and every haSendHeartbeatInterval,
+  reconnects after haHousekeepingInterval of silence. It also takes `admin role` from the front
+  (the `ha-admin` socket): a promotion stops following, zeroes a cut record at the end, begins
+  the next epoch at the written end (shm.epochs) and switches the node's role in the control
+  block; the front then opens its write core, and this node's ha-server serves followers.
+
+Restart (kill -9): it resumes at the control block's `written` (what lay past it is zeroed, as
+the writer does) and asks its master for the rest.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import secrets
+import socket as pysocket
+import struct
+import time
+
+import orjson
+import zmq
+
+from actors.base import Actor, incoming, socket, wait_readable
+from actors.wire import pack_replies
+from actors.writer import dispatcher_wakes
+from node import protocol
+from node.server import ha_link
+from node.server.ha_link import REPORT, LinkError, SlaveSession, StreamDecoder
+from node.server.supervision import monotonic_ms
+from shm import epochs
+from shm.codec import BLANK_MAGIC, MESSAGE_MAGIC, MESSAGE_MAGIC_V2
+from shm.commitlog import CommitLog
+from shm.control_block import ROLE_CODES
+from shm.invariant import invariant
+
+log = logging.getLogger("mqnode")
+_HEAD = struct.Struct(">ii")
+MIN_RECORD = 91
+RECONNECT_MS = 1000
+MAX_ITEMS = 256  # link messages taken per turn
+MAX_WALK = 1 << 20  # record headers checked per append, at most
+
+
+class Follower:
+    """The slave's CommitLog, appended raw (see the module docstring)."""
+
+    def __init__(self, settings, control):
+        self.control = control
+        self.log = CommitLog(settings.commitlog_dir, settings.mappedFileSizeCommitLog)
+        self.log.segments.load()
+        written = control.get("written")
+        self.scrubbed = self.log.discard_after(written)  # a killed predecessor's unpublished bytes
+        self.log.segments.resume_at(written)
+        self.end = self.boundary = written
+        self.appended_bytes = 0
+
+    def append(self, offset: int, body) -> int:
+        """Place `body` at `offset` (the log's end), publish the record boundary it reaches;
+        returns the new end. LinkError when what arrived is not records (then nothing of it stays)."""
+        invariant(offset == self.end, (offset, self.end))
+        view, segments = memoryview(body), self.log.segments
+        while view:
+            segment = segments.last_writable(self.end)
+            invariant(segment.offset_start <= self.end < segment.offset_end, (self.end, segment.offset_start))
+            position = self.end - segment.offset_start
+            n = min(len(view), segment.size - position)
+            segment.write(position, view[:n])
+            segment.set_written(position + n)
+            self.end += n
+            view = view[n:]
+        self.appended_bytes += len(body)
+        self._publish()
+        return self.end
+
+    def _publish(self) -> None:
+        position, segments = self.boundary, self.log.segments
+        for _ in range(MAX_WALK):
+            if self.end - position < _HEAD.size:
+                break
+            segment = segments.find(position)
+            at = position - segment.offset_start
+            size, magic = _HEAD.unpack_from(segment.map, at)
+            if magic == BLANK_MAGIC:
+                if size != segment.size - at:
+                    return self._garbage(position, f"a blank of {size} bytes at {at} of a segment")
+            elif magic not in (MESSAGE_MAGIC, MESSAGE_MAGIC_V2) or size < MIN_RECORD or at + size > segment.size:
+                return self._garbage(position, f"no record header (size {size}, magic {magic & 0xFFFFFFFF:#x})")
+            if position + size > self.end:
+                break  # the rest of this record comes in the next transfer
+            position += size
+        if position > self.boundary:
+            self.boundary = position
+            self.control.advance("written", position)
+
+    def _garbage(self, position: int, why: str) -> None:
+        if position > self.boundary:  # the whole records before it stay
+            self.boundary = position
+            self.control.advance("written", position)
+        self.log.discard_after(self.boundary)
+        self.log.segments.resume_at(self.boundary)
+        self.end = self.boundary
+        raise LinkError(f"the master sent {why} at offset {position}: dropped, reconnecting")
+
+    def cut_tail(self) -> int:
+        """Promotion: zero a record cut in two at the end; the log ends at `written`."""
+        dropped = self.end - self.boundary
+        self.log.discard_after(self.boundary)
+        self.log.segments.resume_at(self.boundary)
+        self.end = self.boundary
+        return dropped
+
+    def close(self) -> None:
+        self.log.close()
+
+
+class HaClient(Actor):
+    name = "ha-client"
+
+    def open(self) -> None:
+        s = self.settings
+        self.follower: Follower | None = Follower(s, self.control) if self.control.get("role") == ROLE_CODES["SLAVE"] else None
+        self.epochs = epochs.EpochFile(s.root)
+        self.rocketmq = s.haProtocol == "rocketmq"
+        self.session: SlaveSession | None = None
+        self.link = None  # a zmq DEALER, or a TCP socket (rocketmq)
+        self.decoder = StreamDecoder()
+        self.next_connect_ms = 0
+        self.connects = self.link_errors = self.config_syncs = 0
+        self.last_error = ""
+        self.diverged = ""
+        self.master_endpoint = ""  # the master's client endpoint (its welcome says it)
+        self.wakes = dispatcher_wakes(self.context, self.endpoints)
+        self.admin = socket(self.context, zmq.PULL, hwm=100)
+        self.admin.connect(self.endpoints["ha-admin"])
+        self.replies = socket(self.context, zmq.PUSH, hwm=1000)
+        self.replies.connect(self.endpoints["replies"])
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def turn(self) -> None:
+        now = monotonic_ms()
+        following = self.follower is not None
+        if following and self.link is None and now >= self.next_connect_ms:
+            self._connect(now)
+        items = [(self.admin, zmq.POLLIN)]
+        if self.link is not None:  # (zmq_poll answers a plain socket by its descriptor)
+            items.append((self.link.fileno() if self.rocketmq else self.link, zmq.POLLIN))
+        ready = wait_readable(items, 50)
+        if self.admin in ready:
+            for frames in incoming(self.admin, 10):
+                self._admin(frames)
+        if self.link is not None and self.follower is not None:
+            try:
+                if self.rocketmq:
+                    if self.link.fileno() in ready:
+                        self._read(now)
+                elif self.link in ready or self.link.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    self._read(now)
+                self._report(monotonic_ms())
+                if self.session.expired(monotonic_ms()):
+                    raise LinkError("nothing heard from the master for haHousekeepingInterval")
+            except LinkError as e:
+                self._disconnect(str(e))
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EIO):
+                    raise  # the disk: fail-stop
+                self._disconnect(f"the link broke: {e}")
+
+    def _connect(self, now: int) -> None:
+        s = self.settings
+        host, port = s.ha_master
+        self.connects += 1
+        self.next_connect_ms = now + RECONNECT_MS
+        self.session = SlaveSession(s, self.follower.end, now, handshake=not self.rocketmq)
+        if self.rocketmq:
+            try:
+                link = pysocket.create_connection((host, port), timeout=1.0)
+            except OSError as e:
+                self.last_error = f"cannot connect to {host}:{port}: {e}"
+                return
+            link.setblocking(False)
+            self.decoder = StreamDecoder()
+            self.link = link
+            return
+        self.link = socket(self.context, zmq.DEALER, hwm=0)
+        self.link.setsockopt(zmq.ROUTING_ID, secrets.token_bytes(8))  # a fresh session each connect
+        self.link.setsockopt(zmq.RCVBUF, 4 * 1024 * 1024)
+        self.link.connect(f"tcp://{host}:{port}")
+        self.link.send(self.session.hello(s.brokerId, self.epochs.entries, s.listen))
+
+    def _disconnect(self, why: str) -> None:
+        self.link_errors += 1
+        self.last_error = why
+        log.warning("ha-client: link to %s closed: %s", self.settings.haMasterAddress, why)
+        self._close_link()
+
+    def _close_link(self) -> None:
+        if self.link is not None:
+            if self.rocketmq:
+                self.link.close()
+            else:
+                try:
+                    self.link.send(ha_link.BYE, zmq.NOBLOCK)  # bye: the master drops the session at once
+                except zmq.ZMQError:
+                    pass
+                self.link.close(0)
+        self.link, self.session = None, None
+
+    def _read(self, now: int) -> None:
+        if self.rocketmq:
+            for _ in range(64):
+                try:
+                    data = self.link.recv(1 << 20)
+                except BlockingIOError:
+                    break
+                if not data:
+                    raise LinkError("the master closed the connection")
+                self.decoder.feed(data)
+                for offset, body in self.decoder.transfers():
+                    self._transfer(offset, body, now)
+            return
+        for _ in range(MAX_ITEMS):
+            try:
+                message = self.link.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._message(message.buffer, now)
+
+    def _message(self, data: memoryview, now: int) -> None:
+        kind = bytes(data[:1])
+        if kind == ha_link.DATA and len(data) >= 1 + REPORT.size:
+            offset = REPORT.unpack_from(data, 1)[0]
+            self._transfer(offset, data[1 + REPORT.size:], now)
+        elif kind == ha_link.WELCOME:
+            try:
+                history = self.session.on_welcome(bytes(data[1:]), now)
+            except LinkError as e:
+                self.diverged = str(e)
+                raise
+            self.epochs.adopt(history)
+            self.diverged = ""
+        elif kind == ha_link.CONFIG:
+            name, content = ha_link.parse_config(data[1:])
+            write_config(self.settings.root / "config" / name, content)
+            self.config_syncs += 1
+        elif kind == ha_link.REFUSED:
+            reason = bytes(data[1:]).decode("utf-8", "replace")
+            if "drop" in reason or "shares no epoch" in reason:
+                self.diverged = reason
+            raise LinkError(f"the master refused: {reason}")
+        else:
+            raise LinkError(f"an unknown message from the master ({bytes(data[:1])!r}, {len(data)} bytes)")
+
+    def _transfer(self, offset: int, body, now: int) -> None:
+        if self.session.on_data(offset, len(body), now):
+            if self.follower.end == 0 and offset > 0:
+                self._start_empty_at(offset)
+            self.session.appended(self.follower.append(offset, body))
+            self.session.master_end = max(self.session.master_end, offset + len(body))
+            self._wake_dispatcher()
+        else:
+            self.session.master_end = max(self.session.master_end, offset)
+
+    def _start_empty_at(self, offset: int) -> None:
+        """An empty slave's first transfer starts past 0 (the master's first segment, or its
+        last on the RocketMQ link): its log begins at that segment."""
+        invariant(offset % self.settings.mappedFileSizeCommitLog == 0, offset)
+        follower = self.follower
+        follower.end = follower.boundary = offset
+        self.control.set("min_offset", offset)  # (the clean service's slot: it has deleted nothing yet)
+        self.control.advance("written", offset)
+        self.control.advance("dispatched", offset)
+        segments = follower.log.segments
+        for stray in [f for f in segments.files if f.offset_start < offset]:  # empty: made before the log had a start
+            segments.files.remove(stray)
+            stray.close()
+        for stray in segments.segment_paths():
+            if int(stray.name) < offset:
+                stray.unlink(missing_ok=True)
+
+    def _report(self, now: int) -> None:
+        if self.session is not None and self.session.report_due(now):
+            report = self.session.report(now)
+            if self.rocketmq:
+                self.link.send(report)  # 8 bytes: a non-blocking socket takes them or raises
+            else:
+                self.link.send(ha_link.REPORT_KIND + report, zmq.NOBLOCK)
+
+    def _wake_dispatcher(self) -> None:
+        try:
+            self.wakes.send(b"", zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    # -- admin role -----------------------------------------------------------------------------------
+
+    def _admin(self, frames: list[bytes]) -> None:
+        client, meta, header_raw, _ = frames  # the front's own frames
+        header = orjson.loads(header_raw)
+        arrival = orjson.loads(meta)["t"]
+        reply = self._promote(header)
+        self.replies.send(pack_replies([(client, -arrival, orjson.dumps(reply))]))
+
+    def _promote(self, header: dict) -> dict:
+        role = header.get("role")
+        opaque = header.get("opaque")
+        if role not in ("ASYNC_MASTER", "SYNC_MASTER"):
+            return protocol.reply_header(opaque, "SYSTEM_ERROR", f"a slave can be promoted to ASYNC_MASTER or "
+                                                                 f"SYNC_MASTER, not {role!r}")
+        if self.follower is None:
+            self.control.set("role", ROLE_CODES[role])
+            return protocol.reply_header(opaque, "OK", role=role, epoch=self.epochs.current)
+        began = time.monotonic()
+        self._close_link()
+        dropped = self.follower.cut_tail()
+        written = self.control.get("written")
+        epoch = self.epochs.begin(written)
+        self.follower.close()
+        self.follower = None
+        self.control.set("role", ROLE_CODES[role])  # last: the front opens its write core on seeing it
+        log.warning("ha-client: promoted to %s at offset %d, epoch %d", role, written, epoch.epoch)
+        return protocol.reply_header(opaque, "OK", role=role, epoch=epoch.epoch, offset=written,
+                                     droppedBytes=dropped, tookMs=round((time.monotonic() - began) * 1000, 1))
+
+    # -- statistics ------------------------------------------------------------------------------------
+
+    def statistics(self) -> dict:
+        stats = super().statistics()
+        if not hasattr(self, "epochs"):
+            return stats
+        session, follower = self.session, self.follower
+        master_end = session.master_end if session is not None else 0
+        own = follower.end if follower is not None else self.control.get("written")
+        if session is not None and session.master_endpoint:
+            self.master_endpoint = session.master_endpoint
+        return stats | {"master": self.settings.haMasterAddress, "masterEndpoint": self.master_endpoint,
+                        "protocol": self.settings.haProtocol,
+                        "following": follower is not None, "connected": bool(session and session.welcomed),
+                        "epoch": self.epochs.current, "masterOffset": master_end, "offset": own,
+                        "written": self.control.get("written"), "lagBytes": max(0, master_end - own),
+                        "receivedBytes": follower.appended_bytes if follower is not None else 0,
+                        "connects": self.connects, "configSyncs": self.config_syncs, "linkErrors": self.link_errors, "lastError": self.last_error,
+                        "diverged": self.diverged, "scrubbedBytes": follower.scrubbed if follower else 0}
+
+    def close(self) -> None:
+        if getattr(self, "link", None) is not None:
+            self._close_link()
+        if getattr(self, "follower", None) is not None:
+            self.follower.close()
+        super().close()
+
+
+def write_config(path, content: bytes) -> None:
+    """A config file as the master has it, replaced whole (the slave's front re-reads it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".ha.tmp")
+    with open(temporary, "wb") as out:
+        out.write(content)
+    temporary.replace(path)

@@ -1,0 +1,31 @@
+"""`mqnode admin ha` (GET_BROKER_HA_STATUS): the node's replication as one JSON object, from the
+control block and what the ha-server and ha-client processes last reported (once a second).
+
+A master: role, epoch, its written offset, and per following slave its brokerId, client
+endpoint, acked offset, lag in bytes and ms, bytes sent; the transfer rate. A slave: its
+master, the master's offset as last heard, its own, the lag, whether it is connected (and a
+divergence that needs a restart to cut).
+"""
+
+from __future__ import annotations
+
+from shm.control_block import ROLE_NAMES
+
+
+def ha_status(settings, control, actor_stats: dict[str, dict]) -> dict:
+    server = actor_stats.get("ha-server", {})
+    client = actor_stats.get("ha-client", {})
+    role = ROLE_NAMES.get(control.get("role"), "UNKNOWN")
+    status = {"role": role, "brokerId": settings.brokerId, "brokerName": settings.brokerName,
+              "protocol": settings.haProtocol, "epoch": server.get("epoch", client.get("epoch", -1)),
+              "haListen": server.get("listen", f"{settings.haListenAddress}:{settings.ha_port}"),
+              "written": control.get("written"), "slaveAcked": control.get("slave_acked"),
+              "slavesFollowing": control.get("ha_slaves")}
+    if role != "SLAVE":
+        status |= {"slaves": server.get("slaves", []), "transferBytesPerSecond": server.get("transferBytesPerSecond", 0),
+                   "bound": server.get("bound", False), "bindError": server.get("bindError", "")}
+    if client:
+        status["follower"] = {key: client.get(key) for key in (
+            "master", "masterEndpoint", "following", "connected", "masterOffset", "offset", "written", "lagBytes",
+            "lagMs", "receivedBytes", "connects", "linkErrors", "lastError", "diverged")}
+    return status

@@ -1,0 +1,459 @@
+"""Replication end to end: real `mqnode start` masters and slaves (each with its own embedded Ray,
+so kill -9 can take a whole node), real ZeroMQ and TCP links on 127.0.0.1, real files.
+
+The slave's CommitLog must always be a byte-identical prefix of its master's, its store must
+verify clean, and under SYNC_MASTER no acknowledged send may be lost, across kills, a cut link
+and a failover."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import orjson
+import pytest
+import zmq
+from golden import GOLDEN_SETTINGS, GOLDEN_STORE, manifest
+from nodes import ROOT, NodeProcess, free_port, node_settings
+
+from node import protocol
+from node.client import AsyncProducer, Producer, PullConsumer, SendError
+from node.server.ha_link import HEADER, REPORT
+from shm.control_block import peek
+from shm.epochs import EpochFile
+from shm.mapped_file import file_name
+from shm.verify import verify_store
+
+pytestmark = pytest.mark.slow
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
+        time.sleep(0.05)
+
+
+def control(settings, name: str) -> int:
+    return peek(settings.root, name)
+
+
+def log_bytes(settings, start: int, end: int) -> bytes:
+    """The CommitLog's bytes [start, end) as the files hold them."""
+    size, out = settings.mappedFileSizeCommitLog, bytearray()
+    at = start
+    while at < end:
+        segment = at - at % size
+        with open(settings.commitlog_dir / file_name(segment), "rb") as f:
+            f.seek(at - segment)
+            out += f.read(min(end, segment + size) - at)
+        at = segment + size
+    return bytes(out)
+
+
+def assert_prefix(slave, master) -> int:
+    """The slave's CommitLog is byte for byte the master's, from the slave's first byte to its end."""
+    end = control(slave, "written")
+    start = control(slave, "min_offset")
+    assert end > start and log_bytes(slave, start, end) == log_bytes(master, start, end)
+    return end
+
+
+def caught_up(slave, master) -> bool:
+    return control(slave, "written") == control(master, "written") > 0 and \
+        control(slave, "dispatched") == control(slave, "written")
+
+
+def master_settings(directory, **overrides):
+    return node_settings(directory / "master", haListenPort=free_port(), **overrides)
+
+
+def slave_settings(directory, master, **overrides):
+    values = {"brokerRole": "SLAVE", "brokerId": 1, "haMasterAddress": f"127.0.0.1:{master.ha_port}",
+              "haListenPort": free_port()} | overrides
+    return node_settings(directory / "slave", **values)
+
+
+def cli(*args: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return orjson.loads(done.stdout)
+
+
+def send_many(endpoint: str, count: int, topic: str = "Ha", *, keys: bool = True) -> list:
+    async def run():
+        async with AsyncProducer(endpoint, timeout=10.0, retries=0) as producer:
+            return await asyncio.gather(*[producer.send(topic, f"message-{i}".encode() * 20,
+                                                        keys=[f"k{i}"] if keys else None) for i in range(count)])
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """An ASYNC_MASTER that sends consumers of cold data to its slave (a ratio of 0: all is cold),
+    and its slave, which sends them back (its default ratio: all of it is hot)."""
+    directory = tmp_path_factory.mktemp("pair")
+    master = master_settings(directory, slaveReadEnable=True, accessMessageInMemoryMaxRatio=0)
+    slave = slave_settings(directory, master, slaveReadEnable=True)
+    nodes = [NodeProcess(master, directory / "master.log").start(), NodeProcess(slave, directory / "slave.log").start()]
+    yield master, slave
+    for node in reversed(nodes):
+        node.stop(strict=False)
+
+
+def test_a_slave_follows_byte_for_byte_and_serves_reads(pair):
+    master, slave = pair
+    results = send_many(master.listen, 600)
+    with Producer(master.listen) as producer:
+        producer.send_batch("HaBatch", [f"b{i}".encode() for i in range(50)])
+    wait_until(lambda: caught_up(slave, master), what="the slave to catch up")
+    assert_prefix(slave, master)
+    with PullConsumer(slave.listen) as consumer:
+        for queue in range(8):
+            assert consumer.max_offset("Ha", queue) == PullConsumer(master.listen).max_offset("Ha", queue)
+        found = consumer.pull("Ha", results[0].queue_id, results[0].queue_offset)
+        assert found.status == "FOUND" and found.messages[0].body == b"message-0" * 20
+        assert [m.body for m in consumer.query("Ha", "k7")] == [b"message-7" * 20]
+
+
+def test_a_slave_refuses_sends_naming_its_master(pair):
+    master, slave = pair
+    with Producer(slave.listen, retries=0) as producer:
+        with pytest.raises(SendError) as refused:
+            producer.send("Ha", b"never stored")
+    assert refused.value.status == "SERVICE_NOT_AVAILABLE" and f"127.0.0.1:{master.ha_port}" in refused.value.remark
+
+
+def test_admin_ha_shows_both_ends_and_the_route_lists_both_brokers(pair):
+    master, slave = pair
+    send_many(master.listen, 10)
+    wait_until(lambda: caught_up(slave, master))
+    shown = cli("admin", "ha", "--endpoint", master.listen)
+    assert shown["role"] == "ASYNC_MASTER" and shown["epoch"] == 0 and shown["slavesFollowing"] == 1
+
+    def settled():
+        follower = cli("admin", "ha", "--endpoint", master.listen)["slaves"][0]
+        return follower["ackedOffset"] == control(master, "written") and follower["lagBytes"] == 0
+    wait_until(settled, 10)
+    follower = cli("admin", "ha", "--endpoint", master.listen)["slaves"][0]
+    assert follower["brokerId"] == 1 and follower["endpoint"] == slave.listen and follower["lagMs"] == 0
+    on_slave = cli("admin", "ha", "--endpoint", slave.listen)
+    assert on_slave["role"] == "SLAVE" and on_slave["follower"]["connected"] is True
+    assert on_slave["follower"]["master"] == f"127.0.0.1:{master.ha_port}"
+    assert on_slave["follower"]["masterEndpoint"] == master.listen and on_slave["follower"]["lagBytes"] == 0
+    route = cli("admin", "topic", "--topic", "Ha", "--endpoint", master.listen)
+    assert route["brokerAddrs"] == {"0": master.listen, "1": slave.listen}
+
+
+def test_consumer_offsets_and_topics_follow_the_master(pair):
+    master, slave = pair
+    with PullConsumer(master.listen) as consumer:
+        consumer.commit("HaGroup", "Ha", 3, 42)
+    with Producer(master.listen) as producer:
+        producer.request({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": "HaMade", "readQueueNums": 2,
+                          "writeQueueNums": 2, "perm": 6})
+
+    def synced():
+        with PullConsumer(slave.listen) as on_slave:
+            return on_slave.committed("HaGroup", "Ha", 3) == 42
+    wait_until(synced, 20, "the offset on the slave")  # the master persists every 5 s, ships within 1 s
+    assert "HaMade" in cli("admin", "topics", "--endpoint", slave.listen)
+
+
+def test_a_consumer_of_cold_data_reads_from_the_slave_and_comes_back(pair):
+    master, slave = pair
+    send_many(master.listen, 200, "HaRedirect", keys=False)
+    wait_until(lambda: caught_up(slave, master))
+    served_before = _pulls_served(slave)
+    with PullConsumer(master.listen) as consumer:
+        got = [m.body for m in consumer.consume("HaRedirect", "HaRedirectGroup", start="first", idle_timeout=2,
+                                                limit=200)]
+        assert sorted(got) == sorted(f"message-{i}".encode() * 20 for i in range(200))  # each once
+        # the master said "slave" (all cold at ratio 0), the slave said "master" (all hot): both served
+        assert consumer.inner.redirects >= 2 and _pulls_served(slave) > served_before
+        assert consumer.committed("HaRedirectGroup", "HaRedirect", 0) is not None  # committed to the master
+
+
+def _pulls_served(settings) -> int:
+    with Producer(settings.listen) as producer:
+        reply, _ = producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+    front = reply["actors"]["front"]
+    return front["reads"]["found"]
+
+
+def test_garbage_on_the_ha_port_changes_nothing_stored(pair):
+    master, slave = pair
+    send_many(master.listen, 5)
+    wait_until(lambda: caught_up(slave, master))
+    written = control(master, "written")
+    history = EpochFile(master.root).as_wire()
+    context = zmq.Context.instance()
+    attempts = [b"\x00garbage", b"Hnot json", b"R" + REPORT.pack(5),
+                b"H" + orjson.dumps({"brokerId": 2, "maxOffset": 100, "epochs": [[0, 0, "f" * 16]]}),  # another history
+                b"H" + orjson.dumps({"brokerId": 2, "maxOffset": written + 10**6, "epochs": history}),  # past the end
+                b"H" + orjson.dumps({"brokerId": 1, "maxOffset": 0, "epochs": history})]  # the live slave's id
+    refused_before = cli("admin", "stats", "--endpoint", master.listen)["actors"]["ha-server"]["refused"]
+    for attempt in attempts:
+        link = context.socket(zmq.DEALER)
+        link.setsockopt(zmq.LINGER, 0)
+        link.connect(f"tcp://127.0.0.1:{master.ha_port}")
+        link.send(attempt)
+        assert link.poll(5000), attempt
+        assert link.recv()[:1] == b"X", attempt  # refused, with the reason
+        link.close(0)
+
+    def stats() -> dict:  # (each process reports once a second)
+        return cli("admin", "stats", "--endpoint", master.listen)["actors"]["ha-server"]
+    wait_until(lambda: stats()["refused"] - refused_before == len(attempts), 10, "the refusals counted")
+    assert "brokerId 1" in stats()["lastError"]
+    with socket.create_connection(("127.0.0.1", master.ha_port)) as raw:  # not even ZeroMQ
+        raw.sendall(b"GET / HTTP/1.0\r\n\r\n" * 100)
+    assert control(master, "written") == written  # nothing stored changed
+    send_many(master.listen, 5)  # and the master serves, the slave follows
+    wait_until(lambda: caught_up(slave, master))
+    assert cli("admin", "ha", "--endpoint", master.listen)["slavesFollowing"] == 1
+
+
+def test_sync_master_answers_once_the_slave_has_the_bytes(tmp_path):
+    master = master_settings(tmp_path, brokerRole="SYNC_MASTER", flushDiskType="SYNC_FLUSH", syncFlushTimeout=1500)
+    slave = slave_settings(tmp_path, master)
+    master_node = NodeProcess(master, tmp_path / "master.log").start()
+    try:
+        assert send_many(master.listen, 1)[0].status == "SLAVE_NOT_AVAILABLE"  # no slave yet: at once, stored
+        slave_node = NodeProcess(slave, tmp_path / "slave.log").start()
+        wait_until(lambda: control(master, "ha_slaves") == 1)
+        results = send_many(master.listen, 300)
+        assert {r.status for r in results} == {"PUT_OK"}
+        with Producer(slave.listen) as on_slave:  # each acknowledged record is on the slave already
+            for result in results[-20:]:
+                reply, body = on_slave.request({"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": result.offset_msg_id})
+                assert reply["status"] == "OK" and body, result
+        slave_node.kill_all()
+        statuses = [send_many(master.listen, 1)[0].status for _ in range(3)]
+        assert statuses[-1] == "SLAVE_NOT_AVAILABLE" and set(statuses) <= {"FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"}
+    finally:
+        master_node.stop(strict=False)
+
+
+class Load:
+    """Concurrent senders in a thread until stopped, each at most PER_SENDER a second (a few
+    thousand a second in all: enough to cut transfers anywhere, few enough to verify quickly):
+    every acknowledged offsetMsgId and status."""
+
+    PER_SENDER = 200
+
+    def __init__(self, endpoint: str, senders: int = 16):
+        self.endpoint, self.senders = endpoint, senders
+        self.acked: dict[str, str] = {}
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        async with AsyncProducer(self.endpoint, timeout=5.0, retries=0) as producer:
+            async def sender(k: int) -> None:
+                i = 0
+                while not self.stop_event.is_set():
+                    i += 1
+                    try:
+                        result = await producer.send("HaLoad", f"{k}-{i}".encode() * 30)
+                        self.acked[result.offset_msg_id] = result.status
+                    except SendError:
+                        await asyncio.sleep(0.05)
+                    await asyncio.sleep(1 / self.PER_SENDER)
+            await asyncio.gather(*[sender(k) for k in range(self.senders)])
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        self.thread.join(30)
+
+
+def test_a_slave_catches_up_after_every_kind_of_fault(tmp_path):
+    master = master_settings(tmp_path)
+    slave = slave_settings(tmp_path, master)
+    master_node = NodeProcess(master, tmp_path / "master.log").start()
+    send_many(master.listen, 3000, keys=False)  # ~3 segments before the slave exists
+    slave_node = NodeProcess(slave, tmp_path / "slave.log").start()
+    try:
+        wait_until(lambda: caught_up(slave, master), 60, "an empty slave to catch up")
+        with Load(master.listen):
+            time.sleep(0.5)
+            slave_node.actor_process("ha-client").kill()  # the link cut by the follower's death
+            time.sleep(1.5)
+            master_node.actor_process("ha-server").kill()  # ... by the master side's
+            time.sleep(1.5)
+            slave_node.kill_all()  # the slave's whole node
+            slave_node.start()
+            time.sleep(1.0)
+        wait_until(lambda: caught_up(slave, master), 60, "the slave after the kills")
+        assert_prefix(slave, master)
+        master_node.kill_all()  # the master's whole node, under no load
+        master_node.start()
+        with Load(master.listen):
+            time.sleep(1.0)
+        wait_until(lambda: caught_up(slave, master), 60, "the slave after the master's restart")
+        assert_prefix(slave, master)
+    finally:
+        slave_node.stop(strict=False)
+        master_node.stop(strict=False)
+    report = verify_store(slave)
+    assert report.ok, report.faults
+
+
+def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(tmp_path):
+    """SYNC_MASTER M, slave S. S dies; M goes on alone (SLAVE_NOT_AVAILABLE: stored on M only),
+    then dies too. S is promoted: every send M answered PUT_OK is on S. M comes back as S's
+    slave: the tail S never had is cut, and M's log is S's."""
+    m = master_settings(tmp_path, brokerRole="SYNC_MASTER", syncFlushTimeout=1500)
+    s = slave_settings(tmp_path, m)
+    m_node, s_node = NodeProcess(m, tmp_path / "m.log").start(), NodeProcess(s, tmp_path / "s.log").start()
+    wait_until(lambda: control(m, "ha_slaves") == 1)
+    with Load(m.listen) as load:
+        wait_until(lambda: len(load.acked) > 500, 30)
+        s_node.kill_all()
+        wait_until(lambda: "SLAVE_NOT_AVAILABLE" in load.acked.values(), 30)
+    acknowledged = {msg_id for msg_id, status in load.acked.items() if status == "PUT_OK"}
+    alone = {msg_id for msg_id, status in load.acked.items() if status == "SLAVE_NOT_AVAILABLE"}
+    m_node.kill_all()
+
+    s_node.start()  # its master is gone: it starts anyway, and waits to be promoted
+    began = time.monotonic()
+    promoted = cli("admin", "role", "--role", "ASYNC_MASTER", "--endpoint", s.listen)
+    wait_until(lambda: _sends(s.listen), 10, "the promoted slave to take sends")
+    took = time.monotonic() - began
+    assert promoted["epoch"] == 1 and took < 5  # (the figure: scripts/bench-ha)
+    with Producer(s.listen) as on_s:
+        for msg_id in acknowledged:
+            reply, _ = on_s.request({"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": msg_id})
+            assert reply["status"] == "OK", msg_id
+    send_many(s.listen, 100, "AfterFailover", keys=False)
+
+    old_end = control(m, "written")
+    m_slave = node_settings(m.root.parent, brokerRole="SLAVE", brokerId=1, haMasterAddress=f"127.0.0.1:{s.ha_port}",
+                            haListenPort=m.haListenPort, storePathRootDir=str(m.root), listen=m.listen,
+                            listenPort=m.listenPort, runDir=m.runDir)
+    m_node = NodeProcess(m_slave, tmp_path / "m.log").start()
+    try:
+        text = (tmp_path / "m.log").read_text()
+        assert "mqnode fencing: dropped" in text and old_end > promoted["offset"]
+        wait_until(lambda: caught_up(m_slave, s), 60, "the old master to follow the new one")
+        assert_prefix(m_slave, s)
+        with Producer(m_slave.listen) as on_m:
+            for msg_id in list(alone)[:20]:  # what only the old master had is gone
+                reply, _ = on_m.request({"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": msg_id})
+                assert reply["status"] != "OK" or msg_id in acknowledged
+        assert [e.epoch for e in EpochFile(m_slave.root).entries] == [0, 1]
+    finally:
+        m_node.stop(strict=False)
+        s_node.stop(strict=False)
+    report = verify_store(m_slave)
+    assert report.ok, report.faults
+
+
+def _sends(endpoint: str) -> bool:
+    try:
+        return send_many(endpoint, 1, "Promoted", keys=False)[0].status == "PUT_OK"
+    except SendError:
+        return False
+
+
+# -- RocketMQ's link ----------------------------------------------------------------------------------
+
+
+def test_the_rocketmq_link_is_spoken_as_rocketmq_4_does(tmp_path):
+    """A RocketMQ 4.x slave, byte by byte: an 8-byte report of 0 (an empty slave) gets the
+    master's last segment in 12-byte-headed transfers; then an mqnode slave on the same link."""
+    master = master_settings(tmp_path, haProtocol="rocketmq")
+    master_node = NodeProcess(master, tmp_path / "master.log").start()
+    slave = slave_settings(tmp_path, master, haProtocol="rocketmq")
+    slave_node = None
+    try:
+        send_many(master.listen, 2500, keys=False)
+        written = control(master, "written")
+        segment = master.mappedFileSizeCommitLog
+        last = written - written % segment
+        with socket.create_connection(("127.0.0.1", master.ha_port), timeout=10) as raw:
+            raw.sendall(REPORT.pack(0))
+            got, at = bytearray(), last
+            while at < written:
+                header = _read_exactly(raw, HEADER.size)
+                offset, size = HEADER.unpack(header)
+                assert offset == at and 0 <= size <= master.haTransferBatchSize
+                got += _read_exactly(raw, size)
+                at += size
+            assert bytes(got) == log_bytes(master, last, written)
+            raw.sendall(REPORT.pack(written))  # the ack: SYNC_MASTER would count it
+            wait_until(lambda: control(master, "slave_acked") == written, 5)
+        slave_node = NodeProcess(slave, tmp_path / "slave.log").start()
+        send_many(master.listen, 100, keys=False)
+        wait_until(lambda: caught_up(slave, master), 60)
+        assert control(slave, "min_offset") == last - last % segment  # an empty slave starts at the last segment
+        assert_prefix(slave, master)
+    finally:
+        if slave_node is not None:
+            slave_node.stop(strict=False)
+        master_node.stop(strict=False)
+    report = verify_store(slave)
+    assert report.ok, report.faults
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    out = bytearray()
+    while len(out) < size:
+        chunk = sock.recv(size - len(out))
+        assert chunk, "the master closed the link"
+        out += chunk
+    return bytes(out)
+
+
+def test_an_mqnode_slave_follows_a_rocketmq_master(tmp_path):
+    """A RocketMQ 4.9 master as §12 specifies it, serving the golden store's CommitLog (written by
+    RocketMQ 4.9.8): the mqnode slave's log ends byte for byte as RocketMQ's, and verifies."""
+    files = sorted((GOLDEN_STORE / "commitlog").iterdir())
+    golden = b"".join(f.read_bytes() for f in files)
+    segment = GOLDEN_SETTINGS["mappedFileSizeCommitLog"]
+    end = manifest()["maxPhyOffset"]
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def rocketmq_master() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            start = int.from_bytes(_read_exactly(connection, 8), "big", signed=True)
+            at = start or end - end % segment  # an empty slave: the last segment (spec §12)
+            while not stop.is_set() and at < end:
+                size = min(32768, end - at, segment - at % segment)
+                connection.sendall(HEADER.pack(at, size) + golden[at: at + size])
+                at += size
+            connection.settimeout(0.5)
+            while not stop.is_set():  # read its reports until the test ends
+                try:
+                    if not connection.recv(64):
+                        return
+                except TimeoutError:
+                    connection.sendall(HEADER.pack(at, 0))  # the master's heartbeat
+
+    server = threading.Thread(target=rocketmq_master, daemon=True)
+    server.start()
+    slave = node_settings(tmp_path / "slave", brokerRole="SLAVE", brokerId=1, haMasterAddress=f"127.0.0.1:{port}",
+                          haProtocol="rocketmq", haListenPort=free_port(), **GOLDEN_SETTINGS)
+    slave_node = NodeProcess(slave, tmp_path / "slave.log").start()
+    try:
+        wait_until(lambda: control(slave, "written") == end and control(slave, "dispatched") == end, 60)
+        first = end - end % segment
+        assert log_bytes(slave, first, end) == golden[first:end]
+    finally:
+        stop.set()
+        slave_node.stop(strict=False)
+        listener.close()
+    report = verify_store(slave)
+    assert report.ok, report.faults

@@ -65,9 +65,10 @@ def local_settings(directory: Path, **overrides):
 class NodeProcess:
     """`python -m node.tools.cli start` with its own embedded Ray; `kill_all` is kill -9 of the tree."""
 
-    def __init__(self, settings, log: Path):
+    def __init__(self, settings, log: Path, *, ray_address: str | None = None):
         self.settings = settings
         self.log = log
+        self.ray_address = ray_address  # join this Ray cluster instead of embedding a Ray of its own
         self.process: subprocess.Popen | None = None
 
     @property
@@ -76,6 +77,8 @@ class NodeProcess:
 
     def start(self, timeout: float = 90.0) -> NodeProcess:
         args = [sys.executable, "-m", "node.tools.cli", "start", *start_flags(self.settings)]
+        if self.ray_address:
+            args += ["--ray-address", self.ray_address]
         seen = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,

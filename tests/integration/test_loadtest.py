@@ -333,3 +333,18 @@ def test_chaos_under_sync_flush_loses_no_acknowledged_message(tmp_path):
     assert results["verify"]["ok"] and results["verify"]["counts"]["acked"] > 1000
     assert "chaos" in done.stdout and "PASSED" in done.stdout
     assert not _left_behind("mqnode-loadtest-")
+
+
+@pytest.mark.slow
+def test_chaos_with_a_slave_keeps_its_commitlog_the_masters(tmp_path):
+    """`--slave`: the slave, its processes and the master's ha-server are struck too; every
+    acknowledged message is consumed, and the slave's CommitLog ends as the master's."""
+    done, results = loadtest("--producers", "1", "--consumers", "1", "--rate", "1000", "--duration", "12",
+                             "--node-option", "brokerRole=SYNC_MASTER", "--slave", "--verify", "--chaos",
+                             "--chaos-interval", "1.5,2.5", "--seed", "1", "--output", str(tmp_path), timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    targets = [s["target"] for s in results["chaos"]]
+    assert any(t.startswith("slave") for t in targets), targets
+    assert results["verify"]["ok"] and results["replication"]["ok"], results["replication"]
+    assert results["replication"]["comparedBytes"] > 0 and "identical" in done.stdout
+    assert not _left_behind("mqnode-loadtest-")

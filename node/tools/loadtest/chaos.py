@@ -1,5 +1,8 @@
 """`--chaos`: kill -9 an actor or the whole node at random instants, restart what was killed.
 
+With `--slave`, the slave is a target too: its whole node (`slave`) or one of its processes
+(`slave:ha-client`, ...), and the master's `ha-server` is among the master's processes.
+
 The schedule is seeded (`--seed`): the same seed gives the same pauses and the same choice of
 target, so a failing run replays. An actor is killed by the pid in `<runDir>/<label>.pid`, and
 Ray restarts it (the node is started with a high `actorMaxRestarts`); the strike waits until a
@@ -20,14 +23,16 @@ import psutil
 from node.tools.local_node import NodeProcess
 
 NODE = "node"
+SLAVE = "slave"
 NODE_SHARE = 1 / 3       # of strikes that take down the whole node, the rest one actor
 RECOVERY_LIMIT = 120.0   # seconds a restart may take before the run fails
 MAX_STRIKES = 1000
 
 
 class Chaos:
-    def __init__(self, node: NodeProcess, seed: int, interval: tuple[float, float]):
+    def __init__(self, node: NodeProcess, seed: int, interval: tuple[float, float], slave: NodeProcess | None = None):
         self.node = node
+        self.slave = slave
         self.rng = random.Random(seed)
         self.interval = interval
         self.events: list[dict] = []
@@ -48,7 +53,10 @@ class Chaos:
         for _ in range(MAX_STRIKES):
             if self.quiet.wait(self.rng.uniform(*self.interval)):
                 return
-            target = self.choose(self.node.actor_labels())
+            labels = self.node.actor_labels()
+            if self.slave is not None:
+                labels += [SLAVE] + [f"{SLAVE}:{label}" for label in self.slave.actor_labels()]
+            target = self.choose(labels)
             try:
                 self.events.append(self.strike(target))
             except Exception as e:  # a node that does not come back fails the run
@@ -63,16 +71,18 @@ class Chaos:
 
     def strike(self, target: str) -> dict:
         began = time.time()
-        if target == NODE:
-            pid = self.node.process.pid
-            self.node.kill_all()
-            self.node.start(timeout=RECOVERY_LIMIT)
+        node, _, label = target.partition(":") if target.startswith(SLAVE) else (NODE, "", target)
+        process = self.slave if node == SLAVE else self.node
+        if target in (NODE, SLAVE):
+            pid = process.process.pid
+            process.kill_all()
+            process.start(timeout=RECOVERY_LIMIT)
         else:
-            pid = self._kill_actor(target)
+            pid = self._kill_actor(process, label)
         return {"t": began, "target": target, "pid": pid, "recoveredAfter": round(time.time() - began, 3)}
 
-    def _kill_actor(self, label: str) -> int:
-        path = self.node.settings.run_dir / f"{label}.pid"
+    def _kill_actor(self, node: NodeProcess, label: str) -> int:
+        path = node.settings.run_dir / f"{label}.pid"
         pid = int(path.read_text())
         try:
             psutil.Process(pid).send_signal(signal.SIGKILL)

@@ -41,6 +41,7 @@ class RunParams:
     send_timeout: float = 5.0
     verify: bool = False
     chaos: bool = False
+    slave: bool = False              # a slave beside the node the run starts (struck by --chaos too)
     chaos_interval: tuple[float, float] = (2.0, 5.0)
     seed: int = 1
     output: str | None = None
@@ -69,6 +70,8 @@ class RunParams:
             problems.append("--duration must be > 0")
         if self.count is not None and self.count < 1:
             problems.append("--count must be >= 1")
+        if self.slave and self.endpoint:
+            problems.append("--slave starts a slave of the node the run starts (no --endpoint)")
         if self.chaos and self.endpoint:
             problems.append("--chaos restarts what it kills, so it needs a node the run starts (no --endpoint)")
         if self.verify and self.consumers < 1:

@@ -50,6 +50,10 @@ def summary_rows(results: dict) -> list[tuple[str, str]]:
     if results.get("chaos") is not None:
         rows.append(("chaos", f"{len(results['chaos'])} strikes: "
                      + ", ".join(e["target"] for e in results["chaos"])))
+    copied = results.get("replication")
+    if copied is not None:
+        rows.append(("slave", f"CommitLog identical to the master's, {copied['comparedBytes']:,} bytes" if copied["ok"]
+                     else f"FAILED: {copied['problem']}"))
     verdict = results.get("verify")
     if verdict is not None:
         rows.append(("verify", "PASSED" if verdict["ok"] else

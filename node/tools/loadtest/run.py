@@ -26,14 +26,14 @@ from rich.console import Console
 from rich.live import Live
 
 from node.client import SendError, aio
-from node.tools.loadtest import records, report, verify
+from node.tools.loadtest import records, replication, report, verify
 from node.tools.loadtest.chaos import Chaos
 from node.tools.loadtest.monitor import NodeMonitor
 from node.tools.loadtest.params import PRESETS, RunParams
 from node.tools.loadtest.profile import Profiler
 from node.tools.loadtest.progress import Progress
 from node.tools.loadtest.workers import consumer_main, producer_main
-from node.tools.local_node import ROOT, NodeProcess, local_settings
+from node.tools.local_node import ROOT, NodeProcess, free_port, local_settings
 from shm import settings as settings_module
 
 JOIN_TIMEOUT = 30.0     # seconds a finished worker gets to exit
@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check every acknowledged message is consumed exactly once, intact, in queue order")
     p.add_argument("--chaos", action="store_true", default=None,
                    help="kill -9 an actor or the whole node at random instants and restart it")
+    p.add_argument("--slave", action="store_true", default=None,
+                   help="start a slave beside the node the run starts (--chaos strikes it and the HA processes "
+                        "too); the run fails unless its CommitLog ends as the master's")
     p.add_argument("--chaos-interval", dest="chaos_interval", metavar="MIN,MAX",
                    help="seconds between chaos strikes, drawn uniformly (default 2,5)")
     p.add_argument("--profile", action="store_true", default=None,
@@ -102,6 +105,8 @@ def node_settings(params: RunParams, directory: Path):
     values = {"flushDiskType": params.flush, "defaultTopicQueueNums": params.queues}
     if params.chaos:
         values["actorMaxRestarts"] = 1000
+    if params.slave:
+        values["haListenPort"] = free_port()
     for item in params.node_options:
         name, separator, value = item.partition("=")
         if not separator:
@@ -123,8 +128,10 @@ async def _probe(endpoint: str, topics: list[str]) -> dict[tuple[int, int], int]
 
 
 class Run:
-    def __init__(self, params: RunParams, output: Path, console: Console, node: NodeProcess | None, quiet: bool):
+    def __init__(self, params: RunParams, output: Path, console: Console, node: NodeProcess | None, quiet: bool,
+                 slave: NodeProcess | None = None):
         self.params = params
+        self.slave = slave
         self.output = output
         self.console = console
         self.node = node
@@ -164,7 +171,7 @@ class Run:
             worker.start()
         self.monitor.sample()
         if p.chaos:
-            self.chaos = Chaos(self.node, p.seed, p.chaos_interval).start()
+            self.chaos = Chaos(self.node, p.seed, p.chaos_interval, self.slave).start()
         try:
             self._watch(reports, producers, consumers, stop, produced, abort)
         finally:
@@ -301,6 +308,9 @@ class Run:
         verdict = None
         if self.records_dir:
             verdict = verify.verify(records.load(self.records_dir, "sent"), records.load(self.records_dir, "consumed"))
+        copied = replication.check(self.node.settings, self.slave.settings) if self.slave else None
+        if copied is not None and not copied["ok"]:
+            self.failures.append(f"the slave's CommitLog is not the master's: {copied['problem']}")
         summary = self.progress.summary()
         if summary["unfinishedQueues"]:
             self.failures.append(f"consumers did not reach the end of queues {summary['unfinishedQueues']} "
@@ -319,6 +329,7 @@ class Run:
                            "e2e": self.progress.histogram("consumer", "e2e").to_sparse()},
             "verify": verdict.to_json() if verdict else None,
             "chaos": self.chaos.events if self.chaos else None,
+            "replication": copied,
             "profile": self.profiler.summary() if self.profiler else None,
             "failures": self.failures,
         }
@@ -360,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     output = Path(params.output) if params.output else default_output(params)
     output.mkdir(parents=True, exist_ok=True)
     store = Path(tempfile.mkdtemp(prefix="mqnode-loadtest-")) if not params.endpoint else None
-    node = None
+    node = slave = None
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)  # also when started with SIGINT ignored (a background job)
     try:
@@ -378,12 +389,16 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"loadtest: the node did not start (log: {output / 'node.log'}): {e}", highlight=False)
                 return 1
             params = dataclasses.replace(params, endpoint=node.endpoint)
+            if params.slave:
+                slave = replication.start_slave(settings, store / "slave", output / "slave.log", params.chaos)
         try:
-            results = Run(params, output, console, node, args.quiet).execute()
+            results = Run(params, output, console, node, args.quiet, slave).execute()
         except SendError as e:  # before any worker started: the node did not answer the probe
             console.print(f"loadtest: no answer from {params.endpoint} ({e})", highlight=False)
             return 1
     finally:
+        if slave:
+            slave.stop(timeout=60, strict=False)
         if node:
             node.stop(timeout=60, strict=False)
         if store and not args.keep_store:

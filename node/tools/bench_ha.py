@@ -1,0 +1,192 @@
+"""scripts/bench-ha: replication's figures on this machine, master and slave both on it (loopback).
+
+Prints, each against the issue's target:
+- catch-up: an empty slave started beside a master holding `--catch-up-mib` of CommitLog (1 GiB
+  by default), the bytes over the seconds from its `ready` to its written end equal to the
+  master's (the zmq link; the slave dispatches as it goes);
+- slave lag at `--rate` sends/s of 1 KiB (20k): for each of the master's written ends sampled
+  every ms, the time until the slave's reached it; p50/p99;
+- SYNC_MASTER, 64 concurrent senders, with ASYNC_FLUSH and with SYNC_FLUSH: msgs/s;
+- promotion: `admin role` on a slave whose master is gone, to its first PUT_OK.
+
+A benchmark, never a test: master and slave share the machine's cores, so every figure is what
+two nodes on one 2-core box do, not two hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from node import protocol
+from node.client import AsyncProducer, Message, Producer
+from node.tools import floors
+from node.tools.local_node import NodeProcess, free_port, local_settings
+from node.tools.pacing import paced
+from shm.control_block import ControlBlock, peek
+
+BODY = bytes(range(256)) * 4
+SEGMENT = 256 * 1024 * 1024
+
+
+@contextlib.contextmanager
+def pair(directory: Path, *, master_options: dict | None = None, start_slave: bool = True):
+    master = local_settings(directory / "m", haListenPort=free_port(), mappedFileSizeCommitLog=SEGMENT,
+                            **(master_options or {}))
+    slave = local_settings(directory / "s", brokerRole="SLAVE", brokerId=1, haMasterAddress=f"127.0.0.1:{master.ha_port}",
+                           haListenPort=free_port(), mappedFileSizeCommitLog=SEGMENT)
+    nodes = {"master": NodeProcess(master, directory / "m.log").start(timeout=120),
+             "slave": NodeProcess(slave, directory / "s.log")}
+    try:
+        if start_slave:
+            nodes["slave"].start(timeout=120)
+        yield nodes
+    finally:
+        for node in reversed(list(nodes.values())):
+            node.stop(timeout=60, strict=False)
+
+
+def written(settings) -> int:
+    return peek(settings.root, "written")
+
+
+async def fill(endpoint: str, size: int) -> None:
+    async with AsyncProducer(endpoint, timeout=30) as producer:
+        messages = [Message("BenchHaFill", BODY) for _ in range(64)]
+
+        async def sender() -> None:
+            for _ in range(size // (64 * 1024) // 4 + 1):
+                await producer.send_batch("BenchHaFill", messages)
+
+        await asyncio.gather(*[sender() for _ in range(4)])
+
+
+def catch_up(directory: Path, mib: int) -> tuple[float, float]:
+    with pair(directory, start_slave=False) as nodes:
+        master, slave = nodes["master"], nodes["slave"]
+        asyncio.run(fill(master.endpoint, mib * 1024 * 1024))
+        end = written(master.settings)
+        slave.start(timeout=120)
+        began = time.perf_counter()
+        while written(slave.settings) < end:
+            time.sleep(0.01)
+        seconds = time.perf_counter() - began
+    return end / seconds / 1e6, seconds
+
+
+def lag(directory: Path, rate: int, seconds: float) -> tuple[float, float, int]:
+    with pair(directory) as nodes:
+        master, slave = nodes["master"].settings, nodes["slave"].settings
+        m_control, s_control = ControlBlock(master.root / "control"), ControlBlock(slave.root / "control")
+        samples: list[tuple[float, int]] = []
+        reached: list[tuple[float, int]] = []
+        stop = False
+
+        async def sample() -> None:
+            while not stop:
+                now = time.perf_counter()
+                samples.append((now, m_control.get("written")))
+                reached.append((now, s_control.get("written")))
+                await asyncio.sleep(0.001)
+
+        async def run() -> None:
+            nonlocal stop
+            async with AsyncProducer(master.listen) as producer:
+                watcher = asyncio.get_running_loop().create_task(sample())
+                await paced(rate, seconds, lambda _: producer.send("BenchHaLag", BODY))
+                await asyncio.sleep(0.5)
+                stop = True
+                await watcher
+
+        asyncio.run(run())
+        m_control.close()
+        s_control.close()
+    delays, j = [], 0
+    for at, end in samples:
+        while j < len(reached) and (reached[j][1] < end or reached[j][0] < at):
+            j += 1
+        if j == len(reached):
+            break
+        delays.append(reached[j][0] - at)
+    delays.sort()
+    return delays[len(delays) // 2] * 1000, delays[int(len(delays) * 0.99)] * 1000, len(delays)
+
+
+def sync_master(directory: Path, flush: str, count: int) -> float:
+    with pair(directory, master_options={"brokerRole": "SYNC_MASTER", "flushDiskType": flush}) as nodes:
+        async def run() -> float:
+            async with AsyncProducer(nodes["master"].endpoint) as producer:
+                while (await producer.send("BenchHaSync", BODY)).status != "PUT_OK":
+                    await asyncio.sleep(0.1)  # the slave's first hello
+                statuses: dict[str, int] = {}
+
+                async def sender() -> None:
+                    for _ in range(count // 64):
+                        status = (await producer.send("BenchHaSync", BODY)).status
+                        statuses[status] = statuses.get(status, 0) + 1
+
+                began = time.perf_counter()
+                await asyncio.gather(*[sender() for _ in range(64)])
+                rate = count // 64 * 64 / (time.perf_counter() - began)
+                assert set(statuses) == {"PUT_OK"}, statuses
+                return rate
+        return asyncio.run(run())
+
+
+def promotion(directory: Path) -> float:
+    with pair(directory) as nodes:
+        with Producer(nodes["master"].endpoint) as producer:
+            producer.send("BenchHaPromote", BODY)
+        nodes["master"].kill_all()
+        with Producer(nodes["slave"].endpoint, retries=0) as producer:
+            began = time.perf_counter()
+            reply, _ = producer.request({"code": protocol.HA_ROLE, "role": "ASYNC_MASTER"})
+            assert reply["status"] == "OK", reply
+            while True:
+                try:
+                    if producer.send("BenchHaPromote", BODY).status == "PUT_OK":
+                        return time.perf_counter() - began
+                except Exception:  # SERVICE_NOT_AVAILABLE until its write core opens
+                    time.sleep(0.005)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--catch-up-mib", type=int, default=1024)
+    parser.add_argument("--rate", type=int, default=20000)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--sync-count", type=int, default=100_000)
+    parser.add_argument("--only", choices=["catch-up", "lag", "sync", "promotion"], action="append")
+    args = parser.parse_args()
+    only = set(args.only or ["catch-up", "lag", "sync", "promotion"])
+    base = Path(tempfile.mkdtemp(prefix="mqnode-bench-ha-"))
+    print(floors.report(base), flush=True)
+    try:
+        if "catch-up" in only:
+            rate, seconds = catch_up(base / "catch-up", args.catch_up_mib)
+            print(f"catch-up of {args.catch_up_mib} MiB to an empty slave: {rate:.0f} MB/s in {seconds:.1f} s "
+                  f"(target >= 200 MB/s)", flush=True)
+        if "lag" in only:
+            p50, p99, samples = lag(base / "lag", args.rate, args.seconds)
+            print(f"slave lag at {args.rate} sends/s of 1 KiB: p50 {p50:.1f} ms, p99 {p99:.1f} ms over {samples} "
+                  f"samples (target p99 <= 50 ms)", flush=True)
+        if "sync" in only:
+            for flush, target in (("ASYNC_FLUSH", 40000), ("SYNC_FLUSH", 30000)):
+                rate = sync_master(base / f"sync-{flush}", flush, args.sync_count)
+                print(f"SYNC_MASTER + {flush}, 64 concurrent senders: {rate:,.0f} msgs/s (target >= {target:,})",
+                      flush=True)
+        if "promotion" in only:
+            print(f"promotion: first PUT_OK {promotion(base / 'promotion') * 1000:.0f} ms after admin role "
+                  f"(target <= 2000 ms)", flush=True)
+        print(floors.report(base), flush=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

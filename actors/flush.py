@@ -37,7 +37,7 @@ from collections import deque
 
 import zmq
 
-from actors.base import Actor, conflated, incoming, socket, wait_readable
+from actors.base import Actor, doorbell, socket, wait_readable
 from actors.wire import pack_replies, waits_from_wire
 from node.server.sendreply import downgraded
 from shm.checkpoint import Checkpoint
@@ -242,16 +242,16 @@ class Flush(Actor):
         self.waits_in.bind(self.endpoints["flush"])
         self.replies = socket(self.context, zmq.PUSH, hwm=100000)
         self.replies.connect(self.endpoints["replies"])
-        self.acked_in = acked_socket(self.context, self.endpoints)
-        self.poll_items = [(self.waits_in, zmq.POLLIN), (self.acked_in, zmq.POLLIN)]
+        self.acked_in = doorbell(s, "acked", listen=True)  # the ha-server's acks (SYNC_MASTER)
+        self.poll_items = [(self.waits_in, zmq.POLLIN), (self.acked_in.fileno(), zmq.POLLIN)]
 
     def turn(self) -> None:
         timeout = GROUP_COMMIT_WAKE_MS if (self.sync or self.waiting) else min(50, self.settings.flushIntervalCommitLog)
         ready = wait_readable(self.poll_items, timeout)
         if self.waits_in in ready:
             self._take_waits()
-        if self.acked_in in ready:
-            take_acks(self.acked_in)
+        if self.acked_in.fileno() in ready:
+            self.acked_in.drain()
         if self.sync:
             if self.waiting or self.control.get("written") > self.control.get("flushed"):
                 self.flusher.flush_to_written()
@@ -286,6 +286,8 @@ class Flush(Actor):
     def close(self) -> None:
         if hasattr(self, "flusher"):
             self.flusher.close()
+        if hasattr(self, "acked_in"):
+            self.acked_in.close()
         super().close()
 
 
@@ -408,16 +410,3 @@ def _notify(report: zmq.Socket) -> None:
         report.send(b"", zmq.NOBLOCK)
     except zmq.Again:
         pass  # reports already queued say the same
-
-
-def acked_socket(context: zmq.Context, endpoints: dict) -> zmq.Socket:
-    """The ha-server's "a slave acked more" (conflated: one pending says it all), for whoever
-    holds the SYNC_MASTER sends."""
-    sock = conflated(context, zmq.PULL)
-    sock.bind(endpoints["acked"])
-    return sock
-
-
-def take_acks(sock: zmq.Socket) -> None:
-    for _ in incoming(sock, 16, multipart=False):
-        pass

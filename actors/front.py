@@ -39,14 +39,14 @@ import time
 import orjson
 import zmq
 
-from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket, wait_readable
-from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting, acked_socket, take_acks
+from actors.base import Actor, InjectedBug, doorbell, incoming, injected_bug_code, socket, wait_readable
+from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
 from actors.front_ha import FrontReplication
 from actors.pull import ReadCore, arrivals_socket, follow_arrivals, read_arrivals
 from actors.router import Router, To
 from actors.schedule import REPUT_CLIENT
 from actors.wire import read_meta, send_meta, unpack_replies
-from actors.writer import WriteCore, dispatcher_wakes, ha_wakes, promoted_write_core, wake
+from actors.writer import WriteCore, dispatcher_wakes, promoted_write_core, ring_ha, wake
 from node import protocol
 from node.client.frames import NOBLOCK, send_frames
 from node.server import consumers, edge, guard, supervision, topology
@@ -84,7 +84,7 @@ class Front(Actor):
         if s.front_writes:  # (None on a slave until a promotion: its ha-client writes the CommitLog)
             self.writes = promoted_write_core(s, self.control, self.recovered)
             self.wakes = dispatcher_wakes(self.context, self.endpoints)
-            self.ha_wake = ha_wakes(self.context, self.endpoints)
+            self.ha_wake = doorbell(s, "ha-wake", listen=False)
             self.next_put_sample = 0.0
         else:
             self.sends = socket(self.context, zmq.PUSH, hwm=s.sendQueueCapacity)
@@ -129,8 +129,8 @@ class Front(Actor):
         if s.front_flushes:
             self.flushing = FlushThread(s, self.control, self.context)
             self.waiting = Waiting(s.syncFlushTimeout)
-            self.acked_in = acked_socket(self.context, self.endpoints)  # the ha-server's acks (SYNC_MASTER)
-            self.poll_items += [(self.flushing.flushed_in, zmq.POLLIN), (self.acked_in, zmq.POLLIN)]
+            self.acked_in = doorbell(s, "acked", listen=True)  # the ha-server's acks (SYNC_MASTER)
+            self.poll_items += [(self.flushing.flushed_in, zmq.POLLIN), (self.acked_in.fileno(), zmq.POLLIN)]
             self.flushing.start()
         self.reads: ReadCore | None = None
         self.read_replies: list = []
@@ -229,13 +229,17 @@ class Front(Actor):
             now = time.monotonic_ns()
             for client, arrival_ns, header in writes.append_requests(requests):
                 self._answer_send(client, arrival_ns, [header], now)
+        ring_ha(writes, self.ha_wake)  # first: the slave's copy is made while the disk flushes
         waits = writes.take_waits() if self.flushing is not None else None
         if waits:
             self._answer_waits(self.waiting.add(waits))
             # The group commit before the dispatcher's wake: with the dispatcher writing its
             # ConsumeQueue and index pages meanwhile, fdatasync took ~150-200 µs longer
             # (SYNC_FLUSH, 64 senders: 21-24k against 26-30k msgs/s, docs/performance.md).
-            if self._only_flush_waits() and self.flushing.flush_here():
+            # (SYNC_MASTER alone waits for the ha-server's acks: no flush to hurry.)
+            if not self.settings.sync_flush:
+                pass
+            elif self._only_flush_waits() and self.flushing.flush_here():
                 self._answer_waits(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked")))
             else:
                 self.flushing.wake()
@@ -264,8 +268,8 @@ class Front(Actor):
         flushing.check()
         if flushing.flushed_in in events:
             flushing.take_reports()
-        if self.acked_in in events:
-            take_acks(self.acked_in)
+        if self.acked_in.fileno() in events:
+            self.acked_in.drain()
         if self.waiting:
             self._answer_waits(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked")))
 
@@ -477,6 +481,9 @@ class Front(Actor):
         if getattr(self, "flushing", None) is not None:
             self.flushing.stop(flush=False)  # (stopped already, unless the front failed)
             self.flushing.close()
+            self.acked_in.close()
+        if getattr(self, "ha_wake", None) is not None:
+            self.ha_wake.close()
         if getattr(self, "reads", None) is not None:
             self.reads.close()
         if getattr(self, "writes", None) is not None:

@@ -4,9 +4,10 @@ the SYNC_MASTER sends wait for.
 
 Sockets: on `haListenAddress:haListenPort`, a ZeroMQ ROUTER (haProtocol = zmq; ROUTER_MANDATORY,
 so a send to a slave whose connection dropped fails and ends its session at once) or a plain
-TCP listener (haProtocol = rocketmq: RocketMQ 4.x's protocol, spec §12); `ha-wake` PULL,
-conflated, bound: the writer's "written moved" while slaves follow; `acked` PUSH, conflated: "a
-slave acked more", to whoever holds the SYNC_MASTER sends (the front, or the flush process).
+TCP listener (haProtocol = rocketmq: RocketMQ 4.x's protocol, spec §12). Doorbells (FIFOs,
+actors.base.Doorbell): `ha-wake` in, the writer's "written moved" while slaves follow; `acked`
+out, "a slave acked more", to whoever holds the SYNC_MASTER sends (the front, or the flush
+process).
 
 The sessions' logic is `node.server.ha_link.MasterSession`; this shell reads the log, sends, and
 publishes in the control block `slave_acked` (the highest offset any following slave
@@ -27,7 +28,7 @@ import socket as pysocket
 import orjson
 import zmq
 
-from actors.base import Actor, conflated, incoming, wait_readable
+from actors.base import Actor, doorbell, incoming, wait_readable
 from node.server import ha_link
 from node.server.ha_link import HEADER, REPORT, LinkError, MasterSession, StreamDecoder
 from node.server.supervision import monotonic_ms
@@ -41,6 +42,7 @@ MAX_SESSIONS = 16
 MAX_TRANSFERS = 64  # per slave per turn: bounds a turn; the next turn goes on
 MAX_ITEMS = 512
 IDLE_MS = 100  # RocketMQ's master waits up to 100 ms for a put notification
+DATA_HEAD = 1 + REPORT.size
 
 
 class TcpPeer:
@@ -66,10 +68,8 @@ class HaServer(Actor):
         self.endpoint = None  # the ROUTER or the TCP listener, once bound
         self.next_bind_ms = 0
         self.bind_error = ""
-        self.wake = conflated(self.context, zmq.PULL)
-        self.wake.bind(self.endpoints["ha-wake"])
-        self.acked_out = conflated(self.context, zmq.PUSH)
-        self.acked_out.connect(self.endpoints["acked"])
+        self.wake = doorbell(s, "ha-wake", listen=True)  # the writer's "written moved"
+        self.acked_out = doorbell(s, "acked", listen=False)  # "a slave acked more", to the held sends
         self.refused = self.closed = 0
         self.last_error = ""
         self.control.set("ha_slaves", 0)
@@ -82,15 +82,14 @@ class HaServer(Actor):
         now = monotonic_ms()
         if self.endpoint is None and now >= self.next_bind_ms:
             self._bind(now)
-        items = [(self.wake, zmq.POLLIN)]
+        items = [(self.wake.fileno(), zmq.POLLIN)]
         if self.endpoint is not None:  # (zmq_poll answers a plain socket by its descriptor)
             items.append((self.endpoint.fileno() if self.rocketmq else self.endpoint, zmq.POLLIN))
         if self.rocketmq:
             items += [(peer.sock.fileno(), zmq.POLLIN) for peer in self.sessions]
         ready = wait_readable(items, 1 if self._sending() else IDLE_MS)
-        if self.wake in ready:
-            for _ in incoming(self.wake, 16, multipart=False):
-                pass
+        if self.wake.fileno() in ready:
+            self.wake.drain()
         if self.endpoint is not None:
             if self.rocketmq:
                 self._tcp_turn(ready)
@@ -279,15 +278,21 @@ class HaServer(Actor):
         self.control.set("ha_slaves", sum(1 for s in self.sessions.values() if s.started))
 
     def _send(self, peer, transfer: ha_link.Transfer) -> None:
-        body = self._read(transfer.offset, transfer.size) if transfer.size else b""
         if isinstance(peer, TcpPeer):
             peer.out += HEADER.pack(transfer.offset, transfer.size)
-            peer.out += body
+            if transfer.size:
+                peer.out += self._view(transfer.offset, transfer.size)
             self._flush_out(peer)
-        else:
-            self.endpoint.send_multipart([peer, ha_link.DATA + REPORT.pack(transfer.offset) + body])
+            return
+        # one copy out of the mapping into a frame ZeroMQ then sends as it is (copy=False)
+        frame = bytearray(DATA_HEAD + transfer.size)
+        frame[:DATA_HEAD] = ha_link.DATA + REPORT.pack(transfer.offset)
+        if transfer.size:
+            frame[DATA_HEAD:] = self._view(transfer.offset, transfer.size)
+        self.endpoint.send(peer, zmq.SNDMORE)
+        self.endpoint.send(frame, copy=False)
 
-    def _read(self, offset: int, size: int) -> bytes:
+    def _view(self, offset: int, size: int) -> memoryview:
         segments = self.log.segments
         segment = segments.find(offset)
         if segment is None or segment.offset_start + size > segment.offset_end or offset + size > segment.offset_end:
@@ -296,7 +301,7 @@ class HaServer(Actor):
         if segment is None:
             raise LinkError(f"offset {offset} is in no segment of this master")
         at = offset - segment.offset_start
-        return segment.map[at: at + size]
+        return memoryview(segment.map)[at: at + size]
 
     @staticmethod
     def _flush_out(peer: TcpPeer) -> bool:
@@ -326,10 +331,7 @@ class HaServer(Actor):
         acked = max((s.acked for s in self.sessions.values() if s.started), default=0)
         if acked > self.control.get("slave_acked"):
             self.control.set("slave_acked", min(acked, self.control.get("written")))
-            try:
-                self.acked_out.send(b"", zmq.NOBLOCK)
-            except zmq.Again:
-                pass
+            self.acked_out.ring()
 
     def _housekeeping_sessions(self, now: int) -> None:
         for peer, session in list(self.sessions.items()):
@@ -368,6 +370,9 @@ class HaServer(Actor):
         self.endpoint = None
         if hasattr(self, "log"):
             self.log.close()
+        for bell in (getattr(self, "wake", None), getattr(self, "acked_out", None)):
+            if bell is not None:
+                bell.close()
         super().close()
 
 

@@ -229,7 +229,9 @@ class Schedule(Actor):
         # asleep until a level is due to look again or an answer comes: an idle node's schedule
         # service wakes twice a second, not a hundred times (it shares the cores with the front)
         wait_ms = int((self.core.next_look() - time.monotonic()) * 1000) + 1
-        if self.timers is not None:  # new timer messages are looked for every TIMER_LOOK_MS
+        if self.control.get("role") == ROLE_CODES["SLAVE"]:
+            wait_ms = 500  # nothing falls due on a slave: only send-backs (answered) and a promotion
+        elif self.timers is not None:  # new timer messages are looked for every TIMER_LOOK_MS
             next_due = self.timers.next_due()
             wait_ms = min(wait_ms, TIMER_LOOK_MS, next_due - time.time_ns() // 1_000_000 + 1 if next_due else wait_ms)
         events = wait_readable(self.poll_items, max(1, min(500, wait_ms)))

@@ -36,7 +36,7 @@ import time
 
 import zmq
 
-from actors.base import Actor, conflated, incoming, socket, wait_readable
+from actors.base import Actor, Doorbell, conflated, doorbell, incoming, socket, wait_readable
 from actors.ingress import RequestBatcher
 from actors.wire import group_from_wire, pack_replies, waits_to_wire
 from node.client.frames import NOBLOCK
@@ -364,7 +364,7 @@ class Writer(Actor):
         self.waits = socket(self.context, zmq.PUSH, hwm=100000)
         self.waits.connect(self.endpoints["flush"])
         self.wakes = dispatcher_wakes(self.context, self.endpoints)
-        self.ha = ha_wakes(self.context, self.endpoints)
+        self.ha = doorbell(self.settings, "ha-wake", listen=False)
 
     def _open_core(self) -> None:
         self.core = promoted_write_core(self.settings, self.control, self.recovered)
@@ -441,14 +441,7 @@ def dispatcher_wakes(context: zmq.Context, endpoints: dict) -> zmq.Socket:
     return wakes
 
 
-def ha_wakes(context: zmq.Context, endpoints: dict) -> zmq.Socket:
-    """The conflated PUSH to the ha-server's `ha-wake`: "written moved", while slaves follow."""
-    sock = conflated(context, zmq.PUSH)
-    sock.connect(endpoints["ha-wake"])
-    return sock
-
-
-def wake(core: WriteCore, wakes: zmq.Socket, ha: zmq.Socket | None = None) -> None:
+def wake(core: WriteCore, wakes: zmq.Socket, ha: Doorbell | None = None) -> None:
     """Wake the dispatcher when the core says so, and the ha-server while a slave follows (a
     SYNC_MASTER send waits for it; an ASYNC slave's lag shrinks)."""
     if core.take_wake(time.monotonic_ns()):
@@ -456,10 +449,13 @@ def wake(core: WriteCore, wakes: zmq.Socket, ha: zmq.Socket | None = None) -> No
             wakes.send(b"", NOBLOCK)
         except zmq.Again:
             pass  # the dispatcher is not there (restarting): its timer catches up
-    if ha is not None and core.ha_wake_due:
+    if ha is not None:
+        ring_ha(core, ha)
+
+
+def ring_ha(core: WriteCore, ha: Doorbell) -> None:
+    """The ha-server's doorbell, once `written` moved and a slave follows."""
+    if core.ha_wake_due:
         core.ha_wake_due = False
         if core.control.get("ha_slaves"):
-            try:
-                ha.send(b"", NOBLOCK)
-            except zmq.Again:
-                pass  # its 100 ms look catches up
+            ha.ring()

@@ -64,7 +64,7 @@ def actor_class(kind: str) -> type:
 
 
 IPC_PATH_MAX = 100  # sun_path holds 107 bytes; the longest endpoint adds "/arrivals"
-RUN_FILES = ("*.pid", "*.starts", "injected-flush-eio", "supervision.json")
+RUN_FILES = ("*.pid", "*.starts", "*.fifo", "injected-flush-eio", "supervision.json")
 
 
 def prepare_run_dir(settings) -> Path:

@@ -35,11 +35,12 @@ SEGMENT = 256 * 1024 * 1024
 
 
 @contextlib.contextmanager
-def pair(directory: Path, *, master_options: dict | None = None, start_slave: bool = True):
-    master = local_settings(directory / "m", haListenPort=free_port(), mappedFileSizeCommitLog=SEGMENT,
+def pair(directory: Path, *, master_options: dict | None = None, start_slave: bool = True, link: str = "zmq"):
+    directory.mkdir(parents=True, exist_ok=True)
+    master = local_settings(directory / "m", haListenPort=free_port(), mappedFileSizeCommitLog=SEGMENT, haProtocol=link,
                             **(master_options or {}))
     slave = local_settings(directory / "s", brokerRole="SLAVE", brokerId=1, haMasterAddress=f"127.0.0.1:{master.ha_port}",
-                           haListenPort=free_port(), mappedFileSizeCommitLog=SEGMENT)
+                           haListenPort=free_port(), mappedFileSizeCommitLog=SEGMENT, haProtocol=link)
     nodes = {"master": NodeProcess(master, directory / "m.log").start(timeout=120),
              "slave": NodeProcess(slave, directory / "s.log")}
     try:

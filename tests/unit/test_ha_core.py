@@ -198,6 +198,7 @@ def test_the_follower_publishes_only_whole_records_and_ends_byte_identical(tmp_p
     published = []
     for at in range(0, len(data), 777):  # transfers that cut records anywhere
         follower.append(at, data[at: at + 777])
+        follower.publish()
         published.append(control.get("written"))
     assert published == sorted(published) and published[-1] == end == follower.end
     assert all(p <= a for p, a in zip(published, range(777, len(data) + 777, 777)))
@@ -210,12 +211,15 @@ def test_the_follower_drops_garbage_and_keeps_exactly_the_records_before_it(tmp_
     data, _ = _master_log(tmp_path, 10)
     follower, control = _follower(tmp_path)
     follower.append(0, data[:1000])
+    follower.publish()
     kept = control.get("written")
     whole = kept + int.from_bytes(data[kept: kept + 4], "big")  # the end of the next record
+    follower.append(1000, data[1000: whole] + b"\x00" * 100)  # that record, then zeros
     with pytest.raises(LinkError, match="no record header"):
-        follower.append(1000, data[1000: whole] + b"\x00" * 100)  # that record, then zeros
+        follower.publish()
     assert follower.end == control.get("written") == whole  # the whole records stay, the garbage goes
     assert bytes(follower.log.segments.files[0].map[whole: whole + 200]) == bytes(200)
     follower.append(follower.end, data[follower.end:])  # following resumes from the last whole record
+    follower.publish()
     assert bytes(follower.log.segments.files[0].map[: len(data)]) == data
     follower.close()

@@ -48,6 +48,7 @@ log = logging.getLogger("mqnode")
 _HEAD = struct.Struct(">ii")
 MIN_RECORD = 91
 RECONNECT_MS = 1000
+BYE_LINGER_MS = 200
 MAX_ITEMS = 256  # link messages taken per turn
 MAX_WALK = 1 << 20  # record headers checked per append, at most
 
@@ -141,6 +142,7 @@ class HaClient(Actor):
         self.last_error = ""
         self.diverged = ""
         self.master_endpoint = ""  # the master's client endpoint (its welcome says it)
+        self.behind_since_ms: int | None = None  # when the slave last fell behind its master
         self.wakes = dispatcher_wakes(self.context, self.endpoints)
         self.admin = socket(self.context, zmq.PULL, hwm=100)
         self.admin.connect(self.endpoints["ha-admin"])
@@ -215,7 +217,7 @@ class HaClient(Actor):
                     self.link.send(ha_link.BYE, zmq.NOBLOCK)  # bye: the master drops the session at once
                 except zmq.ZMQError:
                     pass
-                self.link.close(0)
+                self.link.close(linger=BYE_LINGER_MS)  # (long enough for the goodbye to leave)
         self.link, self.session = None, None
 
     def _read(self, now: int) -> None:
@@ -261,6 +263,7 @@ class HaClient(Actor):
             except LinkError as e:
                 self.diverged = str(e)
                 raise
+            self.control.set("master_offset", self.session.master_end)
             self.epochs.adopt(history)
             self.diverged = ""
         elif kind == ha_link.CONFIG:
@@ -283,6 +286,12 @@ class HaClient(Actor):
             self.session.master_end = max(self.session.master_end, offset + len(body))
         else:
             self.session.master_end = max(self.session.master_end, offset)
+        self.control.set("master_offset", self.session.master_end)
+        behind = self.session.master_end > self.follower.end
+        if behind and self.behind_since_ms is None:
+            self.behind_since_ms = now
+        elif not behind:
+            self.behind_since_ms = None
 
     def _start_empty_at(self, offset: int) -> None:
         """An empty slave's first transfer starts past 0 (the master's first segment, or its
@@ -367,6 +376,7 @@ class HaClient(Actor):
                         "following": follower is not None, "connected": bool(session and session.welcomed),
                         "epoch": self.epochs.current, "masterOffset": master_end, "offset": own,
                         "written": self.control.get("written"), "lagBytes": max(0, master_end - own),
+                        "lagMs": 0 if self.behind_since_ms is None else monotonic_ms() - self.behind_since_ms,
                         "receivedBytes": follower.appended_bytes if follower is not None else 0,
                         "connects": self.connects, "configSyncs": self.config_syncs, "linkErrors": self.link_errors, "lastError": self.last_error,
                         "diverged": self.diverged, "scrubbedBytes": follower.scrubbed if follower else 0}

@@ -8,7 +8,8 @@ from pathlib import Path
 from node.tools.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
-__all__ = ["ROOT", "NodeProcess", "free_port", "node_settings", "in_process_node"]
+__all__ = ["ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "node_settings", "in_process_node",
+           "read_exactly"]
 
 
 def node_settings(store: Path, **overrides):
@@ -37,3 +38,61 @@ def in_process_node(directory: Path, **overrides):
     finally:
         running.stop()
         ray.shutdown()
+
+
+def read_exactly(sock, size: int) -> bytes:
+    out = bytearray()
+    while len(out) < size:
+        chunk = sock.recv(size - len(out))
+        assert chunk, "the peer closed the link"
+        out += chunk
+    return bytes(out)
+
+
+class FakeRocketMQMaster:
+    """A RocketMQ 4.x master's HA side as spec §12 specifies it, serving `log` (CommitLog bytes
+    from offset 0) to one slave on a thread: it reads the slave's first 8-byte report, sends
+    from there (an empty slave: from the last segment) in 12-byte-headed transfers of at most
+    32 KiB within a segment, then heartbeats while it reads the slave's reports."""
+
+    def __init__(self, log: bytes, segment: int):
+        import socket
+        import threading
+
+        self.log, self.segment = log, segment
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import struct
+
+        header = struct.Struct(">qi")
+        try:
+            connection, _ = self.listener.accept()
+        except OSError:
+            return  # closed before a slave came
+        end = len(self.log)
+        with connection:
+            start = int.from_bytes(read_exactly(connection, 8), "big", signed=True)
+            at = start or end - end % self.segment
+            while not self.stop.is_set() and at < end:
+                size = min(32768, end - at, self.segment - at % self.segment)
+                connection.sendall(header.pack(at, size) + self.log[at: at + size])
+                at += size
+            connection.settimeout(0.5)
+            while not self.stop.is_set():
+                try:
+                    if not connection.recv(64):
+                        return
+                except TimeoutError:
+                    connection.sendall(header.pack(at, 0))
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.listener.close()
+        self.thread.join(5)

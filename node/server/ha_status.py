@@ -24,6 +24,9 @@ def ha_status(settings, control, actor_stats: dict[str, dict]) -> dict:
     if role != "SLAVE":
         status |= {"slaves": server.get("slaves", []), "transferBytesPerSecond": server.get("transferBytesPerSecond", 0),
                    "bound": server.get("bound", False), "bindError": server.get("bindError", "")}
+    if role == "SLAVE":  # from the control block: its master's end as last heard, its own
+        master = control.get("master_offset")
+        status |= {"masterOffset": master, "lagBytes": max(0, master - control.get("written"))}
     if client:
         status["follower"] = {key: client.get(key) for key in (
             "master", "masterEndpoint", "following", "connected", "masterOffset", "offset", "written", "lagBytes",

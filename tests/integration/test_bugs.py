@@ -14,7 +14,7 @@ from node.client import Producer, PullConsumer, SendError
 from node.server.supervision import actor_states
 
 LABELS = ("front", "writer", "flush", "dispatcher", "allocator", "ingress-0", "pull-0")
-TURN = 400  # every process raises at its 400th loop turn, then again after each restart
+TURN = 200  # every process raises at its 200th loop turn (10 s of an idle 50 ms loop), then again after each restart
 
 
 @pytest.fixture(scope="module")

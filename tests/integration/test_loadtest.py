@@ -328,7 +328,7 @@ def test_chaos_under_sync_flush_with_a_slave_loses_nothing_and_keeps_the_copy(tm
     node, the slave's processes and the slave's whole node are struck; every acknowledged message
     is consumed, and the slave's CommitLog ends byte for byte as the master's."""
     done, results = loadtest("--flush", "SYNC_FLUSH", "--node-option", "brokerRole=SYNC_MASTER", "--slave",
-                             "--producers", "2", "--consumers", "1", "--rate", "1500", "--duration", "12", "--verify",
+                             "--producers", "2", "--consumers", "1", "--rate", "1500", "--duration", "9", "--verify",
                              "--chaos", "--chaos-interval", "1.5,2.5", "--seed", "1", "--output", str(tmp_path),
                              timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -131,11 +131,15 @@ def test_the_embedded_ray_refuses_a_driver_without_the_node_s_token(tmp_path):
         assert len(gcs) == 1 and gcs[0].environ().get("RAY_AUTH_MODE") == "token"
         port = next(c.laddr.port for c in gcs[0].net_connections("tcp") if c.status == psutil.CONN_LISTEN)
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        # a client of the GCS without the token: refused at its first request (a whole ray.init
+        # gets there too, after 20 s of retries)
         intruder = subprocess.run(
-            [sys.executable, "-c", f"import ray, logging; ray.init(address='127.0.0.1:{port}', "
-                                   f"logging_level=logging.ERROR); print('connected')"],
+            [sys.executable, "-c", f"from ray._raylet import GcsClient; "
+                                   f"GcsClient(address='127.0.0.1:{port}').internal_kv_keys(b'', None, timeout=10); "
+                                   f"print('connected')"],
             env=env, capture_output=True, text=True, timeout=120, check=False)
         assert intruder.returncode != 0 and "connected" not in intruder.stdout
+        assert "InvalidAuthToken" in intruder.stderr, intruder.stderr[-2000:]
         assert _ask(settings.listen, {"code": protocol.GET_MAX_OFFSET, "topic": "T", "queueId": 0})["status"] == "OK"
     finally:
         assert node.stop() == 0

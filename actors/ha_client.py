@@ -35,7 +35,7 @@ from actors.base import Actor, incoming, socket, wait_readable
 from actors.wire import pack_replies
 from actors.writer import WAKE_MARGIN_NS, dispatcher_wakes
 from node import protocol
-from node.server import ha_link
+from node.server import guard, ha_link
 from node.server.ha_link import REPORT, LinkError, SlaveSession, StreamDecoder
 from node.server.supervision import monotonic_ms
 from shm import epochs
@@ -134,6 +134,7 @@ class HaClient(Actor):
         self.follower: Follower | None = Follower(s, self.control) if self.control.get("role") == ROLE_CODES["SLAVE"] else None
         self.epochs = epochs.EpochFile(s.root)
         self.rocketmq = s.haProtocol == "rocketmq"
+        self.curve_keys = guard.ha_link_keys(s)
         self.session: SlaveSession | None = None
         self.link = None  # a zmq DEALER, or a TCP socket (rocketmq)
         self.decoder = StreamDecoder()
@@ -199,6 +200,7 @@ class HaClient(Actor):
         self.link = socket(self.context, zmq.DEALER, hwm=0)
         self.link.setsockopt(zmq.ROUTING_ID, secrets.token_bytes(8))  # a fresh session each connect
         self.link.setsockopt(zmq.RCVBUF, 4 * 1024 * 1024)
+        guard.secure_link(self.link, self.curve_keys)  # (a master with curveEnable)
         self.link.connect(f"tcp://{host}:{port}")
         self.link.send(self.session.hello(s.brokerId, self.epochs.entries, s.listen))
 

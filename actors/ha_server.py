@@ -29,7 +29,7 @@ import orjson
 import zmq
 
 from actors.base import Actor, doorbell, incoming, wait_readable
-from node.server import ha_link
+from node.server import guard, ha_link
 from node.server.ha_link import HEADER, REPORT, LinkError, MasterSession, StreamDecoder
 from node.server.supervision import monotonic_ms
 from shm import epochs
@@ -66,6 +66,7 @@ class HaServer(Actor):
         self.role_seen = self.control.get("role")
         self.sessions: dict[object, MasterSession] = {}  # routing id (zmq) or TcpPeer -> session
         self.endpoint = None  # the ROUTER or the TCP listener, once bound
+        self.curve = None  # the allow-list's ZAP handler (curveEnable with curveClientKeysDir)
         self.next_bind_ms = 0
         self.bind_error = ""
         self.wake = doorbell(s, "ha-wake", listen=True)  # the writer's "written moved"
@@ -123,10 +124,16 @@ class HaServer(Actor):
                 router.setsockopt(zmq.SNDHWM, 0)
                 router.setsockopt(zmq.RCVHWM, 100000)
                 router.setsockopt(zmq.SNDBUF, 4 * 1024 * 1024)
+                # with curveEnable the link is CURVE-encrypted with the node's key pair, and the
+                # allow-list (curveClientKeysDir) decides which slaves may follow, as on the client port
+                self.curve = guard.secure_clients(router, s, self.context)
                 try:
                     router.bind(f"tcp://{address[0]}:{address[1]}")
                 except zmq.ZMQError:
                     router.close(0)
+                    if self.curve is not None:
+                        self.curve.stop()  # (started again with the next try)
+                        self.curve = None
                     raise
                 self.endpoint = router
             self.bind_error = ""
@@ -370,6 +377,8 @@ class HaServer(Actor):
         self.endpoint = None
         if hasattr(self, "log"):
             self.log.close()
+        if getattr(self, "curve", None) is not None:
+            self.curve.stop()
         for bell in (getattr(self, "wake", None), getattr(self, "acked_out", None)):
             if bell is not None:
                 bell.close()

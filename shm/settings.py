@@ -119,6 +119,7 @@ class Settings:
     haHousekeepingInterval: int = _s(20000, "Idle HA connection timeout, ms", HA)
     haTransferBatchSize: int = _s(32768, "Maximum bytes per HA transfer", HA)
     haMasterAddress: str = _s("", "A slave's master HA address, host:port", HA)
+    haMasterPublicKeyFile: str = _s("", "A slave of a master with curveEnable: the master's public key (its node.key); the link is then CURVE-encrypted, the slave showing its own key pair (curveSecretKeyFile) to the master's allow-list", HA)
     haSlaveFallbehindMax: int = _s(268435456, "SYNC_MASTER fails fast with SLAVE_NOT_AVAILABLE beyond this lag, bytes", HA)
     slaveTimeout: int = _s(3000, "SYNC_MASTER replication wait, ms (then FLUSH_SLAVE_TIMEOUT)", HA)
     duplicationEnable: bool = _s(False, "Dispatch only below the confirm offset", HA)
@@ -460,6 +461,8 @@ def _validate_ha(settings: Settings) -> None:
         host, _, port = settings.haMasterAddress.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise SettingsError(f"brokerRole = SLAVE needs haMasterAddress = host:port, not {settings.haMasterAddress!r}")
+    if settings.curveEnable and settings.haProtocol == "rocketmq":
+        raise SettingsError("curveEnable needs haProtocol = zmq: RocketMQ's plain-TCP link cannot be encrypted")
     if not 0 < settings.ha_port < 65536:
         raise SettingsError(f"haListenPort: {settings.ha_port} is not a port")
     if min(settings.haSendHeartbeatInterval, settings.haHousekeepingInterval, settings.haTransferBatchSize,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import orjson
 import zmq
 
+from node.server import guard
 from node.server.ha_link import HISTORY
 from shm import epochs
 from shm.recovery import cut
@@ -28,6 +29,7 @@ def master_history(settings, timeout_ms: int = ASK_TIMEOUT_MS) -> tuple[list[epo
     context = zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    guard.secure_link(sock, guard.ha_link_keys(settings))
     try:
         sock.connect(f"tcp://{host}:{port}")
         sock.send(HISTORY)

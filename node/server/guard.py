@@ -88,6 +88,8 @@ def check_settings(settings) -> None:
     if settings.curveEnable:
         server_keys(settings)
         allowed_keys(settings)
+    if settings.haMasterPublicKeyFile:
+        ha_link_keys(settings)
 
 
 def open_acl(settings) -> tuple[Acl, AclFile] | None:
@@ -136,6 +138,33 @@ def allowed_keys(settings) -> set[bytes] | None:
     if not directory.is_dir():
         raise SecurityError(f"curveClientKeysDir {directory} is not a directory")
     return set(zmq.auth.load_certificates(directory))
+
+
+def ha_link_keys(settings) -> dict[str, bytes] | None:
+    """A slave's CURVE options for its link to a master with curveEnable (haMasterPublicKeyFile):
+    the master's public key, and this node's key pair (curveSecretKeyFile, which the master's
+    allow-list must hold; without one, a fresh pair, which only a master with no allow-list
+    takes). None: a plaintext link."""
+    if not settings.haMasterPublicKeyFile:
+        return None
+    path = resolve(settings.haMasterPublicKeyFile)
+    try:
+        master_public, _ = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as e:
+        raise SecurityError(f"haMasterPublicKeyFile: cannot read the master's public key {path}: {e}") from None
+    try:
+        public, secret = server_keys(settings)
+    except SecurityError:
+        if settings.curveEnable:
+            raise
+        public, secret = zmq.curve_keypair()
+    return {"curve_serverkey": master_public, "curve_publickey": public, "curve_secretkey": secret}
+
+
+def secure_link(sock: zmq.Socket, keys: dict[str, bytes] | None) -> None:
+    """A slave's DEALER to its master: CURVE with `ha_link_keys`, before it connects."""
+    for option, value in (keys or {}).items():
+        setattr(sock, option, value)
 
 
 def secure_clients(sock: zmq.Socket, settings, context: zmq.Context) -> ClientKeys | None:

@@ -310,7 +310,7 @@ class Front(Actor):
                     self._refuse(client, request, request.header.get("oneway") is True, "NO_PERMISSION", remark)
             except protocol.ProtocolError as e:
                 self.malformed += 1
-                self._reply(client, protocol.error_reply(_opaque_of(rest), "SYSTEM_ERROR", str(e)))
+                self._reply(client, protocol.error_reply(protocol.opaque_of(rest), "SYSTEM_ERROR", str(e)))
 
     def _route(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
         """The router core (actors.router) says where the request goes, its fields checked at the
@@ -491,12 +491,3 @@ class Front(Actor):
         if getattr(self, "curve", None) is not None:
             self.curve.stop()
         super().close()
-
-
-def _opaque_of(frames: list[bytes]):
-    """The opaque of a request whose header is broken, when it can still be read."""
-    try:
-        header = orjson.loads(frames[0])
-        return header.get("opaque") if isinstance(header, dict) else None
-    except (orjson.JSONDecodeError, IndexError):
-        return None

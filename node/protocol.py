@@ -230,3 +230,12 @@ def decode_batch_body(data: bytes, limit: int = MAX_MESSAGES_PER_REQUEST) -> lis
     if not messages:
         raise ProtocolError("a batch holds at least one message")
     return messages
+
+
+def opaque_of(frames: list[bytes]):
+    """The opaque of a request whose header is broken, when it can still be read."""
+    try:
+        header = orjson.loads(frames[0])
+        return header.get("opaque") if isinstance(header, dict) else None
+    except (orjson.JSONDecodeError, IndexError):
+        return None

@@ -1,7 +1,8 @@
 """Every setting of the store and node, with RocketMQ's camelCase names and 4.9 defaults.
 
 This is the one place settings are defined; `conf/broker.toml` is rendered from it
-(`python -m shm.settings > conf/broker.toml`, checked by a test) so the two cannot drift.
+(`python -m shm.settings > conf/broker.toml`, by shm.conf_file; checked by a test) so the two
+cannot drift.
 
 Files hold flat `key = value` lines, as RocketMQ's broker.conf: TOML-style (`"quoted"` strings)
 and broker.conf-style (`key=value`, bare strings) both parse. Keys a file omits keep their
@@ -484,24 +485,6 @@ def _validate_cleaning(settings: Settings) -> None:
         raise SettingsError("the cleaning intervals are ms >= 0 (cleanResourceInterval >= 1)")
 
 
-def render_conf() -> str:
-    """conf/broker.toml: every key, its default and what it does, grouped as the spec groups them."""
-    lines = ["# mqnode broker settings: RocketMQ 4.9 MessageStoreConfig/BrokerConfig names and defaults.",
-             "# Flat `key = value` lines (TOML; RocketMQ broker.conf `key=value` lines parse too).",
-             "# Keys left out of a file given with --conf keep these defaults.",
-             "# Generated from shm/settings.py: python -m shm.settings > conf/broker.toml", ""]
-    group = None
-    for f in fields(Settings):
-        if f.metadata["group"] != group:
-            group = f.metadata["group"]
-            lines += ["", f"# ---- {group}"]
-        lines.append(f"# {f.metadata['comment']}")
-        if f.name in NOT_IMPLEMENTED:
-            lines.append(f"# Not implemented yet ({NOT_IMPLEMENTED[f.name]}): only the default is accepted.")
-        lines.append(f"{f.name} = {_render_value(f.default)}")
-    return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
-
-
 def _render_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -510,5 +493,7 @@ def _render_value(value: object) -> str:
     return str(value)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m shm.settings > conf/broker.toml
+    from shm.conf_file import render_conf
+
     sys.stdout.write(render_conf())

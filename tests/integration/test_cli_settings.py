@@ -10,6 +10,7 @@ from golden import GOLDEN_STORE, manifest
 from helpers import close_clean, message, open_store, put, small_settings
 
 from shm import settings as settings_module
+from shm.conf_file import render_conf
 from shm.settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +86,7 @@ def test_conf_file_lists_every_setting_with_its_default():
     import tomllib
 
     conf = (ROOT / "conf" / "broker.toml").read_text()
-    assert conf == settings_module.render_conf()
+    assert conf == render_conf()
     assert tomllib.loads(conf) == {k: getattr(Settings(), k) for k in tomllib.loads(conf)}
     assert settings_module.load(ROOT / "conf" / "broker.toml") == Settings()
 

@@ -296,14 +296,14 @@ class Load:
 def test_a_slave_catches_up_after_every_kind_of_fault(pair):
     master, slave, master_node, slave_node = pair.master, pair.slave, pair.master_node, pair.slave_node
     with Load(master.listen):
-        time.sleep(0.5)
+        time.sleep(0.3)
         slave_node.actor_process("ha-client").kill()  # the link cut by the follower's death
-        time.sleep(1.0)
+        time.sleep(0.7)
         master_node.actor_process("ha-server").kill()  # ... by the master side's
-        time.sleep(1.0)
+        time.sleep(0.7)
         slave_node.kill_all()  # the slave's whole node
         slave_node.start()
-        time.sleep(0.5)
+        time.sleep(0.3)
     wait_until(lambda: caught_up(slave, master), 60, "the slave after the kills")
     assert_prefix(slave, master)
     master_node.kill_all()  # the master's whole node, under no load

@@ -13,6 +13,9 @@ from shm.commitlog import CommitLog
 from shm.control_block import ControlBlock
 
 MiB = 1024 * 1024
+RECLAIMED = 8  # pages the kernel may take back meanwhile (clean page cache, under memory pressure)
+
+
 def test_the_allocator_reads_ahead_of_the_writer_a_bounded_step_a_turn(tmp_path):
     settings = node_settings(tmp_path / "store", mappedFileSizeCommitLog=4 * MiB, prefaultAheadBytes=10 * MiB)
     settings.root.mkdir(parents=True)
@@ -36,11 +39,13 @@ def test_the_allocator_reads_ahead_of_the_writer_a_bounded_step_a_turn(tmp_path)
         assert allocator.statistics()["prefaultedTo"] == 10 * MiB
         assert set(allocator.mapped) == {4 * MiB, 8 * MiB}
         assert allocator.statistics()["prefaultedBytes"] >= 10 * MiB - written - 4096
-        # what it read is in the page cache (the unmapping after each read keeps it there)
+        # what it read is in the page cache (the unmapping after each read keeps it there); the
+        # kernel may reclaim a clean page or two between the read and this look when the machine
+        # is short of memory (seen at the end of the whole suite: 1022 and 1023 of 1024)
         segment_1, segment_2 = (settings.commitlog_dir / name for name in ("00000000000004194304",
                                                                            "00000000000008388608"))
-        assert cached_pages(segment_1, 0, 4 * MiB) == 4 * MiB // mmap.PAGESIZE
-        assert cached_pages(segment_2, 0, 2 * MiB) == 2 * MiB // mmap.PAGESIZE
+        assert cached_pages(segment_1, 0, 4 * MiB) >= 4 * MiB // mmap.PAGESIZE - RECLAIMED
+        assert cached_pages(segment_2, 0, 2 * MiB) >= 2 * MiB // mmap.PAGESIZE - RECLAIMED
         # and nothing past it: a page a time, no read-around (which came in 8 MiB bites here)
         assert cached_pages(segment_2, 2 * MiB, 4 * MiB) == 0
     finally:

@@ -193,7 +193,9 @@ class AsyncPullConsumer:
                       idle_timeout: float = 5.0, suspend_ms: int = 1000, limit: int | None = None):
         """Yield messages from every queue of `topic`, from the group's committed offsets
         (`start="committed"`, falling back to the first), or `"first"` / `"last"`; commits after
-        each pull. Stops after `limit` messages or `idle_timeout` seconds without one."""
+        each pull. Each queue is pulled on its own (a long poll of an idle queue holds back no
+        other), its next pull sent once the last one's messages were taken. Stops after `limit`
+        messages or `idle_timeout` seconds without one."""
         queues = await self.client.queue_count(topic)
         offsets = {}
         for q in range(queues):
@@ -204,16 +206,36 @@ class AsyncPullConsumer:
                 offsets[q] = await self.max_offset(topic, q)
             else:
                 offsets[q] = await self.min_offset(topic, q)
+        ready: asyncio.Queue = asyncio.Queue()  # (queue, a pull's result or the error that ended its follower)
+        turns = {q: asyncio.Event() for q in range(queues)}
+
+        async def follow(q: int) -> None:
+            """One queue's pulls, one at a time, each after the last was consumed: a queue with
+            nothing new waits at the node without holding the others back."""
+            while True:
+                try:
+                    result = await self.pull(topic, q, offsets[q], subscription=subscription, suspend_ms=suspend_ms,
+                                             group=group)
+                except Exception as e:  # (SendError, a closed client) ends the consume, raised there
+                    await ready.put((q, e))
+                    return
+                turns[q].clear()
+                await ready.put((q, result))
+                await turns[q].wait()
+
+        followers = [asyncio.ensure_future(follow(q)) for q in range(queues)]
         delivered, last_message = 0, time.monotonic()
-        while limit is None or delivered < limit:
-            if time.monotonic() - last_message > idle_timeout:
-                return
-            wait = min(suspend_ms, max(1, int((idle_timeout - (time.monotonic() - last_message)) * 1000)))
-            results = await asyncio.gather(*[self.pull(topic, q, offsets[q], subscription=subscription,
-                                                       suspend_ms=wait, group=group) for q in range(queues)])
-            for q, result in enumerate(results):
+        try:
+            while limit is None or delivered < limit:
+                try:
+                    q, result = await asyncio.wait_for(ready.get(), idle_timeout - (time.monotonic() - last_message))
+                except (asyncio.TimeoutError, ValueError):
+                    return
+                if isinstance(result, Exception):
+                    raise result
                 if result.status == "OFFSET_ILLEGAL":
                     offsets[q] = min(max(offsets[q], result.min_offset), result.max_offset)
+                    turns[q].set()
                     continue
                 for message in result.messages:
                     if limit is not None and delivered >= limit:
@@ -225,6 +247,11 @@ class AsyncPullConsumer:
                 else:
                     offsets[q] = result.next_begin_offset
                 await self.commit(group, topic, q, offsets[q])
+                turns[q].set()
+        finally:
+            for follower in followers:
+                follower.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)
 
 
 class PullConsumer:

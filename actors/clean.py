@@ -16,7 +16,9 @@ Every `cleanResourceInterval` ms the core looks at the disk and decides:
   (or `admin clean --force`), its age is ignored (forced). At most 10 go a pass, with
   `deleteCommitLogFilesInterval` ms between them; the pass stops at the first segment too young.
   mqnode's one addition: a pass that deleted its 10 while the space trigger still holds is
-  followed by the next at once, so deletion keeps up with fast appends.
+  followed by the next at once, so deletion keeps up with fast appends. With
+  `tieredArchiveDir`, a segment goes only once the archive's manifest holds it
+  (shm.archive_manifest): the pass stops at the first one it does not, however full the disk.
 - **ConsumeQueue and index files** after a pass moved the CommitLog's min offset: every CQ file
   but a queue's last whose last entry points below it (a `deleteConsumeQueueFilesInterval` ms
   pause after each queue that lost files), then every index file but the last whose end offset
@@ -53,6 +55,7 @@ import zmq
 from actors.base import Actor, give_way, incoming, socket, wait_readable
 from actors.wire import pack_replies
 from node import protocol
+from shm import archive_manifest
 from shm.consume_queue import ENTRY_SIZE
 from shm.control_block import FLAG_DISK_FULL
 from shm.invariant import invariant
@@ -234,6 +237,9 @@ class CleanCore:
             return self._end_pass(now, "the oldest segment vanished")
         if not run.forced and stat.st_mtime_ns // 1_000_000 + self.reserved_ms > self.wall_ms():
             return self._end_pass(now, "the oldest segment is younger than fileReservedTime")
+        unarchived = self._unarchived(oldest, stat.st_size) if s.tieredArchiveDir else None
+        if unarchived:
+            return self._end_pass(now, unarchived)
         new_min = int(segments[1].name)
         invariant(new_min >= self.control.get("min_offset"), "the CommitLog's min offset only moves forward")
         self.control.set("min_offset", new_min)  # readers first: published before the unlink
@@ -256,6 +262,18 @@ class CleanCore:
         if run.deleted >= DELETE_MAX_PER_PASS:
             return self._end_pass(now, f"{DELETE_MAX_PER_PASS} deleted: the most a pass deletes")
         run.next_at = now + s.deleteCommitLogFilesInterval / 1000
+
+    def _unarchived(self, segment: Path, size: int) -> str | None:
+        """With `tieredArchiveDir`, why `segment` may not go yet: a segment goes only once the
+        archive's manifest holds it (never data that exists nowhere else); an unreadable
+        manifest holds nothing."""
+        try:
+            manifest = archive_manifest.read(Path(self.settings.tieredArchiveDir).expanduser())
+        except (archive_manifest.ManifestError, OSError) as e:
+            return f"the tiered archive cannot be read: {e}"
+        if not archive_manifest.holds(manifest, segment.name, size):
+            return "the oldest segment is not yet in the tiered archive (scripts/pipeline archive)"
+        return None
 
     def _end_pass(self, now: float, why: str) -> None:
         run, self.running = self.running, None

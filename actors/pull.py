@@ -41,6 +41,7 @@ import zmq
 from actors.base import Actor, incoming, socket, wait_readable
 from actors.wire import arrivals_from_wire, pack_replies
 from node import protocol
+from node.server.tiered import ArchiveDamaged, TieredArchive
 from shm import reader as store_reader
 from shm.codec import Record, decode, decode_msg_id, tags_code
 from shm.index_file import IndexService
@@ -91,6 +92,7 @@ class ReadCore:
         self.deferred: list[list] = []  # [written on arrival, give up at, client, arrival, header]
         self.served = self.found = self.woken = self.expired = self.deferrals = 0
         self.pulled: dict[tuple[str, str], list[int]] = {}  # (topic, group) -> [messages, bytes]
+        self.tiered = TieredArchive(s.tieredArchiveDir, clock=clock) if s.tieredArchiveDir else None
 
     def after_turn(self, out: list) -> None:
         """End the held pulls whose time is up; serve the deferred reads the dispatcher caught
@@ -146,10 +148,11 @@ class ReadCore:
         if behind and (code == protocol.SEARCH_OFFSET_BY_TIMESTAMP
                        or code == protocol.GET_MAX_OFFSET and not header.get("indexed")):
             return DEFER  # (`indexed`: GET_MAX_OFFSET's, RocketMQ's indexed max at once)
-        if code in (protocol.GET_MAX_OFFSET, protocol.GET_MIN_OFFSET):
+        if code == protocol.GET_MAX_OFFSET:
             view = self.reader.queue(header["topic"], header["queueId"], dispatched)
-            offset = view.max_offset if code == protocol.GET_MAX_OFFSET else view.min_offset(self.reader.commitlog_min)
-            return [orjson.dumps(protocol.reply_header(opaque, "OK", offset=offset))]
+            return [orjson.dumps(protocol.reply_header(opaque, "OK", offset=view.max_offset))]
+        if code == protocol.GET_MIN_OFFSET:
+            return [orjson.dumps(protocol.reply_header(opaque, "OK", **self._min_offset(header, dispatched)))]
         if code == protocol.SEARCH_OFFSET_BY_TIMESTAMP:
             return [orjson.dumps(protocol.reply_header(opaque, "OK", offset=self._offset_by_time(header, dispatched)))]
         if code == protocol.QUERY_MESSAGE:
@@ -166,6 +169,10 @@ class ReadCore:
             return [orjson.dumps(protocol.reply_header(opaque, "SUBSCRIPTION_PARSE_FAILED", str(e)))]
         codes = {tags_code(t) for t in tags} if tags else None
         result = self.reader.get_message(topic, queue_id, offset, count, codes, dispatched)
+        if result.status == store_reader.OFFSET_TOO_SMALL and self.tiered is not None:
+            archived = self._pull_tiered(header, result, tags)
+            if archived is not None:
+                return archived
         status = _PULL_STATUS.get(result.status)
         if result.status == store_reader.NO_MESSAGE_IN_QUEUE:
             status = "OFFSET_ILLEGAL" if offset != 0 else "NO_NEW_MSG"
@@ -184,6 +191,39 @@ class ReadCore:
             records = b"".join(result.records)
             reply.append(records)
             self._count_pulled(topic, header.get("consumerGroup") or "", result.count, len(records))
+        return reply
+
+    def _min_offset(self, header: dict, dispatched: int) -> dict:
+        """GET_MIN_OFFSET's fields: the store's min, or the archive's with `tiered` when it is lower."""
+        topic, queue_id = header["topic"], header["queueId"]
+        offset = self.reader.queue(topic, queue_id, dispatched).min_offset(self.reader.commitlog_min)
+        archived = self.tiered.min_offset(topic, queue_id) if self.tiered is not None else None
+        if archived is not None and archived < offset:
+            return {"offset": archived, "tiered": True}
+        return {"offset": offset}
+
+    def _pull_tiered(self, header: dict, result, tags: set[str] | None) -> list[bytes] | None:
+        """A pull below the store's min offset, from the archive (node.server.tiered); None when the
+        archive holds nothing there either (the store's OFFSET_ILLEGAL stands)."""
+        opaque, s = header.get("opaque"), self.settings
+        count = min(header.get("maxMsgNums", 32), s.maxTransferCountOnMessageInMemory)
+        try:
+            read = self.tiered.read(header["topic"], header["queueId"], header["queueOffset"], count,
+                                    s.maxTransferBytesOnMessageInMemory, set(tags) if tags else None, result.min_offset)
+        except ArchiveDamaged as e:
+            self.tiered.failures += 1
+            return [orjson.dumps(protocol.reply_header(opaque, "SYSTEM_ERROR", f"tiered archive: {e}"))]
+        if read is None:
+            return None
+        status = _PULL_STATUS[read.status]
+        fields = {"nextBeginOffset": read.next_begin, "minOffset": read.min_offset, "maxOffset": result.max_offset,
+                  "getStatus": read.status, "count": len(read.records), "suggestWhichBrokerId": 0, "tiered": True}
+        reply = [orjson.dumps(protocol.reply_header(opaque, status, **fields))]
+        if read.records:
+            records = b"".join(read.records)
+            reply.append(records)
+            self._count_pulled(header["topic"], header.get("consumerGroup") or "", len(read.records), len(records))
+            self.found += 1
         return reply
 
     def _suggested_broker(self, result) -> int:
@@ -355,7 +395,8 @@ class ReadCore:
     def statistics(self) -> dict:
         return {"served": self.served, "found": self.found, "held": self.held_count, "woken": self.woken,
                 "pulled": [[topic, group, n, size] for (topic, group), (n, size) in self.pulled.items()],
-                "expired": self.expired, "deferred": len(self.deferred), "deferrals": self.deferrals}
+                "expired": self.expired, "deferred": len(self.deferred), "deferrals": self.deferrals,
+                **({"tiered": self.tiered.statistics()} if self.tiered is not None else {})}
 
     def close(self) -> None:
         self.reader.close()

@@ -554,6 +554,32 @@ def peek_store_timestamp(buf, pos: int = 0) -> int | None:
     return _I64.unpack_from(buf, pos + store_timestamp_offset(sys_flag))[0]
 
 
+def body_offset(sys_flag: int) -> int:
+    """Where BODY starts in a record: its fixed part is 72 bytes plus the two hosts (either magic)."""
+    return 72 + (20 if sys_flag & FLAG_BORNHOST_V6 else 8) + (20 if sys_flag & FLAG_STOREHOST_V6 else 8)
+
+
+def envelope(raw) -> bytes:
+    """A whole record without its body (what the archive keeps beside the body column), so that
+    `with_body(envelope(raw), body) == raw` byte for byte, whatever the record's magic or hosts."""
+    at = body_offset(_I32.unpack_from(raw, OFFSET_SYSFLAG)[0])
+    length = _I32.unpack_from(raw, at - 4)[0]
+    return bytes(raw[:at]) + bytes(raw[at + length:])
+
+
+def with_body(head: bytes, body: bytes) -> bytes:
+    """The record `envelope` cut `body` out of. Raises ValueError when they do not belong
+    together: another length, a TOTALSIZE that does not add up, another body CRC."""
+    at = body_offset(_I32.unpack_from(head, OFFSET_SYSFLAG)[0])
+    size, _, crc = struct.unpack_from(">iii", head, 0)
+    length = _I32.unpack_from(head, at - 4)[0]
+    if length != len(body) or size != len(head) + len(body):
+        raise ValueError(f"a body of {len(body)} bytes in an envelope for {length} (TOTALSIZE {size})")
+    if body and crc != body_crc(body):
+        raise ValueError(f"body CRC {body_crc(body)} where the record says {crc}")
+    return b"".join((head[:at], body, head[at:]))
+
+
 def record_head(record) -> tuple[int, int, int, int]:
     """(TOTALSIZE, MAGICCODE, QUEUEID, SYSFLAG) of an encoded record."""
     size, magic = _BLANK.unpack_from(record, 0)

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from shm import archive_manifest
+
 MAX_PULL_WORKERS = 63  # the control block's watcher slots, less the front's (shm.control_block)
 
 GiB = 1024 * 1024 * 1024
@@ -81,6 +83,7 @@ class Settings:
     cleanFileForciblyEnable: bool = _s(True, "Ignore file age when the disk is nearly full", CLEAN)
     diskSpaceWarningLevelRatio: float = _s(0.90, "Disk use above which writes are refused (disk full) and cleaning is immediate", CLEAN)
     diskSpaceCleanForciblyRatio: float = _s(0.85, "Disk use above which cleaning is immediate", CLEAN)
+    tieredArchiveDir: str = _s("", "A Parquet archive of this store (scripts/pipeline archive): pulls below a queue's min offset are served from it, and only segments it holds are deleted; empty: no tiered reads", CLEAN)
     # -- message limits, recovery and delayed messages
     maxMessageSize: int = _s(4 * 1024 * 1024, "Maximum body size in bytes; a record may be 64 KiB larger", LIMITS)
     checkCRCOnRecover: bool = _s(True, "Verify body CRCs during CommitLog recovery", LIMITS)
@@ -259,17 +262,14 @@ class SettingsError(ValueError):
     pass
 
 
-_DEFAULT_LISTEN_PORT = 10911
-_DEFAULT_HA_PORT = 10912
-_DEFAULT_BROKER_IP = "127.0.0.1"
+_DEFAULT_LISTEN_PORT, _DEFAULT_HA_PORT, _DEFAULT_BROKER_IP = 10911, 10912, "127.0.0.1"
 
 
 def _is_address(text: str) -> bool:
     try:
-        ipaddress.ip_address(text)
+        return bool(ipaddress.ip_address(text))
     except ValueError:
         return False
-    return True
 
 
 _UNITS = {"s": 1000, "m": 60000, "h": 3600000, "d": 86400000}
@@ -442,8 +442,7 @@ def validate(settings: Settings) -> None:
     if settings.ingressWorkers < 0 or settings.pullWorkers < 0 or settings.sendQueueCapacity < 1:
         raise SettingsError("ingressWorkers and pullWorkers must be >= 0, sendQueueCapacity >= 1")
     if settings.topology == "compact" and (settings.ingressWorkers or settings.pullWorkers):
-        raise SettingsError("ingressWorkers and pullWorkers scale topology = split; the compact topology "
-                            "encodes and reads in the front")
+        raise SettingsError("ingressWorkers and pullWorkers scale topology = split (compact encodes and reads in the front)")
     if settings.pullWorkers > MAX_PULL_WORKERS:  # each has a watcher slot in the control block
         raise SettingsError(f"pullWorkers must be at most {MAX_PULL_WORKERS}")
     if not 0 <= settings.metricsPort <= 65535:
@@ -483,6 +482,9 @@ def _validate_cleaning(settings: Settings) -> None:
            settings.deleteConsumeQueueFilesInterval, settings.redeleteHangedFileInterval,
            settings.destroyMapedFileIntervalForcibly) < 0 or settings.cleanResourceInterval < 1:
         raise SettingsError("the cleaning intervals are ms >= 0 (cleanResourceInterval >= 1)")
+    tiered = Path(settings.tieredArchiveDir).expanduser() if settings.tieredArchiveDir else None
+    if tiered is not None and (why := archive_manifest.unreadable(tiered)):
+        raise SettingsError(f"tieredArchiveDir: {why}")
 
 
 def _render_value(value: object) -> str:
@@ -495,5 +497,4 @@ def _render_value(value: object) -> str:
 
 if __name__ == "__main__":  # python -m shm.settings > conf/broker.toml
     from shm.conf_file import render_conf
-
     sys.stdout.write(render_conf())

@@ -1,10 +1,12 @@
 """`scripts/pipeline archive`: a store's sealed CommitLog segments into a Parquet archive.
 
 The archive is a plain Parquet dataset (zstd), hive-partitioned by `topic` and `date` (UTC, of the
-store time), each file sorted by queue and queue offset, with the connector's columns
-(`node.pipeline.rows`): Spark, pandas and DuckDB read it with no mqnode code. Its
-`_manifest.json` (the underscore keeps it out of every reader's data) records each archived
-segment: name, size, CRC-32 of its bytes, rows, and the files it became.
+store time), each file sorted by queue and queue offset in row groups of ROW_GROUP rows, with the
+connector's columns (`node.pipeline.rows`) and `envelope`, each record without its body, from
+which a node with `tieredArchiveDir` gives back the stored bytes exactly (node.server.tiered):
+Spark, pandas and DuckDB read it with no mqnode code. Its `_manifest.json` (shm.archive_manifest;
+the underscore keeps it out of every reader's data) records each archived segment: name, size,
+CRC-32 of its bytes, rows, and the files it became.
 
 Only sealed segments go: not the last one (the writer's), and on an mqnode store none past what
 its control block says is flushed. Each segment is staged on a Spark task (one segment a task)
@@ -22,12 +24,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
 from node.pipeline.offline import Segment, SegmentReport, commitlog_dir, read_segment, segments
+from node.pipeline.rows import ARCHIVE_SCHEMA
+from shm import archive_manifest as manifest_file
 
-MANIFEST = "_manifest.json"
+MANIFEST = manifest_file.FILE
 STAGING = "_staging"
+ROW_GROUP = 2048  # rows a row group: what a tiered read decodes at once (node.server.tiered)
 
 
 class ArchiveError(RuntimeError):
@@ -72,27 +75,9 @@ def sealed(store: str, commitlog: str | None = None) -> list[Segment]:
 
 def read_manifest(archive: Path) -> dict:
     try:
-        return orjson.loads((archive / MANIFEST).read_bytes())
-    except FileNotFoundError:
-        return {"segments": {}}
-
-
-def _write_manifest(archive: Path, manifest: dict) -> None:
-    temporary = archive / (MANIFEST + ".tmp")
-    with open(temporary, "wb") as f:
-        f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, archive / MANIFEST)
-    _fsync_dir(archive)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        return manifest_file.read(archive)
+    except manifest_file.ManifestError as e:
+        raise ArchiveError(str(e)) from None
 
 
 def stage(segment: Segment, staging: str) -> Staged:
@@ -103,7 +88,7 @@ def stage(segment: Segment, staging: str) -> Staged:
 
     report = SegmentReport()
     crc = segment_crc(segment.path)
-    batches = list(read_segment(segment, report=report))
+    batches = list(read_segment(segment, report=report, schema=ARCHIVE_SCHEMA))
     target = Path(staging) / Path(segment.path).name
     shutil.rmtree(target, ignore_errors=True)
     if not batches:
@@ -114,6 +99,7 @@ def stage(segment: Segment, staging: str) -> Staged:
     ds.write_dataset(table, target, format="parquet", partitioning=["topic", "date"], partitioning_flavor="hive",
                      basename_template=f"seg-{Path(segment.path).name}-{{i}}.parquet",
                      file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
+                     max_rows_per_group=ROW_GROUP, min_rows_per_group=ROW_GROUP,
                      existing_data_behavior="overwrite_or_ignore")
     files = sorted(str(p.relative_to(target)) for p in target.rglob("*.parquet"))
     return Staged(segment, crc, table.num_rows, report.crc_errors, files)
@@ -145,10 +131,10 @@ def _commit(archive: Path, staging: Path, staged: Staged, manifest: dict) -> Non
         destination = archive / relative
         destination.parent.mkdir(parents=True, exist_ok=True)
         os.replace(source / relative, destination)
-        _fsync_dir(destination.parent)
+        manifest_file.fsync_dir(destination.parent)
     manifest["segments"][name] = {"size": staged.segment.size, "crc": staged.crc, "rows": staged.rows,
                                   "crcErrors": staged.crc_errors, "files": staged.files}
-    _write_manifest(archive, manifest)
+    manifest_file.write(archive, manifest)
     shutil.rmtree(source, ignore_errors=True)
 
 

@@ -13,10 +13,12 @@ import pyarrow as pa
 from node import protocol
 from node.client import AsyncPullConsumer, Credentials, aio
 from shm.codec import (
+    FIXED_V4,
     TOTALSIZE,
     Record,
     decode,
     decode_host,
+    envelope,
     offset_msg_id,
     parse_properties,
     split_keys,
@@ -33,6 +35,9 @@ ARROW_SCHEMA = pa.schema([
     ("properties", pa.map_(pa.string(), pa.string())), ("body", pa.binary()),
     ("bornTimestamp", pa.timestamp("ms")), ("storeTimestamp", pa.timestamp("ms")), ("bornHost", pa.string()),
     ("storeHost", pa.string()), ("reconsumeTimes", pa.int32()), ("flag", pa.int32()), ("sysFlag", pa.int32())])
+# The archive's columns: the connector's, plus each record without its body (`shm.codec.envelope`),
+# from which the node's tiered reads give back the stored bytes exactly (node.server.tiered).
+ARCHIVE_SCHEMA = ARROW_SCHEMA.append(pa.field("envelope", pa.binary()))
 PULL_STEP = 32  # the node answers at most 32 messages a pull
 IN_FLIGHT = 8  # pulls in flight per range: a range is read at the node's pace, not the round trip's
 
@@ -47,7 +52,8 @@ def to_batch(bodies: list[bytes], end: int, tags: frozenset[str] | None = None,
     record batch of `schema`: the connector's columns, typed as Spark expects them
     (`arrow_schema`). Each record's layout is walked once by the codec; the columns are built
     from the walked tuples with comprehensions, not per-message objects (~4x faster)."""
-    fixed, bodies_col, topics, texts = [], [], [], []
+    fixed, bodies_col, topics, texts, envelopes = [], [], [], [], []
+    keep_envelopes = "envelope" in schema.names
     for buf in bodies:
         walked, left = walk_records_v4(buf)
         for f, body_at, topic_at, props_at, end_at in walked:
@@ -56,19 +62,25 @@ def to_batch(bodies: list[bytes], end: int, tags: frozenset[str] | None = None,
                 bodies_col.append(buf[body_at: body_at + f[14]])
                 topics.append(_text(buf[topic_at: props_at - 2]))
                 texts.append(buf[props_at: end_at].decode("utf-8"))
+                if keep_envelopes:
+                    envelopes.append(buf[body_at - FIXED_V4.size: body_at] + buf[body_at + f[14]: end_at])
         for at in left:
-            f, body, topic, text = _full(buf[at: at + TOTALSIZE.unpack_from(buf, at)[0]])
+            raw = buf[at: at + TOTALSIZE.unpack_from(buf, at)[0]]
+            f, body, topic, text = _full(raw)
             if f[5] < end:
                 fixed.append(f)
                 bodies_col.append(body)
                 topics.append(topic)
                 texts.append(text)
+                if keep_envelopes:
+                    envelopes.append(envelope(raw))
     properties = [parse_properties(t) for t in texts]
     tags_col = [p.get("TAGS") for p in properties]
     if tags is not None:
         keep = [i for i, t in enumerate(tags_col) if t in tags]
-        fixed, bodies_col, topics, properties, tags_col = ([column[i] for i in keep] for column in
-                                                          (fixed, bodies_col, topics, properties, tags_col))
+        fixed, bodies_col, topics, properties, tags_col, envelopes = (
+            [column[i] for i in keep] if column else column
+            for column in (fixed, bodies_col, topics, properties, tags_col, envelopes))
     offset_ids = [offset_msg_id(f[11], f[6]) for f in fixed]
     columns = {
         "topic": topics, "queueId": [f[3] for f in fixed], "queueOffset": [f[5] for f in fixed],
@@ -78,7 +90,8 @@ def to_batch(bodies: list[bytes], end: int, tags: frozenset[str] | None = None,
         "properties": [list(p.items()) for p in properties], "body": bodies_col,
         "bornTimestamp": [f[8] for f in fixed], "storeTimestamp": [f[10] for f in fixed],
         "bornHost": [_host(f[9]) for f in fixed], "storeHost": [_host(f[11]) for f in fixed],
-        "reconsumeTimes": [f[12] for f in fixed], "flag": [f[4] for f in fixed], "sysFlag": [f[7] for f in fixed]}
+        "reconsumeTimes": [f[12] for f in fixed], "flag": [f[4] for f in fixed], "sysFlag": [f[7] for f in fixed],
+        "envelope": envelopes}
     return pa.RecordBatch.from_arrays([_array(columns[f.name], f.type) for f in schema], schema=schema)
 
 

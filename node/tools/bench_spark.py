@@ -7,7 +7,9 @@ streaming copy topic -> topic with a 1 s trigger while a producer sends 10k msgs
 keeps up, and the end-to-end p99 from the send to the copy's arrival at a consumer (target <= 3 s);
 then, on a store of `--count` JSON-like ~1 KiB events whose node is stopped, an offline read into a
 per-topic count (target <= 30 s for 1 GiB) and `pipeline archive`'s rate (target >= 50 MB/s of
-CommitLog) and Parquet size (target <= a third of the CommitLog's). `--offline-only`: just those.
+CommitLog) and Parquet size (target <= a third of the CommitLog's); last, the node again with
+`tieredArchiveDir` on that archive, its archived segments deleted, and one consumer pulling a
+queue's archived offsets from the archive (target >= 20k msgs/s). `--offline-only`: just those.
 """
 
 from __future__ import annotations
@@ -160,6 +162,39 @@ def offline_figures(spark, base: Path, count: int, options: dict) -> None:
           f"segments, {done['rows']:,} rows; target >= 50); Parquet {parquet / 2**20:,.0f} MiB for "
           f"{done['bytes'] / 2**20:,.0f} MiB of CommitLog = {parquet / max(1, done['bytes']):.2f} (target <= 0.33)",
           flush=True)
+    tiered_pull(directory, base / "archive", settings)
+
+
+def tiered_pull(directory: Path, archive: Path, settings: dict) -> None:
+    """The node again, now with `tieredArchiveDir`: `admin clean --force` deletes the archived
+    segments, then one consumer pulls a queue's archived offsets (served from the Parquet
+    archive, records rebuilt byte for byte) one pull at a time, as `PullConsumer` does."""
+    from node.client.received import decode_messages
+    from node.protocol import DELETE_EXPIRED_COMMITLOG, PULL_MESSAGE
+
+    with bench_node(directory, "ASYNC_FLUSH", 0, {**settings, "tieredArchiveDir": str(archive)}) as node:
+        async def run() -> tuple[int, float, int]:
+            async with AsyncPullConsumer(node.endpoint, timeout=120.0) as consumer:
+                cleaned, _ = await consumer.client.request({"code": DELETE_EXPIRED_COMMITLOG, "force": True},
+                                                           timeout=300.0)
+                offset, pulled = 0, 0
+                began = time.perf_counter()
+                while True:  # what PullConsumer.pull does, reading the reply's `tiered` too
+                    reply, body = await consumer.client.request({
+                        "code": PULL_MESSAGE, "topic": "BenchEvents", "queueId": 0, "queueOffset": offset,
+                        "maxMsgNums": 32, "subscription": "*"})
+                    if reply["status"] != "FOUND" or not reply.get("tiered"):
+                        break
+                    pulled += len(decode_messages(body))
+                    offset = reply["nextBeginOffset"]
+                return pulled, time.perf_counter() - began, cleaned
+
+        pulled, took, cleaned = aio.run(run())
+    if cleaned.get("status") != "OK":
+        print(f"tiered pull: admin clean failed: {cleaned.get('status')} {cleaned.get('remark', '')}", flush=True)
+        return
+    print(f"tiered pull, one consumer, queue 0 from offset 0 after {cleaned['count']} archived segments were "
+          f"deleted: {pulled:,} messages at {pulled / max(took, 1e-9):,.0f} msgs/s (target >= 20k)", flush=True)
 
 
 async def produce_bodies(endpoint: str, topic: str, bodies: list[bytes], count: int) -> None:

@@ -12,6 +12,7 @@ import pytest
 from helpers import small_settings
 
 from actors.clean import DELETE_MAX_PER_PASS, CleanCore, delete_hours
+from shm import archive_manifest
 from shm.control_block import FLAG_DISK_FULL, ControlBlock
 
 SEGMENT = 4096
@@ -120,6 +121,21 @@ def test_forcing_can_be_switched_off(store):
     disk.used = 0.86
     _run(core, disk, 60.0)
     assert len(_left(settings)) == 20
+
+
+def test_with_a_tiered_archive_only_archived_segments_go_however_full_the_disk(store, tmp_path):
+    archive = tmp_path / "archive"
+    core, control, disk, settings = store(aged=20, tieredArchiveDir=str(archive))
+    disk.used = 0.95  # full: forced, age ignored, and still nothing the archive lacks goes
+    _run(core, disk, 5.0)
+    assert len(_left(settings)) == 20 and "tiered archive" in core.last_stop
+    archive.mkdir()
+    held = {f"{i * SEGMENT:020d}": {"size": SEGMENT, "crc": 0, "rows": 1, "crcErrors": 0, "files": []} for i in range(4)}
+    held[f"{5 * SEGMENT:020d}"] = held[f"{4 * SEGMENT:020d}"] = {**held[f"{0:020d}"], "size": SEGMENT - 1}
+    archive_manifest.write(archive, {"segments": held})
+    _run(core, disk, 5.0)  # the first four; the fifth's archived size is not its size: a pass stops there
+    assert _left(settings)[0] == 4 * SEGMENT and control.get("min_offset") == 4 * SEGMENT
+    assert core.last_stop.startswith("the oldest segment is not yet in the tiered archive")
 
 
 def test_nothing_past_the_flushed_or_dispatched_end_is_deleted(store):

@@ -50,6 +50,21 @@ def _binary(buf: memoryview, begins: np.ndarray, lengths: np.ndarray, kind=pa.bi
     return pa.Array.from_buffers(kind, len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
+def _one_topic(a: np.ndarray, begins: np.ndarray, lengths: np.ndarray) -> pa.Array | None:
+    """The topic column when every record has the same topic (a pull reply always does): one
+    value repeated, not a slice a record. None otherwise."""
+    first = int(lengths[0])
+    if (lengths != first).any():
+        return None
+    block = a[begins[:, None] + np.arange(first)]
+    if (block != block[0]).any():
+        return None
+    try:
+        return pa.repeat(pa.scalar(block[0].tobytes().decode("utf-8"), pa.string()), len(lengths))
+    except UnicodeDecodeError:
+        return None  # the general path declines it too
+
+
 def _hosts(raw: np.ndarray) -> pa.Array:
     """8-byte IPv4 hosts as "ip:port" text, each distinct one formatted once."""
     keys = np.ascontiguousarray(raw).view("<u8").ravel()
@@ -101,7 +116,7 @@ def columns_batch(buf: bytes, end: int, tags: frozenset[str] | None, schema: pa.
         return None
     view, rows = memoryview(buf), len(starts)
     text = _binary(view, props_at, props_len, pa.string())
-    topic = _binary(view, topic_at + 1, topic_len, pa.string())
+    topic = _one_topic(a, topic_at + 1, topic_len) or _binary(view, topic_at + 1, topic_len, pa.string())
     try:
         text.validate(full=True)
         topic.validate(full=True)

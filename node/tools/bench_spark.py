@@ -95,6 +95,11 @@ def streaming_copy(spark, endpoint: str, base: Path, rate: int, seconds: float) 
     while len(samples) < 100 and time.monotonic() < deadline:
         aio.run(send_live(200, 0.5))
         time.sleep(1)
+    while True:  # and the trickle's last copies are in, so none is counted as the figure's
+        seen = len(samples)
+        time.sleep(1.5)
+        if len(samples) == seen or time.monotonic() > deadline:
+            break
     samples.clear()
     aio.run(send_live(rate, seconds))
     deadline = time.monotonic() + 30

@@ -53,9 +53,8 @@ ARRIVALS_HWM = 10_000  # announcements queued while no pull is held are dropped 
 DEFAULT_SUSPEND_MS = 15000
 MAX_DEFERRED = 10_000
 DEFER_MAX_S = 5.0
-
-# store status -> (the client's pull status, whether the pull may be held)
-_PULL_STATUS = {
+MAX_PULL_KEYS = 10_000  # (topic, group) pull counters kept
+_PULL_STATUS = {  # the store's status -> the client's pull status
     store_reader.FOUND: "FOUND",
     store_reader.NO_MATCHED_MESSAGE: "NO_MATCHED_MSG",
     store_reader.MESSAGE_WAS_REMOVING: "NO_MATCHED_MSG",
@@ -65,8 +64,6 @@ _PULL_STATUS = {
     store_reader.OFFSET_TOO_SMALL: "OFFSET_ILLEGAL",
 }
 
-
-MAX_PULL_KEYS = 10_000  # (topic, group) pull counters kept
 
 class ReadCore:
     """The read service's logic: serves read requests below `dispatched`, holds empty pulls and
@@ -211,14 +208,13 @@ class ReadCore:
             read = self.tiered.read(header["topic"], header["queueId"], header["queueOffset"], count,
                                     s.maxTransferBytesOnMessageInMemory, set(tags) if tags else None, result.min_offset)
         except ArchiveDamaged as e:
-            self.tiered.failures += 1
+            self.tiered.failed(str(e))
             return [orjson.dumps(protocol.reply_header(opaque, "SYSTEM_ERROR", f"tiered archive: {e}"))]
         if read is None:
             return None
-        status = _PULL_STATUS[read.status]
         fields = {"nextBeginOffset": read.next_begin, "minOffset": read.min_offset, "maxOffset": result.max_offset,
                   "getStatus": read.status, "count": len(read.records), "suggestWhichBrokerId": 0, "tiered": True}
-        reply = [orjson.dumps(protocol.reply_header(opaque, status, **fields))]
+        reply = [orjson.dumps(protocol.reply_header(opaque, _PULL_STATUS[read.status], **fields))]
         if read.records:
             records = b"".join(read.records)
             reply.append(records)
@@ -253,7 +249,14 @@ class ReadCore:
             record = decode(raw, check_crc=False, read_body=False) if raw else None
             return record.store_timestamp if isinstance(record, Record) else None
 
-        return view.queue.offset_by_time(stamp, store_time)
+        offset, low = view.queue.offset_by_time(stamp, store_time), view.min_offset(self.reader.commitlog_min)
+        if self.tiered is None or offset > low:
+            return offset
+        try:  # a time before the store's data: the archive's answer (a damaged one: the store's, counted)
+            archived = self.tiered.offset_by_time(header["topic"], header["queueId"], stamp, low)
+        except ArchiveDamaged as e:
+            archived = self.tiered.failed(str(e))
+        return offset if archived is None else archived
 
     def _view(self, header: dict, opaque, written: int) -> list[bytes]:
         """Straight from the CommitLog: every record below `written` is whole, indexed or not."""

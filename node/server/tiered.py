@@ -51,6 +51,7 @@ class Run:
     count: int
     file: int  # index into TieredArchive.files
     row: int  # its first row in that file
+    last_ms: int  # the store time of its last row (a queue's store times do not go back)
 
 
 @dataclass
@@ -121,7 +122,7 @@ class TieredArchive:
         try:
             manifest = archive_manifest.read(self.directory)
         except archive_manifest.ManifestError as e:
-            self._failed(str(e))
+            self.failed(str(e))
             return False
         self.seen = (stat.st_mtime_ns, stat.st_size)
         new = sorted(set(manifest["segments"]) - self.indexed)
@@ -137,8 +138,8 @@ class TieredArchive:
         for (path, starts, runs) in read:
             number = len(self.files)
             self.files.append(_File(path, starts))
-            for key, first, count, row in runs:
-                self.queues.setdefault(key, _Queue()).add(Run(first, count, number, row))
+            for key, first, count, row, last_ms in runs:
+                self.queues.setdefault(key, _Queue()).add(Run(first, count, number, row, last_ms))
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -171,6 +172,48 @@ class TieredArchive:
         records, next_begin = self._collect(queue, found, max_count, max_bytes, tags, below)
         self.served += len(records)
         return TieredRead(FOUND if records else NO_MATCHED_MESSAGE, records, next_begin, lowest)
+
+    def offset_by_time(self, topic: str, queue_id: int, stamp: int, below: int) -> int | None:
+        """SEARCH_OFFSET_BY_TIMESTAMP over the archived offsets below `below` (where the store's
+        data begins): the offset whose store time is nearest `stamp`, the earlier on a tie, as
+        the store answers. None when every one of them was stored before `stamp`: the answer is
+        then in the store."""
+        self._refresh_quietly()
+        queue = self.queues.get((topic, queue_id))
+        before = None  # (offset, ms) of the last archived row stored before `stamp`
+        for run in queue.runs if queue else ():
+            if run.first >= below:
+                break
+            if run.last_ms < stamp:
+                before = (run.first + run.count - 1, run.last_ms)
+                continue
+            stamps = self._stamps(run)
+            at = int(stamps.searchsorted(stamp))
+            if at == run.count:  # (store times that went back: the run's last one is not its latest)
+                before = (run.first + run.count - 1, run.last_ms)
+                continue
+            if at and run.first + at - 1 < below:
+                before = (run.first + at - 1, int(stamps[at - 1]))
+            if run.first + at >= below:
+                return None
+            after = (run.first + at, int(stamps[at]))
+            return before[0] if before and stamp - before[1] <= after[1] - stamp else after[0]
+        return None
+
+    def _stamps(self, run: Run):
+        """The store times (ms) of a run's rows, read from its file."""
+        import pyarrow.parquet as pq
+
+        starts = self.files[run.file].group_starts
+        first = bisect.bisect_right(starts, run.row) - 1
+        last = bisect.bisect_right(starts, run.row + run.count - 1) - 1
+        path = self.files[run.file].path
+        try:
+            table = pq.ParquetFile(path).read_row_groups(list(range(first, last + 1)), columns=["storeTimestamp"])
+        except (OSError, ValueError) as e:
+            raise ArchiveDamaged(f"{path}: row groups {first}..{last} cannot be read: {e}") from e
+        skip = run.row - starts[first]
+        return _milliseconds(table.column("storeTimestamp"))[skip: skip + run.count]
 
     def _collect(self, queue: _Queue, found: tuple[Run, int], max_count: int, max_bytes: int,
                  tags: set[str] | None, below: int) -> tuple[list[bytes], int]:
@@ -232,9 +275,9 @@ class TieredArchive:
         try:
             self.refresh(force=force)
         except ArchiveDamaged as e:
-            self._failed(str(e))
+            self.failed(str(e))
 
-    def _failed(self, why: str) -> None:
+    def failed(self, why: str) -> None:
         self.failures += 1
         if why != self.last_error:
             log.error("tiered archive %s: %s", self.directory, why)
@@ -251,16 +294,16 @@ def _weight(decoded: tuple[int, list, list, list]) -> int:
     return sum(map(len, decoded[1])) + sum(map(len, decoded[2]))
 
 
-def _read_runs(path: Path) -> tuple[Path, list[int], list[tuple[tuple[str, int], int, int, int]]]:
+def _read_runs(path: Path) -> tuple[Path, list[int], list[tuple[tuple[str, int], int, int, int, int]]]:
     """A file's row group starts (and its row count last) and its runs of consecutive offsets:
-    ((topic, queue), first offset, count, first row)."""
+    ((topic, queue), first offset, count, first row, its last row's store time in ms)."""
     import numpy as np
     import pyarrow.parquet as pq
 
     topic = _partition(path, "topic")
     try:
         parquet = pq.ParquetFile(path)
-        table = parquet.read(columns=["queueId", "queueOffset"])
+        table = parquet.read(columns=["queueId", "queueOffset", "storeTimestamp"])
     except (OSError, ValueError) as e:
         raise ArchiveDamaged(f"{path}: named by the archive's manifest, cannot be read: {e}") from e
     starts = [0]
@@ -268,12 +311,22 @@ def _read_runs(path: Path) -> tuple[Path, list[int], list[tuple[tuple[str, int],
         starts.append(starts[-1] + parquet.metadata.row_group(i).num_rows)
     queues = table.column("queueId").to_numpy()
     offsets = table.column("queueOffset").to_numpy()
+    stamps = _milliseconds(table.column("storeTimestamp"))
     if not len(offsets):
         return path, starts, []
     # a run ends where the queue changes or an offset is not the one before plus one
     breaks = np.flatnonzero((np.diff(queues) != 0) | (np.diff(offsets) != 1)) + 1
     bounds = [0, *breaks.tolist(), len(offsets)]
-    return path, starts, [((topic, int(queues[b])), int(offsets[b]), e - b, b) for b, e in zip(bounds, bounds[1:])]
+    return path, starts, [((topic, int(queues[b])), int(offsets[b]), e - b, b, int(stamps[e - 1]))
+                          for b, e in zip(bounds, bounds[1:])]
+
+
+def _milliseconds(column):
+    """A timestamp column as epoch ms (numpy int64), whatever its unit."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.cast(pc.cast(column, pa.timestamp("ms")), pa.int64()).to_numpy()
 
 
 def _partition(path: Path, name: str) -> str:

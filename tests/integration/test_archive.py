@@ -76,6 +76,18 @@ def test_tiered_reads_give_back_the_golden_records_byte_for_byte(spark, store, t
                            for key in [(decode(raw).topic, decode(raw).queue_id, decode(raw).queue_offset)]})
             offset = read.next_begin
     assert served == stored and len(stored) == 587  # the manifest's 623 less the segment being written
+    # SEARCH_OFFSET_BY_TIMESTAMP over the archive: the nearest store time, the earlier on a tie
+    for topic, queue_id in {key[:2] for key in stored}:
+        rows = sorted((key[2], decode(raw).store_timestamp) for key, raw in stored.items() if key[:2] == (topic, queue_id))
+        for stamp in {rows[0][1] - 1, rows[-1][1] + 1, *(t for _, t in rows), *(t + 1 for _, t in rows)}:
+            after = next((i for i, (_, t) in enumerate(rows) if t >= stamp), None)
+            if after is None:
+                expected = None
+            elif after and stamp - rows[after - 1][1] <= rows[after][1] - stamp:
+                expected = rows[after - 1][0]
+            else:
+                expected = rows[after][0]
+            assert archive.offset_by_time(topic, queue_id, stamp, 1 << 62) == expected, (topic, queue_id, stamp)
 
 
 def test_a_run_killed_with_9_is_completed_by_the_next_without_duplicates(spark, store, tmp_path):

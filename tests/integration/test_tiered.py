@@ -17,6 +17,7 @@ from nodes import ROOT, NodeProcess, node_settings
 from node import protocol
 from node.client import Message, Producer, PullConsumer
 from node.pipeline.archive import run as archive
+from shm.codec import decode
 
 pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
@@ -98,6 +99,21 @@ def test_pulls_below_the_store_return_the_stored_bytes(tiered):
             data, replies = _records(producer, q, 0, ends[q])
             assert data == before[q]  # same bytes, same CRCs, across the archive and the store
             assert replies[0]["tiered"] is True and replies[-1].get("tiered") is None  # it ends in the store
+
+
+def test_a_search_by_time_before_the_store_finds_archived_offsets(tiered):
+    node, *_ = tiered
+    with Producer(node.endpoint) as producer:
+        def search(stamp: int) -> int:
+            reply, _ = producer.request({"code": protocol.SEARCH_OFFSET_BY_TIMESTAMP, "topic": TOPIC, "queueId": 0,
+                                         "timestamp": stamp})
+            return reply["offset"]
+
+        reply, body = _pull(producer, 0, 40)
+        assert reply["tiered"] is True
+        stamp = decode(body).store_timestamp
+        assert search(0) == 0  # before everything: the archive's first offset, not the store's
+        assert search(stamp) <= 40 and decode(_pull(producer, 0, search(stamp))[1]).store_timestamp == stamp
 
 
 def test_a_tag_filter_and_offsets_below_the_archive(tiered):

@@ -37,6 +37,7 @@ class Options:
     fail_on_data_loss: bool = True
     timeout: float = DEFAULT_TIMEOUT_S
     credentials: Credentials = Credentials()  # accessKey, secretKey, serverKey, clientKey (node.security)
+    pull_batch_size: int = 32  # messages a pull asks: the node's maxTransferCountOnMessageInMemory
 
     @classmethod
     def parse(cls, options: dict, *, streaming: bool = False) -> Options:
@@ -60,7 +61,16 @@ class Options:
             min_partitions=_int_option(get, "minPartitions") or 0,
             max_offsets_per_trigger=_int_option(get, "maxOffsetsPerTrigger"),
             fail_on_data_loss=_bool_option(get, "failOnDataLoss", True),
-            timeout=float(get("timeout") or DEFAULT_TIMEOUT_S), credentials=credentials_option(get))
+            timeout=float(get("timeout") or DEFAULT_TIMEOUT_S), credentials=credentials_option(get),
+            pull_batch_size=_pull_batch_size(get))
+
+
+def _pull_batch_size(get) -> int:
+    size = _int_option(get, "pullBatchSize")
+    size = 32 if size is None else size
+    if not 1 <= size <= 1024:
+        raise PipelineError(f"option `pullBatchSize` must be 1..1024 (a pull's maxMsgNums), not {size}")
+    return size
 
 
 def credentials_option(get) -> Credentials:

@@ -39,7 +39,7 @@ ARROW_SCHEMA = pa.schema([
 # The archive's columns: the connector's, plus each record without its body (`shm.codec.envelope`),
 # from which the node's tiered reads give back the stored bytes exactly (node.server.tiered).
 ARCHIVE_SCHEMA = ARROW_SCHEMA.append(pa.field("envelope", pa.binary()))
-PULL_STEP = 32  # the node answers at most 32 messages a pull
+PULL_STEP = 32  # messages a pull asks by default: a node answers at most maxTransferCountOnMessageInMemory (32)
 IN_FLIGHT = 8  # pulls in flight per range: a range is read at the node's pace, not the round trip's
 
 
@@ -159,9 +159,10 @@ def arrow_schema(spark_schema) -> pa.Schema:
 
 
 async def read_range(consumer: AsyncPullConsumer, topic: str, queue_id: int, start: int, end: int, *,
-                     subscription: str = "*", fail_on_data_loss: bool = True):
+                     subscription: str = "*", fail_on_data_loss: bool = True, step: int = PULL_STEP):
     """Yield pull replies' records (raw bytes) covering queue offsets [start, end), in order, with
-    IN_FLIGHT pulls ahead of the one being read (each asks for the next PULL_STEP offsets; a
+    IN_FLIGHT pulls ahead of the one being read (each asks for the next `step` offsets, which
+    should be what the node answers at most, its maxTransferCountOnMessageInMemory; a
     short answer leaves a gap, read before moving on). The last reply may hold records at or
     past `end` (the caller drops them). A start below the queue's min offset is data loss:
     raised, or skipped with `fail_on_data_loss` false."""
@@ -169,7 +170,7 @@ async def read_range(consumer: AsyncPullConsumer, topic: str, queue_id: int, sta
     cursor = next_issue = start
 
     def issue(at: int) -> None:
-        pending[at] = asyncio.ensure_future(consumer.pull_raw(topic, queue_id, at, max_count=min(PULL_STEP, end - at),
+        pending[at] = asyncio.ensure_future(consumer.pull_raw(topic, queue_id, at, max_count=min(step, end - at),
                                                               subscription=subscription))
     try:
         while cursor < end:
@@ -177,7 +178,7 @@ async def read_range(consumer: AsyncPullConsumer, topic: str, queue_id: int, sta
             while len(pending) < IN_FLIGHT and next_issue < end:
                 if next_issue not in pending:
                     issue(next_issue)
-                next_issue += PULL_STEP
+                next_issue += step
             if cursor not in pending:
                 issue(cursor)
             status, next_begin, min_offset, max_offset, records = await pending.pop(cursor)
@@ -203,7 +204,8 @@ async def read_range(consumer: AsyncPullConsumer, topic: str, queue_id: int, sta
 
 def read_batches(endpoint: str, topic: str, queue_id: int, start: int, end: int, *, subscription: str = "*",
                  fail_on_data_loss: bool = True, timeout: float = 10.0, rows: int = 4096,
-                 schema: pa.Schema = ARROW_SCHEMA, credentials: Credentials | None = None) -> Iterator[pa.RecordBatch]:
+                 schema: pa.Schema = ARROW_SCHEMA, credentials: Credentials | None = None,
+                 step: int = PULL_STEP) -> Iterator[pa.RecordBatch]:
     """`read_range` as Arrow record batches of about `rows` rows, on a private event loop, one
     batch in memory at a time."""
     loop = aio.new_event_loop()
@@ -215,7 +217,7 @@ def read_batches(endpoint: str, topic: str, queue_id: int, start: int, end: int,
 
     consumer = loop.run_until_complete(opened())
     pulls = read_range(consumer, topic, queue_id, start, end, subscription=subscription,
-                       fail_on_data_loss=fail_on_data_loss)
+                       fail_on_data_loss=fail_on_data_loss, step=step)
     tags = None if subscription.strip() == "*" else frozenset(protocol.parse_subscription(subscription))
 
     async def next_chunk() -> list[bytes] | None:
@@ -223,7 +225,7 @@ def read_batches(endpoint: str, topic: str, queue_id: int, start: int, end: int,
         chunk: list[bytes] = []
         async for records in pulls:
             chunk.append(records)
-            if len(chunk) * PULL_STEP >= rows:
+            if len(chunk) * step >= rows:
                 break
         return chunk or None
 

@@ -229,6 +229,9 @@ def main() -> None:
     parser.add_argument("--stream-seconds", type=float, default=20.0)
     parser.add_argument("--reads-only", action="store_true", help="only the batch reads")
     parser.add_argument("--stream-only", action="store_true", help="only the streaming copy")
+    parser.add_argument("--pull-batch-size", type=int, default=32,
+                        help="the batch reads' pullBatchSize (with --node-option "
+                             "maxTransferCountOnMessageInMemory=N, which caps a pull at the node)")
     parser.add_argument("--offline-only", action="store_true", help="only the offline read and the archive")
     add_node_options(parser)
     args = parser.parse_args()
@@ -252,7 +255,7 @@ def main() -> None:
                 rate = aio.run(produce(node.endpoint, "BenchSpark", count))
                 print(f"produced {count:,} 1 KiB messages at {rate:,.0f} msgs/s", flush=True)
                 frame = lambda: spark.read.format("mqnode").option("endpoint", node.endpoint).option(  # noqa: E731
-                    "topic", "BenchSpark").load()
+                    "topic", "BenchSpark").option("pullBatchSize", args.pull_batch_size).load()
                 # warm-up, untimed: a first query starts Spark's Python workers and JVM code paths
                 # (seconds here); the figures are the rates after it, as a running pipeline sees them
                 aio.run(produce(node.endpoint, "BenchSparkWarm", 20_000))

@@ -57,6 +57,9 @@ def test_a_batch_read_equals_what_was_produced(spark, node):
         assert row.commitLogOffset >= 0 and row.storeTimestamp is not None and row.bornTimestamp is not None
         assert row.storeHost and row.bornHost and row.sysFlag == 0 and row.flag == 0
     assert _read(spark, node, topic="SparkRead", minPartitions="9").rdd.getNumPartitions() >= 9
+    # pulls asking more than the node answers (32): the short answers' gaps are read, nothing twice
+    wide = _read(spark, node, topic="SparkRead", pullBatchSize="40").select("offsetMsgId").collect()
+    assert sorted(r.offsetMsgId for r in wide) == sorted(by_id)
 
     ranged = _read(spark, node, topic="SparkRead", startingOffsets='{"SparkRead": {"0": 5}}',
                    endingOffsets='{"SparkRead": {"0": 10, "1": 0, "2": 0, "3": 0}}').collect()
@@ -125,6 +128,7 @@ def test_a_write_of_100k_rows_reads_back_intact(spark, node):
     ({"topic": "SparkRead", "startingOffsets": "{not json"}, "startingOffsets"),
     ({"topic": "SparkRead", "endpoint": "tcp://127.0.0.1:1", "timeout": "1"}, "did not answer"),
     ({}, "option `topic`"),
+    ({"topic": "SparkRead", "pullBatchSize": "0"}, "pullBatchSize"),
 ])
 def test_bad_options_fail_with_a_clear_message(spark, node, options, message):
     reader = spark.read.format("mqnode").option("endpoint", node.endpoint)

@@ -9,8 +9,11 @@ runs of consecutive offsets (first offset, count, file, first row), a few per fi
 the run, decodes the row groups it needs (`envelope`, `body` and `tags` only; an LRU of at most
 CACHE_BYTES of them, so a consumer reading on decodes each group once) and joins each envelope
 with its body (shm.codec.with_body), which checks the length, TOTALSIZE and body CRC: a record
-that does not come back exactly raises ArchiveDamaged, which the pull answers SYSTEM_ERROR,
-never with other bytes.
+that does not come back exactly, or not at the queue offset the index says, raises
+ArchiveDamaged, which the pull answers SYSTEM_ERROR, never with other bytes. A segment whose
+files cannot be read is reported and left out of the index (the others are indexed); while
+one is, a read that would skip offsets (below the queue's first, or across a gap) raises too,
+since they may be in it.
 
 The index follows the manifest: looked at (a stat) at most once a REFRESH_S, and at once when a
 read misses, since the clean service deletes only segments the manifest holds: a pull that finds
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import struct
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -29,11 +33,12 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from shm import archive_manifest
-from shm.codec import with_body
+from shm.codec import OFFSET_QUEUE_OFFSET, with_body
 from shm.reader import FOUND, NO_MATCHED_MESSAGE, OFFSET_TOO_SMALL  # the store's statuses, so a pull maps them alike
 
 log = logging.getLogger("mqnode.tiered")
 
+_QUEUE_OFFSET = struct.Struct(">q")
 REFRESH_S = 1.0  # how stale the index may be when reads hit
 CACHE_BYTES = 64 * 1024 * 1024  # decoded row groups kept (the one being read always is)
 MAX_SCAN = 4096  # rows a pull looks at (a tag filter that matches little stops here, as the store's scan does)
@@ -98,6 +103,7 @@ class TieredArchive:
         self.files: list[_File] = []
         self.queues: dict[tuple[str, int], _Queue] = {}
         self.indexed: set[str] = set()  # segment names
+        self.damaged: set[str] = set()  # segments the manifest names whose files cannot be read
         self.seen: tuple[int, int] | None = None  # the manifest's (mtime_ns, size) last read
         self.next_look = 0.0
         self.cache: OrderedDict[tuple[int, int], tuple[int, list, list, list]] = OrderedDict()
@@ -117,7 +123,7 @@ class TieredArchive:
             stat = (self.directory / archive_manifest.FILE).stat()
         except FileNotFoundError:
             return False
-        if (stat.st_mtime_ns, stat.st_size) == self.seen:
+        if (stat.st_mtime_ns, stat.st_size) == self.seen and not self.damaged:  # (damaged: tried again)
             return False
         try:
             manifest = archive_manifest.read(self.directory)
@@ -127,7 +133,13 @@ class TieredArchive:
         self.seen = (stat.st_mtime_ns, stat.st_size)
         new = sorted(set(manifest["segments"]) - self.indexed)
         for name in new:
-            self._index_segment([self.directory / relative for relative in manifest["segments"][name]["files"]])
+            try:
+                self._index_segment([self.directory / relative for relative in manifest["segments"][name]["files"]])
+            except ArchiveDamaged as e:  # reported; the others are indexed all the same
+                self.failed(str(e))
+                self.damaged.add(name)
+                continue
+            self.damaged.discard(name)
             self.indexed.add(name)
         self.refreshes += 1
         return bool(new)
@@ -164,9 +176,13 @@ class TieredArchive:
         if queue is None:
             return None
         lowest = queue.firsts[0]
+        found = queue.at_or_after(offset)
+        if self.damaged and (offset < lowest or found is None or found[1] != offset):
+            # the offset may be in a segment that cannot be read: never skip what may be there
+            raise ArchiveDamaged(f"offset {offset} of {topic}/{queue_id} is not in the index, and segments "
+                                 f"{', '.join(sorted(self.damaged))} of the archive cannot be read")
         if offset < lowest:
             return TieredRead(OFFSET_TOO_SMALL, [], lowest, lowest)
-        found = queue.at_or_after(offset)
         if found is None or found[1] >= below:
             return None
         records, next_begin = self._collect(queue, found, max_count, max_bytes, tags, below)
@@ -233,17 +249,22 @@ class TieredArchive:
                 if len(records) >= max_count or (records and size + len(bodies[j]) > max_bytes):
                     return records, offset + (j - i)
                 if tags is None or tag_values[j] in tags:
-                    records.append(self._record(run.file, envelopes[j], bodies[j]))
+                    records.append(self._record(run.file, envelopes[j], bodies[j], offset + (j - i)))
                     size += len(records[-1])
             offset += take
             scanned += take
         return records, offset
 
-    def _record(self, file: int, envelope: bytes, body: bytes) -> bytes:
+    def _record(self, file: int, envelope: bytes, body: bytes, offset: int) -> bytes:
+        """The stored record, checked whole (with_body) and at the queue offset the index says."""
         try:
-            return with_body(envelope, body)
+            record = with_body(envelope, body)
         except ValueError as e:
             raise ArchiveDamaged(f"{self.files[file].path}: a record does not come back whole: {e}") from e
+        stored = _QUEUE_OFFSET.unpack_from(record, OFFSET_QUEUE_OFFSET)[0]
+        if stored != offset:
+            raise ArchiveDamaged(f"{self.files[file].path}: the record indexed at queue offset {offset} says {stored}")
+        return record
 
     def _group(self, file: int, row: int) -> tuple[int, list, list, list]:
         """The decoded row group of `file` holding `row`: (its first row, envelopes, bodies, tags)."""
@@ -285,7 +306,7 @@ class TieredArchive:
 
     def statistics(self) -> dict:
         return {"directory": str(self.directory), "segments": len(self.indexed), "files": len(self.files),
-                "queues": len(self.queues), "reads": self.reads, "served": self.served,
+                "queues": len(self.queues), "damaged": sorted(self.damaged), "reads": self.reads, "served": self.served,
                 "groupsDecoded": self.groups_decoded, "cachedBytes": self.cached, "refreshes": self.refreshes,
                 "failures": self.failures, "lastError": self.last_error}
 

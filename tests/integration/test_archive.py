@@ -17,6 +17,7 @@ from nodes import ROOT
 
 from node.pipeline.archive import MANIFEST, ArchiveError, run, sealed
 from node.pipeline.offline import SegmentReport, read_segment, walk
+from node.server.tiered import ArchiveDamaged as TieredArchiveDamaged
 from node.server.tiered import TieredArchive
 from shm.codec import decode
 
@@ -78,7 +79,8 @@ def test_tiered_reads_give_back_the_golden_records_byte_for_byte(spark, store, t
     assert served == stored and len(stored) == 587  # the manifest's 623 less the segment being written
     # SEARCH_OFFSET_BY_TIMESTAMP over the archive: the nearest store time, the earlier on a tie
     for topic, queue_id in {key[:2] for key in stored}:
-        rows = sorted((key[2], decode(raw).store_timestamp) for key, raw in stored.items() if key[:2] == (topic, queue_id))
+        rows = sorted((key[2], decode(raw).store_timestamp) for key, raw in stored.items()
+                      if key[:2] == (topic, queue_id))
         for stamp in {rows[0][1] - 1, rows[-1][1] + 1, *(t for _, t in rows), *(t + 1 for _, t in rows)}:
             after = next((i for i, (_, t) in enumerate(rows) if t >= stamp), None)
             if after is None:
@@ -88,6 +90,36 @@ def test_tiered_reads_give_back_the_golden_records_byte_for_byte(spark, store, t
             else:
                 expected = rows[after][0]
             assert archive.offset_by_time(topic, queue_id, stamp, 1 << 62) == expected, (topic, queue_id, stamp)
+
+
+def test_a_damaged_archive_is_reported_and_never_served(spark, store, tmp_path):
+    """A file whose index columns disagree with its records raises (the pull answers SYSTEM_ERROR);
+    a segment whose file cannot be read is left out while the others are indexed, and a read that
+    would skip offsets that may be in it raises too."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    target = tmp_path / "archive"
+    run(spark, str(store), str(target))
+    segments = orjson.loads((target / MANIFEST).read_bytes())["segments"]
+    first, last = sorted(segments)[0], sorted(segments)[-1]
+    shifted = target / segments[first]["files"][0]  # its queue offsets moved by one: not its records
+    table = pq.read_table(shifted)
+    table = table.set_column(table.schema.get_field_index("queueOffset"), "queueOffset",
+                             pc.add(table.column("queueOffset"), 1))
+    pq.write_table(table, shifted, row_group_size=2048)
+    unreadable = target / segments[last]["files"][0]
+    unreadable.write_bytes(b"not parquet")
+    archive = TieredArchive(target)
+    archive.refresh()
+    assert archive.failures == 1 and "cannot be read" in archive.last_error and last not in archive.indexed
+    assert len(archive.indexed) == len(segments) - 1
+    # (the first segment holds each of its queues' first offsets; golden topics need no percent-encoding)
+    queue = next(key for key in archive.queues if key[0] == shifted.parent.parent.name.removeprefix("topic="))
+    with pytest.raises(TieredArchiveDamaged, match="says"):
+        archive.read(*queue, archive.min_offset(*queue), 32, 1 << 20, None, 1 << 62)
+    with pytest.raises(TieredArchiveDamaged, match=f"segments {last}"):  # (what may be in it is not skipped)
+        archive.read(*queue, archive.min_offset(*queue) - 1, 32, 1 << 20, None, 1 << 62)
 
 
 def test_a_run_killed_with_9_is_completed_by_the_next_without_duplicates(spark, store, tmp_path):

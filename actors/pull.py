@@ -195,9 +195,8 @@ class ReadCore:
         topic, queue_id = header["topic"], header["queueId"]
         offset = self.reader.queue(topic, queue_id, dispatched).min_offset(self.reader.commitlog_min)
         archived = self.tiered.min_offset(topic, queue_id) if self.tiered is not None else None
-        if archived is not None and archived < offset:
-            return {"offset": archived, "tiered": True}
-        return {"offset": offset}
+        lower = archived is not None and archived < offset
+        return {"offset": archived, "tiered": True} if lower else {"offset": offset}
 
     def _pull_tiered(self, header: dict, result, tags: set[str] | None) -> list[bytes] | None:
         """A pull below the store's min offset, from the archive (node.server.tiered); None when the
@@ -252,10 +251,11 @@ class ReadCore:
         offset, low = view.queue.offset_by_time(stamp, store_time), view.min_offset(self.reader.commitlog_min)
         if self.tiered is None or offset > low:
             return offset
-        try:  # a time before the store's data: the archive's answer (a damaged one: the store's, counted)
+        try:  # a time before the store's data: the archive's answer
             archived = self.tiered.offset_by_time(header["topic"], header["queueId"], stamp, low)
-        except ArchiveDamaged as e:
-            archived = self.tiered.failed(str(e))
+        except ArchiveDamaged as e:  # an offset is not data: the store's answer, the damage counted
+            self.tiered.failed(str(e))
+            return offset
         return offset if archived is None else archived
 
     def _view(self, header: dict, opaque, written: int) -> list[bytes]:

@@ -229,7 +229,7 @@ class AsyncPullConsumer:
             while limit is None or delivered < limit:
                 try:
                     q, result = await asyncio.wait_for(ready.get(), idle_timeout - (time.monotonic() - last_message))
-                except (asyncio.TimeoutError, ValueError):
+                except asyncio.TimeoutError:
                     return
                 if isinstance(result, Exception):
                     raise result

@@ -44,10 +44,16 @@ def _ints(head: np.ndarray, name: str) -> np.ndarray:
 
 
 def _binary(buf: memoryview, begins: np.ndarray, lengths: np.ndarray, kind=pa.binary()) -> pa.Array:
-    data = b"".join([buf[b: b + n] for b, n in zip(begins.tolist(), lengths.tolist())])
+    return _joined([buf[b: b + n] for b, n in zip(begins.tolist(), lengths.tolist())], lengths, kind)
+
+
+def _joined(pieces: list, lengths: np.ndarray, kind=pa.binary()) -> pa.Array:
+    """A binary or string column of len(lengths) values, `pieces` joined (each value may be more
+    than one piece): one copy, the offsets summed by numpy. (The caller keeps a run under 2 GiB,
+    the int32 offsets' reach.)"""
     offsets = np.zeros(len(lengths) + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    return pa.Array.from_buffers(kind, len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return pa.Array.from_buffers(kind, len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(pieces))])
 
 
 def _one_topic(a: np.ndarray, begins: np.ndarray, lengths: np.ndarray) -> pa.Array | None:
@@ -92,21 +98,15 @@ def _properties(text: pa.Array, rows: int) -> pa.MapArray | None:
     return pa.MapArray.from_arrays(pa.array(offsets), names, values)
 
 
-def columns_batch(buf: bytes, end: int, tags: frozenset[str] | None, schema: pa.Schema) -> pa.RecordBatch | None:
-    """The columns of a run of whole IPv4, V1-magic records, computed column-wise (numpy and Arrow
-    kernels, no per-record Python objects but slices); None for anything else (the caller's
-    record-by-record path reads it)."""
-    starts = _starts(buf)
-    if not starts:
-        return None
-    a = np.frombuffer(buf, np.uint8)
-    pos = np.array(starts, np.int64)
-    head = a[pos[:, None] + np.arange(HEAD)]
+def _layout(a: np.ndarray, pos: np.ndarray, head: np.ndarray) -> tuple | None:
+    """(size, body length, sysflag, topic at, topic length, properties at, properties length) of
+    every record, arrays; None unless every one is a V1-magic, IPv4 record whose parts add up
+    (`shm.codec.walk_records_v4`'s checks)."""
     size, blen, sys_flag = (_ints(head, n).astype(np.int64) for n in ("size", "bodyLength", "sysFlag"))
-    topic_at = pos + HEAD + blen
     if ((_ints(head, "magic") != MESSAGE_MAGIC).any() or (sys_flag & 0x30).any() or (blen < 0).any()
             or (HEAD + blen + 3 > size).any()):
         return None
+    topic_at = pos + HEAD + blen
     topic_len = a[topic_at].astype(np.int64)
     props_at = topic_at + 3 + topic_len
     if ((topic_len == 0) | (topic_len >= 128)).any() or (props_at > pos + size).any():
@@ -114,6 +114,34 @@ def columns_batch(buf: bytes, end: int, tags: frozenset[str] | None, schema: pa.
     props_len = (a[props_at - 2].astype(np.int64) << 8) | a[props_at - 1]
     if (props_at + props_len != pos + size).any():
         return None
+    return size, blen, sys_flag, topic_at, topic_len, props_at, props_len
+
+
+def _keys(keys: pa.Array, rows: int) -> pa.ListArray:
+    """KEYS split at single spaces, empty pieces skipped (`shm.codec.split_keys`); [] without KEYS."""
+    split = pc.split_pattern(pc.fill_null(keys, ""), " ")
+    flat = pc.list_flatten(split)
+    nonempty = pc.greater(pc.utf8_length(flat), 0)
+    parents = pc.list_parent_indices(split).to_numpy()[nonempty.to_numpy(zero_copy_only=False)]
+    offsets = np.zeros(rows + 1, np.int32)
+    np.cumsum(np.bincount(parents, minlength=rows), out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), flat.filter(nonempty))
+
+
+def columns_batch(buf: bytes, end: int, tags: frozenset[str] | None, schema: pa.Schema) -> pa.RecordBatch | None:
+    """The columns of a run of whole IPv4, V1-magic records, computed column-wise (numpy and Arrow
+    kernels, no per-record Python objects but slices); None for anything else (the caller's
+    record-by-record path reads it)."""
+    starts = _starts(buf) if len(buf) < 2**31 else None  # (a column's int32 offsets reach 2 GiB)
+    if not starts:
+        return None
+    a = np.frombuffer(buf, np.uint8)
+    pos = np.array(starts, np.int64)
+    head = a[pos[:, None] + np.arange(HEAD)]
+    layout = _layout(a, pos, head)
+    if layout is None:
+        return None
+    size, blen, sys_flag, topic_at, topic_len, props_at, props_len = layout
     view, rows = memoryview(buf), len(starts)
     text = _binary(view, props_at, props_len, pa.string())
     topic = _one_topic(a, topic_at + 1, topic_len) or _binary(view, topic_at + 1, topic_len, pa.string())
@@ -130,18 +158,13 @@ def columns_batch(buf: bytes, end: int, tags: frozenset[str] | None, schema: pa.
     keys = pc.map_lookup(properties, "KEYS", "first")
     offset_ids = pa.array(_HEX[np.concatenate([head[:, 64:72], head[:, 28:36]], axis=1)].view("S32").ravel(),
                           pa.binary(32)).cast(pa.string())
-    split = pc.split_pattern(pc.fill_null(keys, ""), " ")
-    flat = pc.list_flatten(split)
-    nonempty = pc.greater(pc.utf8_length(flat), 0)
-    key_rows = pc.list_parent_indices(split).to_numpy()[nonempty.to_numpy(zero_copy_only=False)]
-    key_offsets = np.zeros(rows + 1, np.int32)
-    np.cumsum(np.bincount(key_rows, minlength=rows), out=key_offsets[1:])
+    queue_offsets = _ints(head, "queueOffset")
     columns = {
-        "topic": topic, "queueId": pa.array(_ints(head, "queueId")), "queueOffset": pa.array(_ints(head, "queueOffset")),
+        "topic": topic, "queueId": pa.array(_ints(head, "queueId")), "queueOffset": pa.array(queue_offsets),
         "commitLogOffset": pa.array(_ints(head, "commitLogOffset")),
         "msgId": pc.if_else(pc.fill_null(pc.greater(pc.utf8_length(uniq), 0), False), uniq, offset_ids),
         "offsetMsgId": offset_ids, "tags": tag,
-        "keys": pa.ListArray.from_arrays(pa.array(key_offsets), flat.filter(nonempty)),
+        "keys": _keys(keys, rows),
         "properties": properties, "body": _binary(view, pos + HEAD, blen),
         "bornTimestamp": pa.array(_ints(head, "bornTimestamp"), pa.timestamp("ms")),
         "storeTimestamp": pa.array(_ints(head, "storeTimestamp"), pa.timestamp("ms")),
@@ -152,7 +175,7 @@ def columns_batch(buf: bytes, end: int, tags: frozenset[str] | None, schema: pa.
         columns["envelope"] = _envelopes(view, pos, blen, size)
     arrays = [_typed(columns[f.name], f.type) for f in schema]
     batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
-    keep = np.array(_ints(head, "queueOffset") < end)
+    keep = queue_offsets < end
     if tags is not None:
         keep &= pc.fill_null(pc.is_in(tag, value_set=pa.array(sorted(tags), pa.string())), False).to_numpy(
             zero_copy_only=False)
@@ -160,14 +183,11 @@ def columns_batch(buf: bytes, end: int, tags: frozenset[str] | None, schema: pa.
 
 
 def _envelopes(view: memoryview, pos: np.ndarray, blen: np.ndarray, size: np.ndarray) -> pa.Array:
+    """Each record without its body (`shm.codec.envelope`): its fixed part and what follows the body."""
     pieces = []
     for p, b, s in zip(pos.tolist(), blen.tolist(), size.tolist()):
         pieces += (view[p: p + HEAD], view[p + HEAD + b: p + s])
-    lengths = size - blen
-    offsets = np.zeros(len(lengths) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    return pa.Array.from_buffers(pa.binary(), len(lengths), [None, pa.py_buffer(offsets),
-                                                             pa.py_buffer(b"".join(pieces))])
+    return _joined(pieces, size - blen)
 
 
 def _typed(array: pa.Array, kind: pa.DataType) -> pa.Array:

@@ -86,6 +86,7 @@ class Dispatcher(Actor):
         self.store.commitlog = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog, readonly=True)
         self.store.commitlog.segments.load()
         self.store.index.load(last_exit_ok=True)
+        self.index_slots_mended = self.store.index.torn_slots  # a predecessor killed inside a put
         self.store.load_consume_queues()
         for queue in self.store.consume_queues.values():
             queue.recover()
@@ -223,6 +224,7 @@ class Dispatcher(Actor):
                                        "announcements": getattr(self, "announced", 0),
                                        "announcementsHeld": getattr(self, "announcements_held", 0),
                                        "lastError": getattr(self, "last_error", ""),
+                                       "indexSlotsMended": getattr(self, "index_slots_mended", 0),
                                        "queues": len(self.store.consume_queues) if hasattr(self, "store") else 0,
                                        "nativeScan": NATIVE}
 

@@ -22,7 +22,13 @@ same slot, 0 = none). A file is full at indexCount == maxIndexNum (maxIndexNum -
 
 No checksum: the index is derived. Crash policy: after an unclean stop, files whose
 endTimestamp is newer than the checkpoint's indexMsgTimestamp are deleted and rebuilt by
-re-dispatching the CommitLog; entries for records already indexed are skipped (phy < endPhyOffset).
+re-dispatching the CommitLog from the newest file's endPhyOffset: keys of records below it are
+skipped, and of the record at it as many as the files already hold (`indexed_through`).
+A put writes each entry, then the slot naming it, then the header: a writer killed in between
+(a dispatcher restarted alone keeps its files) leaves slots naming entries the header does not
+count. Readers pass over such entries along their `prev`; a writer opening the file points those
+slots back at their newest counted entry first (`repair_torn_slots`), or its next put would
+drop their chains.
 Matching is by hash only: callers re-check the real key of each returned record.
 
 Single writer: the reput dispatcher (or start-up recovery). Readers re-read the header from the
@@ -52,6 +58,7 @@ ENTRY_SIZE = 20
 _HEADER = struct.Struct(">qqqqii")
 _SLOT = struct.Struct(">i")
 _ENTRY = struct.Struct(">iqii")
+_PHY = struct.Struct(">q")
 _INT_MAX = 2**31 - 1
 SMALL_BATCH = 48  # below this many keys, build_many puts them one by one
 _ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
@@ -95,6 +102,27 @@ class IndexFile:
         if self.index_count <= 0:
             self.index_count = 1
 
+    def repair_torn_slots(self) -> int:
+        """A writer killed inside a put leaves slots naming entries the header never counted:
+        entries are written before the slot that names them, the header last. Left so, the next
+        put drops that slot's whole chain (an uncounted head reads as empty) and hands its
+        numbers to other keys. Each such slot is pointed back at the newest counted entry of its
+        chain, the `prev` an uncounted entry kept; returns how many slots were mended."""
+        invariant(not self.readonly)
+        slots = np.frombuffer(self.map, dtype=">i4", count=self.slot_count, offset=HEADER_SIZE)
+        torn = np.flatnonzero(slots >= self.index_count).tolist()
+        entries_at = HEADER_SIZE + self.slot_count * SLOT_SIZE
+        for slot in torn:
+            current = int(slots[slot])
+            for _ in range(self.index_max):  # prev only ever goes down: at most one round an entry
+                if current < self.index_count or current >= self.index_max:
+                    break
+                previous = _ENTRY.unpack_from(self.map, entries_at + current * ENTRY_SIZE)[3]
+                current = previous if previous < current else 0
+            slots[slot] = current if 0 < current < self.index_count else 0
+        del slots  # (an exported buffer keeps the mapping from closing)
+        return len(torn)
+
     def _write_header(self) -> None:
         _HEADER.pack_into(self.map, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
                           self.end_phy_offset, self.hash_slot_count, self.index_count)
@@ -108,9 +136,14 @@ class IndexFile:
     def is_full(self) -> bool:
         return self.index_count >= self.index_max
 
-    def has_history(self) -> bool:
-        """True once the record at end_phy_offset is known indexed (own entries, or seeded)."""
-        return self.index_count > 1 or self.end_timestamp > 0
+    def keys_at_end(self) -> tuple[int, bool]:
+        """How many of the newest entries point at end_phy_offset (the keys of that record this
+        file holds), and whether they are all the entries it holds (a seeded file holds none)."""
+        entries_at = HEADER_SIZE + self.slot_count * SLOT_SIZE + 4  # (the phyOffset field)
+        for number in range(self.index_count - 1, 0, -1):
+            if _PHY.unpack_from(self.map, entries_at + number * ENTRY_SIZE)[0] != self.end_phy_offset:
+                return self.index_count - 1 - number, False
+        return max(self.index_count - 1, 0), True
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -169,12 +202,12 @@ class IndexFile:
         prev_in_order[order] = previous
         ends = np.ones(count, dtype=bool)
         ends[:-1] = starts[1:]
-        slots[sorted_slots[ends]] = numbers[order[ends]]
         time_diffs = self._time_diffs(phys, stamps)
         entries_at = HEADER_SIZE + self.slot_count * SLOT_SIZE + first_number * ENTRY_SIZE
         entries = np.frombuffer(self.map, dtype=_ENTRY_DTYPE, count=count, offset=entries_at)
         entries["hash"], entries["phy"] = hashes, phys
         entries["time_diff"], entries["prev"] = time_diffs, prev_in_order
+        slots[sorted_slots[ends]] = numbers[order[ends]]  # after the entries they name (crash policy)
         self.hash_slot_count += int(np.count_nonzero(heads == 0))
         self.index_count += count
         self.end_phy_offset, self.end_timestamp = int(phys[-1]), int(stamps[-1])
@@ -222,21 +255,23 @@ class IndexFile:
             self._read_header()
         key_hash = index_key_hash(key)
         found: list[int] = []
-        slot_value, = _SLOT.unpack_from(self.map, HEADER_SIZE + (key_hash % self.slot_count) * SLOT_SIZE)
-        if slot_value <= 0 or slot_value > self.index_count or self.index_count <= 1:
+        if self.index_count <= 1:
             return found
+        current, = _SLOT.unpack_from(self.map, HEADER_SIZE + (key_hash % self.slot_count) * SLOT_SIZE)
         entries_at = HEADER_SIZE + self.slot_count * SLOT_SIZE
-        current = slot_value
         for _ in range(self.index_max):  # a chain is never longer than the file
-            if len(found) >= max_count:
+            if len(found) >= max_count or current <= 0 or current >= self.index_max:
                 break
             hash_read, phy, time_diff, previous = _ENTRY.unpack_from(self.map, entries_at + current * ENTRY_SIZE)
-            if time_diff < 0:
-                break
-            time_read = self.begin_timestamp + time_diff * 1000
-            if hash_read == key_hash and begin <= time_read <= end:
-                found.append(phy)
-            if previous <= 0 or previous > self.index_count or previous == current or time_read < begin:
+            if current < self.index_count:  # counted; one the header does not count yet is passed over
+                if time_diff < 0:
+                    break
+                time_read = self.begin_timestamp + time_diff * 1000
+                if hash_read == key_hash and begin <= time_read <= end:
+                    found.append(phy)
+                if time_read < begin:
+                    break
+            if previous >= current:  # chains only go back
                 break
             current = previous
         return found
@@ -264,6 +299,7 @@ class IndexService:
         self.clock = clock
         self.max_query = max_query
         self.files: list[IndexFile] = []
+        self.torn_slots = 0  # slots `load` mended (IndexFile.repair_torn_slots)
         # Called with a full file's endTimestamp once it is forced (checkpoint indexMsgTimestamp).
         self.on_file_full: Callable[[int], None] = lambda timestamp: None
 
@@ -282,6 +318,8 @@ class IndexService:
                 deleted.append(path.name)
                 continue
             self.files.append(index)
+        if self.files and not self.readonly:  # only the newest file is ever written
+            self.torn_slots = self.files[-1].repair_torn_slots()
         return deleted
 
     def refresh(self) -> None:
@@ -302,31 +340,42 @@ class IndexService:
 
     # -- writing -----------------------------------------------------------------------------
 
+    def indexed_through(self) -> tuple[int, int]:
+        """(endPhyOffset, how many keys of the record there are indexed): a replay skips the
+        keys of records below it and that many of its own. The run is counted back across
+        files: a record's keys straddle a full file and its follower when the file fills
+        between them, and an unclean stop may delete the follower (crash policy above)."""
+        if not self.files:
+            return 0, 0
+        end, done = self.files[-1].end_phy_offset, 0
+        for index in reversed(self.files):
+            if index.end_phy_offset != end:
+                break
+            run, whole = index.keys_at_end()
+            done += run
+            if not whole:
+                break
+        return end, done
+
     def build_index(self, topic: str, phy_offset: int, store_timestamp: int, sys_flag: int,
                     uniq_key: str | None, keys: Iterable[str]) -> None:
         """Index one dispatched record: UNIQ_KEY first, then each KEYS token (§5.6)."""
+        floor, done = self.indexed_through()
+        if phy_offset < floor or sys_flag & TRANSACTION_MASK == TRANSACTION_ROLLBACK:
+            return  # indexed before (a re-dispatch after recovery), or never indexed
+        names = [name for name in (uniq_key, *keys) if name]
         index = self._writable()
-        if phy_offset < index.end_phy_offset or (phy_offset == index.end_phy_offset and index.has_history()):
-            # Indexed before (re-dispatch after recovery). RocketMQ tests only `<` and so indexes
-            # the record at endPhyOffset a second time after an abnormal restart; we do not.
-            return
-        if sys_flag & TRANSACTION_MASK == TRANSACTION_ROLLBACK:
-            return
-        if uniq_key:
-            index = self._put(index, index_key_hash(f"{topic}#{uniq_key}"), phy_offset, store_timestamp)
-        for key in keys:
-            if key:
-                index = self._put(index, index_key_hash(f"{topic}#{key}"), phy_offset, store_timestamp)
+        for name in names[done:] if phy_offset == floor else names:
+            index = self._put(index, index_key_hash(f"{topic}#{name}"), phy_offset, store_timestamp)
 
     def build_many(self, packed: bytes | bytearray) -> int:
         """`build_index` over INDEX_KEY records in CommitLog order (ROLLBACK records left out by
         the caller), linking the whole batch at once; returns keys added."""
         index = self._writable()
-        floor, inclusive = index.end_phy_offset, index.has_history()
+        start = self._first_unindexed(packed)
         if NATIVE:
-            return self._build_native(index, packed, floor, inclusive)
-        keys = np.frombuffer(packed, dtype=_INDEX_KEY_DTYPE)
-        keys = keys[keys["phy"] > floor] if inclusive else keys[keys["phy"] >= floor]  # skip what is indexed
+            return self._build_native(index, packed, start)
+        keys = np.frombuffer(packed, dtype=_INDEX_KEY_DTYPE)[start:]
         if not len(keys):
             return 0
         if len(keys) < SMALL_BATCH:  # numpy's fixed cost outweighs it for a handful of keys
@@ -343,14 +392,22 @@ class IndexService:
             index = self._writable()
         return done
 
-    def _build_native(self, index: IndexFile, packed: bytes | bytearray, floor: int, inclusive: bool) -> int:
+    def _first_unindexed(self, packed: bytes | bytearray) -> int:
+        """The first of `packed`'s keys not indexed yet: RocketMQ skips only records below
+        endPhyOffset, so indexes the one at it twice after an abnormal restart; we do not."""
+        floor, done = self.indexed_through()
+        phys = np.frombuffer(packed, dtype=_INDEX_KEY_DTYPE)["phy"]
+        below, through = np.searchsorted(phys, floor, "left"), np.searchsorted(phys, floor, "right")
+        return int(min(below + done, through))
+
+    def _build_native(self, index: IndexFile, packed: bytes | bytearray, start: int) -> int:
         count = len(packed) // INDEX_KEY.size
-        done, added = index.put_packed(packed, 0, floor, inclusive)
+        done, added = index.put_packed(packed, start, -1, False)
         for _ in range(count):  # each round fills a file or finishes
             if done == count:
                 break
             index = self._writable()
-            done, more = index.put_packed(packed, done, floor, inclusive)
+            done, more = index.put_packed(packed, done, -1, False)
             added += more
         invariant(done == count, "every key was placed or skipped")
         return added

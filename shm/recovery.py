@@ -24,7 +24,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from shm.codec import Corruption, Record, peek_store_timestamp, scan
+from shm.codec import Corruption, peek_store_timestamp, scan
 from shm.dispatch import reput
 from shm.store import MessageStore
 from shm.store_files import last_exit_ok
@@ -201,15 +201,10 @@ class Recovery:
         self.progress.done_bytes = end - begin
 
     def _index_end(self) -> int:
-        """First CommitLog offset the index has not seen."""
+        """The record the index may not hold every key of: the one at the newest file's
+        endPhyOffset (its replay skips the keys held, IndexService.indexed_through)."""
         files = self.store.index.files
-        if not files:
-            return 0
-        last = files[-1]
-        if last.index_count <= 1 and last.end_phy_offset == 0:
-            return 0
-        record = self.store.commitlog.read(last.end_phy_offset, read_body=False)
-        return last.end_phy_offset + record.total_size if isinstance(record, Record) else last.end_phy_offset
+        return files[-1].end_phy_offset if files else 0
 
 
 def recover(store: MessageStore, *, clean: bool | None = None) -> RecoveryReport:

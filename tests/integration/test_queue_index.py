@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from helpers import message, open_store, put, small_settings
 from hypothesis import example, given
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from shm import index_file as index_file_module
 from shm.checkpoint import Checkpoint
-from shm.codec import decode, parse_properties, tags_code
+from shm.codec import decode, index_key_hash, parse_properties, tags_code
 from shm.consume_queue import FILLER_SIZE, ConsumeQueue
 from shm.control_block import FLAG_DISK_FULL, ControlBlock
 from shm.index_file import INDEX_KEY, IndexFile, IndexService, index_file_size
@@ -135,6 +136,108 @@ def test_index_links_in_c_the_bytes_put_hash_writes(tmp_path_factory, steps, flo
                 index = IndexFile(root / f"{mode}-{n}", 7, 16, create=True)
         files[mode] = (added, [(root / f"{mode}-{i}").read_bytes() for i in range(n + 1)])
     assert files["c"] == files["put_hash"]
+
+
+KEY_NAMES = [f"T#k{i}" for i in range(12)]
+
+
+@given(st.lists(st.lists(st.sampled_from(KEY_NAMES), min_size=1, max_size=12), min_size=3, max_size=6),
+       st.integers(0, 5), st.booleans())
+def test_a_put_killed_before_its_header_loses_no_chain(tmp_path_factory, batches, torn_at, native):
+    """A dispatcher killed inside a put leaves entries and slots the header does not count (its
+    last write). Readers still find every counted key; the restarted writer mends the slots,
+    replays the torn batch and goes on, and every key leads to each of its records."""
+    path = tmp_path_factory.mktemp("torn") / "20260101000000000"
+    index = IndexFile(path, 7, 200, create=True)
+    torn_at = min(torn_at, len(batches) - 1)
+    expected: dict[str, list[int]] = {name: [] for name in KEY_NAMES}
+    phy, counted = 0, {}
+    for number, batch in enumerate(batches):
+        packed = bytearray()
+        for name in batch:
+            phy += 100
+            packed += INDEX_KEY.pack(index_key_hash(name), phy, 1795000000000 + phy)
+            expected[name].append(phy)
+        if number == torn_at:
+            counted = {name: list(found) for name, found in expected.items()}
+            for name in batch:
+                counted[name] = [p for p in counted[name] if p < phy - 100 * (len(batch) - 1)]
+            header = bytes(index.map[:40])
+            _put(index, packed, native)
+            index.map[:40] = header  # killed before the header
+            index.close()
+            reader = IndexFile(path, 7, 200, readonly=True)
+            assert {n: sorted(reader.select(n, 999, 0, 2**62)) for n in KEY_NAMES} == counted
+            reader.close()
+            restarted = IndexService(path.parent, 7, 200)  # the restart: a dispatcher's load
+            restarted.load()
+            index = restarted.files[-1]
+        _put(index, packed, native)
+    assert {n: sorted(index.select(n, 999, 0, 2**62)) for n in KEY_NAMES} == expected
+
+
+def _put(index: IndexFile, packed: bytearray, native: bool) -> None:
+    if native and index_file_module.NATIVE:
+        index.put_packed(packed, 0, 0, False)
+        return
+    keys = np.frombuffer(bytes(packed), dtype=index_file_module._INDEX_KEY_DTYPE)
+    index.put_many(keys["hash"].astype(np.int64), keys["phy"].astype(np.int64), keys["stamp"].astype(np.int64))
+
+
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=40), st.lists(st.integers(1, 9), max_size=8),
+       st.integers(0, 40), st.sampled_from(["c", "numpy", "one-by-one"]))
+@example([2] * 6, [], 3, "c")  # a 6-entry file fills between a record's two keys
+def test_an_unclean_stop_replays_a_record_whose_keys_straddle_two_files(tmp_path_factory, keys_per_record, batches,
+                                                                          stop_at, path):
+    """Records of 1-4 keys each, dispatched in batches into 6-entry files, so a file often fills
+    between two keys of one record. At an unclean stop recovery deletes the files newer than
+    the checkpoint and replays from the newest survivor's endPhyOffset (shm.recovery): every
+    key then leads to its record exactly once, whichever file holds it."""
+    if path == "c" and not index_file_module.NATIVE:
+        return
+    records = [(number * 100, 1795000000000 + number * 1000, [f"k{number}-{k}" for k in range(count)])
+               for number, count in enumerate(keys_per_record)]
+    directory = tmp_path_factory.mktemp("straddle") / "index"
+    checkpoint = [0]
+    stop_at = min(stop_at, len(records))
+    native = index_file_module.NATIVE
+    index_file_module.NATIVE = path == "c"
+    try:
+        service = _index_service(directory, checkpoint)
+        _dispatch_in_batches(service, records[:stop_at], batches, path)
+        service.close()
+        service = _index_service(directory, checkpoint, last_exit_ok=False)  # the restart after kill -9
+        floor = service.files[-1].end_phy_offset if service.files else 0
+        _dispatch_in_batches(service, [r for r in records if r[0] >= floor], batches, path)
+    finally:
+        index_file_module.NATIVE = native
+    for phy, _, names in records:
+        for name in names:
+            assert service.query_all("T", name) == [phy], name
+
+
+def _index_service(directory, checkpoint: list[int], *, last_exit_ok: bool = True) -> IndexService:
+    clock = iter(range(1795000000, 1795100000)).__next__
+    service = IndexService(directory, 5, 7, clock=lambda: clock())
+    service.on_file_full = lambda stamp: checkpoint.__setitem__(0, max(checkpoint[0], stamp))
+    service.load(last_exit_ok=last_exit_ok, checkpoint_index_timestamp=checkpoint[0])
+    return service
+
+
+def _dispatch_in_batches(service: IndexService, records: list, batches: list[int], path: str) -> None:
+    at = 0
+    for size in [*batches, len(records)]:
+        batch, at = records[at: at + size], at + size
+        if path == "one-by-one":
+            for phy, stamp, names in batch:
+                service.build_index("T", phy, stamp, 0, None, names)
+            continue
+        packed = bytearray()
+        for phy, stamp, names in batch:
+            for name in names:
+                packed += INDEX_KEY.pack(index_key_hash(f"T#{name}"), phy, stamp)
+        if packed:
+            service.build_many(packed)
 
 
 def test_index_service_rolls_over_and_queries_across_files(tmp_path):

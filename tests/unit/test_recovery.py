@@ -195,6 +195,28 @@ def test_crash_with_the_dispatcher_behind_completes_queues_and_index(tmp_path):
     assert verify_store(settings).ok
 
 
+@pytest.mark.parametrize("index_max", range(6, 14))
+def test_a_crash_keeps_every_key_of_a_record_whose_keys_straddle_two_index_files(tmp_path, index_max):
+    """Small index files fill between two keys of one record (message(i) has up to three). A
+    crash then deletes the files newer than the checkpoint, the full one's follower among them:
+    recovery must index the rest of that record's keys, not start after it."""
+    settings = small_settings(tmp_path / "s", maxIndexNum=index_max)
+    store = open_store(settings)
+    files = store.index.files
+    for i in range(200):
+        put(store, [message(i)], store_timestamp=1795000000000 + i * 1000)
+        if len(files) > 1 and files[-1].begin_phy_offset == files[-2].end_phy_offset and files[-1].index_count > 1:
+            break  # the newest file goes on with the record that filled the one before
+    put(store, [message(i) for i in (199, 200)], store_timestamp=1795000000000 + 200 * 1000)  # (newer keys)
+    doomed = files[-1].path.name
+    store.close()  # a crash: abort file stays
+    store = open_store(settings)
+    assert store.report.mode == "abnormal" and doomed in store.report.deleted_index_files
+    store.close()
+    report = verify_store(settings)
+    assert report.ok, report.faults
+
+
 def test_damaged_derived_files_are_rebuilt(tmp_path):
     settings, store, offsets = _filled_store(tmp_path / "s")
     close_clean(store)

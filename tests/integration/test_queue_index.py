@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from helpers import message, open_store, put, small_settings
 from hypothesis import example, given
+from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from shm import index_file as index_file_module
@@ -141,6 +142,7 @@ def test_index_links_in_c_the_bytes_put_hash_writes(tmp_path_factory, steps, flo
 KEY_NAMES = [f"T#k{i}" for i in range(12)]
 
 
+@hypothesis_settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.sampled_from(KEY_NAMES), min_size=1, max_size=12), min_size=3, max_size=6),
        st.integers(0, 5), st.booleans())
 def test_a_put_killed_before_its_header_loses_no_chain(tmp_path_factory, batches, torn_at, native):
@@ -184,6 +186,7 @@ def _put(index: IndexFile, packed: bytearray, native: bool) -> None:
     index.put_many(keys["hash"].astype(np.int64), keys["phy"].astype(np.int64), keys["stamp"].astype(np.int64))
 
 
+@hypothesis_settings(max_examples=60, deadline=None)  # (file creation and mapping: slow on a loaded machine)
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=40), st.lists(st.integers(1, 9), max_size=8),
        st.integers(0, 40), st.sampled_from(["c", "numpy", "one-by-one"]))
 @example([2] * 6, [], 3, "c")  # a 6-entry file fills between a record's two keys

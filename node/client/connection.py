@@ -6,6 +6,11 @@ reply cost the client ~110 µs of CPU with 8 in flight and ~200 µs alone; a pla
 from the loop's reader callback costs ~55-70 and ~90-140 µs, and the round trip of a request the
 front answers itself drops from ~340 to ~170 µs.
 
+A reply never comes for a request the node took before its connection dropped (a front killed
+and restarted: ZeroMQ reconnects underneath, and the new front knows nothing of it). A socket
+monitor reports the drop (EVENT_DISCONNECTED), and `on_lost` lets the owner fail those requests
+then, instead of at their deadlines (for a long poll, 15 s and more away).
+
 ZMQ_FD is edge-triggered: it says that the socket's events may have changed, not that a message
 is waiting. So the reader callback receives while ZMQ_EVENTS shows POLLIN (at most MAX_READ at a
 time, then it yields the loop a turn), and every send looks at ZMQ_EVENTS afterwards: a send can
@@ -32,7 +37,8 @@ class Connection:
     """One DEALER socket on the running loop; `on_frames` gets each reply's frames."""
 
     def __init__(self, context: zmq.Context, endpoint: str, on_frames: Callable[[list[bytes]], None], *,
-                 hwm: int = 100_000, secure: Callable[[zmq.Socket], None] | None = None):
+                 hwm: int = 100_000, secure: Callable[[zmq.Socket], None] | None = None,
+                 on_lost: Callable[[], None] | None = None):
         # A plain socket even when `context` is a zmq.asyncio.Context (both share libzmq's context).
         self.socket = zmq.Socket(context, zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -49,6 +55,37 @@ class Connection:
         self.loop.add_reader(self.fd, self._readable)
         self.read_scheduled = False
         self.closed = False
+        self.monitor: zmq.Socket | None = None
+        if on_lost is not None:
+            self._watch(context, on_lost)
+
+    def _watch(self, context: zmq.Context, on_lost: Callable[[], None]) -> None:
+        address = f"inproc://mqnode-monitor-{uuid.uuid4().hex}"
+        self.socket.monitor(address, zmq.EVENT_DISCONNECTED)
+        self.monitor = zmq.Socket(context, zmq.PAIR)
+        self.monitor.setsockopt(zmq.LINGER, 0)
+        self.monitor.connect(address)
+        self.on_lost = on_lost
+        self.monitor_items = [(self.monitor, zmq.POLLIN)]
+        self.monitor_fd = self.monitor.getsockopt(zmq.FD)
+        self.loop.add_reader(self.monitor_fd, self._monitor_readable)
+        self._monitor_readable()  # an edge comes only after a look has found the pipe empty
+
+    def _monitor_readable(self) -> None:
+        lost = False
+        for _ in range(MAX_READ):  # (edge-triggered, as the socket's own FD)
+            if self.closed or not zmq_poll(self.monitor_items, 0):
+                break
+            self.monitor.recv_multipart(zmq.NOBLOCK)  # the only event asked for: a drop
+            lost = True
+        else:
+            self.loop.call_soon(self._monitor_readable)
+        if lost:
+            for _ in range(MAX_READ):  # replies that came before the drop are answers still
+                if self.closed or not zmq_poll(self.poll_items, 0):
+                    break
+                self.on_frames(recv_frames(self.socket))
+            self.on_lost()
 
     def send(self, frames: list[bytes]) -> bool:
         """Queue `frames` without blocking; False when the connection's queue is full."""
@@ -92,4 +129,9 @@ class Connection:
         self.closed = True
         if not self.loop.is_closed():
             self.loop.remove_reader(self.fd)  # before the socket closes its FD
+            if self.monitor is not None:
+                self.loop.remove_reader(self.monitor_fd)
+        if self.monitor is not None:
+            self.socket.disable_monitor()
+            self.monitor.close(0)
         self.socket.close(0)

@@ -98,10 +98,12 @@ class AsyncProducer:
         self.round_robin: dict[str, itertools.count] = {}
         self.reaper: asyncio.Task | None = None
         self.on_notice = None  # called with what the node sends unasked (NOTIFY_CONSUMER_IDS_CHANGED)
+        self.connections_lost = 0
 
     async def start(self) -> AsyncProducer:
         if self.connection is None:
-            self.connection = Connection(self.context, self.endpoint, self._on_reply, secure=self.credentials.secure)
+            self.connection = Connection(self.context, self.endpoint, self._on_reply, secure=self.credentials.secure,
+                                         on_lost=self._on_lost)
             self.reaper = asyncio.create_task(self._reap())
         return self
 
@@ -389,6 +391,15 @@ class AsyncProducer:
             self._finish(waiter[0], (header, frames[1] if len(frames) > 1 else None), None)
         elif "opaque" not in header and self.on_notice is not None:
             self.on_notice(header)
+
+    def _on_lost(self) -> None:
+        """The connection dropped (the node's front died or restarted): no reply will come to
+        what was sent before, so those requests time out now, retried as a timeout is (a send
+        may then be stored twice: at-least-once, as after any timeout)."""
+        waiters, self.waiting = list(self.waiting.values()), {}
+        self.connections_lost += 1
+        for waiter, _ in waiters:
+            self._finish(waiter, None, SendError("TIMEOUT", "the connection to the node dropped before the reply"))
 
     async def _reap(self) -> None:
         """Time out requests whose reply never came (a node restart, a lost actor)."""

@@ -20,7 +20,7 @@ import zmq
 from nodes import ROOT, NodeProcess, node_settings
 
 from node import protocol
-from node.client import Message, Producer
+from node.client import Message, Producer, PullConsumer, SendError
 from node.client.push import CONSUME_SUCCESS, RECONSUME_LATER, PushConsumer
 
 pytestmark = pytest.mark.slow
@@ -237,6 +237,23 @@ def test_the_group_table_is_learnt_again_after_a_kill_9_of_the_front(node):
     finally:
         for member in members:
             member.stop()
+
+
+def test_a_long_poll_held_when_the_front_dies_fails_at_once_and_the_next_pull_is_answered(node):
+    """The front holding a 15 s long poll is killed: the client hears the connection drop and
+    fails the pull within seconds (not after 15 s and its timeout), and its next pull reaches
+    the restarted front."""
+    produce(node, "Quiet", 0, 100)  # queue 0 holds offsets 0..99
+    with PullConsumer(node.endpoint, timeout=5.0) as consumer:
+        threading.Timer(1.0, lambda: node.actor_process("front").kill()).start()
+        started = time.monotonic()
+        with pytest.raises(SendError) as lost:
+            consumer.pull("Quiet", 0, 100, suspend_ms=15_000)
+        assert lost.value.status == "TIMEOUT" and "dropped" in lost.value.remark
+        assert time.monotonic() - started < 5.0
+        with Producer(node.endpoint, timeout=10.0) as producer:  # ... to the restarted front
+            producer.send_batch("Quiet", [Message("Quiet", f"{i}".encode()) for i in range(100, 103)], queue_id=0)
+        assert [m.body for m in consumer.pull("Quiet", 0, 100, max_count=3).messages] == [b"100", b"101", b"102"]
 
 
 def test_broadcasting_gives_every_member_every_message_and_a_restart_goes_on_from_its_file(node, tmp_path):

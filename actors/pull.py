@@ -239,20 +239,20 @@ class ReadCore:
         counts[0] += count
         counts[1] += size
 
+    def _store_time(self, phy: int, size: int) -> int | None:
+        raw = self.reader.record_bytes(phy, size)
+        record = decode(raw, check_crc=False, read_body=False) if raw else None
+        return record.store_timestamp if isinstance(record, Record) else None
+
     def _offset_by_time(self, header: dict, dispatched: int) -> int:
-        view = self.reader.queue(header["topic"], header["queueId"], dispatched)
-        stamp = header["timestamp"]
-
-        def store_time(phy: int, size: int) -> int | None:
-            raw = self.reader.record_bytes(phy, size)
-            record = decode(raw, check_crc=False, read_body=False) if raw else None
-            return record.store_timestamp if isinstance(record, Record) else None
-
-        offset, low = view.queue.offset_by_time(stamp, store_time), view.min_offset(self.reader.commitlog_min)
+        view, stamp = self.reader.queue(header["topic"], header["queueId"], dispatched), header["timestamp"]
+        offset, low = view.queue.offset_by_time(stamp, self._store_time), view.min_offset(self.reader.commitlog_min)
         if self.tiered is None or offset > low:
             return offset
-        try:  # a time before the store's data: the archive's answer
-            archived = self.tiered.offset_by_time(header["topic"], header["queueId"], stamp, low)
+        first = view.queue.entry(low)  # the store's first message: the archive's last may be nearer
+        try:  # a time at or before the store's first message: the archive's answer, if nearer
+            archived = self.tiered.offset_by_time(header["topic"], header["queueId"], stamp, low,
+                                                  first and self._store_time(first.physical_offset, first.size))
         except ArchiveDamaged as e:  # an offset is not data: the store's answer, the damage counted
             self.tiered.failed(str(e))
             return offset

@@ -189,11 +189,13 @@ class TieredArchive:
         self.served += len(records)
         return TieredRead(FOUND if records else NO_MATCHED_MESSAGE, records, next_begin, lowest)
 
-    def offset_by_time(self, topic: str, queue_id: int, stamp: int, below: int) -> int | None:
+    def offset_by_time(self, topic: str, queue_id: int, stamp: int, below: int,
+                       below_ms: int | None = None) -> int | None:
         """SEARCH_OFFSET_BY_TIMESTAMP over the archived offsets below `below` (where the store's
-        data begins): the offset whose store time is nearest `stamp`, the earlier on a tie, as
-        the store answers. None when every one of them was stored before `stamp`: the answer is
-        then in the store."""
+        data begins, its first message stored at `below_ms`): the offset whose store time is
+        nearest `stamp`, the earlier on a tie, as the store answers. None when the store's
+        first message is the nearest (or, without `below_ms`, when every archived one was
+        stored before `stamp`): the answer is then the store's."""
         self._refresh_quietly()
         queue = self.queues.get((topic, queue_id))
         before = None  # (offset, ms) of the last archived row stored before `stamp`
@@ -211,10 +213,12 @@ class TieredArchive:
             if at and run.first + at - 1 < below:
                 before = (run.first + at - 1, int(stamps[at - 1]))
             if run.first + at >= below:
-                return None
+                break  # the first one at or after `stamp` is in the store
             after = (run.first + at, int(stamps[at]))
             return before[0] if before and stamp - before[1] <= after[1] - stamp else after[0]
-        return None
+        if before is None or below_ms is None:
+            return None
+        return before[0] if stamp - before[1] <= below_ms - stamp else None
 
     def _stamps(self, run: Run):
         """The store times (ms) of a run's rows, read from its file."""

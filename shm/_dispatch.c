@@ -374,17 +374,14 @@ done:
  *   slots:     i32 each, the newest entry number of the slot (0 = empty)
  *   entries:   20 bytes at 40 + slots*4 + n*20: keyHash i32 | phyOffset i64 | timeDiff i32 |
  *              prevIndex i32
- * Keys from `start` on are taken in order until the file is full. A key whose phyOffset is
- * below `floor`, or equal to it when `floor_indexed`, is already indexed and skipped (the
- * caller's recovery replays). Each entry is written before the slot that names it, and the
- * header last: a reader that re-reads the header never counts an entry not yet written. */
+ * Keys from `start` on are taken in order until the file is full (what a replay already indexed
+ * the caller leaves out: IndexService.indexed_through). Each entry is written before the slot
+ * that names it, and the header last: a reader that re-reads the header never counts an entry
+ * not yet written. */
 static PyObject *index_put(PyObject *self, PyObject *args) {
     Py_buffer map, keys;
     Py_ssize_t slot_count, index_max, start;
-    long long floor;
-    int floor_indexed;
-    if (!PyArg_ParseTuple(args, "w*nny*nLp", &map, &slot_count, &index_max, &keys, &start, &floor,
-                          &floor_indexed))
+    if (!PyArg_ParseTuple(args, "w*nny*n", &map, &slot_count, &index_max, &keys, &start))
         return NULL;
     PyObject *result = NULL;
     Py_ssize_t entries_at = 40 + slot_count * 4, count_keys = keys.len / INDEX_KEY_SIZE;
@@ -407,8 +404,6 @@ static PyObject *index_put(PyObject *self, PyObject *args) {
         const unsigned char *key = (const unsigned char *)keys.buf + i * INDEX_KEY_SIZE;
         int32_t hash = get_le32(key);
         int64_t phy = get_le64(key + 4), stamp = get_le64(key + 12);
-        if (phy < floor || (phy == floor && floor_indexed))
-            continue;
         if (count >= index_max)
             break; /* full: the caller rolls over to a new file */
         if (hash < 0) {
@@ -482,7 +477,7 @@ static PyMethodDef methods[] = {
      "-> (position, added, logics_timestamp or None)"},
     {"cq_entries", cq_entries, METH_VARARGS, "cq_entries(run) -> bytes: the run's entries without their queue offsets"},
     {"index_put", index_put, METH_VARARGS,
-     "index_put(map, slot_count, index_max, keys, start, floor, floor_indexed) -> (next_key, added)"},
+     "index_put(map, slot_count, index_max, keys, start) -> (next_key, added)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -214,12 +214,11 @@ class IndexFile:
         self._write_header()
         return count
 
-    def put_packed(self, keys: bytes | bytearray, start: int, floor: int, floor_indexed: bool) -> tuple[int, int]:
-        """put_hash for INDEX_KEY records from `start` on, in C, until the file is full; records
-        below `floor` (or at it, when `floor_indexed`) are skipped as already indexed. Returns
+    def put_packed(self, keys: bytes | bytearray, start: int) -> tuple[int, int]:
+        """put_hash for INDEX_KEY records from `start` on, in C, until the file is full. Returns
         (the record to go on from, keys added)."""
         invariant(not self.readonly)
-        done = _dispatch.index_put(self.map, self.slot_count, self.index_max, keys, start, floor, floor_indexed)
+        done = _dispatch.index_put(self.map, self.slot_count, self.index_max, keys, start)
         self._read_header()
         return done
 
@@ -402,12 +401,12 @@ class IndexService:
 
     def _build_native(self, index: IndexFile, packed: bytes | bytearray, start: int) -> int:
         count = len(packed) // INDEX_KEY.size
-        done, added = index.put_packed(packed, start, -1, False)
+        done, added = index.put_packed(packed, start)
         for _ in range(count):  # each round fills a file or finishes
             if done == count:
                 break
             index = self._writable()
-            done, more = index.put_packed(packed, done, -1, False)
+            done, more = index.put_packed(packed, done)
             added += more
         invariant(done == count, "every key was placed or skipped")
         return added

@@ -30,6 +30,7 @@ from zmq.backend import zmq_poll
 from node.client.frames import NOBLOCK, recv_frames, send_frames
 
 MAX_READ = 256  # replies handled per reader callback before other callbacks get a turn
+MAX_DRAIN_ROUNDS = 1024  # MAX_READ rounds read before the requests in flight at a drop are failed
 FULL_RETRY_S = 0.001  # a full send queue is tried again this often, until the caller's deadline
 
 
@@ -81,10 +82,9 @@ class Connection:
         else:
             self.loop.call_soon(self._monitor_readable)
         if lost:
-            for _ in range(MAX_READ):  # replies that came before the drop are answers still
-                if self.closed or not zmq_poll(self.poll_items, 0):
+            for _ in range(MAX_DRAIN_ROUNDS):  # replies that came before the drop are answers still
+                if not self._read():
                     break
-                self.on_frames(recv_frames(self.socket))
             self.on_lost()
 
     def send(self, frames: list[bytes]) -> bool:
@@ -114,14 +114,17 @@ class Connection:
 
     def _readable(self) -> None:
         self.read_scheduled = False
-        if self.closed:
-            return
+        if self._read():
+            self._look()  # more are waiting: come back after the loop's other callbacks
+
+    def _read(self) -> bool:
+        """Hand up to MAX_READ waiting replies to `on_frames`; True when it stopped at MAX_READ."""
         socket = self.socket
         for _ in range(MAX_READ):
-            if not zmq_poll(self.poll_items, 0):  # reads ZMQ_EVENTS, as getsockopt would
-                return
+            if self.closed or not zmq_poll(self.poll_items, 0):  # reads ZMQ_EVENTS, as getsockopt would
+                return False
             self.on_frames(recv_frames(socket))
-        self._look()  # more are waiting: come back after the loop's other callbacks
+        return True
 
     def close(self) -> None:
         if self.closed:

@@ -98,7 +98,6 @@ class AsyncProducer:
         self.round_robin: dict[str, itertools.count] = {}
         self.reaper: asyncio.Task | None = None
         self.on_notice = None  # called with what the node sends unasked (NOTIFY_CONSUMER_IDS_CHANGED)
-        self.connections_lost = 0
 
     async def start(self) -> AsyncProducer:
         if self.connection is None:
@@ -397,7 +396,6 @@ class AsyncProducer:
         what was sent before, so those requests time out now, retried as a timeout is (a send
         may then be stored twice: at-least-once, as after any timeout)."""
         waiters, self.waiting = list(self.waiting.values()), {}
-        self.connections_lost += 1
         for waiter, _ in waiters:
             self._finish(waiter, None, SendError("TIMEOUT", "the connection to the node dropped before the reply"))
 

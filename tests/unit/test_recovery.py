@@ -207,6 +207,8 @@ def test_a_crash_keeps_every_key_of_a_record_whose_keys_straddle_two_index_files
         put(store, [message(i)], store_timestamp=1795000000000 + i * 1000)
         if len(files) > 1 and files[-1].begin_phy_offset == files[-2].end_phy_offset and files[-1].index_count > 1:
             break  # the newest file goes on with the record that filled the one before
+    else:
+        raise AssertionError("no record's keys straddled two index files")
     put(store, [message(i) for i in (199, 200)], store_timestamp=1795000000000 + 200 * 1000)  # (newer keys)
     doomed = files[-1].path.name
     store.close()  # a crash: abort file stays

@@ -1,9 +1,11 @@
 """scripts/bench-produce: the write path's speed on this machine, 1 KiB bodies, client beside node.
 
-Starts `mqnode start` on a temporary store for each flush mode and prints:
-ASYNC_FLUSH with send_batch and with concurrent single sends, SYNC_FLUSH with 64 concurrent
-senders, ack latency p50/p99 at a fixed 5k msgs/s, and the node's CPU and memory (psutil over
-every process of the node). A benchmark, never a test: the figures depend on the machine, so the
+Starts `mqnode start` on a temporary store for each configuration (`--topology`, and under
+split each `--ingress-workers` value; `--rounds` alternates them) and each flush mode, and
+prints: ASYNC_FLUSH with send_batch and with concurrent single sends, SYNC_FLUSH with 64
+concurrent senders, ack latency p50/p99 at a fixed 5k msgs/s, and the node's CPU and memory
+(psutil over every process of the node), with its CPU per message in all and per process (the
+service processes by label, Ray's together): what predicts a host with more cores. A benchmark, never a test: the figures depend on the machine, so the
 machine's floors (`node.tools.floors`) are printed before and after them.
 
 The latency is measured once the node has settled after the throughput figures: the dispatcher
@@ -37,11 +39,12 @@ SETTLE_S = 30.0
 
 
 @contextlib.contextmanager
-def bench_node(directory: Path, flush: str, ingress: int, options: dict[str, str]):
-    """`mqnode start` on `directory` with this flush mode and ingress workers (the split topology;
-    0: compact) and `options` (--node-option), stopped after."""
-    topology = {"topology": "split", "ingressWorkers": ingress} if ingress else {}
-    node = NodeProcess(local_settings(directory, flushDiskType=flush, **topology, **options),
+def bench_node(directory: Path, flush: str, config: tuple[str, int], options: dict[str, str]):
+    """`mqnode start` on `directory` with this flush mode, topology and ingress processes
+    (`config`) and `options` (--node-option), stopped after."""
+    topology, ingress = config
+    node = NodeProcess(local_settings(directory, flushDiskType=flush, topology=topology, ingressWorkers=ingress,
+                                      **options),
                        directory / "node.log").start(timeout=120)
     try:
         yield node
@@ -50,24 +53,36 @@ def bench_node(directory: Path, flush: str, ingress: int, options: dict[str, str
 
 
 class Usage:
-    """CPU seconds and peak RSS of the node's processes over a measured stretch."""
+    """CPU seconds and peak RSS of the node's processes over a measured stretch, in all and per
+    process: each service process by its label (its pid file in the run directory), the node's
+    own launcher as `launcher`, Ray's processes together as `ray`."""
 
     def __init__(self, node: NodeProcess):
         self.processes = node.tree()
+        labels = {}
+        for label in node.actor_labels():
+            with contextlib.suppress(OSError, ValueError):
+                labels[int((node.settings.run_dir / f"{label}.pid").read_text())] = label
+        root = node.process.pid
+        self.labels = {p.pid: labels.get(p.pid, "launcher" if p.pid == root else "ray") for p in self.processes}
         self.cpu0 = self._cpu()
         self.began = time.perf_counter()
 
-    def _cpu(self) -> float:
-        total = 0.0
+    def _cpu(self) -> dict[str, float]:
+        """CPU seconds (user + system, every thread) by label."""
+        out: dict[str, float] = {}
         for p in self.processes:
             try:
                 times = p.cpu_times()
-                total += times.user + times.system
             except psutil.Error:
-                pass
-        return total
+                continue
+            label = self.labels[p.pid]
+            out[label] = out.get(label, 0.0) + times.user + times.system
+        return out
 
-    def report(self) -> str:
+    def report(self, messages: int = 0) -> str:
+        """The node's CPU as a share of one core, its RSS, and (given the messages the stretch
+        carried) its CPU per message, in all and by process: what predicts a bigger host."""
         elapsed = time.perf_counter() - self.began
         rss = 0
         for p in self.processes:
@@ -75,7 +90,15 @@ class Usage:
                 rss += p.memory_info().rss
             except psutil.Error:
                 pass
-        return f"node CPU {100 * (self._cpu() - self.cpu0) / elapsed:.0f}% of one core, RSS {rss / 2**20:.0f} MiB"
+        now = self._cpu()
+        spent = {label: now.get(label, 0.0) - self.cpu0.get(label, 0.0) for label in now}
+        total = sum(spent.values())
+        text = f"node CPU {100 * total / elapsed:.0f}% of one core, RSS {rss / 2**20:.0f} MiB"
+        if messages:
+            parts = ", ".join(f"{label} {1e6 * seconds / messages:.2f}"
+                              for label, seconds in sorted(spent.items(), key=lambda kv: -kv[1]) if seconds > 0)
+            text += f"; CPU {1e6 * total / messages:.2f} µs/msg ({parts})"
+        return text
 
 
 async def batches(endpoint: str, count: int, batch: int, senders: int) -> float:
@@ -89,7 +112,8 @@ async def batches(endpoint: str, count: int, batch: int, senders: int) -> float:
 
         began = time.perf_counter()
         await asyncio.gather(*[sender(k) for k in range(senders)])
-        return (count // batch // senders) * batch * senders / (time.perf_counter() - began)
+        sent = (count // batch // senders) * batch * senders
+        return sent / (time.perf_counter() - began), sent
 
 
 async def singles(endpoint: str, count: int, senders: int, topic: str) -> float:
@@ -102,7 +126,8 @@ async def singles(endpoint: str, count: int, senders: int, topic: str) -> float:
 
         began = time.perf_counter()
         await asyncio.gather(*[sender(k) for k in range(senders)])
-        return (count // senders) * senders / (time.perf_counter() - began)
+        sent = (count // senders) * senders
+        return sent / (time.perf_counter() - began), sent
 
 
 async def settle(endpoint: str, timeout: float = SETTLE_S) -> tuple[float, dict]:
@@ -144,7 +169,7 @@ def wake_ups(front: dict) -> str:
 
 
 async def latency(endpoint: str, rate: int, seconds: float, pace=paced) -> tuple[float, float]:
-    """Single sends at `rate`/s, one every 1/rate s (`pace`); (p50, p99) ack latency in µs."""
+    """Single sends at `rate`/s, one every 1/rate s (`pace`); (p50, p99) ack latency in µs, sends."""
     async with AsyncProducer(endpoint, linger_ms=0) as producer:
         await producer.send("BenchLatency", BODY)
         samples: list[float] = []
@@ -156,7 +181,7 @@ async def latency(endpoint: str, rate: int, seconds: float, pace=paced) -> tuple
 
         await pace(rate, seconds, one)
         samples.sort()
-        return samples[len(samples) // 2] * 1e6, samples[int(len(samples) * 0.99)] * 1e6
+        return samples[len(samples) // 2] * 1e6, samples[int(len(samples) * 0.99)] * 1e6, len(samples)
 
 
 def add_node_options(parser: argparse.ArgumentParser) -> None:
@@ -168,49 +193,68 @@ def node_options(args: argparse.Namespace) -> dict[str, str]:
     return dict(item.split("=", 1) for item in args.node_option)
 
 
+def configurations(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """(topology, ingressWorkers) to measure, in order, `--rounds` times over: compact once a
+    round (it runs no ingress process), split once for each `--ingress-workers` value."""
+    one = []
+    for topology in args.topology:
+        for ingress in (args.ingress_workers if topology == "split" else [0]):
+            if (topology, ingress) not in one:
+                one.append((topology, ingress))
+    return one * args.rounds
+
+
+def measure(base: Path, config: tuple[str, int], count: int, options: dict[str, str]) -> None:
+    """Every figure of one configuration, each line labelled with it."""
+    name = f"[{config[0]} ingressWorkers={config[1]}]"
+    directory = base / f"async-{len(list(base.iterdir()))}"
+    directory.mkdir()
+    with bench_node(directory, "ASYNC_FLUSH", config, options) as node:
+        usage = Usage(node)
+        rate, sent = aio.run(batches(node.endpoint, count, 128, 4))
+        print(f"{name} ASYNC_FLUSH send_batch (128/batch, 4 senders): {rate:>9,.0f} msgs/s "
+              f"(target >= 150,000); {usage.report(sent)}", flush=True)
+        usage = Usage(node)
+        rate, sent = aio.run(singles(node.endpoint, count, 1024, "BenchSingle"))
+        print(f"{name} ASYNC_FLUSH concurrent single sends (1024):    {rate:>9,.0f} msgs/s "
+              f"(target >= 80,000); {usage.report(sent)}", flush=True)
+        waited, front = aio.run(settle(node.endpoint))
+        print(f"{name} settled: dispatcher caught up in {waited:.1f} s; {pinning(front)}; {wake_ups(front)}")
+        usage = Usage(node)
+        p50, p99, sent = aio.run(latency(node.endpoint, 5000, 5.0))
+        print(f"{name} ack latency at 5k msgs/s: p50 {p50:,.0f} µs (target <= 300), "
+              f"p99 {p99:,.0f} µs (target <= 2,000); {usage.report(sent)}", flush=True)
+        usage = Usage(node)  # paced by the loop's timers (bursts), to compare with the even pacing
+        p50, p99, sent = aio.run(latency(node.endpoint, 5000, 5.0, paced_by_loop_timers))
+        print(f"{name} ack latency at 5k msgs/s in bursts (~5 sends a ms, the loop's "
+              f"timers): p50 {p50:,.0f} µs, p99 {p99:,.0f} µs; {usage.report(sent)}", flush=True)
+    directory = base / f"sync-{len(list(base.iterdir()))}"
+    directory.mkdir()
+    with bench_node(directory, "SYNC_FLUSH", config, options) as node:
+        usage = Usage(node)
+        rate, sent = aio.run(singles(node.endpoint, count // 2, 64, "BenchSync"))
+        print(f"{name} SYNC_FLUSH, 64 concurrent senders:            "
+              f"{rate:>9,.0f} msgs/s (target >= 50,000); {usage.report(sent)}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=200_000, help="messages per throughput figure")
+    parser.add_argument("--topology", nargs="+", choices=("compact", "split"), default=["split", "compact"],
+                        help="topologies to compare (node.server.topology)")
     parser.add_argument("--ingress-workers", type=int, nargs="+", default=[0, 2],
-                        help="ingressWorkers settings to compare (0 = the compact topology; more = split)")
+                        help="ingressWorkers settings to compare under split (0: the writer encodes)")
+    parser.add_argument("--rounds", type=int, default=1, help="times over every configuration, alternating")
     add_node_options(parser)
     args = parser.parse_args()
     options = node_options(args)
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-produce-"))
-    print(f"mqnode bench-produce: 1 KiB bodies, {psutil.cpu_count()} cores, client on the same machine")
+    print(f"mqnode bench-produce: 1 KiB bodies, {psutil.cpu_count()} cores, client on the same machine; "
+          f"CPU per message: every process of the node (Ray's too) over the figure's stretch")
     try:
         print(f"before: {floors.report(base)}", flush=True)
-        for ingress in args.ingress_workers:
-            directory = base / f"async-{ingress}-{len(list(base.iterdir()))}"
-            directory.mkdir()
-            with bench_node(directory, "ASYNC_FLUSH", ingress, options) as node:
-                usage = Usage(node)
-                rate = aio.run(batches(node.endpoint, args.count, 128, 4))
-                print(f"[ingressWorkers={ingress}] ASYNC_FLUSH send_batch (128/batch, 4 senders): {rate:>9,.0f} msgs/s "
-                      f"(target >= 150,000); {usage.report()}")
-                usage = Usage(node)
-                rate = aio.run(singles(node.endpoint, args.count, 1024, "BenchSingle"))
-                print(f"[ingressWorkers={ingress}] ASYNC_FLUSH concurrent single sends (1024):    {rate:>9,.0f} msgs/s "
-                      f"(target >= 80,000); {usage.report()}")
-                if ingress == args.ingress_workers[0]:
-                    waited, front = aio.run(settle(node.endpoint))
-                    print(f"[ingressWorkers={ingress}] settled: dispatcher caught up in {waited:.1f} s; "
-                          f"{pinning(front)}; {wake_ups(front)}")
-                    usage = Usage(node)
-                    p50, p99 = aio.run(latency(node.endpoint, 5000, 5.0))
-                    print(f"[ingressWorkers={ingress}] ack latency at 5k msgs/s: p50 {p50:,.0f} µs (target <= 300), "
-                          f"p99 {p99:,.0f} µs (target <= 2,000); {usage.report()}")
-                    usage = Usage(node)  # paced by the loop's timers (bursts), to compare with the even pacing
-                    p50, p99 = aio.run(latency(node.endpoint, 5000, 5.0, paced_by_loop_timers))
-                    print(f"[ingressWorkers={ingress}] ack latency at 5k msgs/s in bursts (~5 sends a ms, the loop's "
-                          f"timers): p50 {p50:,.0f} µs, p99 {p99:,.0f} µs; {usage.report()}")
-        directory = base / "sync"
-        directory.mkdir()
-        with bench_node(directory, "SYNC_FLUSH", args.ingress_workers[0], options) as node:
-            usage = Usage(node)
-            rate = aio.run(singles(node.endpoint, args.count // 2, 64, "BenchSync"))
-            print(f"[ingressWorkers={args.ingress_workers[0]}] SYNC_FLUSH, 64 concurrent senders:            "
-                  f"{rate:>9,.0f} msgs/s (target >= 50,000); {usage.report()}")
+        for config in configurations(args):
+            measure(base, config, args.count, options)
         print(f"after: {floors.report(base)}")
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -17,8 +17,8 @@ ASYNC_FLUSH (FlushRealTimeService): every `flushIntervalCommitLog` ms, flush whe
 `flushCommitLogLeastPages` pages are dirty, and everything every
 `flushCommitLogThoroughInterval` ms.
 
-The actor's sockets: `waits` PULL, bound at `flush` (from the writer: client, arrival, the
-offset the send needs flushed, its PUT_OK reply); `replies` PUSH to the front.
+The actor's links (actors.links, rings in shared memory): in, the writer's held sends (client,
+arrival, the offset the send needs flushed, its PUT_OK reply); out, their replies to the front.
 
 Why a thread of the front: a SYNC_FLUSH send otherwise crosses four process hops (client,
 front, flush actor, front, client), each a cold wake-up on a virtual machine. On the thread, fdatasync
@@ -37,7 +37,8 @@ from collections import deque
 
 import zmq
 
-from actors.base import Actor, doorbell, socket, wait_readable
+from actors.base import Actor, Doorbell, doorbell, socket, wait_readable
+from actors.links import Inbox, Outbox
 from actors.wire import pack_replies, waits_from_wire
 from node.server.sendreply import downgraded
 from shm.checkpoint import Checkpoint
@@ -233,23 +234,27 @@ class Waiting:
 class Flush(Actor):
     name = "flush"
 
+    def __init__(self, settings, **kwargs):
+        super().__init__(settings, **kwargs)
+        self.sync = settings.sync_flush
+        self.flusher: CommitLogFlusher | None = None
+        self.waiting = Waiting(settings.syncFlushTimeout)
+        self.inbox: Inbox | None = None
+        self.replies: Outbox | None = None
+        self.acked_in: Doorbell | None = None
+
     def open(self) -> None:
         s = self.settings
-        self.sync = s.sync_flush
         self.flusher = CommitLogFlusher(s, self.control)
-        self.waiting = Waiting(s.syncFlushTimeout)
-        self.waits_in = socket(self.context, zmq.PULL, hwm=100000)
-        self.waits_in.bind(self.endpoints["flush"])
-        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
-        self.replies.connect(self.endpoints["replies"])
+        self.inbox = Inbox(s, "flush")  # the writer's held sends
+        self.replies = Outbox(s, "flush-to-front")
         self.acked_in = doorbell(s, "acked", listen=True)  # the ha-server's acks (SYNC_MASTER)
-        self.poll_items = [(self.waits_in, zmq.POLLIN), (self.acked_in.fileno(), zmq.POLLIN)]
+        self.poll_items = [(self.inbox.fileno(), zmq.POLLIN), (self.acked_in.fileno(), zmq.POLLIN)]
 
     def turn(self) -> None:
         timeout = GROUP_COMMIT_WAKE_MS if (self.sync or self.waiting) else min(50, self.settings.flushIntervalCommitLog)
         ready = wait_readable(self.poll_items, timeout)
-        if self.waits_in in ready:
-            self._take_waits()
+        self._take_waits()
         if self.acked_in.fileno() in ready:
             self.acked_in.drain()
         if self.sync:
@@ -261,15 +266,12 @@ class Flush(Actor):
             self._send(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked")))
 
     def _take_waits(self) -> None:
-        for _ in range(1000):
-            try:
-                self._send(self.waiting.add(waits_from_wire(self.waits_in.recv(zmq.NOBLOCK))))
-            except zmq.Again:
-                break
+        for joined in self.inbox.take():
+            self._send(self.waiting.add(waits_from_wire(joined)))
 
     def _send(self, replies: list[tuple]) -> None:
         if replies:
-            self.replies.send(pack_replies(replies))
+            self.replies.send_waiting([pack_replies(replies)])
 
     def drain(self) -> None:
         """Stop: flush what was written and answer everyone still waiting."""
@@ -278,16 +280,15 @@ class Flush(Actor):
         self._send(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked"), everyone=True))
 
     def statistics(self) -> dict:
-        stats = super().statistics()
-        if hasattr(self, "flusher"):
-            stats |= self.flusher.statistics() | self.waiting.statistics()
+        stats = super().statistics() | self.waiting.statistics()
+        if self.flusher is not None:
+            stats |= self.flusher.statistics()
         return stats
 
     def close(self) -> None:
-        if hasattr(self, "flusher"):
-            self.flusher.close()
-        if hasattr(self, "acked_in"):
-            self.acked_in.close()
+        for end in (self.flusher, self.inbox, self.replies, self.acked_in):
+            if end is not None:
+                end.close()
         super().close()
 
 

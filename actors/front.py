@@ -2,14 +2,15 @@
 
 Sockets:
 - `clients` ROUTER, bound to `listen`: requests in, replies out (routed by the client's id).
-- `sends` PUSH (the split topology, node.server.topology): send requests to the ingress workers
-  (bound at `ingress`) or, with `ingressWorkers = 0`, straight to the append writer (connected
-  to `writer`). In the compact topology (the default) no writer process runs: the front is the
+- links, not sockets (the split topology, node.server.topology; actors.links): a turn's send
+  requests, together, to an ingress worker (each in turn) or, with `ingressWorkers = 0`, to
+  the append writer; their replies back from the writer, the flush process and the ingress
+  workers. In the compact topology (the default) no writer process runs: the front is the
   CommitLog's single writer, hosting the write core (`actors.writer.WriteCore`), appending each turn's
   sends together and answering them itself; no flush process runs either: a thread of the
   front flushes (`actors.flush`), and the front holds the SYNC_FLUSH sends until the thread
   reports the disk has them.
-- `replies` PULL, bound: joined replies from ingress, writer and flush.
+- `replies` PULL, bound: joined replies from the pull workers and the other services.
 - `stats` PULL, bound: every actor's statistics, once a second.
 - `pulls` PUSH, bound: read requests to the pull workers; in the compact topology none run and
   the front serves reads itself, hosting the read core (`actors.pull.ReadCore`), subscribed
@@ -42,10 +43,11 @@ import zmq
 from actors.base import Actor, InjectedBug, doorbell, incoming, injected_bug_code, socket, wait_readable
 from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
 from actors.front_ha import FrontReplication
+from actors.links import Inbox, Outbox
 from actors.pull import ReadCore, arrivals_socket, follow_arrivals, read_arrivals
 from actors.router import Router, To
 from actors.schedule import REPUT_CLIENT
-from actors.wire import read_meta, send_meta, unpack_replies
+from actors.wire import join_frames, read_meta, send_meta, unpack_replies
 from actors.writer import WriteCore, dispatcher_wakes, promoted_write_core, ring_ha, wake
 from node import protocol
 from node.client.frames import NOBLOCK, send_frames
@@ -60,6 +62,7 @@ from shm.control_block import ROLE_CODES
 
 MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
 SEND_WAIT_MS = 20
+SHIP_BYTES = 1 << 20  # a turn's sends go out in ring messages of about this size at most
 
 
 class Front(Actor):
@@ -86,15 +89,14 @@ class Front(Actor):
             self.wakes = dispatcher_wakes(self.context, self.endpoints)
             self.ha_wake = doorbell(s, "ha-wake", listen=False)
             self.next_put_sample = 0.0
-        else:
-            self.sends = socket(self.context, zmq.PUSH, hwm=s.sendQueueCapacity)
-            # A short wait rather than none: right after start-up the workers' connections may
-            # still be in their handshake, and a full queue is answered SYSTEM_BUSY either way.
-            self.sends.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
-            if s.ingressWorkers > 0:
-                self.sends.bind(self.endpoints["ingress"])
-            else:
-                self.sends.connect(self.endpoints["writer"])
+        # the split topology: sends go out through rings (actors.links), a turn's together, to
+        # the writer or to each ingress worker in turn; their replies come back the same way
+        self.sends_out = ([Outbox(s, f"front-to-ingress-{i}") for i in range(s.ingressWorkers)]
+                          or [Outbox(s, "front-to-writer")]) if not s.front_writes else []
+        self.next_out = 0
+        self.outgoing: list[tuple] = []  # this turn's sends: (frames, client, request, oneway)
+        self.outgoing_bytes = 0
+        self.inbox = Inbox(s, "front") if not s.front_writes else None
         self.pulls = socket(self.context, zmq.PUSH, hwm=100000)
         self.pulls.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.pulls.bind(self.endpoints["pulls"])
@@ -125,6 +127,8 @@ class Front(Actor):
         self.stats_in = socket(self.context, zmq.PULL, hwm=1000)
         self.stats_in.bind(self.endpoints["stats"])
         self.poll_items = [(sock, zmq.POLLIN) for sock in (self.clients, self.replies, self.stats_in, self.reput_in)]
+        if self.inbox is not None:
+            self.poll_items.append((self.inbox.fileno(), zmq.POLLIN))
         self.flushing: FlushThread | None = None
         if s.front_flushes:
             self.flushing = FlushThread(s, self.control, self.context)
@@ -167,10 +171,14 @@ class Front(Actor):
             self.writes = promoted_write_core(self.settings, self.control, self.recovered)
         if self.replies in events:
             self._forward_replies()
+        if self.inbox is not None:  # (every turn: a ring's message may predate its doorbell's listener)
+            self._answer_joined(self.inbox.take())
         if self.clients in events:
             self._serve_clients()
         if self.reput_in in events:
             self._serve_reputs()
+        if self.outgoing:
+            self._ship_sends()
         if self.stats_in in events:
             self._take_stats()
         if writes is not None:
@@ -406,15 +414,28 @@ class Front(Actor):
             return self._refuse(client, request, oneway, status, remark)
         meta = send_meta(time.monotonic_ns(), refusals)
         body = frames[1] if len(frames) == 2 else b""
+        if not oneway:
+            self.in_flight += 1
         if self.writes is not None:  # the write core takes the parsed header as it is
             self.write_requests.append([client, meta, request.header, body])
         else:
-            try:
-                send_frames(self.sends, [client, orjson.dumps(meta), frames[0], body])
-            except zmq.Again:
-                return self._refuse(client, request, oneway, "SYSTEM_BUSY", "[TIMEOUT_CLEAN_QUEUE]send queue is full")
-        if not oneway:
-            self.in_flight += 1
+            self.outgoing.append(([client, orjson.dumps(meta), frames[0], body], client, request, oneway))
+            self.outgoing_bytes += len(body) + len(frames[0])
+            if self.outgoing_bytes >= SHIP_BYTES:
+                self._ship_sends()
+
+    def _ship_sends(self) -> None:
+        """The split topology: this turn's sends, as one ring message, to the writer or to the
+        next ingress worker; SYSTEM_BUSY to each when that ring is full (its consumer is behind)."""
+        outgoing, self.outgoing, self.outgoing_bytes = self.outgoing, [], 0
+        out = self.sends_out[self.next_out]
+        self.next_out = (self.next_out + 1) % len(self.sends_out)
+        if out.send(join_frames([frames for frames, *_ in outgoing])):
+            return
+        for _, client, request, oneway in outgoing:
+            if not oneway:
+                self.in_flight -= 1
+            self._refuse(client, request, oneway, "SYSTEM_BUSY", "[TIMEOUT_CLEAN_QUEUE]send queue is full")
 
     def _refuse(self, client: bytes, request: protocol.Request, oneway: bool, status: str, remark: str) -> None:
         self.refused += 1
@@ -440,8 +461,12 @@ class Front(Actor):
     # -- replies and statistics --------------------------------------------------------------------
 
     def _forward_replies(self) -> None:
+        self._answer_joined(incoming(self.replies, MAX_TAKE, multipart=False))
+
+    def _answer_joined(self, messages) -> None:
+        """Replies joined by `pack_replies` (from the rings of the write path, or ZeroMQ)."""
         now = time.monotonic_ns()
-        for joined in incoming(self.replies, MAX_TAKE, multipart=False):
+        for joined in messages:
             for client, arrival_ns, header, body in unpack_replies(joined):
                 self._answer_send(client, arrival_ns, [header, body] if body else [header], now)
 
@@ -490,4 +515,7 @@ class Front(Actor):
             self.writes.close()
         if getattr(self, "curve", None) is not None:
             self.curve.stop()
+        for end in [*getattr(self, "sends_out", ()), getattr(self, "inbox", None)]:
+            if end is not None:
+                end.close()
         super().close()

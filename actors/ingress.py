@@ -1,12 +1,12 @@
 """ingress: validates and encodes send requests into CommitLog records, in batches.
 
-Sockets: `requests` PULL (connected to the front's `ingress`), `records` PUSH (connected to the
-writer), `replies` PUSH (refusals it answers itself: a request that waited in the send queue
-longer than `waitTimeMillsInSendQueue`, or one that does not parse).
+Links (actors.links, rings in shared memory): in, the front's sends; out, encoded groups to the
+writer and the replies to the sends it refuses itself (a request that waited in the send queue
+longer than `waitTimeMillsInSendQueue`, or one that does not parse) to the front.
 
-Several workers run side by side (`ingressWorkers`); each turns up to MAX_REQUESTS requests
-into one EncodedBatch and ships it to the append writer as two frames: the records, and a JSON
-list saying whose they are. A client's SEND_BATCH_MESSAGE travels alone, flagged atomic, so the
+Several workers run side by side (`ingressWorkers`); the front hands each a turn's sends in
+turn; each encodes them into EncodedBatch groups of up to MAX_RECORDS and ships each to the
+append writer as two frames: a JSON list saying whose they are, and the records. A client's SEND_BATCH_MESSAGE travels alone, flagged atomic, so the
 writer keeps it in one segment as RocketMQ does.
 """
 
@@ -17,15 +17,15 @@ import time
 import orjson
 import zmq
 
-from actors.base import Actor, incoming, socket, wait_readable
-from actors.wire import group_to_wire, pack_replies
+from actors.base import Actor, wait_readable
+from actors.links import Inbox, Outbox
+from actors.wire import group_to_wire, join_frames, pack_replies, split_frames
 from node import protocol
-from node.client.frames import send_frames
 from node.server.sendcore import PendingSend, SendEncoder, add_request_atomic
 from shm.encoded_batch import EncodedBatch
 
-MAX_REQUESTS = 256  # requests folded into one batch
 MAX_RECORDS = 4096
+MAX_GROUP_BYTES = 1 << 20  # a group closes past this (one request may exceed it alone): ring messages stay small
 
 
 class RequestBatcher:
@@ -77,7 +77,7 @@ class RequestBatcher:
                 self._refuse_all(pending, header, replies, "SYSTEM_ERROR", f"malformed send request: {e}")
                 continue
             pendings.append(pending)
-            if atomic or len(batch) >= MAX_RECORDS:
+            if atomic or len(batch) >= MAX_RECORDS or len(batch.data) >= MAX_GROUP_BYTES:
                 groups.append((batch, pendings, atomic))
                 batch, pendings = EncodedBatch(), []
         if pendings:
@@ -99,26 +99,32 @@ class RequestBatcher:
 class Ingress(Actor):
     name = "ingress"
 
-    def open(self) -> None:
-        self.batcher = RequestBatcher(self.settings)
-        self.requests = socket(self.context, zmq.PULL, hwm=self.settings.sendQueueCapacity)
-        self.requests.connect(self.endpoints["ingress"])
-        self.records = socket(self.context, zmq.PUSH, hwm=1000)
-        self.records.connect(self.endpoints["writer"])
-        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
-        self.replies.connect(self.endpoints["replies"])
+    def __init__(self, settings, *, instance: int = 0):
+        super().__init__(settings, instance=instance)
+        self.batcher = RequestBatcher(settings)
         self.batches = self.encoded = 0
-        self.poll_items = [(self.requests, zmq.POLLIN)]
+        self.inbox: Inbox | None = None
+        self.records: Outbox | None = None
+        self.replies: Outbox | None = None
+
+    def open(self) -> None:
+        self.inbox = Inbox(self.settings, self.label)  # the front's sends
+        self.records = Outbox(self.settings, f"{self.label}-to-writer")
+        self.replies = Outbox(self.settings, f"{self.label}-to-front")
+        self.poll_items = [(self.inbox.fileno(), zmq.POLLIN)]
 
     def turn(self) -> None:
-        if not wait_readable(self.poll_items, 50):
+        wait_readable(self.poll_items, 50)
+        messages = []
+        for joined in self.inbox.take():
+            messages += split_frames(joined, 4)
+        if not messages:
             return
-        messages = list(incoming(self.requests, MAX_REQUESTS))
         groups, replies = self.batcher.build(messages)
         if replies:
-            self.replies.send(pack_replies(replies))
+            self.replies.send_waiting([pack_replies(replies)])
         for group in groups:
-            send_frames(self.records, group_to_wire(*group))
+            self.records.send_waiting(join_frames([group_to_wire(*group)]))
             self.batches += 1
             self.encoded += len(group[0])
 
@@ -126,3 +132,9 @@ class Ingress(Actor):
         return super().statistics() | {"batches": self.batches, "recordsEncoded": self.encoded,
                                        "nativeEncode": self.batcher.encoder.native,
                                        "expired": self.batcher.expired, "malformed": self.batcher.malformed}
+
+    def close(self) -> None:
+        for end in (self.inbox, self.records, self.replies):
+            if end is not None:
+                end.close()
+        super().close()

@@ -7,11 +7,12 @@ pure functions (no sockets), and `tests/unit/test_protocol.py` round-trips them.
 
 | frame | from → to | format |
 | --- | --- | --- |
-| joined replies | ingress, writer, flush, pull → front | per reply: u8 client-id length, i64 arrival ns (negated for replies to reads, which the front neither counts in flight nor times as puts), u32 header length, u32 body length, id, header, body (`pack_replies`) |
-| a send to encode | front → ingress / writer | 4 frames: client id, `{"t": arrival ns, "refused"?: {index: [status, remark]}}` (`send_meta`), the request header as the client sent it, its body |
+| a turn's sends | front → ingress / writer (ring `front-to-*`, actors.links) | `join_frames` of the sends' 4 frames each (below) |
+| joined replies | ingress, writer, flush (rings `*-to-front`), pull (ZeroMQ) → front | per reply: u8 client-id length, i64 arrival ns (negated for replies to reads, which the front neither counts in flight nor times as puts), u32 header length, u32 body length, id, header, body (`pack_replies`) |
+| a send to encode | front → ingress / writer, within a turn's sends | 4 frames: client id, `{"t": arrival ns, "refused"?: {index: [status, remark]}}` (`send_meta`), the request header as the client sent it, its body |
 | a read to serve | front → pull | 4 frames: client id, `{"t": arrival ns}` (`read_meta`), the request header, empty |
-| an encoded group | ingress → writer | 2 frames: JSON `{sizes, keys, stamps, atomic, pendings}`, the records back to back (`group_to_wire`) |
-| held SYNC_FLUSH / SYNC_MASTER sends | writer → flush | one JSON frame: `[[client hex, arrival ns, offset to flush, reply header, offset to replicate], ...]` (0: no wait) (`waits_to_wire`) |
+| an encoded group | ingress → writer (ring `ingress-i-to-writer`, `join_frames`) | 2 frames: JSON `{sizes, keys, stamps, atomic, pendings}`, the records back to back (`group_to_wire`) |
+| held SYNC_FLUSH / SYNC_MASTER sends | writer → flush (ring `writer-to-flush`) | one JSON message: `[[client hex, arrival ns, offset to flush, reply header, offset to replicate], ...]` (0: no wait) (`waits_to_wire`) |
 | "written moved" | writer → dispatcher | an empty frame on a conflated socket |
 | "queue grew" | dispatcher → readers (PUB) | JSON `[[topic, queueId, new max offset], ...]` (`arrivals_to_wire`) |
 | statistics | every process → front | JSON of its `statistics()`, once a second |
@@ -29,6 +30,34 @@ from shm.encoded_batch import EncodedBatch
 from shm.invariant import invariant
 
 _REPLY_HEAD = struct.Struct(">BqII")
+_FRAME_LENGTH = struct.Struct("<I")
+
+
+def join_frames(messages: list[list[bytes]]) -> list[bytes]:
+    """Several multi-frame messages as the parts of one ring message: each frame prefixed by its
+    u32 length (the receiver knows how many frames a message has)."""
+    parts = []
+    for frames in messages:
+        for frame in frames:
+            parts += [_FRAME_LENGTH.pack(len(frame)), frame]
+    return parts
+
+
+def split_frames(data: bytes, per: int) -> list[list[bytes]]:
+    """`join_frames`' messages back, `per` frames each. Our own bytes: a length that runs past
+    the end is a bug, and stops the process."""
+    out, frames, at, end = [], [], 0, len(data)
+    while at < end:
+        (size,) = _FRAME_LENGTH.unpack_from(data, at)
+        at += 4
+        invariant(at + size <= end, "a frame runs past its ring message")
+        frames.append(data[at: at + size])
+        at += size
+        if len(frames) == per:
+            out.append(frames)
+            frames = []
+    invariant(not frames, "a ring message ends inside a message")
+    return out
 
 
 def pack_replies(replies: list[tuple]) -> bytes:

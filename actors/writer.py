@@ -1,9 +1,9 @@
 """writer: the single writer of the CommitLog.
 
-Sockets: `records` PULL, bound at `writer` (encoded groups from the ingress workers, or raw
-send requests from the front when `ingressWorkers = 0`, which it encodes itself); `replies`
-PUSH to the front; `waits` PUSH to the flush actor (SYNC_FLUSH sends that wait for the disk);
-`wakes` PUSH, conflated, to the dispatcher: "written moved", once per turn that moved it,
+Links (actors.links, rings in shared memory): in, the front's sends when `ingressWorkers = 0`
+(which it encodes itself) or each ingress worker's encoded groups; out, replies to the front
+and the held sends (SYNC_FLUSH, SYNC_MASTER) to the flush process. Socket: `wakes` PUSH,
+conflated, to the dispatcher: "written moved", once per turn that moved it,
 unless the dispatcher is polling (actors.dispatcher).
 
 The service is two classes: `WriteCore`, the single writer's logic with no socket (the control
@@ -36,9 +36,10 @@ import time
 
 import zmq
 
-from actors.base import Actor, Doorbell, conflated, doorbell, incoming, socket, wait_readable
+from actors.base import Actor, Doorbell, conflated, doorbell, wait_readable
 from actors.ingress import RequestBatcher
-from actors.wire import group_from_wire, pack_replies, waits_to_wire
+from actors.links import Inbox, Outbox
+from actors.wire import group_from_wire, pack_replies, split_frames, waits_to_wire
 from node.client.frames import NOBLOCK
 from node.server import sendcore, sendreply
 from shm import commitlog
@@ -57,7 +58,6 @@ from shm.control_block import (
 )
 from shm.mapped_file import AllocationFailed, StoreError
 
-MAX_GROUPS = 64  # groups appended per turn before replies are flushed out
 # A wake-up is skipped only while the dispatcher's promise to look again has this long to run:
 # its look then comes well after the write, which any core sees by then.
 WAKE_MARGIN_NS = 200_000
@@ -351,18 +351,18 @@ class Writer(Actor):
         super().__init__(settings)
         self.recovered = (queue_offsets, recovered_offset)
         self.core: WriteCore | None = None
+        self.inbox: Inbox | None = None
+        self.replies: Outbox | None = None
+        self.waits: Outbox | None = None
+        self.ha: Doorbell | None = None
 
     def open(self) -> None:
-        s = self.settings
         self.core = None  # on a slave, until a promotion: the ha-client writes the CommitLog
         self._open_core()
-        self.records = socket(self.context, zmq.PULL, hwm=max(1000, s.sendQueueCapacity))
-        self.records.bind(self.endpoints["writer"])
-        self.poll_items = [(self.records, zmq.POLLIN)]
-        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
-        self.replies.connect(self.endpoints["replies"])
-        self.waits = socket(self.context, zmq.PUSH, hwm=100000)
-        self.waits.connect(self.endpoints["flush"])
+        self.inbox = Inbox(self.settings, "writer")  # sends from the front, or the ingress workers' groups
+        self.poll_items = [(self.inbox.fileno(), zmq.POLLIN)]
+        self.replies = Outbox(self.settings, "writer-to-front")
+        self.waits = Outbox(self.settings, "writer-to-flush")
         self.wakes = dispatcher_wakes(self.context, self.endpoints)
         self.ha = doorbell(self.settings, "ha-wake", listen=False)
 
@@ -375,12 +375,16 @@ class Writer(Actor):
             self.stopping.wait(0.02)
             self._open_core()
             return
-        if wait_readable(self.poll_items, core.poll_ms):
-            replies = core.append_requests(list(incoming(self.records, MAX_GROUPS)))
+        wait_readable(self.poll_items, core.poll_ms)
+        messages = []
+        for joined in self.inbox.take():  # a turn's sends of the front, or a group of an ingress worker
+            messages += split_frames(joined, 4 if core.batcher is not None else 2)
+        if messages:
+            replies = core.append_requests(messages)
             if replies:
-                self.replies.send(pack_replies(replies))
+                self.replies.send_waiting([pack_replies(replies)])
             if core.pending_waits:
-                self.waits.send(waits_to_wire(core.take_waits()))
+                self.waits.send_waiting([waits_to_wire(core.take_waits())])
         core.idle()
         wake(core, self.wakes, self.ha)
 
@@ -399,6 +403,9 @@ class Writer(Actor):
     def close(self) -> None:
         if self.core is not None:
             self.core.close()
+        for end in (self.inbox, self.replies, self.waits, self.ha):
+            if end is not None:
+                end.close()
         super().close()
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import orjson
 
 from node.server import ray_setup, supervision, topology
+from shm import ring
 from node.server.supervision import heartbeat_slot, monotonic_ms
 from shm import settings as settings_module
 from shm.control_block import (
@@ -64,7 +65,7 @@ def actor_class(kind: str) -> type:
 
 
 IPC_PATH_MAX = 100  # sun_path holds 107 bytes; the longest endpoint adds "/arrivals"
-RUN_FILES = ("*.pid", "*.starts", "*.fifo", "injected-flush-eio", "supervision.json")
+RUN_FILES = ("*.pid", "*.starts", "*.fifo", "*.ring", "injected-flush-eio", "supervision.json")
 
 
 def prepare_run_dir(settings) -> Path:
@@ -155,6 +156,7 @@ class Node:
         self.watch_stopping = threading.Event()
         self.watcher: threading.Thread | None = None
         self.temporary_run_dir: Path | None = None
+        self.ring_dir: Path | None = None  # the write path's rings (shm.ring), in memory
         self.metrics = None  # node.server.metrics.MetricsServer, with metricsPort set
 
     # -- start ---------------------------------------------------------------------------------------
@@ -219,6 +221,11 @@ class Node:
             self.temporary_run_dir = run_dir
         s = self.settings = dataclasses.replace(self.settings, runDir=str(run_dir))
         guard.write_identity(s)  # the account and key pair of the node's own requests (node.server.guard)
+        rings = ring.rings(s)
+        if rings:  # the write path's hand-offs, before any service opens one
+            self.ring_dir = ring.prepare_ring_dir(s)
+            for name, capacity in rings.items():
+                ring.create(self.ring_dir / f"{name}.ring", capacity)
         if not ray.is_initialized():
             if self.ray_address:
                 ray.init(address=self.ray_address, logging_level=logging.ERROR, log_to_driver=False)
@@ -402,6 +409,9 @@ class Node:
         if self.temporary_run_dir is not None:
             shutil.rmtree(self.temporary_run_dir, ignore_errors=True)
             self.temporary_run_dir = None
+        if self.ring_dir is not None:  # memory, not disk: given back at stop
+            shutil.rmtree(self.ring_dir, ignore_errors=True)
+            self.ring_dir = None
 
     def _drain(self) -> None:
         import ray

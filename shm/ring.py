@@ -1,0 +1,220 @@
+"""A ring: one process hands batches of bytes to one other through a shared mapped file.
+
+Between the processes of a node the write path's hand-offs (front -> writer or ingress,
+ingress -> writer, writer -> flush, writer / flush / ingress -> front) go through rings, not
+ZeroMQ: a ZeroMQ hop wakes the sender's I/O thread and the receiver's before the receiver
+itself, and copies the bytes four times; a ring hop is one copy in, one copy out and one
+doorbell (a FIFO byte, `actors.base.Doorbell`) that wakes only the receiver. The model is
+Aeron's log buffer and the LMAX Disruptor, reduced to one producer and one consumer, so each
+counter has exactly one writer and no atomic read-modify-write is needed.
+
+File: `<name>.ring` in the node's ring directory in memory (actors.links.ring_dir), made by the launcher before the services start (a restarted
+service opens the one it had). Little-endian, 8-byte aligned:
+
+| offset | width | field     | single writer | meaning                                       |
+|--------|-------|-----------|---------------|-----------------------------------------------|
+| 0      | 8     | magic     | launcher      | RING_MAGIC                                    |
+| 8      | 8     | capacity  | launcher      | bytes of the data area, a power of two        |
+| 64     | 8     | tail      | producer      | bytes ever published (its own cache line)     |
+| 128    | 8     | head      | consumer      | bytes ever consumed (its own cache line)      |
+| 4096   | cap   | data      | producer      | messages, each u32 length + payload, padded to 8 |
+
+A message never wraps: when it does not fit before the end, the producer writes the length
+WRAP there (if 4 bytes are left) and the message begins at the start of the area; the bytes
+skipped count as published.
+
+Order (claim, write, commit): the producer checks the free space against `head`, writes the
+message, then stores `tail`; the consumer reads `tail`, copies the messages out, then stores
+`head`. Aligned 8-byte stores through `memoryview.cast('q')` are single instructions on
+x86-64 (shm.control_block), so a counter is never seen torn, and x86 keeps stores in order, so
+a published message is whole. The doorbell is rung after `tail` and drained before `tail` is
+read: the FIFO's kernel lock orders the two, so a wake-up is never lost.
+
+Crash policy: nothing here is durable or needs recovery. A producer killed before it stored
+`tail` leaves a message nobody sees, overwritten by its restart; a consumer killed after it
+stored `head` loses the messages it took (their senders time out, as with a process killed
+holding ZeroMQ frames). Counters only grow; `tail - head` never exceeds the capacity (asserted
+by both sides).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import stat
+import struct
+from pathlib import Path
+
+from shm.invariant import invariant
+
+RING_MAGIC = 0x676E69726E716D01  # "mqnring" v1
+HEADER_SIZE = 4096
+TAIL_SLOT, HEAD_SLOT = 8, 16  # int64 slots: byte offsets 64 and 128
+WRAP = 0xFFFFFFFF
+_LENGTH = struct.Struct("<I")
+ALIGN = 8
+
+
+def _padded(size: int) -> int:
+    return (size + ALIGN - 1) & ~(ALIGN - 1)
+
+
+class RingFull(Exception):
+    """The consumer is behind by the whole capacity: the message was not published."""
+
+
+def create(path: Path, capacity: int) -> None:
+    """Make a fresh ring file (the launcher, before any service opens it)."""
+    invariant(capacity >= 4096 and capacity & (capacity - 1) == 0, f"ring capacity {capacity} is not a power of two")
+    path = Path(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, HEADER_SIZE + capacity)
+        os.pwrite(fd, struct.pack("<QQ", RING_MAGIC, capacity), 0)
+    finally:
+        os.close(fd)
+
+
+class Ring:
+    """One end of a ring file: `offer` for its producer, `take` for its consumer."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.fd = os.open(self.path, os.O_RDWR)
+        try:
+            magic, capacity = struct.unpack("<QQ", os.pread(self.fd, 16, 0))
+            invariant(magic == RING_MAGIC, f"{self.path} is not a ring")
+            self.map = mmap.mmap(self.fd, HEADER_SIZE + capacity)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.capacity = capacity
+        self.slots = memoryview(self.map).cast("q")
+        self.data = memoryview(self.map)[HEADER_SIZE:]
+        self.offered = self.taken = self.full = 0
+
+    # -- the producer ----------------------------------------------------------------------------
+
+    def offer(self, parts) -> None:
+        """Publish one message made of `parts` (bytes-like, joined). RingFull when it does not fit."""
+        size = sum(len(part) for part in parts)
+        total = _padded(4 + size)
+        invariant(total <= self.capacity // 2, f"a message of {size} bytes is too large for {self.path}")
+        tail, head = self.slots[TAIL_SLOT], self.slots[HEAD_SLOT]
+        invariant(0 <= tail - head <= self.capacity, (tail, head, self.capacity))
+        at = tail % self.capacity
+        skip = self.capacity - at if at + total > self.capacity else 0
+        if tail + skip + total - head > self.capacity:
+            self.full += 1
+            raise RingFull(f"{self.path.name}: the consumer is {tail - head} bytes behind")
+        if skip:
+            if skip >= 4:
+                _LENGTH.pack_into(self.data, at, WRAP)
+            at = 0
+        _LENGTH.pack_into(self.data, at, size)
+        at += 4
+        for part in parts:
+            self.data[at: at + len(part)] = part
+            at += len(part)
+        self.slots[TAIL_SLOT] = tail + skip + total  # commit: after the bytes it publishes
+        self.offered += 1
+
+    # -- the consumer ----------------------------------------------------------------------------
+
+    def take(self, limit: int = 1 << 30) -> list[bytes]:
+        """The messages published and not yet taken, copied out, up to about `limit` bytes (at
+        least one); their space is free again when this returns."""
+        head, tail = self.slots[HEAD_SLOT], self.slots[TAIL_SLOT]
+        invariant(0 <= tail - head <= self.capacity, (tail, head, self.capacity))
+        out, taken = [], 0
+        while head < tail and taken < limit:
+            at = head % self.capacity
+            size = _LENGTH.unpack_from(self.data, at)[0] if self.capacity - at >= 4 else WRAP
+            if size == WRAP:
+                head += self.capacity - at
+                continue
+            invariant(_padded(4 + size) <= tail - head, f"{self.path.name}: a message runs past the tail")
+            out.append(bytes(self.data[at + 4: at + 4 + size]))
+            head += _padded(4 + size)
+            taken += size
+        self.slots[HEAD_SLOT] = head  # after the copies: the producer may reuse the space now
+        self.taken += len(out)
+        return out
+
+    def pending_bytes(self) -> int:
+        return self.slots[TAIL_SLOT] - self.slots[HEAD_SLOT]
+
+    def statistics(self) -> dict:
+        return {"offered": self.offered, "taken": self.taken, "full": self.full, "pendingBytes": self.pending_bytes()}
+
+    def close(self) -> None:
+        self.slots.release()
+        self.data.release()
+        self.map.close()
+        os.close(self.fd)
+
+
+# -- the node's rings: which exist, and where (the launcher makes them; actors.links opens them) --
+
+SMALL_RING = 8 * 1024 * 1024  # replies and held sends: headers only
+
+
+def data_ring_capacity(settings) -> int:
+    """A ring that carries bodies holds at least four of the largest request."""
+    need = 4 * (settings.maxMessageSize + 256 * 1024)
+    capacity = 16 * 1024 * 1024
+    while capacity < need:
+        capacity *= 2
+    return capacity
+
+
+def rings(settings) -> dict[str, int]:
+    """Every write-path link of the split topology: name -> capacity in bytes."""
+    if settings.topology != "split":
+        return {}
+    data = data_ring_capacity(settings)
+    out = {"writer-to-front": SMALL_RING, "writer-to-flush": SMALL_RING, "flush-to-front": SMALL_RING}
+    if settings.ingressWorkers == 0:
+        out["front-to-writer"] = data
+    for i in range(settings.ingressWorkers):
+        out |= {f"front-to-ingress-{i}": data, f"ingress-{i}-to-writer": data, f"ingress-{i}-to-front": SMALL_RING}
+    return out
+
+
+SHARED_MEMORY = Path("/dev/shm")
+
+
+def ring_dir(settings) -> Path:
+    """Where the rings live: in memory (tmpfs), never on a disk, where the kernel would write
+    every page the producers dirty back for nothing. Under /dev/shm, one private directory per
+    run directory; where there is no /dev/shm, the run directory itself (often tmpfs too:
+    $XDG_RUNTIME_DIR)."""
+    if not SHARED_MEMORY.is_dir() or not os.access(SHARED_MEMORY, os.W_OK):
+        return Path(settings.run_dir)
+    digest = hashlib.sha1(str(Path(settings.run_dir).resolve()).encode()).hexdigest()[:16]
+    return SHARED_MEMORY / f"mqnode-{os.getuid()}-{digest}"
+
+
+def prepare_ring_dir(settings) -> Path:
+    """The launcher, before the services start: the ring directory made private (0700) and
+    emptied, or refused when another user owns it or others may enter it."""
+    path = ring_dir(settings)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        info = path.lstat()
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise PermissionError(f"{path} must be a directory of this user with mode 0700: remove it")
+    for stale in path.glob("*.ring"):
+        stale.unlink()
+    return path
+
+
+def inbound(settings, consumer: str) -> list[str]:
+    """The links `consumer` (a process label) reads."""
+    return [name for name in rings(settings) if name.endswith(f"-to-{consumer}")]
+
+
+def wake_path(settings, consumer: str) -> Path:
+    return Path(settings.run_dir) / f"wake-{consumer}.fifo"

@@ -3,8 +3,12 @@ joins a Ray cluster places its processes (node.server.launcher starts them)."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
+from pathlib import Path
+
+import psutil
 
 from shm.settings import SettingsError
 
@@ -46,3 +50,98 @@ def placement(settings) -> dict:
     if any(wanted in (node.get("Resources") or {}) for node in alive):
         return {"resources": {wanted: 0.001}}
     raise SettingsError(f"rayNode: no live Ray node has the id or the resource {wanted!r}")
+
+
+def embedded_ray_on_loopback() -> None:
+    """Before Ray is imported: keep the embedded Ray's node address 127.0.0.1. Otherwise Ray
+    rewrites a loopback address to the host's LAN address (`resolve_ip_for_localhost`), and its
+    GCS, raylet, workers and runtime-env agent listen on every interface or on that address; its
+    gRPC servers listen on loopback only when the node address is exactly 127.0.0.1. With the
+    switch below off (Ray's own name says Windows and macOS; on Linux it only means "no
+    cluster"), `ray.init(address="local")` keeps 127.0.0.1 (verified with ray 2.60)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+
+def private_token_file() -> None:
+    """Ray keeps a token in ~/.ray/auth_token, written with the process's umask (often 0644):
+    anyone on the host could read it and run code in the node's processes. Made 0600."""
+    path = Path.home() / ".ray" / "auth_token"
+    try:
+        if path.exists() and path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+    except OSError:
+        pass  # not ours to change (another user's home): nothing of ours depends on it
+
+
+LOOPBACK_V4 = ipaddress.ip_network("127.0.0.0/8")
+
+
+def is_loopback(ip: str) -> bool:
+    """127.0.0.0/8, ::1, or 127.x written as an IPv4-mapped IPv6 address (::ffff:127.0.0.1)."""
+    try:
+        address = ipaddress.ip_address(ip.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address in LOOPBACK_V4 or address == ipaddress.ip_address("::1")
+
+
+def allowed_hosts(settings) -> set[str]:
+    """The addresses a node's settings name for it to listen on (loopback always)."""
+    hosts = {settings.haListenAddress, settings.metricsAddress}
+    if settings.listen.startswith("tcp://"):
+        hosts.add(settings.listen[len("tcp://"):].rpartition(":")[0].strip("[]"))
+    return hosts
+
+
+def foreign_listeners(settings, processes) -> list[tuple[str, str]]:
+    """(process, address) for each listening TCP socket of `processes` ((name, psutil.Process))
+    on an address the settings do not name: a wildcard listener counts unless a setting names a
+    wildcard."""
+    allowed = allowed_hosts(settings)
+    wildcard = bool(allowed & {"0.0.0.0", "::", "*"})
+    out = []
+    for name, process in processes:
+        try:
+            connections = process.net_connections(kind="inet")
+        except (psutil.Error, OSError):
+            continue  # gone meanwhile: it listens on nothing
+        for c in connections:
+            if c.status != psutil.CONN_LISTEN:
+                continue
+            ip = c.laddr.ip
+            if ip in allowed or (wildcard and ip in ("0.0.0.0", "::")):
+                continue
+            if is_loopback(ip):
+                continue
+            out.append((name, f"{ip}:{c.laddr.port}"))
+    return out
+
+
+def node_processes(pid_files, root_pid: int, embedded: bool) -> list:
+    """The node's processes, named: with an embedded Ray the launcher and every descendant (Ray's
+    own processes too, by their command name); joined to a cluster, the launcher and the
+    service processes (Ray's are the cluster's, under its own settings)."""
+    labels = {}
+    for path in pid_files:
+        try:
+            labels[int(path.read_text())] = path.stem
+        except (OSError, ValueError):
+            continue
+    root = psutil.Process(root_pid)
+    candidates = [root, *root.children(recursive=True)] if embedded else [root]
+    if not embedded:
+        for pid in labels:
+            try:
+                candidates.append(psutil.Process(pid))
+            except psutil.Error:
+                continue
+    out = []
+    for process in candidates:
+        try:
+            name = labels.get(process.pid) or ("launcher" if process.pid == root_pid else process.name())
+        except psutil.Error:
+            continue
+        out.append((f"{name} (pid {process.pid})", process))
+    return out

@@ -1,0 +1,50 @@
+"""A node listens only where its settings say: the embedded Ray on loopback, in both topologies."""
+
+from __future__ import annotations
+
+import socket
+import stat
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nodes import NodeProcess, node_settings
+from node.server import ray_setup
+
+
+@pytest.mark.parametrize("topology", ["compact", "split"])
+def test_every_process_of_a_running_node_listens_on_loopback_only(tmp_path, topology):
+    node = NodeProcess(node_settings(tmp_path / "store", topology=topology), tmp_path / "node.log").start()
+    try:
+        listening = []
+        for process in node.tree():
+            try:
+                listening += [(process.name(), c.laddr.ip, c.laddr.port)
+                              for c in process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+            except psutil.Error:
+                continue
+        assert listening, "a running node listens somewhere (its front, Ray's GCS)"
+        assert all(ray_setup.is_loopback(ip) for _, ip, _ in listening), listening
+        processes = ray_setup.node_processes(node.settings.run_dir.glob("*.pid"), node.process.pid, embedded=True)
+        assert {name.split(" ")[0] for name, _ in processes} >= {"launcher", "front", "writer" if topology == "split"
+                                                                else "dispatcher"}
+        assert ray_setup.foreign_listeners(node.settings, processes) == []
+        token = Path.home() / ".ray" / "auth_token"
+        if token.exists():
+            assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    finally:
+        node.stop()
+
+
+def test_a_listener_on_an_address_the_settings_do_not_name_is_found(tmp_path):
+    settings = node_settings(tmp_path / "store")
+    with socket.socket() as wild:
+        wild.bind(("0.0.0.0", 0))
+        wild.listen()
+        me = [("this test", psutil.Process())]
+        assert ray_setup.foreign_listeners(settings, me) == [("this test", f"0.0.0.0:{wild.getsockname()[1]}")]
+        opened = node_settings(tmp_path / "other", haListenAddress="0.0.0.0")  # a setting that names the wildcard
+        assert ray_setup.foreign_listeners(opened, me) == []
+    assert ray_setup.is_loopback("::ffff:127.0.0.1") and ray_setup.is_loopback("127.0.0.5")
+    assert not ray_setup.is_loopback("10.0.0.1") and not ray_setup.is_loopback("::ffff:10.0.0.1")

@@ -18,8 +18,7 @@ import zmq
 from zmq.backend import zmq_poll
 
 from node.client.frames import recv_frame, recv_frames, recv_frames_from
-from node.server.supervision import INSTANCED, heartbeat_slot, monotonic_ms
-from shm.control_block import ControlBlock
+from shm.control_block import INSTANCED, ControlBlock, heartbeat_slot, monotonic_ms
 
 POLL_MS = 50  # longest a loop sleeps before it looks at its stop flag again
 STATS_PERIOD_S = 1.0

@@ -40,7 +40,7 @@ import zmq
 from actors.base import Actor, Doorbell, doorbell, socket, wait_readable
 from actors.links import Inbox, Outbox
 from actors.wire import pack_replies, waits_from_wire
-from node.server.sendreply import downgraded
+from actors.sendreply import downgraded
 from shm.checkpoint import Checkpoint
 from shm.mapped_file import file_name
 

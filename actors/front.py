@@ -18,10 +18,10 @@ Sockets:
 
 It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
 `flushConsumerOffsetInterval` ms and at stop). With `frontPinBelowCpu` set, while its load is
-light it keeps all its threads on one CPU (node.server.host_tuning): the wake-ups between its loop and
+light it keeps all its threads on one CPU (actors.host_tuning): the wake-ups between its loop and
 its ZeroMQ I/O thread then stay local, which shortens a lone send's round trip. While it
 serves, it holds a PM QoS request that keeps idle CPUs from halting (`cpuIdleLatencyUs`,
-node.server.host_tuning), so every thread a request wakes wakes quickly.
+actors.host_tuning), so every thread a request wakes wakes quickly.
 
 It validates what needs the topic table (it is the table's single writer): topic names,
 auto-creation, queue ids; answers route and runtime-info requests itself; refuses with
@@ -51,13 +51,13 @@ from actors.wire import join_frames, read_meta, send_meta, unpack_replies
 from actors.writer import WriteCore, dispatcher_wakes, promoted_write_core, ring_ha, wake
 from node import protocol
 from node.client.frames import NOBLOCK, send_frames
-from node.server import consumers, edge, guard, supervision, topology
-from node.server.consumers import ConsumerGroups
-from node.server.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
-from node.server.offsets import ConsumerOffsets, SubscriptionGroups
-from node.server.store_stats import StoreStats
-from node.server.supervision import monotonic_ms
-from node.server.topics import TopicTable
+from actors import consumers, edge, guard
+from actors.consumers import ConsumerGroups
+from actors.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
+from actors.offsets import ConsumerOffsets, SubscriptionGroups
+from actors.store_stats import StoreStats
+from shm.control_block import monotonic_ms
+from actors.topics import TopicTable
 from shm.control_block import ROLE_CODES
 
 MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
@@ -68,9 +68,11 @@ SHIP_BYTES = 1 << 20  # a turn's sends go out in ring messages of about this siz
 class Front(Actor):
     name = "front"
 
-    def __init__(self, settings, *, queue_offsets: dict[str, int] | None = None, recovered_offset: int = 0):
+    def __init__(self, settings, *, queue_offsets: dict[str, int] | None = None, recovered_offset: int = 0,
+                 hosts: dict[str, list[str]] | None = None):
         super().__init__(settings)
         self.recovered = (queue_offsets, recovered_offset)  # for the write core, as the writer gets them
+        self.hosts = hosts or {}  # service -> labels of the processes hosting it (node.server.topology)
 
     def open(self) -> None:
         s = self.settings
@@ -310,7 +312,7 @@ class Front(Actor):
             client, rest = frames[0], frames[1:]
             try:
                 request = protocol.decode_request(rest)
-                # the ACL (node.server.acl) before anything else looks at the request
+                # the ACL (actors.acl) before anything else looks at the request
                 remark = None if acl is None else acl.check(request.header, request.body, address)
                 if remark is None:
                     self._route(client, request, rest)
@@ -371,8 +373,8 @@ class Front(Actor):
         if self.flushing is not None:
             actors["flush"] = self.flushing.statistics() | self.waiting.statistics()
         return {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)), "actors": dict(sorted(actors.items())),
-                "control": self.control.snapshot(), "services": topology.services_with_pids(self.settings, actors),
-                "supervision": supervision.last_counts(self.settings)}
+                "control": self.control.snapshot(), "services": services_with_pids(self.hosts, actors),
+                "supervision": supervision_counts(self.settings)}
 
     def _ha(self, client: bytes, request: protocol.Request) -> None:
         frames = self.replication.answer(request, self.actor_stats)
@@ -519,3 +521,19 @@ class Front(Actor):
             if end is not None:
                 end.close()
         super().close()
+
+
+def services_with_pids(hosts: dict[str, list[str]], actors: dict[str, dict]) -> dict[str, list[dict]]:
+    """Each service of the declared topology with the process that hosts it and its pid (None
+    until that process has sent its first statistics): `admin stats`' `services`."""
+    return {service: [{"process": label, "pid": actors.get(label, {}).get("pid")} for label in labels]
+            for service, labels in hosts.items()}
+
+
+def supervision_counts(settings) -> dict:
+    """Restarts and hangs per service process, as the node's watch last counted them
+    (`supervision.json` in the run directory, node.server.supervision): `admin stats`' `supervision`."""
+    try:
+        return orjson.loads((settings.run_dir / "supervision.json").read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return {}  # not written yet (or a node whose launcher is not watching)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import orjson
 
 from node import protocol
-from node.server.ha_status import ha_status
-from node.server.offsets import ConsumerOffsets, SubscriptionGroups
+from actors.ha_status import ha_status
+from actors.offsets import ConsumerOffsets, SubscriptionGroups
 from shm.control_block import ROLE_CODES
 
 

@@ -9,7 +9,7 @@ Two parts:
   size within its segment). Bytes that are not records close the link and are zeroed: the
   master sent garbage, and nothing of it is kept.
 - `HaClient`, the process: connects to `haMasterAddress` over the `haProtocol` link
-  (node.server.ha_link), reports its max offset after each append and every haSendHeartbeatInterval,
+  (actors.ha_link), reports its max offset after each append and every haSendHeartbeatInterval,
   reconnects after haHousekeepingInterval of silence. It also takes `admin role` from the front
   (the `ha-admin` socket): a promotion stops following, zeroes a cut record at the end, begins
   the next epoch at the written end (shm.epochs) and switches the node's role in the control
@@ -35,9 +35,9 @@ from actors.base import Actor, incoming, socket, wait_readable
 from actors.wire import pack_replies
 from actors.writer import WAKE_MARGIN_NS, dispatcher_wakes
 from node import protocol
-from node.server import guard, ha_link
-from node.server.ha_link import REPORT, LinkError, SlaveSession, StreamDecoder
-from node.server.supervision import monotonic_ms
+from actors import guard, ha_link
+from actors.ha_link import REPORT, LinkError, SlaveSession, StreamDecoder
+from shm.control_block import monotonic_ms
 from shm import epochs
 from shm.codec import BLANK_MAGIC, MESSAGE_MAGIC, MESSAGE_MAGIC_V2
 from shm.commitlog import CommitLog

@@ -9,7 +9,7 @@ actors.base.Doorbell): `ha-wake` in, the writer's "written moved" while slaves f
 out, "a slave acked more", to whoever holds the SYNC_MASTER sends (the front, or the flush
 process).
 
-The sessions' logic is `node.server.ha_link.MasterSession`; this shell reads the log, sends, and
+The sessions' logic is `actors.ha_link.MasterSession`; this shell reads the log, sends, and
 publishes in the control block `slave_acked` (the highest offset any following slave
 confirmed, monotone) and `ha_slaves` (sessions following now). A session ends on a protocol
 error (logged with its reason; nothing stored changes: the master only ever reads here), on
@@ -29,9 +29,9 @@ import orjson
 import zmq
 
 from actors.base import Actor, doorbell, incoming, wait_readable
-from node.server import guard, ha_link
-from node.server.ha_link import HEADER, REPORT, LinkError, MasterSession, StreamDecoder
-from node.server.supervision import monotonic_ms
+from actors import guard, ha_link
+from actors.ha_link import HEADER, REPORT, LinkError, MasterSession, StreamDecoder
+from shm.control_block import monotonic_ms
 from shm import epochs
 from shm.commitlog import CommitLog
 from shm.control_block import ROLE_CODES

@@ -21,7 +21,7 @@ from actors.base import Actor, wait_readable
 from actors.links import Inbox, Outbox
 from actors.wire import group_to_wire, join_frames, pack_replies, split_frames
 from node import protocol
-from node.server.sendcore import PendingSend, SendEncoder, add_request_atomic
+from actors.sendcore import PendingSend, SendEncoder, add_request_atomic
 from shm.encoded_batch import EncodedBatch
 
 MAX_RECORDS = 4096

@@ -41,7 +41,7 @@ import zmq
 from actors.base import Actor, incoming, socket, wait_readable
 from actors.wire import arrivals_from_wire, pack_replies
 from node import protocol
-from node.server.tiered import ArchiveDamaged, TieredArchive
+from actors.tiered import ArchiveDamaged, TieredArchive
 from shm import reader as store_reader
 from shm.codec import Record, decode, decode_msg_id, tags_code
 from shm.index_file import IndexService
@@ -118,7 +118,7 @@ class ReadCore:
         return max(1, min(100, int((self.soonest - self.clock()) * 1000) + 1))
 
     def serve_request(self, header: dict, client: bytes, arrival: int, out: list) -> None:
-        """Serve one read request, its fields checked at the edge (node.server.edge); its reply
+        """Serve one read request, its fields checked at the edge (actors.edge); its reply
         (client, -arrival, header[, body]) goes to `out` unless the read is held or deferred."""
         written = self.control.get("written")  # every send acknowledged before this request is below it
         reply = self.serve(header, client, arrival, allow_hold=True, written=written)
@@ -199,7 +199,7 @@ class ReadCore:
         return {"offset": archived, "tiered": True} if lower else {"offset": offset}
 
     def _pull_tiered(self, header: dict, result, tags: set[str] | None) -> list[bytes] | None:
-        """A pull below the store's min offset, from the archive (node.server.tiered); None when the
+        """A pull below the store's min offset, from the archive (actors.tiered); None when the
         archive holds nothing there either (the store's OFFSET_ILLEGAL stands)."""
         opaque, s = header.get("opaque"), self.settings
         count = min(header.get("maxMsgNums", 32), s.maxTransferCountOnMessageInMemory)
@@ -318,7 +318,7 @@ class ReadCore:
 
     def _hold(self, topic: str, queue_id: int, header: dict, client: bytes, arrival: int) -> None:
         if self.settings.longPollingEnable:
-            wait_ms = header.get("suspendTimeoutMillis", DEFAULT_SUSPEND_MS)  # (its range: node.server.edge)
+            wait_ms = header.get("suspendTimeoutMillis", DEFAULT_SUSPEND_MS)  # (its range: actors.edge)
         else:
             wait_ms = self.settings.shortPollingTimeMills
         deadline = self.clock() + wait_ms / 1000

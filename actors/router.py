@@ -5,7 +5,7 @@ itself from its tables (consumer offsets, topic configs, routes). No socket, no 
 `route` returns a `Route`: SEND (the topic checks are the shell's: they need the send path),
 READ (the read service), CLEAN (the clean service), SCHEDULE (the schedule service: send-backs), RUNTIME (the front's own statistics), or
 ANSWER with the reply frames. A request whose fields are wrong raises ProtocolError from the edge
-checks (node.server.edge), which the shell answers SYSTEM_ERROR; anything else raised is a bug.
+checks (actors.edge), which the shell answers SYSTEM_ERROR; anything else raised is a bug.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import orjson
 
 from node import protocol
-from node.server import admin, edge
-from node.server.topics import PERM_WRITE
+from actors import admin, edge
+from actors.topics import PERM_WRITE
 
 ADMIN_CODES = frozenset({protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER,
                          protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, protocol.DELETE_SUBSCRIPTIONGROUP,
@@ -29,7 +29,7 @@ class To(enum.Enum):
     READ = "read"
     CLEAN = "clean"
     SCHEDULE = "schedule"
-    GROUPS = "groups"  # consumer groups: the front answers from its member table (node.server.consumers)
+    GROUPS = "groups"  # consumer groups: the front answers from its member table (actors.consumers)
     RUNTIME = "runtime"
     HA = "ha"  # replication's status and role: the front answers, or the ha-client promotes
     ANSWER = "answer"

@@ -44,7 +44,7 @@ from actors.timer import TimerCore
 from actors.wire import pack_replies, read_meta
 from node import protocol
 from node.client.frames import send_frames
-from node.server import config_files
+from actors import config_files
 from shm import reader as store_reader
 from shm.codec import (
     SCHEDULE_TOPIC,

@@ -2,7 +2,7 @@
 
 A send with TIMER_DELIVER_MS, TIMER_DELAY_SEC or TIMER_DELAY_MS due in the future is stored in
 `rmq_sys_wheel_timer` queue 0 with TIMER_OUT_MS, its due time rounded up to `timerPrecisionMs`
-(node.server.sendcore). The schedule service takes each such message in (`add`): one timer
+(actors.sendcore). The schedule service takes each such message in (`add`): one timer
 log entry (shm.timer_log), hung under its slot. The wheel maps a slot (the due time in ms) to
 its newest entry and count; entries of a slot chain back through `prev`. It lives in memory as
 an index of the log, rebuilt from the log at start (`rebuild`): a million pending timers cost the

@@ -25,7 +25,7 @@ import struct
 
 import orjson
 
-from node.server.sendcore import PendingSend
+from actors.sendcore import PendingSend
 from shm.encoded_batch import EncodedBatch
 from shm.invariant import invariant
 

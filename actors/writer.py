@@ -41,7 +41,7 @@ from actors.ingress import RequestBatcher
 from actors.links import Inbox, Outbox
 from actors.wire import group_from_wire, pack_replies, split_frames, waits_to_wire
 from node.client.frames import NOBLOCK
-from node.server import sendcore, sendreply
+from actors import sendcore, sendreply
 from shm import commitlog
 from shm.codec import (
     TRANSACTION_COMMIT,

@@ -38,7 +38,7 @@ DELETE_TOPIC_IN_BROKER = 215
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
 GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
 DELETE_SUBSCRIPTIONGROUP = 207  # RocketMQ's: every group's committed offsets, as config/consumerOffset.json holds them
-# consumer groups (RocketMQ's codes): node.server.consumers, node.client.push
+# consumer groups (RocketMQ's codes): actors.consumers, node.client.push
 HEART_BEAT = 34
 UNREGISTER_CLIENT = 35
 GET_CONSUMER_LIST_BY_GROUP = 38

@@ -18,7 +18,7 @@ recorded only after its files are in place, so every file a manifest names exist
 fsync raises and the run that wrote it stops (its next run completes the segment).
 
 Readers: the archive job; the node's clean service, which with `tieredArchiveDir` deletes only
-segments recorded here with their size; and the node's tiered reads (node.server.tiered).
+segments recorded here with their size; and the node's tiered reads (actors.tiered).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from pathlib import Path
 
 from shm.invariant import invariant
@@ -66,6 +67,26 @@ FLAG_DISK_FULL = 1 << 4  # RocketMQ's running-flags DISK_FULL bit
 FLAG_LOGICS_WRITE_ERROR = 1 << 2
 FLAG_INDEX_WRITE_ERROR = 1 << 3
 FLAG_SHUTTING_DOWN = 1 << 8
+
+
+# the heartbeat slot of each service process, by label (`ha-client` far from the instanced runs)
+HEARTBEAT_SLOT_OF = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "clean": 5, "schedule": 6,
+                   "ha-server": 7, "ha-client": 88, "ingress": 8, "pull": 24}
+INSTANCED = ("ingress", "pull")  # services that run as several processes, labelled kind-i
+
+
+def monotonic_ms() -> int:
+    """Heartbeat time: CLOCK_MONOTONIC is one clock for every process of the host, and a step of
+    the wall clock (NTP) must not make every process look hung."""
+    return int(time.monotonic() * 1000)
+
+
+def heartbeat_slot(label: str) -> int:
+    """The control block's heartbeat slot of the service process `label` ("front", "pull-3")."""
+    if label in HEARTBEAT_SLOT_OF:
+        return HEARTBEAT_SLOT_OF[label]
+    kind, _, instance = label.partition("-")
+    return HEARTBEAT_SLOT_OF.get(kind, 15) + (int(instance) if kind in INSTANCED and instance else 0)
 
 
 class ControlBlock:

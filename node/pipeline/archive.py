@@ -3,7 +3,7 @@
 The archive is a plain Parquet dataset (zstd), hive-partitioned by `topic` and `date` (UTC, of the
 store time), each file sorted by queue and queue offset in row groups of ROW_GROUP rows, with the
 connector's columns (`node.pipeline.rows`) and `envelope`, each record without its body, from
-which a node with `tieredArchiveDir` gives back the stored bytes exactly (node.server.tiered):
+which a node with `tieredArchiveDir` gives back the stored bytes exactly (actors.tiered):
 Spark, pandas and DuckDB read it with no mqnode code. Its `_manifest.json` (shm.archive_manifest;
 the underscore keeps it out of every reader's data) records each archived segment: name, size,
 CRC-32 of its bytes, rows, and the files it became.
@@ -30,7 +30,7 @@ from shm import archive_manifest as manifest_file
 
 MANIFEST = manifest_file.FILE
 STAGING = "_staging"
-ROW_GROUP = 2048  # rows a row group: what a tiered read decodes at once (node.server.tiered)
+ROW_GROUP = 2048  # rows a row group: what a tiered read decodes at once (actors.tiered)
 
 
 class ArchiveError(RuntimeError):

@@ -37,7 +37,7 @@ ARROW_SCHEMA = pa.schema([
     ("bornTimestamp", pa.timestamp("ms")), ("storeTimestamp", pa.timestamp("ms")), ("bornHost", pa.string()),
     ("storeHost", pa.string()), ("reconsumeTimes", pa.int32()), ("flag", pa.int32()), ("sysFlag", pa.int32())])
 # The archive's columns: the connector's, plus each record without its body (`shm.codec.envelope`),
-# from which the node's tiered reads give back the stored bytes exactly (node.server.tiered).
+# from which the node's tiered reads give back the stored bytes exactly (actors.tiered).
 ARCHIVE_SCHEMA = ARROW_SCHEMA.append(pa.field("envelope", pa.binary()))
 PULL_STEP = 32  # messages a pull asks by default: a node answers at most maxTransferCountOnMessageInMemory (32)
 IN_FLIGHT = 8  # pulls in flight per range: a range is read at the node's pace, not the round trip's

@@ -14,11 +14,11 @@ class NodeAsker:
     """Requests the node makes of itself over its own client endpoint (the launcher's readiness
     probes, /metrics' GET_BROKER_RUNTIME_INFO and friends), one at a time: scrapes may come
     concurrently and one DEALER socket is not thread-safe. Signed and secured with the node's
-    own identity (node.server.guard) when the ACL or CURVE is on."""
+    own identity (actors.guard) when the ACL or CURVE is on."""
 
     def __init__(self, endpoint: str, credentials: Credentials, *, timeout_ms: int = 5000):
         self.endpoint, self.timeout_ms = endpoint, timeout_ms
-        self.credentials = credentials  # the node's own (node.server.guard), for the ACL and CURVE
+        self.credentials = credentials  # the node's own (actors.guard), for the ACL and CURVE
         self.lock = threading.Lock()
         self.context = zmq.Context.instance()
         self.socket = None

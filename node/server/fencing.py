@@ -15,8 +15,8 @@ from __future__ import annotations
 import orjson
 import zmq
 
-from node.server import guard
-from node.server.ha_link import HISTORY
+from actors import guard
+from actors.ha_link import HISTORY
 from shm import epochs
 from shm.recovery import cut
 

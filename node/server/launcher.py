@@ -22,7 +22,6 @@ only keep them from starting.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import os
 import shutil
@@ -55,13 +54,6 @@ from shm.store_files import StoreLock, mark_clean_exit, mark_running
 DRAIN_S = 3.0
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
-
-
-def actor_class(kind: str) -> type:
-    """The class that hosts a process of `kind`, by the name the topology gives it (no import of
-    the services here: they import the server's tables, so the server names them instead)."""
-    module, _, name = topology.ACTOR_CLASSES[kind].partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 IPC_PATH_MAX = 100  # sun_path holds 107 bytes; the longest endpoint adds "/arrivals"
@@ -110,7 +102,7 @@ class ActorHost:
         if delay:  # it keeps dying: give whatever kills it time to pass
             logging.getLogger("mqnode").warning("service %s restarts in %.1f s", label or kind, delay)
             time.sleep(delay)
-        self.actor = actor_class(kind)(settings, **kwargs)
+        self.actor = topology.ACTOR_CLASSES[kind](settings, **kwargs)
         _beat(settings, label or kind)  # alive from Ray's view on: a predecessor's stale beat is not ours
         self.thread = threading.Thread(target=self._run, name=f"mqnode-{kind}", daemon=True)
         self.thread.start()
@@ -162,7 +154,7 @@ class Node:
     # -- start ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        from node.server import guard
+        from actors import guard
 
         s = self.settings = guard.absolute(self.settings)
         guard.check_settings(s)  # SecurityError: a key or ACL file that cannot be used
@@ -215,13 +207,13 @@ class Node:
             ray_setup.embedded_ray_on_loopback()
         import ray
 
-        from node.server import guard
+        from actors import guard
 
         run_dir = prepare_run_dir(self.settings)
         if run_dir != self.settings.run_dir:  # a temporary one: removed at stop
             self.temporary_run_dir = run_dir
         s = self.settings = dataclasses.replace(self.settings, runDir=str(run_dir))
-        guard.write_identity(s)  # the account and key pair of the node's own requests (node.server.guard)
+        guard.write_identity(s)  # the account and key pair of the node's own requests (actors.guard)
         rings = ring.rings(s)
         if rings:  # the write path's hand-offs, before any service opens one
             self.ring_dir = ring.prepare_ring_dir(s)
@@ -241,6 +233,8 @@ class Node:
         recovered_state = {"queue_offsets": queue_offsets, "recovered_offset": recovered}
         for process in topology.processes(s):
             kwargs = {"instance": process.instance} if process.kind in ("ingress", "pull") else {}
+            if process.kind == "front":  # where each service lives, for `admin stats`
+                kwargs["hosts"] = topology.hosts(s)
             if "write" in process.services:  # the write core resumes from what recovery found
                 kwargs |= recovered_state
             self.hosts[process.label] = remote.options(
@@ -306,7 +300,7 @@ class Node:
         retries 100 ms later): `ready` is printed only once a read makes the round trip front ->
         pull worker -> front, and a send-back of no message the one front -> schedule -> front."""
         from node import protocol
-        from node.server import guard
+        from actors import guard
         from node.server.asker import NodeAsker
 
         probes = [({"code": protocol.GET_MAX_OFFSET, "topic": "SELF_TEST_TOPIC", "queueId": 0}, {"OK"})]

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import CollectorRegistry
 
 from node import protocol
-from node.server import guard
+from actors import guard
 from node.server.asker import NodeAsker
 
 # RocketMQ's putMessageDistributeTime ranges, by their upper bound in ms ("+Inf": the last)

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from shm.control_block import INSTANCED, heartbeat_slot, monotonic_ms
+
 BURST = 3
 BURST_WINDOW_S = 10.0
 BACKOFF_FIRST_S = 0.5
@@ -36,24 +38,7 @@ RESTART_DEADLINE_S = 120.0
 
 log = logging.getLogger("mqnode")
 
-HEARTBEAT_SLOTS = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "clean": 5, "schedule": 6,
-                   "ha-server": 7, "ha-client": 88, "ingress": 8, "pull": 24}
-INSTANCED = ("ingress", "pull")  # services that run as several processes, labelled kind-i
-
-
-def monotonic_ms() -> int:
-    """Heartbeat time: CLOCK_MONOTONIC is one clock for every process of the host, and a step of
-    the wall clock (NTP) must not make every process look hung."""
-    return int(time.monotonic() * 1000)
-
-
-def heartbeat_slot(label: str) -> int:
-    """The control block's heartbeat slot of the service process `label` ("front", "pull-3")."""
-    if label in HEARTBEAT_SLOTS:
-        return HEARTBEAT_SLOTS[label]
-    kind, _, instance = label.partition("-")
-    return HEARTBEAT_SLOTS.get(kind, 15) + (int(instance) if kind in INSTANCED and instance else 0)
-
+__all__ = ["INSTANCED", "heartbeat_slot", "monotonic_ms"]  # the control block's, named here too
 
 @dataclass(frozen=True)
 class RestartBackoff:
@@ -149,14 +134,3 @@ def _cause(info: dict) -> str:
         if found:
             return str(found).strip().splitlines()[-1][:500]
     return " ".join(str(cause or "no cause recorded").split())[:500]
-
-
-def last_counts(settings) -> dict:
-    """Restarts and hangs per service process, as the node's watch last counted them
-    (`supervision.json` in the run directory): `admin stats`' `supervision`."""
-    import orjson
-
-    try:
-        return orjson.loads((settings.run_dir / "supervision.json").read_bytes())
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return {}  # not written yet (or a node whose launcher is not watching)

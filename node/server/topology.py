@@ -2,10 +2,10 @@
 
 A *service* is one job of the node (route requests, encode sends, append, group commit, read,
 dispatch, allocate, clean, schedule). A *process* is a Ray actor hosting one or more services; its `kind` names
-the actor class that runs them (`node.server.launcher.actor_classes`). The launcher starts the
-processes `processes(settings)` lists, the supervisor watches exactly those, the front asks
-`hosts(settings)` where a service lives, and docs/architecture.md is checked against
-`SERVICES` by a test. Two topologies, chosen by the setting `topology`:
+the actor class that runs them (`ACTOR_CLASSES`). The launcher starts the processes
+`processes(settings)` lists, the supervisor watches exactly those, the launcher hands the front
+`hosts(settings)` (where each service lives, for `admin stats`), and docs/architecture.md is
+checked against `SERVICES` by a test. Two topologies, chosen by the setting `topology`:
 
 ```
 compact (default: fewest hops a request, best on a couple of cores)
@@ -29,6 +29,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from actors.allocator import Allocator
+from actors.clean import Clean
+from actors.dispatcher import Dispatcher
+from actors.flush import Flush
+from actors.front import Front
+from actors.ha_client import HaClient
+from actors.ha_server import HaServer
+from actors.ingress import Ingress
+from actors.pull import Pull
+from actors.schedule import Schedule
+from actors.writer import Writer
 from shm.settings import MAX_PULL_WORKERS
 
 # every service a node runs, and what it does
@@ -46,12 +57,10 @@ SERVICES = {
     "ha-client": "a slave's follower: appends its master's CommitLog byte for byte (the slave's CommitLog writer); promotion",
 }
 TOPOLOGIES = ("compact", "split")
-# the actor class of each process kind, by name (module:class), for the launcher
-ACTOR_CLASSES = {"front": "actors.front:Front", "ingress": "actors.ingress:Ingress", "writer": "actors.writer:Writer",
-                 "flush": "actors.flush:Flush", "allocator": "actors.allocator:Allocator",
-                 "dispatcher": "actors.dispatcher:Dispatcher", "pull": "actors.pull:Pull",
-                 "clean": "actors.clean:Clean", "schedule": "actors.schedule:Schedule",
-                 "ha-server": "actors.ha_server:HaServer", "ha-client": "actors.ha_client:HaClient"}
+# the actor class of each process kind, for the launcher (Ray builds it in the process's worker)
+ACTOR_CLASSES = {"front": Front, "ingress": Ingress, "writer": Writer, "flush": Flush, "allocator": Allocator,
+                 "dispatcher": Dispatcher, "pull": Pull, "clean": Clean, "schedule": Schedule,
+                 "ha-server": HaServer, "ha-client": HaClient}
 
 
 @dataclass(frozen=True)
@@ -89,13 +98,6 @@ def processes(settings) -> list[Process]:
             *(Process(f"pull-{i}", "pull", ("read",), i) for i in range(pulls)),
             *ha_processes(settings),
             Process("front", "front", ("router",))]
-
-
-def services_with_pids(settings, actors: dict[str, dict]) -> dict[str, list[dict]]:
-    """Each service of the declared topology with the process that hosts it and its pid (None
-    until that process has sent its first statistics): `admin stats`' `services`."""
-    return {service: [{"process": label, "pid": actors.get(label, {}).get("pid")} for label in labels]
-            for service, labels in hosts(settings).items()}
 
 
 def hosts(settings) -> dict[str, list[str]]:

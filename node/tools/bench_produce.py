@@ -11,8 +11,8 @@ machine's floors (`node.tools.floors`) are printed before and after them.
 The latency is measured once the node has settled after the throughput figures: the dispatcher
 has caught up with what they wrote (up to SETTLE_S; how long it took is printed), so a backlog
 left by them cannot count against it. (So far none was left: it had caught up by the first
-look.) The front's CPU pinning state is printed with it (`frontPinBelowCpu`, node.server.host_tuning),
-and its CPU wake-up latency request (`cpuIdleLatencyUs`, node.server.host_tuning): the figures are
+look.) The front's CPU pinning state is printed with it (`frontPinBelowCpu`, actors.host_tuning),
+and its CPU wake-up latency request (`cpuIdleLatencyUs`, actors.host_tuning): the figures are
 the node's as users run it, with idle CPUs polling while it serves where it may ask for that.
 """
 

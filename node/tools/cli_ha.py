@@ -1,5 +1,5 @@
 """`scripts/mqnode admin ha` and `admin role` (node.tools.cli dispatches here): replication's
-status as JSON (node.server.ha_status), and a slave's promotion."""
+status as JSON (actors.ha_status), and a slave's promotion."""
 
 from __future__ import annotations
 

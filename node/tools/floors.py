@@ -4,7 +4,7 @@ Each floor is what this machine gives before mqnode does any work of its own:
 - transport: the p50 round trip of a 1 KiB frame between two processes over ZeroMQ
   DEALER/ROUTER on 127.0.0.1, one request at a time, paced at 5k/s like the ack-latency figure;
   the far side only echoes. Where this process may make the PM QoS request a serving node's
-  front makes (`cpuIdleLatencyUs`, node.server.host_tuning), it is measured twice: with idle CPUs
+  front makes (`cpuIdleLatencyUs`, actors.host_tuning), it is measured twice: with idle CPUs
   halting, as before a node serves, and with them polling, as while it serves (on the project's virtual machines the
   second is about half the first).
 - disk: the p50 of one fdatasync after writing 64 KiB through a mapping into a preallocated
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import zmq
 
-from node.server.host_tuning import CpuLatencyRequest, limit_in_force
+from actors.host_tuning import CpuLatencyRequest, limit_in_force
 from node.tools.local_node import free_port
 
 ROUND_TRIPS = 2000

@@ -16,7 +16,7 @@ from nodes import ROOT, NodeProcess, node_settings
 
 from node.client import Producer, PullConsumer
 from node.client.producer import SendError
-from node.server import config_files
+from actors import config_files
 
 pytestmark = pytest.mark.slow
 

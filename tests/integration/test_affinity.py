@@ -1,4 +1,4 @@
-"""The front's CPU pinning at light load (node.server.host_tuning): the policy fed scripted readings
+"""The front's CPU pinning at light load (actors.host_tuning): the policy fed scripted readings
 with a mock clock, and the pinner's masks on a real process's threads."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from node.server.host_tuning import (
+from actors.host_tuning import (
     HOLD_OFF_S,
     MAX_LOOP_WAIT,
     UNPIN_ABOVE,

@@ -17,8 +17,8 @@ from nodes import ROOT
 
 from node.pipeline.archive import MANIFEST, ArchiveError, run, sealed
 from node.pipeline.offline import SegmentReport, read_segment, walk
-from node.server.tiered import ArchiveDamaged as TieredArchiveDamaged
-from node.server.tiered import TieredArchive
+from actors.tiered import ArchiveDamaged as TieredArchiveDamaged
+from actors.tiered import TieredArchive
 from shm.codec import decode
 
 pytest.importorskip("pyspark")

@@ -172,7 +172,7 @@ def _until_refused(producer, timeout: float = 10.0) -> SendError:
 
 
 def test_admin_clean_checks_its_fields():
-    from node.server.edge import check_request
+    from actors.edge import check_request
 
     with pytest.raises(protocol.ProtocolError, match="force"):
         check_request(protocol.Request({"code": protocol.DELETE_EXPIRED_COMMITLOG, "force": "yes"}, b""))

@@ -22,7 +22,7 @@ from nodes import ROOT, FakeRocketMQMaster, NodeProcess, free_port, node_setting
 
 from node import protocol
 from node.client import AsyncProducer, Producer, PullConsumer, SendError
-from node.server.ha_link import HEADER, REPORT
+from actors.ha_link import HEADER, REPORT
 from shm.codec import decode
 from shm.control_block import peek
 from shm.epochs import EpochFile

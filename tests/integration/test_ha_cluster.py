@@ -57,7 +57,7 @@ def _ha_store(directory, **overrides):
     """A store and its control block as the launcher leaves them, for an HA actor run in a thread."""
     from helpers import small_settings
 
-    from node.server import guard
+    from actors import guard
     from shm.control_block import ROLE_CODES, ControlBlock
     from shm.epochs import EpochFile
 

@@ -228,7 +228,7 @@ def test_dispatcher_and_allocator_loops_run_niced(node):
 def test_an_idle_front_keeps_its_threads_on_one_cpu(node):
     """frontPinBelowCpu (0.7 for this module's node, off by default): the front's process,
     well under 0.7 of a CPU while idle, has every thread on the one CPU its loop runs on within
-    a few seconds, and says so in its statistics (node.server.host_tuning)."""
+    a few seconds, and says so in its statistics (actors.host_tuning)."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: nothing to pin to")
     pid = int((node.settings.run_dir / "front.pid").read_text())
@@ -248,7 +248,7 @@ def test_an_idle_front_keeps_its_threads_on_one_cpu(node):
 def test_a_serving_front_keeps_idle_cpus_quick_to_wake(node, producer):
     """cpuIdleLatencyUs 0 (opted in; -1, no request, is the default): after a request the front
     holds its PM QoS request
-    (node.server.host_tuning) and says so; where the device cannot be written it says why."""
+    (actors.host_tuning) and says so; where the device cannot be written it says why."""
     producer.send("TopicA", "wake")
     info, _ = producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
     latency = info["actors"]["front"]["cpuLatency"]
@@ -261,7 +261,7 @@ def test_a_serving_front_keeps_idle_cpus_quick_to_wake(node, producer):
 
 
 def test_topics_json_is_written_as_rocketmq_writes_it(node, producer):
-    from node.server import config_files
+    from actors import config_files
 
     producer.send("TopicJson", "x")
     text = (node.settings.root / "config" / "topics.json").read_text()

@@ -245,7 +245,7 @@ def test_consume_query_and_admin_commands(node, producer):
 
 
 def test_zz_offsets_are_persisted_as_rocketmq_writes_them(node):
-    from node.server import config_files
+    from actors import config_files
 
     node.stop()
     text = (node.settings.root / "config" / "consumerOffset.json").read_text()

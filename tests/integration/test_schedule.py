@@ -11,7 +11,7 @@ import pytest
 from nodes import NodeProcess, node_settings
 
 from node.client import Producer, PullConsumer
-from node.server import config_files
+from actors import config_files
 
 pytestmark = pytest.mark.slow
 LEVELS = " ".join(["1s"] * 18)  # every level one second: the tests wait seconds, not hours

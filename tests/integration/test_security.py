@@ -106,7 +106,7 @@ def test_admin_commands_need_an_admin_account_given_by_flags_or_environment(acl_
     stats = run_cli("admin", "stats", "--endpoint", acl_node.endpoint, "--access-key", ROOTS[0], "--secret-key", ROOTS[1])
     acl = orjson.loads(stats.stdout)["actors"]["front"]["acl"]
     assert acl["refused"] >= 2 and acl["accounts"] == 2
-    # the node's own scrapes pass its ACL (node.server.guard) and count the refusals
+    # the node's own scrapes pass its ACL (actors.guard) and count the refusals
     scraped = urllib.request.urlopen(f"http://127.0.0.1:{acl_node.settings.metricsPort}/metrics", timeout=30).read()
     refused = [line for line in scraped.decode().splitlines() if line.startswith("mqnode_acl_refused_total ")]
     assert refused and float(refused[0].split()[1]) >= 2

@@ -1,4 +1,4 @@
-"""The ACL's core (node.server.acl) and the request signature (node.security): RocketMQ 4.9's
+"""The ACL's core (actors.acl) and the request signature (node.security): RocketMQ 4.9's
 plain ACL rules, checked without a node."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from node import protocol
 from node.security import Credentials, canonical, signature_matches
-from node.server.acl import DENY, PUB, SUB, Acl, AclError, AclFile, AddressPattern, parse_config, parse_perm
+from actors.acl import DENY, PUB, SUB, Acl, AclError, AclFile, AddressPattern, parse_config, parse_perm
 
 ACL_YAML = """
 globalWhiteRemoteAddresses:

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from node.client.allocate import STRATEGIES, allocate
-from node.server.consumers import ConsumerGroups
+from actors.consumers import ConsumerGroups
 
 
 def shares(strategy, queues, members):

@@ -1,4 +1,4 @@
-"""The front's CPU wake-up latency request (node.server.host_tuning): the hold policy on a mock
+"""The front's CPU wake-up latency request (actors.host_tuning): the hold policy on a mock
 clock, the request's file I/O against a stand-in file, and the kernel's device where this
 process may write it."""
 
@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from node.server.host_tuning import (
+from actors.host_tuning import (
     DEVICE,
     HOLD_S,
     CpuLatencyRequest,

@@ -1,4 +1,4 @@
-"""The edge's promise, fuzzed: a send request that node.server.edge lets through is encoded or refused
+"""The edge's promise, fuzzed: a send request that actors.edge lets through is encoded or refused
 by the write path with a status, never by an exception (which would now stop the front)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from actors.ingress import RequestBatcher
 from node import protocol
-from node.server import edge
+from actors import edge
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=12),

@@ -1,5 +1,5 @@
 """Replication without sockets: the epoch file and its fencing rule, the HA link's sessions and
-byte stream (node.server.ha_link), and the follower's raw appends (actors.ha_client.Follower)."""
+byte stream (actors.ha_link), and the follower's raw appends (actors.ha_client.Follower)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.ha_client import Follower
-from node.server import ha_link
-from node.server.ha_link import HEADER, REPORT, LinkError, MasterSession, SlaveSession, StreamDecoder
+from actors import ha_link
+from actors.ha_link import HEADER, REPORT, LinkError, MasterSession, SlaveSession, StreamDecoder
 from shm.control_block import ControlBlock
 from shm.epochs import Epoch, EpochFile, common_prefix, from_wire
 from shm.mapped_file import StoreError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from actors.writer import MAX_TOPICS, OTHER_TOPICS, TopicPuts
 from node.server.metrics import _latency_buckets
-from node.server.sendcore import PendingSend
+from actors.sendcore import PendingSend
 
 
 def test_rocketmqs_distribution_becomes_cumulative_buckets():

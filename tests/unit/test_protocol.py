@@ -25,11 +25,11 @@ from actors.wire import (
 )
 from node import protocol
 from node.client.producer import SendError
-from node.server import config_files
-from node.server.sendcore import PendingSend, SendEncoder, add_request_atomic
-from node.server.sendreply import answer, reply, results
-from node.server.store_stats import StoreStats
-from node.server.topics import TopicTable, topic_error
+from actors import config_files
+from actors.sendcore import PendingSend, SendEncoder, add_request_atomic
+from actors.sendreply import answer, reply, results
+from actors.store_stats import StoreStats
+from actors.topics import TopicTable, topic_error
 from shm import codec
 from shm import settings as settings_module
 from shm.codec import decode
@@ -155,7 +155,7 @@ def test_fast_fail_answers_sends_that_waited_too_long(tmp_path):
 
 
 def test_wait_false_and_flush_timeouts():
-    from node.server.sendreply import downgraded
+    from actors.sendreply import downgraded
 
     settings = settings_module.load(None, {"storePathRootDir": "/nonexistent"})
     encoder = SendEncoder(settings)
@@ -182,7 +182,7 @@ def test_uniq_key_shortcut_agrees_with_the_full_parse(pieces):
 
 
 def test_consumer_offsets_read_rocketmqs_file_and_write_its_format(tmp_path):
-    from node.server.offsets import ConsumerOffsets
+    from actors.offsets import ConsumerOffsets
 
     (tmp_path / "consumerOffset.json").write_text('{\n\t"offsetTable":{\n\t\t"TopicA@g1":{0:12,1:7\n\t\t}\n\t}\n}')
     offsets = ConsumerOffsets(tmp_path)
@@ -340,7 +340,7 @@ def test_the_compact_reply_gives_each_send_what_the_full_reply_gives(refused_at)
     import asyncio
 
     from node.client.producer import AsyncProducer
-    from node.server.sendreply import downgraded
+    from actors.sendreply import downgraded
 
     settings = settings_module.load(None, {"storePathRootDir": "/nonexistent"})
     encoder = SendEncoder(settings)

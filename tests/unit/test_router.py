@@ -8,8 +8,8 @@ from helpers import small_settings
 
 from actors.router import Router, To
 from node import protocol
-from node.server.offsets import ConsumerOffsets, SubscriptionGroups
-from node.server.topics import TopicTable
+from actors.offsets import ConsumerOffsets, SubscriptionGroups
+from actors.topics import TopicTable
 
 
 @pytest.fixture

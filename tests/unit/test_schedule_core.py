@@ -91,7 +91,7 @@ def test_send_backs_and_deliveries_wait_for_the_disk_under_sync_flush(tmp_path):
     from helpers import small_settings
 
     from actors.reput import delivery_request, reput_item
-    from node.server.sendcore import PendingSend, SendEncoder
+    from actors.sendcore import PendingSend, SendEncoder
     from shm.encoded_batch import EncodedBatch
 
     encoder = SendEncoder(small_settings(tmp_path, flushDiskType="SYNC_FLUSH"))

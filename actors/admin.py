@@ -2,15 +2,15 @@
 updated and deleted, as RocketMQ's mqadmin updateTopic / deleteTopic / updateSubGroup /
 deleteSubGroup do, with RocketMQ's request codes (docs/protocol.md "Administration"). No I/O but
 the tables' own persisting (config files written whole, fsynced, renamed, the old one kept as
-`.bak`: node.server.config_files).
+`.bak`: actors.config_files).
 
-The fields' types and ranges are the edge's (`node.server.edge.CHECKS`); what is left here is
+The fields' types and ranges are the edge's (`actors.edge.CHECKS`); what is left here is
 what needs the tables: a system topic, a group or topic that does not exist.
 """
 
 from __future__ import annotations
 
-from node.server.topics import TopicConfig, topic_error
+from actors.topics import TopicConfig, topic_error
 
 QUEUE_NUMS_MAX = 1024  # queues a topic may have (RocketMQ has no hard limit; its tools warn past a few hundred)
 GROUP_FIELDS = {  # subscriptionGroup.json's fields an update may set, with their types

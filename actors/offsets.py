@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from node.server import config_files
+from actors import config_files
 
 
 class ConsumerOffsets:

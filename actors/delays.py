@@ -1,7 +1,7 @@
 """Where a send with a delay is stored (docs/protocol.md "Delays"), as the broker moves it: a
 delay level (RocketMQ 4) to SCHEDULE_TOPIC_XXXX, a timer (RocketMQ 5) to the timer topic, each
 with the names the broker adds. No I/O; the clock is given (a timer's TIMER_DELAY_* counts from
-it). Used by the write path's encoder (node.server.sendcore), for the general path message by
+it). Used by the write path's encoder (actors.sendcore), for the general path message by
 message and, ahead of the one-pass encoders, for a request's messages at once.
 """
 

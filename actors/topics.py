@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.server import config_files
+from actors import config_files
 
 TOPIC_MAX_LENGTH = 127
 _TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")

@@ -16,7 +16,7 @@ Two outcomes besides success:
 
 Names follow RocketMQ's `Validators`: topics and groups match `[%|a-zA-Z0-9_-]+`, a topic at
 most 127 characters, a group at most 255. Reads may name system topics (`SCHEDULE_TOPIC_XXXX`
-can be pulled); sends may not (node.server.topics).
+can be pulled); sends may not (actors.topics).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import re
 
 from node import protocol
 from node.protocol import ProtocolError
-from node.server.topics import TOPIC_MAX_LENGTH
+from actors.topics import TOPIC_MAX_LENGTH
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
@@ -120,7 +120,7 @@ def properties_problem(value) -> str | None:
 def send_problem(message: dict) -> str | None:
     """Why one message of a send (a SEND_MESSAGE or SEND_BATCH_MESSAGE header, or an entry of
     SEND_MESSAGES) is MESSAGE_ILLEGAL by its fields' types and ranges, or None. Names and queue
-    ids against the topic table are the front's (node.server.topics).
+    ids against the topic table are the front's (actors.topics).
 
     Runs for every message sent: the common message (the fields the Python client sends, of
     the right types) is passed by the first test alone."""

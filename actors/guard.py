@@ -23,7 +23,7 @@ import zmq
 import zmq.auth
 
 from node.security import Credentials
-from node.server.acl import Account, Acl, AclError, AclFile
+from actors.acl import Account, Acl, AclError, AclFile
 from shm.settings import SettingsError
 
 IDENTITY_FILE = "identity.json"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import orjson
 
 from node import protocol
-from node.server.sendcore import PendingSend
+from actors.sendcore import PendingSend
 from shm.codec import offset_ids, offset_msg_id
 
 

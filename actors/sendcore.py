@@ -3,11 +3,11 @@
 Used by the ingress workers (or by the append writer itself when `ingressWorkers = 0`): each
 request's messages are validated and encoded into one shared `EncodedBatch`; a `PendingSend`
 remembers where its records sit in the batch so the writer can answer once they are placed
-(`node.server.sendreply`). The one-pass encoders of coalesced sends and client batches are the codec's.
+(`actors.sendreply`). The one-pass encoders of coalesced sends and client batches are the codec's.
 
 Stored properties follow the 4.9 broker (spec §2.7): the client's map, plus CLUSTER, minus WAIT
 (which only decides whether the send waits for the flush), serialised in Java HashMap order. A
-send with a delay level or a timer is moved where `node.server.delays` says (SCHEDULE_TOPIC_XXXX
+send with a delay level or a timer is moved where `actors.delays` says (SCHEDULE_TOPIC_XXXX
 or the timer topic, with REAL_TOPIC/REAL_QID), on the one-pass path as on the general one.
 """
 
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from node import protocol
-from node.server.delays import SCHEDULING, SPECIAL, Delays
+from actors.delays import SCHEDULING, SPECIAL, Delays
 from shm import codec
 from shm.codec import (
     MAX_PROPERTIES_BYTES,
@@ -91,7 +91,7 @@ class SendEncoder:
 
     def born_host(self, text: str | None) -> bytes:
         """`ip:port` (or `[v6]:port`) as record bytes; absent -> 127.0.0.1:0. The front refuses
-        a malformed one (node.server.edge), so what reaches here parses."""
+        a malformed one (actors.edge), so what reaches here parses."""
         raw = self._born_cache.get(text or "")
         if raw is None:
             raw = _parse_host(text) or encode_host("127.0.0.1", 0)

@@ -42,6 +42,7 @@ from actors.links import Inbox, Outbox
 from actors.wire import pack_replies, waits_from_wire
 from actors.sendreply import downgraded
 from shm.checkpoint import Checkpoint
+from shm.control_block import heartbeat_slot, monotonic_ms
 from shm.mapped_file import file_name
 
 PAGE = 4096
@@ -83,6 +84,7 @@ class CommitLogFlusher:
         self.failure: OSError | None = None
         self.fdatasyncs = 0
         self.fail_at = _injected_flush_failure()
+        self.hang_at = _injected_count("MQNODE_INJECT_FLUSH_HANG")
 
     def flush_to_written(self) -> int:
         """fdatasync every segment holding unflushed bytes; publish `flushed`. Returns it.
@@ -105,6 +107,9 @@ class CommitLogFlusher:
         start = low - low % self.segment_size
         for segment_start in range(start, written, self.segment_size):
             self.fdatasyncs += 1
+            if self.fdatasyncs == self.hang_at:  # a disk that never returns (tests of hang detection)
+                while True:
+                    time.sleep(1.0)
             if self.fdatasyncs == self.fail_at:  # the bytes it did not make durable, for the test to check
                 with open(self.settings.run_dir / "injected-flush-eio", "a") as log:
                     log.write(f"{flushed} {written}\n")
@@ -327,8 +332,12 @@ class FlushThread:
         report = socket(self.context, zmq.PUSH, hwm=16)
         report.connect(self.endpoint)
         reported = 0
+        control, slot = self.flusher.control, heartbeat_slot("flush")
         try:
             while not self.stopping:
+                # its own heartbeat: a hung fdatasync here leaves the front's loop turning, and the
+                # node's watch kills the process by this one (topology: the front's threads)
+                control.heartbeat(slot, monotonic_ms())
                 self.woken.wait(self.period_s)
                 self.woken.clear()  # before reading `written`: a wake after this read comes round again
                 if self.stopping:
@@ -402,7 +411,13 @@ class FlushThread:
 def _injected_flush_failure() -> int:
     """`MQNODE_INJECT_FLUSH_EIO=N`: the N-th fdatasync of each flusher fails with EIO (tests of
     fail-stop on a real node; unset, 0: never)."""
-    text = os.environ.get("MQNODE_INJECT_FLUSH_EIO", "")
+    return _injected_count("MQNODE_INJECT_FLUSH_EIO")
+
+
+def _injected_count(variable: str) -> int:
+    """A test's injection: `MQNODE_INJECT_FLUSH_HANG=N`, the N-th fdatasync of each flusher never
+    returns; unset, 0: never."""
+    text = os.environ.get(variable, "")
     return int(text) if text.isdigit() else 0
 
 

@@ -83,6 +83,12 @@ def prepare_run_dir(settings) -> Path:
     return path
 
 
+def stalest(beats) -> int:
+    """The oldest of a process's heartbeats (monotonic ms), 0 while none was written."""
+    written = [beat for beat in beats if beat]
+    return min(written) if written else 0
+
+
 def _beat(settings, label: str) -> None:
     control = ControlBlock(settings.root / "control")
     try:
@@ -94,7 +100,7 @@ def _beat(settings, label: str) -> None:
 class ActorHost:
     """A plain actor inside a Ray actor process (see the module docstring)."""
 
-    def __init__(self, kind: str, settings_values: dict, kwargs: dict, label: str = ""):
+    def __init__(self, kind: str, settings_values: dict, kwargs: dict, label: str = "", beats: tuple = ()):
         ray_setup.normal_priority()
         settings = settings_module.load(None, settings_values)
         policy = supervision.RestartBackoff(settings.actorRestartBackoffMaxMillis / 1000)
@@ -103,7 +109,8 @@ class ActorHost:
             logging.getLogger("mqnode").warning("service %s restarts in %.1f s", label or kind, delay)
             time.sleep(delay)
         self.actor = topology.ACTOR_CLASSES[kind](settings, **kwargs)
-        _beat(settings, label or kind)  # alive from Ray's view on: a predecessor's stale beat is not ours
+        for beat in beats or (label or kind,):  # alive from Ray's view on: a predecessor's stale beats are not ours
+            _beat(settings, beat)
         self.thread = threading.Thread(target=self._run, name=f"mqnode-{kind}", daemon=True)
         self.thread.start()
 
@@ -239,7 +246,7 @@ class Node:
                 kwargs |= recovered_state
             self.hosts[process.label] = remote.options(
                 num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0, max_concurrency=4, **placement,
-            ).remote(process.kind, values, kwargs, process.label)
+            ).remote(process.kind, values, kwargs, process.label, process.beats)
         late = self._wait_ready()
         if late:
             raise RuntimeError("some actors did not start: " + ", ".join(late))
@@ -365,7 +372,9 @@ class Node:
     def _kill_hung(self, watch: supervision.Watch, states: dict[str, dict]) -> None:
         """SIGKILL every service whose loop stopped turning (Ray then restarts it)."""
         run_dir = self.settings.run_dir
-        heartbeats = {label: self.control.heartbeat_of(heartbeat_slot(label)) for label in states}
+        beats = {process.label: process.beats for process in topology.processes(self.settings)}
+        heartbeats = {label: stalest(self.control.heartbeat_of(heartbeat_slot(beat)) for beat in beats.get(label, (label,)))
+                      for label in states}
         for label in watch.hung(states, heartbeats, monotonic_ms(), self.settings.processHangTimeoutMillis):
             try:
                 pid = int((run_dir / f"{label}.pid").read_text())

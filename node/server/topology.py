@@ -69,6 +69,12 @@ class Process:
     kind: str  # the actor class that hosts its services
     services: tuple[str, ...]
     instance: int = 0
+    threads: tuple[str, ...] = ()  # heartbeat labels of its threads besides its loop's (`label`)
+
+    @property
+    def beats(self) -> tuple[str, ...]:
+        """Every heartbeat the process writes: a hang in any of them is a hang of the process."""
+        return (self.label, *self.threads)
 
 
 def ha_processes(settings) -> list[Process]:
@@ -85,7 +91,8 @@ def processes(settings) -> list[Process]:
                 Process("clean", "clean", ("clean",)),
                 Process("schedule", "schedule", ("schedule",)),
                 *ha_processes(settings),
-                Process("front", "front", ("router", "ingress", "write", "group commit", "read"))]
+                Process("front", "front", ("router", "ingress", "write", "group commit", "read"),
+                        threads=("flush",))]  # the group commit runs on a thread of its own
     ingress = settings.ingressWorkers
     pulls = settings.pullWorkers or min(os.cpu_count() or 1, MAX_PULL_WORKERS)
     return [Process("flush", "flush", ("group commit",)),

@@ -56,3 +56,4 @@ def test_a_hung_process_of_each_kind_is_killed_and_restarted(split_node):
     with PullConsumer(endpoint) as consumer:
         stored = {m.queue_offset for m in consumer.pull("Hangs", 0, 0, max_count=64).messages}
     assert set(acknowledged) <= stored
+

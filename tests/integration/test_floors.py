@@ -7,7 +7,7 @@ import math
 import multiprocessing
 import os
 
-from node.server import host_tuning as cpu_latency
+from actors import host_tuning as cpu_latency
 from node.tools import floors
 
 

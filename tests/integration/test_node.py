@@ -17,7 +17,7 @@ from nodes import ROOT, in_process_node
 
 from node import protocol
 from node.client import AsyncProducer, Message, Producer, SendError
-from node.server import host_tuning as cpu_latency
+from actors import host_tuning as cpu_latency
 from node.server import topology
 from shm.codec import decode_msg_id, encode, encode_host, properties_string
 from shm.store import MessageStore

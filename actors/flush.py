@@ -258,7 +258,7 @@ class Flush(Actor):
 
     def turn(self) -> None:
         timeout = GROUP_COMMIT_WAKE_MS if (self.sync or self.waiting) else min(50, self.settings.flushIntervalCommitLog)
-        ready = wait_readable(self.poll_items, timeout)
+        ready = wait_readable(self.poll_items, self.inbox.wait_ms(timeout))
         self._take_waits()
         if self.acked_in.fileno() in ready:
             self.acked_in.drain()

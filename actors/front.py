@@ -95,7 +95,6 @@ class Front(Actor):
         # the writer or to each ingress worker in turn; their replies come back the same way
         self.sends_out = ([Outbox(s, f"front-to-ingress-{i}") for i in range(s.ingressWorkers)]
                           or [Outbox(s, "front-to-writer")]) if not s.front_writes else []
-        self.next_out = 0
         self.outgoing: list[tuple] = []  # this turn's sends: (frames, client, request, oneway)
         self.outgoing_bytes = 0
         self.inbox = Inbox(s, "front") if not s.front_writes else None
@@ -162,6 +161,8 @@ class Front(Actor):
         wait_ms = 50 if writes is None else writes.poll_ms  # a write-buffer commit may fall due
         if flushing is not None and self.waiting:
             wait_ms = min(wait_ms, GROUP_COMMIT_WAKE_MS)  # held sends may time out
+        if self.inbox is not None:  # replies waiting in a ring already: no sleep
+            wait_ms = self.inbox.wait_ms(wait_ms)
         if reads is None:
             events = wait_readable(self.poll_items, wait_ms)
         else:
@@ -430,9 +431,7 @@ class Front(Actor):
         """The split topology: this turn's sends, as one ring message, to the writer or to the
         next ingress worker; SYSTEM_BUSY to each when that ring is full (its consumer is behind)."""
         outgoing, self.outgoing, self.outgoing_bytes = self.outgoing, [], 0
-        out = self.sends_out[self.next_out]
-        self.next_out = (self.next_out + 1) % len(self.sends_out)
-        if out.send(join_frames([frames for frames, *_ in outgoing])):
+        if out_of(self.sends_out).send(join_frames([frames for frames, *_ in outgoing])):
             return
         for _, client, request, oneway in outgoing:
             if not oneway:
@@ -537,3 +536,19 @@ def supervision_counts(settings) -> dict:
         return orjson.loads((settings.run_dir / "supervision.json").read_bytes())
     except (FileNotFoundError, orjson.JSONDecodeError):
         return {}  # not written yet (or a node whose launcher is not watching)
+
+
+def out_of(outboxes: list[Outbox]) -> Outbox:
+    """Where a turn's sends go: the first ingress worker whose ring holds less than a turn's worth
+    (SHIP_BYTES) not yet taken, else the one with the least. Load spills over to the next worker
+    only while the ones before it are behind, so on a host with few cores the workers not needed
+    stay asleep (each wake-up of a process costs CPU), and on a busy host with many cores they
+    all work."""
+    best = outboxes[0]
+    for out in outboxes:
+        pending = out.ring.pending_bytes()
+        if pending < SHIP_BYTES:
+            return out
+        if pending < best.ring.pending_bytes():
+            best = out
+    return best

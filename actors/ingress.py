@@ -114,7 +114,7 @@ class Ingress(Actor):
         self.poll_items = [(self.inbox.fileno(), zmq.POLLIN)]
 
     def turn(self) -> None:
-        wait_readable(self.poll_items, 50)
+        wait_readable(self.poll_items, self.inbox.wait_ms(50))
         messages = []
         for joined in self.inbox.take():
             messages += split_frames(joined, 4)

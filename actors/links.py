@@ -41,6 +41,7 @@ class Outbox:
         self.ring = Ring(ring_dir(settings) / f"{name}.ring")
         self.bell = Doorbell(wake_path(settings, name.rpartition("-to-")[2]), listen=False)
         self.waited_s = 0.0
+        self.rung = 0
 
     def send(self, parts) -> bool:
         """Publish one message and wake the consumer; False when the ring is full."""
@@ -48,7 +49,9 @@ class Outbox:
             self.ring.offer(parts)
         except RingFull:
             return False
-        self.bell.ring()
+        if self.ring.consumer_may_sleep():  # (a busy consumer takes it at its next turn unrung)
+            self.bell.ring()
+            self.rung += 1
         return True
 
     def send_waiting(self, parts, stopping=None) -> None:
@@ -66,7 +69,7 @@ class Outbox:
         self.waited_s += time.monotonic() - began
 
     def statistics(self) -> dict:
-        return self.ring.statistics() | {"waitedSeconds": round(self.waited_s, 3)}
+        return self.ring.statistics() | {"waitedSeconds": round(self.waited_s, 3), "rung": self.rung}
 
     def close(self) -> None:
         self.bell.close()
@@ -82,6 +85,14 @@ class Inbox:
 
     def fileno(self) -> int:
         return self.bell.fileno()
+
+    def wait_ms(self, timeout_ms: int) -> int:
+        """How long the consumer may wait on its doorbell: 0 when a message came since its last
+        take, else `timeout_ms` (and the producers now ring: shm.ring's sleeping flag)."""
+        pending = False
+        for ring in self.rings.values():
+            pending |= ring.about_to_sleep()
+        return 0 if pending else timeout_ms
 
     def take(self, limit: int = 8 * 1024 * 1024) -> list[bytes]:
         """Every message waiting on any link (about `limit` bytes a link at most). The doorbell

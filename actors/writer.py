@@ -375,7 +375,7 @@ class Writer(Actor):
             self.stopping.wait(0.02)
             self._open_core()
             return
-        wait_readable(self.poll_items, core.poll_ms)
+        wait_readable(self.poll_items, self.inbox.wait_ms(core.poll_ms))
         messages = []
         for joined in self.inbox.take():  # a turn's sends of the front, or a group of an ingress worker
             messages += split_frames(joined, 4 if core.batcher is not None else 2)

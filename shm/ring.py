@@ -17,6 +17,7 @@ service opens the one it had). Little-endian, 8-byte aligned:
 | 8      | 8     | capacity  | launcher      | bytes of the data area, a power of two        |
 | 64     | 8     | tail      | producer      | bytes ever published (its own cache line)     |
 | 128    | 8     | head      | consumer      | bytes ever consumed (its own cache line)      |
+| 192    | 8     | sleeping  | consumer      | 1 while it may sleep on its doorbell          |
 | 4096   | cap   | data      | producer      | messages, each u32 length + payload, padded to 8 |
 
 A message never wraps: when it does not fit before the end, the producer writes the length
@@ -29,6 +30,14 @@ message, then stores `tail`; the consumer reads `tail`, copies the messages out,
 x86-64 (shm.control_block), so a counter is never seen torn, and x86 keeps stores in order, so
 a published message is whole. The doorbell is rung after `tail` and drained before `tail` is
 read: the FIFO's kernel lock orders the two, so a wake-up is never lost.
+
+Waking costs a system call on each side, and on a virtual machine an interrupt between CPUs,
+so the producer rings only a consumer that may be asleep (the Disruptor's blocking wait
+strategy): the consumer stores `sleeping = 1` and then looks at `tail` once more before it
+sleeps; the producer stores `tail` and then looks at `sleeping`. A full fence between the store
+and the load on both sides (`shm._atomic.fence`; x86-64 lets a load pass an earlier store)
+means at least one of them sees the other's store: the consumer does not sleep, or the
+producer rings. Without the C fence the producer always rings.
 
 Crash policy: nothing here is durable or needs recovery. A producer killed before it stored
 `tail` leaves a message nobody sees, overwritten by its restart; a consumer killed after it
@@ -48,9 +57,15 @@ from pathlib import Path
 
 from shm.invariant import invariant
 
+try:
+    from shm._atomic import fence
+except ImportError:  # pragma: no cover - built wherever gcc and the Python headers are
+    fence = None
+FENCED = fence is not None and os.environ.get("MQNODE_NATIVE", "1") != "0"
+
 RING_MAGIC = 0x676E69726E716D01  # "mqnring" v1
 HEADER_SIZE = 4096
-TAIL_SLOT, HEAD_SLOT = 8, 16  # int64 slots: byte offsets 64 and 128
+TAIL_SLOT, HEAD_SLOT, SLEEPING_SLOT = 8, 16, 24  # int64 slots: byte offsets 64, 128 and 192
 WRAP = 0xFFFFFFFF
 _LENGTH = struct.Struct("<I")
 ALIGN = 8
@@ -120,11 +135,19 @@ class Ring:
         self.slots[TAIL_SLOT] = tail + skip + total  # commit: after the bytes it publishes
         self.offered += 1
 
+    def consumer_may_sleep(self) -> bool:
+        """After `offer`: whether the consumer may be asleep and needs its doorbell rung."""
+        if not FENCED:
+            return True
+        fence()  # the tail's store before the load below (module docstring)
+        return self.slots[SLEEPING_SLOT] != 0
+
     # -- the consumer ----------------------------------------------------------------------------
 
     def take(self, limit: int = 1 << 30) -> list[bytes]:
         """The messages published and not yet taken, copied out, up to about `limit` bytes (at
         least one); their space is free again when this returns."""
+        self.slots[SLEEPING_SLOT] = 0  # awake: producers need not ring (a stale 1 costs a ring, no more)
         head, tail = self.slots[HEAD_SLOT], self.slots[TAIL_SLOT]
         invariant(0 <= tail - head <= self.capacity, (tail, head, self.capacity))
         out, taken = [], 0
@@ -141,6 +164,14 @@ class Ring:
         self.slots[HEAD_SLOT] = head  # after the copies: the producer may reuse the space now
         self.taken += len(out)
         return out
+
+    def about_to_sleep(self) -> bool:
+        """The consumer, before it waits on its doorbell: True when a message came meanwhile
+        (then it must not sleep). `take` clears the flag."""
+        self.slots[SLEEPING_SLOT] = 1
+        if FENCED:
+            fence()  # the flag's store before the tail's load (module docstring)
+        return self.slots[TAIL_SLOT] != self.slots[HEAD_SLOT]
 
     def pending_bytes(self) -> int:
         return self.slots[TAIL_SLOT] - self.slots[HEAD_SLOT]

@@ -117,3 +117,15 @@ def test_a_joined_message_cut_short_is_a_bug():
         split_frames(data[:-2], 4)
     with pytest.raises(InvariantBroken):
         split_frames(data, 3)
+
+
+def test_a_producer_rings_only_a_consumer_that_may_be_asleep(path):
+    producer, consumer = Ring(path), Ring(path)
+    assert not consumer.about_to_sleep()  # nothing waits: it may sleep ...
+    producer.offer([b"one"])
+    assert producer.consumer_may_sleep()  # ... so the producer rings
+    assert consumer.take() == [b"one"]  # awake again
+    producer.offer([b"two"])
+    assert producer.consumer_may_sleep() is (not ring.FENCED)  # a busy consumer is not rung (with the fence)
+    assert consumer.about_to_sleep()  # a message came meanwhile: it must not sleep
+    assert consumer.take() == [b"two"]

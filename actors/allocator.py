@@ -42,16 +42,19 @@ PREFAULT_STEP = 2 * 1024 * 1024  # bytes read a turn at most: short bursts, prom
 class Allocator(Actor):
     name = "allocator"
 
-    def open(self) -> None:
-        give_way(NICENESS)  # background work: the front and the clients go first on a busy CPU
-        self.segment_size = self.settings.mappedFileSizeCommitLog
-        self.directory = self.settings.commitlog_dir
-        self.directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, settings, **kwargs):
+        super().__init__(settings, **kwargs)
+        self.segment_size = settings.mappedFileSizeCommitLog
+        self.directory = settings.commitlog_dir
         self.allocated = self.warmed = self.failures = 0
         self.last_error = ""
         self.retry_at = 0.0
         self.prefaulted = self.prefaulted_bytes = 0  # read up to this offset; bytes read so far
         self.mapped: dict[int, MappedFile] = {}  # segments being read ahead, by start offset
+
+    def open(self) -> None:
+        give_way(NICENESS)  # background work: the front and the clients go first on a busy CPU
+        self.directory.mkdir(parents=True, exist_ok=True)
 
     def turn(self) -> None:
         self.stopping.wait(WATCH_MS / 1000)
@@ -120,7 +123,7 @@ class Allocator(Actor):
                                        "prefaultedTo": self.prefaulted, "prefaultedBytes": self.prefaulted_bytes}
 
     def close(self) -> None:
-        for segment in getattr(self, "mapped", {}).values():
+        for segment in self.mapped.values():
             segment.close()
         super().close()
 

@@ -372,6 +372,11 @@ class Clean(Actor):
 
     name = "clean"
 
+    def __init__(self, settings, **kwargs):
+        super().__init__(settings, **kwargs)
+        self.core: CleanCore | None = None  # opened by `open`, given the control block
+        self.niceness = 0
+
     def open(self) -> None:
         # Deleting is background work: freeing a segment's pages costs CPU that the front and
         # the clients should have first (on two cores it doubled the ack p99 at nice 0).
@@ -409,7 +414,7 @@ class Clean(Actor):
         return (client, -arrival, orjson.dumps(header))
 
     def statistics(self) -> dict:
-        return super().statistics() | (self.core.statistics() if hasattr(self, "core") else {})
+        return super().statistics() | (self.core.statistics() if self.core is not None else {})
 
     def drain(self) -> None:
         self.core.finished += self.core.manual  # answered with what they deleted so far

@@ -78,6 +78,20 @@ BUSY_PAUSE_S = 0.001
 class Dispatcher(Actor):
     name = "dispatcher"
 
+    def __init__(self, settings, **kwargs):
+        super().__init__(settings, **kwargs)
+        self.niceness = 0
+        self.store: MessageStore | None = None  # opened by `open`, in the actor's thread
+        self.position = 0
+        self.records = self.stalls = self.last_count = 0
+        self.caught_up_on_wake = self.caught_up_on_timer = 0
+        self.polled = self.announced = self.announcements_held = self.index_slots_mended = 0
+        self.last_error = ""
+        self.unannounced: dict[tuple[str, int], int] = {}  # (topic, queueId) -> max offset, while unwatched
+        self.poll_ms, self.hold_ns = settings.dispatcherPollMillis, settings.dispatcherPollHoldMillis * 1_000_000
+        self.looked_ns = self.polling_until = 0  # when the last look at `written` began; the promise
+        self.next_flush = 0.0
+
     def open(self) -> None:
         s = self.settings
         self.niceness = give_way(s.dispatcherNiceness)
@@ -96,17 +110,9 @@ class Dispatcher(Actor):
         self.wakes = conflated(self.context, zmq.PULL)
         self.wakes.bind(self.endpoints["reput"])
         self.wake_items = [(self.wakes, zmq.POLLIN)]
-        self.records = self.stalls = self.last_count = 0
-        self.caught_up_on_wake = self.caught_up_on_timer = 0
-        self.last_error = ""
         self.next_flush = time.monotonic() + s.flushIntervalConsumeQueue / 1000
-        self.poll_ms, self.hold_ns = s.dispatcherPollMillis, s.dispatcherPollHoldMillis * 1_000_000
         # a restarted dispatcher keeps the promise its last incarnation published
         self.polling_until = self.control.get("reput_polling_until")
-        self.looked_ns = 0  # when the last look at `written` began
-        self.polled = 0
-        self.unannounced: dict[tuple[str, int], int] = {}  # (topic, queueId) -> max offset, while unwatched
-        self.announced = self.announcements_held = 0
 
     def turn(self) -> None:
         polling = self.looked_ns < self.polling_until  # no look since the promise ran out yet
@@ -216,19 +222,17 @@ class Dispatcher(Actor):
         self.flush()
 
     def statistics(self) -> dict:
-        return super().statistics() | {"niceness": getattr(self, "niceness", 0), "dispatched": self.position,
+        return super().statistics() | {"niceness": self.niceness, "dispatched": self.position,
                                        "records": self.records, "stalls": self.stalls,
-                                       "caughtUpOnWake": getattr(self, "caught_up_on_wake", 0),
-                                       "caughtUpOnTimer": getattr(self, "caught_up_on_timer", 0),
-                                       "polls": getattr(self, "polled", 0),
-                                       "announcements": getattr(self, "announced", 0),
-                                       "announcementsHeld": getattr(self, "announcements_held", 0),
-                                       "lastError": getattr(self, "last_error", ""),
-                                       "indexSlotsMended": getattr(self, "index_slots_mended", 0),
-                                       "queues": len(self.store.consume_queues) if hasattr(self, "store") else 0,
+                                       "caughtUpOnWake": self.caught_up_on_wake,
+                                       "caughtUpOnTimer": self.caught_up_on_timer,
+                                       "polls": self.polled, "announcements": self.announced,
+                                       "announcementsHeld": self.announcements_held, "lastError": self.last_error,
+                                       "indexSlotsMended": self.index_slots_mended,
+                                       "queues": len(self.store.consume_queues) if self.store is not None else 0,
                                        "nativeScan": NATIVE}
 
     def close(self) -> None:
-        if hasattr(self, "store"):
+        if self.store is not None:
             self.store.close()
         super().close()

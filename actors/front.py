@@ -73,6 +73,20 @@ class Front(Actor):
         super().__init__(settings)
         self.recovered = (queue_offsets, recovered_offset)  # for the write core, as the writer gets them
         self.hosts = hosts or {}  # service -> labels of the processes hosting it (node.server.topology)
+        # opened by `open`, in the actor's thread (None: not opened, or not hosted in this topology)
+        self.topics: TopicTable | None = None
+        self.consumers: ConsumerGroups | None = None
+        self.acl = self.acl_file = self.curve = None
+        self.writes: WriteCore | None = None
+        self.flushing: FlushThread | None = None
+        self.reads: ReadCore | None = None
+        self.ha_wake = self.acked_in = None
+        self.sends_out: list[Outbox] = []
+        self.inbox: Inbox | None = None
+        self.pinner: ProcessPinner | None = None
+        self.cpu_latency: CpuLatencyRequest | None = None
+        self.accepting = True
+        self.in_flight = self.requests = self.refused = self.malformed = 0
 
     def open(self) -> None:
         s = self.settings
@@ -84,7 +98,6 @@ class Front(Actor):
         self.clients.bind(s.listen)
         self.acl, self.acl_file = guard.open_acl(s) or (None, None)
         self.next_acl_look = time.monotonic() + 1.0
-        self.writes: WriteCore | None = None
         self.write_requests: list[list] = []  # this turn's sends (client, meta, header, body), appended together
         if s.front_writes:  # (None on a slave until a promotion: its ha-client writes the CommitLog)
             self.writes = promoted_write_core(s, self.control, self.recovered)
@@ -130,14 +143,12 @@ class Front(Actor):
         self.poll_items = [(sock, zmq.POLLIN) for sock in (self.clients, self.replies, self.stats_in, self.reput_in)]
         if self.inbox is not None:
             self.poll_items.append((self.inbox.fileno(), zmq.POLLIN))
-        self.flushing: FlushThread | None = None
         if s.front_flushes:
             self.flushing = FlushThread(s, self.control, self.context)
             self.waiting = Waiting(s.syncFlushTimeout)
             self.acked_in = doorbell(s, "acked", listen=True)  # the ha-server's acks (SYNC_MASTER)
             self.poll_items += [(self.flushing.flushed_in, zmq.POLLIN), (self.acked_in.fileno(), zmq.POLLIN)]
             self.flushing.start()
-        self.reads: ReadCore | None = None
         self.read_replies: list = []
         if s.reads_in_front:
             self.reads = ReadCore(s, self.control, watcher=0)
@@ -145,10 +156,7 @@ class Front(Actor):
             self.watch_items = self.poll_items + [(self.arrivals, zmq.POLLIN)]
         self.pinner = ProcessPinner(s.frontPinBelowCpu) if s.frontPinBelowCpu > 0 else None
         self.cpu_latency = CpuLatencyRequest(s.cpuIdleLatencyUs) if s.cpuIdleLatencyUs != NO_REQUEST else None
-        self.accepting = True
         self.bug_code = injected_bug_code(self.name)
-        self.in_flight = 0
-        self.requests = self.refused = self.malformed = 0
         self.actor_stats: dict[str, dict] = {}
         self.store_stats = StoreStats(int(time.time() * 1000))
 
@@ -213,7 +221,7 @@ class Front(Actor):
             self.reads.follow_min_offset(min_offset)
 
     def drain(self) -> None:
-        if getattr(self, "pinner", None) is not None:
+        if self.pinner is not None:
             self.pinner.release()
         self._release_cpu_latency()
         if self.writes is not None:  # sends in hand (none once drained), then a write-buffer's tail
@@ -488,37 +496,32 @@ class Front(Actor):
     def statistics(self) -> dict:
         stats = super().statistics() | {"requests": self.requests, "inFlight": self.in_flight,
                                         "refused": self.refused, "malformed": self.malformed,
-                                        "accepting": self.accepting, "topics": len(self.topics.topics)}
-        if getattr(self, "pinner", None) is not None:
+                                        "accepting": self.accepting,
+                                        "topics": len(self.topics.topics) if self.topics is not None else 0}
+        if self.pinner is not None:
             stats["cpuPinning"] = self.pinner.statistics()
-        if getattr(self, "cpu_latency", None) is not None:
+        if self.cpu_latency is not None:
             stats["cpuLatency"] = self.cpu_latency.statistics(time.monotonic())
-        for key, part in (("reads", "reads"), ("consumerGroups", "consumers"), ("acl", "acl"), ("curve", "curve")):
-            if getattr(self, part, None) is not None:  # (each service the front hosts, once opened)
-                stats[key] = getattr(self, part).statistics()
+        for key, part in (("reads", self.reads), ("consumerGroups", self.consumers), ("acl", self.acl),
+                          ("curve", self.curve)):
+            if part is not None:  # (each service the front hosts, once opened)
+                stats[key] = part.statistics()
         return stats
 
     def _release_cpu_latency(self) -> None:
-        if getattr(self, "cpu_latency", None) is not None:
+        if self.cpu_latency is not None:
             self.cpu_latency.release(time.monotonic())
 
     def close(self) -> None:
         self._release_cpu_latency()  # (released in drain, unless the front failed)
-        if getattr(self, "flushing", None) is not None:
+        if self.flushing is not None:
             self.flushing.stop(flush=False)  # (stopped already, unless the front failed)
             self.flushing.close()
-            self.acked_in.close()
-        if getattr(self, "ha_wake", None) is not None:
-            self.ha_wake.close()
-        if getattr(self, "reads", None) is not None:
-            self.reads.close()
-        if getattr(self, "writes", None) is not None:
-            self.writes.close()
-        if getattr(self, "curve", None) is not None:
-            self.curve.stop()
-        for end in [*getattr(self, "sends_out", ()), getattr(self, "inbox", None)]:
+        for end in (self.reads, self.writes, self.ha_wake, self.acked_in, *self.sends_out, self.inbox):
             if end is not None:
                 end.close()
+        if self.curve is not None:
+            self.curve.stop()
         super().close()
 
 

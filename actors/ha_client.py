@@ -129,12 +129,12 @@ class Follower:
 class HaClient(Actor):
     name = "ha-client"
 
-    def open(self) -> None:
-        s = self.settings
-        self.follower: Follower | None = Follower(s, self.control) if self.control.get("role") == ROLE_CODES["SLAVE"] else None
-        self.epochs = epochs.EpochFile(s.root)
-        self.rocketmq = s.haProtocol == "rocketmq"
-        self.curve_keys = guard.ha_link_keys(s)
+    def __init__(self, settings, **kwargs):
+        super().__init__(settings, **kwargs)
+        self.follower: Follower | None = None  # while the node is a slave (opened by `open`)
+        self.epochs: epochs.EpochFile | None = None
+        self.rocketmq = settings.haProtocol == "rocketmq"
+        self.curve_keys = None
         self.session: SlaveSession | None = None
         self.link = None  # a zmq DEALER, or a TCP socket (rocketmq)
         self.decoder = StreamDecoder()
@@ -144,6 +144,12 @@ class HaClient(Actor):
         self.diverged = ""
         self.master_endpoint = ""  # the master's client endpoint (its welcome says it)
         self.behind_since_ms: int | None = None  # when the slave last fell behind its master
+
+    def open(self) -> None:
+        s = self.settings
+        self.follower = Follower(s, self.control) if self.control.get("role") == ROLE_CODES["SLAVE"] else None
+        self.epochs = epochs.EpochFile(s.root)
+        self.curve_keys = guard.ha_link_keys(s)
         self.wakes = dispatcher_wakes(self.context, self.endpoints)
         self.admin = socket(self.context, zmq.PULL, hwm=100)
         self.admin.connect(self.endpoints["ha-admin"])
@@ -366,7 +372,7 @@ class HaClient(Actor):
 
     def statistics(self) -> dict:
         stats = super().statistics()
-        if not hasattr(self, "epochs"):
+        if self.epochs is None:  # (not opened yet)
             return stats
         session, follower = self.session, self.follower
         master_end = session.master_end if session is not None else 0
@@ -384,9 +390,9 @@ class HaClient(Actor):
                         "diverged": self.diverged, "scrubbedBytes": follower.scrubbed if follower else 0}
 
     def close(self) -> None:
-        if getattr(self, "link", None) is not None:
+        if self.link is not None:
             self._close_link()
-        if getattr(self, "follower", None) is not None:
+        if self.follower is not None:
             self.follower.close()
         super().close()
 

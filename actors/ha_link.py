@@ -281,11 +281,6 @@ class StreamDecoder:
         return out
 
 
-def data_message(offset: int, body) -> list:
-    """The zmq link's data item, as frames to send without joining (the body may be a mapping's view)."""
-    return [DATA + REPORT.pack(offset), body]
-
-
 def config_message(name: str, content: bytes) -> bytes:
     return CONFIG + name.encode() + b"\0" + content
 

@@ -57,25 +57,32 @@ class TcpPeer:
 class HaServer(Actor):
     name = "ha-server"
 
-    def open(self) -> None:
-        s = self.settings
-        self.rocketmq = s.haProtocol == "rocketmq"
-        self.log = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog, readonly=True)
-        self.log.segments.load()
-        self.epochs = epochs.EpochFile(s.root)
-        self.role_seen = self.control.get("role")
+    def __init__(self, settings, **kwargs):
+        super().__init__(settings, **kwargs)
+        self.rocketmq = settings.haProtocol == "rocketmq"
+        self.log: CommitLog | None = None  # these three opened by `open`, in the actor's thread
+        self.epochs: epochs.EpochFile | None = None
+        self.wake = self.acked_out = None  # doorbells: the writer's "written moved"; "a slave acked more"
+        self.role_seen = 0
         self.sessions: dict[object, MasterSession] = {}  # routing id (zmq) or TcpPeer -> session
         self.endpoint = None  # the ROUTER or the TCP listener, once bound
         self.curve = None  # the allow-list's ZAP handler (curveEnable with curveClientKeysDir)
         self.next_bind_ms = 0
         self.bind_error = ""
-        self.wake = doorbell(s, "ha-wake", listen=True)  # the writer's "written moved"
-        self.acked_out = doorbell(s, "acked", listen=False)  # "a slave acked more", to the held sends
         self.refused = self.closed = 0
         self.last_error = ""
-        self.control.set("ha_slaves", 0)
         self.rate = _Rate()
-        self.config = ConfigShipper(s.root / "config")
+        self.config = ConfigShipper(settings.root / "config")
+
+    def open(self) -> None:
+        s = self.settings
+        self.log = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog, readonly=True)
+        self.log.segments.load()
+        self.epochs = epochs.EpochFile(s.root)
+        self.role_seen = self.control.get("role")
+        self.wake = doorbell(s, "ha-wake", listen=True)
+        self.acked_out = doorbell(s, "acked", listen=False)
+        self.control.set("ha_slaves", 0)
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -352,7 +359,7 @@ class HaServer(Actor):
 
     def statistics(self) -> dict:
         stats = super().statistics()
-        if not hasattr(self, "epochs"):
+        if self.epochs is None:  # (not opened yet)
             return stats
         now, written = monotonic_ms(), self.control.get("written")
         return stats | {
@@ -364,22 +371,19 @@ class HaServer(Actor):
             "lastError": self.last_error}
 
     def close(self) -> None:
-        if getattr(self, "control", None) is not None:
+        if self.control is not None:
             self.control.set("ha_slaves", 0)
-        for peer in list(getattr(self, "sessions", {})):
+        for peer in list(self.sessions):
             if isinstance(peer, TcpPeer):
                 peer.sock.close()
-        if self.rocketmq if hasattr(self, "rocketmq") else False:
-            if self.endpoint is not None:
-                self.endpoint.close()
-        elif getattr(self, "endpoint", None) is not None:
-            self.endpoint.close(0)
+        if self.endpoint is not None:
+            self.endpoint.close() if self.rocketmq else self.endpoint.close(0)
         self.endpoint = None
-        if hasattr(self, "log"):
+        if self.log is not None:
             self.log.close()
-        if getattr(self, "curve", None) is not None:
+        if self.curve is not None:
             self.curve.stop()
-        for bell in (getattr(self, "wake", None), getattr(self, "acked_out", None)):
+        for bell in (self.wake, self.acked_out):
             if bell is not None:
                 bell.close()
         super().close()

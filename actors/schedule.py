@@ -178,6 +178,16 @@ class Schedule(Actor):
 
     name = "schedule"
 
+    def __init__(self, settings, **kwargs):
+        super().__init__(settings, **kwargs)
+        self.core: ScheduleCore | None = None  # these three opened by `open`, in the actor's thread
+        self.reader: store_reader.StoreReader | None = None
+        self.timers: TimerCore | None = None
+        self.waiting: dict[int, tuple] = {}  # opaque -> (level, offset) or ("back", client, arrival, opaque)
+        self.sent_at: dict[int, float] = {}  # opaque -> when its re-put went out (monotonic s)
+        self.send_backs_done = self.dlq = self.expired = 0
+        self.next_expiry = 0.0
+
     def open(self) -> None:
         self.role_at_open = self.control.get("role")
         s = self.settings
@@ -200,11 +210,7 @@ class Schedule(Actor):
         self.replies.connect(self.endpoints["replies"])
         self.poll_items = [(self.answers, zmq.POLLIN), (self.send_backs, zmq.POLLIN)]
         self.opaque = random.randrange(1 << 30)
-        self.waiting: dict[int, tuple] = {}  # opaque -> (level, offset) or ("back", client, arrival, opaque)
         self.next_persist = time.monotonic() + s.flushDelayOffsetInterval / 1000
-        self.send_backs_done = self.dlq = self.expired = 0
-        self.sent_at: dict[int, float] = {}  # opaque -> when its re-put went out (monotonic s)
-        self.next_expiry = 0.0
         self.timers = self._open_timers(dispatched) if s.timerWheelEnable else None
 
     def _open_timers(self, dispatched: int) -> TimerCore:
@@ -398,25 +404,25 @@ class Schedule(Actor):
 
     def drain(self) -> None:
         self._persist()
-        if getattr(self, "timers", None) is not None:
+        if self.timers is not None:
             self._timer_checkpoint()
 
     def statistics(self) -> dict:
-        if not hasattr(self, "core"):
+        if self.core is None or self.reader is None:  # (not opened yet)
             return super().statistics()
         dispatched = self.control.get("dispatched")
         max_offsets = {n: self._view(n, dispatched).max_offset for n in self.core.levels}
         out = super().statistics() | {"levels": self.core.statistics(max_offsets), "sendBacks": self.send_backs_done,
                                       "deadLetters": self.dlq, "waiting": len(self.waiting),
                                       "expired": self.expired}
-        if getattr(self, "timers", None) is not None:
+        if self.timers is not None:
             out["timers"] = self.timers.statistics(time.time_ns() // 1_000_000) | {
                 "takenTo": self.timer_offset, "queueMaxOffset": self.reader.queue(TIMER_TOPIC, 0, dispatched).max_offset}
         return out
 
     def close(self) -> None:
-        if getattr(self, "timers", None) is not None:
+        if self.timers is not None:
             self.timers.log.close()
-        if hasattr(self, "reader"):
+        if self.reader is not None:
             self.reader.close()
         super().close()

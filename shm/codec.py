@@ -204,10 +204,6 @@ class Record:
         return self.properties.get(PROPERTY_UNIQ_KEY)
 
     @property
-    def transaction_type(self) -> int:
-        return self.sys_flag & TRANSACTION_MASK
-
-    @property
     def msg_id(self) -> str:
         return offset_msg_id(self.store_host, self.physical_offset)
 

@@ -37,7 +37,6 @@ import numpy as np
 
 from shm.file_queue import MappedFileQueue
 from shm.invariant import invariant
-from shm.mapped_file import StoreError
 from shm.native import NATIVE, _dispatch  # put_many strips a run's queue offsets in C
 
 ENTRY_SIZE = 20
@@ -313,14 +312,6 @@ class ConsumeQueue:
             self.offset_min_logical = segment.offset_start + len(raw)
             if segment.position_written < segment.size:
                 return
-
-    def sanity_check(self) -> str | None:
-        """A cheap look for damage that recovery cannot mend in place; None when sound."""
-        try:
-            self.files.check_contiguous()
-        except StoreError as e:
-            return str(e)
-        return None
 
     def destroy(self) -> None:
         self.files.destroy()

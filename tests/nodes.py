@@ -21,8 +21,10 @@ def node_settings(store: Path, **overrides):
     return settings_module.load(None, values)
 
 
-def in_process_node(directory: Path, **overrides):
-    """A node in this process on a Ray session the caller's module shares (fixture body)."""
+def in_process_node(directory: Path, *, after_stop=None, **overrides):
+    """A node in this process on a Ray session the caller's module shares (fixture body). With
+    `after_stop`, once the module's tests are done the node is stopped cleanly and
+    `after_stop(node)` checks what it left (a failure there fails the module's teardown)."""
     import logging
 
     import ray
@@ -35,6 +37,9 @@ def in_process_node(directory: Path, **overrides):
     running.start()
     try:
         yield running
+        if after_stop is not None:
+            running.stop()
+            after_stop(running)
     finally:
         running.stop()
         ray.shutdown()

@@ -135,9 +135,6 @@ class ActorHost:
         self.thread.join(timeout)
         return not self.thread.is_alive()
 
-    def pid(self) -> int:
-        return os.getpid()
-
 
 class Node:
     def __init__(self, settings: Settings, *, ray_address: str | None = None, out=print):
@@ -333,12 +330,6 @@ class Node:
         labels = list(self.hosts)
         values = ray.get([self.hosts[label].statistics.remote() for label in labels], timeout=10)
         return dict(zip(labels, values))
-
-    def actor_pids(self) -> dict[str, int]:
-        import ray
-
-        labels = list(self.hosts)
-        return dict(zip(labels, ray.get([self.hosts[label].pid.remote() for label in labels], timeout=10)))
 
     def serve_forever(self) -> int:
         """Block until SIGINT or SIGTERM, then stop: 0. Or until a service is gone for good

@@ -31,7 +31,16 @@ def node(tmp_path_factory, request):
     """Every test runs against a node whose front writes the CommitLog (the default) and one
     with a writer process."""
     yield from in_process_node(tmp_path_factory.mktemp("node"), maxMessageSize=MAX_BODY,
-                               topology=request.param, frontPinBelowCpu=0.7, cpuIdleLatencyUs=0)
+                               topology=request.param, frontPinBelowCpu=0.7, cpuIdleLatencyUs=0,
+                               after_stop=_verifies_after_a_clean_stop)
+
+
+def _verifies_after_a_clean_stop(node) -> None:
+    """After every test of the module, whatever they stored: a clean stop leaves a store whose
+    every record passes verify, and no abort file."""
+    report = verify_store(node.settings)
+    assert report.ok, report.summary()
+    assert not (node.settings.root / "abort").exists()
 
 
 @pytest.fixture(scope="module")
@@ -269,12 +278,3 @@ def test_topics_json_is_written_as_rocketmq_writes_it(node, producer):
     table = config_files.loads(text)["topicConfigTable"]["TopicJson"]
     assert table == {"order": False, "perm": 6, "readQueueNums": 8, "topicFilterType": "SINGLE_TAG",
                      "topicName": "TopicJson", "topicSysFlag": 0, "writeQueueNums": 8}
-
-
-def test_zz_clean_stop_leaves_a_store_that_verifies(node, producer):
-    """Runs last (zz): stop the node, then every record must pass verify."""
-    producer.send("TopicA", "last one")
-    node.stop()
-    report = verify_store(node.settings)
-    assert report.ok, report.summary()
-    assert not (node.settings.root / "abort").exists()

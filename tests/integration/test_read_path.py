@@ -25,7 +25,7 @@ def node(tmp_path_factory, request):
     whose front serves reads and writes the CommitLog itself."""
     workers = {"pullWorkers": 1} if request.param == "split" else {}
     yield from in_process_node(tmp_path_factory.mktemp("read"), defaultTopicQueueNums=4, topology=request.param,
-                               **workers)
+                               flushConsumerOffsetInterval=300, **workers)
 
 
 @pytest.fixture(scope="module")
@@ -244,13 +244,24 @@ def test_consume_query_and_admin_commands(node, producer):
     assert "CliRead" in orjson.loads(topics.stdout)
 
 
-def test_zz_offsets_are_persisted_as_rocketmq_writes_them(node):
+def test_offsets_are_persisted_as_rocketmq_writes_them(node, producer):
+    """Committed offsets reach config/consumerOffset.json within flushConsumerOffsetInterval, in
+    RocketMQ's layout; the group's subscription config too."""
     from actors import config_files
 
-    node.stop()
-    text = (node.settings.root / "config" / "consumerOffset.json").read_text()
-    table = config_files.loads(text)["offsetTable"]
-    assert "Orders@billing" in table and "\t\"offsetTable\":{" in text
-    assert sum(table["Orders@billing"].values()) == 120
+    for i in range(40):
+        producer.send("Persisted", f"p-{i}")
+    with PullConsumer(node.settings.listen) as consumer:
+        assert len(list(consumer.consume("Persisted", "keeper", idle_timeout=1.0))) == 40
+    path = node.settings.root / "config" / "consumerOffset.json"
+    deadline = time.monotonic() + 10
+    while True:
+        text = path.read_text() if path.exists() else ""
+        table = config_files.loads(text)["offsetTable"] if text else {}
+        if sum(table.get("Persisted@keeper", {}).values()) == 40:
+            break
+        assert time.monotonic() < deadline, table.get("Persisted@keeper")
+        time.sleep(0.1)
+    assert "\t\"offsetTable\":{" in text
     groups = config_files.loads((node.settings.root / "config" / "subscriptionGroup.json").read_text())
-    assert groups["subscriptionGroupTable"]["billing"]["retryMaxTimes"] == 16
+    assert groups["subscriptionGroupTable"]["keeper"]["retryMaxTimes"] == 16

@@ -5,7 +5,7 @@ Sockets:
 - links, not sockets (the split topology, node.server.topology; actors.links): a turn's send
   requests, together, to an ingress worker (each in turn) or, with `ingressWorkers = 0`, to
   the append writer; their replies back from the writer, the flush process and the ingress
-  workers. In the compact topology (the default) no writer process runs: the front is the
+  workers. In the compact topology no writer process runs: the front is the
   CommitLog's single writer, hosting the write core (`actors.writer.WriteCore`), appending each turn's
   sends together and answering them itself; no flush process runs either: a thread of the
   front flushes (`actors.flush`), and the front holds the SYNC_FLUSH sends until the thread

@@ -9,7 +9,7 @@ unless the dispatcher is polling (actors.dispatcher).
 The service is two classes: `WriteCore`, the single writer's logic with no socket (the control
 block, the CommitLog and a clock in; replies, flush waits and "wake the dispatcher" out), and
 `Writer`, the thin shell that owns the sockets and the loop in the split topology. In the
-compact topology (the default, node.server.topology) no writer process runs: the front hosts a
+compact topology (node.server.topology) no writer process runs: the front hosts a
 WriteCore and is the CommitLog's single writer; a request then crosses one hop and wakes one
 process fewer (docs/performance.md).
 

@@ -8,17 +8,18 @@ the actor class that runs them (`ACTOR_CLASSES`). The launcher starts the proces
 checked against `SERVICES` by a test. Two topologies, chosen by the setting `topology`:
 
 ```
-compact (default: fewest hops a request, best on a couple of cores)
-  front       router + ingress + write + group commit + read (pull hold)
-  dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
-  ha-server   ha-server         ha-client  ha-client (a slave only)
-
-split (every service its own process; scales across cores)
+split (the default: every service its own process; scales across cores; the write path's
+       hand-offs are rings in shared memory, actors.links)
   front       router
   ingress-i   ingress           (ingressWorkers of them; with 0 the writer encodes: writer hosts ingress)
   writer      write
   flush       group commit
   pull-i      read              (pullWorkers of them; 0 = one per core)
+  dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
+  ha-server   ha-server         ha-client  ha-client (a slave only)
+
+compact (an operator's choice on one or two cores: fewest processes and wake-ups)
+  front       router + ingress + write + group commit + read (pull hold)
   dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
   ha-server   ha-server         ha-client  ha-client (a slave only)
 ```

@@ -22,7 +22,7 @@ FAIL_AT = 150  # every flusher's 150th fdatasync fails
 @pytest.fixture(scope="module", params=["front-flushes", "flush-process"])
 def node(tmp_path_factory, request):
     os.environ["MQNODE_INJECT_FLUSH_EIO"] = str(FAIL_AT)  # inherited by the embedded Ray's workers
-    topology = {} if request.param == "front-flushes" else {"topology": "split"}
+    topology = {"topology": "compact" if request.param == "front-flushes" else "split"}
     try:
         yield from in_process_node(tmp_path_factory.mktemp("failstop"), flushDiskType="SYNC_FLUSH",
                                    actorRestartBackoffMaxMillis=100, **topology)

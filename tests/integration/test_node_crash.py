@@ -109,7 +109,7 @@ def test_kill_9_of_every_process_loses_no_acknowledged_message(tmp_path, flush, 
 def test_a_sync_flush_ack_comes_after_the_fdatasync_that_covers_it(tmp_path, flush_in_front):
     """SYNC_FLUSH: when a PUT_OK reaches the client, the control block's `flushed` (advanced only
     after fdatasync returns) is already past the message, also when a WAIT=false send (every
-    tenth) shares its coalesced request. In the compact topology (the default) a thread of the front flushes and no flush
+    tenth) shares its coalesced request. In the compact topology a thread of the front flushes and no flush
     process runs; in the split one, the flush actor does."""
     settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH",
                              topology="compact" if flush_in_front else "split")
@@ -169,10 +169,10 @@ def test_a_killed_actor_is_restarted_and_nothing_acknowledged_is_lost(tmp_path):
 
 
 def test_a_killed_front_that_writes_is_restarted_and_nothing_acknowledged_is_lost(tmp_path):
-    """The compact topology (the default): the front is the CommitLog's writer. Killed mid-load under
+    """The compact topology: the front is the CommitLog's writer. Killed mid-load under
     SYNC_FLUSH, the restarted front scrubs what its predecessor left past `written` and serves
     again; every PUT_OK is stored and the store verifies."""
-    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH")
+    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH", topology="compact")
     assert settings.front_writes
     node = NodeProcess(settings, tmp_path / "node.log").start()
     assert "writer" not in node.actor_labels()

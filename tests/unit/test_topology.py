@@ -17,11 +17,20 @@ def _settings(**values):
 
 
 def test_compact_puts_every_client_facing_service_in_the_front():
-    processes = topology.processes(_settings())
+    compact = _settings(topology="compact")
+    processes = topology.processes(compact)
     assert [p.label for p in processes] == ["allocator", "dispatcher", "clean", "schedule", "ha-server", "front"]
-    slave = topology.processes(_settings(brokerRole="SLAVE", brokerId=1, haMasterAddress="127.0.0.1:10912"))
+    slave = topology.processes(_settings(topology="compact", brokerRole="SLAVE", brokerId=1,
+                                         haMasterAddress="127.0.0.1:10912"))
     assert set(topology.SERVICES) == {service for p in slave for service in p.services}
-    assert topology.hosts(_settings())["write"] == ["front"] and topology.hosts(_settings())["read"] == ["front"]
+    assert topology.hosts(compact)["write"] == ["front"] and topology.hosts(compact)["read"] == ["front"]
+
+
+def test_the_default_is_a_process_per_service():
+    assert _settings().topology == "split"
+    hosts = topology.hosts(_settings())
+    assert hosts["ha-client"] == []  # (a slave's only)
+    assert all(labels and "front" not in labels for service, labels in hosts.items() if service not in ("router", "ha-client"))
 
 
 def test_split_gives_every_service_a_process_and_scales_ingress_and_reads():
@@ -50,7 +59,7 @@ def test_the_old_placement_flags_are_refused_naming_topology(name, tmp_path):
 
 def test_workers_belong_to_the_split_topology():
     with pytest.raises(SettingsError, match="topology = split"):
-        _settings(ingressWorkers=1)
+        _settings(topology="compact", ingressWorkers=1)
     with pytest.raises(SettingsError, match="compact, split"):
         _settings(topology="sideways")
 
@@ -62,7 +71,8 @@ def test_architecture_md_names_the_declared_services_and_processes():
     assert set(named) - {"service", "---"} == set(topology.SERVICES)
     placement = re.findall(r"^\| (compact|split) \| ([a-z-]+)[^|]* \| ([a-z ,-]+)", text, re.MULTILINE)
     slave = {"brokerRole": "SLAVE", "brokerId": 1, "haMasterAddress": "127.0.0.1:10912"}
-    for name, settings in (("compact", _settings(**slave)), ("split", _settings(topology="split", ingressWorkers=1, **slave))):
+    for name, settings in (("compact", _settings(topology="compact", **slave)),
+                           ("split", _settings(topology="split", ingressWorkers=1, **slave))):
         declared = {p.kind: set(p.services) for p in topology.processes(settings)}
         drawn = {process.removesuffix("-i"): {s.strip() for s in services.split("(")[0].split(",")}
                  for top, process, services in placement if top == name}

@@ -489,7 +489,7 @@ class Front(Actor):
         for raw in incoming(self.stats_in, MAX_TAKE, multipart=False):
             stats = orjson.loads(raw)
             self.actor_stats[stats["actor"]] = stats
-            if stats["actor"] == "writer":
+            if stats["actor"] == "writer" and "putMessageTimesTotal" in stats:  # (a slave's writer has no core)
                 self.store_stats.sample(int(time.time() * 1000), stats["putMessageTimesTotal"],
                                         stats["putMessageSizeTotal"], stats["putMessageFailedTimes"])
 

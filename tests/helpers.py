@@ -94,3 +94,20 @@ def cached_pages(path, low: int, high: int) -> int:
             return sum(b & 1 for b in bytes(pages))
     finally:
         os.close(fd)
+
+
+READ_COUNTERS = ("served", "found", "held", "woken", "expired", "deferred", "deferrals")
+
+
+def read_statistics(info: dict) -> dict:
+    """The read service's counters from a GET_BROKER_RUNTIME_INFO reply, summed over the processes
+    that host it: the front's `reads` in compact, each pull worker's own in split (pushed once a
+    second, so up to a second behind)."""
+    total = dict.fromkeys(READ_COUNTERS, 0)
+    for host in info["services"]["read"]:
+        stats = info["actors"].get(host["process"], {})
+        if host["process"] == "front":
+            stats = stats.get("reads", {})
+        for name in READ_COUNTERS:
+            total[name] += stats.get(name, 0)
+    return total

@@ -23,12 +23,13 @@ BODY = b"x" * 100
 
 @pytest.fixture
 def node_parts(tmp_path, request):
-    """(front, dispatcher, control) sharing one store; `request.param` overrides settings."""
+    """(front, dispatcher, control) sharing one store; `request.param` overrides settings. The
+    compact topology: the front writes the CommitLog and serves reads itself, in this process."""
     port = free_port()
     overrides = dict(getattr(request, "param", {}))
     stale_watcher = overrides.pop("stale_watcher", False)
     settings = small_settings(tmp_path / "store", runDir=str(tmp_path / "run"), listen=f"tcp://127.0.0.1:{port}",
-                              listenPort=port, mappedFileSizeCommitLog=1 << 20, **overrides)
+                              listenPort=port, mappedFileSizeCommitLog=1 << 20, topology="compact", **overrides)
     (tmp_path / "store").mkdir()
     control = ControlBlock(tmp_path / "store" / "control", create=True)
     control.publish_recovered(written=0, flushed=0, dispatched=0, min_offset=0)

@@ -10,10 +10,12 @@ of its own with `listenPort` left at its default.
 from __future__ import annotations
 
 import itertools
+import time
 
 import orjson
 import pytest
 import zmq
+from helpers import read_statistics
 from nodes import in_process_node
 
 from node import protocol
@@ -206,12 +208,15 @@ def test_a_pull_at_an_acknowledged_offset_never_rewinds(node, client):
         else:
             assert decode(body).body == b"x%d" % i
     assert outcomes.get("FOUND", 0) >= 100, outcomes  # held pulls, at least, find theirs
-    assert _front_reads(client)["deferrals"] > 0  # the race was run: some pulls waited for the dispatcher
+    deadline = time.monotonic() + 5  # (a pull worker's statistics come once a second)
+    while _reads(client)["deferrals"] == 0:  # the race was run: some pulls waited for the dispatcher
+        assert time.monotonic() < deadline, _reads(client)
+        time.sleep(0.2)
 
 
-def _front_reads(client: Client) -> dict:
+def _reads(client: Client) -> dict:
     info, _ = client.ask({"code": protocol.GET_BROKER_RUNTIME_INFO})
-    return info["actors"]["front"]["reads"]
+    return read_statistics(info)
 
 
 def test_a_pull_right_after_a_batch_into_an_empty_queue(node, client):

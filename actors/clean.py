@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +55,8 @@ from actors.base import Actor, give_way, incoming, socket, wait_readable
 from actors.wire import pack_replies
 from node import protocol
 from shm import archive_manifest
-from shm.consume_queue import ENTRY_SIZE
+from shm.consume_queue import last_entry_offset
+from shm.index_file import end_phy_offset
 from shm.control_block import FLAG_DISK_FULL
 from shm.invariant import invariant
 
@@ -64,8 +64,6 @@ DELETE_MAX_PER_PASS = 10  # RocketMQ's deleteExpiredFileByTime: at most 10 files
 MANUAL_PASSES = 20  # executeDeleteFilesManually
 CAUSES = ("time", "space", "forced", "manual")
 CLEAN_NICENESS = 19
-_CQ_LAST = struct.Struct(">qi")
-_INDEX_END = struct.Struct(">q")  # endPhyOffset, at byte 24 of the header
 
 
 def disk_ratio(path: Path) -> float:
@@ -337,13 +335,8 @@ class CleanCore:
         lost = 0
         files = _segments(directory)
         for path in files[:-1]:
-            try:
-                with open(path, "rb") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    phy, _ = _CQ_LAST.unpack(os.pread(f.fileno(), _CQ_LAST.size, size - size % ENTRY_SIZE - ENTRY_SIZE))
-            except (OSError, struct.error):
-                break
-            if phy >= min_offset:
+            phy = last_entry_offset(path)
+            if phy is None or phy >= min_offset:  # (unreadable: kept, and the files after it)
                 break
             path.unlink(missing_ok=True)
             lost += 1
@@ -351,11 +344,8 @@ class CleanCore:
 
     @staticmethod
     def _index_end(path: Path) -> int:
-        try:
-            with open(path, "rb") as f:
-                return _INDEX_END.unpack(os.pread(f.fileno(), 8, 24))[0]
-        except (OSError, struct.error):
-            return 2**63 - 1  # unreadable: keep it
+        end = end_phy_offset(path)
+        return 2**63 - 1 if end is None else end  # unreadable: keep it
 
     def statistics(self) -> dict:
         return {"passes": self.passes, "checks": self.checks, "deletedFiles": dict(self.deleted_files),

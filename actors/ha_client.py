@@ -25,7 +25,6 @@ import errno
 import logging
 import secrets
 import socket as pysocket
-import struct
 import time
 
 import orjson
@@ -39,14 +38,13 @@ from actors import guard, ha_link
 from actors.ha_link import REPORT, LinkError, SlaveSession, StreamDecoder
 from shm.control_block import monotonic_ms
 from shm import epochs
-from shm.codec import BLANK_MAGIC, MESSAGE_MAGIC, MESSAGE_MAGIC_V2
+from shm.codec import frame_size
 from shm.commitlog import CommitLog
 from shm.control_block import ROLE_CODES
 from shm.invariant import invariant
 
 log = logging.getLogger("mqnode")
-_HEAD = struct.Struct(">ii")
-MIN_RECORD = 91
+HEADER_PEEK = 8  # a record's size and magic: what `frame_size` looks at
 RECONNECT_MS = 1000
 BYE_LINGER_MS = 200
 MAX_ITEMS = 256  # link messages taken per turn
@@ -88,16 +86,13 @@ class Follower:
         arrived is not records (then nothing of it stays)."""
         position, segments = self.boundary, self.log.segments
         for _ in range(MAX_WALK):
-            if self.end - position < _HEAD.size:
+            if self.end - position < HEADER_PEEK:
                 break
             segment = segments.find(position)
             at = position - segment.offset_start
-            size, magic = _HEAD.unpack_from(segment.map, at)
-            if magic == BLANK_MAGIC:
-                if size != segment.size - at:
-                    return self._garbage(position, f"a blank of {size} bytes at {at} of a segment")
-            elif magic not in (MESSAGE_MAGIC, MESSAGE_MAGIC_V2) or size < MIN_RECORD or at + size > segment.size:
-                return self._garbage(position, f"no record header (size {size}, magic {magic & 0xFFFFFFFF:#x})")
+            size, why = frame_size(segment.map, at, segment.size - at)
+            if why:
+                return self._garbage(position, why)
             if position + size > self.end:
                 break  # the rest of this record comes in the next transfer
             position += size

@@ -53,7 +53,8 @@ from shm.codec import (
     decode,
     decode_msg_id,
 )
-from shm.consume_queue import ENTRY_SIZE, FILLER_SIZE
+from shm import consume_queue
+from shm.consume_queue import FILLER_SIZE
 from shm.control_block import ROLE_CODES
 from shm.timer_log import TimerLog
 
@@ -281,9 +282,9 @@ class Schedule(Actor):
             raw = view.queue.raw_entries(offset, end - offset, limit_offset=view.max_offset)
             if not raw:
                 break
-            out += [(offset + i, *store_reader._ENTRY.unpack_from(raw, i * ENTRY_SIZE))
-                    for i in range(len(raw) // ENTRY_SIZE)]
-            offset += len(raw) // ENTRY_SIZE  # raw_entries stops at its file's end
+            found = consume_queue.entries(raw)
+            out += [(offset + i, *entry) for i, entry in enumerate(found)]
+            offset += len(found)  # raw_entries stops at its file's end
         return out
 
     def _take_timers(self, dispatched: int) -> None:
@@ -294,8 +295,7 @@ class Schedule(Actor):
             raw = view.queue.raw_entries(self.timer_offset, end - self.timer_offset, limit_offset=view.max_offset)
             if not raw:
                 break
-            for i in range(len(raw) // ENTRY_SIZE):
-                phy, size, _ = store_reader._ENTRY.unpack_from(raw, i * ENTRY_SIZE)
+            for phy, size, _ in consume_queue.entries(raw):
                 due_ms = timer_due(self.reader.record_bytes(phy, size))
                 if due_ms is not None:
                     self.timers.add(due_ms, phy, size, self.timer_offset)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import struct
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -33,12 +32,11 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from shm import archive_manifest
-from shm.codec import OFFSET_QUEUE_OFFSET, with_body
+from shm.codec import peek_queue_offset, with_body
 from shm.reader import FOUND, NO_MATCHED_MESSAGE, OFFSET_TOO_SMALL  # the store's statuses, so a pull maps them alike
 
 log = logging.getLogger("mqnode.tiered")
 
-_QUEUE_OFFSET = struct.Struct(">q")
 REFRESH_S = 1.0  # how stale the index may be when reads hit
 CACHE_BYTES = 64 * 1024 * 1024  # decoded row groups kept (the one being read always is)
 MAX_SCAN = 4096  # rows a pull looks at (a tag filter that matches little stops here, as the store's scan does)
@@ -265,7 +263,7 @@ class TieredArchive:
             record = with_body(envelope, body)
         except ValueError as e:
             raise ArchiveDamaged(f"{self.files[file].path}: a record does not come back whole: {e}") from e
-        stored = _QUEUE_OFFSET.unpack_from(record, OFFSET_QUEUE_OFFSET)[0]
+        stored = peek_queue_offset(record)
         if stored != offset:
             raise ArchiveDamaged(f"{self.files[file].path}: the record indexed at queue offset {offset} says {stored}")
         return record

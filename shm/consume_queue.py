@@ -28,6 +28,7 @@ Python object per entry.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +42,8 @@ from shm.native import NATIVE, _dispatch  # put_many strips a run's queue offset
 
 ENTRY_SIZE = 20
 FILLER_SIZE = 0x7FFFFFFF
-_ENTRY = struct.Struct(">qiq")
+ENTRY = struct.Struct(">qiq")  # commitLogOffset, size, tagsCode: the one definition of an entry
+_ENTRY = ENTRY
 RUN_ENTRY = struct.Struct(">qqiq")  # queue offset, then the entry as stored: put_many's input
 
 
@@ -320,3 +322,22 @@ class ConsumeQueue:
 
     def close(self) -> None:
         self.files.close()
+
+
+def entries(raw) -> list[tuple[int, int, int]]:
+    """(commitLogOffset, size, tagsCode) of each whole entry in `raw` (a trailing part is left)."""
+    return list(ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE]))
+
+
+def last_entry_offset(path) -> int | None:
+    """The commitLogOffset of a ConsumeQueue file's last entry, read without mapping it (the clean
+    service's test of whether a whole file lies below the CommitLog's min offset); None when the
+    file cannot be read or holds no whole entry."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < ENTRY_SIZE:
+                return None
+            return ENTRY.unpack(os.pread(f.fileno(), ENTRY_SIZE, size - size % ENTRY_SIZE - ENTRY_SIZE))[0]
+    except (OSError, struct.error):
+        return None

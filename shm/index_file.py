@@ -66,6 +66,17 @@ INDEX_KEY = struct.Struct("<iqq")  # keyHash, phyOffset, storeTimestamp: build_m
 _INDEX_KEY_DTYPE = np.dtype([("hash", "<i4"), ("phy", "<i8"), ("stamp", "<i8")])
 
 
+def end_phy_offset(path) -> int | None:
+    """An index file's endPhyOffset, read from its header without mapping the file (the clean
+    service's test of whether the whole file lies below the CommitLog's min offset); None when
+    it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return _HEADER.unpack(os.pread(f.fileno(), HEADER_SIZE, 0))[3]
+    except (OSError, struct.error):
+        return None
+
+
 def index_file_size(slot_count: int, index_max: int) -> int:
     return HEADER_SIZE + slot_count * SLOT_SIZE + index_max * ENTRY_SIZE
 

@@ -14,7 +14,6 @@ nextBeginOffset = offset + entries scanned.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,9 +21,9 @@ import psutil
 
 from shm.codec import Record, decode
 from shm.commitlog import CommitLog
-from shm.consume_queue import ENTRY_SIZE, FILLER_SIZE, ConsumeQueue
+from shm.consume_queue import ConsumeQueue, ENTRY, ENTRY_SIZE, FILLER_SIZE
 
-_ENTRY = struct.Struct(">qiq")
+_ENTRY = ENTRY  # (shm.consume_queue's: the one definition of an entry)
 SCAN_CHUNK = 4096 * ENTRY_SIZE  # bytes of ConsumeQueue looked at per step when finding its end
 
 FOUND = "FOUND"

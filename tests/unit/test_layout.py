@@ -67,3 +67,20 @@ def test_the_server_names_no_service_by_a_module_string():
     `importlib` by a "module:class" string hiding a cycle)."""
     for path in sorted((ROOT / "node" / "server").glob("*.py")):
         assert "import_module" not in path.read_text(), path
+
+
+# Byte layouts that are not the store's: the internal wire, the HA link's frames, the kernel's PM
+# QoS value, the client's message-id generator, the load tester's own payload header.
+NOT_STORAGE = {"actors/wire.py", "actors/ha_link.py", "actors/host_tuning.py", "node/client/uniq_keys.py",
+               "node/tools/loadtest/payload.py", "node/tools/bench_spark.py"}
+
+
+def test_only_shm_reads_storage_formats():
+    """A byte layout of the store (a record, a ConsumeQueue entry, an index header) is read in
+    shm/ only: everywhere else asks shm's functions, so each layout has one definition."""
+    found = []
+    for path in sorted([*(ROOT / "actors").glob("*.py"), *(ROOT / "node").glob("**/*.py")]):
+        relative = str(path.relative_to(ROOT))
+        if relative not in NOT_STORAGE and "struct.Struct(" in path.read_text():
+            found.append(relative)
+    assert found == [], found

@@ -1,4 +1,4 @@
-"""CommitLog record codec: pure functions over bytes, no I/O (RocketMQ 4.9 MessageVersion V1).
+"""The CommitLog record: its layout, `encode` and `decode` (RocketMQ 4.9 MessageVersion V1), pure functions over bytes, no I/O.
 
 Every reader of the log (recovery, the reput dispatcher, HA, clients, the Spark jobs, the
 `dump`/`verify` tools) calls `decode` below; every writer encodes with `encode`.
@@ -28,7 +28,7 @@ and properties byte lengths.
 | 72+BH+SH+B   | 1     | TOPICLENGTH (signed byte)    |
 | 73+BH+SH+B   | T     | TOPIC (UTF-8)                |
 | 73+..+T      | 2     | PROPERTIESLENGTH (signed short) |
-| 75+..+T      | P     | PROPERTIES: name\\x01value pairs joined by \\x02 |
+| 75+..+T      | P     | PROPERTIES: name\x01value pairs joined by \x02 |
 
 End of a segment: a BLANK record, i32 size (all bytes left in the file) + i32 0xCBD43194; only
 those 8 bytes are written. A record is appended only when size + 8 <= bytes left.
@@ -39,8 +39,6 @@ those 8 bytes are written. A record is appended only when size + 8 <= bytes left
 from __future__ import annotations
 
 import enum
-import ipaddress
-import os
 import struct
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -50,7 +48,9 @@ try:  # ISA-L computes the same CRC-32 as zlib, ~4x faster per 1 KiB body on thi
 except ImportError:  # pragma: no cover - isal is a dependency; zlib gives identical values
     from zlib import crc32
 
-from shm.javacompat import hashmap_capacity, hashmap_order, jhash, jhash_cached
+from shm.codec.properties import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, parse_properties, split_keys
+from shm.codec.msgid import Host, decode_host, offset_msg_id
+
 
 MESSAGE_MAGIC = -626843481  # 0xDAA320A7
 MESSAGE_MAGIC_V2 = -626843477  # 0xDAA320AB (5.x; read-only support)
@@ -75,27 +75,6 @@ OFFSET_BORN_HOST = 48
 MAX_TOPIC_BYTES = 127
 MAX_PROPERTIES_BYTES = 32767
 MAX_RECORD_OVERHEAD = 64 * 1024  # a record may exceed maxMessageSize by this much
-
-NAME_VALUE_SEPARATOR = "\x01"
-PROPERTY_SEPARATOR = "\x02"
-
-PROPERTY_KEYS = "KEYS"
-PROPERTY_TAGS = "TAGS"
-PROPERTY_UNIQ_KEY = "UNIQ_KEY"
-PROPERTY_WAIT = "WAIT"
-PROPERTY_DELAY = "DELAY"
-PROPERTY_REAL_TOPIC = "REAL_TOPIC"
-PROPERTY_REAL_QID = "REAL_QID"
-PROPERTY_CLUSTER = "CLUSTER"
-
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
-# RocketMQ 5's timer (arbitrary delays): what the client sets, and what the broker adds
-TIMER_TOPIC = "rmq_sys_wheel_timer"
-PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
-PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
-PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
-PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
-TIMER_PROPERTIES = (PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELIVER_MS)  # first found wins
 
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
@@ -132,15 +111,6 @@ class MessageIllegal(ValueError):
         super().__init__(f"{status}: {remark}")
         self.status = status
         self.remark = remark
-
-
-@dataclass(frozen=True, slots=True)
-class Host:
-    ip: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,68 +184,6 @@ class Record:
 
 def body_crc(body: bytes | memoryview) -> int:
     return crc32(body) & 0x7FFFFFFF if len(body) else 0
-
-
-@lru_cache(maxsize=4096)
-def encode_host(ip: str, port: int) -> bytes:
-    """Address bytes in network order, then the port as i32: 8 bytes (IPv4) or 20 (IPv6).
-    Cached like decode_host: every msgId of a pull reply goes through here."""
-    return ipaddress.ip_address(ip).packed + _I32.pack(port)
-
-
-@lru_cache(maxsize=4096)
-def decode_host(raw: bytes) -> Host:
-    """Hosts repeat (one store host, few producers): cached, since ipaddress is slow."""
-    return Host(str(ipaddress.ip_address(raw[:-4])), _I32.unpack(raw[-4:])[0])
-
-
-def offset_msg_id(store_host: Host | bytes, physical_offset: int) -> str:
-    """The store ("offset") msgId: store address, port i32, physical offset i64, upper hex."""
-    raw = store_host if isinstance(store_host, bytes) else encode_host(store_host.ip, store_host.port)
-    return (raw + _I64.pack(physical_offset)).hex().upper()
-
-
-def decode_msg_id(msg_id: str) -> tuple[Host, int]:
-    raw = bytes.fromhex(msg_id)
-    return decode_host(raw[:-8]), _I64.unpack(raw[-8:])[0]
-
-
-def split_keys(keys: str) -> list[str]:
-    """KEYS are separated by single spaces; empty pieces are skipped (as buildIndex does)."""
-    return [k for k in keys.split(" ") if k]
-
-
-def parse_properties(text: str) -> dict[str, str]:
-    """Java MessageDecoder.string2messageProperties: keep `k\\x01v` pairs with both non-empty."""
-    result: dict[str, str] = {}
-    if not text:
-        return result
-    for pair in text.split(PROPERTY_SEPARATOR):
-        name, separator, value = pair.partition(NAME_VALUE_SEPARATOR)
-        if separator and name and value:
-            result[name] = value
-    return result
-
-
-def properties_string(properties: dict[str, str | None], capacity: int | None = None) -> str:
-    """Serialise like Java messageProperties2String over a HashMap filled in dict order.
-
-    Pairs come out in Java HashMap iteration order, so the bytes match what RocketMQ writes for
-    the same map; `None` values are skipped; no trailing separator.
-    """
-    names = hashmap_order([k for k, v in properties.items() if v is not None], capacity)
-    return PROPERTY_SEPARATOR.join([f"{k}{NAME_VALUE_SEPARATOR}{properties[k]}" for k in names])
-
-
-def tags_code(tags: str | None) -> int:
-    """ConsumeQueue tag slot for a normal topic: jhash(TAGS) sign-extended, 0 for no tag."""
-    return jhash_cached(tags) if tags else 0
-
-
-def index_key_hash(key: str) -> int:
-    """IndexFile keyHash: abs(jhash(key)), where Java's abs(MIN_VALUE) case maps to 0."""
-    h = jhash(key)
-    return 0 if h == -2147483648 else abs(h)
 
 
 def expected_size(sys_flag: int, body_len: int, topic_len: int, props_len: int, v2: bool = False) -> int:
@@ -494,8 +402,6 @@ def _check_fields(buf, pos: int, size: int, magic: int, sys_flag: int, check_crc
     return None
 
 
-
-
 def dispatch_fields(buf, pos: int, limit: int) -> tuple | Blank | Corruption:
     """The reput dispatcher's decode: sizes checked, body neither copied nor CRC-checked (as
     RocketMQ's reput reads with checkCRC=false). A plain tuple, since building objects costs more
@@ -534,8 +440,29 @@ def _topic_text(raw: bytes) -> str:
     return raw.decode("utf-8")
 
 
+MIN_RECORD_SIZE = _FIXED_V4.size + 1 + 2  # the fixed fields (body length last), empty topic and properties: 91
+
+
+def frame_size(buf, at: int, space: int) -> tuple[int, str]:
+    """What starts at `at` of a segment with `space` bytes from there to its end: (its size, "")
+    for a record's header or the segment's closing blank, (0, why) for anything else. Only the
+    size and magic are looked at (a follower finding record boundaries in bytes it received;
+    the CRC is checked where the records are read)."""
+    size, magic = _BLANK.unpack_from(buf, at)
+    if magic == BLANK_MAGIC:
+        return (size, "") if size == space else (0, f"a blank of {size} bytes at {at} of a segment")
+    if magic not in (MESSAGE_MAGIC, MESSAGE_MAGIC_V2) or size < MIN_RECORD_SIZE or size > space:
+        return 0, f"no record header (size {size}, magic {magic & 0xFFFFFFFF:#x})"
+    return size, ""
+
+
 def encode_blank(size: int) -> bytes:
     return _BLANK.pack(size, BLANK_MAGIC)
+
+
+def peek_queue_offset(buf, pos: int = 0) -> int:
+    """QUEUEOFFSET of the record at `pos` (any magic: the field's place is the same)."""
+    return _I64.unpack_from(buf, pos + OFFSET_QUEUE_OFFSET)[0]
 
 
 def peek_store_timestamp(buf, pos: int = 0) -> int | None:
@@ -589,352 +516,3 @@ def record_topic(record, sys_flag: int) -> str:
     body_len_at = 68 + born + store
     topic_at = body_len_at + 4 + max(_I32.unpack_from(record, body_len_at)[0], 0)
     return _topic_text(bytes(record[topic_at + 1: topic_at + 1 + record[topic_at]]))
-
-
-# ----------------------------------------------------------------------------------------------
-# A client's view of a pulled record: the layout walked, nothing decoded until asked
-
-TOTALSIZE = _I32  # the first field of every record: a reply's records are framed by it
-PROPERTIES_LENGTH = _I16
-_FIXED_V4_SIZE = _FIXED_V4.size
-_V6_FLAGS = FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6
-# Positions in FIXED_V4's unpacked tuple (§2's field order).
-FIXED_QUEUE_ID, FIXED_QUEUE_OFFSET, FIXED_PHYSICAL, FIXED_BORN_TS, FIXED_BORN_HOST = 3, 5, 6, 8, 9
-FIXED_STORE_TS, FIXED_STORE_HOST, FIXED_RECONSUME, FIXED_BODY_LEN = 10, 11, 12, 14
-
-
-def walk_v4(buf: bytes, at: int, size: int) -> tuple[tuple, int, int, int] | None:
-    """An IPv4 record's layout checked and its fixed part unpacked, nothing else read:
-    (FIXED_V4 fields, where BODY, TOPIC and PROPERTIES start). None for anything else (IPv6
-    hosts, an odd layout): `decode` then reads it or names what is wrong. Magic V1 and V2."""
-    if size <= _FIXED_V4_SIZE:
-        return None
-    fixed = _FIXED_V4.unpack_from(buf, at)
-    magic, body_len = fixed[1], fixed[14]
-    if fixed[7] & _V6_FLAGS or (magic != MESSAGE_MAGIC and magic != MESSAGE_MAGIC_V2) or fixed[0] != size:
-        return None
-    end, body_at = at + size, at + _FIXED_V4_SIZE
-    p = body_at + body_len
-    if body_len < 0 or p + 3 > end:
-        return None
-    if magic == MESSAGE_MAGIC:
-        topic_len, p = buf[p], p + 1
-        if topic_len >= 128:  # a negative signed byte in Java
-            return None
-    else:
-        topic_len, p = _I16.unpack_from(buf, p)[0], p + 2
-    props_at = p + topic_len + 2
-    if topic_len <= 0 or props_at > end or props_at + _I16.unpack_from(buf, props_at - 2)[0] != end:
-        return None
-    return fixed, body_at, p, props_at
-
-
-def walk_records_v4(buf: bytes) -> tuple[list, list[int]]:
-    """`walk_v4` over a run of whole records (a pull reply), in one call: ([(FIXED_V4 fields,
-    BODY, TOPIC, PROPERTIES start, record end)...] for the records it walked, [positions of
-    those it left for `decode`]). Raises ValueError for a run that is not whole records."""
-    walked, left = [], []
-    at, end_of = 0, len(buf)
-    unpack, i16_at, fixed_size = _FIXED_V4.unpack_from, _I16.unpack_from, _FIXED_V4_SIZE
-    while at < end_of:  # walk_v4's checks, inlined: a call a record costs a third of the walk
-        if end_of - at < 4:
-            raise ValueError(f"{end_of - at} stray bytes after the last record")
-        size = _I32.unpack_from(buf, at)[0]
-        if size <= 0 or at + size > end_of:
-            raise ValueError(f"record at byte {at} has size {size}")
-        end = at + size
-        if size > fixed_size:
-            fixed = unpack(buf, at)
-            body_at = at + fixed_size
-            topic_at = body_at + fixed[14]
-            if (fixed[1] == MESSAGE_MAGIC and not fixed[7] & _V6_FLAGS and fixed[0] == size and fixed[14] >= 0
-                    and topic_at + 3 <= end):
-                topic_len = buf[topic_at]
-                props_at = topic_at + 3 + topic_len
-                if 0 < topic_len < 128 and props_at <= end and props_at + i16_at(buf, props_at - 2)[0] == end:
-                    walked.append((fixed, body_at, topic_at + 1, props_at, end))
-                    at = end
-                    continue
-        left.append(at)  # V2 magic, IPv6 hosts, anything odd: `decode` reads it or names it
-        at = end
-    return walked, left
-
-
-_UNIQ_NAME = PROPERTY_UNIQ_KEY.encode() + b"\x01"
-
-
-def lone_uniq_key(buf: bytes, props_at: int) -> str | None:
-    """UNIQ_KEY's value when its name occurs once in the properties that start at `props_at`,
-    as a whole name, with a non-empty value; None otherwise (the caller parses them all)."""
-    end = props_at + _I16.unpack_from(buf, props_at - 2)[0]
-    at = buf.find(_UNIQ_NAME, props_at, end)
-    if at < 0 or (at > props_at and buf[at - 1] != 2) or buf.find(_UNIQ_NAME, at + 1, end) >= 0:
-        return None
-    at += len(_UNIQ_NAME)
-    stop = buf.find(b"\x02", at, end)
-    value = buf[at: end if stop < 0 else stop]
-    return value.decode("utf-8") if value else None
-
-
-def offset_ids_py(store_host: bytes, physical: list[int], indices: list[int]) -> list[str]:
-    """The offset msgId (`offset_msg_id`) of each appended record at `indices`, upper-case hex."""
-    pack = _I64.pack  # (host + pack).hex() beats an f-string's :016X here
-    return [(store_host + pack(physical[i])).hex().upper() for i in indices]
-
-
-# ----------------------------------------------------------------------------------------------
-# The send path's one-pass encoders: many messages -> their records back to back, no record
-# object or dict a message. Each writes exactly what `encode_v4` writes message by message; each
-# returns None for anything unusual, and the caller's general path then refuses with the reason.
-
-# A client's SEND_BATCH_MESSAGE body (RocketMQ's MessageDecoder.encodeMessages): per message
-# TOTALSIZE, MAGIC (0), BODYCRC (0), FLAG, BODYLENGTH, BODY, PROPERTIESLENGTH (i16), PROPERTIES.
-BATCH_MESSAGE_HEAD = struct.Struct(">iiiii")
-BATCH_PROPS_LENGTH = _I16
-MAX_MESSAGES_PER_BATCH = 4096
-
-
-@lru_cache(maxsize=1024)
-def topic_bytes(topic: str) -> bytes:
-    return topic.encode("utf-8")
-
-
-@lru_cache(maxsize=1024)
-def _topic_part(topic_raw: bytes) -> bytes:
-    """TOPICLENGTH (one byte) and the topic, as a V1 record holds them."""
-    return bytes((len(topic_raw),)) + topic_raw
-
-
-def _stored_names(names: tuple[str, ...], cluster: str) -> list[str] | None:
-    """The names a coalesced send's properties are stored under, in Java HashMap order: WAIT
-    dropped, CLUSTER added (its value is this node's), as the 4.9 broker stores them (§2.7).
-    A delayed or timer send arrives with the names the write path added last (`SCHEDULED_TAILS`:
-    REAL_TOPIC, REAL_QID, and TIMER_OUT_MS before them), put after CLUSTER as the broker puts
-    them. None for names the one-pass encoders leave to the general path (empty, holding a
-    separator)."""
-    if any(not name or "\x01" in name or "\x02" in name for name in names):
-        return None
-    tail: tuple[str, ...] = ()
-    if PROPERTY_DELAY in names or PROPERTY_TIMER_OUT_MS in names:
-        for candidate in SCHEDULED_TAILS:
-            if names[-len(candidate):] == candidate:
-                names, tail = names[:-len(candidate)], candidate
-                break
-    stored = [name for name in names if name != PROPERTY_WAIT]
-    if PROPERTY_CLUSTER not in stored:
-        stored.append(PROPERTY_CLUSTER)
-    # a map grows with each put and never shrinks: its most keys at once decide the buckets
-    count = max(len(names) + (PROPERTY_CLUSTER not in names), len(stored) + len(tail))
-    return hashmap_order(stored + list(tail), 16 if count <= 12 else hashmap_capacity(count))
-
-
-SCHEDULED_TAILS = ((PROPERTY_TIMER_OUT_MS, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID), (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID))
-
-
-@lru_cache(maxsize=1024)
-def _properties_plan(names: tuple[str, ...], cluster: str) -> tuple[str, tuple[str, ...]] | None:
-    """How the Python encoder stores a coalesced send's properties, worked out once per set of
-    names (in the message's order): a `str.format` template of the stored text and the names
-    whose values fill it, in order. The per-message work is then one format call (~0.7 us a
-    message less than ordering and joining each message's pairs)."""
-    order = _stored_names(names, cluster)
-    if order is None:
-        return None
-    pieces, filled_by = [], []
-    for name in order:
-        if name == PROPERTY_CLUSTER:
-            pieces.append(_literal(f"{name}\x01{cluster}"))
-        else:
-            pieces.append(_literal(f"{name}\x01") + "{}")
-            filled_by.append(name)
-    return "\x02".join(pieces), tuple(filled_by)
-
-
-@lru_cache(maxsize=1024)
-def properties_layout(names: tuple[str, ...], cluster: str) -> tuple | None:
-    """`_properties_plan` for the C encoder: the stored text as UTF-8 literals and the names
-    whose values go between them, alternating, a literal first and last."""
-    order = _stored_names(names, cluster)
-    if order is None:
-        return None
-    layout, literal = [], ""
-    for i, name in enumerate(order):
-        literal += ("\x02" if i else "") + f"{name}\x01"
-        if name == PROPERTY_CLUSTER:
-            literal += cluster
-        else:
-            layout += (literal.encode(), name)
-            literal = ""
-    layout.append(literal.encode())
-    return tuple(layout)
-
-
-def _literal(text: str) -> str:
-    """`text` as literal text of a format template."""
-    return text.replace("{", "{{").replace("}", "}}")
-
-
-def encode_messages_v4_py(messages: list[dict], body: bytes, born: bytes, store_host: bytes, max_body: int,
-                          cluster: str) -> tuple | None:
-    """A SEND_MESSAGES request's messages (coalesced single sends) as records, for the common
-    case: IPv4 hosts, nothing refused by the front, properties an object of non-empty
-    strings without separators, every limit kept. Returns (records, sizes, queue keys, topics,
-    queue ids, uniq keys, whether any send waits for the flush), or None for the general path.
-
-    The messages' `bodySize`s are checked by the caller to add up to `body`."""
-    if len(born) != 8 or len(store_host) != 8:
-        return None
-    view, at = memoryview(body), 0
-    fixed, i16 = _FIXED_V4.pack, _I16.pack
-    parts, sizes, queue_keys, topics, queue_ids, uniq_keys = [], [], [], [], [], []
-    waits = False  # the request waits for the flush if any of its sends does
-    try:
-        for item in messages:
-            topic, queue_id, size = item["topic"], item["queueId"], item["bodySize"]
-            props = item.get("properties")
-            props = {} if props is None else props
-            flag, reconsume, born_ts = item.get("flag", 0), item.get("reconsumeTimes", 0), item.get("bornTimestamp", 0)
-            if (type(props) is not dict or type(queue_id) is not int or type(flag) is not int or type(size) is not int
-                    or type(reconsume) is not int or type(born_ts) is not int or "_refused" in item
-                    or size > max_body):
-                return None
-            plan = _properties_plan(tuple(props), cluster)
-            if plan is None or "\x02" in "".join(props.values()) or "" in props.values():  # TypeError: not a str
-                return None
-            topic_raw = topic_bytes(topic)  # TypeError: not a str (unhashable) ...
-            if type(topic) is not str or not 0 < len(topic_raw) <= MAX_TOPIC_BYTES:
-                return None
-            if not waits and props.get(PROPERTY_WAIT) != "false":
-                waits = True
-            template, filled_by = plan
-            props_raw = template.format(*[props[name] for name in filled_by]).encode()
-            if len(props_raw) > MAX_PROPERTIES_BYTES:  # (so the record stays within maxMessageSize + 64 KiB)
-                return None
-            record_size = 91 + size + len(topic_raw) + len(props_raw)
-            piece = view[at: at + size]
-            parts += (fixed(record_size, MESSAGE_MAGIC, body_crc(piece), queue_id, flag, 0, 0, 0, born_ts, born,
-                            0, store_host, reconsume, 0, size),
-                      piece, _topic_part(topic_raw), i16(len(props_raw)), props_raw)
-            at += size
-            sizes.append(record_size)
-            queue_keys.append(f"{topic}-{queue_id}")
-            topics.append(topic)
-            queue_ids.append(queue_id)
-            uniq_keys.append(props.get(PROPERTY_UNIQ_KEY))
-    except (KeyError, TypeError, AttributeError, struct.error, UnicodeEncodeError):  # struct.error: an int beyond its field
-        return None
-    return bytearray().join(parts), sizes, queue_keys, topics, queue_ids, uniq_keys, waits
-
-
-def encode_batch_v4_py(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp: int, born_host: bytes,
-                       store_host: bytes, suffix: bytes, max_message_size: int,
-                       limit: int = MAX_MESSAGES_PER_BATCH) -> tuple[bytearray, list[int], list[str | None]] | None:
-    """A client batch body (`BATCH_MESSAGE_HEAD` per message) -> its records back to back, their
-    sizes and each message's UNIQ_KEY. The 4.9 broker stores each inner message's own
-    properties bytes, then the batch's (`suffix`: header properties plus CLUSTER) after a 0x02.
-    None for anything unusual (a malformed body, non-ASCII properties, a limit exceeded)."""
-    if not 0 < len(topic_raw) <= MAX_TOPIC_BYTES or not -(2**31) <= queue_id < 2**31:
-        return None
-    view, end, at = memoryview(data), len(data), 0
-    topic_part = bytes((len(topic_raw),)) + topic_raw
-    record_base = 91 + len(topic_raw)
-    largest = max_message_size + MAX_RECORD_OVERHEAD
-    parts, sizes, uniq_keys = [], [], []
-    head, i16, fixed = BATCH_MESSAGE_HEAD.unpack_from, BATCH_PROPS_LENGTH, _FIXED_V4.pack
-    head_size = BATCH_MESSAGE_HEAD.size
-    while at < end:
-        if len(sizes) >= limit or end - at < head_size + 2:
-            return None
-        size, magic, _, flag, body_len = head(data, at)
-        props_at = at + head_size + body_len
-        if body_len < 0 or props_at + 2 > end or body_len > max_message_size or magic != 0:
-            return None
-        props_len, = i16.unpack_from(data, props_at)
-        if props_len < 0 or size != head_size + body_len + 2 + props_len or at + size > end:
-            return None
-        own = data[props_at + 2: props_at + 2 + props_len]
-        if not own.isascii() or b"DELAY\x01" in own or b"TIMER_" in own:  # (the general path refuses a delay)
-            return None
-        props = own if not suffix else own + suffix if not own or own.endswith(b"\x02") else own + b"\x02" + suffix
-        record_size = record_base + body_len + len(props)
-        if len(props) > MAX_PROPERTIES_BYTES or record_size > largest:
-            return None
-        body = view[at + head_size: props_at]
-        parts += (fixed(record_size, MESSAGE_MAGIC, body_crc(body), queue_id, flag, 0,
-                        0, 0, born_timestamp, born_host, 0, store_host, 0, 0, body_len),
-                  body, topic_part, i16.pack(len(props)), props)
-        sizes.append(record_size)
-        uniq_keys.append(find_uniq_key_ascii(own))
-        at += size
-    if not sizes:
-        return None
-    return bytearray().join(parts), sizes, uniq_keys
-
-
-def find_uniq_key(properties: str) -> str | None:
-    """UNIQ_KEY of a properties string without parsing all of it (the last one wins, as in Java)."""
-    at = properties.rfind(PROPERTY_UNIQ_KEY + "\x01")
-    if at < 0:
-        return None
-    if at > 0 and properties[at - 1] != "\x02":  # inside another pair: parse properly
-        return parse_properties(properties).get(PROPERTY_UNIQ_KEY)
-    end = properties.find("\x02", at)
-    value = properties[at + len(PROPERTY_UNIQ_KEY) + 1: end if end >= 0 else None]
-    return value or parse_properties(properties).get(PROPERTY_UNIQ_KEY)  # Java skips empty values
-
-
-def find_uniq_key_ascii(properties: bytes) -> str | None:
-    """`find_uniq_key` of ASCII properties bytes, without decoding them when UNIQ_KEY leads the
-    string or follows a separator (what clients send)."""
-    at = properties.rfind(b"UNIQ_KEY\x01")
-    if at < 0:
-        return None
-    if at == 0 or properties[at - 1] == 2:
-        end = properties.find(b"\x02", at)
-        value = properties[at + 9: end if end >= 0 else None]
-        if value:
-            return value.decode("ascii")
-    return find_uniq_key(properties.decode("ascii"))  # Java skips an empty value: the full rules
-
-
-# ----------------------------------------------------------------------------------------------
-# The C accelerators (shm/_encode.c), behind the functions the callers use. Built at install
-# wherever gcc and the Python headers are; MQNODE_NATIVE=0 chooses the Python twins anywhere.
-# tests/unit/test_native_encode.py holds the two to identical bytes for any input, with
-# hypothesis. (The dispatcher's scan has its own C twin, shm/_dispatch.c, fused with the
-# ConsumeQueue and index work; it stops in front of every record it does not take, and the
-# Python scan over `dispatch_fields` takes it.)
-
-try:
-    from shm import _encode
-except ImportError:  # pragma: no cover - built wherever gcc and the Python headers are
-    _encode = None
-
-NATIVE = _encode is not None and os.environ.get("MQNODE_NATIVE", "1") != "0"
-
-
-def encode_messages_v4_c(messages: list, body: bytes, born: bytes, store_host: bytes, max_body: int,
-                         cluster: str) -> tuple | None:
-    return _encode.encode_messages_v4(messages, body, born, store_host, max_body, cluster, properties_layout, crc32)
-
-
-def encode_batch_v4_c(data: bytes, topic_raw: bytes, queue_id: int, born_timestamp: int, born_host: bytes,
-                      store_host: bytes, suffix: bytes, max_message_size: int,
-                      limit: int = MAX_MESSAGES_PER_BATCH) -> tuple | None:
-    return _encode.encode_batch_v4(data, topic_raw, queue_id, born_timestamp, born_host, store_host, suffix,
-                                   max_message_size, limit, crc32, find_uniq_key_ascii)
-
-
-def offset_ids_c(store_host: bytes, physical: list[int], indices: list[int]) -> list[str]:
-    """`offset_ids_py` for an 8-byte (IPv4) store host; ValueError for an index out of range."""
-    return _encode.offset_ids(store_host, physical, indices)
-
-
-def offset_ids(store_host: bytes, physical: list[int], indices: list[int]) -> list[str]:
-    if NATIVE and len(store_host) == 8:
-        return _encode.offset_ids(store_host, physical, indices)
-    return offset_ids_py(store_host, physical, indices)
-
-
-encode_messages_v4 = encode_messages_v4_c if NATIVE else encode_messages_v4_py
-encode_batch_v4 = encode_batch_v4_c if NATIVE else encode_batch_v4_py

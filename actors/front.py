@@ -3,8 +3,8 @@
 Sockets:
 - `clients` ROUTER, bound to `listen`: requests in, replies out (routed by the client's id).
 - links, not sockets (the split topology, node.server.topology; actors.links): a turn's send
-  requests, together, to an ingress worker (each in turn) or, with `ingressWorkers = 0`, to
-  the append writer; their replies back from the writer, the flush process and the ingress
+  requests, together, to the first ingress worker that keeps up (`out_of`) or, with
+  `ingressWorkers = 0`, to the append writer; their replies back from the writer, the flush process and the ingress
   workers. In the compact topology no writer process runs: the front is the
   CommitLog's single writer, hosting the write core (`actors.writer.WriteCore`), appending each turn's
   sends together and answering them itself; no flush process runs either: a thread of the
@@ -49,16 +49,15 @@ from actors.router import Router, To
 from actors.schedule import REPUT_CLIENT
 from actors.wire import join_frames, read_meta, send_meta, unpack_replies
 from actors.writer import WriteCore, dispatcher_wakes, promoted_write_core, ring_ha, wake
-from node import protocol
-from node.client.frames import NOBLOCK, send_frames
 from actors import consumers, edge, guard
 from actors.consumers import ConsumerGroups
 from actors.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
 from actors.offsets import ConsumerOffsets, SubscriptionGroups
 from actors.store_stats import StoreStats
-from shm.control_block import monotonic_ms
 from actors.topics import TopicTable
-from shm.control_block import ROLE_CODES
+from node import protocol
+from node.client.frames import NOBLOCK, send_frames
+from shm.control_block import ROLE_CODES, monotonic_ms
 
 MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
 SEND_WAIT_MS = 20

@@ -54,7 +54,7 @@ class Outbox:
             self.rung += 1
         return True
 
-    def send_waiting(self, parts, stopping=None) -> None:
+    def send_waiting(self, parts) -> None:
         """Publish one message that must not be dropped (replies, held sends, encoded groups),
         waiting while the consumer catches up; a consumer that takes nothing for FULL_WAIT_S
         (gone for good, or hung and about to be killed) stops this process."""
@@ -100,9 +100,7 @@ class Inbox:
         self.bell.drain()
         out: list[bytes] = []
         for ring in self.rings.values():
-            out += ring.take(limit)
-            if ring.pending_bytes():  # left for the next turn: it must not sleep on the drained bell
-                self.bell.ring()
+            out += ring.take(limit)  # (what a limit leaves makes the next `wait_ms` 0: no sleep)
         return out
 
     def statistics(self) -> dict:

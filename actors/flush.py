@@ -8,8 +8,8 @@ Three parts, so the same flushing runs in its own process or on a thread of the 
 - `Waiting`: the SYNC_FLUSH sends held for the disk, in offset order, each answered PUT_OK once
   `flushed` passes it, or FLUSH_DISK_TIMEOUT after `syncFlushTimeout` (it is stored; only its
   durability is unconfirmed).
-- `Flush`, the actor (the split topology, the default) and `FlushThread`, the front's (the
-  compact topology: node.server.topology).
+- `Flush`, the actor (the split topology) and `FlushThread`, the front's (the compact
+  topology, the default: node.server.topology).
 
 SYNC_FLUSH (GroupCommitService): wakes on a wait or every 10 ms; one fdatasync covers every
 send waiting at that moment (group commit).

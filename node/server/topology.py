@@ -8,7 +8,7 @@ the actor class that runs them (`ACTOR_CLASSES`). The launcher starts the proces
 checked against `SERVICES` by a test. Two topologies, chosen by the setting `topology`:
 
 ```
-split (the default: every service its own process; scales across cores; the write path's
+split (every service its own process; scales across cores; the write path's
        hand-offs are rings in shared memory, actors.links)
   front       router
   ingress-i   ingress           (ingressWorkers of them; with 0 the writer encodes: writer hosts ingress)
@@ -18,7 +18,7 @@ split (the default: every service its own process; scales across cores; the writ
   dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
   ha-server   ha-server         ha-client  ha-client (a slave only)
 
-compact (an operator's choice on one or two cores: fewest processes and wake-ups)
+compact (the default: fewest processes and wake-ups, best on one or two cores)
   front       router + ingress + write + group commit + read (pull hold)
   dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
   ha-server   ha-server         ha-client  ha-client (a slave only)

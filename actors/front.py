@@ -3,7 +3,7 @@
 Sockets:
 - `clients` ROUTER, bound to `listen`: requests in, replies out (routed by the client's id).
 - links, not sockets (the split topology, node.server.topology; actors.links): a turn's send
-  requests, together, to the first ingress worker that keeps up (`out_of`) or, with
+  requests, together, to the first ingress worker that keeps up (`actors.links.first_keeping_up`) or, with
   `ingressWorkers = 0`, to the append writer; their replies back from the writer, the flush process and the ingress
   workers. In the compact topology no writer process runs: the front is the
   CommitLog's single writer, hosting the write core (`actors.writer.WriteCore`), appending each turn's
@@ -43,7 +43,7 @@ import zmq
 from actors.base import Actor, InjectedBug, doorbell, incoming, injected_bug_code, socket, wait_readable
 from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
 from actors.front_ha import FrontReplication
-from actors.links import Inbox, Outbox
+from actors.links import Inbox, Outbox, first_keeping_up
 from actors.pull import ReadCore, arrivals_socket, follow_arrivals, read_arrivals
 from actors.router import Router, To
 from actors.schedule import REPUT_CLIENT
@@ -438,7 +438,7 @@ class Front(Actor):
         """The split topology: this turn's sends, as one ring message, to the writer or to the
         next ingress worker; SYSTEM_BUSY to each when that ring is full (its consumer is behind)."""
         outgoing, self.outgoing, self.outgoing_bytes = self.outgoing, [], 0
-        if out_of(self.sends_out).send(join_frames([frames for frames, *_ in outgoing])):
+        if first_keeping_up(self.sends_out, SHIP_BYTES).send(join_frames([frames for frames, *_ in outgoing])):
             return
         for _, client, request, oneway in outgoing:
             if not oneway:
@@ -538,19 +538,3 @@ def supervision_counts(settings) -> dict:
         return orjson.loads((settings.run_dir / "supervision.json").read_bytes())
     except (FileNotFoundError, orjson.JSONDecodeError):
         return {}  # not written yet (or a node whose launcher is not watching)
-
-
-def out_of(outboxes: list[Outbox]) -> Outbox:
-    """Where a turn's sends go: the first ingress worker whose ring holds less than a turn's worth
-    (SHIP_BYTES) not yet taken, else the one with the least. Load spills over to the next worker
-    only while the ones before it are behind, so on a host with few cores the workers not needed
-    stay asleep (each wake-up of a process costs CPU), and on a busy host with many cores they
-    all work."""
-    best = outboxes[0]
-    for out in outboxes:
-        pending = out.ring.pending_bytes()
-        if pending < SHIP_BYTES:
-            return out
-        if pending < best.ring.pending_bytes():
-            best = out
-    return best

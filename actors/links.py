@@ -110,3 +110,19 @@ class Inbox:
         self.bell.close()
         for ring in self.rings.values():
             ring.close()
+
+
+def first_keeping_up(outboxes: list[Outbox], turn_bytes: int) -> Outbox:
+    """Where a turn's sends go: the first ingress worker whose ring holds less than a turn's worth
+    (`turn_bytes`) not yet taken, else the one with the least. Load spills over to the next worker
+    only while the ones before it are behind, so on a host with few cores the workers not needed
+    stay asleep (each wake-up of a process costs CPU), and on a busy host with many cores they
+    all work."""
+    best = outboxes[0]
+    for out in outboxes:
+        pending = out.ring.pending_bytes()
+        if pending < turn_bytes:
+            return out
+        if pending < best.ring.pending_bytes():
+            best = out
+    return best

@@ -250,19 +250,11 @@ class Node:
         self._wait_for_connections()
         ray_setup.private_token_file()
         if self.started_ray:  # (joined to a cluster, or a caller's Ray: its own settings apply)
-            self._check_listeners()
+            ray_setup.check_listeners(self.settings, self.settings.run_dir.glob("*.pid"), os.getpid())
         self.watcher = threading.Thread(target=self._watch, name="mqnode-watch", daemon=True)
         self.watcher.start()
         if self.settings.metricsPort:
             self._serve_metrics()
-
-    def _check_listeners(self) -> None:
-        """Every process of the node listens only where its settings say (loopback, `listen`,
-        `haListenAddress`, `metricsAddress`); ForeignListener names the first that does not."""
-        processes = ray_setup.node_processes(self.settings.run_dir.glob("*.pid"), os.getpid(), embedded=True)
-        foreign = ray_setup.foreign_listeners(self.settings, processes)
-        if foreign:
-            raise ForeignListener(*foreign[0])
 
     def _wait_ready(self) -> list[str]:
         """The labels of the processes not ready within READY_TIMEOUT_S. One that died while it
@@ -485,18 +477,11 @@ def _answered(asker, header: dict, answers: set[str]) -> bool:
         return False
 
 
-class ForeignListener(RuntimeError):
-    """A process of the node listens on an address its settings do not name."""
-
-    def __init__(self, process: str, address: str):
-        super().__init__(f"{process} listens on {address}")
-
-
 def run(settings: Settings, ray_address: str | None = None) -> int:
     node = Node(settings, ray_address=ray_address)
     try:
         node.start()
-    except ForeignListener as e:  # (the node is stopped already)
+    except ray_setup.ForeignListener as e:  # (the node is stopped already)
         print(f"mqnode failed: {e}", file=sys.stderr, flush=True)
         return 1
     return node.serve_forever()

@@ -145,3 +145,19 @@ def node_processes(pid_files, root_pid: int, embedded: bool) -> list:
             continue
         out.append((f"{name} (pid {process.pid})", process))
     return out
+
+
+class ForeignListener(RuntimeError):
+    """A process of the node listens on an address its settings do not name."""
+
+    def __init__(self, process: str, address: str):
+        super().__init__(f"{process} listens on {address}")
+
+
+def check_listeners(settings, pid_files, launcher_pid: int) -> None:
+    """Every process of a node with an embedded Ray (the launcher and all it started) listens
+    only where its settings say: loopback, `listen`'s host, `haListenAddress`, `metricsAddress`.
+    ForeignListener names the first that does not."""
+    foreign = foreign_listeners(settings, node_processes(pid_files, launcher_pid, embedded=True))
+    if foreign:
+        raise ForeignListener(*foreign[0])

@@ -62,6 +62,7 @@ from shm.control_block import ROLE_CODES, monotonic_ms
 MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
 SEND_WAIT_MS = 20
 SHIP_BYTES = 1 << 20  # a turn's sends go out in ring messages of about this size at most
+FRAMES_OVERHEAD = 16  # join_frames' length prefixes of a send's four frames
 
 
 class Front(Actor):
@@ -424,15 +425,23 @@ class Front(Actor):
             return self._refuse(client, request, oneway, status, remark)
         meta = send_meta(time.monotonic_ns(), refusals)
         body = frames[1] if len(frames) == 2 else b""
-        if not oneway:
-            self.in_flight += 1
         if self.writes is not None:  # the write core takes the parsed header as it is
             self.write_requests.append([client, meta, request.header, body])
         else:
-            self.outgoing.append(([client, orjson.dumps(meta), frames[0], body], client, request, oneway))
-            self.outgoing_bytes += len(body) + len(frames[0])
-            if self.outgoing_bytes >= SHIP_BYTES:
+            parts = [client, orjson.dumps(meta), frames[0], body]
+            size = sum(len(part) for part in parts) + FRAMES_OVERHEAD
+            largest = self.sends_out[0].ring.max_message
+            if size > largest:  # a request no ring message can hold: the client's, so refused
+                return self._refuse(client, request, oneway, "MESSAGE_ILLEGAL",
+                                    f"a send request of {size} bytes; this node takes at most {largest}")
+            if self.outgoing and self.outgoing_bytes + size > largest:  # the turn so far, first
                 self._ship_sends()
+            self.outgoing.append((parts, client, request, oneway))
+            self.outgoing_bytes += size
+        if not oneway:  # (before a ship: a full ring's refusal counts it out again)
+            self.in_flight += 1
+        if self.outgoing_bytes >= SHIP_BYTES:
+            self._ship_sends()
 
     def _ship_sends(self) -> None:
         """The split topology: this turn's sends, as one ring message, to the writer or to the

@@ -135,6 +135,11 @@ class Ring:
         self.slots[TAIL_SLOT] = tail + skip + total  # commit: after the bytes it publishes
         self.offered += 1
 
+    @property
+    def max_message(self) -> int:
+        """The most bytes one message may carry (a length and padding make it at most half the ring)."""
+        return self.capacity // 2 - 4 - ALIGN
+
     def consumer_may_sleep(self) -> bool:
         """After `offer`: whether the consumer may be asleep and needs its doorbell rung."""
         if not FENCED:

@@ -4,6 +4,12 @@ An actor is a plain class: `start()` opens its files and sockets, `run()` loops 
 is called (from any thread), `statistics()` says what it has done. Ray only hosts it
 (`node.server.launcher.ActorHost`); a test can run one in a thread. Each loop turn is bounded (a poll timeout,
 a cap on messages taken per turn), so `stop()` takes effect within one turn.
+
+A turn is three steps a service may give separately: `poll_items()` (what it waits on),
+`timeout_ms()` (how long it may wait), `step(events)` (what it does with what is ready). A
+service written so can share its process's loop with others (actors.host): the compact
+topology's front process runs the router, write and read shells in one loop, the same shells
+that run alone in the split topology.
 """
 
 from __future__ import annotations
@@ -160,6 +166,9 @@ class Actor:
         self.control: ControlBlock | None = None
         self._stats_socket: zmq.Socket | None = None
         self._stats_due = 0.0
+        self.pid_file = True  # <runDir>/<label>.pid, for operators and tests: one a process (not for a host's threads)
+        self.local_links = None  # actors.links.LocalLinks: set by the process's host (actors.host), if any
+        self.neighbours: list[Actor] = []  # the other shells its process hosts (actors.host)
 
     @property
     def label(self) -> str:
@@ -169,7 +178,8 @@ class Actor:
 
     def start(self) -> None:
         Path(self.settings.run_dir).mkdir(parents=True, exist_ok=True)
-        (self.settings.run_dir / f"{self.label}.pid").write_text(f"{os.getpid()}\n")  # for operators and tests
+        if self.pid_file:
+            (self.settings.run_dir / f"{self.label}.pid").write_text(f"{os.getpid()}\n")
         self.control = ControlBlock(self.settings.root / "control")
         self.control.heartbeat(heartbeat_slot(self.label), monotonic_ms())  # alive while it opens
         self.deletions_seen = self.control.get("deletions")
@@ -197,6 +207,19 @@ class Actor:
             self.close()
 
     def turn(self) -> None:
+        self.step(wait_readable(self.poll_items(), self.timeout_ms()))
+
+    def poll_items(self) -> list:
+        """What this turn waits on: [(socket or descriptor, zmq.POLLIN), ...] (services that `step`)."""
+        raise NotImplementedError
+
+    def timeout_ms(self) -> int:
+        """How long this turn may wait for them."""
+        return POLL_MS
+
+    def step(self, events: set) -> None:
+        """The turn's work, `events` being the ready sockets and descriptors of every shell of
+        the process (a service looks only at its own)."""
         raise NotImplementedError
 
     def drain(self) -> None:
@@ -212,6 +235,11 @@ class Actor:
         if self.control is not None:
             self.control.close()
             self.control = None
+
+    @property
+    def main(self) -> Actor:
+        """The service the launcher's calls (`drain_mode`, statistics) are for: itself (a host: its first)."""
+        return self
 
     # -- statistics ------------------------------------------------------------------------------
 

@@ -378,11 +378,11 @@ class Clean(Actor):
         self.requests.connect(self.endpoints["clean"])
         self.replies = socket(self.context, zmq.PUSH, hwm=1000)
         self.replies.connect(self.endpoints["replies"])
-        self.poll_items = [(self.requests, zmq.POLLIN)]
+        self.items = [(self.requests, zmq.POLLIN)]
         self.wait_s = 0.0
 
     def turn(self) -> None:
-        if wait_readable(self.poll_items, max(1, min(200, int(self.wait_s * 1000)))):
+        if wait_readable(self.items, max(1, min(200, int(self.wait_s * 1000)))):
             for frames in incoming(self.requests, 100):
                 self._take(frames)
         self.wait_s = self.core.step(time.monotonic())

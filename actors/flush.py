@@ -1,6 +1,6 @@
 """flush: makes the CommitLog durable and answers the sends that wait for it.
 
-Three parts, so the same flushing runs in its own process or on a thread of the front:
+Three parts:
 - `CommitLogFlusher`: fdatasync up to the published `written`, then publish `flushed` and the
   checkpoint's physicMsgTimestamp (the store time read *before* the flush, so it never claims
   more than is durable). It flushes through its own descriptors: dirty pages of a shared mapping
@@ -8,8 +8,8 @@ Three parts, so the same flushing runs in its own process or on a thread of the 
 - `Waiting`: the SYNC_FLUSH sends held for the disk, in offset order, each answered PUT_OK once
   `flushed` passes it, or FLUSH_DISK_TIMEOUT after `syncFlushTimeout` (it is stored; only its
   durability is unconfirmed).
-- `Flush`, the actor (the split topology) and `FlushThread`, the front's (the compact
-  topology, the default: node.server.topology).
+- `Flush`, the shell: its own process (split), or a thread of the front's process (compact,
+  actors.host: its fdatasync then never stops the router's loop).
 
 SYNC_FLUSH (GroupCommitService): wakes on a wait or every 10 ms; one fdatasync covers every
 send waiting at that moment (group commit).
@@ -17,39 +17,35 @@ ASYNC_FLUSH (FlushRealTimeService): every `flushIntervalCommitLog` ms, flush whe
 `flushCommitLogLeastPages` pages are dirty, and everything every
 `flushCommitLogThoroughInterval` ms.
 
-The actor's links (actors.links, rings in shared memory): in, the writer's held sends (client,
-arrival, the offset the send needs flushed, its PUT_OK reply); out, their replies to the front.
+The shell's links (actors.links: rings between processes, local links within one): in, the
+write service's held sends (client, arrival, the offset the send needs flushed, its PUT_OK
+reply); out, their replies to the router.
 
-Why a thread of the front: a SYNC_FLUSH send otherwise crosses four process hops (client,
-front, flush actor, front, client), each a cold wake-up on a virtual machine. On the thread, fdatasync
-releases the GIL, so the front keeps appending while the disk works, and the next group
-commit covers what arrived meanwhile, as RocketMQ's GroupCommitService thread does beside the
-CommitLog's writer.
+Why a thread of the front's process in compact: a SYNC_FLUSH send otherwise crosses four process
+hops (client, front, flush process, front, client), each a cold wake-up on a virtual machine. On
+the thread, fdatasync releases the GIL, so the front keeps appending while the disk works, and
+the next group commit covers what arrived meanwhile, as RocketMQ's GroupCommitService thread
+does beside the CommitLog's writer.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import threading
 import time
 from collections import deque
 
 import zmq
 
-from actors.base import Actor, Doorbell, doorbell, socket, wait_readable
-from actors.links import Inbox, Outbox
+from actors.base import Actor, Doorbell, doorbell
+from actors.links import inbox, outbox
 from actors.wire import pack_replies, waits_from_wire
 from actors.sendreply import downgraded
 from shm.checkpoint import Checkpoint
-from shm.control_block import heartbeat_slot, monotonic_ms
 from shm.mapped_file import file_name
 
 PAGE = 4096
 GROUP_COMMIT_WAKE_MS = 10
-# The front flushes on its own thread only after an fdatasync this quick (FlushThread.flush_here):
-# a slower disk gets the flush thread, so the front keeps serving while it works.
-FLUSH_HERE_MAX_NS = 2_000_000
 CHECKPOINT_FORCE_S = 1.0
 MAX_WAITING = 1_000_000  # sends held for the disk; beyond this the oldest are timed out early
 
@@ -76,7 +72,7 @@ class CommitLogFlusher:
         self.directory = settings.commitlog_dir
         self.fds: dict[int, int] = {}
         self.checkpoint = Checkpoint(settings.root / "checkpoint")
-        self.flushes = self.flush_ns_total = self.flush_ns_max = self.last_flush_ns = 0
+        self.flushes = self.flush_ns_total = self.flush_ns_max = 0
         now = clock()
         self.next_flush = now + settings.flushIntervalCommitLog / 1000
         self.next_thorough = now + settings.flushCommitLogThoroughInterval / 1000
@@ -119,7 +115,6 @@ class CommitLogFlusher:
         self.flushes += 1
         self.flush_ns_total += elapsed
         self.flush_ns_max = max(self.flush_ns_max, elapsed)
-        self.last_flush_ns = elapsed
         self.control.advance("flushed", written)
         self.control.advance("committed", max(written, self.control.get("committed")))
         if store_timestamp > 0:
@@ -237,6 +232,9 @@ class Waiting:
 
 
 class Flush(Actor):
+    """The group commit's shell: held sends in, their replies to the router, the ha-server's
+    acks (SYNC_MASTER) on the `acked` doorbell."""
+
     name = "flush"
 
     def __init__(self, settings, **kwargs):
@@ -244,23 +242,27 @@ class Flush(Actor):
         self.sync = settings.sync_flush
         self.flusher: CommitLogFlusher | None = None
         self.waiting = Waiting(settings.syncFlushTimeout)
-        self.inbox: Inbox | None = None
-        self.replies: Outbox | None = None
+        self.inbox = self.replies = None
         self.acked_in: Doorbell | None = None
 
     def open(self) -> None:
         s = self.settings
         self.flusher = CommitLogFlusher(s, self.control)
-        self.inbox = Inbox(s, "flush")  # the writer's held sends
-        self.replies = Outbox(s, "flush-to-front")
+        self.inbox = inbox(self, waits_from_wire)  # the write service's held sends
+        self.replies = outbox(self, "flush-to-front", lambda replies: [pack_replies(replies)])
         self.acked_in = doorbell(s, "acked", listen=True)  # the ha-server's acks (SYNC_MASTER)
-        self.poll_items = [(self.inbox.fileno(), zmq.POLLIN), (self.acked_in.fileno(), zmq.POLLIN)]
+        self.items = [*self.inbox.poll_items(), (self.acked_in.fileno(), zmq.POLLIN)]
 
-    def turn(self) -> None:
+    def poll_items(self) -> list:
+        return self.items
+
+    def timeout_ms(self) -> int:
         timeout = GROUP_COMMIT_WAKE_MS if (self.sync or self.waiting) else min(50, self.settings.flushIntervalCommitLog)
-        ready = wait_readable(self.poll_items, self.inbox.wait_ms(timeout))
+        return self.inbox.wait_ms(timeout)
+
+    def step(self, events: set) -> None:
         self._take_waits()
-        if self.acked_in.fileno() in ready:
+        if self.acked_in.fileno() in events:
             self.acked_in.drain()
         if self.sync:
             if self.waiting or self.control.get("written") > self.control.get("flushed"):
@@ -271,12 +273,12 @@ class Flush(Actor):
             self._send(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked")))
 
     def _take_waits(self) -> None:
-        for joined in self.inbox.take():
-            self._send(self.waiting.add(waits_from_wire(joined)))
+        for waits in self.inbox.take():
+            self._send(self.waiting.add(waits))
 
     def _send(self, replies: list[tuple]) -> None:
         if replies:
-            self.replies.send_waiting([pack_replies(replies)])
+            self.replies.send_waiting(replies)
 
     def drain(self) -> None:
         """Stop: flush what was written and answer everyone still waiting."""
@@ -291,121 +293,12 @@ class Flush(Actor):
         return stats
 
     def close(self) -> None:
-        for end in (self.flusher, self.inbox, self.replies, self.acked_in):
+        for end in (self.flusher, self.inbox, self.acked_in):
             if end is not None:
                 end.close()
+        if self.replies is not None and not self.replies.local:  # (a local link: the host's)
+            self.replies.close()
         super().close()
-
-
-class FlushThread:
-    """The front's flusher (the compact topology): a `CommitLogFlusher` on a thread of the front's
-    process. The front holds the `Waiting` sends, wakes the thread after each turn that added
-    some, and answers them when the thread reports (each advance of `flushed`) on the inproc
-    socket `flushed_in` (the front's to poll). Any exception, a disk error first of all, ends
-    the thread, and the front's next `check` (every turn) raises it: the front stops, Ray
-    restarts it, and the sends it held never hear PUT_OK (CommitLogFlusher: never retried)."""
-
-    def __init__(self, settings, control, context: zmq.Context):
-        self.sync = settings.sync_flush
-        self.period_s = (GROUP_COMMIT_WAKE_MS if self.sync else min(50, settings.flushIntervalCommitLog)) / 1000
-        self.flusher = CommitLogFlusher(settings, control)
-        self.context = context
-        self.endpoint = f"inproc://flushed-{id(self)}"
-        self.flushed_in = socket(context, zmq.PULL, hwm=16)
-        self.flushed_in.bind(self.endpoint)  # before the thread connects
-        self.woken = threading.Event()
-        self.lock = threading.Lock()  # one flush_to_written at a time: `flushed` only moves forward
-        self.stopping = False
-        self.flushed_here = 0
-        self.disk_errors = 0
-        self.last_error = ""
-        self.failure: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="mqnode-flush", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def wake(self) -> None:
-        self.woken.set()
-
-    def _run(self) -> None:
-        report = socket(self.context, zmq.PUSH, hwm=16)
-        report.connect(self.endpoint)
-        reported = 0
-        control, slot = self.flusher.control, heartbeat_slot("flush")
-        try:
-            while not self.stopping:
-                # its own heartbeat: a hung fdatasync here leaves the front's loop turning, and the
-                # node's watch kills the process by this one (topology: the front's threads)
-                control.heartbeat(slot, monotonic_ms())
-                self.woken.wait(self.period_s)
-                self.woken.clear()  # before reading `written`: a wake after this read comes round again
-                if self.stopping:
-                    break
-                try:
-                    if self.sync:
-                        # Every advance is reported, woken or not: a wake that lands between a
-                        # timed-out wait and the clear is lost, but the flush after the clear
-                        # covers what that wake was for, and its report reaches the front.
-                        with self.lock:
-                            flushed = self.flusher.flush_to_written()
-                        if flushed > reported:
-                            reported = flushed
-                            _notify(report)
-                    else:
-                        self.flusher.async_turn()
-                except OSError as e:
-                    self.disk_errors += 1
-                    self.last_error = str(e)
-                    raise
-        except BaseException as e:  # the disk or a bug: the front must not go on with no flusher
-            self.failure = e
-        finally:
-            report.close(0)
-
-    def flush_here(self) -> bool:
-        """SYNC_FLUSH: the group commit on the calling thread, if the last fdatasync was quick
-        and the thread is not flushing. False: it did not, so wake the thread."""
-        if not self.sync or self.flusher.last_flush_ns > FLUSH_HERE_MAX_NS:
-            return False
-        if not self.lock.acquire(blocking=False):  # the thread is flushing: it goes round again
-            return False
-        try:
-            self.flusher.flush_to_written()  # an OSError stops the front: never retried
-        finally:
-            self.lock.release()
-        self.flushed_here += 1
-        return True
-
-    def take_reports(self) -> None:
-        """Empty `flushed_in` (the reports only say "look at `flushed`"; its queue holds 16)."""
-        for _ in range(64):
-            try:
-                self.flushed_in.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-
-    def check(self) -> None:
-        if self.failure is not None or (not self.stopping and not self.thread.is_alive()):
-            raise RuntimeError(f"the flush thread died: {self.failure!r}") from self.failure
-
-    def stop(self, *, flush: bool = True) -> None:
-        """Stop the thread, then (`flush`) flush what was written from the calling thread."""
-        self.stopping = True
-        self.woken.set()
-        if self.thread.is_alive():
-            self.thread.join(timeout=30)
-        if flush:
-            self.flusher.finish()
-
-    def statistics(self) -> dict:
-        return {"actor": "flush", "thread": "front", "alive": self.thread.is_alive(),
-                "flushedByFront": self.flushed_here, "diskErrors": self.disk_errors,
-                "lastError": self.last_error} | self.flusher.statistics()
-
-    def close(self) -> None:
-        self.flushed_in.close(0)
-        self.flusher.close()
 
 
 def _injected_flush_failure() -> int:
@@ -419,10 +312,3 @@ def _injected_count(variable: str) -> int:
     returns; unset, 0: never."""
     text = os.environ.get(variable, "")
     return int(text) if text.isdigit() else 0
-
-
-def _notify(report: zmq.Socket) -> None:
-    try:
-        report.send(b"", zmq.NOBLOCK)
-    except zmq.Again:
-        pass  # reports already queued say the same

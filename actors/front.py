@@ -2,19 +2,16 @@
 
 Sockets:
 - `clients` ROUTER, bound to `listen`: requests in, replies out (routed by the client's id).
-- links, not sockets (the split topology, node.server.topology; actors.links): a turn's send
-  requests, together, to the first ingress worker that keeps up (`actors.links.first_keeping_up`) or, with
-  `ingressWorkers = 0`, to the append writer; their replies back from the writer, the flush process and the ingress
-  workers. In the compact topology no writer process runs: the front is the
-  CommitLog's single writer, hosting the write core (`actors.writer.WriteCore`), appending each turn's
-  sends together and answering them itself; no flush process runs either: a thread of the
-  front flushes (`actors.flush`), and the front holds the SYNC_FLUSH sends until the thread
-  reports the disk has them.
+- links, not sockets (actors.links): a turn's send requests, together, to the first ingress
+  worker that keeps up (`actors.links.first_keeping_up`) or, with `ingressWorkers = 0`, to the
+  write service; their replies back from the write service, the group commit and the ingress
+  workers; read requests to the read service when this process hosts it (compact). Where the
+  other end is another process, a link is a ring in shared memory; where this process hosts it
+  (actors.host), a local link. The router never asks which: it is the same code either way.
 - `replies` PULL, bound: joined replies from the pull workers and the other services.
 - `stats` PULL, bound: every actor's statistics, once a second.
-- `pulls` PUSH, bound: read requests to the pull workers; in the compact topology none run and
-  the front serves reads itself, hosting the read core (`actors.pull.ReadCore`), subscribed
-  to the dispatcher's arrivals while it holds pulls.
+- `pulls` PUSH, bound: read requests to the pull workers, when they are processes of their own
+  (split).
 
 It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
 `flushConsumerOffsetInterval` ms and at stop). With `frontPinBelowCpu` set, while its load is
@@ -34,21 +31,17 @@ error reply; nothing a client sends can stop this loop.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 
 import orjson
 import zmq
 
-from actors.base import Actor, InjectedBug, doorbell, incoming, injected_bug_code, socket, wait_readable
-from actors.flush import GROUP_COMMIT_WAKE_MS, FlushThread, Waiting
+from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket
 from actors.front_ha import FrontReplication
-from actors.links import Inbox, Outbox, first_keeping_up
-from actors.pull import ReadCore, arrivals_socket, follow_arrivals, read_arrivals
+from actors.links import SocketOutbox, first_keeping_up, inbox, outbox
 from actors.router import Router, To
 from actors.schedule import REPUT_CLIENT
 from actors.wire import join_frames, read_meta, send_meta, unpack_replies
-from actors.writer import WriteCore, dispatcher_wakes, promoted_write_core, ring_ha, wake
 from actors import consumers, edge, guard
 from actors.consumers import ConsumerGroups
 from actors.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
@@ -68,21 +61,16 @@ FRAMES_OVERHEAD = 16  # join_frames' length prefixes of a send's four frames
 class Front(Actor):
     name = "front"
 
-    def __init__(self, settings, *, queue_offsets: dict[str, int] | None = None, recovered_offset: int = 0,
-                 hosts: dict[str, list[str]] | None = None):
+    def __init__(self, settings, *, hosts: dict[str, list[str]] | None = None):
         super().__init__(settings)
-        self.recovered = (queue_offsets, recovered_offset)  # for the write core, as the writer gets them
         self.hosts = hosts or {}  # service -> labels of the processes hosting it (node.server.topology)
-        # opened by `open`, in the actor's thread (None: not opened, or not hosted in this topology)
+        # opened by `open`, in the actor's thread (None: not opened)
         self.topics: TopicTable | None = None
         self.consumers: ConsumerGroups | None = None
         self.acl = self.acl_file = self.curve = None
-        self.writes: WriteCore | None = None
-        self.flushing: FlushThread | None = None
-        self.reads: ReadCore | None = None
-        self.ha_wake = self.acked_in = None
-        self.sends_out: list[Outbox] = []
-        self.inbox: Inbox | None = None
+        self.sends_out: list = []
+        self.reads_out = None
+        self.inbox = None
         self.pinner: ProcessPinner | None = None
         self.cpu_latency: CpuLatencyRequest | None = None
         self.accepting = True
@@ -98,22 +86,14 @@ class Front(Actor):
         self.clients.bind(s.listen)
         self.acl, self.acl_file = guard.open_acl(s) or (None, None)
         self.next_acl_look = time.monotonic() + 1.0
-        self.write_requests: list[list] = []  # this turn's sends (client, meta, header, body), appended together
-        if s.front_writes:  # (None on a slave until a promotion: its ha-client writes the CommitLog)
-            self.writes = promoted_write_core(s, self.control, self.recovered)
-            self.wakes = dispatcher_wakes(self.context, self.endpoints)
-            self.ha_wake = doorbell(s, "ha-wake", listen=False)
-            self.next_put_sample = 0.0
-        # the split topology: sends go out through rings (actors.links), a turn's together, to
-        # the writer or to each ingress worker in turn; their replies come back the same way
-        self.sends_out = ([Outbox(s, f"front-to-ingress-{i}") for i in range(s.ingressWorkers)]
-                          or [Outbox(s, "front-to-writer")]) if not s.front_writes else []
-        self.outgoing: list[tuple] = []  # this turn's sends: (frames, client, request, oneway)
+        # sends go out through links (actors.links), a turn's together, to the write service or to
+        # each ingress worker in turn; their replies come back the same way
+        self.sends_out = ([outbox(self, f"front-to-ingress-{i}", join_frames) for i in range(s.ingressWorkers)]
+                          or [outbox(self, "front-to-writer", join_frames)])
+        self.outgoing: list[tuple] = []  # this turn's sends: (parts, client, request, oneway)
         self.outgoing_bytes = 0
-        self.inbox = Inbox(s, "front") if not s.front_writes else None
-        self.pulls = socket(self.context, zmq.PUSH, hwm=100000)
-        self.pulls.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
-        self.pulls.bind(self.endpoints["pulls"])
+        self.inbox = inbox(self, unpack_replies)
+        self.reads_out = self._reads_out()
         self.cleans = socket(self.context, zmq.PUSH, hwm=100)  # `admin clean` to the clean service
         self.cleans.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.cleans.bind(self.endpoints["clean"])
@@ -140,20 +120,8 @@ class Front(Actor):
         self.replies.bind(self.endpoints["replies"])
         self.stats_in = socket(self.context, zmq.PULL, hwm=1000)
         self.stats_in.bind(self.endpoints["stats"])
-        self.poll_items = [(sock, zmq.POLLIN) for sock in (self.clients, self.replies, self.stats_in, self.reput_in)]
-        if self.inbox is not None:
-            self.poll_items.append((self.inbox.fileno(), zmq.POLLIN))
-        if s.front_flushes:
-            self.flushing = FlushThread(s, self.control, self.context)
-            self.waiting = Waiting(s.syncFlushTimeout)
-            self.acked_in = doorbell(s, "acked", listen=True)  # the ha-server's acks (SYNC_MASTER)
-            self.poll_items += [(self.flushing.flushed_in, zmq.POLLIN), (self.acked_in.fileno(), zmq.POLLIN)]
-            self.flushing.start()
-        self.read_replies: list = []
-        if s.reads_in_front:
-            self.reads = ReadCore(s, self.control, watcher=0)
-            self.arrivals = arrivals_socket(self.context, self.endpoints)
-            self.watch_items = self.poll_items + [(self.arrivals, zmq.POLLIN)]
+        self.items = [(sock, zmq.POLLIN) for sock in (self.clients, self.replies, self.stats_in, self.reput_in)]
+        self.items += self.inbox.poll_items()
         self.pinner = ProcessPinner(s.frontPinBelowCpu) if s.frontPinBelowCpu > 0 else None
         self.cpu_latency = CpuLatencyRequest(s.cpuIdleLatencyUs) if s.cpuIdleLatencyUs != NO_REQUEST else None
         self.bug_code = injected_bug_code(self.name)
@@ -164,26 +132,28 @@ class Front(Actor):
         """Shutdown: refuse new sends from now on; those in flight still get their replies."""
         self.accepting = False
 
-    def turn(self) -> None:
-        reads, writes, flushing = self.reads, self.writes, self.flushing
-        wait_ms = 50 if writes is None else writes.poll_ms  # a write-buffer commit may fall due
-        if flushing is not None and self.waiting:
-            wait_ms = min(wait_ms, GROUP_COMMIT_WAKE_MS)  # held sends may time out
-        if self.inbox is not None:  # replies waiting in a ring already: no sleep
-            wait_ms = self.inbox.wait_ms(wait_ms)
-        if reads is None:
-            events = wait_readable(self.poll_items, wait_ms)
-        else:
-            events = wait_readable(self.watch_items if reads.watching else self.poll_items,
-                                   min(wait_ms, reads.timeout_ms()))
-        if flushing is not None:  # first: these replies have waited longest
-            self._answer_flushed(events)
-        if writes is None and self.settings.front_writes:  # a slave: promoted meanwhile?
-            self.writes = promoted_write_core(self.settings, self.control, self.recovered)
+    def _reads_out(self):
+        """Where read requests go: the read service of this process (a local link), else the pull
+        workers over the bound `pulls` PUSH (ZeroMQ spreads them over the workers)."""
+        local = self.local_links.get("front-to-pull-0") if self.local_links is not None else None
+        if local is not None:
+            return local
+        pulls = socket(self.context, zmq.PUSH, hwm=100000)
+        pulls.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
+        pulls.bind(self.endpoints["pulls"])
+        return SocketOutbox(pulls, lambda read: [read[1], read_meta(read[2]), read[3], b""])
+
+    def poll_items(self) -> list:
+        return self.items
+
+    def timeout_ms(self) -> int:
+        return self.inbox.wait_ms(50)  # (replies waiting on a link already: no sleep)
+
+    def step(self, events: set) -> None:
         if self.replies in events:
             self._forward_replies()
-        if self.inbox is not None:  # (every turn: a ring's message may predate its doorbell's listener)
-            self._answer_joined(self.inbox.take())
+        for replies in self.inbox.take():  # (every turn: a ring's message may predate its doorbell's listener)
+            self._answer_replies(replies)
         if self.clients in events:
             self._serve_clients()
         if self.reput_in in events:
@@ -192,10 +162,6 @@ class Front(Actor):
             self._ship_sends()
         if self.stats_in in events:
             self._take_stats()
-        if writes is not None:
-            self._finish_writes()
-        if reads is not None:
-            self._finish_reads(events)
         if self.pinner is not None:
             self.pinner.check()
         now = time.monotonic()
@@ -214,101 +180,15 @@ class Front(Actor):
             self.next_acl_look = now + 1.0
             guard.reload_acl(self.acl, self.acl_file)
 
-    def follow_min_offset(self, min_offset: int) -> None:
-        if self.writes is not None:
-            self.writes.follow_min_offset(min_offset)
-        if self.reads is not None:
-            self.reads.follow_min_offset(min_offset)
-
     def drain(self) -> None:
+        """Last in its process (actors.host): the replies its neighbours' drains sent are answered."""
         if self.pinner is not None:
             self.pinner.release()
         self._release_cpu_latency()
-        if self.writes is not None:  # sends in hand (none once drained), then a write-buffer's tail
-            self._finish_writes()
-            self.writes.drain()
-            wake(self.writes, self.wakes)
-        if self.flushing is not None:  # then everything written is made durable and answered
-            self.flushing.stop()
-            self._answer_waits(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked"),
-                                                   everyone=True))
-        if self.reads is not None:
-            self.reads.release_all(self.read_replies)
-            self._send_read_replies()
+        for replies in self.inbox.take():
+            self._answer_replies(replies)
         if self.control.get("role") != ROLE_CODES["SLAVE"]:
             self.offsets.persist()
-
-    def _finish_writes(self) -> None:
-        """The compact topology: append this turn's sends together, answer those that do not wait
-        for the disk, make the group commit for the rest (or hand them to the flush thread or
-        actor), wake the dispatcher."""
-        writes = self.writes
-        if self.write_requests:
-            requests, self.write_requests = self.write_requests, []
-            now = time.monotonic_ns()
-            for client, arrival_ns, header in writes.append_requests(requests):
-                self._answer_send(client, arrival_ns, [header], now)
-        ring_ha(writes, self.ha_wake)  # first: the slave's copy is made while the disk flushes
-        waits = writes.take_waits() if self.flushing is not None else None
-        if waits:
-            self._answer_waits(self.waiting.add(waits))
-            # The group commit before the dispatcher's wake: with the dispatcher writing its
-            # ConsumeQueue and index pages meanwhile, fdatasync took ~150-200 µs longer
-            # (SYNC_FLUSH, 64 senders: 21-24k against 26-30k msgs/s, docs/performance.md).
-            # (SYNC_MASTER alone waits for the ha-server's acks: no flush to hurry.)
-            if not self.settings.sync_flush:
-                pass
-            elif self._only_flush_waits() and self.flushing.flush_here():
-                self._answer_waits(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked")))
-            else:
-                self.flushing.wake()
-        # A pull held here waits for the dispatcher's arrivals: while it lags the written end,
-        # wake it at once, never a poll later; also when this turn wrote nothing (the pull came
-        # in after a write whose wake was skipped).
-        writes.wake_now = (self.reads is not None and (self.reads.held_count > 0 or bool(self.reads.deferred))
-                           and self.control.get("dispatched") < self.control.get("written"))
-        writes.idle()
-        wake(writes, self.wakes, self.ha_wake)
-        if time.monotonic() >= self.next_put_sample:  # what the writer's statistics feed otherwise
-            self.next_put_sample = time.monotonic() + 1.0
-            self.store_stats.sample(int(time.time() * 1000), writes.put_times, writes.put_bytes, writes.put_failed)
-
-    def _only_flush_waits(self) -> bool:
-        """Nothing but the group commit waits for this thread: no request in, no pull held
-        (the fdatasync would keep them waiting)."""
-        if self.clients.getsockopt(zmq.EVENTS) & zmq.POLLIN or self.replies.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            return False
-        return self.reads is None or not self.reads.held_count
-
-    def _answer_flushed(self, events: set) -> None:
-        """The compact topology: answer the held sends the flush thread's last fdatasync covered, and
-        those held too long."""
-        flushing = self.flushing
-        flushing.check()
-        if flushing.flushed_in in events:
-            flushing.take_reports()
-        if self.acked_in.fileno() in events:
-            self.acked_in.drain()
-        if self.waiting:
-            self._answer_waits(self.waiting.settle(self.control.get("flushed"), self.control.get("slave_acked")))
-
-    def _answer_waits(self, replies: list[tuple]) -> None:
-        now = time.monotonic_ns()
-        for client, arrival_ns, header in replies:
-            self._answer_send(client, arrival_ns, [header], now)
-
-    def _finish_reads(self, events: set) -> None:
-        """The compact topology: wake held pulls whose queues grew, end expired ones, send the replies."""
-        if self.arrivals in events:
-            read_arrivals(self.reads, self.arrivals, self.read_replies)
-        follow_arrivals(self.reads, self.arrivals, self.read_replies)
-        self.reads.after_turn(self.read_replies)
-        self._send_read_replies()
-
-    def _send_read_replies(self) -> None:
-        for reply in self.read_replies:  # (client, -arrival, header[, body])
-            self._reply(reply[0], list(reply[2:]))
-        self.read_replies.clear()
 
     # -- clients -----------------------------------------------------------------------------------
 
@@ -339,10 +219,9 @@ class Front(Actor):
         route = self.router.route(request)
         if route.to is To.SEND:
             self._send(client, request, frames)
-        elif route.to is To.READ and self.reads is not None:
-            self.reads.serve_request(request.header, client, time.monotonic_ns(), self.read_replies)
         elif route.to is To.READ:
-            self._forward(self.pulls, client, request, frames, "no pull worker is available")
+            if not self.reads_out.send((request.header, client, time.monotonic_ns(), frames[0])):
+                self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY", "no pull worker is available"))
         elif route.to is To.SCHEDULE:  # (its header as the router completed it)
             self._forward(self.schedules, client, request, [orjson.dumps(request.header)],
                           "the schedule service is not running; try again")
@@ -377,10 +256,8 @@ class Front(Actor):
 
     def _runtime_info(self) -> dict:
         actors = dict(self.actor_stats) | {"front": self.statistics()}
-        if self.writes is not None:  # the write core, in the front's process
-            actors["writer"] = {"actor": "writer", "pid": os.getpid()} | self.writes.statistics()
-        if self.flushing is not None:
-            actors["flush"] = self.flushing.statistics() | self.waiting.statistics()
+        for neighbour in self.neighbours:  # the services of this process: live, not a second old
+            actors[neighbour.label] = neighbour.statistics()
         return {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)), "actors": dict(sorted(actors.items())),
                 "control": self.control.snapshot(), "services": services_with_pids(self.hosts, actors),
                 "supervision": supervision_counts(self.settings)}
@@ -404,7 +281,7 @@ class Front(Actor):
         oneway = request.header.get("oneway") is True  # (a oneway that is not a bool is refused, with a reply)
         if not self.accepting:
             return self._refuse(client, request, oneway, "SERVICE_NOT_AVAILABLE", "the node is shutting down")
-        if self.replication.is_slave() or (self.settings.front_writes and self.writes is None):
+        if self.replication.is_slave():
             return self._refuse(client, request, oneway, "SERVICE_NOT_AVAILABLE",
                                 f"this node is a slave of {self.settings.haMasterAddress}: send to its master")
         if self.in_flight >= self.settings.sendQueueCapacity:
@@ -425,12 +302,13 @@ class Front(Actor):
             return self._refuse(client, request, oneway, status, remark)
         meta = send_meta(time.monotonic_ns(), refusals)
         body = frames[1] if len(frames) == 2 else b""
-        if self.writes is not None:  # the write core takes the parsed header as it is
-            self.write_requests.append([client, meta, request.header, body])
+        first = self.sends_out[0]
+        if first.local:  # the write service of this process takes the parsed header as it is
+            self.outgoing.append(([client, meta, request.header, body], client, request, oneway))
         else:
             parts = [client, orjson.dumps(meta), frames[0], body]
             size = sum(len(part) for part in parts) + FRAMES_OVERHEAD
-            largest = self.sends_out[0].ring.max_message
+            largest = first.max_message
             if size > largest:  # a request no ring message can hold: the client's, so refused
                 return self._refuse(client, request, oneway, "MESSAGE_ILLEGAL",
                                     f"a send request of {size} bytes; this node takes at most {largest}")
@@ -444,10 +322,10 @@ class Front(Actor):
             self._ship_sends()
 
     def _ship_sends(self) -> None:
-        """The split topology: this turn's sends, as one ring message, to the writer or to the
-        next ingress worker; SYSTEM_BUSY to each when that ring is full (its consumer is behind)."""
+        """This turn's sends, as one message, to the write service or to the next ingress worker;
+        SYSTEM_BUSY to each when that link is full (its consumer is behind)."""
         outgoing, self.outgoing, self.outgoing_bytes = self.outgoing, [], 0
-        if first_keeping_up(self.sends_out, SHIP_BYTES).send(join_frames([frames for frames, *_ in outgoing])):
+        if first_keeping_up(self.sends_out, SHIP_BYTES).send([parts for parts, *_ in outgoing]):
             return
         for _, client, request, oneway in outgoing:
             if not oneway:
@@ -478,14 +356,16 @@ class Front(Actor):
     # -- replies and statistics --------------------------------------------------------------------
 
     def _forward_replies(self) -> None:
-        self._answer_joined(incoming(self.replies, MAX_TAKE, multipart=False))
+        for joined in incoming(self.replies, MAX_TAKE, multipart=False):
+            self._answer_replies(unpack_replies(joined))
 
-    def _answer_joined(self, messages) -> None:
-        """Replies joined by `pack_replies` (from the rings of the write path, or ZeroMQ)."""
+    def _answer_replies(self, replies) -> None:
+        """Replies, each (client, arrival ns, header[, body]), from a link or the `replies` socket;
+        a read's arrival is negative."""
         now = time.monotonic_ns()
-        for joined in messages:
-            for client, arrival_ns, header, body in unpack_replies(joined):
-                self._answer_send(client, arrival_ns, [header, body] if body else [header], now)
+        for reply in replies:
+            frames = [reply[2], reply[3]] if len(reply) > 3 and reply[3] else [reply[2]]
+            self._answer_send(reply[0], reply[1], frames, now)
 
     def _answer_send(self, client: bytes, arrival_ns: int, frames: list[bytes], now: int) -> None:
         if arrival_ns >= 0:  # a send's reply (reads are marked with a negative arrival)
@@ -510,9 +390,8 @@ class Front(Actor):
             stats["cpuPinning"] = self.pinner.statistics()
         if self.cpu_latency is not None:
             stats["cpuLatency"] = self.cpu_latency.statistics(time.monotonic())
-        for key, part in (("reads", self.reads), ("consumerGroups", self.consumers), ("acl", self.acl),
-                          ("curve", self.curve)):
-            if part is not None:  # (each service the front hosts, once opened)
+        for key, part in (("consumerGroups", self.consumers), ("acl", self.acl), ("curve", self.curve)):
+            if part is not None:  # (each part of the router, once opened)
                 stats[key] = part.statistics()
         return stats
 
@@ -522,12 +401,11 @@ class Front(Actor):
 
     def close(self) -> None:
         self._release_cpu_latency()  # (released in drain, unless the front failed)
-        if self.flushing is not None:
-            self.flushing.stop(flush=False)  # (stopped already, unless the front failed)
-            self.flushing.close()
-        for end in (self.reads, self.writes, self.ha_wake, self.acked_in, *self.sends_out, self.inbox):
-            if end is not None:
+        for end in (*self.sends_out, self.reads_out):
+            if end is not None and not end.local:  # (local links: the host's, closed by it)
                 end.close()
+        if self.inbox is not None:
+            self.inbox.close()
         if self.curve is not None:
             self.curve.stop()
         super().close()

@@ -15,10 +15,9 @@ from __future__ import annotations
 import time
 
 import orjson
-import zmq
 
-from actors.base import Actor, wait_readable
-from actors.links import Inbox, Outbox
+from actors.base import Actor
+from actors.links import Inbox, Outbox, inbox, outbox
 from actors.wire import group_to_wire, join_frames, pack_replies, split_frames
 from node import protocol
 from actors.sendcore import PendingSend, SendEncoder, add_request_atomic
@@ -108,23 +107,28 @@ class Ingress(Actor):
         self.replies: Outbox | None = None
 
     def open(self) -> None:
-        self.inbox = Inbox(self.settings, self.label)  # the front's sends
-        self.records = Outbox(self.settings, f"{self.label}-to-writer")
-        self.replies = Outbox(self.settings, f"{self.label}-to-front")
-        self.poll_items = [(self.inbox.fileno(), zmq.POLLIN)]
+        self.inbox = inbox(self, lambda joined: split_frames(joined, 4))  # the router's sends
+        self.records = outbox(self, f"{self.label}-to-writer", lambda group: join_frames([group_to_wire(*group)]))
+        self.replies = outbox(self, f"{self.label}-to-front", lambda replies: [pack_replies(replies)])
+        self.items = self.inbox.poll_items()
 
-    def turn(self) -> None:
-        wait_readable(self.poll_items, self.inbox.wait_ms(50))
+    def poll_items(self) -> list:
+        return self.items
+
+    def timeout_ms(self) -> int:
+        return self.inbox.wait_ms(50)
+
+    def step(self, events: set) -> None:
         messages = []
-        for joined in self.inbox.take():
-            messages += split_frames(joined, 4)
+        for requests in self.inbox.take():
+            messages += requests
         if not messages:
             return
         groups, replies = self.batcher.build(messages)
         if replies:
-            self.replies.send_waiting([pack_replies(replies)])
+            self.replies.send_waiting(replies)
         for group in groups:
-            self.records.send_waiting(join_frames([group_to_wire(*group)]))
+            self.records.send_waiting(group)
             self.batches += 1
             self.encoded += len(group[0])
 

@@ -20,31 +20,82 @@ opens the ends it owns. The compact topology has none: its front hosts the write
 | flush-to-front        | flush     | front     | replies of the held sends                   |
 
 Message formats are actors.wire's: a turn's sends or an encoded group as length-prefixed
-frames (`join_frames`), replies as `pack_replies`, held sends as `waits_to_wire`.
+frames (`join_frames`), replies as `pack_replies`, held sends as `waits_to_wire`. Each end is
+given the codec of its link (`encode` at the producer, `decode` at the consumer), so a service
+sends and takes Python objects whichever way the link runs.
+
+When both ends of a link are shells hosted by one process (actors.host: the compact topology's
+front hosts the router, write, read and, on a thread, group commit), the link is a `LocalLink`
+instead: a deque of those objects, no bytes at all, and an eventfd that wakes a consumer on
+another thread. `LocalLinks` makes a process's local links before its shells open; `outbox`
+and `inbox` give a shell the right end whichever process hosts it, so no service asks which
+topology it runs in.
+
+| local link (compact) | producer  | consumer  | carries                                      |
+|----------------------|-----------|-----------|----------------------------------------------|
+| front-to-pull-0      | front     | pull-0    | read requests (header, client, arrival, raw) |
+| pull-0-to-front      | pull-0    | front     | read replies                                 |
+
+(in split the read path's hand-offs are ZeroMQ's PUSH/PULL, which spread reads over the pull
+workers: `SocketInbox`, `SocketOutbox`.)
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections import deque
 
-from actors.base import Doorbell
+import zmq
+
+from actors.base import Doorbell, incoming
+from node.client.frames import send_frames
 from shm.ring import Ring, RingFull, inbound, ring_dir, wake_path
 
 FULL_WAIT_S = 30.0  # a producer whose consumer takes nothing for this long stops (its restart is recovery)
 
 
 class Outbox:
-    """The producer's end of one link."""
+    """The producer's end of one link between processes: a ring. `encode` turns the object a
+    service sends into the message's parts (bytes)."""
 
-    def __init__(self, settings, name: str):
+    local = False
+
+    def __init__(self, settings, name: str, encode=None):
         self.name = name
+        self.encode = encode
         self.ring = Ring(ring_dir(settings) / f"{name}.ring")
         self.bell = Doorbell(wake_path(settings, name.rpartition("-to-")[2]), listen=False)
         self.waited_s = 0.0
         self.rung = 0
 
-    def send(self, parts) -> bool:
+    def send(self, item) -> bool:
         """Publish one message and wake the consumer; False when the ring is full."""
+        return self._offer(item if self.encode is None else self.encode(item))
+
+    def send_waiting(self, item) -> None:
+        """Publish one message that must not be dropped (replies, held sends, encoded groups),
+        waiting while the consumer catches up; a consumer that takes nothing for FULL_WAIT_S
+        (gone for good, or hung and about to be killed) stops this process."""
+        parts = item if self.encode is None else self.encode(item)
+        if self._offer(parts):
+            return
+        began = time.monotonic()
+        while not self._offer(parts):
+            self.bell.ring()
+            if time.monotonic() - began > FULL_WAIT_S:
+                raise RuntimeError(f"link {self.name}: its consumer took nothing for {FULL_WAIT_S:.0f} s")
+            time.sleep(0.0005)
+        self.waited_s += time.monotonic() - began
+
+    @property
+    def max_message(self) -> int:
+        return self.ring.max_message
+
+    def pending_bytes(self) -> int:
+        return self.ring.pending_bytes()
+
+    def _offer(self, parts) -> bool:
         try:
             self.ring.offer(parts)
         except RingFull:
@@ -53,20 +104,6 @@ class Outbox:
             self.bell.ring()
             self.rung += 1
         return True
-
-    def send_waiting(self, parts) -> None:
-        """Publish one message that must not be dropped (replies, held sends, encoded groups),
-        waiting while the consumer catches up; a consumer that takes nothing for FULL_WAIT_S
-        (gone for good, or hung and about to be killed) stops this process."""
-        if self.send(parts):
-            return
-        began = time.monotonic()
-        while not self.send(parts):
-            self.bell.ring()
-            if time.monotonic() - began > FULL_WAIT_S:
-                raise RuntimeError(f"link {self.name}: its consumer took nothing for {FULL_WAIT_S:.0f} s")
-            time.sleep(0.0005)
-        self.waited_s += time.monotonic() - began
 
     def statistics(self) -> dict:
         return self.ring.statistics() | {"waitedSeconds": round(self.waited_s, 3), "rung": self.rung}
@@ -77,14 +114,20 @@ class Outbox:
 
 
 class Inbox:
-    """A consumer's ends of all its links, and its doorbell (one descriptor to poll)."""
+    """A consumer's ends of all its links: rings from other processes (with its doorbell) and
+    local links from shells of its own process. `decode` turns a ring's message into the object
+    its producer sent; a local link's objects come as they were sent."""
 
-    def __init__(self, settings, consumer: str):
-        self.bell = Doorbell(wake_path(settings, consumer), listen=True)
-        self.rings = {name: Ring(ring_dir(settings) / f"{name}.ring") for name in inbound(settings, consumer)}
+    def __init__(self, settings, consumer: str, decode=None, local: list[LocalLink] | tuple = ()):
+        names = inbound(settings, consumer)
+        self.bell = Doorbell(wake_path(settings, consumer), listen=True) if names else None
+        self.rings = {name: Ring(ring_dir(settings) / f"{name}.ring") for name in names}
+        self.from_local = list(local)
+        self.decode = decode
 
-    def fileno(self) -> int:
-        return self.bell.fileno()
+    def poll_items(self) -> list:
+        items = [(self.bell.fileno(), zmq.POLLIN)] if self.bell is not None else []
+        return items + [(link.fileno(), zmq.POLLIN) for link in self.from_local]
 
     def wait_ms(self, timeout_ms: int) -> int:
         """How long the consumer may wait on its doorbell: 0 when a message came since its last
@@ -92,24 +135,200 @@ class Inbox:
         pending = False
         for ring in self.rings.values():
             pending |= ring.about_to_sleep()
+        for link in self.from_local:
+            pending |= link.about_to_sleep()
         return 0 if pending else timeout_ms
 
-    def take(self, limit: int = 8 * 1024 * 1024) -> list[bytes]:
-        """Every message waiting on any link (about `limit` bytes a link at most). The doorbell
+    def take(self, limit: int = 8 * 1024 * 1024) -> list:
+        """Every message waiting on any link (about `limit` bytes a ring at most). The doorbell
         is drained first: a ring after this finds the messages it announces, or wakes us again."""
-        self.bell.drain()
-        out: list[bytes] = []
-        for ring in self.rings.values():
-            out += ring.take(limit)  # (what a limit leaves makes the next `wait_ms` 0: no sleep)
+        out: list = []
+        if self.bell is not None:
+            self.bell.drain()
+            decode = self.decode
+            for ring in self.rings.values():  # (what a limit leaves makes the next `wait_ms` 0: no sleep)
+                out += ring.take(limit) if decode is None else [decode(message) for message in ring.take(limit)]
+        for link in self.from_local:
+            out += link.take()
         return out
 
     def statistics(self) -> dict:
         return {name: ring.statistics() for name, ring in self.rings.items()}
 
     def close(self) -> None:
-        self.bell.close()
+        if self.bell is not None:
+            self.bell.close()
         for ring in self.rings.values():
             ring.close()
+
+
+MAX_LOCAL = 100_000  # objects a local link holds; past it the producer waits, as on a full ring
+
+
+class LocalLink:
+    """A link whose two ends are shells of one process (actors.host): a deque of the objects
+    sent, no encoding. Its consumer may run on another thread (the compact front's group commit),
+    so it is woken through an eventfd, and only when it may be asleep: the consumer sets
+    `sleeping` and then looks at the deque once more (`about_to_sleep`), the producer appends and
+    then looks at `sleeping`. Under the GIL each of these steps is atomic and they are seen in
+    order, so either the consumer sees the object or the producer rings (the ring's protocol,
+    shm.ring, without a fence)."""
+
+    local = True
+    max_message = 1 << 62  # (nothing is copied: any request fits)
+
+    def __init__(self, name: str):
+        self.name = name
+        self.items: deque = deque()
+        self.sleeping = False
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.sent = self.rung = 0
+        self.waited_s = 0.0
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def send(self, item) -> bool:
+        """Hand `item` to the consumer; False while MAX_LOCAL wait (it is behind)."""
+        if len(self.items) >= MAX_LOCAL:
+            return False
+        self.items.append(item)
+        self.sent += 1
+        if self.sleeping:
+            self.sleeping = False
+            os.eventfd_write(self.fd, 1)
+            self.rung += 1
+        return True
+
+    def send_waiting(self, item) -> None:
+        """As `Outbox.send_waiting`: a consumer that takes nothing for FULL_WAIT_S stops this process."""
+        began = time.monotonic()
+        while not self.send(item):
+            if time.monotonic() - began > FULL_WAIT_S:
+                raise RuntimeError(f"link {self.name}: its consumer took nothing for {FULL_WAIT_S:.0f} s")
+            time.sleep(0.0005)
+        self.waited_s += time.monotonic() - began
+
+    def poll_items(self) -> list:  # (a consumer with only this link takes it as its inbox)
+        return [(self.fd, zmq.POLLIN)]
+
+    def wait_ms(self, timeout_ms: int) -> int:
+        return 0 if self.about_to_sleep() else timeout_ms
+
+    def about_to_sleep(self) -> bool:
+        """The consumer, before it waits: True when something is waiting (then it must not)."""
+        self.sleeping = True
+        return bool(self.items)
+
+    def take(self) -> list:
+        self.sleeping = False
+        try:
+            os.eventfd_read(self.fd)
+        except BlockingIOError:
+            pass  # not rung
+        items, out = self.items, []
+        for _ in range(len(items)):  # (what a producer on another thread adds meanwhile waits a turn)
+            out.append(items.popleft())
+        return out
+
+    def pending_bytes(self) -> int:
+        return 0  # (as a ring that keeps up: `first_keeping_up` looks no further)
+
+    def statistics(self) -> dict:
+        return {"local": True, "sent": self.sent, "pending": len(self.items), "rung": self.rung,
+                "waitedSeconds": round(self.waited_s, 3)}
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def local_link_ends(settings) -> dict[str, tuple[str, str]]:
+    """Every link a shell may have with another shell: name -> (producer, consumer), both shell
+    labels. Those whose two ends a process hosts together are local (`LocalLinks`); the write
+    path's others are rings (shm.ring.rings), the read path's ZeroMQ sockets."""
+    ends = {"front-to-writer": ("front", "writer"), "writer-to-front": ("writer", "front"),
+            "writer-to-flush": ("writer", "flush"), "flush-to-front": ("flush", "front"),
+            "front-to-pull-0": ("front", "pull-0"), "pull-0-to-front": ("pull-0", "front")}
+    for i in range(settings.ingressWorkers):
+        ends |= {f"front-to-ingress-{i}": ("front", f"ingress-{i}"),
+                 f"ingress-{i}-to-writer": (f"ingress-{i}", "writer"),
+                 f"ingress-{i}-to-front": (f"ingress-{i}", "front")}
+    return ends
+
+
+class LocalLinks:
+    """The local links of one process: those whose producer and consumer are both among the
+    shells it hosts (`labels`). Made before any of them opens."""
+
+    def __init__(self, settings, labels):
+        self.links = {name: LocalLink(name) for name, (producer, consumer) in local_link_ends(settings).items()
+                      if producer in labels and consumer in labels}
+
+    def get(self, name: str) -> LocalLink | None:
+        return self.links.get(name)
+
+    def into(self, consumer: str) -> list[LocalLink]:
+        return [link for name, link in self.links.items() if name.endswith(f"-to-{consumer}")]
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
+
+
+def outbox(actor, name: str, encode=None) -> Outbox | LocalLink:
+    """The producer's end of link `name` for `actor`: local when its process hosts the consumer."""
+    local = actor.local_links.get(name) if actor.local_links is not None else None
+    return local if local is not None else Outbox(actor.settings, name, encode)
+
+
+def inbox(actor, decode=None) -> Inbox:
+    """Every link into `actor` (by its label): rings from other processes, local links from its own."""
+    local = actor.local_links.into(actor.label) if actor.local_links is not None else ()
+    return Inbox(actor.settings, actor.label, decode, local)
+
+
+class SocketInbox:
+    """A ZeroMQ PULL socket as an inbox (the read path across processes): `decode` turns each
+    message's frames into the object its producer sent (None for one that does not parse)."""
+
+    local = False
+
+    def __init__(self, sock: zmq.Socket, decode, limit: int):
+        self.sock, self.decode, self.limit = sock, decode, limit
+
+    def poll_items(self) -> list:
+        return [(self.sock, zmq.POLLIN)]
+
+    def wait_ms(self, timeout_ms: int) -> int:
+        return timeout_ms
+
+    def take(self) -> list:
+        return [self.decode(frames) for frames in incoming(self.sock, self.limit)]
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+class SocketOutbox:
+    """A ZeroMQ PUSH socket as an outbox: `send` is False when the socket would block past its
+    SNDTIMEO (its peers are behind or gone)."""
+
+    local = False
+
+    def __init__(self, sock: zmq.Socket, encode):
+        self.sock, self.encode = sock, encode
+
+    def send(self, item) -> bool:
+        try:
+            send_frames(self.sock, self.encode(item))
+            return True
+        except zmq.Again:
+            return False
+
+    def close(self) -> None:
+        self.sock.close(0)
 
 
 def first_keeping_up(outboxes: list[Outbox], turn_bytes: int) -> Outbox:
@@ -120,9 +339,9 @@ def first_keeping_up(outboxes: list[Outbox], turn_bytes: int) -> Outbox:
     all work."""
     best = outboxes[0]
     for out in outboxes:
-        pending = out.ring.pending_bytes()
+        pending = out.pending_bytes()
         if pending < turn_bytes:
             return out
-        if pending < best.ring.pending_bytes():
+        if pending < best.pending_bytes():
             best = out
     return best

@@ -1,6 +1,8 @@
 """pull: serves the read side from read-only mappings, and holds empty pulls (long polling).
 
-Sockets: `requests` PULL (connected to the front's `pulls`), `replies` PUSH to the front,
+Links (actors.links): read requests in from the router, replies out to it: the front's `pulls`
+PUSH and `replies` PULL sockets when this shell runs in a pull worker process of its own
+(split), local links when it runs in the front's process (compact, actors.host). Socket:
 `arrivals` SUB (connected to the dispatcher's PUB: "queue grew" announcements).
 
 Requests: PULL_MESSAGE, GET_MAX_OFFSET, GET_MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP,
@@ -25,10 +27,8 @@ at most MAX_DEFERRED wait at once.
 
 The service is two classes: `ReadCore`, the reads and the holds with no socket (the control
 block, the store's mappings and a clock in; replies out), and `Pull`, the thin shell that owns
-the sockets and the loop in the split topology. In the compact topology (node.server.topology)
-no pull worker runs: the front hosts a ReadCore and serves reads in its own loop, which saves two
-ipc hops and a process wake-up per pull. `follow_arrivals` and `read_arrivals` are the arrivals
-socket's side, shared by both shells.
+the links and sockets, whichever process hosts it: in compact, the front's process loop, which
+saves two ipc hops and a process wake-up per pull.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ import time
 import orjson
 import zmq
 
-from actors.base import Actor, incoming, socket, wait_readable
+from actors.base import Actor, incoming, socket
+from actors.links import SocketInbox, SocketOutbox
 from actors.wire import arrivals_from_wire, pack_replies
 from node import protocol
 from actors.tiered import ArchiveDamaged, TieredArchive
@@ -407,48 +408,53 @@ class ReadCore:
 
 
 class Pull(Actor):
-    """The read service's shell in the split topology: read requests from the front's `pulls`,
-    replies to the front, the dispatcher's arrivals while pulls are held."""
+    """The read service's shell: read requests from the router, replies to it, the dispatcher's
+    arrivals while pulls are held."""
 
     name = "pull"
 
     def __init__(self, settings, *, instance: int = 0):
         super().__init__(settings, instance=instance)
         self.core: ReadCore | None = None
+        self.requests = self.replies = None
 
     def open(self) -> None:
         self.core = ReadCore(self.settings, self.control, watcher=1 + self.instance)
         self.arrivals = arrivals_socket(self.context, self.endpoints)
-        self.requests = socket(self.context, zmq.PULL, hwm=100000)
-        self.requests.connect(self.endpoints["pulls"])
-        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
-        self.replies.connect(self.endpoints["replies"])
-        self.poll_items = [(self.requests, zmq.POLLIN), (self.arrivals, zmq.POLLIN)]
-        self.idle_items = self.poll_items[:1]
+        self.requests, self.replies = self._links()
+        self.idle_items = self.requests.poll_items()
+        self.watch_items = self.idle_items + [(self.arrivals, zmq.POLLIN)]
 
-    def turn(self) -> None:
-        core = self.core
-        events = wait_readable(self.poll_items if core.watching else self.idle_items, core.timeout_ms())
-        out: list = []
+    def _links(self):
+        """The router's end: local links in its process, else the front's sockets."""
+        links = self.local_links
+        if links is not None and links.get(f"front-to-{self.label}") is not None:
+            return links.into(self.label)[0], links.get(f"{self.label}-to-front")
+        requests = socket(self.context, zmq.PULL, hwm=100000)
+        requests.connect(self.endpoints["pulls"])
+        replies = socket(self.context, zmq.PUSH, hwm=100000)
+        replies.connect(self.endpoints["replies"])
+        return SocketInbox(requests, _read_request, MAX_TAKE), SocketOutbox(replies, lambda out: [pack_replies(out)])
+
+    def poll_items(self) -> list:
+        return self.watch_items if self.core.watching else self.idle_items
+
+    def timeout_ms(self) -> int:
+        return self.requests.wait_ms(self.core.timeout_ms())
+
+    def step(self, events: set) -> None:
+        core, out = self.core, []
         if self.arrivals in events:
             read_arrivals(core, self.arrivals, out)
-        if self.requests in events:
-            for frames in incoming(self.requests, MAX_TAKE):
-                self._serve_frames(frames, out)
+        for request in self.requests.take():
+            if request is None:
+                self.errors += 1  # (not the router's frames: nobody to answer)
+            else:
+                core.serve_request(request[0], request[1], request[2], out)
         follow_arrivals(core, self.arrivals, out)
         core.after_turn(out)
         if out:
-            self.replies.send(pack_replies(out))
-
-    def _serve_frames(self, frames: list[bytes], out: list) -> None:
-        try:
-            client, meta_raw, header_raw, _ = frames
-            header = orjson.loads(header_raw)
-            arrival = orjson.loads(meta_raw)["t"]
-        except (ValueError, KeyError, orjson.JSONDecodeError):
-            self.errors += 1
-            return
-        self.core.serve_request(header, client, arrival, out)
+            self.replies.send(out)
 
     def follow_min_offset(self, min_offset: int) -> None:
         self.core.follow_min_offset(min_offset)
@@ -457,7 +463,7 @@ class Pull(Actor):
         out: list = []
         self.core.release_all(out)
         if out:
-            self.replies.send(pack_replies(out))
+            self.replies.send(out)
 
     def statistics(self) -> dict:
         return super().statistics() | (self.core.statistics() if self.core is not None else {})
@@ -465,7 +471,19 @@ class Pull(Actor):
     def close(self) -> None:
         if self.core is not None:
             self.core.close()
+        for end in (self.requests, self.replies):
+            if end is not None and not end.local:  # (local links: the host's)
+                end.close()
         super().close()
+
+
+def _read_request(frames: list[bytes]) -> tuple | None:
+    """The router's frames of a read request -> (header, client, arrival), None when they do not parse."""
+    try:
+        client, meta_raw, header_raw, _ = frames
+        return orjson.loads(header_raw), client, orjson.loads(meta_raw)["t"]
+    except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+        return None
 
 
 def arrivals_socket(context: zmq.Context, endpoints: dict) -> zmq.Socket:

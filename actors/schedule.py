@@ -209,7 +209,7 @@ class Schedule(Actor):
         self.send_backs.connect(self.endpoints["schedule"])
         self.replies = socket(self.context, zmq.PUSH, hwm=10000)
         self.replies.connect(self.endpoints["replies"])
-        self.poll_items = [(self.answers, zmq.POLLIN), (self.send_backs, zmq.POLLIN)]
+        self.items = [(self.answers, zmq.POLLIN), (self.send_backs, zmq.POLLIN)]
         self.opaque = random.randrange(1 << 30)
         self.next_persist = time.monotonic() + s.flushDelayOffsetInterval / 1000
         self.timers = self._open_timers(dispatched) if s.timerWheelEnable else None
@@ -241,7 +241,7 @@ class Schedule(Actor):
         elif self.timers is not None:  # new timer messages are looked for every TIMER_LOOK_MS
             next_due = self.timers.next_due()
             wait_ms = min(wait_ms, TIMER_LOOK_MS, next_due - time.time_ns() // 1_000_000 + 1 if next_due else wait_ms)
-        events = wait_readable(self.poll_items, max(1, min(500, wait_ms)))
+        events = wait_readable(self.items, max(1, min(500, wait_ms)))
         now = time.monotonic()
         if self.answers in events:
             for frames in incoming(self.answers, 4096):

@@ -8,10 +8,9 @@ unless the dispatcher is polling (actors.dispatcher).
 
 The service is two classes: `WriteCore`, the single writer's logic with no socket (the control
 block, the CommitLog and a clock in; replies, flush waits and "wake the dispatcher" out), and
-`Writer`, the thin shell that owns the sockets and the loop in the split topology. In the
-compact topology (node.server.topology) no writer process runs: the front hosts a
-WriteCore and is the CommitLog's single writer; a request then crosses one hop and wakes one
-process fewer (docs/performance.md).
+`Writer`, the thin shell that owns the links and sockets. The shell runs alone in the writer
+process (split), or in the front's process loop beside the router (compact, actors.host): then
+its links to the router and the group commit are local, and a send crosses no process.
 
 Per group: one append (one copy per segment, three patches per record), then the written
 position and store time are published in the control block, then the replies go out: to the
@@ -36,9 +35,9 @@ import time
 
 import zmq
 
-from actors.base import Actor, Doorbell, conflated, doorbell, wait_readable
+from actors.base import Actor, Doorbell, conflated, doorbell
 from actors.ingress import RequestBatcher
-from actors.links import Inbox, Outbox
+from actors.links import inbox, outbox
 from actors.wire import group_from_wire, pack_replies, split_frames, waits_to_wire
 from node.client.frames import NOBLOCK
 from actors import sendcore, sendreply
@@ -342,8 +341,8 @@ class WriteCore:
 
 
 class Writer(Actor):
-    """The write service's shell in the split topology: the records PULL socket in, replies to
-    the front, waits to the flush process, wake-ups to the dispatcher."""
+    """The write service's shell: sends (or the ingress workers' groups) in, replies to the
+    router, held sends to the group commit, wake-ups to the dispatcher and the ha-server."""
 
     name = "writer"
 
@@ -351,40 +350,51 @@ class Writer(Actor):
         super().__init__(settings)
         self.recovered = (queue_offsets, recovered_offset)
         self.core: WriteCore | None = None
-        self.inbox: Inbox | None = None
-        self.replies: Outbox | None = None
-        self.waits: Outbox | None = None
+        self.inbox = self.replies = self.waits = None
         self.ha: Doorbell | None = None
 
     def open(self) -> None:
         self.core = None  # on a slave, until a promotion: the ha-client writes the CommitLog
         self._open_core()
-        self.inbox = Inbox(self.settings, "writer")  # sends from the front, or the ingress workers' groups
-        self.poll_items = [(self.inbox.fileno(), zmq.POLLIN)]
-        self.replies = Outbox(self.settings, "writer-to-front")
-        self.waits = Outbox(self.settings, "writer-to-flush")
+        # sends from the router (which this shell encodes), or the ingress workers' groups
+        per = 4 if self.settings.ingressWorkers == 0 else 2
+        self.inbox = inbox(self, lambda joined: split_frames(joined, per))
+        self.items = self.inbox.poll_items()
+        self.replies = outbox(self, "writer-to-front", lambda replies: [pack_replies(replies)])
+        self.waits = outbox(self, "writer-to-flush", lambda waits: [waits_to_wire(waits)])
         self.wakes = dispatcher_wakes(self.context, self.endpoints)
         self.ha = doorbell(self.settings, "ha-wake", listen=False)
 
     def _open_core(self) -> None:
         self.core = promoted_write_core(self.settings, self.control, self.recovered)
 
-    def turn(self) -> None:
+    def poll_items(self) -> list:
+        return self.items
+
+    def timeout_ms(self) -> int:
         core = self.core
-        if core is None:  # a slave: the front refuses sends; wait for a promotion
-            self.stopping.wait(0.02)
+        if core is None:  # a slave: the router refuses sends; look for a promotion now and then
+            return 20
+        return self.inbox.wait_ms(core.poll_ms)
+
+    def step(self, events: set) -> None:
+        core = self.core
+        if core is None:
             self._open_core()
             return
-        wait_readable(self.poll_items, self.inbox.wait_ms(core.poll_ms))
         messages = []
-        for joined in self.inbox.take():  # a turn's sends of the front, or a group of an ingress worker
-            messages += split_frames(joined, 4 if core.batcher is not None else 2)
+        for requests in self.inbox.take():  # a turn's sends of the router, or groups of an ingress worker
+            messages += requests
         if messages:
             replies = core.append_requests(messages)
             if replies:
-                self.replies.send_waiting([pack_replies(replies)])
+                self.replies.send_waiting(replies)
             if core.pending_waits:
-                self.waits.send_waiting([waits_to_wire(core.take_waits())])
+                self.waits.send_waiting(core.take_waits())
+        # A reader holding pulls waits for the dispatcher's arrivals: while it lags the written
+        # end, wake it at once, never a poll later; also when this turn wrote nothing (the pull
+        # came in after a write whose wake was skipped).
+        core.wake_now = self.control.watched() and self.control.get("dispatched") < self.control.get("written")
         core.idle()
         wake(core, self.wakes, self.ha)
 
@@ -403,7 +413,10 @@ class Writer(Actor):
     def close(self) -> None:
         if self.core is not None:
             self.core.close()
-        for end in (self.inbox, self.replies, self.waits, self.ha):
+        for end in (self.replies, self.waits):
+            if end is not None and not end.local:  # (local links: the host's)
+                end.close()
+        for end in (self.inbox, self.ha):
             if end is not None:
                 end.close()
         super().close()

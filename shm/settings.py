@@ -173,21 +173,6 @@ class Settings:
     # -- derived ------------------------------------------------------------------------------
 
     @property
-    def front_writes(self) -> bool:
-        """The front hosts the write service (node.server.topology): compact."""
-        return self.topology == "compact"
-
-    @property
-    def front_flushes(self) -> bool:
-        """The front hosts the group commit, on a thread (node.server.topology): compact."""
-        return self.topology == "compact"
-
-    @property
-    def reads_in_front(self) -> bool:
-        """The front hosts the read service (node.server.topology): compact."""
-        return self.topology == "compact"
-
-    @property
     def is_slave(self) -> bool:
         return self.brokerRole == "SLAVE"
 

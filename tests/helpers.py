@@ -100,14 +100,13 @@ READ_COUNTERS = ("served", "found", "held", "woken", "expired", "deferred", "def
 
 
 def read_statistics(info: dict) -> dict:
-    """The read service's counters from a GET_BROKER_RUNTIME_INFO reply, summed over the processes
-    that host it: the front's `reads` in compact, each pull worker's own in split (pushed once a
-    second, so up to a second behind)."""
+    """The read service's counters from a GET_BROKER_RUNTIME_INFO reply, summed over its shells
+    (`pull-i`): in compact, `pull-0` in the front's process (live); in split, each pull worker's
+    own (pushed once a second, so up to a second behind)."""
     total = dict.fromkeys(READ_COUNTERS, 0)
-    for host in info["services"]["read"]:
-        stats = info["actors"].get(host["process"], {})
-        if host["process"] == "front":
-            stats = stats.get("reads", {})
+    for label, stats in info["actors"].items():
+        if not label.startswith("pull-"):
+            continue
         for name in READ_COUNTERS:
             total[name] += stats.get(name, 0)
     return total

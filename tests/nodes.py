@@ -31,7 +31,7 @@ def in_process_node(directory: Path, *, after_stop=None, **overrides):
 
     from node.server.launcher import Node
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024,  # never a stale cluster
              logging_level=logging.ERROR, log_to_driver=False)
     running = Node(node_settings(directory / "store", **overrides), out=lambda *a, **k: None)
     running.start()

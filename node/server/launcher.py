@@ -100,18 +100,18 @@ def _beat(settings, label: str) -> None:
 class ActorHost:
     """A plain actor inside a Ray actor process (see the module docstring)."""
 
-    def __init__(self, kind: str, settings_values: dict, kwargs: dict, label: str = "", beats: tuple = ()):
+    def __init__(self, process: topology.Process, settings_values: dict, kwargs: dict[str, dict]):
         ray_setup.normal_priority()
         settings = settings_module.load(None, settings_values)
         policy = supervision.RestartBackoff(settings.actorRestartBackoffMaxMillis / 1000)
-        delay = supervision.record_start(settings.run_dir, label or kind, policy)
+        delay = supervision.record_start(settings.run_dir, process.label, policy)
         if delay:  # it keeps dying: give whatever kills it time to pass
-            logging.getLogger("mqnode").warning("service %s restarts in %.1f s", label or kind, delay)
+            logging.getLogger("mqnode").warning("service %s restarts in %.1f s", process.label, delay)
             time.sleep(delay)
-        self.actor = topology.ACTOR_CLASSES[kind](settings, **kwargs)
-        for beat in beats or (label or kind,):  # alive from Ray's view on: a predecessor's stale beats are not ours
+        self.actor = topology.build(process, settings, kwargs)
+        for beat in process.beats:  # alive from Ray's view on: a predecessor's stale beats are not ours
             _beat(settings, beat)
-        self.thread = threading.Thread(target=self._run, name=f"mqnode-{kind}", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"mqnode-{process.label}", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
@@ -128,7 +128,7 @@ class ActorHost:
         return self.actor.statistics()
 
     def call(self, method: str):
-        return getattr(self.actor, method)()
+        return getattr(self.actor.main, method)()
 
     def stop(self, timeout: float) -> bool:
         self.actor.stop()
@@ -234,16 +234,13 @@ class Node:
         remote = ray.remote(ActorHost)
         placement = ray_setup.placement(s) if self.ray_address else {}
         values = dataclasses.asdict(s)
-        recovered_state = {"queue_offsets": queue_offsets, "recovered_offset": recovered}
+        kwargs = {"front": {"hosts": topology.hosts(s)},  # where each service lives, for `admin stats`
+                  "writer": {"queue_offsets": queue_offsets, "recovered_offset": recovered}}  # recovery's
         for process in topology.processes(s):
-            kwargs = {"instance": process.instance} if process.kind in ("ingress", "pull") else {}
-            if process.kind == "front":  # where each service lives, for `admin stats`
-                kwargs["hosts"] = topology.hosts(s)
-            if "write" in process.services:  # the write core resumes from what recovery found
-                kwargs |= recovered_state
+            own = {process.kind: {"instance": process.instance}} if process.kind in ("ingress", "pull") else {}
             self.hosts[process.label] = remote.options(
                 num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0, max_concurrency=4, **placement,
-            ).remote(process.kind, values, kwargs, process.label, process.beats)
+            ).remote(process, values, kwargs | own)
         late = self._wait_ready()
         if late:
             raise RuntimeError("some actors did not start: " + ", ".join(late))
@@ -437,7 +434,7 @@ class Node:
         front = ["front"] * ("front" in self.hosts)
         rest = [label for label in ("ha-client", "writer", "dispatcher", "flush", "allocator", "ha-server")
                 if label in self.hosts]
-        if self.settings.front_writes:
+        if topology.hosts(self.settings)["write"] == ["front"]:  # the front's process writes
             return ingress + pulls + front + rest
         return ingress + rest + pulls + front
 

@@ -155,8 +155,8 @@ def _pulls(actors: dict):
     messages = CounterMetricFamily("mqnode_pull_messages", "Messages pulled, by topic and group", labels=["topic", "group"])
     size = CounterMetricFamily("mqnode_pull_bytes", "Bytes pulled, by topic and group", labels=["topic", "group"])
     totals: dict[tuple[str, str], list[int]] = {}
-    for label, stats in actors.items():  # the front's read core (compact) or the pull workers (split)
-        reads = stats.get("reads") if label == "front" else stats if label.startswith("pull") else None
+    for label, stats in actors.items():  # the read service's shells, whichever process hosts them
+        reads = stats if label.startswith("pull") else None
         for topic, group, n, bytes_ in (reads or {}).get("pulled") or []:
             counts = totals.setdefault((topic, group), [0, 0])
             counts[0] += n

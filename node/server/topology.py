@@ -1,8 +1,10 @@
 """The node's topology, declared as data: which services exist and which process hosts each.
 
 A *service* is one job of the node (route requests, encode sends, append, group commit, read,
-dispatch, allocate, clean, schedule). A *process* is a Ray actor hosting one or more services; its `kind` names
-the actor class that runs them (`ACTOR_CLASSES`). The launcher starts the processes
+dispatch, allocate, clean, schedule), run by one shell (an actor class, `ACTOR_CLASSES`). A
+*process* is a Ray actor hosting one or more shells: its `kind`'s, the `hosted` ones in the same
+loop and the `threads` ones each on a thread of its own (actors.host); every shell runs the same
+code whichever process hosts it (`build`). The launcher starts the processes
 `processes(settings)` lists, the supervisor watches exactly those, the launcher hands the front
 `hosts(settings)` (where each service lives, for `admin stats`), and docs/architecture.md is
 checked against `SERVICES` by a test. Two topologies, chosen by the setting `topology`:
@@ -19,7 +21,7 @@ split (every service its own process; scales across cores; the write path's
   ha-server   ha-server         ha-client  ha-client (a slave only)
 
 compact (the default: fewest processes and wake-ups, best on one or two cores)
-  front       router + ingress + write + group commit + read (pull hold)
+  front       router + ingress + write + read (pull hold) in one loop, group commit on a thread
   dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
   ha-server   ha-server         ha-client  ha-client (a slave only)
 ```
@@ -30,6 +32,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from actors.base import Actor
+from actors.host import Host
 from actors.allocator import Allocator
 from actors.clean import Clean
 from actors.dispatcher import Dispatcher
@@ -70,7 +74,8 @@ class Process:
     kind: str  # the actor class that hosts its services
     services: tuple[str, ...]
     instance: int = 0
-    threads: tuple[str, ...] = ()  # heartbeat labels of its threads besides its loop's (`label`)
+    threads: tuple[str, ...] = ()  # kinds of the shells it runs on threads (their labels, their heartbeats)
+    hosted: tuple[str, ...] = ()  # kinds of the shells it runs in its loop after its `kind`'s
 
     @property
     def beats(self) -> tuple[str, ...]:
@@ -93,7 +98,7 @@ def processes(settings) -> list[Process]:
                 Process("schedule", "schedule", ("schedule",)),
                 *ha_processes(settings),
                 Process("front", "front", ("router", "ingress", "write", "group commit", "read"),
-                        threads=("flush",))]  # the group commit runs on a thread of its own
+                        hosted=("writer", "pull"), threads=("flush",))]
     ingress = settings.ingressWorkers
     pulls = settings.pullWorkers or min(os.cpu_count() or 1, MAX_PULL_WORKERS)
     return [Process("flush", "flush", ("group commit",)),
@@ -116,3 +121,15 @@ def hosts(settings) -> dict[str, list[str]]:
             out[service].append(process.label)
     return out
 
+
+def build(process: Process, settings, kwargs: dict[str, dict]) -> Actor:
+    """The actor that runs `process`: its one shell, or a host of its shells. `kwargs` are each
+    kind's constructor arguments (the write service's recovered state, the router's `hosts`)."""
+    def shell(kind: str) -> Actor:
+        return ACTOR_CLASSES[kind](settings, **kwargs.get(kind, {}))
+
+    members = [shell(kind) for kind in (process.kind, *process.hosted)]
+    threads = [shell(kind) for kind in process.threads]
+    if len(members) == 1 and not threads:
+        return members[0]
+    return Host(settings, process.label, members, threads)

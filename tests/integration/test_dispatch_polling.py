@@ -1,7 +1,7 @@
 """The dispatcher polls while records keep coming, and the writer stops waking it meanwhile; it
-announces "queue grew" only while a reader holds pulls (actors.dispatcher): a writing front and
-a dispatcher in this process, over a real store, their turns driven by hand. Also the front's
-SYNC_FLUSH group commit on its own thread when nothing else waits for it (actors.flush)."""
+announces "queue grew" only while a reader holds pulls (actors.dispatcher): the compact front's
+process (router, write and read shells in one host, the group commit on its thread) and a
+dispatcher in this process, over a real store, their turns driven by hand."""
 
 from __future__ import annotations
 
@@ -13,18 +13,42 @@ from helpers import small_settings
 
 from actors import writer as writer_module
 from actors.dispatcher import Dispatcher
-from actors.front import Front
 from node import protocol
+from node.server import topology
 from node.tools.local_node import free_port
 from shm.control_block import ControlBlock
 
 BODY = b"x" * 100
 
 
+class FrontProcess:
+    """The compact front's process, its loop driven by hand: `router`, `writer`, `reads` (the
+    read shell), the group commit on its thread."""
+
+    def __init__(self, settings):
+        front = next(p for p in topology.processes(settings) if p.label == "front")
+        self.host = topology.build(front, settings, {"writer": {"queue_offsets": {}, "recovered_offset": 0}})
+        self.host.start()
+        self.router, self.writer, self.reads = self.host.members
+
+    def write_turn(self) -> None:
+        """The router ships what it routed; the write shell appends it and wakes whom it must."""
+        if self.router.outgoing:
+            self.router._ship_sends()
+        self.writer.step(set())
+
+    def read_turn(self, events=frozenset()) -> None:
+        self.reads.step(set(events))
+
+    def stop(self) -> None:
+        self.host.stop()
+        self.host.drain()
+        self.host.close()
+
+
 @pytest.fixture
 def node_parts(tmp_path, request):
-    """(front, dispatcher, control) sharing one store; `request.param` overrides settings. The
-    compact topology: the front writes the CommitLog and serves reads itself, in this process."""
+    """(front, dispatcher, control) sharing one store; `request.param` overrides settings."""
     port = free_port()
     overrides = dict(getattr(request, "param", {}))
     stale_watcher = overrides.pop("stale_watcher", False)
@@ -33,30 +57,29 @@ def node_parts(tmp_path, request):
     (tmp_path / "store").mkdir()
     control = ControlBlock(tmp_path / "store" / "control", create=True)
     control.publish_recovered(written=0, flushed=0, dispatched=0, min_offset=0)
-    control.set_watching(0, stale_watcher)  # as a front killed while holding pulls leaves it
-    front = Front(settings, queue_offsets={}, recovered_offset=0)
-    front.start()
+    control.set_watching(1, stale_watcher)  # as a reader (pull-0) killed while holding pulls leaves it
+    front = FrontProcess(settings)
     dispatcher = Dispatcher(settings)
     dispatcher.start()
     yield front, dispatcher, control
-    for actor in (front, dispatcher):
-        actor.stop()
-        actor.drain()
-        actor.close()
+    front.stop()
+    dispatcher.stop()
+    dispatcher.drain()
+    dispatcher.close()
     control.close()
 
 
-def _send(front: Front, i: int, queue_id: int = 0) -> None:
+def _send(front: FrontProcess, i: int, queue_id: int = 0) -> None:
     """One single-message send through the front's turn: route, append, answer, wake."""
     entry = {"topic": "PollTopic", "queueId": queue_id, "flag": 0, "bodySize": len(BODY), "bornTimestamp": 1,
              "properties": {"UNIQ_KEY": f"7F000001000000000000{i:012X}"}}
     frames = [orjson.dumps({"code": protocol.SEND_MESSAGES, "opaque": i, "messages": [entry]}), BODY]
-    front._route(b"client", protocol.decode_request(frames), frames)
-    front._finish_writes()
+    front.router._route(b"client", protocol.decode_request(frames), frames)
+    front.write_turn()
 
 
-def _wakes(front: Front) -> tuple[int, int]:
-    stats = front.writes.statistics()
+def _wakes(front: FrontProcess) -> tuple[int, int]:
+    stats = front.writer.core.statistics()
     return stats["dispatcherWakes"], stats["dispatcherWakesSkipped"]
 
 
@@ -127,8 +150,9 @@ def test_a_pull_held_in_the_front_gets_the_wake_and_its_message_at_once(node_par
     dispatcher.turn()  # polling from here on: sends alone would not wake it
     pull = [orjson.dumps({"code": protocol.PULL_MESSAGE, "opaque": 99, "consumerGroup": "g", "topic": "PollTopic",
                           "queueId": 0, "queueOffset": 1, "suspend": True, "suspendTimeoutMillis": 5000})]
-    front._route(b"consumer", protocol.decode_request(pull), pull)
-    assert front.reads.held_count == 1
+    front.router._route(b"consumer", protocol.decode_request(pull), pull)
+    front.read_turn()
+    assert front.reads.core.held_count == 1
     _send(front, 2)
     assert _wakes(front) == (2, 0)  # a consumer waits: woken, not left to the next poll
     dispatcher.turn()
@@ -144,22 +168,23 @@ def test_a_pull_held_after_a_skipped_wake_wakes_the_lagging_dispatcher(node_part
     assert _wakes(front) == (1, 1)  # skipped: nobody waits, the dispatcher polls
     pull = [orjson.dumps({"code": protocol.PULL_MESSAGE, "opaque": 99, "consumerGroup": "g", "topic": "PollTopic",
                           "queueId": 0, "queueOffset": 1, "suspend": True, "suspendTimeoutMillis": 5000})]
-    front._route(b"consumer", protocol.decode_request(pull), pull)  # finds nothing yet: held
-    assert front.reads.held_count == 1
-    front._finish_writes()  # the front's turn, nothing written in it
+    front.router._route(b"consumer", protocol.decode_request(pull), pull)
+    front.read_turn()  # finds nothing yet: held
+    assert front.reads.core.held_count == 1
+    front.write_turn()  # the front's turn, nothing written in it
     assert _wakes(front) == (2, 1)
-    front._finish_writes()
+    front.write_turn()
     dispatcher.turn()
-    front._finish_writes()  # caught up: no more wakes
+    front.write_turn()  # caught up: no more wakes
     assert _wakes(front) == (3, 1)
 
 
-def _hold_pull(front: Front, offset: int) -> None:
+def _hold_pull(front: FrontProcess, offset: int) -> None:
     pull = [orjson.dumps({"code": protocol.PULL_MESSAGE, "opaque": 99, "consumerGroup": "g", "topic": "PollTopic",
                           "queueId": 0, "queueOffset": offset, "suspend": True, "suspendTimeoutMillis": 30000})]
-    front._route(b"consumer", protocol.decode_request(pull), pull)
-    front._finish_reads(set())  # the end of the front's turn: starts watching
-    assert front.reads.held_count == 1
+    front.router._route(b"consumer", protocol.decode_request(pull), pull)
+    front.read_turn()  # the read shell's turn: holds it, starts watching
+    assert front.reads.core.held_count == 1
 
 
 def _announcements(dispatcher: Dispatcher) -> tuple[int, int]:
@@ -167,12 +192,12 @@ def _announcements(dispatcher: Dispatcher) -> tuple[int, int]:
     return stats["announcements"], stats["announcementsHeld"]
 
 
-def _await_arrivals(front: Front) -> None:
+def _await_arrivals(front: FrontProcess) -> None:
     """Turn the front's reads until its held pull is answered by an announcement (5 s at most)."""
     deadline = time.monotonic() + 5
-    while front.reads.held_count and time.monotonic() < deadline:
-        if front.arrivals.poll(50):
-            front._finish_reads({front.arrivals})
+    while front.reads.core.held_count and time.monotonic() < deadline:
+        if front.reads.arrivals.poll(50):
+            front.read_turn({front.reads.arrivals})
 
 
 def test_nothing_is_announced_while_no_pull_is_held(node_parts):
@@ -191,13 +216,13 @@ def test_a_held_pull_is_watched_announced_to_and_answered(node_parts):
     time.sleep(0.5)  # the front's SUB reconnects to the dispatcher's PUB (PUB drops while none is there)
     _hold_pull(front, 0)
     assert control.watched()
-    assert front.arrivals.poll(0) == 0  # nothing stale: nothing was announced unwatched
+    assert front.reads.arrivals.poll(0) == 0  # nothing stale: nothing was announced unwatched
     _send(front, 1)
     dispatcher.turn()
     assert _announcements(dispatcher) == (1, 0)
     _await_arrivals(front)
-    assert front.reads.held_count == 0 and front.reads.statistics()["woken"] == 1
-    front._finish_reads(set())
+    assert front.reads.core.held_count == 0 and front.reads.core.statistics()["woken"] == 1
+    front.read_turn()
     assert not control.watched()  # nothing held: no more announcements
     _send(front, 2)
     dispatcher.turn()
@@ -214,12 +239,12 @@ def test_what_a_reader_missed_by_a_stale_look_is_announced_once_it_is_seen_watch
     assert _announcements(dispatcher) == (0, 1)
     header = {"code": protocol.PULL_MESSAGE, "opaque": 99, "consumerGroup": "g", "topic": "PollTopic",
               "queueId": 0, "queueOffset": 0, "suspend": True, "suspendTimeoutMillis": 30000}
-    front.reads._hold("PollTopic", 0, header, b"consumer", 0)  # its look saw nothing (the old `dispatched`)
-    front.reads.set_watching(True)
+    front.reads.core._hold("PollTopic", 0, header, b"consumer", 0)  # its look saw nothing (the old `dispatched`)
+    front.reads.core.set_watching(True)
     dispatcher.turn()  # nothing new, a watcher seen: what it kept goes out
     assert _announcements(dispatcher) == (1, 1) and dispatcher.unannounced == {}
     _await_arrivals(front)
-    assert front.reads.held_count == 0 and front.reads.statistics()["woken"] == 1
+    assert front.reads.core.held_count == 0 and front.reads.core.statistics()["woken"] == 1
 
 
 def test_kept_announcements_go_out_with_the_next_batch(node_parts):
@@ -231,12 +256,12 @@ def test_kept_announcements_go_out_with_the_next_batch(node_parts):
     _send(front, 2, queue_id=1)
     dispatcher.turn()
     assert _announcements(dispatcher) == (1, 1) and dispatcher.unannounced == {}
-    raw = front.arrivals.recv() if front.arrivals.poll(5000) else b"[]"
+    raw = front.reads.arrivals.recv() if front.reads.arrivals.poll(5000) else b"[]"
     assert sorted(orjson.loads(raw)) == [["PollTopic", 0, 1], ["PollTopic", 1, 1]]
 
 
 @pytest.mark.parametrize("node_parts", [{"stale_watcher": True}], indirect=True)
-def test_a_restarted_front_clears_the_watcher_slot_its_predecessor_left(node_parts):
+def test_a_restarted_reader_clears_the_watcher_slot_its_predecessor_left(node_parts):
     front, dispatcher, control = node_parts
     assert not control.watched()
     _send(front, 1)
@@ -255,21 +280,17 @@ def test_a_restart_clears_the_watchers_a_killed_reader_left(tmp_path):
 
 
 @pytest.mark.parametrize("node_parts", [{"flushDiskType": "SYNC_FLUSH"}], indirect=True)
-def test_a_lone_sync_send_is_flushed_and_answered_in_the_front_s_turn(node_parts):
+def test_a_sync_send_is_flushed_by_the_group_commit_thread_and_answered_through_the_router(node_parts):
     front, dispatcher, control = node_parts
+    _hold_pull(front, 0)  # (the router's loop goes on serving meanwhile: nothing waits on fdatasync)
     _send(front, 1)
-    assert control.get("flushed") == control.get("written") > 0
-    assert not front.waiting and front.flushing.statistics()["flushedByFront"] == 1
-
-
-@pytest.mark.parametrize("node_parts", [{"flushDiskType": "SYNC_FLUSH"}], indirect=True)
-def test_with_a_pull_held_the_front_leaves_the_sync_flush_to_its_thread(node_parts):
-    front, dispatcher, control = node_parts
-    _hold_pull(front, 0)
-    _send(front, 1)
-    assert front.flushing.statistics()["flushedByFront"] == 0  # the thread's: the pull is served meanwhile
+    assert front.writer.core.statistics()["putMessageTimesTotal"] == 1
     deadline = time.monotonic() + 5
-    while front.waiting and time.monotonic() < deadline:
-        if front.flushing.flushed_in.poll(50):
-            front._answer_flushed({front.flushing.flushed_in})
-    assert not front.waiting and control.get("flushed") == control.get("written")
+    replies = []
+    while not replies and time.monotonic() < deadline:
+        time.sleep(0.01)
+        replies = front.router.inbox.take()  # the group commit's replies, on its local link
+    assert control.get("flushed") == control.get("written") > 0
+    [[(client, _, header)]] = replies
+    assert client == b"client" and orjson.loads(header)["status"] == "PUT_OK"
+    assert front.host.threads[0].statistics()["answered"] == 1

@@ -56,7 +56,7 @@ def test_a_failed_fdatasync_stops_the_flusher_and_acknowledges_nothing_unflushed
     finally:
         sock.close(0)
         context.term()
-    flusher = "front" if node.settings.front_flushes else "flush"
+    flusher = "front" if node.settings.topology == "compact" else "flush"  # (the process hosting it)
     assert actor_states(node.hosts)[flusher]["NumRestarts"] >= 3  # 600 flushes, one in 150 fails
     assert unanswered, "the sends that waited for a failed flush got no reply"
     with PullConsumer(node.settings.listen) as consumer:

@@ -15,6 +15,7 @@ from nodes import NodeProcess, node_settings
 
 from node import protocol
 from node.client import AsyncProducer, PullConsumer, SendError
+from node.server import topology
 from shm.codec import Record, decode_msg_id
 from shm.control_block import ControlBlock
 from shm.store import MessageStore
@@ -134,17 +135,18 @@ def test_a_sync_flush_ack_comes_after_the_fdatasync_that_covers_it(tmp_path, flu
                 if reply["actors"]["flush"]["answered"]:
                     break
                 await asyncio.sleep(0.1)
-            return reply["actors"]["flush"]
+            return reply["actors"]
 
     try:
-        stats = asyncio.run(main())
+        actors = asyncio.run(main())
     finally:
         control.close()
         assert node.stop() == 0
+    stats = actors["flush"]
     assert behind == [], f"{len(behind)} acks came before their flush, e.g. {behind[:3]}"
     # (a coalesced request of many sends is held, and answered, as one)
     assert stats["mode"] == "SYNC_FLUSH" and 0 < stats["answered"] <= 24 * 135 and stats["flushDiskTimeouts"] == 0
-    assert ("thread" in stats) is flush_in_front
+    assert (stats["pid"] == actors["front"]["pid"]) is flush_in_front
     report = verify_store(settings)
     assert report.ok, report.summary()
 
@@ -173,7 +175,7 @@ def test_a_killed_front_that_writes_is_restarted_and_nothing_acknowledged_is_los
     SYNC_FLUSH, the restarted front scrubs what its predecessor left past `written` and serves
     again; every PUT_OK is stored and the store verifies."""
     settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH", topology="compact")
-    assert settings.front_writes
+    assert topology.hosts(settings)["write"] == ["front"]
     node = NodeProcess(settings, tmp_path / "node.log").start()
     assert "writer" not in node.actor_labels()
     load = Load(node.endpoint).start()

@@ -146,7 +146,7 @@ def test_long_polling_wakes_on_arrival_and_idles_for_free(node, producer, consum
     consumer._call(overlapping())
     assert consumer.inner.client.timeout == 5.0
     # 300 held pulls cost (almost) no CPU while nothing arrives
-    holder = "front" if node.settings.reads_in_front else "pull-0"
+    holder = "front" if node.settings.topology == "compact" else "pull-0"  # (the process hosting pull-0)
     pull_worker = psutil.Process(int((node.settings.run_dir / f"{holder}.pid").read_text()))
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)

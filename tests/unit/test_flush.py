@@ -1,5 +1,6 @@
-"""The flush parts without Ray: the held SYNC_FLUSH sends (`Waiting`) and the front's flush
-thread (`FlushThread`) over a real CommitLog and control block."""
+"""The flush parts without Ray: the held SYNC_FLUSH sends (`Waiting`), and the group commit's
+shell (`Flush`) on a thread of a host (actors.host, as the compact front's process runs it),
+over a real CommitLog and control block, its links local."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import time
 
 import orjson
 import pytest
-import zmq
 from helpers import message, open_store, put, small_settings
 
 from actors import flush
-from actors.flush import CommitLogFlusher, FlushFailed, FlushThread, Waiting
+from actors.base import Actor
+from actors.flush import CommitLogFlusher, Flush, FlushFailed, Waiting
+from actors.host import Host
 from shm.checkpoint import Checkpoint
 from shm.control_block import ControlBlock
 
@@ -84,14 +86,38 @@ def store_and_control(tmp_path):
     store.close()
 
 
+class Shell(Actor):
+    """A stand-in for the router (`front`: collects what comes back) or the write shell (`writer`)."""
+
+    def __init__(self, settings, name: str):
+        super().__init__(settings)
+        self.name = name
+        self.inbox = None
+        self.replies: list = []
+
+    def open(self) -> None:
+        self.inbox = self.local_links.into(self.name)
+
+    def poll_items(self) -> list:
+        return [item for link in self.inbox for item in link.poll_items()]
+
+    def timeout_ms(self) -> int:
+        return min([link.wait_ms(20) for link in self.inbox] or [20])
+
+    def step(self, events: set) -> None:
+        for link in self.inbox:
+            for replies in link.take():
+                self.replies += replies
+
+
 @pytest.fixture
-def flush_thread(store_and_control):
-    """A FlushThread over the store, not yet started (tests patch it first); stopped after."""
-    settings, store, control = store_and_control
-    thread = FlushThread(settings, control, zmq.Context.instance())
-    yield thread
-    thread.stop(flush=False)
-    thread.close()
+def host(store_and_control):
+    """A host of a stand-in router and writer in its loop, the group commit on its thread."""
+    settings, _, _ = store_and_control
+    running = Host(settings, "front", [Shell(settings, "front"), Shell(settings, "writer")], [Flush(settings)])
+    yield running
+    running.stop()
+    running.close()
 
 
 def _written(store, control, records) -> int:
@@ -101,54 +127,69 @@ def _written(store, control, records) -> int:
     return result.offset_written
 
 
-def test_the_flush_thread_flushes_what_was_written_when_woken_and_reports(store_and_control, flush_thread):
+def _hold(host: Host, end: int, opaque: int = 1) -> None:
+    """The write shell's part: a send appended up to `end` waits for the disk."""
+    host.links.get("writer-to-flush").send([(b"client", time.monotonic_ns(), end, _put_ok(opaque), 0)])
+
+
+def _turn_until(host: Host, done, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        host.turn()
+
+
+def test_the_group_commit_thread_flushes_held_sends_and_answers_them_through_its_link(store_and_control, host):
     settings, store, control = store_and_control
-    flush_thread.start()
+    host.start()
     end = _written(store, control, [message(i) for i in range(400)])  # spans segments of 64 KiB
     assert end > 2 * settings.mappedFileSizeCommitLog
-    flush_thread.wake()
-    assert flush_thread.flushed_in.poll(5000), "the thread reports each woken flush"
-    flush_thread.take_reports()
+    _hold(host, end)
+    router = host.members[0]
+    _turn_until(host, lambda: router.replies)
+    [(client, _, header)] = router.replies
+    assert client == b"client" and orjson.loads(header)["status"] == "PUT_OK"
     assert control.get("flushed") == end
-    flush_thread.check()
-    stats = flush_thread.statistics()
-    assert stats["alive"] and stats["flushes"] >= 1 and stats["flushed"] == end
+    stats = host.threads[0].statistics()
+    assert stats["flushes"] >= 1 and stats["flushed"] == end and stats["answered"] == 1
     end = _written(store, control, [message(1000)])
-    flush_thread.stop()  # the last bytes are flushed at stop, woken or not
-    assert control.get("flushed") == end and not flush_thread.thread.is_alive()
+    host.stop()
+    host.drain()  # the last bytes are flushed at stop, held or not
+    assert control.get("flushed") == end and not host.runners[0].is_alive()
     checkpoint = Checkpoint(settings.root / "checkpoint", readonly=True)
     assert checkpoint.physic_timestamp == 1795000000000  # forced at stop
     checkpoint.map.close()
 
 
-def test_the_flush_thread_reports_a_flush_it_made_on_its_timer(store_and_control, flush_thread):
-    """A wake can land between a timed-out wait and the clear that follows, and be lost. The
-    round after the clear flushes what the wake was for, so every advance of `flushed` is
-    reported, woken or not; else the front's held sends would wait for its next timeout."""
+def test_the_group_commit_flushes_what_was_written_unasked(store_and_control, host):
+    """SYNC_FLUSH: every GROUP_COMMIT_WAKE_MS the thread flushes what was published, held or not."""
     _, store, control = store_and_control
-    flush_thread.start()
-    end = _written(store, control, [message(i) for i in range(10)])  # published, no wake
-    assert flush_thread.flushed_in.poll(5000), "an unwoken flush is reported too"
+    host.start()
+    end = _written(store, control, [message(i) for i in range(10)])  # published, nothing held
+    deadline = time.monotonic() + 5
+    while control.get("flushed") < end and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert control.get("flushed") == end
 
 
-def test_a_flush_thread_that_fails_fails_its_front(flush_thread, monkeypatch):
-    def broken() -> int:
+def test_a_group_commit_thread_that_fails_fails_its_process(store_and_control, host, monkeypatch):
+    _, store, control = store_and_control
+
+    def broken(self) -> int:
         raise ValueError("a bug, not the disk")
 
-    monkeypatch.setattr(flush_thread.flusher, "flush_to_written", broken)
-    flush_thread.start()
-    flush_thread.wake()
-    flush_thread.thread.join(5)
-    with pytest.raises(RuntimeError, match="flush thread died"):
-        flush_thread.check()
+    monkeypatch.setattr(CommitLogFlusher, "flush_to_written", broken)
+    host.start()
+    _hold(host, _written(store, control, [message(1)]))
+    with pytest.raises(RuntimeError, match="its flush thread died"):
+        _turn_until(host, lambda: False)
 
 
-def test_a_disk_error_stops_the_flush_thread_and_fails_its_front(store_and_control, flush_thread, monkeypatch):
+def test_a_disk_error_stops_the_group_commit_and_its_process_and_is_never_retried(store_and_control, host,
+                                                                                  monkeypatch):
     """fsyncgate: after a failed fdatasync the kernel may drop the dirty pages and the error, so
     the flush is never tried again and `flushed` never passes what failed."""
     _, store, control = store_and_control
-    _written(store, control, [message(1)])
+    end = _written(store, control, [message(1)])
     calls = []
 
     def failing(fd: int) -> None:
@@ -156,57 +197,16 @@ def test_a_disk_error_stops_the_flush_thread_and_fails_its_front(store_and_contr
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr("actors.flush.os.fdatasync", failing)
-    flush_thread.start()
-    flush_thread.wake()
-    flush_thread.thread.join(5)
-    assert not flush_thread.thread.is_alive() and len(calls) == 1
-    with pytest.raises(RuntimeError, match="flush thread died"):
-        flush_thread.check()
+    host.start()
+    _hold(host, end)
+    with pytest.raises(RuntimeError, match="its flush thread died"):
+        _turn_until(host, lambda: False)
+    assert len(calls) == 1 and control.get("flushed") == 0 and host.members[0].replies == []
+    flusher = host.threads[0].flusher
     monkeypatch.setattr("actors.flush.os.fdatasync", lambda fd: calls.append(fd))  # the disk "recovers"
     with pytest.raises(FlushFailed):
-        flush_thread.flusher.flush_to_written()
-    with pytest.raises(FlushFailed):
-        flush_thread.flush_here()
+        flusher.flush_to_written()
     assert len(calls) == 1 and control.get("flushed") == 0
-    assert flush_thread.statistics()["diskErrors"] == 1
-
-
-def test_the_front_flushes_itself_when_the_disk_was_quick(store_and_control, flush_thread):
-    _, store, control = store_and_control
-    end = _written(store, control, [message(i) for i in range(10)])
-    assert flush_thread.flush_here()  # not started: this thread did it
-    assert control.get("flushed") == end and flush_thread.statistics()["flushedByFront"] == 1
-
-
-def test_the_front_leaves_the_flush_to_the_thread_after_a_slow_fdatasync(store_and_control, flush_thread):
-    _, store, control = store_and_control
-    _written(store, control, [message(1)])
-    flush_thread.flusher.last_flush_ns = 3_000_000  # a disk this slow would stall the front
-    assert not flush_thread.flush_here()
-    assert control.get("flushed") == 0 and flush_thread.statistics()["flushedByFront"] == 0
-
-
-def test_the_front_does_not_flush_beside_the_thread(store_and_control, flush_thread):
-    _, store, control = store_and_control
-    _written(store, control, [message(1)])
-    with flush_thread.lock:  # the thread is in its fdatasync
-        assert not flush_thread.flush_here()
-    assert control.get("flushed") == 0
-
-
-def test_a_disk_error_in_the_front_s_own_flush_stops_the_front(store_and_control, flush_thread, monkeypatch):
-    _, store, control = store_and_control
-    _written(store, control, [message(1)])
-
-    def failing(fd: int) -> None:
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr("actors.flush.os.fdatasync", failing)
-    with pytest.raises(OSError, match="Input/output error"):
-        flush_thread.flush_here()
-    assert control.get("flushed") == 0 and not flush_thread.lock.locked()
-    with pytest.raises(FlushFailed):  # and the thread will not try again either
-        flush_thread.flusher.flush_to_written()
 
 
 class MockClock:

@@ -76,3 +76,44 @@ def test_architecture_md_names_the_declared_services_and_processes():
         drawn = {process.removesuffix("-i"): {s.strip() for s in services.split("(")[0].split(",")}
                  for top, process, services in placement if top == name}
         assert drawn == declared, (name, drawn, declared)
+
+
+def _shells(actor) -> list[type]:
+    """The shell classes an actor built for a process runs: a host's members and threads, else itself."""
+    from actors.host import Host
+
+    if isinstance(actor, Host):
+        return [type(shell) for shell in (*actor.members, *actor.threads)]
+    return [type(actor)]
+
+
+def test_each_service_has_one_shell_whichever_process_hosts_it():
+    """The compact front's process is a host of the very shells split runs alone."""
+    slave = {"brokerRole": "SLAVE", "brokerId": 1, "haMasterAddress": "127.0.0.1:10912"}
+    shells_by_topology = {}
+    for name in topology.TOPOLOGIES:
+        settings = _settings(topology=name, **slave)
+        shells = {}
+        for process in topology.processes(settings):
+            built = topology.build(process, settings, {})
+            for service, shell in zip(_service_order(process), _shells(built)):
+                shells[service] = shell
+        shells_by_topology[name] = shells
+    compact, split = shells_by_topology["compact"], shells_by_topology["split"]
+    assert {s: c.__name__ for s, c in compact.items()} == {s: c.__name__ for s, c in split.items() if s in compact}
+    front = next(p for p in topology.processes(_settings(topology="compact")) if p.label == "front")
+    assert [c.__name__ for c in _shells(topology.build(front, _settings(topology="compact"), {}))] == \
+        ["Front", "Writer", "Pull", "Flush"]  # router, write, read in its loop; group commit on a thread
+
+
+def _service_order(process) -> list[str]:
+    """A process's shells' services, in `build`'s order (its kind's, the hosted, the threads)."""
+    service_of = {"front": "router", "writer": "write", "pull": "read", "flush": "group commit", "ingress": "ingress",
+                  "dispatcher": "dispatch", "allocator": "allocate", "clean": "clean", "schedule": "schedule",
+                  "ha-server": "ha-server", "ha-client": "ha-client"}
+    return [service_of[kind] for kind in (process.kind, *process.hosted, *process.threads)]
+
+
+def test_no_service_asks_which_topology_it_runs_in():
+    for path in (ROOT / "actors").glob("*.py"):
+        assert "topology" not in re.sub(r'""".*?"""|#.*', "", path.read_text(), flags=re.DOTALL), path.name

@@ -2,7 +2,9 @@
 
 The topology (node.server.topology) gives a process one service or several. A process with
 several runs a `Host`: its `members` share the process's loop (one wait over every member's
-sockets and descriptors, the shortest timeout, then each member's `step` in order), and its
+sockets and descriptors, the shortest timeout, then each member's `step` in order, and the
+first's once more if the others left it something: the write shell's replies go out in the turn
+that brought their sends), and its
 `threads` each run their own loop on a thread of the process (the compact front's group commit,
 whose fdatasync must not stop the loop). A member is an ordinary actor (actors.base.Actor) that
 gives its turn as `poll_items`/`timeout_ms`/`step`; whether it runs alone or here, it runs the
@@ -22,6 +24,7 @@ its link to the router), and the first member drains last: the router answers wh
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -32,6 +35,11 @@ from actors.base import POLL_MS, Actor, wait_readable
 from actors.links import LocalLinks
 
 THREAD_STOP_S = 30.0
+# A thread member woken by its eventfd (the group commit: held sends came) needs the GIL while the
+# loop runs Python; CPython makes it wait up to the switch interval (5 ms) for it. With thread
+# members the process asks for the GIL's hand-over after this instead (its own setting, no host's).
+THREAD_SWITCH_S = 0.0005
+NOTHING: frozenset = frozenset()  # no socket ready: a step for what local links brought
 
 
 class Host(Actor):
@@ -51,7 +59,7 @@ class Host(Actor):
 
     def open(self) -> None:
         shells = self.members + self.threads
-        self.links = LocalLinks(self.settings, {shell.label for shell in shells})
+        self.links = LocalLinks(self.settings, [m.label for m in self.members], [t.label for t in self.threads])
         for shell in shells:
             shell.local_links = self.links
             shell.neighbours = [other for other in shells if other is not shell]
@@ -59,6 +67,8 @@ class Host(Actor):
             member.control = self.control
             member.deletions_seen = self.deletions_seen
             member.open()
+        if self.threads:
+            sys.setswitchinterval(min(sys.getswitchinterval(), THREAD_SWITCH_S))
         for shell in self.threads:  # (each opens in its own thread: its loop owns its sockets)
             shell.pid_file = False  # (the process's is the host's)
             runner = threading.Thread(target=self._run_thread, args=(shell,), name=f"mqnode-{shell.label}", daemon=True)
@@ -78,6 +88,8 @@ class Host(Actor):
         for member in self.members:
             member.step(events)
             member.loops += 1
+        if self.links.waiting(self.main.label):  # replies the others made this turn: out now, not a turn later
+            self.main.step(NOTHING)
         for shell, runner in zip(self.threads, self.runners):
             if not runner.is_alive():
                 failure = self.failures.get(shell.label)

@@ -127,7 +127,7 @@ class Inbox:
 
     def poll_items(self) -> list:
         items = [(self.bell.fileno(), zmq.POLLIN)] if self.bell is not None else []
-        return items + [(link.fileno(), zmq.POLLIN) for link in self.from_local]
+        return items + [item for link in self.from_local for item in link.poll_items()]
 
     def wait_ms(self, timeout_ms: int) -> int:
         """How long the consumer may wait on its doorbell: 0 when a message came since its last
@@ -177,11 +177,12 @@ class LocalLink:
     local = True
     max_message = 1 << 62  # (nothing is copied: any request fits)
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, *, threads: bool = True):
         self.name = name
         self.items: deque = deque()
         self.sleeping = False
-        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # between two shells of one loop nobody sleeps apart: the loop looks at the deque itself
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) if threads else -1
         self.sent = self.rung = 0
         self.waited_s = 0.0
 
@@ -194,7 +195,7 @@ class LocalLink:
             return False
         self.items.append(item)
         self.sent += 1
-        if self.sleeping:
+        if self.sleeping and self.fd >= 0:
             self.sleeping = False
             os.eventfd_write(self.fd, 1)
             self.rung += 1
@@ -210,7 +211,7 @@ class LocalLink:
         self.waited_s += time.monotonic() - began
 
     def poll_items(self) -> list:  # (a consumer with only this link takes it as its inbox)
-        return [(self.fd, zmq.POLLIN)]
+        return [(self.fd, zmq.POLLIN)] if self.fd >= 0 else []
 
     def wait_ms(self, timeout_ms: int) -> int:
         return 0 if self.about_to_sleep() else timeout_ms
@@ -222,10 +223,11 @@ class LocalLink:
 
     def take(self) -> list:
         self.sleeping = False
-        try:
-            os.eventfd_read(self.fd)
-        except BlockingIOError:
-            pass  # not rung
+        if self.fd >= 0:
+            try:
+                os.eventfd_read(self.fd)
+            except BlockingIOError:
+                pass  # not rung
         items, out = self.items, []
         for _ in range(len(items)):  # (what a producer on another thread adds meanwhile waits a turn)
             out.append(items.popleft())
@@ -260,17 +262,30 @@ def local_link_ends(settings) -> dict[str, tuple[str, str]]:
 
 class LocalLinks:
     """The local links of one process: those whose producer and consumer are both among the
-    shells it hosts (`labels`). Made before any of them opens."""
+    shells it hosts (`loop`: the shells of its loop; `threads`: those on threads of their own).
+    Made before any of them opens."""
 
-    def __init__(self, settings, labels):
-        self.links = {name: LocalLink(name) for name, (producer, consumer) in local_link_ends(settings).items()
-                      if producer in labels and consumer in labels}
+    def __init__(self, settings, loop, threads=()):
+        self.links: dict[str, LocalLink] = {}
+        self.by_consumer: dict[str, list[LocalLink]] = {}
+        labels = {*loop, *threads}
+        for name, (producer, consumer) in local_link_ends(settings).items():
+            if producer in labels and consumer in labels:
+                self.links[name] = LocalLink(name, threads=producer in threads or consumer in threads)
+                self.by_consumer.setdefault(consumer, []).append(self.links[name])
 
     def get(self, name: str) -> LocalLink | None:
         return self.links.get(name)
 
+    def waiting(self, consumer: str) -> bool:
+        """Whether a local link into `consumer` holds something."""
+        for link in self.by_consumer.get(consumer, ()):
+            if link.items:
+                return True
+        return False
+
     def into(self, consumer: str) -> list[LocalLink]:
-        return [link for name, link in self.links.items() if name.endswith(f"-to-{consumer}")]
+        return self.by_consumer.get(consumer, [])
 
     def close(self) -> None:
         for link in self.links.values():

@@ -10,7 +10,7 @@ code whichever process hosts it (`build`). The launcher starts the processes
 checked against `SERVICES` by a test. Two topologies, chosen by the setting `topology`:
 
 ```
-split (every service its own process; scales across cores; the write path's
+split (the default: every service its own process; scales across cores; the write path's
        hand-offs are rings in shared memory, actors.links)
   front       router
   ingress-i   ingress           (ingressWorkers of them; with 0 the writer encodes: writer hosts ingress)
@@ -20,7 +20,7 @@ split (every service its own process; scales across cores; the write path's
   dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
   ha-server   ha-server         ha-client  ha-client (a slave only)
 
-compact (the default: fewest processes and wake-ups, best on one or two cores)
+compact (an operator's choice: fewest processes and wake-ups, best on one or two cores)
   front       router + ingress + write + read (pull hold) in one loop, group commit on a thread
   dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
   ha-server   ha-server         ha-client  ha-client (a slave only)

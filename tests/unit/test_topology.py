@@ -26,8 +26,9 @@ def test_compact_puts_every_client_facing_service_in_the_front():
     assert topology.hosts(compact)["write"] == ["front"] and topology.hosts(compact)["read"] == ["front"]
 
 
-def test_split_gives_every_service_but_routing_a_process_other_than_the_front():
-    hosts = topology.hosts(_settings(topology="split"))
+def test_the_default_gives_every_service_but_routing_a_process_other_than_the_front():
+    assert _settings().topology == "split"
+    hosts = topology.hosts(_settings())
     assert hosts["ha-client"] == []  # (a slave's only)
     assert all(labels and "front" not in labels for service, labels in hosts.items() if service not in ("router", "ha-client"))
 

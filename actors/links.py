@@ -119,7 +119,8 @@ class Inbox:
     its producer sent; a local link's objects come as they were sent."""
 
     def __init__(self, settings, consumer: str, decode=None, local: list[LocalLink] | tuple = ()):
-        names = inbound(settings, consumer)
+        local_names = {link.name for link in local}  # (a link its process hosts both ends of is never a ring)
+        names = [name for name in inbound(settings, consumer) if name not in local_names]
         self.bell = Doorbell(wake_path(settings, consumer), listen=True) if names else None
         self.rings = {name: Ring(ring_dir(settings) / f"{name}.ring") for name in names}
         self.from_local = list(local)

@@ -10,6 +10,7 @@ clock: the front (its shell) asks `check` for each client request before routing
         secretKey: "12345678"
         whiteRemoteAddress: 192.168.1.*   # from here: no signature, no permission check
         admin: false                      # admin requests (topic and group changes, clean)
+        replication: false                # mqnode's: may follow this node as its slave (admin may too)
         defaultTopicPerm: DENY            # for topics not listed (DENY when absent)
         defaultGroupPerm: SUB             # for groups not listed (DENY when absent)
         topicPerms: [topicA=DENY, topicB=PUB|SUB, topicC=SUB]
@@ -23,6 +24,10 @@ pull SUB on its topic and, when named, its group; consumer offsets SUB on both; 
 on its group; RocketMQ's admin codes (and the manual clean) the account's `admin`. An admin
 account that lists no permissions may use every topic and group. The rest needs only a valid
 signature. A refusal is NO_PERMISSION with a remark naming what is missing.
+
+The HA link (actors.ha_link) asks `replication_refusal` before a slave follows: its hello,
+signed with the same scheme over a fresh challenge of the master's, by an account with `admin`
+or `replication` (RocketMQ 4.x's link has no authentication at all).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ PERMS = {"DENY": DENY, "PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB": 
 PERM_NAMES = {PUB: "PUB", SUB: "SUB"}
 RETRY_PREFIX = "%RETRY%"
 MIN_KEY_LENGTH = 6  # RocketMQ refuses shorter access and secret keys
+ACL_CONFIG = "plain_acl.yml"  # a master with the ACL ships its file to its slaves by this name (actors.ha_link)
 ADMIN_CODES = frozenset({protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER,
                          protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, protocol.DELETE_SUBSCRIPTIONGROUP,
                          protocol.DELETE_EXPIRED_COMMITLOG, protocol.HA_ROLE})
@@ -98,6 +104,7 @@ class Account:
     access_key: str
     secret_key: str
     admin: bool = False
+    replication: bool = False  # may follow the node as its slave (the HA link)
     white: AddressPattern | None = None
     default_topic: int = DENY
     default_group: int = DENY
@@ -153,7 +160,7 @@ def _account(entry, index: int) -> Account:
     if len(access) < MIN_KEY_LENGTH or len(secret) < MIN_KEY_LENGTH:
         raise AclError(f"accounts[{index}]: accessKey and secretKey need {MIN_KEY_LENGTH} characters or more")
     white = entry.get("whiteRemoteAddress")
-    return Account(access, secret, admin=entry.get("admin") is True,
+    return Account(access, secret, admin=entry.get("admin") is True, replication=entry.get("replication") is True,
                    white=AddressPattern(white) if white not in (None, "") else None,
                    default_topic=parse_perm(entry.get("defaultTopicPerm", "DENY")),
                    default_group=parse_perm(entry.get("defaultGroupPerm", "DENY")),
@@ -242,6 +249,31 @@ class Acl:
             return f"signature check failed for accessKey={access_key}"
         return self._permission(account, header)
 
+    def replication_refusal(self, proof: dict, challenge: str, hello: bytes) -> str | None:
+        """None when `proof` (the slave's {accessKey, signature}) signs `hello` over `challenge`
+        for an account that may replicate (`admin` or `replication`); else why not (counted).
+        No address is trusted here: a white-listed address still signs."""
+        self.checked += 1
+        remark = self._replication_refusal(proof, challenge, hello)
+        if remark is not None:
+            self.refused += 1
+            self.last_refusal = remark
+        return remark
+
+    def _replication_refusal(self, proof: dict, challenge: str, hello: bytes) -> str | None:
+        access_key = proof.get(ACCESS_KEY)
+        if not isinstance(access_key, str) or not access_key:
+            return "no accessKey: this master's ACL is on (set the slave's haAccessKey and haSecretKey)"
+        account = self.config.accounts.get(access_key)
+        if account is None:
+            return f"no ACL account for accessKey={access_key}"
+        header = replication_header(access_key, challenge) | {"signature": proof.get("signature")}
+        if not signature_matches(account.secret_key, header, hello):
+            return f"signature check failed for accessKey={access_key}"
+        if not (account.admin or account.replication):
+            return f"accessKey={access_key} may not replicate: it needs admin: true or replication: true"
+        return None
+
     @staticmethod
     def _permission(account: Account, header: dict) -> str | None:
         code = header.get("code")
@@ -259,6 +291,12 @@ class Acl:
         return {"accounts": len(self.config.accounts), "whiteAddresses": len(self.config.white),
                 "checked": self.checked, "refused": self.refused, "lastRefusal": self.last_refusal,
                 "reloads": self.reloads, "reloadErrors": self.reload_errors}
+
+
+def replication_header(access_key: str, challenge: str) -> dict:
+    """What a slave's proof signs besides its hello (the body): the master's fresh challenge, so a
+    captured proof is worth nothing on another connection."""
+    return {"code": "HA_HELLO", ACCESS_KEY: access_key, "challenge": challenge}
 
 
 class AclFile:

@@ -23,7 +23,7 @@ import zmq
 import zmq.auth
 
 from node.security import Credentials
-from actors.acl import Account, Acl, AclError, AclFile
+from actors.acl import ACL_CONFIG, Account, Acl, AclError, AclFile
 from shm.settings import SettingsError
 
 IDENTITY_FILE = "identity.json"
@@ -67,7 +67,7 @@ def _identity(settings) -> dict:
 
 def node_credentials(settings) -> Credentials:
     """What the node's own requests carry (none when security is off)."""
-    if not (settings.aclEnable or settings.curveEnable):
+    if not (settings.aclEnable or settings.curveEnable or settings.is_slave):  # (a slave may enforce its master's ACL)
         return Credentials()
     identity = _identity(settings)
     server_key = server_keys(settings)[0] if settings.curveEnable else None
@@ -92,13 +92,41 @@ def check_settings(settings) -> None:
         ha_link_keys(settings)
 
 
+def acl_path(settings):
+    """The ACL file in force: `aclFile` with `aclEnable`; on a slave, its master's when it has
+    one (the ha-client keeps it, `config/plain_acl.yml`: a slave enforces its master's accounts,
+    its own ACL on or not). None: no ACL."""
+    if settings.is_slave:
+        shipped = settings.root / "config" / ACL_CONFIG
+        if shipped.exists():
+            return shipped
+    return resolve(settings.aclFile) if settings.aclEnable else None
+
+
+def acl_shipped(settings) -> dict:
+    """The ACL file a master ships to its slaves (actors.ha_server), by its name there."""
+    path = acl_path(settings)
+    return {ACL_CONFIG: path} if path is not None else {}
+
+
 def open_acl(settings) -> tuple[Acl, AclFile] | None:
-    """The front's ACL and its watched file; None when `aclEnable` is off."""
-    if not settings.aclEnable:
+    """The ACL and its watched file (`acl_path`); None when there is none."""
+    path = acl_path(settings)
+    if path is None:
         return None
-    watched = AclFile(resolve(settings.aclFile))
+    watched = AclFile(path)
     identity = _identity(settings)
     return Acl(watched.config, Account(identity["accessKey"], identity["secretKey"], admin=True)), watched
+
+
+def open_masters_acl(settings) -> tuple[Acl, AclFile] | None:
+    """A slave's look for its master's ACL file: `open_acl`, or None (logged) while the file
+    received does not parse (a half-saved edit on the master: the next one is looked at)."""
+    try:
+        return open_acl(settings)
+    except AclError as e:
+        log.error("the master's ACL file cannot be used yet: %s", e)
+        return None
 
 
 def reload_acl(acl: Acl, watched: AclFile) -> None:

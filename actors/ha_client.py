@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import secrets
 import socket as pysocket
 import time
@@ -130,6 +131,7 @@ class HaClient(Actor):
         self.epochs: epochs.EpochFile | None = None
         self.rocketmq = settings.haProtocol == "rocketmq"
         self.curve_keys = None
+        self.hello = b""  # this connection's hello payload, which a proof signs (a master with aclEnable)
         self.session: SlaveSession | None = None
         self.link = None  # a zmq DEALER, or a TCP socket (rocketmq)
         self.decoder = StreamDecoder()
@@ -203,7 +205,9 @@ class HaClient(Actor):
         self.link.setsockopt(zmq.RCVBUF, 4 * 1024 * 1024)
         guard.secure_link(self.link, self.curve_keys)  # (a master with curveEnable)
         self.link.connect(f"tcp://{host}:{port}")
-        self.link.send(self.session.hello(s.brokerId, self.epochs.entries, s.listen))
+        hello = self.session.hello(s.brokerId, self.epochs.entries, s.listen)
+        self.hello = hello[1:]
+        self.link.send(hello)
 
     def _disconnect(self, why: str) -> None:
         self.link_errors += 1
@@ -269,6 +273,13 @@ class HaClient(Actor):
             self.control.set("master_offset", self.session.master_end)
             self.epochs.adopt(history)
             self.diverged = ""
+        elif kind == ha_link.CHALLENGE:  # the master's ACL is on: prove an account
+            access_key, secret_key = ha_credentials(self.settings)
+            if not (access_key and secret_key):
+                raise LinkError("the master's ACL is on: set haAccessKey and haSecretKey (or MQNODE_ACCESS_KEY and "
+                                "MQNODE_SECRET_KEY) to an account with admin or replication")
+            challenge = ha_link.parse_challenge(data[1:])
+            self.link.send(ha_link.proof_message(access_key, secret_key, challenge, self.hello))
         elif kind == ha_link.CONFIG:
             name, content = ha_link.parse_config(data[1:])
             write_config(self.settings.root / "config" / name, content)
@@ -399,3 +410,10 @@ def write_config(path, content: bytes) -> None:
     with open(temporary, "wb") as out:
         out.write(content)
     temporary.replace(path)
+
+
+def ha_credentials(settings) -> tuple[str, str]:
+    """The account a slave proves to a master with aclEnable: haAccessKey / haSecretKey, each
+    missing one from MQNODE_ACCESS_KEY / MQNODE_SECRET_KEY (as every client takes its own)."""
+    return (settings.haAccessKey or os.environ.get("MQNODE_ACCESS_KEY", ""),
+            settings.haSecretKey or os.environ.get("MQNODE_SECRET_KEY", ""))

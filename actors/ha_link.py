@@ -12,16 +12,24 @@ Two protocols (the setting `haProtocol`):
   from the start of the master's last segment. `StreamDecoder` cuts the TCP stream into both.
 - `zmq` (the default): one ZeroMQ message per item, its first byte the kind:
       slave  -> master  b"H" + JSON hello {brokerId, maxOffset, epochs, endpoint}
+                        b"P" + JSON proof {accessKey, signature} (the answer to b"A")
                         b"R" + i64 report (as RocketMQ's)
                         b"B" (goodbye: the master ends the session at once)
                         b"E" (a start-up's question, no session: the master's history)
-      master -> slave   b"W" + JSON welcome {epochs, maxOffset, keep}
+      master -> slave   b"A" + JSON {challenge} (with `aclEnable`: prove an account first)
+                        b"W" + JSON welcome {epochs, maxOffset, keep}
                         b"X" + reason (refused; the master closes its side)
                         b"D" + i64 start offset + raw bytes (empty: the master's heartbeat)
                         b"E" + JSON {epochs, maxOffset} (the answer to b"E")
                         b"C" + file name + NUL + content (a config file changed: SYNCED_CONFIG)
   The hello carries the slave's epoch history and the welcome the master's, so a slave whose
   log holds bytes the master never had is fenced (shm.epochs.common_prefix) before it follows.
+  With the master's ACL on (`aclEnable`), the hello is answered with a fresh random challenge
+  instead; the slave's proof signs its hello and that challenge with an account's secret key
+  (the requests' HMAC scheme, node.security; `actors.acl.replication_header`), and only an
+  account with `admin` or `replication` is welcomed. Before the welcome nothing of the log goes
+  out and no report counts; anything else is refused (b"X", the reason). A proof captured on one
+  connection fails on any other: its challenge is not asked again.
 
 Flow control (both): the master sends at most `WINDOW` bytes past the slave's last report,
 each transfer within one segment and at most `haTransferBatchSize` bytes (blank padding
@@ -35,6 +43,8 @@ from dataclasses import dataclass
 
 import orjson
 
+from actors.acl import ACL_CONFIG, replication_header
+from node.security import signature
 from shm import epochs
 
 REPORT = struct.Struct(">q")
@@ -43,6 +53,8 @@ WINDOW = 8 * 1024 * 1024  # bytes in flight to one slave (the zmq link; TCP has 
 MAX_BODY = 64 * 1024 * 1024  # a header announcing more is garbage
 MAX_HELLO = 1024 * 1024
 HELLO, REPORT_KIND, WELCOME, REFUSED, DATA, BYE, HISTORY, CONFIG = b"H", b"R", b"W", b"X", b"D", b"B", b"E", b"C"
+CHALLENGE, PROOF = b"A", b"P"
+MAX_PROOF = 4096
 # the config files a slave keeps in step with its master (RocketMQ's SlaveSynchronize: topics,
 # consumer offsets, delay offsets, subscription groups)
 SYNCED_CONFIG = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", "delayOffset.json")
@@ -286,9 +298,45 @@ def config_message(name: str, content: bytes) -> bytes:
 
 
 def parse_config(payload) -> tuple[str, bytes]:
-    """A b"C" item's (file name, content); LinkError unless the name is one SYNCED_CONFIG names."""
+    """A b"C" item's (file name, content); LinkError unless the name is one SYNCED_CONFIG or
+    ACL_CONFIG names."""
     name, separator, content = bytes(payload).partition(b"\0")
     text = name.decode("utf-8", "replace")
-    if not separator or text not in SYNCED_CONFIG or len(content) > MAX_CONFIG:
-        raise LinkError(f"a config item for {text[:40]!r}, not one of {', '.join(SYNCED_CONFIG)}")
+    if not separator or text not in (*SYNCED_CONFIG, ACL_CONFIG) or len(content) > MAX_CONFIG:
+        raise LinkError(f"a config item for {text[:40]!r}, not one of {', '.join(SYNCED_CONFIG)}, {ACL_CONFIG}")
     return text, content
+
+
+def challenge_message(challenge: str) -> bytes:
+    return CHALLENGE + orjson.dumps({"challenge": challenge})
+
+
+def parse_challenge(payload) -> str:
+    """The master's challenge; LinkError for one that does not parse."""
+    try:
+        challenge = orjson.loads(bytes(payload))["challenge"]
+    except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+        raise LinkError(f"a malformed challenge: {e}") from None
+    if not isinstance(challenge, str) or not 16 <= len(challenge) <= 256:
+        raise LinkError("a challenge must be 16 to 256 characters")
+    return challenge
+
+
+def proof_message(access_key: str, secret_key: str, challenge: str, hello: bytes) -> bytes:
+    """The slave's answer: its hello's payload (`hello`, without the kind byte) and the challenge,
+    signed with its account's secret key."""
+    header = replication_header(access_key, challenge)
+    return PROOF + orjson.dumps({"accessKey": access_key, "signature": signature(secret_key, header, hello)})
+
+
+def parse_proof(payload) -> dict:
+    """A proof's {accessKey, signature}; LinkError for one that does not parse."""
+    if len(payload) > MAX_PROOF:
+        raise LinkError("the proof is too large")
+    try:
+        proof = orjson.loads(bytes(payload))
+    except orjson.JSONDecodeError as e:
+        raise LinkError(f"a malformed proof: {e}") from None
+    if not isinstance(proof, dict):
+        raise LinkError("a proof must be an object {accessKey, signature}")
+    return proof

@@ -23,7 +23,9 @@ the node. A port already in use is retried every few seconds, the node serving m
 from __future__ import annotations
 
 import logging
+import secrets
 import socket as pysocket
+import time
 
 import orjson
 import zmq
@@ -39,6 +41,8 @@ from shm.control_block import ROLE_CODES
 log = logging.getLogger("mqnode")
 BIND_RETRY_MS = 3000
 MAX_SESSIONS = 16
+MAX_CHALLENGED = 64  # connections asked to prove an account and not yet answering (aclEnable)
+CHALLENGE_MS = 10_000  # a challenge not answered within this is forgotten
 MAX_TRANSFERS = 64  # per slave per turn: bounds a turn; the next turn goes on
 MAX_ITEMS = 512
 IDLE_MS = 50  # (RocketMQ's master waits up to 100 ms for a put notification; the doorbell wakes this one)
@@ -72,7 +76,11 @@ class HaServer(Actor):
         self.refused = self.closed = 0
         self.last_error = ""
         self.rate = _Rate()
-        self.config = ConfigShipper(settings.root / "config")
+        self.config = ConfigShipper(settings.root / "config", guard.acl_shipped(settings))
+        self.acl = self.acl_file = None  # with aclEnable: who may follow (actors.acl), its file watched
+        self.next_acl_look = 0.0
+        self.challenged: dict[object, tuple[bytes, str, int]] = {}  # peer -> (hello, challenge, when), until its proof
+        self.auth_refused = 0
 
     def open(self) -> None:
         s = self.settings
@@ -83,6 +91,7 @@ class HaServer(Actor):
         self.wake = doorbell(s, "ha-wake", listen=True)
         self.acked_out = doorbell(s, "acked", listen=False)
         self.control.set("ha_slaves", 0)
+        self.acl, self.acl_file = guard.open_acl(s) or (None, None)
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -106,6 +115,13 @@ class HaServer(Actor):
         self._send_all(monotonic_ms())
         self._ship_config(monotonic_ms())
         self._housekeeping_sessions(monotonic_ms())
+        if time.monotonic() >= self.next_acl_look:
+            self.next_acl_look = time.monotonic() + 1.0
+            if self.acl is not None:
+                guard.reload_acl(self.acl, self.acl_file)
+            elif self.settings.is_slave:  # its master's ACL, once received: in force after a promotion too
+                self.acl, self.acl_file = guard.open_masters_acl(self.settings) or (None, None)
+                self.config.files |= guard.acl_shipped(self.settings)
 
     def _sending(self) -> bool:
         """Whether some slave could take more now (then the loop only glances at its sockets)."""
@@ -167,8 +183,12 @@ class HaServer(Actor):
             kind, payload = data[:1], data[1:]
             session = self.sessions.get(peer)
             try:
-                if kind == ha_link.HELLO:
+                if kind == ha_link.HELLO and self.acl is not None:
+                    self._challenge(peer, payload, now)
+                elif kind == ha_link.HELLO:
                     self._hello(peer, payload, now)
+                elif kind == ha_link.PROOF:
+                    self._proof(peer, payload, now)
                 elif kind == ha_link.REPORT_KIND and session is not None and len(payload) == REPORT.size:
                     session.on_report(REPORT.unpack(payload)[0], self.control.get("written"), now)
                 elif kind == ha_link.HISTORY and self._master():
@@ -183,6 +203,31 @@ class HaServer(Actor):
             except LinkError as e:
                 self._refuse(peer, str(e))
         self._publish_acks()
+
+    def _challenge(self, peer: bytes, payload: bytes, now: int) -> None:
+        """The ACL is on: a hello is answered with a fresh challenge, and kept for the proof."""
+        if peer in self.sessions or peer in self.challenged:
+            raise LinkError("a second hello on one link")
+        if len(payload) > ha_link.MAX_HELLO:
+            raise LinkError("the hello is too large")
+        for old in [p for p, (_, _, when) in self.challenged.items() if now - when > CHALLENGE_MS]:
+            del self.challenged[old]  # never answered
+        if len(self.challenged) >= MAX_CHALLENGED:
+            raise LinkError(f"{MAX_CHALLENGED} slaves are proving their accounts already")
+        challenge = secrets.token_hex(16)
+        self.challenged[peer] = (payload, challenge, now)
+        self.endpoint.send_multipart([peer, ha_link.challenge_message(challenge)])
+
+    def _proof(self, peer: bytes, payload: bytes, now: int) -> None:
+        asked = self.challenged.pop(peer, None)
+        if asked is None:
+            raise LinkError("a proof nobody asked for (the ACL is off, or this connection sent no hello)")
+        hello, challenge, _ = asked
+        refusal = self.acl.replication_refusal(ha_link.parse_proof(payload), challenge, hello)
+        if refusal is not None:
+            self.auth_refused += 1
+            raise LinkError(f"not authorised: {refusal}")
+        self._hello(peer, hello, now)
 
     def _hello(self, peer: bytes, payload: bytes, now: int) -> None:
         if not self._master():
@@ -223,6 +268,7 @@ class HaServer(Actor):
         self._end(peer, reason)
 
     def _end(self, peer, why: str) -> None:
+        self.challenged.pop(peer, None)
         session = self.sessions.pop(peer, None)
         self.config.forget(peer)
         if isinstance(peer, TcpPeer):
@@ -368,7 +414,7 @@ class HaServer(Actor):
             "epoch": self.epochs.current, "written": written, "slaveAcked": self.control.get("slave_acked"),
             "slaves": [s.statistics(written, now) for s in self.sessions.values() if s.started],
             "transferBytesPerSecond": self.rate.per_second(now), "refused": self.refused, "closed": self.closed,
-            "lastError": self.last_error}
+            "lastError": self.last_error, "acl": self.acl is not None, "authRefused": self.auth_refused}
 
     def close(self) -> None:
         if self.control is not None:
@@ -395,8 +441,9 @@ class ConfigShipper:
 
     LOOK_MS = 1000
 
-    def __init__(self, directory):
+    def __init__(self, directory, extra: dict | None = None):
         self.directory = directory
+        self.files = {name: directory / name for name in ha_link.SYNCED_CONFIG} | (extra or {})  # name -> path
         self.next_look = 0
         self.versions: dict[str, tuple[int, int]] = {}
         self.sent: dict[object, dict[str, tuple[int, int]]] = {}
@@ -405,9 +452,9 @@ class ConfigShipper:
         if now < self.next_look:
             return False
         self.next_look = now + self.LOOK_MS
-        for name in ha_link.SYNCED_CONFIG:
+        for name, path in self.files.items():
             try:
-                info = (self.directory / name).stat()
+                info = path.stat()
                 self.versions[name] = (info.st_mtime_ns, info.st_size)
             except OSError:
                 self.versions.pop(name, None)
@@ -419,7 +466,7 @@ class ConfigShipper:
         for name, version in self.versions.items():
             if sent.get(name) != version:
                 try:
-                    out.append((name, (self.directory / name).read_bytes()))
+                    out.append((name, self.files[name].read_bytes()))
                 except OSError:
                     continue  # replaced meanwhile: the next look sends it
                 sent[name] = version

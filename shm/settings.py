@@ -124,6 +124,9 @@ class Settings:
     haTransferBatchSize: int = _s(32768, "Maximum bytes per HA transfer", HA)
     haMasterAddress: str = _s("", "A slave's master HA address, host:port", HA)
     haMasterPublicKeyFile: str = _s("", "A slave of a master with curveEnable: the master's public key (its node.key); the link is then CURVE-encrypted, the slave showing its own key pair (curveSecretKeyFile) to the master's allow-list", HA)
+    haAccessKey: str = _s("", "A slave of a master with aclEnable: the ACL account it proves to follow (one with admin: true or replication: true in the master's aclFile); empty = MQNODE_ACCESS_KEY", HA)
+    haSecretKey: str = _s("", "That account's secret key; empty = MQNODE_SECRET_KEY", HA)
+    haAllowUnauthenticated: bool = _s(False, "With aclEnable, let haProtocol = rocketmq serve slaves anyway: RocketMQ 4.x's plain-TCP link carries no signature, so any host that reaches the HA port gets every message (RocketMQ 4.x's own behaviour)", HA)
     haSlaveFallbehindMax: int = _s(268435456, "SYNC_MASTER fails fast with SLAVE_NOT_AVAILABLE beyond this lag, bytes", HA)
     slaveTimeout: int = _s(3000, "SYNC_MASTER replication wait, ms (then FLUSH_SLAVE_TIMEOUT)", HA)
     duplicationEnable: bool = _s(False, "Dispatch only below the confirm offset", HA)
@@ -448,6 +451,10 @@ def _validate_ha(settings: Settings) -> None:
             raise SettingsError(f"brokerRole = SLAVE needs haMasterAddress = host:port, not {settings.haMasterAddress!r}")
     if settings.curveEnable and settings.haProtocol == "rocketmq":
         raise SettingsError("curveEnable needs haProtocol = zmq: RocketMQ's plain-TCP link cannot be encrypted")
+    if settings.aclEnable and settings.haProtocol == "rocketmq" and not settings.haAllowUnauthenticated:
+        raise SettingsError("aclEnable with haProtocol = rocketmq: RocketMQ's plain-TCP link cannot authenticate a "
+                            "slave, so anyone reaching the HA port would get every message; use haProtocol = zmq, "
+                            "or set haAllowUnauthenticated = true to accept that (RocketMQ 4.x's behaviour)")
     if not 0 < settings.ha_port < 65536:
         raise SettingsError(f"haListenPort: {settings.ha_port} is not a port")
     if min(settings.haSendHeartbeatInterval, settings.haHousekeepingInterval, settings.haTransferBatchSize,

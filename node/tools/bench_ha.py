@@ -9,6 +9,11 @@ Prints, each against the issue's target:
 - SYNC_MASTER, 64 concurrent senders, with ASYNC_FLUSH and with SYNC_FLUSH: msgs/s;
 - promotion: `admin role` on a slave whose master is gone, to its first PUT_OK.
 
+With `--acl off on` (the default: both, in this order, in the same run) the catch-up and
+SYNC_MASTER figures are measured without the ACL and with it (`aclEnable` on the master, the
+slave proving an account to follow: docs/operations.md "Replication with the ACL on"; every
+client request signed), so the cost of authentication is read off one run.
+
 A benchmark, never a test: master and slave share the machine's cores, so every figure is what
 two nodes on one 2-core box do, not two hosts.
 """
@@ -24,7 +29,7 @@ import time
 from pathlib import Path
 
 from node import protocol
-from node.client import AsyncProducer, Message, Producer
+from node.client import AsyncProducer, Credentials, Message, Producer
 from node.tools import floors
 from node.tools.local_node import NodeProcess, free_port, local_settings
 from node.tools.pacing import paced
@@ -32,15 +37,43 @@ from shm.control_block import ControlBlock, peek
 
 BODY = bytes(range(256)) * 4
 SEGMENT = 256 * 1024 * 1024
+ACCOUNT = ("benchAdmin", "bench-admin-secret")  # with --acl on: the clients' and the slave's account
+
+
+class Security:
+    """What a pair runs with: no ACL, or the ACL on the master (an admin account the clients sign
+    with and the slave proves itself with)."""
+
+    def __init__(self, acl: bool):
+        self.acl = acl
+        self.credentials = Credentials(*ACCOUNT) if acl else Credentials()
+
+    def master(self, directory: Path) -> dict:
+        if not self.acl:
+            return {}
+        path = directory / "plain_acl.yml"
+        path.write_text(f"accounts:\n  - accessKey: {ACCOUNT[0]}\n    secretKey: {ACCOUNT[1]}\n    admin: true\n")
+        return {"aclEnable": True, "aclFile": str(path)}
+
+    def slave(self) -> dict:
+        return {"haAccessKey": ACCOUNT[0], "haSecretKey": ACCOUNT[1]} if self.acl else {}
+
+    def __str__(self) -> str:
+        return "ACL on" if self.acl else "ACL off"
+
+
+NO_ACL = Security(False)
 
 
 @contextlib.contextmanager
-def pair(directory: Path, *, master_options: dict | None = None, start_slave: bool = True, link: str = "zmq"):
+def pair(directory: Path, *, master_options: dict | None = None, start_slave: bool = True, link: str = "zmq",
+         security: Security = NO_ACL):
     directory.mkdir(parents=True, exist_ok=True)
     master = local_settings(directory / "m", haListenPort=free_port(), mappedFileSizeCommitLog=SEGMENT, haProtocol=link,
-                            **(master_options or {}))
+                            **(master_options or {}), **security.master(directory))
     slave = local_settings(directory / "s", brokerRole="SLAVE", brokerId=1, haMasterAddress=f"127.0.0.1:{master.ha_port}",
-                           haListenPort=free_port(), mappedFileSizeCommitLog=SEGMENT, haProtocol=link)
+                           haListenPort=free_port(), mappedFileSizeCommitLog=SEGMENT, haProtocol=link,
+                           **security.slave())
     nodes = {"master": NodeProcess(master, directory / "m.log").start(timeout=120),
              "slave": NodeProcess(slave, directory / "s.log")}
     try:
@@ -56,8 +89,8 @@ def written(settings) -> int:
     return peek(settings.root, "written")
 
 
-async def fill(endpoint: str, size: int) -> None:
-    async with AsyncProducer(endpoint, timeout=30) as producer:
+async def fill(endpoint: str, size: int, credentials: Credentials = Credentials()) -> None:
+    async with AsyncProducer(endpoint, timeout=30, credentials=credentials) as producer:
         messages = [Message("BenchHaFill", BODY) for _ in range(64)]
 
         async def sender() -> None:
@@ -67,10 +100,10 @@ async def fill(endpoint: str, size: int) -> None:
         await asyncio.gather(*[sender() for _ in range(4)])
 
 
-def catch_up(directory: Path, mib: int) -> tuple[float, float]:
-    with pair(directory, start_slave=False) as nodes:
+def catch_up(directory: Path, mib: int, security: Security = NO_ACL) -> tuple[float, float]:
+    with pair(directory, start_slave=False, security=security) as nodes:
         master, slave = nodes["master"], nodes["slave"]
-        asyncio.run(fill(master.endpoint, mib * 1024 * 1024))
+        asyncio.run(fill(master.endpoint, mib * 1024 * 1024, security.credentials))
         end = written(master.settings)
         slave.start(timeout=120)
         began = time.perf_counter()
@@ -118,10 +151,10 @@ def lag(directory: Path, rate: int, seconds: float) -> tuple[float, float, int]:
     return delays[len(delays) // 2] * 1000, delays[int(len(delays) * 0.99)] * 1000, len(delays)
 
 
-def sync_master(directory: Path, flush: str, count: int) -> float:
-    with pair(directory, master_options={"brokerRole": "SYNC_MASTER", "flushDiskType": flush}) as nodes:
+def sync_master(directory: Path, flush: str, count: int, security: Security = NO_ACL) -> float:
+    with pair(directory, master_options={"brokerRole": "SYNC_MASTER", "flushDiskType": flush}, security=security) as nodes:
         async def run() -> float:
-            async with AsyncProducer(nodes["master"].endpoint) as producer:
+            async with AsyncProducer(nodes["master"].endpoint, credentials=security.credentials) as producer:
                 while (await producer.send("BenchHaSync", BODY)).status != "PUT_OK":
                     await asyncio.sleep(0.1)  # the slave's first hello
                 statuses: dict[str, int] = {}
@@ -163,25 +196,28 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--sync-count", type=int, default=100_000)
     parser.add_argument("--only", choices=["catch-up", "lag", "sync", "promotion"], action="append")
+    parser.add_argument("--acl", choices=["off", "on"], nargs="+", default=["off", "on"],
+                        help="measure catch-up and SYNC_MASTER without the ACL, with it, or both (the default)")
     args = parser.parse_args()
+    securities = [Security(mode == "on") for mode in args.acl]
     only = set(args.only or ["catch-up", "lag", "sync", "promotion"])
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-ha-"))
     print(floors.report(base), flush=True)
     try:
-        if "catch-up" in only:
-            rate, seconds = catch_up(base / "catch-up", args.catch_up_mib)
-            print(f"catch-up of {args.catch_up_mib} MiB to an empty slave: {rate:.0f} MB/s in {seconds:.1f} s "
-                  f"(target >= 200 MB/s)", flush=True)
+        for security in securities if "catch-up" in only else ():
+            rate, seconds = catch_up(base / f"catch-up-{security.acl}", args.catch_up_mib, security)
+            print(f"catch-up of {args.catch_up_mib} MiB to an empty slave ({security}): {rate:.0f} MB/s in "
+                  f"{seconds:.1f} s (target >= 200 MB/s)", flush=True)
         if "lag" in only:
             p50, p99, samples = lag(base / "lag", args.rate, args.seconds)
             median = f"{p50:.1f} ms" if p50 >= 1 else "< 1 ms (the sampling step)"
             print(f"slave lag at {args.rate} sends/s of 1 KiB: p50 {median}, p99 {p99:.1f} ms over {samples} "
                   f"samples (target p99 <= 50 ms)", flush=True)
-        if "sync" in only:
-            for flush, target in (("ASYNC_FLUSH", 40000), ("SYNC_FLUSH", 30000)):
-                rate = sync_master(base / f"sync-{flush}", flush, args.sync_count)
-                print(f"SYNC_MASTER + {flush}, 64 concurrent senders: {rate:,.0f} msgs/s (target >= {target:,})",
-                      flush=True)
+        for flush, target in (("ASYNC_FLUSH", 40000), ("SYNC_FLUSH", 30000)) if "sync" in only else ():
+            for security in securities:
+                rate = sync_master(base / f"sync-{flush}-{security.acl}", flush, args.sync_count, security)
+                print(f"SYNC_MASTER + {flush}, 64 concurrent senders ({security}): {rate:,.0f} msgs/s "
+                      f"(target >= {target:,})", flush=True)
         if "promotion" in only:
             print(f"promotion: first PUT_OK {promotion(base / 'promotion') * 1000:.0f} ms after admin role "
                   f"(target <= 2000 ms)", flush=True)

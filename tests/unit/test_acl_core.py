@@ -7,11 +7,13 @@ import base64
 import hashlib
 import hmac
 
+import orjson
 import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors import ha_link
 from node import protocol
 from node.security import Credentials, canonical, signature_matches
 from actors.acl import DENY, PUB, SUB, Acl, AclError, AclFile, AddressPattern, parse_config, parse_perm
@@ -165,3 +167,28 @@ def test_the_file_is_reloaded_when_it_changes_and_a_broken_edit_keeps_the_rules(
     with pytest.raises(AclError, match="not YAML"):
         watched.changed()
     assert watched.changed() is None  # the broken file is not read again until it changes
+
+
+def test_only_an_account_that_may_replicate_and_signs_this_challenge_may_follow():
+    """The HA link's check (actors.ha_link): the proof signs the hello and the master's challenge."""
+    acl = Acl(parse_config(yaml.safe_load("""
+accounts:
+  - {accessKey: replica, secretKey: replica-secret, replication: true}
+  - {accessKey: rootKey, secretKey: root-secret, admin: true}
+  - {accessKey: plainKey, secretKey: plain-secret, defaultTopicPerm: PUB|SUB}
+""")))
+    hello, challenge = b'{"brokerId": 1, "maxOffset": 0}', "ab" * 16
+
+    def refusal(access: str, secret: str, signed_challenge: str = challenge, signed_hello: bytes = hello):
+        proof = orjson.loads(ha_link.proof_message(access, secret, signed_challenge, signed_hello)[1:])
+        return acl.replication_refusal(proof, challenge, hello)
+
+    assert refusal("replica", "replica-secret") is None
+    assert refusal("rootKey", "root-secret") is None  # admin may too
+    assert "may not replicate" in refusal("plainKey", "plain-secret")
+    assert "signature check failed" in refusal("replica", "wrong-secret")
+    assert "signature check failed" in refusal("replica", "replica-secret", signed_challenge="cd" * 16)  # replayed
+    assert "signature check failed" in refusal("replica", "replica-secret", signed_hello=b'{"brokerId": 2}')
+    assert "no ACL account" in refusal("nobody", "nobody-secret")
+    assert "no accessKey" in acl.replication_refusal({}, challenge, hello)
+    assert acl.statistics()["refused"] == 6 and acl.statistics()["checked"] == 8

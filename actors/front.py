@@ -45,6 +45,7 @@ from actors.wire import join_frames, read_meta, send_meta, unpack_replies
 from actors import consumers, edge, guard
 from actors.consumers import ConsumerGroups
 from actors.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
+from actors.memory import node_memory
 from actors.offsets import ConsumerOffsets, SubscriptionGroups
 from actors.store_stats import StoreStats
 from actors.topics import TopicTable
@@ -176,9 +177,17 @@ class Front(Actor):
             self._notify(self.consumers.expire(monotonic_ms()))
             if slave:
                 self.replication.follow_master_config()
-        if self.acl is not None and now >= self.next_acl_look:
+        if now >= self.next_acl_look:
             self.next_acl_look = now + 1.0
+            self._follow_acl()
+
+    def _follow_acl(self) -> None:
+        """The ACL file changed: its new rules. A slave with none yet: its master's, once the
+        ha-client has it (actors.guard.acl_path)."""
+        if self.acl is not None:
             guard.reload_acl(self.acl, self.acl_file)
+        elif self.settings.is_slave:
+            self.acl, self.acl_file = guard.open_masters_acl(self.settings) or (None, None)
 
     def drain(self) -> None:
         """Last in its process (actors.host): the replies its neighbours' drains sent are answered."""
@@ -260,7 +269,8 @@ class Front(Actor):
             actors[neighbour.label] = neighbour.statistics()
         return {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)), "actors": dict(sorted(actors.items())),
                 "control": self.control.snapshot(), "services": services_with_pids(self.hosts, actors),
-                "supervision": supervision_counts(self.settings)}
+                "supervision": supervision_counts(self.settings),
+                "memory": node_memory(stats["pid"] for stats in actors.values() if "pid" in stats)}
 
     def _ha(self, client: bytes, request: protocol.Request) -> None:
         frames = self.replication.answer(request, self.actor_stats)

@@ -2,7 +2,10 @@
 
 Pulls carry raw CommitLog records; `node.client.received` decodes them (as RocketMQ's clients do, but
 each field on first use), and the tags are checked here exactly (the node filters by tag hash only).
-`consume` walks every queue of a topic from a group's committed offsets, committing as it goes.
+`consume` walks every queue of a topic from a group's committed offsets, committing as it goes,
+and rides through a restart of the node's front or of the whole node: pulls, offset lookups and
+commits are idempotent, so one that fails for a dropped connection, a timeout or a busy node is
+sent again after the producer's backoff, for up to `idle_timeout` from its first failure.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from node.client.received import ReceivedMessage, decode_messages
 from node.security import Credentials
 
 SEND_BACK_TRIES = 6  # 3.4 s of backoff in all: longer than a killed schedule service takes to come back
+# what `consume` sends again: a dropped connection or no answer in time (TIMEOUT: the front restarting), a node
+# not serving yet or busy
+RIDE_THROUGH = frozenset({"TIMEOUT", "SERVICE_NOT_AVAILABLE", *protocol.RETRIABLE_STATUSES})
+MAX_BACKOFF_ATTEMPT = 3  # (backoff: 10, 40, 160, then 640 ms between tries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,17 +202,23 @@ class AsyncPullConsumer:
         (`start="committed"`, falling back to the first), or `"first"` / `"last"`; commits after
         each pull. Each queue is pulled on its own (a long poll of an idle queue holds back no
         other), its next pull sent once the last one's messages were taken. Stops after `limit`
-        messages or `idle_timeout` seconds without one."""
-        queues = await self.client.queue_count(topic)
+        messages or `idle_timeout` seconds without one (not counting a request being sent again:
+        see the module's docstring); a request that keeps failing past `idle_timeout` is raised."""
+        retrying: set = set()  # who is sending a request again: the node is restarting, not idle
+
+        def again(call, who):
+            return self._riding_through(call, idle_timeout, retrying, who)
+
+        queues = await again(lambda: self.client.queue_count(topic), "start")
         offsets = {}
         for q in range(queues):
-            committed = await self.committed(group, topic, q) if start == "committed" else None
+            committed = await again(lambda: self.committed(group, topic, q), "start") if start == "committed" else None
             if committed is not None:
                 offsets[q] = committed
             elif start == "last":
-                offsets[q] = await self.max_offset(topic, q)
+                offsets[q] = await again(lambda: self.max_offset(topic, q), "start")
             else:
-                offsets[q] = await self.min_offset(topic, q)
+                offsets[q] = await again(lambda: self.min_offset(topic, q), "start")
         ready: asyncio.Queue = asyncio.Queue()  # (queue, a pull's result or the error that ended its follower)
         turns = {q: asyncio.Event() for q in range(queues)}
 
@@ -214,8 +227,8 @@ class AsyncPullConsumer:
             nothing new waits at the node without holding the others back."""
             while True:
                 try:
-                    result = await self.pull(topic, q, offsets[q], subscription=subscription, suspend_ms=suspend_ms,
-                                             group=group)
+                    result = await again(lambda: self.pull(topic, q, offsets[q], subscription=subscription,
+                                                           suspend_ms=suspend_ms, group=group), q)
                 except Exception as e:  # (SendError, a closed client) ends the consume, raised there
                     await ready.put((q, e))
                     return
@@ -227,9 +240,12 @@ class AsyncPullConsumer:
         delivered, last_message = 0, time.monotonic()
         try:
             while limit is None or delivered < limit:
+                idle = idle_timeout - (time.monotonic() - last_message)
                 try:
-                    q, result = await asyncio.wait_for(ready.get(), idle_timeout - (time.monotonic() - last_message))
+                    q, result = await asyncio.wait_for(ready.get(), max(idle, 0.1) if retrying else idle)
                 except asyncio.TimeoutError:
+                    if retrying:
+                        continue  # (its own budget ends it with the error)
                     return
                 if isinstance(result, Exception):
                     raise result
@@ -246,12 +262,34 @@ class AsyncPullConsumer:
                     last_message = time.monotonic()
                 else:
                     offsets[q] = result.next_begin_offset
-                await self.commit(group, topic, q, offsets[q])
+                await again(lambda: self.commit(group, topic, q, offsets[q]), "commit")
                 turns[q].set()
         finally:
             for follower in followers:
                 follower.cancel()
             await asyncio.gather(*followers, return_exceptions=True)
+
+
+    @staticmethod
+    async def _riding_through(call, budget_s: float, retrying: set, who):
+        """`call()`, sent again after a backoff while it fails with a RIDE_THROUGH status, for up
+        to `budget_s` from its first failure; `who` is in `retrying` meanwhile."""
+        first_failure, attempt = None, 0
+        while True:
+            try:
+                result = await call()
+            except SendError as e:
+                now = time.monotonic()
+                first_failure = first_failure or now
+                if e.status not in RIDE_THROUGH or now - first_failure > budget_s:
+                    retrying.discard(who)
+                    raise
+                retrying.add(who)
+                await asyncio.sleep(backoff(min(attempt, MAX_BACKOFF_ATTEMPT)))
+                attempt += 1
+                continue
+            retrying.discard(who)
+            return result
 
 
 class PullConsumer:

@@ -9,11 +9,48 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+
+# what the connector's Python workers import (node.pipeline.source and what it needs)
+WORKER_IMPORTS = "import pyarrow, orjson, zmq, node.pipeline.source"
+
+
+class WorkerPythonError(RuntimeError):
+    """Spark's Python workers would run an interpreter that cannot import the connector."""
+
 
 def register(spark) -> None:
+    """Register the `mqnode` data source with `spark`. With a local master it first checks that
+    the Python Spark's workers run (PYSPARK_PYTHON, else `python3` from PATH: not the interpreter
+    that made the session) can import the connector, and says in one line what to set if not:
+    otherwise the first query fails inside a task."""
     from node.pipeline.source import MqnodeDataSource
+
+    check_worker_python(spark)
 
     spark.dataSource.register(MqnodeDataSource)
     # the offline reader narrows each segment's rows by the query's `topic` and `storeTimestamp`
     # filters (Spark evaluates them again); a Python source may take filters only with this on
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+
+
+def check_worker_python(spark) -> None:
+    """WorkerPythonError naming PYSPARK_PYTHON when a local Spark's workers could not import the
+    connector (on a cluster the executors' Python is theirs to check: `spark.pythonExec` names it
+    as they run it)."""
+    context = spark.sparkContext
+    if not context.master.startswith("local"):
+        return
+    worker = context.pythonExec or "python3"
+    found = shutil.which(worker) or worker
+    try:
+        done = subprocess.run([found, "-c", WORKER_IMPORTS], capture_output=True, text=True, timeout=60)
+        ok, why = done.returncode == 0, (done.stderr.strip().splitlines() or [""])[-1]
+    except OSError as e:
+        ok, why = False, str(e)
+    if not ok:
+        raise WorkerPythonError(
+            f"Spark's Python workers run {worker!r} ({found}), which cannot import the mqnode connector ({why}): "
+            f"set PYSPARK_PYTHON={sys.executable} before creating the Spark session")

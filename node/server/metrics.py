@@ -106,7 +106,7 @@ def _puts(actors: dict, runtime: dict):
     yield size
     buckets = _latency_buckets(runtime.get("putMessageDistributeTime", ""))
     if buckets:
-        yield HistogramMetricFamily("mqnode_put_latency_milliseconds", "Time to append a group of sends "
+        yield HistogramMetricFamily("mqnode_put_latency_seconds", "Time to append a group of sends "
                                     "(RocketMQ's putMessageDistributeTime ranges)", buckets=buckets, sum_value=None)
     failed = CounterMetricFamily("mqnode_put_failed", "Sends the write path failed to store")
     failed.add_metric([], writer.get("putMessageFailedTimes", 0))
@@ -135,19 +135,20 @@ def _latency_buckets(text: str) -> list[tuple[str, float]]:
     for label, count in _DISTRIBUTION.findall(text):
         total += int(count)
         upper = label.split("~")[-1] if "~" in label else label.lstrip("<=")
-        out.append((_upper_ms(upper), total))
+        out.append((_upper_seconds(upper), total))
     if out:
         out[-1] = ("+Inf", total)
     return out
 
 
-def _upper_ms(text: str) -> str:
+def _upper_seconds(text: str) -> str:
+    """A range's upper end ("10ms", "1s") in seconds, Prometheus's base unit."""
     if not text:
         return "+Inf"
     if text.endswith("ms"):
-        return str(float(text[:-2]))
+        return repr(float(text[:-2]) / 1000)
     if text.endswith("s"):
-        return str(float(text[:-1]) * 1000)
+        return repr(float(text[:-1]))
     return "+Inf"
 
 
@@ -185,10 +186,10 @@ def _store(actors: dict, control: dict):
         family = CounterMetricFamily(name, what)
         family.add_metric([], flush.get(key, 0))
         yield family
-    for name, what, key in (("mqnode_flush_average_microseconds", "Average flush time", "flushAvgMicros"),
-                            ("mqnode_flush_max_microseconds", "Longest flush", "flushMaxMicros")):
+    for name, what, key in (("mqnode_flush_average_seconds", "Average flush time", "flushAvgMicros"),
+                            ("mqnode_flush_max_seconds", "Longest flush", "flushMaxMicros")):
         family = GaugeMetricFamily(name, what)
-        family.add_metric([], flush.get(key, 0))
+        family.add_metric([], flush.get(key, 0) / 1e6)
         yield family
     clean = actors.get("clean") or {}
     ratio = GaugeMetricFamily("mqnode_disk_used_ratio", "Used share of the disk holding each store part",
@@ -208,23 +209,23 @@ def _store(actors: dict, control: dict):
 def _schedule(schedule: dict):
     lag = GaugeMetricFamily("mqnode_schedule_lag_messages", "Delayed messages of a level not yet delivered",
                             labels=["level"])
-    lag_ms = GaugeMetricFamily("mqnode_schedule_lag_milliseconds", "How late the oldest due message of a level is",
-                               labels=["level"])
+    lateness = GaugeMetricFamily("mqnode_schedule_lag_seconds", "How late the oldest due message of a level is",
+                                 labels=["level"])
     delivered = CounterMetricFamily("mqnode_schedule_delivered", "Delayed messages delivered, by level",
                                     labels=["level"])
     for level, stats in sorted((schedule.get("levels") or {}).items(), key=lambda item: int(item[0])):
         lag.add_metric([level], stats.get("lag", 0))
-        lag_ms.add_metric([level], stats.get("lagMillis", 0))
+        lateness.add_metric([level], stats.get("lagMillis", 0) / 1000)
         delivered.add_metric([level], stats.get("delivered", 0))
-    yield from (lag, lag_ms, delivered)
+    yield from (lag, lateness, delivered)
     timers = schedule.get("timers") or {}
     for name, what, value, kind in (
             ("mqnode_timers_pending", "Timer messages waiting for their time", timers.get("pending", 0), GaugeMetricFamily),
             ("mqnode_timers_due_undelivered", "Timer messages due and not yet stored", timers.get("dueUndelivered", 0),
              GaugeMetricFamily),
             ("mqnode_timers_delivered", "Timer messages delivered", timers.get("delivered", 0), CounterMetricFamily),
-            ("mqnode_timers_lateness_p99_milliseconds", "p99 lateness of the last 1024 timer deliveries",
-             (timers.get("latenessMillis") or {}).get("p99") or 0, GaugeMetricFamily),
+            ("mqnode_timers_lateness_p99_seconds", "p99 lateness of the last 1024 timer deliveries",
+             ((timers.get("latenessMillis") or {}).get("p99") or 0) / 1000, GaugeMetricFamily),
             ("mqnode_send_backs", "Consumers' send-backs stored", schedule.get("sendBacks", 0), CounterMetricFamily),
             ("mqnode_dead_letters", "Send-backs that went to a %DLQ% topic", schedule.get("deadLetters", 0),
              CounterMetricFamily)):

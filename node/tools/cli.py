@@ -23,8 +23,13 @@ from shm.settings import FIELDS, REPLACED_BY_TOPOLOGY, Settings, SettingsError
 
 def _add_store_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", help="store root directory (storePathRootDir)")
+    add_settings_flags(parser, "settings (override --conf)")
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, title: str) -> None:
+    """--conf, --<setting> and --set: the same settings flags on every command that reads a store."""
     parser.add_argument("--conf", help="settings file (flat key = value lines, as conf/broker.toml)")
-    group = parser.add_argument_group("settings (override --conf)")
+    group = parser.add_argument_group(title)
     for name in FIELDS:
         group.add_argument(f"--{name}", dest=f"setting_{name}", metavar="VALUE", help=argparse.SUPPRESS)
     for name in REPLACED_BY_TOPOLOGY:  # refused with an error that names `topology`

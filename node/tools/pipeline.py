@@ -17,7 +17,12 @@ import time
 
 import orjson
 
-from node.tools.cli import CREDENTIAL_FLAGS, _add_store_options, add_credentials
+from node.tools.cli import CREDENTIAL_FLAGS, _add_store_options, _settings_from, add_credentials, add_settings_flags
+
+# count and summary read a store's files as they are: of the store's settings only where its
+# CommitLog lives matters to them; they take the same flags as `archive`, `verify` and `dump`
+OFFLINE_SETTINGS = ("settings (override --conf; reading a store offline needs only storePathCommitLog, when "
+                    "the CommitLog is not under --store: the rest are accepted and change nothing)")
 
 
 def spark_session(master: str, name: str):
@@ -52,7 +57,7 @@ CREDENTIAL_OPTIONS = {"--access-key": "accessKey", "--secret-key": "secretKey", 
 
 def _source_options(args) -> dict[str, str]:
     if getattr(args, "store", None):  # a store directory, read without a node
-        options = {"store": args.store} | ({"topic": args.topic} if args.topic else {})
+        options = _store_options(args) | ({"topic": args.topic} if args.topic else {})
     else:
         options = {"endpoint": args.endpoint, "topic": args.topic} | _credential_options(args)
     for name in ("startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp", "subscription"):
@@ -62,10 +67,17 @@ def _source_options(args) -> dict[str, str]:
     return options
 
 
+def _store_options(args) -> dict[str, str]:
+    """The data source's options for a store directory, with its settings flags (a CommitLog
+    elsewhere: storePathCommitLog)."""
+    settings = _settings_from(args)
+    return {"store": args.store} | ({"storePathCommitLog": settings.storePathCommitLog}
+                                    if settings.storePathCommitLog else {})
+
+
 def cmd_archive(args) -> int:
     """Sealed segments of a store into the Parquet archive (node.pipeline.archive)."""
     from node.pipeline import archive
-    from node.tools.cli import _settings_from
 
     settings = _settings_from(args)
     spark = spark_session(args.master, "mqnode-archive")
@@ -122,7 +134,7 @@ def cmd_summary(args) -> int:
         if args.archive:
             frame = spark.read.parquet(args.archive)
         else:
-            frame = spark.read.format("mqnode").option("store", args.store).load()
+            frame = spark.read.format("mqnode").options(**_store_options(args)).load()
         result = summary.compute(frame)
     finally:
         spark.stop()
@@ -190,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
             where.add_argument("--store", help="a store directory, read without a node (a stopped or running one)")
             where.add_argument("--archive", help="an archive `pipeline archive` wrote")
         add_credentials(sub)
+        if name == "count":
+            add_settings_flags(sub, OFFLINE_SETTINGS)
         sub.add_argument("--topic", help="a topic, or a comma list (required with --endpoint)")
         sub.add_argument("--master", default="local[*]", help="Spark master (default: a local Spark)")
         sub.add_argument("--subscription", help="a tag expression, e.g. 'TagA || TagB'")
@@ -213,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     source = report.add_mutually_exclusive_group(required=True)
     source.add_argument("--store", help="a store directory")
     source.add_argument("--archive", help="an archive `pipeline archive` wrote")
+    add_settings_flags(report, OFFLINE_SETTINGS)
     report.add_argument("--output", default="summary", help="where summary.json, the plots and report.html go")
     report.add_argument("--master", default="local[*]", help="Spark master (default: a local Spark)")
     report.set_defaults(handler=cmd_summary)

@@ -249,6 +249,8 @@ def test_each_preset_runs_and_reports(scenario, node, tmp_path):
     assert summary["produced"] > 0 and summary["produceRate"] > 0 and summary["ack"]["50"] > 0
     assert summary["outcomes"]["refused"] == summary["outcomes"]["unknown"] == 0
     assert summary["cpuMean"] is not None and summary["rssMax"] > 0  # found the node by its port
+    # what the node owns and costs, shared pages once: less than the RSS summed over its processes
+    assert 0 < summary["anonMax"] <= summary["pssMax"] < summary["rssMax"]
     if results["params"]["consumers"]:
         assert results["verify"]["ok"], results["verify"]
         assert summary["consumed"] == summary["produced"] and summary["e2e"]["count"] == summary["consumed"]

@@ -4,14 +4,17 @@ fails the read with mode=FAILFAST; topic and time filters; the lines of `scripts
 
 from __future__ import annotations
 
+import os
 import shutil
-from argparse import Namespace
+import subprocess
+import sys
 
 import pytest
 from golden import GOLDEN_STORE, manifest
+from nodes import ROOT
 
 from node.pipeline.offline import SegmentReport, commitlog_dir, read_segment, segments
-from node.tools.pipeline import _source_options, counts
+from node.tools.pipeline import _source_options, build_parser, counts
 from shm.codec import decode
 
 pyspark = pytest.importorskip("pyspark")
@@ -40,8 +43,10 @@ def test_topic_and_time_filters_and_the_count_commands_lines(spark):
     later = (spark.read.format("mqnode").option("store", str(GOLDEN_STORE)).option("startingTimestamp", middle)
              .load().count())
     assert later == sum(1 for t in times if t >= middle)
-    lines = counts(spark.read.format("mqnode").options(**_source_options(Namespace(store=str(GOLDEN_STORE),
-                                                                                    topic=None))).load())
+    # the command's own flags: the same store flags as `archive`, `verify` and `dump`, accepted
+    args = build_parser().parse_args(["count", "--store", str(GOLDEN_STORE), "--mappedFileSizeCommitLog", "65536",
+                                      "--set", "maxHashSlotNum=500"])
+    lines = counts(spark.read.format("mqnode").options(**_source_options(args)).load())
     assert sum(line["count"] for line in lines if line["topic"] == "TopicB") == topic_b.count()
     assert sum(line["count"] for line in lines) == 623
 
@@ -113,3 +118,19 @@ def test_the_summary_of_the_golden_store_matches_counts_made_without_spark(spark
     for name in ("summary.json", "report.html", *summary.PLOTS):
         assert (tmp_path / "report" / name).stat().st_size > 0
     assert "TopicA" in summary.table(result)
+
+
+def test_register_says_what_to_set_when_sparks_workers_would_run_another_python(tmp_path):
+    """A job run by the project's Python, not activated: PYSPARK_PYTHON unset, and the `python3`
+    first on PATH one without the connector's packages. register() says so before any query."""
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nexec {shutil.which('python3', path='/usr/bin:/bin')} -I -S \"$@\"\n")  # no site-packages
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"} | {"PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    job = ("from pyspark.sql import SparkSession\nfrom node.pipeline import register\n"
+           "spark = SparkSession.builder.master('local[1]').getOrCreate()\nregister(spark)\n")
+    done = subprocess.run([sys.executable, "-c", job], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert f"set PYSPARK_PYTHON={sys.executable} before creating the Spark session" in done.stderr, done.stderr[-2000:]
+    assert "cannot import the mqnode connector" in done.stderr

@@ -353,3 +353,34 @@ def test_a_slow_listener_is_bounded_by_flow_control(node):
         assert 0 < peak <= 200 + 32  # the threshold, and at most one pull beyond it
     finally:
         consumer.shutdown()
+
+
+def test_mqnode_consume_rides_through_a_front_restart_and_gets_every_message_once(node):
+    """Pulls are idempotent: `mqnode consume` sends a pull the dropped connection lost again
+    (the producer's backoff, up to its --timeout), so a front killed under it costs no message
+    and repeats none."""
+    topic = "RideThrough"
+    produce(node, topic, 0, 1000)
+    consume = subprocess.Popen([sys.executable, "-m", "node.tools.cli", "consume", "--endpoint", node.endpoint,
+                                "--topic", topic, "--group", "riders", "--from", "first", "--count", "2000",
+                                "--timeout", "30"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines: list[dict] = []
+    reader = threading.Thread(target=lambda: lines.extend(orjson.loads(line) for line in consume.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(lines) < 1000 and time.monotonic() < deadline:  # all of the first half: its pulls now wait
+            time.sleep(0.05)
+        assert len(lines) == 1000
+        front = node.actor_process("front")
+        front.kill()
+        front.wait(10)
+        with Producer(node.endpoint, timeout=10.0) as producer:  # the second half, to the restarted front
+            for first in range(1000, 2000, 100):
+                producer.send_batch(topic, [Message(topic, f"{i}".encode()) for i in range(first, first + 100)],
+                                    queue_id=(first // 100) % 8)
+        assert consume.wait(60) == 0, consume.stderr.read().decode()
+    finally:
+        consume.kill()
+    reader.join(10)
+    assert sorted(int(line["body"]) for line in lines) == list(range(2000))

@@ -2,9 +2,10 @@
 
 The node is a process tree: `mqnode start`, Ray's own processes, and one Ray worker per actor.
 The tree is re-read at every sample (Ray restarts actors as new processes). CPU is the sum of
-user+system time deltas over the tree (100% = one core); memory is the sum of RSS, which counts
-the shared segment mappings once per process that touched them, so it overstates what the
-node costs the machine. For a node this run did not start, the tree is found from the process
+user+system time deltas over the tree (100% = one core); memory is what an operator can act on
+(actors.memory): the node's anonymous memory and its proportional set size, with the mapped
+files' share apart; the sum of RSS, which counts the shared segments once per process that
+touched them, is kept for comparison only. For a node this run did not start, the tree is found from the process
 listening on the endpoint's port, walking up to the `mqnode start` process.
 """
 
@@ -14,6 +15,8 @@ import time
 from urllib.parse import urlparse
 
 import psutil
+
+from actors.memory import node_memory
 
 
 class NodeMonitor:
@@ -35,17 +38,16 @@ class NodeMonitor:
         except psutil.Error:
             return []
 
-    def sample(self) -> tuple[float | None, int | None]:
-        """(CPU % of one core since the last sample, total RSS bytes); (None, None) if unknown."""
+    def sample(self) -> tuple[float | None, dict | None]:
+        """(CPU % of one core since the last sample, the node's memory: actors.memory.node_memory);
+        (None, None) if unknown."""
         processes = self.processes()
         if not processes:
             return None, None
-        now, used, rss, seen = time.monotonic(), 0.0, 0, {}
+        now, used, seen = time.monotonic(), 0.0, {}
         for p in processes:
             try:
-                with p.oneshot():
-                    times = p.cpu_times()
-                    rss += p.memory_info().rss
+                times = p.cpu_times()
             except psutil.Error:
                 continue
             total = times.user + times.system + times.children_user + times.children_system
@@ -53,7 +55,7 @@ class NodeMonitor:
             used += total - self.cpu_seen.get(p.pid, total if self.last is None else 0.0)
         elapsed = None if self.last is None else now - self.last
         self.cpu_seen, self.last = seen, now
-        return (100 * used / elapsed if elapsed else None), rss
+        return (100 * used / elapsed if elapsed else None), node_memory(seen)
 
 
 def find_node_pid(endpoint: str) -> int | None:

@@ -20,7 +20,7 @@ class Progress:
         self.series: list[dict] = []
         self.started = time.time()
         self.cpu: float | None = None
-        self.rss: int | None = None
+        self.memory: dict | None = None
 
     def update(self, report: dict) -> None:
         self.latest[(report["role"], report["index"])] = report
@@ -50,7 +50,7 @@ class Progress:
     def lag(self) -> int:
         return max(0, self.total("producer", "messages") - self.total("consumer", "messages"))
 
-    def sample(self, cpu: float | None, rss: int | None) -> dict:
+    def sample(self, cpu: float | None, memory: dict | None) -> dict:
         """Append one point of the time series (rates over the last interval)."""
         now = time.time() - self.started
         produced, consumed = self.total("producer", "messages"), self.total("consumer", "messages")
@@ -59,14 +59,16 @@ class Progress:
         span = max(now - previous["t"], 1e-6)
         point = {"t": round(now, 3), "produced": produced, "consumed": consumed,
                  "producedBytes": self.total("producer", "bytes"), "consumedBytes": self.total("consumer", "bytes"),
-                 "errors": sum(self.errors().values()), "cpu": cpu, "rss": rss, "lag": self.lag()}
+                 "errors": sum(self.errors().values()), "cpu": cpu, "lag": self.lag()}
+        for key in MEMORY_KEYS:  # (bytes; None when the node's processes cannot be seen)
+            point[key] = memory[key] if memory else None
         point["produceRate"] = (produced - previous["produced"]) / span
         point["consumeRate"] = (consumed - previous["consumed"]) / span
         point["produceMBps"] = (point["producedBytes"] - previous["producedBytes"]) / span / 1e6
         point["consumeMBps"] = (point["consumedBytes"] - previous["consumedBytes"]) / span / 1e6
         self.series.append(point)
         if cpu is not None:
-            self.cpu, self.rss = cpu, rss
+            self.cpu, self.memory = cpu, memory
         return point
 
     def rate(self, role: str) -> tuple[float, float]:
@@ -84,7 +86,8 @@ class Progress:
         produce_rate, produce_mb = self.rate("producer")
         consume_rate, consume_mb = self.rate("consumer")
         cpus = [p["cpu"] for p in self.series if p["cpu"] is not None]
-        rsss = [p["rss"] for p in self.series if p["rss"] is not None]
+        peaks = {key: max((p[key] for p in self.series if p.get(key) is not None), default=None)
+                 for key in MEMORY_KEYS}
         outcomes = [0, 0, 0, 0]
         for r in self._of("producer"):
             outcomes = [a + b for a, b in zip(outcomes, r["outcomes"])]
@@ -95,7 +98,8 @@ class Progress:
             "ack": _percentiles(ack), "e2e": _percentiles(e2e), "errors": dict(self.errors()),
             "maxLag": max((p["lag"] for p in self.series), default=0),
             "cpuMean": sum(cpus) / len(cpus) if cpus else None, "cpuMax": max(cpus) if cpus else None,
-            "rssMax": max(rsss) if rsss else None,
+            "rssMax": peaks["rss"], "anonMax": peaks["anon"], "pssMax": peaks["pss"], "pssFileMax": peaks["pssFile"],
+            "anonFirst": next((p["anon"] for p in self.series if p.get("anon") is not None), None),
             "foreign": self.total("consumer", "foreign"),
             "unfinishedQueues": sorted(q for r in self._of("consumer") for q in r["unfinished"]),
         }
@@ -113,7 +117,7 @@ class Progress:
                 table.add_row("consume (end-to-end)", f"{point['consumeRate']:,.0f}", f"{point['consumeMBps']:,.1f}",
                               f"{point['consumed']:,}", f"{_fmt(e2e.percentile(50))} / {_fmt(e2e.percentile(99))}")
         errors = ", ".join(f"{k} {v:,}" for k, v in sorted(self.errors().items())) or "none"
-        node = "-" if self.cpu is None else f"CPU {self.cpu:.0f}%  RSS {self.rss / 2**20:,.0f} MiB"
+        node = "-" if self.cpu is None else f"CPU {self.cpu:.0f}%  {memory_text(self.memory)}"
         table.caption = f"lag {self.lag():,} msgs   node {node}   errors: {errors}"
         return table
 
@@ -122,7 +126,7 @@ class Progress:
         point = self.series[-1] if self.series else {"produceRate": 0, "produced": 0, "consumeRate": 0, "consumed": 0}
         return (f"t={time.time() - self.started:6.1f}s produce {point['produceRate']:>9,.0f}/s "
                 f"({point['produced']:,}) consume {point['consumeRate']:>9,.0f}/s ({point['consumed']:,}) "
-                f"lag {self.lag():,} errors {sum(self.errors().values()):,}")
+                f"lag {self.lag():,} errors {sum(self.errors().values()):,} {memory_text(self.memory)}")
 
 
 def _percentiles(h: LogHistogram) -> dict[str, float | None]:
@@ -136,3 +140,16 @@ def _fmt(micros: float | None) -> str:
     if micros is None:
         return "-"
     return f"{micros / 1000:,.1f} ms" if micros >= 1000 else f"{micros:,.0f} µs"
+
+
+MEMORY_KEYS = ("rss", "anon", "pss", "pssFile")  # a point's memory figures (actors.memory)
+
+
+def memory_text(memory: dict | None) -> str:
+    """The live line's memory: what the node owns (anonymous), what it costs (PSS) and of that
+    the mapped files' share (page cache the kernel can take back)."""
+    if not memory:
+        return "memory -"
+    mib = 2 ** 20
+    return (f"anon {memory['anon'] / mib:,.0f} MiB  PSS {memory['pss'] / mib:,.0f} MiB "
+            f"(files {memory['pssFile'] / mib:,.0f})")

@@ -46,7 +46,11 @@ def summary_rows(results: dict) -> list[tuple[str, str]]:
     rows.append(("errors", errors))
     if s.get("cpuMean") is not None:
         rows.append(("node CPU", f"mean {s['cpuMean']:.0f}%, max {s['cpuMax']:.0f}% (100% = one core)"))
-        rows.append(("node RSS", f"max {s['rssMax'] / 2**20:,.0f} MiB (sum over processes)"))
+        if s.get("anonMax") is not None:
+            rows.append(("node memory", f"anonymous {s['anonFirst'] / 2**20:,.0f} -> max {s['anonMax'] / 2**20:,.0f} MiB; "
+                                        f"PSS max {s['pssMax'] / 2**20:,.0f} MiB, of it mapped files "
+                                        f"{s['pssFileMax'] / 2**20:,.0f} MiB (page cache; RSS summed over processes, "
+                                        f"shared pages counted in each: {s['rssMax'] / 2**20:,.0f} MiB)"))
     if results.get("chaos") is not None:
         rows.append(("chaos", f"{len(results['chaos'])} strikes: "
                      + ", ".join(e["target"] for e in results["chaos"])))
@@ -128,9 +132,10 @@ def write_plots(results: dict, output: Path) -> None:
     ax.plot(t, [p["cpu"] for p in series], color="tab:blue", label="CPU %")
     ax.set(xlabel="seconds", ylabel="CPU % (100 = one core)", title=PLOTS["node_resources.png"])
     right = ax.twinx()
-    right.plot(t, [p["rss"] / 2**20 if p["rss"] is not None else None for p in series],
-               color="tab:orange", label="RSS MiB")
-    right.set_ylabel("RSS MiB (sum over processes)")
+    for key, color, label in (("anon", "tab:orange", "anonymous MiB"), ("pss", "tab:green", "PSS MiB"),
+                              ("pssFile", "tab:olive", "PSS of mapped files MiB")):
+        right.plot(t, [p[key] / 2**20 if p.get(key) is not None else None for p in series], color=color, label=label)
+    right.set_ylabel("MiB (anonymous, PSS)")
     ax.set_ylim(bottom=0)
     right.set_ylim(bottom=0)
     fig.legend(loc="upper right", bbox_to_anchor=(0.88, 0.88))

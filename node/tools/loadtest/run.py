@@ -232,8 +232,8 @@ class Run:
         self._drain(reports, until=deadline)
         if self.node and self.node.process:
             self.monitor.root_pid = self.node.process.pid
-        cpu, rss = self.monitor.sample()
-        self.progress.sample(cpu, rss)
+        cpu, memory = self.monitor.sample()
+        self.progress.sample(cpu, memory)
         if self.profiler:
             self._profile_workers()
 

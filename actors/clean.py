@@ -42,6 +42,7 @@ clock, a monotonic clock and the disk ratio function in) and `Clean`, its proces
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -59,6 +60,8 @@ from shm.consume_queue import last_entry_offset
 from shm.index_file import end_phy_offset
 from shm.control_block import FLAG_DISK_FULL
 from shm.invariant import invariant
+
+log = logging.getLogger("mqnode")
 
 DELETE_MAX_PER_PASS = 10  # RocketMQ's deleteExpiredFileByTime: at most 10 files a call
 MANUAL_PASSES = 20  # executeDeleteFilesManually
@@ -196,10 +199,14 @@ class CleanCore:
         used = max(self.ratios.values())
         self.clean_immediately = used > s.diskSpaceCleanForciblyRatio
         if used > s.diskSpaceWarningLevelRatio:
+            if not self.control.has_flag(FLAG_DISK_FULL):
+                log.error("disk full: %.1f%% used (diskSpaceWarningLevelRatio %s): sends are refused until "
+                          "cleaning frees space", used * 100, s.diskSpaceWarningLevelRatio)
             self.control.set_flag(FLAG_DISK_FULL, True)
             self.clean_immediately = True
         elif self.control.has_flag(FLAG_DISK_FULL):
             self.control.set_flag(FLAG_DISK_FULL, False)
+            log.warning("disk no longer full: %.1f%% used: sends are taken again", used * 100)
         self.space_trigger = used > self.max_used
         time_up = self.local_hour(self.wall_ms()) in self.hours
         if self.manual_passes > 0:
@@ -254,6 +261,7 @@ class CleanCore:
         cause = "manual" if run.cause == "manual" else "forced" if run.forced else run.cause
         self.deleted_files[cause] += 1
         self.deleted_bytes[cause] += stat.st_size
+        log.info("deleted CommitLog segment %s (%d bytes, %s)", oldest.name, stat.st_size, cause)
         for request in self.manual:
             request.deleted.append({"file": oldest.name, "bytes": stat.st_size, "cause": cause})
         run.deleted += 1

@@ -171,6 +171,8 @@ class Settings:
     processHangTimeoutMillis: int = _s(10000, "A service process whose loop has not turned for this long (a deadlock, SIGSTOP, a disk that never returns) is killed with SIGKILL, and Ray restarts it", NODE)
     rayNode: str = _s("", "With --ray-address (a Ray cluster): the Ray node that hosts this node's processes, by node id (hex) or by a custom resource that node declares (ray start --resources); empty = the Ray node of the host mqnode start runs on. The store must be on that node's host", NODE)
     rayObjectStoreMemory: int = _s(80 * 1024 * 1024, "Object store of an embedded Ray, bytes (nothing large goes through it)", NODE)
+    logLevel: str = _s("INFO", "The node's log (on the launcher's stderr, one line an event from every service): DEBUG, INFO, WARNING or ERROR", NODE)
+    logDir: str = _s("", "With a directory: every process of the node also appends its log lines to <logDir>/<process>.log, rotated at 64 MiB (5 kept); empty = stderr only", NODE)
     runDir: str = _s("", "Directory for the node's ipc sockets and pid files, private to the node's user (mode 0700; refused if another user owns it or others may enter it); empty means $XDG_RUNTIME_DIR/mqnode-<hash of the store path> when XDG_RUNTIME_DIR is set, else run/ inside the store", NODE)
 
     # -- derived ------------------------------------------------------------------------------
@@ -279,6 +281,7 @@ FIELDS = {f.name: f for f in fields(Settings)}
 _CHOICES = {
     "flushDiskType": ("ASYNC_FLUSH", "SYNC_FLUSH"),
     "brokerRole": ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"),
+    "logLevel": ("DEBUG", "INFO", "WARNING", "ERROR"),
     "haProtocol": ("zmq", "rocketmq"),
     "topology": ("compact", "split"),
 }

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import orjson
 
-from node.server import ray_setup, supervision, topology
+from node.server import logs, ray_setup, supervision, topology
 from shm import ring
 from node.server.supervision import heartbeat_slot, monotonic_ms
 from shm import settings as settings_module
@@ -103,6 +103,7 @@ class ActorHost:
     def __init__(self, process: topology.Process, settings_values: dict, kwargs: dict[str, dict]):
         ray_setup.normal_priority()
         settings = settings_module.load(None, settings_values)
+        logs.configure(settings, process.label, relay=True)  # (to the launcher's stderr: node.server.logs)
         policy = supervision.RestartBackoff(settings.actorRestartBackoffMaxMillis / 1000)
         delay = supervision.record_start(settings.run_dir, process.label, policy)
         if delay:  # it keeps dying: give whatever kills it time to pass
@@ -154,6 +155,8 @@ class Node:
         self.temporary_run_dir: Path | None = None
         self.ring_dir: Path | None = None  # the write path's rings (shm.ring), in memory
         self.metrics = None  # node.server.metrics.MetricsServer, with metricsPort set
+        self.log_sink: logs.LogSink | None = None  # the services' log lines, to this process's stderr
+        self.ray_dir: Path | None = None  # an embedded Ray's session files: removed at a clean stop
 
     # -- start ---------------------------------------------------------------------------------------
 
@@ -180,6 +183,8 @@ class Node:
         store = MessageStore(s, lock=False)
         try:
             self.recovery_report = recover(store)
+            logging.getLogger("mqnode").log(logging.INFO if self.recovery_report.mode == "normal" else logging.WARNING,
+                                            "%s", self.recovery_report.summary())
             if s.is_slave:  # before anything reads the log: cut what the master never had
                 from node.server import fencing
 
@@ -217,6 +222,7 @@ class Node:
         if run_dir != self.settings.run_dir:  # a temporary one: removed at stop
             self.temporary_run_dir = run_dir
         s = self.settings = dataclasses.replace(self.settings, runDir=str(run_dir))
+        self.log_sink = logs.LogSink(s)  # (before any service logs)
         guard.write_identity(s)  # the account and key pair of the node's own requests (actors.guard)
         rings = ring.rings(s)
         if rings:  # the write path's hand-offs, before any service opens one
@@ -227,8 +233,9 @@ class Node:
             if self.ray_address:
                 ray.init(address=self.ray_address, logging_level=logging.ERROR, log_to_driver=False)
             else:
+                self.ray_dir = ray_setup.session_dir(s)
                 ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,  # never a cluster found
-                         object_store_memory=s.rayObjectStoreMemory,
+                         object_store_memory=s.rayObjectStoreMemory, _temp_dir=str(self.ray_dir),
                          logging_level=logging.ERROR, log_to_driver=False, _node_ip_address="127.0.0.1")
                 self.started_ray = True
         remote = ray.remote(ActorHost)
@@ -407,6 +414,12 @@ class Node:
         if self.ring_dir is not None:  # memory, not disk: given back at stop
             shutil.rmtree(self.ring_dir, ignore_errors=True)
             self.ring_dir = None
+        if self.ray_dir is not None:  # (after Ray's shutdown above)
+            shutil.rmtree(self.ray_dir, ignore_errors=True)
+            self.ray_dir = None
+        if self.log_sink is not None:  # last: the services' last lines
+            self.log_sink.stop()
+            self.log_sink = None
 
     def _drain(self) -> None:
         import ray
@@ -475,6 +488,7 @@ def _answered(asker, header: dict, answers: set[str]) -> bool:
 
 
 def run(settings: Settings, ray_address: str | None = None) -> int:
+    logs.configure(settings, "launcher", relay=False)
     node = Node(settings, ray_address=ray_address)
     try:
         node.start()

@@ -3,9 +3,11 @@ joins a Ray cluster places its processes (node.server.launcher starts them)."""
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -50,6 +52,22 @@ def placement(settings) -> dict:
     if any(wanted in (node.get("Resources") or {}) for node in alive):
         return {"resources": {wanted: 0.001}}
     raise SettingsError(f"rayNode: no live Ray node has the id or the resource {wanted!r}")
+
+
+# Ray's sockets live under its temp dir, in session_<date>_<pid>/sockets/plasma_store: 64 more
+# bytes, and a Unix socket's path has 107 at most
+RAY_DIR_MAX = 40
+
+
+def session_dir(settings) -> Path:
+    """Where an embedded Ray keeps its session (logs, sockets, spilled objects): `ray` in the node's
+    run directory, or, when that path is too long for Ray's sockets, a private directory of its
+    own under the system's temp dir; the launcher removes it at stop (node.server.launcher)."""
+    inside = Path(settings.run_dir) / "ray"
+    if len(str(inside)) <= RAY_DIR_MAX:
+        return inside
+    digest = hashlib.sha1(str(Path(settings.run_dir).resolve()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"mqnode-ray-{os.getuid()}-{digest}"
 
 
 def embedded_ray_on_loopback() -> None:

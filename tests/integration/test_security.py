@@ -6,6 +6,7 @@ CURVE (a plaintext or unknown client never gets a connection), through the Pytho
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -138,6 +139,11 @@ def test_the_acl_file_is_reloaded_when_it_changes_and_a_broken_edit_keeps_the_ru
     with Producer(acl_node.endpoint, credentials=credentials(ROOTS)) as root:
         info, _ = root.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
     assert info["actors"]["front"]["acl"]["reloadErrors"] >= 1
+    # each reload and each refused edit is a line of the node's log, on its stderr (node.server.logs)
+    lines = acl_node.log.read_text().splitlines()
+    front_pid = info["actors"]["front"]["pid"]
+    assert any(re.fullmatch(rf"\S+ INFO front\[{front_pid}\] aclFile reloaded: 3 accounts", line) for line in lines)
+    assert any(f"ERROR front[{front_pid}] aclFile changed but cannot be used" in line for line in lines)
     # a white-listed address needs no account (the front reads each request's peer address then)
     acl_node.acl_file.write_text("globalWhiteRemoteAddresses: [127.0.0.*]\n" + ACL_YAML)
     with Producer(acl_node.endpoint, credentials=Credentials(), retries=0) as anonymous:

@@ -1,0 +1,134 @@
+"""The node's log: every service's events on the node's stderr, one line each.
+
+A service runs in a Ray worker, whose stderr is a file under Ray's session directory where
+nobody looks. So each service process logs to the `mqnode` logger with one handler, `Relay`,
+which pushes each formatted line over the node's private ipc socket `logs` (run directory,
+mode 0700) to the launcher; the launcher's `LogSink` thread writes them to its own stderr,
+where a terminal, a container runtime or journald (its stderr a socket: lines are written
+whole) takes them. With `logDir` set, every process also appends its lines to
+`<logDir>/<label>.log`, rotated at LOG_FILE_BYTES (LOG_FILES kept): one file a process, so no
+two processes rotate one file.
+
+A line: `2026-11-27T10:01:02.345 WARNING dispatcher[12345] message`. `logLevel` sets the level
+(INFO by default; DEBUG, WARNING, ERROR). stdout carries only the launcher's own lines (`ready`,
+`stopping`, `stopped`). A relay whose launcher is not there (yet, or gone) drops lines rather
+than block a service: a log is never a reason to stop serving (LOG_HWM lines queue).
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import sys
+import threading
+from pathlib import Path
+
+import zmq
+
+LOGGER = "mqnode"
+LOG_HWM = 10_000
+LOG_FILE_BYTES = 64 * 1024 * 1024
+LOG_FILES = 5
+FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(service)s[%(process)d] %(message)s"
+DATE_FORMAT = "%Y-%m-%dT%H:%M:%S"
+
+
+def endpoint(settings) -> str:
+    return f"ipc://{Path(settings.run_dir) / 'logs'}"
+
+
+class _Service(logging.Filter):
+    """Stamps each record with the process's label."""
+
+    def __init__(self, label: str):
+        super().__init__()
+        self.label = label
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.service = self.label
+        return True
+
+
+class Relay(logging.Handler):
+    """A service process's lines, to the launcher's sink (dropped while it cannot take them)."""
+
+    def __init__(self, settings):
+        super().__init__()
+        self.context = zmq.Context.instance()
+        self.sock = self.context.socket(zmq.PUSH)
+        self.sock.setsockopt(zmq.LINGER, 500)  # (a line logged just before the process exits still leaves)
+        self.sock.setsockopt(zmq.SNDHWM, LOG_HWM)
+        self.sock.connect(endpoint(settings))
+        self.lock_send = threading.Lock()  # (loggers are called from several threads of a process)
+        self.dropped = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+            with self.lock_send:
+                self.sock.send_string(line, zmq.NOBLOCK)
+        except zmq.Again:
+            self.dropped += 1
+        except Exception:  # never let a log line take a service down
+            self.handleError(record)
+
+    def close(self) -> None:
+        self.sock.close()
+        super().close()
+
+
+def configure(settings, label: str, *, relay: bool) -> logging.Logger:
+    """The `mqnode` logger of this process: to the launcher's sink (`relay`, a service process)
+    or this process's stderr (the launcher), and to `<logDir>/<label>.log` when set."""
+    logger = logging.getLogger(LOGGER)
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    formatter = logging.Formatter(FORMAT, DATE_FORMAT)
+    handlers: list[logging.Handler] = [Relay(settings) if relay else logging.StreamHandler(sys.stderr)]
+    if settings.logDir:
+        directory = Path(settings.logDir).expanduser()
+        directory.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.handlers.RotatingFileHandler(directory / f"{label}.log", maxBytes=LOG_FILE_BYTES,
+                                                             backupCount=LOG_FILES))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        handler.addFilter(_Service(label))
+        logger.addHandler(handler)
+    logger.setLevel(settings.logLevel)
+    logger.propagate = False  # (not again into Ray's worker files)
+    return logger
+
+
+class LogSink:
+    """The launcher's end: the services' lines, written to its stderr as they come."""
+
+    def __init__(self, settings, out=sys.stderr):
+        self.context = zmq.Context.instance()
+        self.sock = self.context.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, LOG_HWM)
+        self.sock.bind(endpoint(settings))
+        self.out = out
+        self.stopping = threading.Event()
+        self.lines = 0
+        self.thread = threading.Thread(target=self._run, name="mqnode-logs", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            if not self.sock.poll(200):
+                continue
+            for _ in range(1000):  # (bounded: the stop flag is looked at between batches)
+                try:
+                    line = self.sock.recv_string(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self.out.write(line + "\n")
+                self.lines += 1
+            self.out.flush()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(2)
+        self.sock.close()

@@ -18,9 +18,10 @@ dropped and each held pull's queue is looked at once more instead (`_catch_up`).
 
 Read your writes: a client told PUT_OK holds a queue offset and an offsetMsgId the dispatcher
 may not have indexed yet (it runs behind `written` by up to a few ms). A read whose answer
-would deny what was acknowledged before it arrived (a pull that would be OFFSET_ILLEGAL past
-the indexed end, GET_MAX_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP, a QUERY_MESSAGE that finds
-nothing) is deferred until `dispatched` reaches the `written` it saw on arrival, then served
+would deny what was acknowledged before it arrived (a pull at or past the indexed end, which
+would be NO_NEW_MSG or OFFSET_ILLEGAL, GET_MAX_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP, a
+QUERY_MESSAGE that finds nothing) is deferred until `dispatched` reaches the `written` it saw on
+arrival, then served
 (a pull then may still be held). VIEW_MESSAGE_BY_ID reads the CommitLog below `written`
 directly. A deferred read waits at most DEFER_MAX_S (the dispatcher stalled: SYSTEM_BUSY), and
 at most MAX_DEFERRED wait at once.
@@ -174,8 +175,8 @@ class ReadCore:
         status = _PULL_STATUS.get(result.status)
         if result.status == store_reader.NO_MESSAGE_IN_QUEUE:
             status = "OFFSET_ILLEGAL" if offset != 0 else "NO_NEW_MSG"
-        if behind and status == "OFFSET_ILLEGAL" and offset > result.max_offset:
-            return DEFER  # maybe assigned, not yet indexed: "not yet", never "illegal"
+        if behind and status in ("OFFSET_ILLEGAL", "NO_NEW_MSG") and offset >= result.max_offset:
+            return DEFER  # maybe assigned, not yet indexed: "not yet", never "illegal" or "nothing new"
         if status == "NO_NEW_MSG" and allow_hold and header.get("suspend") and self.held_count < MAX_HELD:
             self._hold(topic, queue_id, header, client, arrival)
             return None

@@ -92,8 +92,14 @@ def test_clean_deletes_only_what_the_archive_holds(tiered):
 def test_pulls_below_the_store_return_the_stored_bytes(tiered):
     node, ends, before, *_ = tiered
     with Producer(node.endpoint) as producer:
-        stored_min = [producer.request({"code": protocol.GET_MIN_OFFSET, "topic": TOPIC, "queueId": q})[0]
-                      for q in range(QUEUES)]
+        # every pull worker looks at the archive once a second: each has seen it within a few
+        deadline = time.monotonic() + 10
+        while True:
+            stored_min = [producer.request({"code": protocol.GET_MIN_OFFSET, "topic": TOPIC, "queueId": q})[0]
+                          for q in range(QUEUES) for _ in range(4)]  # (several asks: several workers answer)
+            if all(reply.get("tiered") for reply in stored_min) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert all(reply["offset"] == 0 and reply["tiered"] is True for reply in stored_min)
         for q in range(QUEUES):
             data, replies = _records(producer, q, 0, ends[q])

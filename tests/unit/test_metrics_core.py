@@ -10,8 +10,8 @@ from actors.sendcore import PendingSend
 
 def test_rocketmqs_distribution_becomes_cumulative_buckets():
     text = "[<=0ms]:1 [0~10ms]:5 [10~50ms]:2 [50~100ms]:0 [500ms~1s]:1 [1~2s]:0 [10s~]:3"
-    assert _latency_buckets(text) == [("0.0", 1), ("10.0", 6), ("50.0", 8), ("100.0", 8), ("1000.0", 9),
-                                      ("2000.0", 9), ("+Inf", 12)]
+    assert _latency_buckets(text) == [("0.0", 1), ("0.01", 6), ("0.05", 8), ("0.1", 8), ("1.0", 9),
+                                      ("2.0", 9), ("+Inf", 12)]  # (le in seconds, Prometheus's base unit)
     assert _latency_buckets("") == []
 
 

@@ -38,7 +38,7 @@ import zmq
 
 from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket
 from actors.front_ha import FrontReplication
-from actors.links import SocketOutbox, first_keeping_up, inbox, outbox
+from actors.links import SocketOutbox, WaitingOutbox, first_keeping_up, inbox, outbox
 from actors.router import Router, To
 from actors.schedule import REPUT_CLIENT
 from actors.wire import join_frames, read_meta, send_meta, unpack_replies
@@ -55,6 +55,10 @@ from shm.control_block import ROLE_CODES, monotonic_ms
 
 MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
 SEND_WAIT_MS = 20
+# reads no pull worker can take yet (one restarting, or reconnecting to a restarted front) wait this
+# long, and this many, before SYSTEM_BUSY: under the client's own 3 s timeout
+READ_PATIENCE_S = 2.0
+READS_WAITING = 10000
 SHIP_BYTES = 1 << 20  # a turn's sends go out in ring messages of about this size at most
 FRAMES_OVERHEAD = 16  # join_frames' length prefixes of a send's four frames
 
@@ -94,7 +98,7 @@ class Front(Actor):
         self.outgoing: list[tuple] = []  # this turn's sends: (parts, client, request, oneway)
         self.outgoing_bytes = 0
         self.inbox = inbox(self, unpack_replies)
-        self.reads_out = self._reads_out()
+        self.reads_out = WaitingOutbox(self._reads_out(), limit=READS_WAITING, patience_s=READ_PATIENCE_S)
         self.cleans = socket(self.context, zmq.PUSH, hwm=100)  # `admin clean` to the clean service
         self.cleans.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.cleans.bind(self.endpoints["clean"])
@@ -140,7 +144,7 @@ class Front(Actor):
         if local is not None:
             return local
         pulls = socket(self.context, zmq.PUSH, hwm=100000)
-        pulls.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
+        pulls.setsockopt(zmq.SNDTIMEO, 0)  # (no worker connected: the read waits in `reads_out`, not the loop)
         pulls.bind(self.endpoints["pulls"])
         return SocketOutbox(pulls, lambda read: [read[1], read_meta(read[2]), read[3], b""])
 
@@ -148,7 +152,8 @@ class Front(Actor):
         return self.items
 
     def timeout_ms(self) -> int:
-        return self.inbox.wait_ms(50)  # (replies waiting on a link already: no sleep)
+        # (replies waiting on a link already: no sleep; reads waiting for a pull worker: a short one)
+        return self.inbox.wait_ms(10 if self.reads_out.waiting else 50)
 
     def step(self, events: set) -> None:
         if self.replies in events:
@@ -157,6 +162,8 @@ class Front(Actor):
             self._answer_replies(replies)
         if self.clients in events:
             self._serve_clients()
+        if self.reads_out.waiting:
+            self._retry_reads()
         if self.reput_in in events:
             self._serve_reputs()
         if self.outgoing:
@@ -229,8 +236,9 @@ class Front(Actor):
         if route.to is To.SEND:
             self._send(client, request, frames)
         elif route.to is To.READ:
-            if not self.reads_out.send((request.header, client, time.monotonic_ns(), frames[0])):
-                self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY", "no pull worker is available"))
+            if not self.reads_out.send((request.header, client, time.monotonic_ns(), frames[0]), time.monotonic()):
+                self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY",
+                                                         f"{READS_WAITING} reads wait for a pull worker"))
         elif route.to is To.SCHEDULE:  # (its header as the router completed it)
             self._forward(self.schedules, client, request, [orjson.dumps(request.header)],
                           "the schedule service is not running; try again")
@@ -248,6 +256,11 @@ class Front(Actor):
             self._reply(client, route.frames)
             if request.code in (protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER):
                 self._notify(self.consumers.subscribers(request.header["topic"]))  # their queues changed
+
+    def _retry_reads(self) -> None:
+        for header, client, _, _ in self.reads_out.retry(time.monotonic()):
+            self._reply(client, protocol.error_reply(header.get("opaque"), "SYSTEM_BUSY",
+                                                     f"no pull worker took the read in {READ_PATIENCE_S:g} s"))
 
     def _notify(self, groups: set[str]) -> None:
         """NOTIFY_CONSUMER_IDS_CHANGED to each member of `groups`, over its own DEALER; a member
@@ -396,6 +409,8 @@ class Front(Actor):
                                         "refused": self.refused, "malformed": self.malformed,
                                         "accepting": self.accepting,
                                         "topics": len(self.topics.topics) if self.topics is not None else 0}
+        if self.reads_out is not None:
+            stats["readsWaiting"] = self.reads_out.statistics()
         if self.pinner is not None:
             stats["cpuPinning"] = self.pinner.statistics()
         if self.cpu_latency is not None:

@@ -347,6 +347,47 @@ class SocketOutbox:
         self.sock.close(0)
 
 
+class WaitingOutbox:
+    """An outbox whose consumer may be absent for a moment (a pull worker restarting, or not yet
+    reconnected to a restarted front): what it cannot take now waits here, in arrival order, at
+    most `limit` items and `patience_s` seconds each, and goes out at the next `retry` it can.
+    `retry` gives back the items that waited past their patience, for the caller to refuse; so
+    a reader that is gone for good costs the client a clear status, never its own timeout."""
+
+    def __init__(self, out, *, limit: int, patience_s: float):
+        self.out, self.limit, self.patience_s = out, limit, patience_s
+        self.local = out.local
+        self.waiting: deque = deque()  # (deadline, item), oldest first
+        self.waited = self.expired = 0
+
+    def send(self, item, now: float) -> bool:
+        """False only when the waiting room is full."""
+        if not self.waiting and self.out.send(item):
+            return True
+        if len(self.waiting) >= self.limit:
+            return False
+        self.waiting.append((now + self.patience_s, item))
+        self.waited += 1
+        return True
+
+    def retry(self, now: float) -> list:
+        """Sends what waits, oldest first, while the consumer takes it; returns the items past
+        their deadline."""
+        while self.waiting and self.out.send(self.waiting[0][1]):
+            self.waiting.popleft()
+        expired = []
+        while self.waiting and self.waiting[0][0] <= now:
+            expired.append(self.waiting.popleft()[1])
+        self.expired += len(expired)
+        return expired
+
+    def statistics(self) -> dict:
+        return {"waiting": len(self.waiting), "waited": self.waited, "expired": self.expired}
+
+    def close(self) -> None:
+        self.out.close()
+
+
 def first_keeping_up(outboxes: list[Outbox], turn_bytes: int) -> Outbox:
     """Where a turn's sends go: the first ingress worker whose ring holds less than a turn's worth
     (`turn_bytes`) not yet taken, else the one with the least. Load spills over to the next worker

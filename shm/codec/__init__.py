@@ -35,7 +35,7 @@ from shm.codec.record import (
 from shm.codec.view import (
     FIXED_BODY_LEN, FIXED_BORN_HOST, FIXED_BORN_TS, FIXED_PHYSICAL, FIXED_QUEUE_ID, FIXED_QUEUE_OFFSET,
     FIXED_RECONSUME, FIXED_STORE_HOST, FIXED_STORE_TS, PROPERTIES_LENGTH, TOTALSIZE, _FIXED_V4_SIZE,
-    _UNIQ_NAME, _V6_FLAGS, lone_uniq_key, offset_ids_py, walk_records_v4, walk_v4,
+    _UNIQ_NAME, _V6_FLAGS, lone_uniq_key, offset_ids_py, queue_entries, walk_records_v4, walk_v4,
 )
 from shm.codec.batch import (
     BATCH_MESSAGE_HEAD, BATCH_PROPS_LENGTH, MAX_MESSAGES_PER_BATCH, NATIVE, SCHEDULED_TAILS, _literal,
@@ -69,6 +69,6 @@ __all__ = [
     "expected_size", "find_uniq_key", "find_uniq_key_ascii", "frame_size", "index_key_hash", "lone_uniq_key",
     "offset_ids", "offset_ids_c", "offset_ids_py", "offset_msg_id", "parse_properties", "peek_queue_offset",
     "peek_store_timestamp", "properties_layout", "properties_string", "record_head", "record_topic", "scan",
-    "split_keys", "store_timestamp_offset", "tags_code", "topic_bytes", "walk_records_v4", "walk_v4",
+    "split_keys", "store_timestamp_offset", "tags_code", "queue_entries", "topic_bytes", "walk_records_v4", "walk_v4",
     "with_body",
 ]

@@ -96,3 +96,20 @@ def offset_ids_py(store_host: bytes, physical: list[int], indices: list[int]) ->
     """The offset msgId (`offset_msg_id`) of each appended record at `indices`, upper-case hex."""
     pack = _I64.pack  # (host + pack).hex() beats an f-string's :016X here
     return [(store_host + pack(physical[i])).hex().upper() for i in indices]
+
+
+def queue_entries(runs: list[bytes]) -> list[tuple[int, bytes, int]]:
+    """(QUEUEOFFSET, the record's bytes, RECONSUMETIMES) of each record of `runs`, whole records
+    back to back as a read hands them: only the fixed part is read (RECONSUMETIMES lies after
+    the two hosts, whose sizes SYSFLAG gives)."""
+    out = []
+    for run in runs:
+        at, end = 0, len(run)
+        while at + 40 <= end:
+            size = TOTALSIZE.unpack_from(run, at)[0]
+            assert size > 0 and at + size <= end, (at, size, end)  # (a reader hands whole records)
+            sys_flag = _I32.unpack_from(run, at + 36)[0]
+            pos = at + 48 + (20 if sys_flag & FLAG_BORNHOST_V6 else 8) + 8 + (20 if sys_flag & FLAG_STOREHOST_V6 else 8)
+            out.append((_I64.unpack_from(run, at + 20)[0], run[at: at + size], _I32.unpack_from(run, pos)[0]))
+            at += size
+    return out

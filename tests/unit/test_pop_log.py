@@ -1,0 +1,132 @@
+"""shm.pop_log: records come back in order; a torn or damaged tail is cut to the intact prefix;
+a compaction interrupted anywhere leaves the same state."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shm.pop_log import FRAME, PopLog, PopLogDamaged, read_frames
+
+
+def written(directory, records, *, per_turn=3) -> PopLog:
+    log = PopLog(directory)
+    log.open()
+    for i, record in enumerate(records):
+        log.append(record)
+        if i % per_turn == per_turn - 1:
+            log.write()
+    log.write()
+    log.sync()
+    return log
+
+
+def test_records_come_back_in_order_across_reopens(tmp_path):
+    written(tmp_path, [["A", i] for i in range(10)]).close()
+    log = PopLog(tmp_path)
+    state, records = log.open()
+    assert state is None and records == [["A", i] for i in range(10)]
+    log.append(["A", 10])
+    log.write()
+    log.close()
+    assert PopLog(tmp_path).open()[1][-1] == ["A", 10]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 20), st.data())
+def test_a_cut_or_damaged_tail_keeps_exactly_the_intact_prefix(tmp_path_factory, count, data):
+    directory = tmp_path_factory.mktemp("pop")
+    records = [["P", "g", "T", i, list(range(i % 5))] for i in range(count)]
+    written(directory, records).close()
+    path = directory / "journal.0"
+    raw = bytearray(path.read_bytes())
+    ends = [end for _, end in _frame_bounds(bytes(raw))]
+    cut = data.draw(st.integers(0, len(raw)))
+    damage = data.draw(st.booleans())
+    if damage and cut < len(raw):
+        raw[cut] ^= 0xFF  # a flipped byte: its frame and everything after goes
+        path.write_bytes(bytes(raw))
+    else:
+        path.write_bytes(bytes(raw[:cut]))
+    intact = sum(1 for end in ends if end <= cut)
+    log = PopLog(directory)
+    _, back = log.open()
+    assert back == records[:intact]
+    assert path.stat().st_size == (ends[intact - 1] if intact else 0)
+    log.append(["after"])
+    log.write()
+    log.close()
+    assert PopLog(directory).open()[1] == records[:intact] + [["after"]]
+
+
+def _frame_bounds(data: bytes):
+    at = 0
+    while at < len(data):
+        length, _ = FRAME.unpack_from(data, at)
+        yield at, at + FRAME.size + length
+        at += FRAME.size + length
+
+
+def test_compaction_starts_the_next_journal_from_the_snapshot(tmp_path):
+    log = written(tmp_path, [["A", i] for i in range(5)])
+    log.compact({"nextCk": 9})
+    log.append(["A", 5])
+    log.write()
+    log.close()
+    state, records = PopLog(tmp_path).open()
+    assert state == {"nextCk": 9} and records == [["A", 5]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.1", "snapshot"]
+
+
+@pytest.mark.parametrize("crash", ["before-rename", "after-rename", "after-new-journal"])
+def test_a_compaction_interrupted_anywhere_leaves_the_same_state(tmp_path, crash):
+    """The state is [the snapshot's, then the journal's records]: the same at each crash point."""
+    records = [["A", i] for i in range(5)]
+    written(tmp_path, records).close()
+    full = {"all": records}
+    if crash == "before-rename":
+        (tmp_path / "snapshot.tmp").write_bytes(b"half")
+        expected = (None, records)
+    else:
+        log = PopLog(tmp_path)
+        log.open()
+        log.compact(full)
+        log.close()
+        if crash == "after-rename":  # journal.1 not made yet, journal.0 not gone yet
+            (tmp_path / "journal.1").unlink()
+            (tmp_path / "journal.0").write_bytes(b"")
+        expected = (full, [])
+    assert PopLog(tmp_path).open() == expected
+
+
+def test_a_snapshot_that_is_not_whole_is_damage_not_a_crash(tmp_path):
+    log = written(tmp_path, [["A", 1]])
+    log.compact({"x": 1})
+    log.close()
+    raw = (tmp_path / "snapshot").read_bytes()
+    (tmp_path / "snapshot").write_bytes(raw[:-1])
+    with pytest.raises(PopLogDamaged):
+        PopLog(tmp_path).open()
+
+
+def test_a_failed_sync_raises_and_is_not_retried(tmp_path, monkeypatch):
+    log = written(tmp_path, [])
+    log.append(["A", 1])
+    log.write()
+    calls = []
+
+    def failing(fd):
+        calls.append(fd)
+        raise OSError(5, "EIO")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(OSError):
+        log.sync()
+    assert len(calls) == 1
+
+
+def test_frames_read_back_stop_at_a_length_beyond_the_data():
+    assert read_frames(FRAME.pack(100, 0) + b"x") == ([], 0)

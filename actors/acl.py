@@ -20,8 +20,8 @@ A permission is DENY, PUB, SUB or PUB|SUB (anything else reads as DENY, as in Ro
 address pattern is `*`, an IPv4 address whose parts may each be `*`, a range `a-b` or a list
 `{a,b}`, or any address written out exactly. What each request needs (`needed`), as RocketMQ's
 PlainAccessValidator: a send PUB on its topic (a `%RETRY%<group>` topic: SUB on the group); a
-pull SUB on its topic and, when named, its group; consumer offsets SUB on both; a send-back SUB
-on its group; RocketMQ's admin codes (and the manual clean) the account's `admin`. An admin
+pull or pop SUB on its topic and, when named, its group; consumer offsets SUB on both; a
+send-back, an ack or a change of invisible time SUB on its group; RocketMQ's admin codes (and the manual clean) the account's `admin`. An admin
 account that lists no permissions may use every topic and group. The rest needs only a valid
 signature. A refusal is NO_PERMISSION with a remark naming what is missing.
 
@@ -50,8 +50,11 @@ ADMIN_CODES = frozenset({protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC
                          protocol.DELETE_EXPIRED_COMMITLOG, protocol.HA_ROLE})
 SEND_ONE = frozenset({protocol.SEND_MESSAGE, protocol.SEND_BATCH_MESSAGE})
 GROUP_ONLY = frozenset({protocol.CONSUMER_SEND_MSG_BACK, protocol.UNREGISTER_CLIENT, protocol.GET_CONSUMER_LIST_BY_GROUP,
-                        protocol.LOCK_BATCH_MQ, protocol.UNLOCK_BATCH_MQ, protocol.GET_CONSUMER_CONNECTION_LIST})
-TOPIC_AND_GROUP = frozenset({protocol.PULL_MESSAGE, protocol.QUERY_CONSUMER_OFFSET, protocol.UPDATE_CONSUMER_OFFSET})
+                        protocol.LOCK_BATCH_MQ, protocol.UNLOCK_BATCH_MQ, protocol.GET_CONSUMER_CONNECTION_LIST,
+                        protocol.ACK_MESSAGE, protocol.BATCH_ACK_MESSAGE, protocol.CHANGE_MESSAGE_INVISIBLETIME,
+                        protocol.GET_POP_STATE})
+TOPIC_AND_GROUP = frozenset({protocol.PULL_MESSAGE, protocol.QUERY_CONSUMER_OFFSET, protocol.UPDATE_CONSUMER_OFFSET,
+                             protocol.POP_MESSAGE, protocol.PEEK_MESSAGE})
 
 
 class AclError(ValueError):

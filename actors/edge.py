@@ -326,7 +326,64 @@ def _locks(header: dict) -> str | None:
 
 
 # code -> the check of its fields (None: fine); sends are `send_refusal`'s
+# -- pop consumption --------------------------------------------------------------------------------
+
+POP_MAX_COUNT = 1024  # messages a pop (RocketMQ 5's proxy allows 32 a receive; more helps a batch consumer)
+INVISIBLE_MS_MAX = 12 * 3600 * 1000  # RocketMQ 5's maxInvisibleTime (12 h)
+HANDLES_MAX = 4096  # receipt handles a BATCH_ACK_MESSAGE
+
+
+def _pop(header: dict) -> str | None:
+    return (read_topic_problem(header.get("topic")) or group_problem(header.get("consumerGroup"))
+            or int_problem(header, "queueId", -1, QUEUE_ID_MAX)
+            or int_problem(header, "maxMsgNums", 1, POP_MAX_COUNT)
+            or int_problem(header, "invisibleTime", 1, INVISIBLE_MS_MAX)
+            or int_problem(header, "pollTime", 0, SUSPEND_MS_MAX)
+            or int_problem(header, "bornTime", *INT64)
+            or int_problem(header, "initMode", 0, 1)
+            or _expression(header)
+            or bool_problem(header, "order"))
+
+
+def _expression(header: dict) -> str | None:
+    kind, exp = header.get("expType", "TAG"), header.get("exp", "*")
+    if kind != "TAG":
+        return f"`expType` {_shown(kind)} is not supported (TAG only)"
+    if not isinstance(exp, str):
+        return f"`exp` must be a string, not {_shown(exp)}"
+    return None  # its syntax is answered SUBSCRIPTION_PARSE_FAILED by the pop service
+
+
+def _handle(header: dict, name: str = "extraInfo") -> str | None:
+    value = header.get(name)
+    if not isinstance(value, str) or not value or len(value) > 512:
+        return f"`{name}` must be the receipt handle a pop gave, not {_shown(value)}"
+    return None
+
+
+def _ack(header: dict) -> str | None:
+    return group_problem(header.get("consumerGroup")) or _handle(header)
+
+
+def _batch_ack(header: dict) -> str | None:
+    handles = header.get("extraInfos")
+    if not isinstance(handles, list) or not 1 <= len(handles) <= HANDLES_MAX:
+        return f"`extraInfos` must be a list of 1 to {HANDLES_MAX} receipt handles"
+    return group_problem(header.get("consumerGroup")) or next(
+        (problem for i in range(len(handles)) if (problem := _handle({"h": handles[i]}, "h"))), None)
+
+
+def _change_invisible(header: dict) -> str | None:
+    return _ack(header) or int_problem(header, "invisibleTime", 1, INVISIBLE_MS_MAX, required=True)
+
+
 CHECKS = {
+    protocol.POP_MESSAGE: _pop,
+    protocol.PEEK_MESSAGE: _pop,
+    protocol.ACK_MESSAGE: _ack,
+    protocol.BATCH_ACK_MESSAGE: _batch_ack,
+    protocol.CHANGE_MESSAGE_INVISIBLETIME: _change_invisible,
+    protocol.GET_POP_STATE: lambda h: group_problem(h.get("consumerGroup")),
     protocol.PULL_MESSAGE: _pull,
     protocol.QUERY_MESSAGE: _query,
     protocol.VIEW_MESSAGE_BY_ID: _view,

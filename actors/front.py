@@ -40,6 +40,7 @@ from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket
 from actors.front_ha import FrontReplication
 from actors.links import SocketOutbox, WaitingOutbox, first_keeping_up, inbox, outbox
 from actors.router import Router, To
+from actors.pop import POP_CLIENT
 from actors.schedule import REPUT_CLIENT
 from actors.wire import join_frames, read_meta, send_meta, unpack_replies
 from actors import consumers, edge, guard
@@ -105,6 +106,11 @@ class Front(Actor):
         self.schedules = socket(self.context, zmq.PUSH, hwm=10000)  # send-backs to the schedule service
         self.schedules.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.schedules.bind(self.endpoints["schedule"])
+        self.pops = socket(self.context, zmq.PUSH, hwm=100000)  # pops, acks and peeks to the pop service
+        self.pops.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
+        self.pops.bind(self.endpoints["pop"])
+        self.pop_out = socket(self.context, zmq.PUSH, hwm=10000)  # the answers to the pop service's re-puts
+        self.pop_out.connect(self.endpoints["pop-reput-out"])
         self.ha_admin = socket(self.context, zmq.PUSH, hwm=100)  # `admin role` to a slave's ha-client
         self.ha_admin.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.ha_admin.bind(self.endpoints["ha-admin"])
@@ -242,6 +248,9 @@ class Front(Actor):
         elif route.to is To.SCHEDULE:  # (its header as the router completed it)
             self._forward(self.schedules, client, request, [orjson.dumps(request.header)],
                           "the schedule service is not running; try again")
+        elif route.to is To.POP:  # (its header as the router completed it)
+            self._forward(self.pops, client, request, [orjson.dumps(request.header)],
+                          "the pop service is not running; try again")
         elif route.to is To.CLEAN:
             self._forward(self.cleans, client, request, frames, "the clean service is not running; try again")
         elif route.to is To.GROUPS:
@@ -370,6 +379,10 @@ class Front(Actor):
     def _reply(self, client: bytes, frames: list[bytes]) -> None:
         if client == REPUT_CLIENT:  # the schedule service's re-put
             send_frames(self.reput_out, [client, *frames])
+            return
+        if client == POP_CLIENT:  # the pop service's (dead letters)
+            with contextlib.suppress(zmq.Again):  # (gone: it sends again after its timeout)
+                send_frames(self.pop_out, [client, *frames], NOBLOCK)
             return
         try:
             send_frames(self.clients, [client, *frames], NOBLOCK)

@@ -32,6 +32,7 @@ class To(enum.Enum):
     GROUPS = "groups"  # consumer groups: the front answers from its member table (actors.consumers)
     RUNTIME = "runtime"
     HA = "ha"  # replication's status and role: the front answers, or the ha-client promotes
+    POP = "pop"  # pop consumption: the pop service (actors.pop), the header completed here
     ANSWER = "answer"
 
 
@@ -64,6 +65,8 @@ class Router:
                 self.offsets.commit(header["consumerGroup"], header["topic"], header["queueId"], header["commitOffset"])
         if code in protocol.READ_CODES:
             return Route(To.READ)
+        if code in protocol.POP_CODES or code == protocol.GET_POP_STATE:
+            return self._pop(request)
         if code == protocol.DELETE_EXPIRED_COMMITLOG:
             return Route(To.CLEAN)
         if code == protocol.CONSUMER_SEND_MSG_BACK:
@@ -90,6 +93,31 @@ class Router:
             return Route(To.ANSWER, self._route_info(request))
         return Route(To.ANSWER, protocol.error_reply(request.opaque, "REQUEST_CODE_NOT_SUPPORTED",
                                                      f"request code {code} is not supported"))
+
+    def _pop(self, request: protocol.Request) -> Route:
+        """A pop or peek learns here what only the router knows: the topic's queues, the group's
+        committed offsets (where a queue never popped starts) and its retryMaxTimes."""
+        header, group = request.header, request.header["consumerGroup"]
+        header["_retryMax"] = self.groups.retry_max_times(group)
+        if request.code not in (protocol.POP_MESSAGE, protocol.PEEK_MESSAGE):
+            return Route(To.POP)
+        refusal = admin.consume_refusal(self.groups, group)
+        if refusal:
+            return Route(To.ANSWER, protocol.error_reply(request.opaque, "NO_PERMISSION", refusal))
+        config = self.topics.get(header["topic"])
+        if config is None:  # (a pop creates no topic: there would be nothing in it)
+            return Route(To.ANSWER, protocol.error_reply(request.opaque, "TOPIC_NOT_EXIST",
+                                                         f"topic {header['topic']} does not exist"))
+        queue_id = header.get("queueId", -1)
+        if queue_id >= config.readQueueNums:
+            return Route(To.ANSWER, protocol.error_reply(
+                request.opaque, "MESSAGE_ILLEGAL", f"queueId {queue_id} is not one of the topic's "
+                                                   f"{config.readQueueNums} read queues"))
+        queues = list(range(config.readQueueNums)) if queue_id < 0 else [queue_id]
+        self.groups.ensure(group)
+        header["_queues"] = queues
+        header["_start"] = {str(q): o for q in queues if (o := self.offsets.query(group, header["topic"], q)) is not None}
+        return Route(To.POP)
 
     def check_topics(self, request: protocol.Request) -> dict[str, tuple[str, str]]:
         """Per message index (as text, for JSON): (status, remark) for what the topic table

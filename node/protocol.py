@@ -55,6 +55,15 @@ GET_BROKER_HA_STATUS = 907  # RocketMQ 5's code: the role, epoch, slaves or mast
 HA_ROLE = 9020  # mqnode: promote a slave (it stops following and takes sends), or switch a master's sync mode
 HA_CODES = frozenset({GET_BROKER_HA_STATUS, HA_ROLE})
 
+# pop consumption (RocketMQ 5's codes), served by the pop service (actors.pop)
+POP_MESSAGE = 200050
+ACK_MESSAGE = 200051
+PEEK_MESSAGE = 200052
+CHANGE_MESSAGE_INVISIBLETIME = 200053
+BATCH_ACK_MESSAGE = 200151
+POP_CODES = frozenset({POP_MESSAGE, ACK_MESSAGE, PEEK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME, BATCH_ACK_MESSAGE})
+GET_POP_STATE = 9030  # mqnode: a group's pop state per queue (`mqnode admin group`)
+
 SEND_CODES = frozenset({SEND_MESSAGE, SEND_BATCH_MESSAGE, SEND_MESSAGES})
 # served by the pull workers, from read-only mappings
 READ_CODES = frozenset({PULL_MESSAGE, QUERY_MESSAGE, SEARCH_OFFSET_BY_TIMESTAMP, GET_MAX_OFFSET, GET_MIN_OFFSET,
@@ -81,6 +90,9 @@ SUBSCRIPTION_PARSE_FAILED = 23
 NO_PERMISSION = 16
 SUBSCRIPTION_GROUP_NOT_EXIST = 26
 CONSUMER_NOT_ONLINE = 206
+INVALID_PARAMETER = 29
+NO_MESSAGE = 208
+POLLING_FULL = 209
 
 # PutMessageStatus (spec §11) and the node's own refusals -> response code
 STATUS_CODES = {
@@ -109,6 +121,10 @@ STATUS_CODES = {
     "NO_PERMISSION": NO_PERMISSION,
     "SUBSCRIPTION_GROUP_NOT_EXIST": SUBSCRIPTION_GROUP_NOT_EXIST,
     "CONSUMER_NOT_ONLINE": CONSUMER_NOT_ONLINE,
+    # pops and acks
+    "POLLING_FULL": POLLING_FULL,
+    "INVALID_RECEIPT_HANDLE": INVALID_PARAMETER,
+    "RECEIPT_HANDLE_EXPIRED": NO_MESSAGE,
 }
 # Stored, so the send is not to be retried: isOk() in RocketMQ
 STORED_STATUSES = frozenset({"PUT_OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"})

@@ -56,10 +56,10 @@ SLOTS = {
 ROLE_CODES = {"ASYNC_MASTER": 0, "SYNC_MASTER": 1, "SLAVE": 2}
 ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
 HEARTBEAT_BASE = 16
-WATCHERS_BASE = 448  # the front is watcher 0, pull worker i is watcher 1 + i
+WATCHERS_BASE = 448  # the front is watcher 0, pull worker i is watcher 1 + i, the pop service the last
 WATCHER_SLOTS = FILE_SIZE // 8 - WATCHERS_BASE
 HEARTBEAT_SLOTS = WATCHERS_BASE - HEARTBEAT_BASE
-invariant(WATCHER_SLOTS == 1 + MAX_PULL_WORKERS)
+invariant(WATCHER_SLOTS == 2 + MAX_PULL_WORKERS)
 _NO_WATCHERS = bytes(WATCHER_SLOTS * 8)
 
 FLAG_WRITABLE = 1 << 0
@@ -71,7 +71,8 @@ FLAG_SHUTTING_DOWN = 1 << 8
 
 # the heartbeat slot of each service process, by label (`ha-client` far from the instanced runs)
 HEARTBEAT_SLOT_OF = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "clean": 5, "schedule": 6,
-                   "ha-server": 7, "ha-client": 88, "ingress": 8, "pull": 24}
+                   "ha-server": 7, "ha-client": 88, "ingress": 8, "pull": 24,
+                   "pop": 89}
 INSTANCED = ("ingress", "pull")  # services that run as several processes, labelled kind-i
 
 

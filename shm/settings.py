@@ -20,7 +20,7 @@ from pathlib import Path
 
 from shm import archive_manifest
 
-MAX_PULL_WORKERS = 63  # the control block's watcher slots, less the front's (shm.control_block)
+MAX_PULL_WORKERS = 62  # the control block's watcher slots, less the front's and the pop service's (shm.control_block)
 
 GiB = 1024 * 1024 * 1024
 
@@ -150,7 +150,7 @@ class Settings:
     # -- mqnode's node
     listen: str = _s("tcp://127.0.0.1:10911", "Client endpoint the front binds (ZeroMQ ROUTER)", NODE)
     ingressWorkers: int = _s(0, "topology = split: encoding processes between the front and the writer; 0 = the writer encodes", NODE)
-    pullWorkers: int = _s(0, "topology = split: processes serving reads; 0 = one per core (at most 63)", NODE)
+    pullWorkers: int = _s(0, "topology = split: processes serving reads; 0 = one per core (at most 62)", NODE)
     topology: str = _s("split", "Which process hosts which service (node/server/topology.py, docs/architecture.md): split (the default) = every service a process of its own, handing sends off through rings in shared memory, ingressWorkers and pullWorkers of them for encoding and reads (scales across cores); compact = the front's process also runs the write and read services in its loop and the group commit on a thread, with a dispatcher and an allocator beside it (fewest processes and wake-ups: an operator's choice on one or two cores, docs/performance.md)", NODE)
     frontPinBelowCpu: float = _s(0.0, "While the front's process uses less than this fraction of one CPU (0.7, say), all its threads run on one CPU: local wake-ups, lower ack latency at light load, but slower reads under load; lifted when that CPU is nearly full or contended; 0 = never pin", NODE)
     cpuIdleLatencyUs: int = _s(-1, "Host tuning, an operator's opt-in (docs/operations.md): while the front serves (until 2 s after its last request), it asks the kernel (/dev/cpu_dma_latency, needs root) to keep every idle CPU of the host able to wake within this many µs: 0 = idle CPUs poll instead of halting, so the wake-ups of a request's threads are quick (a virtual machine's halted CPU costs tens of µs each) at the cost of the host's power; -1 = no request (the default)", NODE)

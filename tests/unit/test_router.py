@@ -51,3 +51,26 @@ def test_the_router_answers_offsets_and_routes_from_its_tables(router):
     assert (route["writeQueueNums"], route["readQueueNums"]) == (4, 4)
     assert _answer(router.route(_request(protocol.GET_ROUTEINFO_BY_TOPIC, topic="Unknown")))["status"] == "TOPIC_NOT_EXIST"
     assert "Known" in _answer(router.route(_request(protocol.GET_ALL_TOPIC_CONFIG)))["topicConfigTable"]
+
+
+def test_a_pop_learns_the_topics_queues_the_groups_offsets_and_retries(router):
+    router.route(_request(protocol.UPDATE_CONSUMER_OFFSET, consumerGroup="g", topic="Known", queueId=2, commitOffset=5))
+    router.route(_request(protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, groupName="g", retryMaxTimes=3))
+    pop = _request(protocol.POP_MESSAGE, consumerGroup="g", topic="Known", queueId=-1, invisibleTime=1000)
+    assert router.route(pop).to is To.POP
+    assert (pop.header["_queues"], pop.header["_start"], pop.header["_retryMax"]) == ([0, 1, 2, 3], {"2": 5}, 3)
+    one = _request(protocol.POP_MESSAGE, consumerGroup="g", topic="Known", queueId=1)
+    assert router.route(one).to is To.POP and one.header["_queues"] == [1]
+    assert _answer(router.route(_request(protocol.POP_MESSAGE, consumerGroup="g", topic="Nope")))["status"] == "TOPIC_NOT_EXIST"
+    assert _answer(router.route(_request(protocol.POP_MESSAGE, consumerGroup="g", topic="Known", queueId=4)))["status"] == \
+        "MESSAGE_ILLEGAL"
+    ack = _request(protocol.ACK_MESSAGE, consumerGroup="g", extraInfo="1 Known 0 0")
+    assert router.route(ack).to is To.POP and ack.header["_retryMax"] == 3
+    for bad in ({"maxMsgNums": 0}, {"invisibleTime": 0}, {"queueId": -2}, {"exp": 5}, {"expType": "SQL92"},
+                {"order": "yes"}):
+        with pytest.raises(protocol.ProtocolError):
+            router.route(_request(protocol.POP_MESSAGE, consumerGroup="g", topic="Known", **bad))
+    with pytest.raises(protocol.ProtocolError, match="extraInfos"):
+        router.route(_request(protocol.BATCH_ACK_MESSAGE, consumerGroup="g", extraInfos=[]))
+    with pytest.raises(protocol.ProtocolError, match="extraInfo"):
+        router.route(_request(protocol.ACK_MESSAGE, consumerGroup="g", extraInfo=7))

@@ -1,0 +1,391 @@
+"""pop: pop consumption's service (RocketMQ 5's PopMessageProcessor, AckMessageProcessor,
+ChangeInvisibleTimeProcessor and revive service in one process actor; docs/protocol.md "Pop").
+
+Sockets:
+- `requests` PULL, connected to the front's `pop` PUSH: POP_MESSAGE, PEEK_MESSAGE, ACK_MESSAGE,
+  BATCH_ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME and GET_POP_STATE, their headers completed by
+  the router (the topic's queues, the group's committed offsets and retryMaxTimes).
+- `replies` PUSH to the front's `replies`: the answers.
+- `reputs` PUSH to the front's `reput-in`, `answers` PULL bound at `pop-reput-out`: messages
+  whose retries are used up, re-put into `%DLQ%<group>` through the write path.
+- `arrivals` SUB to the dispatcher's "queue grew", read only while a pop is held (long polling,
+  `pollTime`), as the read service does.
+
+`PopCore` (actors.pop_core) holds the state and decides; this shell reads the store for it (from
+read-only mappings, below `dispatched`), keeps its records in the pop log (shm.pop_log: written
+each turn before any answer goes out, and fdatasynced first under SYNC_FLUSH) and moves frames.
+A lease that runs out needs no service of its own: the core runs the deadlines out each turn and
+wakes the pops held on that topic. The service takes pops only on a master.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import orjson
+import zmq
+
+from actors.base import Actor, incoming, socket
+from actors.pop_core import MAX, MIN, OK, Entry, PopCore, PopRequest
+from actors.pull import arrivals_socket
+from actors.reput import send_back_request
+from actors.wire import arrivals_from_wire, pack_replies, read_meta
+from node import protocol
+from node.client.frames import send_frames
+from shm import consume_queue
+from shm import reader as store_reader
+from shm.codec import Record, decode, queue_entries, tags_code
+from shm.control_block import ROLE_CODES, WATCHER_SLOTS
+from shm.pop_log import PopLog
+
+POP_CLIENT = b"\x00mqnode-pop"  # the reput socket's pseudo-client at the front: answers come back here
+POP_WATCHER = WATCHER_SLOTS - 1  # the control block's watcher slot of this service (shm.control_block)
+MAX_TAKE = 256  # requests a turn
+MAX_HELD = 10_000  # pops held at once (long polling); more are answered POLLING_FULL
+COMPACT_BYTES = 64 << 20  # the journal is folded into a snapshot beyond this (shm.pop_log)
+DLQ_IN_FLIGHT = 256  # dead-letter re-puts awaiting their answer
+REPUT_TIMEOUT_S = 5.0  # a re-put unanswered by then is tried again (at least once into the DLQ)
+DEFER_MAX_S = 5.0  # a pop waits at most this for the dispatcher to index what was acknowledged before it
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Pop(Actor):
+    name = "pop"
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        self.core: PopCore | None = None
+        self.log: PopLog | None = None
+        self.reader = None
+
+    def open(self) -> None:
+        s = self.settings
+        self.reader = store_reader.StoreReader(s)
+        self.reader.commitlog_min = self.control.get("min_offset")
+        self.log = PopLog(s.root / "pop")
+        state, records = self.log.open()
+        self.core = PopCore(self.log, wall_ms, self._read)
+        self.core.restore(state, records)
+        self.sync_each_turn = s.flushDiskType == "SYNC_FLUSH"
+        self.next_sync = time.monotonic()
+        self.requests = socket(self.context, zmq.PULL, hwm=100000)
+        self.requests.connect(self.endpoints["pop"])
+        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
+        self.replies.connect(self.endpoints["replies"])
+        self.reputs = socket(self.context, zmq.PUSH, hwm=10000)
+        self.reputs.connect(self.endpoints["reput-in"])
+        self.answers = socket(self.context, zmq.PULL, hwm=10000)
+        self.answers.bind(self.endpoints["pop-reput-out"])
+        self.arrivals = arrivals_socket(self.context, self.endpoints)
+        self.control.set_watching(POP_WATCHER, False)  # a predecessor killed while holding left it set
+        self.watching = False
+        self.items = [(self.requests, zmq.POLLIN), (self.answers, zmq.POLLIN)]
+        self.held: dict[str, list[list]] = {}  # topic -> [[end (monotonic s), client, arrival, header], ...]
+        self.held_count = 0
+        self.deferred: list[list] = []  # [written when served, give up at, client, arrival, header]: read your writes
+        self.dlq_todo: collections.deque = collections.deque()  # (key, offset) to re-put into the DLQ
+        self.dlq_waiting: dict[int, tuple] = {}  # opaque -> ((key, offset), sent at)
+        self.opaque = 0
+        self.held_expired = self.polling_full = 0
+
+    # -- the turn ----------------------------------------------------------------------------------
+
+    def poll_items(self) -> list:
+        return self.items + [(self.arrivals, zmq.POLLIN)] if self.watching else self.items
+
+    def timeout_ms(self) -> int:
+        waits = [200]
+        soonest = self.core.soonest_deadline()
+        if soonest is not None:
+            waits.append(soonest - wall_ms() + 1)
+        if self.held_count:
+            now = time.monotonic()
+            waits += [int((held[0][0] - now) * 1000) + 1 for held in self.held.values() if held]
+        if self.dlq_todo:
+            waits.append(10)
+        if self.deferred:
+            waits.append(1)  # (the dispatcher is a millisecond or so behind)
+        return max(1, min(waits))
+
+    def step(self, events: set) -> None:
+        out: list = []
+        if self.answers in events:
+            for frames in incoming(self.answers, 4096):
+                self._dlq_answered(orjson.loads(frames[1]))  # [client, header]: the front's own frames
+        if self.deferred:
+            self._serve_deferred(out)
+        for frames in incoming(self.requests, MAX_TAKE):
+            self._serve(frames, out)
+        if self.watching and self.arrivals in events:
+            grew = {topic for raw in incoming(self.arrivals, 4096, multipart=False)
+                    for topic, _, _ in arrivals_from_wire(raw)}
+            for topic in grew:
+                self._retry_held(topic, out)
+        due, dead = self.core.expire()
+        self.dlq_todo.extend(dead)
+        for topic in {topic for _, topic in due}:
+            self._retry_held(topic, out)
+        self._end_holds(out)
+        self._dead_letter()
+        self._follow_arrivals(out)
+        self._persist()
+        if out:
+            self.replies.send(pack_replies(out))
+
+    def _persist(self) -> None:
+        """This turn's records to the log before any answer leaves (fdatasynced first under
+        SYNC_FLUSH, else every flushIntervalCommitLog ms); the journal folded when large."""
+        self.log.write()
+        now = time.monotonic()
+        if self.sync_each_turn or now >= self.next_sync:
+            self.next_sync = now + self.settings.flushIntervalCommitLog / 1000
+            self.log.sync()
+        if self.log.size > COMPACT_BYTES:
+            self.log.compact(self.core.snapshot())
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def _serve(self, frames: list[bytes], out: list) -> None:
+        client, meta, header_raw, _ = frames  # the front's own frames, checked at the edge
+        header, arrival = orjson.loads(header_raw), orjson.loads(meta)["t"]
+        code, opaque, group = header["code"], header.get("opaque"), header["consumerGroup"]
+        if self.control.get("role") == ROLE_CODES["SLAVE"] and code != protocol.GET_POP_STATE:
+            return out.append(_reply(client, arrival, opaque, "SERVICE_NOT_AVAILABLE",
+                                     "this node is a slave: pop from its master"))
+        self.core.retry_max_of[group] = header.get("_retryMax", self.core.retry_max(group))
+        if code in (protocol.POP_MESSAGE, protocol.PEEK_MESSAGE):
+            self._pop(header, client, arrival, out, hold=True)
+        elif code == protocol.ACK_MESSAGE:
+            status = self.core.ack(group, [header["extraInfo"]])[0]
+            out.append(_reply(client, arrival, opaque, status, _remark(status)))
+        elif code == protocol.BATCH_ACK_MESSAGE:
+            statuses = self.core.ack(group, header["extraInfos"])
+            out.append(_reply(client, arrival, opaque, "OK", results=statuses))
+        elif code == protocol.CHANGE_MESSAGE_INVISIBLETIME:
+            status, handle, deadline = self.core.change_invisible(group, header["extraInfo"], header["invisibleTime"])
+            fields = {"extraInfo": handle, "invisibleTime": header["invisibleTime"], "popTime": wall_ms()} if handle else {}
+            out.append(_reply(client, arrival, opaque, status, _remark(status), **fields))
+        else:  # GET_POP_STATE
+            out.append(_reply(client, arrival, opaque, "OK", topics=self.core.group_view(group)))
+
+    def _pop(self, header: dict, client: bytes, arrival: int, out: list, *, hold: bool, deferred: bool = False) -> bool:
+        """Answer a pop (or peek) now, or hold it; False when it stays held."""
+        opaque = header.get("opaque")
+        try:
+            request = _pop_request(header)
+        except protocol.ProtocolError as e:
+            out.append(_reply(client, arrival, opaque, "SUBSCRIPTION_PARSE_FAILED", str(e)))
+            return True
+        if header["code"] == protocol.PEEK_MESSAGE:
+            entries = self.core.peek(request)
+            return self._found(out, client, arrival, opaque, [e.raw for e in entries],
+                               reconsumeTimes=[e.reconsume for e in entries])
+        deliveries = self.core.pop(request)
+        if deliveries:
+            return self._found(out, client, arrival, opaque, [d.raw for d in deliveries],
+                               popTime=wall_ms(), invisibleTime=request.invisible_ms,
+                               receiptHandles=[d.handle for d in deliveries],
+                               reconsumeTimes=[d.reconsume_times for d in deliveries])
+        written = self.control.get("written")
+        if hold and not deferred and self.control.get("dispatched") < written and len(self.deferred) < MAX_HELD:
+            # a send acknowledged before this pop may not be indexed yet: look again once it is
+            self.deferred.append([written, time.monotonic() + DEFER_MAX_S, client, arrival, header])
+            return False
+        poll_ms = header.get("pollTime", 0)
+        if hold and poll_ms > 0:
+            if self.held_count < MAX_HELD:
+                self.held.setdefault(request.topic, []).append([time.monotonic() + poll_ms / 1000, client, arrival, header])
+                self.held_count += 1
+                return False
+            self.polling_full += 1
+            out.append(_reply(client, arrival, opaque, "POLLING_FULL", f"{MAX_HELD} pops are held already"))
+            return True
+        if not hold:
+            return False
+        out.append(_reply(client, arrival, opaque, "NO_NEW_MSG"))
+        return True
+
+    @staticmethod
+    def _found(out: list, client: bytes, arrival: int, opaque, raws: list[bytes], **fields) -> bool:
+        if not raws:
+            out.append(_reply(client, arrival, opaque, "NO_NEW_MSG"))
+            return True
+        header = orjson.dumps(protocol.reply_header(opaque, "FOUND", count=len(raws), **fields))
+        out.append((client, -arrival, header, b"".join(raws)))
+        return True
+
+    def _serve_deferred(self, out: list) -> None:
+        dispatched, now = self.control.get("dispatched"), time.monotonic()
+        ready = [entry for entry in self.deferred if entry[0] <= dispatched or entry[1] <= now]
+        if not ready:
+            return
+        self.deferred = [entry for entry in self.deferred if entry[0] > dispatched and entry[1] > now]
+        for _, _, client, arrival, header in ready:  # (found nothing still: held for its pollTime, or answered)
+            self._pop(header, client, arrival, out, hold=True, deferred=True)
+
+    # -- long polling ------------------------------------------------------------------------------
+
+    def _retry_held(self, topic: str, out: list) -> None:
+        held = self.held.pop(topic, None)
+        if not held:
+            return
+        self.held_count -= len(held)
+        keep = [entry for entry in held if not self._pop(entry[3], entry[1], entry[2], out, hold=False)]
+        if keep:
+            self.held[topic] = keep
+            self.held_count += len(keep)
+
+    def _end_holds(self, out: list) -> None:
+        if not self.held_count:
+            return
+        now = time.monotonic()
+        for topic in list(self.held):
+            ended = [entry for entry in self.held[topic] if entry[0] <= now]
+            if not ended:
+                continue
+            self.held[topic] = [entry for entry in self.held[topic] if entry[0] > now]
+            self.held_count -= len(ended)
+            self.held_expired += len(ended)
+            for _, client, arrival, header in ended:
+                out.append(_reply(client, arrival, header.get("opaque"), "NO_NEW_MSG"))
+            if not self.held[topic]:
+                del self.held[topic]
+
+    def _follow_arrivals(self, out: list) -> None:
+        """Read arrivals only while a pop is held (actors.pull.follow_arrivals: say so, drop
+        what queued, look at every held pop once more)."""
+        if self.held_count and not self.watching:
+            self.control.set_watching(POP_WATCHER, True)
+            self.watching = True
+            for _ in incoming(self.arrivals, 10_000, multipart=False):
+                pass
+            for topic in list(self.held):
+                self._retry_held(topic, out)
+        if self.watching and not self.held_count:
+            self.control.set_watching(POP_WATCHER, False)
+            self.watching = False
+
+    # -- dead letters ------------------------------------------------------------------------------
+
+    def _dead_letter(self) -> None:
+        now = time.monotonic()
+        for opaque in [o for o, (_, at) in self.dlq_waiting.items() if now - at > REPUT_TIMEOUT_S]:
+            self.dlq_todo.append(self.dlq_waiting.pop(opaque)[0])  # unanswered: again (at least once)
+        gone = []
+        while self.dlq_todo and len(self.dlq_waiting) < DLQ_IN_FLIGHT:
+            key, offset = item = self.dlq_todo.popleft()
+            found = self._read_one(key[1], key[2], offset)
+            record = decode(found.raw, check_crc=False) if found is not None else None
+            if not isinstance(record, Record):
+                gone.append(item)  # cleaned away meanwhile: nothing to keep
+                continue
+            self.opaque = (self.opaque + 1) % (1 << 31)
+            request, body = send_back_request(record, {"consumerGroup": key[0], "delayLevel": -1}, self.opaque, 0)
+            self.dlq_waiting[self.opaque] = (item, now)
+            send_frames(self.reputs, [POP_CLIENT, read_meta(time.monotonic_ns()), orjson.dumps(request), body])
+        if gone:
+            self.core.dead_lettered_done(gone)
+
+    def _dlq_answered(self, header: dict) -> None:
+        waiting = self.dlq_waiting.pop(header.get("opaque"), None)
+        if waiting is None:
+            return  # (timed out and sent again: the second answer counts)
+        if header.get("status") in protocol.STORED_STATUSES:
+            self.core.dead_lettered_done([waiting[0]])
+        else:
+            self.dlq_todo.append(waiting[0])
+
+    # -- the store ---------------------------------------------------------------------------------
+
+    def _read(self, topic: str, queue_id: int, offset: int, count: int, codes):
+        """PopCore's read: (entries from `offset`, the offset to look at next, min, max)."""
+        dispatched = self.control.get("dispatched")
+        if count == 0:
+            view = self.reader.queue(topic, queue_id, dispatched)
+            return [], offset, view.min_offset(self.reader.commitlog_min), view.max_offset
+        if count == 1 and codes is None:  # (a message handed out again: one entry, one record)
+            found = self._read_one(topic, queue_id, offset)
+            if found is not None:
+                return [found], offset + 1, 0, 0
+        result = self.reader.get_message(topic, queue_id, offset, count, codes, dispatched)
+        moved = result.status in (store_reader.FOUND, store_reader.NO_MATCHED_MESSAGE,
+                                  store_reader.OFFSET_TOO_SMALL, store_reader.OFFSET_FOUND_NULL,
+                                  store_reader.MESSAGE_WAS_REMOVING)
+        return (entries_of(result.records), result.next_begin_offset if moved else offset,
+                result.min_offset, result.max_offset)
+
+    def _read_one(self, topic: str, queue_id: int, offset: int) -> Entry | None:
+        view = self.reader.queue(topic, queue_id, self.control.get("dispatched"))
+        if not view.min_offset(self.reader.commitlog_min) <= offset < view.max_offset:
+            return None
+        raw = view.queue.raw_entries(offset, 1, limit_offset=view.max_offset)
+        entries = consume_queue.entries(raw) if raw else []
+        record = self.reader.record_bytes(entries[0][0], entries[0][1]) if entries else None
+        found = entries_of([record]) if record else []
+        return found[0] if found and found[0].offset == offset else None
+
+    def follow_min_offset(self, min_offset: int) -> None:
+        self.reader.follow_min_offset(min_offset)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        out: list = []
+        for topic in list(self.held):
+            for _, client, arrival, header in self.held.pop(topic):
+                out.append(_reply(client, arrival, header.get("opaque"), "NO_NEW_MSG"))
+        self.held_count = 0
+        for _, _, client, arrival, header in self.deferred:
+            out.append(_reply(client, arrival, header.get("opaque"), "NO_NEW_MSG"))
+        self.deferred = []
+        self.log.write()
+        self.log.sync()
+        self.log.compact(self.core.snapshot())  # (a clean stop starts the next from a snapshot)
+        if out:
+            self.replies.send(pack_replies(out))
+
+    def statistics(self) -> dict:
+        stats = super().statistics()
+        if self.core is None:
+            return stats
+        return stats | self.core.statistics() | {
+            "held": self.held_count, "heldExpired": self.held_expired, "pollingFull": self.polling_full,
+            "deadLetterWaiting": len(self.dlq_todo) + len(self.dlq_waiting), "log": self.log.statistics()}
+
+    def close(self) -> None:
+        if self.control is not None:
+            self.control.set_watching(POP_WATCHER, False)
+        if self.log is not None:
+            self.log.close()
+        if self.reader is not None:
+            self.reader.close()
+        super().close()
+
+
+def _pop_request(header: dict) -> PopRequest:
+    tags = protocol.parse_subscription(header.get("exp", "*"))  # ProtocolError: SUBSCRIPTION_PARSE_FAILED
+    return PopRequest(header["consumerGroup"], header["topic"], header["_queues"], header.get("maxMsgNums", 32),
+                      header.get("invisibleTime", 60_000), orderly=header.get("order", False),
+                      start={int(q): o for q, o in header.get("_start", {}).items()},
+                      init_mode=MAX if header.get("initMode", MIN) == MAX else MIN,
+                      codes={tags_code(t) for t in tags} if tags else None)
+
+
+def _reply(client: bytes, arrival: int, opaque, status: str, remark: str = "", **fields) -> tuple:
+    return client, -arrival, orjson.dumps(protocol.reply_header(opaque, status, remark, **fields))
+
+
+def _remark(status: str) -> str:
+    if status == OK:
+        return ""
+    if status == "RECEIPT_HANDLE_EXPIRED":
+        return "the handle no longer holds its message: its invisible time passed, or it was acked or changed"
+    return "not a receipt handle this node gave to this group"
+
+
+def entries_of(runs: list[bytes]) -> list[Entry]:
+    return [Entry(*entry) for entry in queue_entries(runs)]

@@ -19,6 +19,7 @@ import zmq
 
 from node import protocol
 from node.client import aio
+from node.client.pop import PopMethods
 from node.client.producer import AsyncProducer, SendError, backoff
 from node.client.received import ReceivedMessage, decode_messages
 from node.security import Credentials
@@ -39,8 +40,9 @@ class PullResult:
     messages: list[ReceivedMessage]
 
 
-class AsyncPullConsumer:
-    """Pulls from queues at offsets (with long polling), and a `consume` loop for a group."""
+class AsyncPullConsumer(PopMethods):
+    """Pulls from queues at offsets (with long polling), and a `consume` loop for a group; pops,
+    acks and changes of invisible time (node.client.pop)."""
 
     def __init__(self, endpoint: str, *, timeout: float = 5.0, context: zmq.Context | None = None,
                  credentials: Credentials | None = None):
@@ -326,6 +328,24 @@ class PullConsumer:
 
     def query(self, topic: str, key: str, **kwargs) -> list[ReceivedMessage]:
         return self._call(self.inner.query(topic, key, **kwargs))
+
+    def pop(self, topic: str, group: str, **kwargs) -> list:
+        return self._call(self.inner.pop(topic, group, **kwargs))
+
+    def peek(self, topic: str, group: str, **kwargs) -> list:
+        return self._call(self.inner.peek(topic, group, **kwargs))
+
+    def ack(self, message_or_handle, group: str | None = None) -> bool:
+        return self._call(self.inner.ack(message_or_handle, group))
+
+    def ack_batch(self, messages_or_handles, group: str | None = None) -> list[bool]:
+        return self._call(self.inner.ack_batch(messages_or_handles, group))
+
+    def change_invisible(self, message_or_handle, invisible_ms: int, group: str | None = None) -> str:
+        return self._call(self.inner.change_invisible(message_or_handle, invisible_ms, group))
+
+    def pop_state(self, group: str) -> dict:
+        return self._call(self.inner.pop_state(group))
 
     def consume(self, topic: str, group: str, **kwargs):
         """The blocking form of AsyncPullConsumer.consume: an iterator of messages."""

@@ -221,6 +221,40 @@ def _decode_full(raw: bytes) -> ReceivedMessage:
     return message
 
 
+class PoppedMessage(ReceivedMessage):
+    """A message a pop handed out (node.client.pop): `receipt_handle` acks it or changes its
+    invisible time while it is invisible to the group; `reconsume_times` counts the times it
+    was handed out before this one."""
+
+    __slots__ = ("receipt_handle", "consumer_group")
+
+    def __repr__(self) -> str:
+        return f"Popped{super().__repr__()[:-1]}, reconsume_times={self.reconsume_times}, receipt_handle={self.receipt_handle!r})"
+
+    def to_json(self) -> dict:
+        return super().to_json() | {"reconsumeTimes": self.reconsume_times, "receiptHandle": self.receipt_handle}
+
+
+def popped(messages: list[ReceivedMessage], handles: list[str], reconsume: list[int], group: str) -> list[PoppedMessage]:
+    """The decoded messages of a pop's reply with what the reply says of each."""
+    if len(handles) != len(messages) or len(reconsume) != len(messages):
+        raise SendError("SYSTEM_ERROR", f"a pop's reply has {len(messages)} messages, {len(handles)} receipt handles "
+                                        f"and {len(reconsume)} reconsume times")
+    out = []
+    for message, handle, times in zip(messages, handles, reconsume):
+        fixed = message._fixed
+        if fixed[FIXED_RECONSUME] != times:  # (the node counts the deliveries)
+            fixed = (*fixed[:FIXED_RECONSUME], times, *fixed[FIXED_RECONSUME + 1:])
+        copy = _new(PoppedMessage)
+        (copy._body, copy._buf, copy._fixed, copy._topic_at, copy._props_at, copy._topic, copy._properties,
+         copy._offset_id, copy._hosts) = (message._body, message._buf, fixed, getattr(message, "_topic_at", 0),
+                                          getattr(message, "_props_at", 0), message._topic, message._properties,
+                                          message._offset_id, message._hosts)
+        copy.receipt_handle, copy.consumer_group = handle, group
+        out.append(copy)
+    return out
+
+
 def _from_fields(topic, queue_id, queue_offset, _msg_id, offset_msg_id, _tags, _keys, properties, body,
                  born_timestamp, store_timestamp, born_host, store_host, reconsume_times) -> ReceivedMessage:
     """A message from decoded fields (the full codec's, or unpickling). msg_id, tags and keys

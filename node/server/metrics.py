@@ -43,6 +43,7 @@ class NodeCollector:
         yield from self._lag(offsets, control.get("dispatched", 0))
         yield from _store(actors, control)
         yield from _schedule(actors.get("schedule") or {})
+        yield from _pop(actors.get("pop") or {})
         yield from self._processes(info.get("services") or {}, info.get("supervision") or {})
 
     def _lag(self, offsets: dict, dispatched: int):
@@ -249,3 +250,20 @@ class MetricsServer:
         self.server.shutdown()
         self.server.server_close()
         self.asker.close()
+
+
+def _pop(pop: dict):
+    """Pop consumption (actors.pop): counters since the pop service's process started."""
+    for name, what, key, kind in (
+            ("mqnode_pop_popped", "Messages handed out by pops (again included)", "popped", CounterMetricFamily),
+            ("mqnode_pop_acked", "Popped messages acked", "acked", CounterMetricFamily),
+            ("mqnode_pop_redelivered", "Popped messages whose invisible time ran out unacked", "redelivered",
+             CounterMetricFamily),
+            ("mqnode_pop_dead_lettered", "Popped messages moved to %DLQ% past their group's retries", "deadLettered",
+             CounterMetricFamily),
+            ("mqnode_pop_in_flight_messages", "Popped messages invisible now, not yet acked", "inFlight",
+             GaugeMetricFamily),
+            ("mqnode_pop_held_requests", "Empty pops held (long polling)", "held", GaugeMetricFamily)):
+        family = kind(name, what)
+        family.add_metric([], pop.get(key, 0))
+        yield family

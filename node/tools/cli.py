@@ -187,6 +187,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
         from node.tools.cli_groups import consume_push
 
         return consume_push(args)
+    if args.pop:
+        from node.tools.cli_groups import consume_pop
+
+        return consume_pop(args)
     printed = 0
     with PullConsumer(args.endpoint) as consumer:
         try:
@@ -399,7 +403,13 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--push", action="store_true", help="a push consumer: a member of the group, its share of "
                                                              "the queues (rebalanced as members come and go)")
     consume.add_argument("--broadcast", action="store_true", help="--push: every member gets every message")
-    consume.add_argument("--orderly", action="store_true", help="--push: each queue in order, under its lock")
+    consume.add_argument("--orderly", action="store_true", help="--push: each queue in order, under its lock; "
+                                                                "--pop: a queue's next message only once the one before is acked")
+    consume.add_argument("--pop", action="store_true", help="pop consumption: messages from any queue, each invisible "
+                                                            "to the group until acked (each is acked once printed)")
+    consume.add_argument("--invisible-ms", type=int, default=60_000, help="--pop: how long a popped message stays "
+                                                                          "invisible to the group unless acked")
+    consume.add_argument("--no-ack", action="store_true", help="--pop: print without acking (they come back)")
     consume.add_argument("--threads", type=int, help="--push: consume threads (default 20)")
     consume.add_argument("--instance-name", help="--push: this member's name in its client id (default: the pid)")
     consume.add_argument("--offset-store-dir", help="--push --broadcast: where its offsets file goes")

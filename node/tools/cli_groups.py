@@ -1,5 +1,6 @@
 """`scripts/mqnode` for consumer groups (node.tools.cli dispatches here): `consume --push` runs a
-member of a group, and `admin group --group G` shows its members, locks and lag."""
+member of a group, `consume --pop` pops for one, and `admin group --group G` shows its members,
+locks, lag and what it has in flight per queue (pop)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,36 @@ def consume_push(args: argparse.Namespace) -> int:
     return 0
 
 
+def consume_pop(args: argparse.Namespace) -> int:
+    """`consume --pop`: pops of the group (node.client.pop), one JSON line per message with its
+    receiptHandle and reconsumeTimes, each acked once printed unless --no-ack; stops after
+    --count messages or --timeout seconds without one."""
+    import time
+
+    from node.client import PullConsumer, SendError
+
+    printed, last = 0, time.monotonic()
+    with PullConsumer(args.endpoint) as consumer:
+        try:
+            while time.monotonic() - last < args.timeout and not (args.count and printed >= args.count):
+                room = min(32, args.count - printed) if args.count else 32
+                wait = max(1, int(min(2.0, args.timeout - (time.monotonic() - last)) * 1000))
+                messages = consumer.pop(args.topic, args.group, max_count=room, invisible_ms=args.invisible_ms,
+                                        wait_ms=wait, tags=args.tags, orderly=args.orderly)
+                for message in messages:
+                    sys.stdout.write(orjson.dumps(message.to_json()).decode() + "\n")
+                    sys.stdout.flush()  # printed before it is acked
+                    if not args.no_ack:
+                        consumer.ack(message)
+                printed += len(messages)
+                if messages:
+                    last = time.monotonic()
+        except SendError as e:
+            print(f"mqnode consume: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def group_view(client, group: str, config: dict | None) -> dict:
     """`admin group --group G`: its config (when it has one), its members with their queues (as
     each last said in its heartbeat), the queue locks of orderly members, and the lag per queue."""
@@ -74,6 +105,9 @@ def group_view(client, group: str, config: dict | None) -> dict:
             lag[f"{topic}@{queue}"] = {"consumerOffset": offset, "brokerOffset": top.get("offset"),
                                        "lag": (top.get("offset") or 0) - offset}
     shown["lag"] = lag
+    pops, _ = client.request({"code": protocol.GET_POP_STATE, "consumerGroup": group})
+    shown["pop"] = {f"{topic}@{queue}": state for topic, queues in (pops.get("topics") or {}).items()
+                    for queue, state in queues.items()}  # (in flight per queue; {} when the pop service is down)
     return shown
 
 

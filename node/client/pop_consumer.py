@@ -1,0 +1,161 @@
+"""The pop consumer: RocketMQ 5's push consumer over pop (docs/protocol.md "Pop").
+
+A member of a group that owns no queue: `pops_in_flight` pop loops per subscribed topic each
+ask the node for up to `max_count` messages from any queue (long polling `wait_ms`), hand them to
+the listener on a pool of `consume_threads` threads, `consume_batch` at a time, and ack those it
+answered CONSUME_SUCCESS in one request. RECONSUME_LATER (or an exception) leaves a message
+unacked: it comes back after its invisible time (or `reconsume_delay_ms`, when set, through a
+change of its invisible time), `reconsume_times` one higher, and after the group's retryMaxTimes
+goes to `%DLQ%<group>`. A member that dies costs only its in-flight messages' invisible time;
+adding one helps at once. Pops ride through a restart of the node: a failed pop is tried again
+after a backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import zmq
+
+from node.client import aio
+from node.client.consumer import AsyncPullConsumer
+from node.client.producer import SendError, backoff
+from node.client.push_state import CONSUME_SUCCESS, RECONSUME_LATER
+from node.client.received import PoppedMessage
+
+__all__ = ["PopConsumer", "PopOptions", "CONSUME_SUCCESS", "RECONSUME_LATER"]
+
+
+@dataclass
+class PopOptions:
+    consume_threads: int = 4  # threads calling the listener
+    pops_in_flight: int = 2  # pop loops per subscribed topic
+    max_count: int = 32  # messages a pop
+    consume_batch: int = 1  # messages a listener call
+    invisible_ms: int = 60_000
+    wait_ms: int = 2_000  # long polling of an empty pop (shutdown waits at most this)
+    orderly: bool = False  # each queue in order, the next message only after the one before is acked
+    reconsume_delay_ms: int | None = None  # RECONSUME_LATER: back after this, instead of the invisible time
+    timeout: float = 5.0  # the client's wait for an answer
+    credentials: object = None
+
+
+class PopConsumer:
+    def __init__(self, endpoint: str, group: str, **options):
+        self.options = PopOptions(**options)  # (TypeError names an unknown option)
+        self.endpoint, self.group = endpoint, group
+        self.subscriptions: dict[str, str] = {}
+        self.listener: Callable[[list[PoppedMessage]], str] | None = None
+        self.loop = aio.new_event_loop()
+        self.thread: threading.Thread | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        self.context = zmq.Context()
+        self.consumer: AsyncPullConsumer | None = None
+        self.stopping = False
+        self.tasks: list[asyncio.Task] = []
+        self.consumed = self.acked = self.failed = self.ack_lost = self.pop_errors = 0
+
+    def subscribe(self, topic: str, tags="*") -> None:
+        self.subscriptions[topic] = tags if isinstance(tags, str) else "||".join(tags)
+
+    def register_listener(self, listener: Callable[[list[PoppedMessage]], str]) -> None:
+        self.listener = listener
+
+    def start(self) -> PopConsumer:
+        if self.listener is None or not self.subscriptions:
+            raise ValueError("subscribe to a topic and register a listener before start")
+        self.pool = ThreadPoolExecutor(self.options.consume_threads, thread_name_prefix=f"mqnode-pop-{self.group}")
+        self.thread = threading.Thread(target=self.loop.run_forever, name=f"mqnode-pop-{self.group}", daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result()
+        return self
+
+    async def _start(self) -> None:
+        self.consumer = AsyncPullConsumer(self.endpoint, timeout=self.options.timeout, context=self.context,
+                                          credentials=self.options.credentials)
+        await self.consumer.start()
+        self.tasks = [asyncio.ensure_future(self._pop_loop(topic, tags))
+                      for topic, tags in self.subscriptions.items() for _ in range(self.options.pops_in_flight)]
+
+    def shutdown(self) -> None:
+        """Stop popping, let the listener finish what it holds and ack it, then close."""
+        if self.thread is None:
+            return
+        self.stopping = True
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.pool.shutdown(wait=True)
+        self.context.term()
+        self.thread = None
+
+    async def _stop(self) -> None:
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.consumer.close()
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    async def _pop_loop(self, topic: str, tags: str) -> None:
+        o, failures = self.options, 0
+        while not self.stopping:
+            try:
+                messages = await self.consumer.pop(topic, self.group, max_count=o.max_count, invisible_ms=o.invisible_ms,
+                                                   wait_ms=o.wait_ms, tags=tags, orderly=o.orderly)
+                failures = 0
+            except SendError:  # the node restarting or busy: again after a backoff
+                self.pop_errors += 1
+                failures += 1
+                await asyncio.sleep(backoff(min(failures, 4)))
+                continue
+            if messages:
+                await self._consume(messages)
+
+    async def _consume(self, messages: list[PoppedMessage]) -> None:
+        done = await asyncio.get_running_loop().run_in_executor(self.pool, self._call_listener, messages)
+        succeeded = [m for m, ok in zip(messages, done) if ok]
+        failed = [m for m, ok in zip(messages, done) if not ok]
+        self.consumed += len(succeeded)
+        self.failed += len(failed)
+        try:
+            if succeeded:
+                results = await self.consumer.ack_batch(succeeded, self.group)
+                self.acked += sum(results)
+                self.ack_lost += len(results) - sum(results)  # (their time ran out: they come again)
+            if failed and self.options.reconsume_delay_ms is not None:
+                for message in failed:
+                    await self.consumer.change_invisible(message, self.options.reconsume_delay_ms, self.group)
+        except SendError:
+            self.ack_lost += len(succeeded)  # not acked: they come back after their invisible time (at least once)
+
+    def _call_listener(self, messages: list[PoppedMessage]) -> list[bool]:
+        """On a pool thread: the listener over `consume_batch` messages at a time; True for each
+        it consumed."""
+        out, size = [], max(1, self.options.consume_batch)
+        stopped: set[tuple[str, int]] = set()  # orderly: queues with a failure in this batch (the rest waits)
+        for at in range(0, len(messages), size):
+            chunk = messages[at: at + size]
+            if self.options.orderly and any((m.topic, m.queue_id) in stopped for m in chunk):
+                out += [False] * len(chunk)
+                continue
+            try:
+                ok = self.listener(chunk) == CONSUME_SUCCESS
+            except Exception:  # noqa: BLE001 - the user's listener: its failure is a RECONSUME_LATER
+                ok = False
+            if not ok:
+                stopped.update((m.topic, m.queue_id) for m in chunk)
+            out += [ok] * len(chunk)
+        return out
+
+    def statistics(self) -> dict:
+        return {"consumed": self.consumed, "acked": self.acked, "failed": self.failed, "ackLost": self.ack_lost,
+                "popErrors": self.pop_errors}
+
+    def __enter__(self) -> PopConsumer:
+        return self  # (subscribe, register a listener, then start)
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

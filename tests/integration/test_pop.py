@@ -1,0 +1,296 @@
+"""Pop consumption on a real node (docs/protocol.md "Pop"): invisible until acked, back when not,
+retries into the DLQ, orderly pops, change-invisible, handles that do not hold, and the pop state
+through kill -9 of the pop service, of a member and of the whole node."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+from nodes import ROOT, NodeProcess, node_settings
+
+from node import protocol
+from node.client import Message, Producer, PullConsumer, SendError
+from node.client.pop_consumer import CONSUME_SUCCESS, RECONSUME_LATER, PopConsumer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("pop")
+    settings = node_settings(directory / "store", runDir=str(directory / "run"))
+    process = NodeProcess(settings, directory / "node.log").start()
+    yield process
+    process.stop(strict=False)
+
+
+@pytest.fixture(scope="module")
+def consumer(node):
+    with PullConsumer(node.endpoint) as client:
+        yield client
+
+
+def produce(node, topic: str, count: int, *, queues: int = 1, prefix: str = "m", tags: str | None = None) -> list[bytes]:
+    bodies = [f"{prefix}{i}".encode() for i in range(count)]
+    with Producer(node.endpoint, timeout=10.0) as producer:
+        for queue in range(queues):
+            mine = bodies[queue::queues]
+            for at in range(0, len(mine), 256):
+                producer.send_batch(topic, [Message(topic, body, tags=tags) for body in mine[at: at + 256]], queue_id=queue)
+    return bodies
+
+
+def pop_all(consumer, topic: str, group: str, *, want: int, invisible_ms: int = 60_000, within: float = 10.0, **kw):
+    out, deadline = [], time.monotonic() + within
+    while len(out) < want and time.monotonic() < deadline:
+        out += consumer.pop(topic, group, max_count=min(64, want - len(out)), invisible_ms=invisible_ms, wait_ms=200, **kw)
+    return out
+
+
+def test_popped_messages_come_back_after_their_invisible_time_and_not_before(node, consumer):
+    bodies = produce(node, "PopBack", 40, queues=4)
+    first = pop_all(consumer, "PopBack", "back", want=40, invisible_ms=2500)
+    assert sorted(m.body for m in first) == sorted(bodies) and {m.reconsume_times for m in first} == {0}
+    popped_at = time.monotonic()
+    assert consumer.pop("PopBack", "back", wait_ms=1500, invisible_ms=2500) == []  # all invisible
+    again = pop_all(consumer, "PopBack", "back", want=40, invisible_ms=60_000, within=10)
+    assert time.monotonic() - popped_at >= 2.0  # (not before their time: 2.5 s from the pop, less the answers' way)
+    assert sorted(m.body for m in again) == sorted(bodies) and {m.reconsume_times for m in again} == {1}
+    assert all(consumer.ack_batch(again))
+
+
+def test_an_ack_retires_and_a_handle_that_does_not_hold_acks_nothing(node, consumer):
+    produce(node, "PopAck", 6)
+    handed = pop_all(consumer, "PopAck", "acks", want=6, invisible_ms=1500)
+    assert consumer.ack(handed[0]) is True
+    assert consumer.ack(handed[0]) is False  # acked already: RECEIPT_HANDLE_EXPIRED
+    ck, topic, queue, offset = handed[1].receipt_handle.split(" ")
+    for forged in (f"{ck} {topic} {queue} {int(offset) + 1000}", f"{int(ck) + 10**6} {topic} {queue} {offset}",
+                   "not a handle", f"{ck} {topic} {queue}"):
+        with pytest.raises(SendError) as refused:
+            consumer.ack(forged, "acks")
+        assert refused.value.status in ("INVALID_RECEIPT_HANDLE", "SYSTEM_ERROR")
+    with pytest.raises(SendError) as other:
+        consumer.ack(handed[1].receipt_handle, "another-group")
+    assert other.value.status == "INVALID_RECEIPT_HANDLE"
+    assert consumer.ack_batch(handed[1:4]) == [True, True, True]
+    time.sleep(1.6)
+    assert consumer.ack(handed[4]) is False  # its invisible time passed
+    back = pop_all(consumer, "PopAck", "acks", want=2)
+    assert sorted(m.body for m in back) == [handed[4].body, handed[5].body]
+    assert consumer.ack_batch(back) == [True, True]
+
+
+def test_change_invisible_extends_and_shortens(node, consumer):
+    produce(node, "PopChange", 2)
+    a, b = pop_all(consumer, "PopChange", "change", want=2, invisible_ms=1500)
+    old = a.receipt_handle
+    consumer.change_invisible(a, 6000)  # longer: still invisible after its first 1.5 s
+    assert a.receipt_handle != old and consumer.ack(old, "change") is False
+    consumer.change_invisible(b, 1)  # shorter: visible at once
+    back = pop_all(consumer, "PopChange", "change", want=1, invisible_ms=60_000)
+    assert [m.body for m in back] == [b.body] and back[0].reconsume_times == 1
+    time.sleep(2.0)
+    assert consumer.pop("PopChange", "change", wait_ms=300) == []
+    assert consumer.ack(a) is True and consumer.ack(back[0]) is True
+
+
+def test_past_the_groups_retries_a_message_goes_to_the_dlq(node, consumer):
+    with Producer(node.endpoint) as admin:
+        reply, _ = admin.request({"code": protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, "groupName": "dying",
+                                  "retryMaxTimes": 2})
+        assert reply["status"] == "OK"
+    produce(node, "PopDie", 1, prefix="doomed")
+    times = []
+    for _ in range(3):  # handed out 3 times, never acked
+        got = pop_all(consumer, "PopDie", "dying", want=1, invisible_ms=300, within=10)
+        times += [m.reconsume_times for m in got]
+    assert times == [0, 1, 2]
+    deadline = time.monotonic() + 10
+    while True:
+        found = consumer.pull("%DLQ%dying", 0, 0) if _topic_exists(consumer) else None
+        if found is not None and found.messages:
+            break
+        assert time.monotonic() < deadline, "never dead-lettered"
+        time.sleep(0.2)
+    assert [m.body for m in found.messages] == [b"doomed0"]
+    assert consumer.pop("PopDie", "dying", wait_ms=800, invisible_ms=300) == []
+    assert consumer.pop_state("dying")["PopDie"]["0"]["low"] == 1, consumer.pop_state("dying")
+
+
+def _topic_exists(consumer) -> bool:
+    try:
+        consumer.max_offset("%DLQ%dying", 0)
+        return True
+    except SendError:
+        return False
+
+
+def test_orderly_pop_hands_out_a_queues_next_message_only_after_the_one_before_is_acked(node, consumer):
+    produce(node, "PopOrder", 30, queues=2)
+    seen: dict[int, list[bytes]] = {0: [], 1: []}
+    first = consumer.pop("PopOrder", "orderly", max_count=4, queue_id=0, orderly=True, invisible_ms=800)
+    assert [m.body for m in first] == [b"m0", b"m2", b"m4", b"m6"]
+    assert consumer.pop("PopOrder", "orderly", queue_id=0, orderly=True, wait_ms=200) == []  # locked
+    consumer.ack_batch(first[:2])  # the rest runs out: it comes back before anything newer
+    time.sleep(1.0)
+    again = consumer.pop("PopOrder", "orderly", max_count=3, queue_id=0, orderly=True, invisible_ms=60_000, wait_ms=500)
+    assert [m.body for m in again] == [b"m4", b"m6", b"m8"] and [m.reconsume_times for m in again] == [1, 1, 0]
+    consumer.ack_batch(again)
+    deadline = time.monotonic() + 20
+    while sum(map(len, seen.values())) < 24 and time.monotonic() < deadline:
+        for m in consumer.pop("PopOrder", "orderly", max_count=5, orderly=True, wait_ms=200):
+            seen[m.queue_id].append(m.body)
+            consumer.ack(m)
+    assert seen[0] == [f"m{i}".encode() for i in range(10, 30, 2)]
+    assert seen[1] == [f"m{i}".encode() for i in range(1, 30, 2)][:len(seen[1])] and len(seen[1]) == 15
+
+
+def test_a_pop_consumer_acks_what_its_listener_consumed_and_what_failed_comes_back(node):
+    produce(node, "PopListen", 50, queues=4)
+    got: Counter = Counter()
+    failed_once: set[bytes] = set()
+
+    def listener(messages):
+        body = messages[0].body
+        got[body] += 1
+        if body.endswith(b"7") and body not in failed_once:
+            failed_once.add(body)
+            return RECONSUME_LATER
+        return CONSUME_SUCCESS
+
+    with PopConsumer(node.endpoint, "listeners", invisible_ms=60_000, reconsume_delay_ms=300, wait_ms=300) as member:
+        member.subscribe("PopListen")
+        member.register_listener(listener)
+        member.start()
+        deadline = time.monotonic() + 20
+        while member.statistics()["acked"] < 50 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert member.statistics()["acked"] == 50
+    assert set(got) == {f"m{i}".encode() for i in range(50)}
+    assert {b for b, n in got.items() if n == 2} == failed_once and max(got.values()) == 2
+
+
+def test_four_members_one_killed_lose_nothing_and_repeat_only_its_in_flight(node, tmp_path):
+    """Four PopConsumer processes over 8 queues, one killed -9 mid-way: every message consumed;
+    the only messages consumed twice are some the killed member had printed (consumed) but not
+    acked."""
+    bodies = set(produce(node, "PopFour", 4000, queues=8))
+    members = [_member(node, "four", "PopFour", tmp_path / f"m{i}.out") for i in range(4)]
+    try:
+        deadline = time.monotonic() + 20
+        while len(_lines(tmp_path / "m0.out")) < 200:
+            assert time.monotonic() < deadline, "member 0 consumed nothing"
+            time.sleep(0.02)
+        members[0].kill()
+        members[0].wait(10)
+        deadline = time.monotonic() + 60
+        while True:
+            seen = [line for i in range(4) for line in _lines(tmp_path / f"m{i}.out")]
+            if set(seen) >= bodies or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        for member in members[1:]:
+            member.terminate()
+            member.wait(20)
+    killed = _lines(tmp_path / "m0.out")
+    seen = [line for i in range(4) for line in _lines(tmp_path / f"m{i}.out")]
+    assert set(seen) == bodies
+    repeated = {body for body, n in Counter(seen).items() if n > 1}
+    assert repeated <= set(killed)
+    assert len(repeated) <= 2 * 2 * 16  # (its pops in flight: 2 loops of 16 messages, at most two rounds)
+
+
+def _member(node, group: str, topic: str, out) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests' / 'integration'}")
+    process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "integration" / "pop_member.py"), node.endpoint,
+                                group, topic], stdout=open(out, "wb"), stderr=subprocess.PIPE, env=env)
+    assert process.stderr.readline().strip() == b"started"
+    return process
+
+
+def _lines(path) -> list[bytes]:
+    raw = path.read_bytes() if path.exists() else b""
+    return raw.split(b"\n")[:-1]  # (a line cut by the kill is not a message printed)
+
+
+def test_a_kill_of_the_pop_service_keeps_every_lease_and_every_ack(node, consumer):
+    bodies = produce(node, "PopKill", 300, queues=3)
+    handed = pop_all(consumer, "PopKill", "survive", want=300, invisible_ms=4000)
+    assert len(handed) == 300
+    acked = handed[:100]
+    assert all(consumer.ack_batch(acked))
+    popped_at = time.monotonic()
+    node.actor_process("pop").kill()
+    time.sleep(1.0)
+    assert pop_all(consumer, "PopKill", "survive", want=1, within=2.0) == []  # still invisible after the restart
+    back = pop_all(consumer, "PopKill", "survive", want=200, within=20)
+    assert time.monotonic() - popped_at >= 3.5
+    assert sorted(m.body for m in back) == sorted(m.body for m in handed[100:])
+    assert all(consumer.ack_batch(back))
+    assert set(bodies) == {m.body for m in handed}
+
+
+def test_the_pop_service_counts_in_admin_stats(node, consumer):
+    produce(node, "PopStats", 3)
+    assert consumer.ack_batch(pop_all(consumer, "PopStats", "stats", want=3)) == [True] * 3
+    deadline = time.monotonic() + 5  # (a service's statistics come once a second)
+    with Producer(node.endpoint) as client:
+        while True:
+            info, _ = client.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+            stats = info["actors"]["pop"]
+            if stats.get("acked", 0) >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert stats["popped"] >= 3 and stats["acked"] >= 3 and stats["log"]["writes"] > 0
+    assert {"redelivered", "deadLettered", "inFlight"} <= set(stats)
+    assert info["services"]["pop"][0]["process"] == "pop"
+
+
+def test_the_cli_pops_prints_handles_and_acks(node):
+    produce(node, "PopCli", 5)
+    command = [str(ROOT / "scripts" / "mqnode"), "consume", "--pop", "--endpoint", node.endpoint, "--topic", "PopCli",
+               "--group", "cli", "--count", "5", "--timeout", "10"]
+    done = subprocess.run(command, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    import orjson
+
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert [line["body"] for line in lines] == [f"m{i}" for i in range(5)]
+    assert all(line["receiptHandle"] and line["reconsumeTimes"] == 0 for line in lines)
+    shown = subprocess.run([str(ROOT / "scripts" / "mqnode"), "admin", "group", "--endpoint", node.endpoint,
+                            "--group", "cli"], capture_output=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert orjson.loads(shown.stdout)["pop"]["PopCli@0"]["inFlight"] == 0
+
+
+def test_a_kill_9_of_the_whole_node_brings_back_every_message_in_flight_and_none_acked(tmp_path):
+    """1,000 messages in flight, 400 of them acked, then kill -9 of every process: after the
+    restart the 600 come back (after their invisible time, not before) and the 400 never do."""
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"))
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    try:
+        bodies = produce(node, "PopCrash", 1000, queues=4)
+        with PullConsumer(node.endpoint) as consumer:
+            handed = pop_all(consumer, "PopCrash", "crash", want=1000, invisible_ms=8000, within=30)
+            assert sorted(m.body for m in handed) == sorted(bodies)
+            assert all(consumer.ack_batch(handed[:400]))
+        popped_at = time.monotonic()
+        node.kill_all()
+        node = NodeProcess(settings, tmp_path / "node.log").start()
+        with PullConsumer(node.endpoint) as consumer:
+            early = consumer.pop("PopCrash", "crash", max_count=64, wait_ms=100) if time.monotonic() - popped_at < 7 else []
+            assert early == []  # (still invisible)
+            back = pop_all(consumer, "PopCrash", "crash", want=600, within=40)
+            assert time.monotonic() - popped_at >= 7.5
+            assert sorted(m.body for m in back) == sorted(m.body for m in handed[400:])
+            assert all(consumer.ack_batch(back))
+            assert consumer.pop("PopCrash", "crash", wait_ms=1500) == []
+    finally:
+        node.stop(strict=False)

@@ -6,7 +6,7 @@ msgId too) and with 4 consumer processes (each taking a share of the queues), pr
 latency with long polling at a fixed 5k msgs/s, the dispatcher's lag (written - dispatched) under
 batch-produce load, push consumers over the backlog (one member, four member processes;
 node.tools.bench_push), and how soon a group's queues are consumed again after a member leaves
-or is killed. A benchmark, never a test: the machine's floors (`node.tools.floors`) are
+or is killed (`--pop`: pop consumption's figures instead, node.tools.bench_pop). A benchmark, never a test: the machine's floors (`node.tools.floors`) are
 printed before and after the figures.
 """
 
@@ -150,12 +150,44 @@ def takeover_figures(directory: Path, options: dict[str, str]) -> None:
           f"{EXPIRE_MS / 1000:.0f} s + 1)")
 
 
+def pop_figures(backlog: int, options: dict[str, str]) -> None:
+    """`--pop`: PopConsumer members over the backlog (each count a group of its own, so each
+    consumes all of it), and the redelivery of 100k messages whose invisible time ran out."""
+    from node.tools import bench_pop
+
+    base = Path(tempfile.mkdtemp(prefix="mqnode-bench-pop-"))
+    print(f"mqnode bench-consume --pop: 1 KiB bodies, backlog {backlog:,}, client(s) on the same machine")
+    try:
+        print(f"before: {floors.report(base)}", flush=True)
+        with bench_node(base, "ASYNC_FLUSH", 0, options) as node:
+            control = ControlBlock(base / "store" / "control")
+            rate, _, _ = aio.run(produce_backlog(node.endpoint, backlog, control))
+            print(f"backlog produced at {rate:,.0f} msgs/s")
+            total = backlog // 128 // 4 * 128 * 4
+            for members in (1, 4):
+                usage = Usage(node)
+                rate = bench_pop.throughput(node.endpoint, TOPIC, total, members, f"{bench_pop.GROUP}-{members}")
+                print(f"pop, {members} PopConsumer process{'es' if members > 1 else ''}, no-op listener, popped and "
+                      f"acked: {rate:>10,.0f} msgs/s (target >= 150,000); {usage.report()}")
+            late, rate = bench_pop.redelivery(node.endpoint, TOPIC, min(100_000, total))
+            print(f"redelivery of {min(100_000, total):,} expired messages: the last back {late:.2f} s after its due "
+                  f"time (target <= 2); handed out again at {rate:,.0f} msgs/s")
+            control.close()
+        print(f"after: {floors.report(base)}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backlog", type=int, default=1_000_000)
+    parser.add_argument("--backlog", type=int, help="messages produced first (default 1,000,000; 300,000 with --pop)")
+    parser.add_argument("--pop", action="store_true", help="pop consumption's figures instead (node.tools.bench_pop)")
     add_node_options(parser)
     args = parser.parse_args()
     options = node_options(args)
+    if args.pop:
+        return pop_figures(args.backlog or 300_000, options)
+    args.backlog = args.backlog or 1_000_000
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-consume-"))
     print(f"mqnode bench-consume: 1 KiB bodies, backlog {args.backlog:,}, client(s) on the same machine")
     try:

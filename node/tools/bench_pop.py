@@ -1,0 +1,71 @@
+"""`scripts/bench-consume --pop`: pop consumption's figures (issue 46), 1 KiB bodies, clients beside
+the node: PopConsumer members with a no-op listener over a backlog (one member, four member
+processes), popped and acked; and how soon 100k messages whose invisible time ran out are all
+handed out again after their due time. A benchmark, never a test.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+from node.client import PullConsumer
+
+GROUP = "BenchPop"
+
+
+def _member(endpoint: str, topic: str, group: str, counts, index: int, stop) -> None:
+    from node.client.pop_consumer import CONSUME_SUCCESS, PopConsumer
+
+    consumer = PopConsumer(endpoint, group, consume_threads=2, pops_in_flight=3, max_count=256, consume_batch=256,
+                           wait_ms=500)
+    consumer.subscribe(topic)
+    consumer.register_listener(lambda messages: CONSUME_SUCCESS)
+    consumer.start()
+    while not stop.is_set():
+        counts[index] = consumer.statistics()["acked"]
+        time.sleep(0.02)
+    consumer.shutdown()
+
+
+def throughput(endpoint: str, topic: str, total: int, members: int, group: str) -> float:
+    """msgs/s popped and acked by `members` PopConsumer processes until `total` are acked."""
+    context = multiprocessing.get_context("spawn")
+    counts, stop = context.Array("q", members), context.Event()
+    processes = [context.Process(target=_member, args=(endpoint, topic, group, counts, i, stop)) for i in range(members)]
+    began = time.perf_counter()
+    for process in processes:
+        process.start()
+    try:
+        while sum(counts) < total:
+            if time.perf_counter() - began > 600:
+                raise RuntimeError(f"only {sum(counts):,} of {total:,} acked in 600 s")
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - began
+    finally:
+        stop.set()
+        for process in processes:
+            process.join(30)
+    return total / elapsed
+
+
+def redelivery(endpoint: str, topic: str, count: int, invisible_ms: int = 5000) -> tuple[float, float]:
+    """Pop `count` messages without acking them; then pop until all are back. Returns (seconds
+    from the last one's due time until the last came back, msgs/s handed out again)."""
+    with PullConsumer(endpoint, timeout=30.0) as consumer:
+        due, taken = 0.0, 0
+        while taken < count:
+            got = consumer.pop(topic, GROUP + "-redelivery", max_count=min(1024, count - taken),
+                               invisible_ms=invisible_ms, wait_ms=1000)
+            taken += len(got)
+            due = time.monotonic() + invisible_ms / 1000
+        back, first = 0, None
+        while back < count:
+            got = consumer.pop(topic, GROUP + "-redelivery", max_count=1024, invisible_ms=600_000, wait_ms=1000)
+            if got and first is None:
+                first = time.monotonic()
+            back += len(got)
+            if time.monotonic() - due > 120:
+                raise RuntimeError(f"only {back:,} of {count:,} came back")
+        last = time.monotonic()
+    return last - due, count / max(1e-9, last - (first or last))

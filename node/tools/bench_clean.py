@@ -88,7 +88,7 @@ def deleting_under_load(base: Path, gib: float, seconds: float, options: dict[st
     directory = base / "under-load"
     directory.mkdir()
     settings = {"mappedFileSizeCommitLog": SEGMENT, **options}
-    with bench_node(directory, "ASYNC_FLUSH", 0, settings) as node:
+    with bench_node(directory, "ASYNC_FLUSH", None, settings) as node:
         mbps = aio.run(fill(node.endpoint, int(gib * 2**30)))
         peak = mbps * 1e6 / len(BODY)
         print(f"filled {gib:g} GiB at {mbps:,.0f} MB/s ({peak:,.0f} msgs/s: the peak); load at half of it", flush=True)
@@ -115,7 +115,7 @@ def keeping_up(base: Path, mbps: float, seconds: float, options: dict[str, str])
     settings = {"mappedFileSizeCommitLog": SEGMENT, "diskMaxUsedSpaceRatio": 10, "diskSpaceCleanForciblyRatio": 0.01,
                 "diskSpaceWarningLevelRatio": 0.99, **options}
     commitlog = directory / "store" / "commitlog"
-    with bench_node(directory, "ASYNC_FLUSH", 0, settings) as node:
+    with bench_node(directory, "ASYNC_FLUSH", None, settings) as node:
         sizes: list[int] = []
 
         async def watch(_producer) -> None:

@@ -134,7 +134,7 @@ def takeover_figures(directory: Path, options: dict[str, str]) -> None:
     """How soon a group's queues are consumed again when a member leaves, on a node whose
     clientChannelExpiredTimeout is EXPIRE_MS (a killed member is noticed only after it)."""
     directory.mkdir()
-    with bench_node(directory, "ASYNC_FLUSH", 0, options | {"clientChannelExpiredTimeout": str(EXPIRE_MS)}) as node:
+    with bench_node(directory, "ASYNC_FLUSH", None, options | {"clientChannelExpiredTimeout": str(EXPIRE_MS)}) as node:
         from node.client import Producer
 
         with Producer(node.endpoint) as producer:
@@ -159,7 +159,7 @@ def pop_figures(backlog: int, options: dict[str, str]) -> None:
     print(f"mqnode bench-consume --pop: 1 KiB bodies, backlog {backlog:,}, client(s) on the same machine")
     try:
         print(f"before: {floors.report(base)}", flush=True)
-        with bench_node(base, "ASYNC_FLUSH", 0, options) as node:
+        with bench_node(base, "ASYNC_FLUSH", None, options) as node:
             control = ControlBlock(base / "store" / "control")
             rate, _, _ = aio.run(produce_backlog(node.endpoint, backlog, control))
             print(f"backlog produced at {rate:,.0f} msgs/s")
@@ -192,7 +192,7 @@ def main() -> None:
     print(f"mqnode bench-consume: 1 KiB bodies, backlog {args.backlog:,}, client(s) on the same machine")
     try:
         print(f"before: {floors.report(base)}", flush=True)
-        with bench_node(base, "ASYNC_FLUSH", 0, options) as node:
+        with bench_node(base, "ASYNC_FLUSH", None, options) as node:
             control = ControlBlock(base / "store" / "control")
             rate, lag_max, lag_mean = aio.run(produce_backlog(node.endpoint, args.backlog, control))
             print(f"backlog produced at {rate:,.0f} msgs/s; dispatcher lag under that load: "

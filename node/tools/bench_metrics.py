@@ -42,7 +42,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-metrics-"))
     port = free_port()
     try:
-        with bench_node(base, "ASYNC_FLUSH", 0, {"metricsPort": str(port), **node_options(args)}) as node:
+        with bench_node(base, "ASYNC_FLUSH", None, {"metricsPort": str(port), **node_options(args)}) as node:
             aio.run(fill(node.endpoint, args.topics))
             time.sleep(2)  # the services' statistics reach the front once a second
             url = f"http://127.0.0.1:{port}/metrics"

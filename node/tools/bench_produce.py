@@ -39,12 +39,11 @@ SETTLE_S = 30.0
 
 
 @contextlib.contextmanager
-def bench_node(directory: Path, flush: str, config: tuple[str, int], options: dict[str, str]):
+def bench_node(directory: Path, flush: str, config: tuple[str, int] | None, options: dict[str, str]):
     """`mqnode start` on `directory` with this flush mode, topology and ingress processes
-    (`config`) and `options` (--node-option), stopped after."""
-    topology, ingress = config
-    node = NodeProcess(local_settings(directory, flushDiskType=flush, topology=topology, ingressWorkers=ingress,
-                                      **options),
+    (`config`; None: the settings' defaults) and `options` (--node-option), stopped after."""
+    shape = {} if config is None else {"topology": config[0], "ingressWorkers": config[1]}
+    node = NodeProcess(local_settings(directory, flushDiskType=flush, **shape, **options),
                        directory / "node.log").start(timeout=120)
     try:
         yield node

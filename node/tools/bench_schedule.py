@@ -119,7 +119,7 @@ def _uss(process) -> int:
 def timer_memory(base: Path, args) -> None:
     count, span = args.timers, args.timer_span_s
     (base / "timer-memory").mkdir()
-    with bench_node(base / "timer-memory", "ASYNC_FLUSH", 0, node_options(args)) as node:
+    with bench_node(base / "timer-memory", "ASYNC_FLUSH", None, node_options(args)) as node:
         schedule = node.actor_process("schedule")
         before = _uss(schedule)
         start = int(time.time() * 1000) + 120_000  # none due while they are sent and counted
@@ -153,7 +153,7 @@ def timer_lateness(base: Path, args) -> None:
     rate, seconds = args.timer_rate, args.timer_due_s
     options = node_options(args)
     (base / "timer-lateness").mkdir()
-    with bench_node(base / "timer-lateness", "ASYNC_FLUSH", 0, options) as node:
+    with bench_node(base / "timer-lateness", "ASYNC_FLUSH", None, options) as node:
         start = int(time.time() * 1000) + 30_000
         due_times = [start + i * 1000 // rate for i in range(rate * seconds)]
         sent = aio.run(send_timers(node.endpoint, "BenchTimerDue", due_times))
@@ -195,7 +195,7 @@ def main() -> None:
 def levels_figures(base: Path, levels: str, args) -> None:
     directory = base / "levels"
     directory.mkdir()
-    with bench_node(directory, "ASYNC_FLUSH", 0, {"messageDelayLevel": levels, **node_options(args)}) as node:
+    with bench_node(directory, "ASYNC_FLUSH", None, {"messageDelayLevel": levels, **node_options(args)}) as node:
         plain, delayed = [], []
         for round_ in range(2):
             plain.append(aio.run(send_many(node.endpoint, "BenchPlain", args.count // 2, 0)))

@@ -159,7 +159,7 @@ def offline_figures(spark, base: Path, count: int, options: dict) -> None:
     bodies = json_events(min(count, 50_000))
     # 64 MiB segments: a partition each for the read, and sealed ones for the archive
     settings = {"defaultTopicQueueNums": QUEUES, "mappedFileSizeCommitLog": 64 * 2**20, **options}
-    with bench_node(directory, "ASYNC_FLUSH", 0, settings) as node:
+    with bench_node(directory, "ASYNC_FLUSH", None, settings) as node:
         aio.run(produce_bodies(node.endpoint, "BenchEvents", bodies, count))
     store = directory / "store"
     commitlog = sum(p.stat().st_size for p in (store / "commitlog").iterdir())
@@ -186,7 +186,7 @@ def tiered_pull(directory: Path, archive: Path, settings: dict) -> None:
     from node.client.received import decode_messages
     from node.protocol import DELETE_EXPIRED_COMMITLOG, PULL_MESSAGE
 
-    with bench_node(directory, "ASYNC_FLUSH", 0, {**settings, "tieredArchiveDir": str(archive)}) as node:
+    with bench_node(directory, "ASYNC_FLUSH", None, {**settings, "tieredArchiveDir": str(archive)}) as node:
         async def run() -> tuple[int, float, int]:
             async with AsyncPullConsumer(node.endpoint, timeout=120.0) as consumer:
                 cleaned, _ = await consumer.client.request({"code": DELETE_EXPIRED_COMMITLOG, "force": True},
@@ -246,7 +246,7 @@ def main() -> None:
             return
         directory = base / "node"
         directory.mkdir()
-        with bench_node(directory, "ASYNC_FLUSH", 0, {"defaultTopicQueueNums": QUEUES, **node_options(args)}) as node:
+        with bench_node(directory, "ASYNC_FLUSH", None, {"defaultTopicQueueNums": QUEUES, **node_options(args)}) as node:
             spark = spark_session(args.master, "mqnode-bench-spark")
             try:
                 if args.stream_only:

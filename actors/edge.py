@@ -369,8 +369,10 @@ def _batch_ack(header: dict) -> str | None:
     handles = header.get("extraInfos")
     if not isinstance(handles, list) or not 1 <= len(handles) <= HANDLES_MAX:
         return f"`extraInfos` must be a list of 1 to {HANDLES_MAX} receipt handles"
-    return group_problem(header.get("consumerGroup")) or next(
-        (problem for i in range(len(handles)) if (problem := _handle({"h": handles[i]}, "h"))), None)
+    bad = next((h for h in handles if not isinstance(h, str) or not h or len(h) > 512), None)
+    if bad is not None:
+        return f"`extraInfos` must hold the receipt handles pops gave, not {_shown(bad)}"
+    return group_problem(header.get("consumerGroup"))
 
 
 def _change_invisible(header: dict) -> str | None:

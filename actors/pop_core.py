@@ -105,18 +105,8 @@ class PopRequest:
     codes: set[int] | None = None  # tag hash codes to match (None: every message)
 
 
-def handle_of(ck: int, topic: str, queue_id: int, offset: int) -> str:
+def handle_of(ck: int, topic: str, queue_id: int, offset) -> str:
     return f"{ck} {topic} {queue_id} {offset}"
-
-
-def parse_handle(handle) -> tuple[int, str, int, int] | None:
-    """(ck, topic, queueId, offset) of a receipt handle; None for one that is not ours."""
-    if not isinstance(handle, str) or len(handle) > 512:
-        return None
-    parts = handle.split(" ")
-    if len(parts) != 4 or not all(p.isdigit() for p in (parts[0], parts[2], parts[3])):
-        return None
-    return int(parts[0]), parts[1], int(parts[2]), int(parts[3])
 
 
 class PopCore:
@@ -253,9 +243,8 @@ class PopCore:
                 self._log(["P", *key, 0, 0, [], next_offset])
             return []
         ck, deadline = self.next_ck, self.clock_ms() + request.invisible_ms
-        times = qs.times
-        out = [Delivery(e.raw, handle_of(ck, request.topic, queue_id, e.offset), e.reconsume + times.get(e.offset, 0))
-               for e in entries]
+        times, head = qs.times, handle_of(ck, request.topic, queue_id, "")  # (a pop's handles share all but the offset)
+        out = [Delivery(e.raw, f"{head}{e.offset}", e.reconsume + times.get(e.offset, 0)) for e in entries]
         self._log(["P", *key, ck, deadline, [e.offset for e in entries], next_offset])
         return out
 
@@ -283,29 +272,47 @@ class PopCore:
 
     # -- ack and change invisible ------------------------------------------------------------------
 
-    def check(self, group: str, handle) -> tuple[str, tuple | None]:
-        """(OK, (key, offset, ck)) when `handle` holds its message now, else (status, None)."""
-        parsed = parse_handle(handle)
-        if parsed is None:
+    def check(self, group: str, handle, now: int | None = None, heads: dict | None = None) -> tuple[str, tuple | None]:
+        """(OK, (key, offset, ck)) when `handle` holds its message now, else (status, None).
+        `heads` caches what the part before the offset names (a pop's messages share it)."""
+        if not isinstance(handle, str) or len(handle) > 512:
             self.invalid += 1
             return INVALID, None
-        ck, topic, queue_id, offset = parsed
-        key = (group, topic, queue_id)
-        qs = self.queues.get(key)
-        if qs is None or ck >= self.next_ck or offset >= qs.next:
+        head, _, tail = handle.rpartition(" ")
+        found = heads.get(head) if heads is not None else None
+        if found is None:
+            found = self._head(group, head)
+            if heads is not None:
+                heads[head] = found
+        if found is False or not tail.isdigit():
+            self.invalid += 1
+            return INVALID, None
+        key, qs, ck = found
+        offset = int(tail)
+        if offset >= qs.next:
             self.invalid += 1
             return INVALID, None  # never issued (by this node, to this group)
         lease = qs.leases.get(offset)
-        if lease is None or lease[0] != ck or lease[1] <= self.clock_ms():
+        if lease is None or lease[0] != ck or lease[1] <= (self.clock_ms() if now is None else now):
             self.expired_acks += 1
             return EXPIRED, None  # issued; acked, changed or run out since
         return OK, (key, offset, ck)
 
+    def _head(self, group: str, head: str):
+        """(key, its state, ck) for a handle's "<ck> <topic> <queueId>", False when no pop of
+        this node to this group could have issued it."""
+        parts = head.split(" ")
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit():
+            return False
+        ck, key = int(parts[0]), (group, parts[1], int(parts[2]))
+        qs = self.queues.get(key)
+        return False if qs is None or ck >= self.next_ck else (key, qs, ck)
+
     def ack(self, group: str, handles: list) -> list[str]:
-        """Each handle's status; the ones that hold retire their messages (one record)."""
-        statuses, acks = [], {}
+        """Each handle's status; the ones that hold retire their messages (one record a queue)."""
+        statuses, acks, heads, now = [], {}, {}, self.clock_ms()
         for handle in handles:
-            status, held = self.check(group, handle)
+            status, held = self.check(group, handle, now, heads)
             statuses.append(status)
             if held is not None:
                 key, offset, ck = held

@@ -54,8 +54,7 @@ class PopMethods:
             return []
         if status != "FOUND":
             raise SendError(status or "SYSTEM_ERROR", reply.get("remark", ""))
-        messages = popped(decode_messages(body), reply.get("receiptHandles") or [], reply.get("reconsumeTimes") or [],
-                          group)
+        messages = popped(body, reply.get("receiptHandles") or [], reply.get("reconsumeTimes") or [], group)
         wanted = protocol.parse_subscription(exp)
         if wanted is None:
             return messages

@@ -3,7 +3,7 @@
 A member of a group that owns no queue: `pops_in_flight` pop loops per subscribed topic each
 ask the node for up to `max_count` messages from any queue (long polling `wait_ms`), hand them to
 the listener on a pool of `consume_threads` threads, `consume_batch` at a time, and ack those it
-answered CONSUME_SUCCESS in one request. RECONSUME_LATER (or an exception) leaves a message
+answered CONSUME_SUCCESS in one request, sent while the loop pops again. RECONSUME_LATER (or an exception) leaves a message
 unacked: it comes back after its invisible time (or `reconsume_delay_ms`, when set, through a
 change of its invisible time), `reconsume_times` one higher, and after the group's retryMaxTimes
 goes to `%DLQ%<group>`. A member that dies costs only its in-flight messages' invisible time;
@@ -33,8 +33,8 @@ __all__ = ["PopConsumer", "PopOptions", "CONSUME_SUCCESS", "RECONSUME_LATER"]
 @dataclass
 class PopOptions:
     consume_threads: int = 4  # threads calling the listener
-    pops_in_flight: int = 2  # pop loops per subscribed topic
-    max_count: int = 32  # messages a pop
+    pops_in_flight: int = 4  # pop loops per subscribed topic
+    max_count: int = 64  # messages a pop
     consume_batch: int = 1  # messages a listener call
     invisible_ms: int = 60_000
     wait_ms: int = 2_000  # long polling of an empty pop (shutdown waits at most this)
@@ -57,6 +57,7 @@ class PopConsumer:
         self.consumer: AsyncPullConsumer | None = None
         self.stopping = False
         self.tasks: list[asyncio.Task] = []
+        self.acking: set[asyncio.Future] = set()  # acks on their way
         self.consumed = self.acked = self.failed = self.ack_lost = self.pop_errors = 0
 
     def subscribe(self, topic: str, tags="*") -> None:
@@ -95,6 +96,7 @@ class PopConsumer:
 
     async def _stop(self) -> None:
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*list(self.acking), return_exceptions=True)
         await self.consumer.close()
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -115,7 +117,16 @@ class PopConsumer:
                 await self._consume(messages)
 
     async def _consume(self, messages: list[PoppedMessage]) -> None:
+        """The listener over `messages`, then their acks on their way while the loop pops again
+        (at most `pops_in_flight` acks of a loop's making pending; shutdown waits for them)."""
         done = await asyncio.get_running_loop().run_in_executor(self.pool, self._call_listener, messages)
+        while len(self.acking) >= 2 * self.options.pops_in_flight:
+            await asyncio.wait(self.acking, return_when=asyncio.FIRST_COMPLETED)
+        task = asyncio.ensure_future(self._settle(messages, done))
+        self.acking.add(task)
+        task.add_done_callback(self.acking.discard)
+
+    async def _settle(self, messages: list[PoppedMessage], done: list[bool]) -> None:
         succeeded = [m for m, ok in zip(messages, done) if ok]
         failed = [m for m, ok in zip(messages, done) if not ok]
         self.consumed += len(succeeded)

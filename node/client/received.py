@@ -177,9 +177,9 @@ class ReceivedMessage:
 _new = object.__new__
 
 
-def decode_messages(body: bytes | None) -> list[ReceivedMessage]:
-    """The records of a reply, in order; raises SendError("SYSTEM_ERROR") when its bytes are not
-    a run of whole, well-formed records."""
+def decode_messages(body: bytes | None, cls: type = None) -> list[ReceivedMessage]:
+    """The records of a reply, in order, as `cls` (ReceivedMessage or a subclass); raises
+    SendError("SYSTEM_ERROR") when its bytes are not a run of whole, well-formed records."""
     out: list[ReceivedMessage] = []
     buf = bytes(body or b"")
     at, end = 0, len(buf)
@@ -189,26 +189,26 @@ def decode_messages(body: bytes | None) -> list[ReceivedMessage]:
         size = _SIZE_AT(buf, at)[0]
         if size <= 0 or at + size > end:
             raise SendError("SYSTEM_ERROR", f"record at byte {at} of the reply has size {size}")
-        message = _walk_v4(buf, at, size)
-        out.append(message or _decode_full(buf[at: at + size]))
+        message = _walk_v4(buf, at, size, cls or ReceivedMessage)
+        out.append(message or _decode_full(buf[at: at + size], cls or ReceivedMessage))
         at += size
     return out
 
 
-def _walk_v4(buf: bytes, at: int, size: int) -> ReceivedMessage | None:
+def _walk_v4(buf: bytes, at: int, size: int, cls: type) -> ReceivedMessage | None:
     """A message over an IPv4 record the codec walked (`walk_v4`); None for anything else."""
     walked = walk_v4(buf, at, size)
     if walked is None:
         return None
     fixed, body_at, topic_at, props_at = walked
-    message = _new(ReceivedMessage)
+    message = _new(cls)
     message._body = buf[body_at: body_at + fixed[14]]  # the one field every consumer reads
     (message._buf, message._fixed, message._topic_at, message._props_at, message._topic, message._properties,
      message._offset_id, message._hosts) = buf, fixed, topic_at, props_at, None, None, None, None
     return message
 
 
-def _decode_full(raw: bytes) -> ReceivedMessage:
+def _decode_full(raw: bytes, cls: type = None) -> ReceivedMessage:
     record = decode(raw, check_crc=False)
     if not isinstance(record, Record):
         raise SendError("SYSTEM_ERROR", f"undecodable record in a reply: {record}")
@@ -218,6 +218,12 @@ def _decode_full(raw: bytes) -> ReceivedMessage:
     fixed = list(message._fixed)  # the fields a walked record has too (flag, sysFlag, physical offset)
     fixed[4], fixed[FIXED_PHYSICAL], fixed[7] = record.flag, record.physical_offset, record.sys_flag
     message._fixed = tuple(fixed)
+    if cls is not None and cls is not ReceivedMessage:  # (a subclass adds slots: a copy of its own)
+        copy = _new(cls)
+        for name in ReceivedMessage.__slots__:
+            if hasattr(message, name):
+                setattr(copy, name, getattr(message, name))
+        message = copy
     return message
 
 
@@ -235,24 +241,18 @@ class PoppedMessage(ReceivedMessage):
         return super().to_json() | {"reconsumeTimes": self.reconsume_times, "receiptHandle": self.receipt_handle}
 
 
-def popped(messages: list[ReceivedMessage], handles: list[str], reconsume: list[int], group: str) -> list[PoppedMessage]:
-    """The decoded messages of a pop's reply with what the reply says of each."""
+def popped(body: bytes | None, handles: list[str], reconsume: list[int], group: str) -> list[PoppedMessage]:
+    """The messages of a pop's reply, each with what the reply says of it."""
+    messages = decode_messages(body, PoppedMessage)
     if len(handles) != len(messages) or len(reconsume) != len(messages):
         raise SendError("SYSTEM_ERROR", f"a pop's reply has {len(messages)} messages, {len(handles)} receipt handles "
                                         f"and {len(reconsume)} reconsume times")
-    out = []
     for message, handle, times in zip(messages, handles, reconsume):
         fixed = message._fixed
         if fixed[FIXED_RECONSUME] != times:  # (the node counts the deliveries)
-            fixed = (*fixed[:FIXED_RECONSUME], times, *fixed[FIXED_RECONSUME + 1:])
-        copy = _new(PoppedMessage)
-        (copy._body, copy._buf, copy._fixed, copy._topic_at, copy._props_at, copy._topic, copy._properties,
-         copy._offset_id, copy._hosts) = (message._body, message._buf, fixed, getattr(message, "_topic_at", 0),
-                                          getattr(message, "_props_at", 0), message._topic, message._properties,
-                                          message._offset_id, message._hosts)
-        copy.receipt_handle, copy.consumer_group = handle, group
-        out.append(copy)
-    return out
+            message._fixed = (*fixed[:FIXED_RECONSUME], times, *fixed[FIXED_RECONSUME + 1:])
+        message.receipt_handle, message.consumer_group = handle, group
+    return messages
 
 
 def _from_fields(topic, queue_id, queue_offset, _msg_id, offset_msg_id, _tags, _keys, properties, body,

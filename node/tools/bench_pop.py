@@ -10,6 +10,7 @@ import multiprocessing
 import time
 
 from node.client import PullConsumer
+from node.tools.bench_produce import BODY
 
 GROUP = "BenchPop"
 
@@ -49,19 +50,26 @@ def throughput(endpoint: str, topic: str, total: int, members: int, group: str) 
     return total / elapsed
 
 
-def redelivery(endpoint: str, topic: str, count: int, invisible_ms: int = 5000) -> tuple[float, float]:
-    """Pop `count` messages without acking them; then pop until all are back. Returns (seconds
-    from the last one's due time until the last came back, msgs/s handed out again)."""
+def redelivery(endpoint: str, count: int, invisible_ms: int = 5000) -> tuple[float, float]:
+    """`count` messages on a topic of their own, popped without acking; then popped again until
+    all are back. Returns (seconds from the last one's due time until the last came back,
+    msgs/s handed out again)."""
+    from node.client import Message, Producer
+
+    topic, group = "BenchPopRedelivery", GROUP + "-redelivery"
+    with Producer(endpoint, timeout=30.0) as producer:
+        for at in range(0, count, 256):
+            producer.send_batch(topic, [Message(topic, BODY)] * min(256, count - at), queue_id=(at // 256) % 8)
     with PullConsumer(endpoint, timeout=30.0) as consumer:
         due, taken = 0.0, 0
         while taken < count:
-            got = consumer.pop(topic, GROUP + "-redelivery", max_count=min(1024, count - taken),
-                               invisible_ms=invisible_ms, wait_ms=1000)
+            got = consumer.pop(topic, group, max_count=1024, invisible_ms=invisible_ms, wait_ms=1000)
             taken += len(got)
-            due = time.monotonic() + invisible_ms / 1000
+            if got:
+                due = time.monotonic() + invisible_ms / 1000  # (the last pop's messages are due last)
         back, first = 0, None
         while back < count:
-            got = consumer.pop(topic, GROUP + "-redelivery", max_count=1024, invisible_ms=600_000, wait_ms=1000)
+            got = consumer.pop(topic, group, max_count=1024, invisible_ms=600_000, wait_ms=1000)
             if got and first is None:
                 first = time.monotonic()
             back += len(got)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.pop_core import EXPIRED, INVALID, MAX, OK, Entry, PopCore, PopRequest, parse_handle
+from actors.pop_core import EXPIRED, INVALID, MAX, OK, Entry, PopCore, PopRequest
 
 
 class Log(list):
@@ -81,7 +81,8 @@ def test_an_ack_retires_and_a_stale_or_forged_handle_acks_nothing():
     first = pop.pop(request(max_count=3, queues=(0,)))
     assert pop.ack("g", [first[0].handle]) == [OK]
     assert pop.ack("g", [first[0].handle]) == [EXPIRED]  # (acked already)
-    ck, topic, queue, offset = parse_handle(first[1].handle)
+    ck, topic, queue, offset = first[1].handle.split(" ")
+    ck, queue, offset = int(ck), int(queue), int(offset)
     forged = [f"{ck} {topic} {queue} {offset + 5}", f"{ck + 100} T 0 1", "1 T 0", "x y z w", 42, None,
               f"{ck} {topic} 1 {offset}", f"{ck} Other {queue} {offset}"]
     assert pop.ack("g", forged) == [INVALID] * len(forged)

@@ -130,9 +130,9 @@ def test_broker_conf_style_and_overrides(tmp_path):
         settings_module.load(None, {"dispatcherPollMillis": "0"})
     with pytest.raises(SettingsError, match="dispatcherPollHoldMillis"):
         settings_module.load(None, {"dispatcherPollHoldMillis": "-1"})
-    with pytest.raises(SettingsError, match="pullWorkers must be at most 63"):
-        settings_module.load(None, {"topology": "split", "pullWorkers": "64"})
-    assert settings_module.load(None, {"topology": "split", "pullWorkers": "63"}).pullWorkers == 63
+    with pytest.raises(SettingsError, match="pullWorkers must be at most 62"):  # (a watcher slot each, the pop service one)
+        settings_module.load(None, {"topology": "split", "pullWorkers": "63"})
+    assert settings_module.load(None, {"topology": "split", "pullWorkers": "62"}).pullWorkers == 62
     assert settings_module.parse_delay_levels("1s 5s 2m 1h") == [1000, 5000, 120000, 3600000]
 
 

@@ -11,7 +11,11 @@ Sockets:
 - `replies` PULL, bound: joined replies from the pull workers and the other services.
 - `stats` PULL, bound: every actor's statistics, once a second.
 - `pulls` PUSH, bound: read requests to the pull workers, when they are processes of their own
-  (split).
+  (split); a read none can take yet waits in `reads_out` (actors.links.WaitingOutbox).
+- `pop` PUSH, bound: pops, acks and peeks to the pop service (actors.pop; waiting in `pops_out`
+  while it restarts, as reads do); `pop_out` PUSH: the
+  answers to its re-puts (dead letters), which reach the write path over `reput-in` as the
+  schedule service's do.
 
 It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
 `flushConsumerOffsetInterval` ms and at stop). With `frontPinBelowCpu` set, while its load is
@@ -75,7 +79,7 @@ class Front(Actor):
         self.consumers: ConsumerGroups | None = None
         self.acl = self.acl_file = self.curve = None
         self.sends_out: list = []
-        self.reads_out = None
+        self.reads_out = self.pops_out = None
         self.inbox = None
         self.pinner: ProcessPinner | None = None
         self.cpu_latency: CpuLatencyRequest | None = None
@@ -106,9 +110,11 @@ class Front(Actor):
         self.schedules = socket(self.context, zmq.PUSH, hwm=10000)  # send-backs to the schedule service
         self.schedules.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.schedules.bind(self.endpoints["schedule"])
-        self.pops = socket(self.context, zmq.PUSH, hwm=100000)  # pops, acks and peeks to the pop service
-        self.pops.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
-        self.pops.bind(self.endpoints["pop"])
+        pops = socket(self.context, zmq.PUSH, hwm=100000)  # pops, acks and peeks to the pop service
+        pops.setsockopt(zmq.SNDTIMEO, 0)  # (the service restarting: they wait in `pops_out`, as reads do)
+        pops.bind(self.endpoints["pop"])
+        self.pops_out = WaitingOutbox(SocketOutbox(pops, lambda pop: [pop[1], read_meta(pop[2]), pop[3], b""]),
+                                      limit=READS_WAITING, patience_s=READ_PATIENCE_S)
         self.pop_out = socket(self.context, zmq.PUSH, hwm=10000)  # the answers to the pop service's re-puts
         self.pop_out.connect(self.endpoints["pop-reput-out"])
         self.ha_admin = socket(self.context, zmq.PUSH, hwm=100)  # `admin role` to a slave's ha-client
@@ -159,7 +165,7 @@ class Front(Actor):
 
     def timeout_ms(self) -> int:
         # (replies waiting on a link already: no sleep; reads waiting for a pull worker: a short one)
-        return self.inbox.wait_ms(10 if self.reads_out.waiting else 50)
+        return self.inbox.wait_ms(10 if self.reads_out.waiting or self.pops_out.waiting else 50)
 
     def step(self, events: set) -> None:
         if self.replies in events:
@@ -168,8 +174,8 @@ class Front(Actor):
             self._answer_replies(replies)
         if self.clients in events:
             self._serve_clients()
-        if self.reads_out.waiting:
-            self._retry_reads()
+        if self.reads_out.waiting or self.pops_out.waiting:
+            self._retry_waiting()
         if self.reput_in in events:
             self._serve_reputs()
         if self.outgoing:
@@ -249,8 +255,10 @@ class Front(Actor):
             self._forward(self.schedules, client, request, [orjson.dumps(request.header)],
                           "the schedule service is not running; try again")
         elif route.to is To.POP:  # (its header as the router completed it)
-            self._forward(self.pops, client, request, [orjson.dumps(request.header)],
-                          "the pop service is not running; try again")
+            pop = (request.header, client, time.monotonic_ns(), orjson.dumps(request.header))
+            if not self.pops_out.send(pop, time.monotonic()):
+                self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY",
+                                                         f"{READS_WAITING} requests wait for the pop service"))
         elif route.to is To.CLEAN:
             self._forward(self.cleans, client, request, frames, "the clean service is not running; try again")
         elif route.to is To.GROUPS:
@@ -266,10 +274,14 @@ class Front(Actor):
             if request.code in (protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER):
                 self._notify(self.consumers.subscribers(request.header["topic"]))  # their queues changed
 
-    def _retry_reads(self) -> None:
-        for header, client, _, _ in self.reads_out.retry(time.monotonic()):
-            self._reply(client, protocol.error_reply(header.get("opaque"), "SYSTEM_BUSY",
-                                                     f"no pull worker took the read in {READ_PATIENCE_S:g} s"))
+    def _retry_waiting(self) -> None:
+        """Reads and pops whose service was away: out now if it is back, refused past their patience."""
+        now = time.monotonic()
+        for outbox, who in ((self.reads_out, "no pull worker took the read"),
+                            (self.pops_out, "the pop service took no request")):
+            for header, client, _, _ in outbox.retry(now) if outbox.waiting else ():
+                self._reply(client, protocol.error_reply(header.get("opaque"), "SYSTEM_BUSY",
+                                                         f"{who} in {READ_PATIENCE_S:g} s; try again"))
 
     def _notify(self, groups: set[str]) -> None:
         """NOTIFY_CONSUMER_IDS_CHANGED to each member of `groups`, over its own DEALER; a member
@@ -424,6 +436,7 @@ class Front(Actor):
                                         "topics": len(self.topics.topics) if self.topics is not None else 0}
         if self.reads_out is not None:
             stats["readsWaiting"] = self.reads_out.statistics()
+            stats["popsWaiting"] = self.pops_out.statistics()
         if self.pinner is not None:
             stats["cpuPinning"] = self.pinner.statistics()
         if self.cpu_latency is not None:
@@ -439,7 +452,7 @@ class Front(Actor):
 
     def close(self) -> None:
         self._release_cpu_latency()  # (released in drain, unless the front failed)
-        for end in (*self.sends_out, self.reads_out):
+        for end in (*self.sends_out, self.reads_out, self.pops_out):
             if end is not None and not end.local:  # (local links: the host's, closed by it)
                 end.close()
         if self.inbox is not None:

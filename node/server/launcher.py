@@ -22,6 +22,7 @@ only keep them from starting.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -491,8 +492,11 @@ def _answered(asker, header: dict, answers: set[str]) -> bool:
 
 
 def run(settings: Settings, ray_address: str | None = None) -> int:
-    logs.configure(settings, "launcher", relay=False)
-    node = Node(settings, ray_address=ray_address)
+    """`mqnode start`: this process is the node's. Its own lines go to stdout; anything else
+    printed there (Ray's driver) goes to the log on stderr (logs.ForeignLines)."""
+    logger = logs.configure(settings, "launcher", relay=False)
+    stdout, sys.stdout = sys.stdout, logs.ForeignLines(logger)
+    node = Node(settings, ray_address=ray_address, out=functools.partial(print, file=stdout))
     try:
         node.start()
     except ray_setup.ForeignListener as e:  # (the node is stopped already)

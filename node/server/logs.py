@@ -11,14 +11,18 @@ two processes rotate one file.
 
 A line: `2026-11-27T10:01:02.345 WARNING dispatcher[12345] message`. `logLevel` sets the level
 (INFO by default; DEBUG, WARNING, ERROR). stdout carries only the launcher's own lines (`ready`,
-`stopping`, `stopped`). A relay whose launcher is not there (yet, or gone) drops lines rather
-than block a service: a log is never a reason to stop serving (LOG_HWM lines queue).
+`stopping`, `stopped`): what else is printed there in `mqnode start`'s process (Ray's driver
+prints its raylet's messages) is logged as a WARNING line instead (`ForeignLines`). A relay
+whose launcher is not there (yet, or gone) drops lines rather than block a service: a log is
+never a reason to stop serving (LOG_HWM lines queue).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import logging.handlers
+import re
 import sys
 import threading
 from pathlib import Path
@@ -31,6 +35,8 @@ LOG_FILE_BYTES = 64 * 1024 * 1024
 LOG_FILES = 5
 FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(service)s[%(process)d] %(message)s"
 DATE_FORMAT = "%Y-%m-%dT%H:%M:%S"
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+MAX_PARTIAL = 65536  # a line printed without an end is logged once this long
 
 
 def endpoint(settings) -> str:
@@ -132,3 +138,28 @@ class LogSink:
         self.stopping.set()
         self.thread.join(2)
         self.sock.close()
+
+
+class ForeignLines(io.TextIOBase):
+    """`sys.stdout` of a launcher that owns its process (`mqnode start`): what a library prints
+    there becomes WARNING lines of the node's log on stderr, colour codes stripped, so stdout
+    carries only the node's own lines. Ray's driver prints its raylet's messages there ("(raylet)
+    A worker died or was killed ...", in colour) whatever `log_to_driver` says."""
+
+    def __init__(self, logger: logging.Logger):
+        self.logger, self.partial = logger, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.partial += text
+        *lines, self.partial = self.partial.split("\n")
+        if len(self.partial) > MAX_PARTIAL:
+            lines.append(self.partial)
+            self.partial = ""
+        for line in lines:
+            clean = _COLOUR.sub("", line).strip()
+            if clean:
+                self.logger.warning("%s", clean)
+        return len(text)

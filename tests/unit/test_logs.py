@@ -56,3 +56,24 @@ def test_a_relay_with_no_launcher_drops_lines_and_never_blocks(tmp_path):
             logger.removeHandler(handler)
             handler.close()
     assert logging.getLogger(logs.LOGGER).handlers == []
+
+
+def test_what_a_library_prints_on_the_launchers_stdout_becomes_one_log_line_each():
+    import io
+    import logging
+
+    from node.server.logs import ForeignLines
+
+    logger = logging.getLogger("mqnode-test-foreign")
+    seen = io.StringIO()
+    handler = logging.StreamHandler(seen)
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        out = ForeignLines(logger)
+        print("\x1b[33m(raylet)\x1b[0m A worker died or was", file=out, end="")
+        print(" killed", file=out)
+        print("\n\nsecond", file=out)
+        assert seen.getvalue() == "(raylet) A worker died or was killed\nsecond\n"
+    finally:
+        logger.removeHandler(handler)

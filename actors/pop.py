@@ -46,6 +46,7 @@ MAX_HELD = 10_000  # pops held at once (long polling); more are answered POLLING
 COMPACT_BYTES = 64 << 20  # the journal is folded into a snapshot beyond this (shm.pop_log)
 DLQ_IN_FLIGHT = 256  # dead-letter re-puts awaiting their answer
 REPUT_TIMEOUT_S = 5.0  # a re-put unanswered by then is tried again (at least once into the DLQ)
+DLQ_RETRY_S = 1.0  # a dead letter the write path refused is re-put again after this
 DEFER_MAX_S = 5.0  # a pop waits at most this for the dispatcher to index what was acknowledged before it
 
 
@@ -89,6 +90,7 @@ class Pop(Actor):
         self.deferred: list[list] = []  # [written when served, give up at, client, arrival, header]: read your writes
         self.dlq_todo: collections.deque = collections.deque()  # (key, offset) to re-put into the DLQ
         self.dlq_waiting: dict[int, tuple] = {}  # opaque -> ((key, offset), sent at)
+        self.dlq_later: collections.deque = collections.deque()  # (when, (key, offset)): refused, tried again then
         self.opaque = 0
         self.held_expired = self.polling_full = 0
 
@@ -107,6 +109,8 @@ class Pop(Actor):
             waits += [int((held[0][0] - now) * 1000) + 1 for held in self.held.values() if held]
         if self.dlq_todo:
             waits.append(10)
+        if self.dlq_later:
+            waits.append(int((self.dlq_later[0][0] - time.monotonic()) * 1000) + 1)
         if self.deferred:
             waits.append(1)  # (the dispatcher is a millisecond or so behind)
         return max(1, min(waits))
@@ -125,12 +129,13 @@ class Pop(Actor):
                     for topic, _, _ in arrivals_from_wire(raw)}
             for topic in grew:
                 self._retry_held(topic, out)
-        due, dead = self.core.expire()
-        self.dlq_todo.extend(dead)
-        for topic in {topic for _, topic in due}:
-            self._retry_held(topic, out)
+        if self.control.get("role") != ROLE_CODES["SLAVE"]:  # (a slave's pop log waits for a promotion)
+            due, dead = self.core.expire()
+            self.dlq_todo.extend(dead)
+            for topic in {topic for _, topic in due}:
+                self._retry_held(topic, out)
+            self._dead_letter()
         self._end_holds(out)
-        self._dead_letter()
         self._follow_arrivals(out)
         self._persist()
         if out:
@@ -273,6 +278,8 @@ class Pop(Actor):
 
     def _dead_letter(self) -> None:
         now = time.monotonic()
+        while self.dlq_later and self.dlq_later[0][0] <= now:
+            self.dlq_todo.append(self.dlq_later.popleft()[1])
         for opaque in [o for o, (_, at) in self.dlq_waiting.items() if now - at > REPUT_TIMEOUT_S]:
             self.dlq_todo.append(self.dlq_waiting.pop(opaque)[0])  # unanswered: again (at least once)
         gone = []
@@ -296,8 +303,8 @@ class Pop(Actor):
             return  # (timed out and sent again: the second answer counts)
         if header.get("status") in protocol.STORED_STATUSES:
             self.core.dead_lettered_done([waiting[0]])
-        else:
-            self.dlq_todo.append(waiting[0])
+        else:  # refused (disk full, say): again in a while, not at once
+            self.dlq_later.append((time.monotonic() + DLQ_RETRY_S, waiting[0]))
 
     # -- the store ---------------------------------------------------------------------------------
 
@@ -354,7 +361,8 @@ class Pop(Actor):
             return stats
         return stats | self.core.statistics() | {
             "held": self.held_count, "heldExpired": self.held_expired, "pollingFull": self.polling_full,
-            "deadLetterWaiting": len(self.dlq_todo) + len(self.dlq_waiting), "log": self.log.statistics()}
+            "deadLetterWaiting": len(self.dlq_todo) + len(self.dlq_waiting) + len(self.dlq_later),
+            "log": self.log.statistics()}
 
     def close(self) -> None:
         if self.control is not None:

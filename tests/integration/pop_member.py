@@ -21,7 +21,7 @@ def main() -> None:
             sys.stdout.flush()
         return CONSUME_SUCCESS
 
-    consumer = PopConsumer(endpoint, group, invisible_ms=3000, wait_ms=500, max_count=16)
+    consumer = PopConsumer(endpoint, group, invisible_ms=3000, wait_ms=500, max_count=16, pops_in_flight=2)
     consumer.subscribe(topic)
     consumer.register_listener(listener)
     signal.signal(signal.SIGTERM, lambda *_: done.set())

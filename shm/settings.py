@@ -161,6 +161,9 @@ class Settings:
     sendQueueCapacity: int = _s(10000, "Send requests the front lets wait before answering SYSTEM_BUSY", NODE)
     metricsPort: int = _s(0, "Port of the Prometheus endpoint /metrics (docs/operations.md \"Metrics\"); 0 = off", NODE)
     metricsAddress: str = _s("127.0.0.1", "Address the metrics endpoint binds", NODE)
+    grpcServerPort: int = _s(8081, "Port of the gRPC proxy (RocketMQ 5's apache.rocketmq.v2, for RocketMQ 5 clients in every language; docs/protocol.md \"gRPC\"), bound at the host of a tcp `listen`; 0 = off. Left at 8081 by a node whose `listen` port is not the default, it is that port + 2 (beside the HA port's + 1)", NODE)
+    grpcTlsCertFile: str = _s("", "The gRPC proxy serves TLS with this certificate chain (PEM) and grpcTlsKeyFile; empty = plaintext", NODE)
+    grpcTlsKeyFile: str = _s("", "The private key (PEM) of grpcTlsCertFile", NODE)
     aclEnable: bool = _s(False, "Check every client request against aclFile: RocketMQ's plain ACL, signed requests (docs/operations.md \"Access control\")", NODE)
     aclFile: str = _s("conf/plain_acl.yml", "The ACL's accounts and permissions in RocketMQ's plain_acl.yml format, re-read when it changes (relative: to the directory mqnode start runs in)", NODE)
     curveEnable: bool = _s(False, "Encrypt and authenticate the client endpoint with ZeroMQ CURVE: clients need the node's public key", NODE)
@@ -188,6 +191,23 @@ class Settings:
         if self.haListenPort != _DEFAULT_HA_PORT:
             return self.haListenPort
         return self.store_address[1] + 1
+
+    @property
+    def grpc_port(self) -> int:
+        """The gRPC proxy's port (0: off): grpcServerPort, or the client port + 2 when it is left
+        at 8081 and `listen` is not on the default port (so two nodes of one host do not collide,
+        as `ha_port` follows the client port)."""
+        port = self.store_address[1]
+        if self.grpcServerPort != _DEFAULT_GRPC_PORT or port == _DEFAULT_LISTEN_PORT:
+            return self.grpcServerPort
+        return port + 2
+
+    @property
+    def grpc_host(self) -> str:
+        """The address the gRPC proxy binds: the host of a tcp `listen` (127.0.0.1 for ipc)."""
+        if self.listen.startswith("tcp://"):
+            return self.listen[len("tcp://"):].rpartition(":")[0].strip("[]") or "127.0.0.1"
+        return "127.0.0.1"
 
     @property
     def ha_master(self) -> tuple[str, int]:
@@ -253,6 +273,7 @@ class SettingsError(ValueError):
 
 
 _DEFAULT_LISTEN_PORT, _DEFAULT_HA_PORT, _DEFAULT_BROKER_IP = 10911, 10912, "127.0.0.1"
+_DEFAULT_GRPC_PORT = 8081
 
 
 def _is_address(text: str) -> bool:
@@ -438,6 +459,10 @@ def validate(settings: Settings) -> None:
         raise SettingsError(f"pullWorkers must be at most {MAX_PULL_WORKERS}")
     if not 0 <= settings.metricsPort <= 65535:
         raise SettingsError("metricsPort must be a port, 1..65535, or 0 (off)")
+    if not 0 <= settings.grpcServerPort <= 65535:
+        raise SettingsError("grpcServerPort must be a port, 1..65535, or 0 (off)")
+    if bool(settings.grpcTlsCertFile) != bool(settings.grpcTlsKeyFile):
+        raise SettingsError("grpcTlsCertFile and grpcTlsKeyFile go together: set both (TLS) or neither (plaintext)")
     if not settings.listen.startswith(("tcp://", "ipc://")):
         raise SettingsError(f"listen must be a tcp:// or ipc:// endpoint, not {settings.listen!r}")
     _validate_ha(settings)

@@ -18,13 +18,13 @@ split (the default: every service its own process; scales across cores; the writ
   flush       group commit
   pull-i      read              (pullWorkers of them; 0 = one per core)
   dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
-  pop         pop
+  pop         pop               proxy      proxy (gRPC; unless grpcServerPort = 0)
   ha-server   ha-server         ha-client  ha-client (a slave only)
 
 compact (an operator's choice: fewest processes and wake-ups, best on one or two cores)
   front       router + ingress + write + read (pull hold) in one loop, group commit on a thread
   dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
-  pop         pop
+  pop         pop               proxy      proxy (gRPC; unless grpcServerPort = 0)
   ha-server   ha-server         ha-client  ha-client (a slave only)
 ```
 """
@@ -45,6 +45,7 @@ from actors.ha_client import HaClient
 from actors.ha_server import HaServer
 from actors.ingress import Ingress
 from actors.pop import Pop
+from actors.proxy.shell import Proxy
 from actors.pull import Pull
 from actors.schedule import Schedule
 from actors.writer import Writer
@@ -61,6 +62,7 @@ SERVICES = {
     "allocate": "creates the next CommitLog segment and prefaults pages ahead of the writer",
     "schedule": "delivers delayed messages (levels) and timers when due (re-put through the write path); consumers' send-backs to %RETRY%/%DLQ%",
     "pop": "pop consumption: hands a group's members messages from any queue, invisible until acked; acks, change-invisible, redelivery when the time runs out, %DLQ% past retryMaxTimes; the pop log",
+    "proxy": "RocketMQ 5's gRPC protocol (apache.rocketmq.v2) on grpcServerPort: routes, settings, sends, receives and acks (pop) for the official RocketMQ 5 clients, carried to the front as a client",
     "clean": "deletes expired CommitLog segments and the ConsumeQueue and index files below the min offset; disk-full flag",
     "ha-server": "a master's HA endpoint: sends each following slave the CommitLog from where it stands, publishes its acks (SYNC_MASTER)",
     "ha-client": "a slave's follower: appends its master's CommitLog byte for byte (the slave's CommitLog writer); promotion",
@@ -69,7 +71,7 @@ TOPOLOGIES = ("compact", "split")
 # the actor class of each process kind, for the launcher (Ray builds it in the process's worker)
 ACTOR_CLASSES = {"front": Front, "ingress": Ingress, "writer": Writer, "flush": Flush, "allocator": Allocator,
                  "dispatcher": Dispatcher, "pull": Pull, "clean": Clean, "schedule": Schedule, "pop": Pop,
-                 "ha-server": HaServer, "ha-client": HaClient}
+                 "proxy": Proxy, "ha-server": HaServer, "ha-client": HaClient}
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,11 @@ def ha_processes(settings) -> list[Process]:
     return [Process("ha-server", "ha-server", ("ha-server",)), *follower]
 
 
+def proxy_processes(settings) -> list[Process]:
+    """The gRPC proxy, unless grpcServerPort is 0."""
+    return [Process("proxy", "proxy", ("proxy",))] if settings.grpc_port else []
+
+
 def processes(settings) -> list[Process]:
     """The node's processes in start order (the front last: the others' sockets exist then)."""
     if settings.topology == "compact":
@@ -102,6 +109,7 @@ def processes(settings) -> list[Process]:
                 Process("schedule", "schedule", ("schedule",)),
                 Process("pop", "pop", ("pop",)),
                 *ha_processes(settings),
+                *proxy_processes(settings),
                 Process("front", "front", ("router", "ingress", "write", "group commit", "read"),
                         hosted=("writer", "pull"), threads=("flush",))]
     ingress = settings.ingressWorkers
@@ -116,6 +124,7 @@ def processes(settings) -> list[Process]:
             *(Process(f"ingress-{i}", "ingress", ("ingress",), i) for i in range(ingress)),
             *(Process(f"pull-{i}", "pull", ("read",), i) for i in range(pulls)),
             *ha_processes(settings),
+            *proxy_processes(settings),
             Process("front", "front", ("router",))]
 
 

@@ -19,11 +19,20 @@ def _settings(**values):
 def test_compact_puts_every_client_facing_service_in_the_front():
     compact = _settings(topology="compact")
     processes = topology.processes(compact)
-    assert [p.label for p in processes] == ["allocator", "dispatcher", "clean", "schedule", "pop", "ha-server", "front"]
+    assert [p.label for p in processes] == ["allocator", "dispatcher", "clean", "schedule", "pop", "ha-server", "proxy",
+                                            "front"]
     slave = topology.processes(_settings(topology="compact", brokerRole="SLAVE", brokerId=1,
                                          haMasterAddress="127.0.0.1:10912"))
     assert set(topology.SERVICES) == {service for p in slave for service in p.services}
     assert topology.hosts(compact)["write"] == ["front"] and topology.hosts(compact)["read"] == ["front"]
+
+
+def test_the_proxy_runs_unless_its_port_is_0_and_follows_the_client_port():
+    assert "proxy" in [p.label for p in topology.processes(_settings())]
+    assert "proxy" not in [p.label for p in topology.processes(_settings(grpcServerPort=0))]
+    assert _settings().grpc_port == 8081 and _settings(grpcServerPort=9876).grpc_port == 9876
+    moved = _settings(listen="tcp://127.0.0.1:20911")
+    assert moved.grpc_port == 20913 and moved.ha_port == 20912 and moved.grpc_host == "127.0.0.1"
 
 
 def test_the_default_gives_every_service_but_routing_a_process_other_than_the_front():
@@ -111,10 +120,10 @@ def _service_order(process) -> list[str]:
     """A process's shells' services, in `build`'s order (its kind's, the hosted, the threads)."""
     service_of = {"front": "router", "writer": "write", "pull": "read", "flush": "group commit", "ingress": "ingress",
                   "dispatcher": "dispatch", "allocator": "allocate", "clean": "clean", "schedule": "schedule",
-                  "pop": "pop", "ha-server": "ha-server", "ha-client": "ha-client"}
+                  "pop": "pop", "proxy": "proxy", "ha-server": "ha-server", "ha-client": "ha-client"}
     return [service_of[kind] for kind in (process.kind, *process.hosted, *process.threads)]
 
 
 def test_no_service_asks_which_topology_it_runs_in():
-    for path in (ROOT / "actors").glob("*.py"):
+    for path in (ROOT / "actors").glob("**/*.py"):
         assert "topology" not in re.sub(r'""".*?"""|#.*', "", path.read_text(), flags=re.DOTALL), path.name

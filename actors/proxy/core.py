@@ -1,0 +1,462 @@
+"""The gRPC proxy's core: RocketMQ 5's `apache.rocketmq.v2` in the node's own terms, and back.
+
+No I/O: the shell (actors.proxy.shell) owns the gRPC server and the link to the front, and asks
+this module what a request means for the node (`outgoing`, `receive_plan`, `ack_handles`) and what
+the node's answer means for the client (`status_of`, `message_of`, `route`, `assignments`,
+`settings_for`). What the clients are (their ids, types, groups, last words) is `Clients`, fed
+by the shell and read by `statistics()`.
+
+Choices that differ from Apache RocketMQ's proxy are documented in docs/protocol.md "gRPC":
+- A topic accepts NORMAL, FIFO and DELAY messages (mqnode keeps no message type per topic);
+  TRANSACTION is refused UNSUPPORTED until transactional messages exist.
+- A route lists queue i as readable if i < readQueueNums and writable if i < writeQueueNums (the
+  ids the store uses), not RocketMQ's read-only-first renumbering.
+- A receipt handle is the node's own (docs/protocol.md "Pop"), passed through unchanged.
+- `auto_renew` receives get the default invisible time (60 s) and are not renewed by the proxy.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+
+from actors import edge
+from actors.proxy.apis import definition_pb2 as pb
+from actors.proxy.apis import service_pb2 as rpc
+from actors.topics import topic_error
+from node.client.message import Message
+from shm.codec import (
+    PROPERTY_DELAY,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_UNIQ_KEY,
+)
+
+Code = pb.Code
+DEFAULT_INVISIBLE_MS = 60_000  # a receive that names no invisible duration (RocketMQ 5's defaultInvisibleTimeMills)
+MIN_INVISIBLE_MS = 1_000
+LONG_POLLING_MS = 20_000  # what a consumer's settings say to wait (grpcClientConsumerMaxLongPollingTimeoutMillis)
+MAX_POLLING_MS = 60_000  # longer waits are refused ILLEGAL_POLLING_TIME
+POLL_MARGIN_MS = 1_000  # a held receive answers this long before the client's deadline
+RECEIVE_BATCH = 32  # a consumer's receive_batch_size
+MAX_RECEIVE_BATCH = edge.POP_MAX_COUNT
+FORWARD_HOLD_MS = 30_000  # a message being forwarded to the DLQ stays invisible this long meanwhile
+MAX_SEND_MESSAGES = 1024  # messages in one SendMessageRequest
+MESSAGE_GROUP_MAX = 64  # RocketMQ 5's maxMessageGroupSize
+CLIENT_EXPIRY_S = 120.0  # a client silent this long is forgotten (clientChannelExpiredTimeout)
+MAX_CLIENTS = 100_000  # clients remembered at once; past it the longest silent go first
+PROPERTY_SHARDING_KEY = "__SHARDINGKEY"  # RocketMQ 5's message group, stored as a property
+PROPERTY_TRANSACTION = "TRAN_MSG"
+ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)  # what a topic's queues accept (no TRANSACTION yet)
+# properties the node or RocketMQ set: never a user property, and refused as one (MessageConst's)
+SYSTEM_PROPERTIES = frozenset({
+    PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_DELAY, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_MS,
+    "TIMER_DELAY_SEC", "TIMER_OUT_MS", "WAIT", "REAL_TOPIC", "REAL_QID", "CLUSTER", "RETRY_TOPIC", "ORIGIN_MESSAGE_ID",
+    "MIN_OFFSET", "MAX_OFFSET", "RECONSUME_TIME", "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "TRAN_MSG",
+    "TRAN_PREPARED_QUEUE_OFFSET", "PGROUP", "MSG_REGION", "TRACE_ON", "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT",
+    "TTL", "ARRIVE_TIME", "PUSH_REPLY_TIME", "BUYER_ID", "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS",
+    "SHARDING_KEY", PROPERTY_SHARDING_KEY, "POP_CK", "POP_CK_OFFSET", "1ST_POP_TIME", "DLQ_ORIGIN_TOPIC",
+    "DLQ_ORIGIN_MESSAGE_ID", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES", "TIMER_DEL_UNIQKEY",
+    "TRACE_CONTEXT", "BORN_HOST",
+})
+
+# the node's statuses (node.protocol.STATUS_CODES' names) -> apache.rocketmq.v2.Code, as RocketMQ 5's proxy maps
+# its broker's answers (ResponseBuilder, SendMessageActivity)
+NODE_STATUS = {
+    "PUT_OK": Code.OK, "OK": Code.OK, "FOUND": Code.OK,
+    "FLUSH_DISK_TIMEOUT": Code.MASTER_PERSISTENCE_TIMEOUT,
+    "FLUSH_SLAVE_TIMEOUT": Code.SLAVE_PERSISTENCE_TIMEOUT,
+    "SLAVE_NOT_AVAILABLE": Code.HA_NOT_AVAILABLE,
+    "SYSTEM_BUSY": Code.TOO_MANY_REQUESTS, "OS_PAGECACHE_BUSY": Code.TOO_MANY_REQUESTS,
+    "POLLING_FULL": Code.TOO_MANY_REQUESTS,
+    "TOPIC_NOT_EXIST": Code.TOPIC_NOT_FOUND,
+    "SUBSCRIPTION_GROUP_NOT_EXIST": Code.CONSUMER_GROUP_NOT_FOUND,
+    "NO_PERMISSION": Code.FORBIDDEN,
+    "NO_NEW_MSG": Code.MESSAGE_NOT_FOUND,
+    "MESSAGE_ILLEGAL": Code.BAD_REQUEST,
+    "PROPERTIES_SIZE_EXCEEDED": Code.MESSAGE_PROPERTIES_TOO_LARGE,
+    "SUBSCRIPTION_PARSE_FAILED": Code.ILLEGAL_FILTER_EXPRESSION,
+    "INVALID_RECEIPT_HANDLE": Code.INVALID_RECEIPT_HANDLE,
+    "RECEIPT_HANDLE_EXPIRED": Code.INVALID_RECEIPT_HANDLE,  # (RocketMQ 5's proxy: "receipt handle is expired")
+    "REQUEST_CODE_NOT_SUPPORTED": Code.NOT_IMPLEMENTED,
+    "TIMEOUT": Code.PROXY_TIMEOUT,
+    "SERVICE_NOT_AVAILABLE": Code.INTERNAL_SERVER_ERROR,
+    "ACCESS_DENIED": Code.FORBIDDEN,
+}
+
+
+class Refused(Exception):
+    """A request (or one message of it) the proxy answers with `code` without asking the node."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def status(code: int, message: str = "") -> pb.Status:
+    return pb.Status(code=code, message=message or Code.Name(code))
+
+
+def status_of(node_status: str | None, remark: str = "") -> pb.Status:
+    """The client's status for the node's answer."""
+    code = NODE_STATUS.get(node_status or "SYSTEM_ERROR", Code.INTERNAL_SERVER_ERROR)
+    if code == Code.BAD_REQUEST:
+        code = _illegal_code(remark)
+    return status(code, f"{node_status}: {remark}" if remark else node_status or "")
+
+
+def _illegal_code(remark: str) -> int:
+    """MESSAGE_ILLEGAL's finer code, from what the node said was wrong."""
+    text = remark.lower()
+    for words, code in (("body", Code.MESSAGE_BODY_TOO_LARGE), ("propert", Code.MESSAGE_PROPERTIES_TOO_LARGE),
+                        ("topic", Code.ILLEGAL_TOPIC), ("timer", Code.ILLEGAL_DELIVERY_TIME),
+                        ("deliver", Code.ILLEGAL_DELIVERY_TIME), ("invisible", Code.ILLEGAL_INVISIBLE_TIME),
+                        ("consumergroup", Code.ILLEGAL_CONSUMER_GROUP), ("group", Code.ILLEGAL_CONSUMER_GROUP)):
+        if words in text:
+            return code
+    return Code.BAD_REQUEST
+
+
+def millis(timestamp) -> int:
+    return timestamp.seconds * 1000 + timestamp.nanos // 1_000_000
+
+
+def duration_ms(duration) -> int:
+    return duration.seconds * 1000 + duration.nanos // 1_000_000
+
+
+# -- names -----------------------------------------------------------------------------------------
+
+
+def topic_name(resource: pb.Resource, *, to_send: bool = False) -> str:
+    problem = topic_error(resource.name) if to_send else edge.read_topic_problem(resource.name)
+    if problem:
+        raise Refused(Code.ILLEGAL_TOPIC, problem)
+    return resource.name
+
+
+def group_name(resource: pb.Resource) -> str:
+    problem = edge.group_problem(resource.name)
+    if problem:
+        raise Refused(Code.ILLEGAL_CONSUMER_GROUP, problem)
+    return resource.name
+
+
+# -- sending ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One message of a SendMessageRequest, as the node's producer sends it."""
+
+    message: Message
+    shard_key: str | None  # a FIFO message's group: one group, one queue
+    message_id: str
+
+
+def outgoing(message: pb.Message, max_body: int, max_delay_ms: int, now_ms: int) -> Outgoing:
+    """What the node is to store for `message`; raises Refused with the protocol's code for what
+    RocketMQ 5's proxy refuses (SendMessageActivity's checks)."""
+    topic = topic_name(message.topic, to_send=True)
+    system = message.system_properties
+    if not message.body:
+        raise Refused(Code.MESSAGE_BODY_EMPTY, "the message body is empty")
+    if len(message.body) > max_body:
+        raise Refused(Code.MESSAGE_BODY_TOO_LARGE, f"the body of {len(message.body)} bytes exceeds {max_body} (maxMessageSize)")
+    if not system.message_id or not system.message_id.isprintable() or len(system.message_id) > 128:
+        raise Refused(Code.ILLEGAL_MESSAGE_ID, "a message needs a printable message_id of at most 128 characters")
+    if system.body_encoding == pb.GZIP:
+        raise Refused(Code.UNSUPPORTED, "gzip-encoded bodies are not supported: send IDENTITY")
+    tag = system.tag if system.HasField("tag") else None
+    if tag is not None and (not tag.strip() or "|" in tag or not tag.isprintable()):
+        raise Refused(Code.ILLEGAL_MESSAGE_TAG, f"tag {tag!r} is blank, has '|' or is not printable")
+    for key in system.keys:
+        if not key.strip() or not key.isprintable():
+            raise Refused(Code.ILLEGAL_MESSAGE_KEY, f"key {key!r} is blank or not printable")
+    properties = _user_properties(message.user_properties)
+    properties[PROPERTY_UNIQ_KEY] = system.message_id
+    group, deliver_at = _typed(system, max_delay_ms, now_ms)
+    if group is not None:
+        properties[PROPERTY_SHARDING_KEY] = group
+    problem = edge.properties_problem(properties)
+    if problem:
+        raise Refused(Code.MESSAGE_PROPERTIES_TOO_LARGE if "exceeds" in problem else Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+                      problem)
+    keys = " ".join(system.keys) if system.keys else None
+    node_message = Message(topic, message.body, tag, keys, properties, deliver_at_ms=deliver_at)
+    return Outgoing(node_message, group, system.message_id)
+
+
+def _user_properties(given) -> dict[str, str]:
+    out = {}
+    for key, value in given.items():
+        if not key or key in SYSTEM_PROPERTIES or not key.isprintable() or not value.isprintable():
+            raise Refused(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+                          f"property {key!r} is empty, reserved or holds characters a property may not")
+        out[key] = value
+    return out
+
+
+def _typed(system: pb.SystemProperties, max_delay_ms: int, now_ms: int) -> tuple[str | None, int | None]:
+    """The message group and delivery time its type calls for; Refused where type and fields
+    disagree (MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, as RocketMQ 5's proxy)."""
+    kind = system.message_type
+    group = system.message_group if system.HasField("message_group") else None
+    deliver_at = millis(system.delivery_timestamp) if system.HasField("delivery_timestamp") else None
+    if kind == pb.TRANSACTION:
+        raise Refused(Code.UNSUPPORTED, "transactional messages are not supported by this node yet")
+    if kind not in (pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY):
+        raise Refused(Code.UNSUPPORTED, f"message type {pb.MessageType.Name(kind)} is not supported")
+    if (kind == pb.FIFO) != (group is not None) and kind != pb.MESSAGE_TYPE_UNSPECIFIED:
+        raise Refused(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message, and only it, has a message_group")
+    if (kind == pb.DELAY) != (deliver_at is not None) and kind != pb.MESSAGE_TYPE_UNSPECIFIED:
+        raise Refused(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a DELAY message, and only it, has a delivery_timestamp")
+    if group is not None and (not group.strip() or len(group) > MESSAGE_GROUP_MAX or not group.isprintable()):
+        raise Refused(Code.ILLEGAL_MESSAGE_GROUP, f"message group {group!r} is blank, longer than "
+                                                  f"{MESSAGE_GROUP_MAX} or not printable")
+    if deliver_at is not None and deliver_at - now_ms > max_delay_ms:
+        raise Refused(Code.ILLEGAL_DELIVERY_TIME, f"delivery is {deliver_at - now_ms} ms away, beyond the "
+                                                  f"longest timer ({max_delay_ms} ms, timerMaxDelaySec)")
+    return group, deliver_at
+
+
+def send_response(entries: list[rpc.SendResultEntry]) -> rpc.SendMessageResponse:
+    """One status for the whole: the entries' own when they agree, else MULTIPLE_RESULTS."""
+    codes = {entry.status.code for entry in entries}
+    top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "the messages' results differ")
+    return rpc.SendMessageResponse(status=top, entries=entries)
+
+
+# -- receiving -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReceivePlan:
+    """A ReceiveMessageRequest as the node's pop."""
+
+    topic: str
+    group: str
+    queue_id: int
+    max_count: int
+    invisible_ms: int
+    wait_ms: int
+    tags: str
+    orderly: bool
+
+
+def receive_plan(request: rpc.ReceiveMessageRequest, remaining_ms: int | None, fifo: bool) -> ReceivePlan:
+    """What to pop for `request`; `remaining_ms` is what is left of the client's deadline (None:
+    none), `fifo` whether the group consumes in order."""
+    group = group_name(request.group)
+    topic = topic_name(request.message_queue.topic)
+    if not 0 < request.batch_size <= MAX_RECEIVE_BATCH:
+        raise Refused(Code.BAD_REQUEST, f"batch_size must be 1..{MAX_RECEIVE_BATCH}, not {request.batch_size}")
+    invisible = (duration_ms(request.invisible_duration) if request.HasField("invisible_duration")
+                 else DEFAULT_INVISIBLE_MS)
+    if not MIN_INVISIBLE_MS <= invisible <= edge.INVISIBLE_MS_MAX:
+        raise Refused(Code.ILLEGAL_INVISIBLE_TIME, f"invisible_duration must be {MIN_INVISIBLE_MS} ms to "
+                                                   f"{edge.INVISIBLE_MS_MAX} ms, not {invisible} ms")
+    wait = duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else 0
+    if not 0 <= wait <= MAX_POLLING_MS:
+        raise Refused(Code.ILLEGAL_POLLING_TIME, f"long_polling_timeout must be 0 to {MAX_POLLING_MS} ms, not {wait} ms")
+    if remaining_ms is not None:  # answer (empty) before the client gives up on the call
+        wait = max(0, min(wait, remaining_ms - POLL_MARGIN_MS))
+    # any queue of the broker (RocketMQ 5's ReceiveMessageQueueSelector); a FIFO group's queue its
+    # assignment names, which keeps one member on a queue at a time
+    queue_id = request.message_queue.id if fifo and request.message_queue.id >= 0 else -1
+    return ReceivePlan(topic, group, queue_id,
+                       request.batch_size, invisible, wait, tag_expression(request.filter_expression), fifo)
+
+
+def tag_expression(expression: pb.FilterExpression) -> str:
+    if expression.type == pb.SQL:
+        raise Refused(Code.UNSUPPORTED, "SQL92 filters are not supported by this node: filter by tag")
+    text = expression.expression.strip() or "*"
+    if any(not part.strip() for part in text.split("||")) or not text.isprintable():
+        raise Refused(Code.ILLEGAL_FILTER_EXPRESSION, f"{text!r} is not a tag expression (tag || tag, or *)")
+    return text
+
+
+def message_of(popped, invisible_ms: int) -> pb.Message:
+    """A popped message (node.client.received.PoppedMessage) as RocketMQ 5 clients receive it."""
+    properties = popped.properties
+    system = pb.SystemProperties(
+        message_id=popped.msg_id, born_host=popped.born_host, store_host=popped.store_host,
+        queue_id=popped.queue_id, queue_offset=popped.queue_offset, receipt_handle=popped.receipt_handle,
+        delivery_attempt=popped.reconsume_times + 1, body_encoding=pb.IDENTITY,
+        body_digest=pb.Digest(type=pb.CRC32, checksum=format(zlib.crc32(popped.body) & 0xFFFFFFFF, "08X")),
+        message_type=_type_of(properties))
+    system.born_timestamp.FromMilliseconds(popped.born_timestamp)
+    system.store_timestamp.FromMilliseconds(popped.store_timestamp)
+    system.invisible_duration.FromMilliseconds(invisible_ms)
+    if popped.tags:
+        system.tag = popped.tags
+    system.keys.extend(popped.keys)
+    if PROPERTY_SHARDING_KEY in properties:
+        system.message_group = properties[PROPERTY_SHARDING_KEY]
+    if PROPERTY_TIMER_DELIVER_MS in properties and properties[PROPERTY_TIMER_DELIVER_MS].isdigit():
+        system.delivery_timestamp.FromMilliseconds(int(properties[PROPERTY_TIMER_DELIVER_MS]))
+    user = {k: v for k, v in properties.items() if k not in SYSTEM_PROPERTIES}
+    return pb.Message(topic=pb.Resource(name=popped.topic), user_properties=user, system_properties=system,
+                      body=popped.body)
+
+
+def _type_of(properties: dict[str, str]) -> int:
+    if PROPERTY_SHARDING_KEY in properties:
+        return pb.FIFO
+    if properties.get(PROPERTY_TRANSACTION) == "true":
+        return pb.TRANSACTION
+    if PROPERTY_TIMER_DELIVER_MS in properties or PROPERTY_TIMER_DELAY_MS in properties or PROPERTY_DELAY in properties:
+        return pb.DELAY
+    return pb.NORMAL
+
+
+def handle_position(handle: str) -> tuple[str, int, int]:
+    """(topic, queue id, queue offset) of a node's receipt handle ("<ck> <topic> <queueId>
+    <offset>", docs/protocol.md "Pop"); INVALID_RECEIPT_HANDLE if it is not one."""
+    parts = handle.split(" ")
+    if len(parts) != 4 or not parts[2].isdigit() or not parts[3].isdigit():
+        raise Refused(Code.INVALID_RECEIPT_HANDLE, "not a receipt handle this node gave")
+    return parts[1], int(parts[2]), int(parts[3])
+
+
+def receipt_handle(handle: str) -> str:
+    """A receipt handle as the node takes it: printable, of a sane length (the node says whether it holds)."""
+    if not handle or len(handle) > 1024 or not handle.isprintable():
+        raise Refused(Code.INVALID_RECEIPT_HANDLE, "the receipt handle is empty, too long or not printable")
+    return handle
+
+
+# -- routes and assignments ------------------------------------------------------------------------
+
+
+def broker(settings, endpoints: pb.Endpoints) -> pb.Broker:
+    """This node as a RocketMQ 5 broker, reached where the client reached it (the request's
+    `endpoints`, as RocketMQ 5's proxy answers), else at the proxy's own address."""
+    if not endpoints.addresses:
+        endpoints = pb.Endpoints(scheme=pb.IPv4, addresses=[pb.Address(host=settings.grpc_host, port=settings.grpc_port)])
+    return pb.Broker(name=settings.brokerName, id=0, endpoints=endpoints)
+
+
+def permission(readable: bool, writable: bool) -> int:
+    return pb.READ_WRITE if readable and writable else pb.READ if readable else pb.WRITE if writable else pb.NONE
+
+
+def route(topic: pb.Resource, info: dict, node: pb.Broker) -> rpc.QueryRouteResponse:
+    """The topic's queues from the node's GET_ROUTEINFO_BY_TOPIC answer (`info`)."""
+    readable, writable = bool(info["perm"] & 4), bool(info["perm"] & 2)
+    reads, writes = info["readQueueNums"], info["writeQueueNums"]
+    queues = [pb.MessageQueue(topic=topic, id=i, broker=node, accept_message_types=ACCEPTED_TYPES,
+                              permission=permission(readable and i < reads, writable and i < writes))
+              for i in range(max(reads, writes))]
+    return rpc.QueryRouteResponse(status=status(Code.OK), message_queues=queues)
+
+
+def assignments(topic: pb.Resource, info: dict, node: pb.Broker, fifo: bool) -> rpc.QueryAssignmentResponse:
+    """A push consumer's queues: one that pops from every queue, or each queue on its own for a
+    FIFO group (as RocketMQ 5's proxy assigns)."""
+    if not info["perm"] & 4 or info["readQueueNums"] < 1:
+        return rpc.QueryAssignmentResponse(status=status(Code.FORBIDDEN, "no readable queue"))
+    ids = range(info["readQueueNums"]) if fifo else [-1]
+    perm = permission(True, bool(info["perm"] & 2))
+    out = [pb.Assignment(message_queue=pb.MessageQueue(topic=topic, id=i, permission=perm, broker=node)) for i in ids]
+    return rpc.QueryAssignmentResponse(status=status(Code.OK), assignments=out)
+
+
+# -- clients and their settings --------------------------------------------------------------------
+
+
+def settings_for(given: pb.Settings, settings, group: dict | None) -> pb.Settings:
+    """The settings the node answers a client's Telemetry settings with: the client's own, with
+    what the node decides filled in (RocketMQ 5's GrpcClientSettingsManager): the largest body,
+    and for a consumer its group's retries (max_attempts = retryMaxTimes + 1, backing off along
+    the delay levels from 10 s, RocketMQ's retry schedule), whether it is FIFO, the batch and
+    the long-polling wait."""
+    out = pb.Settings()
+    out.CopyFrom(given)
+    if not given.HasField("request_timeout"):
+        out.request_timeout.FromMilliseconds(3000)
+    if given.client_type == pb.PRODUCER or given.HasField("publishing"):
+        out.publishing.max_body_size = settings.maxMessageSize
+        out.publishing.validate_message_type = False  # topics accept NORMAL, FIFO and DELAY alike
+        out.backoff_policy.CopyFrom(pb.RetryPolicy(max_attempts=3, exponential_backoff=pb.ExponentialBackoff(
+            multiplier=2.0)))
+        out.backoff_policy.exponential_backoff.initial.FromMilliseconds(10)
+        out.backoff_policy.exponential_backoff.max.FromMilliseconds(1000)
+        return out
+    group = group or {}
+    retries = int(group.get("retryMaxTimes", 16))
+    backoff = pb.CustomizedBackoff()
+    for delay in settings.delay_levels_ms()[2:]:
+        backoff.next.add().FromMilliseconds(delay)
+    out.backoff_policy.CopyFrom(pb.RetryPolicy(max_attempts=retries + 1, customized_backoff=backoff))
+    out.subscription.fifo = bool(group.get("consumeMessageOrderly", False))
+    out.subscription.receive_batch_size = RECEIVE_BATCH
+    out.subscription.long_polling_timeout.FromMilliseconds(LONG_POLLING_MS)
+    return out
+
+
+@dataclass
+class Client:
+    """What the proxy knows of one client (by its `x-mq-client-id`)."""
+
+    client_id: str
+    client_type: int = pb.CLIENT_TYPE_UNSPECIFIED
+    group: str = ""
+    language: str = ""
+    version: str = ""
+    last_seen: float = 0.0
+    streams: int = 0  # Telemetry streams open
+    topics: set[str] = field(default_factory=set)
+
+
+class Clients:
+    """The clients that spoke to the proxy lately: for `admin stats`, and forgotten after
+    CLIENT_EXPIRY_S of silence or at NotifyClientTermination. Bounded by MAX_CLIENTS."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.by_id: dict[str, Client] = {}
+        self.terminated = 0
+
+    def seen(self, client_id: str, metadata: dict[str, str]) -> Client:
+        client = self.by_id.get(client_id)
+        if client is None:
+            if len(self.by_id) >= MAX_CLIENTS:
+                self.expire(force=True)
+            client = self.by_id[client_id] = Client(client_id, language=metadata.get("x-mq-language", ""),
+                                                    version=metadata.get("x-mq-client-version", ""))
+        client.last_seen = self.clock()
+        return client
+
+    def heard(self, client: Client, client_type: int, group: str | None) -> None:
+        if client_type != pb.CLIENT_TYPE_UNSPECIFIED:
+            client.client_type = client_type
+        if group:
+            client.group = group
+
+    def terminated_by(self, client_id: str) -> None:
+        if self.by_id.pop(client_id, None) is not None:
+            self.terminated += 1
+
+    def expire(self, *, force: bool = False) -> int:
+        """Forget the silent (with `force`, also the older half): how many went."""
+        now = self.clock()
+        gone = [cid for cid, c in self.by_id.items() if now - c.last_seen > CLIENT_EXPIRY_S and not c.streams]
+        if force and not gone:
+            by_age = sorted(self.by_id.values(), key=lambda c: c.last_seen)
+            gone = [c.client_id for c in by_age[: len(by_age) // 2 + 1]]
+        for cid in gone:
+            del self.by_id[cid]
+        return len(gone)
+
+    def statistics(self) -> dict:
+        kinds: dict[str, int] = {}
+        for client in self.by_id.values():
+            name = pb.ClientType.Name(client.client_type)
+            kinds[name] = kinds.get(name, 0) + 1
+        return {"clients": len(self.by_id), "clientTypes": kinds, "clientsTerminated": self.terminated,
+                "telemetryStreams": sum(c.streams for c in self.by_id.values())}

@@ -16,6 +16,7 @@ QUEUE_NUMS_MAX = 1024  # queues a topic may have (RocketMQ has no hard limit; it
 GROUP_FIELDS = {  # subscriptionGroup.json's fields an update may set, with their types
     "consumeEnable": bool, "consumeBroadcastEnable": bool, "consumeFromMinEnable": bool,
     "retryQueueNums": int, "retryMaxTimes": int, "whichBrokerWhenConsumeSlowly": int, "brokerId": int,
+    "consumeMessageOrderly": bool,  # RocketMQ 5's: a FIFO group for gRPC consumers (docs/protocol.md "gRPC")
 }
 
 

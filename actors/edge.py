@@ -264,6 +264,7 @@ QUEUE_NUMS_MAX = 1024  # queues a topic may be given
 def _group_config(header: dict) -> str | None:
     return (group_problem(header.get("groupName"))
             or bool_problem(header, "consumeEnable") or bool_problem(header, "consumeBroadcastEnable")
+            or bool_problem(header, "consumeMessageOrderly")
             or bool_problem(header, "consumeFromMinEnable")
             or int_problem(header, "retryQueueNums", 1, QUEUE_NUMS_MAX)
             or int_problem(header, "retryMaxTimes", 0, 64)

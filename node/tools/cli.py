@@ -311,7 +311,8 @@ def _admin_change(client, args: argparse.Namespace) -> tuple[dict, object]:
     reply, _ = client.request(_given({"code": protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, "groupName": args.group},
                                      retryQueueNums=args.retry_queues, retryMaxTimes=args.max_retries,
                                      whichBrokerWhenConsumeSlowly=args.which_broker_when_slow,
-                                     consumeEnable=args.consume_enable, consumeBroadcastEnable=args.broadcast))
+                                     consumeEnable=args.consume_enable, consumeBroadcastEnable=args.broadcast,
+                                     consumeMessageOrderly=args.orderly_group))
     return reply, reply.get("subscriptionGroupConfig")
 
 
@@ -443,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_argument("--which-broker-when-slow", type=int, help="admin group create|update: whichBrokerWhenConsumeSlowly")
     admin.add_argument("--consume-enable", type=_bool, help="admin group create|update: true|false (false: its pulls are refused)")
     admin.add_argument("--broadcast", type=_bool, help="admin group create|update: consumeBroadcastEnable, true|false")
+    admin.add_argument("--fifo", dest="orderly_group", type=_bool,
+                       help="admin group create|update: consumeMessageOrderly, true|false (RocketMQ 5 clients over "
+                            "gRPC consume the group in order: FIFO)")
     admin.add_argument("--to-timestamp", type=int, metavar="MS", help="admin reset-offset: to the first message stored at or after")
     admin.add_argument("--to", choices=["first", "last"], help="admin reset-offset: to each queue's first or last offset")
     admin.add_argument("--role", choices=["ASYNC_MASTER", "SYNC_MASTER"],

@@ -1,0 +1,148 @@
+"""Apache RocketMQ's official Python client (rocketmq-python-client, gRPC) against a node's proxy,
+run as its own process by tests/integration/test_grpc.py: the client's generated protobuf
+modules and the node's (actors.proxy.apis) define the same messages, and one process may hold
+only one of them. One JSON line on stdout per message sent or consumed, `{"error": ...}` for a
+failure; the client's own log goes to ~/logs/rocketmq_python.
+
+    produce --topic T --count N [--tag X] [--keys K] [--message-group G] [--delay-ms D] [--async]
+    simple  --topic T --group G --want N [--invisible S] [--mode ack|none|change:S] [--seconds W]
+    push    --topic T --group G --seconds W [--fail-first N] [--fail-all]  (N: the first N tries of each message)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+
+from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message, Producer,
+                      PushConsumer, SimpleConsumer)
+from rocketmq.v5.consumer.push import MessageListener
+
+
+def line(**fields) -> None:
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def received(message) -> dict:
+    return {"id": message.message_id, "body": message.body.decode(), "tag": message.tag, "keys": sorted(message.keys),
+            "properties": dict(message.properties), "attempt": message.delivery_attempt,
+            "group": message.message_group, "topic": message.topic}
+
+
+def produce(args, config) -> None:
+    producer = Producer(config, (args.topic,))
+    producer.startup()
+    try:
+        futures = []
+        for i in range(args.count):
+            message = Message()
+            message.topic, message.body = args.topic, f"{args.prefix}{i}".encode()
+            if args.tag:
+                message.tag = args.tag
+            if args.keys:
+                message.keys = args.keys
+            message.add_property("index", str(i))
+            if args.message_group:
+                message.message_group = args.message_group
+            if args.delay_ms:  # (this client sends the value as the Timestamp's seconds)
+                message.delivery_timestamp = int(time.time() + args.delay_ms / 1000 + 0.999)
+            if args.send_async:
+                futures.append(producer.send_async(message))
+                continue
+            try:
+                receipt = producer.send(message)
+                line(id=receipt.message_id, offset=receipt.offset, index=i)
+            except Exception as e:  # noqa: BLE001 (reported, and the test decides)
+                line(error=f"{type(e).__name__}: {e}", index=i)
+        for i, future in enumerate(futures):
+            try:
+                receipt = future.result(timeout=30)
+                line(id=receipt.message_id, offset=receipt.offset, index=i)
+            except Exception as e:  # noqa: BLE001
+                line(error=f"{type(e).__name__}: {e}", index=i)
+    finally:
+        producer.shutdown()
+
+
+def simple(args, config) -> None:
+    consumer = SimpleConsumer(config, args.group, {args.topic: FilterExpression(args.filter)}, await_duration=2)
+    consumer.startup()
+    got, deadline = 0, time.monotonic() + args.seconds
+    try:
+        while got < args.want and time.monotonic() < deadline:
+            try:
+                messages = consumer.receive(min(32, args.want - got), args.invisible)
+            except Exception as e:  # noqa: BLE001
+                line(error=f"{type(e).__name__}: {e}")
+                time.sleep(0.5)
+                continue
+            for message in messages:
+                got += 1
+                out = received(message)
+                if args.mode == "ack":
+                    consumer.ack(message)
+                elif args.mode.startswith("change:"):
+                    consumer.change_invisible_duration(message, int(args.mode.split(":")[1]))
+                    out["changed"] = True
+                line(**out)
+    finally:
+        consumer.shutdown()
+
+
+class Listener(MessageListener):
+    def __init__(self, fail_first: int, fail_all: bool):
+        self.fail_first, self.fail_all = fail_first, fail_all
+        self.lock = threading.Lock()
+        self.tries: dict[str, int] = {}  # (a FIFO consumer retries in place: the delivery attempt stays)
+
+    def consume(self, message) -> ConsumeResult:
+        with self.lock:
+            tries = self.tries[message.message_id] = self.tries.get(message.message_id, 0) + 1
+            fail = self.fail_all or tries <= self.fail_first
+            line(**received(message), result="FAILURE" if fail else "SUCCESS")
+        return ConsumeResult.FAILURE if fail else ConsumeResult.SUCCESS
+
+
+def push(args, config) -> None:
+    consumer = PushConsumer(config, args.group, Listener(args.fail_first, args.fail_all),
+                            {args.topic: FilterExpression(args.filter)}, consumption_thread_count=4)
+    consumer.startup()
+    try:
+        time.sleep(args.seconds)
+    finally:
+        consumer.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=("produce", "simple", "push"))
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--ak", default="")
+    parser.add_argument("--sk", default="")
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--group", default="")
+    parser.add_argument("--count", type=int, default=1)
+    parser.add_argument("--prefix", default="m")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--keys", default="")
+    parser.add_argument("--message-group", default="")
+    parser.add_argument("--delay-ms", type=int, default=0)
+    parser.add_argument("--async", dest="send_async", action="store_true")
+    parser.add_argument("--filter", default="*")
+    parser.add_argument("--want", type=int, default=1)
+    parser.add_argument("--invisible", type=int, default=30)
+    parser.add_argument("--mode", default="ack")
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--fail-first", type=int, default=0)
+    parser.add_argument("--fail-all", action="store_true")
+    args = parser.parse_args()
+    config = ClientConfiguration(args.endpoint, Credentials(args.ak, args.sk), request_timeout=5)
+    {"produce": produce, "simple": simple, "push": push}[args.command](args, config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""The gRPC proxy (docs/protocol.md "gRPC") on a real node, driven by Apache RocketMQ's official
+Python client (rocketmq-python-client: its Producer, SimpleConsumer and PushConsumer, in
+subprocesses, tests/integration/rocketmq5_client.py) and by plain gRPC calls with the node's own
+stubs for what a client library never sends: malformed and refused requests, streams left open,
+clients that vanish mid-call."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from nodes import NodeProcess, node_settings
+
+from actors.proxy.apis import definition_pb2 as pb
+from actors.proxy.apis import service_pb2 as rpc
+from actors.proxy.apis import service_pb2_grpc
+from node import protocol
+from node.client import Message, Producer, PullConsumer
+
+pytestmark = pytest.mark.slow
+CLIENT = Path(__file__).with_name("rocketmq5_client.py")
+Code = pb.Code
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("grpc")
+    # retries back off along the delay levels from level 3: 1 s here, so retries and DLQs are quick
+    settings = node_settings(directory / "store", runDir=str(directory / "run"), messageDelayLevel="1s 1s 1s 1s 1s 1s")
+    process = NodeProcess(settings, directory / "node.log").start()
+    yield process
+    process.stop(strict=False)
+
+
+def grpc_endpoint(node) -> str:
+    return f"127.0.0.1:{node.settings.grpc_port}"
+
+
+def official(node, command: str, *args: str, timeout: float = 90, **credentials) -> list[dict]:
+    """Run the official client; its JSON lines."""
+    extra = [f"--{k}={v}" for k, v in credentials.items()]
+    done = subprocess.run([sys.executable, str(CLIENT), command, "--endpoint", grpc_endpoint(node), *extra, *args],
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def stub(node):
+    with grpc.insecure_channel(grpc_endpoint(node)) as channel:
+        yield service_pb2_grpc.MessagingServiceStub(channel)
+
+
+META = (("x-mq-client-id", "test-client-1"), ("x-mq-language", "PYTHON"))
+
+
+def admin_group(node, group: str, **fields) -> None:
+    with Producer(node.endpoint) as client:
+        reply, _ = client.request({"code": protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, "groupName": group, **fields})
+        assert reply["status"] == "OK", reply
+
+
+# -- the official client ------------------------------------------------------------------------------
+
+
+def test_the_official_producer_and_simple_consumer_round_trip(node):
+    sent = official(node, "produce", "--topic", "G5Round", "--count", "20", "--tag", "TagA", "--keys", "k1")
+    sent += official(node, "produce", "--topic", "G5Round", "--count", "20", "--async", "--prefix", "a")
+    assert len(sent) == 40 and not [s for s in sent if "error" in s], sent
+    got = official(node, "simple", "--topic", "G5Round", "--group", "G5RoundG", "--want", "40", "--seconds", "30")
+    assert sorted(g["id"] for g in got) == sorted(s["id"] for s in sent)
+    first = next(g for g in got if g["body"] == "m0")
+    assert first["tag"] == "TagA" and first["keys"] == ["k1"] and first["properties"] == {"index": "0"}
+    assert {g["attempt"] for g in got} == {1} and {g["topic"] for g in got} == {"G5Round"}
+    assert official(node, "simple", "--topic", "G5Round", "--group", "G5RoundG", "--want", "1", "--seconds", "3") == []
+
+
+def test_unacked_messages_come_back_after_their_invisible_duration_with_the_next_attempt(node):
+    official(node, "produce", "--topic", "G5Back", "--count", "5")
+    began = time.monotonic()
+    first = official(node, "simple", "--topic", "G5Back", "--group", "G5BackG", "--want", "5", "--invisible", "2",
+                     "--mode", "none")
+    assert len(first) == 5 and {m["attempt"] for m in first} == {1}
+    again = official(node, "simple", "--topic", "G5Back", "--group", "G5BackG", "--want", "5", "--seconds", "20")
+    assert sorted(m["body"] for m in again) == sorted(m["body"] for m in first)
+    assert {m["attempt"] for m in again} == {2} and time.monotonic() - began >= 2
+
+
+def test_change_invisible_duration_holds_a_message_longer(node):
+    official(node, "produce", "--topic", "G5Change", "--count", "3")
+    changed = official(node, "simple", "--topic", "G5Change", "--group", "G5ChangeG", "--want", "3", "--invisible", "2",
+                       "--mode", "change:30")
+    assert len(changed) == 3 and all(m["changed"] for m in changed)
+    time.sleep(3)  # past the first 2 s: still invisible for the 30 s the change gave
+    assert official(node, "simple", "--topic", "G5Change", "--group", "G5ChangeG", "--want", "1", "--seconds", "3") == []
+
+
+def test_fifo_messages_of_a_group_keep_one_queue_and_a_fifo_group_consumes_them_in_order(node):
+    admin_group(node, "G5FifoG", consumeMessageOrderly=True, retryMaxTimes=3)
+    for group in ("g1", "g2"):
+        sent = official(node, "produce", "--topic", "G5Fifo", "--count", "10", "--message-group", group, "--prefix", group)
+        assert [s["offset"] for s in sent] == list(range(10)), sent  # one queue, in order
+    got = official(node, "push", "--topic", "G5Fifo", "--group", "G5FifoG", "--seconds", "15", "--fail-first", "1")
+    for group in ("g1", "g2"):
+        mine = [m for m in got if m["group"] == group]
+        done = [m["body"] for m in mine if m["result"] == "SUCCESS"]
+        assert done == [f"{group}{i}" for i in range(10)], mine
+        # in order: each message failed once and came back before the next one was handed out
+        assert [m["body"] for m in mine] == [f"{group}{i}" for i in range(10) for _ in (1, 2)]
+
+
+def test_a_delivery_timestamp_holds_the_message_until_it_is_due(node):
+    sent_at = time.time()
+    official(node, "produce", "--topic", "G5Delay", "--count", "1", "--delay-ms", "3000", "--prefix", "later")
+    got = official(node, "simple", "--topic", "G5Delay", "--group", "G5DelayG", "--want", "1", "--seconds", "20")
+    assert [m["body"] for m in got] == ["later0"] and time.time() - sent_at >= 2.0
+
+
+def test_the_push_consumer_retries_and_the_node_dead_letters_past_retry_max_times(node):
+    admin_group(node, "G5PushG", retryMaxTimes=1)
+    official(node, "produce", "--topic", "G5Push", "--count", "3", "--prefix", "p")
+    got = official(node, "push", "--topic", "G5Push", "--group", "G5PushG", "--seconds", "10", "--fail-all")
+    assert sorted((m["body"], m["attempt"]) for m in got) == [(f"p{i}", a) for i in range(3) for a in (1, 2)]
+    with PullConsumer(node.endpoint) as consumer:
+        deadline, dead = time.monotonic() + 10, []
+        while len(dead) < 3 and time.monotonic() < deadline:
+            dead = consumer.pull("%DLQ%G5PushG", 0, 0, max_count=10).messages
+            time.sleep(0.2)
+    assert sorted(m.body for m in dead) == [b"p0", b"p1", b"p2"]
+
+
+def test_sent_over_grpc_reads_the_same_over_zeromq_and_the_other_way(node, stub):
+    sent = official(node, "produce", "--topic", "G5Cross", "--count", "1", "--tag", "T1", "--keys", "key1")
+    with PullConsumer(node.endpoint) as consumer:
+        message = next(m for q in range(8) for m in consumer.pull("G5Cross", q, 0).messages)
+    assert (message.msg_id, message.tags, message.keys, message.body) == (sent[0]["id"], "T1", ["key1"], b"m0")
+    assert message.properties["index"] == "0"
+    with Producer(node.endpoint) as producer:
+        result = producer.send("G5Cross2", b"from zmq", tags="T2", keys=["a", "b"], properties={"p": "v"})
+    got = official(node, "simple", "--topic", "G5Cross2", "--group", "G5CrossG", "--want", "1", "--seconds", "20")
+    assert got[0]["id"] == result.msg_id and got[0]["body"] == "from zmq" and got[0]["tag"] == "T2"
+    assert got[0]["keys"] == ["a", "b"] and got[0]["properties"] == {"p": "v"}
+
+
+# -- plain gRPC: what a client library never sends ---------------------------------------------------
+
+
+def message(topic: str, body: bytes = b"x", **system) -> pb.Message:
+    out = pb.Message(topic=pb.Resource(name=topic), body=body)
+    out.system_properties.message_id = system.pop("message_id", "0102FC00000001000000000000000001")
+    out.system_properties.message_type = system.pop("message_type", pb.NORMAL)
+    for name, value in system.items():
+        setattr(out.system_properties, name, value)
+    return out
+
+
+@pytest.mark.parametrize("bad, code", [
+    (message("bad topic!"), Code.ILLEGAL_TOPIC),
+    (message("TBW102"), Code.ILLEGAL_TOPIC),  # a system topic
+    (message("G5Bad", b""), Code.MESSAGE_BODY_EMPTY),
+    (message("G5Bad", b"x" * (4 * 1024 * 1024 + 1)), Code.MESSAGE_BODY_TOO_LARGE),
+    (message("G5Bad", tag="a|b"), Code.ILLEGAL_MESSAGE_TAG),
+    (message("G5Bad", message_id=""), Code.ILLEGAL_MESSAGE_ID),
+    (message("G5Bad", message_type=pb.TRANSACTION), Code.UNSUPPORTED),
+    (message("G5Bad", message_type=pb.FIFO), Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    (message("G5Bad", message_type=pb.FIFO, message_group="g" * 65), Code.ILLEGAL_MESSAGE_GROUP),
+])
+def test_a_message_the_proxy_refuses_gets_the_protocol_status_and_stores_nothing(node, stub, bad, code):
+    response = stub.SendMessage(rpc.SendMessageRequest(messages=[bad]), metadata=META, timeout=10)
+    assert response.status.code == code and response.entries[0].status.code == code, response.status
+    assert response.status.message
+
+
+def test_a_reserved_property_and_a_far_delivery_time_are_refused(node, stub):
+    reserved = message("G5Bad")
+    reserved.user_properties["UNIQ_KEY"] = "mine"
+    far = message("G5Bad", message_type=pb.DELAY)
+    far.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000) + 10 * 86_400_000)
+    codes = [stub.SendMessage(rpc.SendMessageRequest(messages=[m]), metadata=META, timeout=10).status.code
+             for m in (reserved, far)]
+    assert codes == [Code.ILLEGAL_MESSAGE_PROPERTY_KEY, Code.ILLEGAL_DELIVERY_TIME]
+
+
+def test_one_bad_message_of_a_batch_fails_alone(node, stub):
+    good, bad = message("G5Mixed", b"fine"), message("G5Mixed", b"")
+    response = stub.SendMessage(rpc.SendMessageRequest(messages=[good, bad]), metadata=META, timeout=10)
+    assert response.status.code == Code.MULTIPLE_RESULTS
+    assert [e.status.code for e in response.entries] == [Code.OK, Code.MESSAGE_BODY_EMPTY]
+
+
+def test_what_this_node_does_not_serve_answers_not_implemented_and_the_rest_goes_on(node, stub):
+    end = stub.EndTransaction(rpc.EndTransactionRequest(topic=pb.Resource(name="G5Tx"), message_id="x",
+                                                        transaction_id="y", resolution=pb.COMMIT), metadata=META)
+    assert end.status.code == Code.NOT_IMPLEMENTED
+    pulled = list(stub.PullMessage(rpc.PullMessageRequest(group=pb.Resource(name="G"), message_queue=pb.MessageQueue(
+        topic=pb.Resource(name="G5Tx"))), metadata=META, timeout=10))
+    assert [r.status.code for r in pulled] == [Code.NOT_IMPLEMENTED]
+    route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="G5Tx")), metadata=META, timeout=10)
+    assert route.status.code == Code.OK and len(route.message_queues) == 8
+    assert {q.permission for q in route.message_queues} == {pb.READ_WRITE}
+    assert set(route.message_queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY}
+
+
+def test_stale_and_forged_receipt_handles_are_refused_and_ack_nothing_else(node, stub):
+    with Producer(node.endpoint) as producer:
+        producer.send("G5Handles", b"h")
+    group, topic = pb.Resource(name="G5HandlesG"), pb.Resource(name="G5Handles")
+    received = list(stub.ReceiveMessage(rpc.ReceiveMessageRequest(
+        group=group, message_queue=pb.MessageQueue(topic=topic, id=-1), batch_size=4,
+        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*")), metadata=META, timeout=10))
+    handle = next(r.message.system_properties.receipt_handle for r in received if r.HasField("message"))
+    for forged in ("nonsense", "99 G5Handles 0 0", handle.replace(" 0 ", " 1 "), "\x00"):
+        ack = stub.AckMessage(rpc.AckMessageRequest(group=group, topic=topic, entries=[
+            rpc.AckMessageEntry(message_id="x", receipt_handle=forged)]), metadata=META, timeout=10)
+        assert ack.status.code == Code.INVALID_RECEIPT_HANDLE, (forged, ack)
+    ok = stub.AckMessage(rpc.AckMessageRequest(group=group, topic=topic, entries=[
+        rpc.AckMessageEntry(message_id="x", receipt_handle=handle)]), metadata=META, timeout=10)
+    again = stub.AckMessage(rpc.AckMessageRequest(group=group, topic=topic, entries=[
+        rpc.AckMessageEntry(message_id="x", receipt_handle=handle)]), metadata=META, timeout=10)
+    assert ok.status.code == Code.OK and again.status.code == Code.INVALID_RECEIPT_HANDLE
+
+
+def test_malformed_protobufs_get_an_error_and_the_proxy_serves_on(node, stub):
+    with grpc.insecure_channel(grpc_endpoint(node)) as channel:
+        for method in ("SendMessage", "QueryRoute", "AckMessage", "ChangeInvisibleDuration", "Heartbeat"):
+            raw = channel.unary_unary(f"/apache.rocketmq.v2.MessagingService/{method}")
+            for garbage in (b"\xff\xff\xff\xff", b"\x0a\xff\x01", bytes(range(256))):
+                try:
+                    raw(garbage, timeout=5)
+                except grpc.RpcError as e:
+                    assert e.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT,
+                                        grpc.StatusCode.UNKNOWN), e
+    route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="G5Alive")), metadata=META, timeout=10)
+    assert route.status.code == Code.OK
+
+
+def test_a_thousand_open_streams_and_a_client_gone_mid_receive_leave_the_proxy_serving(node, stub):
+    import asyncio
+
+    async def crowd():
+        async with grpc.aio.insecure_channel(grpc_endpoint(node)) as channel:
+            aio_stub = service_pb2_grpc.MessagingServiceStub(channel)
+            calls = [aio_stub.Telemetry(metadata=(("x-mq-client-id", f"crowd-{i}"),)) for i in range(1000)]
+            settings = rpc.TelemetryCommand(settings=pb.Settings(client_type=pb.PRODUCER,
+                                                                 publishing=pb.Publishing()))
+            await asyncio.gather(*(call.write(settings) for call in calls))
+            answers = await asyncio.gather(*(call.read() for call in calls))
+            assert {a.status.code for a in answers} == {Code.OK}
+            assert {a.settings.publishing.max_body_size for a in answers} == {4 * 1024 * 1024}
+            held = aio_stub.ReceiveMessage(rpc.ReceiveMessageRequest(
+                group=pb.Resource(name="G5GoneG"), message_queue=pb.MessageQueue(topic=pb.Resource(name="G5Gone"), id=-1),
+                batch_size=4, long_polling_timeout={"seconds": 20}), metadata=META, timeout=30)
+            await asyncio.sleep(0.5)
+            held.cancel()  # the client vanishes while its receive is held
+            for call in calls:
+                call.cancel()
+
+    with Producer(node.endpoint) as producer:
+        producer.send("G5Gone", b"first")
+    asyncio.run(crowd())
+    route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="G5Gone")), metadata=META, timeout=10)
+    assert route.status.code == Code.OK
+    deadline = time.monotonic() + 5
+    with Producer(node.endpoint) as client:
+        while True:  # (statistics come to the front once a second)
+            info, _ = client.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+            stats = info["actors"]["proxy"]
+            if stats["clients"] >= 1000 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert stats["errors"] == 0 and stats["clients"] >= 1000, stats
+
+
+def test_an_unknown_group_or_bad_times_in_a_receive_get_their_statuses(node, stub):
+    topic = pb.Resource(name="G5Times")
+    cases = [(rpc.ReceiveMessageRequest(group=pb.Resource(name="bad group"), batch_size=1,
+                                        message_queue=pb.MessageQueue(topic=topic)), Code.ILLEGAL_CONSUMER_GROUP),
+             (rpc.ReceiveMessageRequest(group=pb.Resource(name="G"), batch_size=0,
+                                        message_queue=pb.MessageQueue(topic=topic)), Code.BAD_REQUEST),
+             (rpc.ReceiveMessageRequest(group=pb.Resource(name="G"), batch_size=1, invisible_duration={"nanos": 5},
+                                        message_queue=pb.MessageQueue(topic=topic)), Code.ILLEGAL_INVISIBLE_TIME),
+             (rpc.ReceiveMessageRequest(group=pb.Resource(name="G"), batch_size=1,
+                                        long_polling_timeout={"seconds": 3600},
+                                        message_queue=pb.MessageQueue(topic=topic)), Code.ILLEGAL_POLLING_TIME),
+             (rpc.ReceiveMessageRequest(group=pb.Resource(name="G"), batch_size=1,
+                                        filter_expression=pb.FilterExpression(type=pb.SQL, expression="a > 1"),
+                                        message_queue=pb.MessageQueue(topic=topic)), Code.UNSUPPORTED),
+             (rpc.ReceiveMessageRequest(group=pb.Resource(name="G"), batch_size=1,
+                                        message_queue=pb.MessageQueue(topic=pb.Resource(name="G5NoSuchTopic"))),
+              Code.TOPIC_NOT_FOUND)]
+    for request, code in cases:
+        answers = list(stub.ReceiveMessage(request, metadata=META, timeout=10))
+        assert [a.status.code for a in answers] == [code], (request, answers)

@@ -27,7 +27,7 @@ from actors.acl import ACL_CONFIG, Account, Acl, AclError, AclFile
 from shm.settings import SettingsError
 
 IDENTITY_FILE = "identity.json"
-PATH_SETTINGS = ("aclFile", "curveSecretKeyFile", "curveClientKeysDir")
+PATH_SETTINGS = ("aclFile", "curveSecretKeyFile", "curveClientKeysDir", "grpcTlsCertFile", "grpcTlsKeyFile")
 log = logging.getLogger("mqnode")
 
 
@@ -90,6 +90,23 @@ def check_settings(settings) -> None:
         allowed_keys(settings)
     if settings.haMasterPublicKeyFile:
         ha_link_keys(settings)
+    if settings.grpc_port and settings.grpcTlsCertFile:
+        grpc_tls_pair(settings)
+
+
+def grpc_tls_pair(settings) -> tuple[bytes, bytes]:
+    """(private key, certificate chain) of the gRPC proxy's TLS, PEM: SecurityError naming what is wrong."""
+    pair = []
+    for name in ("grpcTlsKeyFile", "grpcTlsCertFile"):
+        path = resolve(getattr(settings, name))
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise SecurityError(f"{name}: cannot read {path}: {e.strerror}") from None
+        if b"-----BEGIN " not in data:
+            raise SecurityError(f"{name}: {path} is not PEM")
+        pair.append(data)
+    return pair[0], pair[1]
 
 
 def acl_path(settings):

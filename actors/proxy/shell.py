@@ -70,13 +70,13 @@ class Proxy(Actor):
         self.verifier = auth.Verifier(s) if s.aclEnable else None
         server = aio.server(options=[("grpc.max_receive_message_length", s.maxMessageSize * 2 + (1 << 20)),
                                      ("grpc.max_send_message_length", 64 << 20),
-                                     ("grpc.max_concurrent_streams", 1000)],
+                                     ("grpc.max_concurrent_streams", 1000),
+                                     ("grpc.so_reuseport", 0)],  # (on by default: a second node would share the port)
                             maximum_concurrent_rpcs=MAX_STREAMS)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(Service(self), server)
         address = f"{s.grpc_host}:{s.grpc_port}" if ":" not in s.grpc_host else f"[{s.grpc_host}]:{s.grpc_port}"
         if s.grpcTlsCertFile:
-            pair = (open(s.grpcTlsKeyFile, "rb").read(), open(s.grpcTlsCertFile, "rb").read())
-            self.port = server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
+            self.port = server.add_secure_port(address, grpc.ssl_server_credentials([guard.grpc_tls_pair(s)]))
         else:
             self.port = server.add_insecure_port(address)
         await server.start()

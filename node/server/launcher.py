@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import stat
 import sys
 import tempfile
@@ -98,6 +99,21 @@ def _beat(settings, label: str) -> None:
         control.close()
 
 
+def _check_grpc_port(settings) -> None:
+    """The gRPC proxy's port must be free: its process would die at every restart otherwise, and
+    the node would never be ready (said now, plainly, instead)."""
+    if not settings.grpc_port:
+        return
+    family = socket.AF_INET6 if ":" in settings.grpc_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as grpc: a restart's TIME_WAIT is no conflict)
+        try:
+            probe.bind((settings.grpc_host, settings.grpc_port))
+        except OSError as e:
+            raise settings_module.SettingsError(f"grpcServerPort: {settings.grpc_host}:{settings.grpc_port} cannot be bound "
+                               f"({e.strerror}): set another grpcServerPort, or 0 to turn the gRPC proxy off") from None
+
+
 class ActorHost:
     """A plain actor inside a Ray actor process (see the module docstring)."""
 
@@ -166,6 +182,7 @@ class Node:
 
         s = self.settings = guard.absolute(self.settings)
         guard.check_settings(s)  # SecurityError: a key or ACL file that cannot be used
+        _check_grpc_port(s)
         s.root.mkdir(parents=True, exist_ok=True)
         self.lock = StoreLock(s.root)
         self.lock.acquire()
@@ -177,7 +194,8 @@ class Node:
             raise
         self.out(f"mqnode ready endpoint={s.listen} store={s.root} pid={os.getpid()} "
                  f"recovery={self.recovery_report.mode} offset={recovered} role={s.brokerRole} "
-                 f"ha={s.haListenAddress}:{s.ha_port}", flush=True)
+                 f"ha={s.haListenAddress}:{s.ha_port}" + (f" grpc={s.grpc_host}:{s.grpc_port}" if s.grpc_port else ""),
+                 flush=True)
 
     def _recover(self) -> tuple[dict[str, int], int]:
         s = self.settings

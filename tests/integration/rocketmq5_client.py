@@ -2,7 +2,8 @@
 run as its own process by tests/integration/test_grpc.py: the client's generated protobuf
 modules and the node's (actors.proxy.apis) define the same messages, and one process may hold
 only one of them. One JSON line on stdout per message sent or consumed, `{"error": ...}` for a
-failure; the client's own log goes to ~/logs/rocketmq_python.
+failure; the client's own log goes to ~/logs/rocketmq_python. `--tls` trusts the certificates of
+GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (the client takes no roots of its own).
 
     produce --topic T --count N [--tag X] [--keys K] [--message-group G] [--delay-ms D] [--async]
     simple  --topic T --group G --want N [--invisible S] [--mode ack|none|change:S] [--seconds W]
@@ -34,7 +35,7 @@ def received(message) -> dict:
 
 
 def produce(args, config) -> None:
-    producer = Producer(config, (args.topic,))
+    producer = Producer(config, (args.topic,), tls_enable=args.tls)
     producer.startup()
     try:
         futures = []
@@ -69,7 +70,8 @@ def produce(args, config) -> None:
 
 
 def simple(args, config) -> None:
-    consumer = SimpleConsumer(config, args.group, {args.topic: FilterExpression(args.filter)}, await_duration=2)
+    consumer = SimpleConsumer(config, args.group, {args.topic: FilterExpression(args.filter)}, await_duration=2,
+                              tls_enable=args.tls)
     consumer.startup()
     got, deadline = 0, time.monotonic() + args.seconds
     try:
@@ -109,7 +111,7 @@ class Listener(MessageListener):
 
 def push(args, config) -> None:
     consumer = PushConsumer(config, args.group, Listener(args.fail_first, args.fail_all),
-                            {args.topic: FilterExpression(args.filter)}, consumption_thread_count=4)
+                            {args.topic: FilterExpression(args.filter)}, consumption_thread_count=4, tls_enable=args.tls)
     consumer.startup()
     try:
         time.sleep(args.seconds)
@@ -139,6 +141,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--fail-first", type=int, default=0)
     parser.add_argument("--fail-all", action="store_true")
+    parser.add_argument("--tls", action="store_true", help="TLS (trusting GRPC_DEFAULT_SSL_ROOTS_FILE_PATH's roots)")
     args = parser.parse_args()
     config = ClientConfiguration(args.endpoint, Credentials(args.ak, args.sk), request_timeout=5)
     {"produce": produce, "simple": simple, "push": push}[args.command](args, config)

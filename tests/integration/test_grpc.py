@@ -7,6 +7,7 @@ clients that vanish mid-call."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -42,10 +43,14 @@ def grpc_endpoint(node) -> str:
 
 
 def official(node, command: str, *args: str, timeout: float = 90, **credentials) -> list[dict]:
-    """Run the official client; its JSON lines."""
+    """Run the official client (over TLS to a node with a certificate); its JSON lines."""
     extra = [f"--{k}={v}" for k, v in credentials.items()]
+    env = dict(os.environ)
+    if node.settings.grpcTlsCertFile:
+        extra.append("--tls")
+        env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = node.settings.grpcTlsCertFile
     done = subprocess.run([sys.executable, str(CLIENT), command, "--endpoint", grpc_endpoint(node), *extra, *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -296,3 +301,79 @@ def test_an_unknown_group_or_bad_times_in_a_receive_get_their_statuses(node, stu
     for request, code in cases:
         answers = list(stub.ReceiveMessage(request, metadata=META, timeout=10))
         assert [a.status.code for a in answers] == [code], (request, answers)
+
+
+# -- the ACL -----------------------------------------------------------------------------------------
+
+ALICE = ("aliceKey", "alice-secret")  # may send to Orders, and read it as group billing
+ACL_YAML = f"""
+accounts:
+  - accessKey: {ALICE[0]}
+    secretKey: {ALICE[1]}
+    defaultTopicPerm: DENY
+    defaultGroupPerm: DENY
+    topicPerms: [Orders=PUB|SUB, Audit=SUB]
+    groupPerms: [billing=SUB]
+"""
+
+
+@pytest.fixture(scope="module")
+def acl_node(tmp_path_factory):
+    """A node with the ACL on and TLS on its gRPC port (a self-signed certificate for 127.0.0.1)."""
+    directory = tmp_path_factory.mktemp("grpc-acl")
+    (directory / "plain_acl.yml").write_text(ACL_YAML)
+    cert, key = directory / "grpc.crt", directory / "grpc.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    settings = node_settings(directory / "store", runDir=str(directory / "run"), aclEnable=True,
+                             aclFile=str(directory / "plain_acl.yml"), grpcTlsCertFile=str(cert),
+                             grpcTlsKeyFile=str(key))
+    process = NodeProcess(settings, directory / "node.log").start()
+    yield process
+    process.stop(strict=False)
+
+
+def test_with_the_acl_a_signed_client_does_what_its_account_may_and_nothing_else(acl_node):
+    alice = {"ak": ALICE[0], "sk": ALICE[1]}
+    sent = official(acl_node, "produce", "--topic", "Orders", "--count", "3", **alice)
+    assert len(sent) == 3 and not [s for s in sent if "error" in s], sent
+    got = official(acl_node, "simple", "--topic", "Orders", "--group", "billing", "--want", "3", **alice)
+    assert sorted(m["body"] for m in got) == ["m0", "m1", "m2"]
+    assert official(acl_node, "simple", "--topic", "Orders", "--group", "billing", "--want", "1", "--seconds", "3",
+                    **alice) == []  # (acked: the acks went through the ACL too)
+    refused = official(acl_node, "produce", "--topic", "Audit", "--count", "1", **alice)
+    assert "Forbidden" in refused[0]["error"] or "FORBIDDEN" in refused[0]["error"], refused
+    for wrong in ({"ak": ALICE[0], "sk": "guessed"}, {"ak": "nobody", "sk": "x"}, {}):
+        denied = official(acl_node, "produce", "--topic", "Orders", "--count", "1", **wrong)
+        assert "error" in denied[0], (wrong, denied)
+
+
+def test_with_the_acl_unsigned_and_badly_signed_calls_are_unauthorized_and_plaintext_gets_nowhere(acl_node):
+    from actors.proxy import auth
+
+    topic = rpc.QueryRouteRequest(topic=pb.Resource(name="Orders"))
+    signed = auth.signature(ALICE[1], "20261127T120000Z")
+    with grpc.insecure_channel(grpc_endpoint(acl_node)) as plain:
+        with pytest.raises(grpc.RpcError) as refused:
+            service_pb2_grpc.MessagingServiceStub(plain).QueryRoute(topic, timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    roots = grpc.ssl_channel_credentials(Path(acl_node.settings.grpcTlsCertFile).read_bytes())
+    with grpc.secure_channel(grpc_endpoint(acl_node), roots) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        for metadata in ((), (("authorization", "MQv2-HMAC-SHA1 Credential=aliceKey"),),
+                         (("authorization", f"MQv2-HMAC-SHA1 Credential=aliceKey, SignedHeaders=x-mq-date-time, "
+                                            f"Signature={signed}"), ("x-mq-date-time", "20261127T120001Z"))):
+            assert stub.QueryRoute(topic, metadata=metadata, timeout=10).status.code == Code.UNAUTHORIZED, metadata
+        good = (("authorization", f"MQv2-HMAC-SHA1 Credential=aliceKey, SignedHeaders=x-mq-date-time, "
+                                  f"Signature={signed}"), ("x-mq-date-time", "20261127T120000Z"))
+        assert stub.QueryRoute(topic, metadata=good, timeout=10).status.code == Code.OK
+
+
+def test_a_node_whose_grpc_port_is_taken_says_so_and_does_not_start(node, tmp_path):
+    from nodes import ROOT, free_port
+
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "start", "--store", str(tmp_path / "store"),
+                           "--listen", f"tcp://127.0.0.1:{free_port()}", "--grpcServerPort", str(node.settings.grpc_port)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "grpcServerPort" in done.stderr and "in use" in done.stderr, done.stderr

@@ -17,8 +17,8 @@ Choices that differ from Apache RocketMQ's proxy are documented in docs/protocol
 
 from __future__ import annotations
 
+import functools
 import time
-import zlib
 from dataclasses import dataclass, field
 
 from actors import edge
@@ -33,6 +33,7 @@ from shm.codec import (
     PROPERTY_TIMER_DELAY_MS,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
+    crc32,
 )
 
 Code = pb.Code
@@ -100,8 +101,16 @@ def status(code: int, message: str = "") -> pb.Status:
     return pb.Status(code=code, message=message or Code.Name(code))
 
 
+OK = pb.OK  # (Code.OK looks the name up on every use: a send builds a status a message)
+OK_STATUS = status(OK)
+_PLAIN = {name: status(code, name) for name, code in NODE_STATUS.items() if code != Code.BAD_REQUEST}
+
+
 def status_of(node_status: str | None, remark: str = "") -> pb.Status:
-    """The client's status for the node's answer."""
+    """The client's status for the node's answer (a shared message when there is no remark:
+    protobuf copies it wherever it is set)."""
+    if not remark and node_status in _PLAIN:
+        return _PLAIN[node_status]
     code = NODE_STATUS.get(node_status or "SYSTEM_ERROR", Code.INTERNAL_SERVER_ERROR)
     if code == Code.BAD_REQUEST:
         code = _illegal_code(remark)
@@ -131,8 +140,13 @@ def duration_ms(duration) -> int:
 # -- names -----------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
+def _topic_problem(name: str, to_send: bool) -> str | None:
+    return topic_error(name) if to_send else edge.read_topic_problem(name)
+
+
 def topic_name(resource: pb.Resource, *, to_send: bool = False) -> str:
-    problem = topic_error(resource.name) if to_send else edge.read_topic_problem(resource.name)
+    problem = _topic_problem(resource.name, to_send)
     if problem:
         raise Refused(Code.ILLEGAL_TOPIC, problem)
     return resource.name
@@ -159,41 +173,46 @@ class Outgoing:
 
 def outgoing(message: pb.Message, max_body: int, max_delay_ms: int, now_ms: int) -> Outgoing:
     """What the node is to store for `message`; raises Refused with the protocol's code for what
-    RocketMQ 5's proxy refuses (SendMessageActivity's checks)."""
+    RocketMQ 5's proxy refuses (SendMessageActivity's checks). Each field is read once: upb
+    makes a new object at every read of a string or bytes field."""
     topic = topic_name(message.topic, to_send=True)
-    system = message.system_properties
-    if not message.body:
+    system, body = message.system_properties, message.body
+    if not body:
         raise Refused(Code.MESSAGE_BODY_EMPTY, "the message body is empty")
-    if len(message.body) > max_body:
-        raise Refused(Code.MESSAGE_BODY_TOO_LARGE, f"the body of {len(message.body)} bytes exceeds {max_body} (maxMessageSize)")
-    if not system.message_id or not system.message_id.isprintable() or len(system.message_id) > 128:
+    if len(body) > max_body:
+        raise Refused(Code.MESSAGE_BODY_TOO_LARGE, f"the body of {len(body)} bytes exceeds {max_body} (maxMessageSize)")
+    message_id = system.message_id
+    if not message_id or len(message_id) > 128 or not message_id.isprintable():
         raise Refused(Code.ILLEGAL_MESSAGE_ID, "a message needs a printable message_id of at most 128 characters")
     if system.body_encoding == pb.GZIP:
         raise Refused(Code.UNSUPPORTED, "gzip-encoded bodies are not supported: send IDENTITY")
     tag = system.tag if system.HasField("tag") else None
     if tag is not None and (not tag.strip() or "|" in tag or not tag.isprintable()):
         raise Refused(Code.ILLEGAL_MESSAGE_TAG, f"tag {tag!r} is blank, has '|' or is not printable")
-    for key in system.keys:
+    keys = list(system.keys)
+    for key in keys:
         if not key.strip() or not key.isprintable():
             raise Refused(Code.ILLEGAL_MESSAGE_KEY, f"key {key!r} is blank or not printable")
-    properties = _user_properties(message.user_properties)
-    properties[PROPERTY_UNIQ_KEY] = system.message_id
+    given = message.user_properties
+    properties = _user_properties(given) if given else {}
+    properties[PROPERTY_UNIQ_KEY] = message_id
     group, deliver_at = _typed(system, max_delay_ms, now_ms)
     if group is not None:
         properties[PROPERTY_SHARDING_KEY] = group
-    problem = edge.properties_problem(properties)
-    if problem:
-        raise Refused(Code.MESSAGE_PROPERTIES_TOO_LARGE if "exceeds" in problem else Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
-                      problem)
-    keys = " ".join(system.keys) if system.keys else None
-    node_message = Message(topic, message.body, tag, keys, properties, deliver_at_ms=deliver_at)
-    return Outgoing(node_message, group, system.message_id)
+    if len(properties) > 1 or keys or group is not None:  # (a plain message's cannot come near the limit)
+        size = sum(len(k) + len(v) + 2 for k, v in properties.items()) + len(tag or "") + sum(map(len, keys)) + 16
+        if size > edge.MAX_PROPERTIES_CHARS:
+            raise Refused(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"the properties come to about {size} characters; "
+                                                            f"at most {edge.MAX_PROPERTIES_CHARS} are allowed")
+    node_message = Message(topic, body, tag, " ".join(keys) if keys else None, properties, deliver_at_ms=deliver_at)
+    return Outgoing(node_message, group, message_id)
 
 
 def _user_properties(given) -> dict[str, str]:
     out = {}
     for key, value in given.items():
-        if not key or key in SYSTEM_PROPERTIES or not key.isprintable() or not value.isprintable():
+        if (not key or key in SYSTEM_PROPERTIES or not key.isprintable() or not value.isprintable()
+                or "\x01" in key or "\x02" in key or "\x02" in value):
             raise Refused(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
                           f"property {key!r} is empty, reserved or holds characters a property may not")
         out[key] = value
@@ -204,6 +223,8 @@ def _typed(system: pb.SystemProperties, max_delay_ms: int, now_ms: int) -> tuple
     """The message group and delivery time its type calls for; Refused where type and fields
     disagree (MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, as RocketMQ 5's proxy)."""
     kind = system.message_type
+    if kind == pb.NORMAL and not system.HasField("message_group") and not system.HasField("delivery_timestamp"):
+        return None, None  # (most messages)
     group = system.message_group if system.HasField("message_group") else None
     deliver_at = millis(system.delivery_timestamp) if system.HasField("delivery_timestamp") else None
     if kind == pb.TRANSACTION:
@@ -221,6 +242,37 @@ def _typed(system: pb.SystemProperties, max_delay_ms: int, now_ms: int) -> tuple
         raise Refused(Code.ILLEGAL_DELIVERY_TIME, f"delivery is {deliver_at - now_ms} ms away, beyond the "
                                                   f"longest timer ({max_delay_ms} ms, timerMaxDelaySec)")
     return group, deliver_at
+
+
+BATCH_MESSAGES, BATCH_BYTES = 256, 4 << 20  # a SEND_BATCH_MESSAGE's share of a SendMessageRequest
+
+
+def batches(plans: list, queue_of) -> tuple[list[tuple[str, int, list[int]]], list[int]]:
+    """How a request's messages go to the node: (topic, queue, indices of `plans`) for each
+    SEND_BATCH_MESSAGE, the cheapest send (one topic, one queue, no timer, at most BATCH_MESSAGES
+    and about BATCH_BYTES), and the indices of the timed ones, sent one by one (a batch carries no
+    timer). `queue_of(plan)` is a message's queue; Refused plans are left out."""
+    grouped: dict[tuple[str, int], list[int]] = {}
+    single = []
+    for index, plan in enumerate(plans):
+        if isinstance(plan, Refused):
+            continue
+        if plan.message.deliver_at_ms is not None:
+            single.append(index)
+            continue
+        grouped.setdefault((plan.message.topic, queue_of(plan)), []).append(index)
+    out = []
+    for (topic, queue), indices in grouped.items():
+        chunk, size = [], 0
+        for index in indices:
+            body = len(plans[index].message.body)
+            if chunk and (len(chunk) == BATCH_MESSAGES or size + body > BATCH_BYTES):
+                out.append((topic, queue, chunk))
+                chunk, size = [], 0
+            chunk.append(index)
+            size += body
+        out.append((topic, queue, chunk))
+    return out, single
 
 
 def send_response(entries: list[rpc.SendResultEntry]) -> rpc.SendMessageResponse:
@@ -280,28 +332,42 @@ def tag_expression(expression: pb.FilterExpression) -> str:
     return text
 
 
-def message_of(popped, invisible_ms: int) -> pb.Message:
-    """A popped message (node.client.received.PoppedMessage) as RocketMQ 5 clients receive it."""
+def message_of(popped, invisible_ms: int) -> rpc.ReceiveMessageResponse:
+    """A popped message (node.client.received.PoppedMessage) as RocketMQ 5 clients receive it,
+    in its stream's response. Filled in place: a message given to a constructor is copied."""
+    response = rpc.ReceiveMessageResponse()
+    out = response.message
     properties = popped.properties
-    system = pb.SystemProperties(
-        message_id=popped.msg_id, born_host=popped.born_host, store_host=popped.store_host,
-        queue_id=popped.queue_id, queue_offset=popped.queue_offset, receipt_handle=popped.receipt_handle,
-        delivery_attempt=popped.reconsume_times + 1, body_encoding=pb.IDENTITY,
-        body_digest=pb.Digest(type=pb.CRC32, checksum=format(zlib.crc32(popped.body) & 0xFFFFFFFF, "08X")),
-        message_type=_type_of(properties))
-    system.born_timestamp.FromMilliseconds(popped.born_timestamp)
-    system.store_timestamp.FromMilliseconds(popped.store_timestamp)
-    system.invisible_duration.FromMilliseconds(invisible_ms)
-    if popped.tags:
-        system.tag = popped.tags
-    system.keys.extend(popped.keys)
+    out.topic.name = popped.topic
+    out.body = body = popped.body
+    system = out.system_properties
+    system.message_id = popped.msg_id
+    system.born_host, system.store_host = popped.born_host, popped.store_host
+    system.queue_id, system.queue_offset = popped.queue_id, popped.queue_offset
+    system.receipt_handle = popped.receipt_handle
+    system.delivery_attempt = popped.reconsume_times + 1
+    system.body_encoding = pb.IDENTITY
+    system.body_digest.type = pb.CRC32
+    system.body_digest.checksum = format(crc32(body) & 0xFFFFFFFF, "08X")
+    system.message_type = _type_of(properties)
+    # (FromMilliseconds is Python; two C assignments each are what it comes to)
+    born, stored = popped.born_timestamp, popped.store_timestamp
+    system.born_timestamp.seconds, system.born_timestamp.nanos = born // 1000, born % 1000 * 1_000_000
+    system.store_timestamp.seconds, system.store_timestamp.nanos = stored // 1000, stored % 1000 * 1_000_000
+    system.invisible_duration.seconds, system.invisible_duration.nanos = invisible_ms // 1000, invisible_ms % 1000 * 1_000_000
+    tag = properties.get(PROPERTY_TAGS)
+    if tag:
+        system.tag = tag
+    if PROPERTY_KEYS in properties:
+        system.keys.extend(popped.keys)
     if PROPERTY_SHARDING_KEY in properties:
         system.message_group = properties[PROPERTY_SHARDING_KEY]
     if PROPERTY_TIMER_DELIVER_MS in properties and properties[PROPERTY_TIMER_DELIVER_MS].isdigit():
         system.delivery_timestamp.FromMilliseconds(int(properties[PROPERTY_TIMER_DELIVER_MS]))
     user = {k: v for k, v in properties.items() if k not in SYSTEM_PROPERTIES}
-    return pb.Message(topic=pb.Resource(name=popped.topic), user_properties=user, system_properties=system,
-                      body=popped.body)
+    if user:
+        out.user_properties.update(user)
+    return response
 
 
 def _type_of(properties: dict[str, str]) -> int:

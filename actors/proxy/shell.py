@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 
 import grpc
 from grpc import aio
@@ -50,6 +51,7 @@ class Proxy(Actor):
         self.clients = core.Clients()
         self.links: dict[str | None, AsyncPullConsumer] = {}  # access key (None: the node's own) -> link
         self.groups: dict[str, tuple[float, dict | None]] = {}
+        self.turns: dict[str, int] = {}  # topic -> the queue its last request's messages went to
         self.calls: dict[str, int] = {}
         self.refused = 0
         self.sent = self.received = self.acked = 0
@@ -139,6 +141,17 @@ class Proxy(Actor):
             self.groups[name] = (now, config)
         self.groups.setdefault(group, (now, None))
         return self.groups[group][1]
+
+    def picker(self, topic: str, count: int):
+        """A request's queue choice on `topic`: a FIFO message's group hashes to its queue, the
+        rest take the topic's next queue in turn (one per request)."""
+        turn = self.turns[topic] = (self.turns.get(topic, -1) + 1) % count
+        if len(self.turns) > 100_000:
+            self.turns.clear()
+
+        def queue_of(plan) -> int:
+            return zlib.crc32(plan.shard_key.encode()) % count if plan.shard_key is not None else turn
+        return queue_of
 
     async def fifo(self, group: str) -> bool:
         return bool((await self.group(group) or {}).get("consumeMessageOrderly", False))
@@ -273,24 +286,53 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
 
     @answering(rpc.SendMessageResponse)
     async def SendMessage(self, call: Call, request: rpc.SendMessageRequest):
+        """Each message checked (core.outgoing), then sent in batches of one topic and queue:
+        a FIFO message to its group's queue, the others of a topic to one queue a request, in
+        turn (as a producer's send_batch); a timed one alone. Each entry says its own result."""
         if not 0 < len(request.messages) <= core.MAX_SEND_MESSAGES:
             raise Refused(Code.BAD_REQUEST, f"a send carries 1 to {core.MAX_SEND_MESSAGES} messages, "
                                             f"not {len(request.messages)}")
         s, now = self.proxy.settings, int(time.time() * 1000)
         link = await self.proxy.link(call.account)
-        plans, sends = [], []
+        plans = []
         for message in request.messages:
             try:
-                plan = core.outgoing(message, s.maxMessageSize, s.timerMaxDelaySec * 1000, now)
+                plans.append(core.outgoing(message, s.maxMessageSize, s.timerMaxDelaySec * 1000, now))
             except Refused as e:
                 plans.append(e)
-                continue
-            plans.append(plan)
-            sends.append(link.client.send_message(plan.message, shard_key=plan.shard_key))
-        results = iter(await asyncio.gather(*sends, return_exceptions=True))
-        entries = [self._entry(plan, plan if isinstance(plan, Refused) else next(results)) for plan in plans]
+        queues = await self._queues(link, plans)
+        results: list = [plan if isinstance(plan, Refused) else None for plan in plans]
+        grouped, single = core.batches(plans, lambda plan: queues[plan.message.topic](plan))
+        sends = [link.client.send_batch(topic, [plans[i].message for i in indices], queue_id=queue)
+                 for topic, queue, indices in grouped]
+        sends += [link.client.send_message(plans[i].message, shard_key=plans[i].shard_key) for i in single]
+        outcomes = await asyncio.gather(*sends, return_exceptions=True)
+        for (_, _, indices), outcome in zip(grouped, outcomes):
+            for n, i in enumerate(indices):
+                results[i] = outcome[n] if isinstance(outcome, list) else outcome
+        for i, outcome in zip(single, outcomes[len(grouped):]):
+            results[i] = outcome
+        entries = [self._entry(plan, result) for plan, result in zip(plans, results)]
         self.proxy.sent += sum(1 for e in entries if e.status.code == Code.OK)
         return core.send_response(entries)
+
+    async def _queues(self, link, plans) -> dict:
+        """topic -> its queue picker for this request; a topic the node refuses refuses its messages."""
+        pickers = {}
+        for i, plan in enumerate(plans):
+            if isinstance(plan, Refused) or plan.message.topic in pickers:
+                continue
+            topic = plan.message.topic
+            try:
+                count = await link.client.queue_count(topic)
+            except SendError as e:
+                refusal = core.status_of(e.status, e.remark)
+                for j, other in enumerate(plans):
+                    if not isinstance(other, Refused) and other.message.topic == topic:
+                        plans[j] = Refused(refusal.code, refusal.message)
+                continue
+            pickers[topic] = self.proxy.picker(topic, count)
+        return pickers
 
     def _entry(self, plan, result) -> rpc.SendResultEntry:
         if isinstance(result, Refused):
@@ -329,7 +371,7 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
             return
         yield rpc.ReceiveMessageResponse(status=status(Code.OK))
         for message in messages:
-            yield rpc.ReceiveMessageResponse(message=core.message_of(message, plan.invisible_ms))
+            yield core.message_of(message, plan.invisible_ms)
         self.proxy.received += len(messages)
         delivered = rpc.ReceiveMessageResponse()
         delivered.delivery_timestamp.GetCurrentTime()

@@ -97,8 +97,13 @@ class Refused(Exception):
         self.code, self.message = code, message
 
 
+def name_of(enum, value: int) -> str:
+    """An enum value's name; proto3 enums are open, and a client may send a value we never heard of."""
+    return enum.Name(value) if value in enum.values() else str(value)
+
+
 def status(code: int, message: str = "") -> pb.Status:
-    return pb.Status(code=code, message=message or Code.Name(code))
+    return pb.Status(code=code, message=message or name_of(Code, code))
 
 
 OK = pb.OK  # (Code.OK looks the name up on every use: a send builds a status a message)
@@ -230,7 +235,7 @@ def _typed(system: pb.SystemProperties, max_delay_ms: int, now_ms: int) -> tuple
     if kind == pb.TRANSACTION:
         raise Refused(Code.UNSUPPORTED, "transactional messages are not supported by this node yet")
     if kind not in (pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY):
-        raise Refused(Code.UNSUPPORTED, f"message type {pb.MessageType.Name(kind)} is not supported")
+        raise Refused(Code.UNSUPPORTED, f"message type {name_of(pb.MessageType, kind)} is not supported")
     if (kind == pb.FIFO) != (group is not None) and kind != pb.MESSAGE_TYPE_UNSPECIFIED:
         raise Refused(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message, and only it, has a message_group")
     if (kind == pb.DELAY) != (deliver_at is not None) and kind != pb.MESSAGE_TYPE_UNSPECIFIED:
@@ -380,6 +385,13 @@ def _type_of(properties: dict[str, str]) -> int:
     return pb.NORMAL
 
 
+def queue_of(queue: pb.MessageQueue) -> int:
+    """A queue named for the offset RPCs: one queue, id 0 or more (the node says whether the topic has it)."""
+    if not 0 <= queue.id < 2**31:
+        raise Refused(Code.BAD_REQUEST, f"message_queue.id must be a queue of the topic (0 or more), not {queue.id}")
+    return queue.id
+
+
 def handle_position(handle: str) -> tuple[str, int, int]:
     """(topic, queue id, queue offset) of a node's receipt handle ("<ck> <topic> <queueId>
     <offset>", docs/protocol.md "Pop"); INVALID_RECEIPT_HANDLE if it is not one."""
@@ -522,7 +534,7 @@ class Clients:
     def statistics(self) -> dict:
         kinds: dict[str, int] = {}
         for client in self.by_id.values():
-            name = pb.ClientType.Name(client.client_type)
+            name = name_of(pb.ClientType, client.client_type)
             kinds[name] = kinds.get(name, 0) + 1
         return {"clients": len(self.by_id), "clientTypes": kinds, "clientsTerminated": self.terminated,
                 "telemetryStreams": sum(c.streams for c in self.by_id.values())}

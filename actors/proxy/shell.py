@@ -444,8 +444,10 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
     @answering(rpc.UpdateOffsetResponse)
     async def UpdateOffset(self, call: Call, request: rpc.UpdateOffsetRequest):
         group, topic = core.group_name(request.group), core.topic_name(request.message_queue.topic)
+        if request.offset < 0:
+            raise Refused(Code.ILLEGAL_OFFSET, f"an offset is 0 or more, not {request.offset}")
         reply = await self.proxy.ask(call.account, {"code": protocol.UPDATE_CONSUMER_OFFSET, "consumerGroup": group,
-                                                    "topic": topic, "queueId": request.message_queue.id,
+                                                    "topic": topic, "queueId": core.queue_of(request.message_queue),
                                                     "commitOffset": request.offset})
         return rpc.UpdateOffsetResponse(status=core.status_of(reply.get("status"), reply.get("remark", "")))
 
@@ -453,7 +455,7 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
     async def GetOffset(self, call: Call, request: rpc.GetOffsetRequest):
         group, topic = core.group_name(request.group), core.topic_name(request.message_queue.topic)
         reply = await self.proxy.ask(call.account, {"code": protocol.QUERY_CONSUMER_OFFSET, "consumerGroup": group,
-                                                    "topic": topic, "queueId": request.message_queue.id})
+                                                    "topic": topic, "queueId": core.queue_of(request.message_queue)})
         if reply.get("status") == "QUERY_NOT_FOUND":
             return rpc.GetOffsetResponse(status=status(Code.OFFSET_NOT_FOUND, reply.get("remark", "")))
         return rpc.GetOffsetResponse(status=core.status_of(reply.get("status"), reply.get("remark", "")),
@@ -461,9 +463,11 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
 
     @answering(rpc.QueryOffsetResponse)
     async def QueryOffset(self, call: Call, request: rpc.QueryOffsetRequest):
-        topic, queue = core.topic_name(request.message_queue.topic), request.message_queue.id
+        topic, queue = core.topic_name(request.message_queue.topic), core.queue_of(request.message_queue)
         policy = request.query_offset_policy
         if policy == pb.TIMESTAMP:
+            if not 0 <= core.millis(request.timestamp) < 2**62:
+                raise Refused(Code.BAD_REQUEST, "the timestamp is before 1970 or too far ahead")
             header = {"code": protocol.SEARCH_OFFSET_BY_TIMESTAMP, "topic": topic, "queueId": queue,
                       "timestamp": core.millis(request.timestamp)}
         else:

@@ -1,0 +1,245 @@
+"""The gRPC proxy's core without I/O (actors.proxy.core, actors.proxy.auth): what each message
+and request means for the node, the statuses, the routes and settings, the signature; and that
+nothing a client can put into a message makes it raise anything but Refused."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.proxy import auth, core
+from actors.proxy.apis import definition_pb2 as pb
+from actors.proxy.apis import service_pb2 as rpc
+from actors.proxy.core import Code, Refused
+from shm import settings as settings_module
+
+NOW = 1_700_000_000_000
+MAX_BODY, MAX_DELAY = 4 << 20, 3 * 86_400_000
+
+
+def message(topic="T", body=b"b", **system) -> pb.Message:
+    out = pb.Message(topic=pb.Resource(name=topic), body=body)
+    out.system_properties.message_id = system.pop("message_id", "ID1")
+    for name, value in system.items():
+        setattr(out.system_properties, name, value)
+    return out
+
+
+def refused(m: pb.Message) -> int:
+    with pytest.raises(Refused) as e:
+        core.outgoing(m, MAX_BODY, MAX_DELAY, NOW)
+    return e.value.code
+
+
+def test_a_plain_message_keeps_its_id_tag_keys_and_properties():
+    m = message(tag="TagA", message_type=pb.NORMAL)
+    m.system_properties.keys.extend(["k1", "k2"])
+    m.user_properties["color"] = "red"
+    out = core.outgoing(m, MAX_BODY, MAX_DELAY, NOW)
+    assert (out.message_id, out.shard_key, out.message.tags, out.message.keys) == ("ID1", None, "TagA", "k1 k2")
+    assert out.message.properties == {"color": "red", "UNIQ_KEY": "ID1"} and out.message.deliver_at_ms is None
+
+
+def test_fifo_and_delay_messages_carry_their_group_and_time():
+    fifo = core.outgoing(message(message_type=pb.FIFO, message_group="g1"), MAX_BODY, MAX_DELAY, NOW)
+    assert fifo.shard_key == "g1" and fifo.message.properties[core.PROPERTY_SHARDING_KEY] == "g1"
+    delayed = message(message_type=pb.DELAY)
+    delayed.system_properties.delivery_timestamp.FromMilliseconds(NOW + 5000)
+    assert core.outgoing(delayed, MAX_BODY, MAX_DELAY, NOW).message.deliver_at_ms == NOW + 5000
+
+
+@pytest.mark.parametrize("bad, code", [
+    (message(topic=""), Code.ILLEGAL_TOPIC), (message(topic="a b"), Code.ILLEGAL_TOPIC),
+    (message(topic="RMQ_SYS_TRANS_HALF_TOPIC"), Code.ILLEGAL_TOPIC),
+    (message(body=b""), Code.MESSAGE_BODY_EMPTY), (message(body=b"x" * (MAX_BODY + 1)), Code.MESSAGE_BODY_TOO_LARGE),
+    (message(message_id=""), Code.ILLEGAL_MESSAGE_ID), (message(message_id="a\nb"), Code.ILLEGAL_MESSAGE_ID),
+    (message(tag=" "), Code.ILLEGAL_MESSAGE_TAG), (message(tag="a||b"), Code.ILLEGAL_MESSAGE_TAG),
+    (message(message_type=pb.TRANSACTION), Code.UNSUPPORTED), (message(message_type=pb.LITE), Code.UNSUPPORTED),
+    (message(message_type=77), Code.UNSUPPORTED),  # (proto3 enums are open)
+    (message(message_type=pb.FIFO), Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    (message(message_type=pb.NORMAL, message_group="g"), Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    (message(message_type=pb.DELAY), Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    (message(message_type=pb.FIFO, message_group=" "), Code.ILLEGAL_MESSAGE_GROUP),
+    (message(body_encoding=pb.GZIP), Code.UNSUPPORTED),
+])
+def test_what_rocketmq_5s_proxy_refuses_is_refused_with_its_code(bad, code):
+    assert refused(bad) == code
+
+
+def test_properties_that_are_reserved_or_hold_separators_or_are_too_many_are_refused():
+    for key, value in (("UNIQ_KEY", "x"), ("TAGS", "x"), ("", "x"), ("a\x01", "x"), ("a", "b\x02"), ("a", "\n")):
+        m = message()
+        m.user_properties[key] = value
+        assert refused(m) == Code.ILLEGAL_MESSAGE_PROPERTY_KEY, key
+    m = message()
+    for i in range(2000):
+        m.user_properties[f"key{i}"] = "v" * 20
+    assert refused(m) == Code.MESSAGE_PROPERTIES_TOO_LARGE
+    far = message(message_type=pb.DELAY)
+    far.system_properties.delivery_timestamp.FromMilliseconds(NOW + MAX_DELAY + 1)
+    assert refused(far) == Code.ILLEGAL_DELIVERY_TIME
+
+
+def test_batches_keep_a_topic_and_queue_together_and_send_timed_messages_alone():
+    plans = [core.outgoing(message(topic=t, message_id=str(i)), MAX_BODY, MAX_DELAY, NOW)
+             for i, t in enumerate("AABAB")]
+    delayed = message(message_type=pb.DELAY, message_id="d")
+    delayed.system_properties.delivery_timestamp.FromMilliseconds(NOW + 10)
+    plans += [core.outgoing(delayed, MAX_BODY, MAX_DELAY, NOW), Refused(Code.BAD_REQUEST, "no")]
+    grouped, single = core.batches(plans, lambda plan: 3)
+    assert grouped == [("A", 3, [0, 1, 3]), ("B", 3, [2, 4])] and single == [5]
+    many = [core.outgoing(message(message_id=str(i)), MAX_BODY, MAX_DELAY, NOW) for i in range(600)]
+    grouped, _ = core.batches(many, lambda plan: 0)
+    assert [len(indices) for _, _, indices in grouped] == [256, 256, 88]
+
+
+def test_node_statuses_map_as_rocketmq_5s_proxy_maps_them():
+    assert core.status_of("PUT_OK").code == Code.OK
+    assert core.status_of("FLUSH_DISK_TIMEOUT").code == Code.MASTER_PERSISTENCE_TIMEOUT
+    assert core.status_of("SYSTEM_BUSY", "queue full").code == Code.TOO_MANY_REQUESTS
+    assert core.status_of("TOPIC_NOT_EXIST", "x").code == Code.TOPIC_NOT_FOUND
+    assert core.status_of("NO_PERMISSION", "no").code == Code.FORBIDDEN
+    assert core.status_of("MESSAGE_ILLEGAL", "the body of 5 bytes exceeds 4").code == Code.MESSAGE_BODY_TOO_LARGE
+    assert core.status_of("MESSAGE_ILLEGAL", "something else").code == Code.BAD_REQUEST
+    assert core.status_of("RECEIPT_HANDLE_EXPIRED").code == Code.INVALID_RECEIPT_HANDLE
+    assert core.status_of("NEVER_HEARD_OF_IT").code == Code.INTERNAL_SERVER_ERROR
+    assert "queue full" in core.status_of("SYSTEM_BUSY", "queue full").message
+
+
+def receive(**fields) -> rpc.ReceiveMessageRequest:
+    request = rpc.ReceiveMessageRequest(group=pb.Resource(name="G"), batch_size=fields.pop("batch_size", 16),
+                                        message_queue=pb.MessageQueue(topic=pb.Resource(name="T"),
+                                                                      id=fields.pop("queue", -1)))
+    for name, ms in fields.items():
+        getattr(request, name).FromMilliseconds(ms)
+    return request
+
+
+def test_a_receive_pops_from_any_queue_unless_the_group_is_fifo_and_answers_before_the_deadline():
+    plan = core.receive_plan(receive(queue=5, long_polling_timeout=20_000), 15_000, fifo=False)
+    assert (plan.queue_id, plan.wait_ms, plan.invisible_ms, plan.max_count, plan.tags) == (-1, 14_000, 60_000, 16, "*")
+    assert core.receive_plan(receive(queue=5), None, fifo=True).queue_id == 5
+    assert core.receive_plan(receive(long_polling_timeout=5000), 500, fifo=False).wait_ms == 0
+
+
+@pytest.mark.parametrize("request_, code", [
+    (receive(batch_size=0), Code.BAD_REQUEST), (receive(batch_size=5000), Code.BAD_REQUEST),
+    (receive(invisible_duration=10), Code.ILLEGAL_INVISIBLE_TIME),
+    (receive(invisible_duration=13 * 3600_000), Code.ILLEGAL_INVISIBLE_TIME),
+    (receive(long_polling_timeout=3600_000), Code.ILLEGAL_POLLING_TIME),
+])
+def test_a_receive_out_of_bounds_is_refused(request_, code):
+    with pytest.raises(Refused) as e:
+        core.receive_plan(request_, None, fifo=False)
+    assert e.value.code == code
+
+
+def test_tag_expressions():
+    assert core.tag_expression(pb.FilterExpression(type=pb.TAG, expression="a || b")) == "a || b"
+    assert core.tag_expression(pb.FilterExpression()) == "*"
+    for bad, code in (("a ||", Code.ILLEGAL_FILTER_EXPRESSION), ("a\x00b", Code.ILLEGAL_FILTER_EXPRESSION)):
+        with pytest.raises(Refused) as e:
+            core.tag_expression(pb.FilterExpression(type=pb.TAG, expression=bad))
+        assert e.value.code == code
+    with pytest.raises(Refused) as e:
+        core.tag_expression(pb.FilterExpression(type=pb.SQL, expression="a > 1"))
+    assert e.value.code == Code.UNSUPPORTED
+
+
+def test_receipt_handles_the_node_gave_are_taken_apart_and_others_refused():
+    assert core.handle_position("12 TopicA 3 4567") == ("TopicA", 3, 4567)
+    for bad in ("", "x", "1 T a 2", "1 T 2", "1 T -1 2"):
+        with pytest.raises(Refused):
+            core.handle_position(bad)
+
+
+def test_routes_and_assignments_follow_the_topic_table():
+    node = pb.Broker(name="broker-a")
+    topic = pb.Resource(name="T")
+    queues = core.route(topic, {"perm": 6, "readQueueNums": 2, "writeQueueNums": 4}, node).message_queues
+    assert [(q.id, q.permission) for q in queues] == [(0, pb.READ_WRITE), (1, pb.READ_WRITE), (2, pb.WRITE),
+                                                      (3, pb.WRITE)]
+    assert [(q.id, q.permission) for q in core.route(topic, {"perm": 4, "readQueueNums": 1, "writeQueueNums": 1},
+                                                      node).message_queues] == [(0, pb.READ)]
+    info = {"perm": 6, "readQueueNums": 3, "writeQueueNums": 3}
+    assert [a.message_queue.id for a in core.assignments(topic, info, node, fifo=False).assignments] == [-1]
+    assert [a.message_queue.id for a in core.assignments(topic, info, node, fifo=True).assignments] == [0, 1, 2]
+    assert core.assignments(topic, {"perm": 2, "readQueueNums": 3, "writeQueueNums": 3}, node,
+                            fifo=False).status.code == Code.FORBIDDEN
+
+
+def test_settings_answer_a_producer_with_the_largest_body_and_a_consumer_with_its_groups_retries():
+    node_settings = settings_module.load(None, {})
+    producer = core.settings_for(pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing()), node_settings, None)
+    assert producer.publishing.max_body_size == node_settings.maxMessageSize
+    consumer = core.settings_for(pb.Settings(client_type=pb.PUSH_CONSUMER, subscription=pb.Subscription()),
+                                 node_settings, {"retryMaxTimes": 3, "consumeMessageOrderly": True})
+    assert consumer.backoff_policy.max_attempts == 4 and consumer.subscription.fifo
+    assert [d.seconds for d in consumer.backoff_policy.customized_backoff.next][:3] == [10, 30, 60]
+
+
+def test_clients_are_forgotten_after_their_silence_and_bounded():
+    now = [0.0]
+    clients = core.Clients(clock=lambda: now[0])
+    clients.heard(clients.seen("a", {}), pb.PRODUCER, None)
+    clients.seen("b", {})
+    now[0] = core.CLIENT_EXPIRY_S + 1
+    clients.seen("b", {})
+    assert clients.expire() == 1 and list(clients.by_id) == ["b"]
+    clients.terminated_by("b")
+    assert clients.statistics()["clients"] == 0 and clients.statistics()["clientsTerminated"] == 1
+
+
+def test_the_signature_is_rocketmq_5s_and_malformed_authorizations_are_told_apart():
+    date = "20261127T120000Z"
+    header = f"MQv2-HMAC-SHA1 Credential=ak1, SignedHeaders=x-mq-date-time, Signature={auth.signature('sk1', date)}"
+    assert auth.parse(header)[:2] == ("ak1", "x-mq-date-time")
+    assert auth.signature("sk1", date) == __import__("hmac").new(b"sk1", date.encode(), "sha1").hexdigest()
+    for bad in ("Basic abc", "MQv2-HMAC-SHA1 Credential=ak1", "MQv2-HMAC-SHA1 nonsense"):
+        with pytest.raises(ValueError):
+            auth.parse(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(topic=st.text(max_size=20), body=st.binary(max_size=64), message_id=st.text(max_size=40),
+       tag=st.one_of(st.none(), st.text(max_size=10)), keys=st.lists(st.text(max_size=8), max_size=3),
+       properties=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=4),
+       kind=st.integers(-1, 40), group=st.one_of(st.none(), st.text(max_size=70)),
+       deliver=st.one_of(st.none(), st.integers(-2**40, 2**40)))
+def test_nothing_in_a_message_makes_outgoing_raise_anything_but_refused(topic, body, message_id, tag, keys,
+                                                                        properties, kind, group, deliver):
+    m = message(topic=topic, body=body, message_id=message_id, message_type=kind)
+    if tag is not None:
+        m.system_properties.tag = tag
+    m.system_properties.keys.extend(keys)
+    m.user_properties.update(properties)
+    if group is not None:
+        m.system_properties.message_group = group
+    if deliver is not None:
+        m.system_properties.delivery_timestamp.FromMilliseconds(NOW + deliver)
+    try:
+        out = core.outgoing(m, MAX_BODY, MAX_DELAY, NOW)
+    except Refused as e:
+        assert e.code in Code.values() and e.message
+        return
+    assert out.message.body == body and out.message.properties["UNIQ_KEY"] == message_id
+    assert "\x01" not in "".join(out.message.properties) and "\x02" not in "".join(out.message.properties.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=st.integers(-5, 5000), invisible=st.integers(-10, 2**40), wait=st.integers(-10, 2**40),
+       queue=st.integers(-2**31, 2**31 - 1), expression=st.text(max_size=12), remaining=st.one_of(
+           st.none(), st.integers(-1000, 100_000)))
+def test_nothing_in_a_receive_makes_receive_plan_raise_anything_but_refused(batch, invisible, wait, queue, expression,
+                                                                            remaining):
+    request = receive(batch_size=batch, queue=queue, invisible_duration=invisible, long_polling_timeout=wait)
+    request.filter_expression.expression = expression
+    try:
+        plan = core.receive_plan(request, remaining, fifo=queue % 2 == 0)
+    except Refused:
+        return
+    assert 0 <= plan.wait_ms <= core.MAX_POLLING_MS and 0 < plan.max_count <= core.MAX_RECEIVE_BATCH
+    assert plan.queue_id >= -1 and time.time() > 0

@@ -67,7 +67,10 @@ class Verifier:
             self.config = config
 
     def secret_of(self, access_key: str) -> str:
-        return self.config.accounts[access_key].secret_key
+        account = self.config.accounts.get(access_key)
+        if account is None:  # (gone from the file since the call was verified)
+            raise Denied(Code.UNAUTHORIZED, f"no account {access_key!r}")
+        return account.secret_key
 
     def verify(self, metadata: dict[str, str], peer: str = "") -> str | None:
         """The account of a call (None: the node's own, for a white address); Denied otherwise."""

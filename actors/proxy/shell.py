@@ -49,7 +49,7 @@ class Proxy(Actor):
     def __init__(self, settings):
         super().__init__(settings)
         self.clients = core.Clients()
-        self.links: dict[str | None, AsyncPullConsumer] = {}  # access key (None: the node's own) -> link
+        self.links: dict[tuple, AsyncPullConsumer] = {}  # (access key, secret) (None: the node's own) -> link
         self.groups: dict[str, tuple[float, dict | None]] = {}
         self.turns: dict[str, int] = {}  # topic -> the queue its last request's messages went to
         self.calls: dict[str, int] = {}
@@ -106,14 +106,16 @@ class Proxy(Actor):
     # -- the node --------------------------------------------------------------------------------
 
     async def link(self, account: str | None) -> AsyncPullConsumer:
-        """The connection to the front that carries `account`'s requests (None: the node's own)."""
-        link = self.links.get(account)
+        """The connection to the front that carries `account`'s requests (None: the node's own),
+        one per account and secret: a secret changed in aclFile gets a connection of its own."""
+        secret = None if account is None else self.verifier.secret_of(account)
+        link = self.links.get((account, secret))
         if link is None:
             own = guard.node_credentials(self.settings)
-            credentials = own if account is None else Credentials(
-                account, self.verifier.secret_of(account), own.server_key, curve_pair=own.curve_pair)
-            link = self.links[account] = await AsyncPullConsumer(self.settings.listen, timeout=3.0,
-                                                                 credentials=credentials).start()
+            credentials = own if account is None else Credentials(account, secret, own.server_key,
+                                                                 curve_pair=own.curve_pair)
+            link = self.links[(account, secret)] = await AsyncPullConsumer(self.settings.listen, timeout=3.0,
+                                                                           credentials=credentials).start()
         return link
 
     async def ask(self, account: str | None, header: dict, timeout: float | None = None) -> dict:

@@ -347,6 +347,9 @@ def test_with_the_acl_a_signed_client_does_what_its_account_may_and_nothing_else
     for wrong in ({"ak": ALICE[0], "sk": "guessed"}, {"ak": "nobody", "sk": "x"}, {}):
         denied = official(acl_node, "produce", "--topic", "Orders", "--count", "1", **wrong)
         assert "error" in denied[0], (wrong, denied)
+    official(acl_node, "produce", "--topic", "Orders", "--count", "2", "--prefix", "push", **alice)
+    pushed = official(acl_node, "push", "--topic", "Orders", "--group", "billing", "--seconds", "6", **alice)
+    assert sorted(m["body"] for m in pushed) == ["push0", "push1"]
 
 
 def test_with_the_acl_unsigned_and_badly_signed_calls_are_unauthorized_and_plaintext_gets_nowhere(acl_node):
@@ -454,3 +457,29 @@ def test_two_thousand_random_requests_each_get_a_status_and_the_proxy_has_no_bug
     with Producer(node.endpoint) as client:
         info, _ = client.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
     assert info["actors"]["proxy"]["errors"] == 0 and node.actor_process("proxy").pid == proxy_pid
+
+
+def test_a_killed_proxy_is_restarted_and_the_official_client_carries_on(node):
+    import os
+    import signal
+
+    official(node, "produce", "--topic", "G5Kill", "--count", "2", "--prefix", "before")
+    proxy = node.actor_process("proxy")
+    os.kill(proxy.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:  # (Ray restarts it; the launcher's supervision counts the restart)
+        try:
+            if node.actor_process("proxy").pid != proxy.pid:
+                break
+        except Exception:  # noqa: BLE001 (between the kill and the new process's pid file)
+            pass
+        assert time.monotonic() < deadline, "the proxy was not restarted"
+        time.sleep(0.2)
+    deadline = time.monotonic() + 30
+    while True:  # (the new process binds its port once it has started)
+        sent = official(node, "produce", "--topic", "G5Kill", "--count", "2", "--prefix", "after")
+        if not [s for s in sent if "error" in s] or time.monotonic() > deadline:
+            break
+    assert not [s for s in sent if "error" in s], sent
+    got = official(node, "simple", "--topic", "G5Kill", "--group", "G5KillG", "--want", "4", "--seconds", "20")
+    assert sorted(m["body"] for m in got) == ["after0", "after1", "before0", "before1"]

@@ -164,6 +164,10 @@ class Settings:
     grpcServerPort: int = _s(8081, "Port of the gRPC proxy (RocketMQ 5's apache.rocketmq.v2, for RocketMQ 5 clients in every language; docs/protocol.md \"gRPC\"), bound at the host of a tcp `listen`; 0 = off. Left at 8081 by a node whose `listen` port is not the default, it is that port + 2 (beside the HA port's + 1)", NODE)
     grpcTlsCertFile: str = _s("", "The gRPC proxy serves TLS with this certificate chain (PEM) and grpcTlsKeyFile; empty = plaintext", NODE)
     grpcTlsKeyFile: str = _s("", "The private key (PEM) of grpcTlsCertFile", NODE)
+    defaultInvisibleTimeMills: int = _s(60000, "The gRPC proxy: how long a message received by a push consumer (auto_renew), or by a receive that names no invisible duration, stays invisible at first, ms (RocketMQ 5 proxy's setting)", NODE)
+    renewAheadTimeMillis: int = _s(10000, "The gRPC proxy renews an auto_renew message's invisible time this long before it runs out, ms", NODE)
+    renewSliceTimeMillis: int = _s(60000, "How much invisible time each renewal gives, ms", NODE)
+    renewMaxTimeMillis: int = _s(10800000, "How long after it was received a message stops being renewed (then it comes back when its time runs out), ms", NODE)
     aclEnable: bool = _s(False, "Check every client request against aclFile: RocketMQ's plain ACL, signed requests (docs/operations.md \"Access control\")", NODE)
     aclFile: str = _s("conf/plain_acl.yml", "The ACL's accounts and permissions in RocketMQ's plain_acl.yml format, re-read when it changes (relative: to the directory mqnode start runs in)", NODE)
     curveEnable: bool = _s(False, "Encrypt and authenticate the client endpoint with ZeroMQ CURVE: clients need the node's public key", NODE)
@@ -461,6 +465,10 @@ def validate(settings: Settings) -> None:
         raise SettingsError("metricsPort must be a port, 1..65535, or 0 (off)")
     if not 0 <= settings.grpcServerPort <= 65535:
         raise SettingsError("grpcServerPort must be a port, 1..65535, or 0 (off)")
+    if not 1000 <= settings.defaultInvisibleTimeMills <= 12 * 3600_000 or not 1000 <= settings.renewSliceTimeMillis <= 12 * 3600_000:
+        raise SettingsError("defaultInvisibleTimeMills and renewSliceTimeMillis must be 1000 ms to 12 h")
+    if not 0 < settings.renewAheadTimeMillis < settings.renewSliceTimeMillis or settings.renewMaxTimeMillis < 0:
+        raise SettingsError("renewAheadTimeMillis must be above 0 and below renewSliceTimeMillis; renewMaxTimeMillis >= 0")
     if bool(settings.grpcTlsCertFile) != bool(settings.grpcTlsKeyFile):
         raise SettingsError("grpcTlsCertFile and grpcTlsKeyFile go together: set both (TLS) or neither (plaintext)")
     if not settings.listen.startswith(("tcp://", "ipc://")):

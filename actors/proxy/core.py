@@ -12,7 +12,11 @@ Choices that differ from Apache RocketMQ's proxy are documented in docs/protocol
 - A route lists queue i as readable if i < readQueueNums and writable if i < writeQueueNums (the
   ids the store uses), not RocketMQ's read-only-first renumbering.
 - A receipt handle is the node's own (docs/protocol.md "Pop"), passed through unchanged.
-- `auto_renew` receives get the default invisible time (60 s) and are not renewed by the proxy.
+- `auto_renew` receives (push consumers) are renewed by the proxy (`Renewals`), as RocketMQ 5's
+  proxy does, with its settings' names: defaultInvisibleTimeMills at first, then
+  renewSliceTimeMillis at a time from renewAheadTimeMillis before the end, for at most
+  renewMaxTimeMillis; the client's ack or change names the handle it received, and the proxy
+  carries the latest.
 """
 
 from __future__ import annotations
@@ -304,15 +308,17 @@ class ReceivePlan:
     orderly: bool
 
 
-def receive_plan(request: rpc.ReceiveMessageRequest, remaining_ms: int | None, fifo: bool) -> ReceivePlan:
+def receive_plan(request: rpc.ReceiveMessageRequest, remaining_ms: int | None, fifo: bool,
+                 default_invisible_ms: int = DEFAULT_INVISIBLE_MS) -> ReceivePlan:
     """What to pop for `request`; `remaining_ms` is what is left of the client's deadline (None:
-    none), `fifo` whether the group consumes in order."""
+    none), `fifo` whether the group consumes in order. An auto_renew receive (a push consumer's)
+    or one that names no invisible duration gets `default_invisible_ms`."""
     group = group_name(request.group)
     topic = topic_name(request.message_queue.topic)
     if not 0 < request.batch_size <= MAX_RECEIVE_BATCH:
         raise Refused(Code.BAD_REQUEST, f"batch_size must be 1..{MAX_RECEIVE_BATCH}, not {request.batch_size}")
-    invisible = (duration_ms(request.invisible_duration) if request.HasField("invisible_duration")
-                 else DEFAULT_INVISIBLE_MS)
+    invisible = (duration_ms(request.invisible_duration)
+                 if request.HasField("invisible_duration") and not request.auto_renew else default_invisible_ms)
     if not MIN_INVISIBLE_MS <= invisible <= edge.INVISIBLE_MS_MAX:
         raise Refused(Code.ILLEGAL_INVISIBLE_TIME, f"invisible_duration must be {MIN_INVISIBLE_MS} ms to "
                                                    f"{edge.INVISIBLE_MS_MAX} ms, not {invisible} ms")
@@ -406,6 +412,78 @@ def receipt_handle(handle: str) -> str:
     if not handle or len(handle) > 1024 or not handle.isprintable():
         raise Refused(Code.INVALID_RECEIPT_HANDLE, "the receipt handle is empty, too long or not printable")
     return handle
+
+
+# -- renewals (push consumers' auto_renew) -------------------------------------------------------------
+
+MAX_RENEWALS = 200_000  # handles renewed at once; past it a receive's messages are not renewed
+
+
+@dataclass
+class Renewal:
+    group: str
+    account: str | None
+    client_id: str
+    handle: str  # the latest: what the node takes now
+    visible_at_ms: int
+    received_ms: int
+
+
+class Renewals:
+    """The handles the proxy keeps invisible for push consumers, by the handle the client got.
+    `due` says which to renew now; `renewed` records the node's new handle; `current` maps what a
+    client acks or changes to the latest; `forget` ends one (acked, changed by the client, or
+    past renewMaxTimeMillis); `forget_client` all of a client's (it said it terminated)."""
+
+    def __init__(self, ahead_ms: int, max_ms: int):
+        self.ahead_ms, self.max_ms = ahead_ms, max_ms
+        self.by_handle: dict[str, Renewal] = {}
+        self.renewed_count = self.expired = self.refused = 0
+
+    def add(self, handle: str, group: str, account: str | None, client_id: str, visible_at_ms: int,
+            now_ms: int) -> bool:
+        if len(self.by_handle) >= MAX_RENEWALS:
+            self.refused += 1
+            return False
+        self.by_handle[handle] = Renewal(group, account, client_id, handle, visible_at_ms, now_ms)
+        return True
+
+    def due(self, now_ms: int) -> list[tuple[str, Renewal]]:
+        """(the client's handle, its renewal) for each to renew now; those held renewMaxTimeMillis
+        are let go (their time runs out and they come back, as RocketMQ 5's proxy lets them)."""
+        out = []
+        for original, renewal in list(self.by_handle.items()):
+            if renewal.visible_at_ms - now_ms > self.ahead_ms:
+                continue
+            if now_ms - renewal.received_ms >= self.max_ms or renewal.visible_at_ms <= now_ms:
+                del self.by_handle[original]  # (held long enough, or already visible: renewing is too late)
+                self.expired += 1
+                continue
+            out.append((original, renewal))
+        return out
+
+    def renewed(self, original: str, handle: str, visible_at_ms: int) -> None:
+        renewal = self.by_handle.get(original)
+        if renewal is not None:
+            renewal.handle, renewal.visible_at_ms = handle, visible_at_ms
+            self.renewed_count += 1
+
+    def current(self, handle: str) -> str:
+        renewal = self.by_handle.get(handle)
+        return handle if renewal is None else renewal.handle
+
+    def forget(self, handle: str) -> None:
+        self.by_handle.pop(handle, None)
+
+    def forget_client(self, client_id: str) -> int:
+        gone = [h for h, r in self.by_handle.items() if r.client_id == client_id]
+        for handle in gone:
+            del self.by_handle[handle]
+        return len(gone)
+
+    def statistics(self) -> dict:
+        return {"renewing": len(self.by_handle), "renewals": self.renewed_count, "renewalsEnded": self.expired,
+                "renewalsRefused": self.refused}
 
 
 # -- routes and assignments ------------------------------------------------------------------------

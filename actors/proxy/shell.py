@@ -40,6 +40,7 @@ GROUP_TTL_S = 5.0  # a group's settings (retries, FIFO) are asked for again afte
 MAX_STREAMS = 10_000  # concurrent streams the server takes (grpc.max_concurrent_streams per connection: 1,000)
 MAX_CONNECTIONS_PER_ACCOUNT = 1  # (the front's connection is multiplexed: one DEALER an account)
 EXPIRE_PERIOD_S = 10.0
+RENEW_BATCH = 256  # renewals in flight at once
 STOP_GRACE_S = 1.0
 
 
@@ -57,6 +58,8 @@ class Proxy(Actor):
         self.sent = self.received = self.acked = 0
         self.port = 0
         self.verifier: auth.Verifier | None = None
+        self.renewals = core.Renewals(settings.renewAheadTimeMillis, settings.renewMaxTimeMillis)
+        self.renewing: asyncio.Task | None = None
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -90,6 +93,8 @@ class Proxy(Actor):
                 await asyncio.sleep(POLL_MS / 1000)
                 self.loops += 1
                 self._housekeeping()
+                if self.renewing is None or self.renewing.done():
+                    self.renewing = asyncio.create_task(self._renew())
                 if time.monotonic() >= expire_due:
                     expire_due = time.monotonic() + EXPIRE_PERIOD_S
                     self.clients.expire()
@@ -98,8 +103,32 @@ class Proxy(Actor):
             for link in self.links.values():
                 await link.close()
 
+    async def _renew(self) -> None:
+        """Push consumers' messages (auto_renew) kept invisible while their listeners work:
+        each due one gets renewSliceTimeMillis more, RENEW_BATCH at a time."""
+        due = self.renewals.due(wall_ms())
+        for at in range(0, len(due), RENEW_BATCH):
+            chunk = due[at: at + RENEW_BATCH]
+            results = await asyncio.gather(*(self._renew_one(original, renewal) for original, renewal in chunk),
+                                           return_exceptions=True)
+            for (original, _), result in zip(chunk, results):
+                if isinstance(result, tuple):
+                    self.renewals.renewed(original, *result)
+                else:  # (the handle no longer holds, the node is away: it comes back when its time runs out)
+                    self.renewals.forget(original)
+
+    async def _renew_one(self, original: str, renewal) -> tuple[str, int]:
+        slice_ms = self.settings.renewSliceTimeMillis
+        link = await self.link(renewal.account)
+        reply, _ = await link.client.request({"code": protocol.CHANGE_MESSAGE_INVISIBLETIME,
+                                              "consumerGroup": renewal.group, "extraInfo": renewal.handle,
+                                              "invisibleTime": slice_ms})
+        if reply.get("status") != "OK":
+            raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
+        return reply["extraInfo"], wall_ms() + slice_ms
+
     def statistics(self) -> dict:
-        return super().statistics() | self.clients.statistics() | {
+        return super().statistics() | self.clients.statistics() | self.renewals.statistics() | {
             "grpcPort": self.port, "calls": dict(sorted(self.calls.items())), "refused": self.refused,
             "messagesSent": self.sent, "messagesReceived": self.received, "messagesAcked": self.acked}
 
@@ -157,6 +186,10 @@ class Proxy(Actor):
 
     async def fifo(self, group: str) -> bool:
         return bool((await self.group(group) or {}).get("consumeMessageOrderly", False))
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class Call:
@@ -244,6 +277,7 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         if call.client is None:
             raise Refused(Code.CLIENT_ID_REQUIRED, "x-mq-client-id is missing from the call's metadata")
         self.proxy.clients.terminated_by(call.client.client_id)
+        self.proxy.renewals.forget_client(call.client.client_id)
         return rpc.NotifyClientTerminationResponse(status=status(Code.OK))
 
     async def Telemetry(self, requests, context):
@@ -364,13 +398,18 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
     async def ReceiveMessage(self, call: Call, request: rpc.ReceiveMessageRequest):
         """Status first, then each message, then the time of delivery (as RocketMQ 5's proxy)."""
         fifo = await self.proxy.fifo(core.group_name(request.group))
-        plan = core.receive_plan(request, call.remaining_ms(), fifo)
+        plan = core.receive_plan(request, call.remaining_ms(), fifo, self.proxy.settings.defaultInvisibleTimeMills)
         link = await self.proxy.link(call.account)
         messages = await link.pop(plan.topic, plan.group, max_count=plan.max_count, invisible_ms=plan.invisible_ms,
                                   wait_ms=plan.wait_ms, tags=plan.tags, queue_id=plan.queue_id, orderly=plan.orderly)
         if not messages:
             yield rpc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
+        if request.auto_renew and call.client is not None:
+            now = wall_ms()
+            for message in messages:
+                self.proxy.renewals.add(message.receipt_handle, plan.group, call.account, call.client.client_id,
+                                        now + plan.invisible_ms, now)
         yield rpc.ReceiveMessageResponse(status=status(Code.OK))
         for message in messages:
             yield core.message_of(message, plan.invisible_ms)
@@ -385,13 +424,16 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         core.topic_name(request.topic)
         if not 0 < len(request.entries) <= core.MAX_RECEIVE_BATCH:
             raise Refused(Code.BAD_REQUEST, f"an ack carries 1 to {core.MAX_RECEIVE_BATCH} entries")
-        handles = [core.receipt_handle(entry.receipt_handle) for entry in request.entries]
+        given = [core.receipt_handle(entry.receipt_handle) for entry in request.entries]
+        handles = [self.proxy.renewals.current(handle) for handle in given]  # (renewed since: the latest)
         link = await self.proxy.link(call.account)
         reply, _ = await link.client.request({"code": protocol.BATCH_ACK_MESSAGE, "consumerGroup": group,
                                               "extraInfos": handles})
         if reply.get("status") != "OK":
             return rpc.AckMessageResponse(status=core.status_of(reply.get("status"), reply.get("remark", "")))
         outcomes = reply.get("results") or []
+        for handle in given:
+            self.proxy.renewals.forget(handle)
         entries = [rpc.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
                                              status=core.status_of(outcome))
                    for entry, outcome in zip(request.entries, outcomes)]
@@ -408,7 +450,9 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         if not 0 < invisible <= core.edge.INVISIBLE_MS_MAX:
             raise Refused(Code.ILLEGAL_INVISIBLE_TIME, f"invisible_duration must be 1 ms to "
                                                        f"{core.edge.INVISIBLE_MS_MAX} ms, not {invisible} ms")
-        handle = core.receipt_handle(request.receipt_handle)
+        given = core.receipt_handle(request.receipt_handle)
+        handle = self.proxy.renewals.current(given)
+        self.proxy.renewals.forget(given)  # (the client decides its time now: a push consumer's retry)
         link = await self.proxy.link(call.account)
         reply, _ = await link.client.request({"code": protocol.CHANGE_MESSAGE_INVISIBLETIME, "consumerGroup": group,
                                               "extraInfo": handle, "invisibleTime": invisible})
@@ -423,7 +467,9 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         invisible time answers only to the one who holds it), then the stored message is handed
         back to the DLQ (CONSUMER_SEND_MSG_BACK, level -1) and acknowledged."""
         group, topic = core.group_name(request.group), core.topic_name(request.topic)
-        handle = core.receipt_handle(request.receipt_handle)
+        given = core.receipt_handle(request.receipt_handle)
+        handle = self.proxy.renewals.current(given)
+        self.proxy.renewals.forget(given)
         where = core.handle_position(handle)
         link = await self.proxy.link(call.account)
         held = await link.change_invisible(handle, core.FORWARD_HOLD_MS, group)

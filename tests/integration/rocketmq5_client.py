@@ -7,7 +7,7 @@ GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (the client takes no roots of its own).
 
     produce --topic T --count N [--tag X] [--keys K] [--message-group G] [--delay-ms D] [--async]
     simple  --topic T --group G --want N [--invisible S] [--mode ack|none|change:S] [--seconds W]
-    push    --topic T --group G --seconds W [--fail-first N] [--fail-all]  (N: the first N tries of each message)
+    push    --topic T --group G --seconds W [--fail-first N] [--fail-all] [--sleep S]  (N: the first N tries of each message)
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def simple(args, config) -> None:
 
 
 class Listener(MessageListener):
-    def __init__(self, fail_first: int, fail_all: bool):
-        self.fail_first, self.fail_all = fail_first, fail_all
+    def __init__(self, fail_first: int, fail_all: bool, sleep_s: float = 0.0):
+        self.fail_first, self.fail_all, self.sleep_s = fail_first, fail_all, sleep_s
         self.lock = threading.Lock()
         self.tries: dict[str, int] = {}  # (a FIFO consumer retries in place: the delivery attempt stays)
 
@@ -110,7 +110,7 @@ class Listener(MessageListener):
 
 
 def push(args, config) -> None:
-    consumer = PushConsumer(config, args.group, Listener(args.fail_first, args.fail_all),
+    consumer = PushConsumer(config, args.group, Listener(args.fail_first, args.fail_all, args.sleep),
                             {args.topic: FilterExpression(args.filter)}, consumption_thread_count=4, tls_enable=args.tls)
     consumer.startup()
     try:
@@ -141,6 +141,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--fail-first", type=int, default=0)
     parser.add_argument("--fail-all", action="store_true")
+    parser.add_argument("--sleep", type=float, default=0.0, help="push: seconds the listener takes a message")
     parser.add_argument("--tls", action="store_true", help="TLS (trusting GRPC_DEFAULT_SSL_ROOTS_FILE_PATH's roots)")
     args = parser.parse_args()
     config = ClientConfiguration(args.endpoint, Credentials(args.ak, args.sk), request_timeout=5)

@@ -31,8 +31,10 @@ Code = pb.Code
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     directory = tmp_path_factory.mktemp("grpc")
-    # retries back off along the delay levels from level 3: 1 s here, so retries and DLQs are quick
-    settings = node_settings(directory / "store", runDir=str(directory / "run"), messageDelayLevel="1s 1s 1s 1s 1s 1s")
+    # retries back off along the delay levels from level 3: 1 s here, so retries and DLQs are quick;
+    # a push consumer's messages are invisible 3 s at first and renewed 3 s at a time 1.5 s before
+    settings = node_settings(directory / "store", runDir=str(directory / "run"), messageDelayLevel="1s 1s 1s 1s 1s 1s",
+                             defaultInvisibleTimeMills=3000, renewAheadTimeMillis=1500, renewSliceTimeMillis=3000)
     process = NodeProcess(settings, directory / "node.log").start()
     yield process
     process.stop(strict=False)
@@ -137,6 +139,18 @@ def test_the_push_consumer_retries_and_the_node_dead_letters_past_retry_max_time
             dead = consumer.pull("%DLQ%G5PushG", 0, 0, max_count=10).messages
             time.sleep(0.2)
     assert sorted(m.body for m in dead) == [b"p0", b"p1", b"p2"]
+
+
+def test_a_push_consumers_slow_listener_keeps_its_message_the_proxy_renewing_it(node):
+    official(node, "produce", "--topic", "G5Slow", "--count", "2", "--prefix", "slow")
+    got = official(node, "push", "--topic", "G5Slow", "--group", "G5SlowG", "--seconds", "14", "--sleep", "8")
+    # each taken once (8 s of listener against 3 s of invisible time, renewed meanwhile) and acked
+    assert sorted((m["body"], m["attempt"], m["result"]) for m in got) == [("slow0", 1, "SUCCESS"),
+                                                                           ("slow1", 1, "SUCCESS")], got
+    with Producer(node.endpoint) as client:
+        info, _ = client.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+    assert info["actors"]["proxy"]["renewals"] >= 2
+    assert official(node, "simple", "--topic", "G5Slow", "--group", "G5SlowG", "--want", "1", "--seconds", "4") == []
 
 
 def test_sent_over_grpc_reads_the_same_over_zeromq_and_the_other_way(node, stub):

@@ -119,6 +119,9 @@ def receive(**fields) -> rpc.ReceiveMessageRequest:
 
 
 def test_a_receive_pops_from_any_queue_unless_the_group_is_fifo_and_answers_before_the_deadline():
+    auto = receive(invisible_duration=1000)
+    auto.auto_renew = True
+    assert core.receive_plan(auto, None, fifo=False, default_invisible_ms=7000).invisible_ms == 7000
     plan = core.receive_plan(receive(queue=5, long_polling_timeout=20_000), 15_000, fifo=False)
     assert (plan.queue_id, plan.wait_ms, plan.invisible_ms, plan.max_count, plan.tags) == (-1, 14_000, 60_000, 16, "*")
     assert core.receive_plan(receive(queue=5), None, fifo=True).queue_id == 5
@@ -191,6 +194,24 @@ def test_clients_are_forgotten_after_their_silence_and_bounded():
     assert clients.expire() == 1 and list(clients.by_id) == ["b"]
     clients.terminated_by("b")
     assert clients.statistics()["clients"] == 0 and clients.statistics()["clientsTerminated"] == 1
+
+
+def test_renewals_come_due_ahead_of_the_end_follow_the_latest_handle_and_stop_at_the_limit():
+    renewals = core.Renewals(ahead_ms=1000, max_ms=10_000)
+    assert renewals.add("h1", "G", None, "c1", visible_at_ms=5000, now_ms=0)
+    renewals.add("h2", "G", "ak", "c2", visible_at_ms=9000, now_ms=0)
+    assert renewals.due(3000) == [] and [h for h, _ in renewals.due(4200)] == ["h1"]
+    renewals.renewed("h1", "h1b", 8000)
+    assert renewals.current("h1") == "h1b" and renewals.current("other") == "other"
+    assert [h for h, _ in renewals.due(7500)] == ["h1"]  # (h2: 1.5 s left, more than 1 s ahead)
+    renewals.renewed("h1", "h1c", 10_500)
+    assert [h for h, _ in renewals.due(8200)] == ["h2"]
+    assert renewals.due(10_000) == []  # h1: held 10 s, let go; h2 not renewed: visible again, too late
+    assert renewals.current("h1") == "h1" and renewals.statistics()["renewalsEnded"] == 2
+    renewals.add("h4", "G", "ak", "c2", visible_at_ms=99_000, now_ms=10_000)
+    assert renewals.forget_client("c2") == 1 and renewals.statistics()["renewing"] == 0
+    renewals.add("h3", "G", None, "c1", 5000, 0)
+    assert renewals.due(6000) == [] and renewals.statistics()["renewing"] == 0  # already visible: too late
 
 
 def test_the_signature_is_rocketmq_5s_and_malformed_authorizations_are_told_apart():

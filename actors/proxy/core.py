@@ -3,8 +3,7 @@
 No I/O: the shell (actors.proxy.shell) owns the gRPC server and the link to the front, and asks
 this module what a request means for the node (`outgoing`, `receive_plan`, `ack_handles`) and what
 the node's answer means for the client (`status_of`, `message_of`, `route`, `assignments`,
-`settings_for`). What the clients are (their ids, types, groups, last words) is `Clients`, fed
-by the shell and read by `statistics()`.
+`settings_for`). What lasts between calls (the clients, the renewals) is actors.proxy.sessions.
 
 Choices that differ from Apache RocketMQ's proxy are documented in docs/protocol.md "gRPC":
 - A topic accepts NORMAL, FIFO and DELAY messages (mqnode keeps no message type per topic);
@@ -12,7 +11,7 @@ Choices that differ from Apache RocketMQ's proxy are documented in docs/protocol
 - A route lists queue i as readable if i < readQueueNums and writable if i < writeQueueNums (the
   ids the store uses), not RocketMQ's read-only-first renumbering.
 - A receipt handle is the node's own (docs/protocol.md "Pop"), passed through unchanged.
-- `auto_renew` receives (push consumers) are renewed by the proxy (`Renewals`), as RocketMQ 5's
+- `auto_renew` receives (push consumers) are renewed by the proxy (`sessions.Renewals`), as RocketMQ 5's
   proxy does, with its settings' names: defaultInvisibleTimeMills at first, then
   renewSliceTimeMillis at a time from renewAheadTimeMillis before the end, for at most
   renewMaxTimeMillis; the client's ack or change names the handle it received, and the proxy
@@ -22,8 +21,7 @@ Choices that differ from Apache RocketMQ's proxy are documented in docs/protocol
 from __future__ import annotations
 
 import functools
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from actors import edge
 from actors.proxy.apis import definition_pb2 as pb
@@ -51,8 +49,6 @@ MAX_RECEIVE_BATCH = edge.POP_MAX_COUNT
 FORWARD_HOLD_MS = 30_000  # a message being forwarded to the DLQ stays invisible this long meanwhile
 MAX_SEND_MESSAGES = 1024  # messages in one SendMessageRequest
 MESSAGE_GROUP_MAX = 64  # RocketMQ 5's maxMessageGroupSize
-CLIENT_EXPIRY_S = 120.0  # a client silent this long is forgotten (clientChannelExpiredTimeout)
-MAX_CLIENTS = 100_000  # clients remembered at once; past it the longest silent go first
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"  # RocketMQ 5's message group, stored as a property
 PROPERTY_TRANSACTION = "TRAN_MSG"
 ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)  # what a topic's queues accept (no TRANSACTION yet)
@@ -414,78 +410,6 @@ def receipt_handle(handle: str) -> str:
     return handle
 
 
-# -- renewals (push consumers' auto_renew) -------------------------------------------------------------
-
-MAX_RENEWALS = 200_000  # handles renewed at once; past it a receive's messages are not renewed
-
-
-@dataclass
-class Renewal:
-    group: str
-    account: str | None
-    client_id: str
-    handle: str  # the latest: what the node takes now
-    visible_at_ms: int
-    received_ms: int
-
-
-class Renewals:
-    """The handles the proxy keeps invisible for push consumers, by the handle the client got.
-    `due` says which to renew now; `renewed` records the node's new handle; `current` maps what a
-    client acks or changes to the latest; `forget` ends one (acked, changed by the client, or
-    past renewMaxTimeMillis); `forget_client` all of a client's (it said it terminated)."""
-
-    def __init__(self, ahead_ms: int, max_ms: int):
-        self.ahead_ms, self.max_ms = ahead_ms, max_ms
-        self.by_handle: dict[str, Renewal] = {}
-        self.renewed_count = self.expired = self.refused = 0
-
-    def add(self, handle: str, group: str, account: str | None, client_id: str, visible_at_ms: int,
-            now_ms: int) -> bool:
-        if len(self.by_handle) >= MAX_RENEWALS:
-            self.refused += 1
-            return False
-        self.by_handle[handle] = Renewal(group, account, client_id, handle, visible_at_ms, now_ms)
-        return True
-
-    def due(self, now_ms: int) -> list[tuple[str, Renewal]]:
-        """(the client's handle, its renewal) for each to renew now; those held renewMaxTimeMillis
-        are let go (their time runs out and they come back, as RocketMQ 5's proxy lets them)."""
-        out = []
-        for original, renewal in list(self.by_handle.items()):
-            if renewal.visible_at_ms - now_ms > self.ahead_ms:
-                continue
-            if now_ms - renewal.received_ms >= self.max_ms or renewal.visible_at_ms <= now_ms:
-                del self.by_handle[original]  # (held long enough, or already visible: renewing is too late)
-                self.expired += 1
-                continue
-            out.append((original, renewal))
-        return out
-
-    def renewed(self, original: str, handle: str, visible_at_ms: int) -> None:
-        renewal = self.by_handle.get(original)
-        if renewal is not None:
-            renewal.handle, renewal.visible_at_ms = handle, visible_at_ms
-            self.renewed_count += 1
-
-    def current(self, handle: str) -> str:
-        renewal = self.by_handle.get(handle)
-        return handle if renewal is None else renewal.handle
-
-    def forget(self, handle: str) -> None:
-        self.by_handle.pop(handle, None)
-
-    def forget_client(self, client_id: str) -> int:
-        gone = [h for h, r in self.by_handle.items() if r.client_id == client_id]
-        for handle in gone:
-            del self.by_handle[handle]
-        return len(gone)
-
-    def statistics(self) -> dict:
-        return {"renewing": len(self.by_handle), "renewals": self.renewed_count, "renewalsEnded": self.expired,
-                "renewalsRefused": self.refused}
-
-
 # -- routes and assignments ------------------------------------------------------------------------
 
 
@@ -522,7 +446,7 @@ def assignments(topic: pb.Resource, info: dict, node: pb.Broker, fifo: bool) -> 
     return rpc.QueryAssignmentResponse(status=status(Code.OK), assignments=out)
 
 
-# -- clients and their settings --------------------------------------------------------------------
+# -- settings --------------------------------------------------------------------
 
 
 def settings_for(given: pb.Settings, settings, group: dict | None) -> pb.Settings:
@@ -553,66 +477,3 @@ def settings_for(given: pb.Settings, settings, group: dict | None) -> pb.Setting
     out.subscription.receive_batch_size = RECEIVE_BATCH
     out.subscription.long_polling_timeout.FromMilliseconds(LONG_POLLING_MS)
     return out
-
-
-@dataclass
-class Client:
-    """What the proxy knows of one client (by its `x-mq-client-id`)."""
-
-    client_id: str
-    client_type: int = pb.CLIENT_TYPE_UNSPECIFIED
-    group: str = ""
-    language: str = ""
-    version: str = ""
-    last_seen: float = 0.0
-    streams: int = 0  # Telemetry streams open
-    topics: set[str] = field(default_factory=set)
-
-
-class Clients:
-    """The clients that spoke to the proxy lately: for `admin stats`, and forgotten after
-    CLIENT_EXPIRY_S of silence or at NotifyClientTermination. Bounded by MAX_CLIENTS."""
-
-    def __init__(self, clock=time.monotonic):
-        self.clock = clock
-        self.by_id: dict[str, Client] = {}
-        self.terminated = 0
-
-    def seen(self, client_id: str, metadata: dict[str, str]) -> Client:
-        client = self.by_id.get(client_id)
-        if client is None:
-            if len(self.by_id) >= MAX_CLIENTS:
-                self.expire(force=True)
-            client = self.by_id[client_id] = Client(client_id, language=metadata.get("x-mq-language", ""),
-                                                    version=metadata.get("x-mq-client-version", ""))
-        client.last_seen = self.clock()
-        return client
-
-    def heard(self, client: Client, client_type: int, group: str | None) -> None:
-        if client_type != pb.CLIENT_TYPE_UNSPECIFIED:
-            client.client_type = client_type
-        if group:
-            client.group = group
-
-    def terminated_by(self, client_id: str) -> None:
-        if self.by_id.pop(client_id, None) is not None:
-            self.terminated += 1
-
-    def expire(self, *, force: bool = False) -> int:
-        """Forget the silent (with `force`, also the older half): how many went."""
-        now = self.clock()
-        gone = [cid for cid, c in self.by_id.items() if now - c.last_seen > CLIENT_EXPIRY_S and not c.streams]
-        if force and not gone:
-            by_age = sorted(self.by_id.values(), key=lambda c: c.last_seen)
-            gone = [c.client_id for c in by_age[: len(by_age) // 2 + 1]]
-        for cid in gone:
-            del self.by_id[cid]
-        return len(gone)
-
-    def statistics(self) -> dict:
-        kinds: dict[str, int] = {}
-        for client in self.by_id.values():
-            name = name_of(pb.ClientType, client.client_type)
-            kinds[name] = kinds.get(name, 0) + 1
-        return {"clients": len(self.by_id), "clientTypes": kinds, "clientsTerminated": self.terminated,
-                "telemetryStreams": sum(c.streams for c in self.by_id.values())}

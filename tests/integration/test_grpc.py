@@ -21,7 +21,7 @@ from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
 from actors.proxy.apis import service_pb2_grpc
 from node import protocol
-from node.client import Message, Producer, PullConsumer
+from node.client import Producer, PullConsumer
 
 pytestmark = pytest.mark.slow
 CLIENT = Path(__file__).with_name("rocketmq5_client.py")

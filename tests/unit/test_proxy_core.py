@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.proxy import auth, core
+from actors.proxy import auth, core, sessions
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
 from actors.proxy.core import Code, Refused
@@ -186,10 +186,10 @@ def test_settings_answer_a_producer_with_the_largest_body_and_a_consumer_with_it
 
 def test_clients_are_forgotten_after_their_silence_and_bounded():
     now = [0.0]
-    clients = core.Clients(clock=lambda: now[0])
+    clients = sessions.Clients(clock=lambda: now[0])
     clients.heard(clients.seen("a", {}), pb.PRODUCER, None)
     clients.seen("b", {})
-    now[0] = core.CLIENT_EXPIRY_S + 1
+    now[0] = sessions.CLIENT_EXPIRY_S + 1
     clients.seen("b", {})
     assert clients.expire() == 1 and list(clients.by_id) == ["b"]
     clients.terminated_by("b")
@@ -197,7 +197,7 @@ def test_clients_are_forgotten_after_their_silence_and_bounded():
 
 
 def test_renewals_come_due_ahead_of_the_end_follow_the_latest_handle_and_stop_at_the_limit():
-    renewals = core.Renewals(ahead_ms=1000, max_ms=10_000)
+    renewals = sessions.Renewals(ahead_ms=1000, max_ms=10_000)
     assert renewals.add("h1", "G", None, "c1", visible_at_ms=5000, now_ms=0)
     renewals.add("h2", "G", "ak", "c2", visible_at_ms=9000, now_ms=0)
     assert renewals.due(3000) == [] and [h for h, _ in renewals.due(4200)] == ["h1"]

@@ -1,0 +1,361 @@
+"""The gRPC proxy's RPCs (`apache.rocketmq.v2.MessagingService`): each call checked (the ACL's
+signature, actors.proxy.auth), given meaning by the core (actors.proxy.core) and carried to the
+front over the proxy's links (actors.proxy.shell.Proxy). Every refusal and failure is the
+response's status, never a broken call (`answering`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from grpc import aio
+
+from actors.proxy import auth, core
+from actors.proxy.sessions import wall_ms
+from actors.proxy.apis import definition_pb2 as pb
+from actors.proxy.apis import service_pb2 as rpc
+from actors.proxy.apis import service_pb2_grpc
+from actors.proxy.core import Code, Refused, status
+from node import protocol
+from node.client.producer import SendError
+
+if TYPE_CHECKING:
+    from actors.proxy.shell import Proxy
+
+log = logging.getLogger("mqnode")
+
+
+class Call:
+    """One RPC's context: who called (after the ACL's check) and what the core should answer."""
+
+    def __init__(self, proxy: Proxy, name: str, context: aio.ServicerContext):
+        self.proxy, self.name, self.context = proxy, name, context
+        self.metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        proxy.calls[name] = proxy.calls.get(name, 0) + 1
+        self.account = proxy.verifier.verify(self.metadata, context.peer() or "") if proxy.verifier else None
+        client_id = self.metadata.get("x-mq-client-id")
+        self.client = proxy.clients.seen(client_id, self.metadata) if client_id else None
+
+    def remaining_ms(self) -> int | None:
+        left = self.context.time_remaining()
+        return None if left is None else int(left * 1000)
+
+
+def answering(response_type, *, streaming: bool = False):
+    """Wrap an RPC: every refusal and failure becomes the response's `status`, never a broken
+    call (a bug is logged and answered INTERNAL_SERVER_ERROR)."""
+    def wrap(method):
+        name = method.__name__
+
+        async def unary(self, request, context):
+            try:
+                return await method(self, Call(self.proxy, name, context), request)
+            except BaseException as e:  # noqa: BLE001 (CancelledError: the client went; re-raised)
+                return response_type(status=self.failure(name, e))
+
+        async def stream(self, request, context):
+            try:
+                async for response in method(self, Call(self.proxy, name, context), request):
+                    yield response
+            except BaseException as e:  # noqa: BLE001
+                yield response_type(status=self.failure(name, e))
+
+        return stream if streaming else unary
+    return wrap
+
+
+class Service(service_pb2_grpc.MessagingServiceServicer):
+    def __init__(self, proxy: Proxy):
+        self.proxy = proxy
+
+    def failure(self, name: str, error: BaseException) -> pb.Status:
+        if isinstance(error, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
+            raise error
+        self.proxy.refused += 1
+        if isinstance(error, Refused):
+            return status(error.code, error.message)
+        if isinstance(error, auth.Denied):
+            return status(error.code, str(error))
+        if isinstance(error, SendError):
+            return core.status_of(error.status, error.remark)
+        self.proxy.errors += 1
+        log.exception("proxy: %s failed", name)
+        return status(Code.INTERNAL_SERVER_ERROR, f"{name}: {type(error).__name__}: {error}")
+
+    # -- routes, clients, settings ---------------------------------------------------------------
+
+    @answering(rpc.QueryRouteResponse)
+    async def QueryRoute(self, call: Call, request: rpc.QueryRouteRequest):
+        topic = core.topic_name(request.topic)
+        info = await self.proxy.topic_info(call.account, topic)
+        return core.route(request.topic, info, core.broker(self.proxy.settings, request.endpoints))
+
+    @answering(rpc.QueryAssignmentResponse)
+    async def QueryAssignment(self, call: Call, request: rpc.QueryAssignmentRequest):
+        topic, group = core.topic_name(request.topic), core.group_name(request.group)
+        info = await self.proxy.topic_info(call.account, topic)
+        return core.assignments(request.topic, info, core.broker(self.proxy.settings, request.endpoints),
+                                await self.proxy.fifo(group))
+
+    @answering(rpc.HeartbeatResponse)
+    async def Heartbeat(self, call: Call, request: rpc.HeartbeatRequest):
+        if call.client is None:
+            raise Refused(Code.CLIENT_ID_REQUIRED, "x-mq-client-id is missing from the call's metadata")
+        group = core.group_name(request.group) if request.HasField("group") and request.group.name else None
+        self.proxy.clients.heard(call.client, request.client_type, group)
+        return rpc.HeartbeatResponse(status=status(Code.OK))
+
+    @answering(rpc.NotifyClientTerminationResponse)
+    async def NotifyClientTermination(self, call: Call, request: rpc.NotifyClientTerminationRequest):
+        if call.client is None:
+            raise Refused(Code.CLIENT_ID_REQUIRED, "x-mq-client-id is missing from the call's metadata")
+        self.proxy.clients.terminated_by(call.client.client_id)
+        self.proxy.renewals.forget_client(call.client.client_id)
+        return rpc.NotifyClientTerminationResponse(status=status(Code.OK))
+
+    async def Telemetry(self, requests, context):
+        """The settings exchange: each settings command the client sends is answered with the
+        node's settings for it. The stream stays open until the client closes it."""
+        try:
+            call = Call(self.proxy, "Telemetry", context)
+        except auth.Denied as e:
+            yield rpc.TelemetryCommand(status=status(e.code, str(e)))
+            return
+        if call.client is None:
+            yield rpc.TelemetryCommand(status=status(Code.CLIENT_ID_REQUIRED, "x-mq-client-id is missing"))
+            return
+        call.client.streams += 1
+        try:
+            async for command in requests:
+                call.client.last_seen = time.monotonic()
+                answer = await self._telemetry(call, command)
+                if answer is not None:
+                    yield answer
+        finally:
+            call.client.streams -= 1
+
+    async def _telemetry(self, call: Call, command: rpc.TelemetryCommand) -> rpc.TelemetryCommand | None:
+        if command.WhichOneof("command") != "settings":
+            return None  # (thread stack traces, verify results: answers to commands this node never sends)
+        given = command.settings
+        group = None
+        try:
+            if given.HasField("subscription") and given.subscription.HasField("group"):
+                group_name = core.group_name(given.subscription.group)
+                self.proxy.clients.heard(call.client, given.client_type, group_name)
+                group = await self.proxy.group(group_name)
+            else:
+                self.proxy.clients.heard(call.client, given.client_type, None)
+            settings = core.settings_for(given, self.proxy.settings, group)
+        except BaseException as e:  # noqa: BLE001
+            return rpc.TelemetryCommand(status=self.failure("Telemetry", e))
+        return rpc.TelemetryCommand(status=status(Code.OK), settings=settings)
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    @answering(rpc.SendMessageResponse)
+    async def SendMessage(self, call: Call, request: rpc.SendMessageRequest):
+        """Each message checked (core.outgoing), then sent in batches of one topic and queue:
+        a FIFO message to its group's queue, the others of a topic to one queue a request, in
+        turn (as a producer's send_batch); a timed one alone. Each entry says its own result."""
+        if not 0 < len(request.messages) <= core.MAX_SEND_MESSAGES:
+            raise Refused(Code.BAD_REQUEST, f"a send carries 1 to {core.MAX_SEND_MESSAGES} messages, "
+                                            f"not {len(request.messages)}")
+        s, now = self.proxy.settings, int(time.time() * 1000)
+        link = await self.proxy.link(call.account)
+        plans = []
+        for message in request.messages:
+            try:
+                plans.append(core.outgoing(message, s.maxMessageSize, s.timerMaxDelaySec * 1000, now))
+            except Refused as e:
+                plans.append(e)
+        queues = await self._queues(link, plans)
+        results: list = [plan if isinstance(plan, Refused) else None for plan in plans]
+        grouped, single = core.batches(plans, lambda plan: queues[plan.message.topic](plan))
+        sends = [link.client.send_batch(topic, [plans[i].message for i in indices], queue_id=queue)
+                 for topic, queue, indices in grouped]
+        sends += [link.client.send_message(plans[i].message, shard_key=plans[i].shard_key) for i in single]
+        outcomes = await asyncio.gather(*sends, return_exceptions=True)
+        for (_, _, indices), outcome in zip(grouped, outcomes):
+            for n, i in enumerate(indices):
+                results[i] = outcome[n] if isinstance(outcome, list) else outcome
+        for i, outcome in zip(single, outcomes[len(grouped):]):
+            results[i] = outcome
+        entries = [self._entry(plan, result) for plan, result in zip(plans, results)]
+        self.proxy.sent += sum(1 for e in entries if e.status.code == Code.OK)
+        return core.send_response(entries)
+
+    async def _queues(self, link, plans) -> dict:
+        """topic -> its queue picker for this request; a topic the node refuses refuses its messages."""
+        pickers = {}
+        for i, plan in enumerate(plans):
+            if isinstance(plan, Refused) or plan.message.topic in pickers:
+                continue
+            topic = plan.message.topic
+            try:
+                count = await link.client.queue_count(topic)
+            except SendError as e:
+                refusal = core.status_of(e.status, e.remark)
+                for j, other in enumerate(plans):
+                    if not isinstance(other, Refused) and other.message.topic == topic:
+                        plans[j] = Refused(refusal.code, refusal.message)
+                continue
+            pickers[topic] = self.proxy.picker(topic, count)
+        return pickers
+
+    def _entry(self, plan, result) -> rpc.SendResultEntry:
+        if isinstance(result, Refused):
+            return rpc.SendResultEntry(status=status(result.code, result.message))
+        if isinstance(result, SendError):
+            return rpc.SendResultEntry(status=core.status_of(result.status, result.remark), message_id=plan.message_id)
+        if isinstance(result, BaseException):
+            return rpc.SendResultEntry(status=self.failure("SendMessage", result), message_id=plan.message_id)
+        return rpc.SendResultEntry(status=core.status_of(result.status), message_id=result.msg_id,
+                                   offset=result.queue_offset)
+
+    @answering(rpc.EndTransactionResponse)
+    async def EndTransaction(self, call: Call, request):
+        raise Refused(Code.NOT_IMPLEMENTED, "transactional messages are not supported by this node yet")
+
+    @answering(rpc.RecallMessageResponse)
+    async def RecallMessage(self, call: Call, request):
+        raise Refused(Code.NOT_IMPLEMENTED, "recalling a delayed message is not supported by this node")
+
+    @answering(rpc.SyncLiteSubscriptionResponse)
+    async def SyncLiteSubscription(self, call: Call, request):
+        raise Refused(Code.NOT_IMPLEMENTED, "lite topics are not supported by this node")
+
+    # -- receiving -------------------------------------------------------------------------------
+
+    @answering(rpc.ReceiveMessageResponse, streaming=True)
+    async def ReceiveMessage(self, call: Call, request: rpc.ReceiveMessageRequest):
+        """Status first, then each message, then the time of delivery (as RocketMQ 5's proxy)."""
+        fifo = await self.proxy.fifo(core.group_name(request.group))
+        plan = core.receive_plan(request, call.remaining_ms(), fifo, self.proxy.settings.defaultInvisibleTimeMills)
+        link = await self.proxy.link(call.account)
+        messages = await link.pop(plan.topic, plan.group, max_count=plan.max_count, invisible_ms=plan.invisible_ms,
+                                  wait_ms=plan.wait_ms, tags=plan.tags, queue_id=plan.queue_id, orderly=plan.orderly)
+        if not messages:
+            yield rpc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
+            return
+        if request.auto_renew and call.client is not None:
+            now = wall_ms()
+            for message in messages:
+                self.proxy.renewals.add(message.receipt_handle, plan.group, call.account, call.client.client_id,
+                                        now + plan.invisible_ms, now)
+        yield rpc.ReceiveMessageResponse(status=status(Code.OK))
+        for message in messages:
+            yield core.message_of(message, plan.invisible_ms)
+        self.proxy.received += len(messages)
+        delivered = rpc.ReceiveMessageResponse()
+        delivered.delivery_timestamp.GetCurrentTime()
+        yield delivered
+
+    @answering(rpc.AckMessageResponse)
+    async def AckMessage(self, call: Call, request: rpc.AckMessageRequest):
+        group = core.group_name(request.group)
+        core.topic_name(request.topic)
+        if not 0 < len(request.entries) <= core.MAX_RECEIVE_BATCH:
+            raise Refused(Code.BAD_REQUEST, f"an ack carries 1 to {core.MAX_RECEIVE_BATCH} entries")
+        given = [core.receipt_handle(entry.receipt_handle) for entry in request.entries]
+        handles = [self.proxy.renewals.current(handle) for handle in given]  # (renewed since: the latest)
+        link = await self.proxy.link(call.account)
+        reply, _ = await link.client.request({"code": protocol.BATCH_ACK_MESSAGE, "consumerGroup": group,
+                                              "extraInfos": handles})
+        if reply.get("status") != "OK":
+            return rpc.AckMessageResponse(status=core.status_of(reply.get("status"), reply.get("remark", "")))
+        outcomes = reply.get("results") or []
+        for handle in given:
+            self.proxy.renewals.forget(handle)
+        entries = [rpc.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+                                             status=core.status_of(outcome))
+                   for entry, outcome in zip(request.entries, outcomes)]
+        self.proxy.acked += sum(1 for outcome in outcomes if outcome == "OK")
+        codes = {e.status.code for e in entries}
+        top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "the entries' results differ")
+        return rpc.AckMessageResponse(status=top, entries=entries)
+
+    @answering(rpc.ChangeInvisibleDurationResponse)
+    async def ChangeInvisibleDuration(self, call: Call, request: rpc.ChangeInvisibleDurationRequest):
+        group = core.group_name(request.group)
+        core.topic_name(request.topic)
+        invisible = core.duration_ms(request.invisible_duration)
+        if not 0 < invisible <= core.edge.INVISIBLE_MS_MAX:
+            raise Refused(Code.ILLEGAL_INVISIBLE_TIME, f"invisible_duration must be 1 ms to "
+                                                       f"{core.edge.INVISIBLE_MS_MAX} ms, not {invisible} ms")
+        given = core.receipt_handle(request.receipt_handle)
+        handle = self.proxy.renewals.current(given)
+        self.proxy.renewals.forget(given)  # (the client decides its time now: a push consumer's retry)
+        link = await self.proxy.link(call.account)
+        reply, _ = await link.client.request({"code": protocol.CHANGE_MESSAGE_INVISIBLETIME, "consumerGroup": group,
+                                              "extraInfo": handle, "invisibleTime": invisible})
+        if reply.get("status") != "OK":
+            return rpc.ChangeInvisibleDurationResponse(status=core.status_of(reply.get("status"), reply.get("remark", "")))
+        return rpc.ChangeInvisibleDurationResponse(status=status(Code.OK), receipt_handle=reply["extraInfo"])
+
+    @answering(rpc.ForwardMessageToDeadLetterQueueResponse)
+    async def ForwardMessageToDeadLetterQueue(self, call: Call, request):
+        """The client gives up on a message it holds (a FIFO consumer past its attempts): it
+        goes into %DLQ%<group> now and is retired. The handle is proven first (a change of the
+        invisible time answers only to the one who holds it), then the stored message is handed
+        back to the DLQ (CONSUMER_SEND_MSG_BACK, level -1) and acknowledged."""
+        group, topic = core.group_name(request.group), core.topic_name(request.topic)
+        given = core.receipt_handle(request.receipt_handle)
+        handle = self.proxy.renewals.current(given)
+        self.proxy.renewals.forget(given)
+        where = core.handle_position(handle)
+        link = await self.proxy.link(call.account)
+        held = await link.change_invisible(handle, core.FORWARD_HOLD_MS, group)
+        pulled = await link.pull(where[0], where[1], where[2], max_count=1)
+        message = next((m for m in pulled.messages if m.queue_offset == where[2]), None)
+        if message is None or where[0] != topic:
+            raise Refused(Code.MESSAGE_NOT_FOUND, f"no message at {where[0]}/{where[1]}/{where[2]} (cleaned away?)")
+        await link.send_back(message, group, delay_level=-1)
+        await link.ack(held, group)
+        return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(Code.OK))
+
+    # -- offsets (the pull path's): not served over gRPC -------------------------------------------
+
+    @answering(rpc.PullMessageResponse, streaming=True)
+    async def PullMessage(self, call: Call, request):
+        raise Refused(Code.NOT_IMPLEMENTED, "PullMessage is not served over gRPC: pop (ReceiveMessage), or pull "
+                                            "with mqnode's ZeroMQ protocol")
+        yield  # (a generator)
+
+    @answering(rpc.UpdateOffsetResponse)
+    async def UpdateOffset(self, call: Call, request: rpc.UpdateOffsetRequest):
+        group, topic = core.group_name(request.group), core.topic_name(request.message_queue.topic)
+        if request.offset < 0:
+            raise Refused(Code.ILLEGAL_OFFSET, f"an offset is 0 or more, not {request.offset}")
+        reply = await self.proxy.ask(call.account, {"code": protocol.UPDATE_CONSUMER_OFFSET, "consumerGroup": group,
+                                                    "topic": topic, "queueId": core.queue_of(request.message_queue),
+                                                    "commitOffset": request.offset})
+        return rpc.UpdateOffsetResponse(status=core.status_of(reply.get("status"), reply.get("remark", "")))
+
+    @answering(rpc.GetOffsetResponse)
+    async def GetOffset(self, call: Call, request: rpc.GetOffsetRequest):
+        group, topic = core.group_name(request.group), core.topic_name(request.message_queue.topic)
+        reply = await self.proxy.ask(call.account, {"code": protocol.QUERY_CONSUMER_OFFSET, "consumerGroup": group,
+                                                    "topic": topic, "queueId": core.queue_of(request.message_queue)})
+        if reply.get("status") == "QUERY_NOT_FOUND":
+            return rpc.GetOffsetResponse(status=status(Code.OFFSET_NOT_FOUND, reply.get("remark", "")))
+        return rpc.GetOffsetResponse(status=core.status_of(reply.get("status"), reply.get("remark", "")),
+                                     offset=reply.get("offset", 0))
+
+    @answering(rpc.QueryOffsetResponse)
+    async def QueryOffset(self, call: Call, request: rpc.QueryOffsetRequest):
+        topic, queue = core.topic_name(request.message_queue.topic), core.queue_of(request.message_queue)
+        policy = request.query_offset_policy
+        if policy == pb.TIMESTAMP:
+            if not 0 <= core.millis(request.timestamp) < 2**62:
+                raise Refused(Code.BAD_REQUEST, "the timestamp is before 1970 or too far ahead")
+            header = {"code": protocol.SEARCH_OFFSET_BY_TIMESTAMP, "topic": topic, "queueId": queue,
+                      "timestamp": core.millis(request.timestamp)}
+        else:
+            header = {"code": protocol.GET_MAX_OFFSET if policy == pb.END else protocol.GET_MIN_OFFSET,
+                      "topic": topic, "queueId": queue}
+        reply = await self.proxy.ask(call.account, header)
+        return rpc.QueryOffsetResponse(status=core.status_of(reply.get("status"), reply.get("remark", "")),
+                                       offset=reply.get("offset", 0))

@@ -44,6 +44,7 @@ class NodeCollector:
         yield from _store(actors, control)
         yield from _schedule(actors.get("schedule") or {})
         yield from _pop(actors.get("pop") or {})
+        yield from _proxy(actors.get("proxy") or {})
         yield from self._processes(info.get("services") or {}, info.get("supervision") or {})
 
     def _lag(self, offsets: dict, dispatched: int):
@@ -250,6 +251,29 @@ class MetricsServer:
         self.server.shutdown()
         self.server.server_close()
         self.asker.close()
+
+
+def _proxy(proxy: dict):
+    """The gRPC proxy (actors.proxy): its calls by RPC and messages, since its process started;
+    the clients it knows and the messages it keeps invisible for push consumers."""
+    calls = CounterMetricFamily("mqnode_grpc_calls", "gRPC calls the proxy took, by RPC", labels=["rpc"])
+    for rpc, count in sorted((proxy.get("calls") or {}).items()):
+        calls.add_metric([rpc], count)
+    yield calls
+    for name, what, key, kind in (
+            ("mqnode_grpc_refused", "gRPC calls or messages answered with a refusal", "refused", CounterMetricFamily),
+            ("mqnode_grpc_messages_sent", "Messages stored through SendMessage", "messagesSent", CounterMetricFamily),
+            ("mqnode_grpc_messages_received", "Messages handed out through ReceiveMessage", "messagesReceived",
+             CounterMetricFamily),
+            ("mqnode_grpc_messages_acked", "Messages acked through AckMessage", "messagesAcked", CounterMetricFamily),
+            ("mqnode_grpc_renewals", "Invisible times the proxy renewed for push consumers", "renewals",
+             CounterMetricFamily),
+            ("mqnode_grpc_clients", "RocketMQ 5 clients the proxy heard from lately", "clients", GaugeMetricFamily),
+            ("mqnode_grpc_renewing_messages", "Messages the proxy keeps invisible for push consumers now", "renewing",
+             GaugeMetricFamily)):
+        family = kind(name, what)
+        family.add_metric([], proxy.get(key, 0))
+        yield family
 
 
 def _pop(pop: dict):

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 from grpc import aio
 
 from actors.proxy import auth, core
-from actors.proxy.sessions import wall_ms
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
 from actors.proxy.apis import service_pb2_grpc
 from actors.proxy.core import Code, Refused, status
+from actors.proxy.sessions import wall_ms
 from node import protocol
 from node.client.producer import SendError
 

@@ -109,6 +109,14 @@ def handle_of(ck: int, topic: str, queue_id: int, offset) -> str:
     return f"{ck} {topic} {queue_id} {offset}"
 
 
+def handle_parts(handle: str) -> tuple[int, str, int, int] | None:
+    """(ck, topic, queue id, offset) of what `handle_of` made; None for anything else."""
+    parts = handle.split(" ")
+    if len(parts) != 4 or not all(parts[i].isdigit() for i in (0, 2, 3)):
+        return None
+    return int(parts[0]), parts[1], int(parts[2]), int(parts[3])
+
+
 class PopCore:
     """`read(topic, queue, offset, count, codes)` -> (entries, next offset to look at, min, max)
     reads the store; `log` takes each record (`append`); `clock_ms` is wall time in ms."""

@@ -24,6 +24,7 @@ import functools
 from dataclasses import dataclass
 
 from actors import edge
+from actors.pop_core import handle_parts
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
 from actors.topics import topic_error
@@ -106,8 +107,6 @@ def status(code: int, message: str = "") -> pb.Status:
     return pb.Status(code=code, message=message or name_of(Code, code))
 
 
-OK = pb.OK  # (Code.OK looks the name up on every use: a send builds a status a message)
-OK_STATUS = status(OK)
 _PLAIN = {name: status(code, name) for name, code in NODE_STATUS.items() if code != Code.BAD_REQUEST}
 
 
@@ -397,10 +396,10 @@ def queue_of(queue: pb.MessageQueue) -> int:
 def handle_position(handle: str) -> tuple[str, int, int]:
     """(topic, queue id, queue offset) of a node's receipt handle ("<ck> <topic> <queueId>
     <offset>", docs/protocol.md "Pop"); INVALID_RECEIPT_HANDLE if it is not one."""
-    parts = handle.split(" ")
-    if len(parts) != 4 or not parts[2].isdigit() or not parts[3].isdigit():
+    parts = handle_parts(handle)
+    if parts is None:
         raise Refused(Code.INVALID_RECEIPT_HANDLE, "not a receipt handle this node gave")
-    return parts[1], int(parts[2]), int(parts[3])
+    return parts[1], parts[2], parts[3]
 
 
 def receipt_handle(handle: str) -> str:

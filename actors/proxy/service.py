@@ -306,11 +306,13 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         handle = self.proxy.renewals.current(given)
         self.proxy.renewals.forget(given)
         where = core.handle_position(handle)
+        if where[0] != topic:
+            raise Refused(Code.INVALID_RECEIPT_HANDLE, f"the receipt handle is of topic {where[0]}, not {topic}")
         link = await self.proxy.link(call.account)
         held = await link.change_invisible(handle, core.FORWARD_HOLD_MS, group)
         pulled = await link.pull(where[0], where[1], where[2], max_count=1)
         message = next((m for m in pulled.messages if m.queue_offset == where[2]), None)
-        if message is None or where[0] != topic:
+        if message is None:
             raise Refused(Code.MESSAGE_NOT_FOUND, f"no message at {where[0]}/{where[1]}/{where[2]} (cleaned away?)")
         await link.send_back(message, group, delay_level=-1)
         await link.ack(held, group)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
 
 import grpc
 from grpc import aio
@@ -34,7 +33,7 @@ from actors.proxy.service import Service
 from actors.proxy.sessions import wall_ms
 from node import protocol
 from node.client.consumer import AsyncPullConsumer
-from node.client.producer import SendError
+from node.client.producer import SendError, shard_queue
 from node.security import Credentials
 
 log = logging.getLogger("mqnode")
@@ -182,7 +181,7 @@ class Proxy(Actor):
             self.turns.clear()
 
         def queue_of(plan) -> int:
-            return zlib.crc32(plan.shard_key.encode()) % count if plan.shard_key is not None else turn
+            return shard_queue(plan.shard_key, count) if plan.shard_key is not None else turn
         return queue_of
 
     async def fifo(self, group: str) -> bool:

@@ -166,8 +166,8 @@ class AsyncProducer:
     def _pick_queue(self, topic: str, queue_id: int | None, shard_key: str | None, count: int | None) -> int:
         if queue_id is not None:
             return queue_id
-        if shard_key is not None:  # ordered sends: one key, one queue
-            return zlib.crc32(shard_key.encode()) % count
+        if shard_key is not None:
+            return shard_queue(shard_key, count)
         counter = self.round_robin.setdefault(topic, itertools.count())
         return next(counter) % count
 
@@ -456,6 +456,11 @@ class Producer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def shard_queue(shard_key: str, count: int) -> int:
+    """Ordered sends: one key, one queue (the gRPC proxy places a FIFO message group by it too)."""
+    return zlib.crc32(shard_key.encode()) % count
 
 
 def backoff(attempt: int) -> float:

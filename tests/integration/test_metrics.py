@@ -64,8 +64,10 @@ def test_puts_pulls_and_lag_are_what_the_clients_did(node):
             offset = pulled.next_begin_offset
             assert time.monotonic() < deadline
         consumer.commit("readers", "MetricsA", 0, offset)
+    # (each process's counts reach the front once a second: wait for the pull worker's too)
     samples = wait_for(node, lambda s: value(s, "mqnode_put_messages_total", topic="MetricsB", status="PUT_OK") == 4
-                       and value(s, "mqnode_timers_pending") == 1)
+                       and value(s, "mqnode_timers_pending") == 1
+                       and value(s, "mqnode_pull_messages_total", topic="MetricsA", group="readers") == 6)
     assert value(samples, "mqnode_put_messages_total", topic="MetricsA", status="PUT_OK") == 10
     assert value(samples, "mqnode_put_messages_total", topic="MetricsB", status="PUT_OK") == 4  # 3 + the timer
     assert value(samples, "mqnode_put_messages_total", topic="MetricsB", status="MESSAGE_ILLEGAL") == 1

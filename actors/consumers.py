@@ -161,9 +161,9 @@ def answer(groups: ConsumerGroups, header: dict, routing_id: bytes, now: int) ->
             return protocol.reply_header(opaque, "SYSTEM_BUSY", f"the node holds {MAX_MEMBERS} members already"), set()
         changed = groups.heartbeat(header["clientID"], routing_id, consumers, now)
         return protocol.reply_header(opaque, "OK", clientChannelExpiredTimeout=groups.channel_expired_ms), changed
-    group = header["consumerGroup"]
-    if code == protocol.UNREGISTER_CLIENT:
-        return protocol.reply_header(opaque, "OK"), groups.unregister(header["clientID"], group)
+    group = header.get("consumerGroup")
+    if code == protocol.UNREGISTER_CLIENT:  # (a producer's names its producerGroup only: the front's)
+        return protocol.reply_header(opaque, "OK"), groups.unregister(header["clientID"], group) if group else set()
     if code == protocol.GET_CONSUMER_LIST_BY_GROUP:
         return protocol.reply_header(opaque, "OK", consumerIdList=groups.client_ids(group)), set()
     queues = [(q["topic"], q["queueId"]) for q in header.get("mqSet") or []]

@@ -11,6 +11,8 @@ import time
 
 from shm.codec import (
     PROPERTY_DELAY,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_TRANSACTION,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TIMER_DELAY_SEC,
@@ -19,11 +21,13 @@ from shm.codec import (
     SCHEDULE_TOPIC,
     TIMER_PROPERTIES,
     TIMER_TOPIC,
+    TRANS_HALF_TOPIC,
     MessageIllegal,
 )
 
-# names that make a send delayed, and the names the write path then adds (a client's own go the general path)
-SCHEDULING = frozenset((PROPERTY_DELAY, *TIMER_PROPERTIES))
+# names that make a send delayed (or a transaction's half), and the names the write path then adds
+# (a client's own go the general path)
+SCHEDULING = frozenset((PROPERTY_DELAY, *TIMER_PROPERTIES, PROPERTY_TRANSACTION))
 ADDED = frozenset((PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, PROPERTY_TIMER_OUT_MS))
 SPECIAL = SCHEDULING | ADDED
 TIMERS = frozenset(TIMER_PROPERTIES)
@@ -50,7 +54,14 @@ class Delays:
         future, it goes to the timer topic with TIMER_OUT_MS (the due time rounded up to
         `timerPrecisionMs`, so never early), REAL_TOPIC and REAL_QID; due now or before, it is
         stored as a plain message. Raises MessageIllegal for a value that is not an integer or a
-        timer beyond `timerMaxDelaySec`."""
+        timer beyond `timerMaxDelaySec`.
+
+        A transaction's half (TRAN_MSG=true, RocketMQ 4.9's parseHalfMessageInner): queue 0 of
+        RMQ_SYS_TRANS_HALF_TOPIC with REAL_TOPIC and REAL_QID, invisible until its commit; a
+        delay on it is dropped (RocketMQ's producer clears it: the commit delivers at once).
+        It must name its producer group (PGROUP): that is who is asked when it is left open."""
+        if properties.get(PROPERTY_TRANSACTION) == "true":
+            return self._half(properties, topic, queue_id)
         level_text = properties.get(PROPERTY_DELAY)
         level = 0
         if level_text is not None:
@@ -75,6 +86,19 @@ class Delays:
         properties[PROPERTY_REAL_TOPIC] = topic
         properties[PROPERTY_REAL_QID] = str(queue_id)
         return TIMER_TOPIC, 0
+
+    @staticmethod
+    def _half(properties: dict, topic: str, queue_id: int) -> tuple[str, int]:
+        group = properties.get(PROPERTY_PRODUCER_GROUP)
+        if not group:
+            raise MessageIllegal("MESSAGE_ILLEGAL", "a transactional message (TRAN_MSG=true) needs its producer "
+                                                   "group in PGROUP")
+        for name in SCHEDULING:
+            if name != PROPERTY_TRANSACTION:
+                properties.pop(name, None)
+        properties[PROPERTY_REAL_TOPIC] = topic
+        properties[PROPERTY_REAL_QID] = str(queue_id)
+        return TRANS_HALF_TOPIC, 0
 
     def _timer_due(self, properties: dict) -> int | None:
         """A timer's due time (epoch ms) if it is one and still ahead, else None."""
@@ -114,7 +138,7 @@ class Delays:
                     or not all(type(v) is str for v in props.values())):
                 return None
             level = props.get(PROPERTY_DELAY)
-            if level in self._plain_levels and TIMERS.isdisjoint(props):  # the common delayed send, in short
+            if level in self._plain_levels and TIMERS.isdisjoint(props) and PROPERTY_TRANSACTION not in props:  # the common delayed send, in short
                 props = props.copy()
                 props[PROPERTY_REAL_TOPIC], props[PROPERTY_REAL_QID] = topic, str(queue_id)
                 topic, queue_id = SCHEDULE_TOPIC, self._plain_levels[level]

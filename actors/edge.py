@@ -318,7 +318,34 @@ def _heartbeat(header: dict) -> str | None:
     data = header.get("consumerDataSet", [])
     if not isinstance(data, list) or len(data) > 64:
         return f"`consumerDataSet` must be a list of at most 64 groups, not {_shown(data)}"
-    return _client_id(header) or next((p for p in map(_consumer_data, data) if p), None)
+    producers = header.get("producerDataSet", [])
+    if not isinstance(producers, list) or len(producers) > 64:
+        return f"`producerDataSet` must be a list of at most 64 {{groupName}}, not {_shown(producers)}"
+    return (_client_id(header) or next((p for p in map(_consumer_data, data) if p), None)
+            or next((p for p in map(_producer_data, producers) if p), None))
+
+
+def _producer_data(item) -> str | None:
+    if not isinstance(item, dict):
+        return f"each of `producerDataSet` must be {{groupName}}, not {_shown(item)}"
+    return _name_problem(item.get("groupName"), "groupName", GROUP_MAX_LENGTH)
+
+
+# -- transactions -----------------------------------------------------------------------------------
+
+TRANSACTION_OUTCOMES = (0, 8, 12)  # RocketMQ's TRANSACTION_NOT_TYPE, _COMMIT_TYPE, _ROLLBACK_TYPE
+
+
+def _end_transaction(header: dict) -> str | None:
+    if header.get("commitOrRollback") not in TRANSACTION_OUTCOMES or type(header.get("commitOrRollback")) is not int:
+        return f"`commitOrRollback` must be 8 (commit), 12 (rollback) or 0 (unknown), not {_shown(header.get('commitOrRollback'))}"
+    return (_name_problem(header.get("producerGroup"), "producerGroup", GROUP_MAX_LENGTH)
+            or int_problem(header, "tranStateTableOffset", 0, INT64[1], required=True)
+            or int_problem(header, "commitLogOffset", 0, INT64[1], required=True)
+            or bool_problem(header, "fromTransactionCheck")
+            or next((f"`{k}` must be a string of at most 128 characters, not {_shown(header[k])}"
+                     for k in ("msgId", "transactionId")
+                     if k in header and not (isinstance(header[k], str) and len(header[k]) <= 128)), None))
 
 
 def _locks(header: dict) -> str | None:
@@ -411,7 +438,11 @@ CHECKS = {
     protocol.DELETE_EXPIRED_COMMITLOG: lambda h: bool_problem(h, "force"),
     protocol.CONSUMER_SEND_MSG_BACK: _send_back,
     protocol.HEART_BEAT: _heartbeat,
-    protocol.UNREGISTER_CLIENT: lambda h: group_problem(h.get("consumerGroup")) or _client_id(h),
+    protocol.END_TRANSACTION: _end_transaction,
+    protocol.GET_TRANSACTION_STATE: lambda h: None,
+    protocol.UNREGISTER_CLIENT: lambda h: _client_id(h) or (
+        _name_problem(h.get("producerGroup"), "producerGroup", GROUP_MAX_LENGTH)
+        if "producerGroup" in h and "consumerGroup" not in h else group_problem(h.get("consumerGroup"))),
     protocol.GET_CONSUMER_LIST_BY_GROUP: lambda h: group_problem(h.get("consumerGroup")),
     protocol.LOCK_BATCH_MQ: _locks,
     protocol.UNLOCK_BATCH_MQ: _locks,

@@ -46,6 +46,8 @@ from actors.links import SocketOutbox, WaitingOutbox, first_keeping_up, inbox, o
 from actors.router import Router, To
 from actors.pop import POP_CLIENT
 from actors.schedule import REPUT_CLIENT
+from actors.transaction import TRANSACTION_CLIENT
+from actors.producers import ProducerGroups
 from actors.wire import join_frames, read_meta, send_meta, unpack_replies
 from actors import consumers, edge, guard
 from actors.consumers import ConsumerGroups
@@ -92,6 +94,9 @@ class Front(Actor):
                                  default_queues=s.defaultTopicQueueNums)
         self.clients = socket(self.context, zmq.ROUTER, hwm=100000)
         self.clients.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client takes its id back
+        # a frame for a client whose connection is gone raises (EHOSTUNREACH) instead of vanishing:
+        # a transaction's check then goes to the group's next producer
+        self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.curve = guard.secure_clients(self.clients, s, self.context)  # (before it binds)
         self.clients.bind(s.listen)
         self.acl, self.acl_file = guard.open_acl(s) or (None, None)
@@ -120,6 +125,15 @@ class Front(Actor):
         self.ha_admin = socket(self.context, zmq.PUSH, hwm=100)  # `admin role` to a slave's ha-client
         self.ha_admin.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.ha_admin.bind(self.endpoints["ha-admin"])
+        self.transactions = socket(self.context, zmq.PUSH, hwm=100000)  # ends to the transaction service
+        self.transactions.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
+        self.transactions.bind(self.endpoints["transaction"])
+        self.checks_in = socket(self.context, zmq.PULL, hwm=1_000_000)  # its checks, to a producer of the group
+        self.checks_in.bind(self.endpoints["transaction-checks"])
+        self.transaction_out = socket(self.context, zmq.PUSH, hwm=10000)  # the answers to its re-puts
+        self.transaction_out.connect(self.endpoints["transaction-reput-out"])
+        self.producers = ProducerGroups(s.clientChannelExpiredTimeout)
+        self.checks_sent = self.checks_unsent = 0
         # the schedule service's re-puts in, their answers out: private (the run directory is 0700)
         self.reput_in = socket(self.context, zmq.PULL, hwm=100000)
         self.reput_in.bind(self.endpoints["reput-in"])
@@ -137,7 +151,8 @@ class Front(Actor):
         self.replies.bind(self.endpoints["replies"])
         self.stats_in = socket(self.context, zmq.PULL, hwm=1000)
         self.stats_in.bind(self.endpoints["stats"])
-        self.items = [(sock, zmq.POLLIN) for sock in (self.clients, self.replies, self.stats_in, self.reput_in)]
+        self.items = [(sock, zmq.POLLIN) for sock in (self.clients, self.replies, self.stats_in, self.reput_in,
+                                                      self.checks_in)]
         self.items += self.inbox.poll_items()
         self.pinner = ProcessPinner(s.frontPinBelowCpu) if s.frontPinBelowCpu > 0 else None
         self.cpu_latency = CpuLatencyRequest(s.cpuIdleLatencyUs) if s.cpuIdleLatencyUs != NO_REQUEST else None
@@ -178,6 +193,8 @@ class Front(Actor):
             self._retry_waiting()
         if self.reput_in in events:
             self._serve_reputs()
+        if self.checks_in in events:
+            self._send_checks()
         if self.outgoing:
             self._ship_sends()
         if self.stats_in in events:
@@ -194,6 +211,7 @@ class Front(Actor):
         if now >= self.next_member_look:  # members silent past clientChannelExpiredTimeout
             self.next_member_look = now + 1.0
             self._notify(self.consumers.expire(monotonic_ms()))
+            self.producers.expire(monotonic_ms())
             if slave:
                 self.replication.follow_master_config()
         if now >= self.next_acl_look:
@@ -259,12 +277,13 @@ class Front(Actor):
             if not self.pops_out.send(pop, time.monotonic()):
                 self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY",
                                                          f"{READS_WAITING} requests wait for the pop service"))
+        elif route.to is To.TRANSACTION:
+            self._forward(self.transactions, client, request, frames,
+                          "the transaction service is not running; try again")
         elif route.to is To.CLEAN:
             self._forward(self.cleans, client, request, frames, "the clean service is not running; try again")
         elif route.to is To.GROUPS:
-            reply, changed = consumers.answer(self.consumers, request.header, client, monotonic_ms())
-            self._reply(client, [orjson.dumps(reply)])
-            self._notify(changed)
+            self._groups(client, request.header)
         elif route.to is To.HA:
             self._ha(client, request)
         elif route.to is To.RUNTIME:
@@ -273,6 +292,36 @@ class Front(Actor):
             self._reply(client, route.frames)
             if request.code in (protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER):
                 self._notify(self.consumers.subscribers(request.header["topic"]))  # their queues changed
+
+    def _groups(self, client: bytes, header: dict) -> None:
+        """Consumer groups' requests (actors.consumers); a HEART_BEAT's producer groups and an
+        UNREGISTER_CLIENT's `producerGroup` keep the producer table (actors.producers)."""
+        now = monotonic_ms()
+        reply, changed = consumers.answer(self.consumers, header, client, now)
+        if reply.get("status") == "OK" and header["code"] == protocol.HEART_BEAT and header.get("producerDataSet"):
+            self.producers.heartbeat(header["clientID"], client, header["producerDataSet"], now)
+        if header["code"] == protocol.UNREGISTER_CLIENT and isinstance(header.get("producerGroup"), str):
+            self.producers.unregister(header["clientID"], header["producerGroup"])
+        self._reply(client, [orjson.dumps(reply)])
+        self._notify(changed)
+
+    def _send_checks(self) -> None:
+        """The transaction service's checks, each to one producer of its group that is still
+        connected (ROUTER_MANDATORY says which are not); none connected: it is not sent, and the
+        half is asked about again at the next check (and discarded after transactionCheckMax)."""
+        for group_raw, header, body in incoming(self.checks_in, 4096):
+            group = group_raw.decode()
+            for client_id, routing_id in self.producers.routes(group):
+                try:
+                    send_frames(self.clients, [routing_id, header, body], NOBLOCK)
+                except zmq.ZMQError as e:
+                    if e.errno == zmq.EHOSTUNREACH:
+                        self.producers.gone(client_id, group)
+                    continue  # (its queue full: the next producer)
+                self.checks_sent += 1
+                break
+            else:
+                self.checks_unsent += 1
 
     def _retry_waiting(self) -> None:
         """Reads and pops whose service was away: out now if it is back, refused past their patience."""
@@ -287,7 +336,7 @@ class Front(Actor):
         """NOTIFY_CONSUMER_IDS_CHANGED to each member of `groups`, over its own DEALER; a member
         whose queue is full misses it and rebalances at its next interval anyway."""
         for group, routing_id in self.consumers.routing_ids(groups) if groups else ():
-            with contextlib.suppress(zmq.Again):
+            with contextlib.suppress(zmq.ZMQError):  # (its queue full, or its connection gone)
                 send_frames(self.clients, [routing_id, consumers.notice(group)], NOBLOCK)
 
     def _forward(self, sock: zmq.Socket, client: bytes, request: protocol.Request, frames: list[bytes],
@@ -392,6 +441,10 @@ class Front(Actor):
         if client == REPUT_CLIENT:  # the schedule service's re-put
             send_frames(self.reput_out, [client, *frames])
             return
+        if client == TRANSACTION_CLIENT:  # the transaction service's
+            with contextlib.suppress(zmq.Again):  # (gone: its re-put expires, the half stays open)
+                send_frames(self.transaction_out, [client, *frames], NOBLOCK)
+            return
         if client == POP_CLIENT:  # the pop service's (dead letters)
             with contextlib.suppress(zmq.Again):  # (gone: it sends again after its timeout)
                 send_frames(self.pop_out, [client, *frames], NOBLOCK)
@@ -441,6 +494,9 @@ class Front(Actor):
             stats["cpuPinning"] = self.pinner.statistics()
         if self.cpu_latency is not None:
             stats["cpuLatency"] = self.cpu_latency.statistics(time.monotonic())
+        if self.consumers is not None:
+            stats["producerGroups"] = self.producers.statistics() | {"checksSent": self.checks_sent,
+                                                                     "checksUnsent": self.checks_unsent}
         for key, part in (("consumerGroups", self.consumers), ("acl", self.acl), ("curve", self.curve)):
             if part is not None:  # (each part of the router, once opened)
                 stats[key] = part.statistics()

@@ -3,18 +3,26 @@
 A delivery (a due delayed or timer message for its real topic and queue) is one message of a
 SEND_MESSAGES request marked `_reput`, REPUT_BATCH to a request (`delivery_request`); a
 consumer's send-back is a SEND_MESSAGE `_reput` into `%RETRY%<group>` or `%DLQ%<group>`
-(`send_back_request`). The front takes them only from the node's private socket.
+(`send_back_request`). The transaction service's are messages of such requests too: a half's
+committed message (`commit_item`), a half checked too often (`discard_item`), and the op records
+that write down each outcome (`op_item`). The front takes them only from the node's private socket.
 """
 
 from __future__ import annotations
 
 from node import protocol
 from shm.codec import (
+    TRANSACTION_COMMIT,
+    TRANSACTION_MASK,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
     FIXED_BODY_LEN,
     FIXED_BORN_HOST,
     FIXED_BORN_TS,
     FIXED_RECONSUME,
     PROPERTY_DELAY,
+    PROPERTY_TAGS,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TIMER_OUT_MS,
@@ -28,10 +36,11 @@ from shm.codec import (
 )
 from shm.javacompat import hashmap_capacity
 
-TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
 MAX_RECONSUME_TIMES = 16
 PROPERTY_RETRY_TOPIC, PROPERTY_ORIGIN_MESSAGE_ID = "RETRY_TOPIC", "ORIGIN_MESSAGE_ID"
+PROPERTY_TRANSACTION_OP = "TRAN_OP"  # an op record's outcome (actors.transaction_core)
+OP_TAG = "d"  # RocketMQ's TransactionalMessageUtil.REMOVETAG
 
 _born_hosts: dict[bytes, str] = {}  # a record's 8 born-host bytes -> "ip:port" (few hosts, many records)
 
@@ -135,3 +144,42 @@ def send_back_request(record: Record, header: dict, opaque: int, max_level: int)
            "_reput": {"sysFlag": record.sys_flag, "properties": properties_string(properties), "delay": delay,
                       "wait": True}}
     return out, record.body
+
+
+def _copy(record: Record, topic: str, queue_id: int, sys_flag: int, prepared: int = 0) -> tuple[dict, bytes]:
+    """A stored record's fields, properties string as stored, for `topic` and `queue_id`."""
+    item = {"topic": topic, "queueId": queue_id, "flag": record.flag, "bornTimestamp": record.born_timestamp,
+            "bornHost": str(record.born_host), "reconsumeTimes": record.reconsume_times, "bodySize": len(record.body),
+            "_reput": {"sysFlag": sys_flag, "properties": record.properties_string, "prepared": prepared}}
+    return item, record.body
+
+
+def half_target(record: Record) -> tuple[str, int] | None:
+    """A half's real topic and queue (None: not a half a commit could deliver)."""
+    topic, queue = record.properties.get(PROPERTY_REAL_TOPIC), record.properties.get(PROPERTY_REAL_QID)
+    if record.topic != TRANS_HALF_TOPIC or not topic or queue is None or not queue.isdigit():
+        return None
+    return topic, int(queue)
+
+
+def commit_item(record: Record, phy: int) -> tuple[dict, bytes]:
+    """A half's committed message (4.9's EndTransactionProcessor.endMessageTransaction): its real
+    topic and queue, the half's fields and stored properties (REAL_TOPIC, REAL_QID and TRAN_MSG
+    stay, as 4.9 stores them), sysFlag COMMIT, PREPAREDTRANSACTIONOFFSET the half's offset."""
+    topic, queue_id = half_target(record)
+    return _copy(record, topic, queue_id, (record.sys_flag & ~TRANSACTION_MASK) | TRANSACTION_COMMIT, phy)
+
+
+def discard_item(record: Record) -> tuple[dict, bytes]:
+    """A half checked transactionCheckMax times: kept in TRANS_CHECK_MAX_TIME_TOPIC (4.9's
+    resolveDiscardMsg), never delivered."""
+    return _copy(record, TRANS_CHECK_MAX_TIME_TOPIC, 0, record.sys_flag & ~TRANSACTION_MASK)
+
+
+def op_item(kind: str, items: list[str], now_ms: int) -> tuple[dict, bytes]:
+    """An op record: what became of the halves `items` names (actors.transaction_core)."""
+    body = ",".join(items).encode()
+    properties = properties_string({PROPERTY_TAGS: OP_TAG, PROPERTY_TRANSACTION_OP: kind})
+    item = {"topic": TRANS_OP_HALF_TOPIC, "queueId": 0, "flag": 0, "bornTimestamp": now_ms, "bornHost": "127.0.0.1:0",
+            "reconsumeTimes": 0, "bodySize": len(body), "_reput": {"sysFlag": 0, "properties": properties}}
+    return item, body

@@ -3,7 +3,8 @@ itself from its tables (consumer offsets, topic configs, routes). No socket, no 
 (its shell) moves the frames.
 
 `route` returns a `Route`: SEND (the topic checks are the shell's: they need the send path),
-READ (the read service), CLEAN (the clean service), SCHEDULE (the schedule service: send-backs), RUNTIME (the front's own statistics), or
+READ (the read service), CLEAN (the clean service), SCHEDULE (the schedule service: send-backs),
+TRANSACTION (the transaction service), RUNTIME (the front's own statistics), or
 ANSWER with the reply frames. A request whose fields are wrong raises ProtocolError from the edge
 checks (actors.edge), which the shell answers SYSTEM_ERROR; anything else raised is a bug.
 """
@@ -18,6 +19,9 @@ import orjson
 from node import protocol
 from actors import admin, edge
 from actors.topics import PERM_WRITE
+from shm.codec import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+
+TRANSACTION_TOPICS = frozenset({TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC})
 
 ADMIN_CODES = frozenset({protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER,
                          protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, protocol.DELETE_SUBSCRIPTIONGROUP,
@@ -33,6 +37,7 @@ class To(enum.Enum):
     RUNTIME = "runtime"
     HA = "ha"  # replication's status and role: the front answers, or the ha-client promotes
     POP = "pop"  # pop consumption: the pop service (actors.pop), the header completed here
+    TRANSACTION = "transaction"  # END_TRANSACTION and the transaction state: the transaction service
     ANSWER = "answer"
 
 
@@ -69,6 +74,8 @@ class Router:
             return self._pop(request)
         if code == protocol.DELETE_EXPIRED_COMMITLOG:
             return Route(To.CLEAN)
+        if code in protocol.TRANSACTION_CODES:
+            return Route(To.TRANSACTION)
         if code == protocol.CONSUMER_SEND_MSG_BACK:
             if "maxReconsumeTimes" not in request.header:  # (the shell forwards the header as changed here)
                 request.header["maxReconsumeTimes"] = self.groups.retry_max_times(request.header["consumerGroup"])
@@ -135,9 +142,10 @@ class Router:
         return refusals
 
     def internal_topic(self, topic: str) -> None:
-        """A send-back's `%RETRY%<group>` / `%DLQ%<group>` exists from its first use (one queue),
-        auto-creation on or off, as RocketMQ creates them."""
-        if topic.startswith(("%RETRY%", "%DLQ%")) and self.topics.get(topic) is None:
+        """A send-back's `%RETRY%<group>` / `%DLQ%<group>` and the transaction service's system
+        topics exist from their first use (one queue), auto-creation on or off, as RocketMQ
+        creates them."""
+        if (topic.startswith(("%RETRY%", "%DLQ%")) or topic in TRANSACTION_TOPICS) and self.topics.get(topic) is None:
             self.topics.create(topic, 1)
 
     def check_one(self, topic: str, queue_id: int) -> tuple[str, str] | None:

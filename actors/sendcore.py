@@ -144,7 +144,8 @@ class SendEncoder:
             return
         try:
             record = self._encode(topic, body, queue_id, header.get("flag", 0), header.get("bornTimestamp", 0), born,
-                                  properties, header.get("reconsumeTimes", 0), reput.get("sysFlag", 0))
+                                  properties, header.get("reconsumeTimes", 0), reput.get("sysFlag", 0),
+                                  reput.get("prepared", 0))
         except MessageIllegal as e:
             pending.refusals[index] = (e.status, e.remark)
             return
@@ -263,13 +264,15 @@ class SendEncoder:
         return waits
 
     def _encode(self, topic: str, body: bytes, queue_id: int, flag: int, born_timestamp: int, born: bytes,
-                properties: str, reconsume_times: int, sys_flag: int = 0) -> bytes:
+                properties: str, reconsume_times: int, sys_flag: int = 0, prepared: int = 0) -> bytes:
+        """`prepared`: a transaction's commit names its half's CommitLog offset (PREPAREDTRANSACTIONOFFSET)."""
         if len(born) == 8 and len(self.store_host) == 8:
             return encode_v4(topic_bytes(topic), body, queue_id, flag, sys_flag, born_timestamp, born, self.store_host,
-                             properties.encode("utf-8"), reconsume_times, self.settings.maxMessageSize)
+                             properties.encode("utf-8"), reconsume_times, self.settings.maxMessageSize, prepared)
         return encode(topic=topic, body=body, queue_id=queue_id, flag=flag, sys_flag=sys_flag,
                       born_timestamp=born_timestamp, born_host=born, store_host=self.store_host, properties=properties,
-                      reconsume_times=reconsume_times, max_message_size=self.settings.maxMessageSize)
+                      reconsume_times=reconsume_times, max_message_size=self.settings.maxMessageSize,
+                      prepared_transaction_offset=prepared)
 
     @staticmethod
     def _add(batch: EncodedBatch, record: bytes, topic: str, queue_id: int, born: bytes) -> None:
@@ -299,8 +302,8 @@ class SendEncoder:
             pending.wait = False
         if refused is None and (not SCHEDULING.isdisjoint(batch_props)
                                 or any(not SCHEDULING.isdisjoint(parse_properties(props)) for _, _, props in inner)):
-            refused = ("MESSAGE_ILLEGAL", "a batch may carry neither a DELAY level nor a timer (TIMER_*), "
-                                          "in its header or in a message")
+            refused = ("MESSAGE_ILLEGAL", "a batch may carry neither a DELAY level nor a timer (TIMER_*) nor "
+                                          "TRAN_MSG, in its header or in a message")
         batch_props[PROPERTY_CLUSTER] = self.cluster
         suffix = properties_string(batch_props)
         born_timestamp = 0

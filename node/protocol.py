@@ -64,6 +64,12 @@ BATCH_ACK_MESSAGE = 200151
 POP_CODES = frozenset({POP_MESSAGE, ACK_MESSAGE, PEEK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME, BATCH_ACK_MESSAGE})
 GET_POP_STATE = 9030  # mqnode: a group's pop state per queue (`mqnode admin group`)
 
+# transactional messages (RocketMQ's codes), served by the transaction service (actors.transaction)
+END_TRANSACTION = 37  # commit or roll back a half message (or leave it to the check: commitOrRollback 0)
+CHECK_TRANSACTION_STATE = 39  # node -> a producer of the half's group, unasked: what became of it?
+GET_TRANSACTION_STATE = 9040  # mqnode: the halves pending, checked, committed, ... (`mqnode admin transactions`)
+TRANSACTION_CODES = frozenset({END_TRANSACTION, GET_TRANSACTION_STATE})
+
 SEND_CODES = frozenset({SEND_MESSAGE, SEND_BATCH_MESSAGE, SEND_MESSAGES})
 # served by the pull workers, from read-only mappings
 READ_CODES = frozenset({PULL_MESSAGE, QUERY_MESSAGE, SEARCH_OFFSET_BY_TIMESTAMP, GET_MAX_OFFSET, GET_MIN_OFFSET,

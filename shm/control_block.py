@@ -72,7 +72,7 @@ FLAG_SHUTTING_DOWN = 1 << 8
 # the heartbeat slot of each service process, by label (`ha-client` far from the instanced runs)
 HEARTBEAT_SLOT_OF = {"front": 0, "writer": 1, "flush": 2, "allocator": 3, "dispatcher": 4, "clean": 5, "schedule": 6,
                    "ha-server": 7, "ha-client": 88, "ingress": 8, "pull": 24,
-                   "pop": 89, "proxy": 90}
+                   "pop": 89, "proxy": 90, "transaction": 91}
 INSTANCED = ("ingress", "pull")  # services that run as several processes, labelled kind-i
 
 

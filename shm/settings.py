@@ -146,6 +146,9 @@ class Settings:
     clientChannelExpiredTimeout: int = _s(120000, "A consumer group member silent (no HEART_BEAT) for this long is dropped and its group told, ms", BROKER)
     rebalanceLockMaxLiveTime: int = _s(60000, "An orderly consumer's queue lock not renewed for this long may be taken by another member, ms", BROKER)
     defaultTopicQueueNums: int = _s(8, "Queues of an auto-created topic", BROKER)
+    transactionTimeOut: int = _s(6000, "A half message no producer ended is checked once it is this old (CHECK_IMMUNITY_TIME_IN_SECONDS can ask for longer), ms", BROKER)
+    transactionCheckMax: int = _s(15, "Checks of one half message before it is discarded into TRANS_CHECK_MAX_TIME_TOPIC", BROKER)
+    transactionCheckInterval: int = _s(60000, "How often the transaction service checks the open half messages, ms", BROKER)
     autoCreateTopicEnable: bool = _s(True, "Create a topic on its first send", BROKER)
     # -- mqnode's node
     listen: str = _s("tcp://127.0.0.1:10911", "Client endpoint the front binds (ZeroMQ ROUTER)", NODE)
@@ -469,6 +472,8 @@ def validate(settings: Settings) -> None:
         raise SettingsError("defaultInvisibleTimeMills and renewSliceTimeMillis must be 1000 ms to 12 h")
     if not 0 < settings.renewAheadTimeMillis < settings.renewSliceTimeMillis or settings.renewMaxTimeMillis < 0:
         raise SettingsError("renewAheadTimeMillis must be above 0 and below renewSliceTimeMillis; renewMaxTimeMillis >= 0")
+    if settings.transactionTimeOut < 0 or settings.transactionCheckMax < 0 or settings.transactionCheckInterval < 100:
+        raise SettingsError("transactionTimeOut and transactionCheckMax must be >= 0, transactionCheckInterval >= 100 ms")
     if bool(settings.grpcTlsCertFile) != bool(settings.grpcTlsKeyFile):
         raise SettingsError("grpcTlsCertFile and grpcTlsKeyFile go together: set both (TLS) or neither (plaintext)")
     if not settings.listen.startswith(("tcp://", "ipc://")):

@@ -1,4 +1,4 @@
-"""The Python client, one import for users: the producer and the pull consumer.
+"""The Python client, one import for users: the producers (plain and transactional) and the pull consumer.
 
 `Producer` / `AsyncProducer` live in `node.client.producer`, `PullConsumer` / `AsyncPullConsumer` in
 `node.client.consumer` (its messages in `node.client.received`); both speak `docs/protocol.md`.
@@ -17,8 +17,19 @@ from node.client.producer import (
            SendResult,
 )
 from node.client.received import ReceivedMessage, decode_messages
+from node.client.transaction import (
+           COMMIT_MESSAGE,
+           ROLLBACK_MESSAGE,
+           UNKNOW,
+           AsyncTransactionProducer,
+           LocalTransactionState,
+           TransactionProducer,
+           TransactionSendResult,
+)
 from node.client.uniq_keys import UniqKeys
 from node.security import Credentials
 
-__all__ = ["AsyncProducer", "AsyncPullConsumer", "Credentials", "Message", "Producer", "PullConsumer", "PullResult",
-           "ReceivedMessage", "SendError", "SendResult", "UniqKeys", "decode_messages"]
+__all__ = ["COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW", "AsyncProducer", "AsyncPullConsumer",
+           "AsyncTransactionProducer", "Credentials", "LocalTransactionState", "Message", "Producer", "PullConsumer",
+           "PullResult", "ReceivedMessage", "SendError", "SendResult", "TransactionProducer", "TransactionSendResult",
+           "UniqKeys", "decode_messages"]

@@ -98,6 +98,7 @@ class AsyncProducer:
         self.round_robin: dict[str, itertools.count] = {}
         self.reaper: asyncio.Task | None = None
         self.on_notice = None  # called with what the node sends unasked (NOTIFY_CONSUMER_IDS_CHANGED)
+        self.on_request = None  # called with (header, body) of a request the node makes (CHECK_TRANSACTION_STATE)
 
     async def start(self) -> AsyncProducer:
         if self.connection is None:
@@ -388,8 +389,12 @@ class AsyncProducer:
         waiter = self.waiting.pop(header.get("opaque"), None)
         if waiter is not None:
             self._finish(waiter[0], (header, frames[1] if len(frames) > 1 else None), None)
-        elif "opaque" not in header and self.on_notice is not None:
-            self.on_notice(header)
+        elif "opaque" not in header:
+            if header.get("code") == protocol.CHECK_TRANSACTION_STATE:
+                if self.on_request is not None:
+                    self.on_request(header, frames[1] if len(frames) > 1 else None)
+            elif self.on_notice is not None:
+                self.on_notice(header)
 
     def _on_lost(self) -> None:
         """The connection dropped (the node's front died or restarted): no reply will come to

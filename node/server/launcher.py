@@ -317,8 +317,9 @@ class Node:
     def _wait_for_connections(self) -> None:
         """Actors connect to each other asynchronously (one that connected before the front bound
         retries 100 ms later): `ready` is printed only once a read makes the round trip front ->
-        pull worker -> front, a send-back of no message the one front -> schedule -> front, and a
-        look at a group's pop state the one front -> pop -> front."""
+        pull worker -> front, a send-back of no message the one front -> schedule -> front, a
+        look at a group's pop state the one front -> pop -> front, and one at the transactions
+        front -> transaction -> front."""
         from node import protocol
         from actors import guard
         from node.server.asker import NodeAsker
@@ -329,6 +330,7 @@ class Node:
                             "offset": 2**63 - 1}, {"SYSTEM_ERROR"}))
         if "pop" in topology.hosts(self.settings):  # front -> pop -> front
             probes.append(({"code": protocol.GET_POP_STATE, "consumerGroup": "SELF_TEST_GROUP"}, {"OK"}))
+        probes.append(({"code": protocol.GET_TRANSACTION_STATE, "limit": 0}, {"OK"}))  # front -> transaction -> front
         asker = NodeAsker(self.settings.listen, guard.node_credentials(self.settings), timeout_ms=1000)
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S

@@ -1,7 +1,7 @@
 """The node's topology, declared as data: which services exist and which process hosts each.
 
 A *service* is one job of the node (route requests, encode sends, append, group commit, read,
-dispatch, allocate, clean, schedule, pop), run by one shell (an actor class, `ACTOR_CLASSES`). A
+dispatch, allocate, clean, schedule, pop, transaction check), run by one shell (an actor class, `ACTOR_CLASSES`). A
 *process* is a Ray actor hosting one or more shells: its `kind`'s, the `hosted` ones in the same
 loop and the `threads` ones each on a thread of its own (actors.host); every shell runs the same
 code whichever process hosts it (`build`). The launcher starts the processes
@@ -19,12 +19,14 @@ split (the default: every service its own process; scales across cores; the writ
   pull-i      read              (pullWorkers of them; 0 = one per core)
   dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
   pop         pop               proxy      proxy (gRPC; unless grpcServerPort = 0)
+  transaction transaction check
   ha-server   ha-server         ha-client  ha-client (a slave only)
 
 compact (an operator's choice: fewest processes and wake-ups, best on one or two cores)
   front       router + ingress + write + read (pull hold) in one loop, group commit on a thread
   dispatcher  dispatch          allocator  allocate          clean  clean       schedule  schedule
   pop         pop               proxy      proxy (gRPC; unless grpcServerPort = 0)
+  transaction transaction check
   ha-server   ha-server         ha-client  ha-client (a slave only)
 ```
 """
@@ -48,6 +50,7 @@ from actors.pop import Pop
 from actors.proxy.shell import Proxy
 from actors.pull import Pull
 from actors.schedule import Schedule
+from actors.transaction import Transaction
 from actors.writer import Writer
 from shm.settings import MAX_PULL_WORKERS
 
@@ -63,6 +66,7 @@ SERVICES = {
     "schedule": "delivers delayed messages (levels) and timers when due (re-put through the write path); consumers' send-backs to %RETRY%/%DLQ%",
     "pop": "pop consumption: hands a group's members messages from any queue, invisible until acked; acks, change-invisible, redelivery when the time runs out, %DLQ% past retryMaxTimes; the pop log",
     "proxy": "RocketMQ 5's gRPC protocol (apache.rocketmq.v2) on grpcServerPort: routes, settings, sends, receives and acks (pop) for the official RocketMQ 5 clients, carried to the front as a client",
+    "transaction check": "transactional messages: ends half messages (END_TRANSACTION: the committed message and the op record), asks a producer of the group about the halves left open (CHECK_TRANSACTION_STATE), discards those asked transactionCheckMax times",
     "clean": "deletes expired CommitLog segments and the ConsumeQueue and index files below the min offset; disk-full flag",
     "ha-server": "a master's HA endpoint: sends each following slave the CommitLog from where it stands, publishes its acks (SYNC_MASTER)",
     "ha-client": "a slave's follower: appends its master's CommitLog byte for byte (the slave's CommitLog writer); promotion",
@@ -70,7 +74,7 @@ SERVICES = {
 TOPOLOGIES = ("compact", "split")
 # the actor class of each process kind, for the launcher (Ray builds it in the process's worker)
 ACTOR_CLASSES = {"front": Front, "ingress": Ingress, "writer": Writer, "flush": Flush, "allocator": Allocator,
-                 "dispatcher": Dispatcher, "pull": Pull, "clean": Clean, "schedule": Schedule, "pop": Pop,
+                 "dispatcher": Dispatcher, "pull": Pull, "clean": Clean, "schedule": Schedule, "pop": Pop, "transaction": Transaction,
                  "proxy": Proxy, "ha-server": HaServer, "ha-client": HaClient}
 
 
@@ -108,6 +112,7 @@ def processes(settings) -> list[Process]:
                 Process("clean", "clean", ("clean",)),
                 Process("schedule", "schedule", ("schedule",)),
                 Process("pop", "pop", ("pop",)),
+                Process("transaction", "transaction", ("transaction check",)),
                 *ha_processes(settings),
                 *proxy_processes(settings),
                 Process("front", "front", ("router", "ingress", "write", "group commit", "read"),
@@ -120,6 +125,7 @@ def processes(settings) -> list[Process]:
             Process("clean", "clean", ("clean",)),
             Process("schedule", "schedule", ("schedule",)),
             Process("pop", "pop", ("pop",)),
+            Process("transaction", "transaction", ("transaction check",)),
             Process("writer", "writer", ("write",) if ingress else ("ingress", "write")),
             *(Process(f"ingress-{i}", "ingress", ("ingress",), i) for i in range(ingress)),
             *(Process(f"pull-{i}", "pull", ("read",), i) for i in range(pulls)),

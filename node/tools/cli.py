@@ -134,6 +134,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
         properties[name] = value
     keys = args.keys.split() if args.keys else None
     lines = (line.rstrip("\n").encode("utf-8") for line in sys.stdin)
+    if args.transaction:
+        from node.tools.cli_transactions import produce_in_transaction
+        return produce_in_transaction(args, lines, lambda body: {"tags": args.tags, "keys": keys,
+                                                                 "properties": dict(properties), "queue_id": args.queue})
     failed = 0
     out = sys.stdout
     with Producer(args.endpoint, timeout=args.timeout) as producer:
@@ -244,6 +248,9 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
                 schedule = (reply.get("actors") or {}).get("schedule") or {}
                 shown = {key: schedule.get(key) for key in ("levels", "timers", "sendBacks", "deadLetters", "waiting")}
+            elif args.what == "transactions":
+                from node.tools.cli_transactions import admin_transactions
+                reply, shown = admin_transactions(client, args)
             elif args.what in ("ha", "role"):
                 reply, shown = admin_ha(client, args)
             elif args.what == "clean":
@@ -389,7 +396,14 @@ def build_parser() -> argparse.ArgumentParser:
     timer.add_argument("--delay-ms", type=int, metavar="N", help="a timer: deliver N ms after sending")
     produce.add_argument("--queue", type=int, help="queue id (default: round-robin)")
     produce.add_argument("--batch", type=int, default=0, help="send N lines at a time as one batch (one queue)")
-    produce.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each reply")
+    produce.add_argument("--timeout", type=float, default=3.0,
+                         help="seconds to wait for each reply; with --transaction unknown --check-answer: to stay "
+                              "connected answering the node's checks")
+    produce.add_argument("--transaction", choices=["commit", "rollback", "unknown"],
+                         help="send each line as a transaction's half, then end it so (unknown: left to the check)")
+    produce.add_argument("--group", help="--transaction: the producer group (PGROUP) the node asks about open halves")
+    produce.add_argument("--check-answer", choices=["commit", "rollback"],
+                         help="--transaction unknown: answer the node's checks so, while connected")
     produce.set_defaults(handler=cmd_produce)
     consume = commands.add_parser("consume", help="print a topic's messages as JSON lines, committing a group's offsets")
     consume.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
@@ -425,16 +439,17 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--max", type=int, default=32)
     query.set_defaults(handler=cmd_query)
     admin = commands.add_parser("admin", help="ask a running node: stats, topics, groups, offsets, a topic's route, "
-                                              "delays, replication (ha), or to clean; promote a slave (role); create, update or delete topics and groups; "
+                                              "delays, transactions, replication (ha), or to clean; promote a slave (role); create, update or delete topics and groups; "
                                               "reset a group's offsets")
     admin.add_argument("what", choices=["stats", "topics", "groups", "offsets", "topic", "group", "reset-offset", "clean",
-                                        "delays", "ha", "role"])
+                                        "delays", "ha", "role", "transactions"])
     admin.add_argument("action", nargs="?", choices=["create", "update", "delete"],
                        help="for `admin topic` and `admin group` (without: `admin topic` shows the topic's route)")
     admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     add_credentials(admin)
     admin.add_argument("--topic", help="for `admin topic` and `admin reset-offset`; filters `admin offsets`")
-    admin.add_argument("--group", help="for `admin offsets`, `admin group` and `admin reset-offset`")
+    admin.add_argument("--group", help="for `admin offsets`, `admin group` and `admin reset-offset`; filters "
+                                       "`admin transactions`' open halves (a producer group)")
     admin.add_argument("--queues", type=int, help="admin topic create|update: read and write queues")
     admin.add_argument("--read-queues", type=int, help="admin topic create|update: read queues only")
     admin.add_argument("--write-queues", type=int, help="admin topic create|update: write queues only")

@@ -236,7 +236,7 @@ def encode(
 
 def encode_v4(topic_raw: bytes, body: bytes, queue_id: int, flag: int, sys_flag: int, born_timestamp: int,
               born_host: bytes, store_host: bytes, props_raw: bytes, reconsume_times: int,
-              max_message_size: int) -> bytes:
+              max_message_size: int, prepared_transaction_offset: int = 0) -> bytes:
     """`encode` for the common case the writer path sees (IPv4 hosts, no offsets yet, topic and
     properties already UTF-8): one pack for the fixed part. Same bytes, same checks."""
     _check_limits(topic_raw, body, props_raw, max_message_size)
@@ -245,7 +245,7 @@ def encode_v4(topic_raw: bytes, body: bytes, queue_id: int, flag: int, sys_flag:
         raise MessageIllegal("MESSAGE_ILLEGAL", f"record of {size} bytes exceeds maxMessageSize + 64 KiB")
     crc = crc32(body) & 0x7FFFFFFF if body else 0
     fixed = _FIXED_V4.pack(size, MESSAGE_MAGIC, crc, queue_id, flag, 0, 0, sys_flag & ~0x30, born_timestamp,
-                           born_host, 0, store_host, reconsume_times, 0, len(body))
+                           born_host, 0, store_host, reconsume_times, prepared_transaction_offset, len(body))
     return b"".join((fixed, body, bytes((len(topic_raw),)), topic_raw, _I16.pack(len(props_raw)), props_raw))
 
 

@@ -19,8 +19,8 @@ def _settings(**values):
 def test_compact_puts_every_client_facing_service_in_the_front():
     compact = _settings(topology="compact")
     processes = topology.processes(compact)
-    assert [p.label for p in processes] == ["allocator", "dispatcher", "clean", "schedule", "pop", "ha-server", "proxy",
-                                            "front"]
+    assert [p.label for p in processes] == ["allocator", "dispatcher", "clean", "schedule", "pop", "transaction",
+                                            "ha-server", "proxy", "front"]
     slave = topology.processes(_settings(topology="compact", brokerRole="SLAVE", brokerId=1,
                                          haMasterAddress="127.0.0.1:10912"))
     assert set(topology.SERVICES) == {service for p in slave for service in p.services}
@@ -120,7 +120,8 @@ def _service_order(process) -> list[str]:
     """A process's shells' services, in `build`'s order (its kind's, the hosted, the threads)."""
     service_of = {"front": "router", "writer": "write", "pull": "read", "flush": "group commit", "ingress": "ingress",
                   "dispatcher": "dispatch", "allocator": "allocate", "clean": "clean", "schedule": "schedule",
-                  "pop": "pop", "proxy": "proxy", "ha-server": "ha-server", "ha-client": "ha-client"}
+                  "pop": "pop", "proxy": "proxy", "ha-server": "ha-server", "ha-client": "ha-client",
+                  "transaction": "transaction check"}
     return [service_of[kind] for kind in (process.kind, *process.hosted, *process.threads)]
 
 

@@ -1,0 +1,67 @@
+"""The node's side of producer groups (RocketMQ's ProducerManager): which connections belong to
+each group, so a transaction's check reaches a producer that can answer it. No socket, no clock:
+the front (its shell) passes `now` (monotonic ms) and sends the checks.
+
+A producer is known by its `clientID` and reached through the routing id of the DEALER it last
+sent HEART_BEAT from with the group in `producerDataSet`. One silent for
+`clientChannelExpiredTimeout` ms is dropped (`expire`); one whose connection is gone is dropped
+when a check finds it unreachable (`gone`). Nothing is persisted: producers heartbeat at start
+and every 30 s, as RocketMQ's do.
+"""
+
+from __future__ import annotations
+
+MAX_PRODUCERS = 10_000  # over all groups: a heartbeat beyond it adds no producer
+
+
+class ProducerGroups:
+    def __init__(self, channel_expired_ms: int):
+        self.channel_expired_ms = channel_expired_ms
+        self.groups: dict[str, dict[str, tuple[bytes, int]]] = {}  # group -> clientID -> (routing id, last seen)
+        self.turn = 0  # where the next check starts among a group's producers
+        self.expired = self.unreachable = 0
+
+    def heartbeat(self, client_id: str, routing_id: bytes, groups: list[dict], now: int) -> None:
+        for data in groups:
+            members = self.groups.setdefault(data["groupName"], {})
+            if client_id in members or self.count() < MAX_PRODUCERS:
+                members[client_id] = (routing_id, now)
+
+    def unregister(self, client_id: str, group: str) -> None:
+        members = self.groups.get(group)
+        if members is not None:
+            members.pop(client_id, None)
+            if not members:
+                del self.groups[group]
+
+    def expire(self, now: int) -> None:
+        for group, members in list(self.groups.items()):
+            for client_id, (_, seen) in list(members.items()):
+                if now - seen > self.channel_expired_ms:
+                    self.expired += 1
+                    self.unregister(client_id, group)
+
+    def routes(self, group: str) -> list[tuple[str, bytes]]:
+        """(clientID, routing id) of the group's producers, in turn: each check starts at the next
+        one, so the checks of a group spread over its producers."""
+        members = list(self.groups.get(group, {}).items())
+        if not members:
+            return []
+        self.turn += 1
+        at = self.turn % len(members)
+        return [(c, r) for c, (r, _) in members[at:] + members[:at]]
+
+    def gone(self, client_id: str, group: str) -> None:
+        """Its connection is gone (a check could not be sent to it)."""
+        self.unreachable += 1
+        self.unregister(client_id, group)
+
+    def count(self) -> int:
+        return sum(len(m) for m in self.groups.values())
+
+    def statistics(self) -> dict:
+        return {"groups": len(self.groups), "producers": self.count(), "expired": self.expired,
+                "unreachable": self.unreachable}
+
+    def table(self) -> dict[str, list[str]]:
+        return {group: sorted(members) for group, members in sorted(self.groups.items())}

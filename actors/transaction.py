@@ -1,0 +1,345 @@
+"""transaction: transactional messages' service (RocketMQ 4.9's EndTransactionProcessor and
+TransactionalMessageCheckService in one process actor; docs/protocol.md "Transactions").
+
+A send with TRAN_MSG=true is stored by the write path as a half (actors.delays): queue 0 of
+RMQ_SYS_TRANS_HALF_TOPIC, its real topic and queue in REAL_TOPIC/REAL_QID, invisible. This
+service ends it: END_TRANSACTION commit re-puts the real message (sysFlag COMMIT,
+PREPAREDTRANSACTIONOFFSET the half's offset) and an op record; rollback writes the op record
+only. Every `transactionCheckInterval` ms it asks a producer of the half's group about each half
+older than `transactionTimeOut` that nothing ended (CHECK_TRANSACTION_STATE through the front, over
+that producer's own connection); after `transactionCheckMax` checks the half goes to
+TRANS_CHECK_MAX_TIME_TOPIC instead. `TransactionCore` (actors.transaction_core) decides.
+
+Sockets:
+- `requests` PULL, connected to the front's `transaction` PUSH: END_TRANSACTION, GET_TRANSACTION_STATE.
+- `replies` PUSH to the front's `replies`: their answers.
+- `reputs` PUSH to the front's `reput-in`, `answers` PULL bound at `transaction-reput-out`: the
+  committed messages, discards and op records, stored through the write path as given.
+- `checks` PUSH to the front's `transaction-checks`: each check, with the group to ask.
+
+Commit order: one request carries a turn's committed messages and then their op record, so the
+writer appends them together, the op last. The outcome counts once the op is stored (answered as
+the write mode promises); a crash between the two records (a writer killed inside one append)
+leaves the half open, and its check may commit it a second time: at least once, as RocketMQ.
+
+State is what the op and half queues say (read back each turn, on a slave too: a promoted slave
+goes on from where its own reading stands), plus a snapshot (`config/transactionCheck.json`,
+every `flushConsumerOffsetInterval` ms and at stop) that says where to read them from.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import orjson
+import zmq
+
+from actors import config_files
+from actors.base import Actor, incoming, socket
+from actors.reput import (
+    PROPERTY_TRANSACTION_OP,
+    commit_item,
+    delivered_statuses,
+    delivery_request,
+    discard_item,
+    half_target,
+    op_item,
+)
+from actors.transaction_core import CHECK, COMMIT, DISCARD, ROLLBACK, Half, TransactionCore, end_outcome
+from actors.wire import pack_replies, read_meta
+from node import protocol
+from node.client.frames import send_frames
+from shm import consume_queue
+from shm import reader as store_reader
+from shm.codec import (
+    PROPERTY_CHECK_IMMUNITY,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_UNIQ_KEY,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+    Record,
+    decode,
+    offset_msg_id,
+)
+from shm.control_block import ROLE_CODES
+
+TRANSACTION_CLIENT = b"\x00mqnode-transaction"  # the reput socket's pseudo-client at the front
+MAX_TAKE = 1024  # requests a turn
+ENDS_A_REQUEST = 256  # committed messages a re-put request carries
+READ_A_TURN = 8192  # half and op entries read a turn
+REPUT_TIMEOUT_S = 5.0  # a re-put unanswered by then counts as not stored
+LIST_LIMIT = 100  # open halves `admin transactions` lists
+
+
+class Transaction(Actor):
+    name = "transaction"
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        self.core: TransactionCore | None = None
+        self.reader = None
+
+    def open(self) -> None:
+        s = self.settings
+        self.reader = store_reader.StoreReader(s)
+        self.reader.commitlog_min = self.control.get("min_offset")
+        self.path = s.root / "config" / "transactionCheck.json"
+        self.core = TransactionCore(s.transactionTimeOut, s.transactionCheckMax, s.transactionCheckInterval,
+                                    config_files.read(self.path))
+        self.requests = socket(self.context, zmq.PULL, hwm=100000)
+        self.requests.connect(self.endpoints["transaction"])
+        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
+        self.replies.connect(self.endpoints["replies"])
+        self.reputs = socket(self.context, zmq.PUSH, hwm=10000)
+        self.reputs.connect(self.endpoints["reput-in"])
+        self.answers = socket(self.context, zmq.PULL, hwm=10000)
+        self.answers.bind(self.endpoints["transaction-reput-out"])
+        self.checks = socket(self.context, zmq.PUSH, hwm=1_000_000)
+        self.checks.connect(self.endpoints["transaction-checks"])
+        self.items = [(self.requests, zmq.POLLIN), (self.answers, zmq.POLLIN)]
+        self.ends: list[tuple] = []  # this turn's: (offset, outcome, record, waiter)
+        self.waiting: dict[int, tuple] = {}  # opaque -> (what, entries, sent at)
+        self.opaque = random.randrange(1 << 30)
+        self.next_check = time.monotonic() + min(s.transactionCheckInterval, s.transactionTimeOut) / 1000
+        self.next_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
+        self.expired = self.refused_ends = 0
+
+    # -- the turn ----------------------------------------------------------------------------------
+
+    def poll_items(self) -> list:
+        return self.items
+
+    def timeout_ms(self) -> int:
+        return 20 if self.waiting else 100  # (the queues are read back each turn)
+
+    def step(self, events: set) -> None:
+        if self.answers in events:
+            for frames in incoming(self.answers, 4096):
+                self._answered(orjson.loads(frames[1]))  # [client, header]: the front's own frames
+        self._follow()
+        out: list = []
+        for frames in incoming(self.requests, MAX_TAKE):
+            self._serve(frames, out)
+        self._ship_ends(out)
+        if out:
+            self.replies.send(pack_replies(out))
+        now = time.monotonic()
+        self._expire(now)
+        if now >= self.next_check and not self._slave():
+            self.next_check = now + self.settings.transactionCheckInterval / 1000
+            self._check()
+        if now >= self.next_persist:
+            self.next_persist = now + self.settings.flushConsumerOffsetInterval / 1000
+            self._persist()
+
+    def _slave(self) -> bool:
+        return self.control.get("role") == ROLE_CODES["SLAVE"]
+
+    # -- reading the queues back -------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        """The op records, then the halves, stored since the last turn (the ops first: a half
+        ended before it was read is then never taken for open)."""
+        dispatched = self.control.get("dispatched")
+        core = self.core
+        ops = self.reader.queue(TRANS_OP_HALF_TOPIC, 0, dispatched)
+        core.op_read_to = max(core.op_read_to, ops.min_offset(self.reader.commitlog_min))  # (cleaned: gone)
+        for _, record in self._entries(ops, core.op_read_to, READ_A_TURN):
+            if record is None:
+                core.op_read_to += 1
+                continue
+            core.op(record.properties.get(PROPERTY_TRANSACTION_OP, ""), record.body.decode(errors="replace").split(","))
+        halves = self.reader.queue(TRANS_HALF_TOPIC, 0, dispatched)
+        core.halves_gone(halves.min_offset(self.reader.commitlog_min))
+        for (phy, size), record in self._entries(halves, core.read_to, min(READ_A_TURN, core.room())):
+            core.half(_half(core.read_to, phy, size, record))
+
+    def _entries(self, view, offset: int, count: int):
+        """(phy, size) and the decoded record (None: gone, or not a record) of up to `count`
+        entries of the queue `view` from `offset`."""
+        end = min(view.max_offset, offset + count)
+        while offset < end:
+            raw = view.queue.raw_entries(offset, end - offset, limit_offset=view.max_offset)
+            if not raw:
+                return
+            for phy, size, _ in consume_queue.entries(raw):
+                data = self.reader.record_bytes(phy, size)
+                record = decode(data, check_crc=False) if data else None
+                yield (phy, size), record if isinstance(record, Record) else None
+                offset += 1
+
+    # -- ends ----------------------------------------------------------------------------------------
+
+    def _serve(self, frames: list[bytes], out: list) -> None:
+        client, meta, header_raw, _ = frames  # the front's own frames, checked at the edge
+        header, arrival = orjson.loads(header_raw), orjson.loads(meta)["t"]
+        waiter = (client, arrival, header.get("opaque"), header.get("oneway") is True)
+        if header["code"] == protocol.GET_TRANSACTION_STATE:
+            now_ms = time.time_ns() // 1_000_000
+            out.append(_reply(waiter, "OK", "", **self.core.statistics(now_ms),
+                              halves=self.core.listing(now_ms, header.get("limit", LIST_LIMIT)
+                                                       if isinstance(header.get("limit"), int) else LIST_LIMIT)))
+            return
+        if self._slave():
+            self.refused_ends += 1
+            return _answer(out, waiter, "SERVICE_NOT_AVAILABLE",
+                           f"this node is a slave of {self.settings.haMasterAddress}: end transactions at its master")
+        outcome = end_outcome(header)
+        if outcome is None:  # UNKNOW: the check asks again later
+            return _answer(out, waiter, "OK", "left open: the check will ask again")
+        record = self._half_at(header)
+        if isinstance(record, str):
+            self.refused_ends += 1
+            return _answer(out, waiter, "SYSTEM_ERROR", record)
+        offset = header["tranStateTableOffset"]
+        decided = self.core.end(offset, outcome)
+        if decided is not None:  # a repeat: nothing changes
+            remark = "" if decided == outcome else f"the transaction was ended already ({decided})"
+            return _answer(out, waiter, "OK", remark, outcome=decided)
+        self.ends.append((offset, outcome, record, header["commitLogOffset"], waiter))
+
+    def _half_at(self, header: dict) -> Record | str:
+        """The half END_TRANSACTION names, or why it names none (4.9's remarks)."""
+        raw = self.reader.record_at(header["commitLogOffset"], self.control.get("written"))
+        record = decode(raw, check_crc=False) if raw else None
+        if not isinstance(record, Record) or half_target(record) is None \
+                or record.queue_offset != header["tranStateTableOffset"]:
+            return (f"Find prepared transaction message failed: no half message at commitLogOffset "
+                    f"{header['commitLogOffset']} with tranStateTableOffset {header['tranStateTableOffset']}")
+        if record.properties.get(PROPERTY_PRODUCER_GROUP) != header["producerGroup"]:
+            return f"The producer group wrong: the half belongs to {record.properties.get(PROPERTY_PRODUCER_GROUP)}"
+        return record
+
+    def _ship_ends(self, out: list) -> None:
+        """This turn's ends: the committed messages, then one op record per outcome, a request
+        per ENDS_A_REQUEST."""
+        ends, self.ends = self.ends, []
+        now_ms = time.time_ns() // 1_000_000
+        for at in range(0, len(ends), ENDS_A_REQUEST):
+            part = ends[at: at + ENDS_A_REQUEST]
+            items = [commit_item(record, phy) for _, outcome, record, phy, _ in part if outcome == COMMIT]
+            ops = {kind: [str(offset) for offset, outcome, *_ in part if outcome == kind] for kind in (COMMIT, ROLLBACK)}
+            kinds = [kind for kind in (COMMIT, ROLLBACK) if ops[kind]]
+            items += [op_item(kind, ops[kind], now_ms) for kind in kinds]
+            self._put(items, ("end", part, kinds))
+
+    def _put(self, items: list, what: tuple) -> None:
+        self.opaque = (self.opaque + 1) % (1 << 31)
+        header, body = delivery_request(items, self.opaque)
+        self.waiting[self.opaque] = (what, len(items), time.monotonic())
+        send_frames(self.reputs, [TRANSACTION_CLIENT, read_meta(time.monotonic_ns()), orjson.dumps(header), body])
+
+    def _answered(self, header: dict) -> None:
+        waiting = self.waiting.pop(header.get("opaque"), None)
+        if waiting is None:
+            return  # (expired already: counted as not stored)
+        what, count, _ = waiting
+        statuses = delivered_statuses(header, count)
+        if what[0] == "end":
+            self._ended(what[1], what[2], statuses)
+        elif what[0] == DISCARD and statuses[-1] not in protocol.STORED_STATUSES:
+            for offset in what[1]:
+                self.core.end_failed(offset)
+
+    def _ended(self, part: list, kinds: list[str], statuses: list[str]) -> None:
+        """Each end's answer: its op record's status (and a commit's own message's, when that
+        was refused for good: a topic deleted since)."""
+        op_status = dict(zip(kinds, statuses[len(statuses) - len(kinds):]))
+        commit_statuses = iter(statuses)
+        out = []
+        for offset, outcome, _, _, waiter in part:
+            status = op_status[outcome]
+            own = next(commit_statuses) if outcome == COMMIT else "PUT_OK"
+            if status not in protocol.STORED_STATUSES:
+                self.core.end_failed(offset)
+                _answer(out, waiter, _status(status), "the outcome was not stored; end it again")
+            elif own not in protocol.STORED_STATUSES:
+                _answer(out, waiter, _status(own), f"the committed message was refused ({own})")
+            else:
+                _answer(out, waiter, "OK", "")
+        if out:
+            self.replies.send(pack_replies(out))
+
+    def _expire(self, now: float) -> None:
+        for opaque in [o for o, (_, _, at) in self.waiting.items() if now - at > REPUT_TIMEOUT_S]:
+            self.expired += 1
+            self._answered({"opaque": opaque, "status": "SYSTEM_BUSY"})
+
+    # -- checks --------------------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        """One check pass: a check to a producer of each due half's group, and their op record;
+        the halves checked too often to TRANS_CHECK_MAX_TIME_TOPIC, and theirs."""
+        now_ms = time.time_ns() // 1_000_000
+        checks, discards = self.core.due_checks(now_ms)
+        items = []
+        for half in checks:
+            raw = self.reader.record_bytes(half.phy, half.size)
+            if raw is None:
+                continue
+            header = {"code": protocol.CHECK_TRANSACTION_STATE, "producerGroup": half.group,
+                      "tranStateTableOffset": half.offset, "commitLogOffset": half.phy, "msgId": half.key,
+                      "transactionId": half.key, "offsetMsgId": half.offset_id}
+            send_frames(self.checks, [half.group.encode(), orjson.dumps(header), raw])
+            items.append(f"{half.offset}:{half.checks + 1}")
+        for at in range(0, len(items), 4096):
+            self._put([op_item(CHECK, items[at: at + 4096], now_ms)], (CHECK,))
+        for at in range(0, len(discards), ENDS_A_REQUEST):
+            part = discards[at: at + ENDS_A_REQUEST]
+            copies = []
+            for half in part:
+                raw = self.reader.record_bytes(half.phy, half.size)
+                record = decode(raw, check_crc=False) if raw else None
+                if isinstance(record, Record):
+                    copies.append(discard_item(record))
+            self._put(copies + [op_item(DISCARD, [str(h.offset) for h in part], now_ms)],
+                      (DISCARD, [h.offset for h in part]))
+
+    # -- the rest ------------------------------------------------------------------------------------
+
+    def _persist(self) -> None:
+        config_files.persist(self.path, self.core.snapshot())
+
+    def follow_min_offset(self, min_offset: int) -> None:
+        self.reader.follow_min_offset(min_offset)
+
+    def drain(self) -> None:
+        if self.core is not None:
+            self._persist()
+
+    def statistics(self) -> dict:
+        if self.core is None:
+            return super().statistics()
+        return super().statistics() | self.core.statistics(time.time_ns() // 1_000_000) | {
+            "waiting": len(self.waiting), "expired": self.expired, "refusedEnds": self.refused_ends}
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+        super().close()
+
+
+def _half(offset: int, phy: int, size: int, record: Record | None) -> Half | None:
+    if record is None or half_target(record) is None:
+        return None
+    props = record.properties
+    immunity = props.get(PROPERTY_CHECK_IMMUNITY, "")
+    return Half(offset, phy, size, record.store_timestamp, props.get(PROPERTY_PRODUCER_GROUP, ""),
+                int(immunity) * 1000 if immunity.isdigit() else 0, props.get(PROPERTY_REAL_TOPIC, ""),
+                key=props.get(PROPERTY_UNIQ_KEY) or "", offset_id=offset_msg_id(record.store_host, phy))
+
+
+def _status(status: str) -> str:
+    return "OK" if status in protocol.STORED_STATUSES else status
+
+
+def _reply(waiter: tuple, status: str, remark: str, **fields) -> tuple:
+    client, arrival, opaque, _ = waiter
+    return client, -arrival, orjson.dumps(protocol.reply_header(opaque, status, remark, **fields))
+
+
+def _answer(out: list, waiter: tuple, status: str, remark: str, **fields) -> None:
+    if not waiter[3]:  # (a oneway end wants no answer)
+        out.append(_reply(waiter, status, remark, **fields))

@@ -1,0 +1,273 @@
+"""The transactional producer: `AsyncTransactionProducer` (asyncio) and `TransactionProducer`
+(blocking), RocketMQ's TransactionMQProducer (docs/protocol.md "Transactions").
+
+`send_in_transaction` sends the message as a half (TRAN_MSG=true, PGROUP=group): stored, not yet
+visible. Then it runs the local transaction, `execute(message, arg)`, and ends the half with
+what that returns: COMMIT_MESSAGE makes the message visible, ROLLBACK_MESSAGE drops it, UNKNOW
+(or an exception) leaves it open. The node asks about a half left open (CHECK_TRANSACTION_STATE,
+after `transactionTimeOut`, every `transactionCheckInterval`) over the connection of a producer
+of the group: `check(message)` answers with the same three states. So any producer of the group
+can finish what another left open, a killed one's included.
+
+Unlike RocketMQ's producer, the end is a request, not oneway: `send_in_transaction` returns once
+the node has stored the outcome (the committed message is then readable), and its result says
+how the end went (`end_status`; a failed end leaves the half to the check).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Callable, NamedTuple
+
+from node import protocol
+from node.client import aio
+from node.client.message import Message
+from node.client.producer import AsyncProducer, SendError, SendResult, _bytes
+from node.client.received import decode_messages, retopic
+from shm.codec import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION,
+    PROPERTY_UNIQ_KEY,
+    decode_msg_id,
+)
+
+log = logging.getLogger("mqnode.transaction")
+HEARTBEAT_S = 30.0  # as RocketMQ's heartbeatBrokerInterval
+CHECKS_AT_ONCE = 1024  # checks answered concurrently (the rest wait their turn)
+
+
+class LocalTransactionState(str, enum.Enum):
+    """RocketMQ's LocalTransactionState (its names, UNKNOW's spelling included)."""
+
+    COMMIT_MESSAGE = "COMMIT_MESSAGE"
+    ROLLBACK_MESSAGE = "ROLLBACK_MESSAGE"
+    UNKNOW = "UNKNOW"
+
+
+COMMIT_MESSAGE = LocalTransactionState.COMMIT_MESSAGE
+ROLLBACK_MESSAGE = LocalTransactionState.ROLLBACK_MESSAGE
+UNKNOW = LocalTransactionState.UNKNOW
+_END_CODES = {COMMIT_MESSAGE: 8, ROLLBACK_MESSAGE: 12, UNKNOW: 0}  # END_TRANSACTION's commitOrRollback
+
+
+class TransactionSendResult(NamedTuple):
+    status: str  # the half's send status
+    msg_id: str  # the transaction id (the message's UNIQ_KEY)
+    offset_msg_id: str  # the half's
+    queue_id: int
+    queue_offset: int  # the half's
+    topic: str
+    local_transaction_state: LocalTransactionState
+    end_status: str  # "OK" once the node stored the outcome; else why not (the check will ask)
+
+    @property
+    def transaction_id(self) -> str:
+        return self.msg_id
+
+
+def _state(value) -> LocalTransactionState:
+    try:
+        return LocalTransactionState(value.value if isinstance(value, enum.Enum) else value)
+    except ValueError:
+        log.warning("a local transaction answered %r: taken as UNKNOW", value)
+        return UNKNOW
+
+
+class AsyncTransactionProducer:
+    def __init__(self, endpoint: str, group: str, execute: Callable | None = None, check: Callable | None = None,
+                 **options):
+        self.group = group
+        self.execute, self.check = execute, check
+        self.producer = AsyncProducer(endpoint, **options)
+        self.producer.on_request = self._on_request
+        self.client_id = f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
+        self.heartbeats: asyncio.Task | None = None
+        self.checking: set[asyncio.Task] = set()
+        self.checks_answered = 0
+
+    async def start(self) -> AsyncTransactionProducer:
+        if self.heartbeats is None:
+            await self.producer.start()
+            await self._heartbeat()  # known to the node before the first half: it can be asked about it
+            self.heartbeats = asyncio.create_task(self._beat())
+        return self
+
+    async def close(self) -> None:
+        if self.heartbeats is not None:
+            self.heartbeats.cancel()
+            self.heartbeats = None
+            try:
+                await self.producer.request({"code": protocol.UNREGISTER_CLIENT, "clientID": self.client_id,
+                                             "producerGroup": self.group}, timeout=1.0)
+            except SendError:
+                pass  # (the node forgets it anyway, when the connection is gone)
+        for task in list(self.checking):
+            task.cancel()
+        await self.producer.close()
+
+    async def __aenter__(self) -> AsyncTransactionProducer:
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _heartbeat(self) -> None:
+        reply, _ = await self.producer.request({"code": protocol.HEART_BEAT, "clientID": self.client_id,
+                                                "producerDataSet": [{"groupName": self.group}]})
+        if reply.get("status") != "OK":
+            raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await self._heartbeat()
+            except SendError as e:
+                log.warning("heartbeat of producer group %s: %s", self.group, e)
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    async def send_half(self, topic: str, body: bytes | str, *, tags: str | None = None, keys=None,
+                        properties: dict[str, str] | None = None, queue_id: int | None = None) -> tuple[Message, SendResult]:
+        """The half alone (then `end` it): for callers that run the local transaction themselves."""
+        await self.start()
+        props = dict(properties or {})
+        props[PROPERTY_TRANSACTION], props[PROPERTY_PRODUCER_GROUP] = "true", self.group
+        props.setdefault(PROPERTY_UNIQ_KEY, self.producer.keys.next())
+        message = Message(topic, _bytes(body), tags, keys, props)
+        return message, await self.producer.send_message(message, queue_id=queue_id)
+
+    async def end(self, sent: SendResult, state: LocalTransactionState, *, from_check: bool = False) -> str:
+        """END_TRANSACTION for the half `sent`: "OK" once stored, else the status that says why not."""
+        header = {"code": protocol.END_TRANSACTION, "producerGroup": self.group,
+                  "tranStateTableOffset": sent.queue_offset, "commitLogOffset": decode_msg_id(sent.offset_msg_id)[1],
+                  "commitOrRollback": _END_CODES[state], "msgId": sent.msg_id, "transactionId": sent.msg_id,
+                  "fromTransactionCheck": from_check}
+        try:
+            reply, _ = await self.producer.request(header)
+        except SendError as e:
+            return e.status
+        return reply.get("status", "SYSTEM_ERROR")
+
+    async def send_in_transaction(self, topic: str, body: bytes | str, arg=None, *, tags: str | None = None, keys=None,
+                                  properties: dict[str, str] | None = None,
+                                  queue_id: int | None = None) -> TransactionSendResult:
+        """Half, local transaction (`execute(message, arg)`, a coroutine function or not), end."""
+        message, sent = await self.send_half(topic, body, tags=tags, keys=keys, properties=properties,
+                                             queue_id=queue_id)
+        state = await self._run(self.execute, message, arg)
+        return _result(sent, state, await self.end(sent, state))
+
+    async def _run(self, fn: Callable | None, *args) -> LocalTransactionState:
+        if fn is None:
+            return UNKNOW
+        try:
+            value = fn(*args)
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception:  # a local transaction that raised is unknown: the check asks later
+            log.exception("the local transaction of producer group %s raised", self.group)
+            return UNKNOW
+        return _state(value)
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def _on_request(self, header: dict, body: bytes | None) -> None:
+        if header.get("code") != protocol.CHECK_TRANSACTION_STATE or header.get("producerGroup") != self.group:
+            return
+        if len(self.checking) >= CHECKS_AT_ONCE:
+            return  # (asked again at the next check)
+        task = asyncio.get_running_loop().create_task(self._answer_check(header, body))
+        self.checking.add(task)
+        task.add_done_callback(self.checking.discard)
+
+    async def _answer_check(self, header: dict, body: bytes | None) -> None:
+        try:
+            messages = decode_messages(body)
+        except SendError:
+            return  # (a record this client cannot read: left to the next check)
+        if not messages:
+            return
+        message = messages[0]
+        real = message.properties.get(PROPERTY_REAL_TOPIC)
+        if real:  # the check shows the message as sent: its real topic and queue
+            retopic(message, real)
+        state = await self._run(self.check, message)
+        if state is UNKNOW:
+            return
+        sent = SendResult("SEND_OK", header.get("transactionId") or message.msg_id, header.get("offsetMsgId", ""),
+                          message.queue_id, header["tranStateTableOffset"], message.topic)
+        end = {"code": protocol.END_TRANSACTION, "producerGroup": self.group, "oneway": True,
+               "tranStateTableOffset": header["tranStateTableOffset"], "commitLogOffset": header["commitLogOffset"],
+               "commitOrRollback": _END_CODES[state], "msgId": sent.msg_id, "transactionId": sent.msg_id,
+               "fromTransactionCheck": True}
+        try:  # oneway, as RocketMQ's: a lost end is asked about again
+            await self.producer._send(self.producer._encode(end, None), time.monotonic() + 3)
+            self.checks_answered += 1
+        except SendError as e:
+            log.warning("the end of a checked transaction was not sent: %s", e)
+
+
+def _result(sent: SendResult, state: LocalTransactionState, end_status: str) -> TransactionSendResult:
+    return TransactionSendResult(sent.status, sent.msg_id, sent.offset_msg_id, sent.queue_id, sent.queue_offset,
+                                 sent.topic, state, end_status)
+
+
+class TransactionProducer:
+    """The blocking transactional producer: the local transaction runs in the caller's thread,
+    checks on a worker thread (they may block); sends on a private event-loop thread."""
+
+    def __init__(self, endpoint: str, group: str, execute: Callable | None = None, check: Callable | None = None,
+                 **options):
+        self.loop = aio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="mqnode-transaction", daemon=True)
+        self.thread.start()
+        self.execute = execute
+        blocking_check = None if check is None else (lambda message: self.loop.run_in_executor(None, check, message))
+        self.inner = self._call(self._make(endpoint, group, blocking_check, options))
+
+    async def _make(self, endpoint, group, check, options) -> AsyncTransactionProducer:
+        import zmq
+        return await AsyncTransactionProducer(endpoint, group, None, check, context=zmq.Context(), **options).start()
+
+    def _call(self, coroutine, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def send_in_transaction(self, topic: str, body: bytes | str, arg=None, **kwargs) -> TransactionSendResult:
+        message, sent = self._call(self.inner.send_half(topic, body, **kwargs))
+        state = UNKNOW
+        if self.execute is not None:
+            try:
+                state = _state(self.execute(message, arg))
+            except Exception:
+                log.exception("the local transaction of producer group %s raised", self.inner.group)
+        return _result(sent, state, self._call(self.inner.end(sent, state)))
+
+    def request(self, header: dict, body: bytes | None = None, *, timeout: float | None = None):
+        return self._call(self.inner.producer.request(header, body, timeout=timeout))
+
+    @property
+    def checks_answered(self) -> int:
+        return self.inner.checks_answered
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self._call(self.inner.close())
+            context = self.inner.producer.context
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+            context.term()
+
+    def __enter__(self) -> TransactionProducer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

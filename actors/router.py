@@ -135,6 +135,8 @@ class Router:
         refusals = {}
         own = request.header.get("_reput") is True  # the schedule service's, built from stored records
         for i, message in enumerate(request.header["messages"]):
+            if own and message["topic"] in TRANSACTION_TOPICS:
+                continue  # the transaction service's system topics (one queue; no client sends to them)
             remark = None if own else edge.send_problem(message)
             problem = ("MESSAGE_ILLEGAL", remark) if remark else self.check_one(message["topic"], message["queueId"])
             if problem:

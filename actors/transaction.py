@@ -70,6 +70,7 @@ MAX_TAKE = 1024  # requests a turn
 ENDS_A_REQUEST = 256  # committed messages a re-put request carries
 READ_A_TURN = 8192  # half and op entries read a turn
 REPUT_TIMEOUT_S = 5.0  # a re-put unanswered by then counts as not stored
+OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
 
 
@@ -104,7 +105,8 @@ class Transaction(Actor):
         self.opaque = random.randrange(1 << 30)
         self.next_check = time.monotonic() + min(s.transactionCheckInterval, s.transactionTimeOut) / 1000
         self.next_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
-        self.expired = self.refused_ends = 0
+        self.ops_again: list[tuple[float, list]] = []  # (when, ends): commits stored whose op record was not
+        self.expired = self.refused_ends = self.op_retries = 0
 
     # -- the turn ----------------------------------------------------------------------------------
 
@@ -127,6 +129,10 @@ class Transaction(Actor):
             self.replies.send(pack_replies(out))
         now = time.monotonic()
         self._expire(now)
+        while self.ops_again and self.ops_again[0][0] <= now:
+            ends = self.ops_again.pop(0)[1]
+            self._put([op_item(COMMIT, [str(offset) for offset, *_ in ends], time.time_ns() // 1_000_000)],
+                      ("end", ends, [COMMIT], "op only"))
         if now >= self.next_check and not self._slave():
             self.next_check = now + self.settings.transactionCheckInterval / 1000
             self._check()
@@ -237,7 +243,10 @@ class Transaction(Actor):
             return  # (expired already: counted as not stored)
         what, count, _ = waiting
         statuses = delivered_statuses(header, count)
-        if what[0] == "end":
+        if what[0] == "end" and len(what) > 3:  # an op record written again: the message is stored
+            statuses = ["PUT_OK"] * len(what[1]) + statuses
+            self._ended(what[1], what[2], statuses)
+        elif what[0] == "end":
             self._ended(what[1], what[2], statuses)
         elif what[0] == DISCARD and statuses[-1] not in protocol.STORED_STATUSES:
             for offset in what[1]:
@@ -245,20 +254,29 @@ class Transaction(Actor):
 
     def _ended(self, part: list, kinds: list[str], statuses: list[str]) -> None:
         """Each end's answer: its op record's status (and a commit's own message's, when that
-        was refused for good: a topic deleted since)."""
+        was refused for good: a topic deleted since). A commit whose message was stored but
+        whose op record was not stays decided: its op record alone is written again (opening
+        it again would let the check commit it twice)."""
         op_status = dict(zip(kinds, statuses[len(statuses) - len(kinds):]))
         commit_statuses = iter(statuses)
-        out = []
-        for offset, outcome, _, _, waiter in part:
+        out, again = [], []
+        for end in part:
+            offset, outcome, _, _, waiter = end
             status = op_status[outcome]
-            own = next(commit_statuses) if outcome == COMMIT else "PUT_OK"
-            if status not in protocol.STORED_STATUSES:
+            own = next(commit_statuses) if outcome == COMMIT else None
+            if status in protocol.STORED_STATUSES:
+                if own is None or own in protocol.STORED_STATUSES:
+                    _answer(out, waiter, "OK", "")
+                else:
+                    _answer(out, waiter, _status(own), f"the committed message was refused ({own})")
+            elif own in protocol.STORED_STATUSES:
+                again.append(end)
+                self.op_retries += 1
+            else:
                 self.core.end_failed(offset)
                 _answer(out, waiter, _status(status), "the outcome was not stored; end it again")
-            elif own not in protocol.STORED_STATUSES:
-                _answer(out, waiter, _status(own), f"the committed message was refused ({own})")
-            else:
-                _answer(out, waiter, "OK", "")
+        if again:  # (a second later: a refusal now, a full disk, is likely a refusal for a while)
+            self.ops_again.append((time.monotonic() + OP_RETRY_S, again))
         if out:
             self.replies.send(pack_replies(out))
 
@@ -313,7 +331,8 @@ class Transaction(Actor):
         if self.core is None:
             return super().statistics()
         return super().statistics() | self.core.statistics(time.time_ns() // 1_000_000) | {
-            "waiting": len(self.waiting), "expired": self.expired, "refusedEnds": self.refused_ends}
+            "waiting": len(self.waiting), "expired": self.expired, "refusedEnds": self.refused_ends,
+            "opRetries": self.op_retries}
 
     def close(self) -> None:
         if self.reader is not None:

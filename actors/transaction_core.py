@@ -11,8 +11,9 @@ state is what those records say, read back in queue order (`op`), on a master as
 a restart, a promoted slave and the running master rebuild it the same way. What is decided but
 not yet read back (`ending`) is held only to answer a repeat at once.
 
-Per half offset below `read_to`: an outcome byte in `outcomes` (from `low`, the first offset not
-final) and, while undecided, a `Half` in `pending` (insertion order = offset order, as the halves
+Per half offset below `read_to`: an outcome byte in `outcomes` (from `base`; `low` is the first
+offset not final, and up to KEEP_BELOW_LOW outcomes below it are kept, so a late repeat of an end
+is told what it was) and, while undecided, a `Half` in `pending` (insertion order = offset order, as the halves
 are read in order). A check pass (`due_checks`) finds the pending halves older than
 `transactionTimeOut` (or their own CHECK_IMMUNITY_TIME_IN_SECONDS) and not checked for an
 interval: those checked `transactionCheckMax` times are discarded, the others checked.
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from node import protocol
 
 PENDING_MAX = 1_000_000  # halves held undecided at once; reading the half queue waits beyond it
+KEEP_BELOW_LOW = 1 << 20  # final outcomes kept below `low` (a byte each)
 CHECKS_PER_PASS = 200_000  # halves a check pass takes at most (the rest: the next pass)
 COMMIT, ROLLBACK, DISCARD, CHECK = "commit", "rollback", "discard", "check"
 FINAL = (COMMIT, ROLLBACK, DISCARD)
@@ -56,6 +58,7 @@ class TransactionCore:
         self.timeout_ms, self.check_max, self.interval_ms = timeout_ms, check_max, interval_ms
         snapshot = snapshot or {}
         self.low = self.read_to = int(snapshot.get("low", 0))
+        self.base = int(snapshot.get("base", self.low))  # the offset of outcomes[0]
         self.op_read_to = int(snapshot.get("opOffset", 0))
         self.outcomes = bytearray(zlib.decompress(base64.b64decode(snapshot["outcomes"]))) if snapshot.get("outcomes") \
             else bytearray()  # offset low + i -> outcome code
@@ -69,7 +72,7 @@ class TransactionCore:
 
     def outcome(self, offset: int) -> str | None:
         """The final outcome of a half, or None while it is open (or not read yet)."""
-        i = offset - self.low
+        i = offset - self.base
         if i < 0:
             return ENDED
         return _NAME.get(self.outcomes[i]) if i < len(self.outcomes) else None
@@ -105,7 +108,7 @@ class TransactionCore:
 
     def _mark(self, offset: int, kind: str) -> bool:
         """The outcome byte of `offset` set, unless it is set already (False)."""
-        i = offset - self.low
+        i = offset - self.base
         if i < 0 or (i < len(self.outcomes) and self.outcomes[i]):
             return False
         if i >= len(self.outcomes):
@@ -123,8 +126,8 @@ class TransactionCore:
             else:
                 half.checks = max(half.checks, self.checks_of.pop(offset, 0))
                 self.pending[offset] = half
-                if offset - self.low >= len(self.outcomes):  # (its byte, 0 while open, keeps `low` here)
-                    self.outcomes.extend(bytes(offset - self.low + 1 - len(self.outcomes)))
+                if offset - self.base >= len(self.outcomes):  # (its byte, 0 while open, keeps `low` here)
+                    self.outcomes.extend(bytes(offset - self.base + 1 - len(self.outcomes)))
         self._advance()
 
     def halves_gone(self, first: int) -> None:
@@ -134,25 +137,27 @@ class TransactionCore:
         if first <= self.read_to:
             return
         self.pending.clear()
-        del self.outcomes[:first - self.low]
-        self.low = self.read_to = first
+        del self.outcomes[:first - self.base]
+        self.base = self.low = self.read_to = first
 
     def room(self) -> int:
         """How many more halves may be read now."""
         return max(0, PENDING_MAX - len(self.pending))
 
     def _advance(self) -> None:
-        """`low` to the first offset that is neither final nor beyond what was read; the outcome
-        bytes below it are dropped (a slice now and then, not one per half)."""
-        low, outcomes = self.low, self.outcomes
-        i = 0
+        """`low` to the first offset that is neither final nor beyond what was read; outcome
+        bytes more than KEEP_BELOW_LOW below it are dropped (a slice now and then)."""
+        outcomes, base = self.outcomes, self.base
         first_open = next(iter(self.pending), self.read_to)
-        limit = min(first_open, low + len(outcomes)) - low
+        limit = min(first_open, base + len(outcomes)) - base
+        i = self.low - base
         while i < limit and outcomes[i]:
             i += 1
-        if i >= 4096 or (i and i == len(outcomes)):
-            del outcomes[:i]
-            self.low = low + i
+        self.low = base + i
+        if i > 2 * KEEP_BELOW_LOW:
+            cut = i - KEEP_BELOW_LOW
+            del outcomes[:cut]
+            self.base = base + cut
 
     # -- ends ---------------------------------------------------------------------------------------
 
@@ -197,7 +202,7 @@ class TransactionCore:
     def snapshot(self) -> dict:
         """What a restart needs besides the queues: where to read them from, and the outcomes of
         what was read (the halves still open are read again)."""
-        return {"low": self.low, "opOffset": self.op_read_to,
+        return {"low": self.low, "base": self.base, "opOffset": self.op_read_to,
                 "outcomes": base64.b64encode(zlib.compress(bytes(self.outcomes), 1)).decode(),
                 "checks": {str(o): h.checks for o, h in self.pending.items() if h.checks}
                 | {str(o): n for o, n in self.checks_of.items()},

@@ -1,0 +1,294 @@
+"""Transactional messages on a real node (docs/protocol.md "Transactions"): a commit is visible
+once, a rollback never, an open half is checked and ended by a producer of its group (another
+one when its own was killed -9), discarded when none answers; kill -9 of the transaction service
+and of the whole node between a half and its outcome, and a slave promoted mid-transaction."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import orjson
+import pytest
+from nodes import ROOT, NodeProcess, free_port, node_settings
+
+from node import protocol
+from node.client import (
+    COMMIT_MESSAGE,
+    ROLLBACK_MESSAGE,
+    UNKNOW,
+    Producer,
+    PullConsumer,
+    SendError,
+    TransactionProducer,
+)
+from shm.codec import TRANS_CHECK_MAX_TIME_TOPIC, TRANSACTION_COMMIT, TRANSACTION_MASK, decode, decode_msg_id
+
+pytestmark = pytest.mark.slow
+
+FAST_CHECKS = {"transactionTimeOut": 1000, "transactionCheckInterval": 1000, "transactionCheckMax": 3}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("transactions")
+    process = NodeProcess(node_settings(directory / "store", **FAST_CHECKS), directory / "node.log").start()
+    yield process
+    process.stop(strict=False)
+
+
+def visible(endpoint: str, topic: str, queues: int = 8) -> list:
+    """Every message a consumer can read in `topic`, queue by queue from offset 0."""
+    out = []
+    with PullConsumer(endpoint) as consumer:
+        for queue in range(queues):
+            offset = 0
+            while True:
+                try:
+                    result = consumer.pull(topic, queue, offset, max_count=32)
+                except SendError as e:
+                    assert e.status == "TOPIC_NOT_EXIST", e
+                    return out
+                if not result.messages:
+                    break
+                out += result.messages
+                offset = result.next_begin_offset
+    return out
+
+
+def state(endpoint: str) -> dict:
+    with Producer(endpoint) as client:
+        reply, _ = client.request({"code": protocol.GET_TRANSACTION_STATE})
+    assert reply["status"] == "OK", reply
+    return reply
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def end(endpoint: str, sent, group: str, outcome: int) -> dict:
+    with Producer(endpoint, retries=0) as client:
+        reply, _ = client.request({"code": protocol.END_TRANSACTION, "producerGroup": group,
+                                   "tranStateTableOffset": sent.queue_offset,
+                                   "commitLogOffset": decode_msg_id(sent.offset_msg_id)[1],
+                                   "commitOrRollback": outcome})
+    return reply
+
+
+def test_a_commit_is_visible_once_and_a_rollback_never(node):
+    with TransactionProducer(node.endpoint, "PG-basic", execute=lambda message, arg: arg) as producer:
+        committed = [producer.send_in_transaction("TxBasic", f"commit-{i}", COMMIT_MESSAGE) for i in range(20)]
+        rolled = [producer.send_in_transaction("TxBasic", f"rollback-{i}", ROLLBACK_MESSAGE) for i in range(20)]
+    assert {r.end_status for r in committed + rolled} == {"OK"}
+    assert {r.local_transaction_state for r in committed} == {COMMIT_MESSAGE}
+    seen = visible(node.endpoint, "TxBasic")
+    assert sorted(m.body for m in seen) == sorted(f"commit-{i}".encode() for i in range(20))
+    assert {m.msg_id for m in seen} == {r.msg_id for r in committed}  # the transaction id is the message's
+    raw = [m for m in seen][0]
+    assert raw.properties["TRAN_MSG"] == "true" and raw.properties["PGROUP"] == "PG-basic"
+
+
+def test_a_second_end_changes_nothing(node):
+    with TransactionProducer(node.endpoint, "PG-twice", execute=lambda message, arg: arg) as producer:
+        sent = producer.send_in_transaction("TxTwice", "once", COMMIT_MESSAGE)
+        dropped = producer.send_in_transaction("TxTwice", "never", ROLLBACK_MESSAGE)
+    again = end(node.endpoint, sent, "PG-twice", 8)
+    assert again["status"] == "OK" and again["outcome"] == "commit"
+    flipped = end(node.endpoint, dropped, "PG-twice", 8)  # a commit after the rollback: still rolled back
+    assert flipped["status"] == "OK" and flipped["outcome"] == "rollback" and "ended already" in flipped["remark"]
+    assert [m.body for m in visible(node.endpoint, "TxTwice")] == [b"once"]
+    wrong = end(node.endpoint, sent, "PG-other", 8)
+    assert wrong["status"] == "SYSTEM_ERROR" and "producer group" in wrong["remark"]
+    nowhere = end(node.endpoint, sent._replace(queue_offset=sent.queue_offset + 10_000), "PG-twice", 8)
+    assert nowhere["status"] == "SYSTEM_ERROR" and "no half message" in nowhere["remark"]
+
+
+def test_the_committed_message_names_its_half(node):
+    with TransactionProducer(node.endpoint, "PG-layout", execute=lambda message, arg: COMMIT_MESSAGE) as producer:
+        sent = producer.send_in_transaction("TxLayout", "x", tags="TagT", keys=["k1"])
+    message = visible(node.endpoint, "TxLayout")[0]
+    with Producer(node.endpoint) as client:
+        reply, body = client.request({"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": message.offset_msg_id})
+    assert reply["status"] == "OK", reply
+    record = decode(body)
+    assert record.sys_flag & TRANSACTION_MASK == TRANSACTION_COMMIT
+    assert record.prepared_transaction_offset == decode_msg_id(sent.offset_msg_id)[1]
+    assert message.tags == "TagT" and message.keys == ["k1"]
+
+
+def test_unknown_halves_are_checked_and_ended_by_the_answer(node):
+    answers = {}
+
+    def check(message):
+        return answers[message.body]
+
+    with TransactionProducer(node.endpoint, "PG-check", execute=lambda message, arg: UNKNOW, check=check) as producer:
+        for i in range(10):
+            answers[f"c{i}".encode()] = COMMIT_MESSAGE
+            answers[f"r{i}".encode()] = ROLLBACK_MESSAGE
+            producer.send_in_transaction("TxCheck", f"c{i}")
+            producer.send_in_transaction("TxCheck", f"r{i}")
+        assert visible(node.endpoint, "TxCheck") == []
+        wait_until(lambda: producer.checks_answered >= 20, 15, "the checks")
+    seen = wait_until(lambda: len(visible(node.endpoint, "TxCheck")) >= 10 and visible(node.endpoint, "TxCheck"), 5,
+                      "the commits")
+    assert sorted(m.body for m in seen) == sorted(f"c{i}".encode() for i in range(10))
+    assert seen[0].topic == "TxCheck"
+
+
+def test_an_exception_in_the_local_transaction_leaves_it_open(node):
+    def boom(message, arg):
+        raise RuntimeError("the local transaction failed")
+
+    with TransactionProducer(node.endpoint, "PG-boom", execute=boom,
+                             check=lambda message: ROLLBACK_MESSAGE) as producer:
+        result = producer.send_in_transaction("TxBoom", "b")
+        assert result.local_transaction_state is UNKNOW
+        wait_until(lambda: producer.checks_answered >= 1, 15, "the check")
+    assert visible(node.endpoint, "TxBoom") == []
+
+
+PRODUCER = textwrap.dedent("""
+    import sys, time
+    from node.client import TransactionProducer
+    def stuck(message, arg):
+        print("half", flush=True)
+        time.sleep(3600)
+    with TransactionProducer(sys.argv[1], "PG-killed", execute=stuck) as producer:
+        producer.send_in_transaction("TxKilled", "orphan")
+""")
+
+
+def test_a_half_of_a_killed_producer_is_ended_by_another_of_its_group(node):
+    child = subprocess.Popen([sys.executable, "-c", PRODUCER, node.endpoint], cwd=ROOT, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"half\n"  # stored, its local transaction under way
+        with TransactionProducer(node.endpoint, "PG-killed", check=lambda message: COMMIT_MESSAGE) as other:
+            child.kill()  # kill -9, mid-transaction
+            child.wait(10)
+            wait_until(lambda: other.checks_answered >= 1, 20, "the other producer's check")
+        seen = wait_until(lambda: visible(node.endpoint, "TxKilled"), 5, "the commit")
+        assert [m.body for m in seen] == [b"orphan"]
+    finally:
+        child.kill()
+
+
+def test_a_half_nobody_answers_is_discarded_after_transaction_check_max(node):
+    with TransactionProducer(node.endpoint, "PG-gone", execute=lambda message, arg: UNKNOW) as producer:
+        sent = producer.send_in_transaction("TxGone", "nobody-answers")
+    # three checks a second apart reach no producer; then it goes to TRANS_CHECK_MAX_TIME_TOPIC
+    kept = wait_until(lambda: [m for m in visible(node.endpoint, TRANS_CHECK_MAX_TIME_TOPIC, 1)
+                               if m.msg_id == sent.msg_id], 15, "the discard")
+    assert kept[0].body == b"nobody-answers" and kept[0].properties["REAL_TOPIC"] == "TxGone"
+    assert visible(node.endpoint, "TxGone") == []
+    assert end(node.endpoint, sent, "PG-gone", 8)["outcome"] == "discard"  # too late: nothing changes
+    assert visible(node.endpoint, "TxGone") == []
+    assert state(node.endpoint)["discarded"] >= 1
+
+
+def test_a_kill_of_the_transaction_service_between_half_and_outcome(node):
+    with TransactionProducer(node.endpoint, "PG-svc", execute=lambda message, arg: arg) as producer:
+        done = producer.send_in_transaction("TxSvc", "before", COMMIT_MESSAGE)
+        open_half = producer.send_in_transaction("TxSvc", "open", UNKNOW)
+        node.actor_process("transaction").kill()
+
+        def ended() -> bool:
+            try:
+                return end(node.endpoint, open_half, "PG-svc", 8).get("status") == "OK"
+            except SendError:  # (sent to the killed service: no answer)
+                return False
+
+        wait_until(ended, 30, "the restarted service")
+    assert end(node.endpoint, done, "PG-svc", 8)["outcome"] == "commit"  # known again from the op records
+    seen = sorted(m.body for m in visible(node.endpoint, "TxSvc"))
+    assert seen == [b"before", b"open"]
+
+
+def test_the_cli_sends_in_transactions_and_shows_them(node):
+    def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "node.tools.cli", *args, "--endpoint", node.endpoint], cwd=ROOT,
+                              input=stdin, capture_output=True, text=True, timeout=60)
+
+    committed = cli("produce", "--topic", "TxCli", "--transaction", "commit", "--group", "PG-cli", stdin="a\nb\n")
+    assert committed.returncode == 0, committed.stderr
+    assert [orjson.loads(line)["transaction"] for line in committed.stdout.splitlines()] == ["COMMIT_MESSAGE"] * 2
+    rolled = cli("produce", "--topic", "TxCli", "--transaction", "rollback", "--group", "PG-cli", stdin="c\n")
+    assert rolled.returncode == 0, rolled.stderr
+    checked = cli("produce", "--topic", "TxCli", "--transaction", "unknown", "--group", "PG-cli",
+                  "--check-answer", "commit", "--timeout", "20", stdin="d\n")
+    lines = [orjson.loads(line) for line in checked.stdout.splitlines()]
+    assert checked.returncode == 0 and lines[0]["transaction"] == "UNKNOW"
+    assert lines[1] == {"checked": lines[0]["msgId"], "topic": "TxCli", "answer": "COMMIT_MESSAGE"}
+    wait_until(lambda: len(visible(node.endpoint, "TxCli")) == 3, 5, "the checked commit")
+    assert sorted(m.body for m in visible(node.endpoint, "TxCli")) == [b"a", b"b", b"d"]
+    missing = cli("produce", "--topic", "TxCli", "--transaction", "commit", stdin="e\n")
+    assert missing.returncode == 2 and "--group" in missing.stderr
+    shown = cli("admin", "transactions")
+    assert shown.returncode == 0, shown.stderr
+    table = orjson.loads(shown.stdout)
+    assert table["committed"] >= 3 and table["rolledBack"] >= 1 and {"pending", "checked", "discarded"} <= set(table)
+
+
+def test_a_send_without_its_producer_group_is_refused(node):
+    with Producer(node.endpoint, retries=0) as producer:
+        with pytest.raises(SendError) as refused:
+            producer.send("TxBad", "x", properties={"TRAN_MSG": "true"})
+    assert refused.value.status == "MESSAGE_ILLEGAL" and "PGROUP" in refused.value.remark
+
+
+def test_a_kill_of_the_whole_node_between_half_and_outcome(tmp_path):
+    settings = node_settings(tmp_path / "store", **FAST_CHECKS)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    try:
+        with TransactionProducer(node.endpoint, "PG-crash", execute=lambda message, arg: arg) as producer:
+            producer.send_in_transaction("TxCrash", "committed-before", COMMIT_MESSAGE)
+            producer.send_in_transaction("TxCrash", "rolled-back-before", ROLLBACK_MESSAGE)
+            producer.send_in_transaction("TxCrash", "open", UNKNOW)
+        node.kill_all()
+        node.start()
+        with TransactionProducer(node.endpoint, "PG-crash", check=lambda message: COMMIT_MESSAGE) as checker:
+            wait_until(lambda: checker.checks_answered >= 1, 20, "the check after the restart")
+            time.sleep(2.5)  # more passes: nothing ended before the kill is asked about again
+            assert checker.checks_answered == 1
+        seen = wait_until(lambda: len(visible(node.endpoint, "TxCrash")) >= 2 and visible(node.endpoint, "TxCrash"), 5,
+                          "the commit")
+        assert sorted(m.body for m in seen) == [b"committed-before", b"open"]
+        assert state(node.endpoint)["pending"] == 0
+    finally:
+        node.stop(strict=False)
+
+
+def test_a_slave_promoted_mid_transaction_goes_on_checking(tmp_path):
+    from shm.control_block import peek
+
+    master = node_settings(tmp_path / "master", haListenPort=free_port(), **FAST_CHECKS)
+    slave = node_settings(tmp_path / "slave", brokerRole="SLAVE", brokerId=1, haMasterAddress=f"127.0.0.1:{master.ha_port}",
+                          haListenPort=free_port(), **FAST_CHECKS)
+    m_node, s_node = NodeProcess(master, tmp_path / "m.log").start(), NodeProcess(slave, tmp_path / "s.log").start()
+    try:
+        with TransactionProducer(master.listen, "PG-ha", execute=lambda message, arg: arg) as producer:
+            producer.send_in_transaction("TxHa", "committed", COMMIT_MESSAGE)
+            producer.send_in_transaction("TxHa", "open", UNKNOW)
+        wait_until(lambda: peek(slave.root, "dispatched") == peek(master.root, "written"), 20, "the slave")
+        assert wait_until(lambda: state(slave.listen)["pending"] == 1, 10, "the slave's reading")
+        m_node.kill_all()
+        done = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", "role", "--role", "ASYNC_MASTER",
+                               "--endpoint", slave.listen], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        with TransactionProducer(slave.listen, "PG-ha", check=lambda message: COMMIT_MESSAGE) as checker:
+            wait_until(lambda: checker.checks_answered >= 1, 20, "the promoted slave's check")
+        seen = wait_until(lambda: len(visible(slave.listen, "TxHa")) >= 2 and visible(slave.listen, "TxHa"), 5,
+                          "the commit on the promoted slave")
+        assert sorted(m.body for m in seen) == [b"committed", b"open"]
+    finally:
+        s_node.stop(strict=False)
+        m_node.stop(strict=False)

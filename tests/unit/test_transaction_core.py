@@ -1,0 +1,165 @@
+"""The transaction service's core without I/O: outcomes read back from op records, open halves,
+checks and discards on a given clock, repeats that change nothing, and a restart from a snapshot
+plus the queues that rebuilds the same state whatever order the replay takes."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.transaction_core import CHECK, COMMIT, DISCARD, ENDED, GONE, ROLLBACK, Half, TransactionCore
+
+
+def core(**kw) -> TransactionCore:
+    return TransactionCore(timeout_ms=6000, check_max=3, interval_ms=60_000, **kw)
+
+
+def half(offset: int, stored_ms: int = 0, **kw) -> Half:
+    return Half(offset, phy=offset * 100, size=100, stored_ms=stored_ms, group="PG", immunity_ms=0, **kw)
+
+
+def read(c: TransactionCore, count: int, stored_ms: int = 0) -> None:
+    for _ in range(count):
+        c.half(half(c.read_to, stored_ms))
+
+
+def test_an_outcome_read_back_closes_its_half_and_moves_low():
+    c = core()
+    read(c, 3)
+    assert list(c.pending) == [0, 1, 2] and c.low == 0
+    c.op(COMMIT, ["0"])
+    c.op(ROLLBACK, ["2"])
+    assert list(c.pending) == [1] and c.low == 1
+    assert c.outcome(0) == COMMIT and c.outcome(2) == ROLLBACK and c.outcome(1) is None
+    c.op(COMMIT, ["1"])
+    assert not c.pending and c.low == 3 and c.counts == {COMMIT: 2, ROLLBACK: 1, DISCARD: 0}
+
+
+def test_an_end_before_its_half_is_read_is_known_when_it_is():
+    c = core()
+    assert c.end(5, COMMIT) is None
+    c.op(COMMIT, ["5"])
+    read(c, 6)
+    assert list(c.pending) == [0, 1, 2, 3, 4] and c.outcome(5) == COMMIT
+
+
+def test_a_repeat_changes_nothing_whatever_it_asks():
+    c = core()
+    read(c, 1)
+    assert c.end(0, ROLLBACK) is None
+    assert c.end(0, COMMIT) == ROLLBACK  # decided, its op not read back yet
+    c.op(ROLLBACK, ["0"])
+    c.op(COMMIT, ["0"])  # (a record that would flip it: ignored)
+    assert c.end(0, COMMIT) == ROLLBACK and c.counts[COMMIT] == 0 and c.repeats == 2
+
+
+def test_a_failed_end_opens_the_half_again():
+    c = core()
+    read(c, 1)
+    c.end(0, COMMIT)
+    c.end_failed(0)
+    assert c.end(0, ROLLBACK) is None
+
+
+def test_checks_start_after_the_timeout_and_repeat_each_interval_until_the_max():
+    c = core()
+    read(c, 1, stored_ms=1000)
+    assert c.due_checks(6999) == ([], [])
+    checks, _ = c.due_checks(7000)
+    assert [h.offset for h in checks] == [0]
+    assert c.due_checks(7000 + 59_999) == ([], [])  # asked within the interval
+    c.op(CHECK, ["0:1"])
+    for n in (2, 3):
+        checks, _ = c.due_checks(7000 + 60_000 * (n - 1))
+        assert [h.offset for h in checks] == [0]
+        c.op(CHECK, [f"0:{n}"])
+    checks, discards = c.due_checks(7000 + 60_000 * 3)
+    assert checks == [] and [h.offset for h in discards] == [0]
+    assert c.end(0, COMMIT) == DISCARD  # a discard under way is decided
+    c.op(DISCARD, ["0"])
+    assert c.outcome(0) == DISCARD and not c.pending
+
+
+def test_a_half_asks_for_more_time_with_its_immunity():
+    c = core()
+    c.half(Half(0, 0, 100, stored_ms=0, group="PG", immunity_ms=20_000))
+    assert c.due_checks(19_999) == ([], [])
+    assert len(c.due_checks(20_000)[0]) == 1
+
+
+def test_check_counts_replay_as_counts_not_additions():
+    c = core()
+    c.op(CHECK, ["0:2"])
+    c.op(CHECK, ["0:2"])  # (read twice: a restart from an older snapshot)
+    read(c, 1)
+    assert c.pending[0].checks == 2
+
+
+def test_records_that_are_not_halves_are_gone_and_do_not_hold_low():
+    c = core()
+    c.half(None)
+    read(c, 1)
+    c.half(None)
+    assert c.outcome(0) == GONE and c.low == 1
+    c.op(COMMIT, ["1"])
+    assert c.low == 3 and c.counts[COMMIT] == 1
+
+
+def test_a_cleaned_half_queue_drops_what_lay_below():
+    c = core()
+    read(c, 4)
+    c.op(COMMIT, ["1"])
+    c.end(9, ROLLBACK)
+    c.op(ROLLBACK, ["9"])
+    c.halves_gone(6)
+    assert not c.pending and c.low == c.read_to == 6 and c.outcome(9) == ROLLBACK and c.outcome(3) == ENDED
+
+
+def test_ops_that_are_not_offsets_are_skipped():
+    c = core()
+    read(c, 1)
+    c.op(COMMIT, ["", "x", "-1"])
+    assert list(c.pending) == [0] and c.op_read_to == 1
+
+
+def test_a_restart_from_a_snapshot_and_the_queues_rebuilds_the_same_state():
+    rng = random.Random(7)
+    ops: list[tuple[str, list[str]]] = []
+    c = core()
+    for _ in range(50):
+        read(c, 20)
+        for offset in list(c.pending):
+            pick = rng.random()
+            if pick < 0.5:
+                ops.append((COMMIT if rng.random() < 0.7 else ROLLBACK, [str(offset)]))
+            elif pick < 0.6:
+                ops.append((CHECK, [f"{offset}:1"]))
+        for kind, items in ops[c.op_read_to:]:
+            c.op(kind, items)
+    total = c.read_to
+    snapshot = c.snapshot()
+    for cut in (0, len(ops) // 3, len(ops)):  # (an older snapshot replays more: the same result)
+        again = core(snapshot=snapshot if cut == len(ops) else None)
+        for kind, items in ops[again.op_read_to:]:
+            again.op(kind, items)
+        while again.read_to < total:
+            again.half(half(again.read_to))
+        assert list(again.pending) == list(c.pending)
+        assert {o: h.checks for o, h in again.pending.items()} == {o: h.checks for o, h in c.pending.items()}
+        assert all(again.outcome(o) == c.outcome(o) for o in range(c.low, total))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([COMMIT, ROLLBACK, CHECK]), st.integers(0, 40)), max_size=120),
+       st.integers(0, 40))
+def test_low_is_always_the_first_offset_still_open(events, reads):
+    c = core()
+    read(c, reads)
+    for kind, offset in events:
+        c.op(kind, [f"{offset}:1" if kind == CHECK else str(offset)])
+        first_open = next(iter(c.pending), None)
+        assert c.low == (first_open if first_open is not None else max(c.read_to, c.low))
+        assert all(c.outcome(o) is None for o in c.pending)
+        assert set(c.pending) == {o for o in range(c.read_to) if c.outcome(o) is None}

@@ -337,10 +337,22 @@ TRANSACTION_OUTCOMES = (0, 8, 12)  # RocketMQ's TRANSACTION_NOT_TYPE, _COMMIT_TY
 
 
 def _end_transaction(header: dict) -> str | None:
+    return _name_problem(header.get("producerGroup"), "producerGroup", GROUP_MAX_LENGTH) or _end(header)
+
+
+def _end_transactions(header: dict) -> str | None:
+    ends = header.get("ends")
+    if not isinstance(ends, list) or not 1 <= len(ends) <= protocol.MAX_ENDS_PER_REQUEST:
+        return f"`ends` must be a list of 1 to {protocol.MAX_ENDS_PER_REQUEST} ends, not {_shown(ends)}"
+    return (_name_problem(header.get("producerGroup"), "producerGroup", GROUP_MAX_LENGTH)
+            or next((p for p in (f"each of `ends` must be an object, not {_shown(e)}" if not isinstance(e, dict)
+                                 else _end(e) for e in ends) if p), None))
+
+
+def _end(header: dict) -> str | None:
     if header.get("commitOrRollback") not in TRANSACTION_OUTCOMES or type(header.get("commitOrRollback")) is not int:
         return f"`commitOrRollback` must be 8 (commit), 12 (rollback) or 0 (unknown), not {_shown(header.get('commitOrRollback'))}"
-    return (_name_problem(header.get("producerGroup"), "producerGroup", GROUP_MAX_LENGTH)
-            or int_problem(header, "tranStateTableOffset", 0, INT64[1], required=True)
+    return (int_problem(header, "tranStateTableOffset", 0, INT64[1], required=True)
             or int_problem(header, "commitLogOffset", 0, INT64[1], required=True)
             or bool_problem(header, "fromTransactionCheck")
             or next((f"`{k}` must be a string of at most 128 characters, not {_shown(header[k])}"
@@ -439,6 +451,7 @@ CHECKS = {
     protocol.CONSUMER_SEND_MSG_BACK: _send_back,
     protocol.HEART_BEAT: _heartbeat,
     protocol.END_TRANSACTION: _end_transaction,
+    protocol.END_TRANSACTIONS: _end_transactions,
     protocol.GET_TRANSACTION_STATE: lambda h: None,
     protocol.UNREGISTER_CLIENT: lambda h: _client_id(h) or (
         _name_problem(h.get("producerGroup"), "producerGroup", GROUP_MAX_LENGTH)

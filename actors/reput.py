@@ -10,6 +10,8 @@ that write down each outcome (`op_item`). The front takes them only from the nod
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from node import protocol
 from shm.codec import (
     TRANSACTION_COMMIT,
@@ -20,7 +22,10 @@ from shm.codec import (
     FIXED_BODY_LEN,
     FIXED_BORN_HOST,
     FIXED_BORN_TS,
+    FIXED_QUEUE_OFFSET,
     FIXED_RECONSUME,
+    FIXED_STORE_HOST,
+    FIXED_STORE_TS,
     PROPERTY_DELAY,
     PROPERTY_TAGS,
     PROPERTY_REAL_QID,
@@ -30,6 +35,7 @@ from shm.codec import (
     Record,
     decode,
     decode_host,
+    encode_host,
     parse_properties,
     properties_string,
     walk_v4,
@@ -61,17 +67,21 @@ def reput_item_raw(raw: bytes) -> tuple[dict, bytes] | None | bool:
     if topic == TIMER_TOPIC:
         text = properties_string({k: v for k, v in properties.items() if k not in (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID)},
                                  hashmap_capacity(len(properties)))  # a HashMap keeps its buckets when keys go
-    host = fixed[FIXED_BORN_HOST]
-    born = _born_hosts.get(host)
-    if born is None:
-        born = str(decode_host(host))
-        if len(_born_hosts) < 4096:
-            _born_hosts[host] = born
+    born = _born_host(fixed[FIXED_BORN_HOST])
     body = raw[body_at: body_at + fixed[FIXED_BODY_LEN]]
     item = {"topic": real_topic, "queueId": int(queue), "flag": fixed[4], "bornTimestamp": fixed[FIXED_BORN_TS],
             "bornHost": born, "reconsumeTimes": fixed[FIXED_RECONSUME], "bodySize": len(body),
             "_reput": {"sysFlag": fixed[7], "properties": text}}
     return item, body
+
+
+def _born_host(host: bytes) -> str:
+    born = _born_hosts.get(host)
+    if born is None:
+        born = str(decode_host(host))
+        if len(_born_hosts) < 4096:
+            _born_hosts[host] = born
+    return born
 
 
 def reput_item(record: Record) -> tuple[dict, bytes] | None:
@@ -146,15 +156,53 @@ def send_back_request(record: Record, header: dict, opaque: int, max_level: int)
     return out, record.body
 
 
-def _copy(record: Record, topic: str, queue_id: int, sys_flag: int, prepared: int = 0) -> tuple[dict, bytes]:
+class Stored(NamedTuple):
+    """What the transaction service needs of a stored record, read without decoding the whole
+    record where it can (`stored_of`)."""
+
+    topic: str
+    queue_offset: int
+    store_timestamp: int
+    sys_flag: int
+    flag: int
+    born_timestamp: int
+    born_host: str
+    store_host: bytes  # as stored (8 bytes for IPv4): the offset msgId's
+    reconsume_times: int
+    body: bytes
+    properties_string: str
+    properties: dict[str, str]
+
+
+def stored_of(raw: bytes | None) -> Stored | None:
+    """A stored record's `Stored` (None: no record there, or not a well-formed one)."""
+    if not raw:
+        return None
+    walked = walk_v4(raw, 0, len(raw))
+    if walked is None:
+        record = decode(raw, check_crc=False)
+        if not isinstance(record, Record):
+            return None
+        return Stored(record.topic, record.queue_offset, record.store_timestamp, record.sys_flag, record.flag,
+                      record.born_timestamp, str(record.born_host), encode_host(record.store_host.ip,
+                                                                               record.store_host.port),
+                      record.reconsume_times, record.body, record.properties_string, record.properties)
+    fixed, body_at, topic_at, props_at = walked
+    text = raw[props_at:].decode()
+    return Stored(raw[topic_at: props_at - 2].decode(), fixed[FIXED_QUEUE_OFFSET], fixed[FIXED_STORE_TS], fixed[7],
+                  fixed[4], fixed[FIXED_BORN_TS], _born_host(fixed[FIXED_BORN_HOST]), fixed[FIXED_STORE_HOST],
+                  fixed[FIXED_RECONSUME], raw[body_at: body_at + fixed[FIXED_BODY_LEN]], text, parse_properties(text))
+
+
+def _copy(record: Stored, topic: str, queue_id: int, sys_flag: int, prepared: int = 0) -> tuple[dict, bytes]:
     """A stored record's fields, properties string as stored, for `topic` and `queue_id`."""
     item = {"topic": topic, "queueId": queue_id, "flag": record.flag, "bornTimestamp": record.born_timestamp,
-            "bornHost": str(record.born_host), "reconsumeTimes": record.reconsume_times, "bodySize": len(record.body),
+            "bornHost": record.born_host, "reconsumeTimes": record.reconsume_times, "bodySize": len(record.body),
             "_reput": {"sysFlag": sys_flag, "properties": record.properties_string, "prepared": prepared}}
     return item, record.body
 
 
-def half_target(record: Record) -> tuple[str, int] | None:
+def half_target(record: Stored) -> tuple[str, int] | None:
     """A half's real topic and queue (None: not a half a commit could deliver)."""
     topic, queue = record.properties.get(PROPERTY_REAL_TOPIC), record.properties.get(PROPERTY_REAL_QID)
     if record.topic != TRANS_HALF_TOPIC or not topic or queue is None or not queue.isdigit():
@@ -162,7 +210,7 @@ def half_target(record: Record) -> tuple[str, int] | None:
     return topic, int(queue)
 
 
-def commit_item(record: Record, phy: int) -> tuple[dict, bytes]:
+def commit_item(record: Stored, phy: int) -> tuple[dict, bytes]:
     """A half's committed message (4.9's EndTransactionProcessor.endMessageTransaction): its real
     topic and queue, the half's fields and stored properties (REAL_TOPIC, REAL_QID and TRAN_MSG
     stay, as 4.9 stores them), sysFlag COMMIT, PREPAREDTRANSACTIONOFFSET the half's offset."""
@@ -170,7 +218,7 @@ def commit_item(record: Record, phy: int) -> tuple[dict, bytes]:
     return _copy(record, topic, queue_id, (record.sys_flag & ~TRANSACTION_MASK) | TRANSACTION_COMMIT, phy)
 
 
-def discard_item(record: Record) -> tuple[dict, bytes]:
+def discard_item(record: Stored) -> tuple[dict, bytes]:
     """A half checked transactionCheckMax times: kept in TRANS_CHECK_MAX_TIME_TOPIC (4.9's
     resolveDiscardMsg), never delivered."""
     return _copy(record, TRANS_CHECK_MAX_TIME_TOPIC, 0, record.sys_flag & ~TRANSACTION_MASK)

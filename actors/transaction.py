@@ -39,6 +39,8 @@ from actors import config_files
 from actors.base import Actor, incoming, socket
 from actors.reput import (
     PROPERTY_TRANSACTION_OP,
+    Stored,
+    stored_of,
     commit_item,
     delivered_statuses,
     delivery_request,
@@ -59,8 +61,6 @@ from shm.codec import (
     PROPERTY_UNIQ_KEY,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
-    Record,
-    decode,
     offset_msg_id,
 )
 from shm.control_block import ROLE_CODES
@@ -171,9 +171,7 @@ class Transaction(Actor):
             if not raw:
                 return
             for phy, size, _ in consume_queue.entries(raw):
-                data = self.reader.record_bytes(phy, size)
-                record = decode(data, check_crc=False) if data else None
-                yield (phy, size), record if isinstance(record, Record) else None
+                yield (phy, size), stored_of(self.reader.record_bytes(phy, size))
                 offset += 1
 
     # -- ends ----------------------------------------------------------------------------------------
@@ -181,42 +179,55 @@ class Transaction(Actor):
     def _serve(self, frames: list[bytes], out: list) -> None:
         client, meta, header_raw, _ = frames  # the front's own frames, checked at the edge
         header, arrival = orjson.loads(header_raw), orjson.loads(meta)["t"]
-        waiter = (client, arrival, header.get("opaque"), header.get("oneway") is True)
-        if header["code"] == protocol.GET_TRANSACTION_STATE:
+        code = header["code"]
+        if code == protocol.GET_TRANSACTION_STATE:
             now_ms = time.time_ns() // 1_000_000
-            out.append(_reply(waiter, "OK", "", **self.core.statistics(now_ms),
-                              halves=self.core.listing(now_ms, header.get("limit", LIST_LIMIT)
-                                                       if isinstance(header.get("limit"), int) else LIST_LIMIT)))
+            limit = header.get("limit") if isinstance(header.get("limit"), int) else LIST_LIMIT
+            out.append(_reply(client, arrival, header.get("opaque"), "OK", "", **self.core.statistics(now_ms),
+                              halves=self.core.listing(now_ms, limit)))
             return
+        ends = header["ends"] if code == protocol.END_TRANSACTIONS else [header]
+        batch = Ends(client, arrival, header.get("opaque"), header.get("oneway") is True, len(ends),
+                     single=code == protocol.END_TRANSACTION)
         if self._slave():
-            self.refused_ends += 1
-            return _answer(out, waiter, "SERVICE_NOT_AVAILABLE",
-                           f"this node is a slave of {self.settings.haMasterAddress}: end transactions at its master")
-        outcome = end_outcome(header)
+            self.refused_ends += len(ends)
+            remark = f"this node is a slave of {self.settings.haMasterAddress}: end transactions at its master"
+            for i in range(len(ends)):
+                batch.set(i, out, "SERVICE_NOT_AVAILABLE", remark)
+            return
+        for i, end in enumerate(ends):
+            self._end(end, header["producerGroup"], batch, i, out)
+
+    def _end(self, end: dict, group: str, batch: Ends, i: int, out: list) -> None:
+        """One end: answered now (unknown, a repeat, a refusal) or queued for this turn's re-put."""
+        outcome = end_outcome(end)
         if outcome is None:  # UNKNOW: the check asks again later
-            return _answer(out, waiter, "OK", "left open: the check will ask again")
-        record = self._half_at(header)
-        if isinstance(record, str):
+            return batch.set(i, out, "OK", "left open: the check will ask again")
+        offset, phy = end["tranStateTableOffset"], end["commitLogOffset"]
+        half = self.core.pending.get(offset)
+        stored = None
+        if half is not None and half.phy == phy:  # (read already: no need to read it again for a rollback)
+            problem = None if half.group == group else f"The producer group wrong: the half belongs to {half.group}"
+        else:
+            stored = stored_of(self._record(phy))
+            problem = _not_the_half(stored, end, group)
+        if problem is not None:
             self.refused_ends += 1
-            return _answer(out, waiter, "SYSTEM_ERROR", record)
-        offset = header["tranStateTableOffset"]
+            return batch.set(i, out, "SYSTEM_ERROR", problem)
         decided = self.core.end(offset, outcome)
         if decided is not None:  # a repeat: nothing changes
             remark = "" if decided == outcome else f"the transaction was ended already ({decided})"
-            return _answer(out, waiter, "OK", remark, outcome=decided)
-        self.ends.append((offset, outcome, record, header["commitLogOffset"], waiter))
+            return batch.set(i, out, "OK", remark, outcome=decided)
+        if outcome == COMMIT and stored is None:
+            stored = stored_of(self.reader.record_bytes(half.phy, half.size))
+        self.ends.append((offset, outcome, stored, phy, (batch, i)))
 
-    def _half_at(self, header: dict) -> Record | str:
-        """The half END_TRANSACTION names, or why it names none (4.9's remarks)."""
-        raw = self.reader.record_at(header["commitLogOffset"], self.control.get("written"))
-        record = decode(raw, check_crc=False) if raw else None
-        if not isinstance(record, Record) or half_target(record) is None \
-                or record.queue_offset != header["tranStateTableOffset"]:
-            return (f"Find prepared transaction message failed: no half message at commitLogOffset "
-                    f"{header['commitLogOffset']} with tranStateTableOffset {header['tranStateTableOffset']}")
-        if record.properties.get(PROPERTY_PRODUCER_GROUP) != header["producerGroup"]:
-            return f"The producer group wrong: the half belongs to {record.properties.get(PROPERTY_PRODUCER_GROUP)}"
-        return record
+    def _record(self, phy: int) -> bytes | None:
+        """The bytes of the record at CommitLog offset `phy`, below `written` (None: none there)."""
+        written = self.control.get("written")
+        head = self.reader.record_bytes(phy, 4) if 0 <= phy < written else None
+        size = int.from_bytes(head, "big", signed=True) if head else 0
+        return self.reader.record_bytes(phy, size) if 0 < size and phy + size <= written else None
 
     def _ship_ends(self, out: list) -> None:
         """This turn's ends: the committed messages, then one op record per outcome, a request
@@ -261,20 +272,20 @@ class Transaction(Actor):
         commit_statuses = iter(statuses)
         out, again = [], []
         for end in part:
-            offset, outcome, _, _, waiter = end
+            offset, outcome, _, _, (batch, i) = end
             status = op_status[outcome]
             own = next(commit_statuses) if outcome == COMMIT else None
             if status in protocol.STORED_STATUSES:
                 if own is None or own in protocol.STORED_STATUSES:
-                    _answer(out, waiter, "OK", "")
+                    batch.set(i, out, "OK", "")
                 else:
-                    _answer(out, waiter, _status(own), f"the committed message was refused ({own})")
+                    batch.set(i, out, _status(own), f"the committed message was refused ({own})")
             elif own in protocol.STORED_STATUSES:
                 again.append(end)
                 self.op_retries += 1
             else:
                 self.core.end_failed(offset)
-                _answer(out, waiter, _status(status), "the outcome was not stored; end it again")
+                batch.set(i, out, _status(status), "the outcome was not stored; end it again")
         if again:  # (a second later: a refusal now, a full disk, is likely a refusal for a while)
             self.ops_again.append((time.monotonic() + OP_RETRY_S, again))
         if out:
@@ -308,9 +319,8 @@ class Transaction(Actor):
             part = discards[at: at + ENDS_A_REQUEST]
             copies = []
             for half in part:
-                raw = self.reader.record_bytes(half.phy, half.size)
-                record = decode(raw, check_crc=False) if raw else None
-                if isinstance(record, Record):
+                record = stored_of(self.reader.record_bytes(half.phy, half.size))
+                if record is not None:
                     copies.append(discard_item(record))
             self._put(copies + [op_item(DISCARD, [str(h.offset) for h in part], now_ms)],
                       (DISCARD, [h.offset for h in part]))
@@ -340,7 +350,7 @@ class Transaction(Actor):
         super().close()
 
 
-def _half(offset: int, phy: int, size: int, record: Record | None) -> Half | None:
+def _half(offset: int, phy: int, size: int, record: Stored | None) -> Half | None:
     if record is None or half_target(record) is None:
         return None
     props = record.properties
@@ -354,11 +364,39 @@ def _status(status: str) -> str:
     return "OK" if status in protocol.STORED_STATUSES else status
 
 
-def _reply(waiter: tuple, status: str, remark: str, **fields) -> tuple:
-    client, arrival, opaque, _ = waiter
+def _not_the_half(stored: Stored | None, end: dict, group: str) -> str | None:
+    """Why the end names no half of `group` (4.9's remarks), or None."""
+    if stored is None or half_target(stored) is None or stored.queue_offset != end["tranStateTableOffset"]:
+        return (f"Find prepared transaction message failed: no half message at commitLogOffset "
+                f"{end['commitLogOffset']} with tranStateTableOffset {end['tranStateTableOffset']}")
+    if stored.properties.get(PROPERTY_PRODUCER_GROUP) != group:
+        return f"The producer group wrong: the half belongs to {stored.properties.get(PROPERTY_PRODUCER_GROUP)}"
+    return None
+
+
+def _reply(client: bytes, arrival: int, opaque, status: str, remark: str, **fields) -> tuple:
     return client, -arrival, orjson.dumps(protocol.reply_header(opaque, status, remark, **fields))
 
 
-def _answer(out: list, waiter: tuple, status: str, remark: str, **fields) -> None:
-    if not waiter[3]:  # (a oneway end wants no answer)
-        out.append(_reply(waiter, status, remark, **fields))
+class Ends:
+    """The answer to one END_TRANSACTION (`single`) or END_TRANSACTIONS: a result per end, the
+    reply once every one has its result (none for a oneway request)."""
+
+    __slots__ = ("client", "arrival", "opaque", "oneway", "results", "left", "single")
+
+    def __init__(self, client: bytes, arrival: int, opaque, oneway: bool, count: int, *, single: bool):
+        self.client, self.arrival, self.opaque, self.oneway, self.single = client, arrival, opaque, oneway, single
+        self.results: list[dict | None] = [None] * count
+        self.left = count
+
+    def set(self, i: int, out: list, status: str, remark: str, **fields) -> None:
+        self.results[i] = {"status": status, "remark": remark, **fields} if remark or fields else {"status": status}
+        self.left -= 1
+        if self.left or self.oneway:
+            return
+        if self.single:
+            result = self.results[0]
+            out.append(_reply(self.client, self.arrival, self.opaque, result["status"], result.get("remark", ""),
+                              **{k: v for k, v in result.items() if k not in ("status", "remark")}))
+        else:
+            out.append(_reply(self.client, self.arrival, self.opaque, "OK", "", results=self.results))

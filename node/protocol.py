@@ -68,7 +68,9 @@ GET_POP_STATE = 9030  # mqnode: a group's pop state per queue (`mqnode admin gro
 END_TRANSACTION = 37  # commit or roll back a half message (or leave it to the check: commitOrRollback 0)
 CHECK_TRANSACTION_STATE = 39  # node -> a producer of the half's group, unasked: what became of it?
 GET_TRANSACTION_STATE = 9040  # mqnode: the halves pending, checked, committed, ... (`mqnode admin transactions`)
-TRANSACTION_CODES = frozenset({END_TRANSACTION, GET_TRANSACTION_STATE})
+END_TRANSACTIONS = 9041  # mqnode: many END_TRANSACTIONs of one producer group in one request (a result each)
+TRANSACTION_CODES = frozenset({END_TRANSACTION, GET_TRANSACTION_STATE, END_TRANSACTIONS})
+MAX_ENDS_PER_REQUEST = 1024
 
 SEND_CODES = frozenset({SEND_MESSAGE, SEND_BATCH_MESSAGE, SEND_MESSAGES})
 # served by the pull workers, from read-only mappings

@@ -11,19 +11,20 @@ can finish what another left open, a killed one's included.
 
 Unlike RocketMQ's producer, the end is a request, not oneway: `send_in_transaction` returns once
 the node has stored the outcome (the committed message is then readable), and its result says
-how the end went (`end_status`; a failed end leaves the half to the check).
+how the end went (`end_status`; a failed end leaves the half to the check). The ends made in one
+turn of the event loop (concurrent transactions, answered checks) leave as one END_TRANSACTIONS.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import inspect
 import logging
 import os
 import socket
 import threading
-import time
 from typing import Callable, NamedTuple
 
 from node import protocol
@@ -41,7 +42,8 @@ from shm.codec import (
 
 log = logging.getLogger("mqnode.transaction")
 HEARTBEAT_S = 30.0  # as RocketMQ's heartbeatBrokerInterval
-CHECKS_AT_ONCE = 1024  # checks answered concurrently (the rest wait their turn)
+CHECK_WORKERS = 64  # checks answered concurrently (a blocking `check` runs on a thread of its own)
+CHECKS_WAITING = 1_000_000  # checks waiting their turn; beyond, one is dropped (the node asks again)
 
 
 class LocalTransactionState(str, enum.Enum):
@@ -90,8 +92,10 @@ class AsyncTransactionProducer:
         self.producer.on_request = self._on_request
         self.client_id = f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
         self.heartbeats: asyncio.Task | None = None
-        self.checking: set[asyncio.Task] = set()
+        self.checks_waiting: collections.deque = collections.deque()  # (header, body)
+        self.checking: set[asyncio.Task] = set()  # the workers answering them
         self.checks_answered = 0
+        self.ends_queued: list[tuple[dict, asyncio.Future]] = []  # this turn's ends, sent together
 
     async def start(self) -> AsyncTransactionProducer:
         if self.heartbeats is None:
@@ -145,17 +149,46 @@ class AsyncTransactionProducer:
         message = Message(topic, _bytes(body), tags, keys, props)
         return message, await self.producer.send_message(message, queue_id=queue_id)
 
-    async def end(self, sent: SendResult, state: LocalTransactionState, *, from_check: bool = False) -> str:
-        """END_TRANSACTION for the half `sent`: "OK" once stored, else the status that says why not."""
-        header = {"code": protocol.END_TRANSACTION, "producerGroup": self.group,
-                  "tranStateTableOffset": sent.queue_offset, "commitLogOffset": decode_msg_id(sent.offset_msg_id)[1],
-                  "commitOrRollback": _END_CODES[state], "msgId": sent.msg_id, "transactionId": sent.msg_id,
-                  "fromTransactionCheck": from_check}
+    async def end(self, sent: SendResult, state: LocalTransactionState, *, from_check: bool = False,
+                  commit_log_offset: int | None = None) -> str:
+        """END_TRANSACTION for the half `sent`: "OK" once stored, else the status that says why not.
+        The ends asked for in one turn of the event loop leave together (END_TRANSACTIONS)."""
+        await self.start()
+        if commit_log_offset is None:
+            commit_log_offset = decode_msg_id(sent.offset_msg_id)[1]
+        end = {"tranStateTableOffset": sent.queue_offset, "commitLogOffset": commit_log_offset,
+               "commitOrRollback": _END_CODES[state], "msgId": sent.msg_id, "transactionId": sent.msg_id,
+               "fromTransactionCheck": from_check}
+        future = asyncio.get_running_loop().create_future()
+        self.ends_queued.append((end, future))
+        if len(self.ends_queued) == 1:
+            asyncio.get_running_loop().call_soon(self._ship_ends)
+        return await future
+
+    def _ship_ends(self) -> None:
+        queued, self.ends_queued = self.ends_queued, []
+        for at in range(0, len(queued), protocol.MAX_ENDS_PER_REQUEST):
+            task = asyncio.get_running_loop().create_task(self._end_request(queued[at: at + protocol.MAX_ENDS_PER_REQUEST]))
+            self.checking.add(task)  # (held until done; cancelled at close)
+            task.add_done_callback(self.checking.discard)
+
+    async def _end_request(self, queued: list) -> None:
+        if len(queued) == 1:
+            header = {"code": protocol.END_TRANSACTION, "producerGroup": self.group, **queued[0][0]}
+        else:
+            header = {"code": protocol.END_TRANSACTIONS, "producerGroup": self.group, "ends": [e for e, _ in queued]}
         try:
             reply, _ = await self.producer.request(header)
         except SendError as e:
-            return e.status
-        return reply.get("status", "SYSTEM_ERROR")
+            statuses = [e.status] * len(queued)
+        else:
+            results = reply.get("results") if len(queued) > 1 else [reply]
+            if not isinstance(results, list) or len(results) != len(queued):
+                results = [reply] * len(queued)  # (refused whole)
+            statuses = [r.get("status", "SYSTEM_ERROR") for r in results]
+        for (_, future), status in zip(queued, statuses):
+            if not future.done():
+                future.set_result(status)
 
     async def send_in_transaction(self, topic: str, body: bytes | str, arg=None, *, tags: str | None = None, keys=None,
                                   properties: dict[str, str] | None = None,
@@ -183,11 +216,17 @@ class AsyncTransactionProducer:
     def _on_request(self, header: dict, body: bytes | None) -> None:
         if header.get("code") != protocol.CHECK_TRANSACTION_STATE or header.get("producerGroup") != self.group:
             return
-        if len(self.checking) >= CHECKS_AT_ONCE:
+        if len(self.checks_waiting) >= CHECKS_WAITING:
             return  # (asked again at the next check)
-        task = asyncio.get_running_loop().create_task(self._answer_check(header, body))
-        self.checking.add(task)
-        task.add_done_callback(self.checking.discard)
+        self.checks_waiting.append((header, body))
+        if len(self.checking) < CHECK_WORKERS:
+            task = asyncio.get_running_loop().create_task(self._check_worker())
+            self.checking.add(task)
+            task.add_done_callback(self.checking.discard)
+
+    async def _check_worker(self) -> None:
+        while self.checks_waiting:
+            await self._answer_check(*self.checks_waiting.popleft())
 
     async def _answer_check(self, header: dict, body: bytes | None) -> None:
         try:
@@ -205,15 +244,11 @@ class AsyncTransactionProducer:
             return
         sent = SendResult("SEND_OK", header.get("transactionId") or message.msg_id, header.get("offsetMsgId", ""),
                           message.queue_id, header["tranStateTableOffset"], message.topic)
-        end = {"code": protocol.END_TRANSACTION, "producerGroup": self.group, "oneway": True,
-               "tranStateTableOffset": header["tranStateTableOffset"], "commitLogOffset": header["commitLogOffset"],
-               "commitOrRollback": _END_CODES[state], "msgId": sent.msg_id, "transactionId": sent.msg_id,
-               "fromTransactionCheck": True}
-        try:  # oneway, as RocketMQ's: a lost end is asked about again
-            await self.producer._send(self.producer._encode(end, None), time.monotonic() + 3)
+        status = await self.end(sent, state, from_check=True, commit_log_offset=header["commitLogOffset"])
+        if status == "OK":
             self.checks_answered += 1
-        except SendError as e:
-            log.warning("the end of a checked transaction was not sent: %s", e)
+        else:  # (asked about again at the next check)
+            log.warning("the end of a checked transaction was not stored: %s", status)
 
 
 def _result(sent: SendResult, state: LocalTransactionState, end_status: str) -> TransactionSendResult:

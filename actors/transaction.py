@@ -48,7 +48,17 @@ from actors.reput import (
     half_target,
     op_item,
 )
-from actors.transaction_core import CHECK, COMMIT, DISCARD, ROLLBACK, Half, TransactionCore, end_outcome
+from actors.transaction_core import (
+    CHECK,
+    COMMIT,
+    DISCARD,
+    NO_HALF,
+    ROLLBACK,
+    WRONG_GROUP,
+    Half,
+    TransactionCore,
+    end_outcome,
+)
 from actors.wire import pack_replies, read_meta
 from node import protocol
 from node.client.frames import send_frames
@@ -207,7 +217,7 @@ class Transaction(Actor):
         half = self.core.pending.get(offset)
         stored = None
         if half is not None and half.phy == phy:  # (read already: no need to read it again for a rollback)
-            problem = None if half.group == group else f"The producer group wrong: the half belongs to {half.group}"
+            problem = None if half.group == group else f"{WRONG_GROUP}: the half belongs to {half.group}"
         else:
             stored = stored_of(self._record(phy))
             problem = _not_the_half(stored, end, group)
@@ -367,10 +377,10 @@ def _status(status: str) -> str:
 def _not_the_half(stored: Stored | None, end: dict, group: str) -> str | None:
     """Why the end names no half of `group` (4.9's remarks), or None."""
     if stored is None or half_target(stored) is None or stored.queue_offset != end["tranStateTableOffset"]:
-        return (f"Find prepared transaction message failed: no half message at commitLogOffset "
+        return (f"{NO_HALF}: no half message at commitLogOffset "
                 f"{end['commitLogOffset']} with tranStateTableOffset {end['tranStateTableOffset']}")
     if stored.properties.get(PROPERTY_PRODUCER_GROUP) != group:
-        return f"The producer group wrong: the half belongs to {stored.properties.get(PROPERTY_PRODUCER_GROUP)}"
+        return f"{WRONG_GROUP}: the half belongs to {stored.properties.get(PROPERTY_PRODUCER_GROUP)}"
     return None
 
 

@@ -35,6 +35,8 @@ FINAL = (COMMIT, ROLLBACK, DISCARD)
 GONE, ENDED = "gone", "ended"  # read but not a half (or its record gone); below `low` (which outcome, forgotten)
 _CODE = {COMMIT: 1, ROLLBACK: 2, DISCARD: 3, GONE: 4}  # outcome bytes (0: not final)
 _NAME = {code: name for name, code in _CODE.items()}
+# END_TRANSACTION's refusals (SYSTEM_ERROR, as 4.9 answers them): their remarks begin so
+NO_HALF, WRONG_GROUP = "Find prepared transaction message failed", "The producer group wrong"
 END_OUTCOMES = {8: COMMIT, 12: ROLLBACK}  # END_TRANSACTION's commitOrRollback (0, unknown: nothing to do)
 
 

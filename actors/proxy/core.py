@@ -6,8 +6,9 @@ the node's answer means for the client (`status_of`, `message_of`, `route`, `ass
 `settings_for`). What lasts between calls (the clients, the renewals) is actors.proxy.sessions.
 
 Choices that differ from Apache RocketMQ's proxy are documented in docs/protocol.md "gRPC":
-- A topic accepts NORMAL, FIFO and DELAY messages (mqnode keeps no message type per topic);
-  TRANSACTION is refused UNSUPPORTED until transactional messages exist.
+- A topic accepts NORMAL, FIFO, DELAY and TRANSACTION messages (mqnode keeps no message type per
+  topic). A half's producer group is its topic, as RocketMQ 5's proxy sets it, and its
+  transaction_id names the half itself (`transaction_id`), so EndTransaction needs no table.
 - A route lists queue i as readable if i < readQueueNums and writable if i < writeQueueNums (the
   ids the store uses), not RocketMQ's read-only-first renumbering.
 - A receipt handle is the node's own (docs/protocol.md "Pop"), passed through unchanged.
@@ -28,6 +29,7 @@ from actors.pop_core import handle_parts
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
 from actors.topics import topic_error
+from node import protocol
 from node.client.message import Message
 from shm.codec import (
     PROPERTY_DELAY,
@@ -35,8 +37,11 @@ from shm.codec import (
     PROPERTY_TAGS,
     PROPERTY_TIMER_DELAY_MS,
     PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_CHECK_IMMUNITY,
+    PROPERTY_PRODUCER_GROUP,
     PROPERTY_UNIQ_KEY,
     crc32,
+    decode_msg_id,
 )
 
 Code = pb.Code
@@ -49,10 +54,11 @@ RECEIVE_BATCH = 32  # a consumer's receive_batch_size
 MAX_RECEIVE_BATCH = edge.POP_MAX_COUNT
 FORWARD_HOLD_MS = 30_000  # a message being forwarded to the DLQ stays invisible this long meanwhile
 MAX_SEND_MESSAGES = 1024  # messages in one SendMessageRequest
+MAX_TRANSACTION_RECOVERY_S = 3600  # orphaned_transaction_recovery_duration (RocketMQ 5's maxTransactionRecoverySecond)
 MESSAGE_GROUP_MAX = 64  # RocketMQ 5's maxMessageGroupSize
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"  # RocketMQ 5's message group, stored as a property
 PROPERTY_TRANSACTION = "TRAN_MSG"
-ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)  # what a topic's queues accept (no TRANSACTION yet)
+ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)  # what a topic's queues accept
 # properties the node or RocketMQ set: never a user property, and refused as one (MessageConst's)
 SYSTEM_PROPERTIES = frozenset({
     PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_DELAY, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_MS,
@@ -173,6 +179,7 @@ class Outgoing:
     message: Message
     shard_key: str | None  # a FIFO message's group: one group, one queue
     message_id: str
+    transactional: bool = False  # a half: sent alone, its send result names the transaction
 
 
 def outgoing(message: pb.Message, max_body: int, max_delay_ms: int, now_ms: int) -> Outgoing:
@@ -203,13 +210,22 @@ def outgoing(message: pb.Message, max_body: int, max_delay_ms: int, now_ms: int)
     group, deliver_at = _typed(system, max_delay_ms, now_ms)
     if group is not None:
         properties[PROPERTY_SHARDING_KEY] = group
+    transactional = system.message_type == pb.TRANSACTION
+    if transactional:  # RocketMQ 5's proxy: the topic is the producer group its checks go to
+        properties[PROPERTY_TRANSACTION], properties[PROPERTY_PRODUCER_GROUP] = "true", topic
+        if system.HasField("orphaned_transaction_recovery_duration"):
+            seconds = system.orphaned_transaction_recovery_duration.seconds
+            if not 0 <= seconds <= MAX_TRANSACTION_RECOVERY_S:
+                raise Refused(Code.BAD_REQUEST, f"orphaned_transaction_recovery_duration must be 0 to "
+                                                f"{MAX_TRANSACTION_RECOVERY_S} s, not {seconds} s")
+            properties[PROPERTY_CHECK_IMMUNITY] = str(seconds)
     if len(properties) > 1 or keys or group is not None:  # (a plain message's cannot come near the limit)
         size = sum(len(k) + len(v) + 2 for k, v in properties.items()) + len(tag or "") + sum(map(len, keys)) + 16
         if size > edge.MAX_PROPERTIES_CHARS:
             raise Refused(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"the properties come to about {size} characters; "
                                                             f"at most {edge.MAX_PROPERTIES_CHARS} are allowed")
     node_message = Message(topic, body, tag, " ".join(keys) if keys else None, properties, deliver_at_ms=deliver_at)
-    return Outgoing(node_message, group, message_id)
+    return Outgoing(node_message, group, message_id, transactional)
 
 
 def _user_properties(given) -> dict[str, str]:
@@ -231,8 +247,11 @@ def _typed(system: pb.SystemProperties, max_delay_ms: int, now_ms: int) -> tuple
         return None, None  # (most messages)
     group = system.message_group if system.HasField("message_group") else None
     deliver_at = millis(system.delivery_timestamp) if system.HasField("delivery_timestamp") else None
+    if kind == pb.TRANSACTION and (group is not None or deliver_at is not None):
+        raise Refused(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a TRANSACTION message has neither a message_group "
+                                                                "nor a delivery_timestamp")
     if kind == pb.TRANSACTION:
-        raise Refused(Code.UNSUPPORTED, "transactional messages are not supported by this node yet")
+        return None, None
     if kind not in (pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY):
         raise Refused(Code.UNSUPPORTED, f"message type {name_of(pb.MessageType, kind)} is not supported")
     if (kind == pb.FIFO) != (group is not None) and kind != pb.MESSAGE_TYPE_UNSPECIFIED:
@@ -254,14 +273,14 @@ BATCH_MESSAGES, BATCH_BYTES = 256, 4 << 20  # a SEND_BATCH_MESSAGE's share of a 
 def batches(plans: list, queue_of) -> tuple[list[tuple[str, int, list[int]]], list[int]]:
     """How a request's messages go to the node: (topic, queue, indices of `plans`) for each
     SEND_BATCH_MESSAGE, the cheapest send (one topic, one queue, no timer, at most BATCH_MESSAGES
-    and about BATCH_BYTES), and the indices of the timed ones, sent one by one (a batch carries no
-    timer). `queue_of(plan)` is a message's queue; Refused plans are left out."""
+    and about BATCH_BYTES), and the indices of the timed and transactional ones, sent one by one (a
+    batch carries neither a timer nor a half). `queue_of(plan)` is a message's queue; Refused plans are left out."""
     grouped: dict[tuple[str, int], list[int]] = {}
     single = []
     for index, plan in enumerate(plans):
         if isinstance(plan, Refused):
             continue
-        if plan.message.deliver_at_ms is not None:
+        if plan.message.deliver_at_ms is not None or plan.transactional:
             single.append(index)
             continue
         grouped.setdefault((plan.message.topic, queue_of(plan)), []).append(index)
@@ -376,6 +395,67 @@ def message_of(popped, invisible_ms: int) -> rpc.ReceiveMessageResponse:
     return response
 
 
+def transaction_id(offset_msg_id: str, queue_offset: int) -> str:
+    """What a RocketMQ 5 client gets as a half's transaction_id and hands back in EndTransaction:
+    the half's offset msgId (its CommitLog offset) and its queue offset, so no table is kept."""
+    return f"{offset_msg_id}-{queue_offset}"
+
+
+def half_of(transaction: str) -> tuple[int, int]:
+    """(commitLogOffset, tranStateTableOffset) of a `transaction_id`; INVALID_TRANSACTION_ID if
+    it is not one this node gave."""
+    offset_id, _, queue_offset = transaction.partition("-")
+    try:
+        return decode_msg_id(offset_id)[1], int(queue_offset)
+    except (ValueError, TypeError):
+        raise Refused(Code.INVALID_TRANSACTION_ID, f"transaction_id {transaction[:80]!r} is not one this node "
+                                                   f"gave") from None
+
+
+RESOLUTIONS = {pb.COMMIT: 8, pb.ROLLBACK: 12}  # TransactionResolution -> END_TRANSACTION's commitOrRollback
+
+
+def end_transaction(request: rpc.EndTransactionRequest) -> dict:
+    """EndTransaction as END_TRANSACTION: the producer group is the topic (as the proxy's sends set it)."""
+    topic = topic_name(request.topic, to_send=True)
+    if request.resolution not in RESOLUTIONS:
+        raise Refused(Code.BAD_REQUEST, f"resolution must be COMMIT or ROLLBACK, not "
+                                        f"{name_of(pb.TransactionResolution, request.resolution)}")
+    phy, queue_offset = half_of(request.transaction_id)
+    return {"code": protocol.END_TRANSACTION, "producerGroup": topic, "tranStateTableOffset": queue_offset,
+            "commitLogOffset": phy, "commitOrRollback": RESOLUTIONS[request.resolution],
+            "msgId": request.message_id, "transactionId": request.transaction_id,
+            "fromTransactionCheck": request.source == pb.SOURCE_SERVER_CHECK}
+
+
+def recover_command(half, header: dict) -> rpc.TelemetryCommand:
+    """A CHECK_TRANSACTION_STATE as RecoverOrphanedTransactionCommand: the half (a ReceivedMessage,
+    shown under its real topic) and its transaction_id."""
+    command = rpc.TelemetryCommand()
+    out = command.recover_orphaned_transaction_command
+    properties = half.properties
+    message = out.message
+    message.topic.name = half.topic
+    message.body = body = half.body
+    system = message.system_properties
+    system.message_id = half.msg_id
+    system.message_type = pb.TRANSACTION
+    system.body_encoding = pb.IDENTITY
+    system.body_digest.type = pb.CRC32
+    system.body_digest.checksum = format(crc32(body) & 0xFFFFFFFF, "08X")
+    system.born_host = half.born_host
+    system.born_timestamp.FromMilliseconds(half.born_timestamp)
+    if properties.get(PROPERTY_TAGS):
+        system.tag = properties[PROPERTY_TAGS]
+    if PROPERTY_KEYS in properties:
+        system.keys.extend(half.keys)
+    user = {k: v for k, v in properties.items() if k not in SYSTEM_PROPERTIES}
+    if user:
+        message.user_properties.update(user)
+    out.transaction_id = transaction_id(header.get("offsetMsgId", ""), header["tranStateTableOffset"])
+    return command
+
+
 def _type_of(properties: dict[str, str]) -> int:
     if PROPERTY_SHARDING_KEY in properties:
         return pb.FIFO
@@ -460,7 +540,7 @@ def settings_for(given: pb.Settings, settings, group: dict | None) -> pb.Setting
         out.request_timeout.FromMilliseconds(3000)
     if given.client_type == pb.PRODUCER or given.HasField("publishing"):
         out.publishing.max_body_size = settings.maxMessageSize
-        out.publishing.validate_message_type = False  # topics accept NORMAL, FIFO and DELAY alike
+        out.publishing.validate_message_type = False  # topics accept NORMAL, FIFO, DELAY and TRANSACTION alike
         out.backoff_policy.CopyFrom(pb.RetryPolicy(max_attempts=3, exponential_backoff=pb.ExponentialBackoff(
             multiplier=2.0)))
         out.backoff_policy.exponential_backoff.initial.FromMilliseconds(10)

@@ -6,6 +6,7 @@ response's status, never a broken call (`answering`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from actors.proxy.apis import service_pb2 as rpc
 from actors.proxy.apis import service_pb2_grpc
 from actors.proxy.core import Code, Refused, status
 from actors.proxy.sessions import wall_ms
+from actors.transaction_core import NO_HALF, WRONG_GROUP
 from node import protocol
 from node.client.producer import SendError
 
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from actors.proxy.shell import Proxy
 
 log = logging.getLogger("mqnode")
+STREAM_COMMANDS = 10_000  # commands waiting to go down one Telemetry stream (beyond: a check is dropped, asked again)
 
 
 class Call:
@@ -116,8 +119,10 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         return rpc.NotifyClientTerminationResponse(status=status(Code.OK))
 
     async def Telemetry(self, requests, context):
-        """The settings exchange: each settings command the client sends is answered with the
-        node's settings for it. The stream stays open until the client closes it."""
+        """The settings exchange, and the node's commands to the client: each settings command the
+        client sends is answered with the node's settings for it; a transaction check of a topic
+        it publishes comes down as RecoverOrphanedTransactionCommand. The stream stays open until
+        the client closes it."""
         try:
             call = Call(self.proxy, "Telemetry", context)
         except auth.Denied as e:
@@ -126,15 +131,32 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         if call.client is None:
             yield rpc.TelemetryCommand(status=status(Code.CLIENT_ID_REQUIRED, "x-mq-client-id is missing"))
             return
+        commands: asyncio.Queue = asyncio.Queue(STREAM_COMMANDS)
         call.client.streams += 1
+        self.proxy.streams.setdefault(call.client.client_id, []).append(commands)
+        reader = asyncio.create_task(self._read_telemetry(call, requests, commands))
+        try:
+            while (command := await commands.get()) is not None:
+                yield command
+        finally:
+            reader.cancel()
+            call.client.streams -= 1
+            queues = self.proxy.streams.get(call.client.client_id, [])
+            if commands in queues:
+                queues.remove(commands)
+            if not queues:
+                self.proxy.streams.pop(call.client.client_id, None)
+
+    async def _read_telemetry(self, call: Call, requests, commands: asyncio.Queue) -> None:
         try:
             async for command in requests:
                 call.client.last_seen = time.monotonic()
                 answer = await self._telemetry(call, command)
                 if answer is not None:
-                    yield answer
+                    await commands.put(answer)
         finally:
-            call.client.streams -= 1
+            with contextlib.suppress(asyncio.QueueFull):
+                commands.put_nowait(None)  # (the stream ends)
 
     async def _telemetry(self, call: Call, command: rpc.TelemetryCommand) -> rpc.TelemetryCommand | None:
         if command.WhichOneof("command") != "settings":
@@ -148,6 +170,9 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
                 group = await self.proxy.group(group_name)
             else:
                 self.proxy.clients.heard(call.client, given.client_type, None)
+            if given.HasField("publishing"):  # (a transactional producer's halves are checked through it)
+                call.client.topics = {core.topic_name(t, to_send=True) for t in given.publishing.topics}
+                await self.proxy.publishing(call.client.topics)
             settings = core.settings_for(given, self.proxy.settings, group)
         except BaseException as e:  # noqa: BLE001
             return rpc.TelemetryCommand(status=self.failure("Telemetry", e))
@@ -212,12 +237,25 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
             return rpc.SendResultEntry(status=core.status_of(result.status, result.remark), message_id=plan.message_id)
         if isinstance(result, BaseException):
             return rpc.SendResultEntry(status=self.failure("SendMessage", result), message_id=plan.message_id)
-        return rpc.SendResultEntry(status=core.status_of(result.status), message_id=result.msg_id,
-                                   offset=result.queue_offset)
+        entry = rpc.SendResultEntry(status=core.status_of(result.status), message_id=result.msg_id,
+                                    offset=result.queue_offset)
+        if plan.transactional:
+            entry.transaction_id = core.transaction_id(result.offset_msg_id, result.queue_offset)
+        return entry
 
     @answering(rpc.EndTransactionResponse)
-    async def EndTransaction(self, call: Call, request):
-        raise Refused(Code.NOT_IMPLEMENTED, "transactional messages are not supported by this node yet")
+    async def EndTransaction(self, call: Call, request: rpc.EndTransactionRequest):
+        """END_TRANSACTION of the half the transaction_id names (its producer group: the topic)."""
+        header = core.end_transaction(request)
+        link = await self.proxy.link(call.account)
+        reply, _ = await link.client.request(header)
+        remark = reply.get("remark", "")
+        if reply.get("status") == "SYSTEM_ERROR" and remark.startswith((NO_HALF, WRONG_GROUP)):
+            raise Refused(Code.INVALID_TRANSACTION_ID, remark)  # (the client's: no half of its topic there)
+        if reply.get("status") != "OK":
+            return rpc.EndTransactionResponse(status=core.status_of(reply.get("status"), remark))
+        self.proxy.ended += 1
+        return rpc.EndTransactionResponse(status=status(Code.OK, reply.get("remark") or "OK"))
 
     @answering(rpc.RecallMessageResponse)
     async def RecallMessage(self, call: Call, request):

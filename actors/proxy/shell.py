@@ -34,6 +34,8 @@ from actors.proxy.sessions import wall_ms
 from node import protocol
 from node.client.consumer import AsyncPullConsumer
 from node.client.producer import SendError, shard_queue
+from node.client.received import decode_messages, retopic
+from shm.codec import PROPERTY_REAL_TOPIC
 from node.security import Credentials
 
 log = logging.getLogger("mqnode")
@@ -42,6 +44,8 @@ MAX_STREAMS = 10_000  # concurrent streams the server takes (grpc.max_concurrent
 EXPIRE_PERIOD_S = 10.0
 RENEW_BATCH = 256  # renewals in flight at once
 STOP_GRACE_S = 1.0
+PRODUCER_BEAT_S = 30.0  # the proxy's heartbeat as a producer of its clients' topics (as RocketMQ's producers)
+MAX_PRODUCER_GROUPS = 10_000
 
 
 class Proxy(Actor):
@@ -60,6 +64,11 @@ class Proxy(Actor):
         self.verifier: auth.Verifier | None = None
         self.renewals = sessions.Renewals(settings.renewAheadTimeMillis, settings.renewMaxTimeMillis)
         self.renewing: asyncio.Task | None = None
+        self.streams: dict[str, list[asyncio.Queue]] = {}  # client id -> its open Telemetry streams' commands
+        self.producer_groups: set[str] = set()  # topics transactional clients publish: the node's checks come here
+        self.check_turn = 0
+        self.beating: asyncio.Task | None = None
+        self.ended = self.checks_forwarded = self.checks_dropped = 0
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -88,6 +97,7 @@ class Proxy(Actor):
         log.info("proxy: gRPC (apache.rocketmq.v2) on %s%s", address, " with TLS" if s.grpcTlsCertFile else "")
         self.ready.set()
         expire_due = time.monotonic() + EXPIRE_PERIOD_S
+        beat_due = time.monotonic() + PRODUCER_BEAT_S
         try:
             while not self.stopping.is_set():
                 await asyncio.sleep(POLL_MS / 1000)
@@ -98,6 +108,9 @@ class Proxy(Actor):
                 if time.monotonic() >= expire_due:
                     expire_due = time.monotonic() + EXPIRE_PERIOD_S
                     self.clients.expire()
+                if time.monotonic() >= beat_due and self.producer_groups:
+                    beat_due = time.monotonic() + PRODUCER_BEAT_S
+                    self.beating = asyncio.create_task(self._beat_producers())
         finally:
             await server.stop(STOP_GRACE_S)
             for link in self.links.values():
@@ -127,10 +140,56 @@ class Proxy(Actor):
             raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
         return reply["extraInfo"], wall_ms() + slice_ms
 
+    # -- transactions --------------------------------------------------------------------------
+
+    async def publishing(self, topics: set[str]) -> None:
+        """A producer publishes `topics`: the proxy is a producer of each one's group (the topic)
+        at the node, so the checks of their halves come to it (`_on_check`)."""
+        if not topics <= self.producer_groups and len(self.producer_groups) < MAX_PRODUCER_GROUPS:
+            self.producer_groups |= topics
+            await self._beat_producers()
+
+    async def _beat_producers(self) -> None:
+        link = await self.link(None)
+        link.client.on_request = self._on_check
+        groups = sorted(self.producer_groups)
+        try:
+            for at in range(0, len(groups), 64):  # (a heartbeat names 64 groups at most)
+                await link.client.request({"code": protocol.HEART_BEAT, "clientID": f"mqnode-proxy@{self.settings.grpc_port}",
+                                           "producerDataSet": [{"groupName": g} for g in groups[at: at + 64]]})
+        except SendError as e:
+            log.warning("proxy: producer heartbeat: %s", e)
+
+    def _on_check(self, header: dict, body: bytes | None) -> None:
+        """CHECK_TRANSACTION_STATE from the node: to a client with an open stream that publishes
+        the topic, in turn; none: dropped (the node asks again at its next check)."""
+        group = header.get("producerGroup")
+        candidates = [cid for cid, client in self.clients.by_id.items() if group in client.topics and cid in self.streams]
+        try:
+            halves = decode_messages(body)
+        except SendError:
+            halves = []
+        if not candidates or not halves:
+            self.checks_dropped += 1
+            return
+        half = halves[0]
+        real = half.properties.get(PROPERTY_REAL_TOPIC)
+        if real:
+            retopic(half, real)
+        self.check_turn += 1
+        queue = self.streams[candidates[self.check_turn % len(candidates)]][0]
+        try:
+            queue.put_nowait(core.recover_command(half, header))
+            self.checks_forwarded += 1
+        except asyncio.QueueFull:
+            self.checks_dropped += 1
+
     def statistics(self) -> dict:
         return super().statistics() | self.clients.statistics() | self.renewals.statistics() | {
             "grpcPort": self.port, "calls": dict(sorted(self.calls.items())), "refused": self.refused,
-            "messagesSent": self.sent, "messagesReceived": self.received, "messagesAcked": self.acked}
+            "messagesSent": self.sent, "messagesReceived": self.received, "messagesAcked": self.acked,
+            "transactionsEnded": self.ended, "checksForwarded": self.checks_forwarded,
+            "checksDropped": self.checks_dropped}
 
     # -- the node --------------------------------------------------------------------------------
 

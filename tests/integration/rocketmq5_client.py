@@ -8,6 +8,9 @@ GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (the client takes no roots of its own).
     produce --topic T --count N [--tag X] [--keys K] [--message-group G] [--delay-ms D] [--async]
     simple  --topic T --group G --want N [--invisible S] [--mode ack|none|change:S] [--seconds W]
     push    --topic T --group G --seconds W [--fail-first N] [--fail-all] [--sleep S]  (N: the first N tries of each message)
+    transaction --topic T --count N --end commit|rollback|none [--check-answer commit|rollback] [--seconds W]
+            (a transactional Producer with a TransactionChecker: each message a half, then ended so; with
+            --seconds it stays up that long answering the node's checks, a line per check)
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import threading
 import time
 
 from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message, Producer,
-                      PushConsumer, SimpleConsumer)
+                      PushConsumer, SimpleConsumer, TransactionChecker, TransactionResolution)
 from rocketmq.v5.consumer.push import MessageListener
 
 
@@ -119,9 +122,41 @@ def push(args, config) -> None:
         consumer.shutdown()
 
 
+class Checker(TransactionChecker):
+    def __init__(self, answer: str):
+        self.answer = answer
+
+    def check(self, message):
+        line(checked=message.message_id, body=message.body.decode(), topic=message.topic, answer=self.answer)
+        return {"commit": TransactionResolution.COMMIT, "rollback": TransactionResolution.ROLLBACK}.get(
+            self.answer, TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED)
+
+
+def transaction(args, config) -> None:
+    producer = Producer(config, (args.topic,), checker=Checker(args.check_answer), tls_enable=args.tls)
+    producer.startup()
+    try:
+        for i in range(args.count):
+            message = Message()
+            message.topic, message.body = args.topic, f"{args.prefix}{i}".encode()
+            try:
+                transaction = producer.begin_transaction()
+                receipt = producer.send(message, transaction)
+                if args.end == "commit":
+                    transaction.commit()
+                elif args.end == "rollback":
+                    transaction.rollback()
+                line(id=receipt.message_id, transaction=receipt.transaction_id, index=i, end=args.end)
+            except Exception as e:  # noqa: BLE001 (reported, and the test decides)
+                line(error=f"{type(e).__name__}: {e}", index=i)
+        time.sleep(args.seconds if args.check_answer else 0)
+    finally:
+        producer.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=("produce", "simple", "push"))
+    parser.add_argument("command", choices=("produce", "simple", "push", "transaction"))
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--ak", default="")
     parser.add_argument("--sk", default="")
@@ -142,10 +177,12 @@ def main() -> None:
     parser.add_argument("--fail-first", type=int, default=0)
     parser.add_argument("--fail-all", action="store_true")
     parser.add_argument("--sleep", type=float, default=0.0, help="push: seconds the listener takes a message")
+    parser.add_argument("--end", choices=("commit", "rollback", "none"), default="commit")
+    parser.add_argument("--check-answer", choices=("commit", "rollback", "unknown"), default="")
     parser.add_argument("--tls", action="store_true", help="TLS (trusting GRPC_DEFAULT_SSL_ROOTS_FILE_PATH's roots)")
     args = parser.parse_args()
     config = ClientConfiguration(args.endpoint, Credentials(args.ak, args.sk), request_timeout=5)
-    {"produce": produce, "simple": simple, "push": push}[args.command](args, config)
+    {"produce": produce, "simple": simple, "push": push, "transaction": transaction}[args.command](args, config)
 
 
 if __name__ == "__main__":

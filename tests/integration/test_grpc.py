@@ -34,7 +34,8 @@ def node(tmp_path_factory):
     # retries back off along the delay levels from level 3: 1 s here, so retries and DLQs are quick;
     # a push consumer's messages are invisible 3 s at first and renewed 3 s at a time 1.5 s before
     settings = node_settings(directory / "store", runDir=str(directory / "run"), messageDelayLevel="1s 1s 1s 1s 1s 1s",
-                             defaultInvisibleTimeMills=3000, renewAheadTimeMillis=1500, renewSliceTimeMillis=3000)
+                             defaultInvisibleTimeMills=3000, renewAheadTimeMillis=1500, renewSliceTimeMillis=3000,
+                             transactionTimeOut=1000, transactionCheckInterval=1000)
     process = NodeProcess(settings, directory / "node.log").start()
     yield process
     process.stop(strict=False)
@@ -85,6 +86,34 @@ def test_the_official_producer_and_simple_consumer_round_trip(node):
     assert first["tag"] == "TagA" and first["keys"] == ["k1"] and first["properties"] == {"index": "0"}
     assert {g["attempt"] for g in got} == {1} and {g["topic"] for g in got} == {"G5Round"}
     assert official(node, "simple", "--topic", "G5Round", "--group", "G5RoundG", "--want", "1", "--seconds", "3") == []
+
+
+def test_the_official_transactional_producer_commits_rolls_back_and_answers_checks(node):
+    """RocketMQ 5's transactional Producer: commit visible once, rollback never; a half left open
+    is checked through the proxy (RecoverOrphanedTransactionCommand on its Telemetry stream) and
+    its TransactionChecker's answer ends it."""
+    sent = official(node, "transaction", "--topic", "G5Tx", "--count", "3", "--end", "commit", "--prefix", "c")
+    sent += official(node, "transaction", "--topic", "G5Tx", "--count", "2", "--end", "rollback", "--prefix", "r")
+    assert len(sent) == 5 and not [s for s in sent if "error" in s], sent
+    assert all(s["transaction"] for s in sent)
+    lines = official(node, "transaction", "--topic", "G5Tx", "--count", "2", "--end", "none", "--prefix", "u",
+                     "--check-answer", "commit", "--seconds", "8")
+    checked = [line["checked"] for line in lines if "checked" in line]
+    assert sorted(checked) == sorted(line["id"] for line in lines if "transaction" in line), lines
+    got = official(node, "simple", "--topic", "G5Tx", "--group", "G5TxG", "--want", "5", "--seconds", "20")
+    assert sorted(g["body"] for g in got) == ["c0", "c1", "c2", "u0", "u1"]
+    assert {g["id"] for g in got} >= {s["id"] for s in sent if s["end"] == "commit"}
+    assert official(node, "simple", "--topic", "G5Tx", "--group", "G5TxG", "--want", "1", "--seconds", "3") == []
+
+
+def test_end_transaction_refuses_a_transaction_id_it_never_gave(node, stub):
+    request = rpc.EndTransactionRequest(topic=pb.Resource(name="G5Tx"), message_id="X", transaction_id="nope",
+                                        resolution=pb.COMMIT)
+    response = stub.EndTransaction(request, metadata=META, timeout=10)
+    assert response.status.code == Code.INVALID_TRANSACTION_ID
+    request.transaction_id = "7F0000010000326F0000000000000000-999999"  # (well formed, no half there)
+    response = stub.EndTransaction(request, metadata=META, timeout=10)
+    assert response.status.code == Code.INVALID_TRANSACTION_ID and "half" in response.status.message
 
 
 def test_unacked_messages_come_back_after_their_invisible_duration_with_the_next_attempt(node):
@@ -185,7 +214,7 @@ def message(topic: str, body: bytes = b"x", **system) -> pb.Message:
     (message("G5Bad", b"x" * (4 * 1024 * 1024 + 1)), Code.MESSAGE_BODY_TOO_LARGE),
     (message("G5Bad", tag="a|b"), Code.ILLEGAL_MESSAGE_TAG),
     (message("G5Bad", message_id=""), Code.ILLEGAL_MESSAGE_ID),
-    (message("G5Bad", message_type=pb.TRANSACTION), Code.UNSUPPORTED),
+    (message("G5Bad", message_type=pb.LITE), Code.UNSUPPORTED),
     (message("G5Bad", message_type=pb.FIFO), Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
     (message("G5Bad", message_type=pb.FIFO, message_group="g" * 65), Code.ILLEGAL_MESSAGE_GROUP),
 ])
@@ -213,16 +242,13 @@ def test_one_bad_message_of_a_batch_fails_alone(node, stub):
 
 
 def test_what_this_node_does_not_serve_answers_not_implemented_and_the_rest_goes_on(node, stub):
-    end = stub.EndTransaction(rpc.EndTransactionRequest(topic=pb.Resource(name="G5Tx"), message_id="x",
-                                                        transaction_id="y", resolution=pb.COMMIT), metadata=META)
-    assert end.status.code == Code.NOT_IMPLEMENTED
     pulled = list(stub.PullMessage(rpc.PullMessageRequest(group=pb.Resource(name="G"), message_queue=pb.MessageQueue(
         topic=pb.Resource(name="G5Tx"))), metadata=META, timeout=10))
     assert [r.status.code for r in pulled] == [Code.NOT_IMPLEMENTED]
     route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="G5Tx")), metadata=META, timeout=10)
     assert route.status.code == Code.OK and len(route.message_queues) == 8
     assert {q.permission for q in route.message_queues} == {pb.READ_WRITE}
-    assert set(route.message_queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY}
+    assert set(route.message_queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
 
 
 def test_stale_and_forged_receipt_handles_are_refused_and_ack_nothing_else(node, stub):

@@ -51,13 +51,46 @@ def test_fifo_and_delay_messages_carry_their_group_and_time():
     assert core.outgoing(delayed, MAX_BODY, MAX_DELAY, NOW).message.deliver_at_ms == NOW + 5000
 
 
+def test_a_transactional_message_is_a_half_of_its_topics_producer_group_sent_alone():
+    m = message(topic="TxT", message_type=pb.TRANSACTION)
+    m.system_properties.orphaned_transaction_recovery_duration.seconds = 30
+    out = core.outgoing(m, MAX_BODY, MAX_DELAY, NOW)
+    assert out.transactional and out.message.properties == {"UNIQ_KEY": "ID1", "TRAN_MSG": "true", "PGROUP": "TxT",
+                                                            "CHECK_IMMUNITY_TIME_IN_SECONDS": "30"}
+    plain = core.outgoing(message(topic="TxT"), MAX_BODY, MAX_DELAY, NOW)
+    grouped, single = core.batches([plain, out], lambda plan: 0)
+    assert grouped == [("TxT", 0, [0])] and single == [1]
+    m.system_properties.orphaned_transaction_recovery_duration.seconds = 7200
+    assert refused(m) == Code.BAD_REQUEST
+
+
+def test_a_transaction_id_names_its_half_and_ends_it():
+    tid = core.transaction_id("7F0000010000326F0000000000001000", 17)
+    assert core.half_of(tid) == (0x1000, 17)
+    request = rpc.EndTransactionRequest(topic=pb.Resource(name="TxT"), message_id="ID1", transaction_id=tid,
+                                        resolution=pb.ROLLBACK, source=pb.SOURCE_SERVER_CHECK)
+    assert core.end_transaction(request) == {
+        "code": 37, "producerGroup": "TxT", "tranStateTableOffset": 17, "commitLogOffset": 0x1000,
+        "commitOrRollback": 12, "msgId": "ID1", "transactionId": tid, "fromTransactionCheck": True}
+    for bad in ("", "nothex-1", "7F0000010000326F0000000000001000-x", "7F00-1"):
+        request.transaction_id = bad
+        with pytest.raises(Refused) as e:
+            core.end_transaction(request)
+        assert e.value.code == Code.INVALID_TRANSACTION_ID
+    request.transaction_id, request.resolution = tid, pb.TRANSACTION_RESOLUTION_UNSPECIFIED
+    with pytest.raises(Refused) as e:
+        core.end_transaction(request)
+    assert e.value.code == Code.BAD_REQUEST
+
+
 @pytest.mark.parametrize("bad, code", [
     (message(topic=""), Code.ILLEGAL_TOPIC), (message(topic="a b"), Code.ILLEGAL_TOPIC),
     (message(topic="RMQ_SYS_TRANS_HALF_TOPIC"), Code.ILLEGAL_TOPIC),
     (message(body=b""), Code.MESSAGE_BODY_EMPTY), (message(body=b"x" * (MAX_BODY + 1)), Code.MESSAGE_BODY_TOO_LARGE),
     (message(message_id=""), Code.ILLEGAL_MESSAGE_ID), (message(message_id="a\nb"), Code.ILLEGAL_MESSAGE_ID),
     (message(tag=" "), Code.ILLEGAL_MESSAGE_TAG), (message(tag="a||b"), Code.ILLEGAL_MESSAGE_TAG),
-    (message(message_type=pb.TRANSACTION), Code.UNSUPPORTED), (message(message_type=pb.LITE), Code.UNSUPPORTED),
+    (message(message_type=pb.TRANSACTION, message_group="g"), Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    (message(message_type=pb.LITE), Code.UNSUPPORTED),
     (message(message_type=77), Code.UNSUPPORTED),  # (proto3 enums are open)
     (message(message_type=pb.FIFO), Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
     (message(message_type=pb.NORMAL, message_group="g"), Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),

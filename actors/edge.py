@@ -341,6 +341,10 @@ def _end_transaction(header: dict) -> str | None:
 
 
 def _end_transactions(header: dict) -> str | None:
+    if header.get("openOfGroup") is True:  # every open half of the group, rolled back (a Spark job's leftovers)
+        if header.get("commitOrRollback") != 12 or "ends" in header:
+            return "`openOfGroup` rolls back (commitOrRollback 12) every open half of the group: it takes no `ends`"
+        return _name_problem(header.get("producerGroup"), "producerGroup", GROUP_MAX_LENGTH)
     ends = header.get("ends")
     if not isinstance(ends, list) or not 1 <= len(ends) <= protocol.MAX_ENDS_PER_REQUEST:
         return f"`ends` must be a list of 1 to {protocol.MAX_ENDS_PER_REQUEST} ends, not {_shown(ends)}"

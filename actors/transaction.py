@@ -82,6 +82,7 @@ READ_A_TURN = 8192  # half and op entries read a turn
 REPUT_TIMEOUT_S = 5.0  # a re-put unanswered by then counts as not stored
 OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
+OPEN_ENDS_A_REQUEST = 100_000  # open halves one `openOfGroup` request rolls back (the client asks again)
 
 
 class Transaction(Actor):
@@ -196,7 +197,20 @@ class Transaction(Actor):
             out.append(_reply(client, arrival, header.get("opaque"), "OK", "", **self.core.statistics(now_ms),
                               halves=self.core.listing(now_ms, limit)))
             return
-        ends = header["ends"] if code == protocol.END_TRANSACTIONS else [header]
+        ends = header["ends"] if code == protocol.END_TRANSACTIONS and "ends" in header else [header]
+        if header.get("openOfGroup") is True:  # every open half the group has here, rolled back
+            for _ in range(64):  # (what was stored before the request, read first: a bound on the loop)
+                read_to = self.core.read_to
+                self._follow()
+                if self.core.read_to == read_to:
+                    break
+            group = header["producerGroup"]
+            ends = [{"tranStateTableOffset": h.offset, "commitLogOffset": h.phy, "commitOrRollback": 12}
+                    for h in self.core.pending.values() if h.group == group and h.offset not in self.core.ending]
+            ends = ends[:OPEN_ENDS_A_REQUEST]
+            if not ends:
+                out.append(_reply(client, arrival, header.get("opaque"), "OK", "", results=[]))
+                return
         batch = Ends(client, arrival, header.get("opaque"), header.get("oneway") is True, len(ends),
                      single=code == protocol.END_TRANSACTION)
         if self._slave():

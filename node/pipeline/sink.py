@@ -2,7 +2,8 @@
 executors. Columns: `body` (binary or string, required), optional `topic` (else the `topic`
 option), `tags`, `keys` (a string or an array of strings), `properties` (a map), `queueId`,
 `shardingKey`, `delayLevel`. Rows without a delay go as batches per queue (RocketMQ's batch
-send); a row with a delay level goes alone (a batch may carry no delay)."""
+send); a row with a delay level goes alone (a batch may carry no delay). A transactional write's
+rows go one by one as halves (`rows`, node.pipeline.transactions; a half carries no delay)."""
 
 from __future__ import annotations
 
@@ -27,13 +28,37 @@ def send_batches(options: dict, batches) -> int:
     timeout = float(get("timeout") or DEFAULT_TIMEOUT_S)
     with Producer(endpoint, timeout=timeout, credentials=credentials_option(get)) as producer:
         for batch in batches:
-            columns = batch.to_pydict()
-            if "body" not in columns:
-                raise PipelineError("writing to mqnode needs a `body` column (binary or string)")
-            if "topic" not in columns and not default_topic:
-                raise PipelineError("writing to mqnode needs a `topic` column or the `topic` option")
+            columns = _columns(batch, default_topic)
             sent += _send_rows(producer, columns, default_topic, batch.num_rows)
     return sent
+
+
+def rows(options: dict, batches):
+    """Each row as (Message, queue id, sharding key): a transactional write's, sent one by one."""
+    get = {str(k).lower(): v for k, v in options.items()}.get
+    default_topic = get("topic")
+    if not get("endpoint"):
+        raise PipelineError("option `endpoint` is required")
+    for batch in batches:
+        columns = _columns(batch, default_topic)
+        column = lambda name: columns.get(name) or [None] * batch.num_rows  # noqa: E731
+        topics, tags, keys, properties = column("topic"), column("tags"), column("keys"), column("properties")
+        queue_ids, shards = column("queueId"), column("shardingKey")
+        for i, body in enumerate(columns["body"]):
+            if body is None:
+                raise PipelineError(f"row {i}: `body` is null")
+            message = Message(topics[i] or default_topic, body.encode() if isinstance(body, str) else body,
+                              tags=tags[i], keys=keys[i], properties=dict(properties[i]) if properties[i] else {})
+            yield message, queue_ids[i], shards[i]
+
+
+def _columns(batch, default_topic: str | None) -> dict:
+    columns = batch.to_pydict()
+    if "body" not in columns:
+        raise PipelineError("writing to mqnode needs a `body` column (binary or string)")
+    if "topic" not in columns and not default_topic:
+        raise PipelineError("writing to mqnode needs a `topic` column or the `topic` option")
+    return columns
 
 
 def _send_rows(producer: Producer, columns: dict, default_topic: str | None, rows: int) -> int:

@@ -9,6 +9,8 @@ from its checkpoint reads on from exactly there; queues a topic gains are read f
 Writes: each task sends its rows with the batching producer (`node.client.Producer`), as batches
 per queue when no row asks for a delay; at-least-once, like Kafka's sink (a task Spark retries
 sends its rows again). A send the node refuses fails the task with the node's status and remark.
+With `transactional`, all or nothing instead (node.pipeline.transactions): rows go as halves,
+visible only once the job (or a stream's micro-batch, once per batch id) commits.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from node.pipeline import offline
 from node.pipeline.offline import Segment
 from node.pipeline.ranges import NodeView, Options, PipelineError, QueueRange, split
 from node.pipeline.rows import SCHEMA_DDL, arrow_schema, read_batches
-from node.pipeline.sink import send_batches
+from node.pipeline import transactions
+from node.pipeline.sink import rows, send_batches
 
 try:  # Spark 4.1+: the streaming sink takes Arrow batches too
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
@@ -249,31 +252,71 @@ def _capped(start: dict, latest: dict, cap: int | None) -> dict:
 @dataclass
 class SendCount(WriterCommitMessage):
     count: int
+    halves: bytes = b""  # a transactional write's: its halves, packed (node.pipeline.transactions)
 
 
 class Writer(DataSourceArrowWriter):
+    """Made on the driver, pickled to the tasks: a transactional write's producer group is
+    chosen here, once, so every task's halves and the commit share it."""
+
     def __init__(self, options: dict):
         self.options = options
+        self.transactional = transactions.enabled(options)
+        self.group = transactions.producer_group(options, streaming=False) if self.transactional else None
 
     def write(self, batches) -> SendCount:
+        if self.transactional:
+            return _send_halves(self.options, self.group, batches)
         return SendCount(send_batches(self.options, batches))
 
     def commit(self, messages) -> None:
-        """Every task's sends were acknowledged by the node: nothing more to do."""
+        """Plain: every task's sends were acknowledged, nothing more to do. Transactional: every
+        task's halves are ended with commit (all visible)."""
+        if self.transactional:
+            transactions.end_halves(self.options, self.group, _halves(messages), transactions.COMMIT)
 
     def abort(self, messages) -> None:
-        """At-least-once: what a failed task sent stays sent (as with Kafka's sink)."""
+        """Plain: at-least-once, what a failed task sent stays sent (as with Kafka's sink).
+        Transactional: what the tasks that finished sent is rolled back (none visible)."""
+        if self.transactional:
+            transactions.end_halves(self.options, self.group, _halves(messages), transactions.ROLLBACK)
 
 
 class StreamWriter(_StreamWriterBase):
     def __init__(self, options: dict):
         self.options = options
+        self.transactional = transactions.enabled(options)
+        self.group = transactions.producer_group(options, streaming=True) if self.transactional else None
 
     def write(self, batches) -> SendCount:
+        if self.transactional:
+            return _send_halves(self.options, self.group, batches)
         return SendCount(send_batches(self.options, batches))
 
     def commit(self, messages, batchId: int) -> None:
-        """The micro-batch's sends were all acknowledged."""
+        """Plain: the micro-batch's sends were all acknowledged. Transactional: its halves are
+        committed, once per batch id whatever Spark replays (node.pipeline.transactions)."""
+        if self.transactional:
+            transactions.commit_batch(self.options, self.group, batchId, _halves(messages))
 
     def abort(self, messages, batchId: int) -> None:
-        """At-least-once: Spark reruns the micro-batch and its rows are sent again."""
+        """Plain: at-least-once, Spark reruns the micro-batch and its rows are sent again.
+        Transactional: this attempt's halves are rolled back."""
+        if self.transactional:
+            transactions.end_halves(self.options, self.group, _halves(messages), transactions.ROLLBACK)
+
+
+def _send_halves(options: dict, group: str, batches) -> SendCount:
+    sent = [0]
+
+    def counted():
+        for row in rows(options, batches):
+            sent[0] += 1
+            yield row
+
+    packed = transactions.send_halves(options, group, counted())
+    return SendCount(sent[0], packed)
+
+
+def _halves(messages) -> list[bytes]:
+    return [m.halves for m in messages if isinstance(m, SendCount) and m.halves]

@@ -5,17 +5,22 @@ and bad options fail with a clear message."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import orjson
 import pytest
 from nodes import NodeProcess, node_settings
 
+from node import protocol
 from node.client import Message, Producer
 
 pyspark = pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
-TOPICS = ("SparkRead", "SparkStream", "SparkWrite", "SparkTime")
+TOPICS = ("SparkRead", "SparkStream", "SparkWrite", "SparkTime", "SparkTx", "SparkTxAbort", "SparkTxRetry",
+          "SparkTxSource", "SparkTxStream")
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +175,98 @@ def test_a_node_with_its_acl_on_is_written_and_read_with_the_credentials_options
             writer.option("topic", "Locked").save()
     finally:
         secured.stop(strict=False)
+
+
+# -- all-or-nothing writes (option transactional) ---------------------------------------------------
+
+def _bodies(spark, node, topic: str) -> list[str]:
+    return [r.body for r in _read(spark, node, topic=topic).selectExpr("CAST(body AS STRING) AS body").collect()]
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _transactions(node, listed: int = 0) -> dict:
+    with Producer(node.endpoint) as client:
+        reply, _ = client.request({"code": protocol.GET_TRANSACTION_STATE, "limit": listed})
+    return reply
+
+
+def test_a_transactional_write_is_visible_whole_and_once(spark, node):
+    frame = spark.range(20_000, numPartitions=4).selectExpr("CAST(id AS STRING) AS body", "CAST(id % 4 AS INT) AS queueId")
+    (frame.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkTx")
+     .option("transactional", "true").mode("append").save())
+    bodies = _bodies(spark, node, "SparkTx")
+    assert len(bodies) == 20_000 and set(bodies) == {str(i) for i in range(20_000)}
+
+
+def test_a_transactional_write_whose_job_fails_leaves_nothing_visible(spark, node):
+    from pyspark.errors import PySparkException
+    from pyspark.sql.utils import CapturedException
+
+    before = _transactions(node)["rolledBack"]
+
+    def fail_one(batches):
+        import time as clock
+
+        from pyspark import TaskContext
+        for i, batch in enumerate(batches):
+            if i == 2 and TaskContext.get().partitionId() == 1:
+                clock.sleep(2)  # (the writer sends the two batches before it)
+                raise RuntimeError("task 1 fails after two batches")
+            yield batch
+
+    frame = spark.range(8_000, numPartitions=2).selectExpr("CAST(id AS STRING) AS body")
+    frame = frame.mapInArrow(fail_one, frame.schema)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
+    try:
+        with pytest.raises((PySparkException, CapturedException, Exception)) as failed:
+            (frame.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkTxAbort")
+             .option("transactional", "true").option("producerGroup", "PG-spark-abort").mode("append").save())
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert "task 1 fails" in str(failed.value)
+    assert _bodies(spark, node, "SparkTxAbort") == []
+    # what both tasks sent (Spark kills task 0 when task 1 fails: the abort rolls back the group's open halves)
+    assert _transactions(node)["rolledBack"] - before >= 1_000
+    assert [h for h in _transactions(node, 100_000)["halves"] if h["producerGroup"] == "PG-spark-abort"] == []
+
+
+def test_a_transactional_write_whose_task_is_retried_is_visible_once(spark, node):
+    script = Path(__file__).with_name("spark_failing_write.py")
+    done = subprocess.run([sys.executable, str(script), node.endpoint, "SparkTxRetry", "6000"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    bodies = _bodies(spark, node, "SparkTxRetry")
+    assert len(bodies) == 6_000 and set(bodies) == {str(i) for i in range(6_000)}
+
+
+def test_a_transactional_stream_commits_each_batch_once_when_spark_replays_it(spark, node, tmp_path):
+    checkpoint = tmp_path / "checkpoint"
+    with Producer(node.endpoint) as producer:
+        producer.send_batch("SparkTxSource", [Message("SparkTxSource", f"s-{i}".encode()) for i in range(300)],
+                            queue_id=0)
+
+    def run_once() -> None:
+        stream = (spark.readStream.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkTxSource")
+                  .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "100").load())
+        query = (stream.select("body").writeStream.format("mqnode").option("endpoint", node.endpoint)
+                 .option("topic", "SparkTxStream").option("transactional", "true")
+                 .option("checkpointLocation", str(checkpoint)).trigger(processingTime="200 milliseconds").start())
+        query.processAllAvailable()
+        query.stop()
+
+    run_once()
+    commits = sorted((checkpoint / "commits").iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
+    last = [p for p in commits if p.name.isdigit()][-1]
+    last.unlink()  # Spark forgets it committed the last batch: a restart replays it
+    (checkpoint / "commits" / f".{last.name}.crc").unlink(missing_ok=True)
+    run_once()
+    bodies = _bodies(spark, node, "SparkTxStream")
+    assert sorted(bodies) == sorted(f"s-{i}" for i in range(300))  # all, and none twice

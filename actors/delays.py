@@ -87,6 +87,13 @@ class Delays:
         properties[PROPERTY_REAL_QID] = str(queue_id)
         return TIMER_TOPIC, 0
 
+    def half_batch(self, properties: dict, topic, queue_id) -> tuple[str, int]:
+        """A SEND_BATCH_MESSAGE of halves (its header's TRAN_MSG, mqnode's): where its messages
+        are stored, `properties` (the batch's, each message's suffix) changed as `scheduled` does."""
+        if not isinstance(topic, str) or type(queue_id) is not int:
+            raise MessageIllegal("MESSAGE_ILLEGAL", "a batch of halves needs its topic and queueId")
+        return self._half(properties, topic, queue_id)
+
     @staticmethod
     def _half(properties: dict, topic: str, queue_id: int) -> tuple[str, int]:
         group = properties.get(PROPERTY_PRODUCER_GROUP)

@@ -174,8 +174,9 @@ class Stored(NamedTuple):
     properties: dict[str, str]
 
 
-def stored_of(raw: bytes | None) -> Stored | None:
-    """A stored record's `Stored` (None: no record there, or not a well-formed one)."""
+def stored_of(raw: bytes | None, *, parse: bool = True) -> Stored | None:
+    """A stored record's `Stored` (None: no record there, or not a well-formed one); without
+    `parse`, its `properties` are left empty (the text is there) for a caller that knows them."""
     if not raw:
         return None
     walked = walk_v4(raw, 0, len(raw))
@@ -191,7 +192,8 @@ def stored_of(raw: bytes | None) -> Stored | None:
     text = raw[props_at:].decode()
     return Stored(raw[topic_at: props_at - 2].decode(), fixed[FIXED_QUEUE_OFFSET], fixed[FIXED_STORE_TS], fixed[7],
                   fixed[4], fixed[FIXED_BORN_TS], _born_host(fixed[FIXED_BORN_HOST]), fixed[FIXED_STORE_HOST],
-                  fixed[FIXED_RECONSUME], raw[body_at: body_at + fixed[FIXED_BODY_LEN]], text, parse_properties(text))
+                  fixed[FIXED_RECONSUME], raw[body_at: body_at + fixed[FIXED_BODY_LEN]], text,
+                  parse_properties(text) if parse else {})
 
 
 def _copy(record: Stored, topic: str, queue_id: int, sys_flag: int, prepared: int = 0) -> tuple[dict, bytes]:
@@ -210,11 +212,12 @@ def half_target(record: Stored) -> tuple[str, int] | None:
     return topic, int(queue)
 
 
-def commit_item(record: Stored, phy: int) -> tuple[dict, bytes]:
+def commit_item(record: Stored, phy: int, target: tuple[str, int] | None = None) -> tuple[dict, bytes]:
     """A half's committed message (4.9's EndTransactionProcessor.endMessageTransaction): its real
-    topic and queue, the half's fields and stored properties (REAL_TOPIC, REAL_QID and TRAN_MSG
-    stay, as 4.9 stores them), sysFlag COMMIT, PREPAREDTRANSACTIONOFFSET the half's offset."""
-    topic, queue_id = half_target(record)
+    topic and queue (`target`, when the caller read them already), the half's fields and stored
+    properties (REAL_TOPIC, REAL_QID and TRAN_MSG stay, as 4.9 stores them), sysFlag COMMIT,
+    PREPAREDTRANSACTIONOFFSET the half's offset."""
+    topic, queue_id = target or half_target(record)
     return _copy(record, topic, queue_id, (record.sys_flag & ~TRANSACTION_MASK) | TRANSACTION_COMMIT, phy)
 
 

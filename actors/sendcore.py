@@ -27,6 +27,7 @@ from shm.codec import (
     PROPERTY_DELAY,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT,
     SCHEDULE_TOPIC,
@@ -300,7 +301,14 @@ class SendEncoder:
             refused, batch_props = refused or (e.status, e.remark), {}
         if batch_props.get(PROPERTY_WAIT) == "false":
             pending.wait = False
-        if refused is None and (not SCHEDULING.isdisjoint(batch_props)
+        asked = (topic, queue_id)  # (what the reply names: a batch of halves is stored elsewhere)
+        if refused is None and _transactional(batch_props):
+            try:
+                topic, queue_id = self.delays.half_batch(batch_props, topic, queue_id)
+            except MessageIllegal as e:
+                refused = (e.status, e.remark)
+        held_back = DELAYING if _transactional(batch_props) else SCHEDULING  # (a half's own TRAN_MSG is fine)
+        if refused is None and (not held_back.isdisjoint(batch_props)
                                 or any(not SCHEDULING.isdisjoint(parse_properties(props)) for _, _, props in inner)):
             refused = ("MESSAGE_ILLEGAL", "a batch may carry neither a DELAY level nor a timer (TIMER_*) nor "
                                           "TRAN_MSG, in its header or in a message")
@@ -313,8 +321,8 @@ class SendEncoder:
             refused = refused or (e.status, e.remark)
         for body_bytes, flag, inner_props in inner:
             index = len(pending.indices)
-            pending.topics.append(topic if isinstance(topic, str) else "")
-            pending.queue_ids.append(queue_id if isinstance(queue_id, int) else -1)
+            pending.topics.append(asked[0] if isinstance(asked[0], str) else "")
+            pending.queue_ids.append(asked[1] if isinstance(asked[1], int) else -1)
             pending.indices.append(-1)
             pending.uniq_keys.append(find_uniq_key(inner_props))
             if refused:
@@ -349,7 +357,13 @@ class SendEncoder:
             born_timestamp = _int(header.get("bornTimestamp", 0), "bornTimestamp")
         except MessageIllegal:
             return False
-        if not SCHEDULING.isdisjoint(batch_props):  # (refused by the general path; a message's own too)
+        asked = (topic, queue_id)
+        if _transactional(batch_props) and DELAYING.isdisjoint(batch_props):
+            try:  # a batch of halves (mqnode): stored in the half queue, its real topic and queue named
+                topic, queue_id = self.delays.half_batch(batch_props, topic, queue_id)
+            except MessageIllegal:
+                return False  # (the general path names what is wrong)
+        elif not SCHEDULING.isdisjoint(batch_props):  # (refused by the general path; a message's own too)
             return False
         wait = batch_props.get(PROPERTY_WAIT) != "false"
         batch_props[PROPERTY_CLUSTER] = self.cluster
@@ -362,6 +376,7 @@ class SendEncoder:
         n = len(sizes)
         first = len(batch)
         batch.add_many_v4(records, sizes, [f"{topic}-{queue_id}"] * n)
+        topic, queue_id = asked
         pending.wait = pending.wait and wait
         pending.topics += [topic] * n
         pending.queue_ids += [queue_id] * n
@@ -370,6 +385,14 @@ class SendEncoder:
         return True
 
 
+
+
+DELAYING = SCHEDULING - {PROPERTY_TRANSACTION}  # the names a batch may never carry
+
+
+def _transactional(properties: dict) -> bool:
+    """A batch of halves: TRAN_MSG "true" in its header (mqnode's; RocketMQ refuses such batches)."""
+    return properties.get(PROPERTY_TRANSACTION) == "true"
 
 
 class _BatchRefused(Exception):

@@ -67,7 +67,6 @@ from shm import reader as store_reader
 from shm.codec import (
     PROPERTY_CHECK_IMMUNITY,
     PROPERTY_PRODUCER_GROUP,
-    PROPERTY_REAL_TOPIC,
     PROPERTY_UNIQ_KEY,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
@@ -111,7 +110,7 @@ class Transaction(Actor):
         self.checks = socket(self.context, zmq.PUSH, hwm=1_000_000)
         self.checks.connect(self.endpoints["transaction-checks"])
         self.items = [(self.requests, zmq.POLLIN), (self.answers, zmq.POLLIN)]
-        self.ends: list[tuple] = []  # this turn's: (offset, outcome, record, waiter)
+        self.ends: list[tuple] = []  # this turn's: (offset, outcome, record, phy, its real (topic, queue) or None, waiter)
         self.waiting: dict[int, tuple] = {}  # opaque -> (what, entries, sent at)
         self.opaque = random.randrange(1 << 30)
         self.next_check = time.monotonic() + min(s.transactionCheckInterval, s.transactionTimeOut) / 1000
@@ -242,9 +241,11 @@ class Transaction(Actor):
         if decided is not None:  # a repeat: nothing changes
             remark = "" if decided == outcome else f"the transaction was ended already ({decided})"
             return batch.set(i, out, "OK", remark, outcome=decided)
-        if outcome == COMMIT and stored is None:
-            stored = stored_of(self.reader.record_bytes(half.phy, half.size))
-        self.ends.append((offset, outcome, stored, phy, (batch, i)))
+        target = None
+        if outcome == COMMIT and stored is None:  # (read already: its real topic and queue are known)
+            stored, target = stored_of(self.reader.record_bytes(half.phy, half.size), parse=False), (half.topic,
+                                                                                                    half.queue_id)
+        self.ends.append((offset, outcome, stored, phy, target, (batch, i)))
 
     def _record(self, phy: int) -> bytes | None:
         """The bytes of the record at CommitLog offset `phy`, below `written` (None: none there)."""
@@ -260,7 +261,7 @@ class Transaction(Actor):
         now_ms = time.time_ns() // 1_000_000
         for at in range(0, len(ends), ENDS_A_REQUEST):
             part = ends[at: at + ENDS_A_REQUEST]
-            items = [commit_item(record, phy) for _, outcome, record, phy, _ in part if outcome == COMMIT]
+            items = [commit_item(record, phy, target) for _, outcome, record, phy, target, _ in part if outcome == COMMIT]
             ops = {kind: [str(offset) for offset, outcome, *_ in part if outcome == kind] for kind in (COMMIT, ROLLBACK)}
             kinds = [kind for kind in (COMMIT, ROLLBACK) if ops[kind]]
             items += [op_item(kind, ops[kind], now_ms) for kind in kinds]
@@ -296,7 +297,7 @@ class Transaction(Actor):
         commit_statuses = iter(statuses)
         out, again = [], []
         for end in part:
-            offset, outcome, _, _, (batch, i) = end
+            offset, outcome, _, _, _, (batch, i) = end
             status = op_status[outcome]
             own = next(commit_statuses) if outcome == COMMIT else None
             if status in protocol.STORED_STATUSES:
@@ -379,8 +380,9 @@ def _half(offset: int, phy: int, size: int, record: Stored | None) -> Half | Non
         return None
     props = record.properties
     immunity = props.get(PROPERTY_CHECK_IMMUNITY, "")
+    topic, queue_id = half_target(record)
     return Half(offset, phy, size, record.store_timestamp, props.get(PROPERTY_PRODUCER_GROUP, ""),
-                int(immunity) * 1000 if immunity.isdigit() else 0, props.get(PROPERTY_REAL_TOPIC, ""),
+                int(immunity) * 1000 if immunity.isdigit() else 0, topic, queue_id,
                 key=props.get(PROPERTY_UNIQ_KEY) or "", offset_id=offset_msg_id(record.store_host, phy))
 
 

@@ -48,7 +48,8 @@ class Half:
     stored_ms: int
     group: str  # PGROUP: the producers asked about it
     immunity_ms: int  # no check before it is this old
-    topic: str = ""  # REAL_TOPIC (for `admin transactions`)
+    topic: str = ""  # REAL_TOPIC and REAL_QID: where its commit goes
+    queue_id: int = 0
     key: str = ""  # UNIQ_KEY: the transaction id a producer knows it by
     offset_id: str = ""  # its offset msgId
     checks: int = 0  # as the op records say
@@ -150,8 +151,9 @@ class TransactionCore:
         """`low` to the first offset that is neither final nor beyond what was read; outcome
         bytes more than KEEP_BELOW_LOW below it are dropped (a slice now and then)."""
         outcomes, base = self.outcomes, self.base
-        first_open = next(iter(self.pending), self.read_to)
-        limit = min(first_open, base + len(outcomes)) - base
+        # (an open half's byte is 0: the walk stops there without looking at `pending`, whose first
+        # key costs a walk over every slot its deleted keys left)
+        limit = min(self.read_to, base + len(outcomes)) - base
         i = self.low - base
         while i < limit and outcomes[i]:
             i += 1

@@ -233,8 +233,10 @@ class AsyncProducer:
         await self._send(self._encode(header, message.body), time.monotonic() + self.timeout)
 
     async def send_batch(self, topic: str, messages: list[Message | bytes | str], *, queue_id: int | None = None,
-                         shard_key: str | None = None) -> list[SendResult]:
-        """RocketMQ's batch send: one topic, one queue, stored together; a result per message."""
+                         shard_key: str | None = None, properties: dict[str, str] | None = None) -> list[SendResult]:
+        """RocketMQ's batch send: one topic, one queue, stored together; a result per message.
+        `properties`: the batch's own, stored after each message's (TRAN_MSG and PGROUP make it
+        a batch of halves: node.pipeline.transactions)."""
         items = [m if isinstance(m, Message) else Message(topic, _bytes(m)) for m in messages]
         queue = await self._choose_queue(topic, queue_id, shard_key)
         fresh = iter(self.keys.next_many(sum(1 for m in items if not m.properties.get(PROPERTY_UNIQ_KEY))))
@@ -242,6 +244,8 @@ class AsyncProducer:
         body = protocol.encode_batch_body([(m.body, m.flag, m.wire_properties_string(u)) for m, u in zip(items, uniq)])
         header = {"code": protocol.SEND_BATCH_MESSAGE, "topic": topic, "queueId": queue,
                   "bornTimestamp": int(time.time() * 1000)}
+        if properties:
+            header["properties"] = properties
         for attempt in range(self.retries + 1):
             try:
                 reply, _ = await self.request(header, body)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import hashlib
 import uuid
 import zlib
@@ -41,8 +42,9 @@ from node.client.consumer import PullConsumer
 from node.pipeline.ranges import DEFAULT_TIMEOUT_S, PipelineError, credentials_option
 from shm.codec import PROPERTY_CHECK_IMMUNITY, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION, decode_msg_id
 
-IN_FLIGHT = 512  # halves a task has in flight at once
-ENDS_IN_FLIGHT = 8  # END_TRANSACTIONS requests (of MAX_ENDS_PER_REQUEST) a commit has in flight
+BATCH = 128  # halves a batch send
+BATCHES_IN_FLIGHT = 8  # batches of halves a task has in flight at once
+ENDS_IN_FLIGHT = 16  # END_TRANSACTIONS requests (of MAX_ENDS_PER_REQUEST) a commit has in flight
 INTENT_PART_HALVES = 100_000  # halves one intent message names (~0.3 MiB compressed at most)
 COMMIT, ROLLBACK = 8, 12
 
@@ -78,8 +80,9 @@ def _get(options: dict, key: str):
 # -- the tasks --------------------------------------------------------------------------------------
 
 def send_halves(options: dict, group: str, messages) -> bytes:
-    """A task's rows as halves of `group`: (queue offset, CommitLog offset) of each, packed
-    (`pack`). A failure rolls back what was sent, then raises."""
+    """A task's rows as halves of `group`, in batches of halves per topic and queue (mqnode's:
+    TRAN_MSG in the batch's header): (queue offset, CommitLog offset) of each, packed (`pack`).
+    A failure rolls back what was sent, then raises."""
     endpoint = _get(options, "endpoint")
     timeout = float(_get(options, "timeout") or DEFAULT_TIMEOUT_S)
     immunity = str(int(_get(options, "transactiontimeoutseconds") or 3600))
@@ -89,24 +92,25 @@ def send_halves(options: dict, group: str, messages) -> bytes:
         halves = array.array("q")
         async with AsyncProducer(endpoint, timeout=timeout, credentials=credentials_option(lambda k: _get(options, k))) \
                 as producer:
+            pending: set[asyncio.Task] = set()
             try:
-                pending: set[asyncio.Task] = set()
-                for message, queue_id, shard in messages:
-                    message.properties.update(extra)
-                    pending.add(asyncio.create_task(producer.send_message(message, queue_id=queue_id, shard_key=shard)))
-                    if len(pending) >= IN_FLIGHT:
+                for key, batch in _batches(messages):
+                    topic, queue_id, shard = key
+                    pending.add(asyncio.create_task(producer.send_batch(topic, batch, queue_id=queue_id, shard_key=shard,
+                                                                        properties=extra)))
+                    if len(pending) >= BATCHES_IN_FLIGHT:
                         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                         _collect(done, halves)
                 if pending:
-                    done, _ = await asyncio.wait(pending)
+                    done, pending = await asyncio.wait(pending)
                     _collect(done, halves)
             except BaseException:
                 if pending:  # (sent: stored or not, each is rolled back if it was)
-                    done, _ = await asyncio.wait(pending, timeout=timeout)
-                    for task in done:
-                        if not task.cancelled() and task.exception() is None:
-                            result = task.result()
-                            halves.extend((result.queue_offset, decode_msg_id(result.offset_msg_id)[1]))
+                    done, late = await asyncio.wait(pending, timeout=timeout)
+                    for task in late:
+                        task.cancel()
+                    with contextlib.suppress(PipelineError):
+                        _collect(done, halves)
                 await _end(producer, group, halves, ROLLBACK)  # (best effort: what is left, the node discards)
                 raise
         return halves
@@ -114,14 +118,33 @@ def send_halves(options: dict, group: str, messages) -> bytes:
     return pack(asyncio.run(run()))
 
 
+def _batches(messages):
+    """(topic, queue id, sharding key) and up to BATCH of its rows, in the rows' order per key."""
+    groups: dict[tuple, list] = {}
+    for message, queue_id, shard in messages:
+        key = (message.topic, queue_id, shard)
+        group = groups.setdefault(key, [])
+        group.append(message)
+        if len(group) >= BATCH:
+            yield key, groups.pop(key)
+    yield from groups.items()
+
+
 def _collect(done, halves: array.array) -> None:
+    """The halves of the batches `done`; PipelineError for the first that failed (after every
+    failure was looked at: none is left unretrieved)."""
+    refused = None
     for task in done:
         try:
-            result = task.result()
+            results = task.result()
         except SendError as e:
-            raise PipelineError(f"the node refused a transactional send: {e.status} {e.remark}".strip()) from None
-        halves.append(result.queue_offset)
-        halves.append(decode_msg_id(result.offset_msg_id)[1])
+            refused = refused or e
+            continue
+        for result in results:
+            halves.append(result.queue_offset)
+            halves.append(decode_msg_id(result.offset_msg_id)[1])
+    if refused is not None:
+        raise PipelineError(f"the node refused a transactional send: {refused.status} {refused.remark}".strip())
 
 
 def pack(halves: array.array) -> bytes:

@@ -44,6 +44,7 @@ class NodeCollector:
         yield from _store(actors, control)
         yield from _schedule(actors.get("schedule") or {})
         yield from _pop(actors.get("pop") or {})
+        yield from _transactions(actors.get("transaction") or {})
         yield from _proxy(actors.get("proxy") or {})
         yield from self._processes(info.get("services") or {}, info.get("supervision") or {})
 
@@ -273,6 +274,24 @@ def _proxy(proxy: dict):
              GaugeMetricFamily)):
         family = kind(name, what)
         family.add_metric([], proxy.get(key, 0))
+        yield family
+
+
+def _transactions(service: dict):
+    """Transactional messages (actors.transaction): halves open now, outcomes and checks."""
+    outcomes = CounterMetricFamily("mqnode_transactions", "Half messages ended, by outcome (as the op records "
+                                   "still on disk say)", labels=["outcome"])
+    for outcome, key in (("commit", "committed"), ("rollback", "rolledBack"), ("discard", "discarded")):
+        outcomes.add_metric([outcome], service.get(key, 0))
+    yield outcomes
+    for name, what, key, kind in (
+            ("mqnode_transactions_pending", "Half messages no end has closed yet", "pending", GaugeMetricFamily),
+            ("mqnode_transaction_checks", "CHECK_TRANSACTION_STATE sent to producers (since the service's "
+             "process started)", "checksSent", CounterMetricFamily),
+            ("mqnode_transactions_oldest_pending_seconds", "Age of the oldest open half", "oldestPendingMillis",
+             GaugeMetricFamily)):
+        family = kind(name, what)
+        family.add_metric([], service.get(key, 0) / (1000 if key == "oldestPendingMillis" else 1))
         yield family
 
 

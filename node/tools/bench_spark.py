@@ -221,6 +221,27 @@ async def produce_bodies(endpoint: str, topic: str, bodies: list[bytes], count: 
         await asyncio.gather(*[sender(k) for k in range(4)])
 
 
+def transactional_writes(endpoint: str, rows: int, master: str = "local[2]") -> tuple[float, float]:
+    """(plain, transactional) rows/s of a Spark batch write of `rows` 1 KiB rows into a topic, in
+    one session, after an untimed warm-up write (scripts/bench-transactions --spark)."""
+    spark = spark_session(master, "mqnode-bench-transactions")
+    try:
+        frame = spark.range(rows).selectExpr("CAST(id AS STRING) AS body")
+        frame = frame.selectExpr("CONCAT(body, REPEAT('x', 1024 - LENGTH(body))) AS body")
+
+        def write(topic: str, transactional: bool) -> float:
+            began = time.perf_counter()
+            (frame.write.format("mqnode").option("endpoint", endpoint).option("topic", topic)
+             .option("transactional", str(transactional).lower()).mode("append").save())
+            return rows / (time.perf_counter() - began)
+
+        spark.range(20_000).selectExpr("CAST(id AS STRING) AS body").write.format("mqnode").option(
+            "endpoint", endpoint).option("topic", "BenchTxWarm").option("transactional", "true").mode("append").save()
+        return write("BenchTxPlain", False), write("BenchTxSpark", True)
+    finally:
+        spark.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=1_000_000)

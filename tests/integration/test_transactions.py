@@ -238,6 +238,24 @@ def test_the_cli_sends_in_transactions_and_shows_them(node):
     assert table["committed"] >= 3 and table["rolledBack"] >= 1 and {"pending", "checked", "discarded"} <= set(table)
 
 
+def test_a_batch_of_halves_is_stored_as_halves_and_committed_one_by_one(node):
+    halves = {"TRAN_MSG": "true", "PGROUP": "PG-batch"}
+    with Producer(node.endpoint, retries=0) as producer:
+        sent = producer.send_batch("TxBatch", [f"b{i}" for i in range(10)], queue_id=1, properties=halves)
+        assert [r.queue_offset for r in sent] == list(range(sent[0].queue_offset, sent[0].queue_offset + 10))
+        assert visible(node.endpoint, "TxBatch") == []
+        with pytest.raises(SendError) as refused:
+            producer.send_batch("TxBatch", ["x"], properties={"TRAN_MSG": "true"})
+        assert refused.value.status == "MESSAGE_ILLEGAL" and "PGROUP" in refused.value.remark
+        reply, _ = producer.request({"code": protocol.END_TRANSACTIONS, "producerGroup": "PG-batch", "ends": [
+            {"tranStateTableOffset": r.queue_offset, "commitLogOffset": decode_msg_id(r.offset_msg_id)[1],
+             "commitOrRollback": 8 if i % 2 == 0 else 12} for i, r in enumerate(sent)]})
+    assert reply["status"] == "OK" and [r["status"] for r in reply["results"]] == ["OK"] * 10
+    seen = visible(node.endpoint, "TxBatch")
+    assert sorted(m.body for m in seen) == sorted(f"b{i}".encode() for i in range(0, 10, 2))
+    assert {m.queue_id for m in seen} == {1}
+
+
 def test_a_send_without_its_producer_group_is_refused(node):
     with Producer(node.endpoint, retries=0) as producer:
         with pytest.raises(SendError) as refused:

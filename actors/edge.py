@@ -456,7 +456,7 @@ CHECKS = {
     protocol.HEART_BEAT: _heartbeat,
     protocol.END_TRANSACTION: _end_transaction,
     protocol.END_TRANSACTIONS: _end_transactions,
-    protocol.GET_TRANSACTION_STATE: lambda h: None,
+    protocol.GET_TRANSACTION_STATE: lambda h: int_problem(h, "limit", 0, 100_000),
     protocol.UNREGISTER_CLIENT: lambda h: _client_id(h) or (
         _name_problem(h.get("producerGroup"), "producerGroup", GROUP_MAX_LENGTH)
         if "producerGroup" in h and "consumerGroup" not in h else group_problem(h.get("consumerGroup"))),

@@ -245,6 +245,9 @@ class Transaction(Actor):
         if outcome == COMMIT and stored is None:  # (read already: its real topic and queue are known)
             stored, target = stored_of(self.reader.record_bytes(half.phy, half.size), parse=False), (half.topic,
                                                                                                     half.queue_id)
+            if stored is None:  # (its segment cleaned away meanwhile: nothing left to commit)
+                self.core.end_failed(offset)
+                return batch.set(i, out, "SYSTEM_ERROR", f"{NO_HALF}: the half at commitLogOffset {phy} is gone")
         self.ends.append((offset, outcome, stored, phy, target, (batch, i)))
 
     def _record(self, phy: int) -> bytes | None:

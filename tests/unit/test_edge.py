@@ -102,3 +102,32 @@ def test_every_other_request_is_checked_or_refused_by_name(header, code):
         edge.check_request(protocol.Request({"code": code, **header}, b""))
     except protocol.ProtocolError as e:
         assert str(e)
+
+
+def test_transaction_requests_are_checked_field_by_field():
+    def problem(header: dict) -> str | None:
+        try:
+            edge.check_request(protocol.Request(header, b""))
+        except protocol.ProtocolError as e:
+            return str(e)
+        return None
+
+    end = {"code": protocol.END_TRANSACTION, "producerGroup": "PG", "tranStateTableOffset": 3, "commitLogOffset": 0,
+           "commitOrRollback": 8}
+    assert problem(end) is None
+    for bad, named in ((dict(commitOrRollback=4), "commitOrRollback"), (dict(commitOrRollback=True), "commitOrRollback"),
+                       (dict(producerGroup="a b"), "producerGroup"), (dict(tranStateTableOffset=-1), "tranStateTableOffset"),
+                       (dict(commitLogOffset="0"), "commitLogOffset"), (dict(fromTransactionCheck="yes"), "fromTransactionCheck"),
+                       (dict(msgId=7), "msgId")):
+        assert named in (problem(end | bad) or ""), bad
+    many = {"code": protocol.END_TRANSACTIONS, "producerGroup": "PG", "ends": [end] * 2}
+    assert problem(many) is None
+    assert "ends" in problem(many | {"ends": []}) and "ends" in problem(many | {"ends": [end] * 1025})
+    assert "commitOrRollback" in problem(many | {"ends": [end | {"commitOrRollback": 1}]})
+    assert problem({"code": protocol.END_TRANSACTIONS, "producerGroup": "PG", "openOfGroup": True,
+                    "commitOrRollback": 12}) is None
+    assert "openOfGroup" in problem({"code": protocol.END_TRANSACTIONS, "producerGroup": "PG", "openOfGroup": True,
+                                     "commitOrRollback": 8})
+    assert "limit" in problem({"code": protocol.GET_TRANSACTION_STATE, "limit": 10**9})
+    assert "producerDataSet" in problem({"code": protocol.HEART_BEAT, "clientID": "c", "producerDataSet": {}})
+    assert "groupName" in problem({"code": protocol.HEART_BEAT, "clientID": "c", "producerDataSet": [{"groupName": ""}]})

@@ -25,8 +25,6 @@ import base64
 import zlib
 from dataclasses import dataclass
 
-from node import protocol
-
 PENDING_MAX = 1_000_000  # halves held undecided at once; reading the half queue waits beyond it
 KEEP_BELOW_LOW = 1 << 20  # final outcomes kept below `low` (a byte each)
 CHECKS_PER_PASS = 200_000  # halves a check pass takes at most (the rest: the next pass)
@@ -214,7 +212,7 @@ class TransactionCore:
 
     def statistics(self, now_ms: int) -> dict:
         checked = sum(1 for h in self.pending.values() if h.checks)
-        oldest = next(iter(self.pending.values()), None)
+        oldest = self.pending.get(self.low)  # (the first open half is where `low` stopped)
         return {"pending": len(self.pending), "checked": checked, "committed": self.counts[COMMIT],
                 "rolledBack": self.counts[ROLLBACK], "discarded": self.counts[DISCARD], "ending": len(self.ending),
                 "checksSent": self.checks_sent, "repeatedEnds": self.repeats, "low": self.low, "readTo": self.read_to,
@@ -235,6 +233,3 @@ def end_outcome(header: dict) -> str | None:
     """END_TRANSACTION's asked outcome (None: UNKNOW, left to the check)."""
     return END_OUTCOMES.get(header["commitOrRollback"])
 
-
-def refusal(header: dict, status: str, remark: str) -> dict:
-    return protocol.reply_header(header.get("opaque"), status, remark)

@@ -361,38 +361,46 @@ def message_of(popped, invisible_ms: int) -> rpc.ReceiveMessageResponse:
     """A popped message (node.client.received.PoppedMessage) as RocketMQ 5 clients receive it,
     in its stream's response. Filled in place: a message given to a constructor is copied."""
     response = rpc.ReceiveMessageResponse()
-    out = response.message
-    properties = popped.properties
-    out.topic.name = popped.topic
-    out.body = body = popped.body
-    system = out.system_properties
-    system.message_id = popped.msg_id
-    system.born_host, system.store_host = popped.born_host, popped.store_host
+    system, properties = _fill(response.message, popped)
+    system.store_host = popped.store_host
     system.queue_id, system.queue_offset = popped.queue_id, popped.queue_offset
     system.receipt_handle = popped.receipt_handle
     system.delivery_attempt = popped.reconsume_times + 1
-    system.body_encoding = pb.IDENTITY
-    system.body_digest.type = pb.CRC32
-    system.body_digest.checksum = format(crc32(body) & 0xFFFFFFFF, "08X")
     system.message_type = _type_of(properties)
     # (FromMilliseconds is Python; two C assignments each are what it comes to)
-    born, stored = popped.born_timestamp, popped.store_timestamp
-    system.born_timestamp.seconds, system.born_timestamp.nanos = born // 1000, born % 1000 * 1_000_000
+    stored = popped.store_timestamp
     system.store_timestamp.seconds, system.store_timestamp.nanos = stored // 1000, stored % 1000 * 1_000_000
     system.invisible_duration.seconds, system.invisible_duration.nanos = invisible_ms // 1000, invisible_ms % 1000 * 1_000_000
-    tag = properties.get(PROPERTY_TAGS)
-    if tag:
-        system.tag = tag
-    if PROPERTY_KEYS in properties:
-        system.keys.extend(popped.keys)
     if PROPERTY_SHARDING_KEY in properties:
         system.message_group = properties[PROPERTY_SHARDING_KEY]
     if PROPERTY_TIMER_DELIVER_MS in properties and properties[PROPERTY_TIMER_DELIVER_MS].isdigit():
         system.delivery_timestamp.FromMilliseconds(int(properties[PROPERTY_TIMER_DELIVER_MS]))
+    return response
+
+
+def _fill(out: pb.Message, received) -> tuple[pb.SystemProperties, dict[str, str]]:
+    """What every message the proxy hands a client carries (a received one, a half to check):
+    topic, body and its CRC32 digest, id, born time and host, tag, keys, user properties."""
+    properties = received.properties
+    out.topic.name = received.topic
+    out.body = body = received.body
+    system = out.system_properties
+    system.message_id = received.msg_id
+    system.born_host = received.born_host
+    system.body_encoding = pb.IDENTITY
+    system.body_digest.type = pb.CRC32
+    system.body_digest.checksum = format(crc32(body) & 0xFFFFFFFF, "08X")
+    born = received.born_timestamp
+    system.born_timestamp.seconds, system.born_timestamp.nanos = born // 1000, born % 1000 * 1_000_000
+    tag = properties.get(PROPERTY_TAGS)
+    if tag:
+        system.tag = tag
+    if PROPERTY_KEYS in properties:
+        system.keys.extend(received.keys)
     user = {k: v for k, v in properties.items() if k not in SYSTEM_PROPERTIES}
     if user:
         out.user_properties.update(user)
-    return response
+    return system, properties
 
 
 def transaction_id(offset_msg_id: str, queue_offset: int) -> str:
@@ -433,25 +441,8 @@ def recover_command(half, header: dict) -> rpc.TelemetryCommand:
     shown under its real topic) and its transaction_id."""
     command = rpc.TelemetryCommand()
     out = command.recover_orphaned_transaction_command
-    properties = half.properties
-    message = out.message
-    message.topic.name = half.topic
-    message.body = body = half.body
-    system = message.system_properties
-    system.message_id = half.msg_id
+    system, _ = _fill(out.message, half)
     system.message_type = pb.TRANSACTION
-    system.body_encoding = pb.IDENTITY
-    system.body_digest.type = pb.CRC32
-    system.body_digest.checksum = format(crc32(body) & 0xFFFFFFFF, "08X")
-    system.born_host = half.born_host
-    system.born_timestamp.FromMilliseconds(half.born_timestamp)
-    if properties.get(PROPERTY_TAGS):
-        system.tag = properties[PROPERTY_TAGS]
-    if PROPERTY_KEYS in properties:
-        system.keys.extend(half.keys)
-    user = {k: v for k, v in properties.items() if k not in SYSTEM_PROPERTIES}
-    if user:
-        message.user_properties.update(user)
     out.transaction_id = transaction_id(header.get("offsetMsgId", ""), header["tranStateTableOffset"])
     return command
 

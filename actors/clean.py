@@ -52,7 +52,7 @@ from pathlib import Path
 import orjson
 import zmq
 
-from actors.base import Actor, give_way, incoming, socket, wait_readable
+from actors.base import Actor, give_way, incoming, socket
 from actors.wire import pack_replies
 from node import protocol
 from shm import archive_manifest
@@ -389,8 +389,14 @@ class Clean(Actor):
         self.items = [(self.requests, zmq.POLLIN)]
         self.wait_s = 0.0
 
-    def turn(self) -> None:
-        if wait_readable(self.items, max(1, min(200, int(self.wait_s * 1000)))):
+    def poll_items(self) -> list:
+        return self.items
+
+    def timeout_ms(self) -> int:
+        return max(1, min(200, int(self.wait_s * 1000)))
+
+    def step(self, events: set) -> None:
+        if self.requests in events:
             for frames in incoming(self.requests, 100):
                 self._take(frames)
         self.wait_s = self.core.step(time.monotonic())

@@ -26,6 +26,13 @@ GET_MAX_OFFSET = 30
 GET_MIN_OFFSET = 31
 VIEW_MESSAGE_BY_ID = 33
 GET_ROUTEINFO_BY_TOPIC = 105
+# the name service's (RocketMQ's NameServer requests; node.server.namesrv)
+REGISTER_BROKER = 103
+UNREGISTER_BROKER = 104
+GET_BROKER_CLUSTER_INFO = 106
+GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
+NAMESRV_CODES = frozenset({REGISTER_BROKER, UNREGISTER_BROKER, GET_ROUTEINFO_BY_TOPIC, GET_BROKER_CLUSTER_INFO,
+                           GET_ALL_TOPIC_LIST_FROM_NAMESERVER})
 SEND_BATCH_MESSAGE = 320
 SEND_MESSAGES = 9010  # mqnode: many independent sends in one frame (a client's coalesced sends)
 
@@ -184,6 +191,22 @@ def decode_request(frames: list[bytes]) -> Request:
     if not isinstance(code, int) or isinstance(code, bool):
         raise ProtocolError("header needs an integer `code`")
     return Request(header, bytes(frames[1]) if len(frames) == 2 else b"")
+
+
+def namesrv_endpoints(addresses) -> list[str]:
+    """Name services' ZeroMQ endpoints from RocketMQ's `namesrvAddr` (`host:port;host:port`),
+    `tcp://host:port` (or `ipc://...`) accepted too, or from a list of either."""
+    items = addresses.split(";") if isinstance(addresses, str) else list(addresses)
+    out = []
+    for item in (str(i).strip() for i in items):
+        if item:
+            out.append(item if "://" in item else f"tcp://{item}")
+    return out
+
+
+def broker_endpoint(address: str) -> str:
+    """A broker's client endpoint from a route's brokerAddrs (`host:port`, or an endpoint as is)."""
+    return address if "://" in address else f"tcp://{address}"
 
 
 def reply_header(opaque, status: str, remark: str = "", **fields) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import re
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -132,7 +133,9 @@ class Settings:
     duplicationEnable: bool = _s(False, "Dispatch only below the confirm offset", HA)
     # -- broker settings that affect store behaviour
     brokerClusterName: str = _s("DefaultCluster", "Cluster name, stored in every record's CLUSTER property", BROKER)
-    brokerName: str = _s("broker-a", "Broker name", BROKER)
+    brokerName: str = _s("broker-a", "Broker name: the broker group's (a master and its slaves) in a cluster's routes", BROKER)
+    namesrvAddr: str = _s("", "Name services this node registers with, host:port separated by ';' (tcp://host:port too); empty = none", BROKER)
+    registerNameServerPeriod: int = _s(30000, "How often the node registers with each name service, ms (and at once when its topics change)", BROKER)
     brokerIP1: str = _s("127.0.0.1", "Address stored as each record's store host", BROKER)
     listenPort: int = _s(10911, "Port stored as each record's store host (and the default listen port)", BROKER)
     longPollingEnable: bool = _s(True, "Hold empty pulls until a message arrives", BROKER)
@@ -479,6 +482,18 @@ def validate(settings: Settings) -> None:
     if not settings.listen.startswith(("tcp://", "ipc://")):
         raise SettingsError(f"listen must be a tcp:// or ipc:// endpoint, not {settings.listen!r}")
     _validate_ha(settings)
+    _validate_cluster(settings)
+
+
+def _validate_cluster(settings: Settings) -> None:
+    for what in ("brokerName", "brokerClusterName"):
+        if not re.fullmatch(r"[%|a-zA-Z0-9_.:-]{1,127}", getattr(settings, what)):
+            raise SettingsError(f"{what} must be 1-127 characters of [%|a-zA-Z0-9_.:-], not {getattr(settings, what)!r}")
+    for address in filter(None, (a.strip() for a in settings.namesrvAddr.split(";"))):
+        if "://" not in address and not re.fullmatch(r"\[?[^\s\[\]]+\]?:\d{1,5}", address):
+            raise SettingsError(f"namesrvAddr: {address!r} is neither host:port nor a tcp:// or ipc:// endpoint")
+    if settings.registerNameServerPeriod < 1000:
+        raise SettingsError("registerNameServerPeriod must be at least 1000 ms")
 
 
 def _validate_ha(settings: Settings) -> None:

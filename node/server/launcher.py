@@ -227,12 +227,7 @@ class Node:
         return queue_offsets, written
 
     def _launch(self, queue_offsets: dict[str, int], recovered: int) -> None:
-        embedded = not self.ray_address and "ray" not in sys.modules  # (a test's own Ray session: not ours)
-        if embedded:  # before Ray is imported: it reads its authentication settings then
-            os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet it starts
-            os.environ.pop("RAY_ADDRESS", None)  # a cluster is joined only when --ray-address names it
-            ray_setup.embedded_ray_token()
-            ray_setup.embedded_ray_on_loopback()
+        ray_setup.prepare_embedded(self.ray_address)  # (before Ray is imported)
         import ray
 
         from actors import guard
@@ -248,15 +243,9 @@ class Node:
             self.ring_dir = ring.prepare_ring_dir(s)
             for name, capacity in rings.items():
                 ring.create(self.ring_dir / f"{name}.ring", capacity)
-        if not ray.is_initialized():
-            if self.ray_address:
-                ray.init(address=self.ray_address, logging_level=logging.ERROR, log_to_driver=False)
-            else:
-                self.ray_dir = ray_setup.session_dir(s)
-                ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,  # never a cluster found
-                         object_store_memory=s.rayObjectStoreMemory, _temp_dir=str(self.ray_dir),
-                         logging_level=logging.ERROR, log_to_driver=False, _node_ip_address="127.0.0.1")
-                self.started_ray = True
+        if not ray.is_initialized() and not self.ray_address:
+            self.ray_dir = ray_setup.session_dir(s)
+        self.started_ray = ray_setup.init(self.ray_address, self.ray_dir, s.rayObjectStoreMemory)
         remote = ray.remote(ActorHost)
         placement = ray_setup.placement(s) if self.ray_address else {}
         values = dataclasses.asdict(s)

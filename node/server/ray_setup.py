@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import logging
 import os
 import secrets
+import sys
 import tempfile
 from pathlib import Path
 
@@ -35,15 +37,48 @@ def embedded_ray_token() -> None:
     os.environ["RAY_AUTH_MODE"] = "token"
 
 
+def prepare_embedded(ray_address: str | None) -> bool:
+    """Before Ray is imported: whether this process starts a Ray of its own (no `ray_address`,
+    and no Ray session of a caller's, a test's say, in this process), and if so its settings."""
+    embedded = not ray_address and "ray" not in sys.modules
+    if embedded:  # Ray reads its authentication settings at import
+        os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet it starts
+        os.environ.pop("RAY_ADDRESS", None)  # a cluster is joined only when --ray-address names it
+        embedded_ray_token()
+        embedded_ray_on_loopback()
+    return embedded
+
+
+def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: int) -> bool:
+    """Join the Ray cluster at `ray_address`, or start an embedded Ray in `temp_dir`, unless this
+    process is attached to one already: True when it started one (its owner shuts it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if ray_address:
+        ray.init(address=ray_address, logging_level=logging.ERROR, log_to_driver=False)
+        return False
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,  # never a cluster found
+             object_store_memory=object_store_memory, _temp_dir=str(temp_dir),
+             logging_level=logging.ERROR, log_to_driver=False, _node_ip_address="127.0.0.1")
+    return True
+
+
 def placement(settings) -> dict:
     """Where a node joining a Ray cluster runs its processes: all on one Ray node, on the host of
     its store (they share its mapped files and ipc sockets). `rayNode` names it by node id or by a
     custom resource only it declares; by default it is the Ray node this process is attached to."""
+    return place_on(settings.rayNode)
+
+
+def place_on(wanted: str) -> dict:
+    """Ray's options that put an actor on the Ray node `wanted` names (a node id, or a custom
+    resource only it declares); "" = the Ray node this process runs on (see `placement`)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     alive = [node for node in ray.nodes() if node.get("Alive")]
-    wanted = settings.rayNode
     if not wanted:
         return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
     for node in alive:
@@ -63,10 +98,15 @@ def session_dir(settings) -> Path:
     """Where an embedded Ray keeps its session (logs, sockets, spilled objects): `ray` in the node's
     run directory, or, when that path is too long for Ray's sockets, a private directory of its
     own under the system's temp dir; the launcher removes it at stop (node.server.launcher)."""
-    inside = Path(settings.run_dir) / "ray"
+    return ray_dir_in(Path(settings.run_dir))
+
+
+def ray_dir_in(directory: Path) -> Path:
+    """`ray` in `directory`, or a private one under the temp dir when that path is too long."""
+    inside = directory / "ray"
     if len(str(inside)) <= RAY_DIR_MAX:
         return inside
-    digest = hashlib.sha1(str(Path(settings.run_dir).resolve()).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(str(directory.resolve()).encode()).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"mqnode-ray-{os.getuid()}-{digest}"
 
 

@@ -21,6 +21,7 @@ split (the default: every service its own process; scales across cores; the writ
   pop         pop               proxy      proxy (gRPC; unless grpcServerPort = 0)
   transaction transaction check
   ha-server   ha-server         ha-client  ha-client (a slave only)
+  (with namesrvAddr, the clean process hosts register: the registrations with the name services)
 
 compact (an operator's choice: fewest processes and wake-ups, best on one or two cores)
   front       router + ingress + write + read (pull hold) in one loop, group commit on a thread
@@ -49,6 +50,7 @@ from actors.ingress import Ingress
 from actors.pop import Pop
 from actors.proxy.shell import Proxy
 from actors.pull import Pull
+from actors.registrar import Registrar
 from actors.schedule import Schedule
 from actors.transaction import Transaction
 from actors.writer import Writer
@@ -68,6 +70,7 @@ SERVICES = {
     "proxy": "RocketMQ 5's gRPC protocol (apache.rocketmq.v2) on grpcServerPort: routes, settings, sends, receives and acks (pop) for the official RocketMQ 5 clients, carried to the front as a client",
     "transaction check": "transactional messages: ends half messages (END_TRANSACTION: the committed message and the op record), asks a producer of the group about the halves left open (CHECK_TRANSACTION_STATE), discards those asked transactionCheckMax times",
     "clean": "deletes expired CommitLog segments and the ConsumeQueue and index files below the min offset; disk-full flag",
+    "register": "registers the node with the name services of namesrvAddr (REGISTER_BROKER: its group, address, role, topics) every registerNameServerPeriod and when its topics change; unregisters at stop",
     "ha-server": "a master's HA endpoint: sends each following slave the CommitLog from where it stands, publishes its acks (SYNC_MASTER)",
     "ha-client": "a slave's follower: appends its master's CommitLog byte for byte (the slave's CommitLog writer); promotion",
 }
@@ -75,7 +78,7 @@ TOPOLOGIES = ("compact", "split")
 # the actor class of each process kind, for the launcher (Ray builds it in the process's worker)
 ACTOR_CLASSES = {"front": Front, "ingress": Ingress, "writer": Writer, "flush": Flush, "allocator": Allocator,
                  "dispatcher": Dispatcher, "pull": Pull, "clean": Clean, "schedule": Schedule, "pop": Pop, "transaction": Transaction,
-                 "proxy": Proxy, "ha-server": HaServer, "ha-client": HaClient}
+                 "proxy": Proxy, "ha-server": HaServer, "ha-client": HaClient, "registrar": Registrar}
 
 
 @dataclass(frozen=True)
@@ -104,12 +107,20 @@ def proxy_processes(settings) -> list[Process]:
     return [Process("proxy", "proxy", ("proxy",))] if settings.grpc_port else []
 
 
+def clean_process(settings) -> Process:
+    """The clean service's process; with namesrvAddr it hosts the registrations too (a few
+    small requests a minute: not worth a process of their own)."""
+    if settings.namesrvAddr:
+        return Process("clean", "clean", ("clean", "register"), hosted=("registrar",))
+    return Process("clean", "clean", ("clean",))
+
+
 def processes(settings) -> list[Process]:
     """The node's processes in start order (the front last: the others' sockets exist then)."""
     if settings.topology == "compact":
         return [Process("allocator", "allocator", ("allocate",)),
                 Process("dispatcher", "dispatcher", ("dispatch",)),
-                Process("clean", "clean", ("clean",)),
+                clean_process(settings),
                 Process("schedule", "schedule", ("schedule",)),
                 Process("pop", "pop", ("pop",)),
                 Process("transaction", "transaction", ("transaction check",)),
@@ -122,7 +133,7 @@ def processes(settings) -> list[Process]:
     return [Process("flush", "flush", ("group commit",)),
             Process("allocator", "allocator", ("allocate",)),
             Process("dispatcher", "dispatcher", ("dispatch",)),
-            Process("clean", "clean", ("clean",)),
+            clean_process(settings),
             Process("schedule", "schedule", ("schedule",)),
             Process("pop", "pop", ("pop",)),
             Process("transaction", "transaction", ("transaction check",)),

@@ -119,6 +119,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         return 1
 
 
+def cmd_namesrv(args: argparse.Namespace) -> int:
+    from node.server import namesrv
+
+    return namesrv.run(namesrv.endpoint_of(args.listen), args.dir, args.ray_address)
+
+
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911"
 
 
@@ -383,6 +389,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_options(start)
     start.add_argument("--ray-address", help="join this Ray cluster instead of starting an embedded Ray")
     start.set_defaults(handler=cmd_start)
+    names = commands.add_parser("namesrv", help="run a name service (RocketMQ's NameServer requests) until SIGINT/SIGTERM")
+    names.add_argument("--listen", default="tcp://127.0.0.1:9876", help="its endpoint (host:port or tcp://host:port)")
+    names.add_argument("--dir", help="where its table's file goes (default ~/mqnode/namesrv-PORT)")
+    names.add_argument("--ray-address", help="join this Ray cluster instead of starting an embedded Ray")
+    names.set_defaults(handler=cmd_namesrv)
     produce = commands.add_parser("produce", help="send stdin lines as messages, print a JSON result per line")
     produce.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     add_credentials(produce)

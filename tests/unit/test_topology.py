@@ -22,7 +22,7 @@ def test_compact_puts_every_client_facing_service_in_the_front():
     assert [p.label for p in processes] == ["allocator", "dispatcher", "clean", "schedule", "pop", "transaction",
                                             "ha-server", "proxy", "front"]
     slave = topology.processes(_settings(topology="compact", brokerRole="SLAVE", brokerId=1,
-                                         haMasterAddress="127.0.0.1:10912"))
+                                         haMasterAddress="127.0.0.1:10912", namesrvAddr="127.0.0.1:9876"))
     assert set(topology.SERVICES) == {service for p in slave for service in p.services}
     assert topology.hosts(compact)["write"] == ["front"] and topology.hosts(compact)["read"] == ["front"]
 
@@ -39,7 +39,8 @@ def test_the_default_gives_every_service_but_routing_a_process_other_than_the_fr
     assert _settings().topology == "split"
     hosts = topology.hosts(_settings())
     assert hosts["ha-client"] == []  # (a slave's only)
-    assert all(labels and "front" not in labels for service, labels in hosts.items() if service not in ("router", "ha-client"))
+    assert all(labels and "front" not in labels for service, labels in hosts.items() if service not in ("router", "ha-client", "register"))
+    assert hosts["register"] == []  # (only with namesrvAddr)
 
 
 def test_split_gives_every_service_a_process_and_scales_ingress_and_reads():
@@ -49,7 +50,7 @@ def test_split_gives_every_service_a_process_and_scales_ingress_and_reads():
     assert [p.label for p in processes if p.kind == "ingress"] == ["ingress-0", "ingress-1"]
     assert [p.instance for p in processes if p.kind == "pull"] == [0, 1, 2]
     hosts = topology.hosts(_settings(topology="split", ingressWorkers=2, pullWorkers=3))
-    assert all(len(labels) == 1 for service, labels in hosts.items() if service not in ("ingress", "read", "ha-client"))
+    assert all(len(labels) == 1 for service, labels in hosts.items() if service not in ("ingress", "read", "ha-client", "register"))
     assert hosts["ha-client"] == []  # a master follows nobody
     assert hosts["router"] == ["front"] and hosts["group commit"] == ["flush"]
     # with no ingress workers the writer encodes: the topology says so
@@ -79,7 +80,7 @@ def test_architecture_md_names_the_declared_services_and_processes():
     named = re.findall(r"^\| ([a-z -]+) \| ", table, re.MULTILINE)
     assert set(named) - {"service", "---"} == set(topology.SERVICES)
     placement = re.findall(r"^\| (compact|split) \| ([a-z-]+)[^|]* \| ([a-z ,-]+)", text, re.MULTILINE)
-    slave = {"brokerRole": "SLAVE", "brokerId": 1, "haMasterAddress": "127.0.0.1:10912"}
+    slave = {"brokerRole": "SLAVE", "brokerId": 1, "haMasterAddress": "127.0.0.1:10912", "namesrvAddr": "127.0.0.1:9876"}
     for name, settings in (("compact", _settings(topology="compact", **slave)),
                            ("split", _settings(topology="split", ingressWorkers=1, **slave))):
         declared = {p.kind: set(p.services) for p in topology.processes(settings)}
@@ -99,7 +100,7 @@ def _shells(actor) -> list[type]:
 
 def test_each_service_has_one_shell_whichever_process_hosts_it():
     """The compact front's process is a host of the very shells split runs alone."""
-    slave = {"brokerRole": "SLAVE", "brokerId": 1, "haMasterAddress": "127.0.0.1:10912"}
+    slave = {"brokerRole": "SLAVE", "brokerId": 1, "haMasterAddress": "127.0.0.1:10912", "namesrvAddr": "127.0.0.1:9876"}
     shells_by_topology = {}
     for name in topology.TOPOLOGIES:
         settings = _settings(topology=name, **slave)
@@ -121,8 +122,17 @@ def _service_order(process) -> list[str]:
     service_of = {"front": "router", "writer": "write", "pull": "read", "flush": "group commit", "ingress": "ingress",
                   "dispatcher": "dispatch", "allocator": "allocate", "clean": "clean", "schedule": "schedule",
                   "pop": "pop", "proxy": "proxy", "ha-server": "ha-server", "ha-client": "ha-client",
-                  "transaction": "transaction check"}
+                  "transaction": "transaction check", "registrar": "register"}
     return [service_of[kind] for kind in (process.kind, *process.hosted, *process.threads)]
+
+
+def test_with_name_services_the_clean_process_hosts_the_registrations():
+    hosts = topology.hosts(_settings(namesrvAddr="127.0.0.1:9876;127.0.0.2:9876"))
+    assert hosts["register"] == ["clean"] == hosts["clean"]
+    with pytest.raises(SettingsError, match="namesrvAddr"):
+        _settings(namesrvAddr="no port here")
+    with pytest.raises(SettingsError, match="brokerName"):
+        _settings(brokerName="a b")
 
 
 def test_no_service_asks_which_topology_it_runs_in():

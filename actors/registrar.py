@@ -1,0 +1,134 @@
+"""register: the node's registrations with its name services (RocketMQ's BrokerOuterAPI.registerBrokerAll).
+
+Every `registerNameServerPeriod` ms, and within a second of its topic table changing (the front
+persists `config/topics.json`, RocketMQ's TopicConfigSerializeWrapper: the table and its data
+version, sent as they are), the node sends REGISTER_BROKER to each name service of
+`namesrvAddr`: its group (`brokerName`, `brokerClusterName`), its client address, its HA
+address, its id (0 while it is a master: a slave promoted by `admin role` registers as its
+group's master from the next registration on) and its written offset. At stop it unregisters.
+
+A shell without a process of its own: the topology hosts it in the clean process's loop, so it
+gives its turn as `poll_items` / `timeout_ms` / `step` (actors.host). It reads only files and
+the control block; one DEALER socket per name service, whose answers it counts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import zmq
+
+from actors import config_files
+from actors.base import Actor, incoming, socket
+from node import protocol
+from shm.control_block import ROLE_CODES
+
+LOOK_EVERY_S = 1.0  # how often the topic table's file is looked at
+MAX_REPLIES_PER_TURN = 64
+
+
+def client_address(listen: str) -> str:
+    """The address a route gives clients for this node: `host:port` for tcp (RocketMQ's form)."""
+    return listen[len("tcp://"):] if listen.startswith("tcp://") else listen
+
+
+class Registrar(Actor):
+    name = "registrar"
+
+    def __init__(self, settings, **kwargs):
+        super().__init__(settings, **kwargs)
+        self.endpoints_ns = protocol.namesrv_endpoints(settings.namesrvAddr)
+        self.topics_path = settings.root / "config" / "topics.json"
+        self.sockets: list[zmq.Socket] = []
+        self.topics_version: tuple[int, int] | None = None
+        self.next_look = self.next_register = 0.0
+        self.opaque = 0
+        self.sent = self.answered = self.refused = 0
+        self.last_answer: dict[str, dict] = {}  # endpoint -> {"status", "at"}
+
+    def open(self) -> None:
+        for endpoint in self.endpoints_ns:
+            s = socket(self.context, zmq.DEALER, hwm=16)
+            s.connect(endpoint)
+            self.sockets.append(s)
+
+    def poll_items(self) -> list:
+        return [(s, zmq.POLLIN) for s in self.sockets]
+
+    def timeout_ms(self) -> int:
+        return max(0, min(50, int((min(self.next_look, self.next_register) - time.monotonic()) * 1000)))
+
+    def step(self, events: set) -> None:
+        for endpoint, s in zip(self.endpoints_ns, self.sockets):
+            if s in events:
+                for frames in incoming(s, MAX_REPLIES_PER_TURN):
+                    self._answered(endpoint, frames)
+        now = time.monotonic()
+        if now >= self.next_look:
+            self.next_look = now + LOOK_EVERY_S
+            version = self._topics_version()
+            if version != self.topics_version:
+                self.topics_version = version
+                self.next_register = now  # RocketMQ registers at once after a topic change
+        if now >= self.next_register:
+            self.next_register = now + self.settings.registerNameServerPeriod / 1000
+            self.register()
+
+    def _topics_version(self) -> tuple[int, int] | None:
+        try:
+            info = self.topics_path.stat()
+            return info.st_mtime_ns, info.st_size
+        except OSError:
+            return None
+
+    def registration(self) -> tuple[dict, bytes]:
+        """REGISTER_BROKER's header and body as this node stands now."""
+        s = self.settings
+        master = self.control.get("role") != ROLE_CODES["SLAVE"]
+        wrapper = config_files.read(self.topics_path) or {}
+        header = {"code": protocol.REGISTER_BROKER, "brokerName": s.brokerName, "clusterName": s.brokerClusterName,
+                  "brokerAddr": client_address(s.listen), "haServerAddr": f"{s.haListenAddress}:{s.ha_port}",
+                  "brokerId": 0 if master else max(s.brokerId, 1),
+                  "role": next(n for n, c in ROLE_CODES.items() if c == self.control.get("role")),
+                  "maxOffset": self.control.get("written")}
+        body = {"topicConfigSerializeWrapper": {"topicConfigTable": wrapper.get("topicConfigTable") or {},
+                                                "dataVersion": wrapper.get("dataVersion") or {}}}
+        return header, orjson.dumps(body)
+
+    def register(self) -> None:
+        header, body = self.registration()
+        self._send_all(header, body)
+
+    def _send_all(self, header: dict, body: bytes | None) -> None:
+        for s in self.sockets:
+            self.opaque += 1
+            try:
+                s.send_multipart(protocol.encode_request(header | {"opaque": self.opaque}, body), zmq.NOBLOCK)
+                self.sent += 1
+            except zmq.Again:
+                pass  # not connected (the name service is down): the next period tries again
+
+    def _answered(self, endpoint: str, frames: list[bytes]) -> None:
+        try:
+            reply = orjson.loads(frames[0])
+        except (orjson.JSONDecodeError, IndexError):
+            return
+        self.answered += 1
+        status = reply.get("status") if isinstance(reply, dict) else None
+        if status != "OK":
+            self.refused += 1
+        self.last_answer[endpoint] = {"status": status, "remark": reply.get("remark", "") if status != "OK" else "",
+                                      "at": int(time.time() * 1000)}
+
+    def drain(self) -> None:
+        """Leave the routes at once (a stopping node), rather than 120 s later."""
+        s = self.settings
+        self._send_all({"code": protocol.UNREGISTER_BROKER, "brokerName": s.brokerName, "clusterName": s.brokerClusterName,
+                        "brokerAddr": client_address(s.listen), "brokerId": s.brokerId}, None)
+        time.sleep(0.05)  # (the sockets' linger is 0: a moment for the frames to leave)
+
+    def statistics(self) -> dict:
+        return super().statistics() | {"namesrv": self.endpoints_ns, "registrationsSent": self.sent,
+                                       "answered": self.answered, "refused": self.refused,
+                                       "lastAnswer": self.last_answer}

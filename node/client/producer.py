@@ -26,7 +26,7 @@ import orjson
 import zmq
 
 from node import protocol
-from node.client import aio
+from node.client import aio, routes
 from node.client.connection import Connection
 from node.client.message import Message
 from node.client.uniq_keys import UniqKeys
@@ -63,10 +63,14 @@ class SendResult(NamedTuple):
     queue_id: int
     queue_offset: int
     topic: str = ""
+    broker: str = ""  # the broker group that stored it (a client with namesrv=: node.client.routes)
 
     def to_json(self) -> dict:
-        return {"status": self.status, "msgId": self.msg_id, "offsetMsgId": self.offset_msg_id,
-                "queueId": self.queue_id, "queueOffset": self.queue_offset}
+        out = {"status": self.status, "msgId": self.msg_id, "offsetMsgId": self.offset_msg_id,
+               "queueId": self.queue_id, "queueOffset": self.queue_offset}
+        if self.broker:
+            out["brokerName"] = self.broker
+        return out
 
 
 # A send waiting for the next SEND_MESSAGES frame: its header entry, body, future and attempt.
@@ -74,9 +78,16 @@ Queued = tuple[dict, bytes, asyncio.Future, int]
 
 
 class AsyncProducer:
-    def __init__(self, endpoint: str, *, linger_ms: float = 1.0, max_coalesce: int = 256, timeout: float = 3.0,
-                 retries: int = 2, context: zmq.Context | None = None, credentials: Credentials | None = None):
+    """One node's producer (`endpoint=`), or a cluster's (`namesrv=`: the sends go over every
+    broker group's queues, node.client.routes)."""
+
+    def __init__(self, endpoint: str | None = None, *, namesrv=None, linger_ms: float = 1.0, max_coalesce: int = 256,
+                 timeout: float = 3.0, retries: int = 2, context: zmq.Context | None = None,
+                 credentials: Credentials | None = None, isolation_s: float = routes.ISOLATION_S, broker: str = ""):
+        if (endpoint is None) == (namesrv is None):
+            raise ValueError("a producer takes endpoint= (one node) or namesrv= (a cluster's name services)")
         self.endpoint = endpoint
+        self.broker = broker  # the broker group this producer sends to, for its results (a cluster's: node.client.routes)
         # the ACL's account and CURVE's keys (node.security); by default from MQNODE_* variables
         self.credentials = credentials if credentials is not None else Credentials.from_env()
         self.signs = self.credentials.signs
@@ -99,8 +110,23 @@ class AsyncProducer:
         self.reaper: asyncio.Task | None = None
         self.on_notice = None  # called with what the node sends unasked (NOTIFY_CONSUMER_IDS_CHANGED)
         self.on_request = None  # called with (header, body) of a request the node makes (CHECK_TRANSACTION_STATE)
+        self.cluster: routes.Cluster | None = None
+        if namesrv is not None:
+            group = dict(linger_ms=linger_ms, max_coalesce=max_coalesce, timeout=timeout, retries=0,
+                         context=self.context, credentials=self.credentials)
+            self.cluster = routes.Cluster(namesrv, lambda broker, endpoint: AsyncProducer(endpoint, broker=broker, **group).opened(),
+                                          lambda endpoint: AsyncProducer(endpoint, timeout=timeout, retries=0, context=self.context,
+                                                                         credentials=self.credentials),
+                                          isolation_s=isolation_s)
 
     async def start(self) -> AsyncProducer:
+        if self.cluster is not None:
+            self.cluster.start()
+            return self
+        return self.opened()
+
+    def opened(self) -> AsyncProducer:
+        """Connect now (on the running loop), without a coroutine: `start` for a plain caller."""
         if self.connection is None:
             self.connection = Connection(self.context, self.endpoint, self._on_reply, secure=self.credentials.secure,
                                          on_lost=self._on_lost)
@@ -108,6 +134,8 @@ class AsyncProducer:
         return self
 
     async def close(self) -> None:
+        if self.cluster is not None:
+            await self.cluster.close()
         if self.reaper is not None:
             self.reaper.cancel()
         if self.connection is not None:
@@ -129,6 +157,8 @@ class AsyncProducer:
                       timeout: float | None = None) -> tuple[dict, bytes | None]:
         """One request, one reply (any code); raises SendError("TIMEOUT") after `timeout`
         seconds (the producer's own by default)."""
+        if self.cluster is not None:
+            raise TypeError("a cluster's producer (namesrv=) sends; a request goes to one node: endpoint=")
         await self.start()
         opaque = next(self.opaque)
         header = dict(header, opaque=opaque)
@@ -175,19 +205,30 @@ class AsyncProducer:
     async def send(self, topic: str, body: bytes | str, *, tags: str | None = None, keys=None,
                    properties: dict[str, str] | None = None, delay_level: int = 0, queue_id: int | None = None,
                    shard_key: str | None = None, wait: bool = True, deliver_at_ms: int | None = None,
-                   delay_ms: int | None = None) -> SendResult:
+                   delay_ms: int | None = None, broker: str | None = None) -> SendResult:
         """Send one message; returns when the node has stored it (and flushed it, under SYNC_FLUSH).
         `delay_level` (RocketMQ 4's levels) or a timer, `deliver_at_ms` (epoch ms) or `delay_ms`,
         holds it back until due (docs/protocol.md "Delays")."""
         if tags or keys or properties or not wait:
             message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait,
                               deliver_at_ms=deliver_at_ms, delay_ms=delay_ms)
-            return await self.send_message(message, queue_id=queue_id, shard_key=shard_key)
+            return await self.send_message(message, queue_id=queue_id, shard_key=shard_key, broker=broker)
         # A plain message (most sends): no Message to build, its only properties the uniq key and a delay.
         body = _bytes(body)
+        if self.cluster is not None:  # (the group's producer's future itself: no coroutine frame of its own)
+            return await self._routed(topic, lambda client, queue: client._plain(topic, body, queue, delay_level,
+                                                                                 deliver_at_ms, delay_ms),
+                                      queue_id, shard_key, broker)
         queue = self._known_queue(topic, queue_id, shard_key)
         if queue is None:
             queue = await self._choose_queue(topic, queue_id, shard_key)
+        if self.connection is None:
+            await self.start()
+        return await self._plain(topic, body, queue, delay_level, deliver_at_ms, delay_ms)
+
+    def _plain(self, topic: str, body: bytes, queue: int, delay_level: int, deliver_at_ms: int | None,
+               delay_ms: int | None) -> asyncio.Future:
+        """A plain message's send, queued for the next SEND_MESSAGES frame: its future."""
         now_ms = int(time.time() * 1000)
         props = {PROPERTY_UNIQ_KEY: self.keys.next(now_ms)}
         if delay_level:
@@ -199,11 +240,20 @@ class AsyncProducer:
         entry = {"topic": topic, "queueId": queue, "flag": 0, "bodySize": len(body), "bornTimestamp": now_ms,
                  "properties": props}
         if self.connection is None:
-            await self.start()
-        return await self._coalesce(entry, body)
+            raise SendError("CLOSED", "the producer is not started or was closed")
+        return self._coalesce(entry, body)
+
+    async def _routed(self, topic: str, call, queue_id: int | None, shard_key: str | None, broker: str | None):
+        """A send of a cluster's producer (node.client.routes.Cluster.send), its result naming its group."""
+        result, _ = await self.cluster.send(topic, call, retries=self.retries, queue_id=queue_id, broker=broker,
+                                            shard_key=shard_key)
+        return result
 
     async def send_message(self, message: Message, *, queue_id: int | None = None,
-                           shard_key: str | None = None) -> SendResult:
+                           shard_key: str | None = None, broker: str | None = None) -> SendResult:
+        if self.cluster is not None:
+            return await self._routed(message.topic, lambda client, queue: client.send_message(message, queue_id=queue),
+                                      queue_id, shard_key, broker)
         queue = self._known_queue(message.topic, queue_id, shard_key)
         if queue is None:
             queue = await self._choose_queue(message.topic, queue_id, shard_key)
@@ -223,6 +273,10 @@ class AsyncProducer:
 
     async def send_oneway(self, topic: str, body: bytes | str, *, queue_id: int | None = None, **kwargs) -> None:
         """Fire and forget: no reply is sent or awaited."""
+        if self.cluster is not None:
+            await self._routed(topic, lambda client, queue: client.send_oneway(topic, body, queue_id=queue, **kwargs),
+                               queue_id, kwargs.pop("shard_key", None), kwargs.pop("broker", None))
+            return
         message = Message(topic, _bytes(body), kwargs.get("tags"), kwargs.get("keys"),
                           dict(kwargs.get("properties") or {}), kwargs.get("delay_level", 0),
                           deliver_at_ms=kwargs.get("deliver_at_ms"), delay_ms=kwargs.get("delay_ms"))
@@ -233,10 +287,14 @@ class AsyncProducer:
         await self._send(self._encode(header, message.body), time.monotonic() + self.timeout)
 
     async def send_batch(self, topic: str, messages: list[Message | bytes | str], *, queue_id: int | None = None,
-                         shard_key: str | None = None, properties: dict[str, str] | None = None) -> list[SendResult]:
+                         shard_key: str | None = None, properties: dict[str, str] | None = None,
+                         broker: str | None = None) -> list[SendResult]:
         """RocketMQ's batch send: one topic, one queue, stored together; a result per message.
         `properties`: the batch's own, stored after each message's (TRAN_MSG and PGROUP make it
         a batch of halves: node.pipeline.transactions)."""
+        if self.cluster is not None:
+            return await self._routed(topic, lambda client, queue: client.send_batch(
+                topic, messages, queue_id=queue, properties=properties), queue_id, shard_key, broker)
         items = [m if isinstance(m, Message) else Message(topic, _bytes(m)) for m in messages]
         queue = await self._choose_queue(topic, queue_id, shard_key)
         fresh = iter(self.keys.next_many(sum(1 for m in items if not m.properties.get(PROPERTY_UNIQ_KEY))))
@@ -256,7 +314,8 @@ class AsyncProducer:
             status = reply.get("status")
             if status in protocol.STORED_STATUSES:
                 ids, offsets = reply["msgId"].split(","), reply["offsetMsgId"].split(",")
-                return [SendResult(status, ids[i], offsets[i], reply["queueId"], reply["queueOffset"] + i, topic)
+                return [SendResult(status, ids[i], offsets[i], reply["queueId"], reply["queueOffset"] + i, topic,
+                                   self.broker)
                         for i in range(len(items))]
             if status not in protocol.RETRIABLE_STATUSES or attempt == self.retries:
                 raise SendError(status, reply.get("remark", ""))
@@ -349,7 +408,7 @@ class AsyncProducer:
             return False
         for (entry, _, future, _), msg_id, offset_id, offset in zip(queued, ids, offset_ids, offsets):
             if not future.done():  # its sender gave up (cancelled)
-                future.set_result(SendResult(status, msg_id, offset_id, entry["queueId"], offset, entry["topic"]))
+                future.set_result(SendResult(status, msg_id, offset_id, entry["queueId"], offset, entry["topic"], self.broker))
         return True
 
     def _settle(self, item: Queued, result: dict | None, error: BaseException | None) -> None:
@@ -364,7 +423,7 @@ class AsyncProducer:
             status = result.get("status") if isinstance(result, dict) else "SYSTEM_ERROR"
             if status in protocol.STORED_STATUSES:
                 future.set_result(SendResult(status, result["msgId"], result["offsetMsgId"], result["queueId"],
-                                             result["queueOffset"], entry["topic"]))
+                                             result["queueOffset"], entry["topic"], self.broker))
                 return
             error = SendError(status, result.get("remark", "") if isinstance(result, dict) else "")
             delay = backoff(attempt) if status in protocol.RETRIABLE_STATUSES else None
@@ -421,13 +480,16 @@ class AsyncProducer:
 class Producer:
     """The blocking producer: an AsyncProducer on a private event-loop thread. Thread-safe."""
 
-    def __init__(self, endpoint: str, **options):
+    def __init__(self, endpoint: str | None = None, **options):
         self.loop = aio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="mqnode-producer", daemon=True)
         self.thread.start()
         self.inner = self._call(self._make(endpoint, options))
 
-    async def _make(self, endpoint: str, options: dict) -> AsyncProducer:
+    def statistics(self) -> dict:
+        return self.inner.cluster.statistics() if self.inner.cluster is not None else {}
+
+    async def _make(self, endpoint: str | None, options: dict) -> AsyncProducer:
         return await AsyncProducer(endpoint, context=zmq.Context(), **options).start()
 
     def _call(self, coroutine, timeout: float | None = None):

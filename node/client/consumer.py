@@ -44,8 +44,17 @@ class AsyncPullConsumer(PopMethods):
     """Pulls from queues at offsets (with long polling), and a `consume` loop for a group; pops,
     acks and changes of invisible time (node.client.pop)."""
 
-    def __init__(self, endpoint: str, *, timeout: float = 5.0, context: zmq.Context | None = None,
-                 credentials: Credentials | None = None):
+    def __new__(cls, endpoint: str | None = None, *, namesrv=None, **options):
+        if namesrv is not None and cls is AsyncPullConsumer:  # a cluster's: node.client.cluster_consumer
+            from node.client.cluster_consumer import AsyncClusterConsumer
+
+            return super().__new__(AsyncClusterConsumer)
+        return super().__new__(cls)
+
+    def __init__(self, endpoint: str | None = None, *, namesrv=None, timeout: float = 5.0,
+                 context: zmq.Context | None = None, credentials: Credentials | None = None):
+        if endpoint is None or namesrv is not None:
+            raise ValueError("a consumer takes endpoint= (one node) or namesrv= (a cluster's name services)")
         self.client = AsyncProducer(endpoint, timeout=timeout, retries=0, context=context, credentials=credentials)
         self.options = {"timeout": timeout, "context": context, "credentials": credentials}
         # read redirect (spec §10.1): the broker each queue is pulled from, as the last reply
@@ -55,7 +64,11 @@ class AsyncPullConsumer(PopMethods):
         self.redirects = 0
 
     async def start(self) -> AsyncPullConsumer:
-        await self.client.start()
+        return self.opened()
+
+    def opened(self) -> AsyncPullConsumer:
+        """Connect now (on the running loop), without a coroutine."""
+        self.client.opened()
         return self
 
     async def close(self) -> None:
@@ -74,7 +87,8 @@ class AsyncPullConsumer(PopMethods):
         return await self.client.request(header, timeout=timeout)
 
     async def pull(self, topic: str, queue_id: int, offset: int, *, max_count: int = 32, subscription: str = "*",
-                   suspend_ms: int = 0, group: str | None = None, commit_offset: int | None = None) -> PullResult:
+                   suspend_ms: int = 0, group: str | None = None, commit_offset: int | None = None,
+                   broker: str | None = None) -> PullResult:
         """One pull. With `suspend_ms` > 0 an empty pull waits at the node until a message
         arrives or the time is up (long polling). `group` names the consumer group the pull is
         for (the node counts pulls by group); with `commit_offset` the pull also commits the
@@ -135,7 +149,7 @@ class AsyncPullConsumer(PopMethods):
         return client
 
     async def pull_raw(self, topic: str, queue_id: int, offset: int, *, max_count: int = 32,
-                       subscription: str = "*") -> tuple[str, int, int, int, bytes]:
+                       subscription: str = "*", broker: str | None = None) -> tuple[str, int, int, int, bytes]:
         """One pull, its records left as the node sent them (back to back, `shm.codec`'s layout):
         (status, nextBeginOffset, minOffset, maxOffset, records). For readers that decode in bulk
         (the Spark connector); the tags are not re-checked exactly, as `pull` does."""
@@ -174,18 +188,23 @@ class AsyncPullConsumer(PopMethods):
             raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
         return reply
 
-    async def max_offset(self, topic: str, queue_id: int) -> int:
+    async def read_queues(self, topic: str) -> list[tuple[str | None, int]]:
+        """(broker group, queue id) of every queue of `topic` to read; one node's: (None, q)."""
+        count = await self.client.queue_count(topic)
+        return [(None, q) for q in range(count)]
+
+    async def max_offset(self, topic: str, queue_id: int, *, broker: str | None = None) -> int:
         return (await self._offset_request(protocol.GET_MAX_OFFSET, topic=topic, queueId=queue_id))["offset"]
 
-    async def min_offset(self, topic: str, queue_id: int) -> int:
+    async def min_offset(self, topic: str, queue_id: int, *, broker: str | None = None) -> int:
         return (await self._offset_request(protocol.GET_MIN_OFFSET, topic=topic, queueId=queue_id))["offset"]
 
-    async def committed(self, group: str, topic: str, queue_id: int) -> int | None:
+    async def committed(self, group: str, topic: str, queue_id: int, *, broker: str | None = None) -> int | None:
         reply = await self._offset_request(protocol.QUERY_CONSUMER_OFFSET, consumerGroup=group, topic=topic,
                                            queueId=queue_id)
         return reply.get("offset")
 
-    async def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+    async def commit(self, group: str, topic: str, queue_id: int, offset: int, *, broker: str | None = None) -> None:
         await self._offset_request(protocol.UPDATE_CONSUMER_OFFSET, consumerGroup=group, topic=topic,
                                    queueId=queue_id, commitOffset=offset)
 
@@ -211,34 +230,36 @@ class AsyncPullConsumer(PopMethods):
         def again(call, who):
             return self._riding_through(call, idle_timeout, retrying, who)
 
-        queues = await again(lambda: self.client.queue_count(topic), "start")
+        queues = await again(lambda: self.read_queues(topic), "start")  # (broker group, queue id)
         offsets = {}
-        for q in range(queues):
-            committed = await again(lambda: self.committed(group, topic, q), "start") if start == "committed" else None
+        for b, q in queues:
+            committed = await again(lambda: self.committed(group, topic, q, broker=b), "start") \
+                if start == "committed" else None
             if committed is not None:
-                offsets[q] = committed
+                offsets[b, q] = committed
             elif start == "last":
-                offsets[q] = await again(lambda: self.max_offset(topic, q), "start")
+                offsets[b, q] = await again(lambda: self.max_offset(topic, q, broker=b), "start")
             else:
-                offsets[q] = await again(lambda: self.min_offset(topic, q), "start")
+                offsets[b, q] = await again(lambda: self.min_offset(topic, q, broker=b), "start")
         ready: asyncio.Queue = asyncio.Queue()  # (queue, a pull's result or the error that ended its follower)
-        turns = {q: asyncio.Event() for q in range(queues)}
+        turns = {queue: asyncio.Event() for queue in queues}
 
-        async def follow(q: int) -> None:
+        async def follow(queue: tuple[str | None, int]) -> None:
             """One queue's pulls, one at a time, each after the last was consumed: a queue with
             nothing new waits at the node without holding the others back."""
+            b, q = queue
             while True:
                 try:
-                    result = await again(lambda: self.pull(topic, q, offsets[q], subscription=subscription,
-                                                           suspend_ms=suspend_ms, group=group), q)
+                    result = await again(lambda: self.pull(topic, q, offsets[queue], subscription=subscription,
+                                                           suspend_ms=suspend_ms, group=group, broker=b), queue)
                 except Exception as e:  # (SendError, a closed client) ends the consume, raised there
-                    await ready.put((q, e))
+                    await ready.put((queue, e))
                     return
-                turns[q].clear()
-                await ready.put((q, result))
-                await turns[q].wait()
+                turns[queue].clear()
+                await ready.put((queue, result))
+                await turns[queue].wait()
 
-        followers = [asyncio.ensure_future(follow(q)) for q in range(queues)]
+        followers = [asyncio.ensure_future(follow(queue)) for queue in queues]
         delivered, last_message = 0, time.monotonic()
         try:
             while limit is None or delivered < limit:
@@ -264,7 +285,7 @@ class AsyncPullConsumer(PopMethods):
                     last_message = time.monotonic()
                 else:
                     offsets[q] = result.next_begin_offset
-                await again(lambda: self.commit(group, topic, q, offsets[q]), "commit")
+                await again(lambda: self.commit(group, topic, q[1], offsets[q], broker=q[0]), "commit")
                 turns[q].set()
         finally:
             for follower in followers:
@@ -297,7 +318,7 @@ class AsyncPullConsumer(PopMethods):
 class PullConsumer:
     """The blocking pull consumer: an AsyncPullConsumer on a private event-loop thread."""
 
-    def __init__(self, endpoint: str, **options):
+    def __init__(self, endpoint: str | None = None, **options):
         self.loop = aio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="mqnode-consumer", daemon=True)
         self.thread.start()
@@ -311,20 +332,23 @@ class PullConsumer:
     def pull(self, topic: str, queue_id: int, offset: int, **kwargs) -> PullResult:
         return self._call(self.inner.pull(topic, queue_id, offset, **kwargs))
 
-    def max_offset(self, topic: str, queue_id: int) -> int:
-        return self._call(self.inner.max_offset(topic, queue_id))
+    def max_offset(self, topic: str, queue_id: int, **kwargs) -> int:
+        return self._call(self.inner.max_offset(topic, queue_id, **kwargs))
+
+    def read_queues(self, topic: str) -> list[tuple[str | None, int]]:
+        return self._call(self.inner.read_queues(topic))
 
     def send_back(self, message, group: str, **options) -> None:
         return self._call(self.inner.send_back(message, group, **options))
 
-    def min_offset(self, topic: str, queue_id: int) -> int:
-        return self._call(self.inner.min_offset(topic, queue_id))
+    def min_offset(self, topic: str, queue_id: int, **kwargs) -> int:
+        return self._call(self.inner.min_offset(topic, queue_id, **kwargs))
 
-    def committed(self, group: str, topic: str, queue_id: int) -> int | None:
-        return self._call(self.inner.committed(group, topic, queue_id))
+    def committed(self, group: str, topic: str, queue_id: int, **kwargs) -> int | None:
+        return self._call(self.inner.committed(group, topic, queue_id, **kwargs))
 
-    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        self._call(self.inner.commit(group, topic, queue_id, offset))
+    def commit(self, group: str, topic: str, queue_id: int, offset: int, **kwargs) -> None:
+        self._call(self.inner.commit(group, topic, queue_id, offset, **kwargs))
 
     def query(self, topic: str, key: str, **kwargs) -> list[ReceivedMessage]:
         return self._call(self.inner.query(topic, key, **kwargs))

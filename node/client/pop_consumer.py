@@ -45,9 +45,11 @@ class PopOptions:
 
 
 class PopConsumer:
-    def __init__(self, endpoint: str, group: str, **options):
+    def __init__(self, endpoint: str | None = None, group: str | None = None, *, namesrv=None, **options):
         self.options = PopOptions(**options)  # (TypeError names an unknown option)
-        self.endpoint, self.group = endpoint, group
+        if (endpoint is None) == (namesrv is None) or not group:
+            raise ValueError("a pop consumer takes a group and endpoint= (one node) or namesrv= (a cluster)")
+        self.endpoint, self.namesrv, self.group = endpoint, namesrv, group
         self.subscriptions: dict[str, str] = {}
         self.listener: Callable[[list[PoppedMessage]], str] | None = None
         self.loop = aio.new_event_loop()
@@ -76,8 +78,8 @@ class PopConsumer:
         return self
 
     async def _start(self) -> None:
-        self.consumer = AsyncPullConsumer(self.endpoint, timeout=self.options.timeout, context=self.context,
-                                          credentials=self.options.credentials)
+        self.consumer = AsyncPullConsumer(self.endpoint, namesrv=self.namesrv, timeout=self.options.timeout,
+                                          context=self.context, credentials=self.options.credentials)
         await self.consumer.start()
         self.tasks = [asyncio.ensure_future(self._pop_loop(topic, tags))
                       for topic, tags in self.subscriptions.items() for _ in range(self.options.pops_in_flight)]

@@ -26,6 +26,7 @@ from shm.control_block import ROLE_CODES
 
 LOOK_EVERY_S = 1.0  # how often the topic table's file is looked at
 MAX_REPLIES_PER_TURN = 64
+DEFAULT_TOPIC = "TBW102"
 
 
 def client_address(listen: str) -> str:
@@ -92,7 +93,11 @@ class Registrar(Actor):
                   "brokerId": 0 if master else max(s.brokerId, 1),
                   "role": next(n for n, c in ROLE_CODES.items() if c == self.control.get("role")),
                   "maxOffset": self.control.get("written")}
-        body = {"topicConfigSerializeWrapper": {"topicConfigTable": wrapper.get("topicConfigTable") or {},
+        table = dict(wrapper.get("topicConfigTable") or {})
+        if s.autoCreateTopicEnable:  # RocketMQ's TBW102: producers send a topic nobody has yet to the groups that create it
+            table.setdefault(DEFAULT_TOPIC, {"topicName": DEFAULT_TOPIC, "readQueueNums": s.defaultTopicQueueNums,
+                                             "writeQueueNums": s.defaultTopicQueueNums, "perm": 6, "topicSysFlag": 0})
+        body = {"topicConfigSerializeWrapper": {"topicConfigTable": table,
                                                 "dataVersion": wrapper.get("dataVersion") or {}}}
         return header, orjson.dumps(body)
 

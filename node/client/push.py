@@ -414,16 +414,22 @@ class PushConsumer:
     """The blocking push consumer: an AsyncPushConsumer on a private event-loop thread; the
     listener runs on its pool's threads."""
 
-    def __init__(self, endpoint: str, group: str, **options):
+    def __init__(self, endpoint: str | None = None, group: str | None = None, *, namesrv=None, **options):
         import threading
 
+        if (endpoint is None) == (namesrv is None) or not group:
+            raise ValueError("a push consumer takes a group and endpoint= (one node) or namesrv= (a cluster)")
         self.loop = aio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=f"mqnode-push-{group}", daemon=True)
         self.thread.start()
-        self.inner = self._call(self._make(endpoint, group, options))
+        self.inner = self._call(self._make(endpoint, namesrv, group, options))
 
     @staticmethod
-    async def _make(endpoint: str, group: str, options: dict) -> AsyncPushConsumer:
+    async def _make(endpoint: str | None, namesrv, group: str, options: dict):
+        if namesrv is not None:  # a member across a cluster's broker groups
+            from node.client.cluster_push import AsyncClusterPushConsumer
+
+            return AsyncClusterPushConsumer(namesrv, group, **options)
         return AsyncPushConsumer(endpoint, group, **options)
 
     def _call(self, coroutine):

@@ -50,6 +50,7 @@ class TopicRoute:
 
     def __init__(self, topic: str, data: dict):
         self.topic = topic
+        self.data = data
         self.addresses: dict[str, dict[int, str]] = {}
         for broker in data.get("brokerDatas") or []:
             self.addresses[broker["brokerName"]] = {int(k): v for k, v in (broker.get("brokerAddrs") or {}).items()}
@@ -75,6 +76,7 @@ class TopicRoute:
 
 
 MASTER = 0
+DEFAULT_TOPIC = "TBW102"  # RocketMQ's: registered by the groups that create a topic on its first send
 
 
 class NameServers:
@@ -120,6 +122,7 @@ class Routes:
         self.fetched: dict[str, float] = {}
         self.lookups = self.lookup_failures = 0
         self.refresher: asyncio.Task | None = None
+        self.provisional: set[str] = set()  # topics sent to through the default topic's route (`for_send`)
 
     def start(self) -> None:
         if self.refresher is None:
@@ -138,6 +141,29 @@ class Routes:
         route = self.table.get(topic)
         if route is None:
             route = await self.fetch(topic)
+        return route
+
+    async def for_send(self, topic: str) -> TopicRoute:
+        """`of(topic)`, or for a topic no group holds yet the route of the groups that create
+        topics on a first send (RocketMQ's TBW102, which such groups register), asked for again
+        each second until the topic's own route exists."""
+        from node.client.producer import SendError
+
+        route = self.table.get(topic)
+        if route is not None and (topic not in self.provisional
+                                  or self.clock() - self.fetched[topic] < REFRESH_AFTER_FAILURE_S):
+            return route
+        try:
+            route = await self.fetch(topic)
+            self.provisional.discard(topic)
+            return route
+        except SendError as e:
+            if e.status != "TOPIC_NOT_EXIST":
+                raise
+        default = await self.fetch(DEFAULT_TOPIC)
+        route = self.table[topic] = TopicRoute(topic, default.data)
+        self.provisional.add(topic)
+        self.fetched[topic] = self.clock()
         return route
 
     async def fetch(self, topic: str) -> TopicRoute:
@@ -297,7 +323,9 @@ class Cluster:
         hold the topic) or a shard key's (one key, one queue: ordered) is not left for another."""
         from node.client.producer import SendError, shard_queue
 
-        route = self.routes.table.get(topic) or await self.routes.of(topic)
+        route = self.routes.table.get(topic)
+        if route is None or topic in self.routes.provisional:
+            route = await self.routes.for_send(topic)
         avoid = None
         for attempt in range(retries + 1):
             if queue_id is not None:
@@ -321,7 +349,7 @@ class Cluster:
                     raise
                 self.failovers += 1
                 avoid = queue.broker
-                route = await self.routes.of(topic)
+                route = await self.routes.for_send(topic)
                 continue
             self.faults.update(queue.broker, (time.monotonic() - started) * 1000, False)
             return result, queue

@@ -103,14 +103,34 @@ def run(listen: str, directory: str | None, ray_address: str | None, out=print) 
     stopping = threading.Event()
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, lambda *_: stopping.set())
-    while not stopping.wait(0.5):
-        pass
+    failure = None
+    while not stopping.wait(1.0) and failure is None:
+        failure = gone_for_good(handle)
+    if failure:
+        out(f"mqnode namesrv failed: {failure}", file=sys.stderr, flush=True)
     out("mqnode namesrv stopping", flush=True)
     stop(handle)
     if started:
         ray.shutdown()
     out("mqnode namesrv stopped", flush=True)
-    return 0
+    return 0 if failure is None else 1
+
+
+def gone_for_good(handle) -> str | None:
+    """Why the name service's actor will not come back (its Ray gone, its restarts spent), or
+    None while it serves or is being restarted."""
+    import ray
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
+
+    try:
+        ray.get(handle.statistics.remote(), timeout=10)
+    except (ActorUnavailableError, GetTimeoutError):
+        return None  # restarting, or busy: asked again in a second
+    except ActorDiedError as e:
+        return f"its actor died for good ({type(e).__name__})"
+    except Exception as e:  # (Ray itself gone)
+        return f"Ray is gone ({type(e).__name__}: {e})"
+    return None
 
 
 def wait_serving(endpoint: str, timeout: float = READY_TIMEOUT_S) -> None:

@@ -128,6 +128,12 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911"
 
 
+def target(args: argparse.Namespace) -> dict:
+    """A client's way to the messages: one node (--endpoint) or a cluster (--namesrv)."""
+    namesrv = getattr(args, "namesrv", None)
+    return {"namesrv": namesrv} if namesrv else {"endpoint": args.endpoint}
+
+
 def cmd_produce(args: argparse.Namespace) -> int:
     """Bodies from stdin, one per line; a JSON line per message; exit 1 if any send failed."""
     from node.client import Message, Producer, SendError
@@ -146,7 +152,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
                                                                  "properties": dict(properties), "queue_id": args.queue})
     failed = 0
     out = sys.stdout
-    with Producer(args.endpoint, timeout=args.timeout) as producer:
+    with Producer(**target(args), timeout=args.timeout) as producer:
         def message(body: bytes) -> Message:
             return Message(args.topic, body, args.tags, keys, dict(properties), args.delay_level,
                            deliver_at_ms=args.deliver_at, delay_ms=args.delay_ms)
@@ -202,7 +208,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
         return consume_pop(args)
     printed = 0
-    with PullConsumer(args.endpoint) as consumer:
+    with PullConsumer(**target(args)) as consumer:
         try:
             for message in consumer.consume(args.topic, args.group, start=args.start, subscription=args.tags or "*",
                                             idle_timeout=args.timeout, limit=args.count):
@@ -218,7 +224,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
 def cmd_query(args: argparse.Namespace) -> int:
     from node.client import PullConsumer, SendError
 
-    with PullConsumer(args.endpoint) as consumer:
+    with PullConsumer(**target(args)) as consumer:
         try:
             messages = consumer.query(args.topic, args.key, begin=args.begin, end=args.end, max_count=args.max)
         except SendError as e:
@@ -245,6 +251,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
     # a manual clean takes up to 20 passes of 10 files with a pause between files
     timeout = args.timeout if args.timeout is not None else 120.0 if args.what == "clean" else 5.0
+    if args.namesrv or args.what == "cluster":
+        return _admin_cluster(args)
     with Producer(args.endpoint, timeout=timeout, retries=0) as client:
         try:
             if args.what == "stats":
@@ -299,6 +307,29 @@ def cmd_admin(args: argparse.Namespace) -> int:
         return 1
     sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
+
+
+def _admin_cluster(args: argparse.Namespace) -> int:
+    """`admin cluster`, `admin topics` and `admin topic create|update` through the name services."""
+    from node import protocol
+    from node.tools import cli_cluster
+
+    if not args.namesrv:
+        raise SettingsError("admin cluster needs --namesrv")
+    if args.what == "cluster":
+        reply, shown = cli_cluster.admin_cluster(args)
+    elif args.what == "topics":
+        reply, shown = cli_cluster.topics_of_cluster(args)
+    elif args.what == "topic" and args.action in ("create", "update"):
+        if not args.topic:
+            raise SettingsError(f"admin topic {args.action} needs --topic")
+        reply, shown = cli_cluster.update_topic_everywhere(args, _given(
+            {"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": args.topic}, readQueueNums=args.read_queues or args.queues,
+            writeQueueNums=args.write_queues or args.queues, perm=args.perm))
+    else:
+        raise SettingsError(f"admin {args.what} {args.action or ''} asks one node: --endpoint, not --namesrv")
+    sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0 if reply is None or reply.get("status") == "OK" else 1
 
 
 def _admin_change(client, args: argparse.Namespace) -> tuple[dict, object]:
@@ -396,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     names.set_defaults(handler=cmd_namesrv)
     produce = commands.add_parser("produce", help="send stdin lines as messages, print a JSON result per line")
     produce.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    produce.add_argument("--namesrv", help="a cluster's name services (host:port;host:port) instead of --endpoint")
     add_credentials(produce)
     produce.add_argument("--topic", required=True)
     produce.add_argument("--tags")
@@ -418,6 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     produce.set_defaults(handler=cmd_produce)
     consume = commands.add_parser("consume", help="print a topic's messages as JSON lines, committing a group's offsets")
     consume.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    consume.add_argument("--namesrv", help="a cluster's name services (host:port;host:port) instead of --endpoint")
     add_credentials(consume)
     consume.add_argument("--topic", required=True)
     consume.add_argument("--group", required=True)
@@ -453,10 +486,13 @@ def build_parser() -> argparse.ArgumentParser:
                                               "delays, transactions, replication (ha), or to clean; promote a slave (role); create, update or delete topics and groups; "
                                               "reset a group's offsets")
     admin.add_argument("what", choices=["stats", "topics", "groups", "offsets", "topic", "group", "reset-offset", "clean",
-                                        "delays", "ha", "role", "transactions"])
+                                        "delays", "ha", "role", "transactions", "cluster"])
     admin.add_argument("action", nargs="?", choices=["create", "update", "delete"],
                        help="for `admin topic` and `admin group` (without: `admin topic` shows the topic's route)")
     admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    admin.add_argument("--namesrv", help="a cluster's name services (host:port;host:port): for `admin cluster`, "
+                                         "`admin topics` (the cluster's view) and `admin topic create|update` "
+                                         "(on every group's master)")
     add_credentials(admin)
     admin.add_argument("--topic", help="for `admin topic` and `admin reset-offset`; filters `admin offsets`")
     admin.add_argument("--group", help="for `admin offsets`, `admin group` and `admin reset-offset`; filters "
@@ -481,6 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="for `admin clean`: delete the oldest segments whatever their age (never the last)")
     admin.add_argument("--timeout", type=float, default=None, help="seconds to wait (default 5; 120 for clean)")
     admin.set_defaults(handler=cmd_admin)
+    from node.tools import cli_cluster
+
+    cli_cluster.add_parser(commands)
     keygen = commands.add_parser("keygen", help="make a CURVE key pair: the node's (curveSecretKeyFile) or a client's")
     keygen.add_argument("--dir", default="conf/curve", help="where to write NAME.key and NAME.key_secret")
     keygen.add_argument("--name", default="node", help="the files' name (default node)")

@@ -42,7 +42,9 @@ def consume_push(args: argparse.Namespace) -> int:
                 done.set()
         return answer
 
-    consumer = PushConsumer(args.endpoint, args.group, **options)
+    from node.tools.cli import target
+
+    consumer = PushConsumer(group=args.group, **target(args), **options)
     consumer.subscribe(args.topic, args.tags or "*")
     consumer.register_listener(listener, orderly=args.orderly)
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -63,9 +65,10 @@ def consume_pop(args: argparse.Namespace) -> int:
     import time
 
     from node.client import PullConsumer, SendError
+    from node.tools.cli import target
 
     printed, last = 0, time.monotonic()
-    with PullConsumer(args.endpoint) as consumer:
+    with PullConsumer(**target(args)) as consumer:
         try:
             while time.monotonic() - last < args.timeout and not (args.count and printed >= args.count):
                 room = min(32, args.count - printed) if args.count else 32

@@ -1,0 +1,271 @@
+"""A cluster of nodes on Ray: `mqnode cluster up|down|status --conf cluster.toml`.
+
+The toml declares the parts (docs/operations.md "A cluster"):
+
+    [cluster]                  name (brokerClusterName), runDir (where `up` keeps its pid file)
+    [defaults]                 settings every node gets (any key of conf/broker.toml)
+    [[namesrv]]                listen (host:port), dir (its table's file), rayNode (placement)
+    [[node]]                   brokerName, store, listen, rayNode, brokerRole, brokerId,
+                               haMasterAddress, and any other setting of that node
+
+`up` starts (or with --ray-address joins) Ray, then each name service and each node as a Ray
+actor placed on its `rayNode` (a node id or a custom resource only that Ray node has), prints one
+`mqnode cluster ready part=...` line per part and serves until SIGINT/SIGTERM (`down` sends it
+one and waits), stopping the nodes first, then the name services. Every node gets
+`namesrvAddr` (all the name services) and `brokerClusterName`.
+
+A part is restarted where it was when it dies (Ray's restarts, without limit; placement is
+hard, so it comes back on the host of its store and file). A node's launcher is the actor
+(`NodeHost`, running node.server.launcher.Node): its services are its children, so a dead
+launcher takes them along and its restart is the node's restart, recovery first. A node whose
+service is gone for good exits the same way. A node whose Ray host is lost stays down until the
+host is back; its group's slave can be promoted meanwhile (`mqnode admin role`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+from node.server import namesrv as namesrv_module
+from node.server import ray_setup
+from shm import settings as settings_module
+from shm.settings import SettingsError
+
+READY_TIMEOUT_S = 180.0
+NODE_KEYS = {"store"}  # the toml's own name for storePathRootDir
+
+
+@dataclasses.dataclass(frozen=True)
+class NamesrvPart:
+    listen: str  # a ZeroMQ endpoint
+    directory: str
+    ray_node: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"namesrv@{self.listen.removeprefix('tcp://')}"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePart:
+    values: dict  # the node's settings (defaults, then its own table), namesrvAddr and cluster name added
+
+    @property
+    def settings(self):
+        return settings_module.load(None, self.values)
+
+    @property
+    def label(self) -> str:
+        s = self.settings
+        return f"{s.brokerName}/{s.brokerId}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConf:
+    name: str
+    run_dir: Path
+    namesrvs: list[NamesrvPart]
+    nodes: list[NodePart]
+
+    @property
+    def namesrv_addr(self) -> str:
+        return ";".join(n.listen.removeprefix("tcp://") for n in self.namesrvs)
+
+
+def load(path: str | Path) -> ClusterConf:
+    """The cluster's parts from its toml. SettingsError names what is wrong."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise SettingsError(f"cluster conf {path}: {e}") from None
+    cluster = data.get("cluster") or {}
+    name = str(cluster.get("name", "DefaultCluster"))
+    run_dir = Path(cluster.get("runDir") or Path.home() / "mqnode" / f"cluster-{name}").expanduser()
+    namesrvs = [NamesrvPart(namesrv_module.endpoint_of(str(n.get("listen", f"127.0.0.1:{namesrv_module.DEFAULT_PORT}"))),
+                            str(n.get("dir") or run_dir / f"namesrv-{i}"), str(n.get("rayNode", "")))
+                for i, n in enumerate(data.get("namesrv") or [])]
+    if not namesrvs:
+        raise SettingsError(f"cluster conf {path}: name at least one [[namesrv]]")
+    defaults = {k: v for k, v in (data.get("defaults") or {}).items()}
+    nodes = []
+    for i, table in enumerate(data.get("node") or []):
+        values = {**defaults, **table}
+        if "store" in values:
+            values["storePathRootDir"] = str(Path(values.pop("store")).expanduser())
+        if "storePathRootDir" not in values:
+            raise SettingsError(f"cluster conf {path}: [[node]] {i + 1} needs its store")
+        values["namesrvAddr"] = ";".join(n.listen.removeprefix("tcp://") for n in namesrvs)
+        values["brokerClusterName"] = name
+        part = NodePart(values)
+        part.settings  # (SettingsError for a bad one, now)
+        nodes.append(part)
+    if not nodes:
+        raise SettingsError(f"cluster conf {path}: name at least one [[node]]")
+    labels = [n.label for n in nodes]
+    if len(set(labels)) != len(labels):
+        raise SettingsError(f"cluster conf {path}: two nodes with the same brokerName and brokerId")
+    return ClusterConf(name, run_dir, namesrvs, nodes)
+
+
+class NodeHost:
+    """A node's launcher in a Ray actor (see the module's docstring): starts it at construction
+    (recovery, then its services as this actor's children) and exits the process when it fails."""
+
+    def __init__(self, values: dict, ray_address: str):
+        from node.server.launcher import Node
+
+        ray_setup.normal_priority()
+        settings = settings_module.load(None, values)
+        self.lines: list[str] = []
+        self.node = Node(settings, ray_address=ray_address or "auto", out=self._out)
+        self.node.start()
+        self.watch = threading.Thread(target=self._watch, name="mqnode-node-host", daemon=True)
+        self.watch.start()
+
+    def _out(self, *parts, **_) -> None:
+        self.lines.append(" ".join(str(p) for p in parts))
+
+    def _watch(self) -> None:
+        while not self.node.failed.wait(1.0):
+            pass
+        logging.getLogger("mqnode").error("node %s failed: %s; restarting it", self.node.settings.brokerName,
+                                          self.node.failure)
+        try:
+            self.node.stop()
+        finally:
+            os._exit(1)  # Ray restarts this actor where it was: the node's restart, recovery first
+
+    def ready_line(self) -> str:
+        return self.lines[-1] if self.lines else ""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def stop(self) -> bool:
+        self.node.stop()
+        return True
+
+
+class Cluster:
+    """`up`'s parts under Ray: started in order (name services, then masters, then slaves),
+    stopped in reverse."""
+
+    def __init__(self, conf: ClusterConf, ray_address: str | None, out=print):
+        self.conf, self.ray_address, self.out = conf, ray_address, out
+        self.namesrvs: dict[str, object] = {}
+        self.nodes: dict[str, object] = {}
+        self.started_ray = False
+
+    def up(self) -> None:
+        ray_setup.prepare_embedded(self.ray_address)
+        import ray
+
+        self.conf.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.started_ray = ray_setup.init(self.ray_address, ray_setup.ray_dir_in(self.conf.run_dir),
+                                          200 * 1024 * 1024)
+        address = self.ray_address or ray.get_runtime_context().gcs_address
+        for part in self.conf.namesrvs:
+            handle = namesrv_module.launch(part.listen, part.directory, placement=ray_setup.place_on(part.ray_node))
+            self.namesrvs[part.label] = handle
+            self.out(f"mqnode cluster ready part={part.label} endpoint={part.listen} dir={part.directory}", flush=True)
+        masters = [p for p in self.conf.nodes if not p.settings.is_slave]
+        for part in masters + [p for p in self.conf.nodes if p.settings.is_slave]:
+            self._start_node(part, address)
+
+    def _start_node(self, part: NodePart, address: str) -> None:
+        import ray
+
+        placement = ray_setup.place_on(part.settings.rayNode)
+        handle = ray.remote(NodeHost).options(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=4,
+                                              **placement).remote(part.values, address)
+        line = ray.get(handle.ready_line.remote(), timeout=READY_TIMEOUT_S)
+        self.nodes[part.label] = handle
+        self.out(f"mqnode cluster ready part={part.label} {line.removeprefix('mqnode ready ')}", flush=True)
+
+    def down(self) -> None:
+        import ray
+
+        for label in reversed(list(self.nodes)):
+            try:
+                ray.get(self.nodes[label].stop.remote(), timeout=60)
+            except Exception:  # gone or stuck: killed below
+                pass
+            ray.kill(self.nodes[label], no_restart=True)
+        self.nodes.clear()
+        for handle in self.namesrvs.values():
+            namesrv_module.stop(handle)
+        self.namesrvs.clear()
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False
+
+
+def pid_file(conf: ClusterConf) -> Path:
+    return conf.run_dir / "cluster.pid"
+
+
+def run_up(conf: ClusterConf, ray_address: str | None, out=print) -> int:
+    """`cluster up`: start every part, then serve until SIGINT/SIGTERM (`cluster down`)."""
+    if pid_file(conf).exists() and _alive(int(pid_file(conf).read_text() or 0)):
+        out(f"mqnode cluster up: cluster {conf.name} runs already (pid file {pid_file(conf)})", file=sys.stderr)
+        return 1
+    cluster = Cluster(conf, ray_address, out)
+    stopping = threading.Event()
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: stopping.set())
+    try:
+        cluster.up()
+        pid_file(conf).write_text(f"{os.getpid()}\n")
+        out(f"mqnode cluster ready name={conf.name} parts={len(conf.namesrvs) + len(conf.nodes)} pid={os.getpid()}",
+            flush=True)
+        while not stopping.wait(0.5):
+            pass
+    finally:
+        out("mqnode cluster stopping", flush=True)
+        cluster.down()
+        pid_file(conf).unlink(missing_ok=True)
+        out("mqnode cluster stopped", flush=True)
+    return 0
+
+
+def run_down(conf: ClusterConf, timeout: float = 120.0, out=print) -> int:
+    """`cluster down`: SIGTERM to the `up` process, then wait for it to finish stopping."""
+    try:
+        pid = int(pid_file(conf).read_text())
+    except (OSError, ValueError):
+        out(f"mqnode cluster down: cluster {conf.name} is not running (no {pid_file(conf)})", file=sys.stderr)
+        return 1
+    if not _alive(pid):
+        pid_file(conf).unlink(missing_ok=True)
+        out(f"mqnode cluster down: cluster {conf.name} is not running", file=sys.stderr)
+        return 1
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            out(f"mqnode cluster down: pid {pid} still runs after {timeout:.0f} s", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    out(f"mqnode cluster down: cluster {conf.name} stopped", flush=True)
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

@@ -1,0 +1,143 @@
+"""`mqnode cluster up|down|status` and the cluster's admin views: `admin cluster`, and with
+--namesrv, `admin topic create|update` on every master and `admin topics` of the whole cluster."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import orjson
+
+from node import protocol
+
+
+def add_parser(commands) -> None:
+    cluster = commands.add_parser("cluster", help="a cluster of nodes on Ray: up (start every part and serve), down, "
+                                                  "status (every group, its master and slaves, offsets, lag, health)")
+    cluster.add_argument("action", choices=["up", "down", "status"])
+    cluster.add_argument("--conf", required=True, help="the cluster's toml (docs/operations.md \"A cluster\")")
+    cluster.add_argument("--ray-address", help="up: join this Ray cluster instead of starting an embedded Ray")
+    cluster.set_defaults(handler=cmd_cluster)
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from node.server import cluster
+
+    conf = cluster.load(args.conf)
+    if args.action == "up":
+        return cluster.run_up(conf, args.ray_address)
+    if args.action == "down":
+        return cluster.run_down(conf)
+    print(orjson.dumps(cluster_status(conf.namesrv_addr), option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
+class Names:
+    """Blocking requests to a cluster's name services (the first that answers)."""
+
+    def __init__(self, namesrv: str, timeout: float = 5.0):
+        from node.security import Credentials
+        from node.server.asker import NodeAsker
+
+        self.askers = [NodeAsker(e, Credentials(), timeout_ms=int(timeout * 1000))
+                       for e in protocol.namesrv_endpoints(namesrv)]
+        if not self.askers:
+            raise SystemExit(f"--namesrv {namesrv!r} names no name service")
+
+    def ask(self, header: dict) -> dict:
+        error = None
+        for asker in self.askers:
+            try:
+                return asker.ask(header)
+            except TimeoutError as e:
+                error = e
+        raise error
+
+    def close(self) -> None:
+        for asker in self.askers:
+            asker.close()
+
+
+def cluster_status(namesrv: str) -> dict:
+    """Every group: its addresses by brokerId, and per address the role, written offset, lag
+    (bytes behind its master), what the name service last heard and whether the node answers."""
+    import time
+
+    from node.client import Producer, SendError
+
+    names = Names(namesrv)
+    try:
+        info = names.ask({"code": protocol.GET_BROKER_CLUSTER_INFO})
+    finally:
+        names.close()
+    live, now = info.get("brokerLiveTable", {}), int(time.time() * 1000)
+    groups = {}
+    for name, group in info.get("brokerAddrTable", {}).items():
+        members, master_offset = {}, None
+        for broker_id, address in sorted(group["brokerAddrs"].items(), key=lambda kv: int(kv[0])):
+            seen = live.get(address, {})
+            member = {"address": address, "role": seen.get("role"), "registeredMsAgo": now - seen.get("lastUpdateTimestamp", now)}
+            try:
+                with Producer(protocol.broker_endpoint(address), timeout=2.0, retries=0) as client:
+                    reply, _ = client.request({"code": protocol.GET_BROKER_HA_STATUS})
+                member |= {"health": "ok" if reply.get("status") == "OK" else reply.get("status"),
+                           "role": reply.get("role", member["role"]), "writtenOffset": reply.get("written"),
+                           "epoch": reply.get("epoch")}
+            except SendError as e:
+                member["health"] = f"no answer ({e.status})"
+            if broker_id == "0":
+                master_offset = member.get("writtenOffset")
+            members[broker_id] = member
+        for broker_id, member in members.items():
+            if broker_id != "0" and master_offset is not None and member.get("writtenOffset") is not None:
+                member["lagBytes"] = max(0, master_offset - member["writtenOffset"])
+        groups[name] = {"cluster": group["cluster"], "brokers": members}
+    return {"clusters": info.get("clusterAddrTable", {}), "groups": groups}
+
+
+def admin_cluster(args: argparse.Namespace):
+    """`admin cluster --namesrv`: cluster_status."""
+    return None, cluster_status(args.namesrv)
+
+
+def topics_of_cluster(args: argparse.Namespace):
+    """`admin topics --namesrv`: every topic the name service knows, with each group's queues."""
+    names = Names(args.namesrv)
+    try:
+        listed = names.ask({"code": protocol.GET_ALL_TOPIC_LIST_FROM_NAMESERVER})
+        out = {}
+        for topic in listed.get("topicList", []):
+            route = names.ask({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
+            out[topic] = {q["brokerName"]: {k: q[k] for k in ("readQueueNums", "writeQueueNums", "perm")}
+                          for q in route.get("queueDatas", [])}
+    finally:
+        names.close()
+    return listed, out
+
+
+def update_topic_everywhere(args: argparse.Namespace, header: dict):
+    """`admin topic create|update --namesrv`: UPDATE_AND_CREATE_TOPIC on every group's master
+    (RocketMQ's `updateTopic -c Cluster`); each registers the topic within a second."""
+    from node.client import Producer, SendError
+
+    names = Names(args.namesrv)
+    try:
+        info = names.ask({"code": protocol.GET_BROKER_CLUSTER_INFO})
+    finally:
+        names.close()
+    results = {}
+    for name, group in sorted(info.get("brokerAddrTable", {}).items()):
+        master = group["brokerAddrs"].get("0")
+        if master is None:
+            results[name] = {"status": "SERVICE_NOT_AVAILABLE", "remark": "the group has no master"}
+            continue
+        try:
+            with Producer(protocol.broker_endpoint(master), timeout=args.timeout or 5.0, retries=0) as client:
+                reply, _ = client.request(header)
+            results[name] = {"status": reply.get("status"), **({"remark": reply["remark"]} if "remark" in reply else {})}
+        except SendError as e:
+            results[name] = {"status": e.status, "remark": e.remark}
+    failed = any(r["status"] != "OK" for r in results.values())
+    if not results:
+        print("mqnode admin: the name service knows no broker group", file=sys.stderr)
+    return {"status": "OK" if results and not failed else "SYSTEM_ERROR"}, results

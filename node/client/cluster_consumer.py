@@ -80,6 +80,9 @@ class AsyncClusterConsumer(AsyncPullConsumer):
     async def min_offset(self, topic: str, queue_id: int, *, broker: str | None = None) -> int:
         return await self._in(topic, broker, lambda group: group.min_offset(topic, queue_id))
 
+    async def offset_at_time(self, topic: str, queue_id: int, timestamp: int, *, broker: str | None = None) -> int:
+        return await self._in(topic, broker, lambda group: group.offset_at_time(topic, queue_id, timestamp))
+
     async def committed(self, group: str, topic: str, queue_id: int, *, broker: str | None = None) -> int | None:
         return await self._in(topic, broker, lambda g: g.committed(group, topic, queue_id))
 

@@ -199,6 +199,11 @@ class AsyncPullConsumer(PopMethods):
     async def min_offset(self, topic: str, queue_id: int, *, broker: str | None = None) -> int:
         return (await self._offset_request(protocol.GET_MIN_OFFSET, topic=topic, queueId=queue_id))["offset"]
 
+    async def offset_at_time(self, topic: str, queue_id: int, timestamp: int, *, broker: str | None = None) -> int:
+        """The node's SEARCH_OFFSET_BY_TIMESTAMP: the offset of the message stored nearest `timestamp` (ms)."""
+        return (await self._offset_request(protocol.SEARCH_OFFSET_BY_TIMESTAMP, topic=topic, queueId=queue_id,
+                                           timestamp=timestamp))["offset"]
+
     async def committed(self, group: str, topic: str, queue_id: int, *, broker: str | None = None) -> int | None:
         reply = await self._offset_request(protocol.QUERY_CONSUMER_OFFSET, consumerGroup=group, topic=topic,
                                            queueId=queue_id)
@@ -334,6 +339,9 @@ class PullConsumer:
 
     def max_offset(self, topic: str, queue_id: int, **kwargs) -> int:
         return self._call(self.inner.max_offset(topic, queue_id, **kwargs))
+
+    def offset_at_time(self, topic: str, queue_id: int, timestamp: int, **kwargs) -> int:
+        return self._call(self.inner.offset_at_time(topic, queue_id, timestamp, **kwargs))
 
     def read_queues(self, topic: str) -> list[tuple[str | None, int]]:
         return self._call(self.inner.read_queues(topic))

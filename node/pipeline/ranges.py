@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import orjson
 
-from node import protocol
 from node.client import Credentials, PullConsumer, SendError
 
 EARLIEST, LATEST = -2, -1
@@ -25,7 +24,7 @@ class PipelineError(ValueError):
 
 @dataclass(frozen=True)
 class Options:
-    endpoint: str
+    endpoint: str | None
     topics: tuple[str, ...]
     subscription: str = "*"
     starting: str = "earliest"
@@ -38,14 +37,27 @@ class Options:
     timeout: float = DEFAULT_TIMEOUT_S
     credentials: Credentials = Credentials()  # accessKey, secretKey, serverKey, clientKey (node.security)
     pull_batch_size: int = 32  # messages a pull asks: the node's maxTransferCountOnMessageInMemory
+    namesrv: str | None = None  # a cluster's name services instead of one node's endpoint (its queues: "broker:id")
+
+    @property
+    def target(self) -> dict:
+        """A client's way to the messages: the node's endpoint, or the cluster's name services."""
+        return {"namesrv": self.namesrv} if self.namesrv else {"endpoint": self.endpoint}
+
+    @property
+    def where(self) -> str:
+        return f"the name services {self.namesrv}" if self.namesrv else f"the node at {self.endpoint}"
 
     @classmethod
     def parse(cls, options: dict, *, streaming: bool = False) -> Options:
         """Spark's options (case-insensitive keys) -> Options; PipelineError naming what is wrong."""
         get = {str(k).lower(): v for k, v in options.items()}.get
-        endpoint = get("endpoint")
-        if not endpoint:
-            raise PipelineError("option `endpoint` is required (e.g. tcp://127.0.0.1:10911)")
+        endpoint, namesrv = get("endpoint"), get("namesrv")
+        if not endpoint and not namesrv:
+            raise PipelineError("option `endpoint` (one node, e.g. tcp://127.0.0.1:10911) or `namesrv` (a cluster's "
+                                "name services, host:port;host:port) is required")
+        if endpoint and namesrv:
+            raise PipelineError("options `endpoint` and `namesrv` exclude each other: one node, or a cluster")
         topics = tuple(t.strip() for t in (get("topics") or get("topic") or "").split(",") if t.strip())
         if not topics:
             raise PipelineError("option `topic` (or `topics`, a comma list) is required")
@@ -62,7 +74,7 @@ class Options:
             max_offsets_per_trigger=_int_option(get, "maxOffsetsPerTrigger"),
             fail_on_data_loss=_bool_option(get, "failOnDataLoss", True),
             timeout=float(get("timeout") or DEFAULT_TIMEOUT_S), credentials=credentials_option(get),
-            pull_batch_size=_pull_batch_size(get))
+            pull_batch_size=_pull_batch_size(get), namesrv=namesrv or None)
 
 
 def _pull_batch_size(get) -> int:
@@ -120,9 +132,9 @@ class NodeView:
     def __init__(self, options: Options):
         self.options = options
         try:
-            self.consumer = PullConsumer(options.endpoint, timeout=options.timeout, credentials=options.credentials)
+            self.consumer = PullConsumer(**options.target, timeout=options.timeout, credentials=options.credentials)
         except Exception as e:  # a malformed endpoint: zmq says why
-            raise PipelineError(f"cannot reach {options.endpoint}: {e}") from None
+            raise PipelineError(f"cannot reach {options.where}: {e}") from None
 
     def close(self) -> None:
         self.consumer.close()
@@ -133,54 +145,47 @@ class NodeView:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _ask(self, header: dict) -> dict:
+    def _call(self, what: str, call):
+        """`call()` of the consumer; PipelineError saying what failed."""
         try:
-            reply, _ = self._request(header)
+            return call()
         except SendError as e:
             if e.status == "TIMEOUT":
-                raise PipelineError(f"the node at {self.options.endpoint} did not answer within "
-                                    f"{self.options.timeout:g} s (is it running?)") from None
-            raise PipelineError(f"the node at {self.options.endpoint} refused {header}: {e}") from None
-        return reply
+                raise PipelineError(f"{self.options.where} did not answer within {self.options.timeout:g} s "
+                                    f"(is it running?)") from None
+            raise PipelineError(f"{what}: {self.options.where} refused: {e}") from None
 
-    def _request(self, header: dict) -> tuple[dict, bytes | None]:
-        return self.consumer._call(self.consumer.inner._ask(header))
+    def queues(self, topic: str) -> list[str]:
+        """The keys of `topic`'s queues (`queue_key`)."""
+        return [queue_key(b, q) for b, q in self._call(f"topic {topic!r}", lambda: self.consumer.read_queues(topic))]
 
-    def queues(self, topic: str) -> int:
-        reply = self._ask({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
-        if reply.get("status") != "OK":
-            raise PipelineError(f"topic {topic!r}: {reply.get('status')} {reply.get('remark', '')}".strip())
-        return int(reply["readQueueNums"])
+    def min_offset(self, topic: str, key) -> int:
+        broker, queue_id = queue_of(key)
+        return self._call(f"{topic}/{key}", lambda: self.consumer.min_offset(topic, queue_id, broker=broker))
 
-    def bound(self, code: int, topic: str, queue_id: int, **fields) -> int:
-        reply = self._ask({"code": code, "topic": topic, "queueId": queue_id, **fields})
-        if reply.get("status") != "OK":
-            raise PipelineError(f"{topic}/{queue_id}: {reply.get('status')} {reply.get('remark', '')}".strip())
-        return int(reply["offset"])
+    def max_offset(self, topic: str, key) -> int:
+        broker, queue_id = queue_of(key)
+        return self._call(f"{topic}/{key}", lambda: self.consumer.max_offset(topic, queue_id, broker=broker))
 
-    def min_offset(self, topic: str, queue_id: int) -> int:
-        return self.bound(protocol.GET_MIN_OFFSET, topic, queue_id)
-
-    def max_offset(self, topic: str, queue_id: int) -> int:
-        return self.bound(protocol.GET_MAX_OFFSET, topic, queue_id)
-
-    def offset_at(self, topic: str, queue_id: int, timestamp: int) -> int:
+    def offset_at(self, topic: str, key, timestamp: int) -> int:
         """The first offset whose message was stored at or after `timestamp` (Kafka's meaning;
         the node's search answers the nearest, which may be just before it)."""
-        offset = self.bound(protocol.SEARCH_OFFSET_BY_TIMESTAMP, topic, queue_id, timestamp=timestamp)
-        end = self.max_offset(topic, queue_id)
+        broker, queue_id = queue_of(key)
+        offset = self._call(f"{topic}/{key}", lambda: self.consumer.offset_at_time(topic, queue_id, timestamp,
+                                                                                    broker=broker))
+        end = self.max_offset(topic, key)
         while offset < end:
-            result = self.consumer.pull(topic, queue_id, offset, max_count=8)
+            result = self.consumer.pull(topic, queue_id, offset, max_count=8, broker=broker)
             earlier = [m for m in result.messages if m.store_timestamp < timestamp]
             if result.status != "FOUND" or len(earlier) < len(result.messages):
                 return offset + len(earlier)
             offset += len(earlier)
         return offset
 
-    def all_queues(self) -> dict[str, list[int]]:
-        return {topic: list(range(self.queues(topic))) for topic in self.options.topics}
+    def all_queues(self) -> dict[str, list[str]]:
+        return {topic: self.queues(topic) for topic in self.options.topics}
 
-    def resolve(self, spec: str, timestamp: int | None, queues: dict[str, list[int]], *, start: bool) -> dict:
+    def resolve(self, spec: str, timestamp: int | None, queues: dict[str, list[str]], *, start: bool) -> dict:
         """earliest / latest / JSON (with -2 and -1) / a timestamp -> {topic: {queueId: offset}}."""
         explicit = orjson.loads(spec) if spec not in ("earliest", "latest") else {}
         default = EARLIEST if spec == "earliest" or (spec != "latest" and start) else LATEST
@@ -188,18 +193,18 @@ class NodeView:
         for topic, ids in queues.items():
             given = explicit.get(topic, {})
             for key in given:
-                if int(key) not in ids:
+                if key not in ids:
                     raise PipelineError(f"offsets name queue {key} of {topic!r}, which has {len(ids)} queues")
             for q in ids:
                 if timestamp is not None:
                     value = self.offset_at(topic, q, timestamp)
                 else:
-                    value = given.get(str(q), default)
+                    value = given.get(q, default)
                     if value == EARLIEST:
                         value = self.min_offset(topic, q)
                     elif value == LATEST:
                         value = self.max_offset(topic, q)
-                out.setdefault(topic, {})[str(q)] = value
+                out.setdefault(topic, {})[q] = value
         return out
 
 
@@ -211,13 +216,14 @@ class QueueRange:
     queue_id: int
     start: int
     end: int
+    broker: str | None = None  # a cluster's: the broker group that holds the queue
 
 
 def split(starts: dict, ends: dict, min_partitions: int) -> list[QueueRange]:
     """One range per queue with something to read, split evenly until there are at least
     `min_partitions` (Kafka's minPartitions: the largest ranges are cut first)."""
-    ranges = [QueueRange(t, int(q), starts[t][q], ends[t][q]) for t in starts for q in starts[t]
-              if ends.get(t, {}).get(q, 0) > starts[t][q]]
+    ranges = [QueueRange(t, queue_of(q)[1], starts[t][q], ends[t][q], queue_of(q)[0]) for t in starts
+              for q in starts[t] if ends.get(t, {}).get(q, 0) > starts[t][q]]
     while ranges and len(ranges) < min_partitions:
         ranges.sort(key=lambda r: r.end - r.start)
         largest = ranges.pop()
@@ -225,6 +231,17 @@ def split(starts: dict, ends: dict, min_partitions: int) -> list[QueueRange]:
             ranges.append(largest)
             break
         middle = (largest.start + largest.end) // 2
-        ranges += [QueueRange(largest.topic, largest.queue_id, largest.start, middle),
-                   QueueRange(largest.topic, largest.queue_id, middle, largest.end)]
-    return sorted(ranges, key=lambda r: (r.topic, r.queue_id, r.start))
+        ranges += [QueueRange(largest.topic, largest.queue_id, largest.start, middle, largest.broker),
+                   QueueRange(largest.topic, largest.queue_id, middle, largest.end, largest.broker)]
+    return sorted(ranges, key=lambda r: (r.topic, r.broker or "", r.queue_id, r.start))
+
+
+def queue_key(broker: str | None, queue_id: int) -> str:
+    """A queue in an offset map: its id ("3") for one node, "<brokerName>:<id>" in a cluster."""
+    return str(queue_id) if broker is None else f"{broker}:{queue_id}"
+
+
+def queue_of(key) -> tuple[str | None, int]:
+    """(broker group or None, queue id) of a `queue_key` (or a plain id)."""
+    broker, _, queue_id = str(key).rpartition(":")
+    return broker or None, int(queue_id)

@@ -144,7 +144,8 @@ def arrow_schema(spark_schema) -> pa.Schema:
 
 
 async def read_range(consumer: AsyncPullConsumer, topic: str, queue_id: int, start: int, end: int, *,
-                     subscription: str = "*", fail_on_data_loss: bool = True, step: int = PULL_STEP):
+                     subscription: str = "*", fail_on_data_loss: bool = True, step: int = PULL_STEP,
+                     broker: str | None = None):
     """Yield pull replies' records (raw bytes) covering queue offsets [start, end), in order, with
     IN_FLIGHT pulls ahead of the one being read (each asks for the next `step` offsets, which
     should be what the node answers at most, its maxTransferCountOnMessageInMemory; a
@@ -156,7 +157,7 @@ async def read_range(consumer: AsyncPullConsumer, topic: str, queue_id: int, sta
 
     def issue(at: int) -> None:
         pending[at] = asyncio.ensure_future(consumer.pull_raw(topic, queue_id, at, max_count=min(step, end - at),
-                                                              subscription=subscription))
+                                                              subscription=subscription, broker=broker))
     try:
         while cursor < end:
             next_issue = max(next_issue, cursor)
@@ -187,22 +188,22 @@ async def read_range(consumer: AsyncPullConsumer, topic: str, queue_id: int, sta
             task.cancel()
 
 
-def read_batches(endpoint: str, topic: str, queue_id: int, start: int, end: int, *, subscription: str = "*",
+def read_batches(endpoint: str | None, topic: str, queue_id: int, start: int, end: int, *, subscription: str = "*",
                  fail_on_data_loss: bool = True, timeout: float = 10.0, rows: int = 4096,
                  schema: pa.Schema = ARROW_SCHEMA, credentials: Credentials | None = None,
-                 step: int = PULL_STEP) -> Iterator[pa.RecordBatch]:
+                 step: int = PULL_STEP, namesrv=None, broker: str | None = None) -> Iterator[pa.RecordBatch]:
     """`read_range` as Arrow record batches of about `rows` rows, on a private event loop, one
-    batch in memory at a time."""
+    batch in memory at a time. A cluster's queue: `namesrv` and the queue's `broker` group."""
     loop = aio.new_event_loop()
 
     async def opened() -> AsyncPullConsumer:
-        consumer = AsyncPullConsumer(endpoint, timeout=timeout, credentials=credentials)
+        consumer = AsyncPullConsumer(endpoint, namesrv=namesrv, timeout=timeout, credentials=credentials)
         await consumer.start()
         return consumer
 
     consumer = loop.run_until_complete(opened())
     pulls = read_range(consumer, topic, queue_id, start, end, subscription=subscription,
-                       fail_on_data_loss=fail_on_data_loss, step=step)
+                       fail_on_data_loss=fail_on_data_loss, step=step, broker=broker)
     tags = None if subscription.strip() == "*" else frozenset(protocol.parse_subscription(subscription))
 
     async def next_chunk() -> list[bytes] | None:

@@ -21,12 +21,13 @@ class SendRefused(RuntimeError):
 
 def send_batches(options: dict, batches) -> int:
     get = {str(k).lower(): v for k, v in options.items()}.get
-    endpoint, default_topic = get("endpoint"), get("topic")
-    if not endpoint:
-        raise PipelineError("option `endpoint` is required")
+    endpoint, namesrv, default_topic = get("endpoint"), get("namesrv"), get("topic")
+    if bool(endpoint) == bool(namesrv):
+        raise PipelineError("option `endpoint` (one node) or `namesrv` (a cluster's name services) is required, not both")
     sent = 0
     timeout = float(get("timeout") or DEFAULT_TIMEOUT_S)
-    with Producer(endpoint, timeout=timeout, credentials=credentials_option(get)) as producer:
+    target = {"namesrv": namesrv} if namesrv else {"endpoint": endpoint}
+    with Producer(**target, timeout=timeout, credentials=credentials_option(get)) as producer:
         for batch in batches:
             columns = _columns(batch, default_topic)
             sent += _send_rows(producer, columns, default_topic, batch.num_rows)
@@ -38,7 +39,8 @@ def rows(options: dict, batches):
     get = {str(k).lower(): v for k, v in options.items()}.get
     default_topic = get("topic")
     if not get("endpoint"):
-        raise PipelineError("option `endpoint` is required")
+        raise PipelineError("option `endpoint` is required: a transactional write ends its halves on one node "
+                            "(`namesrv` is for plain writes)" if get("namesrv") else "option `endpoint` is required")
     for batch in batches:
         columns = _columns(batch, default_topic)
         column = lambda name: columns.get(name) or [None] * batch.num_rows  # noqa: E731

@@ -77,7 +77,8 @@ def _read(options: Options, schema, partition: RangePartition):
     r = partition.range
     yield from read_batches(options.endpoint, r.topic, r.queue_id, r.start, r.end, subscription=options.subscription,
                             fail_on_data_loss=options.fail_on_data_loss, timeout=options.timeout, schema=schema,
-                            credentials=options.credentials, step=options.pull_batch_size)
+                            credentials=options.credentials, step=options.pull_batch_size, namesrv=options.namesrv,
+                            broker=r.broker)
 
 
 @dataclass
@@ -162,7 +163,7 @@ class BatchReader(DataSourceReader):
             if o.fail_on_data_loss:
                 for topic, by_queue in starts.items():
                     for q, offset in by_queue.items():
-                        low = node.min_offset(topic, int(q))
+                        low = node.min_offset(topic, q)
                         if offset < low and ends[topic][q] > offset:
                             raise PipelineError(f"{topic}/{q}: startingOffsets {offset} was cleaned from the node "
                                                 f"(its first offset is {low}; failOnDataLoss=false skips it)")
@@ -205,8 +206,8 @@ class StreamReader(DataSourceStreamReader):
         base = {t: dict(by_queue) for t, by_queue in (start or {}).items()}
         for topic, ids in queues.items():  # queues the topic gained start at their first offset
             for q in ids:
-                if str(q) not in base.get(topic, {}):
-                    base.setdefault(topic, {})[str(q)] = node.min_offset(topic, q)
+                if q not in base.get(topic, {}):
+                    base.setdefault(topic, {})[q] = node.min_offset(topic, q)
         cap = getattr(limit, "max_rows", None) if limit is not None else o.max_offsets_per_trigger
         return _capped(base, latest, cap)
 

@@ -1,0 +1,122 @@
+"""The name service's route table (RocketMQ's RouteInfoManager) on a given clock, and the
+client's side of routes: TopicRoute, fault tolerance, queue selection."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.namesrv_core import EXPIRY_MS, RegistrationRefused, RouteTable
+from node.client.routes import FaultTolerance, MessageQueue, QueueSelector, TopicRoute
+
+
+def _register(table, name, address, broker_id=0, topics=None, now=0, cluster="C"):
+    header = {"brokerName": name, "clusterName": cluster, "brokerAddr": address, "brokerId": broker_id,
+              "haServerAddr": address + "-ha"}
+    table_ = {t: {"readQueueNums": q, "writeQueueNums": q, "perm": 6} for t, q in (topics or {}).items()}
+    return table.register(header, {"topicConfigSerializeWrapper": {"topicConfigTable": table_}}, now)
+
+
+def test_a_topic_over_two_groups_routes_to_both_with_their_addresses():
+    table = RouteTable()
+    _register(table, "a", "h1:10911", topics={"T": 8})
+    _register(table, "b", "h2:10911", topics={"T": 8, "U": 2})
+    reply = _register(table, "b", "h3:10911", broker_id=1, topics={"ignored": 1})  # a slave says nothing of topics
+    assert reply == {"masterAddr": "h2:10911", "haServerAddr": "h2:10911-ha"}
+    route = table.route("T")
+    assert [q["brokerName"] for q in route["queueDatas"]] == ["a", "b"]
+    assert route["brokerDatas"][1]["brokerAddrs"] == {"0": "h2:10911", "1": "h3:10911"}
+    assert table.route("ignored") is None and table.route("U")["queueDatas"][0]["writeQueueNums"] == 2
+    assert table.cluster_info()["clusterAddrTable"] == {"C": ["a", "b"]}
+    assert table.topics() == ["T", "U"]
+
+
+def test_a_master_registration_replaces_its_groups_topics():
+    table = RouteTable()
+    _register(table, "a", "h1:1", topics={"T": 8, "V": 1})
+    version = table.version
+    _register(table, "a", "h1:1", topics={"T": 8, "V": 1})  # the same: nothing changed
+    assert table.version == version
+    _register(table, "a", "h1:1", topics={"T": 4})
+    assert table.route("V") is None and table.route("T")["queueDatas"][0]["readQueueNums"] == 4
+    assert table.version > version
+
+
+def test_a_silent_address_leaves_after_the_expiry_and_an_empty_group_leaves_every_route():
+    table = RouteTable()
+    _register(table, "a", "h1:1", topics={"T": 8}, now=0)
+    _register(table, "a", "h2:1", broker_id=1, now=0)
+    _register(table, "a", "h1:1", topics={"T": 8}, now=EXPIRY_MS)  # the master keeps registering
+    assert table.expire(EXPIRY_MS + 1) == ["h2:1"]
+    assert table.route("T")["brokerDatas"][0]["brokerAddrs"] == {"0": "h1:1"}
+    assert table.expire(2 * EXPIRY_MS + 1) == ["h1:1"]
+    assert table.route("T") is None and table.cluster_info()["brokerAddrTable"] == {}
+    assert table.cluster_info()["clusterAddrTable"] == {}
+
+
+def test_a_promoted_slave_becomes_its_groups_master_and_unregister_takes_an_address_out():
+    table = RouteTable()
+    _register(table, "b", "m:1", topics={"T": 8})
+    _register(table, "b", "s:1", broker_id=1)
+    _register(table, "b", "s:1", broker_id=0, topics={"T": 8})  # `admin role` promoted it
+    assert table.route("T")["brokerDatas"][0]["brokerAddrs"] == {"0": "s:1"}
+    assert table.unregister({"brokerAddr": "m:1"}) and not table.unregister({"brokerAddr": "nobody:1"})
+    assert table.route("T")["brokerDatas"][0]["brokerAddrs"] == {"0": "s:1"}
+
+
+def test_the_snapshot_restores_the_tables_heard_from_at_the_restore():
+    table = RouteTable()
+    _register(table, "a", "h1:1", topics={"T": 8}, now=0)
+    restored = RouteTable()
+    restored.restore(table.snapshot(), now_ms=10 * EXPIRY_MS)
+    assert restored.route("T") == table.route("T")
+    assert restored.expire(10 * EXPIRY_MS + 1) == []  # a restart does not expire what it had
+    assert restored.cluster_info()["clusterAddrTable"] == {"C": ["a"]}
+
+
+@pytest.mark.parametrize("header, problem", [
+    ({"brokerName": "a b"}, "brokerName"), ({"clusterName": ""}, "clusterName"), ({"brokerAddr": 5}, "brokerAddr"),
+    ({"brokerId": -1}, "brokerId"), ({"brokerId": True}, "brokerId"),
+])
+def test_malformed_registrations_are_refused_naming_the_field(header, problem):
+    table = RouteTable()
+    good = {"brokerName": "a", "clusterName": "C", "brokerAddr": "h:1", "brokerId": 0}
+    with pytest.raises(RegistrationRefused, match=problem):
+        table.register(good | header, None, 0)
+    with pytest.raises(RegistrationRefused, match="writeQueueNums"):
+        table.register(good, {"topicConfigSerializeWrapper": {"topicConfigTable": {"T": {"readQueueNums": 1,
+                                                                                         "writeQueueNums": "x"}}}}, 0)
+    assert table.cluster_info()["brokerAddrTable"] == {}
+
+
+def _route() -> TopicRoute:
+    return TopicRoute("T", {"queueDatas": [{"brokerName": "a", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6},
+                                           {"brokerName": "b", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6},
+                                           {"brokerName": "c", "readQueueNums": 1, "writeQueueNums": 1, "perm": 4}],
+                            "brokerDatas": [{"brokerName": "a", "brokerAddrs": {"0": "h1:1"}},
+                                            {"brokerName": "b", "brokerAddrs": {"0": "h2:1", "1": "h3:1"}},
+                                            {"brokerName": "c", "brokerAddrs": {"0": "ipc:///x"}}]})
+
+
+def test_a_route_lists_writable_and_readable_queues_and_masters_as_endpoints():
+    route = _route()
+    assert route.write == [MessageQueue("a", "T", 0), MessageQueue("a", "T", 1), MessageQueue("b", "T", 0),
+                           MessageQueue("b", "T", 1)]  # c is read-only
+    assert MessageQueue("c", "T", 0) in route.read and len(route.read) == 5
+    assert route.master("a") == "tcp://h1:1" and route.master("c") == "ipc:///x" and route.master("z") is None
+
+
+def test_sends_go_round_robin_and_pass_over_a_failed_or_slow_group_until_its_time_is_up():
+    now = [0.0]
+    faults = FaultTolerance(isolation_s=30, clock=lambda: now[0])
+    selector, route = QueueSelector(faults), _route()
+    assert [selector.select(route).broker for _ in range(4)] == ["a", "a", "b", "b"]
+    faults.update("a", 5.0, failed=True)
+    assert {selector.select(route).broker for _ in range(8)} == {"b"}
+    assert selector.select(route, avoid="b").broker == "a"  # every other one is held out: any but the one left
+    now[0] = 31.0
+    assert {selector.select(route).broker for _ in range(8)} == {"a", "b"}
+    faults.update("b", 600.0, failed=False)  # slow: RocketMQ's table holds it out 30 s
+    assert {selector.select(route).broker for _ in range(8)} == {"a"}
+    now[0] = 62.0
+    faults.update("b", 1.0, failed=False)
+    assert faults.available("b") and "b" not in faults.until

@@ -1,6 +1,6 @@
 """register: the node's registrations with its name services (RocketMQ's BrokerOuterAPI.registerBrokerAll).
 
-Every `registerNameServerPeriod` ms, and within a second of its topic table changing (the front
+Every `registerNameServerPeriod` ms, and within a second of its role or its topic table changing (the front
 persists `config/topics.json`, RocketMQ's TopicConfigSerializeWrapper: the table and its data
 version, sent as they are), the node sends REGISTER_BROKER to each name service of
 `namesrvAddr`: its group (`brokerName`, `brokerClusterName`), its client address, its HA
@@ -42,7 +42,7 @@ class Registrar(Actor):
         self.endpoints_ns = protocol.namesrv_endpoints(settings.namesrvAddr)
         self.topics_path = settings.root / "config" / "topics.json"
         self.sockets: list[zmq.Socket] = []
-        self.topics_version: tuple[int, int] | None = None
+        self.topics_version: tuple | None = None  # (the topic file's mtime and size, the role) last registered
         self.next_look = self.next_register = 0.0
         self.opaque = 0
         self.sent = self.answered = self.refused = 0
@@ -68,7 +68,7 @@ class Registrar(Actor):
         now = time.monotonic()
         if now >= self.next_look:
             self.next_look = now + LOOK_EVERY_S
-            version = self._topics_version()
+            version = (self._topics_version(), self.control.get("role"))  # a promotion registers at once too
             if version != self.topics_version:
                 self.topics_version = version
                 self.next_register = now  # RocketMQ registers at once after a topic change

@@ -216,7 +216,7 @@ def pid_file(conf: ClusterConf) -> Path:
 def run_up(conf: ClusterConf, ray_address: str | None, out=print) -> int:
     """`cluster up`: start every part, then serve until SIGINT/SIGTERM (`cluster down`)."""
     if pid_file(conf).exists() and _alive(int(pid_file(conf).read_text() or 0)):
-        out(f"mqnode cluster up: cluster {conf.name} runs already (pid file {pid_file(conf)})", file=sys.stderr)
+        print(f"mqnode cluster up: cluster {conf.name} runs already (pid file {pid_file(conf)})", file=sys.stderr)
         return 1
     cluster = Cluster(conf, ray_address, out)
     stopping = threading.Event()
@@ -242,17 +242,17 @@ def run_down(conf: ClusterConf, timeout: float = 120.0, out=print) -> int:
     try:
         pid = int(pid_file(conf).read_text())
     except (OSError, ValueError):
-        out(f"mqnode cluster down: cluster {conf.name} is not running (no {pid_file(conf)})", file=sys.stderr)
+        print(f"mqnode cluster down: cluster {conf.name} is not running (no {pid_file(conf)})", file=sys.stderr)
         return 1
     if not _alive(pid):
         pid_file(conf).unlink(missing_ok=True)
-        out(f"mqnode cluster down: cluster {conf.name} is not running", file=sys.stderr)
+        print(f"mqnode cluster down: cluster {conf.name} is not running", file=sys.stderr)
         return 1
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while _alive(pid):
         if time.monotonic() > deadline:
-            out(f"mqnode cluster down: pid {pid} still runs after {timeout:.0f} s", file=sys.stderr)
+            print(f"mqnode cluster down: pid {pid} still runs after {timeout:.0f} s", file=sys.stderr)
             return 1
         time.sleep(0.2)
     out(f"mqnode cluster down: cluster {conf.name} stopped", flush=True)

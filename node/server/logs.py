@@ -140,6 +140,16 @@ class LogSink:
         self.sock.close()
 
 
+def own_stdout(label: str) -> tuple[logging.Logger, object]:
+    """For a launcher without a node's settings (`mqnode namesrv`, `mqnode cluster up`): its
+    logger on stderr, and stdout kept for its own lines while sys.stdout becomes ForeignLines."""
+    from shm import settings as settings_module
+
+    logger = configure(settings_module.Settings(), label, relay=False)
+    stdout, sys.stdout = sys.stdout, ForeignLines(logger)
+    return logger, stdout
+
+
 class ForeignLines(io.TextIOBase):
     """`sys.stdout` of a launcher that owns its process (`mqnode start`): what a library prints
     there becomes WARNING lines of the node's log on stderr, colour codes stripped, so stdout

@@ -107,7 +107,7 @@ def run(listen: str, directory: str | None, ray_address: str | None, out=print) 
     while not stopping.wait(1.0) and failure is None:
         failure = gone_for_good(handle)
     if failure:
-        out(f"mqnode namesrv failed: {failure}", file=sys.stderr, flush=True)
+        print(f"mqnode namesrv failed: {failure}", file=sys.stderr, flush=True)
     out("mqnode namesrv stopping", flush=True)
     stop(handle)
     if started:

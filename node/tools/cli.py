@@ -122,7 +122,13 @@ def cmd_start(args: argparse.Namespace) -> int:
 def cmd_namesrv(args: argparse.Namespace) -> int:
     from node.server import namesrv
 
-    return namesrv.run(namesrv.endpoint_of(args.listen), args.dir, args.ray_address)
+    import functools
+
+    from node.server import logs
+
+    _, stdout = logs.own_stdout("namesrv")  # (Ray's driver prints its raylets' news there)
+    return namesrv.run(namesrv.endpoint_of(args.listen), args.dir, args.ray_address,
+                       out=functools.partial(print, file=stdout))
 
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911"

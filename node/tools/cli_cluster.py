@@ -25,7 +25,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
     conf = cluster.load(args.conf)
     if args.action == "up":
-        return cluster.run_up(conf, args.ray_address)
+        import functools
+
+        from node.server import logs
+
+        _, stdout = logs.own_stdout("cluster")  # (Ray's driver prints its raylets' news there)
+        return cluster.run_up(conf, args.ray_address, out=functools.partial(print, file=stdout))
     if args.action == "down":
         return cluster.run_down(conf)
     print(orjson.dumps(cluster_status(conf.namesrv_addr), option=orjson.OPT_INDENT_2).decode())

@@ -1,0 +1,340 @@
+"""A cluster on a local Ray cluster of three raylets (Ray's cluster utilities): one name service and
+broker group a's master on the first, broker group b's SYNC_MASTER on the second, its slave on
+the third, all started by `mqnode cluster up --ray-address`. Clients find everything through
+`namesrv=`. The tests run in order on the one cluster: sends and consumption over both groups, a
+Spark read, the name service killed, a master killed (restarted where it was), a master's host
+lost and its slave promoted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+from nodes import ROOT, free_port
+
+from node.client import AsyncProducer, Producer, PullConsumer, SendError
+from node.client.push import CONSUME_SUCCESS, PushConsumer
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "ORDERS"
+MESSAGES = 100_000
+UP_TIMEOUT_S = 300
+
+
+class Up:
+    """The running cluster: its toml, its `up` process, the Ray cluster and what `ready` said."""
+
+    def __init__(self, directory: Path):
+        from ray.cluster_utils import Cluster
+
+        memory = 80 * 1024 * 1024
+        self.ray = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"hostA": 1},
+                                                                 "object_store_memory": memory})
+        self.host_b = self.ray.add_node(num_cpus=1, resources={"hostB": 1}, object_store_memory=memory)
+        self.host_c = self.ray.add_node(num_cpus=1, resources={"hostC": 1}, object_store_memory=memory)
+        self.directory = directory
+        ports = {name: free_port() for name in ("namesrv", "a", "b0", "b1")}
+        self.namesrv = f"127.0.0.1:{ports['namesrv']}"
+        self.listen = {name: f"tcp://127.0.0.1:{ports[name]}" for name in ("a", "b0", "b1")}
+        self.stores = {name: directory / name for name in ("a", "b0", "b1")}
+        ha = {name: free_port() for name in ("a", "b0", "b1")}
+        self.conf = directory / "cluster.toml"
+        self.conf.write_text(f"""
+[cluster]
+name = "TestCluster"
+runDir = "{directory / 'run'}"
+
+[defaults]
+topology = "compact"
+grpcServerPort = 0
+transientStorePoolEnable = false
+
+[[namesrv]]
+listen = "{self.namesrv}"
+rayNode = "hostA"
+
+[[node]]
+brokerName = "broker-a"
+store = "{self.stores['a']}"
+listen = "{self.listen['a']}"
+haListenPort = {ha['a']}
+rayNode = "hostA"
+
+[[node]]
+brokerName = "broker-b"
+store = "{self.stores['b0']}"
+listen = "{self.listen['b0']}"
+haListenPort = {ha['b0']}
+brokerRole = "SYNC_MASTER"
+rayNode = "hostB"
+
+[[node]]
+brokerName = "broker-b"
+store = "{self.stores['b1']}"
+listen = "{self.listen['b1']}"
+haListenPort = {ha['b1']}
+brokerRole = "SLAVE"
+brokerId = 1
+haMasterAddress = "127.0.0.1:{ha['b0']}"
+rayNode = "hostC"
+""")
+        self.log = open(directory / "up.log", "wb")
+        self.process = subprocess.Popen([sys.executable, "-m", "node.tools.cli", "cluster", "up", "--conf",
+                                         str(self.conf), "--ray-address", self.ray.address],
+                                        cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log)
+        self.ready: dict[str, str] = {}
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(line.decode() for line in self.process.stdout),
+                                  daemon=True)
+        reader.start()
+        deadline = time.monotonic() + UP_TIMEOUT_S
+        while not any(line.startswith("mqnode cluster ready name=") for line in lines):
+            assert self.process.poll() is None, f"cluster up exited: {lines}"
+            assert time.monotonic() < deadline, f"cluster up not ready: {lines}"
+            time.sleep(0.2)
+        for line in lines:
+            if line.startswith("mqnode cluster ready part="):
+                part = line.split()[3].removeprefix("part=")
+                self.ready[part] = line
+        self.lines = lines
+
+    def cli(self, *args: str, timeout: float = 60) -> str:
+        done = subprocess.run([sys.executable, "-m", "node.tools.cli", *args], cwd=ROOT, capture_output=True,
+                              timeout=timeout)
+        assert done.returncode == 0, done.stderr.decode()
+        return done.stdout.decode()
+
+    def status(self) -> dict:
+        return orjson.loads(self.cli("cluster", "status", "--conf", str(self.conf)))
+
+    def node_pids(self, name: str) -> list[int]:
+        """The node's launcher (the Ray actor that runs it) and its services."""
+        run = self.stores[name] / "run"
+        pids = [int(p.read_text()) for p in run.glob("*.pid")]
+        line = next(line for line in self.ready.values() if f"store={self.stores[name]} " in line)
+        launcher = int(line.split(" pid=")[1].split()[0])
+        return [launcher, *pids]
+
+    def down(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(120)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.log.close()
+        self.ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    cluster = Up(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def _wait(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):
+    assert set(up.ready) == {f"namesrv@{up.namesrv}", "broker-a/0", "broker-b/0", "broker-b/1"}
+    raylet_b = up.host_b.all_processes["raylet"][0].process.pid
+    raylet_c = up.host_c.all_processes["raylet"][0].process.pid
+    for pid in up.node_pids("b0"):
+        assert psutil.Process(pid).ppid() == raylet_b
+    for pid in up.node_pids("b1"):
+        assert psutil.Process(pid).ppid() == raylet_c
+    status = _wait(lambda: (s := up.status())["groups"].get("broker-b", {}).get("brokers", {}).get("1") and s,
+                   30, "the slave never registered")
+    assert status["clusters"] == {"TestCluster": ["broker-a", "broker-b"]}
+    b = status["groups"]["broker-b"]["brokers"]
+    assert b["0"]["role"] == "SYNC_MASTER" and b["1"]["role"] == "SLAVE"
+    assert b["0"]["health"] == b["1"]["health"] == status["groups"]["broker-a"]["brokers"]["0"]["health"] == "ok"
+    assert b["1"]["lagBytes"] == 0
+
+
+def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_takes_each_once(up):
+    created = orjson.loads(up.cli("admin", "topic", "create", "--namesrv", up.namesrv, "--topic", TOPIC, "--queues", "8"))
+    assert created == {"broker-a": {"status": "OK"}, "broker-b": {"status": "OK"}}
+    _wait(lambda: len(orjson.loads(up.cli("admin", "topics", "--namesrv", up.namesrv)).get(TOPIC, {})) == 2, 10,
+          "the name service never had the topic on both groups")
+    consumed: list[str] = []
+    lock = threading.Lock()
+
+    def listener(messages):
+        with lock:
+            consumed.extend(m.msg_id for m in messages)
+        return CONSUME_SUCCESS
+
+    members = []
+    for name in ("m1", "m2", "m3"):
+        member = PushConsumer(group="G3", namesrv=up.namesrv, instance_name=name,
+                              consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval=2)
+        member.subscribe(TOPIC)
+        member.register_listener(listener)
+        members.append(member.start())
+    try:
+        def shares():
+            held = [{tuple(q) for q in m.statistics()["queues"] if q[1] == TOPIC} for m in members]
+            return len(set().union(*held)) == 16 and sum(map(len, held)) == 16 and all(held)
+        _wait(shares, 60, "the three members never shared the 16 queues")
+        sent = asyncio.run(_send_all(up.namesrv, MESSAGES))
+        assert {r.broker for r in sent} == {"broker-a", "broker-b"}
+        assert len({(r.broker, r.queue_id) for r in sent}) == 16
+        _wait(lambda: len(consumed) >= MESSAGES, 180, f"consumed {len(consumed)} of {MESSAGES}")
+        time.sleep(1)  # (nothing more comes: each exactly once)
+        counts = Counter(consumed)
+        assert len(counts) == MESSAGES and max(counts.values()) == 1
+        assert set(counts) == {r.msg_id for r in sent}
+    finally:
+        for member in members:
+            member.shutdown()
+
+
+async def _send_all(namesrv: str, count: int, batch: int = 64, senders: int = 8):
+    async with AsyncProducer(namesrv=namesrv) as producer:
+        async def sender(n: int):
+            out = []
+            for _ in range(n):
+                out += await producer.send_batch(TOPIC, [os.urandom(100) for _ in range(batch)])
+            return out
+        per = count // (batch * senders)
+        results = sum(await asyncio.gather(*(sender(per) for _ in range(senders))), [])
+        rest = count - len(results)
+        while rest:
+            results += await producer.send_batch(TOPIC, [os.urandom(100) for _ in range(min(batch, rest))])
+            rest = count - len(results)
+        return results
+
+
+def test_a_spark_read_over_both_groups_returns_everything(up, spark):
+    frame = spark.read.format("mqnode").option("namesrv", up.namesrv).option("topic", TOPIC).load()
+    assert frame.count() == MESSAGES
+    assert frame.select("msgId").distinct().count() == MESSAGES
+    assert frame.rdd.getNumPartitions() == 16
+
+
+def _namesrv_pid(up) -> int:
+    return int((up.directory / "run" / "namesrv-0" / "namesrv.pid").read_text())
+
+
+def test_clients_keep_their_routes_while_the_name_service_restarts(up):
+    with Producer(namesrv=up.namesrv, timeout=2.0) as producer:
+        producer.send(TOPIC, b"before")  # (the route is known now)
+        old = _namesrv_pid(up)
+        os.kill(old, signal.SIGKILL)
+        for i in range(50):  # the name service is away: the routes kept still serve
+            assert producer.send(TOPIC, f"during {i}".encode()).status == "PUT_OK"
+        _wait(lambda: _namesrv_pid(up) != old, 60, "Ray never restarted the name service")
+        with PullConsumer(namesrv=up.namesrv) as consumer:  # a new client: its table came back from its file
+            queues = _wait(lambda: _queues(consumer), 30, "the restarted name service never answered")
+        assert {b for b, _ in queues} == {"broker-a", "broker-b"} and len(queues) == 16
+
+
+def _queues(consumer):
+    try:
+        return consumer.read_queues(TOPIC)
+    except SendError:
+        return None
+
+
+class Sending:
+    """Sends on a thread until stopped: (time, broker) of each acknowledged send, and the ids."""
+
+    def __init__(self, namesrv: str):
+        self.producer = Producer(namesrv=namesrv, timeout=1.0, isolation_s=60)
+        self.acked: list[tuple[float, str, str]] = []
+        self.failures = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        i = 0
+        while not self.stopping.is_set():
+            i += 1
+            try:
+                result = self.producer.send(TOPIC, f"m{i}".encode())
+                self.acked.append((time.monotonic(), result.broker, result.msg_id))
+            except SendError:
+                self.failures += 1
+            time.sleep(0.002)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(30)
+        self.producer.close()
+
+
+def _moved(sending: Sending, since: float, to: str) -> None:
+    """From 5 s after `since` on, sends are acknowledged, all by `to` (for at least 2 s)."""
+    _wait(lambda: any(t > since + 7 for t, _, _ in sending.acked), 30, "no send was acknowledged 7 s after the loss")
+    later = [b for t, b, _ in sending.acked if t > since + 5]
+    assert later and set(later) == {to}, Counter(later)
+
+
+def _everything(namesrv: str, group: str) -> set[str]:
+    with PullConsumer(namesrv=namesrv) as consumer:
+        return {m.msg_id for m in consumer.consume(TOPIC, group, start="first", idle_timeout=5)}
+
+
+def test_a_killed_master_sends_move_to_the_other_group_and_it_comes_back_where_it_was(up):
+    sending = Sending(up.namesrv)
+    try:
+        _wait(lambda: {b for _, b, _ in sending.acked} == {"broker-a", "broker-b"}, 20, "sends never reached both")
+        killed_at = time.monotonic()
+        for pid in up.node_pids("a"):
+            os.kill(pid, signal.SIGKILL)
+        _moved(sending, killed_at, "broker-b")
+        _wait(lambda: up.status()["groups"].get("broker-a", {}).get("brokers", {}).get("0", {}).get("health") == "ok",
+              120, "broker-a never came back")
+    finally:
+        sending.stop()
+    acked = {msg_id for _, _, msg_id in sending.acked}
+    assert acked <= _everything(up.namesrv, "after-kill")  # nothing acknowledged was lost
+
+
+def test_a_lost_masters_group_is_served_by_its_promoted_slave(up):
+    sending = Sending(up.namesrv)
+    try:
+        _wait(lambda: sum(1 for _, b, _ in sending.acked if b == "broker-b") > 50, 20, "no sends to broker-b")
+        lost_at = time.monotonic()
+        pids = up.node_pids("b0")
+        up.ray.remove_node(up.host_b, allow_graceful=False)  # its host is gone: nothing comes back there
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _moved(sending, lost_at, "broker-a")
+        up.cli("admin", "role", "--endpoint", up.listen["b1"], "--role", "ASYNC_MASTER")  # (its own slave is lost)
+        slave_address = up.listen["b1"].removeprefix("tcp://")
+        _wait(lambda: up.status()["groups"]["broker-b"]["brokers"].get("0", {}).get("address") == slave_address, 30,
+              "the promoted slave never registered as broker-b's master")
+    finally:
+        sending.stop()
+    acked = {msg_id for _, b, msg_id in sending.acked if b == "broker-b"}
+    assert acked and acked <= _everything(up.namesrv, "after-loss")  # SYNC_MASTER: each was on the slave too

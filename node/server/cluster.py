@@ -19,7 +19,9 @@ hard, so it comes back on the host of its store and file). A node's launcher is 
 (`NodeHost`, running node.server.launcher.Node): its services are its children, so a dead
 launcher takes them along and its restart is the node's restart, recovery first. A node whose
 service is gone for good exits the same way. A node whose Ray host is lost stays down until the
-host is back; its group's slave can be promoted meanwhile (`mqnode admin role`).
+host is back; its group's slave can be promoted meanwhile (`mqnode admin role`). A node that
+restarts asks the name services first (`role_now`): an old master whose slave was promoted comes
+back as the new master's slave (fenced), a promoted slave as a master.
 """
 
 from __future__ import annotations
@@ -125,6 +127,11 @@ class NodeHost:
 
         ray_setup.normal_priority()
         settings = settings_module.load(None, values)
+        changed = role_now(settings, _cluster_info(settings))
+        if changed:  # the group's master moved while this node was down (or it was promoted): follow the table
+            logging.getLogger("mqnode").warning("node %s/%s starts as %s (the name service's table): %s",
+                                                settings.brokerName, settings.brokerId, changed["brokerRole"], changed)
+            settings = dataclasses.replace(settings, **changed)
         self.lines: list[str] = []
         self.node = Node(settings, ray_address=ray_address or "auto", out=self._out)
         self.node.start()
@@ -153,6 +160,54 @@ class NodeHost:
     def stop(self) -> bool:
         self.node.stop()
         return True
+
+
+def role_now(settings, info: dict | None) -> dict:
+    """The settings a node of a cluster restarts with, when the name services' table (`info`,
+    GET_BROKER_CLUSTER_INFO's answer; None when none answered) says its group changed while it
+    was down: {} to start as configured.
+
+    A master whose group has another live master now (its slave was promoted by `admin role`)
+    comes back as that master's slave: its start fences what it wrote past their common history
+    (node.server.fencing), as docs/operations.md "Replication" asks of an old master. A slave
+    that the table names as its group's master (it was promoted, then restarted) comes back as
+    a master, with the role it registered."""
+    from actors.registrar import client_address
+
+    if not info:
+        return {}
+    group = (info.get("brokerAddrTable") or {}).get(settings.brokerName)
+    if not group:
+        return {}
+    addresses, live, own = group.get("brokerAddrs") or {}, info.get("brokerLiveTable") or {}, client_address(settings.listen)
+    master = addresses.get("0")
+    if not settings.is_slave and master and master != own and master in live:
+        ids = [int(k) for k, address in addresses.items() if address == own and k != "0"]
+        broker_id = ids[0] if ids else max([int(k) for k in addresses] + [settings.brokerId, 0]) + 1
+        return {"brokerRole": "SLAVE", "brokerId": broker_id, "haMasterAddress": live[master].get("haServerAddr", "")}
+    if settings.is_slave and master == own:
+        role = (live.get(own) or {}).get("role")
+        return {"brokerRole": role if role in ("ASYNC_MASTER", "SYNC_MASTER") else "ASYNC_MASTER", "brokerId": 0}
+    return {}
+
+
+def _cluster_info(settings) -> dict | None:
+    """GET_BROKER_CLUSTER_INFO from the first of the node's name services that answers."""
+    from node import protocol
+    from node.security import Credentials
+    from node.server.asker import NodeAsker
+
+    for endpoint in protocol.namesrv_endpoints(settings.namesrvAddr):
+        asker = NodeAsker(endpoint, Credentials(), timeout_ms=3000)
+        try:
+            reply = asker.ask({"code": protocol.GET_BROKER_CLUSTER_INFO})
+            if reply.get("status") == "OK":
+                return reply
+        except TimeoutError:
+            continue
+        finally:
+            asker.close()
+    return None
 
 
 class Cluster:

@@ -338,3 +338,12 @@ def test_a_lost_masters_group_is_served_by_its_promoted_slave(up):
         sending.stop()
     acked = {msg_id for _, b, msg_id in sending.acked if b == "broker-b"}
     assert acked and acked <= _everything(up.namesrv, "after-loss")  # SYNC_MASTER: each was on the slave too
+    # its host is back: Ray restarts the old master there, and it comes back as the new master's slave
+    up.host_b = up.ray.add_node(num_cpus=1, resources={"hostB": 1}, object_store_memory=80 * 1024 * 1024)
+    old_master = up.listen["b0"].removeprefix("tcp://")
+
+    def following() -> bool:
+        brokers = up.status()["groups"]["broker-b"]["brokers"]
+        slave = next((b for k, b in brokers.items() if k != "0" and b["address"] == old_master), {})
+        return slave.get("role") == "SLAVE" and slave.get("lagBytes") == 0
+    _wait(following, 180, "the old master never came back as the promoted slave's slave")

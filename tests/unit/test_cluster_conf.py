@@ -1,0 +1,90 @@
+"""The cluster's toml and the role a node of a cluster restarts with (node.server.cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+from node.server import cluster
+from shm import settings as settings_module
+from shm.settings import SettingsError
+
+TOML = """
+[cluster]
+name = "C1"
+runDir = "{run}"
+
+[defaults]
+topology = "compact"
+
+[[namesrv]]
+listen = "127.0.0.1:9876"
+
+[[namesrv]]
+listen = "tcp://127.0.0.1:9877"
+
+[[node]]
+brokerName = "broker-a"
+store = "{run}/a"
+listen = "tcp://127.0.0.1:10911"
+
+[[node]]
+brokerName = "broker-a"
+store = "{run}/a1"
+listen = "tcp://127.0.0.1:10921"
+brokerRole = "SLAVE"
+brokerId = 1
+haMasterAddress = "127.0.0.1:10912"
+"""
+
+
+def test_a_toml_declares_name_services_and_nodes_that_register_with_all_of_them(tmp_path):
+    path = tmp_path / "cluster.toml"
+    path.write_text(TOML.format(run=tmp_path))
+    conf = cluster.load(path)
+    assert conf.name == "C1" and conf.namesrv_addr == "127.0.0.1:9876;127.0.0.1:9877"
+    assert [n.label for n in conf.nodes] == ["broker-a/0", "broker-a/1"]
+    slave = conf.nodes[1].settings
+    assert slave.namesrvAddr == conf.namesrv_addr and slave.brokerClusterName == "C1"
+    assert slave.topology == "compact" and str(slave.root) == f"{tmp_path}/a1"
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda t: t.replace('[[namesrv]]\nlisten = "127.0.0.1:9876"\n\n[[namesrv]]\nlisten = "tcp://127.0.0.1:9877"', ""),
+     "namesrv"),
+    (lambda t: t.replace('brokerId = 1\n', 'brokerId = 0\n'), "brokerId"),
+    (lambda t: t.replace('store = "{run}/a1"\n', ""), "store"),
+    (lambda t: t.replace('topology = "compact"', 'topology = "sideways"'), "topology"),
+    (lambda t: t + "\n[[node", "cluster conf"),
+])
+def test_a_bad_toml_is_refused_naming_what(tmp_path, change, problem):
+    path = tmp_path / "cluster.toml"
+    path.write_text(change(TOML).format(run=tmp_path))
+    with pytest.raises(SettingsError, match=problem):
+        cluster.load(path)
+
+
+def _settings(**values):
+    return settings_module.load(None, {"namesrvAddr": "127.0.0.1:9876", "brokerName": "b", **values})
+
+
+def _info(addrs: dict, live: dict) -> dict:
+    return {"status": "OK", "brokerAddrTable": {"b": {"cluster": "C", "brokerName": "b", "brokerAddrs": addrs}},
+            "brokerLiveTable": live}
+
+
+def test_an_old_master_whose_slave_was_promoted_restarts_as_its_slave():
+    old = _settings(listen="tcp://127.0.0.1:10911")
+    info = _info({"0": "127.0.0.1:20911"}, {"127.0.0.1:20911": {"haServerAddr": "127.0.0.1:20912", "role": "ASYNC_MASTER"}})
+    assert cluster.role_now(old, info) == {"brokerRole": "SLAVE", "brokerId": 1, "haMasterAddress": "127.0.0.1:20912"}
+    assert cluster.role_now(old, _info({"0": "127.0.0.1:10911"}, {"127.0.0.1:10911": {}})) == {}  # still its own
+    assert cluster.role_now(old, _info({"0": "127.0.0.1:20911"}, {})) == {}  # a master not live: as configured
+    assert cluster.role_now(old, None) == {} and cluster.role_now(old, {"brokerAddrTable": {}}) == {}
+
+
+def test_a_promoted_slave_restarts_as_the_master_it_registered_as():
+    promoted = _settings(listen="tcp://127.0.0.1:20911", brokerRole="SLAVE", brokerId=1,
+                         haMasterAddress="127.0.0.1:10912")
+    info = _info({"0": "127.0.0.1:20911"}, {"127.0.0.1:20911": {"role": "SYNC_MASTER"}})
+    assert cluster.role_now(promoted, info) == {"brokerRole": "SYNC_MASTER", "brokerId": 0}
+    following = _info({"0": "127.0.0.1:10911", "1": "127.0.0.1:20911"}, {"127.0.0.1:10911": {}})
+    assert cluster.role_now(promoted, following) == {}

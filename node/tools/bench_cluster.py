@@ -6,7 +6,8 @@ groups of one master each, `--topology` compact by default: on a small host the 
 cores) and prints, in one run:
 - async batch sends (`--batch` 64 a batch, `--in-flight` 8) to one group's master through
   `endpoint=`, then over both groups through `namesrv=`, and their ratio (the issue's figure:
-  routing should cost nothing, >= 0.9);
+  routing should cost nothing, >= 0.9); and through `namesrv=` to a topic only that group holds
+  (routing's own cost, without two nodes sharing the cores);
 - each group's node CPU per message in the namesrv run, and what N hosts of C cores would reach
   from it (the clients' CPU not counted);
 - route lookups: a GET_ROUTEINFO_BY_TOPIC round trip to the name service (median, p99);
@@ -34,7 +35,8 @@ import psutil
 
 from node.tools.local_node import ROOT, free_port
 
-TOPIC = "BenchCluster"
+TOPIC = "BenchCluster"  # on both groups
+ONE_GROUP_TOPIC = "BenchClusterOne"  # on broker-a only: routing's own cost, the CPU not shared
 BODY = b"x" * 1024
 READY_TIMEOUT_S = 300
 
@@ -105,18 +107,18 @@ def cpu_seconds(processes: list[psutil.Process]) -> float:
     return total
 
 
-async def batches(target: dict, total: int, batch: int, in_flight: int) -> tuple[float, dict]:
+async def batches(target: dict, total: int, batch: int, in_flight: int, topic: str = TOPIC) -> tuple[float, dict]:
     """msgs/s of async batch sends, and how many each group stored."""
     from node.client import AsyncProducer
 
     async with AsyncProducer(**target, timeout=10.0) as producer:
-        await producer.send_batch(TOPIC, [BODY] * batch)  # (the route, once)
+        await producer.send_batch(topic, [BODY] * batch)  # (the route, once)
         per = total // (batch * in_flight)
         counts: dict[str, int] = {}
 
         async def sender() -> None:
             for _ in range(per):
-                results = await producer.send_batch(TOPIC, [BODY] * batch)
+                results = await producer.send_batch(topic, [BODY] * batch)
                 counts[results[0].broker] = counts.get(results[0].broker, 0) + len(results)
 
         began = time.perf_counter()
@@ -193,12 +195,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", "topic", "create", "--namesrv", cluster.namesrv,
                         "--topic", TOPIC, "--queues", "8"], cwd=ROOT, check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", "topic", "create", "--endpoint",
+                        cluster.listen["a"], "--topic", ONE_GROUP_TOPIC, "--queues", "8"], cwd=ROOT, check=True,
+                       capture_output=True)
         time.sleep(2)  # (each group registers the topic within a second)
         print(f"cluster up: two groups ({args.topology}), name service {cluster.namesrv}, {TOPIC} on both", flush=True)
-        one, over, per_message = [], [], {}
+        one, routed, over, per_message = [], [], [], {}
+        alone = []
         for _ in range(args.rounds):
-            rate, _ = asyncio.run(batches({"endpoint": cluster.listen["a"]}, args.count, args.batch, args.in_flight))
+            before = cpu_seconds(cluster.processes("a"))
+            rate, counts = asyncio.run(batches({"endpoint": cluster.listen["a"]}, args.count, args.batch,
+                                               args.in_flight, ONE_GROUP_TOPIC))
+            alone.append((cpu_seconds(cluster.processes("a")) - before) / sum(counts.values()) * 1e6)
             one.append(rate)
+            rate, _ = asyncio.run(batches({"namesrv": cluster.namesrv}, args.count, args.batch, args.in_flight,
+                                          ONE_GROUP_TOPIC))
+            routed.append(rate)
             before = {name: cpu_seconds(cluster.processes(name)) for name in ("a", "b")}
             rate, counts = asyncio.run(batches({"namesrv": cluster.namesrv}, args.count, args.batch, args.in_flight))
             over.append(rate)
@@ -207,16 +219,18 @@ def main(argv: list[str] | None = None) -> int:
                 if stored:
                     used = cpu_seconds(cluster.processes(name)) - before[name]
                     per_message.setdefault(name, []).append(used / stored * 1e6)
-            print(f"  one node (endpoint=) {one[-1]:,.0f} msgs/s   two groups (namesrv=) {over[-1]:,.0f} msgs/s   "
-                  f"stored {counts}", flush=True)
+            print(f"  one node (endpoint=) {one[-1]:,.0f} msgs/s   one group (namesrv=) {routed[-1]:,.0f} msgs/s   "
+                  f"two groups (namesrv=) {over[-1]:,.0f} msgs/s   stored {counts}", flush=True)
         ratio = statistics.median(over) / statistics.median(one)
         print(f"async batch sends: one node {statistics.median(one):,.0f} msgs/s, two groups through the name service "
               f"{statistics.median(over):,.0f} msgs/s: {ratio:.2f}x (target >= 0.9)")
-        cores = os.cpu_count() or 1
-        for name, values in sorted(per_message.items()):
-            us = statistics.median(values)
-            print(f"broker-{name}: node CPU {us:.2f} us a message -> one group on a host of {cores} cores "
-                  f"~{cores / us * 1e6:,.0f} msgs/s; N such hosts ~N x that")
+        print(f"routing alone: one group through the name service {statistics.median(routed):,.0f} msgs/s: "
+              f"{statistics.median(routed) / statistics.median(one):.2f}x of endpoint= to the same node")
+        cores, us = os.cpu_count() or 1, statistics.median(alone)
+        print(f"node CPU a message: alone {us:.2f} us; sharing the cores with the other group "
+              + ", ".join(f"broker-{n} {statistics.median(v):.2f} us" for n, v in sorted(per_message.items())))
+        print(f"  -> a group alone on a host of {cores} cores ~{cores / us * 1e6:,.0f} msgs/s (the clients elsewhere); "
+              f"N such hosts ~N x that")
         lookups = sorted(route_lookups(cluster.namesrv))
         print(f"route lookup (GET_ROUTEINFO_BY_TOPIC at the name service): median {statistics.median(lookups):.2f} ms, "
               f"p99 {lookups[int(len(lookups) * 0.99) - 1]:.2f} ms")

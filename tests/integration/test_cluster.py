@@ -44,8 +44,9 @@ class Up:
         self.host_b = self.ray.add_node(num_cpus=1, resources={"hostB": 1}, object_store_memory=memory)
         self.host_c = self.ray.add_node(num_cpus=1, resources={"hostC": 1}, object_store_memory=memory)
         self.directory = directory
-        ports = {name: free_port() for name in ("namesrv", "a", "b0", "b1")}
+        ports = {name: free_port() for name in ("namesrv", "namesrv2", "a", "b0", "b1")}
         self.namesrv = f"127.0.0.1:{ports['namesrv']}"
+        self.namesrv2 = f"127.0.0.1:{ports['namesrv2']}"  # a second: every node registers with both
         self.listen = {name: f"tcp://127.0.0.1:{ports[name]}" for name in ("a", "b0", "b1")}
         self.stores = {name: directory / name for name in ("a", "b0", "b1")}
         ha = {name: free_port() for name in ("a", "b0", "b1")}
@@ -63,6 +64,10 @@ transientStorePoolEnable = false
 [[namesrv]]
 listen = "{self.namesrv}"
 rayNode = "hostA"
+
+[[namesrv]]
+listen = "tcp://{self.namesrv2}"
+rayNode = "hostB"
 
 [[node]]
 brokerName = "broker-a"
@@ -160,7 +165,7 @@ def _wait(condition, timeout: float, what: str):
 
 
 def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):
-    assert set(up.ready) == {f"namesrv@{up.namesrv}", "broker-a/0", "broker-b/0", "broker-b/1"}
+    assert set(up.ready) == {f"namesrv@{up.namesrv}", f"namesrv@{up.namesrv2}", "broker-a/0", "broker-b/0", "broker-b/1"}
     raylet_b = up.host_b.all_processes["raylet"][0].process.pid
     raylet_c = up.host_c.all_processes["raylet"][0].process.pid
     for pid in up.node_pids("b0"):
@@ -174,6 +179,9 @@ def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):
     assert b["0"]["role"] == "SYNC_MASTER" and b["1"]["role"] == "SLAVE"
     assert b["0"]["health"] == b["1"]["health"] == status["groups"]["broker-a"]["brokers"]["0"]["health"] == "ok"
     assert b["1"]["lagBytes"] == 0
+    second = orjson.loads(up.cli("admin", "cluster", "--namesrv", up.namesrv2))  # every node registers with each
+    assert {name: sorted(g["brokers"]) for name, g in second["groups"].items()} == {"broker-a": ["0"],
+                                                                                   "broker-b": ["0", "1"]}
 
 
 def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_takes_each_once(up):
@@ -248,6 +256,8 @@ def test_clients_keep_their_routes_while_the_name_service_restarts(up):
         os.kill(old, signal.SIGKILL)
         for i in range(50):  # the name service is away: the routes kept still serve
             assert producer.send(TOPIC, f"during {i}".encode()).status == "PUT_OK"
+        with PullConsumer(namesrv=f"{up.namesrv};tcp://{up.namesrv2}") as consumer:  # one answers
+            assert len(_wait(lambda: _queues(consumer), 30, "neither name service answered")) == 16
         _wait(lambda: _namesrv_pid(up) != old, 60, "Ray never restarted the name service")
         with PullConsumer(namesrv=up.namesrv) as consumer:  # a new client: its table came back from its file
             queues = _wait(lambda: _queues(consumer), 30, "the restarted name service never answered")

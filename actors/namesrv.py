@@ -27,6 +27,7 @@ MAX_REQUESTS_PER_TURN = 512
 EXPIRE_EVERY_MS = 10_000  # RocketMQ's scanNotActiveBroker period
 PERSIST_EVERY_MS = 1_000
 TABLE_FILE = "namesrv.json"
+MAX_FRAME_BYTES = 64 * 1024 * 1024  # a registration of 100,000 topics is ~15 MiB
 
 
 def wall_ms() -> int:
@@ -54,6 +55,7 @@ class Namesrv:
     def run(self) -> None:
         self._restore()
         self.socket = socket(zmq.Context.instance(), zmq.ROUTER)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # (a larger frame drops its connection: never held)
         self.socket.bind(self.listen)
         self.ready.set()
         items = [(self.socket, zmq.POLLIN)]

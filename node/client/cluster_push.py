@@ -7,7 +7,8 @@ knows every member, and each rebalances that group's queues among them: every qu
 group has exactly one member, as with RocketMQ's allocation over the whole route (RocketMQ
 balances over all queues at once; per group, a member may hold one queue more of each).
 
-The routes of the subscribed topics are asked for again every `routes.ROUTE_REFRESH_S`: a group
+The routes of the subscribed topics are asked for again every `routes.ROUTE_REFRESH_S`, and a
+second after a member's pull failed: a group
 that appears gets a consumer; a group whose master changed (a slave promoted) gets a new one
 for the new master, the old one shut down (its offsets were committed at its last persist).
 A retried message goes back to the group it came from, as RocketMQ's send-back does.
@@ -40,6 +41,7 @@ class AsyncClusterPushConsumer:
         self.orderly = False
         self.members: dict[str, tuple[str, AsyncPushConsumer]] = {}  # brokerName -> (endpoint, its consumer)
         self.watcher: asyncio.Task | None = None
+        self.failed: asyncio.Event | None = None  # a member's pull failed: its group's route may have moved
         self.running = False
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
@@ -52,6 +54,7 @@ class AsyncClusterPushConsumer:
         if self.listener is None or not self.subscriptions:
             raise ValueError("subscribe() and register_listener() before start()")
         self.running = True
+        self.failed = asyncio.Event()
         await self._follow_routes()
         if not self.members:
             raise SendError("TOPIC_NOT_EXIST", f"no broker group holds {', '.join(sorted(self.subscriptions))}")
@@ -60,7 +63,10 @@ class AsyncClusterPushConsumer:
 
     async def _watch(self) -> None:
         while self.running:
-            await asyncio.sleep(routes.ROUTE_REFRESH_S)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.failed.wait(), routes.ROUTE_REFRESH_S)
+            await asyncio.sleep(routes.REFRESH_AFTER_FAILURE_S)  # (failures in a burst: one look)
+            self.failed.clear()
             with contextlib.suppress(SendError):
                 await self._follow_routes()
 
@@ -91,6 +97,7 @@ class AsyncClusterPushConsumer:
         for topic, expression in self.subscriptions.items():
             consumer.subscribe(topic, expression)
         consumer.register_listener(self.listener, orderly=self.orderly)
+        consumer.on_pull_failure = self.failed.set
         return await consumer.start()
 
     async def shutdown(self) -> None:

@@ -97,6 +97,7 @@ class AsyncPushConsumer(Orderly):
         # what the node says about its timeouts (HEART_BEAT's and LOCK_BATCH_MQ's replies) narrows these
         self.heartbeat_s = self.options.heartbeat_interval
         self.lock_renew_s, self.lock_valid_s = LOCK_RENEW_S, 1.5 * LOCK_RENEW_S
+        self.on_pull_failure: Callable[[], None] | None = None  # (a cluster's member: its routes asked again)
 
     # -- set-up ---------------------------------------------------------------------------------------
 
@@ -283,6 +284,8 @@ class AsyncPushConsumer(Orderly):
                 if commit is not None:
                     pq.committed = commit
             except SendError:
+                if self.on_pull_failure is not None:
+                    self.on_pull_failure()
                 await asyncio.sleep(PULL_ERROR_S)
                 continue
             if pq.dropped:

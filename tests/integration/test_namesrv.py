@@ -1,0 +1,85 @@
+"""The name service's shell on real sockets and files (in a thread: no Ray): what it answers to
+bad input, and its table across a restart (its file)."""
+
+from __future__ import annotations
+
+import threading
+
+import orjson
+import pytest
+import zmq
+
+from actors.namesrv import TABLE_FILE, Namesrv
+from node import protocol
+
+
+@pytest.fixture
+def serving(tmp_path):
+    started = []
+
+    def start() -> Namesrv:
+        service = Namesrv(f"ipc://{tmp_path}/ns", tmp_path / "table")
+        thread = threading.Thread(target=service.run, daemon=True)
+        thread.start()
+        assert service.ready.wait(10)
+        started.append((service, thread))
+        service.thread = thread
+        return service
+
+    yield start
+    for service, thread in started:
+        service.stop()
+        thread.join(10)
+
+
+def _ask(endpoint: str, frames: list[bytes]) -> dict:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart(frames)
+        assert sock.poll(5000), "no answer"
+        return orjson.loads(sock.recv_multipart()[0])
+    finally:
+        sock.close()
+
+
+REGISTRATION = {"code": protocol.REGISTER_BROKER, "brokerName": "broker-a", "clusterName": "C",
+                "brokerAddr": "127.0.0.1:10911", "brokerId": 0, "haServerAddr": "127.0.0.1:10912"}
+TOPICS = orjson.dumps({"topicConfigSerializeWrapper": {"topicConfigTable": {
+    "T": {"readQueueNums": 8, "writeQueueNums": 8, "perm": 6}}}})
+
+
+def test_bad_input_gets_a_status_and_the_service_goes_on(serving):
+    service = serving()
+    endpoint = service.listen
+    assert _ask(endpoint, [b"not json"])["status"] == "SYSTEM_ERROR"
+    assert _ask(endpoint, [b"[1]"])["status"] == "SYSTEM_ERROR"
+    assert _ask(endpoint, [orjson.dumps({"code": 10, "opaque": 3})]) | {} == {
+        "code": protocol.REQUEST_CODE_NOT_SUPPORTED, "opaque": 3, "status": "REQUEST_CODE_NOT_SUPPORTED",
+        "remark": "request code 10 is not one a name service serves"}
+    assert _ask(endpoint, [orjson.dumps(REGISTRATION), b"{not json"])["status"] == "INVALID_PARAMETER"
+    assert _ask(endpoint, [orjson.dumps(REGISTRATION), b"[]"])["status"] == "INVALID_PARAMETER"
+    assert _ask(endpoint, [orjson.dumps(REGISTRATION | {"brokerName": "../x"}), TOPICS])["status"] == "INVALID_PARAMETER"
+    assert _ask(endpoint, [orjson.dumps({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": ["T"]})])["status"] == \
+        "TOPIC_NOT_EXIST"
+    assert _ask(endpoint, [orjson.dumps(REGISTRATION), TOPICS])["status"] == "OK"
+    route = _ask(endpoint, [orjson.dumps({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": "T"})])
+    assert route["brokerDatas"] == [{"cluster": "C", "brokerName": "broker-a", "brokerAddrs": {"0": "127.0.0.1:10911"}}]
+    assert service.statistics()["refused"] == 5
+
+
+def test_the_table_survives_a_restart_through_its_file(serving, tmp_path):
+    first = serving()
+    assert _ask(first.listen, [orjson.dumps(REGISTRATION), TOPICS])["status"] == "OK"
+    first.stop()
+    first.thread.join(10)
+    assert (tmp_path / "table" / TABLE_FILE).exists()
+    second = serving()  # (the first's loop wrote its file as it stopped)
+    info = _ask(second.listen, [orjson.dumps({"code": protocol.GET_BROKER_CLUSTER_INFO})])
+    assert info["clusterAddrTable"] == {"C": ["broker-a"]}
+    assert _ask(second.listen, [orjson.dumps({"code": protocol.GET_ALL_TOPIC_LIST_FROM_NAMESERVER})])["topicList"] == ["T"]
+    assert _ask(second.listen, [orjson.dumps({"code": protocol.UNREGISTER_BROKER,
+                                              "brokerAddr": "127.0.0.1:10911"})])["status"] == "OK"
+    assert _ask(second.listen, [orjson.dumps({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": "T"})])["status"] == \
+        "TOPIC_NOT_EXIST"

@@ -258,7 +258,9 @@ def cmd_admin(args: argparse.Namespace) -> int:
     # a manual clean takes up to 20 passes of 10 files with a pause between files
     timeout = args.timeout if args.timeout is not None else 120.0 if args.what == "clean" else 5.0
     if args.namesrv or args.what == "cluster":
-        return _admin_cluster(args)
+        from node.tools.cli_cluster import admin
+
+        return admin(args)
     with Producer(args.endpoint, timeout=timeout, retries=0) as client:
         try:
             if args.what == "stats":
@@ -313,29 +315,6 @@ def cmd_admin(args: argparse.Namespace) -> int:
         return 1
     sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
-
-
-def _admin_cluster(args: argparse.Namespace) -> int:
-    """`admin cluster`, `admin topics` and `admin topic create|update` through the name services."""
-    from node import protocol
-    from node.tools import cli_cluster
-
-    if not args.namesrv:
-        raise SettingsError("admin cluster needs --namesrv")
-    if args.what == "cluster":
-        reply, shown = cli_cluster.admin_cluster(args)
-    elif args.what == "topics":
-        reply, shown = cli_cluster.topics_of_cluster(args)
-    elif args.what == "topic" and args.action in ("create", "update"):
-        if not args.topic:
-            raise SettingsError(f"admin topic {args.action} needs --topic")
-        reply, shown = cli_cluster.update_topic_everywhere(args, _given(
-            {"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": args.topic}, readQueueNums=args.read_queues or args.queues,
-            writeQueueNums=args.write_queues or args.queues, perm=args.perm))
-    else:
-        raise SettingsError(f"admin {args.what} {args.action or ''} asks one node: --endpoint, not --namesrv")
-    sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
-    return 0 if reply is None or reply.get("status") == "OK" else 1
 
 
 def _admin_change(client, args: argparse.Namespace) -> tuple[dict, object]:

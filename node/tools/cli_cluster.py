@@ -33,7 +33,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         return cluster.run_up(conf, args.ray_address, out=functools.partial(print, file=stdout))
     if args.action == "down":
         return cluster.run_down(conf)
-    print(orjson.dumps(cluster_status(conf.namesrv_addr), option=orjson.OPT_INDENT_2).decode())
+    try:
+        status = cluster_status(conf.namesrv_addr)
+    except TimeoutError as e:
+        print(f"mqnode cluster status: no name service of {conf.namesrv_addr} answered ({e})", file=sys.stderr)
+        return 1
+    print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode())
     return 0
 
 
@@ -146,3 +151,34 @@ def update_topic_everywhere(args: argparse.Namespace, header: dict):
     if not results:
         print("mqnode admin: the name service knows no broker group", file=sys.stderr)
     return {"status": "OK" if results and not failed else "SYSTEM_ERROR"}, results
+
+
+def admin(args: argparse.Namespace) -> int:
+    try:
+        return _admin(args)
+    except TimeoutError as e:
+        print(f"mqnode admin: no name service of {args.namesrv} answered ({e})", file=sys.stderr)
+        return 1
+
+
+def _admin(args: argparse.Namespace) -> int:
+    """`admin cluster`, `admin topics` and `admin topic create|update` through the name services."""
+    from node.tools.cli import _given
+    from shm.settings import SettingsError
+
+    if not args.namesrv:
+        raise SettingsError("admin cluster needs --namesrv")
+    if args.what == "cluster":
+        reply, shown = admin_cluster(args)
+    elif args.what == "topics":
+        reply, shown = topics_of_cluster(args)
+    elif args.what == "topic" and args.action in ("create", "update"):
+        if not args.topic:
+            raise SettingsError(f"admin topic {args.action} needs --topic")
+        reply, shown = update_topic_everywhere(args, _given(
+            {"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": args.topic}, readQueueNums=args.read_queues or args.queues,
+            writeQueueNums=args.write_queues or args.queues, perm=args.perm))
+    else:
+        raise SettingsError(f"admin {args.what} {args.action or ''} asks one node: --endpoint, not --namesrv")
+    sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0 if reply is None or reply.get("status") == "OK" else 1

@@ -47,11 +47,12 @@ class Message:
 
     def wire_properties_string(self, uniq_key: str) -> str:
         """`wire_properties` as the properties string; a plain message (no tags, keys, user
-        properties, delay or WAIT) skips the dict: batches are mostly such messages."""
-        if (self.properties or self.tags or self.keys or self.delay_level or not self.wait
-                or self.deliver_at_ms is not None or self.delay_ms is not None):
+        properties but its UNIQ_KEY, delay or WAIT) skips the dict: batches are mostly such messages."""
+        properties = self.properties
+        if ((properties and (len(properties) > 1 or PROPERTY_UNIQ_KEY not in properties)) or self.tags or self.keys
+                or self.delay_level or not self.wait or self.deliver_at_ms is not None or self.delay_ms is not None):
             return _props_string(self.wire_properties(uniq_key))
-        return f"{PROPERTY_UNIQ_KEY}\x01{uniq_key}"
+        return f"{PROPERTY_UNIQ_KEY}\x01{properties.get(PROPERTY_UNIQ_KEY, uniq_key) if properties else uniq_key}"
 
 
 def _props_string(props: dict[str, str]) -> str:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import threading
 import time
-import zlib
 from typing import NamedTuple
 
 import orjson
@@ -28,7 +28,9 @@ import zmq
 from node import protocol
 from node.client import aio, routes
 from node.client.connection import Connection
+from node.client.errors import SendError
 from node.client.message import Message
+from node.client.routes import shard_queue
 from node.client.uniq_keys import UniqKeys
 from node.security import Credentials
 from shm.codec import (
@@ -42,15 +44,6 @@ from shm.codec import (
 # started, or a CURVE handshake it refused: a plaintext client, a wrong server key, a client key
 # not in its allow-list)
 NOT_TAKEN = "the connection took no request: its send queue is full, or no connection to the node is up"
-
-
-class SendError(Exception):
-    """A send that failed for good: `status` is the node's status (or TIMEOUT)."""
-
-    def __init__(self, status: str, remark: str = ""):
-        super().__init__(f"{status}: {remark}" if remark else status)
-        self.status = status
-        self.remark = remark
 
 
 class SendResult(NamedTuple):
@@ -216,8 +209,9 @@ class AsyncProducer:
         # A plain message (most sends): no Message to build, its only properties the uniq key and a delay.
         body = _bytes(body)
         if self.cluster is not None:  # (the group's producer's future itself: no coroutine frame of its own)
+            uniq = self.keys.next()  # one id whichever group takes it: a send retried elsewhere keeps its msgId
             return await self._routed(topic, lambda client, queue: client._plain(topic, body, queue, delay_level,
-                                                                                 deliver_at_ms, delay_ms),
+                                                                                 deliver_at_ms, delay_ms, uniq),
                                       queue_id, shard_key, broker)
         queue = self._known_queue(topic, queue_id, shard_key)
         if queue is None:
@@ -227,10 +221,10 @@ class AsyncProducer:
         return await self._plain(topic, body, queue, delay_level, deliver_at_ms, delay_ms)
 
     def _plain(self, topic: str, body: bytes, queue: int, delay_level: int, deliver_at_ms: int | None,
-               delay_ms: int | None) -> asyncio.Future:
+               delay_ms: int | None, uniq: str | None = None) -> asyncio.Future:
         """A plain message's send, queued for the next SEND_MESSAGES frame: its future."""
         now_ms = int(time.time() * 1000)
-        props = {PROPERTY_UNIQ_KEY: self.keys.next(now_ms)}
+        props = {PROPERTY_UNIQ_KEY: uniq or self.keys.next(now_ms)}
         if delay_level:
             props[PROPERTY_DELAY] = str(delay_level)
         if deliver_at_ms is not None:
@@ -245,14 +239,22 @@ class AsyncProducer:
 
     async def _routed(self, topic: str, call, queue_id: int | None, shard_key: str | None, broker: str | None):
         """A send of a cluster's producer (node.client.routes.Cluster.send), its result naming its group."""
-        result, _ = await self.cluster.send(topic, call, retries=self.retries, queue_id=queue_id, broker=broker,
-                                            shard_key=shard_key)
-        return result
+        return await self.cluster.send(topic, call, retries=self.retries, queue_id=queue_id, broker=broker,
+                                       shard_key=shard_key)
+
+    def _keyed(self, message: Message, uniq: str | None = None) -> Message:
+        """`message` with its UNIQ_KEY fixed before a cluster's producer picks a group (a copy:
+        the caller's is left as it was), so a retry on another group sends the same msgId."""
+        if message.properties.get(PROPERTY_UNIQ_KEY):
+            return message
+        return dataclasses.replace(message, properties={**message.properties,
+                                                        PROPERTY_UNIQ_KEY: uniq or self.keys.next()})
 
     async def send_message(self, message: Message, *, queue_id: int | None = None,
                            shard_key: str | None = None, broker: str | None = None) -> SendResult:
         if self.cluster is not None:
-            return await self._routed(message.topic, lambda client, queue: client.send_message(message, queue_id=queue),
+            keyed = self._keyed(message)
+            return await self._routed(message.topic, lambda client, queue: client.send_message(keyed, queue_id=queue),
                                       queue_id, shard_key, broker)
         queue = self._known_queue(message.topic, queue_id, shard_key)
         if queue is None:
@@ -274,8 +276,10 @@ class AsyncProducer:
     async def send_oneway(self, topic: str, body: bytes | str, *, queue_id: int | None = None, **kwargs) -> None:
         """Fire and forget: no reply is sent or awaited."""
         if self.cluster is not None:
+            shard_key, broker = kwargs.pop("shard_key", None), kwargs.pop("broker", None)
+            kwargs["properties"] = {PROPERTY_UNIQ_KEY: self.keys.next(), **(kwargs.get("properties") or {})}
             await self._routed(topic, lambda client, queue: client.send_oneway(topic, body, queue_id=queue, **kwargs),
-                               queue_id, kwargs.pop("shard_key", None), kwargs.pop("broker", None))
+                               queue_id, shard_key, broker)
             return
         message = Message(topic, _bytes(body), kwargs.get("tags"), kwargs.get("keys"),
                           dict(kwargs.get("properties") or {}), kwargs.get("delay_level", 0),
@@ -293,8 +297,11 @@ class AsyncProducer:
         `properties`: the batch's own, stored after each message's (TRAN_MSG and PGROUP make it
         a batch of halves: node.pipeline.transactions)."""
         if self.cluster is not None:
+            fresh = iter(self.keys.next_many(len(messages)))  # (each message's id fixed before a group is picked)
+            keyed = [self._keyed(m, next(fresh)) if isinstance(m, Message)
+                     else Message(topic, _bytes(m), properties={PROPERTY_UNIQ_KEY: next(fresh)}) for m in messages]
             return await self._routed(topic, lambda client, queue: client.send_batch(
-                topic, messages, queue_id=queue, properties=properties), queue_id, shard_key, broker)
+                topic, keyed, queue_id=queue, properties=properties), queue_id, shard_key, broker)
         items = [m if isinstance(m, Message) else Message(topic, _bytes(m)) for m in messages]
         queue = await self._choose_queue(topic, queue_id, shard_key)
         fresh = iter(self.keys.next_many(sum(1 for m in items if not m.properties.get(PROPERTY_UNIQ_KEY))))
@@ -527,11 +534,6 @@ class Producer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def shard_queue(shard_key: str, count: int) -> int:
-    """Ordered sends: one key, one queue (the gRPC proxy places a FIFO message group by it too)."""
-    return zlib.crc32(shard_key.encode()) % count
 
 
 def backoff(attempt: int) -> float:

@@ -22,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from node import protocol
+from node.client.errors import SendError
 
 ROUTE_REFRESH_S = 30.0
 REFRESH_AFTER_FAILURE_S = 1.0  # a topic's route is asked again at most this often after failures
@@ -37,6 +39,11 @@ PERM_READ, PERM_WRITE = 4, 2
 # a group's failure, not the message's: the send goes to another group
 GROUP_FAILURES = frozenset({"TIMEOUT", "CLOSED", "SYSTEM_BUSY", "OS_PAGECACHE_BUSY", "SERVICE_NOT_AVAILABLE",
                             "SYSTEM_ERROR", "SLAVE_NOT_AVAILABLE"})
+
+
+def shard_queue(shard_key: str, count: int) -> int:
+    """Ordered sends: one key, one queue (the gRPC proxy places a FIFO message group by it too)."""
+    return zlib.crc32(shard_key.encode()) % count
 
 
 class MessageQueue(NamedTuple):
@@ -92,8 +99,6 @@ class NameServers:
         self.failures = 0
 
     async def ask(self, header: dict) -> dict:
-        from node.client.producer import SendError
-
         error: Exception | None = None
         for i in range(len(self.clients)):
             at = (self.current + i) % len(self.clients)
@@ -147,8 +152,6 @@ class Routes:
         """`of(topic)`, or for a topic no group holds yet the route of the groups that create
         topics on a first send (RocketMQ's TBW102, which such groups register), asked for again
         each second until the topic's own route exists."""
-        from node.client.producer import SendError
-
         route = self.table.get(topic)
         if route is not None and (topic not in self.provisional
                                   or self.clock() - self.fetched[topic] < REFRESH_AFTER_FAILURE_S):
@@ -167,8 +170,6 @@ class Routes:
         return route
 
     async def fetch(self, topic: str) -> TopicRoute:
-        from node.client.producer import SendError
-
         self.lookups += 1
         try:
             reply = await self.names.ask({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
@@ -190,8 +191,6 @@ class Routes:
             asyncio.ensure_future(self._quietly(topic))
 
     async def _quietly(self, topic: str) -> None:
-        from node.client.producer import SendError
-
         try:
             await self.fetch(topic)
         except SendError:
@@ -238,8 +237,6 @@ class QueueSelector:
         self.counters: dict[str, itertools.count] = {}
 
     def select(self, route: TopicRoute, avoid: str | None = None) -> MessageQueue:
-        from node.client.producer import SendError
-
         queues = route.write
         if not queues:
             raise SendError("TOPIC_NOT_EXIST", f"no broker group has a writable queue of topic {route.topic}")
@@ -263,13 +260,10 @@ class Groups:
         self.routes = routes
         self.make = make
         self.clients: dict[str, tuple[str, object]] = {}  # brokerName -> (endpoint, client)
-        self.retired: list[object] = []
 
     async def client(self, topic: str, broker: str):
         """The client of `broker`'s master for `topic`'s route. SendError when the group has no
         master in the route (gone, or its slave not promoted yet)."""
-        from node.client.producer import SendError
-
         route = await self.routes.of(topic)
         endpoint = route.master(broker)
         if endpoint is None:
@@ -280,20 +274,16 @@ class Groups:
         held = self.clients.get(broker)
         if held is not None and held[0] == endpoint:
             return held[1]
-        if held is not None:
-            self.retired.append(held[1])  # (its requests in flight end; closed with the rest)
+        if held is not None:  # the group's master moved: what waits on the old one fails now (CLOSED), and is sent again
+            asyncio.ensure_future(held[1].close())
         client = self.make(broker, endpoint)
         self.clients[broker] = (endpoint, client)
         return client
 
-    def all(self) -> list:
-        return [client for _, client in self.clients.values()]
-
     async def close(self) -> None:
-        for client in [*self.all(), *self.retired]:
+        for _, client in self.clients.values():
             await client.close()
         self.clients.clear()
-        self.retired.clear()
 
 
 class Cluster:
@@ -319,10 +309,8 @@ class Cluster:
     async def send(self, topic: str, call: Callable[[object, int], Awaitable], *, retries: int,
                    queue_id: int | None = None, broker: str | None = None, shard_key: str | None = None):
         """`call(group's client, queue id)` for a queue of `topic` chosen as the module's docstring
-        says, and `(result, queue)`. A queue named (`queue_id`, with `broker` when several groups
+        says: its result. A queue named (`queue_id`, with `broker` when several groups
         hold the topic) or a shard key's (one key, one queue: ordered) is not left for another."""
-        from node.client.producer import SendError, shard_queue
-
         route = self.routes.table.get(topic)
         if route is None or topic in self.routes.provisional:
             route = await self.routes.for_send(topic)
@@ -330,9 +318,8 @@ class Cluster:
         for attempt in range(retries + 1):
             if queue_id is not None:
                 queue = self._named(route, broker, queue_id)
-            elif shard_key is not None:
-                queue = route.write[shard_queue(shard_key, len(route.write))] if route.write else \
-                    self.selector.select(route)
+            elif shard_key is not None and route.write:
+                queue = route.write[shard_queue(shard_key, len(route.write))]
             else:
                 queue = self.selector.select(route, avoid)
             client = self.groups.of(queue.broker, route.master(queue.broker))
@@ -352,13 +339,11 @@ class Cluster:
                 route = await self.routes.for_send(topic)
                 continue
             self.faults.update(queue.broker, (time.monotonic() - started) * 1000, False)
-            return result, queue
+            return result
         raise AssertionError("unreachable")
 
     @staticmethod
     def _named(route: TopicRoute, broker: str | None, queue_id: int) -> MessageQueue:
-        from node.client.producer import SendError
-
         brokers = [broker] if broker else sorted({q.broker for q in route.write})
         if len(brokers) != 1:
             raise SendError("MESSAGE_ILLEGAL", f"queue_id {queue_id} of topic {route.topic}: name its broker group "

@@ -22,16 +22,32 @@ import zmq
 from actors import config_files
 from actors.base import Actor, incoming, socket
 from node import protocol
-from shm.control_block import ROLE_CODES
+from shm.control_block import ROLE_CODES, ROLE_NAMES
 
 LOOK_EVERY_S = 1.0  # how often the topic table's file is looked at
 MAX_REPLIES_PER_TURN = 64
 DEFAULT_TOPIC = "TBW102"
 
 
-def client_address(listen: str) -> str:
+WILDCARDS = ("0.0.0.0", "::", "[::]", "*", "")
+
+
+def advertised(host: str, settings) -> str:
+    """The host others reach: a wildcard listener's is `brokerIP1` (as RocketMQ registers brokerIP1)."""
+    return settings.brokerIP1 if host in WILDCARDS else host
+
+
+def client_address(settings) -> str:
     """The address a route gives clients for this node: `host:port` for tcp (RocketMQ's form)."""
-    return listen[len("tcp://"):] if listen.startswith("tcp://") else listen
+    listen = settings.listen
+    if not listen.startswith("tcp://"):
+        return listen
+    host, _, port = listen[len("tcp://"):].rpartition(":")
+    return f"{advertised(host, settings)}:{port}"
+
+
+def ha_address(settings) -> str:
+    return f"{advertised(settings.haListenAddress, settings)}:{settings.ha_port}"
 
 
 class Registrar(Actor):
@@ -89,9 +105,9 @@ class Registrar(Actor):
         master = self.control.get("role") != ROLE_CODES["SLAVE"]
         wrapper = config_files.read(self.topics_path) or {}
         header = {"code": protocol.REGISTER_BROKER, "brokerName": s.brokerName, "clusterName": s.brokerClusterName,
-                  "brokerAddr": client_address(s.listen), "haServerAddr": f"{s.haListenAddress}:{s.ha_port}",
+                  "brokerAddr": client_address(s), "haServerAddr": ha_address(s),
                   "brokerId": 0 if master else max(s.brokerId, 1),
-                  "role": next(n for n, c in ROLE_CODES.items() if c == self.control.get("role")),
+                  "role": ROLE_NAMES.get(self.control.get("role"), "UNKNOWN"),
                   "maxOffset": self.control.get("written")}
         table = dict(wrapper.get("topicConfigTable") or {})
         if s.autoCreateTopicEnable:  # RocketMQ's TBW102: producers send a topic nobody has yet to the groups that create it
@@ -130,7 +146,7 @@ class Registrar(Actor):
         """Leave the routes at once (a stopping node), rather than 120 s later."""
         s = self.settings
         self._send_all({"code": protocol.UNREGISTER_BROKER, "brokerName": s.brokerName, "clusterName": s.brokerClusterName,
-                        "brokerAddr": client_address(s.listen), "brokerId": s.brokerId}, None)
+                        "brokerAddr": client_address(s), "brokerId": s.brokerId}, None)
         time.sleep(0.05)  # (the sockets' linger is 0: a moment for the frames to leave)
 
     def statistics(self) -> dict:

@@ -4,7 +4,8 @@ The same methods as one node's consumer, over every broker group of a topic's ro
 (node.client.routes): a queue is (broker group, queue id), so the methods that name a queue take
 `broker=` (needed only while several groups hold the topic); `read_queues` lists every group's;
 `consume` walks them all. Each group is read through a consumer of its own for the group's master
-as the route names it now (a pull redirected to a slave follows `suggestWhichBrokerId` there).
+as the route names it now, or a slave while the group has no master (a pull redirected to a slave
+follows `suggestWhichBrokerId` there).
 
 Pops go to the groups in turn: one that has messages answers, and only when none has any does a
 pop wait (`wait_ms`) at the next one. A popped message's receipt handle names its group,
@@ -57,7 +58,7 @@ class AsyncClusterConsumer(AsyncPullConsumer):
                 raise SendError("MESSAGE_ILLEGAL", f"topic {topic} is held by the broker groups {', '.join(names)}: "
                                                    f"name one (broker=)")
             broker = names[0]
-        return await self.cluster.groups.client(topic, broker)
+        return await self.cluster.groups.reader(topic, broker)
 
     async def _in(self, topic: str, broker: str | None, call):
         """`call(the group's consumer)`; a failure asks for the topic's route again soon."""

@@ -81,6 +81,12 @@ class TopicRoute:
         address = self.addresses.get(broker, {}).get(MASTER)
         return protocol.broker_endpoint(address) if address else None
 
+    def reader(self, broker: str) -> str | None:
+        """Where `broker`'s queues are read: its master, or while it has none (lost, its slave not
+        promoted yet) the slave of the lowest id, as RocketMQ's clients read (None: no address)."""
+        addresses = self.addresses.get(broker) or {}
+        return protocol.broker_endpoint(addresses[min(addresses)]) if addresses else None
+
 
 MASTER = 0
 DEFAULT_TOPIC = "TBW102"  # RocketMQ's: registered by the groups that create a topic on its first send
@@ -254,20 +260,20 @@ class QueueSelector:
 
 
 class Groups:
-    """One client per broker group, for the group's master as the route names it now."""
+    """One client per broker group, for the address the route names now (a producer's: the
+    master; a consumer's: the master, else a slave)."""
 
     def __init__(self, routes: Routes, make: Callable[[str, str], object]):
         self.routes = routes
         self.make = make
         self.clients: dict[str, tuple[str, object]] = {}  # brokerName -> (endpoint, client)
 
-    async def client(self, topic: str, broker: str):
-        """The client of `broker`'s master for `topic`'s route. SendError when the group has no
-        master in the route (gone, or its slave not promoted yet)."""
-        route = await self.routes.of(topic)
-        endpoint = route.master(broker)
+    async def reader(self, topic: str, broker: str):
+        """The client that reads `broker`'s queues of `topic` (TopicRoute.reader). SendError when
+        the route names no address of the group."""
+        endpoint = (await self.routes.of(topic)).reader(broker)
         if endpoint is None:
-            raise SendError("SERVICE_NOT_AVAILABLE", f"broker group {broker} has no master in topic {topic}'s route")
+            raise SendError("SERVICE_NOT_AVAILABLE", f"broker group {broker} has no address in topic {topic}'s route")
         return self.of(broker, endpoint)
 
     def of(self, broker: str, endpoint: str):

@@ -179,7 +179,7 @@ def role_now(settings, info: dict | None) -> dict:
     group = (info.get("brokerAddrTable") or {}).get(settings.brokerName)
     if not group:
         return {}
-    addresses, live, own = group.get("brokerAddrs") or {}, info.get("brokerLiveTable") or {}, client_address(settings.listen)
+    addresses, live, own = group.get("brokerAddrs") or {}, info.get("brokerLiveTable") or {}, client_address(settings)
     master = addresses.get("0")
     if not settings.is_slave and master and master != own and master in live:
         ids = [int(k) for k, address in addresses.items() if address == own and k != "0"]

@@ -103,6 +103,10 @@ def test_a_route_lists_writable_and_readable_queues_and_masters_as_endpoints():
                            MessageQueue("b", "T", 1)]  # c is read-only
     assert MessageQueue("c", "T", 0) in route.read and len(route.read) == 5
     assert route.master("a") == "tcp://h1:1" and route.master("c") == "ipc:///x" and route.master("z") is None
+    lost = TopicRoute("T", {"queueDatas": [{"brokerName": "b", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6}],
+                            "brokerDatas": [{"brokerName": "b", "brokerAddrs": {"2": "h4:1", "1": "h3:1"}}]})
+    assert lost.write == [] and len(lost.read) == 2  # no master: nothing to send to, its slaves still read
+    assert lost.reader("b") == "tcp://h3:1" and route.reader("b") == "tcp://h2:1" and lost.reader("z") is None
 
 
 def test_sends_go_round_robin_and_pass_over_a_failed_or_slow_group_until_its_time_is_up():

@@ -110,3 +110,16 @@ def read_statistics(info: dict) -> dict:
         for name in READ_COUNTERS:
             total[name] += stats.get(name, 0)
     return total
+
+
+def wait_until(predicate, timeout: float, what: str):
+    """`predicate()`'s first true value, asked every 0.1 s; AssertionError naming `what` after `timeout` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)

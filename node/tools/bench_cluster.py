@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psutil
 
-from node.tools.local_node import ROOT, free_port
+from node.tools.local_node import ROOT, ClusterProcess, free_port
 
 TOPIC = "BenchCluster"  # on both groups
 ONE_GROUP_TOPIC = "BenchClusterOne"  # on broker-a only: routing's own cost, the CPU not shared
@@ -67,33 +67,14 @@ grpcServerPort = 0
 [[namesrv]]
 listen = "{self.namesrv}"
 {nodes}""")
-        self.log = open(directory / "up.log", "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "node.tools.cli", "cluster", "up", "--conf",
-                                         str(self.conf)], cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log)
-        self.lines: list[str] = []
-        threading.Thread(target=lambda: self.lines.extend(line.decode() for line in self.process.stdout),
-                         daemon=True).start()
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not any(line.startswith("mqnode cluster ready name=") for line in self.lines):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"cluster up failed: {self.lines} (see {directory / 'up.log'})")
-            time.sleep(0.2)
+        self.up = ClusterProcess(self.conf, directory / "up.log").start(READY_TIMEOUT_S)
 
     def processes(self, name: str) -> list[psutil.Process]:
         """A group's node: its launcher (a Ray actor) and its services."""
-        store = self.directory / name
-        line = next(line for line in self.lines if f"store={store} " in line)
-        pids = [int(line.split(" pid=")[1].split()[0])]
-        pids += [int(p.read_text()) for p in (store / "run").glob("*.pid")]
-        return [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)]
+        return [psutil.Process(pid) for pid in self.up.node_pids(self.directory / name) if psutil.pid_exists(pid)]
 
     def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        self.log.close()
+        self.up.stop()
 
 
 def cpu_seconds(processes: list[psutil.Process]) -> float:

@@ -133,3 +133,51 @@ class NodeProcess:
         if strict:
             assert not alive, f"processes left behind: {[p.pid for p in alive]}"
         return code
+
+
+class ClusterProcess:
+    """`python -m node.tools.cli cluster up --conf ...` as a child process: its `ready` lines (part
+    -> line), the processes of each node (by its store), and its stop (SIGTERM: `cluster down`)."""
+
+    def __init__(self, conf: Path, log: Path, *, ray_address: str | None = None):
+        self.conf, self.log, self.ray_address = conf, log, ray_address
+        self.process: subprocess.Popen | None = None
+        self.lines: list[str] = []
+        self.ready: dict[str, str] = {}
+
+    def start(self, timeout: float = 300.0) -> ClusterProcess:
+        import threading
+
+        args = [sys.executable, "-m", "node.tools.cli", "cluster", "up", "--conf", str(self.conf)]
+        if self.ray_address:
+            args += ["--ray-address", self.ray_address]
+        with open(self.log, "ab") as err:
+            self.process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=err)
+        threading.Thread(target=lambda: self.lines.extend(line.decode() for line in self.process.stdout),
+                         daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not any(line.startswith("mqnode cluster ready name=") for line in self.lines):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"cluster up not ready: {self.lines} (see {self.log})")
+            time.sleep(0.2)
+        for line in self.lines:
+            if line.startswith("mqnode cluster ready part="):
+                self.ready[line.split()[3].removeprefix("part=")] = line
+        return self
+
+    def node_pids(self, store: Path) -> list[int]:
+        """The node on `store`: its launcher (the Ray actor that runs it, as `ready` said) and its
+        services (their pid files)."""
+        from node.server import cluster
+
+        part = next(p for p in cluster.load(self.conf).nodes if Path(p.settings.root) == Path(store))
+        line = next(line for line in self.ready.values() if f"store={store} " in line)
+        return [int(line.split(" pid=")[1].split()[0]), *(int(p.read_text()) for p in part.settings.run_dir.glob("*.pid"))]
+
+    def stop(self, timeout: float = 120.0) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()

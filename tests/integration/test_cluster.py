@@ -20,10 +20,12 @@ from pathlib import Path
 import orjson
 import psutil
 import pytest
+from helpers import wait_until
 from nodes import ROOT, free_port
 
 from node.client import AsyncProducer, Producer, PullConsumer, SendError
 from node.client.push import CONSUME_SUCCESS, PushConsumer
+from node.tools.local_node import ClusterProcess
 
 pytestmark = pytest.mark.slow
 
@@ -94,28 +96,8 @@ brokerId = 1
 haMasterAddress = "127.0.0.1:{ha['b0']}"
 rayNode = "hostC"
 """)
-        self.log = open(directory / "up.log", "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "node.tools.cli", "cluster", "up", "--conf",
-                                         str(self.conf), "--ray-address", self.ray.address],
-                                        cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log)
-        self.ready: dict[str, str] = {}
-        self._wait_ready()
-
-    def _wait_ready(self) -> None:
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(line.decode() for line in self.process.stdout),
-                                  daemon=True)
-        reader.start()
-        deadline = time.monotonic() + UP_TIMEOUT_S
-        while not any(line.startswith("mqnode cluster ready name=") for line in lines):
-            assert self.process.poll() is None, f"cluster up exited: {lines}"
-            assert time.monotonic() < deadline, f"cluster up not ready: {lines}"
-            time.sleep(0.2)
-        for line in lines:
-            if line.startswith("mqnode cluster ready part="):
-                part = line.split()[3].removeprefix("part=")
-                self.ready[part] = line
-        self.lines = lines
+        self.cluster = ClusterProcess(self.conf, directory / "up.log", ray_address=self.ray.address).start(UP_TIMEOUT_S)
+        self.ready = self.cluster.ready
 
     def cli(self, *args: str, timeout: float = 60) -> str:
         done = subprocess.run([sys.executable, "-m", "node.tools.cli", *args], cwd=ROOT, capture_output=True,
@@ -128,20 +110,10 @@ rayNode = "hostC"
 
     def node_pids(self, name: str) -> list[int]:
         """The node's launcher (the Ray actor that runs it) and its services."""
-        run = self.stores[name] / "run"
-        pids = [int(p.read_text()) for p in run.glob("*.pid")]
-        line = next(line for line in self.ready.values() if f"store={self.stores[name]} " in line)
-        launcher = int(line.split(" pid=")[1].split()[0])
-        return [launcher, *pids]
+        return self.cluster.node_pids(self.stores[name])
 
     def down(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(120)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self.log.close()
+        self.cluster.stop()
         self.ray.shutdown()
 
 
@@ -154,16 +126,6 @@ def up(tmp_path_factory):
         cluster.down()
 
 
-def _wait(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
 def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):
     assert set(up.ready) == {f"namesrv@{up.namesrv}", f"namesrv@{up.namesrv2}", "broker-a/0", "broker-b/0", "broker-b/1"}
     raylet_b = up.host_b.all_processes["raylet"][0].process.pid
@@ -172,7 +134,7 @@ def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):
         assert psutil.Process(pid).ppid() == raylet_b
     for pid in up.node_pids("b1"):
         assert psutil.Process(pid).ppid() == raylet_c
-    status = _wait(lambda: (s := up.status())["groups"].get("broker-b", {}).get("brokers", {}).get("1") and s,
+    status = wait_until(lambda: (s := up.status())["groups"].get("broker-b", {}).get("brokers", {}).get("1") and s,
                    30, "the slave never registered")
     assert status["clusters"] == {"TestCluster": ["broker-a", "broker-b"]}
     b = status["groups"]["broker-b"]["brokers"]
@@ -187,7 +149,7 @@ def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):
 def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_takes_each_once(up):
     created = orjson.loads(up.cli("admin", "topic", "create", "--namesrv", up.namesrv, "--topic", TOPIC, "--queues", "8"))
     assert created == {"broker-a": {"status": "OK"}, "broker-b": {"status": "OK"}}
-    _wait(lambda: len(orjson.loads(up.cli("admin", "topics", "--namesrv", up.namesrv)).get(TOPIC, {})) == 2, 10,
+    wait_until(lambda: len(orjson.loads(up.cli("admin", "topics", "--namesrv", up.namesrv)).get(TOPIC, {})) == 2, 10,
           "the name service never had the topic on both groups")
     consumed: list[str] = []
     lock = threading.Lock()
@@ -208,11 +170,11 @@ def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_t
         def shares():
             held = [{tuple(q) for q in m.statistics()["queues"] if q[1] == TOPIC} for m in members]
             return len(set().union(*held)) == 16 and sum(map(len, held)) == 16 and all(held)
-        _wait(shares, 60, "the three members never shared the 16 queues")
+        wait_until(shares, 60, "the three members never shared the 16 queues")
         sent = asyncio.run(_send_all(up.namesrv, MESSAGES))
         assert {r.broker for r in sent} == {"broker-a", "broker-b"}
         assert len({(r.broker, r.queue_id) for r in sent}) == 16
-        _wait(lambda: len(consumed) >= MESSAGES, 180, f"consumed {len(consumed)} of {MESSAGES}")
+        wait_until(lambda: len(consumed) >= MESSAGES, 180, f"consumed {len(consumed)} of {MESSAGES}")
         time.sleep(1)  # (nothing more comes: each exactly once)
         counts = Counter(consumed)
         assert len(counts) == MESSAGES and max(counts.values()) == 1
@@ -257,10 +219,10 @@ def test_clients_keep_their_routes_while_the_name_service_restarts(up):
         for i in range(50):  # the name service is away: the routes kept still serve
             assert producer.send(TOPIC, f"during {i}".encode()).status == "PUT_OK"
         with PullConsumer(namesrv=f"{up.namesrv};tcp://{up.namesrv2}") as consumer:  # one answers
-            assert len(_wait(lambda: _queues(consumer), 30, "neither name service answered")) == 16
-        _wait(lambda: _namesrv_pid(up) != old, 60, "Ray never restarted the name service")
+            assert len(wait_until(lambda: _queues(consumer), 30, "neither name service answered")) == 16
+        wait_until(lambda: _namesrv_pid(up) != old, 60, "Ray never restarted the name service")
         with PullConsumer(namesrv=up.namesrv) as consumer:  # a new client: its table came back from its file
-            queues = _wait(lambda: _queues(consumer), 30, "the restarted name service never answered")
+            queues = wait_until(lambda: _queues(consumer), 30, "the restarted name service never answered")
         assert {b for b, _ in queues} == {"broker-a", "broker-b"} and len(queues) == 16
 
 
@@ -301,7 +263,7 @@ class Sending:
 
 def _moved(sending: Sending, since: float, to: str) -> None:
     """From 5 s after `since` on, sends are acknowledged, all by `to` (for at least 2 s)."""
-    _wait(lambda: any(t > since + 7 for t, _, _ in sending.acked), 30, "no send was acknowledged 7 s after the loss")
+    wait_until(lambda: any(t > since + 7 for t, _, _ in sending.acked), 30, "no send was acknowledged 7 s after the loss")
     later = [b for t, b, _ in sending.acked if t > since + 5]
     assert later and set(later) == {to}, Counter(later)
 
@@ -314,12 +276,12 @@ def _everything(namesrv: str, group: str) -> set[str]:
 def test_a_killed_master_sends_move_to_the_other_group_and_it_comes_back_where_it_was(up):
     sending = Sending(up.namesrv)
     try:
-        _wait(lambda: {b for _, b, _ in sending.acked} == {"broker-a", "broker-b"}, 20, "sends never reached both")
+        wait_until(lambda: {b for _, b, _ in sending.acked} == {"broker-a", "broker-b"}, 20, "sends never reached both")
         killed_at = time.monotonic()
         for pid in up.node_pids("a"):
             os.kill(pid, signal.SIGKILL)
         _moved(sending, killed_at, "broker-b")
-        _wait(lambda: up.status()["groups"].get("broker-a", {}).get("brokers", {}).get("0", {}).get("health") == "ok",
+        wait_until(lambda: up.status()["groups"].get("broker-a", {}).get("brokers", {}).get("0", {}).get("health") == "ok",
               120, "broker-a never came back")
     finally:
         sending.stop()
@@ -330,7 +292,7 @@ def test_a_killed_master_sends_move_to_the_other_group_and_it_comes_back_where_i
 def test_a_lost_masters_group_is_served_by_its_promoted_slave(up):
     sending = Sending(up.namesrv)
     try:
-        _wait(lambda: sum(1 for _, b, _ in sending.acked if b == "broker-b") > 50, 20, "no sends to broker-b")
+        wait_until(lambda: sum(1 for _, b, _ in sending.acked if b == "broker-b") > 50, 20, "no sends to broker-b")
         lost_at = time.monotonic()
         pids = up.node_pids("b0")
         up.ray.remove_node(up.host_b, allow_graceful=False)  # its host is gone: nothing comes back there
@@ -342,7 +304,7 @@ def test_a_lost_masters_group_is_served_by_its_promoted_slave(up):
         _moved(sending, lost_at, "broker-a")
         up.cli("admin", "role", "--endpoint", up.listen["b1"], "--role", "ASYNC_MASTER")  # (its own slave is lost)
         slave_address = up.listen["b1"].removeprefix("tcp://")
-        _wait(lambda: up.status()["groups"]["broker-b"]["brokers"].get("0", {}).get("address") == slave_address, 30,
+        wait_until(lambda: up.status()["groups"]["broker-b"]["brokers"].get("0", {}).get("address") == slave_address, 30,
               "the promoted slave never registered as broker-b's master")
     finally:
         sending.stop()
@@ -356,4 +318,4 @@ def test_a_lost_masters_group_is_served_by_its_promoted_slave(up):
         brokers = up.status()["groups"]["broker-b"]["brokers"]
         slave = next((b for k, b in brokers.items() if k != "0" and b["address"] == old_master), {})
         return slave.get("role") == "SLAVE" and slave.get("lagBytes") == 0
-    _wait(following, 180, "the old master never came back as the promoted slave's slave")
+    wait_until(following, 180, "the old master never came back as the promoted slave's slave")

@@ -12,6 +12,7 @@ import time
 
 import orjson
 import pytest
+from helpers import wait_until
 from nodes import ROOT, NodeProcess, free_port, node_settings
 
 from node import protocol
@@ -63,16 +64,6 @@ def state(endpoint: str) -> dict:
         reply, _ = client.request({"code": protocol.GET_TRANSACTION_STATE})
     assert reply["status"] == "OK", reply
     return reply
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def end(endpoint: str, sent, group: str, outcome: int) -> dict:

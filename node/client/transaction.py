@@ -105,6 +105,8 @@ class AsyncTransactionProducer:
         return self
 
     async def close(self) -> None:
+        if self.checking:  # checks being answered: their ends leave before the connection closes
+            await asyncio.wait(list(self.checking), timeout=self.producer.timeout)
         if self.heartbeats is not None:
             self.heartbeats.cancel()
             self.heartbeats = None

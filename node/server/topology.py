@@ -1,7 +1,7 @@
 """The node's topology, declared as data: which services exist and which process hosts each.
 
 A *service* is one job of the node (route requests, encode sends, append, group commit, read,
-dispatch, allocate, clean, schedule, pop, transaction check), run by one shell (an actor class, `ACTOR_CLASSES`). A
+dispatch, allocate, clean, schedule, pop, transaction check), run by one shell (an actor class, `actor_class`). A
 *process* is a Ray actor hosting one or more shells: its `kind`'s, the `hosted` ones in the same
 loop and the `threads` ones each on a thread of its own (actors.host); every shell runs the same
 code whichever process hosts it (`build`). The launcher starts the processes
@@ -39,21 +39,6 @@ from dataclasses import dataclass
 
 from actors.base import Actor
 from actors.host import Host
-from actors.allocator import Allocator
-from actors.clean import Clean
-from actors.dispatcher import Dispatcher
-from actors.flush import Flush
-from actors.front import Front
-from actors.ha_client import HaClient
-from actors.ha_server import HaServer
-from actors.ingress import Ingress
-from actors.pop import Pop
-from actors.proxy.shell import Proxy
-from actors.pull import Pull
-from actors.registrar import Registrar
-from actors.schedule import Schedule
-from actors.transaction import Transaction
-from actors.writer import Writer
 from shm.settings import MAX_PULL_WORKERS
 
 # every service a node runs, and what it does
@@ -75,10 +60,48 @@ SERVICES = {
     "ha-client": "a slave's follower: appends its master's CommitLog byte for byte (the slave's CommitLog writer); promotion",
 }
 TOPOLOGIES = ("compact", "split")
-# the actor class of each process kind, for the launcher (Ray builds it in the process's worker)
-ACTOR_CLASSES = {"front": Front, "ingress": Ingress, "writer": Writer, "flush": Flush, "allocator": Allocator,
-                 "dispatcher": Dispatcher, "pull": Pull, "clean": Clean, "schedule": Schedule, "pop": Pop, "transaction": Transaction,
-                 "proxy": Proxy, "ha-server": HaServer, "ha-client": HaClient, "registrar": Registrar}
+KINDS = ("front", "ingress", "writer", "flush", "allocator", "dispatcher", "pull", "clean", "schedule", "pop",
+         "transaction", "proxy", "ha-server", "ha-client", "registrar")  # the shells' kinds (actor_class)
+
+
+def actor_class(kind: str) -> type[Actor]:
+    """The shell class of a process kind, imported here rather than at the top: Ray builds a
+    process's shells in its own worker, and a worker that imported every service's modules paid
+    ~0.25 s more CPU at each start and restart (13 processes a node: ~3 s of a 2-core start)."""
+    match kind:
+        case "front":
+            from actors.front import Front as shell
+        case "ingress":
+            from actors.ingress import Ingress as shell
+        case "writer":
+            from actors.writer import Writer as shell
+        case "flush":
+            from actors.flush import Flush as shell
+        case "allocator":
+            from actors.allocator import Allocator as shell
+        case "dispatcher":
+            from actors.dispatcher import Dispatcher as shell
+        case "pull":
+            from actors.pull import Pull as shell
+        case "clean":
+            from actors.clean import Clean as shell
+        case "schedule":
+            from actors.schedule import Schedule as shell
+        case "pop":
+            from actors.pop import Pop as shell
+        case "transaction":
+            from actors.transaction import Transaction as shell
+        case "proxy":
+            from actors.proxy.shell import Proxy as shell
+        case "ha-server":
+            from actors.ha_server import HaServer as shell
+        case "ha-client":
+            from actors.ha_client import HaClient as shell
+        case "registrar":
+            from actors.registrar import Registrar as shell
+        case _:
+            raise KeyError(f"no shell of kind {kind!r}")
+    return shell
 
 
 @dataclass(frozen=True)
@@ -158,7 +181,7 @@ def build(process: Process, settings, kwargs: dict[str, dict]) -> Actor:
     """The actor that runs `process`: its one shell, or a host of its shells. `kwargs` are each
     kind's constructor arguments (the write service's recovered state, the router's `hosts`)."""
     def shell(kind: str) -> Actor:
-        return ACTOR_CLASSES[kind](settings, **kwargs.get(kind, {}))
+        return actor_class(kind)(settings, **kwargs.get(kind, {}))
 
     members = [shell(kind) for kind in (process.kind, *process.hosted)]
     threads = [shell(kind) for kind in process.threads]

@@ -84,3 +84,19 @@ def test_only_shm_reads_storage_formats():
         if relative not in NOT_STORAGE and "struct.Struct(" in path.read_text():
             found.append(relative)
     assert found == [], found
+
+
+def test_the_client_package_names_load_on_use_and_every_one_resolves():
+    """`from node.client import Producer` as ever; the node's processes, which import only
+    `node.client.frames`, do not load the producers and consumers (node/client/__init__.py)."""
+    import pytest
+
+    import node.client as client
+
+    assert set(client.__all__) == set(client._HOMES)
+    assert all(getattr(client, name) is not None for name in client.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        client.Nope  # noqa: B018
+    loaded = subprocess.run([sys.executable, "-c", "import sys, node.client.frames; print(' '.join(sys.modules))"],
+                            cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    assert "node.client.producer" not in loaded and "node.client.consumer" not in loaded

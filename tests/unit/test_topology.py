@@ -138,3 +138,27 @@ def test_with_name_services_the_clean_process_hosts_the_registrations():
 def test_no_service_asks_which_topology_it_runs_in():
     for path in (ROOT / "actors").glob("**/*.py"):
         assert "topology" not in re.sub(r'""".*?"""|#.*', "", path.read_text(), flags=re.DOTALL), path.name
+
+
+def test_every_kind_has_a_shell_and_an_unknown_kind_is_refused():
+    from actors.base import Actor
+
+    assert all(issubclass(topology.actor_class(kind), Actor) for kind in topology.KINDS)
+    with pytest.raises(KeyError, match="no shell of kind 'nope'"):
+        topology.actor_class("nope")
+
+
+def test_a_process_imports_only_the_services_it_runs():
+    """Ray builds each process's shells in a fresh worker: the launcher's module (which the worker
+    loads for `ActorHost`) must not pull in every service nor the whole client (~0.25 s of CPU
+    at each of a node's 13 process starts and at every restart)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, node.server.launcher, node.server.topology as t; t.actor_class('flush'); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith(('actors.', 'node.client.')))))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.split())
+    assert "actors.flush" in loaded
+    assert not loaded & {"actors.front", "actors.pop", "actors.proxy.shell", "actors.schedule", "actors.transaction",
+                         "node.client.producer", "node.client.consumer"}, loaded

@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     if results["verify"] and not results["verify"]["ok"]:
         for line in verify.Verdict(results["verify"]["findings"]).lines():
             console.print(line, highlight=False)
-    console.print(f"results: {output}/report.html", highlight=False)
+    console.print(f"results: {output}/report.html", highlight=False, soft_wrap=True)  # (a path to copy: never wrapped)
     ok = not results["failures"] and (results["verify"] is None or results["verify"]["ok"])
     return 0 if ok else 1
 

@@ -298,6 +298,7 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         if not 0 < len(request.entries) <= core.MAX_RECEIVE_BATCH:
             raise Refused(Code.BAD_REQUEST, f"an ack carries 1 to {core.MAX_RECEIVE_BATCH} entries")
         given = [core.receipt_handle(entry.receipt_handle) for entry in request.entries]
+        await self._renewals_settled(given)
         handles = [self.proxy.renewals.current(handle) for handle in given]  # (renewed since: the latest)
         link = await self.proxy.link(call.account)
         reply, _ = await link.client.request({"code": protocol.BATCH_ACK_MESSAGE, "consumerGroup": group,
@@ -315,6 +316,15 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "the entries' results differ")
         return rpc.AckMessageResponse(status=top, entries=entries)
 
+    async def _renewals_settled(self, handles: list[str]) -> None:
+        """An ack or change of a handle whose renewal is on its way to the node waits for the
+        renewal's answer: the node takes only the latest handle, and that answer names it. (Sent
+        with the old one, the ack was refused as stale and the message came back: a FIFO message
+        consumed twice under load.)"""
+        task = self.proxy.renewing
+        if task is not None and not task.done() and not self.proxy.renewals.in_flight.isdisjoint(handles):
+            await asyncio.wait({task})
+
     @answering(rpc.ChangeInvisibleDurationResponse)
     async def ChangeInvisibleDuration(self, call: Call, request: rpc.ChangeInvisibleDurationRequest):
         group = core.group_name(request.group)
@@ -324,6 +334,7 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
             raise Refused(Code.ILLEGAL_INVISIBLE_TIME, f"invisible_duration must be 1 ms to "
                                                        f"{core.edge.INVISIBLE_MS_MAX} ms, not {invisible} ms")
         given = core.receipt_handle(request.receipt_handle)
+        await self._renewals_settled([given])
         handle = self.proxy.renewals.current(given)
         self.proxy.renewals.forget(given)  # (the client decides its time now: a push consumer's retry)
         link = await self.proxy.link(call.account)
@@ -341,6 +352,7 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         back to the DLQ (CONSUMER_SEND_MSG_BACK, level -1) and acknowledged."""
         group, topic = core.group_name(request.group), core.topic_name(request.topic)
         given = core.receipt_handle(request.receipt_handle)
+        await self._renewals_settled([given])
         handle = self.proxy.renewals.current(given)
         self.proxy.renewals.forget(given)
         where = core.handle_position(handle)

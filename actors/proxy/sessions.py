@@ -37,11 +37,14 @@ class Renewals:
     """The handles the proxy keeps invisible for push consumers, by the handle the client got.
     `due` says which to renew now; `renewed` records the node's new handle; `current` maps what a
     client acks or changes to the latest; `forget` ends one (acked, changed by the client, or
-    past renewMaxTimeMillis); `forget_client` all of a client's (it said it terminated)."""
+    past renewMaxTimeMillis); `forget_client` all of a client's (it said it terminated).
+    `in_flight` holds the handles whose renewal is on its way to the node: an ack or change of
+    one waits for its answer (the node takes only the latest handle, which that answer names)."""
 
     def __init__(self, ahead_ms: int, max_ms: int):
         self.ahead_ms, self.max_ms = ahead_ms, max_ms
         self.by_handle: dict[str, Renewal] = {}
+        self.in_flight: set[str] = set()  # (the client's handles, as by_handle's keys)
         self.renewed_count = self.expired = self.refused = 0
 
     def add(self, handle: str, group: str, account: str | None, client_id: str, visible_at_ms: int,

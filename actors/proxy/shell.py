@@ -122,13 +122,17 @@ class Proxy(Actor):
         due = self.renewals.due(wall_ms())
         for at in range(0, len(due), RENEW_BATCH):
             chunk = due[at: at + RENEW_BATCH]
-            results = await asyncio.gather(*(self._renew_one(original, renewal) for original, renewal in chunk),
-                                           return_exceptions=True)
-            for (original, _), result in zip(chunk, results):
-                if isinstance(result, tuple):
-                    self.renewals.renewed(original, *result)
-                else:  # (the handle no longer holds, the node is away: it comes back when its time runs out)
-                    self.renewals.forget(original)
+            self.renewals.in_flight.update(original for original, _ in chunk)
+            try:
+                results = await asyncio.gather(*(self._renew_one(original, renewal) for original, renewal in chunk),
+                                               return_exceptions=True)
+                for (original, _), result in zip(chunk, results):
+                    if isinstance(result, tuple):
+                        self.renewals.renewed(original, *result)
+                    else:  # (the handle no longer holds, the node is away: it comes back when its time runs out)
+                        self.renewals.forget(original)
+            finally:
+                self.renewals.in_flight.difference_update(original for original, _ in chunk)
 
     async def _renew_one(self, original: str, renewal) -> tuple[str, int]:
         slice_ms = self.settings.renewSliceTimeMillis

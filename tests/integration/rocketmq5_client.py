@@ -7,7 +7,8 @@ GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (the client takes no roots of its own).
 
     produce --topic T --count N [--tag X] [--keys K] [--message-group G] [--delay-ms D] [--async]
     simple  --topic T --group G --want N [--invisible S] [--mode ack|none|change:S] [--seconds W]
-    push    --topic T --group G --seconds W [--fail-first N] [--fail-all] [--sleep S]  (N: the first N tries of each message)
+    push    --topic T --group G --seconds W [--fail-first N] [--fail-all] [--sleep S] [--successes N]
+            (--fail-first N: the first N tries of each message; --successes N: done at N successes, within W)
     transaction --topic T --count N --end commit|rollback|none [--check-answer commit|rollback] [--seconds W]
             (a transactional Producer with a TransactionChecker: each message a half, then ended so; with
             --seconds it stays up that long answering the node's checks, a line per check)
@@ -99,9 +100,10 @@ def simple(args, config) -> None:
 
 
 class Listener(MessageListener):
-    def __init__(self, fail_first: int, fail_all: bool, sleep_s: float = 0.0):
+    def __init__(self, fail_first: int, fail_all: bool, sleep_s: float = 0.0, want: int = 0):
         self.fail_first, self.fail_all, self.sleep_s = fail_first, fail_all, sleep_s
         self.lock = threading.Lock()
+        self.want, self.successes, self.done = want, 0, threading.Event()
         self.tries: dict[str, int] = {}  # (a FIFO consumer retries in place: the delivery attempt stays)
 
     def consume(self, message) -> ConsumeResult:
@@ -109,15 +111,19 @@ class Listener(MessageListener):
             tries = self.tries[message.message_id] = self.tries.get(message.message_id, 0) + 1
             fail = self.fail_all or tries <= self.fail_first
             line(**received(message), result="FAILURE" if fail else "SUCCESS")
+            self.successes += not fail
+            if self.want and self.successes >= self.want:
+                self.done.set()
         return ConsumeResult.FAILURE if fail else ConsumeResult.SUCCESS
 
 
 def push(args, config) -> None:
-    consumer = PushConsumer(config, args.group, Listener(args.fail_first, args.fail_all, args.sleep),
+    listener = Listener(args.fail_first, args.fail_all, args.sleep, args.successes)
+    consumer = PushConsumer(config, args.group, listener,
                             {args.topic: FilterExpression(args.filter)}, consumption_thread_count=4, tls_enable=args.tls)
     consumer.startup()
     try:
-        time.sleep(args.seconds)
+        listener.done.wait(args.seconds)  # (without --successes: the whole time)
     finally:
         consumer.shutdown()
 
@@ -176,6 +182,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--fail-first", type=int, default=0)
     parser.add_argument("--fail-all", action="store_true")
+    parser.add_argument("--successes", type=int, default=0, help="push: stop at this many successes (0: run --seconds)")
     parser.add_argument("--sleep", type=float, default=0.0, help="push: seconds the listener takes a message")
     parser.add_argument("--end", choices=("commit", "rollback", "none"), default="commit")
     parser.add_argument("--check-answer", choices=("commit", "rollback", "unknown"), default="")

@@ -130,7 +130,9 @@ def test_a_full_disk_refuses_sends_and_takes_them_again_when_space_is_back(tmp_p
         pytest.skip("needs root to mount a small tmpfs")
     try:
         settings = node_settings(small / "store", runDir=str(tmp_path / "run"), cleanResourceInterval=200,
-                                 fileReservedTime=1000.0)  # nothing expires: only space matters
+                                 fileReservedTime=1000.0,  # nothing expires: only space matters
+                                 diskMaxUsedSpaceRatio=75, diskSpaceCleanForciblyRatio=0.85,
+                                 diskSpaceWarningLevelRatio=0.90)  # RocketMQ's, on a disk of its own
         node = NodeProcess(settings, tmp_path / "node.log").start()
         with Producer(node.endpoint, timeout=5.0, retries=0) as producer:
             producer.send("Full", b"before")

@@ -23,3 +23,16 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 def run(coroutine: Coroutine):
     """`asyncio.run` on the fastest loop available."""
     return uvloop.run(coroutine) if uvloop is not None else asyncio.run(coroutine)
+
+
+_DETACHED: set[asyncio.Task] = set()
+
+
+def detach(coroutine: Coroutine) -> asyncio.Task:
+    """Run `coroutine` on its own, answered by nobody: the loop keeps only a weak reference to a
+    task, so one nobody holds may be collected mid-way (asyncio's documentation); this set holds
+    it until it ends."""
+    task = asyncio.ensure_future(coroutine)
+    _DETACHED.add(task)
+    task.add_done_callback(_DETACHED.discard)
+    return task

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 from dataclasses import fields
 
-from node.client import routes
+from node.client import aio, routes
 from node.client.producer import AsyncProducer, SendError
 from node.client.push import AsyncPushConsumer, PushOptions
 
@@ -89,7 +89,7 @@ class AsyncClusterPushConsumer:
             if held is not None and held[0] == endpoint:
                 continue
             if held is not None:  # the group's master moved (a slave promoted): follow it there
-                asyncio.ensure_future(_quietly_shut(held[1]))
+                aio.detach(_quietly_shut(held[1]))
             self.members[broker] = (endpoint, await self._member(endpoint))
 
     async def _member(self, endpoint: str) -> AsyncPushConsumer:

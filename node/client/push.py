@@ -308,7 +308,7 @@ class AsyncPushConsumer(Orderly):
             pq.buffer.extend(messages)
             if not pq.consuming:
                 pq.consuming = True
-                asyncio.create_task(self._consume_orderly(pq))
+                aio.detach(self._consume_orderly(pq))
             return
         size = self.options.consume_message_batch_max_size
         future = asyncio.get_running_loop().run_in_executor(self.pool, self._call_concurrently, messages, size)
@@ -343,7 +343,7 @@ class AsyncPushConsumer(Orderly):
         if failed and self.options.message_model == BROADCASTING:
             pq.done(m.queue_offset for m in failed)  # broadcasting has no retry, as in RocketMQ: dropped, counted
         elif failed:
-            asyncio.ensure_future(self._hand_back(pq, failed))
+            aio.detach(self._hand_back(pq, failed))
 
     async def _hand_back(self, pq: ProcessQueue, messages: list[ReceivedMessage]) -> None:
         """RECONSUME_LATER: back to the node (then %RETRY%, later %DLQ%); if the node refuses,

@@ -9,6 +9,7 @@ import asyncio
 import time
 
 from node import protocol
+from node.client import aio
 from node.client.producer import SendError
 from node.client.push_state import LOCK_RENEW_S, SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT, ProcessQueue
 from node.client.received import ReceivedMessage
@@ -72,7 +73,7 @@ class Orderly:
             pq.consuming = False
             if pq.buffer and not pq.dropped and self.running:  # (arrived while we were leaving)
                 pq.consuming = True
-                asyncio.create_task(self._consume_orderly(pq))
+                aio.detach(self._consume_orderly(pq))
 
     def _call_orderly(self, batch: list[ReceivedMessage]) -> str:
         try:

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from node import protocol
+from node.client import aio
 from node.client.errors import SendError
 
 ROUTE_REFRESH_S = 30.0
@@ -194,7 +195,7 @@ class Routes:
         """A request for `topic` failed: its route is asked for again soon (in the background)."""
         if self.clock() - self.fetched.get(topic, 0.0) >= REFRESH_AFTER_FAILURE_S:
             self.fetched[topic] = self.clock()
-            asyncio.ensure_future(self._quietly(topic))
+            aio.detach(self._quietly(topic))
 
     async def _quietly(self, topic: str) -> None:
         try:
@@ -281,7 +282,7 @@ class Groups:
         if held is not None and held[0] == endpoint:
             return held[1]
         if held is not None:  # the group's master moved: what waits on the old one fails now (CLOSED), and is sent again
-            asyncio.ensure_future(held[1].close())
+            aio.detach(held[1].close())
         client = self.make(broker, endpoint)
         self.clients[broker] = (endpoint, client)
         return client

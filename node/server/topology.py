@@ -60,8 +60,6 @@ SERVICES = {
     "ha-client": "a slave's follower: appends its master's CommitLog byte for byte (the slave's CommitLog writer); promotion",
 }
 TOPOLOGIES = ("compact", "split")
-KINDS = ("front", "ingress", "writer", "flush", "allocator", "dispatcher", "pull", "clean", "schedule", "pop",
-         "transaction", "proxy", "ha-server", "ha-client", "registrar")  # the shells' kinds (actor_class)
 
 
 def actor_class(kind: str) -> type[Actor]:

@@ -100,10 +100,10 @@ def simple(args, config) -> None:
 
 
 class Listener(MessageListener):
-    def __init__(self, fail_first: int, fail_all: bool, sleep_s: float = 0.0, want: int = 0):
+    def __init__(self, fail_first: int, fail_all: bool, sleep_s: float = 0.0, successes: int = 0):
         self.fail_first, self.fail_all, self.sleep_s = fail_first, fail_all, sleep_s
         self.lock = threading.Lock()
-        self.want, self.successes, self.done = want, 0, threading.Event()
+        self.stop_at, self.successes, self.done = successes, 0, threading.Event()  # (0: never)
         self.tries: dict[str, int] = {}  # (a FIFO consumer retries in place: the delivery attempt stays)
 
     def consume(self, message) -> ConsumeResult:
@@ -112,7 +112,7 @@ class Listener(MessageListener):
             fail = self.fail_all or tries <= self.fail_first
             line(**received(message), result="FAILURE" if fail else "SUCCESS")
             self.successes += not fail
-            if self.want and self.successes >= self.want:
+            if self.stop_at and self.successes >= self.stop_at:
                 self.done.set()
         return ConsumeResult.FAILURE if fail else ConsumeResult.SUCCESS
 

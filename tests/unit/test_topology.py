@@ -143,7 +143,12 @@ def test_no_service_asks_which_topology_it_runs_in():
 def test_every_kind_has_a_shell_and_an_unknown_kind_is_refused():
     from actors.base import Actor
 
-    assert all(issubclass(topology.actor_class(kind), Actor) for kind in topology.KINDS)
+    slave = dict(brokerRole="SLAVE", brokerId=1, haMasterAddress="127.0.0.1:10912", namesrvAddr="127.0.0.1:9876")
+    variants = [_settings(**shape, **roles) for shape in ({"topology": "compact"}, {"ingressWorkers": 2})
+                for roles in ({}, slave)]
+    kinds = {kind for settings in variants for p in topology.processes(settings) for kind in (p.kind, *p.hosted, *p.threads)}
+    assert len(kinds) == 15  # every shell some topology runs (a new one must be counted here)
+    assert all(issubclass(topology.actor_class(kind), Actor) for kind in kinds)
     with pytest.raises(KeyError, match="no shell of kind 'nope'"):
         topology.actor_class("nope")
 

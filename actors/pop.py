@@ -47,6 +47,9 @@ COMPACT_BYTES = 64 << 20  # the journal is folded into a snapshot beyond this (s
 DLQ_IN_FLIGHT = 256  # dead-letter re-puts awaiting their answer
 REPUT_TIMEOUT_S = 5.0  # a re-put unanswered by then is tried again (at least once into the DLQ)
 DLQ_RETRY_S = 1.0  # a dead letter the write path refused is re-put again after this
+SEND_EARLY = 128  # messages handed out in a turn before its answers so far go (ASYNC_FLUSH): a turn
+# that served three pops of 256 kept the first answer back until the third was read, and the
+# consumer decoded all three at once while the service idled
 DEFER_MAX_S = 5.0  # a pop waits at most this for the dispatcher to index what was acknowledged before it
 
 
@@ -92,6 +95,7 @@ class Pop(Actor):
         self.dlq_waiting: dict[int, tuple] = {}  # opaque -> ((key, offset), sent at)
         self.dlq_later: collections.deque = collections.deque()  # (when, (key, offset)): refused, tried again then
         self.opaque = 0
+        self.handed_out = 0  # messages in the answers of this turn not yet sent
         self.held_expired = self.polling_full = 0
 
     # -- the turn ----------------------------------------------------------------------------------
@@ -124,6 +128,8 @@ class Pop(Actor):
             self._serve_deferred(out)
         for frames in incoming(self.requests, MAX_TAKE):
             self._serve(frames, out)
+            if self.handed_out >= SEND_EARLY and not self.sync_each_turn:
+                out = self._answer(out)  # (the client decodes these while the next pops are served)
         if self.watching and self.arrivals in events:
             grew = {topic for raw in incoming(self.arrivals, 4096, multipart=False)
                     for topic, _, _ in arrivals_from_wire(raw)}
@@ -137,9 +143,15 @@ class Pop(Actor):
             self._dead_letter()
         self._end_holds(out)
         self._follow_arrivals(out)
+        self._answer(out)
+
+    def _answer(self, out: list) -> list:
+        """The records behind `out` to the log, then `out` to the front; a fresh `out`."""
         self._persist()
         if out:
             self.replies.send(pack_replies(out))
+        self.handed_out = 0
+        return []
 
     def _persist(self) -> None:
         """This turn's records to the log before any answer leaves (fdatasynced first under
@@ -214,11 +226,11 @@ class Pop(Actor):
         out.append(_reply(client, arrival, opaque, "NO_NEW_MSG"))
         return True
 
-    @staticmethod
-    def _found(out: list, client: bytes, arrival: int, opaque, raws: list[bytes], **fields) -> bool:
+    def _found(self, out: list, client: bytes, arrival: int, opaque, raws: list[bytes], **fields) -> bool:
         if not raws:
             out.append(_reply(client, arrival, opaque, "NO_NEW_MSG"))
             return True
+        self.handed_out += len(raws)
         header = orjson.dumps(protocol.reply_header(opaque, "FOUND", count=len(raws), **fields))
         out.append((client, -arrival, header, b"".join(raws)))
         return True

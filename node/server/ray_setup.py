@@ -28,6 +28,28 @@ def normal_priority() -> None:
         pass
 
 
+# glibc's mallopt parameters, and the values a node's processes run with
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 8 << 20  # allocations below come from the heap, whose pages stay mapped
+TRIM_THRESHOLD = 64 << 20  # free memory a heap keeps at its top before it gives it back
+
+
+def steady_heap() -> bool:
+    """Keep the heap's pages for the next buffer, in this process only. A pop's answer of 256
+    messages, or a pull's or a batch's, is a ~280 KiB bytes object made, sent and freed at every
+    turn; glibc served each from a fresh mmap (or gave the heap's top back and grew it again), so
+    every one of its pages was a page fault to zero and fill: ~0.7 faults a message in the pop
+    service and the front each, a fifth of their CPU at 50k msgs/s (docs/performance.md). A heap
+    that keeps up to TRIM_THRESHOLD free costs that much memory at most, a process. False where
+    the C library has no mallopt (not glibc): nothing changes there."""
+    import ctypes
+
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is None:
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
 def embedded_ray_token() -> None:
     """Ray runs whatever code a peer sends it, and its gRPC servers listen on every interface:
     the embedded Ray requires a token (Ray's token authentication), a fresh random one per start

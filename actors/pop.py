@@ -13,7 +13,8 @@ Sockets:
 
 `PopCore` (actors.pop_core) holds the state and decides; this shell reads the store for it (from
 read-only mappings, below `dispatched`), keeps its records in the pop log (shm.pop_log: written
-each turn before any answer goes out, and fdatasynced first under SYNC_FLUSH) and moves frames.
+before the answers that follow from them go out, every SEND_EARLY messages handed out and at the
+end of each turn; under SYNC_FLUSH once a turn, fdatasynced first) and moves frames.
 A lease that runs out needs no service of its own: the core runs the deadlines out each turn and
 wakes the pops held on that topic. The service takes pops only on a master.
 """

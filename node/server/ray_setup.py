@@ -39,7 +39,7 @@ def steady_heap() -> bool:
     messages, or a pull's or a batch's, is a ~280 KiB bytes object made, sent and freed at every
     turn; glibc served each from a fresh mmap (or gave the heap's top back and grew it again), so
     every one of its pages was a page fault to zero and fill: ~0.7 faults a message in the pop
-    service and the front each, a fifth of their CPU at 50k msgs/s (docs/performance.md). A heap
+    service and the front each, a fifth of their CPU at 50k msgs/s (docs/operations.md). A heap
     that keeps up to TRIM_THRESHOLD free costs that much memory at most, a process. False where
     the C library has no mallopt (not glibc): nothing changes there."""
     import ctypes

@@ -8,7 +8,7 @@ from pathlib import Path
 from node.tools.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
-__all__ = ["ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "node_settings", "in_process_node",
+__all__ = ["HOST_DISK_BLIND", "ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "node_settings", "in_process_node",
            "read_exactly"]
 
 

@@ -52,12 +52,12 @@ def throughput(endpoint: str, topic: str, total: int, members: int, group: str) 
             if time.perf_counter() - began > 600:
                 raise RuntimeError(f"only {sum(counts):,} of {total:,} acked in 600 s")
             time.sleep(0.01)
-        elapsed, total = time.perf_counter() - began, sum(counts) - before
+        elapsed, acked = time.perf_counter() - began, sum(counts) - before
     finally:
         stop.set()
         for process in processes:
             process.join(30)
-    return total / elapsed
+    return acked / elapsed
 
 
 def redelivery(endpoint: str, count: int, invisible_ms: int = 5000) -> tuple[float, float]:

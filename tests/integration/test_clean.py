@@ -12,11 +12,12 @@ import time
 
 import orjson
 import pytest
-from nodes import ROOT, NodeProcess, node_settings
+from nodes import HOST_DISK_BLIND, ROOT, NodeProcess, node_settings
 from test_node_crash import _mount_tmpfs
 
 from node import protocol
 from node.client import Message, Producer, PullConsumer, SendError
+from shm.settings import Settings
 from shm.verify import verify_store
 
 pytestmark = pytest.mark.slow
@@ -129,10 +130,9 @@ def test_a_full_disk_refuses_sends_and_takes_them_again_when_space_is_back(tmp_p
     if not _mount_tmpfs(small, "16m"):
         pytest.skip("needs root to mount a small tmpfs")
     try:
+        ratios = {name: getattr(Settings(), name) for name in HOST_DISK_BLIND}  # the defaults: a disk of its own
         settings = node_settings(small / "store", runDir=str(tmp_path / "run"), cleanResourceInterval=200,
-                                 fileReservedTime=1000.0,  # nothing expires: only space matters
-                                 diskMaxUsedSpaceRatio=75, diskSpaceCleanForciblyRatio=0.85,
-                                 diskSpaceWarningLevelRatio=0.90)  # RocketMQ's, on a disk of its own
+                                 fileReservedTime=1000.0, **ratios)  # nothing expires: only space matters
         node = NodeProcess(settings, tmp_path / "node.log").start()
         with Producer(node.endpoint, timeout=5.0, retries=0) as producer:
             producer.send("Full", b"before")

@@ -130,7 +130,8 @@ def test_a_full_disk_refuses_sends_and_takes_them_again_when_space_is_back(tmp_p
     if not _mount_tmpfs(small, "16m"):
         pytest.skip("needs root to mount a small tmpfs")
     try:
-        ratios = {name: getattr(Settings(), name) for name in HOST_DISK_BLIND}  # the defaults: a disk of its own
+        defaults = Settings()
+        ratios = {name: getattr(defaults, name) for name in HOST_DISK_BLIND}  # the defaults: a disk of its own
         settings = node_settings(small / "store", runDir=str(tmp_path / "run"), cleanResourceInterval=200,
                                  fileReservedTime=1000.0, **ratios)  # nothing expires: only space matters
         node = NodeProcess(settings, tmp_path / "node.log").start()

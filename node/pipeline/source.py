@@ -280,7 +280,8 @@ class Writer(DataSourceArrowWriter):
         """Plain: at-least-once, what a failed task sent stays sent (as with Kafka's sink).
         Transactional: what the tasks that finished sent is rolled back (none visible)."""
         if self.transactional:
-            transactions.end_halves(self.options, self.group, _halves(messages), transactions.ROLLBACK)
+            transactions.end_halves(self.options, self.group, _halves(messages), transactions.ROLLBACK,
+                                    settle_s=transactions.KILLED_ATTEMPTS_SETTLE_S)
 
 
 class StreamWriter(_StreamWriterBase):
@@ -304,7 +305,8 @@ class StreamWriter(_StreamWriterBase):
         """Plain: at-least-once, Spark reruns the micro-batch and its rows are sent again.
         Transactional: this attempt's halves are rolled back."""
         if self.transactional:
-            transactions.end_halves(self.options, self.group, _halves(messages), transactions.ROLLBACK)
+            transactions.end_halves(self.options, self.group, _halves(messages), transactions.ROLLBACK,
+                                    settle_s=transactions.KILLED_ATTEMPTS_SETTLE_S)
 
 
 def _send_halves(options: dict, group: str, batches) -> SendCount:

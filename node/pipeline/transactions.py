@@ -6,10 +6,11 @@ Each task sends its rows as halves (invisible) of the write's producer group and
 its commit message; nothing is visible until the driver's commit ends them all with commit. A
 task that fails rolls back what it sent; a job that aborts rolls back what its tasks reported; a
 commit or an abort then rolls back every half of the group still open (what attempts Spark killed
-sent: END_TRANSACTIONS `openOfGroup`). What nobody ends (a driver killed) is checked by the node,
-finds no producer of the group, and is discarded after `transactionCheckMax` checks. Halves carry
-CHECK_IMMUNITY_TIME_IN_SECONDS (`transactionTimeoutSeconds`, 3600 by default) so a long job is not
-checked while it runs.
+sent: END_TRANSACTIONS `openOfGroup`; an abort sweeps again once Spark has destroyed the killed
+attempts' workers, KILLED_ATTEMPTS_SETTLE_S later). What nobody ends (a driver killed) is checked
+by the node, finds no producer of the group, and is discarded after `transactionCheckMax` checks.
+Halves carry CHECK_IMMUNITY_TIME_IN_SECONDS (`transactionTimeoutSeconds`, 3600 by default) so a
+long job is not checked while it runs.
 
 A stream commits each micro-batch once, even when Spark replays it after a restart from its
 checkpoint: the sink keeps its commits in a topic of its own on the node (`%SPARK%<group>`, one
@@ -47,6 +48,11 @@ BATCHES_IN_FLIGHT = 8  # batches of halves a task has in flight at once
 ENDS_IN_FLIGHT = 16  # END_TRANSACTIONS requests (of MAX_ENDS_PER_REQUEST) a commit has in flight
 INTENT_PART_HALVES = 100_000  # halves one intent message names (~0.3 MiB compressed at most)
 COMMIT, ROLLBACK = 8, 12
+# An abort sweeps the group's open halves a second time this long after the first: Spark destroys a
+# killed task's Python worker only after spark.python.task.killTimeout (2 s by default), and until
+# then the attempt goes on sending halves. Seen on a loaded machine: 1,568 halves of a killed task
+# stored after the first sweep, left for the node's checks to discard.
+KILLED_ATTEMPTS_SETTLE_S = 3.0
 
 
 def enabled(options: dict) -> bool:
@@ -166,11 +172,12 @@ def unpack(data: bytes) -> array.array:
 
 # -- the driver ------------------------------------------------------------------------------------
 
-def end_halves(options: dict, group: str, packed: list[bytes], outcome: int) -> None:
+def end_halves(options: dict, group: str, packed: list[bytes], outcome: int, *, settle_s: float = 0.0) -> None:
     """Commit (or roll back) every half the tasks reported; raises PipelineError naming what
     could not be ended (a repeat is fine: ends are idempotent). Then every other half of the
     group still open is rolled back: what task attempts killed before they could report or roll
-    back sent (Spark kills a stage's other tasks when one fails)."""
+    back sent (Spark kills a stage's other tasks when one fails). With `settle_s`, that sweep is
+    made again after it: a killed attempt's Python worker goes on sending until Spark destroys it."""
     halves = array.array("q")
     for data in packed:
         halves.extend(unpack(data))
@@ -178,6 +185,9 @@ def end_halves(options: dict, group: str, packed: list[bytes], outcome: int) -> 
     async def work(producer: AsyncProducer) -> None:
         await _end(producer, group, halves, outcome, strict=True)
         await _roll_back_open(producer, group)
+        if settle_s > 0:
+            await asyncio.sleep(settle_s)
+            await _roll_back_open(producer, group)
 
     asyncio.run(_with_producer(options, work))
 

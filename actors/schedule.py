@@ -64,7 +64,8 @@ TIMER_IN_FLIGHT = 4096  # timer re-puts awaiting their answer
 TIMER_TAKE = 8192  # timer messages taken into the log a turn
 TIMER_LOOK_MS = 100  # how often new timer messages are looked for
 TIMER = "timer"  # a timer delivery's key: (TIMER, log index)
-REPUT_TIMEOUT_S = 5.0  # a re-put not answered by then counts as not stored
+REPUT_TIMEOUT_S = 5.0  # a re-put not answered by then counts as not stored, once the front answers at all
+FIRST_ANSWER_TIMEOUT_S = 60.0  # ... and while no answer has come since this process opened
 RETRY_S = 0.1  # a level whose re-put failed tries again after this (RocketMQ: 100 ms)
 IDLE_S = 0.5  # how often a level with nothing due looks again (a new entry is due a level's delay, >= 1 s, later)
 PERMANENT = frozenset({"MESSAGE_ILLEGAL", "TOPIC_NOT_EXIST", "NO_PERMISSION"})  # never to be retried
@@ -173,6 +174,15 @@ class PromotedRestart(RuntimeError):
     """The node was promoted: the service's process ends, and Ray starts it afresh as a master's."""
 
 
+def reput_expired(sent_at: float, now: float, first_answer_at: float | None) -> bool:
+    """Whether a re-put sent at `sent_at` (monotonic s) and unanswered at `now` counts as not
+    stored: REPUT_TIMEOUT_S after the later of its send and the front's first answer to this
+    process; FIRST_ANSWER_TIMEOUT_S after its send while the front has not answered at all."""
+    if first_answer_at is None:
+        return now - sent_at > FIRST_ANSWER_TIMEOUT_S
+    return now - max(sent_at, first_answer_at) > REPUT_TIMEOUT_S
+
+
 class Schedule(Actor):
     """The schedule service's process: reads the schedule topic's queues and the records below
     `dispatched`, re-puts through the front's `reput` socket, answers send-backs."""
@@ -188,6 +198,7 @@ class Schedule(Actor):
         self.sent_at: dict[int, float] = {}  # opaque -> when its re-put went out (monotonic s)
         self.send_backs_done = self.dlq = self.expired = 0
         self.next_expiry = 0.0
+        self.first_answer_at: float | None = None  # (monotonic s) since this process opened
 
     def open(self) -> None:
         self.role_at_open = self.control.get("role")
@@ -343,17 +354,23 @@ class Schedule(Actor):
             self.core.stored(key[0], key[1], status, now)
 
     def _answered(self, frames: list[bytes], now: float) -> None:
+        if self.first_answer_at is None:
+            self.first_answer_at = now
         self._answer(orjson.loads(frames[1]), now)  # [client, header]: the front's own frames
 
     def _expire(self, now: float) -> None:
         """Re-puts unanswered for REPUT_TIMEOUT_S count as not stored: tried again (a send-back is
         answered SYSTEM_BUSY). An answer can be lost when this process restarts while the front
         still holds a connection to the old one; without this, a level would wait for it forever.
-        A late answer to an expired re-put is ignored; the entry may be delivered twice, never lost."""
+        A late answer to an expired re-put is ignored; the entry may be delivered twice, never lost.
+        Until the front has answered once since this process opened, a re-put waits longer
+        (`reput_expired`): a node starting on a loaded machine (18 s, seen) can open this service
+        many seconds before its front serves, and overdue timers re-put in that gap would expire
+        and go twice."""
         if now < self.next_expiry:
             return
         self.next_expiry = now + 1.0
-        for opaque in [o for o, at in self.sent_at.items() if now - at > REPUT_TIMEOUT_S]:
+        for opaque in [o for o, at in self.sent_at.items() if reput_expired(at, now, self.first_answer_at)]:
             self.expired += 1
             self._answer({"opaque": opaque, "status": "SYSTEM_BUSY", "remark": "the re-put was not answered"}, now)
 

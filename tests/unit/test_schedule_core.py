@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from actors.reput import send_back_request
-from actors.schedule import ScheduleCore
+from actors.schedule import FIRST_ANSWER_TIMEOUT_S, REPUT_TIMEOUT_S, ScheduleCore, reput_expired
 from shm.codec import Record, decode, encode, encode_host
 
 LEVELS = [1000, 5000]  # level 1: 1 s, level 2: 5 s
@@ -129,3 +129,15 @@ def test_a_delivery_read_from_the_raw_record_is_the_one_read_through_decode(topi
     item, body = fast
     assert (item["topic"], item["queueId"], item["bornHost"], body) == ("Real", 3, "10.1.2.3:4567", b"payload")
     assert ("REAL_TOPIC" in item["_reput"]["properties"]) == (topic == "SCHEDULE_TOPIC_XXXX")
+
+
+def test_a_reput_expires_only_once_the_front_answers_at_all():
+    # a front not serving yet (a node starting on a loaded machine): the re-put waits, not goes twice
+    assert not reput_expired(100.0, 100.0 + REPUT_TIMEOUT_S + 1, None)
+    assert reput_expired(100.0, 100.0 + FIRST_ANSWER_TIMEOUT_S + 0.1, None)
+    # the front's first answer came after the send: the timeout runs from that answer
+    assert not reput_expired(100.0, 112.0 + REPUT_TIMEOUT_S, 112.0)
+    assert reput_expired(100.0, 112.0 + REPUT_TIMEOUT_S + 0.1, 112.0)
+    # sent after the front answered: REPUT_TIMEOUT_S from its send (an answer lost to a restart)
+    assert not reput_expired(150.0, 150.0 + REPUT_TIMEOUT_S, 112.0)
+    assert reput_expired(150.0, 150.0 + REPUT_TIMEOUT_S + 0.1, 112.0)

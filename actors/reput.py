@@ -48,7 +48,21 @@ PROPERTY_RETRY_TOPIC, PROPERTY_ORIGIN_MESSAGE_ID = "RETRY_TOPIC", "ORIGIN_MESSAG
 PROPERTY_TRANSACTION_OP = "TRAN_OP"  # an op record's outcome (actors.transaction_core)
 OP_TAG = "d"  # RocketMQ's TransactionalMessageUtil.REMOVETAG
 
+REPUT_TIMEOUT_S = 5.0  # a re-put not answered by then counts as not stored, once the front answers at all
+FIRST_ANSWER_TIMEOUT_S = 60.0  # ... and while no answer has come since the service's process opened
+
 _born_hosts: dict[bytes, str] = {}  # a record's 8 born-host bytes -> "ip:port" (few hosts, many records)
+
+
+def reput_expired(sent_at: float, now: float, first_answer_at: float | None) -> bool:
+    """Whether a re-put sent at `sent_at` (monotonic s) and unanswered at `now` counts as not
+    stored: REPUT_TIMEOUT_S after the later of its send and the front's first answer to this
+    process; FIRST_ANSWER_TIMEOUT_S after its send while the front has not answered at all. (A
+    node starting on a loaded machine, 18 s seen, can open a service many seconds before its front
+    serves: its re-puts in that gap would expire and go twice.)"""
+    if first_answer_at is None:
+        return now - sent_at > FIRST_ANSWER_TIMEOUT_S
+    return now - max(sent_at, first_answer_at) > REPUT_TIMEOUT_S
 
 
 def reput_item_raw(raw: bytes) -> tuple[dict, bytes] | None | bool:

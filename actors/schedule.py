@@ -35,6 +35,7 @@ from actors.reput import (
     DLQ_PREFIX,
     delivered_statuses,
     delivery_request,
+    reput_expired,
     reput_item,
     reput_item_raw,
     send_back_request,
@@ -64,8 +65,6 @@ TIMER_IN_FLIGHT = 4096  # timer re-puts awaiting their answer
 TIMER_TAKE = 8192  # timer messages taken into the log a turn
 TIMER_LOOK_MS = 100  # how often new timer messages are looked for
 TIMER = "timer"  # a timer delivery's key: (TIMER, log index)
-REPUT_TIMEOUT_S = 5.0  # a re-put not answered by then counts as not stored, once the front answers at all
-FIRST_ANSWER_TIMEOUT_S = 60.0  # ... and while no answer has come since this process opened
 RETRY_S = 0.1  # a level whose re-put failed tries again after this (RocketMQ: 100 ms)
 IDLE_S = 0.5  # how often a level with nothing due looks again (a new entry is due a level's delay, >= 1 s, later)
 PERMANENT = frozenset({"MESSAGE_ILLEGAL", "TOPIC_NOT_EXIST", "NO_PERMISSION"})  # never to be retried
@@ -172,15 +171,6 @@ class ScheduleCore:
 
 class PromotedRestart(RuntimeError):
     """The node was promoted: the service's process ends, and Ray starts it afresh as a master's."""
-
-
-def reput_expired(sent_at: float, now: float, first_answer_at: float | None) -> bool:
-    """Whether a re-put sent at `sent_at` (monotonic s) and unanswered at `now` counts as not
-    stored: REPUT_TIMEOUT_S after the later of its send and the front's first answer to this
-    process; FIRST_ANSWER_TIMEOUT_S after its send while the front has not answered at all."""
-    if first_answer_at is None:
-        return now - sent_at > FIRST_ANSWER_TIMEOUT_S
-    return now - max(sent_at, first_answer_at) > REPUT_TIMEOUT_S
 
 
 class Schedule(Actor):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from actors.reput import send_back_request
-from actors.schedule import FIRST_ANSWER_TIMEOUT_S, REPUT_TIMEOUT_S, ScheduleCore, reput_expired
+from actors.reput import FIRST_ANSWER_TIMEOUT_S, REPUT_TIMEOUT_S, reput_expired
+from actors.schedule import ScheduleCore
 from shm.codec import Record, decode, encode, encode_host
 
 LEVELS = [1000, 5000]  # level 1: 1 s, level 2: 5 s

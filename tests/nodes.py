@@ -18,12 +18,21 @@ __all__ = ["HOST_DISK_BLIND", "ROOT", "FakeRocketMQMaster", "NodeProcess", "free
 HOST_DISK_BLIND = {"diskMaxUsedSpaceRatio": 95, "diskSpaceCleanForciblyRatio": 0.99, "diskSpaceWarningLevelRatio": 0.99}
 
 
+# A node's start is CPU-bound on two cores (~14 CPU-s, ~0.8 of it each service process): a test
+# node runs no gRPC proxy and one pull worker unless its test names them (tests of the proxy, of
+# its listener and its metrics, and one conformance node with two pull workers do).
+LEAN = {"grpcServerPort": 0}
+LEAN_SPLIT = {"pullWorkers": 1}
+
+
 def node_settings(store: Path, **overrides):
     port = free_port()
     values = {"storePathRootDir": str(store), "listen": f"tcp://127.0.0.1:{port}", "listenPort": port,
               "mappedFileSizeCommitLog": 1024 * 1024, "mappedFileSizeConsumeQueue": 6000,
-              "maxHashSlotNum": 1000, "maxIndexNum": 4000, "runDir": str(store) + "-run", **HOST_DISK_BLIND}
+              "maxHashSlotNum": 1000, "maxIndexNum": 4000, "runDir": str(store) + "-run", **HOST_DISK_BLIND, **LEAN}
     values.update(overrides)
+    if values.get("topology", settings_module.Settings().topology) == "split":
+        values = LEAN_SPLIT | values
     return settings_module.load(None, values)
 
 

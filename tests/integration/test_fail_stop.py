@@ -42,7 +42,7 @@ def test_a_failed_fdatasync_stops_the_flusher_and_acknowledges_nothing_unflushed
             body = b"durable-%d" % i
             sock.send_multipart([orjson.dumps({"code": protocol.SEND_MESSAGE, "opaque": i, "topic": "FailStop",
                                                "queueId": 0}), body])
-            if not sock.poll(4000):
+            if not sock.poll(2500):  # (a flush takes milliseconds; a restart ~1 s: a later reply is dropped below)
                 unanswered.append(i)  # its flush failed: the process died before any reply
                 continue
             while True:  # (a late reply of an earlier send may come first)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from nodes import NodeProcess, node_settings
+from nodes import NodeProcess, free_port, node_settings
 
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
@@ -33,7 +33,7 @@ def node(tmp_path_factory):
     directory = tmp_path_factory.mktemp("grpc")
     # retries back off along the delay levels from level 3: 1 s here, so retries and DLQs are quick;
     # a push consumer's messages are invisible 3 s at first and renewed 3 s at a time 1.5 s before
-    settings = node_settings(directory / "store", runDir=str(directory / "run"), messageDelayLevel="1s 1s 1s 1s 1s 1s",
+    settings = node_settings(directory / "store", runDir=str(directory / "run"), grpcServerPort=free_port(), messageDelayLevel="1s 1s 1s 1s 1s 1s",
                              defaultInvisibleTimeMills=3000, renewAheadTimeMillis=1500, renewSliceTimeMillis=3000,
                              transactionTimeOut=1000, transactionCheckInterval=1000)
     process = NodeProcess(settings, directory / "node.log").start()
@@ -374,7 +374,7 @@ def acl_node(tmp_path_factory):
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True, timeout=60)
-    settings = node_settings(directory / "store", runDir=str(directory / "run"), aclEnable=True,
+    settings = node_settings(directory / "store", runDir=str(directory / "run"), grpcServerPort=free_port(), aclEnable=True,
                              aclFile=str(directory / "plain_acl.yml"), grpcTlsCertFile=str(cert),
                              grpcTlsKeyFile=str(key))
     process = NodeProcess(settings, directory / "node.log").start()
@@ -422,7 +422,7 @@ def test_with_the_acl_unsigned_and_badly_signed_calls_are_unauthorized_and_plain
 
 
 def test_a_node_whose_grpc_port_is_taken_says_so_and_does_not_start(node, tmp_path):
-    from nodes import ROOT, free_port
+    from nodes import ROOT
 
     done = subprocess.run([sys.executable, "-m", "node.tools.cli", "start", "--store", str(tmp_path / "store"),
                            "--listen", f"tcp://127.0.0.1:{free_port()}", "--grpcServerPort", str(node.settings.grpc_port)],

@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from nodes import in_process_node
+from nodes import free_port, in_process_node
 from test_supervision import _ask, _send_until_stored
 
 from node import protocol
@@ -20,6 +20,7 @@ from node.client import Producer, PullConsumer
 def split_node(tmp_path_factory):
     """A process of every kind: front, writer, flush, dispatcher, allocator, ingress, pull."""
     yield from in_process_node(tmp_path_factory.mktemp("hangs"), topology="split", ingressWorkers=1, pullWorkers=1, processHangTimeoutMillis=2000,
+                               grpcServerPort=free_port(),
                                actorRestartBackoffMaxMillis=100)
 
 

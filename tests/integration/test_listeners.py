@@ -9,13 +9,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nodes import NodeProcess, node_settings
+from nodes import NodeProcess, free_port, node_settings
 from node.server import ray_setup
 
 
 @pytest.mark.parametrize("topology", ["compact", "split"])
 def test_every_process_of_a_running_node_listens_on_loopback_only(tmp_path, topology):
-    node = NodeProcess(node_settings(tmp_path / "store", topology=topology), tmp_path / "node.log").start()
+    node = NodeProcess(node_settings(tmp_path / "store", topology=topology, grpcServerPort=free_port()), tmp_path / "node.log").start()
     try:
         listening = []
         for process in node.tree():

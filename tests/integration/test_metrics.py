@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("metrics")
-    settings = node_settings(tmp / "store", runDir=str(tmp / "run"), metricsPort=free_port(), timerMaxDelaySec=60)
+    settings = node_settings(tmp / "store", runDir=str(tmp / "run"), metricsPort=free_port(), timerMaxDelaySec=60,
+                             grpcServerPort=free_port())
     process = NodeProcess(settings, tmp / "node.log").start()
     yield process
     process.stop(strict=False)

@@ -29,8 +29,9 @@ MAX_BODY = 64 * 1024
 @pytest.fixture(scope="module", params=["compact", "split"])
 def node(tmp_path_factory, request):
     """Every test runs against a node whose front writes the CommitLog (the default) and one
-    with a writer process."""
-    yield from in_process_node(tmp_path_factory.mktemp("node"), maxMessageSize=MAX_BODY,
+    with a writer process (and two pull workers: other test nodes run one)."""
+    workers = {"pullWorkers": 2} if request.param == "split" else {}
+    yield from in_process_node(tmp_path_factory.mktemp("node"), maxMessageSize=MAX_BODY, **workers,
                                topology=request.param, frontPinBelowCpu=0.7, cpuIdleLatencyUs=0,
                                after_stop=_verifies_after_a_clean_stop)
 

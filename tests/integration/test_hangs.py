@@ -19,7 +19,7 @@ from node.client import Producer, PullConsumer
 @pytest.fixture(scope="module")
 def split_node(tmp_path_factory):
     """A process of every kind: front, writer, flush, dispatcher, allocator, ingress, pull."""
-    yield from in_process_node(tmp_path_factory.mktemp("hangs"), topology="split", ingressWorkers=1, pullWorkers=1, processHangTimeoutMillis=2000,
+    yield from in_process_node(tmp_path_factory.mktemp("hangs"), topology="split", ingressWorkers=1, pullWorkers=1, processHangTimeoutMillis=1000,
                                grpcServerPort=free_port(),
                                actorRestartBackoffMaxMillis=100)
 

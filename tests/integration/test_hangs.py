@@ -18,10 +18,9 @@ from node.client import Producer, PullConsumer
 
 @pytest.fixture(scope="module")
 def split_node(tmp_path_factory):
-    """A process of every kind: front, writer, flush, dispatcher, allocator, ingress, pull."""
-    yield from in_process_node(tmp_path_factory.mktemp("hangs"), topology="split", ingressWorkers=1, pullWorkers=1, processHangTimeoutMillis=1000,
-                               grpcServerPort=free_port(),
-                               actorRestartBackoffMaxMillis=100)
+    """A process of every kind: front, writer, flush, dispatcher, allocator, ingress, pull, proxy."""
+    yield from in_process_node(tmp_path_factory.mktemp("hangs"), topology="split", ingressWorkers=1, pullWorkers=1,
+                               grpcServerPort=free_port(), processHangTimeoutMillis=1000, actorRestartBackoffMaxMillis=100)
 
 
 @pytest.mark.slow

@@ -10,7 +10,9 @@ Modes, chosen by the `abort` file (present => the last stop was not clean):
   normal:   walk the last three segments with CRC checks; nothing is dispatched by the walk.
   abnormal: delete index files newer than the checkpoint's index time, start the walk at the
             newest segment whose first record is older than the checkpoint (less 3 s), and
-            dispatch every valid record on the way.
+            dispatch every valid record on the way, after what the index still lacks below
+            that segment (its remaining files can end segments earlier: the index skips any
+            key below its end, so the gap is filled first or never).
 Then, in both: truncate the CommitLog at the end of the valid prefix, truncate ConsumeQueues at
 it, dispatch whatever the ConsumeQueues or index still lack, rebuild the queue-offset table.
 
@@ -92,7 +94,7 @@ class Recovery:
                 store.rebuild_queue_offsets()
             return self.report
         with self._phase("commitlog"):
-            end = self._walk()
+            end = self._walk(lagging)
             self._truncate(end)
         with self._phase("dispatch"):
             self._dispatch_missing(end, lagging)
@@ -127,11 +129,18 @@ class Recovery:
             lagging = 0
         return lagging
 
-    def _walk(self) -> int:
-        """Scan segments from the start file; returns the end of the valid prefix."""
+    def _walk(self, lagging: int | None) -> int:
+        """Scan segments from the start file; returns the end of the valid prefix. Abnormal:
+        dispatch each segment as it is found sound, after what the derived structures lack below
+        the first (the index's deleted files can end segments earlier: `_index_end`)."""
         segments = self.store.commitlog.segments.files
         start = self._start_index() if not self.clean else max(0, len(segments) - 3)
         self.report.walk_start = segments[start].offset_start
+        if not self.clean:
+            behind = self._derived_start(lagging)
+            if behind < self.report.walk_start:  # first: the index skips keys below its end
+                _, count = reput(self.store, behind, self.report.walk_start)
+                self.report.records_dispatched += count
         self.progress.total_bytes = sum(s.size for s in segments[start:])
         check_crc = self.store.settings.checkCRCOnRecover
         end = segments[start].offset_start
@@ -188,17 +197,22 @@ class Recovery:
         (RocketMQ's reput start), pulled back for any queue that lost entries or an index that
         is behind."""
         store = self.store
-        starts = [max((q.max_physical_offset for q in store.consume_queues.values()), default=0)]
-        if lagging is not None:
-            starts.append(lagging)
-        if store.settings.messageIndexEnable:
-            starts.append(self._index_end())
-        begin = max(min(starts), store.commitlog.offset_min)
+        begin = self._derived_start(lagging)
         self.report.dispatch_start = begin
         self.progress.done_bytes, self.progress.total_bytes = 0, end - begin
         _, count = reput(store, begin, end)
         self.report.records_dispatched += count
         self.progress.done_bytes = end - begin
+
+    def _derived_start(self, lagging: int | None) -> int:
+        """Where a re-dispatch must begin for the ConsumeQueues and the index to lack nothing."""
+        store = self.store
+        starts = [max((q.max_physical_offset for q in store.consume_queues.values()), default=0)]
+        if lagging is not None:
+            starts.append(lagging)
+        if store.settings.messageIndexEnable:
+            starts.append(self._index_end())
+        return max(min(starts), store.commitlog.offset_min)
 
     def _index_end(self) -> int:
         """The record the index may not hold every key of: the one at the newest file's

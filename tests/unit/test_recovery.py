@@ -273,3 +273,30 @@ def test_empty_store_opens(tmp_path):
     assert result.physical_offsets == [0]
     assert isinstance(store.commitlog.read(0), Record)
     close_clean(store)
+
+
+def test_a_crash_rebuilds_the_index_below_the_segment_the_walk_starts_at(tmp_path):
+    """An unclean stop deletes the index files newer than the checkpoint's index time (the last
+    file that filled), which can end segments before the one the walk starts at (chosen by the
+    CommitLog and ConsumeQueue times). The keys between must be indexed again, and before the
+    walk's: once the walk has indexed newer records, the index's end is past the gap."""
+    settings = small_settings(tmp_path / "s", maxIndexNum=100)
+    store = open_store(settings)
+    stamp = 1795000000000
+    for start in range(0, 1200, 20):
+        put(store, [message(i) for i in range(start, start + 20)], store_timestamp=stamp + start * 1000)
+    segments, files = store.commitlog.segments.files, store.index.files
+    assert len(segments) >= 4 and len(files) >= 10
+    walk_from = segments[-1]
+    first = next(r for r in store.commitlog.iterate() if r.position >= walk_from.offset_start)
+    store.checkpoint.physic_timestamp = store.checkpoint.logics_timestamp = first.store_timestamp + 60_000
+    store.checkpoint.index_timestamp = files[2].end_timestamp  # the time of an early file's filling
+    store.checkpoint.write()
+    store.close()  # a crash: abort file stays
+    store = open_store(settings)
+    report = store.report
+    assert report.mode == "abnormal" and len(report.deleted_index_files) >= 7
+    assert report.walk_start == walk_from.offset_start
+    store.close()
+    report = verify_store(settings)
+    assert report.ok, report.faults

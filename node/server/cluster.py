@@ -115,7 +115,23 @@ def load(path: str | Path) -> ClusterConf:
     labels = [n.label for n in nodes]
     if len(set(labels)) != len(labels):
         raise SettingsError(f"cluster conf {path}: two nodes with the same brokerName and brokerId")
+    _refuse_shared_endpoints(path, namesrvs, nodes)
     return ClusterConf(name, run_dir, namesrvs, nodes)
+
+
+def _refuse_shared_endpoints(path: Path, namesrvs: list[NamesrvPart], nodes: list[NodePart]) -> None:
+    """Two parts bound at one address: the second would die on EADDRINUSE as it starts (a
+    wildcard host may differ by machine, so only named hosts are compared)."""
+    taken: dict[str, str] = {}
+    named = [(f"[[namesrv]] {i + 1}", n.listen) for i, n in enumerate(namesrvs)]
+    named += [(f"[[node]] {n.label}", n.settings.listen) for n in nodes]
+    for part, endpoint in named:
+        host = endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+        if host in ("*", "0.0.0.0", "::"):
+            continue
+        if endpoint in taken:
+            raise SettingsError(f"cluster conf {path}: {part} listens at {endpoint}, as {taken[endpoint]} does")
+        taken[endpoint] = part
 
 
 class NodeHost:

@@ -29,15 +29,25 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository: node/tools/local_n
 LISTEN_PORTS = range(20000, 32768)
 
 
+_PORTS = random.Random()  # (its own: a test that seeds the module's generator must not make it repeat)
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
+    """A port nothing listens at now, never one this process had from here before: the ports
+    of one configuration are taken before anything binds them (seen: a cluster's two name
+    services given one port, the second died on EADDRINUSE)."""
     for _ in range(1000):
-        port = random.choice(LISTEN_PORTS)
+        port = _PORTS.choice(LISTEN_PORTS)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
     raise RuntimeError(f"no free port in {LISTEN_PORTS}")
 
 

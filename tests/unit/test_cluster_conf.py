@@ -55,6 +55,8 @@ def test_a_toml_declares_name_services_and_nodes_that_register_with_all_of_them(
     (lambda t: t.replace('store = "{run}/a1"\n', ""), "store"),
     (lambda t: t.replace('topology = "compact"', 'topology = "sideways"'), "topology"),
     (lambda t: t + "\n[[node", "cluster conf"),
+    (lambda t: t.replace('"tcp://127.0.0.1:9877"', '"127.0.0.1:9876"'), "as \\[\\[namesrv\\]\\] 1 does"),
+    (lambda t: t.replace('"tcp://127.0.0.1:10921"', '"tcp://127.0.0.1:9877"'), "broker-a/1 listens at tcp://127.0.0.1:9877"),
 ])
 def test_a_bad_toml_is_refused_naming_what(tmp_path, change, problem):
     path = tmp_path / "cluster.toml"

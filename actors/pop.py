@@ -233,7 +233,7 @@ class Pop(Actor):
             return True
         self.handed_out += len(raws)
         header = orjson.dumps(protocol.reply_header(opaque, "FOUND", count=len(raws), **fields))
-        out.append((client, -arrival, header, b"".join(raws)))
+        out.append((client, -arrival, header, raws))  # (joined by pack_replies)
         return True
 
     def _serve_deferred(self, out: list) -> None:
@@ -411,4 +411,4 @@ def _remark(status: str) -> str:
 
 
 def entries_of(runs: list[bytes]) -> list[Entry]:
-    return [Entry(*entry) for entry in queue_entries(runs)]
+    return list(map(Entry._make, queue_entries(runs)))

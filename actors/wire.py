@@ -61,12 +61,17 @@ def split_frames(data: bytes, per: int) -> list[list[bytes]]:
 
 
 def pack_replies(replies: list[tuple]) -> bytes:
-    """(client, arrival ns, header) or (client, arrival ns, header, body) per reply."""
+    """(client, arrival ns, header) or (client, arrival ns, header, body) per reply; a body may
+    be a list of parts (a pop's records: joined once, here, not once more before)."""
     parts = []
     for reply in replies:
         client, arrival_ns, header = reply[0], reply[1], reply[2]
         body = reply[3] if len(reply) > 3 else b""
-        parts += [_REPLY_HEAD.pack(len(client), arrival_ns, len(header), len(body)), client, header, body]
+        if body.__class__ is list:
+            parts += [_REPLY_HEAD.pack(len(client), arrival_ns, len(header), sum(map(len, body))), client, header]
+            parts += body
+        else:
+            parts += [_REPLY_HEAD.pack(len(client), arrival_ns, len(header), len(body)), client, header, body]
     return b"".join(parts)
 
 

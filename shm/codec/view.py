@@ -3,6 +3,8 @@ fields in one unpack, where BODY, TOPIC and PROPERTIES start), and the message i
 
 from __future__ import annotations
 
+import struct
+
 from shm.codec.properties import PROPERTY_UNIQ_KEY
 from shm.codec.record import FLAG_BORNHOST_V6, FLAG_STOREHOST_V6, MESSAGE_MAGIC, MESSAGE_MAGIC_V2, _FIXED_V4, _I16, _I32, _I64
 
@@ -14,6 +16,8 @@ TOTALSIZE = _I32  # the first field of every record: a reply's records are frame
 PROPERTIES_LENGTH = _I16
 _FIXED_V4_SIZE = _FIXED_V4.size
 _V6_FLAGS = FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6
+# TOTALSIZE (0), QUEUEOFFSET (20), SYSFLAG (36) and, both hosts IPv4, RECONSUMETIMES (72): one unpack
+_QUEUE_FIELDS_V4 = struct.Struct(">i16xq8xi32xi")
 # Positions in FIXED_V4's unpacked tuple (§2's field order).
 FIXED_QUEUE_ID, FIXED_QUEUE_OFFSET, FIXED_PHYSICAL, FIXED_BORN_TS, FIXED_BORN_HOST = 3, 5, 6, 8, 9
 FIXED_STORE_TS, FIXED_STORE_HOST, FIXED_RECONSUME, FIXED_BODY_LEN = 10, 11, 12, 14
@@ -98,18 +102,22 @@ def offset_ids_py(store_host: bytes, physical: list[int], indices: list[int]) ->
     return [(store_host + pack(physical[i])).hex().upper() for i in indices]
 
 
-def queue_entries(runs: list[bytes]) -> list[tuple[int, bytes, int]]:
+def queue_entries(runs: list[bytes]) -> list[tuple[int, memoryview, int]]:
     """(QUEUEOFFSET, the record's bytes, RECONSUMETIMES) of each record of `runs`, whole records
     back to back as a read hands them: only the fixed part is read (RECONSUMETIMES lies after
-    the two hosts, whose sizes SYSFLAG gives)."""
+    the two hosts, whose sizes SYSFLAG gives). A record's bytes are a view into its run, not a
+    copy (they are joined into a reply next): it keeps the run alive, never a mapping, as long as
+    runs are bytes."""
     out = []
+    unpack = _QUEUE_FIELDS_V4.unpack_from
     for run in runs:
-        at, end = 0, len(run)
-        while at + 40 <= end:
-            size = TOTALSIZE.unpack_from(run, at)[0]
+        view, at, end = memoryview(run), 0, len(run)
+        while at + _QUEUE_FIELDS_V4.size <= end:
+            size, queue_offset, sys_flag, reconsume = unpack(run, at)
             assert size > 0 and at + size <= end, (at, size, end)  # (a reader hands whole records)
-            sys_flag = _I32.unpack_from(run, at + 36)[0]
-            pos = at + 48 + (20 if sys_flag & FLAG_BORNHOST_V6 else 8) + 8 + (20 if sys_flag & FLAG_STOREHOST_V6 else 8)
-            out.append((_I64.unpack_from(run, at + 20)[0], run[at: at + size], _I32.unpack_from(run, pos)[0]))
+            if sys_flag & _V6_FLAGS:
+                pos = at + 48 + (20 if sys_flag & FLAG_BORNHOST_V6 else 8) + 8 + (20 if sys_flag & FLAG_STOREHOST_V6 else 8)
+                reconsume = _I32.unpack_from(run, pos)[0]
+            out.append((queue_offset, view[at: at + size], reconsume))
             at += size
     return out

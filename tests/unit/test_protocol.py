@@ -97,6 +97,9 @@ def test_joined_replies_round_trip():
     replies = [(b"client-1", 123, b'{"a":1}', b""), (b"", -5, b"", b"body"), (bytes(255), 2**62, b"x" * 70000, b"y")]
     assert unpack_replies(pack_replies(replies)) == replies
     assert unpack_replies(pack_replies([(b"c", 1, b"h")])) == [(b"c", 1, b"h", b"")]
+    parts = [b"rec-1", memoryview(b"..rec-2..")[2:7], b""]  # a pop's records, joined only here
+    assert unpack_replies(pack_replies([(b"c", 1, b"h", parts), (b"d", 2, b"i", b"z")])) == \
+        [(b"c", 1, b"h", b"rec-1rec-2"), (b"d", 2, b"i", b"z")]
 
 
 def test_the_other_internal_frames_round_trip():

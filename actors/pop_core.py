@@ -142,17 +142,10 @@ class PopCore:
         qs = self.queues[key]  # (every other record follows its queue's "S")
         if kind == "P":
             self._apply_pop(key, qs, *record[4:])
-        elif kind == "A":  # (_drop_lease, then retire, inlined: one a message acked)
-            leases, retired, times, low, dropped = qs.leases, qs.retired, qs.times, qs.low, 0
+        elif kind == "A":
             for offset, ck in record[4]:
-                lease = leases.get(offset)
-                if lease is not None and lease[0] == ck:
-                    del leases[offset]
-                    dropped += 1
-                    if offset >= low:
-                        retired.add(offset)
-                        times.pop(offset, None)
-            self.in_flight -= dropped
+                if self._drop_lease(qs, offset, ck):
+                    qs.retire(offset)
         elif kind == "C":
             offset, ck, new_ck, deadline = record[4:]
             if self._drop_lease(qs, offset, ck):

@@ -30,7 +30,7 @@ import zmq
 from actors.base import Actor, incoming, socket
 from actors.pop_core import MAX, MIN, OK, Entry, PopCore, PopRequest
 from actors.pull import arrivals_socket
-from actors.reput import reput_expired, send_back_request
+from actors.reput import ReputDeadline, send_back_request
 from actors.wire import arrivals_from_wire, pack_replies, read_meta
 from node import protocol
 from node.client.frames import send_frames
@@ -95,7 +95,7 @@ class Pop(Actor):
         self.dlq_waiting: dict[int, tuple] = {}  # opaque -> ((key, offset), sent at)
         self.dlq_later: collections.deque = collections.deque()  # (when, (key, offset)): refused, tried again then
         self.opaque = 0
-        self.first_answer_at: float | None = None  # the front's first answer to a re-put (monotonic s)
+        self.deadline = ReputDeadline()  # when an unanswered dead letter goes again
         self.handed_out = 0  # messages in the answers of this turn not yet sent
         self.held_expired = self.polling_full = 0
 
@@ -293,7 +293,7 @@ class Pop(Actor):
         now = time.monotonic()
         while self.dlq_later and self.dlq_later[0][0] <= now:
             self.dlq_todo.append(self.dlq_later.popleft()[1])
-        for opaque in [o for o, (_, at) in self.dlq_waiting.items() if reput_expired(at, now, self.first_answer_at)]:
+        for opaque in [o for o, (_, at) in self.dlq_waiting.items() if self.deadline.expired(at, now)]:
             self.dlq_todo.append(self.dlq_waiting.pop(opaque)[0])  # unanswered: again (at least once)
         gone = []
         while self.dlq_todo and len(self.dlq_waiting) < DLQ_IN_FLIGHT:
@@ -311,8 +311,7 @@ class Pop(Actor):
             self.core.dead_lettered_done(gone)
 
     def _dlq_answered(self, header: dict) -> None:
-        if self.first_answer_at is None:
-            self.first_answer_at = time.monotonic()
+        self.deadline.answered(time.monotonic())
         waiting = self.dlq_waiting.pop(header.get("opaque"), None)
         if waiting is None:
             return  # (timed out and sent again: the second answer counts)

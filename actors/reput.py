@@ -65,6 +65,23 @@ def reput_expired(sent_at: float, now: float, first_answer_at: float | None) -> 
     return now - max(sent_at, first_answer_at) > REPUT_TIMEOUT_S
 
 
+class ReputDeadline:
+    """The front's first answer to this process's re-puts, and whether one unanswered counts as
+    not stored yet (`reput_expired`). One per service that re-puts: schedule, pop, transaction."""
+
+    __slots__ = ("first_answer_at",)
+
+    def __init__(self):
+        self.first_answer_at: float | None = None  # monotonic s, since this process opened
+
+    def answered(self, now: float) -> None:
+        if self.first_answer_at is None:
+            self.first_answer_at = now
+
+    def expired(self, sent_at: float, now: float) -> bool:
+        return reput_expired(sent_at, now, self.first_answer_at)
+
+
 def reput_item_raw(raw: bytes) -> tuple[dict, bytes] | None | bool:
     """`reput_item` of a stored record's bytes, read without decoding the whole record (the
     common IPv4 record); False for one `reput_item` must read through `decode`."""

@@ -33,9 +33,9 @@ import zmq
 from actors.base import Actor, incoming, socket, wait_readable
 from actors.reput import (
     DLQ_PREFIX,
+    ReputDeadline,
     delivered_statuses,
     delivery_request,
-    reput_expired,
     reput_item,
     reput_item_raw,
     send_back_request,
@@ -188,7 +188,7 @@ class Schedule(Actor):
         self.sent_at: dict[int, float] = {}  # opaque -> when its re-put went out (monotonic s)
         self.send_backs_done = self.dlq = self.expired = 0
         self.next_expiry = 0.0
-        self.first_answer_at: float | None = None  # (monotonic s) since this process opened
+        self.deadline = ReputDeadline()
 
     def open(self) -> None:
         self.role_at_open = self.control.get("role")
@@ -344,8 +344,7 @@ class Schedule(Actor):
             self.core.stored(key[0], key[1], status, now)
 
     def _answered(self, frames: list[bytes], now: float) -> None:
-        if self.first_answer_at is None:
-            self.first_answer_at = now
+        self.deadline.answered(now)
         self._answer(orjson.loads(frames[1]), now)  # [client, header]: the front's own frames
 
     def _expire(self, now: float) -> None:
@@ -360,7 +359,7 @@ class Schedule(Actor):
         if now < self.next_expiry:
             return
         self.next_expiry = now + 1.0
-        for opaque in [o for o, at in self.sent_at.items() if reput_expired(at, now, self.first_answer_at)]:
+        for opaque in [o for o, at in self.sent_at.items() if self.deadline.expired(at, now)]:
             self.expired += 1
             self._answer({"opaque": opaque, "status": "SYSTEM_BUSY", "remark": "the re-put was not answered"}, now)
 

@@ -39,6 +39,7 @@ from actors import config_files
 from actors.base import Actor, incoming, socket
 from actors.reput import (
     PROPERTY_TRANSACTION_OP,
+    ReputDeadline,
     Stored,
     stored_of,
     commit_item,
@@ -78,7 +79,6 @@ TRANSACTION_CLIENT = b"\x00mqnode-transaction"  # the reput socket's pseudo-clie
 MAX_TAKE = 1024  # requests a turn
 ENDS_A_REQUEST = 256  # committed messages a re-put request carries
 READ_A_TURN = 8192  # half and op entries read a turn
-REPUT_TIMEOUT_S = 5.0  # a re-put unanswered by then counts as not stored
 OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
 OPEN_ENDS_A_REQUEST = 100_000  # open halves one `openOfGroup` request rolls back (the client asks again)
@@ -116,6 +116,7 @@ class Transaction(Actor):
         self.next_check = time.monotonic() + min(s.transactionCheckInterval, s.transactionTimeOut) / 1000
         self.next_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
         self.ops_again: list[tuple[float, list]] = []  # (when, ends): commits stored whose op record was not
+        self.deadline = ReputDeadline()  # when an unanswered re-put counts as not stored
         self.expired = self.refused_ends = self.op_retries = 0
 
     # -- the turn ----------------------------------------------------------------------------------
@@ -129,6 +130,7 @@ class Transaction(Actor):
     def step(self, events: set) -> None:
         if self.answers in events:
             for frames in incoming(self.answers, 4096):
+                self.deadline.answered(time.monotonic())
                 self._answered(orjson.loads(frames[1]))  # [client, header]: the front's own frames
         self._follow()
         out: list = []
@@ -320,7 +322,7 @@ class Transaction(Actor):
             self.replies.send(pack_replies(out))
 
     def _expire(self, now: float) -> None:
-        for opaque in [o for o, (_, _, at) in self.waiting.items() if now - at > REPUT_TIMEOUT_S]:
+        for opaque in [o for o, (_, _, at) in self.waiting.items() if self.deadline.expired(at, now)]:
             self.expired += 1
             self._answered({"opaque": opaque, "status": "SYSTEM_BUSY"})
 

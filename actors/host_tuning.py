@@ -53,10 +53,10 @@ later inherit the mask of the thread that starts them):
 - pin, to the CPU the loop's thread is on, when the process used less than `pin_below` of one
   CPU over the last second;
 - unpin when, over the last second, it used more than UNPIN_ABOVE of the one CPU (nearly full),
-  or its loop's thread was runnable (running or waiting to run) more than UNPIN_ABOVE of the
+  or its loop's thread was runnable (running or waiting to run) more than MAX_LOOP_BUSY of the
   time (it wants the whole CPU and gets only a share: another process busy on that CPU takes
-  the rest), or waited to run more than MAX_LOOP_WAIT of the time (something else pinned
-  there, another node say). Some waiting is the price of sharing: at 5k sends/s, pinned, the
+  the rest; at 5k sends/s pinned it was 0.78-0.85, so the limit sits well above), or waited to
+  run more than MAX_LOOP_WAIT of the time (something else pinned there, another node say). Some waiting is the price of sharing: at 5k sends/s, pinned, the
   process used 0.55-0.61 of the CPU and the loop waited 26-34% of the time, behind its own I/O
   thread and the clients, and still answered sooner. Judged over 100 ms instead, the waits of
   single bursts unpinned it in the middle of such a run;
@@ -174,7 +174,8 @@ def limit_in_force(device: str = DEVICE) -> int | None:
 
 # -- 2. the front on one CPU ----------------------------------------------------------------------
 
-UNPIN_ABOVE = 0.85  # of one CPU: the process's use, or its loop thread's runnable time, over a reading
+UNPIN_ABOVE = 0.85  # of one CPU, the process's use over a reading
+MAX_LOOP_BUSY = 0.95  # of a reading's wall time, the loop thread's time running or waiting to run
 MAX_LOOP_WAIT = 0.6  # of a reading's wall time, the loop thread's wait to run
 HOLD_OFF_S = 10.0
 READING_S = 1.0
@@ -204,7 +205,7 @@ class PinPolicy:
     def decide(self, reading: Reading) -> int | None:
         """The CPU to be pinned to after this reading, or None for any CPU."""
         if self.pinned is not None:
-            if (reading.process_cpu > UNPIN_ABOVE or reading.loop_busy > UNPIN_ABOVE
+            if (reading.process_cpu > UNPIN_ABOVE or reading.loop_busy > MAX_LOOP_BUSY
                     or reading.loop_wait > MAX_LOOP_WAIT):
                 self.pinned = None
                 self.unpins += 1

@@ -54,20 +54,13 @@ FIRST_ANSWER_TIMEOUT_S = 60.0  # ... and while no answer has come since the serv
 _born_hosts: dict[bytes, str] = {}  # a record's 8 born-host bytes -> "ip:port" (few hosts, many records)
 
 
-def reput_expired(sent_at: float, now: float, first_answer_at: float | None) -> bool:
-    """Whether a re-put sent at `sent_at` (monotonic s) and unanswered at `now` counts as not
-    stored: REPUT_TIMEOUT_S after the later of its send and the front's first answer to this
-    process; FIRST_ANSWER_TIMEOUT_S after its send while the front has not answered at all. (A
-    node starting on a loaded machine, 18 s seen, can open a service many seconds before its front
-    serves: its re-puts in that gap would expire and go twice.)"""
-    if first_answer_at is None:
-        return now - sent_at > FIRST_ANSWER_TIMEOUT_S
-    return now - max(sent_at, first_answer_at) > REPUT_TIMEOUT_S
-
-
 class ReputDeadline:
-    """The front's first answer to this process's re-puts, and whether one unanswered counts as
-    not stored yet (`reput_expired`). One per service that re-puts: schedule, pop, transaction."""
+    """When a re-put this process sent and the front has not answered counts as not stored:
+    REPUT_TIMEOUT_S after the later of its send and the front's first answer to this process;
+    FIRST_ANSWER_TIMEOUT_S after its send while the front has not answered at all. (A node
+    starting on a loaded machine, 18 s seen, can open a service many seconds before its front
+    serves: its re-puts in that gap would expire and go twice.) One per service that re-puts:
+    schedule, pop, transaction."""
 
     __slots__ = ("first_answer_at",)
 
@@ -79,7 +72,10 @@ class ReputDeadline:
             self.first_answer_at = now
 
     def expired(self, sent_at: float, now: float) -> bool:
-        return reput_expired(sent_at, now, self.first_answer_at)
+        """Whether a re-put sent at `sent_at` (monotonic s) and unanswered at `now` counts as not stored."""
+        if self.first_answer_at is None:
+            return now - sent_at > FIRST_ANSWER_TIMEOUT_S
+        return now - max(sent_at, self.first_answer_at) > REPUT_TIMEOUT_S
 
 
 def reput_item_raw(raw: bytes) -> tuple[dict, bytes] | None | bool:

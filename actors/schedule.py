@@ -353,7 +353,7 @@ class Schedule(Actor):
         still holds a connection to the old one; without this, a level would wait for it forever.
         A late answer to an expired re-put is ignored; the entry may be delivered twice, never lost.
         Until the front has answered once since this process opened, a re-put waits longer
-        (`reput_expired`): a node starting on a loaded machine (18 s, seen) can open this service
+        (`ReputDeadline`): a node starting on a loaded machine (18 s, seen) can open this service
         many seconds before its front serves, and overdue timers re-put in that gap would expire
         and go twice."""
         if now < self.next_expiry:

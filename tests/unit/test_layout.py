@@ -91,9 +91,9 @@ def test_the_client_package_names_load_on_use_and_every_one_resolves():
     `node.client.frames`, do not load the producers and consumers (node/client/__init__.py)."""
     import pytest
 
-    import node.client as client
-
     import importlib
+
+    import node.client as client
 
     assert {"Producer", "PullConsumer", "PushConsumer", "PopConsumer", "TransactionProducer"} <= set(client.__all__)
     for name in client.__all__:  # each the very object its home module holds

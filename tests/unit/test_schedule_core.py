@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from actors.reput import send_back_request
-from actors.reput import FIRST_ANSWER_TIMEOUT_S, REPUT_TIMEOUT_S, ReputDeadline, reput_expired
+from actors.reput import FIRST_ANSWER_TIMEOUT_S, REPUT_TIMEOUT_S, ReputDeadline
 from actors.schedule import ScheduleCore
 from shm.codec import Record, decode, encode, encode_host
 
@@ -133,24 +133,15 @@ def test_a_delivery_read_from_the_raw_record_is_the_one_read_through_decode(topi
 
 
 def test_a_reput_expires_only_once_the_front_answers_at_all():
-    # a front not serving yet (a node starting on a loaded machine): the re-put waits, not goes twice
-    assert not reput_expired(100.0, 100.0 + REPUT_TIMEOUT_S + 1, None)
-    assert reput_expired(100.0, 100.0 + FIRST_ANSWER_TIMEOUT_S + 0.1, None)
-    # the front's first answer came after the send: the timeout runs from that answer
-    assert not reput_expired(100.0, 112.0 + REPUT_TIMEOUT_S, 112.0)
-    assert reput_expired(100.0, 112.0 + REPUT_TIMEOUT_S + 0.1, 112.0)
-    # sent after the front answered: REPUT_TIMEOUT_S from its send (an answer lost to a restart)
-    assert not reput_expired(150.0, 150.0 + REPUT_TIMEOUT_S, 112.0)
-    assert reput_expired(150.0, 150.0 + REPUT_TIMEOUT_S + 0.1, 112.0)
-
-
-def test_a_reput_deadline_counts_from_the_first_answer_only():
-    """Each service that re-puts (schedule, pop, transaction) keeps one: later answers do not
-    move the first, and before any answer the long timeout holds."""
     deadline = ReputDeadline()
+    # a front not serving yet (a node starting on a loaded machine): the re-put waits, not goes twice
     assert not deadline.expired(100.0, 100.0 + REPUT_TIMEOUT_S + 1)
+    assert deadline.expired(100.0, 100.0 + FIRST_ANSWER_TIMEOUT_S + 0.1)
+    # the front's first answer came after the send: the timeout runs from that answer
     deadline.answered(112.0)
-    deadline.answered(140.0)  # (not the first: ignored)
-    assert deadline.first_answer_at == 112.0
+    deadline.answered(140.0)  # (not the first: later answers do not move it)
+    assert not deadline.expired(100.0, 112.0 + REPUT_TIMEOUT_S)
     assert deadline.expired(100.0, 112.0 + REPUT_TIMEOUT_S + 0.1)
+    # sent after the front answered: REPUT_TIMEOUT_S from its send (an answer lost to a restart)
     assert not deadline.expired(150.0, 150.0 + REPUT_TIMEOUT_S)
+    assert deadline.expired(150.0, 150.0 + REPUT_TIMEOUT_S + 0.1)

@@ -68,6 +68,7 @@ class TransactionCore:
         self.ending: dict[int, str] = {}  # decided here, op not yet read back
         self.counts = dict.fromkeys(FINAL, 0) | (snapshot.get("counts") or {})
         self.checks_sent = self.repeats = 0
+        self.checked = 0  # pending halves checked at least once (kept as they change: statistics walk nothing)
 
     # -- what the queues say -------------------------------------------------------------------------
 
@@ -94,6 +95,7 @@ class TransactionCore:
     def _checked(self, offset: int, count: int) -> None:
         half = self.pending.get(offset)
         if half is not None:
+            self.checked += not half.checks and count > 0
             half.checks = max(half.checks, count)
         elif offset >= self.read_to:
             self.checks_of[offset] = max(self.checks_of.get(offset, 0), count)
@@ -103,7 +105,8 @@ class TransactionCore:
         if not self._mark(offset, kind):
             return  # a repeat (a replay, a second end): nothing changes
         self.counts[kind] += 1
-        self.pending.pop(offset, None)
+        half = self.pending.pop(offset, None)
+        self.checked -= half is not None and half.checks > 0
         self.checks_of.pop(offset, None)
         self._advance()
 
@@ -127,6 +130,7 @@ class TransactionCore:
             else:
                 half.checks = max(half.checks, self.checks_of.pop(offset, 0))
                 self.pending[offset] = half
+                self.checked += half.checks > 0
                 if offset - self.base >= len(self.outcomes):  # (its byte, 0 while open, keeps `low` here)
                     self.outcomes.extend(bytes(offset - self.base + 1 - len(self.outcomes)))
         self._advance()
@@ -138,6 +142,7 @@ class TransactionCore:
         if first <= self.read_to:
             return
         self.pending.clear()
+        self.checked = 0
         del self.outcomes[:first - self.base]
         self.base = self.low = self.read_to = first
 
@@ -211,9 +216,8 @@ class TransactionCore:
                 "counts": dict(self.counts)}
 
     def statistics(self, now_ms: int) -> dict:
-        checked = sum(1 for h in self.pending.values() if h.checks)
         oldest = self.pending.get(self.low)  # (the first open half is where `low` stopped)
-        return {"pending": len(self.pending), "checked": checked, "committed": self.counts[COMMIT],
+        return {"pending": len(self.pending), "checked": self.checked, "committed": self.counts[COMMIT],
                 "rolledBack": self.counts[ROLLBACK], "discarded": self.counts[DISCARD], "ending": len(self.ending),
                 "checksSent": self.checks_sent, "repeatedEnds": self.repeats, "low": self.low, "readTo": self.read_to,
                 "opReadTo": self.op_read_to, "oldestPendingMillis": now_ms - oldest.stored_ms if oldest else 0}

@@ -163,3 +163,22 @@ def test_low_is_always_the_first_offset_still_open(events, reads):
         assert c.low == (first_open if first_open is not None else max(c.read_to, c.low))
         assert all(c.outcome(o) is None for o in c.pending)
         assert set(c.pending) == {o for o in range(c.read_to) if c.outcome(o) is None}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.tuples(st.just("read"), st.integers(1, 5)),
+                          st.tuples(st.just("cleaned"), st.integers(0, 3)),
+                          st.tuples(st.sampled_from([COMMIT, ROLLBACK, CHECK]), st.integers(0, 40))), max_size=120))
+def test_the_checked_count_kept_as_halves_change_is_what_the_open_halves_say(events):
+    """`statistics` counts the checked halves without walking a million of them: the count kept
+    is the walk's, whatever order reads, checks (before or after their half is read), ends and
+    a cleaned queue come in."""
+    c = core()
+    for kind, n in events:
+        if kind == "read":
+            read(c, n)
+        elif kind == "cleaned":
+            c.halves_gone(c.read_to + n)
+        else:
+            c.op(kind, [f"{n}:2" if kind == CHECK else str(n)])
+        assert c.statistics(0)["checked"] == sum(1 for h in c.pending.values() if h.checks)

@@ -97,11 +97,11 @@ def main() -> None:
                     _settle(nodes, configs)
                     with environment(env):
                         usage = Usage(nodes[name])
-                        batch = aio.run(batches(nodes[name].endpoint, args.count, 128, 4))
-                        single = aio.run(singles(nodes[name].endpoint, args.count, 1024, "BenchSingle"))
+                        batch, batch_sent = aio.run(batches(nodes[name].endpoint, args.count, 128, 4))
+                        single, single_sent = aio.run(singles(nodes[name].endpoint, args.count, 1024, "BenchSingle"))
                     figures[name].append((batch, single))
                     print(f"round {round_number + 1} {name:>9}: batch {batch:>9,.0f} msgs/s, "
-                          f"singles {single:>9,.0f} msgs/s; {usage.report()}", flush=True)
+                          f"singles {single:>9,.0f} msgs/s; {usage.report(batch_sent + single_sent)}", flush=True)
         _summary(figures)
     finally:
         shutil.rmtree(base, ignore_errors=True)

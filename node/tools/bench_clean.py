@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import shutil
 import tempfile
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 from node import protocol
-from node.client import AsyncProducer, Message, aio
+from node.client import AsyncProducer, Message, SendError, aio
 from node.tools import floors
 from node.tools.bench_produce import BODY, add_node_options, bench_node, node_options
 from node.tools.pacing import paced
@@ -49,16 +50,23 @@ async def fill(endpoint: str, total_bytes: int, senders: int = 4) -> float:
         return batches // senders * senders * BATCH * len(BODY) / (time.perf_counter() - began) / 1e6
 
 
-async def paced_load(endpoint: str, rate: float, seconds: float, during=None) -> tuple[float, float, object]:
+async def paced_load(endpoint: str, rate: float, seconds: float, during=None) -> tuple[float, float, object, str]:
     """Batches at `rate` msgs/s for `seconds` (and `during()` alongside, when given); returns the
-    achieved msgs/s, the ack p99 in ms, and what `during` returned."""
+    achieved msgs/s (of the batches stored), the ack p99 in ms, what `during` returned, and the
+    batches the node refused, by status ("" for none: a load beyond the node's is refused
+    SYSTEM_BUSY, and counted, not raised)."""
     async with AsyncProducer(endpoint, timeout=30.0, linger_ms=0) as producer:
         messages = [Message("BenchClean", BODY) for _ in range(BATCH)]
         samples: list[float] = []
+        refused: collections.Counter = collections.Counter()
 
         async def one(_: int) -> None:
             began = time.perf_counter()
-            await producer.send_batch("BenchClean", messages)
+            try:
+                await producer.send_batch("BenchClean", messages)
+            except SendError as e:
+                refused[e.status] += 1
+                return
             samples.append(time.perf_counter() - began)
 
         began = time.perf_counter()
@@ -67,7 +75,14 @@ async def paced_load(endpoint: str, rate: float, seconds: float, during=None) ->
         elapsed = time.perf_counter() - began
         result = await side if side else None
         samples.sort()
-        return len(samples) * BATCH / elapsed, samples[int(len(samples) * 0.99)] * 1e3, result
+        p99 = samples[int(len(samples) * 0.99)] * 1e3 if samples else float("nan")
+        return len(samples) * BATCH / elapsed, p99, result, _refusals(refused)
+
+
+def _refusals(refused: collections.Counter) -> str:
+    if not refused:
+        return ""
+    return "; batches refused: " + ", ".join(f"{count:,} {status}" for status, count in refused.most_common())
 
 
 async def clean_now(producer: AsyncProducer) -> tuple[dict, float]:
@@ -93,15 +108,16 @@ def deleting_under_load(base: Path, gib: float, seconds: float, options: dict[st
         peak = mbps * 1e6 / len(BODY)
         print(f"filled {gib:g} GiB at {mbps:,.0f} MB/s ({peak:,.0f} msgs/s: the peak); load at half of it", flush=True)
         half = peak / 2
-        rate, p99, _ = aio.run(paced_load(node.endpoint, half, seconds))
-        print(f"without cleaning: {rate:>9,.0f} msgs/s, ack p99 {p99:,.1f} ms", flush=True)
+        rate, p99, _, refused = aio.run(paced_load(node.endpoint, half, seconds))
+        print(f"without cleaning: {rate:>9,.0f} msgs/s, ack p99 {p99:,.1f} ms{refused}", flush=True)
         aged = age(directory / "store")
-        with_rate, with_p99, (reply, took) = aio.run(paced_load(node.endpoint, half, seconds, clean_now))
+        with_rate, with_p99, (reply, took), refused = aio.run(paced_load(node.endpoint, half, seconds, clean_now))
         deleted = reply.get("bytes", 0)
-        print(f"while deleting:   {with_rate:>9,.0f} msgs/s, ack p99 {with_p99:,.1f} ms", flush=True)
+        print(f"while deleting:   {with_rate:>9,.0f} msgs/s, ack p99 {with_p99:,.1f} ms{refused}", flush=True)
         # a second baseline after: on a shared VM one run's p99 moves by several times
-        after_rate, after_p99, _ = aio.run(paced_load(node.endpoint, half, seconds))
-        print(f"without cleaning: {after_rate:>9,.0f} msgs/s, ack p99 {after_p99:,.1f} ms (again, after)", flush=True)
+        after_rate, after_p99, _, refused = aio.run(paced_load(node.endpoint, half, seconds))
+        print(f"without cleaning: {after_rate:>9,.0f} msgs/s, ack p99 {after_p99:,.1f} ms (again, after){refused}",
+              flush=True)
         rate, p99 = (rate + after_rate) / 2, (p99 + after_p99) / 2
         print(f"deleting against the two runs without: rate {100 * (with_rate / rate - 1):+.1f} % (target > -10 %), "
               f"ack p99 x{with_p99 / p99:.2f} (target <= 2)")
@@ -124,7 +140,7 @@ def keeping_up(base: Path, mbps: float, seconds: float, options: dict[str, str])
                 sizes.append(sum(p.stat().st_size for p in commitlog.iterdir() if p.is_file()))
                 await asyncio.sleep(0.25)
 
-        rate, p99, _ = aio.run(paced_load(node.endpoint, mbps * 1e6 / len(BODY), seconds, watch))
+        rate, p99, _, refused = aio.run(paced_load(node.endpoint, mbps * 1e6 / len(BODY), seconds, watch))
         appended = rate * len(BODY) * seconds
         # the first cleanResourceInterval lets segments pile up; after it, deletion keeps up when
         # the CommitLog on disk stops growing
@@ -132,7 +148,7 @@ def keeping_up(base: Path, mbps: float, seconds: float, options: dict[str, str])
         kept_up = max(last) <= max(first) + 2 * SEGMENT
         print(f"keeping up: appended {rate * len(BODY) / 1e6:,.0f} MB/s for {seconds:g} s ({appended / 2**30:.1f} GiB), "
               f"ack p99 {p99:,.1f} ms; CommitLog on disk at most {max(first) / 2**20:,.0f} MiB in the first third, "
-              f"{max(last) / 2**20:,.0f} MiB in the last (deletion kept up: {'yes' if kept_up else 'no'})")
+              f"{max(last) / 2**20:,.0f} MiB in the last (deletion kept up: {'yes' if kept_up else 'no'}){refused}")
 
 
 def main() -> None:

@@ -66,12 +66,17 @@ from node.client.frames import send_frames
 from shm import consume_queue
 from shm import reader as store_reader
 from shm.codec import (
+    FIXED_STORE_TS,
     PROPERTY_CHECK_IMMUNITY,
     PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
     PROPERTY_UNIQ_KEY,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
     offset_msg_id,
+    parse_properties,
+    walk_v4,
 )
 from shm.control_block import ROLE_CODES
 
@@ -81,6 +86,7 @@ ENDS_A_REQUEST = 256  # committed messages a re-put request carries
 READ_A_TURN = 8192  # half and op entries read a turn
 OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
+_HALF_TOPIC = TRANS_HALF_TOPIC.encode()
 OPEN_ENDS_A_REQUEST = 100_000  # open halves one `openOfGroup` request rolls back (the client asks again)
 
 
@@ -171,20 +177,29 @@ class Transaction(Actor):
             core.op(record.properties.get(PROPERTY_TRANSACTION_OP, ""), record.body.decode(errors="replace").split(","))
         halves = self.reader.queue(TRANS_HALF_TOPIC, 0, dispatched)
         core.halves_gone(halves.min_offset(self.reader.commitlog_min))
-        for (phy, size), record in self._entries(halves, core.read_to, min(READ_A_TURN, core.room())):
-            core.half(_half(core.read_to, phy, size, record))
+        record_bytes = self.reader.record_bytes
+        for phy, size in self._places(halves, core.read_to, min(READ_A_TURN, core.room())):
+            core.half(half_of(core.read_to, phy, size, record_bytes(phy, size)))
 
     def _entries(self, view, offset: int, count: int):
         """(phy, size) and the decoded record (None: gone, or not a record) of up to `count`
         entries of the queue `view` from `offset`."""
+        for phy, size in self._places(view, offset, count):
+            yield (phy, size), stored_of(self.reader.record_bytes(phy, size))
+
+    @staticmethod
+    def _places(view, offset: int, count: int) -> list[tuple[int, int]]:
+        """(phy, size) of up to `count` entries of the queue `view` from `offset`."""
+        out: list[tuple[int, int]] = []
         end = min(view.max_offset, offset + count)
         while offset < end:
             raw = view.queue.raw_entries(offset, end - offset, limit_offset=view.max_offset)
             if not raw:
-                return
-            for phy, size, _ in consume_queue.entries(raw):
-                yield (phy, size), stored_of(self.reader.record_bytes(phy, size))
-                offset += 1
+                break
+            found = [(phy, size) for phy, size, _ in consume_queue.entries(raw)]
+            out += found
+            offset += len(found)
+        return out
 
     # -- ends ----------------------------------------------------------------------------------------
 
@@ -336,11 +351,13 @@ class Transaction(Actor):
         items = []
         for half in checks:
             raw = self.reader.record_bytes(half.phy, half.size)
-            if raw is None:
+            stored = stored_of(raw)
+            if stored is None:
                 continue
+            key = stored.properties.get(PROPERTY_UNIQ_KEY) or ""
             header = {"code": protocol.CHECK_TRANSACTION_STATE, "producerGroup": half.group,
-                      "tranStateTableOffset": half.offset, "commitLogOffset": half.phy, "msgId": half.key,
-                      "transactionId": half.key, "offsetMsgId": half.offset_id}
+                      "tranStateTableOffset": half.offset, "commitLogOffset": half.phy, "msgId": key,
+                      "transactionId": key, "offsetMsgId": offset_msg_id(stored.store_host, half.phy)}
             send_frames(self.checks, [half.group.encode(), orjson.dumps(header), raw])
             items.append(f"{half.offset}:{half.checks + 1}")
         for at in range(0, len(items), 4096):
@@ -380,6 +397,25 @@ class Transaction(Actor):
         super().close()
 
 
+def half_of(offset: int, phy: int, size: int, raw: bytes | None) -> Half | None:
+    """The `Half` at queue offset `offset` from its record's bytes (None: gone, or not a half a
+    commit could deliver), reading only what the service keeps of it: its fixed fields and
+    properties, not a whole decoded record (every half is read once, as it is stored)."""
+    walked = walk_v4(raw, 0, len(raw)) if raw else None
+    if walked is None:  # (an IPv6 host, or no record: the general reading)
+        return _half(offset, phy, size, stored_of(raw))
+    fixed, _, topic_at, props_at = walked
+    if raw[topic_at: props_at - 2] != _HALF_TOPIC:
+        return None
+    props = parse_properties(raw[props_at:].decode())
+    topic, queue, immunity = props.get(PROPERTY_REAL_TOPIC), props.get(PROPERTY_REAL_QID), props.get(
+        PROPERTY_CHECK_IMMUNITY, "")
+    if not topic or queue is None or not queue.isdigit():
+        return None
+    return Half(offset, phy, size, fixed[FIXED_STORE_TS], props.get(PROPERTY_PRODUCER_GROUP, ""),
+                int(immunity) * 1000 if immunity.isdigit() else 0, topic, int(queue))
+
+
 def _half(offset: int, phy: int, size: int, record: Stored | None) -> Half | None:
     if record is None or half_target(record) is None:
         return None
@@ -387,8 +423,7 @@ def _half(offset: int, phy: int, size: int, record: Stored | None) -> Half | Non
     immunity = props.get(PROPERTY_CHECK_IMMUNITY, "")
     topic, queue_id = half_target(record)
     return Half(offset, phy, size, record.store_timestamp, props.get(PROPERTY_PRODUCER_GROUP, ""),
-                int(immunity) * 1000 if immunity.isdigit() else 0, topic, queue_id,
-                key=props.get(PROPERTY_UNIQ_KEY) or "", offset_id=offset_msg_id(record.store_host, phy))
+                int(immunity) * 1000 if immunity.isdigit() else 0, topic, queue_id)
 
 
 def _status(status: str) -> str:
@@ -409,6 +444,9 @@ def _reply(client: bytes, arrival: int, opaque, status: str, remark: str, **fiel
     return client, -arrival, orjson.dumps(protocol.reply_header(opaque, status, remark, **fields))
 
 
+_BARE = {"OK": {"status": "OK"}}  # (one dict for every plain answer: a Spark commit has a million; only serialised)
+
+
 class Ends:
     """The answer to one END_TRANSACTION (`single`) or END_TRANSACTIONS: a result per end, the
     reply once every one has its result (none for a oneway request)."""
@@ -421,7 +459,8 @@ class Ends:
         self.left = count
 
     def set(self, i: int, out: list, status: str, remark: str, **fields) -> None:
-        self.results[i] = {"status": status, "remark": remark, **fields} if remark or fields else {"status": status}
+        self.results[i] = {"status": status, "remark": remark, **fields} if remark or fields else _BARE.get(status) or {
+            "status": status}
         self.left -= 1
         if self.left or self.oneway:
             return

@@ -48,8 +48,6 @@ class Half:
     immunity_ms: int  # no check before it is this old
     topic: str = ""  # REAL_TOPIC and REAL_QID: where its commit goes
     queue_id: int = 0
-    key: str = ""  # UNIQ_KEY: the transaction id a producer knows it by
-    offset_id: str = ""  # its offset msgId
     checks: int = 0  # as the op records say
     checked_ms: int = 0  # when this service last asked (0: not since it started)
 

@@ -5,6 +5,7 @@ and of the whole node between a half and its outcome, and a slave promoted mid-t
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from nodes import ROOT, NodeProcess, free_port, node_settings
 
 from node import protocol
 from node.client import (
+    AsyncTransactionProducer,
     COMMIT_MESSAGE,
     ROLLBACK_MESSAGE,
     UNKNOW,
@@ -134,6 +136,29 @@ def test_unknown_halves_are_checked_and_ended_by_the_answer(node):
                       "the commits")
     assert sorted(m.body for m in seen) == sorted(f"c{i}".encode() for i in range(10))
     assert seen[0].topic == "TxCheck"
+
+
+def test_a_check_names_the_half_as_its_send_was_answered(node):
+    """CHECK_TRANSACTION_STATE's header names the half as the producer knows it: `msgId` and
+    `transactionId` its UNIQ_KEY, `offsetMsgId` and `tranStateTableOffset` what its send answered."""
+    async def scenario():
+        checks = []
+        async with AsyncTransactionProducer(node.endpoint, "PG-ids", execute=lambda message, arg: UNKNOW) as producer:
+            answer = producer._on_request
+            producer.producer.on_request = lambda header, body: (checks.append(header), answer(header, body))
+            sent = await producer.send_in_transaction("TxIds", "open")
+            for _ in range(300):
+                if checks:
+                    break
+                await asyncio.sleep(0.05)
+        return sent, checks
+
+    sent, checks = asyncio.run(scenario())
+    assert checks, "no check came in 15 s"
+    assert checks[0]["msgId"] == checks[0]["transactionId"] == sent.msg_id
+    assert checks[0]["offsetMsgId"] == sent.offset_msg_id and checks[0]["tranStateTableOffset"] == sent.queue_offset
+    assert checks[0]["commitLogOffset"] == decode_msg_id(sent.offset_msg_id)[1]
+    assert end(node.endpoint, sent, "PG-ids", 12)["status"] == "OK"  # (closed: no open half left for the others)
 
 
 def test_an_exception_in_the_local_transaction_leaves_it_open(node):

@@ -403,27 +403,24 @@ def half_of(offset: int, phy: int, size: int, raw: bytes | None) -> Half | None:
     properties, not a whole decoded record (every half is read once, as it is stored)."""
     walked = walk_v4(raw, 0, len(raw)) if raw else None
     if walked is None:  # (an IPv6 host, or no record: the general reading)
-        return _half(offset, phy, size, stored_of(raw))
+        record = stored_of(raw)
+        if record is None or record.topic != TRANS_HALF_TOPIC:
+            return None
+        return _half(offset, phy, size, record.store_timestamp, record.properties)
     fixed, _, topic_at, props_at = walked
     if raw[topic_at: props_at - 2] != _HALF_TOPIC:
         return None
-    props = parse_properties(raw[props_at:].decode())
+    return _half(offset, phy, size, fixed[FIXED_STORE_TS], parse_properties(raw[props_at:].decode()))
+
+
+def _half(offset: int, phy: int, size: int, stored_ms: int, props: dict[str, str]) -> Half | None:
+    """A half's `Half` from its properties (None without a real topic and queue to commit to)."""
     topic, queue, immunity = props.get(PROPERTY_REAL_TOPIC), props.get(PROPERTY_REAL_QID), props.get(
         PROPERTY_CHECK_IMMUNITY, "")
     if not topic or queue is None or not queue.isdigit():
         return None
-    return Half(offset, phy, size, fixed[FIXED_STORE_TS], props.get(PROPERTY_PRODUCER_GROUP, ""),
+    return Half(offset, phy, size, stored_ms, props.get(PROPERTY_PRODUCER_GROUP, ""),
                 int(immunity) * 1000 if immunity.isdigit() else 0, topic, int(queue))
-
-
-def _half(offset: int, phy: int, size: int, record: Stored | None) -> Half | None:
-    if record is None or half_target(record) is None:
-        return None
-    props = record.properties
-    immunity = props.get(PROPERTY_CHECK_IMMUNITY, "")
-    topic, queue_id = half_target(record)
-    return Half(offset, phy, size, record.store_timestamp, props.get(PROPERTY_PRODUCER_GROUP, ""),
-                int(immunity) * 1000 if immunity.isdigit() else 0, topic, queue_id)
 
 
 def _status(status: str) -> str:
@@ -444,7 +441,7 @@ def _reply(client: bytes, arrival: int, opaque, status: str, remark: str, **fiel
     return client, -arrival, orjson.dumps(protocol.reply_header(opaque, status, remark, **fields))
 
 
-_BARE = {"OK": {"status": "OK"}}  # (one dict for every plain answer: a Spark commit has a million; only serialised)
+_OK = {"status": "OK"}  # (one dict for every plain OK: a Spark commit has a million; only serialised)
 
 
 class Ends:
@@ -459,8 +456,10 @@ class Ends:
         self.left = count
 
     def set(self, i: int, out: list, status: str, remark: str, **fields) -> None:
-        self.results[i] = {"status": status, "remark": remark, **fields} if remark or fields else _BARE.get(status) or {
-            "status": status}
+        if remark or fields:
+            self.results[i] = {"status": status, "remark": remark, **fields}
+        else:
+            self.results[i] = _OK if status == "OK" else {"status": status}
         self.left -= 1
         if self.left or self.oneway:
             return

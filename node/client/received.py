@@ -181,7 +181,6 @@ _new = object.__new__
 def decode_messages(body: bytes | None, cls: type = None) -> list[ReceivedMessage]:
     """The records of a reply, in order, as `cls` (ReceivedMessage or a subclass); raises
     SendError("SYSTEM_ERROR") when its bytes are not a run of whole, well-formed records."""
-    out: list[ReceivedMessage] = []
     buf = bytes(body or b"")
     cls = cls or ReceivedMessage
     try:
@@ -189,13 +188,8 @@ def decode_messages(body: bytes | None, cls: type = None) -> list[ReceivedMessag
     except ValueError:
         walked, left = (), True  # (the walk below names what is wrong)
     if not left:  # every record walked in one call (IPv4 hosts, magic V1: the common case)
-        for fixed, body_at, topic_at, props_at, _ in walked:
-            message = _new(cls)
-            message._body = buf[body_at: body_at + fixed[14]]
-            (message._buf, message._fixed, message._topic_at, message._props_at, message._topic, message._properties,
-             message._offset_id, message._hosts) = buf, fixed, topic_at, props_at, None, None, None, None
-            out.append(message)
-        return out
+        return [_walked(cls, buf, fixed, body_at, topic_at, props_at) for fixed, body_at, topic_at, props_at, _ in walked]
+    out: list[ReceivedMessage] = []
     at, end = 0, len(buf)
     while at < end:
         if at + 4 > end:
@@ -214,7 +208,11 @@ def _walk_v4(buf: bytes, at: int, size: int, cls: type) -> ReceivedMessage | Non
     walked = walk_v4(buf, at, size)
     if walked is None:
         return None
-    fixed, body_at, topic_at, props_at = walked
+    return _walked(cls, buf, *walked)
+
+
+def _walked(cls: type, buf: bytes, fixed: tuple, body_at: int, topic_at: int, props_at: int) -> ReceivedMessage:
+    """A message over a walked record of `buf`: its body cut out, the rest decoded when asked."""
     message = _new(cls)
     message._body = buf[body_at: body_at + fixed[14]]  # the one field every consumer reads
     (message._buf, message._fixed, message._topic_at, message._props_at, message._topic, message._properties,

@@ -98,7 +98,7 @@ class AsyncTransactionProducer:
         self.checks_waiting: collections.deque = collections.deque()  # (header, body)
         self.checking: set[asyncio.Task] = set()  # the workers answering them
         self.ending: set[asyncio.Task] = set()  # end requests, and answered checks' ends, on their way
-        self.check_ends: asyncio.Semaphore | None = None  # (made in the running loop: CHECK_ENDS_IN_FLIGHT)
+        self.check_ends = asyncio.Semaphore(CHECK_ENDS_IN_FLIGHT)  # (bound to the loop that first waits on it)
         self.checks_answered = 0
         self.ends_queued: list[tuple[dict, asyncio.Future]] = []  # this turn's ends, sent together
 
@@ -256,8 +256,6 @@ class AsyncTransactionProducer:
             return
         sent = SendResult("SEND_OK", header.get("transactionId") or message.msg_id, header.get("offsetMsgId", ""),
                           message.queue_id, header["tranStateTableOffset"], message.topic)
-        if self.check_ends is None:
-            self.check_ends = asyncio.Semaphore(CHECK_ENDS_IN_FLIGHT)
         await self.check_ends.acquire()
         self._hold(self._end_checked(sent, state, header["commitLogOffset"]))
 

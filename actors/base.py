@@ -31,10 +31,9 @@ STATS_PERIOD_S = 1.0
 def endpoints(settings) -> dict[str, str]:
     """The node's internal ipc endpoints, under its run directory."""
     run = settings.run_dir
-    return {name: f"ipc://{run}/{name}" for name in ("ingress", "writer", "flush", "replies", "stats", "pulls", "pop",
-                                                      "arrivals", "reput", "clean", "schedule", "reput-in",
-                                                      "reput-out", "pop-reput-out", "ha-admin", "transaction",
-                                                      "transaction-checks", "transaction-reput-out")}
+    return {name: f"ipc://{run}/{name}" for name in ("replies", "stats", "arrivals", "reput", "clean", "schedule",
+                                                      "reput-in", "reput-out", "pop-reput-out", "ha-admin",
+                                                      "transaction", "transaction-checks", "transaction-reput-out")}
 
 
 def socket(context: zmq.Context, kind: int, *, hwm: int = 10000) -> zmq.Socket:

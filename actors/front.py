@@ -8,12 +8,14 @@ Sockets:
   workers; read requests to the read service when this process hosts it (compact). Where the
   other end is another process, a link is a ring in shared memory; where this process hosts it
   (actors.host), a local link. The router never asks which: it is the same code either way.
-- `replies` PULL, bound: joined replies from the pull workers and the other services.
+- `replies` PULL, bound: joined replies from the other services (and the rare read reply too
+  large for a ring message).
 - `stats` PULL, bound: every actor's statistics, once a second.
-- `pulls` PUSH, bound: read requests to the pull workers, when they are processes of their own
-  (split); a read none can take yet waits in `reads_out` (actors.links.WaitingOutbox).
-- `pop` PUSH, bound: pops, acks and peeks to the pop service (actors.pop; waiting in `pops_out`
-  while it restarts, as reads do); `pop_out` PUSH: the
+- links to the read side: reads to the pull workers, when they are processes of their own
+  (split: rings, each read to the first worker that keeps up, actors.links.SpreadOutbox); pops,
+  acks and peeks to the pop service (ring `front-to-pop`); their replies back on rings. A read
+  no ring can take yet (its worker far behind) waits in `reads_out` (actors.links.WaitingOutbox).
+- `pop_out` PUSH: the
   answers to its re-puts (dead letters), which reach the write path over `reput-in` as the
   schedule service's do.
 
@@ -42,13 +44,13 @@ import zmq
 
 from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket
 from actors.front_ha import FrontReplication
-from actors.links import SocketOutbox, WaitingOutbox, first_keeping_up, inbox, outbox
+from actors.links import SpreadOutbox, WaitingOutbox, first_keeping_up, inbox, outbox
 from actors.router import Router, To
 from actors.pop import POP_CLIENT
 from actors.schedule import REPUT_CLIENT
 from actors.transaction import TRANSACTION_CLIENT
 from actors.producers import ProducerGroups
-from actors.wire import join_frames, read_meta, send_meta, unpack_replies
+from actors.wire import join_frames, read_meta, read_size, read_to_wire, send_meta, unpack_replies
 from actors import consumers, edge, guard
 from actors.consumers import ConsumerGroups
 from actors.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
@@ -115,10 +117,7 @@ class Front(Actor):
         self.schedules = socket(self.context, zmq.PUSH, hwm=10000)  # send-backs to the schedule service
         self.schedules.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.schedules.bind(self.endpoints["schedule"])
-        pops = socket(self.context, zmq.PUSH, hwm=100000)  # pops, acks and peeks to the pop service
-        pops.setsockopt(zmq.SNDTIMEO, 0)  # (the service restarting: they wait in `pops_out`, as reads do)
-        pops.bind(self.endpoints["pop"])
-        self.pops_out = WaitingOutbox(SocketOutbox(pops, lambda pop: [pop[1], read_meta(pop[2]), pop[3], b""]),
+        self.pops_out = WaitingOutbox(outbox(self, "front-to-pop", read_to_wire),  # pops, acks and peeks
                                       limit=READS_WAITING, patience_s=READ_PATIENCE_S)
         self.pop_out = socket(self.context, zmq.PUSH, hwm=10000)  # the answers to the pop service's re-puts
         self.pop_out.connect(self.endpoints["pop-reput-out"])
@@ -166,14 +165,12 @@ class Front(Actor):
 
     def _reads_out(self):
         """Where read requests go: the read service of this process (a local link), else the pull
-        workers over the bound `pulls` PUSH (ZeroMQ spreads them over the workers)."""
+        workers' rings, each read to the first that keeps up."""
         local = self.local_links.get("front-to-pull-0") if self.local_links is not None else None
         if local is not None:
             return local
-        pulls = socket(self.context, zmq.PUSH, hwm=100000)
-        pulls.setsockopt(zmq.SNDTIMEO, 0)  # (no worker connected: the read waits in `reads_out`, not the loop)
-        pulls.bind(self.endpoints["pulls"])
-        return SocketOutbox(pulls, lambda read: [read[1], read_meta(read[2]), read[3], b""])
+        return SpreadOutbox([outbox(self, f"front-to-pull-{i}", read_to_wire)
+                             for i in range(self.settings.pull_processes)])
 
     def poll_items(self) -> list:
         return self.items
@@ -266,17 +263,12 @@ class Front(Actor):
         if route.to is To.SEND:
             self._send(client, request, frames)
         elif route.to is To.READ:
-            if not self.reads_out.send((request.header, client, time.monotonic_ns(), frames[0]), time.monotonic()):
-                self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY",
-                                                         f"{READS_WAITING} reads wait for a pull worker"))
+            self._read(self.reads_out, client, request, frames[0], "a pull worker")
         elif route.to is To.SCHEDULE:  # (its header as the router completed it)
             self._forward(self.schedules, client, request, [orjson.dumps(request.header)],
                           "the schedule service is not running; try again")
         elif route.to is To.POP:  # (its header as the router completed it)
-            pop = (request.header, client, time.monotonic_ns(), orjson.dumps(request.header))
-            if not self.pops_out.send(pop, time.monotonic()):
-                self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY",
-                                                         f"{READS_WAITING} requests wait for the pop service"))
+            self._read(self.pops_out, client, request, orjson.dumps(request.header), "the pop service")
         elif route.to is To.TRANSACTION:
             self._forward(self.transactions, client, request, frames,
                           "the transaction service is not running; try again")
@@ -292,6 +284,18 @@ class Front(Actor):
             self._reply(client, route.frames)
             if request.code in (protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER):
                 self._notify(self.consumers.subscribers(request.header["topic"]))  # their queues changed
+
+    def _read(self, out: WaitingOutbox, client: bytes, request: protocol.Request, header_raw: bytes,
+              who: str) -> None:
+        """A read (or a pop) to the read side; refused when no ring message can hold it (a
+        header of megabytes) or when READS_WAITING already wait."""
+        size, largest = read_size(client, header_raw), out.out.max_message
+        if size > largest:
+            return self._reply(client, protocol.error_reply(
+                request.opaque, "SYSTEM_ERROR", f"a read request of {size} bytes; this node takes at most {largest}"))
+        if not out.send((request.header, client, time.monotonic_ns(), header_raw), time.monotonic()):
+            self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY",
+                                                     f"{READS_WAITING} requests wait for {who}"))
 
     def _groups(self, client: bytes, header: dict) -> None:
         """Consumer groups' requests (actors.consumers); a HEART_BEAT's producer groups and an

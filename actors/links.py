@@ -1,13 +1,15 @@
-"""Links: the write path's hand-offs between the node's processes, through rings in shared memory.
+"""Links: the hand-offs between the node's processes, through rings in shared memory.
 
 A link is one `shm.ring` (one producer process, one consumer process) plus the consumer's
 doorbell (`actors.base.Doorbell`, a FIFO in the run directory that every producer of that
 consumer rings). Each hop carries one message a loop turn at most (a turn's sends, a turn's
-replies), so its cost is paid per turn, not per message (docs/architecture.md).
+replies), so its cost is paid per turn, not per message (docs/architecture.md); a read is a
+message of its own.
 
-`shm.ring.rings(settings)` declares every link of the write path under the split topology;
-the launcher makes their files before any service starts (node.server.launcher) and each service
-opens the ends it owns. The compact topology has none: its front hosts the write path.
+`shm.ring.rings(settings)` declares every link between two processes; the launcher makes their
+files before any service starts (node.server.launcher) and each service opens the ends it owns.
+The write path's links exist under split only (compact's front hosts the write path); the read
+path's to each pull worker under split, and to the pop service (a process of its own) in both.
 
 | link                  | producer  | consumer  | carries                                     |
 |-----------------------|-----------|-----------|---------------------------------------------|
@@ -18,6 +20,10 @@ opens the ends it owns. The compact topology has none: its front hosts the write
 | writer-to-front       | writer    | front     | replies                                     |
 | writer-to-flush       | writer    | flush     | SYNC_FLUSH / SYNC_MASTER sends held         |
 | flush-to-front        | flush     | front     | replies of the held sends                   |
+| front-to-pull-i       | front     | pull-i    | reads, each to the first worker keeping up (`SpreadOutbox`) |
+| pull-i-to-front       | pull-i    | front     | read replies, with their records (`ReplyOutbox`) |
+| front-to-pop          | front     | pop       | pops, acks, peeks                           |
+| pop-to-front          | pop       | front     | their replies, with the popped records (`ReplyOutbox`) |
 
 Message formats are actors.wire's: a turn's sends or an encoded group as length-prefixed
 frames (`join_frames`), replies as `pack_replies`, held sends as `waits_to_wire`. Each end is
@@ -35,9 +41,6 @@ topology it runs in.
 |----------------------|-----------|-----------|----------------------------------------------|
 | front-to-pull-0      | front     | pull-0    | read requests (header, client, arrival, raw) |
 | pull-0-to-front      | pull-0    | front     | read replies                                 |
-
-(in split the read path's hand-offs are ZeroMQ's PUSH/PULL, which spread reads over the pull
-workers: `SocketInbox`, `SocketOutbox`.)
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from collections import deque
 
 import zmq
 
-from actors.base import Doorbell, incoming
+from actors.base import Doorbell, socket
+from actors.wire import pack_replies, reply_size
 from node.client.frames import send_frames
 from shm.ring import Ring, RingFull, inbound, ring_dir, wake_path
 
@@ -117,6 +121,8 @@ class Inbox:
     """A consumer's ends of all its links: rings from other processes (with its doorbell) and
     local links from shells of its own process. `decode` turns a ring's message into the object
     its producer sent; a local link's objects come as they were sent."""
+
+    local = False
 
     def __init__(self, settings, consumer: str, decode=None, local: list[LocalLink] | tuple = ()):
         local_names = {link.name for link in local}  # (a link its process hosts both ends of is never a ring)
@@ -249,8 +255,8 @@ class LocalLink:
 
 def local_link_ends(settings) -> dict[str, tuple[str, str]]:
     """Every link a shell may have with another shell: name -> (producer, consumer), both shell
-    labels. Those whose two ends a process hosts together are local (`LocalLinks`); the write
-    path's others are rings (shm.ring.rings), the read path's ZeroMQ sockets."""
+    labels. Those whose two ends a process hosts together are local (`LocalLinks`); the others
+    are rings (shm.ring.rings)."""
     ends = {"front-to-writer": ("front", "writer"), "writer-to-front": ("writer", "front"),
             "writer-to-flush": ("writer", "flush"), "flush-to-front": ("flush", "front"),
             "front-to-pull-0": ("front", "pull-0"), "pull-0-to-front": ("pull-0", "front")}
@@ -299,51 +305,81 @@ def outbox(actor, name: str, encode=None) -> Outbox | LocalLink:
     return local if local is not None else Outbox(actor.settings, name, encode)
 
 
+def reply_outbox(actor) -> ReplyOutbox:
+    """A read service's replies to the front: its ring, and the `replies` socket for a reply no
+    ring message holds."""
+    replies = socket(actor.context, zmq.PUSH, hwm=100000)
+    replies.connect(actor.endpoints["replies"])
+    return ReplyOutbox(Outbox(actor.settings, f"{actor.label}-to-front"), replies)
+
+
 def inbox(actor, decode=None) -> Inbox:
     """Every link into `actor` (by its label): rings from other processes, local links from its own."""
     local = actor.local_links.into(actor.label) if actor.local_links is not None else ()
     return Inbox(actor.settings, actor.label, decode, local)
 
 
-class SocketInbox:
-    """A ZeroMQ PULL socket as an inbox (the read path across processes): `decode` turns each
-    message's frames into the object its producer sent (None for one that does not parse)."""
+READ_SPILL_BYTES = 8 * 1024  # reads (~250 bytes each) a pull worker has not taken before the next gets them
+REPLY_CHUNK = 256 * 1024  # a ring message of replies: the front answers it while the rest are packed
+
+
+class SpreadOutbox:
+    """The producer's ends of the rings to several workers of one service (the pull workers):
+    each message goes to the first that keeps up (`first_keeping_up`), so on a host with few
+    cores one worker takes the reads and the others sleep until the load needs them. A worker
+    that is restarting leaves what its ring holds for its successor, which opens the same ring;
+    the next reads spill over to the others."""
 
     local = False
 
-    def __init__(self, sock: zmq.Socket, decode, limit: int):
-        self.sock, self.decode, self.limit = sock, decode, limit
-
-    def poll_items(self) -> list:
-        return [(self.sock, zmq.POLLIN)]
-
-    def wait_ms(self, timeout_ms: int) -> int:
-        return timeout_ms
-
-    def take(self) -> list:
-        return [self.decode(frames) for frames in incoming(self.sock, self.limit)]
-
-    def close(self) -> None:
-        self.sock.close(0)
-
-
-class SocketOutbox:
-    """A ZeroMQ PUSH socket as an outbox: `send` is False when the socket would block past its
-    SNDTIMEO (its peers are behind or gone)."""
-
-    local = False
-
-    def __init__(self, sock: zmq.Socket, encode):
-        self.sock, self.encode = sock, encode
+    def __init__(self, outboxes: list[Outbox], spill_bytes: int = READ_SPILL_BYTES):
+        self.outboxes, self.spill_bytes = outboxes, spill_bytes
+        self.max_message = min(out.max_message for out in outboxes)
 
     def send(self, item) -> bool:
-        try:
-            send_frames(self.sock, self.encode(item))
-            return True
-        except zmq.Again:
-            return False
+        return first_keeping_up(self.outboxes, self.spill_bytes).send(item)
+
+    def statistics(self) -> dict:
+        return {out.name: out.statistics() for out in self.outboxes}
 
     def close(self) -> None:
+        for out in self.outboxes:
+            out.close()
+
+
+class ReplyOutbox:
+    """A read service's replies to the front, a turn's at a time (`send(out)`, `out` being
+    `pack_replies`' tuples): through its ring in messages of about REPLY_CHUNK, so the front
+    answers the first while the next are packed; a reply larger than a ring message holds (a
+    QUERY_MESSAGE of large messages) over the front's `replies` socket instead."""
+
+    local = False
+
+    def __init__(self, ring: Outbox, sock: zmq.Socket):
+        self.ring, self.sock = ring, sock
+        self.oversized = 0
+
+    def send(self, out: list) -> None:
+        largest, chunk, size = self.ring.max_message, [], 0
+        for reply in out:
+            n = reply_size(reply)
+            if n > largest:
+                send_frames(self.sock, [pack_replies([reply])])
+                self.oversized += 1
+                continue
+            if chunk and size + n > REPLY_CHUNK:
+                self.ring.send_waiting([pack_replies(chunk)])
+                chunk, size = [], 0
+            chunk.append(reply)
+            size += n
+        if chunk:
+            self.ring.send_waiting([pack_replies(chunk)])
+
+    def statistics(self) -> dict:
+        return self.ring.statistics() | {"oversized": self.oversized}
+
+    def close(self) -> None:
+        self.ring.close()
         self.sock.close(0)
 
 

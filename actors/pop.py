@@ -1,11 +1,11 @@
 """pop: pop consumption's service (RocketMQ 5's PopMessageProcessor, AckMessageProcessor,
 ChangeInvisibleTimeProcessor and revive service in one process actor; docs/protocol.md "Pop").
 
-Sockets:
-- `requests` PULL, connected to the front's `pop` PUSH: POP_MESSAGE, PEEK_MESSAGE, ACK_MESSAGE,
-  BATCH_ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME and GET_POP_STATE, their headers completed by
-  the router (the topic's queues, the group's committed offsets and retryMaxTimes).
-- `replies` PUSH to the front's `replies`: the answers.
+Links (actors.links) and sockets:
+- ring `front-to-pop`: POP_MESSAGE, PEEK_MESSAGE, ACK_MESSAGE, BATCH_ACK_MESSAGE,
+  CHANGE_MESSAGE_INVISIBLETIME and GET_POP_STATE, their headers completed by the router (the
+  topic's queues, the group's committed offsets and retryMaxTimes).
+- ring `pop-to-front`: the answers (one too large for a ring message: the front's `replies`).
 - `reputs` PUSH to the front's `reput-in`, `answers` PULL bound at `pop-reput-out`: messages
   whose retries are used up, re-put into `%DLQ%<group>` through the write path.
 - `arrivals` SUB to the dispatcher's "queue grew", read only while a pop is held (long polling,
@@ -28,10 +28,11 @@ import orjson
 import zmq
 
 from actors.base import Actor, incoming, socket
+from actors.links import inbox, reply_outbox
 from actors.pop_core import MAX, MIN, OK, Entry, PopCore, PopRequest
 from actors.pull import arrivals_socket
 from actors.reput import ReputDeadline, send_back_request
-from actors.wire import arrivals_from_wire, pack_replies, read_meta
+from actors.wire import arrivals_from_wire, read_from_wire, read_meta
 from node import protocol
 from node.client.frames import send_frames
 from shm import consume_queue
@@ -42,7 +43,6 @@ from shm.pop_log import PopLog
 
 POP_CLIENT = b"\x00mqnode-pop"  # the reput socket's pseudo-client at the front: answers come back here
 POP_WATCHER = WATCHER_SLOTS - 1  # the control block's watcher slot of this service (shm.control_block)
-MAX_TAKE = 256  # requests a turn
 MAX_HELD = 10_000  # pops held at once (long polling); more are answered POLLING_FULL
 COMPACT_BYTES = 64 << 20  # the journal is folded into a snapshot beyond this (shm.pop_log)
 DLQ_IN_FLIGHT = 256  # dead-letter re-puts awaiting their answer
@@ -65,6 +65,7 @@ class Pop(Actor):
         self.core: PopCore | None = None
         self.log: PopLog | None = None
         self.reader = None
+        self.requests = self.replies = None
 
     def open(self) -> None:
         s = self.settings
@@ -76,10 +77,8 @@ class Pop(Actor):
         self.core.restore(state, records)
         self.sync_each_turn = s.flushDiskType == "SYNC_FLUSH"
         self.next_sync = time.monotonic()
-        self.requests = socket(self.context, zmq.PULL, hwm=100000)
-        self.requests.connect(self.endpoints["pop"])
-        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
-        self.replies.connect(self.endpoints["replies"])
+        self.requests = inbox(self, read_from_wire)
+        self.replies = reply_outbox(self)
         self.reputs = socket(self.context, zmq.PUSH, hwm=10000)
         self.reputs.connect(self.endpoints["reput-in"])
         self.answers = socket(self.context, zmq.PULL, hwm=10000)
@@ -87,7 +86,7 @@ class Pop(Actor):
         self.arrivals = arrivals_socket(self.context, self.endpoints)
         self.control.set_watching(POP_WATCHER, False)  # a predecessor killed while holding left it set
         self.watching = False
-        self.items = [(self.requests, zmq.POLLIN), (self.answers, zmq.POLLIN)]
+        self.items = [*self.requests.poll_items(), (self.answers, zmq.POLLIN)]
         self.held: dict[str, list[list]] = {}  # topic -> [[end (monotonic s), client, arrival, header], ...]
         self.held_count = 0
         self.deferred: list[list] = []  # [written when served, give up at, client, arrival, header]: read your writes
@@ -118,7 +117,7 @@ class Pop(Actor):
             waits.append(int((self.dlq_later[0][0] - time.monotonic()) * 1000) + 1)
         if self.deferred:
             waits.append(1)  # (the dispatcher is a millisecond or so behind)
-        return max(1, min(waits))
+        return self.requests.wait_ms(max(1, min(waits)))
 
     def step(self, events: set) -> None:
         out: list = []
@@ -127,8 +126,8 @@ class Pop(Actor):
                 self._dlq_answered(orjson.loads(frames[1]))  # [client, header]: the front's own frames
         if self.deferred:
             self._serve_deferred(out)
-        for frames in incoming(self.requests, MAX_TAKE):
-            self._serve(frames, out)
+        for header, client, arrival in self.requests.take():
+            self._serve(header, client, arrival, out)
             if self.handed_out >= SEND_EARLY and not self.sync_each_turn:
                 out = self._answer(out)  # (the client decodes these while the next pops are served)
         if self.watching and self.arrivals in events:
@@ -150,7 +149,7 @@ class Pop(Actor):
         """The records behind `out` to the log, then `out` to the front; a fresh `out`."""
         self._persist()
         if out:
-            self.replies.send(pack_replies(out))
+            self.replies.send(out)
         self.handed_out = 0
         return []
 
@@ -167,9 +166,7 @@ class Pop(Actor):
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def _serve(self, frames: list[bytes], out: list) -> None:
-        client, meta, header_raw, _ = frames  # the front's own frames, checked at the edge
-        header, arrival = orjson.loads(header_raw), orjson.loads(meta)["t"]
+    def _serve(self, header: dict, client: bytes, arrival: int, out: list) -> None:
         code, opaque, group = header["code"], header.get("opaque"), header["consumerGroup"]
         if self.control.get("role") == ROLE_CODES["SLAVE"] and code != protocol.GET_POP_STATE:
             return out.append(_reply(client, arrival, opaque, "SERVICE_NOT_AVAILABLE",
@@ -367,7 +364,7 @@ class Pop(Actor):
         self.log.sync()
         self.log.compact(self.core.snapshot())  # (a clean stop starts the next from a snapshot)
         if out:
-            self.replies.send(pack_replies(out))
+            self.replies.send(out)
 
     def statistics(self) -> dict:
         stats = super().statistics()
@@ -376,7 +373,8 @@ class Pop(Actor):
         return stats | self.core.statistics() | {
             "held": self.held_count, "heldExpired": self.held_expired, "pollingFull": self.polling_full,
             "deadLetterWaiting": len(self.dlq_todo) + len(self.dlq_waiting) + len(self.dlq_later),
-            "log": self.log.statistics()}
+            "log": self.log.statistics(),
+            "links": self.requests.statistics() | {self.replies.ring.name: self.replies.statistics()}}
 
     def close(self) -> None:
         if self.control is not None:
@@ -385,6 +383,9 @@ class Pop(Actor):
             self.log.close()
         if self.reader is not None:
             self.reader.close()
+        for end in (self.requests, self.replies):
+            if end is not None:
+                end.close()
         super().close()
 
 

@@ -1,9 +1,10 @@
 """pull: serves the read side from read-only mappings, and holds empty pulls (long polling).
 
-Links (actors.links): read requests in from the router, replies out to it: the front's `pulls`
-PUSH and `replies` PULL sockets when this shell runs in a pull worker process of its own
-(split), local links when it runs in the front's process (compact, actors.host). Socket:
-`arrivals` SUB (connected to the dispatcher's PUB: "queue grew" announcements).
+Links (actors.links): read requests in from the router, replies out to it: rings
+`front-to-pull-i` and `pull-i-to-front` when this shell runs in a pull worker process of its
+own (split; a reply too large for a ring message goes by the front's `replies` socket), local
+links when it runs in the front's process (compact, actors.host). Socket: `arrivals` SUB
+(connected to the dispatcher's PUB: "queue grew" announcements).
 
 Requests: PULL_MESSAGE, GET_MAX_OFFSET, GET_MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP,
 VIEW_MESSAGE_BY_ID, QUERY_MESSAGE. Nothing is read past the control block's `dispatched`.
@@ -40,8 +41,8 @@ import orjson
 import zmq
 
 from actors.base import Actor, incoming, socket
-from actors.links import SocketInbox, SocketOutbox
-from actors.wire import arrivals_from_wire, pack_replies
+from actors.links import inbox, reply_outbox
+from actors.wire import arrivals_from_wire, read_from_wire
 from node import protocol
 from actors.tiered import ArchiveDamaged, TieredArchive
 from shm import reader as store_reader
@@ -427,15 +428,11 @@ class Pull(Actor):
         self.watch_items = self.idle_items + [(self.arrivals, zmq.POLLIN)]
 
     def _links(self):
-        """The router's end: local links in its process, else the front's sockets."""
+        """The router's ends: local links in its process, else its rings."""
         links = self.local_links
         if links is not None and links.get(f"front-to-{self.label}") is not None:
             return links.into(self.label)[0], links.get(f"{self.label}-to-front")
-        requests = socket(self.context, zmq.PULL, hwm=100000)
-        requests.connect(self.endpoints["pulls"])
-        replies = socket(self.context, zmq.PUSH, hwm=100000)
-        replies.connect(self.endpoints["replies"])
-        return SocketInbox(requests, _read_request, MAX_TAKE), SocketOutbox(replies, lambda out: [pack_replies(out)])
+        return inbox(self, read_from_wire), reply_outbox(self)
 
     def poll_items(self) -> list:
         return self.watch_items if self.core.watching else self.idle_items
@@ -447,11 +444,8 @@ class Pull(Actor):
         core, out = self.core, []
         if self.arrivals in events:
             read_arrivals(core, self.arrivals, out)
-        for request in self.requests.take():
-            if request is None:
-                self.errors += 1  # (not the router's frames: nobody to answer)
-            else:
-                core.serve_request(request[0], request[1], request[2], out)
+        for request in self.requests.take():  # (header, client, arrival[, header as the client sent it])
+            core.serve_request(request[0], request[1], request[2], out)
         follow_arrivals(core, self.arrivals, out)
         core.after_turn(out)
         if out:
@@ -467,7 +461,10 @@ class Pull(Actor):
             self.replies.send(out)
 
     def statistics(self) -> dict:
-        return super().statistics() | (self.core.statistics() if self.core is not None else {})
+        stats = super().statistics() | (self.core.statistics() if self.core is not None else {})
+        if self.replies is not None and not self.replies.local:  # (its rings: a worker of its own)
+            stats["links"] = self.requests.statistics() | {self.replies.ring.name: self.replies.statistics()}
+        return stats
 
     def close(self) -> None:
         if self.core is not None:
@@ -476,15 +473,6 @@ class Pull(Actor):
             if end is not None and not end.local:  # (local links: the host's)
                 end.close()
         super().close()
-
-
-def _read_request(frames: list[bytes]) -> tuple | None:
-    """The router's frames of a read request -> (header, client, arrival), None when they do not parse."""
-    try:
-        client, meta_raw, header_raw, _ = frames
-        return orjson.loads(header_raw), client, orjson.loads(meta_raw)["t"]
-    except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
-        return None
 
 
 def arrivals_socket(context: zmq.Context, endpoints: dict) -> zmq.Socket:

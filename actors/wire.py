@@ -8,9 +8,9 @@ pure functions (no sockets), and `tests/unit/test_protocol.py` round-trips them.
 | frame | from → to | format |
 | --- | --- | --- |
 | a turn's sends | front → ingress / writer (ring `front-to-*`, actors.links) | `join_frames` of the sends' 4 frames each (below) |
-| joined replies | ingress, writer, flush (rings `*-to-front`), pull (ZeroMQ) → front | per reply: u8 client-id length, i64 arrival ns (negated for replies to reads, which the front neither counts in flight nor times as puts), u32 header length, u32 body length, id, header, body (`pack_replies`) |
+| joined replies | ingress, writer, flush, pull, pop (rings `*-to-front`; a reply too large for a ring message: the front's `replies` socket) → front | per reply: u8 client-id length, i64 arrival ns (negated for replies to reads, which the front neither counts in flight nor times as puts), u32 header length, u32 body length, id, header, body (`pack_replies`) |
 | a send to encode | front → ingress / writer, within a turn's sends | 4 frames: client id, `{"t": arrival ns, "refused"?: {index: [status, remark]}}` (`send_meta`), the request header as the client sent it, its body |
-| a read to serve | front → pull | 4 frames: client id, `{"t": arrival ns}` (`read_meta`), the request header, empty |
+| a read to serve | front → pull, pop (rings `front-to-pull-i`, `front-to-pop`) | one message: u8 client-id length, i64 arrival ns, id, the request header as JSON (as the router completed it, for pop) (`read_to_wire`) |
 | an encoded group | ingress → writer (ring `ingress-i-to-writer`, `join_frames`) | 2 frames: JSON `{sizes, keys, stamps, atomic, pendings}`, the records back to back (`group_to_wire`) |
 | held SYNC_FLUSH / SYNC_MASTER sends | writer → flush (ring `writer-to-flush`) | one JSON message: `[[client hex, arrival ns, offset to flush, reply header, offset to replicate], ...]` (0: no wait) (`waits_to_wire`) |
 | "written moved" | writer → dispatcher | an empty frame on a conflated socket |
@@ -30,6 +30,7 @@ from shm.encoded_batch import EncodedBatch
 from shm.invariant import invariant
 
 _REPLY_HEAD = struct.Struct(">BqII")
+_READ_HEAD = struct.Struct("<Bq")
 _FRAME_LENGTH = struct.Struct("<I")
 
 
@@ -85,6 +86,32 @@ def unpack_replies(data: bytes) -> list[tuple[bytes, int, bytes, bytes]]:
         out.append((data[at: header_at], arrival_ns, data[header_at: body_at], data[body_at: body_at + body_len]))
         at = body_at + body_len
     return out
+
+
+def reply_size(reply: tuple) -> int:
+    """The bytes `pack_replies` makes of one reply."""
+    body = reply[3] if len(reply) > 3 else b""
+    size = sum(map(len, body)) if body.__class__ is list else len(body)
+    return _REPLY_HEAD.size + len(reply[0]) + len(reply[2]) + size
+
+
+def read_to_wire(read: tuple) -> list[bytes]:
+    """A read the front passes on, (header, client, arrival ns, header as JSON), as a ring
+    message's parts."""
+    _, client, arrival_ns, header_raw = read
+    return [_READ_HEAD.pack(len(client), arrival_ns), client, header_raw]
+
+
+def read_size(client: bytes, header_raw: bytes) -> int:
+    return _READ_HEAD.size + len(client) + len(header_raw)
+
+
+def read_from_wire(message: bytes) -> tuple[dict, bytes, int]:
+    """`read_to_wire`'s message -> (header, client, arrival ns). The front's own bytes: one
+    that does not parse is a bug, and stops the process."""
+    id_length, arrival_ns = _READ_HEAD.unpack_from(message)
+    at = _READ_HEAD.size + id_length
+    return orjson.loads(memoryview(message)[at:]), message[_READ_HEAD.size: at], arrival_ns
 
 
 def send_meta(arrival_ns: int, refused: dict | None = None) -> dict:

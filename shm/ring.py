@@ -1,8 +1,8 @@
 """A ring: one process hands batches of bytes to one other through a shared mapped file.
 
 Between the processes of a node the write path's hand-offs (front -> writer or ingress,
-ingress -> writer, writer -> flush, writer / flush / ingress -> front) go through rings, not
-ZeroMQ: a ZeroMQ hop wakes the sender's I/O thread and the receiver's before the receiver
+ingress -> writer, writer -> flush, writer / flush / ingress -> front) and the read path's
+(front -> pull workers and pop service -> front) go through rings, not ZeroMQ: a ZeroMQ hop wakes the sender's I/O thread and the receiver's before the receiver
 itself, and copies the bytes four times; a ring hop is one copy in, one copy out and one
 doorbell (a FIFO byte, `actors.base.Doorbell`) that wakes only the receiver. The model is
 Aeron's log buffer and the LMAX Disruptor, reduced to one producer and one consumer, so each
@@ -193,7 +193,8 @@ class Ring:
 
 # -- the node's rings: which exist, and where (the launcher makes them; actors.links opens them) --
 
-SMALL_RING = 8 * 1024 * 1024  # replies and held sends: headers only
+SMALL_RING = 8 * 1024 * 1024  # replies and held sends: headers only; read requests; read replies (a
+# few hundred KiB a message: actors.links.ReplyOutbox, which sends a larger reply over a socket)
 
 
 def data_ring_capacity(settings) -> int:
@@ -206,11 +207,16 @@ def data_ring_capacity(settings) -> int:
 
 
 def rings(settings) -> dict[str, int]:
-    """Every write-path link of the split topology: name -> capacity in bytes."""
+    """Every link between two processes of the node: name -> capacity in bytes. The write
+    path's exist under split only (compact's front hosts it); the read path's lead to each pull
+    worker (split) and to the pop service (its own process in both topologies)."""
+    out = {"front-to-pop": SMALL_RING, "pop-to-front": SMALL_RING}
+    for i in range(settings.pull_processes):
+        out |= {f"front-to-pull-{i}": SMALL_RING, f"pull-{i}-to-front": SMALL_RING}
     if settings.topology != "split":
-        return {}
+        return out
     data = data_ring_capacity(settings)
-    out = {"writer-to-front": SMALL_RING, "writer-to-flush": SMALL_RING, "flush-to-front": SMALL_RING}
+    out |= {"writer-to-front": SMALL_RING, "writer-to-flush": SMALL_RING, "flush-to-front": SMALL_RING}
     if settings.ingressWorkers == 0:
         out["front-to-writer"] = data
     for i in range(settings.ingressWorkers):

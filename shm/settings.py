@@ -195,6 +195,14 @@ class Settings:
         return self.brokerRole == "SLAVE"
 
     @property
+    def pull_processes(self) -> int:
+        """topology = split: the pull workers, `pullWorkers` or one per core (at most
+        MAX_PULL_WORKERS); compact reads in the front's process, so none."""
+        if self.topology != "split":
+            return 0
+        return self.pullWorkers or min(os.cpu_count() or 1, MAX_PULL_WORKERS)
+
+    @property
     def ha_port(self) -> int:
         """The ha-server's port: haListenPort, or the client port + 1 when left at its default
         (RocketMQ's rule, applied to mqnode's `listen`)."""

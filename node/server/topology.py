@@ -34,12 +34,10 @@ compact (an operator's choice: fewest processes and wake-ups, best on one or two
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from actors.base import Actor
 from actors.host import Host
-from shm.settings import MAX_PULL_WORKERS
 
 # every service a node runs, and what it does
 SERVICES = {
@@ -150,7 +148,7 @@ def processes(settings) -> list[Process]:
                 Process("front", "front", ("router", "ingress", "write", "group commit", "read"),
                         hosted=("writer", "pull"), threads=("flush",))]
     ingress = settings.ingressWorkers
-    pulls = settings.pullWorkers or min(os.cpu_count() or 1, MAX_PULL_WORKERS)
+    pulls = settings.pull_processes
     return [Process("flush", "flush", ("group commit",)),
             Process("allocator", "allocator", ("allocate",)),
             Process("dispatcher", "dispatcher", ("dispatch",)),

@@ -19,6 +19,10 @@ from actors.wire import (
     arrivals_from_wire,
     arrivals_to_wire,
     pack_replies,
+    read_from_wire,
+    read_size,
+    read_to_wire,
+    reply_size,
     unpack_replies,
     waits_from_wire,
     waits_to_wire,
@@ -100,6 +104,16 @@ def test_joined_replies_round_trip():
     parts = [b"rec-1", memoryview(b"..rec-2..")[2:7], b""]  # a pop's records, joined only here
     assert unpack_replies(pack_replies([(b"c", 1, b"h", parts), (b"d", 2, b"i", b"z")])) == \
         [(b"c", 1, b"h", b"rec-1rec-2"), (b"d", 2, b"i", b"z")]
+
+
+def test_a_read_and_the_sizes_of_replies_on_a_ring():
+    header = {"code": 11, "topic": "T", "queueId": 3, "queueOffset": 7}
+    raw = orjson.dumps(header)
+    message = b"".join(read_to_wire((header, bytes(255), -2**62, raw)))
+    assert read_from_wire(message) == (header, bytes(255), -2**62) and len(message) == read_size(bytes(255), raw)
+    parts = [b"rec-1", memoryview(b"..rec-2..")[2:7]]
+    for reply in [(b"c", 1, b"h"), (b"client", -5, b'{"a":1}', b"body"), (b"c", 2, b"i", parts)]:
+        assert reply_size(reply) == len(pack_replies([reply]))
 
 
 def test_the_other_internal_frames_round_trip():

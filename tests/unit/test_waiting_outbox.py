@@ -3,9 +3,14 @@ briefly absent, and are given back for refusal past their patience."""
 
 from __future__ import annotations
 
-import zmq
+import shutil
 
-from actors.links import SocketOutbox, WaitingOutbox
+import orjson
+
+from actors.links import Inbox, Outbox, SpreadOutbox, WaitingOutbox
+from actors.wire import read_from_wire, read_to_wire
+from shm import ring
+from shm import settings as settings_module
 
 
 class Gate:
@@ -45,23 +50,53 @@ def test_past_its_patience_a_read_is_given_back_and_a_full_room_refuses():
     assert out.statistics()["expired"] == 2
 
 
-def test_a_push_socket_with_no_worker_makes_reads_wait_until_one_connects(tmp_path):
-    context = zmq.Context()
-    endpoint = f"ipc://{tmp_path}/pulls"
-    push = context.socket(zmq.PUSH)
-    push.setsockopt(zmq.SNDTIMEO, 0)
-    push.bind(endpoint)
-    out = WaitingOutbox(SocketOutbox(push, lambda item: [item]), limit=10, patience_s=5.0)
+def _node(tmp_path, **values):
+    """The settings of a node whose run directory is `tmp_path`, with its rings made."""
+    s = settings_module.load(None, {"runDir": str(tmp_path), **{k: str(v) for k, v in values.items()}})
+    directory = ring.prepare_ring_dir(s)
+    for name, capacity in ring.rings(s).items():
+        ring.create(directory / f"{name}.ring", capacity)
+    return s
+
+
+def test_reads_go_to_the_first_pull_worker_keeping_up_and_spill_over_while_it_is_behind(tmp_path):
+    s = _node(tmp_path, pullWorkers=2)
+    spread = SpreadOutbox([Outbox(s, f"front-to-pull-{i}", read_to_wire) for i in range(2)], spill_bytes=1024)
+    workers = [Inbox(s, f"pull-{i}", read_from_wire) for i in range(2)]
     try:
-        assert out.send(b"read", now=0.0) and len(out.waiting) == 1
-        pull = context.socket(zmq.PULL)
-        pull.connect(endpoint)
-        for _ in range(200):  # (the connection completes on ZeroMQ's I/O thread)
-            if not out.retry(now=0.0) and not out.waiting:
-                break
-            pull.poll(10)
-        assert pull.poll(1000) and pull.recv() == b"read"
-        pull.close(0)
+        reads = [({"code": 11, "opaque": i}, b"client-%d" % i, 1000 + i, b'{"code":11,"opaque":%d}' % i)
+                 for i in range(40)]
+        for read in reads[:3]:
+            assert spread.send(read)
+        assert [r[1] for r in workers[0].take()] == [b"client-0", b"client-1", b"client-2"]
+        assert workers[1].take() == []  # (a worker that keeps up takes every read: the other sleeps)
+        for read in reads[3:]:  # pull-0 takes nothing meanwhile: past 1 KiB behind, pull-1 gets the rest
+            assert spread.send(read)
+        first, second = workers[0].take(), workers[1].take()
+        assert first and second and len(first) + len(second) == 37
+        assert sorted(first + second, key=lambda r: r[2]) == [(h, c, t) for h, c, t, _ in reads[3:]]
     finally:
-        push.close(0)
-        context.term()
+        spread.close()
+        for worker in workers:
+            worker.close()
+        shutil.rmtree(ring.ring_dir(s), ignore_errors=True)
+
+
+def test_a_pop_ring_that_is_full_makes_pops_wait_until_the_service_takes_them(tmp_path):
+    s = _node(tmp_path)
+    out = WaitingOutbox(Outbox(s, "front-to-pop", read_to_wire), limit=100_000, patience_s=5.0)
+    service = Inbox(s, "pop", read_from_wire)
+    try:
+        header = {"code": 200050, "pad": "x" * 60_000}
+        sent = 0
+        while not out.waiting:  # the service takes nothing: the ring fills, then pops wait here
+            assert out.send((header, b"c", sent, orjson.dumps(header)), now=0.0)
+            sent += 1
+        taken = service.take()
+        assert [arrival for _, _, arrival in taken] == list(range(sent - 1)) and taken[0][0] == header
+        assert out.retry(now=1.0) == [] and not out.waiting  # room again: the one that waited goes
+        assert [arrival for _, _, arrival in service.take()] == [sent - 1]
+    finally:
+        out.close()
+        service.close()
+        shutil.rmtree(ring.ring_dir(s), ignore_errors=True)

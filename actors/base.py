@@ -33,7 +33,7 @@ def endpoints(settings) -> dict[str, str]:
     run = settings.run_dir
     return {name: f"ipc://{run}/{name}" for name in ("replies", "stats", "arrivals", "reput", "clean", "schedule",
                                                       "reput-in", "reput-out", "pop-reput-out", "ha-admin",
-                                                      "transaction", "transaction-checks", "transaction-reput-out")}
+                                                      "transaction-checks", "transaction-reput-out")}
 
 
 def socket(context: zmq.Context, kind: int, *, hwm: int = 10000) -> zmq.Socket:

@@ -13,8 +13,9 @@ Sockets:
 - `stats` PULL, bound: every actor's statistics, once a second.
 - links to the read side: reads to the pull workers, when they are processes of their own
   (split: rings, each read to the first worker that keeps up, actors.links.SpreadOutbox); pops,
-  acks and peeks to the pop service (ring `front-to-pop`); their replies back on rings. A read
-  no ring can take yet (its worker far behind) waits in `reads_out` (actors.links.WaitingOutbox).
+  acks and peeks to the pop service (ring `front-to-pop`), transactions' ends and states to the
+  transaction service (`front-to-transaction`); their replies back on rings. A request no ring
+  can take yet (its service far behind) waits at the front (actors.links.WaitingOutbox).
 - `pop_out` PUSH: the
   answers to its re-puts (dead letters), which reach the write path over `reput-in` as the
   schedule service's do.
@@ -83,7 +84,7 @@ class Front(Actor):
         self.consumers: ConsumerGroups | None = None
         self.acl = self.acl_file = self.curve = None
         self.sends_out: list = []
-        self.reads_out = self.pops_out = None
+        self.reads_out = self.pops_out = self.transactions_out = None
         self.inbox = None
         self.pinner: ProcessPinner | None = None
         self.cpu_latency: CpuLatencyRequest | None = None
@@ -124,9 +125,8 @@ class Front(Actor):
         self.ha_admin = socket(self.context, zmq.PUSH, hwm=100)  # `admin role` to a slave's ha-client
         self.ha_admin.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.ha_admin.bind(self.endpoints["ha-admin"])
-        self.transactions = socket(self.context, zmq.PUSH, hwm=100000)  # ends to the transaction service
-        self.transactions.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
-        self.transactions.bind(self.endpoints["transaction"])
+        self.transactions_out = WaitingOutbox(outbox(self, "front-to-transaction", read_to_wire),  # its ends
+                                              limit=READS_WAITING, patience_s=READ_PATIENCE_S)
         self.checks_in = socket(self.context, zmq.PULL, hwm=1_000_000)  # its checks, to a producer of the group
         self.checks_in.bind(self.endpoints["transaction-checks"])
         self.transaction_out = socket(self.context, zmq.PUSH, hwm=10000)  # the answers to its re-puts
@@ -177,7 +177,7 @@ class Front(Actor):
 
     def timeout_ms(self) -> int:
         # (replies waiting on a link already: no sleep; reads waiting for a pull worker: a short one)
-        return self.inbox.wait_ms(10 if self.reads_out.waiting or self.pops_out.waiting else 50)
+        return self.inbox.wait_ms(10 if self._waiting() else 50)
 
     def step(self, events: set) -> None:
         if self.replies in events:
@@ -186,7 +186,7 @@ class Front(Actor):
             self._answer_replies(replies)
         if self.clients in events:
             self._serve_clients()
-        if self.reads_out.waiting or self.pops_out.waiting:
+        if self._waiting():
             self._retry_waiting()
         if self.reput_in in events:
             self._serve_reputs()
@@ -270,8 +270,7 @@ class Front(Actor):
         elif route.to is To.POP:  # (its header as the router completed it)
             self._read(self.pops_out, client, request, orjson.dumps(request.header), "the pop service")
         elif route.to is To.TRANSACTION:
-            self._forward(self.transactions, client, request, frames,
-                          "the transaction service is not running; try again")
+            self._read(self.transactions_out, client, request, frames[0], "the transaction service")
         elif route.to is To.CLEAN:
             self._forward(self.cleans, client, request, frames, "the clean service is not running; try again")
         elif route.to is To.GROUPS:
@@ -327,11 +326,17 @@ class Front(Actor):
             else:
                 self.checks_unsent += 1
 
+    def _waiting(self) -> bool:
+        """Whether requests wait at the front for a service's ring (actors.links.WaitingOutbox)."""
+        return bool(self.reads_out.waiting or self.pops_out.waiting or self.transactions_out.waiting)
+
     def _retry_waiting(self) -> None:
-        """Reads and pops whose service was away: out now if it is back, refused past their patience."""
+        """Requests that found their service's ring full: out now if it takes them, refused past
+        their patience."""
         now = time.monotonic()
         for outbox, who in ((self.reads_out, "no pull worker took the read"),
-                            (self.pops_out, "the pop service took no request")):
+                            (self.pops_out, "the pop service took no request"),
+                            (self.transactions_out, "the transaction service took no request")):
             for header, client, _, _ in outbox.retry(now) if outbox.waiting else ():
                 self._reply(client, protocol.error_reply(header.get("opaque"), "SYSTEM_BUSY",
                                                          f"{who} in {READ_PATIENCE_S:g} s; try again"))
@@ -494,6 +499,7 @@ class Front(Actor):
         if self.reads_out is not None:
             stats["readsWaiting"] = self.reads_out.statistics()
             stats["popsWaiting"] = self.pops_out.statistics()
+            stats["transactionsWaiting"] = self.transactions_out.statistics()
         if self.pinner is not None:
             stats["cpuPinning"] = self.pinner.statistics()
         if self.cpu_latency is not None:
@@ -512,7 +518,7 @@ class Front(Actor):
 
     def close(self) -> None:
         self._release_cpu_latency()  # (released in drain, unless the front failed)
-        for end in (*self.sends_out, self.reads_out, self.pops_out):
+        for end in (*self.sends_out, self.reads_out, self.pops_out, self.transactions_out):
             if end is not None and not end.local:  # (local links: the host's, closed by it)
                 end.close()
         if self.inbox is not None:

@@ -9,7 +9,8 @@ message of its own.
 `shm.ring.rings(settings)` declares every link between two processes; the launcher makes their
 files before any service starts (node.server.launcher) and each service opens the ends it owns.
 The write path's links exist under split only (compact's front hosts the write path); the read
-path's to each pull worker under split, and to the pop service (a process of its own) in both.
+path's to each pull worker under split; the pop and transaction services' (each a process of
+its own) in both.
 
 | link                  | producer  | consumer  | carries                                     |
 |-----------------------|-----------|-----------|---------------------------------------------|
@@ -24,6 +25,8 @@ path's to each pull worker under split, and to the pop service (a process of its
 | pull-i-to-front       | pull-i    | front     | read replies, with their records (`ReplyOutbox`) |
 | front-to-pop          | front     | pop       | pops, acks, peeks                           |
 | pop-to-front          | pop       | front     | their replies, with the popped records (`ReplyOutbox`) |
+| front-to-transaction  | front     | transaction | transactions' ends, GET_TRANSACTION_STATE |
+| transaction-to-front  | transaction | front   | their replies (`ReplyOutbox`)               |
 
 Message formats are actors.wire's: a turn's sends or an encoded group as length-prefixed
 frames (`join_frames`), replies as `pack_replies`, held sends as `waits_to_wire`. Each end is

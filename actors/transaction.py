@@ -10,9 +10,10 @@ older than `transactionTimeOut` that nothing ended (CHECK_TRANSACTION_STATE thro
 that producer's own connection); after `transactionCheckMax` checks the half goes to
 TRANS_CHECK_MAX_TIME_TOPIC instead. `TransactionCore` (actors.transaction_core) decides.
 
-Sockets:
-- `requests` PULL, connected to the front's `transaction` PUSH: END_TRANSACTION, GET_TRANSACTION_STATE.
-- `replies` PUSH to the front's `replies`: their answers.
+Links (actors.links) and sockets:
+- ring `front-to-transaction`: END_TRANSACTION, END_TRANSACTIONS, GET_TRANSACTION_STATE.
+- ring `transaction-to-front`: their answers (one too large for a ring message, a long listing:
+  the front's `replies`).
 - `reputs` PUSH to the front's `reput-in`, `answers` PULL bound at `transaction-reput-out`: the
   committed messages, discards and op records, stored through the write path as given.
 - `checks` PUSH to the front's `transaction-checks`: each check, with the group to ask.
@@ -37,6 +38,7 @@ import zmq
 
 from actors import config_files
 from actors.base import Actor, incoming, socket
+from actors.links import inbox, reply_outbox
 from actors.reput import (
     PROPERTY_TRANSACTION_OP,
     ReputDeadline,
@@ -60,7 +62,7 @@ from actors.transaction_core import (
     TransactionCore,
     end_outcome,
 )
-from actors.wire import pack_replies, read_meta
+from actors.wire import read_from_wire, read_meta
 from node import protocol
 from node.client.frames import send_frames
 from shm import consume_queue
@@ -81,7 +83,6 @@ from shm.codec import (
 from shm.control_block import ROLE_CODES
 
 TRANSACTION_CLIENT = b"\x00mqnode-transaction"  # the reput socket's pseudo-client at the front
-MAX_TAKE = 1024  # requests a turn
 ENDS_A_REQUEST = 256  # committed messages a re-put request carries
 READ_A_TURN = 8192  # half and op entries read a turn
 OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
@@ -97,6 +98,7 @@ class Transaction(Actor):
         super().__init__(settings)
         self.core: TransactionCore | None = None
         self.reader = None
+        self.requests = self.replies = None
 
     def open(self) -> None:
         s = self.settings
@@ -105,17 +107,15 @@ class Transaction(Actor):
         self.path = s.root / "config" / "transactionCheck.json"
         self.core = TransactionCore(s.transactionTimeOut, s.transactionCheckMax, s.transactionCheckInterval,
                                     config_files.read(self.path))
-        self.requests = socket(self.context, zmq.PULL, hwm=100000)
-        self.requests.connect(self.endpoints["transaction"])
-        self.replies = socket(self.context, zmq.PUSH, hwm=100000)
-        self.replies.connect(self.endpoints["replies"])
+        self.requests = inbox(self, read_from_wire)
+        self.replies = reply_outbox(self)
         self.reputs = socket(self.context, zmq.PUSH, hwm=10000)
         self.reputs.connect(self.endpoints["reput-in"])
         self.answers = socket(self.context, zmq.PULL, hwm=10000)
         self.answers.bind(self.endpoints["transaction-reput-out"])
         self.checks = socket(self.context, zmq.PUSH, hwm=1_000_000)
         self.checks.connect(self.endpoints["transaction-checks"])
-        self.items = [(self.requests, zmq.POLLIN), (self.answers, zmq.POLLIN)]
+        self.items = [*self.requests.poll_items(), (self.answers, zmq.POLLIN)]
         self.ends: list[tuple] = []  # this turn's: (offset, outcome, record, phy, its real (topic, queue) or None, waiter)
         self.waiting: dict[int, tuple] = {}  # opaque -> (what, entries, sent at)
         self.opaque = random.randrange(1 << 30)
@@ -131,7 +131,7 @@ class Transaction(Actor):
         return self.items
 
     def timeout_ms(self) -> int:
-        return 20 if self.waiting else 100  # (the queues are read back each turn)
+        return self.requests.wait_ms(20 if self.waiting else 100)  # (the queues are read back each turn)
 
     def step(self, events: set) -> None:
         if self.answers in events:
@@ -140,11 +140,11 @@ class Transaction(Actor):
                 self._answered(orjson.loads(frames[1]))  # [client, header]: the front's own frames
         self._follow()
         out: list = []
-        for frames in incoming(self.requests, MAX_TAKE):
-            self._serve(frames, out)
+        for header, client, arrival in self.requests.take():
+            self._serve(header, client, arrival, out)
         self._ship_ends(out)
         if out:
-            self.replies.send(pack_replies(out))
+            self.replies.send(out)
         now = time.monotonic()
         self._expire(now)
         while self.ops_again and self.ops_again[0][0] <= now:
@@ -203,10 +203,8 @@ class Transaction(Actor):
 
     # -- ends ----------------------------------------------------------------------------------------
 
-    def _serve(self, frames: list[bytes], out: list) -> None:
-        client, meta, header_raw, _ = frames  # the front's own frames, checked at the edge
-        header, arrival = orjson.loads(header_raw), orjson.loads(meta)["t"]
-        code = header["code"]
+    def _serve(self, header: dict, client: bytes, arrival: int, out: list) -> None:
+        code = header["code"]  # (checked at the edge)
         if code == protocol.GET_TRANSACTION_STATE:
             now_ms = time.time_ns() // 1_000_000
             limit = header.get("limit") if isinstance(header.get("limit"), int) else LIST_LIMIT
@@ -334,7 +332,7 @@ class Transaction(Actor):
         if again:  # (a second later: a refusal now, a full disk, is likely a refusal for a while)
             self.ops_again.append((time.monotonic() + OP_RETRY_S, again))
         if out:
-            self.replies.send(pack_replies(out))
+            self.replies.send(out)
 
     def _expire(self, now: float) -> None:
         for opaque in [o for o, (_, _, at) in self.waiting.items() if self.deadline.expired(at, now)]:
@@ -394,6 +392,9 @@ class Transaction(Actor):
     def close(self) -> None:
         if self.reader is not None:
             self.reader.close()
+        for end in (self.requests, self.replies):
+            if end is not None:
+                end.close()
         super().close()
 
 

@@ -8,9 +8,9 @@ pure functions (no sockets), and `tests/unit/test_protocol.py` round-trips them.
 | frame | from → to | format |
 | --- | --- | --- |
 | a turn's sends | front → ingress / writer (ring `front-to-*`, actors.links) | `join_frames` of the sends' 4 frames each (below) |
-| joined replies | ingress, writer, flush, pull, pop (rings `*-to-front`; a reply too large for a ring message: the front's `replies` socket) → front | per reply: u8 client-id length, i64 arrival ns (negated for replies to reads, which the front neither counts in flight nor times as puts), u32 header length, u32 body length, id, header, body (`pack_replies`) |
+| joined replies | ingress, writer, flush, pull, pop, transaction (rings `*-to-front`; a reply too large for a ring message: the front's `replies` socket) → front | per reply: u8 client-id length, i64 arrival ns (negated for replies to reads, which the front neither counts in flight nor times as puts), u32 header length, u32 body length, id, header, body (`pack_replies`) |
 | a send to encode | front → ingress / writer, within a turn's sends | 4 frames: client id, `{"t": arrival ns, "refused"?: {index: [status, remark]}}` (`send_meta`), the request header as the client sent it, its body |
-| a read to serve | front → pull, pop (rings `front-to-pull-i`, `front-to-pop`) | one message: u8 client-id length, i64 arrival ns, id, the request header as JSON (as the router completed it, for pop) (`read_to_wire`) |
+| a read to serve | front → pull, pop, transaction (rings `front-to-pull-i`, `front-to-pop`, `front-to-transaction`) | one message: u8 client-id length, i64 arrival ns, id, the request header as JSON (as the router completed it, for pop) (`read_to_wire`) |
 | an encoded group | ingress → writer (ring `ingress-i-to-writer`, `join_frames`) | 2 frames: JSON `{sizes, keys, stamps, atomic, pendings}`, the records back to back (`group_to_wire`) |
 | held SYNC_FLUSH / SYNC_MASTER sends | writer → flush (ring `writer-to-flush`) | one JSON message: `[[client hex, arrival ns, offset to flush, reply header, offset to replicate], ...]` (0: no wait) (`waits_to_wire`) |
 | "written moved" | writer → dispatcher | an empty frame on a conflated socket |

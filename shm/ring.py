@@ -2,7 +2,7 @@
 
 Between the processes of a node the write path's hand-offs (front -> writer or ingress,
 ingress -> writer, writer -> flush, writer / flush / ingress -> front) and the read path's
-(front -> pull workers and pop service -> front) go through rings, not ZeroMQ: a ZeroMQ hop wakes the sender's I/O thread and the receiver's before the receiver
+(front -> pull workers, pop and transaction services -> front) go through rings, not ZeroMQ: a ZeroMQ hop wakes the sender's I/O thread and the receiver's before the receiver
 itself, and copies the bytes four times; a ring hop is one copy in, one copy out and one
 doorbell (a FIFO byte, `actors.base.Doorbell`) that wakes only the receiver. The model is
 Aeron's log buffer and the LMAX Disruptor, reduced to one producer and one consumer, so each
@@ -209,8 +209,10 @@ def data_ring_capacity(settings) -> int:
 def rings(settings) -> dict[str, int]:
     """Every link between two processes of the node: name -> capacity in bytes. The write
     path's exist under split only (compact's front hosts it); the read path's lead to each pull
-    worker (split) and to the pop service (its own process in both topologies)."""
-    out = {"front-to-pop": SMALL_RING, "pop-to-front": SMALL_RING}
+    worker (split); the pop and transaction services (each its own process in both topologies)
+    take their requests and answer on rings too."""
+    out = {"front-to-pop": SMALL_RING, "pop-to-front": SMALL_RING,
+           "front-to-transaction": SMALL_RING, "transaction-to-front": SMALL_RING}
     for i in range(settings.pull_processes):
         out |= {f"front-to-pull-{i}": SMALL_RING, f"pull-{i}-to-front": SMALL_RING}
     if settings.topology != "split":

@@ -56,6 +56,7 @@ import struct
 from pathlib import Path
 
 from shm.invariant import invariant
+from shm.mapped_file import StoreError
 
 try:
     from shm._atomic import fence
@@ -193,8 +194,9 @@ class Ring:
 
 # -- the node's rings: which exist, and where (the launcher makes them; actors.links opens them) --
 
-SMALL_RING = 8 * 1024 * 1024  # replies and held sends: headers only; read requests; read replies (a
-# few hundred KiB a message: actors.links.ReplyOutbox, which sends a larger reply over a socket)
+SMALL_RING = 8 * 1024 * 1024  # replies and held sends: headers only
+READ_RING = 2 * 1024 * 1024  # reads, pops, ends and their replies (a few hundred KiB a message:
+# actors.links.ReplyOutbox, which sends a reply larger than 1 MiB over a socket)
 
 
 def data_ring_capacity(settings) -> int:
@@ -211,10 +213,10 @@ def rings(settings) -> dict[str, int]:
     path's exist under split only (compact's front hosts it); the read path's lead to each pull
     worker (split); the pop and transaction services (each its own process in both topologies)
     take their requests and answer on rings too."""
-    out = {"front-to-pop": SMALL_RING, "pop-to-front": SMALL_RING,
-           "front-to-transaction": SMALL_RING, "transaction-to-front": SMALL_RING}
+    out = {"front-to-pop": READ_RING, "pop-to-front": READ_RING,
+           "front-to-transaction": READ_RING, "transaction-to-front": READ_RING}
     for i in range(settings.pull_processes):
-        out |= {f"front-to-pull-{i}": SMALL_RING, f"pull-{i}-to-front": SMALL_RING}
+        out |= {f"front-to-pull-{i}": READ_RING, f"pull-{i}-to-front": READ_RING}
     if settings.topology != "split":
         return out
     data = data_ring_capacity(settings)
@@ -252,6 +254,28 @@ def prepare_ring_dir(settings) -> Path:
             raise PermissionError(f"{path} must be a directory of this user with mode 0700: remove it")
     for stale in path.glob("*.ring"):
         stale.unlink()
+    return path
+
+
+def make_rings(settings) -> Path | None:
+    """The launcher, before the services start: every ring of `rings(settings)` made fresh in the
+    ring directory (None: there are none). Refused (StoreError) when the directory's file
+    system has no room for them all: a tmpfs that fills up later would kill the process that
+    touches the page past its end (SIGBUS), so a small /dev/shm (a container's 64 MiB) is
+    named at start instead."""
+    wanted = rings(settings)
+    if not wanted:
+        return None
+    path = prepare_ring_dir(settings)
+    need = sum(HEADER_SIZE + capacity for capacity in wanted.values())
+    info = os.statvfs(path)
+    free = info.f_bavail * info.f_frsize
+    if free < need:
+        raise StoreError(f"the node's rings need {need >> 20} MiB in {path}, which has {free >> 20} MiB free: "
+                         f"give /dev/shm more room (a container: --shm-size=256m) or run fewer "
+                         f"pullWorkers / ingressWorkers")
+    for name, capacity in wanted.items():
+        create(path / f"{name}.ring", capacity)
     return path
 
 

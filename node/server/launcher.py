@@ -239,11 +239,7 @@ class Node:
         s = self.settings = dataclasses.replace(self.settings, runDir=str(run_dir))
         self.log_sink = logs.LogSink(s)  # (before any service logs)
         guard.write_identity(s)  # the account and key pair of the node's own requests (actors.guard)
-        rings = ring.rings(s)
-        if rings:  # the write path's hand-offs, before any service opens one
-            self.ring_dir = ring.prepare_ring_dir(s)
-            for name, capacity in rings.items():
-                ring.create(self.ring_dir / f"{name}.ring", capacity)
+        self.ring_dir = ring.make_rings(s)  # the hand-offs between processes, before any service opens one
         if not ray.is_initialized() and not self.ray_address:
             self.ray_dir = ray_setup.session_dir(s)
         self.started_ray = ray_setup.init(self.ray_address, self.ray_dir, s.rayObjectStoreMemory)

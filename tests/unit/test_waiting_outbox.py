@@ -1,16 +1,21 @@
-"""actors.links.WaitingOutbox: reads wait, in order and within bounds, for a pull worker that is
-briefly absent, and are given back for refusal past their patience."""
+"""The read side's links: WaitingOutbox (requests wait, in order and within bounds, while a
+service's ring is full, and are given back for refusal past their patience), SpreadOutbox over
+real rings, and the launcher's making of the rings."""
 
 from __future__ import annotations
 
+import os
 import shutil
+from types import SimpleNamespace
 
 import orjson
+import pytest
 
 from actors.links import Inbox, Outbox, SpreadOutbox, WaitingOutbox
 from actors.wire import read_from_wire, read_to_wire
 from shm import ring
 from shm import settings as settings_module
+from shm.mapped_file import StoreError
 
 
 class Gate:
@@ -99,4 +104,25 @@ def test_a_pop_ring_that_is_full_makes_pops_wait_until_the_service_takes_them(tm
     finally:
         out.close()
         service.close()
+        shutil.rmtree(ring.ring_dir(s), ignore_errors=True)
+
+
+def test_a_ring_directory_without_room_for_the_rings_is_refused_at_start(tmp_path, monkeypatch):
+    s = settings_module.load(None, {"runDir": str(tmp_path)})
+    need = sum(ring.HEADER_SIZE + capacity for capacity in ring.rings(s).values())
+    real = os.statvfs
+
+    def small(path):  # a container's /dev/shm: room for all but one page of the rings
+        info = real(path)
+        return SimpleNamespace(f_bavail=(need - 4096) // info.f_frsize, f_frsize=info.f_frsize)
+
+    monkeypatch.setattr(ring.os, "statvfs", small)
+    try:
+        with pytest.raises(StoreError, match="rings need"):
+            ring.make_rings(s)
+        assert not list(ring.ring_dir(s).glob("*.ring"))  # (nothing made)
+        monkeypatch.setattr(ring.os, "statvfs", real)
+        made = ring.make_rings(s)
+        assert sorted(p.stem for p in made.glob("*.ring")) == sorted(ring.rings(s))
+    finally:
         shutil.rmtree(ring.ring_dir(s), ignore_errors=True)

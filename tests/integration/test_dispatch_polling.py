@@ -5,6 +5,7 @@ dispatcher in this process, over a real store, their turns driven by hand."""
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import orjson
@@ -16,6 +17,7 @@ from actors.dispatcher import Dispatcher
 from node import protocol
 from node.server import topology
 from node.tools.local_node import free_port
+from shm import ring
 from shm.control_block import ControlBlock
 
 BODY = b"x" * 100
@@ -26,6 +28,7 @@ class FrontProcess:
     read shell), the group commit on its thread."""
 
     def __init__(self, settings):
+        self.ring_dir = ring.make_rings(settings)  # (the launcher's part: the rings to the pop and transaction services)
         front = next(p for p in topology.processes(settings) if p.label == "front")
         self.host = topology.build(front, settings, {"writer": {"queue_offsets": {}, "recovered_offset": 0}})
         self.host.start()
@@ -44,6 +47,7 @@ class FrontProcess:
         self.host.stop()
         self.host.drain()
         self.host.close()
+        shutil.rmtree(self.ring_dir, ignore_errors=True)
 
 
 @pytest.fixture

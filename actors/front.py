@@ -288,7 +288,7 @@ class Front(Actor):
               who: str) -> None:
         """A read (or a pop) to the read side; refused when no ring message can hold it (a
         header of megabytes) or when READS_WAITING already wait."""
-        size, largest = read_size(client, header_raw), out.out.max_message
+        size, largest = read_size(client, header_raw), out.max_message
         if size > largest:
             return self._reply(client, protocol.error_reply(
                 request.opaque, "SYSTEM_ERROR", f"a read request of {size} bytes; this node takes at most {largest}"))

@@ -399,6 +399,10 @@ class WaitingOutbox:
         self.waiting: deque = deque()  # (deadline, item), oldest first
         self.waited = self.expired = 0
 
+    @property
+    def max_message(self) -> int:
+        return self.out.max_message
+
     def send(self, item, now: float) -> bool:
         """False only when the waiting room is full."""
         if not self.waiting and self.out.send(item):

@@ -61,7 +61,7 @@ from actors.store_stats import StoreStats
 from actors.topics import TopicTable
 from node import protocol
 from node.client.frames import NOBLOCK, send_frames
-from shm.control_block import ROLE_CODES, monotonic_ms
+from shm.control_block import ROLE_CODES, heartbeat_slot, monotonic_ms
 
 MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
 SEND_WAIT_MS = 20
@@ -69,6 +69,7 @@ SEND_WAIT_MS = 20
 # long, and this many, before SYSTEM_BUSY: under the client's own 3 s timeout
 READ_PATIENCE_S = 2.0
 READS_WAITING = 10000
+WORKER_SILENT_MS = 1000  # a pull worker whose heartbeat is older is not sent reads while another beats
 SHIP_BYTES = 1 << 20  # a turn's sends go out in ring messages of about this size at most
 FRAMES_OVERHEAD = 16  # join_frames' length prefixes of a send's four frames
 
@@ -170,7 +171,12 @@ class Front(Actor):
         if local is not None:
             return local
         return SpreadOutbox([outbox(self, f"front-to-pull-{i}", read_to_wire)
-                             for i in range(self.settings.pull_processes)])
+                             for i in range(self.settings.pull_processes)], alive=self._beating)
+
+    def _beating(self, label: str) -> bool:
+        """Whether the process `label` turned its loop lately (its heartbeat, shm.control_block):
+        a pull worker's idle loop turns at least every 100 ms."""
+        return monotonic_ms() - self.control.heartbeat_of(heartbeat_slot(label)) < WORKER_SILENT_MS
 
     def poll_items(self) -> list:
         return self.items

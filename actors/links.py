@@ -70,9 +70,10 @@ class Outbox:
 
     def __init__(self, settings, name: str, encode=None):
         self.name = name
+        self.consumer = name.rpartition("-to-")[2]  # (the consumer's process label)
         self.encode = encode
         self.ring = Ring(ring_dir(settings) / f"{name}.ring")
-        self.bell = Doorbell(wake_path(settings, name.rpartition("-to-")[2]), listen=False)
+        self.bell = Doorbell(wake_path(settings, self.consumer), listen=False)
         self.waited_s = 0.0
         self.rung = 0
 
@@ -328,22 +329,31 @@ REPLY_CHUNK = 256 * 1024  # a ring message of replies: the front answers it whil
 
 class SpreadOutbox:
     """The producer's ends of the rings to several workers of one service (the pull workers):
-    each message goes to the first that keeps up (`first_keeping_up`), so on a host with few
-    cores one worker takes the reads and the others sleep until the load needs them. A worker
-    that is restarting leaves what its ring holds for its successor, which opens the same ring;
-    the next reads spill over to the others."""
+    each message goes to the first live worker that keeps up (`first_keeping_up`), so on a host
+    with few cores one worker takes the reads and the others sleep until the load needs them.
+    `alive(label)` says whether a worker's process is there (its heartbeat is recent): one that
+    died or is restarting, which may take up to its restart back-off, gets nothing while another
+    lives; what its ring holds already waits for its successor, which opens the same ring.
+    With none alive, the reads wait in the ring of the first that keeps up."""
 
     local = False
 
-    def __init__(self, outboxes: list[Outbox], spill_bytes: int = READ_SPILL_BYTES):
-        self.outboxes, self.spill_bytes = outboxes, spill_bytes
+    def __init__(self, outboxes: list[Outbox], *, alive=None, spill_bytes: int = READ_SPILL_BYTES):
+        self.outboxes, self.alive, self.spill_bytes = outboxes, alive, spill_bytes
         self.max_message = min(out.max_message for out in outboxes)
+        self.skipped = 0
 
     def send(self, item) -> bool:
-        return first_keeping_up(self.outboxes, self.spill_bytes).send(item)
+        outboxes = self.outboxes
+        if self.alive is not None and len(outboxes) > 1:
+            live = [out for out in outboxes if self.alive(out.consumer)]
+            if live and len(live) < len(outboxes):
+                self.skipped += 1
+                outboxes = live
+        return first_keeping_up(outboxes, self.spill_bytes).send(item)
 
     def statistics(self) -> dict:
-        return {out.name: out.statistics() for out in self.outboxes}
+        return {out.name: out.statistics() for out in self.outboxes} | {"skippedNotAlive": self.skipped}
 
     def close(self) -> None:
         for out in self.outboxes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import zmq
 from nodes import ROOT, in_process_node
 
 from node import protocol
-from node.client import AsyncProducer, Message, Producer, SendError
+from node.client import AsyncProducer, Message, Producer, PullConsumer, SendError
 from actors import host_tuning as cpu_latency
 from node.server import topology
 from shm.codec import decode_msg_id, encode, encode_host, properties_string
@@ -279,3 +280,21 @@ def test_topics_json_is_written_as_rocketmq_writes_it(node, producer):
     table = config_files.loads(text)["topicConfigTable"]["TopicJson"]
     assert table == {"order": False, "perm": 6, "readQueueNums": 8, "topicFilterType": "SINGLE_TAG",
                      "topicName": "TopicJson", "topicSysFlag": 0, "writeQueueNums": 8}
+
+
+def test_reads_go_around_a_pull_worker_that_stopped_turning(node, producer):
+    """A frozen pull worker (alive to Ray, its loop stopped: its heartbeat goes stale) gets no
+    reads while the other pull worker turns: each read is answered at once, not when the
+    frozen one is found hung and restarted."""
+    if node.settings.topology != "split":
+        pytest.skip("compact's front reads itself")
+    producer.send("AroundFrozen", b"m", queue_id=0)
+    pid = int((node.settings.run_dir / "pull-0.pid").read_text())  # (the first that keeps up: every read goes there)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.5)  # its heartbeat goes stale (the front's WORKER_SILENT_MS: 1 s)
+        with PullConsumer(node.settings.listen, timeout=2.0) as consumer:
+            for _ in range(20):
+                assert consumer.max_offset("AroundFrozen", 0) == 1  # (a pull-1 answer; pull-0's would time out)
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -87,6 +87,27 @@ def test_reads_go_to_the_first_pull_worker_keeping_up_and_spill_over_while_it_is
         shutil.rmtree(ring.ring_dir(s), ignore_errors=True)
 
 
+def test_a_pull_worker_that_is_not_alive_gets_no_reads_while_another_is(tmp_path):
+    s = _node(tmp_path, pullWorkers=2)
+    dead = {"pull-0"}
+    spread = SpreadOutbox([Outbox(s, f"front-to-pull-{i}", read_to_wire) for i in range(2)],
+                          alive=lambda label: label not in dead)
+    workers = [Inbox(s, f"pull-{i}", read_from_wire) for i in range(2)]
+    try:
+        read = ({"code": 11}, b"c", 1, b'{"code":11}')
+        assert spread.send(read) and workers[0].take() == [] and len(workers[1].take()) == 1
+        dead.clear()  # back: the first keeping up again
+        assert spread.send(read) and len(workers[0].take()) == 1 and workers[1].take() == []
+        dead.update({"pull-0", "pull-1"})  # none alive: the read waits in the first ring for a successor
+        assert spread.send(read) and len(workers[0].take()) == 1
+        assert spread.statistics()["skippedNotAlive"] == 1
+    finally:
+        spread.close()
+        for worker in workers:
+            worker.close()
+        shutil.rmtree(ring.ring_dir(s), ignore_errors=True)
+
+
 def test_a_pop_ring_that_is_full_makes_pops_wait_until_the_service_takes_them(tmp_path):
     s = _node(tmp_path)
     out = WaitingOutbox(Outbox(s, "front-to-pop", read_to_wire), limit=100_000, patience_s=5.0)

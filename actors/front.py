@@ -86,6 +86,7 @@ class Front(Actor):
         self.acl = self.acl_file = self.curve = None
         self.sends_out: list = []
         self.reads_out = self.pops_out = self.transactions_out = None
+        self.waiting_outs: tuple = ()  # (each of those three, what its refusal past patience says)
         self.inbox = None
         self.pinner: ProcessPinner | None = None
         self.cpu_latency: CpuLatencyRequest | None = None
@@ -128,6 +129,9 @@ class Front(Actor):
         self.ha_admin.bind(self.endpoints["ha-admin"])
         self.transactions_out = WaitingOutbox(outbox(self, "front-to-transaction", read_to_wire),  # its ends
                                               limit=READS_WAITING, patience_s=READ_PATIENCE_S)
+        self.waiting_outs = ((self.reads_out, "no pull worker took the read"),
+                             (self.pops_out, "the pop service took no request"),
+                             (self.transactions_out, "the transaction service took no request"))
         self.checks_in = socket(self.context, zmq.PULL, hwm=1_000_000)  # its checks, to a producer of the group
         self.checks_in.bind(self.endpoints["transaction-checks"])
         self.transaction_out = socket(self.context, zmq.PUSH, hwm=10000)  # the answers to its re-puts
@@ -292,8 +296,8 @@ class Front(Actor):
 
     def _read(self, out: WaitingOutbox, client: bytes, request: protocol.Request, header_raw: bytes,
               who: str) -> None:
-        """A read (or a pop) to the read side; refused when no ring message can hold it (a
-        header of megabytes) or when READS_WAITING already wait."""
+        """A read, pop or transaction request to its service; refused when no ring message can
+        hold it (a header of megabytes) or when READS_WAITING already wait."""
         size, largest = read_size(client, header_raw), out.max_message
         if size > largest:
             return self._reply(client, protocol.error_reply(
@@ -334,16 +338,14 @@ class Front(Actor):
 
     def _waiting(self) -> bool:
         """Whether requests wait at the front for a service's ring (actors.links.WaitingOutbox)."""
-        return bool(self.reads_out.waiting or self.pops_out.waiting or self.transactions_out.waiting)
+        return any(out.waiting for out, _ in self.waiting_outs)
 
     def _retry_waiting(self) -> None:
         """Requests that found their service's ring full: out now if it takes them, refused past
         their patience."""
         now = time.monotonic()
-        for outbox, who in ((self.reads_out, "no pull worker took the read"),
-                            (self.pops_out, "the pop service took no request"),
-                            (self.transactions_out, "the transaction service took no request")):
-            for header, client, _, _ in outbox.retry(now) if outbox.waiting else ():
+        for out, who in self.waiting_outs:
+            for header, client, _, _ in out.retry(now) if out.waiting else ():
                 self._reply(client, protocol.error_reply(header.get("opaque"), "SYSTEM_BUSY",
                                                          f"{who} in {READ_PATIENCE_S:g} s; try again"))
 

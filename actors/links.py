@@ -317,6 +317,11 @@ def reply_outbox(actor) -> ReplyOutbox:
     return ReplyOutbox(Outbox(actor.settings, f"{actor.label}-to-front"), replies)
 
 
+def service_links_statistics(requests: Inbox, replies: ReplyOutbox) -> dict:
+    """A read-side service's rings, by name (`statistics()`' `links`)."""
+    return requests.statistics() | {replies.name: replies.statistics()}
+
+
 def inbox(actor, decode=None) -> Inbox:
     """Every link into `actor` (by its label): rings from other processes, local links from its own."""
     local = actor.local_links.into(actor.label) if actor.local_links is not None else ()
@@ -371,6 +376,10 @@ class ReplyOutbox:
     def __init__(self, ring: Outbox, sock: zmq.Socket):
         self.ring, self.sock = ring, sock
         self.oversized = 0
+
+    @property
+    def name(self) -> str:
+        return self.ring.name
 
     def send(self, out: list) -> None:
         largest, chunk, size = self.ring.max_message, [], 0

@@ -28,7 +28,7 @@ import orjson
 import zmq
 
 from actors.base import Actor, incoming, socket
-from actors.links import inbox, reply_outbox
+from actors.links import inbox, reply_outbox, service_links_statistics
 from actors.pop_core import MAX, MIN, OK, Entry, PopCore, PopRequest
 from actors.pull import arrivals_socket
 from actors.reput import ReputDeadline, send_back_request
@@ -374,7 +374,7 @@ class Pop(Actor):
             "held": self.held_count, "heldExpired": self.held_expired, "pollingFull": self.polling_full,
             "deadLetterWaiting": len(self.dlq_todo) + len(self.dlq_waiting) + len(self.dlq_later),
             "log": self.log.statistics(),
-            "links": self.requests.statistics() | {self.replies.ring.name: self.replies.statistics()}}
+            "links": service_links_statistics(self.requests, self.replies)}
 
     def close(self) -> None:
         if self.control is not None:

@@ -41,7 +41,7 @@ import orjson
 import zmq
 
 from actors.base import Actor, incoming, socket
-from actors.links import inbox, reply_outbox
+from actors.links import inbox, reply_outbox, service_links_statistics
 from actors.wire import arrivals_from_wire, read_from_wire
 from node import protocol
 from actors.tiered import ArchiveDamaged, TieredArchive
@@ -463,7 +463,7 @@ class Pull(Actor):
     def statistics(self) -> dict:
         stats = super().statistics() | (self.core.statistics() if self.core is not None else {})
         if self.replies is not None and not self.replies.local:  # (its rings: a worker of its own)
-            stats["links"] = self.requests.statistics() | {self.replies.ring.name: self.replies.statistics()}
+            stats["links"] = service_links_statistics(self.requests, self.replies)
         return stats
 
     def close(self) -> None:

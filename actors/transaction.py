@@ -38,7 +38,7 @@ import zmq
 
 from actors import config_files
 from actors.base import Actor, incoming, socket
-from actors.links import inbox, reply_outbox
+from actors.links import inbox, reply_outbox, service_links_statistics
 from actors.reput import (
     PROPERTY_TRANSACTION_OP,
     ReputDeadline,
@@ -387,7 +387,7 @@ class Transaction(Actor):
             return super().statistics()
         return super().statistics() | self.core.statistics(time.time_ns() // 1_000_000) | {
             "waiting": len(self.waiting), "expired": self.expired, "refusedEnds": self.refused_ends,
-            "opRetries": self.op_retries}
+            "opRetries": self.op_retries, "links": service_links_statistics(self.requests, self.replies)}
 
     def close(self) -> None:
         if self.reader is not None:

@@ -1,9 +1,10 @@
 """A ring: one process hands batches of bytes to one other through a shared mapped file.
 
 Between the processes of a node the write path's hand-offs (front -> writer or ingress,
-ingress -> writer, writer -> flush, writer / flush / ingress -> front) and the read path's
-(front -> pull workers, pop and transaction services -> front) go through rings, not ZeroMQ: a ZeroMQ hop wakes the sender's I/O thread and the receiver's before the receiver
-itself, and copies the bytes four times; a ring hop is one copy in, one copy out and one
+ingress -> writer, writer -> flush, writer / flush / ingress -> front) and the read side's
+(front -> pull workers, pop and transaction services -> front) go through rings, not ZeroMQ:
+a ZeroMQ hop wakes the sender's I/O thread and the receiver's before the receiver itself, and
+copies the bytes four times; a ring hop is one copy in, one copy out and one
 doorbell (a FIFO byte, `actors.base.Doorbell`) that wakes only the receiver. The model is
 Aeron's log buffer and the LMAX Disruptor, reduced to one producer and one consumer, so each
 counter has exactly one writer and no atomic read-modify-write is needed.
@@ -257,15 +258,13 @@ def prepare_ring_dir(settings) -> Path:
     return path
 
 
-def make_rings(settings) -> Path | None:
+def make_rings(settings) -> Path:
     """The launcher, before the services start: every ring of `rings(settings)` made fresh in the
-    ring directory (None: there are none). Refused (StoreError) when the directory's file
+    ring directory, which it returns. Refused (StoreError) when the directory's file
     system has no room for them all: a tmpfs that fills up later would kill the process that
     touches the page past its end (SIGBUS), so a small /dev/shm (a container's 64 MiB) is
     named at start instead."""
     wanted = rings(settings)
-    if not wanted:
-        return None
     path = prepare_ring_dir(settings)
     need = sum(HEADER_SIZE + capacity for capacity in wanted.values())
     info = os.statvfs(path)

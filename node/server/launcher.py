@@ -171,7 +171,7 @@ class Node:
         self.watch_stopping = threading.Event()
         self.watcher: threading.Thread | None = None
         self.temporary_run_dir: Path | None = None
-        self.ring_dir: Path | None = None  # the write path's rings (shm.ring), in memory
+        self.ring_dir: Path | None = None  # the rings between its processes (shm.ring), in memory
         self.metrics = None  # node.server.metrics.MetricsServer, with metricsPort set
         self.log_sink: logs.LogSink | None = None  # the services' log lines, to this process's stderr
         self.ray_dir: Path | None = None  # an embedded Ray's session files: removed at a clean stop

@@ -4,6 +4,7 @@ real rings, and the launcher's making of the rings."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from types import SimpleNamespace
@@ -58,17 +59,27 @@ def test_past_its_patience_a_read_is_given_back_and_a_full_room_refuses():
 def _node(tmp_path, **values):
     """The settings of a node whose run directory is `tmp_path`, with its rings made."""
     s = settings_module.load(None, {"runDir": str(tmp_path), **{k: str(v) for k, v in values.items()}})
-    directory = ring.prepare_ring_dir(s)
-    for name, capacity in ring.rings(s).items():
-        ring.create(directory / f"{name}.ring", capacity)
+    ring.make_rings(s)
     return s
 
 
-def test_reads_go_to_the_first_pull_worker_keeping_up_and_spill_over_while_it_is_behind(tmp_path):
+@contextlib.contextmanager
+def _two_pull_workers(tmp_path, **spread):
+    """The front's SpreadOutbox to two pull workers, and the workers' inboxes."""
     s = _node(tmp_path, pullWorkers=2)
-    spread = SpreadOutbox([Outbox(s, f"front-to-pull-{i}", read_to_wire) for i in range(2)], spill_bytes=1024)
+    out = SpreadOutbox([Outbox(s, f"front-to-pull-{i}", read_to_wire) for i in range(2)], **spread)
     workers = [Inbox(s, f"pull-{i}", read_from_wire) for i in range(2)]
     try:
+        yield out, workers
+    finally:
+        out.close()
+        for worker in workers:
+            worker.close()
+        shutil.rmtree(ring.ring_dir(s), ignore_errors=True)
+
+
+def test_reads_go_to_the_first_pull_worker_keeping_up_and_spill_over_while_it_is_behind(tmp_path):
+    with _two_pull_workers(tmp_path, spill_bytes=1024) as (spread, workers):
         reads = [({"code": 11, "opaque": i}, b"client-%d" % i, 1000 + i, b'{"code":11,"opaque":%d}' % i)
                  for i in range(40)]
         for read in reads[:3]:
@@ -80,20 +91,11 @@ def test_reads_go_to_the_first_pull_worker_keeping_up_and_spill_over_while_it_is
         first, second = workers[0].take(), workers[1].take()
         assert first and second and len(first) + len(second) == 37
         assert sorted(first + second, key=lambda r: r[2]) == [(h, c, t) for h, c, t, _ in reads[3:]]
-    finally:
-        spread.close()
-        for worker in workers:
-            worker.close()
-        shutil.rmtree(ring.ring_dir(s), ignore_errors=True)
 
 
 def test_a_pull_worker_that_is_not_alive_gets_no_reads_while_another_is(tmp_path):
-    s = _node(tmp_path, pullWorkers=2)
     dead = {"pull-0"}
-    spread = SpreadOutbox([Outbox(s, f"front-to-pull-{i}", read_to_wire) for i in range(2)],
-                          alive=lambda label: label not in dead)
-    workers = [Inbox(s, f"pull-{i}", read_from_wire) for i in range(2)]
-    try:
+    with _two_pull_workers(tmp_path, alive=lambda label: label not in dead) as (spread, workers):
         read = ({"code": 11}, b"c", 1, b'{"code":11}')
         assert spread.send(read) and workers[0].take() == [] and len(workers[1].take()) == 1
         dead.clear()  # back: the first keeping up again
@@ -101,11 +103,6 @@ def test_a_pull_worker_that_is_not_alive_gets_no_reads_while_another_is(tmp_path
         dead.update({"pull-0", "pull-1"})  # none alive: the read waits in the first ring for a successor
         assert spread.send(read) and len(workers[0].take()) == 1
         assert spread.statistics()["skippedNotAlive"] == 1
-    finally:
-        spread.close()
-        for worker in workers:
-            worker.close()
-        shutil.rmtree(ring.ring_dir(s), ignore_errors=True)
 
 
 def test_a_pop_ring_that_is_full_makes_pops_wait_until_the_service_takes_them(tmp_path):

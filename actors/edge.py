@@ -144,7 +144,8 @@ def send_problem(message: dict) -> str | None:
 def check_send_request(header: dict) -> None:
     """The structure of a send request (ProtocolError: SYSTEM_ERROR); its messages' fields are
     `send_problem`'s."""
-    problem = bool_problem(header, "oneway") or born_host_problem(header.get("bornHost"))
+    problem = (bool_problem(header, "oneway") or bool_problem(header, "oneHalf")
+               or born_host_problem(header.get("bornHost")))
     if problem:
         raise _Refused(problem)
     if "_reput" in header:  # the schedule service's, over the node's private socket only

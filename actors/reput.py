@@ -27,6 +27,7 @@ from shm.codec import (
     FIXED_STORE_HOST,
     FIXED_STORE_TS,
     PROPERTY_DELAY,
+    PROPERTY_INNER_NUM,
     PROPERTY_TAGS,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
@@ -141,8 +142,10 @@ def delivery_request(items: list[tuple[dict, bytes]], opaque: int) -> tuple[dict
 def delivered_statuses(header: dict, count: int) -> list[str]:
     """Each delivery's status from the answer to a `delivery_request` (compact when all stored)."""
     results = header.get("results")
-    if results is not None:
+    if results is not None and len(results) == count:
         return [r.get("status", "SYSTEM_ERROR") for r in results]
+    # (compact, or refused whole by the front: a result per message it was sent, and a one-half
+    # batch's commit is one message there and many records here)
     return [header.get("status", "SYSTEM_ERROR")] * count
 
 
@@ -246,6 +249,22 @@ def commit_item(record: Stored, phy: int, target: tuple[str, int] | None = None)
     PREPAREDTRANSACTIONOFFSET the half's offset."""
     topic, queue_id = target or half_target(record)
     return _copy(record, topic, queue_id, (record.sys_flag & ~TRANSACTION_MASK) | TRANSACTION_COMMIT, phy)
+
+
+def commit_batch_item(record: Stored, phy: int, target: tuple[str, int]) -> tuple[dict, bytes]:
+    """A one-half batch's commit (actors.sendcore `_add_half_batch`): its batch body for the real
+    topic and queue, each message of it stored by the write path with its own properties and then
+    the half's, less INNER_NUM (as a batch of halves' commits are stored), sysFlag COMMIT,
+    PREPAREDTRANSACTIONOFFSET the half's offset. `_reput.inner` says how many records it makes."""
+    suffix, _, last = record.properties_string.rpartition("\x02")  # (the write path put INNER_NUM last)
+    name, _, count = last.partition("\x01")
+    if name != PROPERTY_INNER_NUM or not count.isdigit():  # (not as this node stores them: taken apart)
+        properties = parse_properties(record.properties_string)
+        count = properties.pop(PROPERTY_INNER_NUM)
+        suffix = properties_string(properties)
+    item, body = _copy(record, *target, (record.sys_flag & ~TRANSACTION_MASK) | TRANSACTION_COMMIT, phy)
+    item["_reput"] |= {"properties": suffix, "inner": int(count)}
+    return item, body
 
 
 def discard_item(record: Stored) -> tuple[dict, bytes]:

@@ -25,6 +25,7 @@ from shm.codec import (
     MAX_PROPERTIES_BYTES,
     PROPERTY_CLUSTER,
     PROPERTY_DELAY,
+    PROPERTY_INNER_NUM,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TRANSACTION,
@@ -115,6 +116,8 @@ class SendEncoder:
             pending.wait = self._add_message(pending, header, body, born, batch)
         elif code == protocol.SEND_MESSAGES:
             self._add_messages(pending, header, body, born, batch)
+        elif code == protocol.SEND_BATCH_MESSAGE and header.get("oneHalf") is True:
+            self._add_half_batch(pending, header, body, born, batch)
         elif code == protocol.SEND_BATCH_MESSAGE:
             self._add_batch(pending, header, body, born, batch)
         else:
@@ -128,6 +131,8 @@ class SendEncoder:
         send. A send-back (`wait`) is answered once stored as the mode promises, as the consumer
         is told it is stored; deliveries are `_add_reputs`'."""
         reput = header["_reput"]
+        if reput.get("inner"):
+            return self._add_committed_batch(pending, header, body, born, batch)
         topic, queue_id, properties = header["topic"], header["queueId"], reput["properties"]
         delay = reput.get("delay", 0)
         if delay > 0:
@@ -152,6 +157,47 @@ class SendEncoder:
             return
         pending.indices[index] = len(batch)
         self._add(batch, record, topic, queue_id, born)
+
+    def _add_committed_batch(self, pending, header, body, born, batch) -> None:
+        """A one-half batch's commit (`actors.reput.commit_batch_item`): each message of the
+        half's batch body stored for the real topic and queue as a batch of halves' commits are
+        (its own properties, then the half's after a 0x02; sysFlag COMMIT; PREPAREDTRANSACTIONOFFSET
+        the half's offset), in one pass where the C encoder takes it."""
+        reput = header["_reput"]
+        topic, queue_id, suffix = header["topic"], header["queueId"], reput["properties"]
+        transaction, prepared = reput["sysFlag"] & codec.TRANSACTION_MASK, reput["prepared"]
+        born_timestamp = header.get("bornTimestamp", 0)
+        pending.wait = True
+        refused = header.get("_refused")  # by the front's topic table (the real topic deleted since)
+        encoded = self._batch_v4(body, topic_bytes(topic), queue_id, born_timestamp, born, self.store_host,
+                                 suffix.encode(), self.settings.maxMessageSize, protocol.MAX_MESSAGES_PER_REQUEST) \
+            if not refused and len(born) == 8 and len(self.store_host) == 8 else None
+        if encoded is not None:
+            records, sizes, uniq_keys = encoded
+            codec.set_transaction(records, sizes, transaction, prepared)
+            start = len(batch)
+            batch.add_many_v4(records, sizes, [f"{topic}-{queue_id}"] * len(sizes))
+            indices = range(start, start + len(sizes))
+        else:
+            inner = protocol.decode_batch_body(body)  # (the node's own record: it parsed when it was stored)
+            uniq_keys = [find_uniq_key(props) for _, _, props in inner]
+            indices = []
+            for body_bytes, flag, props in inner:
+                try:
+                    if refused:
+                        raise MessageIllegal(*refused)
+                    record = self._encode(topic, body_bytes, queue_id, flag, born_timestamp, born,
+                                          _joined(props, suffix), 0, transaction, prepared)
+                except MessageIllegal as e:
+                    pending.refusals[len(pending.indices) + len(indices)] = (e.status, e.remark)
+                    indices.append(-1)
+                    continue
+                indices.append(len(batch))
+                self._add(batch, record, topic, queue_id, born)
+        pending.topics += [topic] * len(indices)
+        pending.queue_ids += [queue_id] * len(indices)
+        pending.uniq_keys += uniq_keys
+        pending.indices += indices
 
     def _add_reputs(self, pending, header, body, batch) -> None:
         """The schedule service's deliveries, many to a request (`_reput: true` on a
@@ -328,10 +374,9 @@ class SendEncoder:
             if refused:
                 pending.refusals[index] = tuple(refused)
                 continue
-            joined = inner_props if not suffix else (
-                inner_props + suffix if inner_props.endswith("\x02") or not inner_props else inner_props + "\x02" + suffix)
             try:
-                record = self._encode(topic, body_bytes, queue_id, flag, born_timestamp, born, joined, 0)
+                record = self._encode(topic, body_bytes, queue_id, flag, born_timestamp, born,
+                                      _joined(inner_props, suffix), 0)
             except MessageIllegal as e:
                 pending.refusals[index] = (e.status, e.remark)
                 continue
@@ -344,6 +389,44 @@ class SendEncoder:
             # a client batch is all or nothing: refuse the rest with the first reason
             reason = next(iter(pending.refusals.values()))
             raise _BatchRefused(reason)
+
+    def _add_half_batch(self, pending, header, body, born, batch) -> None:
+        """A SEND_BATCH_MESSAGE with `oneHalf` (mqnode's, for all-or-nothing writes: docs/protocol.md
+        "Transactions"): the whole batch stored as ONE half, its body the batch body as sent, its
+        properties the batch's (TRAN_MSG and PGROUP required) with REAL_TOPIC, REAL_QID and
+        INNER_NUM, the message count. One end then commits or rolls back every message of it; a
+        commit stores each one as a batch of halves' commits would have been stored."""
+        topic, queue_id = header.get("topic"), header.get("queueId")
+        inner = protocol.decode_batch_body(body)  # ProtocolError: the client's bytes do not parse
+        pending.topics.append(topic if isinstance(topic, str) else "")
+        pending.queue_ids.append(queue_id if isinstance(queue_id, int) else -1)
+        pending.uniq_keys.append(",".join(find_uniq_key(props) or "" for _, _, props in inner))
+        pending.indices.append(-1)
+        try:
+            refused = header.get("_refused")
+            if refused:
+                raise MessageIllegal(*refused)
+            batch_props = _client_properties(header.get("properties"))
+            if not _transactional(batch_props):
+                raise MessageIllegal("MESSAGE_ILLEGAL", "`oneHalf` stores a batch of halves: its properties need "
+                                                        "TRAN_MSG=true and PGROUP")
+            if not DELAYING.isdisjoint(batch_props) or any(not SCHEDULING.isdisjoint(parse_properties(props))
+                                                           for _, _, props in inner):
+                raise MessageIllegal("MESSAGE_ILLEGAL", "a batch may carry neither a DELAY level nor a timer "
+                                                        "(TIMER_*), in its header or in a message")
+            half_topic, half_queue = self.delays.half_batch(batch_props, topic, queue_id)
+            batch_props.pop(PROPERTY_INNER_NUM, None)
+            batch_props[PROPERTY_CLUSTER] = self.cluster
+            pending.wait = batch_props.get(PROPERTY_WAIT) != "false"
+            # INNER_NUM last, after what each committed message's suffix is: its commit takes it off exactly
+            properties = f"{properties_string(batch_props)}\x02{PROPERTY_INNER_NUM}\x01{len(inner)}"
+            record = self._encode(half_topic, body, half_queue, 0, _int(header.get("bornTimestamp", 0), "bornTimestamp"),
+                                  born, properties, 0)
+        except MessageIllegal as e:
+            pending.refusals[0] = (e.status, e.remark)
+            return
+        pending.indices[0] = len(batch)
+        self._add(batch, record, half_topic, half_queue, born)
 
     def _add_batch_v4(self, pending, header, body, born, batch) -> bool:
         """`_add_batch` in one pass over the client's batch body, for the common case: IPv4
@@ -385,6 +468,13 @@ class SendEncoder:
         return True
 
 
+
+
+def _joined(inner_props: str, suffix: str) -> str:
+    """A batch message's stored properties: its own, then the batch's after a 0x02 (4.9's)."""
+    if not suffix:
+        return inner_props
+    return inner_props + suffix if inner_props.endswith("\x02") or not inner_props else inner_props + "\x02" + suffix
 
 
 DELAYING = SCHEDULING - {PROPERTY_TRANSACTION}  # the names a batch may never carry

@@ -30,6 +30,7 @@ every `flushConsumerOffsetInterval` ms and at stop) that says where to read them
 
 from __future__ import annotations
 
+import collections
 import random
 import time
 
@@ -44,6 +45,7 @@ from actors.reput import (
     ReputDeadline,
     Stored,
     stored_of,
+    commit_batch_item,
     commit_item,
     delivered_statuses,
     delivery_request,
@@ -70,6 +72,7 @@ from shm import reader as store_reader
 from shm.codec import (
     FIXED_STORE_TS,
     PROPERTY_CHECK_IMMUNITY,
+    PROPERTY_INNER_NUM,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
@@ -83,7 +86,11 @@ from shm.codec import (
 from shm.control_block import ROLE_CODES
 
 TRANSACTION_CLIENT = b"\x00mqnode-transaction"  # the reput socket's pseudo-client at the front
-ENDS_A_REQUEST = 256  # committed messages a re-put request carries
+ENDS_A_REQUEST = 256  # ends a re-put request carries at most ...
+REPUT_BYTES = 1 << 20  # ... and bytes of committed messages, past the first (a ring message of the write path)
+REPUT_BYTES_IN_FLIGHT = 8 << 20  # bytes of re-puts unanswered at once: the rest wait here (a Spark commit of
+# a million rows would otherwise fill the writer's ring, and its sends be refused SYSTEM_BUSY)
+ENDS_WAITING = 200_000  # ends decided and not yet re-put; beyond, requests wait in the ring
 READ_A_TURN = 8192  # half and op entries read a turn
 OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
@@ -116,8 +123,9 @@ class Transaction(Actor):
         self.checks = socket(self.context, zmq.PUSH, hwm=1_000_000)
         self.checks.connect(self.endpoints["transaction-checks"])
         self.items = [*self.requests.poll_items(), (self.answers, zmq.POLLIN)]
-        self.ends: list[tuple] = []  # this turn's: (offset, outcome, record, phy, its real (topic, queue) or None, waiter)
-        self.waiting: dict[int, tuple] = {}  # opaque -> (what, entries, sent at)
+        self.ends: collections.deque[End] = collections.deque()  # decided, waiting for their re-put
+        self.waiting: dict[int, tuple] = {}  # opaque -> (what, records, sent at, bytes)
+        self.reput_bytes = 0  # of the re-puts in `waiting`
         self.opaque = random.randrange(1 << 30)
         self.next_check = time.monotonic() + min(s.transactionCheckInterval, s.transactionTimeOut) / 1000
         self.next_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
@@ -140,8 +148,9 @@ class Transaction(Actor):
                 self._answered(orjson.loads(frames[1]))  # [client, header]: the front's own frames
         self._follow()
         out: list = []
-        for header, client, arrival in self.requests.take():
-            self._serve(header, client, arrival, out)
+        if len(self.ends) < ENDS_WAITING:  # (else requests wait in the ring: back-pressure to the clients)
+            for header, client, arrival in self.requests.take():
+                self._serve(header, client, arrival, out)
         self._ship_ends(out)
         if out:
             self.replies.send(out)
@@ -149,7 +158,7 @@ class Transaction(Actor):
         self._expire(now)
         while self.ops_again and self.ops_again[0][0] <= now:
             ends = self.ops_again.pop(0)[1]
-            self._put([op_item(COMMIT, [str(offset) for offset, *_ in ends], time.time_ns() // 1_000_000)],
+            self._put([op_item(COMMIT, [str(end.offset) for end in ends], time.time_ns() // 1_000_000)],
                       ("end", ends, [COMMIT], "op only"))
         if now >= self.next_check and not self._slave():
             self.next_check = now + self.settings.transactionCheckInterval / 1000
@@ -244,10 +253,10 @@ class Transaction(Actor):
         offset, phy = end["tranStateTableOffset"], end["commitLogOffset"]
         half = self.core.pending.get(offset)
         stored = None
-        if half is not None and half.phy == phy:  # (read already: no need to read it again for a rollback)
+        if half is not None and half.phy == phy:  # (read already: its record is read again at its re-put)
             problem = None if half.group == group else f"{WRONG_GROUP}: the half belongs to {half.group}"
         else:
-            stored = stored_of(self._record(phy))
+            half, stored = None, stored_of(self._record(phy))
             problem = _not_the_half(stored, end, group)
         if problem is not None:
             self.refused_ends += 1
@@ -256,14 +265,7 @@ class Transaction(Actor):
         if decided is not None:  # a repeat: nothing changes
             remark = "" if decided == outcome else f"the transaction was ended already ({decided})"
             return batch.set(i, out, "OK", remark, outcome=decided)
-        target = None
-        if outcome == COMMIT and stored is None:  # (read already: its real topic and queue are known)
-            stored, target = stored_of(self.reader.record_bytes(half.phy, half.size), parse=False), (half.topic,
-                                                                                                    half.queue_id)
-            if stored is None:  # (its segment cleaned away meanwhile: nothing left to commit)
-                self.core.end_failed(offset)
-                return batch.set(i, out, "SYSTEM_ERROR", f"{NO_HALF}: the half at commitLogOffset {phy} is gone")
-        self.ends.append((offset, outcome, stored, phy, target, (batch, i)))
+        self.ends.append(End(offset, outcome, phy, half, stored, batch, i))
 
     def _record(self, phy: int) -> bytes | None:
         """The bytes of the record at CommitLog offset `phy`, below `written` (None: none there)."""
@@ -273,32 +275,63 @@ class Transaction(Actor):
         return self.reader.record_bytes(phy, size) if 0 < size and phy + size <= written else None
 
     def _ship_ends(self, out: list) -> None:
-        """This turn's ends: the committed messages, then one op record per outcome, a request
-        per ENDS_A_REQUEST."""
-        ends, self.ends = self.ends, []
+        """The ends decided: the committed messages, then one op record per outcome, a request per
+        ENDS_A_REQUEST ends or REPUT_BYTES of messages, while less than REPUT_BYTES_IN_FLIGHT of
+        re-puts wait for the write path (the rest wait here, for their answers)."""
         now_ms = time.time_ns() // 1_000_000
-        for at in range(0, len(ends), ENDS_A_REQUEST):
-            part = ends[at: at + ENDS_A_REQUEST]
-            items = [commit_item(record, phy, target) for _, outcome, record, phy, target, _ in part if outcome == COMMIT]
-            ops = {kind: [str(offset) for offset, outcome, *_ in part if outcome == kind] for kind in (COMMIT, ROLLBACK)}
+        while self.ends and self.reput_bytes < REPUT_BYTES_IN_FLIGHT:
+            part, items, size = [], [], 0
+            while self.ends and len(part) < ENDS_A_REQUEST and size < REPUT_BYTES:
+                end = self.ends.popleft()
+                if end.outcome == COMMIT:
+                    item = self._commit_item(end, out)
+                    if item is None:
+                        continue
+                    items.append(item)
+                    size += len(item[1])
+                part.append(end)
+            ops = {kind: [str(end.offset) for end in part if end.outcome == kind] for kind in (COMMIT, ROLLBACK)}
             kinds = [kind for kind in (COMMIT, ROLLBACK) if ops[kind]]
-            items += [op_item(kind, ops[kind], now_ms) for kind in kinds]
-            self._put(items, ("end", part, kinds))
+            if kinds:
+                self._put(items + [op_item(kind, ops[kind], now_ms) for kind in kinds], ("end", part, kinds))
+
+    def _commit_item(self, end: End, out: list) -> tuple[dict, bytes] | None:
+        """The re-put of a committed half's message (or, a one-half batch's, its messages); None,
+        answered, when its record is gone (its segment cleaned away since it was read)."""
+        half, stored = end.half, end.stored
+        if half is not None:
+            stored, target, inner = stored_of(self.reader.record_bytes(half.phy, half.size), parse=False), \
+                (half.topic, half.queue_id), half.inner
+        elif stored is not None:
+            target, inner = half_target(stored), stored.properties.get(PROPERTY_INNER_NUM)
+        if stored is None:
+            self.core.end_failed(end.offset)
+            end.batch.set(end.i, out, "SYSTEM_ERROR", f"{NO_HALF}: the half at commitLogOffset {end.phy} is gone")
+            return None
+        if inner:
+            item = commit_batch_item(stored, end.phy, target)
+        else:
+            item = commit_item(stored, end.phy, target)
+        end.records = item[0]["_reput"].get("inner", 1)
+        return item
 
     def _put(self, items: list, what: tuple) -> None:
         self.opaque = (self.opaque + 1) % (1 << 31)
         header, body = delivery_request(items, self.opaque)
-        self.waiting[self.opaque] = (what, len(items), time.monotonic())
+        records = sum(item["_reput"].get("inner", 1) for item in header["messages"])
+        self.waiting[self.opaque] = (what, records, time.monotonic(), len(body))
+        self.reput_bytes += len(body)
         send_frames(self.reputs, [TRANSACTION_CLIENT, read_meta(time.monotonic_ns()), orjson.dumps(header), body])
 
     def _answered(self, header: dict) -> None:
         waiting = self.waiting.pop(header.get("opaque"), None)
         if waiting is None:
             return  # (expired already: counted as not stored)
-        what, count, _ = waiting
+        what, count, _, size = waiting
+        self.reput_bytes -= size
         statuses = delivered_statuses(header, count)
-        if what[0] == "end" and len(what) > 3:  # an op record written again: the message is stored
-            statuses = ["PUT_OK"] * len(what[1]) + statuses
+        if what[0] == "end" and len(what) > 3:  # an op record written again: the messages are stored
+            statuses = ["PUT_OK"] * sum(end.records for end in what[1]) + statuses
             self._ended(what[1], what[2], statuses)
         elif what[0] == "end":
             self._ended(what[1], what[2], statuses)
@@ -312,30 +345,33 @@ class Transaction(Actor):
         whose op record was not stays decided: its op record alone is written again (opening
         it again would let the check commit it twice)."""
         op_status = dict(zip(kinds, statuses[len(statuses) - len(kinds):]))
-        commit_statuses = iter(statuses)
+        at = 0  # the commits' statuses come first, `records` each
         out, again = [], []
         for end in part:
-            offset, outcome, _, _, _, (batch, i) = end
-            status = op_status[outcome]
-            own = next(commit_statuses) if outcome == COMMIT else None
+            status = op_status[end.outcome]
+            own = None
+            if end.outcome == COMMIT:
+                own = next((s for s in statuses[at: at + end.records] if s not in protocol.STORED_STATUSES),
+                           statuses[at])
+                at += end.records
             if status in protocol.STORED_STATUSES:
                 if own is None or own in protocol.STORED_STATUSES:
-                    batch.set(i, out, "OK", "")
+                    end.batch.set(end.i, out, "OK", "")
                 else:
-                    batch.set(i, out, _status(own), f"the committed message was refused ({own})")
+                    end.batch.set(end.i, out, _status(own), f"the committed message was refused ({own})")
             elif own in protocol.STORED_STATUSES:
                 again.append(end)
                 self.op_retries += 1
             else:
-                self.core.end_failed(offset)
-                batch.set(i, out, _status(status), "the outcome was not stored; end it again")
+                self.core.end_failed(end.offset)
+                end.batch.set(end.i, out, _status(status), "the outcome was not stored; end it again")
         if again:  # (a second later: a refusal now, a full disk, is likely a refusal for a while)
             self.ops_again.append((time.monotonic() + OP_RETRY_S, again))
         if out:
             self.replies.send(out)
 
     def _expire(self, now: float) -> None:
-        for opaque in [o for o, (_, _, at) in self.waiting.items() if self.deadline.expired(at, now)]:
+        for opaque in [o for o, (_, _, at, _) in self.waiting.items() if self.deadline.expired(at, now)]:
             self.expired += 1
             self._answered({"opaque": opaque, "status": "SYSTEM_BUSY"})
 
@@ -360,13 +396,16 @@ class Transaction(Actor):
             items.append(f"{half.offset}:{half.checks + 1}")
         for at in range(0, len(items), 4096):
             self._put([op_item(CHECK, items[at: at + 4096], now_ms)], (CHECK,))
-        for at in range(0, len(discards), ENDS_A_REQUEST):
-            part = discards[at: at + ENDS_A_REQUEST]
-            copies = []
-            for half in part:
+        left = collections.deque(discards)
+        while left:  # (in requests of ENDS_A_REQUEST halves or REPUT_BYTES, as the ends)
+            part, copies, size = [], [], 0
+            while left and len(part) < ENDS_A_REQUEST and size < REPUT_BYTES:
+                half = left.popleft()
+                part.append(half)
                 record = stored_of(self.reader.record_bytes(half.phy, half.size))
                 if record is not None:
                     copies.append(discard_item(record))
+                    size += len(record.body)
             self._put(copies + [op_item(DISCARD, [str(h.offset) for h in part], now_ms)],
                       (DISCARD, [h.offset for h in part]))
 
@@ -386,7 +425,8 @@ class Transaction(Actor):
         if self.core is None:
             return super().statistics()
         return super().statistics() | self.core.statistics(time.time_ns() // 1_000_000) | {
-            "waiting": len(self.waiting), "expired": self.expired, "refusedEnds": self.refused_ends,
+            "waiting": len(self.waiting), "endsWaiting": len(self.ends), "reputBytes": self.reput_bytes,
+            "expired": self.expired, "refusedEnds": self.refused_ends,
             "opRetries": self.op_retries, "links": service_links_statistics(self.requests, self.replies)}
 
     def close(self) -> None:
@@ -420,8 +460,10 @@ def _half(offset: int, phy: int, size: int, stored_ms: int, props: dict[str, str
         PROPERTY_CHECK_IMMUNITY, "")
     if not topic or queue is None or not queue.isdigit():
         return None
+    inner = props.get(PROPERTY_INNER_NUM, "")
     return Half(offset, phy, size, stored_ms, props.get(PROPERTY_PRODUCER_GROUP, ""),
-                int(immunity) * 1000 if immunity.isdigit() else 0, topic, int(queue))
+                int(immunity) * 1000 if immunity.isdigit() else 0, topic, int(queue),
+                inner=int(inner) if inner.isdigit() else 0)
 
 
 def _status(status: str) -> str:
@@ -443,6 +485,19 @@ def _reply(client: bytes, arrival: int, opaque, status: str, remark: str, **fiel
 
 
 _OK = {"status": "OK"}  # (one dict for every plain OK: a Spark commit has a million; only serialised)
+
+
+class End:
+    """One end decided here, waiting for its re-put (the committed half's record is read then,
+    `half`, unless the end had to read it to find it: `stored`) and then for its answer."""
+
+    __slots__ = ("offset", "outcome", "phy", "half", "stored", "batch", "i", "records")
+
+    def __init__(self, offset: int, outcome: str, phy: int, half: Half | None, stored: Stored | None, batch: Ends,
+                 i: int):
+        self.offset, self.outcome, self.phy, self.half, self.stored, self.batch, self.i = \
+            offset, outcome, phy, half, stored, batch, i
+        self.records = 0  # a commit's re-put records (a one-half batch's: its messages)
 
 
 class Ends:

@@ -50,6 +50,7 @@ class Half:
     queue_id: int = 0
     checks: int = 0  # as the op records say
     checked_ms: int = 0  # when this service last asked (0: not since it started)
+    inner: int = 0  # a one-half batch's message count (INNER_NUM; 0: one message)
 
 
 class TransactionCore:

@@ -292,16 +292,19 @@ class AsyncProducer:
 
     async def send_batch(self, topic: str, messages: list[Message | bytes | str], *, queue_id: int | None = None,
                          shard_key: str | None = None, properties: dict[str, str] | None = None,
-                         broker: str | None = None) -> list[SendResult]:
+                         broker: str | None = None, one_half: bool = False) -> list[SendResult]:
         """RocketMQ's batch send: one topic, one queue, stored together; a result per message.
         `properties`: the batch's own, stored after each message's (TRAN_MSG and PGROUP make it
-        a batch of halves: node.pipeline.transactions)."""
+        a batch of halves: node.pipeline.transactions). With `one_half` (and those properties),
+        the batch is stored as one half, which one end commits or rolls back whole: one result,
+        naming the half (its `msg_id` the messages' ids, comma-joined)."""
         if self.cluster is not None:
             fresh = iter(self.keys.next_many(len(messages)))  # (each message's id fixed before a group is picked)
             keyed = [self._keyed(m, next(fresh)) if isinstance(m, Message)
                      else Message(topic, _bytes(m), properties={PROPERTY_UNIQ_KEY: next(fresh)}) for m in messages]
+            whole = {"one_half": True} if one_half else {}
             return await self._routed(topic, lambda client, queue: client.send_batch(
-                topic, keyed, queue_id=queue, properties=properties), queue_id, shard_key, broker)
+                topic, keyed, queue_id=queue, properties=properties, **whole), queue_id, shard_key, broker)
         items = [m if isinstance(m, Message) else Message(topic, _bytes(m)) for m in messages]
         queue = await self._choose_queue(topic, queue_id, shard_key)
         fresh = iter(self.keys.next_many(sum(1 for m in items if not m.properties.get(PROPERTY_UNIQ_KEY))))
@@ -311,6 +314,8 @@ class AsyncProducer:
                   "bornTimestamp": int(time.time() * 1000)}
         if properties:
             header["properties"] = properties
+        if one_half:
+            header["oneHalf"] = True
         for attempt in range(self.retries + 1):
             try:
                 reply, _ = await self.request(header, body)
@@ -319,6 +324,9 @@ class AsyncProducer:
                     raise
                 continue
             status = reply.get("status")
+            if status in protocol.STORED_STATUSES and one_half:
+                return [SendResult(status, reply["msgId"], reply["offsetMsgId"], reply["queueId"], reply["queueOffset"],
+                                   topic, self.broker)]
             if status in protocol.STORED_STATUSES:
                 ids, offsets = reply["msgId"].split(","), reply["offsetMsgId"].split(",")
                 return [SendResult(status, ids[i], offsets[i], reply["queueId"], reply["queueOffset"] + i, topic,

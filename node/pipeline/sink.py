@@ -3,7 +3,7 @@ executors. Columns: `body` (binary or string, required), optional `topic` (else 
 option), `tags`, `keys` (a string or an array of strings), `properties` (a map), `queueId`,
 `shardingKey`, `delayLevel`. Rows without a delay go as batches per queue (RocketMQ's batch
 send); a row with a delay level goes alone (a batch may carry no delay). A transactional write's
-rows go one by one as halves (`rows`, node.pipeline.transactions; a half carries no delay)."""
+rows go as halves, many to a half (`rows`, node.pipeline.transactions; a half carries no delay)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def send_batches(options: dict, batches) -> int:
 
 
 def rows(options: dict, batches):
-    """Each row as (Message, queue id, sharding key): a transactional write's, sent one by one."""
+    """Each row as (Message, queue id, sharding key): a transactional write's, sent as halves."""
     get = {str(k).lower(): v for k, v in options.items()}.get
     default_topic = get("topic")
     if not get("endpoint"):

@@ -3,7 +3,9 @@
 "Transactions").
 
 Each task sends its rows as halves (invisible) of the write's producer group and reports them in
-its commit message; nothing is visible until the driver's commit ends them all with commit. A
+its commit message; nothing is visible until the driver's commit ends them all with commit. Rows
+go as one-half batches (SEND_BATCH_MESSAGE `oneHalf`: up to BATCH rows stored as one half, which
+one end commits whole): a million rows are ~2,000 halves and ends, not a million. A
 task that fails rolls back what it sent; a job that aborts rolls back what its tasks reported; a
 commit or an abort then rolls back every half of the group still open (what attempts Spark killed
 sent: END_TRANSACTIONS `openOfGroup`; an abort sweeps again once Spark has destroyed the killed
@@ -43,7 +45,8 @@ from node.client.consumer import PullConsumer
 from node.pipeline.ranges import DEFAULT_TIMEOUT_S, PipelineError, credentials_option
 from shm.codec import PROPERTY_CHECK_IMMUNITY, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION, decode_msg_id
 
-BATCH = 128  # halves a batch send
+BATCH = 512  # rows a half holds at most (a one-half batch: one end commits them all) ...
+HALF_BYTES = 1 << 20  # ... and bytes of bodies, past the first row
 BATCHES_IN_FLIGHT = 8  # batches of halves a task has in flight at once
 ENDS_IN_FLIGHT = 16  # END_TRANSACTIONS requests (of MAX_ENDS_PER_REQUEST) a commit has in flight
 INTENT_PART_HALVES = 100_000  # halves one intent message names (~0.3 MiB compressed at most)
@@ -103,7 +106,7 @@ def send_halves(options: dict, group: str, messages) -> bytes:
                 for key, batch in _batches(messages):
                     topic, queue_id, shard = key
                     pending.add(asyncio.create_task(producer.send_batch(topic, batch, queue_id=queue_id, shard_key=shard,
-                                                                        properties=extra)))
+                                                                        properties=extra, one_half=len(batch) > 1)))
                     if len(pending) >= BATCHES_IN_FLIGHT:
                         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                         _collect(done, halves)
@@ -125,12 +128,21 @@ def send_halves(options: dict, group: str, messages) -> bytes:
 
 
 def _batches(messages):
-    """(topic, queue id, sharding key) and up to BATCH of its rows, in the rows' order per key."""
+    """(topic, queue id, sharding key) and up to BATCH of its rows (HALF_BYTES of bodies), in the
+    rows' order per key. A batch of one row goes as a half of its own (a row near the node's
+    maxMessageSize would not fit a one-half batch's body)."""
     groups: dict[tuple, list] = {}
+    sizes: dict[tuple, int] = {}
     for message, queue_id, shard in messages:
         key = (message.topic, queue_id, shard)
         group = groups.setdefault(key, [])
+        if group and sizes[key] + len(message.body) > HALF_BYTES:
+            yield key, groups.pop(key)
+            group = groups[key] = []
+        if not group:
+            sizes[key] = 0
         group.append(message)
+        sizes[key] += len(message.body)
         if len(group) >= BATCH:
             yield key, groups.pop(key)
     yield from groups.items()

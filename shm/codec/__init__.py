@@ -16,7 +16,7 @@ from shm.codec.properties import (
     NAME_VALUE_SEPARATOR, PROPERTY_CLUSTER, PROPERTY_DELAY, PROPERTY_KEYS, PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC, PROPERTY_SEPARATOR, PROPERTY_TAGS, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_OUT_MS, PROPERTY_UNIQ_KEY, PROPERTY_WAIT, SCHEDULE_TOPIC,
-    TIMER_PROPERTIES, TIMER_TOPIC, PROPERTY_CHECK_IMMUNITY, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION,
+    TIMER_PROPERTIES, TIMER_TOPIC, PROPERTY_CHECK_IMMUNITY, PROPERTY_INNER_NUM, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION,
     TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, index_key_hash, parse_properties, properties_string, split_keys, tags_code,
 )
 from shm.codec.msgid import (
@@ -31,7 +31,7 @@ from shm.codec.record import (
     _HEAD_SIZE, _I16, _I32, _I64, _MIDDLE, _check_fields, _check_head, _check_limits, _decode_body,
     _host_flags, _host_struct, _signed_byte, _topic_text, body_crc, body_offset, decode, dispatch_fields,
     encode, encode_blank, encode_v4, envelope, expected_size, frame_size, peek_queue_offset,
-    peek_store_timestamp, record_head, record_topic, scan, store_timestamp_offset, with_body,
+    peek_store_timestamp, record_head, record_topic, scan, set_transaction, store_timestamp_offset, with_body,
 )
 from shm.codec.view import (
     FIXED_BODY_LEN, FIXED_BORN_HOST, FIXED_BORN_TS, FIXED_PHYSICAL, FIXED_QUEUE_ID, FIXED_QUEUE_OFFSET,
@@ -55,13 +55,13 @@ __all__ = [
     "MAX_MESSAGES_PER_BATCH", "MAX_PROPERTIES_BYTES", "MAX_RECORD_OVERHEAD", "MAX_TOPIC_BYTES",
     "MESSAGE_MAGIC", "MESSAGE_MAGIC_V2", "MIN_RECORD_SIZE", "MessageIllegal", "NAME_VALUE_SEPARATOR",
     "NATIVE", "OFFSET_BORN_HOST", "OFFSET_PHYSICAL_OFFSET", "OFFSET_QUEUE_OFFSET", "OFFSET_SYSFLAG",
-    "PROPERTIES_LENGTH", "PROPERTY_CLUSTER", "PROPERTY_DELAY", "PROPERTY_KEYS", "PROPERTY_REAL_QID",
+    "PROPERTIES_LENGTH", "PROPERTY_CLUSTER", "PROPERTY_DELAY", "PROPERTY_INNER_NUM", "PROPERTY_KEYS", "PROPERTY_REAL_QID",
     "PROPERTY_REAL_TOPIC", "PROPERTY_SEPARATOR", "PROPERTY_TAGS", "PROPERTY_TIMER_DELAY_MS",
     "PROPERTY_TIMER_DELAY_SEC", "PROPERTY_TIMER_DELIVER_MS", "PROPERTY_TIMER_OUT_MS", "PROPERTY_UNIQ_KEY",
     "PROPERTY_WAIT", "Record", "SCHEDULED_TAILS", "SCHEDULE_TOPIC", "ScanResult", "TIMER_PROPERTIES",
     "TIMER_TOPIC", "TOTALSIZE", "PROPERTY_CHECK_IMMUNITY", "PROPERTY_PRODUCER_GROUP", "PROPERTY_TRANSACTION",
     "TRANS_CHECK_MAX_TIME_TOPIC", "TRANS_HALF_TOPIC", "TRANS_OP_HALF_TOPIC", "TRANSACTION_COMMIT", "TRANSACTION_MASK", "TRANSACTION_NOT",
-    "TRANSACTION_PREPARED", "TRANSACTION_ROLLBACK", "_BLANK", "_FIXED_V4", "_FIXED_V4_SIZE", "_HEAD",
+    "TRANSACTION_PREPARED", "TRANSACTION_ROLLBACK", "set_transaction", "_BLANK", "_FIXED_V4", "_FIXED_V4_SIZE", "_HEAD",
     "_HEAD_SIZE", "_I16", "_I32", "_I64", "_MIDDLE", "_UNIQ_NAME", "_V6_FLAGS", "_check_fields",
     "_check_head", "_check_limits", "_decode_body", "_encode", "_host_flags", "_host_struct", "_literal",
     "_properties_plan", "_signed_byte", "_stored_names", "_topic_part", "_topic_text", "body_crc",

@@ -503,6 +503,19 @@ def with_body(head: bytes, body: bytes) -> bytes:
     return b"".join((head[:at], body, head[at:]))
 
 
+def set_transaction(records: bytearray, sizes: list[int], transaction: int, prepared: int) -> None:
+    """Encoded records back to back (`sizes`): each one's SYSFLAG transaction bits set to
+    `transaction` and its PREPAREDTRANSACTIONOFFSET to `prepared`, in place (the BODYCRC covers the
+    body only: nothing else changes). A one-half batch's commit stores its messages so."""
+    at = 0
+    for size in sizes:
+        sys_flag = _I32.unpack_from(records, at + OFFSET_SYSFLAG)[0]
+        _I32.pack_into(records, at + OFFSET_SYSFLAG, (sys_flag & ~TRANSACTION_MASK) | transaction)
+        _I64.pack_into(records, at + body_offset(sys_flag) - 12, prepared)
+        at += size
+    assert at == len(records), (at, len(records))
+
+
 def record_head(record) -> tuple[int, int, int, int]:
     """(TOTALSIZE, MAGICCODE, QUEUEID, SYSFLAG) of an encoded record."""
     size, magic = _BLANK.unpack_from(record, 0)

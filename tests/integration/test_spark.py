@@ -233,8 +233,9 @@ def test_a_transactional_write_whose_job_fails_leaves_nothing_visible(spark, nod
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert "task 1 fails" in str(failed.value)
     assert _bodies(spark, node, "SparkTxAbort") == []
-    # what both tasks sent (Spark kills task 0 when task 1 fails: the abort rolls back the group's open halves)
-    assert _transactions(node)["rolledBack"] - before >= 1_000
+    # what both tasks sent (Spark kills task 0 when task 1 fails: the abort rolls back the group's open halves;
+    # task 1 sent at least its first half, of up to 512 rows, before it failed)
+    assert _transactions(node)["rolledBack"] - before >= 1
     assert [h for h in _transactions(node, 100_000)["halves"] if h["producerGroup"] == "PG-spark-abort"] == []
 
 

@@ -20,6 +20,7 @@ from node import protocol
 from node.client import (
     AsyncTransactionProducer,
     COMMIT_MESSAGE,
+    Message,
     ROLLBACK_MESSAGE,
     UNKNOW,
     Producer,
@@ -270,6 +271,61 @@ def test_a_batch_of_halves_is_stored_as_halves_and_committed_one_by_one(node):
     seen = visible(node.endpoint, "TxBatch")
     assert sorted(m.body for m in seen) == sorted(f"b{i}".encode() for i in range(0, 10, 2))
     assert {m.queue_id for m in seen} == {1}
+
+
+def _ends(results, outcome: int) -> list[dict]:
+    return [{"tranStateTableOffset": r.queue_offset, "commitLogOffset": decode_msg_id(r.offset_msg_id)[1],
+             "commitOrRollback": outcome} for r in results]
+
+
+def test_a_one_half_batch_is_one_half_and_its_commit_every_message(node):
+    halves = {"TRAN_MSG": "true", "PGROUP": "PG-whole"}
+    messages = [Message("TxWhole", f"w{i}".encode(), tags=f"T{i % 2}", keys=[f"k{i}"]) for i in range(20)]
+    with Producer(node.endpoint, retries=0) as producer:
+        [half] = producer.send_batch("TxWhole", messages, queue_id=2, properties=halves, one_half=True)
+        [dropped] = producer.send_batch("TxWhole", ["gone-1", "gone-2"], queue_id=2, properties=halves, one_half=True)
+        assert len(half.msg_id.split(",")) == 20 and half.queue_id == 2
+        assert visible(node.endpoint, "TxWhole") == []
+        listed = [h for h in state(node.endpoint)["halves"] if h["producerGroup"] == "PG-whole"]
+        assert len(listed) == 2  # one half a batch
+        with pytest.raises(SendError) as refused:  # a one-half batch is a batch of halves
+            producer.send_batch("TxWhole", ["x", "y"], properties={"PGROUP": "PG-whole"}, one_half=True)
+        assert refused.value.status == "MESSAGE_ILLEGAL" and "TRAN_MSG" in refused.value.remark
+        with pytest.raises(SendError) as refused:
+            producer.send_batch("TxWhole", [Message("TxWhole", b"later", delay_level=2), "y"], properties=halves,
+                                one_half=True)
+        assert refused.value.status == "MESSAGE_ILLEGAL"
+        reply, _ = producer.request({"code": protocol.END_TRANSACTIONS, "producerGroup": "PG-whole",
+                                     "ends": _ends([half], 8) + _ends([dropped], 12)})
+        assert reply["status"] == "OK" and [r["status"] for r in reply["results"]] == ["OK", "OK"], reply
+        again, _ = producer.request({"code": protocol.END_TRANSACTIONS, "producerGroup": "PG-whole",
+                                     "ends": _ends([half], 8)})
+        assert again["results"][0]["outcome"] == "commit"
+    seen = visible(node.endpoint, "TxWhole")
+    assert [m.body for m in seen] == [f"w{i}".encode() for i in range(20)]  # once each, in order, none dropped
+    assert [m.msg_id for m in seen] == half.msg_id.split(",")
+    assert [(m.queue_id, m.tags, m.keys) for m in seen] == [(2, f"T{i % 2}", [f"k{i}"]) for i in range(20)]
+    with Producer(node.endpoint) as client:
+        reply, body = client.request({"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": seen[7].offset_msg_id})
+    record = decode(body)
+    assert record.sys_flag & TRANSACTION_MASK == TRANSACTION_COMMIT
+    assert record.prepared_transaction_offset == decode_msg_id(half.offset_msg_id)[1]
+    assert "INNER_NUM" not in record.properties and record.properties["PGROUP"] == "PG-whole"
+
+
+def test_a_commit_of_more_than_the_write_path_takes_at_once_goes_in_parts(node):
+    """40 one-half batches of 0.5 MiB ended in one request: 20 MiB of committed messages, more
+    than the re-puts the transaction service has in flight at once and than a writer's ring holds."""
+    halves = {"TRAN_MSG": "true", "PGROUP": "PG-large"}
+    body = bytes(range(256)) * 16  # 4 KiB
+    with Producer(node.endpoint, retries=0, timeout=60) as producer:
+        sent = [producer.send_batch("TxLarge", [body] * 128, queue_id=0, properties=halves, one_half=True)[0]
+                for _ in range(40)]
+        reply, _ = producer.request({"code": protocol.END_TRANSACTIONS, "producerGroup": "PG-large",
+                                     "ends": _ends(sent, 8)})
+    assert reply["status"] == "OK" and {r["status"] for r in reply["results"]} == {"OK"}, reply
+    seen = visible(node.endpoint, "TxLarge", queues=1)
+    assert len(seen) == 40 * 128 and all(m.body == body for m in seen)
 
 
 def test_a_send_without_its_producer_group_is_refused(node):

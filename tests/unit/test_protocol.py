@@ -287,6 +287,80 @@ def test_batch_fast_path_writes_what_the_general_path_writes(one_pass, messages,
     _fast_path_matches_general_path("_add_batch_v4", header, protocol.encode_batch_body(messages), born, one_pass)
 
 
+_HALF_MESSAGE_PROPS = st.sampled_from([{}, {"TAGS": "a"}, {"KEYS": "k1 k2", "UNIQ_KEY": "u1"}, {"é": "ü"},
+                                        {f"p{i}": "v" for i in range(13)}])
+
+
+@pytest.mark.parametrize("one_pass", [*_ONE_PASS, "general"])
+@given(st.lists(st.tuples(st.binary(max_size=40), st.integers(-2**31, 2**31 - 1), _HALF_MESSAGE_PROPS),
+                min_size=1, max_size=5),
+       st.sampled_from([{}, {"TAGS": "batch"}, {"CHECK_IMMUNITY_TIME_IN_SECONDS": "60"},
+                        {f"q{i}": "w" for i in range(12)}]),
+       st.sampled_from(["10.0.0.1:5", "[::1]:7"]))
+def test_a_one_half_batch_commits_what_a_batch_of_halves_commits(one_pass, messages, extra, born):
+    """A one-half batch (SEND_BATCH_MESSAGE `oneHalf`) is one half; its commit stores, byte for
+    byte, the records the commits of a batch of halves (one half a message) store, whichever
+    encoder takes it (C, Python, or the general path message by message)."""
+    from actors.reput import commit_batch_item, commit_item, stored_of
+
+    settings = settings_module.load(None, {"storePathRootDir": "/nonexistent"})
+    general_only = type("GeneralOnly", (SendEncoder,), {"_add_batch_v4": lambda self, *args: False})
+    encoder = _encoder(general_only if one_pass == "general" else SendEncoder, settings,
+                       "python" if one_pass == "general" else one_pass)
+    if one_pass == "general":
+        encoder._batch_v4 = lambda *args: None
+    header = {"code": protocol.SEND_BATCH_MESSAGE, "opaque": 5, "topic": "Tw", "queueId": 3,
+              "bornTimestamp": 1_700_000_000_000, "properties": {"TRAN_MSG": "true", "PGROUP": "PG"} | extra}
+    body = protocol.encode_batch_body([(b, f, codec.properties_string(p)) for b, f, p in messages])
+    phy = 123_456_789
+
+    def stored(request: dict, items: list | None = None) -> list[bytes]:
+        batch = EncodedBatch()
+        pending = PendingSend(b"c", 5, request["code"], 0)
+        add_request_atomic(encoder, pending, request, body if items is None else b"".join(b for _, b in items),
+                           encoder.born_host(born), batch)
+        assert not pending.refusals, pending.refusals
+        return [bytes(batch.data[at: at + size]) for at, size in zip(batch.positions, batch.sizes)]
+
+    def committed(halves: list[bytes], make) -> list[bytes]:
+        items = [make(stored_of(raw), phy, ("Tw", 3)) for raw in halves]
+        return stored({"code": protocol.SEND_MESSAGES, "_reput": True, "compact": True,
+                       "messages": [item for item, _ in items]}, items)
+
+    halves = stored(header)
+    [half] = stored(header | {"oneHalf": True})
+    assert len(halves) == len(messages)
+    record = decode(half)
+    assert (record.topic, record.queue_id, record.body) == ("RMQ_SYS_TRANS_HALF_TOPIC", 0, body)
+    assert record.properties["INNER_NUM"] == str(len(messages)) and record.properties["REAL_QID"] == "3"
+    assert committed([half], commit_batch_item) == committed(halves, commit_item)
+    for raw in committed([half], commit_batch_item):
+        record = decode(raw, check_crc=True)
+        assert record.sys_flag & codec.TRANSACTION_MASK == codec.TRANSACTION_COMMIT
+        assert record.prepared_transaction_offset == phy and "INNER_NUM" not in record.properties
+
+
+def test_a_one_half_batch_is_refused_whole():
+    settings = settings_module.load(None, {"storePathRootDir": "/nonexistent", "maxMessageSize": 100})
+    encoder = SendEncoder(settings)
+    header = {"code": protocol.SEND_BATCH_MESSAGE, "opaque": 5, "topic": "Tw", "queueId": 0, "oneHalf": True,
+              "properties": {"TRAN_MSG": "true", "PGROUP": "PG"}}
+    cases = [({"properties": {"PGROUP": "PG"}}, [(b"x", 0, "")], "TRAN_MSG"),
+             ({"properties": {"TRAN_MSG": "true"}}, [(b"x", 0, "")], "PGROUP"),
+             ({}, [(b"x", 0, ""), (b"y", 0, "DELAY\x012")], "DELAY"),
+             ({}, [(b"x" * 60, 0, ""), (b"y" * 60, 0, "")], "maxMessageSize"),  # the batch as one body: over maxMessageSize
+             ({"_refused": ["TOPIC_NOT_EXIST", "no topic Tw"]}, [(b"x", 0, "")], "no topic")]
+    for change, messages, why in cases:
+        batch, pending = EncodedBatch(), PendingSend(b"c", 5, protocol.SEND_BATCH_MESSAGE, 0)
+        add_request_atomic(encoder, pending, header | change, protocol.encode_batch_body(messages),
+                           encoder.born_host(None), batch)
+        assert len(batch) == 0 and pending.indices == [-1], (change, messages)
+        assert why in pending.refusals[0][1], (why, pending.refusals)
+    with pytest.raises(protocol.ProtocolError):
+        add_request_atomic(encoder, PendingSend(b"c", 5, protocol.SEND_BATCH_MESSAGE, 0), header, b"\x00\x00",
+                           encoder.born_host(None), EncodedBatch())
+
+
 def _fast_path_matches_general_path(fast_method: str, header: dict, body: bytes, born: str, one_pass: str) -> None:
     """Encode the request with `SendEncoder` (its one-pass encoders in C or in Python) and with
     one whose `fast_method` always declines; the batches, the pending sends and the replies must

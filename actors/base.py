@@ -32,8 +32,7 @@ def endpoints(settings) -> dict[str, str]:
     """The node's internal ipc endpoints, under its run directory."""
     run = settings.run_dir
     return {name: f"ipc://{run}/{name}" for name in ("replies", "stats", "arrivals", "reput", "clean", "schedule",
-                                                      "reput-in", "reput-out", "pop-reput-out", "ha-admin",
-                                                      "transaction-checks", "transaction-reput-out")}
+                                                      "reput-in", "reput-out", "ha-admin", "transaction-checks")}
 
 
 def socket(context: zmq.Context, kind: int, *, hwm: int = 10000) -> zmq.Socket:

@@ -15,10 +15,11 @@ Sockets:
   (split: rings, each read to the first worker that keeps up, actors.links.SpreadOutbox); pops,
   acks and peeks to the pop service (ring `front-to-pop`), transactions' ends and states to the
   transaction service (`front-to-transaction`); their replies back on rings. A request no ring
-  can take yet (its service far behind) waits at the front (actors.links.WaitingOutbox).
-- `pop_out` PUSH: the
-  answers to its re-puts (dead letters), which reach the write path over `reput-in` as the
-  schedule service's do.
+  can take yet (its service far behind) waits at the front (actors.links.WaitingOutbox). The
+  pop and transaction services' own sends (dead letters; commits and op records) come on those
+  rings too, as replies to their pseudo-clients (POP_CLIENT, TRANSACTION_CLIENT): the front
+  serves them as the schedule service's re-puts, and answers them on the service's ring.
+- `reput-in` PULL, `reput-out` PUSH: the schedule service's re-puts, and their answers.
 
 It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
 `flushConsumerOffsetInterval` ms and at stop). With `frontPinBelowCpu` set, while its load is
@@ -51,7 +52,7 @@ from actors.pop import POP_CLIENT
 from actors.schedule import REPUT_CLIENT
 from actors.transaction import TRANSACTION_CLIENT
 from actors.producers import ProducerGroups
-from actors.wire import join_frames, read_meta, read_size, read_to_wire, send_meta, unpack_replies
+from actors.wire import SERVICE_SEND, join_frames, read_meta, read_size, read_to_wire, send_meta, unpack_replies
 from actors import consumers, edge, guard
 from actors.consumers import ConsumerGroups
 from actors.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
@@ -86,6 +87,7 @@ class Front(Actor):
         self.acl = self.acl_file = self.curve = None
         self.sends_out: list = []
         self.reads_out = self.pops_out = self.transactions_out = None
+        self.service_outs: dict = {}  # pseudo-client -> the ring its service's re-puts are answered on
         self.waiting_outs: tuple = ()  # (each of those three, what its refusal past patience says)
         self.inbox = None
         self.pinner: ProcessPinner | None = None
@@ -122,8 +124,6 @@ class Front(Actor):
         self.schedules.bind(self.endpoints["schedule"])
         self.pops_out = WaitingOutbox(outbox(self, "front-to-pop", read_to_wire),  # pops, acks and peeks
                                       limit=READS_WAITING, patience_s=READ_PATIENCE_S)
-        self.pop_out = socket(self.context, zmq.PUSH, hwm=10000)  # the answers to the pop service's re-puts
-        self.pop_out.connect(self.endpoints["pop-reput-out"])
         self.ha_admin = socket(self.context, zmq.PUSH, hwm=100)  # `admin role` to a slave's ha-client
         self.ha_admin.setsockopt(zmq.SNDTIMEO, SEND_WAIT_MS)
         self.ha_admin.bind(self.endpoints["ha-admin"])
@@ -132,10 +132,10 @@ class Front(Actor):
         self.waiting_outs = ((self.reads_out, "no pull worker took the read"),
                              (self.pops_out, "the pop service took no request"),
                              (self.transactions_out, "the transaction service took no request"))
+        # the services whose own sends come as replies to their pseudo-client: answered on their ring
+        self.service_outs = {POP_CLIENT: self.pops_out, TRANSACTION_CLIENT: self.transactions_out}
         self.checks_in = socket(self.context, zmq.PULL, hwm=1_000_000)  # its checks, to a producer of the group
         self.checks_in.bind(self.endpoints["transaction-checks"])
-        self.transaction_out = socket(self.context, zmq.PUSH, hwm=10000)  # the answers to its re-puts
-        self.transaction_out.connect(self.endpoints["transaction-reput-out"])
         self.producers = ProducerGroups(s.clientChannelExpiredTimeout)
         self.checks_sent = self.checks_unsent = 0
         # the schedule service's re-puts in, their answers out: private (the run directory is 0700)
@@ -346,6 +346,8 @@ class Front(Actor):
         now = time.monotonic()
         for out, who in self.waiting_outs:
             for header, client, _, _ in out.retry(now) if out.waiting else ():
+                if client in self.service_outs:  # an answer to a service's re-put: it counts it unanswered
+                    continue
                 self._reply(client, protocol.error_reply(header.get("opaque"), "SYSTEM_BUSY",
                                                          f"{who} in {READ_PATIENCE_S:g} s; try again"))
 
@@ -383,9 +385,13 @@ class Front(Actor):
         """The schedule service's re-puts: sends the write path stores as given (`_reput`), from
         the node's private socket only; their answers go back over `reput_out` (`_reply`)."""
         for client, _, header_raw, body in incoming(self.reput_in, MAX_TAKE):
-            header = orjson.loads(header_raw)  # our own frames: one that does not parse is a bug
-            reput = header.pop("_reput")
-            self._send(client, protocol.Request(header, body), [header_raw, body], reput=reput)
+            self._serve_reput(client, header_raw, body)
+
+    def _serve_reput(self, client: bytes, header_raw: bytes, body: bytes) -> None:
+        """A service's own send (a re-put), built from stored records: stored as given."""
+        header = orjson.loads(header_raw)  # our own frames: one that does not parse is a bug
+        reput = header.pop("_reput")
+        self._send(client, protocol.Request(header, body), [header_raw, body], reput=reput)
 
     def _send(self, client: bytes, request: protocol.Request, frames: list[bytes], reput: dict | None = None) -> None:
         oneway = request.header.get("oneway") is True  # (a oneway that is not a bool is refused, with a reply)
@@ -458,13 +464,9 @@ class Front(Actor):
         if client == REPUT_CLIENT:  # the schedule service's re-put
             send_frames(self.reput_out, [client, *frames])
             return
-        if client == TRANSACTION_CLIENT:  # the transaction service's
-            with contextlib.suppress(zmq.Again):  # (gone: its re-put expires, the half stays open)
-                send_frames(self.transaction_out, [client, *frames], NOBLOCK)
-            return
-        if client == POP_CLIENT:  # the pop service's (dead letters)
-            with contextlib.suppress(zmq.Again):  # (gone: it sends again after its timeout)
-                send_frames(self.pop_out, [client, *frames], NOBLOCK)
+        service = self.service_outs.get(client)
+        if service is not None:  # the pop or transaction service's re-put (refused at once, or none
+            service.send(({}, client, 0, frames[0]), time.monotonic())  # waits: it counts it unanswered)
             return
         try:
             send_frames(self.clients, [client, *frames], NOBLOCK)
@@ -482,6 +484,9 @@ class Front(Actor):
         a read's arrival is negative."""
         now = time.monotonic_ns()
         for reply in replies:
+            if reply[1] == SERVICE_SEND:  # not a reply: a service's own send (a re-put), from its pseudo-client
+                self._serve_reput(reply[0], reply[2], reply[3])
+                continue
             frames = [reply[2], reply[3]] if len(reply) > 3 and reply[3] else [reply[2]]
             self._answer_send(reply[0], reply[1], frames, now)
 

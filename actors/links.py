@@ -23,10 +23,10 @@ its own) in both.
 | flush-to-front        | flush     | front     | replies of the held sends                   |
 | front-to-pull-i       | front     | pull-i    | reads, each to the first worker keeping up (`SpreadOutbox`) |
 | pull-i-to-front       | pull-i    | front     | read replies, with their records (`ReplyOutbox`) |
-| front-to-pop          | front     | pop       | pops, acks, peeks                           |
-| pop-to-front          | pop       | front     | their replies, with the popped records (`ReplyOutbox`) |
-| front-to-transaction  | front     | transaction | transactions' ends, GET_TRANSACTION_STATE |
-| transaction-to-front  | transaction | front   | their replies (`ReplyOutbox`)               |
+| front-to-pop          | front     | pop       | pops, acks, peeks; answers to its re-puts   |
+| pop-to-front          | pop       | front     | their replies, with the popped records (`ReplyOutbox`); its re-puts (dead letters) |
+| front-to-transaction  | front     | transaction | transactions' ends, GET_TRANSACTION_STATE; answers to its re-puts |
+| transaction-to-front  | transaction | front   | their replies (`ReplyOutbox`); its re-puts (commits, op records) |
 
 Message formats are actors.wire's: a turn's sends or an encoded group as length-prefixed
 frames (`join_frames`), replies as `pack_replies`, held sends as `waits_to_wire`. Each end is

@@ -5,9 +5,10 @@ Links (actors.links) and sockets:
 - ring `front-to-pop`: POP_MESSAGE, PEEK_MESSAGE, ACK_MESSAGE, BATCH_ACK_MESSAGE,
   CHANGE_MESSAGE_INVISIBLETIME and GET_POP_STATE, their headers completed by the router (the
   topic's queues, the group's committed offsets and retryMaxTimes).
-- ring `pop-to-front`: the answers (one too large for a ring message: the front's `replies`).
-- `reputs` PUSH to the front's `reput-in`, `answers` PULL bound at `pop-reput-out`: messages
-  whose retries are used up, re-put into `%DLQ%<group>` through the write path.
+- ring `pop-to-front`: the answers (one too large for a ring message: the front's `replies`),
+  and the re-puts of messages whose retries are used up into `%DLQ%<group>` (as replies to
+  POP_CLIENT, which the front serves as the write path's requests; their answers come back on
+  `front-to-pop`).
 - `arrivals` SUB to the dispatcher's "queue grew", read only while a pop is held (long polling,
   `pollTime`), as the read service does.
 
@@ -27,21 +28,20 @@ import time
 import orjson
 import zmq
 
-from actors.base import Actor, incoming, socket
+from actors.base import Actor, incoming
 from actors.links import inbox, reply_outbox, service_links_statistics
 from actors.pop_core import MAX, MIN, OK, Entry, PopCore, PopRequest
 from actors.pull import arrivals_socket
 from actors.reput import ReputDeadline, send_back_request
-from actors.wire import arrivals_from_wire, read_from_wire, read_meta
+from actors.wire import SERVICE_SEND, arrivals_from_wire, read_from_wire
 from node import protocol
-from node.client.frames import send_frames
 from shm import consume_queue
 from shm import reader as store_reader
 from shm.codec import Record, decode, queue_entries, tags_code
 from shm.control_block import ROLE_CODES, WATCHER_SLOTS
 from shm.pop_log import PopLog
 
-POP_CLIENT = b"\x00mqnode-pop"  # the reput socket's pseudo-client at the front: answers come back here
+POP_CLIENT = b"\x00mqnode-pop"  # its re-puts' pseudo-client at the front (no peer's id begins with 0)
 POP_WATCHER = WATCHER_SLOTS - 1  # the control block's watcher slot of this service (shm.control_block)
 MAX_HELD = 10_000  # pops held at once (long polling); more are answered POLLING_FULL
 COMPACT_BYTES = 64 << 20  # the journal is folded into a snapshot beyond this (shm.pop_log)
@@ -79,14 +79,10 @@ class Pop(Actor):
         self.next_sync = time.monotonic()
         self.requests = inbox(self, read_from_wire)
         self.replies = reply_outbox(self)
-        self.reputs = socket(self.context, zmq.PUSH, hwm=10000)
-        self.reputs.connect(self.endpoints["reput-in"])
-        self.answers = socket(self.context, zmq.PULL, hwm=10000)
-        self.answers.bind(self.endpoints["pop-reput-out"])
         self.arrivals = arrivals_socket(self.context, self.endpoints)
         self.control.set_watching(POP_WATCHER, False)  # a predecessor killed while holding left it set
         self.watching = False
-        self.items = [*self.requests.poll_items(), (self.answers, zmq.POLLIN)]
+        self.items = self.requests.poll_items()
         self.held: dict[str, list[list]] = {}  # topic -> [[end (monotonic s), client, arrival, header], ...]
         self.held_count = 0
         self.deferred: list[list] = []  # [written when served, give up at, client, arrival, header]: read your writes
@@ -121,12 +117,12 @@ class Pop(Actor):
 
     def step(self, events: set) -> None:
         out: list = []
-        if self.answers in events:
-            for frames in incoming(self.answers, 4096):
-                self._dlq_answered(orjson.loads(frames[1]))  # [client, header]: the front's own frames
         if self.deferred:
             self._serve_deferred(out)
         for header, client, arrival in self.requests.take():
+            if client == POP_CLIENT:  # the front's answer to a dead letter's re-put
+                self._dlq_answered(header)
+                continue
             self._serve(header, client, arrival, out)
             if self.handed_out >= SEND_EARLY and not self.sync_each_turn:
                 out = self._answer(out)  # (the client decodes these while the next pops are served)
@@ -303,7 +299,7 @@ class Pop(Actor):
             self.opaque = (self.opaque + 1) % (1 << 31)
             request, body = send_back_request(record, {"consumerGroup": key[0], "delayLevel": -1}, self.opaque, 0)
             self.dlq_waiting[self.opaque] = (item, now)
-            send_frames(self.reputs, [POP_CLIENT, read_meta(time.monotonic_ns()), orjson.dumps(request), body])
+            self.replies.send([(POP_CLIENT, SERVICE_SEND, orjson.dumps(request), body)])  # (the front serves it as a send)
         if gone:
             self.core.dead_lettered_done(gone)
 

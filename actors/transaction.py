@@ -11,11 +11,13 @@ that producer's own connection); after `transactionCheckMax` checks the half goe
 TRANS_CHECK_MAX_TIME_TOPIC instead. `TransactionCore` (actors.transaction_core) decides.
 
 Links (actors.links) and sockets:
-- ring `front-to-transaction`: END_TRANSACTION, END_TRANSACTIONS, GET_TRANSACTION_STATE.
+- ring `front-to-transaction`: END_TRANSACTION, END_TRANSACTIONS, GET_TRANSACTION_STATE, and the
+  front's answers to this service's re-puts (addressed to TRANSACTION_CLIENT).
 - ring `transaction-to-front`: their answers (one too large for a ring message, a long listing:
-  the front's `replies`).
-- `reputs` PUSH to the front's `reput-in`, `answers` PULL bound at `transaction-reput-out`: the
-  committed messages, discards and op records, stored through the write path as given.
+  the front's `replies`), and the re-puts: the committed messages, discards and op records,
+  stored through the write path as given, as replies to TRANSACTION_CLIENT, which the front
+  serves as the write path's requests. (Over ZeroMQ sockets, each re-put and its answer woke
+  three threads more a round: a fifth of a transactional send's node CPU at 64 in flight.)
 - `checks` PUSH to the front's `transaction-checks`: each check, with the group to ask.
 
 Commit order: one request carries a turn's committed messages and then their op record, so the
@@ -38,7 +40,7 @@ import orjson
 import zmq
 
 from actors import config_files
-from actors.base import Actor, incoming, socket
+from actors.base import Actor, socket
 from actors.links import inbox, reply_outbox, service_links_statistics
 from actors.reput import (
     PROPERTY_TRANSACTION_OP,
@@ -64,7 +66,7 @@ from actors.transaction_core import (
     TransactionCore,
     end_outcome,
 )
-from actors.wire import read_from_wire, read_meta
+from actors.wire import SERVICE_SEND, read_from_wire
 from node import protocol
 from node.client.frames import send_frames
 from shm import consume_queue
@@ -85,12 +87,11 @@ from shm.codec import (
 )
 from shm.control_block import ROLE_CODES
 
-TRANSACTION_CLIENT = b"\x00mqnode-transaction"  # the reput socket's pseudo-client at the front
+TRANSACTION_CLIENT = b"\x00mqnode-transaction"  # its re-puts' pseudo-client at the front (no peer's id begins with 0)
 ENDS_A_REQUEST = 256  # ends a re-put request carries at most ...
 REPUT_BYTES = 1 << 20  # ... and bytes of committed messages, past the first (a ring message of the write path)
 REPUT_BYTES_IN_FLIGHT = 8 << 20  # bytes of re-puts unanswered at once: the rest wait here (a Spark commit of
 # a million rows would otherwise fill the writer's ring, and its sends be refused SYSTEM_BUSY)
-ENDS_WAITING = 200_000  # ends decided and not yet re-put; beyond, requests wait in the ring
 READ_A_TURN = 8192  # half and op entries read a turn
 OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
@@ -116,13 +117,9 @@ class Transaction(Actor):
                                     config_files.read(self.path))
         self.requests = inbox(self, read_from_wire)
         self.replies = reply_outbox(self)
-        self.reputs = socket(self.context, zmq.PUSH, hwm=10000)
-        self.reputs.connect(self.endpoints["reput-in"])
-        self.answers = socket(self.context, zmq.PULL, hwm=10000)
-        self.answers.bind(self.endpoints["transaction-reput-out"])
         self.checks = socket(self.context, zmq.PUSH, hwm=1_000_000)
         self.checks.connect(self.endpoints["transaction-checks"])
-        self.items = [*self.requests.poll_items(), (self.answers, zmq.POLLIN)]
+        self.items = self.requests.poll_items()
         self.ends: collections.deque[End] = collections.deque()  # decided, waiting for their re-put
         self.waiting: dict[int, tuple] = {}  # opaque -> (what, records, sent at, bytes)
         self.reput_bytes = 0  # of the re-puts in `waiting`
@@ -142,14 +139,13 @@ class Transaction(Actor):
         return self.requests.wait_ms(20 if self.waiting else 100)  # (the queues are read back each turn)
 
     def step(self, events: set) -> None:
-        if self.answers in events:
-            for frames in incoming(self.answers, 4096):
-                self.deadline.answered(time.monotonic())
-                self._answered(orjson.loads(frames[1]))  # [client, header]: the front's own frames
         self._follow()
         out: list = []
-        if len(self.ends) < ENDS_WAITING:  # (else requests wait in the ring: back-pressure to the clients)
-            for header, client, arrival in self.requests.take():
+        for header, client, arrival in self.requests.take():
+            if client == TRANSACTION_CLIENT:  # the front's answer to a re-put
+                self.deadline.answered(time.monotonic())
+                self._answered(header)
+            else:
                 self._serve(header, client, arrival, out)
         self._ship_ends(out)
         if out:
@@ -321,7 +317,7 @@ class Transaction(Actor):
         records = sum(item["_reput"].get("inner", 1) for item in header["messages"])
         self.waiting[self.opaque] = (what, records, time.monotonic(), len(body))
         self.reput_bytes += len(body)
-        send_frames(self.reputs, [TRANSACTION_CLIENT, read_meta(time.monotonic_ns()), orjson.dumps(header), body])
+        self.replies.send([(TRANSACTION_CLIENT, SERVICE_SEND, orjson.dumps(header), body)])  # (the front serves it as a send)
 
     def _answered(self, header: dict) -> None:
         waiting = self.waiting.pop(header.get("opaque"), None)

@@ -61,6 +61,10 @@ def split_frames(data: bytes, per: int) -> list[list[bytes]]:
     return out
 
 
+SERVICE_SEND = -(1 << 63)  # a reply's arrival that marks it as a service's own send to the front (a re-put, from
+# its pseudo-client), not an answer to pass on: those carry a send's arrival, or a read's negated (never this)
+
+
 def pack_replies(replies: list[tuple]) -> bytes:
     """(client, arrival ns, header) or (client, arrival ns, header, body) per reply; a body may
     be a list of parts (a pop's records: joined once, here, not once more before)."""

@@ -298,3 +298,25 @@ def test_reads_go_around_a_pull_worker_that_stopped_turning(node, producer):
                 assert consumer.max_offset("AroundFrozen", 0) == 1  # (a pull-1 answer; pull-0's would time out)
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def test_transactions_commit_and_roll_back_in_both_topologies(node, producer):
+    """The transaction service (a process of its own in both topologies) re-puts commits and op
+    records through the front's write path, and hears back, over its rings: a half a message and
+    a one-half batch, committed and rolled back, read back once each."""
+    from node.client import COMMIT_MESSAGE, ROLLBACK_MESSAGE, TransactionProducer
+
+    with TransactionProducer(node.settings.listen, "PG-both", execute=lambda message, arg: arg) as transactions:
+        kept = transactions.send_in_transaction("TxBoth", "kept", COMMIT_MESSAGE)
+        dropped = transactions.send_in_transaction("TxBoth", "dropped", ROLLBACK_MESSAGE)
+    assert (kept.end_status, dropped.end_status) == ("OK", "OK")
+    halves = {"TRAN_MSG": "true", "PGROUP": "PG-both"}
+    [whole] = producer.send_batch("TxBoth", [f"w{i}" for i in range(5)], queue_id=kept.queue_id, properties=halves,
+                                  one_half=True)
+    ends = [{"tranStateTableOffset": whole.queue_offset, "commitLogOffset": decode_msg_id(whole.offset_msg_id)[1],
+             "commitOrRollback": 8}]
+    reply, _ = producer.request({"code": protocol.END_TRANSACTIONS, "producerGroup": "PG-both", "ends": ends})
+    assert [r["status"] for r in reply["results"]] == ["OK"], reply
+    with PullConsumer(node.settings.listen) as consumer:
+        result = consumer.pull("TxBoth", kept.queue_id, 0, max_count=32)
+    assert [m.body for m in result.messages] == [b"kept", *(f"w{i}".encode() for i in range(5))]

@@ -92,6 +92,7 @@ ENDS_A_REQUEST = 256  # ends a re-put request carries at most ...
 REPUT_BYTES = 1 << 20  # ... and bytes of committed messages, past the first (a ring message of the write path)
 REPUT_BYTES_IN_FLIGHT = 8 << 20  # bytes of re-puts unanswered at once: the rest wait here (a Spark commit of
 # a million rows would otherwise fill the writer's ring, and its sends be refused SYSTEM_BUSY)
+ENDS_WAITING = 200_000  # ends decided and not yet re-put; beyond, an end request is refused SYSTEM_BUSY
 READ_A_TURN = 8192  # half and op entries read a turn
 OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
@@ -215,6 +216,11 @@ class Transaction(Actor):
             limit = header.get("limit") if isinstance(header.get("limit"), int) else LIST_LIMIT
             out.append(_reply(client, arrival, header.get("opaque"), "OK", "", **self.core.statistics(now_ms),
                               halves=self.core.listing(now_ms, limit)))
+            return
+        if len(self.ends) >= ENDS_WAITING:  # (answers share the ring: it is read on, and ends refused)
+            self.refused_ends += 1
+            out.append(_reply(client, arrival, header.get("opaque"), "SYSTEM_BUSY",
+                              f"{len(self.ends)} ends wait for the write path; end them again later"))
             return
         ends = header["ends"] if code == protocol.END_TRANSACTIONS and "ends" in header else [header]
         if header.get("openOfGroup") is True:  # every open half the group has here, rolled back

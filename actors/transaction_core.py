@@ -228,7 +228,8 @@ class TransactionCore:
             if len(out) >= limit:
                 break
             out.append({"offset": half.offset, "commitLogOffset": half.phy, "producerGroup": half.group,
-                        "topic": half.topic, "ageMillis": now_ms - half.stored_ms, "checks": half.checks})
+                        "topic": half.topic, "ageMillis": now_ms - half.stored_ms, "checks": half.checks,
+                        "messages": half.inner or 1})
         return out
 
 

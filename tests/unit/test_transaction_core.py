@@ -182,3 +182,26 @@ def test_the_checked_count_kept_as_halves_change_is_what_the_open_halves_say(eve
         else:
             c.op(kind, [f"{n}:2" if kind == CHECK else str(n)])
         assert c.statistics(0)["checked"] == sum(1 for h in c.pending.values() if h.checks)
+
+
+def test_ends_past_the_waiting_bound_are_refused_busy_and_states_still_answered(tmp_path):
+    """The service reads its ring on (the front's answers to its re-puts share it) and refuses
+    ends while ENDS_WAITING wait for the write path: memory stays bounded, the client is told."""
+    import collections
+
+    import orjson
+
+    from actors import transaction as service
+    from node import protocol
+    from shm import settings as settings_module
+
+    shell = service.Transaction(settings_module.load(None, {"storePathRootDir": str(tmp_path)}))
+    shell.core = TransactionCore(6000, 15, 60_000)
+    shell.ends, shell.refused_ends = collections.deque([None] * service.ENDS_WAITING), 0
+    out: list = []
+    shell._serve({"code": protocol.END_TRANSACTIONS, "opaque": 7, "producerGroup": "PG",
+                  "ends": [{"tranStateTableOffset": 0, "commitLogOffset": 0, "commitOrRollback": 8}]}, b"c", 1, out)
+    shell._serve({"code": protocol.GET_TRANSACTION_STATE, "opaque": 8}, b"c", 2, out)
+    refused, state = (orjson.loads(reply[2]) for reply in out)
+    assert refused["status"] == "SYSTEM_BUSY" and "wait for the write path" in refused["remark"]
+    assert state["status"] == "OK" and shell.refused_ends == 1 and len(shell.ends) == service.ENDS_WAITING

@@ -17,7 +17,7 @@ Links (actors.links) and sockets:
   the front's `replies`), and the re-puts: the committed messages, discards and op records,
   stored through the write path as given, as replies to TRANSACTION_CLIENT, which the front
   serves as the write path's requests. (Over ZeroMQ sockets, each re-put and its answer woke
-  three threads more a round: a fifth of a transactional send's node CPU at 64 in flight.)
+  three threads more a round: ~10-15 % of a transactional send's node CPU at 64 in flight.)
 - `checks` PUSH to the front's `transaction-checks`: each check, with the group to ask.
 
 Commit order: one request carries a turn's committed messages and then their op record, so the
@@ -89,7 +89,8 @@ from shm.control_block import ROLE_CODES
 
 TRANSACTION_CLIENT = b"\x00mqnode-transaction"  # its re-puts' pseudo-client at the front (no peer's id begins with 0)
 ENDS_A_REQUEST = 256  # ends a re-put request carries at most ...
-REPUT_BYTES = 1 << 20  # ... and bytes of committed messages, past the first (a ring message of the write path)
+REPUT_BYTES = 768 << 10  # ... and bytes of committed messages (unless one alone is more): a re-put request
+# then fits a message of the service's ring to the front (READ_RING: ~1 MiB), not its socket fallback
 REPUT_BYTES_IN_FLIGHT = 8 << 20  # bytes of re-puts unanswered at once: the rest wait here (a Spark commit of
 # a million rows would otherwise fill the writer's ring, and its sends be refused SYSTEM_BUSY)
 ENDS_WAITING = 200_000  # ends decided and not yet re-put; beyond, an end request is refused SYSTEM_BUSY
@@ -283,8 +284,11 @@ class Transaction(Actor):
         now_ms = time.time_ns() // 1_000_000
         while self.ends and self.reput_bytes < REPUT_BYTES_IN_FLIGHT:
             part, items, size = [], [], 0
-            while self.ends and len(part) < ENDS_A_REQUEST and size < REPUT_BYTES:
-                end = self.ends.popleft()
+            while self.ends and len(part) < ENDS_A_REQUEST:
+                end = self.ends[0]
+                if part and size + end.size() > REPUT_BYTES:
+                    break
+                self.ends.popleft()
                 if end.outcome == COMMIT:
                     item = self._commit_item(end, out)
                     if item is None:
@@ -401,7 +405,7 @@ class Transaction(Actor):
         left = collections.deque(discards)
         while left:  # (in requests of ENDS_A_REQUEST halves or REPUT_BYTES, as the ends)
             part, copies, size = [], [], 0
-            while left and len(part) < ENDS_A_REQUEST and size < REPUT_BYTES:
+            while left and len(part) < ENDS_A_REQUEST and not (part and size + left[0].size > REPUT_BYTES):
                 half = left.popleft()
                 part.append(half)
                 record = stored_of(self.reader.record_bytes(half.phy, half.size))
@@ -500,6 +504,12 @@ class End:
         self.offset, self.outcome, self.phy, self.half, self.stored, self.batch, self.i = \
             offset, outcome, phy, half, stored, batch, i
         self.records = 0  # a commit's re-put records (a one-half batch's: its messages)
+
+    def size(self) -> int:
+        """About the bytes its re-put carries (the half's record; a rollback's: none)."""
+        if self.outcome != COMMIT:
+            return 0
+        return self.half.size if self.half is not None else len(self.stored.body)
 
 
 class Ends:

@@ -148,7 +148,7 @@ def check_send_request(header: dict) -> None:
                or born_host_problem(header.get("bornHost")))
     if problem:
         raise _Refused(problem)
-    if "_reput" in header:  # the schedule service's, over the node's private socket only
+    if "_reput" in header:  # a service's own (schedule, pop, transaction), over the node's links only
         raise _Refused("`_reput` is the node's own field")
     if header["code"] != protocol.SEND_MESSAGES:
         return

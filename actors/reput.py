@@ -5,7 +5,8 @@ SEND_MESSAGES request marked `_reput`, REPUT_BATCH to a request (`delivery_reque
 consumer's send-back is a SEND_MESSAGE `_reput` into `%RETRY%<group>` or `%DLQ%<group>`
 (`send_back_request`). The transaction service's are messages of such requests too: a half's
 committed message (`commit_item`), a half checked too often (`discard_item`), and the op records
-that write down each outcome (`op_item`). The front takes them only from the node's private socket.
+that write down each outcome (`op_item`). The front takes them only from the node's own links: the
+schedule service's private socket, the pop and transaction services' rings (actors.wire.SERVICE_SEND).
 """
 
 from __future__ import annotations

@@ -304,11 +304,12 @@ class Transaction(Actor):
     def _commit_item(self, end: End, out: list) -> tuple[dict, bytes] | None:
         """The re-put of a committed half's message (or, a one-half batch's, its messages); None,
         answered, when its record is gone (its segment cleaned away since it was read)."""
-        half, stored = end.half, end.stored
+        half = end.half
         if half is not None:
-            stored, target, inner = stored_of(self.reader.record_bytes(half.phy, half.size), parse=False), \
-                (half.topic, half.queue_id), half.inner
-        elif stored is not None:
+            stored = stored_of(self.reader.record_bytes(half.phy, half.size), parse=False)
+            target, inner = (half.topic, half.queue_id), half.inner
+        else:  # (`_end` read it to find it, and checked it is a half)
+            stored = end.stored
             target, inner = half_target(stored), stored.properties.get(PROPERTY_INNER_NUM)
         if stored is None:
             self.core.end_failed(end.offset)

@@ -132,17 +132,14 @@ def _batches(messages):
     rows' order per key. A batch of one row goes as a half of its own (a row near the node's
     maxMessageSize would not fit a one-half batch's body)."""
     groups: dict[tuple, list] = {}
-    sizes: dict[tuple, int] = {}
+    sizes: dict[tuple, int] = {}  # bytes of bodies in each key's group
     for message, queue_id, shard in messages:
         key = (message.topic, queue_id, shard)
-        group = groups.setdefault(key, [])
-        if group and sizes[key] + len(message.body) > HALF_BYTES:
+        if key in groups and sizes[key] + len(message.body) > HALF_BYTES:
             yield key, groups.pop(key)
-            group = groups[key] = []
-        if not group:
-            sizes[key] = 0
+        group = groups.setdefault(key, [])
+        sizes[key] = (sizes[key] if len(group) else 0) + len(message.body)
         group.append(message)
-        sizes[key] += len(message.body)
         if len(group) >= BATCH:
             yield key, groups.pop(key)
     yield from groups.items()

@@ -50,6 +50,7 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib gives ident
 
 from shm.codec.properties import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, parse_properties, split_keys
 from shm.codec.msgid import Host, decode_host, offset_msg_id
+from shm.invariant import invariant
 
 
 MESSAGE_MAGIC = -626843481  # 0xDAA320A7
@@ -513,7 +514,7 @@ def set_transaction(records: bytearray, sizes: list[int], transaction: int, prep
         _I32.pack_into(records, at + OFFSET_SYSFLAG, (sys_flag & ~TRANSACTION_MASK) | transaction)
         _I64.pack_into(records, at + body_offset(sys_flag) - 12, prepared)
         at += size
-    assert at == len(records), (at, len(records))
+    invariant(at == len(records), "the record sizes must add up to the records", at, len(records))
 
 
 def record_head(record) -> tuple[int, int, int, int]:

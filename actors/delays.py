@@ -11,6 +11,7 @@ import time
 
 from shm.codec import (
     PROPERTY_DELAY,
+    PROPERTY_INNER_NUM,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_TRANSACTION,
     PROPERTY_REAL_QID,
@@ -103,6 +104,7 @@ class Delays:
         for name in SCHEDULING:
             if name != PROPERTY_TRANSACTION:
                 properties.pop(name, None)
+        properties.pop(PROPERTY_INNER_NUM, None)  # (the write path's own: a one-half batch's message count)
         properties[PROPERTY_REAL_TOPIC] = topic
         properties[PROPERTY_REAL_QID] = str(queue_id)
         return TRANS_HALF_TOPIC, 0

@@ -35,6 +35,7 @@ from shm.codec import (
     PROPERTY_TIMER_OUT_MS,
     TIMER_TOPIC,
     Record,
+    batch_body_after,
     decode,
     decode_host,
     encode_host,
@@ -252,11 +253,12 @@ def commit_item(record: Stored, phy: int, target: tuple[str, int] | None = None)
     return _copy(record, topic, queue_id, (record.sys_flag & ~TRANSACTION_MASK) | TRANSACTION_COMMIT, phy)
 
 
-def commit_batch_item(record: Stored, phy: int, target: tuple[str, int]) -> tuple[dict, bytes]:
+def commit_batch_item(record: Stored, phy: int, target: tuple[str, int], *, skip: int = 0) -> tuple[dict, bytes]:
     """A one-half batch's commit (actors.sendcore `_add_half_batch`): its batch body for the real
     topic and queue, each message of it stored by the write path with its own properties and then
     the half's, less INNER_NUM (as a batch of halves' commits are stored), sysFlag COMMIT,
-    PREPAREDTRANSACTIONOFFSET the half's offset. `_reput.inner` says how many records it makes."""
+    PREPAREDTRANSACTIONOFFSET the half's offset. `_reput.inner` says how many records it makes.
+    `skip`: its first messages are stored already (a torn commit: actors.transaction_core.TornCommits)."""
     suffix, _, last = record.properties_string.rpartition("\x02")  # (the write path put INNER_NUM last)
     name, _, count = last.partition("\x01")
     if name != PROPERTY_INNER_NUM or not count.isdigit():  # (not as this node stores them: taken apart)
@@ -264,7 +266,10 @@ def commit_batch_item(record: Stored, phy: int, target: tuple[str, int]) -> tupl
         count = properties.pop(PROPERTY_INNER_NUM)
         suffix = properties_string(properties)
     item, body = _copy(record, *target, (record.sys_flag & ~TRANSACTION_MASK) | TRANSACTION_COMMIT, phy)
-    item["_reput"] |= {"properties": suffix, "inner": int(count)}
+    if skip:
+        body = batch_body_after(body, skip)
+        item["bodySize"] = len(body)
+    item["_reput"] |= {"properties": suffix, "inner": int(count) - skip}
     return item, body
 
 

@@ -22,8 +22,9 @@ Links (actors.links) and sockets:
 
 Commit order: one request carries a turn's committed messages and then their op record, so the
 writer appends them together, the op last. The outcome counts once the op is stored (answered as
-the write mode promises); a crash between the two records (a writer killed inside one append)
-leaves the half open, and its check may commit it a second time: at least once, as RocketMQ.
+the write mode promises). A node killed inside that append keeps the messages before the cut and
+not the op: the half is open again, and its next end re-puts only what is missing
+(`TornCommits`, actors.transaction_core), where RocketMQ would commit it a second time.
 
 State is what the op and half queues say (read back each turn, on a slave too: a promoted slave
 goes on from where its own reading stands), plus a snapshot (`config/transactionCheck.json`,
@@ -63,27 +64,21 @@ from actors.transaction_core import (
     ROLLBACK,
     WRONG_GROUP,
     Half,
+    TornCommits,
     TransactionCore,
     end_outcome,
 )
+from actors.transaction_halves import half_of, inner_count, not_the_half
 from actors.wire import SERVICE_SEND, read_from_wire
 from node import protocol
 from node.client.frames import send_frames
 from shm import consume_queue
 from shm import reader as store_reader
 from shm.codec import (
-    FIXED_STORE_TS,
-    PROPERTY_CHECK_IMMUNITY,
-    PROPERTY_INNER_NUM,
-    PROPERTY_PRODUCER_GROUP,
-    PROPERTY_REAL_QID,
-    PROPERTY_REAL_TOPIC,
     PROPERTY_UNIQ_KEY,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
     offset_msg_id,
-    parse_properties,
-    walk_v4,
 )
 from shm.control_block import ROLE_CODES
 
@@ -97,7 +92,6 @@ ENDS_WAITING = 200_000  # ends decided and not yet re-put; beyond, an end reques
 READ_A_TURN = 8192  # half and op entries read a turn
 OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
-_HALF_TOPIC = TRANS_HALF_TOPIC.encode()
 OPEN_ENDS_A_REQUEST = 100_000  # open halves one `openOfGroup` request rolls back (the client asks again)
 
 
@@ -115,8 +109,10 @@ class Transaction(Actor):
         self.reader = store_reader.StoreReader(s)
         self.reader.commitlog_min = self.control.get("min_offset")
         self.path = s.root / "config" / "transactionCheck.json"
-        self.core = TransactionCore(s.transactionTimeOut, s.transactionCheckMax, s.transactionCheckInterval,
-                                    config_files.read(self.path))
+        snapshot = config_files.read(self.path) or {}
+        self.core = TransactionCore(s.transactionTimeOut, s.transactionCheckMax, s.transactionCheckInterval, snapshot)
+        self.torn_horizon = snapshot.get("tornHorizon")  # an earlier run's, while its suspects stay open
+        self.torn: TornCommits | None = None  # set when this run begins to end halves (as a master)
         self.requests = inbox(self, read_from_wire)
         self.replies = reply_outbox(self)
         self.checks = socket(self.context, zmq.PUSH, hwm=1_000_000)
@@ -142,6 +138,8 @@ class Transaction(Actor):
 
     def step(self, events: set) -> None:
         self._follow()
+        if self.torn is None and not self._slave():
+            self._begin_ending()
         out: list = []
         for header, client, arrival in self.requests.take():
             if client == TRANSACTION_CLIENT:  # the front's answer to a re-put
@@ -260,7 +258,7 @@ class Transaction(Actor):
             problem = None if half.group == group else f"{WRONG_GROUP}: the half belongs to {half.group}"
         else:
             half, stored = None, stored_of(self._record(phy))
-            problem = _not_the_half(stored, end, group)
+            problem = not_the_half(stored, end, group)
         if problem is not None:
             self.refused_ends += 1
             return batch.set(i, out, "SYSTEM_ERROR", problem)
@@ -290,37 +288,42 @@ class Transaction(Actor):
                     break
                 self.ends.popleft()
                 if end.outcome == COMMIT:
-                    item = self._commit_item(end, out)
-                    if item is None:
+                    commit = self._commit_item(end, out)
+                    if commit is None:
                         continue
-                    items.append(item)
-                    size += len(item[1])
+                    items += commit
+                    size += sum(len(item[1]) for item in commit)
                 part.append(end)
             ops = {kind: [str(end.offset) for end in part if end.outcome == kind] for kind in (COMMIT, ROLLBACK)}
             kinds = [kind for kind in (COMMIT, ROLLBACK) if ops[kind]]
             if kinds:
                 self._put(items + [op_item(kind, ops[kind], now_ms) for kind in kinds], ("end", part, kinds))
 
-    def _commit_item(self, end: End, out: list) -> tuple[dict, bytes] | None:
-        """The re-put of a committed half's message (or, a one-half batch's, its messages); None,
-        answered, when its record is gone (its segment cleaned away since it was read)."""
+    def _commit_item(self, end: End, out: list) -> list[tuple[dict, bytes]] | None:
+        """The re-put of a committed half's message (or, a one-half batch's, its messages): one
+        item, or none when an earlier run's torn commit stored them all already (TornCommits; a
+        one-half batch's first ones only: the rest go); None, answered, when its record is gone
+        (its segment cleaned away since it was read)."""
         half = end.half
         if half is not None:
             stored = stored_of(self.reader.record_bytes(half.phy, half.size), parse=False)
             target, inner = (half.topic, half.queue_id), half.inner
         else:  # (`_end` read it to find it, and checked it is a half)
             stored = end.stored
-            target, inner = half_target(stored), stored.properties.get(PROPERTY_INNER_NUM)
+            target, inner = half_target(stored), inner_count(stored.properties)
         if stored is None:
             self.core.end_failed(end.offset)
             end.batch.set(end.i, out, "SYSTEM_ERROR", f"{NO_HALF}: the half at commitLogOffset {end.phy} is gone")
             return None
+        already = self.torn.stored(*target, end.offset, end.phy) if self.torn is not None and target else 0
+        if already >= max(inner, 1):
+            return []  # (end.records stays 0: the op record alone)
         if inner:
-            item = commit_batch_item(stored, end.phy, target)
+            item = commit_batch_item(stored, end.phy, target, skip=already)
         else:
             item = commit_item(stored, end.phy, target)
         end.records = item[0]["_reput"].get("inner", 1)
-        return item
+        return [item]
 
     def _put(self, items: list, what: tuple) -> None:
         self.opaque = (self.opaque + 1) % (1 << 31)
@@ -357,7 +360,7 @@ class Transaction(Actor):
         for end in part:
             status = op_status[end.outcome]
             own = None
-            if end.outcome == COMMIT:
+            if end.outcome == COMMIT and end.records:  # (none: a torn commit's op record alone)
                 own = next((s for s in statuses[at: at + end.records] if s not in protocol.STORED_STATUSES),
                            statuses[at])
                 at += end.records
@@ -419,7 +422,28 @@ class Transaction(Actor):
     # -- the rest ------------------------------------------------------------------------------------
 
     def _persist(self) -> None:
-        config_files.persist(self.path, self.core.snapshot())
+        snapshot = self.core.snapshot()
+        horizon = self.torn.horizon if self.torn is not None and self.torn.suspects(self.core.low) \
+            else self.torn_horizon if self.torn is None else None
+        config_files.persist(self.path, snapshot if horizon is None else snapshot | {"tornHorizon": horizon})
+
+    def _begin_ending(self) -> None:
+        """This run ends halves from now on (a master's start, or a promotion): where a torn commit
+        of an earlier run can lie is fixed now (TornCommits), and kept in the snapshot at once,
+        so that a crash before the suspects are ended does not lose it."""
+        dispatched = self.control.get("dispatched")
+        ops = self.reader.queue(TRANS_OP_HALF_TOPIC, 0, dispatched)
+        last = ops.queue.entry(ops.max_offset - 1) if ops.max_offset > 0 else None
+        horizon = last.physical_offset + last.size if last is not None else 0
+        if self.torn_horizon is not None:
+            horizon = min(horizon, int(self.torn_horizon))
+        halves = self.reader.queue(TRANS_HALF_TOPIC, 0, dispatched).max_offset
+        self.torn = TornCommits(horizon, dispatched, halves, self._commits_stored)
+        if self.torn.suspects(self.core.low):
+            self._persist()
+
+    def _commits_stored(self, topic: str, queue_id: int, low: int, high: int):
+        return self.reader.commits_stored(topic, queue_id, low, high, self.control.get("dispatched"))
 
     def follow_min_offset(self, min_offset: int) -> None:
         self.reader.follow_min_offset(min_offset)
@@ -434,7 +458,8 @@ class Transaction(Actor):
         return super().statistics() | self.core.statistics(time.time_ns() // 1_000_000) | {
             "waiting": len(self.waiting), "endsWaiting": len(self.ends), "reputBytes": self.reput_bytes,
             "expired": self.expired, "refusedEnds": self.refused_ends,
-            "opRetries": self.op_retries, "links": service_links_statistics(self.requests, self.replies)}
+            "opRetries": self.op_retries, "tornCommits": self.torn.repaired if self.torn is not None else 0,
+            "links": service_links_statistics(self.requests, self.replies)}
 
     def close(self) -> None:
         if self.reader is not None:
@@ -445,46 +470,8 @@ class Transaction(Actor):
         super().close()
 
 
-def half_of(offset: int, phy: int, size: int, raw: bytes | None) -> Half | None:
-    """The `Half` at queue offset `offset` from its record's bytes (None: gone, or not a half a
-    commit could deliver), reading only what the service keeps of it: its fixed fields and
-    properties, not a whole decoded record (every half is read once, as it is stored)."""
-    walked = walk_v4(raw, 0, len(raw)) if raw else None
-    if walked is None:  # (an IPv6 host, or no record: the general reading)
-        record = stored_of(raw)
-        if record is None or record.topic != TRANS_HALF_TOPIC:
-            return None
-        return _half(offset, phy, size, record.store_timestamp, record.properties)
-    fixed, _, topic_at, props_at = walked
-    if raw[topic_at: props_at - 2] != _HALF_TOPIC:
-        return None
-    return _half(offset, phy, size, fixed[FIXED_STORE_TS], parse_properties(raw[props_at:].decode()))
-
-
-def _half(offset: int, phy: int, size: int, stored_ms: int, props: dict[str, str]) -> Half | None:
-    """A half's `Half` from its properties (None without a real topic and queue to commit to)."""
-    topic, queue, immunity = props.get(PROPERTY_REAL_TOPIC), props.get(PROPERTY_REAL_QID), props.get(
-        PROPERTY_CHECK_IMMUNITY, "")
-    if not topic or queue is None or not queue.isdigit():
-        return None
-    inner = props.get(PROPERTY_INNER_NUM, "")
-    return Half(offset, phy, size, stored_ms, props.get(PROPERTY_PRODUCER_GROUP, ""),
-                int(immunity) * 1000 if immunity.isdigit() else 0, topic, int(queue),
-                inner=int(inner) if inner.isdigit() else 0)
-
-
 def _status(status: str) -> str:
     return "OK" if status in protocol.STORED_STATUSES else status
-
-
-def _not_the_half(stored: Stored | None, end: dict, group: str) -> str | None:
-    """Why the end names no half of `group` (4.9's remarks), or None."""
-    if stored is None or half_target(stored) is None or stored.queue_offset != end["tranStateTableOffset"]:
-        return (f"{NO_HALF}: no half message at commitLogOffset "
-                f"{end['commitLogOffset']} with tranStateTableOffset {end['tranStateTableOffset']}")
-    if stored.properties.get(PROPERTY_PRODUCER_GROUP) != group:
-        return f"{WRONG_GROUP}: the half belongs to {stored.properties.get(PROPERTY_PRODUCER_GROUP)}"
-    return None
 
 
 def _reply(client: bytes, arrival: int, opaque, status: str, remark: str, **fields) -> tuple:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 
 PENDING_MAX = 1_000_000  # halves held undecided at once; reading the half queue waits beyond it
@@ -237,3 +238,49 @@ def end_outcome(header: dict) -> str | None:
     """END_TRANSACTION's asked outcome (None: UNKNOW, left to the check)."""
     return END_OUTCOMES.get(header["commitOrRollback"])
 
+
+
+class TornCommits:
+    """Committed messages a crash stored without their op record, so that a half is never
+    committed twice by the node's own fault.
+
+    The service writes a commit as one request, the committed messages and then the op record,
+    which the writer appends whole; but a node killed inside that append keeps, after recovery,
+    the messages before the cut and not the op (a writer killed alone loses the whole append: it
+    resumes at `written`). The half is then open, and ending it again would store those messages
+    a second time. So before a half stored by an earlier run of the node is committed, the
+    messages of it already stored are counted (`stored`), and only the rest are re-put (none:
+    the op record alone).
+
+    Where such messages can lie: past `horizon`, the end of the last op record stored before
+    this run began to end halves (every request before the torn one ended with its op record),
+    and below `before`, the CommitLog's dispatched end then. Only halves below `halves_before` (the
+    half queue's end then) are suspects. `count(topic, queue_id, low, high)` reads a queue's
+    committed records in [low, high) by the half they commit (shm.reader.commits_stored); each
+    queue is read once, and again only below where it was read.
+
+    Not covered: an op record the write path refused while its messages were stored (written
+    again after OP_RETRY_S) when the node dies within that second, behind later op records."""
+
+    def __init__(self, horizon: int, before: int, halves_before: int, count):
+        self.horizon, self.before, self.halves_before, self.count = horizon, before, halves_before, count
+        self.seen: dict[tuple[str, int], tuple[int, Counter]] = {}  # queue -> (read down to, counts)
+        self.repaired = 0  # halves found with messages stored already
+
+    def suspects(self, low: int) -> bool:
+        """Whether any half below `halves_before` may still be open (`low`: the first not final)."""
+        return low < self.halves_before and self.horizon < self.before
+
+    def stored(self, topic: str, queue_id: int, offset: int, phy: int) -> int:
+        """How many committed messages of the half at queue offset `offset`, CommitLog offset `phy`,
+        for `topic` and `queue_id`, are stored already."""
+        if offset >= self.halves_before or self.horizon >= self.before:
+            return 0
+        low, key = max(self.horizon, phy), (topic, queue_id)
+        down_to, counts = self.seen.get(key, (self.before, Counter()))
+        if low < down_to:
+            counts = counts + self.count(topic, queue_id, low, down_to)
+            self.seen[key] = (low, counts)
+        found = counts.get(phy, 0)
+        self.repaired += found > 0
+        return found

@@ -14,12 +14,15 @@ nextBeginOffset = offset + entries scanned.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
-from shm.codec import Record, decode
+from shm.codec import (
+    MIN_RECORD_SIZE, TRANSACTION_COMMIT, TRANSACTION_HEAD_BYTES, Record, decode, peek_transaction,
+)
 from shm.commitlog import CommitLog
 from shm.consume_queue import ConsumeQueue, ENTRY, ENTRY_SIZE, FILLER_SIZE
 
@@ -193,6 +196,39 @@ class StoreReader:
             self.commitlog.segments.refresh()
             raw = self.commitlog.read_bytes(offset, size)
         return raw
+
+    def commits_stored(self, topic: str, queue_id: int, low: int, high: int, dispatched: int) -> Counter:
+        """The committed records (sysFlag COMMIT) of a queue stored at CommitLog offsets in [low,
+        high), counted by their PREPAREDTRANSACTIONOFFSET: the half each one commits. A queue's
+        entries are in CommitLog order, so the first at or past `low` is found by bisection and
+        only the entries in the range are read (each record's head, not its body)."""
+        view = self.queue(topic, queue_id, dispatched)
+        first, end = view.min_offset(self.commitlog_min), view.max_offset
+        while first < end:  # (the first entry at or past `low`)
+            middle = (first + end) // 2
+            entry = view.queue.entry(middle)
+            if entry is None or entry.size == FILLER_SIZE or entry.physical_offset < low:
+                first = middle + 1
+            else:
+                end = middle
+        found: Counter = Counter()
+        end = view.max_offset
+        while first < end:
+            raw = view.queue.raw_entries(first, end - first, limit_offset=end)
+            if not raw:
+                break
+            for phy, size, _ in ENTRY.iter_unpack(raw):
+                if size == FILLER_SIZE:
+                    continue
+                if phy >= high:
+                    return found
+                head = self.record_bytes(phy, min(size, TRANSACTION_HEAD_BYTES)) if size > 0 else None
+                if head is not None and len(head) >= MIN_RECORD_SIZE:
+                    transaction, prepared = peek_transaction(head)
+                    if transaction == TRANSACTION_COMMIT:
+                        found[prepared] += 1
+            first += len(raw) // ENTRY_SIZE
+        return found
 
     def get_message(self, topic: str, queue_id: int, offset: int, max_count: int, tags_codes: set[int] | None,
                     dispatched: int) -> GetResult:

@@ -9,6 +9,7 @@ import struct
 from functools import lru_cache
 
 
+from shm.invariant import invariant
 from shm.javacompat import hashmap_capacity, hashmap_order
 
 try:  # ISA-L computes the same CRC-32 as zlib, ~4x faster per 1 KiB body on this machine
@@ -31,7 +32,7 @@ except ImportError:  # pragma: no cover - built wherever gcc and the Python head
 
 
 from shm.codec.properties import PROPERTY_CLUSTER, PROPERTY_DELAY, PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC, PROPERTY_TIMER_OUT_MS, PROPERTY_UNIQ_KEY, PROPERTY_WAIT, parse_properties
-from shm.codec.record import MAX_PROPERTIES_BYTES, MAX_RECORD_OVERHEAD, MAX_TOPIC_BYTES, MESSAGE_MAGIC, _FIXED_V4, _I16, body_crc
+from shm.codec.record import MAX_PROPERTIES_BYTES, MAX_RECORD_OVERHEAD, MAX_TOPIC_BYTES, MESSAGE_MAGIC, _FIXED_V4, _I16, _I32, body_crc
 from shm.codec.view import offset_ids_py
 
 
@@ -277,3 +278,15 @@ def offset_ids(store_host: bytes, physical: list[int], indices: list[int]) -> li
 
 encode_messages_v4 = encode_messages_v4_c if NATIVE else encode_messages_v4_py
 encode_batch_v4 = encode_batch_v4_c if NATIVE else encode_batch_v4_py
+
+
+def batch_body_after(body: bytes, count: int) -> bytes:
+    """A batch body (`BATCH_MESSAGE_HEAD` per message, as a client sends it and a one-half batch
+    keeps it) less its first `count` messages. The body was checked whole when it was stored."""
+    at = 0
+    for _ in range(count):
+        size, = _I32.unpack_from(body, at)
+        invariant(size >= BATCH_MESSAGE_HEAD.size + 2 and at + size <= len(body),
+                  "a stored batch body's messages must add up to it", at, size, len(body))
+        at += size
+    return body[at:]

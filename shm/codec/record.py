@@ -478,6 +478,16 @@ def peek_store_timestamp(buf, pos: int = 0) -> int | None:
     return _I64.unpack_from(buf, pos + store_timestamp_offset(sys_flag))[0]
 
 
+def peek_transaction(buf, pos: int = 0) -> tuple[int, int]:
+    """(the SYSFLAG's transaction bits, PREPAREDTRANSACTIONOFFSET) of the record at `pos`, read in
+    place: `buf` needs only the record's fixed part and hosts (TRANSACTION_HEAD_BYTES)."""
+    sys_flag, = _I32.unpack_from(buf, pos + OFFSET_SYSFLAG)
+    return sys_flag & TRANSACTION_MASK, _I64.unpack_from(buf, pos + body_offset(sys_flag) - 12)[0]
+
+
+TRANSACTION_HEAD_BYTES = 112  # `body_offset` with both hosts IPv6: what `peek_transaction` reads at most
+
+
 def body_offset(sys_flag: int) -> int:
     """Where BODY starts in a record: its fixed part is 72 bytes plus the two hosts (either magic)."""
     return 72 + (20 if sys_flag & FLAG_BORNHOST_V6 else 8) + (20 if sys_flag & FLAG_STOREHOST_V6 else 8)

@@ -13,7 +13,7 @@ import time
 
 import orjson
 import pytest
-from helpers import wait_until
+from helpers import BORN, STORE_HOST, open_store, put, wait_until
 from nodes import ROOT, NodeProcess, free_port, node_settings
 
 from node import protocol
@@ -28,7 +28,7 @@ from node.client import (
     SendError,
     TransactionProducer,
 )
-from shm.codec import TRANS_CHECK_MAX_TIME_TOPIC, TRANSACTION_COMMIT, TRANSACTION_MASK, decode, decode_msg_id
+from shm.codec import TRANS_CHECK_MAX_TIME_TOPIC, TRANSACTION_COMMIT, TRANSACTION_MASK, decode, decode_msg_id, encode
 
 pytestmark = pytest.mark.slow
 
@@ -313,6 +313,16 @@ def test_a_one_half_batch_is_one_half_and_its_commit_every_message(node):
     assert "INNER_NUM" not in record.properties and record.properties["PGROUP"] == "PG-whole"
 
 
+def test_a_half_sent_with_its_own_inner_num_is_still_one_message(node):
+    """INNER_NUM names a one-half batch's message count, which only the write path sets."""
+    halves = {"TRAN_MSG": "true", "PGROUP": "PG-inner", "INNER_NUM": "3"}
+    with Producer(node.endpoint, retries=0) as producer:
+        sent = producer.send("TxInner", "just-one", queue_id=0, properties=halves)
+    assert end(node.endpoint, sent, "PG-inner", 8)["status"] == "OK"
+    [seen] = wait_until(lambda: visible(node.endpoint, "TxInner", queues=1), 5, "the commit")
+    assert seen.body == b"just-one" and "INNER_NUM" not in seen.properties
+
+
 def test_a_commit_of_more_than_the_write_path_takes_at_once_goes_in_parts(node):
     """40 one-half batches of 0.5 MiB ended in one request: 20 MiB of committed messages, more
     than the re-puts the transaction service has in flight at once and than a writer's ring holds."""
@@ -353,6 +363,67 @@ def test_a_kill_of_the_whole_node_between_half_and_outcome(tmp_path):
                           "the commit")
         assert sorted(m.body for m in seen) == [b"committed-before", b"open"]
         assert state(node.endpoint)["pending"] == 0
+    finally:
+        node.stop(strict=False)
+
+
+def _torn_commit(settings, *halves) -> None:
+    """What a node killed inside the append of a commit leaves: the committed messages before the
+    cut, not the op record. Each (half's send result, count): its first `count` messages stored
+    as its commit stores them (sysFlag COMMIT, PREPAREDTRANSACTIONOFFSET the half's offset)."""
+    store = open_store(settings)  # (recovery, as the node's next start would run it)
+    records = []
+    for sent, count in halves:
+        phy = decode_msg_id(sent.offset_msg_id)[1]
+        half = decode(store.commitlog.read_bytes(phy, int.from_bytes(store.commitlog.read_bytes(phy, 4), "big")))
+        inner = protocol.decode_batch_body(half.body) if "INNER_NUM" in half.properties else [(half.body, 0, "")]
+        for body, _, _ in inner[:count]:
+            records.append(encode(topic=half.properties["REAL_TOPIC"], body=body,
+                                  queue_id=int(half.properties["REAL_QID"]), born_timestamp=half.born_timestamp,
+                                  born_host=BORN, store_host=STORE_HOST, sys_flag=TRANSACTION_COMMIT,
+                                  prepared_transaction_offset=phy))
+    put(store, records)
+    store.close()  # (not a clean stop: the next start recovers again, and dispatches)
+
+
+def test_a_commit_a_crash_tore_is_finished_and_nothing_stored_twice(tmp_path):
+    """The node killed inside a commit's append: after recovery the halves are open, some of their
+    committed messages stored. Ending them again stores only the rest (a half whose messages are
+    all there: its op record alone), also after a second restart before the end."""
+    settings = node_settings(tmp_path / "store")
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    halves = {"TRAN_MSG": "true", "PGROUP": "PG-torn"}
+    try:
+        with Producer(node.endpoint, retries=0) as producer:
+            done = producer.send("TxTorn", "done-before", queue_id=0, properties=halves)
+            assert end(node.endpoint, done, "PG-torn", 8)["status"] == "OK"  # (an op record before the tear)
+            [batch] = producer.send_batch("TxTorn", [f"b{i}" for i in range(6)], queue_id=1, properties=halves,
+                                          one_half=True)
+            single = producer.send("TxTorn", "single", queue_id=1, properties=halves)
+            untouched = producer.send("TxTorn", "untouched", queue_id=2, properties=halves)
+            later = producer.send("TxTorn", "rolled-back-later", queue_id=2, properties=halves)
+        node.kill_all()
+        _torn_commit(settings, (batch, 2), (single, 1))
+        node.start()
+        assert state(node.endpoint)["pending"] == 4
+        assert end(node.endpoint, later, "PG-torn", 12)["status"] == "OK"  # (an op record past the tear ...)
+        node.kill_all()
+        node.start()  # (... which this start must not take for the last before it)
+        assert state(node.endpoint)["pending"] == 3
+        with Producer(node.endpoint, retries=0) as producer:
+            reply, _ = producer.request({"code": protocol.END_TRANSACTIONS, "producerGroup": "PG-torn",
+                                         "ends": _ends([batch, single, untouched], 8)})
+        assert reply["status"] == "OK" and [r["status"] for r in reply["results"]] == ["OK"] * 3, reply
+        bodies = [m.body for m in visible(node.endpoint, "TxTorn", queues=3)]
+        assert bodies == [b"done-before", b"b0", b"b1", b"single", b"b2", b"b3", b"b4", b"b5", b"untouched"]
+        assert state(node.endpoint)["pending"] == 0
+
+        def repaired() -> int:  # (a service's statistics reach the front once a second)
+            with Producer(node.endpoint) as client:
+                info, _ = client.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+            return info["actors"]["transaction"]["tornCommits"]
+
+        wait_until(lambda: repaired() == 2, 5, "the transaction service's count of torn commits")
     finally:
         node.stop(strict=False)
 

@@ -295,3 +295,24 @@ def test_every_partial_reader_agrees_with_decode(topic, body, props, v6, stamp, 
         assert peek_store_timestamp(raw) == stamp
         assert record_head(raw) == (len(raw), full.magic, 5, full.sys_flag)
         assert record_topic(raw, full.sys_flag) == topic
+
+
+@pytest.mark.parametrize("born, store", [(encode_host("127.0.0.1", 1), encode_host("10.0.0.2", 2)),
+                                         (encode_host("::1", 1), encode_host("fe80::2", 2))])
+def test_a_records_transaction_bits_and_prepared_offset_are_read_from_its_head_alone(born, store):
+    from shm.codec import TRANSACTION_COMMIT, TRANSACTION_HEAD_BYTES, peek_transaction
+    record = encode(topic="T", body=b"x" * 300, queue_id=1, born_timestamp=1, born_host=born, store_host=store,
+                    properties="a\x01b", sys_flag=TRANSACTION_COMMIT | 0x1, prepared_transaction_offset=123456789)
+    assert peek_transaction(record[:TRANSACTION_HEAD_BYTES]) == (TRANSACTION_COMMIT, 123456789)
+    assert peek_transaction(b"pad" + record, 3) == (TRANSACTION_COMMIT, 123456789)
+    assert decode(record).prepared_transaction_offset == 123456789
+
+
+def test_a_batch_body_less_its_first_messages_is_the_batch_of_the_rest():
+    from node.protocol import decode_batch_body, encode_batch_body
+    from shm.codec import batch_body_after
+    messages = [(f"m{i}".encode() * i, i, f"K\x01v{i}") for i in range(5)]
+    body = encode_batch_body(messages)
+    for skip in range(6):
+        rest = batch_body_after(body, skip)
+        assert (decode_batch_body(rest) if rest else []) == messages[skip:]

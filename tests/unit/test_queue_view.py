@@ -1,6 +1,7 @@
 """A reader's view of a ConsumeQueue on real files, with the dispatcher's writes done by hand:
 the view follows the queue into a file begun before `dispatched` was published, even when that
-value then stands still (no later write anywhere to move it)."""
+value then stands still (no later write anywhere to move it). And the reader's count of a queue's
+committed records in a CommitLog range, on a small store."""
 
 from __future__ import annotations
 
@@ -27,3 +28,31 @@ def test_the_view_follows_the_queue_into_a_file_begun_since_its_last_look(tmp_pa
     assert view.max_offset == 7
     writer.close()
     view.close()
+
+
+def test_the_committed_records_of_a_queue_in_a_commitlog_range_are_counted_by_their_half(tmp_path):
+    """shm.reader.commits_stored, over queue files of 4 entries (the bisection crosses files)."""
+    from helpers import BORN, STORE_HOST, open_store, put, small_settings
+
+    from shm.codec import TRANSACTION_COMMIT, TRANSACTION_PREPARED, encode
+    from shm.reader import StoreReader
+
+    settings = small_settings(tmp_path, mappedFileSizeConsumeQueue=FILE_SIZE)
+    kinds = [(0, 0), (TRANSACTION_COMMIT, 10), (TRANSACTION_PREPARED, 0), (TRANSACTION_COMMIT, 10),
+             (TRANSACTION_COMMIT, 20), (0, 0), (TRANSACTION_COMMIT, 30), (TRANSACTION_COMMIT, 10), (0, 0)]
+    store = open_store(settings)
+    result = put(store, [encode(topic="T", body=b"b" * (40 + i), queue_id=0, born_timestamp=i, born_host=BORN,
+                                store_host=STORE_HOST, sys_flag=flag, prepared_transaction_offset=half)
+                         for i, (flag, half) in enumerate(kinds)]
+                 + [encode(topic="U", body=b"u", queue_id=0, born_timestamp=0, born_host=BORN, store_host=STORE_HOST,
+                           sys_flag=TRANSACTION_COMMIT, prepared_transaction_offset=10)])
+    end = store.commitlog.offset_written
+    store.close()
+    at = result.physical_offsets
+    reader = StoreReader(settings)
+    assert reader.commits_stored("T", 0, 0, end, end) == {10: 3, 20: 1, 30: 1}
+    assert reader.commits_stored("T", 0, at[3], at[7], end) == {10: 1, 20: 1, 30: 1}  # [low, high)
+    assert reader.commits_stored("T", 0, at[3] + 1, end, end) == {20: 1, 30: 1, 10: 1}
+    assert reader.commits_stored("T", 0, end, end, end) == {}
+    assert reader.commits_stored("V", 3, 0, end, end) == {}  # (no such queue)
+    reader.close()

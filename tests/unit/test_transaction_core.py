@@ -5,11 +5,12 @@ plus the queues that rebuilds the same state whatever order the replay takes."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.transaction_core import CHECK, COMMIT, DISCARD, ENDED, GONE, ROLLBACK, Half, TransactionCore
+from actors.transaction_core import CHECK, COMMIT, DISCARD, ENDED, GONE, ROLLBACK, Half, TornCommits, TransactionCore
 
 
 def core(**kw) -> TransactionCore:
@@ -205,3 +206,41 @@ def test_ends_past_the_waiting_bound_are_refused_busy_and_states_still_answered(
     refused, state = (orjson.loads(reply[2]) for reply in out)
     assert refused["status"] == "SYSTEM_BUSY" and "wait for the write path" in refused["remark"]
     assert state["status"] == "OK" and shell.refused_ends == 1 and len(shell.ends) == service.ENDS_WAITING
+
+
+class _Queues:
+    """TornCommits' `count`: committed records by queue as (CommitLog offset, the half's offset),
+    and each read asked of it."""
+
+    def __init__(self, stored: dict):
+        self.stored, self.reads = stored, []
+
+    def __call__(self, topic: str, queue_id: int, low: int, high: int) -> Counter:
+        self.reads.append((topic, queue_id, low, high))
+        return Counter(half for phy, half in self.stored.get((topic, queue_id), []) if low <= phy < high)
+
+
+def test_a_torn_commit_is_counted_between_the_last_op_and_the_start_and_each_queue_read_once():
+    queues = _Queues({("T", 1): [(900, 500), (1000, 500), (1100, 700), (1200, 500)],  # (900: below the horizon)
+                      ("T", 2): [(1300, 800)]})
+    torn = TornCommits(horizon=950, before=2000, halves_before=10, count=queues)
+    assert torn.stored("T", 1, 4, 700) == 1 and torn.stored("T", 1, 3, 500) == 2  # (500's at 900 is an older op's)
+    assert queues.reads == [("T", 1, 950, 2000)]  # (the second half read nothing: its queue was read down to it)
+    assert torn.stored("T", 2, 5, 800) == 1 and torn.repaired == 3
+    assert torn.stored("T", 1, 10, 600) == 0  # stored by this run (at or past halves_before): not a suspect
+    assert torn.stored("T", 1, 2, 100) == 0 and len(queues.reads) == 2  # (its commit would lie past the horizon: read)
+    assert torn.suspects(low=9) and not torn.suspects(low=10)
+
+
+def test_a_half_older_than_what_was_read_reads_its_queue_further_down_only():
+    queues = _Queues({("T", 0): [(100, 50), (300, 250)]})
+    torn = TornCommits(horizon=0, before=1000, halves_before=5, count=queues)
+    assert torn.stored("T", 0, 3, 250) == 1 and queues.reads == [("T", 0, 250, 1000)]
+    assert torn.stored("T", 0, 1, 50) == 1 and queues.reads[-1] == ("T", 0, 50, 250)
+    assert torn.stored("T", 0, 2, 250) == 1  # (what was read stays counted)
+
+
+def test_no_tear_is_looked_for_when_no_record_followed_the_last_op():
+    queues = _Queues({})
+    torn = TornCommits(horizon=2000, before=2000, halves_before=10, count=queues)
+    assert torn.stored("T", 0, 1, 100) == 0 and queues.reads == [] and not torn.suspects(low=0)

@@ -92,6 +92,7 @@ ENDS_WAITING = 200_000  # ends decided and not yet re-put; beyond, an end reques
 READ_A_TURN = 8192  # half and op entries read a turn
 OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
+LATER = object()  # `_commit_item`: not yet (TornCommits reads on next turn)
 OPEN_ENDS_A_REQUEST = 100_000  # open halves one `openOfGroup` request rolls back (the client asks again)
 
 
@@ -126,6 +127,7 @@ class Transaction(Actor):
         self.next_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
         self.ops_again: list[tuple[float, list]] = []  # (when, ends): commits stored whose op record was not
         self.deadline = ReputDeadline()  # when an unanswered re-put counts as not stored
+        self.torn_reading = False  # TornCommits is reading a queue for the first end waiting (a turn at once)
         self.expired = self.refused_ends = self.op_retries = 0
 
     # -- the turn ----------------------------------------------------------------------------------
@@ -134,6 +136,8 @@ class Transaction(Actor):
         return self.items
 
     def timeout_ms(self) -> int:
+        if self.torn_reading:
+            return 0
         return self.requests.wait_ms(20 if self.waiting else 100)  # (the queues are read back each turn)
 
     def step(self, events: set) -> None:
@@ -280,30 +284,36 @@ class Transaction(Actor):
         ENDS_A_REQUEST ends or REPUT_BYTES of messages, while less than REPUT_BYTES_IN_FLIGHT of
         re-puts wait for the write path (the rest wait here, for their answers)."""
         now_ms = time.time_ns() // 1_000_000
-        while self.ends and self.reput_bytes < REPUT_BYTES_IN_FLIGHT:
+        self.torn_reading = False
+        while self.ends and self.reput_bytes < REPUT_BYTES_IN_FLIGHT and not self.torn_reading:
             part, items, size = [], [], 0
             while self.ends and len(part) < ENDS_A_REQUEST:
                 end = self.ends[0]
                 if part and size + end.size() > REPUT_BYTES:
                     break
-                self.ends.popleft()
                 if end.outcome == COMMIT:
                     commit = self._commit_item(end, out)
+                    if commit is LATER:  # (in order: the ends behind it wait for the next turn too)
+                        self.torn_reading = True
+                        break
+                    self.ends.popleft()
                     if commit is None:
                         continue
                     items += commit
                     size += sum(len(item[1]) for item in commit)
+                else:
+                    self.ends.popleft()
                 part.append(end)
             ops = {kind: [str(end.offset) for end in part if end.outcome == kind] for kind in (COMMIT, ROLLBACK)}
             kinds = [kind for kind in (COMMIT, ROLLBACK) if ops[kind]]
             if kinds:
                 self._put(items + [op_item(kind, ops[kind], now_ms) for kind in kinds], ("end", part, kinds))
 
-    def _commit_item(self, end: End, out: list) -> list[tuple[dict, bytes]] | None:
+    def _commit_item(self, end: End, out: list):
         """The re-put of a committed half's message (or, a one-half batch's, its messages): one
         item, or none when an earlier run's torn commit stored them all already (TornCommits; a
         one-half batch's first ones only: the rest go); None, answered, when its record is gone
-        (its segment cleaned away since it was read)."""
+        (its segment cleaned away since it was read); LATER while TornCommits reads its queue."""
         half = end.half
         if half is not None:
             stored = stored_of(self.reader.record_bytes(half.phy, half.size), parse=False)
@@ -316,6 +326,8 @@ class Transaction(Actor):
             end.batch.set(end.i, out, "SYSTEM_ERROR", f"{NO_HALF}: the half at commitLogOffset {end.phy} is gone")
             return None
         already = self.torn.stored(*target, end.offset, end.phy) if self.torn is not None and target else 0
+        if already is None:
+            return LATER
         if already >= max(inner, 1):
             return []  # (end.records stays 0: the op record alone)
         if inner:
@@ -442,8 +454,8 @@ class Transaction(Actor):
         if self.torn.suspects(self.core.low):
             self._persist()
 
-    def _commits_stored(self, topic: str, queue_id: int, low: int, high: int):
-        return self.reader.commits_stored(topic, queue_id, low, high, self.control.get("dispatched"))
+    def _commits_stored(self, topic: str, queue_id: int, low: int, high: int, limit: int):
+        return self.reader.commits_stored(topic, queue_id, low, high, self.control.get("dispatched"), limit)
 
     def follow_min_offset(self, min_offset: int) -> None:
         self.reader.follow_min_offset(min_offset)

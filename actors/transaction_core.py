@@ -26,6 +26,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 
+TORN_READ_A_CALL = 65_536  # queue entries TornCommits reads at most a call (~0.1 s: the loop's heartbeat waits)
 PENDING_MAX = 1_000_000  # halves held undecided at once; reading the half queue waits beyond it
 KEEP_BELOW_LOW = 1 << 20  # final outcomes kept below `low` (a byte each)
 CHECKS_PER_PASS = 200_000  # halves a check pass takes at most (the rest: the next pass)
@@ -256,31 +257,43 @@ class TornCommits:
     this run began to end halves (every request before the torn one ended with its op record),
     and below `before`, the CommitLog's dispatched end then. Only halves below `halves_before` (the
     half queue's end then) are suspects. `count(topic, queue_id, low, high)` reads a queue's
-    committed records in [low, high) by the half they commit (shm.reader.commits_stored); each
-    queue is read once, and again only below where it was read.
+    committed records in [low, high) by the half they commit, at most `limit` entries, and where it
+    stopped (shm.reader.commits_stored); each queue is read once, and again only below where it
+    was read, `budget` entries a call.
 
     Not covered: an op record the write path refused while its messages were stored (written
     again after OP_RETRY_S) when the node dies within that second, behind later op records."""
 
-    def __init__(self, horizon: int, before: int, halves_before: int, count):
-        self.horizon, self.before, self.halves_before, self.count = horizon, before, halves_before, count
+    def __init__(self, horizon: int, before: int, halves_before: int, count, budget: int = TORN_READ_A_CALL):
+        self.horizon, self.before, self.halves_before, self.count, self.budget = \
+            horizon, before, halves_before, count, budget
         self.seen: dict[tuple[str, int], tuple[int, Counter]] = {}  # queue -> (read down to, counts)
+        self.reading: dict[tuple[str, int], tuple[int, int]] = {}  # queue -> (reading down to, from where on)
         self.repaired = 0  # halves found with messages stored already
 
     def suspects(self, low: int) -> bool:
         """Whether any half below `halves_before` may still be open (`low`: the first not final)."""
         return low < self.halves_before and self.horizon < self.before
 
-    def stored(self, topic: str, queue_id: int, offset: int, phy: int) -> int:
+    def stored(self, topic: str, queue_id: int, offset: int, phy: int) -> int | None:
         """How many committed messages of the half at queue offset `offset`, CommitLog offset `phy`,
-        for `topic` and `queue_id`, are stored already."""
+        for `topic` and `queue_id`, are stored already; None while its queue is still being read
+        (`budget` entries a call: ask again)."""
         if offset >= self.halves_before or self.horizon >= self.before:
             return 0
         low, key = max(self.horizon, phy), (topic, queue_id)
         down_to, counts = self.seen.get(key, (self.before, Counter()))
         if low < down_to:
-            counts = counts + self.count(topic, queue_id, low, down_to)
-            self.seen[key] = (low, counts)
+            target, at = self.reading.get(key, (low, low))
+            found, at = self.count(topic, queue_id, at, down_to, self.budget)
+            counts = counts + found
+            if at < down_to:
+                self.seen[key], self.reading[key] = (down_to, counts), (target, at)
+                return None
+            self.reading.pop(key, None)
+            self.seen[key] = (down_to, counts) = (target, counts)
+            if low < down_to:
+                return None  # (another half's read finished: this one's goes on next call)
         found = counts.get(phy, 0)
         self.repaired += found > 0
         return found

@@ -197,11 +197,13 @@ class StoreReader:
             raw = self.commitlog.read_bytes(offset, size)
         return raw
 
-    def commits_stored(self, topic: str, queue_id: int, low: int, high: int, dispatched: int) -> Counter:
+    def commits_stored(self, topic: str, queue_id: int, low: int, high: int, dispatched: int,
+                       limit: int = 1 << 62) -> tuple[Counter, int]:
         """The committed records (sysFlag COMMIT) of a queue stored at CommitLog offsets in [low,
-        high), counted by their PREPAREDTRANSACTIONOFFSET: the half each one commits. A queue's
-        entries are in CommitLog order, so the first at or past `low` is found by bisection and
-        only the entries in the range are read (each record's head, not its body)."""
+        high), counted by their PREPAREDTRANSACTIONOFFSET (the half each one commits), reading at
+        most `limit` entries: (counts, where to go on from: `high` once the range is read). A
+        queue's entries are in CommitLog order, so the first at or past `low` is found by
+        bisection; only each record's head is read, not its body."""
         view = self.queue(topic, queue_id, dispatched)
         first, end = view.min_offset(self.commitlog_min), view.max_offset
         while first < end:  # (the first entry at or past `low`)
@@ -212,7 +214,7 @@ class StoreReader:
             else:
                 end = middle
         found: Counter = Counter()
-        end = view.max_offset
+        end = min(view.max_offset, first + limit)
         while first < end:
             raw = view.queue.raw_entries(first, end - first, limit_offset=end)
             if not raw:
@@ -221,14 +223,17 @@ class StoreReader:
                 if size == FILLER_SIZE:
                     continue
                 if phy >= high:
-                    return found
+                    return found, high
                 head = self.record_bytes(phy, min(size, TRANSACTION_HEAD_BYTES)) if size > 0 else None
                 if head is not None and len(head) >= MIN_RECORD_SIZE:
                     transaction, prepared = peek_transaction(head)
                     if transaction == TRANSACTION_COMMIT:
                         found[prepared] += 1
             first += len(raw) // ENTRY_SIZE
-        return found
+        if first >= view.max_offset:
+            return found, high
+        entry = view.queue.entry(first)  # (the limit stopped the read: the next entry is where it goes on)
+        return found, high if entry is None else min(high, entry.physical_offset)
 
     def get_message(self, topic: str, queue_id: int, offset: int, max_count: int, tags_codes: set[int] | None,
                     dispatched: int) -> GetResult:

@@ -215,9 +215,11 @@ class _Queues:
     def __init__(self, stored: dict):
         self.stored, self.reads = stored, []
 
-    def __call__(self, topic: str, queue_id: int, low: int, high: int) -> Counter:
+    def __call__(self, topic: str, queue_id: int, low: int, high: int, limit: int) -> tuple[Counter, int]:
         self.reads.append((topic, queue_id, low, high))
-        return Counter(half for phy, half in self.stored.get((topic, queue_id), []) if low <= phy < high)
+        records = [(phy, half) for phy, half in self.stored.get((topic, queue_id), []) if low <= phy < high]
+        read, rest = records[:limit], records[limit:]
+        return Counter(half for _, half in read), rest[0][0] if rest else high
 
 
 def test_a_torn_commit_is_counted_between_the_last_op_and_the_start_and_each_queue_read_once():
@@ -244,3 +246,12 @@ def test_no_tear_is_looked_for_when_no_record_followed_the_last_op():
     queues = _Queues({})
     torn = TornCommits(horizon=2000, before=2000, halves_before=10, count=queues)
     assert torn.stored("T", 0, 1, 100) == 0 and queues.reads == [] and not torn.suspects(low=0)
+
+
+def test_a_long_read_goes_on_over_calls_and_answers_only_once_it_is_whole():
+    queues = _Queues({("T", 0): [(100 + i, 50 if i % 2 else 60) for i in range(7)]})
+    torn = TornCommits(horizon=0, before=1000, halves_before=5, count=queues, budget=3)
+    answers = [torn.stored("T", 0, 1, 50) for _ in range(4)]
+    assert answers == [None, None, 3, 3] and len(queues.reads) == 3
+    assert torn.stored("T", 0, 2, 60) == 4  # (the queue is read: nothing more)
+    assert len(queues.reads) == 3

@@ -127,7 +127,6 @@ class Transaction(Actor):
         self.next_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
         self.ops_again: list[tuple[float, list]] = []  # (when, ends): commits stored whose op record was not
         self.deadline = ReputDeadline()  # when an unanswered re-put counts as not stored
-        self.torn_reading = False  # TornCommits is reading a queue for the first end waiting (a turn at once)
         self.expired = self.refused_ends = self.op_retries = 0
 
     # -- the turn ----------------------------------------------------------------------------------
@@ -136,14 +135,16 @@ class Transaction(Actor):
         return self.items
 
     def timeout_ms(self) -> int:
-        if self.torn_reading:
-            return 0
+        if self.torn is not None and self.torn.reading:
+            return 0  # (TornCommits reads a queue, a budget a turn: an end waits for it)
         return self.requests.wait_ms(20 if self.waiting else 100)  # (the queues are read back each turn)
 
     def step(self, events: set) -> None:
         self._follow()
         if self.torn is None and not self._slave():
             self._begin_ending()
+        if self.torn is not None:
+            self.torn.new_turn()
         out: list = []
         for header, client, arrival in self.requests.take():
             if client == TRANSACTION_CLIENT:  # the front's answer to a re-put
@@ -284,17 +285,20 @@ class Transaction(Actor):
         ENDS_A_REQUEST ends or REPUT_BYTES of messages, while less than REPUT_BYTES_IN_FLIGHT of
         re-puts wait for the write path (the rest wait here, for their answers)."""
         now_ms = time.time_ns() // 1_000_000
-        self.torn_reading = False
-        while self.ends and self.reput_bytes < REPUT_BYTES_IN_FLIGHT and not self.torn_reading:
+        later = False  # (an end waits for TornCommits' read: it and the ends behind it, in order)
+        while self.ends and self.reput_bytes < REPUT_BYTES_IN_FLIGHT and not later:
             part, items, size = [], [], 0
             while self.ends and len(part) < ENDS_A_REQUEST:
                 end = self.ends[0]
+                if end.outcome == ROLLBACK and self._torn_rollback(end) is LATER:
+                    later = True
+                    break
                 if part and size + end.size() > REPUT_BYTES:
                     break
                 if end.outcome == COMMIT:
                     commit = self._commit_item(end, out)
-                    if commit is LATER:  # (in order: the ends behind it wait for the next turn too)
-                        self.torn_reading = True
+                    if commit is LATER:
+                        later = True
                         break
                     self.ends.popleft()
                     if commit is None:
@@ -308,6 +312,25 @@ class Transaction(Actor):
             kinds = [kind for kind in (COMMIT, ROLLBACK) if ops[kind]]
             if kinds:
                 self._put(items + [op_item(kind, ops[kind], now_ms) for kind in kinds], ("end", part, kinds))
+
+    def _torn_rollback(self, end: End):
+        """A rollback of a half an earlier run's torn commit stored messages of: the commit was
+        decided, so it is finished instead (`end` becomes a commit, answered as a repeat is).
+        LATER while that is not known yet."""
+        found = self._torn_found(end.offset, end.phy, end.half, end.stored)
+        if found is None:
+            return LATER
+        if found:
+            end.outcome, end.asked = COMMIT, ROLLBACK
+            self.core.ending[end.offset] = COMMIT
+        return None
+
+    def _torn_found(self, offset: int, phy: int, half: Half | None, stored: Stored | None) -> int | None:
+        """The half's messages an earlier run's torn commit stored (TornCommits; None: not known yet)."""
+        if self.torn is None:
+            return 0
+        target = (half.topic, half.queue_id) if half is not None else half_target(stored) if stored else None
+        return self.torn.stored(*target, offset, phy) if target else 0
 
     def _commit_item(self, end: End, out: list):
         """The re-put of a committed half's message (or, a one-half batch's, its messages): one
@@ -325,7 +348,7 @@ class Transaction(Actor):
             self.core.end_failed(end.offset)
             end.batch.set(end.i, out, "SYSTEM_ERROR", f"{NO_HALF}: the half at commitLogOffset {end.phy} is gone")
             return None
-        already = self.torn.stored(*target, end.offset, end.phy) if self.torn is not None and target else 0
+        already = self._torn_found(end.offset, end.phy, half, stored) if target else 0
         if already is None:
             return LATER
         if already >= max(inner, 1):
@@ -377,7 +400,10 @@ class Transaction(Actor):
                            statuses[at])
                 at += end.records
             if status in protocol.STORED_STATUSES:
-                if own is None or own in protocol.STORED_STATUSES:
+                if end.asked != end.outcome and (own is None or own in protocol.STORED_STATUSES):
+                    end.batch.set(end.i, out, "OK", f"the transaction was ended already ({end.outcome})",
+                                  outcome=end.outcome)
+                elif own is None or own in protocol.STORED_STATUSES:
                     end.batch.set(end.i, out, "OK", "")
                 else:
                     end.batch.set(end.i, out, _status(own), f"the committed message was refused ({own})")
@@ -403,7 +429,7 @@ class Transaction(Actor):
         """One check pass: a check to a producer of each due half's group, and their op record;
         the halves checked too often to TRANS_CHECK_MAX_TIME_TOPIC, and theirs."""
         now_ms = time.time_ns() // 1_000_000
-        checks, discards = self.core.due_checks(now_ms)
+        checks, discards = (self._torn_finished(halves) for halves in self.core.due_checks(now_ms))
         items = []
         for half in checks:
             raw = self.reader.record_bytes(half.phy, half.size)
@@ -430,6 +456,22 @@ class Transaction(Actor):
                     size += len(record.body)
             self._put(copies + [op_item(DISCARD, [str(h.offset) for h in part], now_ms)],
                       (DISCARD, [h.offset for h in part]))
+
+    def _torn_finished(self, halves: list[Half]) -> list[Half]:
+        """The due halves less those an earlier run's torn commit stored messages of: their commit
+        was decided, and is finished now, whatever a producer would answer (and not discarded).
+        Those not known yet (TornCommits reads on) wait for the next pass."""
+        if self.torn is None:
+            return halves
+        left = []
+        for half in halves:
+            found = self._torn_found(half.offset, half.phy, half, None)
+            if found == 0:
+                left.append(half)
+            elif found and self.core.end(half.offset, COMMIT) is None:
+                self.ends.append(End(half.offset, COMMIT, half.phy, half, None,
+                                     Ends(b"", 0, None, True, 1, single=True), 0))  # (oneway: nobody to answer)
+        return left
 
     # -- the rest ------------------------------------------------------------------------------------
 
@@ -470,7 +512,7 @@ class Transaction(Actor):
         return super().statistics() | self.core.statistics(time.time_ns() // 1_000_000) | {
             "waiting": len(self.waiting), "endsWaiting": len(self.ends), "reputBytes": self.reput_bytes,
             "expired": self.expired, "refusedEnds": self.refused_ends,
-            "opRetries": self.op_retries, "tornCommits": self.torn.repaired if self.torn is not None else 0,
+            "opRetries": self.op_retries, "tornCommits": len(self.torn.found) if self.torn is not None else 0,
             "links": service_links_statistics(self.requests, self.replies)}
 
     def close(self) -> None:
@@ -497,13 +539,14 @@ class End:
     """One end decided here, waiting for its re-put (the committed half's record is read then,
     `half`, unless the end had to read it to find it: `stored`) and then for its answer."""
 
-    __slots__ = ("offset", "outcome", "phy", "half", "stored", "batch", "i", "records")
+    __slots__ = ("offset", "outcome", "phy", "half", "stored", "batch", "i", "records", "asked")
 
     def __init__(self, offset: int, outcome: str, phy: int, half: Half | None, stored: Stored | None, batch: Ends,
                  i: int):
         self.offset, self.outcome, self.phy, self.half, self.stored, self.batch, self.i = \
             offset, outcome, phy, half, stored, batch, i
         self.records = 0  # a commit's re-put records (a one-half batch's: its messages)
+        self.asked = outcome  # (a rollback of a half a torn commit had begun to commit: a commit)
 
     def size(self) -> int:
         """About the bytes its re-put carries (the half's record; a rollback's: none)."""

@@ -26,7 +26,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 
-TORN_READ_A_CALL = 65_536  # queue entries TornCommits reads at most a call (~0.1 s: the loop's heartbeat waits)
+TORN_READ_A_TURN = 65_536  # queue entries TornCommits reads at most a turn (~80 ms: the loop's heartbeat waits)
 PENDING_MAX = 1_000_000  # halves held undecided at once; reading the half queue waits beyond it
 KEEP_BELOW_LOW = 1 << 20  # final outcomes kept below `low` (a byte each)
 CHECKS_PER_PASS = 200_000  # halves a check pass takes at most (the rest: the next pass)
@@ -243,57 +243,76 @@ def end_outcome(header: dict) -> str | None:
 
 class TornCommits:
     """Committed messages a crash stored without their op record, so that a half is never
-    committed twice by the node's own fault.
+    committed twice, nor rolled back half-committed, by the node's own fault.
 
     The service writes a commit as one request, the committed messages and then the op record,
     which the writer appends whole; but a node killed inside that append keeps, after recovery,
     the messages before the cut and not the op (a writer killed alone loses the whole append: it
     resumes at `written`). The half is then open, and ending it again would store those messages
-    a second time. So before a half stored by an earlier run of the node is committed, the
-    messages of it already stored are counted (`stored`), and only the rest are re-put (none:
-    the op record alone).
+    a second time. So before a half stored by an earlier run of the node is ended, the messages
+    of it already stored are counted (`stored`): a commit re-puts only the rest (none: the op
+    record alone), and a rollback, a check or a discard of such a half finishes its commit
+    instead (the shell).
 
     Where such messages can lie: past `horizon`, the end of the last op record stored before
     this run began to end halves (every request before the torn one ended with its op record),
     and below `before`, the CommitLog's dispatched end then. Only halves below `halves_before` (the
-    half queue's end then) are suspects. `count(topic, queue_id, low, high)` reads a queue's
-    committed records in [low, high) by the half they commit, at most `limit` entries, and where it
-    stopped (shm.reader.commits_stored); each queue is read once, and again only below where it
-    was read, `budget` entries a call.
+    half queue's end then) are suspects. `count(topic, queue_id, low, high, limit)` reads a
+    queue's committed records in [low, high), at most `limit` entries: (counts by the half they
+    commit, where it stopped, entries read) (shm.reader.commits_stored). Each queue is read once,
+    and again only below where it was read; at most `budget` entries a turn (`new_turn`), so a long
+    read goes on over turns and `stored` says None until it is whole.
 
     Not covered: an op record the write path refused while its messages were stored (written
     again after OP_RETRY_S) when the node dies within that second, behind later op records."""
 
-    def __init__(self, horizon: int, before: int, halves_before: int, count, budget: int = TORN_READ_A_CALL):
+    def __init__(self, horizon: int, before: int, halves_before: int, count, budget: int = TORN_READ_A_TURN):
         self.horizon, self.before, self.halves_before, self.count, self.budget = \
             horizon, before, halves_before, count, budget
         self.seen: dict[tuple[str, int], tuple[int, Counter]] = {}  # queue -> (read down to, counts)
         self.reading: dict[tuple[str, int], tuple[int, int]] = {}  # queue -> (reading down to, from where on)
-        self.repaired = 0  # halves found with messages stored already
+        self.left = budget  # entries this turn may still read
+        self.found: set[int] = set()  # the halves found with messages stored already (their CommitLog offsets)
 
     def suspects(self, low: int) -> bool:
         """Whether any half below `halves_before` may still be open (`low`: the first not final)."""
         return low < self.halves_before and self.horizon < self.before
 
+    def new_turn(self) -> bool:
+        """A turn's budget, spent first on the reads under way; True while one is (turn again soon)."""
+        self.left = self.budget
+        for key in list(self.reading):
+            self._read(key)
+        return bool(self.reading)
+
     def stored(self, topic: str, queue_id: int, offset: int, phy: int) -> int | None:
         """How many committed messages of the half at queue offset `offset`, CommitLog offset `phy`,
-        for `topic` and `queue_id`, are stored already; None while its queue is still being read
-        (`budget` entries a call: ask again)."""
+        for `topic` and `queue_id`, are stored already; None while its queue is still being read."""
         if offset >= self.halves_before or self.horizon >= self.before:
             return 0
         low, key = max(self.horizon, phy), (topic, queue_id)
-        down_to, counts = self.seen.get(key, (self.before, Counter()))
-        if low < down_to:
-            target, at = self.reading.get(key, (low, low))
-            found, at = self.count(topic, queue_id, at, down_to, self.budget)
-            counts = counts + found
-            if at < down_to:
-                self.seen[key], self.reading[key] = (down_to, counts), (target, at)
+        if low < self.seen.get(key, (self.before,))[0]:
+            if key not in self.reading:
+                self.reading[key] = (low, low)
+            self._read(key)
+            if low < self.seen.get(key, (self.before,))[0]:
                 return None
-            self.reading.pop(key, None)
-            self.seen[key] = (down_to, counts) = (target, counts)
-            if low < down_to:
-                return None  # (another half's read finished: this one's goes on next call)
-        found = counts.get(phy, 0)
-        self.repaired += found > 0
+        found = self.seen[key][1].get(phy, 0)
+        if found:
+            self.found.add(phy)
         return found
+
+    def _read(self, key: tuple[str, int]) -> None:
+        """The read under way for `key` goes on, within this turn's budget."""
+        if self.left <= 0:
+            return
+        target, at = self.reading[key]
+        down_to, counts = self.seen.get(key, (self.before, Counter()))
+        found, at, read = self.count(*key, at, down_to, self.left)
+        self.left -= read
+        counts = counts + found
+        if at < down_to:
+            self.seen[key], self.reading[key] = (down_to, counts), (target, at)
+        else:
+            del self.reading[key]
+            self.seen[key] = (target, counts)

@@ -198,11 +198,11 @@ class StoreReader:
         return raw
 
     def commits_stored(self, topic: str, queue_id: int, low: int, high: int, dispatched: int,
-                       limit: int = 1 << 62) -> tuple[Counter, int]:
+                       limit: int = 1 << 62) -> tuple[Counter, int, int]:
         """The committed records (sysFlag COMMIT) of a queue stored at CommitLog offsets in [low,
         high), counted by their PREPAREDTRANSACTIONOFFSET (the half each one commits), reading at
-        most `limit` entries: (counts, where to go on from: `high` once the range is read). A
-        queue's entries are in CommitLog order, so the first at or past `low` is found by
+        most `limit` entries: (counts, where to go on from: `high` once the range is read, entries
+        read). A queue's entries are in CommitLog order, so the first at or past `low` is found by
         bisection; only each record's head is read, not its body."""
         view = self.queue(topic, queue_id, dispatched)
         first, end = view.min_offset(self.commitlog_min), view.max_offset
@@ -214,16 +214,17 @@ class StoreReader:
             else:
                 end = middle
         found: Counter = Counter()
+        begun = first
         end = min(view.max_offset, first + limit)
         while first < end:
             raw = view.queue.raw_entries(first, end - first, limit_offset=end)
-            if not raw:
-                break
-            for phy, size, _ in ENTRY.iter_unpack(raw):
+            if not raw:  # (nothing readable there: the queue's rest is gone)
+                return found, high, first - begun
+            for i, (phy, size, _) in enumerate(ENTRY.iter_unpack(raw)):
                 if size == FILLER_SIZE:
                     continue
                 if phy >= high:
-                    return found, high
+                    return found, high, first + i - begun
                 head = self.record_bytes(phy, min(size, TRANSACTION_HEAD_BYTES)) if size > 0 else None
                 if head is not None and len(head) >= MIN_RECORD_SIZE:
                     transaction, prepared = peek_transaction(head)
@@ -231,9 +232,9 @@ class StoreReader:
                         found[prepared] += 1
             first += len(raw) // ENTRY_SIZE
         if first >= view.max_offset:
-            return found, high
+            return found, high, first - begun
         entry = view.queue.entry(first)  # (the limit stopped the read: the next entry is where it goes on)
-        return found, high if entry is None else min(high, entry.physical_offset)
+        return found, high if entry is None else min(high, entry.physical_offset), first - begun
 
     def get_message(self, topic: str, queue_id: int, offset: int, max_count: int, tags_codes: set[int] | None,
                     dispatched: int) -> GetResult:

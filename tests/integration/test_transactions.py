@@ -392,10 +392,11 @@ FILL = 70_000  # messages in the torn commit's queue before it: more than TornCo
 def test_a_commit_a_crash_tore_is_finished_and_nothing_stored_twice(tmp_path):
     """The node killed inside a commit's append: after recovery the halves are open, some of their
     committed messages stored. Ending them again stores only the rest (a half whose messages are
-    all there: its op record alone), also after a second restart before the end."""
+    all there: its op record alone), also after a second restart before the end; a rollback, or a
+    check, of such a half finishes its commit instead."""
     settings = node_settings(tmp_path / "store")
     node = NodeProcess(settings, tmp_path / "node.log").start()
-    halves = {"TRAN_MSG": "true", "PGROUP": "PG-torn"}
+    halves = {"TRAN_MSG": "true", "PGROUP": "PG-torn", "CHECK_IMMUNITY_TIME_IN_SECONDS": "3600"}
     try:
         with Producer(node.endpoint, retries=0) as producer:
             done = producer.send("TxTorn", "done-before", queue_id=0, properties=halves)
@@ -405,32 +406,35 @@ def test_a_commit_a_crash_tore_is_finished_and_nothing_stored_twice(tmp_path):
             single = producer.send("TxTorn", "single", queue_id=1, properties=halves)
             untouched = producer.send("TxTorn", "untouched", queue_id=2, properties=halves)
             later = producer.send("TxTorn", "rolled-back-later", queue_id=2, properties=halves)
+            checked = producer.send("TxTorn", "checked", queue_id=3, properties={"TRAN_MSG": "true", "PGROUP": "PG-torn"})
             for _ in range(FILL // 500):  # (more than the service reads a turn: its read goes on over turns)
                 producer.send_batch("TxTorn", ["f"] * 500, queue_id=1)
         node.kill_all()
-        _torn_commit(settings, (batch, 2), (single, 1))
+        _torn_commit(settings, (batch, 2), (single, 1), (checked, 1))
         node.start()
-        assert state(node.endpoint)["pending"] == 4
+        assert state(node.endpoint)["pending"] >= 4
         assert end(node.endpoint, later, "PG-torn", 12)["status"] == "OK"  # (an op record past the tear ...)
         node.kill_all()
-        node.start()  # (... which this start must not take for the last before it)
-        assert state(node.endpoint)["pending"] == 3
+        node = NodeProcess(node_settings(tmp_path / "store", transactionTimeOut=1000, transactionCheckInterval=1000),
+                           tmp_path / "node.log").start()  # (... which this start must not take for the last before it)
         with Producer(node.endpoint, retries=0) as producer:
             reply, _ = producer.request({"code": protocol.END_TRANSACTIONS, "producerGroup": "PG-torn",
-                                         "ends": _ends([batch, single, untouched], 8)})
+                                         "ends": _ends([batch, untouched], 8) + _ends([single], 12)})
         assert reply["status"] == "OK" and [r["status"] for r in reply["results"]] == ["OK"] * 3, reply
+        assert reply["results"][2]["outcome"] == "commit"  # (the rollback of a commit begun: the commit, finished)
+        wait_until(lambda: state(node.endpoint)["pending"] == 0, 10, "the check pass finishing the torn commit")
         with PullConsumer(node.endpoint) as consumer:
             bodies = [[m.body for m in consumer.pull("TxTorn", queue, offset, max_count=32).messages]
-                      for queue, offset in ((0, 0), (1, FILL), (2, 0))]
-        assert bodies == [[b"done-before"], [b"b0", b"b1", b"single", b"b2", b"b3", b"b4", b"b5"], [b"untouched"]]
-        assert state(node.endpoint)["pending"] == 0
+                      for queue, offset in ((0, 0), (1, FILL), (2, 0), (3, 0))]
+        assert bodies == [[b"done-before"], [b"b0", b"b1", b"single", b"b2", b"b3", b"b4", b"b5"], [b"untouched"],
+                          [b"checked"]]
 
         def repaired() -> int:  # (a service's statistics reach the front once a second)
             with Producer(node.endpoint) as client:
                 info, _ = client.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
             return info["actors"]["transaction"]["tornCommits"]
 
-        wait_until(lambda: repaired() == 2, 5, "the transaction service's count of torn commits")
+        wait_until(lambda: repaired() == 3, 5, "the transaction service's count of torn commits")
     finally:
         node.stop(strict=False)
 

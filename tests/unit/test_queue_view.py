@@ -52,14 +52,15 @@ def test_the_committed_records_of_a_queue_in_a_commitlog_range_are_counted_by_th
     store.close()
     at = result.physical_offsets
     reader = StoreReader(settings)
-    assert reader.commits_stored("T", 0, 0, end, end) == ({10: 3, 20: 1, 30: 1}, end)
-    assert reader.commits_stored("T", 0, at[3], at[7], end) == ({10: 1, 20: 1, 30: 1}, at[7])  # [low, high)
-    assert reader.commits_stored("T", 0, at[3] + 1, end, end) == ({20: 1, 30: 1, 10: 1}, end)
-    assert reader.commits_stored("T", 0, end, end, end) == ({}, end)
-    assert reader.commits_stored("V", 3, 0, end, end) == ({}, end)  # (no such queue)
+    assert reader.commits_stored("T", 0, 0, end, end) == ({10: 3, 20: 1, 30: 1}, end, 8)  # (a half: no entry)
+    assert reader.commits_stored("T", 0, at[3], at[7], end) == ({10: 1, 20: 1, 30: 1}, at[7], 4)  # [low, high)
+    assert reader.commits_stored("T", 0, at[3] + 1, end, end) == ({20: 1, 30: 1, 10: 1}, end, 5)
+    assert reader.commits_stored("T", 0, end, end, end) == ({}, end, 0)
+    assert reader.commits_stored("V", 3, 0, end, end) == ({}, end, 0)  # (no such queue)
     total, low, calls = Counter(), 0, 0
     while low < end:  # three entries a call: each call goes on where the last stopped
-        found, low = reader.commits_stored("T", 0, low, end, end, limit=3)
+        found, low, read = reader.commits_stored("T", 0, low, end, end, limit=3)
         total, calls = total + found, calls + 1
+        assert read == (3 if calls < 3 else 2)
     assert total == {10: 3, 20: 1, 30: 1} and calls == 3
     reader.close()

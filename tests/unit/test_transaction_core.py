@@ -215,11 +215,11 @@ class _Queues:
     def __init__(self, stored: dict):
         self.stored, self.reads = stored, []
 
-    def __call__(self, topic: str, queue_id: int, low: int, high: int, limit: int) -> tuple[Counter, int]:
+    def __call__(self, topic: str, queue_id: int, low: int, high: int, limit: int) -> tuple[Counter, int, int]:
         self.reads.append((topic, queue_id, low, high))
         records = [(phy, half) for phy, half in self.stored.get((topic, queue_id), []) if low <= phy < high]
         read, rest = records[:limit], records[limit:]
-        return Counter(half for _, half in read), rest[0][0] if rest else high
+        return Counter(half for _, half in read), rest[0][0] if rest else high, len(read)
 
 
 def test_a_torn_commit_is_counted_between_the_last_op_and_the_start_and_each_queue_read_once():
@@ -228,7 +228,7 @@ def test_a_torn_commit_is_counted_between_the_last_op_and_the_start_and_each_que
     torn = TornCommits(horizon=950, before=2000, halves_before=10, count=queues)
     assert torn.stored("T", 1, 4, 700) == 1 and torn.stored("T", 1, 3, 500) == 2  # (500's at 900 is an older op's)
     assert queues.reads == [("T", 1, 950, 2000)]  # (the second half read nothing: its queue was read down to it)
-    assert torn.stored("T", 2, 5, 800) == 1 and torn.repaired == 3
+    assert torn.stored("T", 2, 5, 800) == 1 and torn.found == {500, 700, 800}
     assert torn.stored("T", 1, 10, 600) == 0  # stored by this run (at or past halves_before): not a suspect
     assert torn.stored("T", 1, 2, 100) == 0 and len(queues.reads) == 2  # (its commit would lie past the horizon: read)
     assert torn.suspects(low=9) and not torn.suspects(low=10)
@@ -248,10 +248,14 @@ def test_no_tear_is_looked_for_when_no_record_followed_the_last_op():
     assert torn.stored("T", 0, 1, 100) == 0 and queues.reads == [] and not torn.suspects(low=0)
 
 
-def test_a_long_read_goes_on_over_calls_and_answers_only_once_it_is_whole():
-    queues = _Queues({("T", 0): [(100 + i, 50 if i % 2 else 60) for i in range(7)]})
+def test_a_long_read_goes_on_over_turns_within_a_budget_and_answers_once_it_is_whole():
+    queues = _Queues({("T", 0): [(100 + i, 50 if i % 2 else 60) for i in range(7)],
+                      ("U", 0): [(200, 70)]})
     torn = TornCommits(horizon=0, before=1000, halves_before=5, count=queues, budget=3)
-    answers = [torn.stored("T", 0, 1, 50) for _ in range(4)]
-    assert answers == [None, None, 3, 3] and len(queues.reads) == 3
-    assert torn.stored("T", 0, 2, 60) == 4  # (the queue is read: nothing more)
-    assert len(queues.reads) == 3
+    assert torn.stored("T", 0, 1, 50) is None and torn.stored("U", 0, 2, 70) is None  # (the turn's 3 are spent)
+    assert torn.new_turn()  # (the reads under way go on: 3 more of T's)
+    assert torn.stored("T", 0, 1, 50) is None
+    assert not torn.new_turn()  # T's last one and U's: both whole
+    assert torn.stored("T", 0, 1, 50) == 3 and torn.stored("T", 0, 2, 60) == 4 and torn.stored("U", 0, 3, 70) == 1
+    assert torn.stored("T", 0, 4, 40) == 0 and queues.reads[-1] == ("T", 0, 40, 50)  # (below: read further down)
+    assert torn.found == {50, 60, 70} and len(queues.reads) == 5

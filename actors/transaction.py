@@ -68,6 +68,7 @@ from actors.transaction_core import (
     TransactionCore,
     end_outcome,
 )
+from actors.transaction_ends import End, Ends, reply
 from actors.transaction_halves import half_of, inner_count, not_the_half
 from actors.wire import SERVICE_SEND, read_from_wire
 from node import protocol
@@ -218,12 +219,12 @@ class Transaction(Actor):
         if code == protocol.GET_TRANSACTION_STATE:
             now_ms = time.time_ns() // 1_000_000
             limit = header.get("limit") if isinstance(header.get("limit"), int) else LIST_LIMIT
-            out.append(_reply(client, arrival, header.get("opaque"), "OK", "", **self.core.statistics(now_ms),
+            out.append(reply(client, arrival, header.get("opaque"), "OK", "", **self.core.statistics(now_ms),
                               halves=self.core.listing(now_ms, limit)))
             return
         if len(self.ends) >= ENDS_WAITING:  # (answers share the ring: it is read on, and ends refused)
             self.refused_ends += 1
-            out.append(_reply(client, arrival, header.get("opaque"), "SYSTEM_BUSY",
+            out.append(reply(client, arrival, header.get("opaque"), "SYSTEM_BUSY",
                               f"{len(self.ends)} ends wait for the write path; end them again later"))
             return
         ends = header["ends"] if code == protocol.END_TRANSACTIONS and "ends" in header else [header]
@@ -238,7 +239,7 @@ class Transaction(Actor):
                     for h in self.core.pending.values() if h.group == group and h.offset not in self.core.ending]
             ends = ends[:OPEN_ENDS_A_REQUEST]
             if not ends:
-                out.append(_reply(client, arrival, header.get("opaque"), "OK", "", results=[]))
+                out.append(reply(client, arrival, header.get("opaque"), "OK", "", results=[]))
                 return
         batch = Ends(client, arrival, header.get("opaque"), header.get("oneway") is True, len(ends),
                      single=code == protocol.END_TRANSACTION)
@@ -526,57 +527,3 @@ class Transaction(Actor):
 
 def _status(status: str) -> str:
     return "OK" if status in protocol.STORED_STATUSES else status
-
-
-def _reply(client: bytes, arrival: int, opaque, status: str, remark: str, **fields) -> tuple:
-    return client, -arrival, orjson.dumps(protocol.reply_header(opaque, status, remark, **fields))
-
-
-_OK = {"status": "OK"}  # (one dict for every plain OK: a Spark commit has a million; only serialised)
-
-
-class End:
-    """One end decided here, waiting for its re-put (the committed half's record is read then,
-    `half`, unless the end had to read it to find it: `stored`) and then for its answer."""
-
-    __slots__ = ("offset", "outcome", "phy", "half", "stored", "batch", "i", "records", "asked")
-
-    def __init__(self, offset: int, outcome: str, phy: int, half: Half | None, stored: Stored | None, batch: Ends,
-                 i: int):
-        self.offset, self.outcome, self.phy, self.half, self.stored, self.batch, self.i = \
-            offset, outcome, phy, half, stored, batch, i
-        self.records = 0  # a commit's re-put records (a one-half batch's: its messages)
-        self.asked = outcome  # (a rollback of a half a torn commit had begun to commit: a commit)
-
-    def size(self) -> int:
-        """About the bytes its re-put carries (the half's record; a rollback's: none)."""
-        if self.outcome != COMMIT:
-            return 0
-        return self.half.size if self.half is not None else len(self.stored.body)
-
-
-class Ends:
-    """The answer to one END_TRANSACTION (`single`) or END_TRANSACTIONS: a result per end, the
-    reply once every one has its result (none for a oneway request)."""
-
-    __slots__ = ("client", "arrival", "opaque", "oneway", "results", "left", "single")
-
-    def __init__(self, client: bytes, arrival: int, opaque, oneway: bool, count: int, *, single: bool):
-        self.client, self.arrival, self.opaque, self.oneway, self.single = client, arrival, opaque, oneway, single
-        self.results: list[dict | None] = [None] * count
-        self.left = count
-
-    def set(self, i: int, out: list, status: str, remark: str, **fields) -> None:
-        if remark or fields:
-            self.results[i] = {"status": status, "remark": remark, **fields}
-        else:
-            self.results[i] = _OK if status == "OK" else {"status": status}
-        self.left -= 1
-        if self.left or self.oneway:
-            return
-        if self.single:
-            result = self.results[0]
-            out.append(_reply(self.client, self.arrival, self.opaque, result["status"], result.get("remark", ""),
-                              **{k: v for k, v in result.items() if k not in ("status", "remark")}))
-        else:
-            out.append(_reply(self.client, self.arrival, self.opaque, "OK", "", results=self.results))

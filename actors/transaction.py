@@ -46,14 +46,12 @@ from actors.links import inbox, reply_outbox, service_links_statistics
 from actors.reput import (
     PROPERTY_TRANSACTION_OP,
     ReputDeadline,
-    Stored,
     stored_of,
     commit_batch_item,
     commit_item,
     delivered_statuses,
     delivery_request,
     discard_item,
-    half_target,
     op_item,
 )
 from actors.transaction_core import (
@@ -318,7 +316,7 @@ class Transaction(Actor):
         """A rollback of a half an earlier run's torn commit stored messages of: the commit was
         decided, so it is finished instead (`end` becomes a commit, answered as a repeat is).
         LATER while that is not known yet."""
-        found = self._torn_found(end.offset, end.phy, end.half, end.stored)
+        found = self._torn_found(end.offset, end.phy, end.target())
         if found is None:
             return LATER
         if found:
@@ -326,30 +324,29 @@ class Transaction(Actor):
             self.core.ending[end.offset] = COMMIT
         return None
 
-    def _torn_found(self, offset: int, phy: int, half: Half | None, stored: Stored | None) -> int | None:
+    def _torn_found(self, offset: int, phy: int, target: tuple[str, int] | None) -> int | None:
         """The half's messages an earlier run's torn commit stored (TornCommits; None: not known yet)."""
-        if self.torn is None:
+        if self.torn is None or target is None:
             return 0
-        target = (half.topic, half.queue_id) if half is not None else half_target(stored) if stored else None
-        return self.torn.stored(*target, offset, phy) if target else 0
+        return self.torn.stored(*target, offset, phy)
 
     def _commit_item(self, end: End, out: list):
         """The re-put of a committed half's message (or, a one-half batch's, its messages): one
         item, or none when an earlier run's torn commit stored them all already (TornCommits; a
         one-half batch's first ones only: the rest go); None, answered, when its record is gone
         (its segment cleaned away since it was read); LATER while TornCommits reads its queue."""
-        half = end.half
+        half, target = end.half, end.target()
         if half is not None:
             stored = stored_of(self.reader.record_bytes(half.phy, half.size), parse=False)
-            target, inner = (half.topic, half.queue_id), half.inner
+            inner = half.inner
         else:  # (`_end` read it to find it, and checked it is a half)
             stored = end.stored
-            target, inner = half_target(stored), inner_count(stored.properties)
+            inner = inner_count(stored.properties)
         if stored is None:
             self.core.end_failed(end.offset)
             end.batch.set(end.i, out, "SYSTEM_ERROR", f"{NO_HALF}: the half at commitLogOffset {end.phy} is gone")
             return None
-        already = self._torn_found(end.offset, end.phy, half, stored) if target else 0
+        already = self._torn_found(end.offset, end.phy, target)
         if already is None:
             return LATER
         if already >= max(inner, 1):
@@ -466,7 +463,7 @@ class Transaction(Actor):
             return halves
         left = []
         for half in halves:
-            found = self._torn_found(half.offset, half.phy, half, None)
+            found = self._torn_found(half.offset, half.phy, (half.topic, half.queue_id))
             if found == 0:
                 left.append(half)
             elif found and self.core.end(half.offset, COMMIT) is None:
@@ -478,8 +475,10 @@ class Transaction(Actor):
 
     def _persist(self) -> None:
         snapshot = self.core.snapshot()
-        horizon = self.torn.horizon if self.torn is not None and self.torn.suspects(self.core.low) \
-            else self.torn_horizon if self.torn is None else None
+        if self.torn is None:  # (a slave: an earlier run's, kept for its promotion)
+            horizon = self.torn_horizon
+        else:
+            horizon = self.torn.horizon if self.torn.suspects(self.core.low) else None
         config_files.persist(self.path, snapshot if horizon is None else snapshot | {"tornHorizon": horizon})
 
     def _begin_ending(self) -> None:

@@ -281,8 +281,9 @@ class TornCommits:
     def new_turn(self) -> bool:
         """A turn's budget, spent first on the reads under way; True while one is (turn again soon)."""
         self.left = self.budget
-        for key in list(self.reading):
-            self._read(key)
+        if self.reading:
+            for key in list(self.reading):
+                self._read(key)
         return bool(self.reading)
 
     def stored(self, topic: str, queue_id: int, offset: int, phy: int) -> int | None:

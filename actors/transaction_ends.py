@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import orjson
 
-from actors.reput import Stored
+from actors.reput import Stored, half_target
 from actors.transaction_core import COMMIT, Half
 from node import protocol
 
@@ -30,6 +30,10 @@ class End:
             offset, outcome, phy, half, stored, batch, i
         self.records = 0  # a commit's re-put records (a one-half batch's: its messages)
         self.asked = outcome  # (a rollback of a half a torn commit had begun to commit: a commit)
+
+    def target(self) -> tuple[str, int] | None:
+        """The half's real topic and queue (None: not a half a commit could deliver)."""
+        return (self.half.topic, self.half.queue_id) if self.half is not None else half_target(self.stored)
 
     def size(self) -> int:
         """About the bytes its re-put carries (the half's record; a rollback's: none)."""

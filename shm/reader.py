@@ -129,24 +129,31 @@ class QueueView:
         first = files[0]
         if self.min_cache is not None and self.min_cache[0] is first and self.min_cache[1] == commitlog_min:
             return self.min_cache[2]
-        for segment in files:
+        found = self.first_at_or_past(commitlog_min)
+        if found is None:
+            return self.end // ENTRY_SIZE  # nothing stored (yet): not cached
+        self.min_cache = (first, commitlog_min, found)
+        return found
+
+    def first_at_or_past(self, physical: int) -> int | None:
+        """The first entry that is no filler and points at or past CommitLog offset `physical`
+        (None: none does). Entries point forward in the CommitLog: a bisection a file."""
+        for segment in self.queue.files.files:
             count = segment.position_written // ENTRY_SIZE
             view = segment.map
-            low, high = 0, count  # the first entry in this file that is stored
+            low, high = 0, count
             while low < high:
                 middle = (low + high) // 2
                 phy, size, _ = _ENTRY.unpack_from(view, middle * ENTRY_SIZE)
-                if size != FILLER_SIZE and phy >= commitlog_min:
+                if size != FILLER_SIZE and phy >= physical:
                     high = middle
                 else:
                     low = middle + 1
             if low < count:
-                found = (segment.offset_start + low * ENTRY_SIZE) // ENTRY_SIZE
-                self.min_cache = (first, commitlog_min, found)
-                return found
+                return (segment.offset_start + low * ENTRY_SIZE) // ENTRY_SIZE
             if segment.position_written < segment.size:
                 break
-        return self.end // ENTRY_SIZE  # nothing stored (yet): not cached
+        return None
 
     def close(self) -> None:
         self.queue.close()
@@ -205,15 +212,10 @@ class StoreReader:
         read). A queue's entries are in CommitLog order, so the first at or past `low` is found by
         bisection; only each record's head is read, not its body."""
         view = self.queue(topic, queue_id, dispatched)
-        first, end = view.min_offset(self.commitlog_min), view.max_offset
-        while first < end:  # (the first entry at or past `low`)
-            middle = (first + end) // 2
-            entry = view.queue.entry(middle)
-            if entry is None or entry.size == FILLER_SIZE or entry.physical_offset < low:
-                first = middle + 1
-            else:
-                end = middle
+        first = view.first_at_or_past(max(low, self.commitlog_min))
         found: Counter = Counter()
+        if first is None:
+            return found, high, 0
         begun = first
         end = min(view.max_offset, first + limit)
         while first < end:

@@ -482,7 +482,7 @@ def peek_transaction(buf, pos: int = 0) -> tuple[int, int]:
     """(the SYSFLAG's transaction bits, PREPAREDTRANSACTIONOFFSET) of the record at `pos`, read in
     place: `buf` needs only the record's fixed part and hosts (TRANSACTION_HEAD_BYTES)."""
     sys_flag, = _I32.unpack_from(buf, pos + OFFSET_SYSFLAG)
-    return sys_flag & TRANSACTION_MASK, _I64.unpack_from(buf, pos + body_offset(sys_flag) - 12)[0]
+    return sys_flag & TRANSACTION_MASK, _I64.unpack_from(buf, pos + _prepared_at(sys_flag))[0]
 
 
 TRANSACTION_HEAD_BYTES = 112  # `body_offset` with both hosts IPv6: what `peek_transaction` reads at most
@@ -491,6 +491,11 @@ TRANSACTION_HEAD_BYTES = 112  # `body_offset` with both hosts IPv6: what `peek_t
 def body_offset(sys_flag: int) -> int:
     """Where BODY starts in a record: its fixed part is 72 bytes plus the two hosts (either magic)."""
     return 72 + (20 if sys_flag & FLAG_BORNHOST_V6 else 8) + (20 if sys_flag & FLAG_STOREHOST_V6 else 8)
+
+
+def _prepared_at(sys_flag: int) -> int:
+    """Where PREPAREDTRANSACTIONOFFSET is: before BODYLENGTH, which is just before BODY."""
+    return body_offset(sys_flag) - 12
 
 
 def envelope(raw) -> bytes:
@@ -522,7 +527,7 @@ def set_transaction(records: bytearray, sizes: list[int], transaction: int, prep
     for size in sizes:
         sys_flag = _I32.unpack_from(records, at + OFFSET_SYSFLAG)[0]
         _I32.pack_into(records, at + OFFSET_SYSFLAG, (sys_flag & ~TRANSACTION_MASK) | transaction)
-        _I64.pack_into(records, at + body_offset(sys_flag) - 12, prepared)
+        _I64.pack_into(records, at + _prepared_at(sys_flag), prepared)
         at += size
     invariant(at == len(records), "the record sizes must add up to the records", at, len(records))
 

@@ -408,7 +408,8 @@ class Front(Actor):
             if remark:
                 return self._refuse(client, request, oneway, "MESSAGE_ILLEGAL", remark)
         else:  # the node's own request, built from stored records: marked as such, topics made
-            for message in request.header.get("messages") or [request.header]:
+            messages = request.header.get("messages")  # ([]: a service's barrier, actors.transaction)
+            for message in [request.header] if messages is None else messages:
                 self.router.internal_topic(message["topic"])
             request.header["_reput"] = reput
             frames = [orjson.dumps(request.header), frames[1]]
@@ -441,12 +442,18 @@ class Front(Actor):
         """This turn's sends, as one message, to the write service or to the next ingress worker;
         SYSTEM_BUSY to each when that link is full (its consumer is behind)."""
         outgoing, self.outgoing, self.outgoing_bytes = self.outgoing, [], 0
-        if first_keeping_up(self.sends_out, SHIP_BYTES).send([parts for parts, *_ in outgoing]):
+        # a service's re-puts (and barriers) always take the first link: in order among themselves
+        services = len(self.sends_out) > 1 and any(self._is_service(client) for _, client, *_ in outgoing)
+        out = self.sends_out[0] if services else first_keeping_up(self.sends_out, SHIP_BYTES)
+        if out.send([parts for parts, *_ in outgoing]):
             return
         for _, client, request, oneway in outgoing:
             if not oneway:
                 self.in_flight -= 1
             self._refuse(client, request, oneway, "SYSTEM_BUSY", "[TIMEOUT_CLEAN_QUEUE]send queue is full")
+
+    def _is_service(self, client: bytes) -> bool:
+        return client == REPUT_CLIENT or client in self.service_outs
 
     def _refuse(self, client: bytes, request: protocol.Request, oneway: bool, status: str, remark: str) -> None:
         self.refused += 1

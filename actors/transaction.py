@@ -24,7 +24,9 @@ Commit order: one request carries a turn's committed messages and then their op 
 writer appends them together, the op last. The outcome counts once the op is stored (answered as
 the write mode promises). A node killed inside that append keeps the messages before the cut and
 not the op: the half is open again, and its next end re-puts only what is missing
-(`TornCommits`, actors.transaction_core), where RocketMQ would commit it a second time.
+(`TornCommits`, actors.transaction_core), where RocketMQ would commit it a second time. This
+service killed alone can leave a commit on its way that its successor cannot see yet: that one
+ends nothing before a barrier sent behind it has passed the write path (`_prepare_ending`).
 
 State is what the op and half queues say (read back each turn, on a slave too: a promoted slave
 goes on from where its own reading stands), plus a snapshot (`config/transactionCheck.json`,
@@ -92,6 +94,8 @@ READ_A_TURN = 8192  # half and op entries read a turn
 OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
 LATER = object()  # `_commit_item`: not yet (TornCommits reads on next turn)
+HELD_LIMIT = 10_000  # end requests held while the service prepares to end halves; beyond, SYSTEM_BUSY
+BARRIER = "barrier"  # an empty re-put: what was sent before it is stored (`_prepare_ending`)
 OPEN_ENDS_A_REQUEST = 100_000  # open halves one `openOfGroup` request rolls back (the client asks again)
 
 
@@ -113,6 +117,9 @@ class Transaction(Actor):
         self.core = TransactionCore(s.transactionTimeOut, s.transactionCheckMax, s.transactionCheckInterval, snapshot)
         self.torn_horizon = snapshot.get("tornHorizon")  # an earlier run's, while its suspects stay open
         self.torn: TornCommits | None = None  # set when this run begins to end halves (as a master)
+        self.barrier: int | None = None  # the opaque of this run's barrier, once sent (`_prepare_ending`)
+        self.barrier_end: int | None = None  # `written` when the write path answered it
+        self.held: collections.deque = collections.deque()  # end requests that came before it passed
         self.requests = inbox(self, read_from_wire)
         self.replies = reply_outbox(self)
         self.checks = socket(self.context, zmq.PUSH, hwm=1_000_000)
@@ -136,19 +143,22 @@ class Transaction(Actor):
     def timeout_ms(self) -> int:
         if self.torn is not None and self.torn.reading:
             return 0  # (TornCommits reads a queue, a budget a turn: an end waits for it)
-        return self.requests.wait_ms(20 if self.waiting else 100)  # (the queues are read back each turn)
+        # (the queues are read back each turn; while a barrier passes, soon again)
+        return self.requests.wait_ms(20 if self.waiting or self.torn is None and not self._slave() else 100)
 
     def step(self, events: set) -> None:
         self._follow()
+        out: list = []
         if self.torn is None and not self._slave():
-            self._begin_ending()
+            self._prepare_ending(out)
         if self.torn is not None:
             self.torn.new_turn()
-        out: list = []
         for header, client, arrival in self.requests.take():
             if client == TRANSACTION_CLIENT:  # the front's answer to a re-put
                 self.deadline.answered(time.monotonic())
                 self._answered(header)
+            elif self._holding(header):
+                self._hold(header, client, arrival, out)
             else:
                 self._serve(header, client, arrival, out)
         self._ship_ends(out)
@@ -160,7 +170,7 @@ class Transaction(Actor):
             ends = self.ops_again.pop(0)[1]
             self._put([op_item(COMMIT, [str(end.offset) for end in ends], time.time_ns() // 1_000_000)],
                       ("end", ends, [COMMIT], "op only"))
-        if now >= self.next_check and not self._slave():
+        if now >= self.next_check and self.torn is not None and not self._slave():
             self.next_check = now + self.settings.transactionCheckInterval / 1000
             self._check()
         if now >= self.next_persist:
@@ -358,13 +368,14 @@ class Transaction(Actor):
         end.records = item[0]["_reput"].get("inner", 1)
         return [item]
 
-    def _put(self, items: list, what: tuple) -> None:
+    def _put(self, items: list, what: tuple) -> int:
         self.opaque = (self.opaque + 1) % (1 << 31)
         header, body = delivery_request(items, self.opaque)
         records = sum(item["_reput"].get("inner", 1) for item in header["messages"])
         self.waiting[self.opaque] = (what, records, time.monotonic(), len(body))
         self.reput_bytes += len(body)
         self.replies.send([(TRANSACTION_CLIENT, SERVICE_SEND, orjson.dumps(header), body)])  # (the front serves it as a send)
+        return self.opaque
 
     def _answered(self, header: dict) -> None:
         waiting = self.waiting.pop(header.get("opaque"), None)
@@ -372,6 +383,9 @@ class Transaction(Actor):
             return  # (expired already: counted as not stored)
         what, count, _, size = waiting
         self.reput_bytes -= size
+        if what[0] == BARRIER:
+            self._barrier_answered(header.get("status"))
+            return
         statuses = delivered_statuses(header, count)
         if what[0] == "end" and len(what) > 3:  # an op record written again: the messages are stored
             statuses = ["PUT_OK"] * sum(end.records for end in what[1]) + statuses
@@ -480,6 +494,50 @@ class Transaction(Actor):
         else:
             horizon = self.torn.horizon if self.torn.suspects(self.core.low) else None
         config_files.persist(self.path, snapshot if horizon is None else snapshot | {"tornHorizon": horizon})
+
+    # -- beginning to end halves ----------------------------------------------------------------------
+
+    def _prepare_ending(self, out: list) -> None:
+        """Before this run ends halves (a master's start, a promotion), everything an earlier
+        instance of this service sent must be stored and read back: a commit it re-put just
+        before it was killed is still on its way (in its ring, at the front, in the writer's
+        ring), and a half whose op record is not read yet looks open, so its next end would
+        commit it a second time. A barrier, an empty re-put, goes the way those went, each link
+        in order (the front gives a service's re-puts the first of its links); once the write
+        path has answered it and the dispatcher has passed where it stood, their op records are
+        read here, and the ends that came meanwhile are served, in order."""
+        if self.barrier is None:
+            self.barrier = self._put([], (BARRIER,))
+        elif self.barrier_end is not None and self._caught_up(self.barrier_end):
+            self._begin_ending()
+            held, self.held = self.held, collections.deque()
+            for header, client, arrival in held:
+                self._serve(header, client, arrival, out)
+
+    def _barrier_answered(self, status: str | None) -> None:
+        if status in protocol.STORED_STATUSES:
+            self.barrier_end = self.control.get("written")
+        else:  # (refused at the front, or expired: another, next turn)
+            self.barrier = None
+
+    def _caught_up(self, end: int) -> bool:
+        """Whether the op records stored below CommitLog offset `end` are all read."""
+        dispatched = self.control.get("dispatched")
+        if dispatched < end:
+            return False
+        return self.core.op_read_to >= self.reader.queue(TRANS_OP_HALF_TOPIC, 0, dispatched).max_offset
+
+    def _holding(self, header: dict) -> bool:
+        """Whether this request waits for `_prepare_ending` (an end, on a master, before it is done)."""
+        return self.torn is None and header["code"] != protocol.GET_TRANSACTION_STATE and not self._slave()
+
+    def _hold(self, header: dict, client: bytes, arrival: int, out: list) -> None:
+        if len(self.held) >= HELD_LIMIT:
+            self.refused_ends += 1
+            out.append(reply(client, arrival, header.get("opaque"), "SYSTEM_BUSY",
+                             "the transaction service is starting; end it again later"))
+            return
+        self.held.append((header, client, arrival))
 
     def _begin_ending(self) -> None:
         """This run ends halves from now on (a master's start, or a promotion): where a torn commit

@@ -9,9 +9,11 @@ import asyncio
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import orjson
+import psutil
 import pytest
 from helpers import BORN, STORE_HOST, open_store, put, wait_until
 from nodes import ROOT, NodeProcess, free_port, node_settings
@@ -69,8 +71,8 @@ def state(endpoint: str) -> dict:
     return reply
 
 
-def end(endpoint: str, sent, group: str, outcome: int) -> dict:
-    with Producer(endpoint, retries=0) as client:
+def end(endpoint: str, sent, group: str, outcome: int, timeout: float = 3.0) -> dict:
+    with Producer(endpoint, retries=0, timeout=timeout) as client:
         reply, _ = client.request({"code": protocol.END_TRANSACTION, "producerGroup": group,
                                    "tranStateTableOffset": sent.queue_offset,
                                    "commitLogOffset": decode_msg_id(sent.offset_msg_id)[1],
@@ -228,6 +230,51 @@ def test_a_kill_of_the_transaction_service_between_half_and_outcome(node):
     assert end(node.endpoint, done, "PG-svc", 8)["outcome"] == "commit"  # known again from the op records
     seen = sorted(m.body for m in visible(node.endpoint, "TxSvc"))
     assert seen == [b"before", b"open"]
+
+
+@pytest.mark.parametrize("ingress", [0, 2])  # (with ingress workers: a service's re-puts keep to one)
+def test_a_commit_on_its_way_when_the_service_is_killed_is_not_made_twice(tmp_path, ingress):
+    """The transaction service killed while its commit waits in the write path (the writer
+    stopped; no fast failure, so the wait does not refuse it): the half still looks open to its
+    successor, whose first look at the queues cannot see that commit yet. It ends nothing before
+    a barrier behind that commit has passed and the commit's op record is read, so the
+    producer's end again is a repeat, not a second commit."""
+    settings = node_settings(tmp_path / "store", brokerFastFailureEnable=False, ingressWorkers=ingress)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    try:
+        stored_once_through_a_kill(node)
+    finally:
+        node.stop(strict=False)
+
+
+def stored_once_through_a_kill(node: NodeProcess) -> None:
+    with TransactionProducer(node.endpoint, "PG-way", execute=lambda message, arg: UNKNOW) as producer:
+        sent = producer.send_in_transaction("TxWay", "once")  # (left open)
+    writer = node.actor_process("writer")
+    service = node.actor_process("transaction")
+    answers = []
+    writer.suspend()
+    try:
+        with pytest.raises(SendError):  # its commit waits for the writer, and so its answer
+            end(node.endpoint, sent, "PG-way", 8, timeout=1.0)
+        service.kill()
+
+        def successor() -> bool:
+            try:
+                return node.actor_process("transaction").pid != service.pid and bool(state(node.endpoint))
+            except (FileNotFoundError, ValueError, psutil.NoSuchProcess, SendError):
+                return False
+
+        wait_until(successor, 8, "the restarted transaction service")
+        again = threading.Thread(target=lambda: answers.append(end(node.endpoint, sent, "PG-way", 8, timeout=20.0)))
+        again.start()
+        time.sleep(0.5)  # (the successor has the end; without the barrier it would commit again now)
+    finally:
+        writer.resume()
+    again.join(30)
+    assert answers and answers[0]["status"] == "OK", answers
+    assert answers[0].get("outcome") == "commit", answers  # a repeat of the first
+    assert [m.body for m in visible(node.endpoint, "TxWay")] == [b"once"]
 
 
 def test_the_cli_sends_in_transactions_and_shows_them(node):

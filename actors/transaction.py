@@ -46,7 +46,6 @@ from actors import config_files
 from actors.base import Actor, socket
 from actors.links import inbox, reply_outbox, service_links_statistics
 from actors.reput import (
-    PROPERTY_TRANSACTION_OP,
     ReputDeadline,
     stored_of,
     commit_batch_item,
@@ -69,18 +68,13 @@ from actors.transaction_core import (
     end_outcome,
 )
 from actors.transaction_ends import End, Ends, reply
-from actors.transaction_halves import half_of, inner_count, not_the_half
+from actors.transaction_halves import inner_count, not_the_half
+from actors.transaction_queues import TransactionQueues
 from actors.wire import SERVICE_SEND, read_from_wire
 from node import protocol
 from node.client.frames import send_frames
-from shm import consume_queue
 from shm import reader as store_reader
-from shm.codec import (
-    PROPERTY_UNIQ_KEY,
-    TRANS_HALF_TOPIC,
-    TRANS_OP_HALF_TOPIC,
-    offset_msg_id,
-)
+from shm.codec import PROPERTY_UNIQ_KEY, offset_msg_id
 from shm.control_block import ROLE_CODES
 
 TRANSACTION_CLIENT = b"\x00mqnode-transaction"  # its re-puts' pseudo-client at the front (no peer's id begins with 0)
@@ -90,7 +84,6 @@ REPUT_BYTES = 768 << 10  # ... and bytes of committed messages (unless one alone
 REPUT_BYTES_IN_FLIGHT = 8 << 20  # bytes of re-puts unanswered at once: the rest wait here (a Spark commit of
 # a million rows would otherwise fill the writer's ring, and its sends be refused SYSTEM_BUSY)
 ENDS_WAITING = 200_000  # ends decided and not yet re-put; beyond, an end request is refused SYSTEM_BUSY
-READ_A_TURN = 8192  # half and op entries read a turn
 OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
 LATER = object()  # `_commit_item`: not yet (TornCommits reads on next turn)
@@ -115,6 +108,7 @@ class Transaction(Actor):
         self.path = s.root / "config" / "transactionCheck.json"
         snapshot = config_files.read(self.path) or {}
         self.core = TransactionCore(s.transactionTimeOut, s.transactionCheckMax, s.transactionCheckInterval, snapshot)
+        self.queues = TransactionQueues(self.reader, self.core)
         self.torn_horizon = snapshot.get("tornHorizon")  # an earlier run's, while its suspects stay open
         self.torn: TornCommits | None = None  # set when this run begins to end halves (as a master)
         self.barrier: int | None = None  # the opaque of this run's barrier, once sent (`_prepare_ending`)
@@ -180,45 +174,8 @@ class Transaction(Actor):
     def _slave(self) -> bool:
         return self.control.get("role") == ROLE_CODES["SLAVE"]
 
-    # -- reading the queues back -------------------------------------------------------------------
-
     def _follow(self) -> None:
-        """The op records, then the halves, stored since the last turn (the ops first: a half
-        ended before it was read is then never taken for open)."""
-        dispatched = self.control.get("dispatched")
-        core = self.core
-        ops = self.reader.queue(TRANS_OP_HALF_TOPIC, 0, dispatched)
-        core.op_read_to = max(core.op_read_to, ops.min_offset(self.reader.commitlog_min))  # (cleaned: gone)
-        for _, record in self._entries(ops, core.op_read_to, READ_A_TURN):
-            if record is None:
-                core.op_read_to += 1
-                continue
-            core.op(record.properties.get(PROPERTY_TRANSACTION_OP, ""), record.body.decode(errors="replace").split(","))
-        halves = self.reader.queue(TRANS_HALF_TOPIC, 0, dispatched)
-        core.halves_gone(halves.min_offset(self.reader.commitlog_min))
-        record_bytes = self.reader.record_bytes
-        for phy, size in self._places(halves, core.read_to, min(READ_A_TURN, core.room())):
-            core.half(half_of(core.read_to, phy, size, record_bytes(phy, size)))
-
-    def _entries(self, view, offset: int, count: int):
-        """(phy, size) and the decoded record (None: gone, or not a record) of up to `count`
-        entries of the queue `view` from `offset`."""
-        for phy, size in self._places(view, offset, count):
-            yield (phy, size), stored_of(self.reader.record_bytes(phy, size))
-
-    @staticmethod
-    def _places(view, offset: int, count: int) -> list[tuple[int, int]]:
-        """(phy, size) of up to `count` entries of the queue `view` from `offset`."""
-        out: list[tuple[int, int]] = []
-        end = min(view.max_offset, offset + count)
-        while offset < end:
-            raw = view.queue.raw_entries(offset, end - offset, limit_offset=view.max_offset)
-            if not raw:
-                break
-            found = [(phy, size) for phy, size, _ in consume_queue.entries(raw)]
-            out += found
-            offset += len(found)
-        return out
+        self.queues.follow(self.control.get("dispatched"))
 
     # -- ends ----------------------------------------------------------------------------------------
 
@@ -523,9 +480,7 @@ class Transaction(Actor):
     def _caught_up(self, end: int) -> bool:
         """Whether the op records stored below CommitLog offset `end` are all read."""
         dispatched = self.control.get("dispatched")
-        if dispatched < end:
-            return False
-        return self.core.op_read_to >= self.reader.queue(TRANS_OP_HALF_TOPIC, 0, dispatched).max_offset
+        return dispatched >= end and self.queues.ops_read(dispatched)
 
     def _holding(self, header: dict) -> bool:
         """Whether this request waits for `_prepare_ending` (an end, on a master, before it is done)."""
@@ -544,13 +499,10 @@ class Transaction(Actor):
         of an earlier run can lie is fixed now (TornCommits), and kept in the snapshot at once,
         so that a crash before the suspects are ended does not lose it."""
         dispatched = self.control.get("dispatched")
-        ops = self.reader.queue(TRANS_OP_HALF_TOPIC, 0, dispatched)
-        last = ops.queue.entry(ops.max_offset - 1) if ops.max_offset > 0 else None
-        horizon = last.physical_offset + last.size if last is not None else 0
+        horizon = self.queues.last_op_end(dispatched)
         if self.torn_horizon is not None:
             horizon = min(horizon, int(self.torn_horizon))
-        halves = self.reader.queue(TRANS_HALF_TOPIC, 0, dispatched).max_offset
-        self.torn = TornCommits(horizon, dispatched, halves, self._commits_stored)
+        self.torn = TornCommits(horizon, dispatched, self.queues.halves_end(dispatched), self._commits_stored)
         if self.torn.suspects(self.core.low):
             self._persist()
 

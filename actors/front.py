@@ -56,9 +56,8 @@ from actors.wire import SERVICE_SEND, join_frames, read_meta, read_size, read_to
 from actors import consumers, edge, guard
 from actors.consumers import ConsumerGroups
 from actors.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
-from actors.memory import node_memory
 from actors.offsets import ConsumerOffsets, SubscriptionGroups
-from actors.store_stats import StoreStats
+from actors.runtime_info import NodeStatistics
 from actors.topics import TopicTable
 from node import protocol
 from node.client.frames import NOBLOCK, send_frames
@@ -91,6 +90,7 @@ class Front(Actor):
         self.waiting_outs: tuple = ()  # (each of those three, what its refusal past patience says)
         self.inbox = None
         self.pinner: ProcessPinner | None = None
+        self.node_stats: NodeStatistics | None = None  # what `admin stats` answers
         self.cpu_latency: CpuLatencyRequest | None = None
         self.accepting = True
         self.in_flight = self.requests = self.refused = self.malformed = 0
@@ -147,7 +147,7 @@ class Front(Actor):
         self.groups = SubscriptionGroups(s.root / "config")
         self.replication = FrontReplication(s, self.control, self.topics, self.groups, self.offsets)
         self.router = Router(s, self.topics, self.offsets, self.groups,
-                             brokers=lambda: self.replication.brokers(self.actor_stats))
+                             brokers=lambda: self.replication.brokers(self.node_stats.actors))
         self.consumers = ConsumerGroups(s.clientChannelExpiredTimeout, s.rebalanceLockMaxLiveTime)
         self.next_member_look = time.monotonic() + 1.0
         self.next_offsets_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
@@ -161,8 +161,7 @@ class Front(Actor):
         self.pinner = ProcessPinner(s.frontPinBelowCpu) if s.frontPinBelowCpu > 0 else None
         self.cpu_latency = CpuLatencyRequest(s.cpuIdleLatencyUs) if s.cpuIdleLatencyUs != NO_REQUEST else None
         self.bug_code = injected_bug_code(self.name)
-        self.actor_stats: dict[str, dict] = {}
-        self.store_stats = StoreStats(int(time.time() * 1000))
+        self.node_stats = NodeStatistics(s, self.hosts, int(time.time() * 1000))
 
     def drain_mode(self) -> None:
         """Shutdown: refuse new sends from now on; those in flight still get their replies."""
@@ -366,16 +365,13 @@ class Front(Actor):
             self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY", busy))
 
     def _runtime_info(self) -> dict:
-        actors = dict(self.actor_stats) | {"front": self.statistics()}
+        live = {"front": self.statistics()}
         for neighbour in self.neighbours:  # the services of this process: live, not a second old
-            actors[neighbour.label] = neighbour.statistics()
-        return {"runtime": self.store_stats.runtime_info(int(time.time() * 1000)), "actors": dict(sorted(actors.items())),
-                "control": self.control.snapshot(), "services": services_with_pids(self.hosts, actors),
-                "supervision": supervision_counts(self.settings),
-                "memory": node_memory(stats["pid"] for stats in actors.values() if "pid" in stats)}
+            live[neighbour.label] = neighbour.statistics()
+        return self.node_stats.answer(live, self.control.snapshot(), int(time.time() * 1000))
 
     def _ha(self, client: bytes, request: protocol.Request) -> None:
-        frames = self.replication.answer(request, self.actor_stats)
+        frames = self.replication.answer(request, self.node_stats.actors)
         if frames is None:  # a slave's promotion: its ha-client does it, and answers
             return self._forward(self.ha_admin, client, request, [orjson.dumps(request.header)],
                                  "the ha-client is not running; try again")
@@ -500,16 +496,12 @@ class Front(Actor):
     def _answer_send(self, client: bytes, arrival_ns: int, frames: list[bytes], now: int) -> None:
         if arrival_ns >= 0:  # a send's reply (reads are marked with a negative arrival)
             self.in_flight = max(0, self.in_flight - 1)
-            self.store_stats.record_latency((now - arrival_ns) / 1e6)
+            self.node_stats.store.record_latency((now - arrival_ns) / 1e6)
         self._reply(client, frames)
 
     def _take_stats(self) -> None:
         for raw in incoming(self.stats_in, MAX_TAKE, multipart=False):
-            stats = orjson.loads(raw)
-            self.actor_stats[stats["actor"]] = stats
-            if stats["actor"] == "writer" and "putMessageTimesTotal" in stats:  # (a slave's writer has no core)
-                self.store_stats.sample(int(time.time() * 1000), stats["putMessageTimesTotal"],
-                                        stats["putMessageSizeTotal"], stats["putMessageFailedTimes"])
+            self.node_stats.take(raw, int(time.time() * 1000))
 
     def statistics(self) -> dict:
         stats = super().statistics() | {"requests": self.requests, "inFlight": self.in_flight,
@@ -546,19 +538,3 @@ class Front(Actor):
         if self.curve is not None:
             self.curve.stop()
         super().close()
-
-
-def services_with_pids(hosts: dict[str, list[str]], actors: dict[str, dict]) -> dict[str, list[dict]]:
-    """Each service of the declared topology with the process that hosts it and its pid (None
-    until that process has sent its first statistics): `admin stats`' `services`."""
-    return {service: [{"process": label, "pid": actors.get(label, {}).get("pid")} for label in labels]
-            for service, labels in hosts.items()}
-
-
-def supervision_counts(settings) -> dict:
-    """Restarts and hangs per service process, as the node's watch last counted them
-    (`supervision.json` in the run directory, node.server.supervision): `admin stats`' `supervision`."""
-    try:
-        return orjson.loads((settings.run_dir / "supervision.json").read_bytes())
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return {}  # not written yet (or a node whose launcher is not watching)

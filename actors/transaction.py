@@ -111,7 +111,7 @@ class Transaction(Actor):
         self.queues = TransactionQueues(self.reader, self.core)
         self.torn_horizon = snapshot.get("tornHorizon")  # an earlier run's, while its suspects stay open
         self.torn: TornCommits | None = None  # set when this run begins to end halves (as a master)
-        self.barrier: int | None = None  # the opaque of this run's barrier, once sent (`_prepare_ending`)
+        self.barrier_sent = False  # this run's barrier, on its way (`_prepare_ending`)
         self.barrier_end: int | None = None  # `written` when the write path answered it
         self.held: collections.deque = collections.deque()  # end requests that came before it passed
         self.requests = inbox(self, read_from_wire)
@@ -138,7 +138,7 @@ class Transaction(Actor):
         if self.torn is not None and self.torn.reading:
             return 0  # (TornCommits reads a queue, a budget a turn: an end waits for it)
         # (the queues are read back each turn; while a barrier passes, soon again)
-        return self.requests.wait_ms(20 if self.waiting or self.torn is None and not self._slave() else 100)
+        return self.requests.wait_ms(20 if self.waiting or (self.torn is None and not self._slave()) else 100)
 
     def step(self, events: set) -> None:
         self._follow()
@@ -325,14 +325,13 @@ class Transaction(Actor):
         end.records = item[0]["_reput"].get("inner", 1)
         return [item]
 
-    def _put(self, items: list, what: tuple) -> int:
+    def _put(self, items: list, what: tuple) -> None:
         self.opaque = (self.opaque + 1) % (1 << 31)
         header, body = delivery_request(items, self.opaque)
         records = sum(item["_reput"].get("inner", 1) for item in header["messages"])
         self.waiting[self.opaque] = (what, records, time.monotonic(), len(body))
         self.reput_bytes += len(body)
         self.replies.send([(TRANSACTION_CLIENT, SERVICE_SEND, orjson.dumps(header), body)])  # (the front serves it as a send)
-        return self.opaque
 
     def _answered(self, header: dict) -> None:
         waiting = self.waiting.pop(header.get("opaque"), None)
@@ -463,8 +462,9 @@ class Transaction(Actor):
         in order (the front gives a service's re-puts the first of its links); once the write
         path has answered it and the dispatcher has passed where it stood, their op records are
         read here, and the ends that came meanwhile are served, in order."""
-        if self.barrier is None:
-            self.barrier = self._put([], (BARRIER,))
+        if not self.barrier_sent:
+            self._put([], (BARRIER,))
+            self.barrier_sent = True
         elif self.barrier_end is not None and self._caught_up(self.barrier_end):
             self._begin_ending()
             held, self.held = self.held, collections.deque()
@@ -475,7 +475,7 @@ class Transaction(Actor):
         if status in protocol.STORED_STATUSES:
             self.barrier_end = self.control.get("written")
         else:  # (refused at the front, or expired: another, next turn)
-            self.barrier = None
+            self.barrier_sent = False
 
     def _caught_up(self, end: int) -> bool:
         """Whether the op records stored below CommitLog offset `end` are all read."""

@@ -240,7 +240,6 @@ def end_outcome(header: dict) -> str | None:
     return END_OUTCOMES.get(header["commitOrRollback"])
 
 
-
 class TornCommits:
     """Committed messages a crash stored without their op record, so that a half is never
     committed twice, nor rolled back half-committed, by the node's own fault.
@@ -263,8 +262,9 @@ class TornCommits:
     and again only below where it was read; at most `budget` entries a turn (`new_turn`), so a long
     read goes on over turns and `stored` says None until it is whole.
 
-    Not covered: an op record the write path refused while its messages were stored (written
-    again after OP_RETRY_S) when the node dies within that second, behind later op records."""
+    A commit still on its way when only the service was killed is not torn: its successor ends
+    nothing before a barrier behind it has passed the write path (actors.transaction
+    `_prepare_ending`), and then reads its op record."""
 
     def __init__(self, horizon: int, before: int, halves_before: int, count, budget: int = TORN_READ_A_TURN):
         self.horizon, self.before, self.halves_before, self.count, self.budget = \

@@ -69,6 +69,7 @@ from actors.transaction_core import (
 )
 from actors.transaction_ends import End, Ends, reply
 from actors.transaction_halves import inner_count, not_the_half
+from actors.transaction_overdue import Overdue, answer_settled
 from actors.transaction_queues import TransactionQueues
 from actors.wire import SERVICE_SEND, read_from_wire
 from node import protocol
@@ -89,6 +90,7 @@ LIST_LIMIT = 100  # open halves `admin transactions` lists
 LATER = object()  # `_commit_item`: not yet (TornCommits reads on next turn)
 HELD_LIMIT = 10_000  # end requests held while the service prepares to end halves; beyond, SYSTEM_BUSY
 BARRIER = "barrier"  # an empty re-put: what was sent before it is stored (`_prepare_ending`)
+SETTLE = "settle"  # the same, behind re-puts the write path did not answer in time (actors.transaction_overdue)
 OPEN_ENDS_A_REQUEST = 100_000  # open halves one `openOfGroup` request rolls back (the client asks again)
 
 
@@ -120,7 +122,9 @@ class Transaction(Actor):
         self.checks.connect(self.endpoints["transaction-checks"])
         self.items = self.requests.poll_items()
         self.ends: collections.deque[End] = collections.deque()  # decided, waiting for their re-put
-        self.waiting: dict[int, tuple] = {}  # opaque -> (what, records, sent at, bytes)
+        self.waiting: dict[int, tuple] = {}  # opaque -> (what, records, sent at, bytes, send sequence)
+        self.overdue = Overdue()  # those past the deadline: not known to be stored or not
+        self.sent = 0  # re-puts sent (the sequence)
         self.reput_bytes = 0  # of the re-puts in `waiting`
         self.opaque = random.randrange(1 << 30)
         self.next_check = time.monotonic() + min(s.transactionCheckInterval, s.transactionTimeOut) / 1000
@@ -138,7 +142,8 @@ class Transaction(Actor):
         if self.torn is not None and self.torn.reading:
             return 0  # (TornCommits reads a queue, a budget a turn: an end waits for it)
         # (the queues are read back each turn; while a barrier passes, soon again)
-        return self.requests.wait_ms(20 if self.waiting or (self.torn is None and not self._slave()) else 100)
+        soon = self.waiting or self.overdue.entries or (self.torn is None and not self._slave())
+        return self.requests.wait_ms(20 if soon else 100)
 
     def step(self, events: set) -> None:
         self._follow()
@@ -160,6 +165,7 @@ class Transaction(Actor):
             self.replies.send(out)
         now = time.monotonic()
         self._expire(now)
+        self._settle()
         while self.ops_again and self.ops_again[0][0] <= now:
             ends = self.ops_again.pop(0)[1]
             self._put([op_item(COMMIT, [str(end.offset) for end in ends], time.time_ns() // 1_000_000)],
@@ -329,18 +335,22 @@ class Transaction(Actor):
         self.opaque = (self.opaque + 1) % (1 << 31)
         header, body = delivery_request(items, self.opaque)
         records = sum(item["_reput"].get("inner", 1) for item in header["messages"])
-        self.waiting[self.opaque] = (what, records, time.monotonic(), len(body))
+        self.sent += 1
+        self.waiting[self.opaque] = (what, records, time.monotonic(), len(body), self.sent)
         self.reput_bytes += len(body)
         self.replies.send([(TRANSACTION_CLIENT, SERVICE_SEND, orjson.dumps(header), body)])  # (the front serves it as a send)
 
     def _answered(self, header: dict) -> None:
-        waiting = self.waiting.pop(header.get("opaque"), None)
+        waiting = self.waiting.pop(header.get("opaque"), None) or self.overdue.pop(header.get("opaque"))
         if waiting is None:
-            return  # (expired already: counted as not stored)
-        what, count, _, size = waiting
+            return  # (expired already and counted as not stored (a barrier, a check's op), or settled)
+        what, count, _, size, _ = waiting
         self.reput_bytes -= size
         if what[0] == BARRIER:
             self._barrier_answered(header.get("status"))
+            return
+        if what[0] == SETTLE:
+            self.overdue.barrier_answered(header.get("status") in protocol.STORED_STATUSES, self.control.get("written"))
             return
         statuses = delivered_statuses(header, count)
         if what[0] == "end" and len(what) > 3:  # an op record written again: the messages are stored
@@ -387,9 +397,33 @@ class Transaction(Actor):
             self.replies.send(out)
 
     def _expire(self, now: float) -> None:
-        for opaque in [o for o, (_, _, at, _) in self.waiting.items() if self.deadline.expired(at, now)]:
+        """Re-puts the write path has not answered in time: a barrier or a check's op record counts
+        as not stored (sent again, or not needed); an end or a discard waits, decided, for a
+        barrier to settle it (actors.transaction_overdue)."""
+        for opaque in [o for o, (_, _, at, _, _) in self.waiting.items() if self.deadline.expired(at, now)]:
             self.expired += 1
-            self._answered({"opaque": opaque, "status": "SYSTEM_BUSY"})
+            if self.waiting[opaque][0][0] in (BARRIER, SETTLE, CHECK):
+                self._answered({"opaque": opaque, "status": "SYSTEM_BUSY"})
+            else:
+                self.overdue.add(opaque, self.waiting.pop(opaque))
+
+    def _settle(self) -> None:
+        if self._slave():
+            return  # (a barrier is refused on a slave; its promotion's start settles them)
+        if self.overdue.needs_barrier():
+            self._put([], (SETTLE,))
+            self.overdue.barrier_sent(self.sent)
+            return
+        out: list = []
+        for what, _, _, size, _ in self.overdue.settled(self._caught_up):
+            self.reput_bytes -= size
+            again = answer_settled(what, self.core, out)
+            if again and len(what) > 3:  # (an op record alone: the messages are stored)
+                self.ops_again.append((time.monotonic(), again))
+            elif again:
+                self.ends.extend(again)
+        if out:
+            self.replies.send(out)
 
     # -- checks --------------------------------------------------------------------------------------
 
@@ -520,7 +554,7 @@ class Transaction(Actor):
         if self.core is None:
             return super().statistics()
         return super().statistics() | self.core.statistics(time.time_ns() // 1_000_000) | {
-            "waiting": len(self.waiting), "endsWaiting": len(self.ends), "reputBytes": self.reput_bytes,
+            "waiting": len(self.waiting), "overdue": len(self.overdue.entries), "endsWaiting": len(self.ends), "reputBytes": self.reput_bytes,
             "expired": self.expired, "refusedEnds": self.refused_ends,
             "opRetries": self.op_retries, "tornCommits": len(self.torn.found) if self.torn is not None else 0,
             "links": service_links_statistics(self.requests, self.replies)}

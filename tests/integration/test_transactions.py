@@ -18,6 +18,7 @@ import pytest
 from helpers import BORN, STORE_HOST, open_store, put, wait_until
 from nodes import ROOT, NodeProcess, free_port, node_settings
 
+from actors.reput import REPUT_TIMEOUT_S
 from node import protocol
 from node.client import (
     AsyncTransactionProducer,
@@ -275,6 +276,42 @@ def stored_once_through_a_kill(node: NodeProcess) -> None:
     assert answers and answers[0]["status"] == "OK", answers
     assert answers[0].get("outcome") == "commit", answers  # a repeat of the first
     assert [m.body for m in visible(node.endpoint, "TxWay")] == [b"once"]
+
+
+def test_an_end_the_write_path_does_not_answer_in_time_is_not_made_twice(tmp_path):
+    """The writer stopped longer than a re-put's deadline (REPUT_TIMEOUT_S): the commit waiting
+    in its ring is neither stored nor refused. Counted as not stored, its half would be open
+    again and the producer's end again a second commit, both stored once the writer goes on. It
+    stays decided until a barrier behind it has passed: the end again is a repeat, and the first
+    end is answered once the commit is stored."""
+    settings = node_settings(tmp_path / "store", brokerFastFailureEnable=False, processHangTimeoutMillis=60000)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    try:
+        with TransactionProducer(node.endpoint, "PG-slow", execute=lambda message, arg: UNKNOW) as producer:
+            sent = producer.send_in_transaction("TxSlow", "once")  # (left open)
+        writer, answers = node.actor_process("writer"), {}
+
+        def end_in(name: str) -> threading.Thread:
+            thread = threading.Thread(target=lambda: answers.setdefault(name, end(node.endpoint, sent, "PG-slow", 8,
+                                                                                timeout=40.0)))
+            thread.start()
+            return thread
+
+        writer.suspend()
+        try:
+            first = end_in("first")
+            time.sleep(REPUT_TIMEOUT_S + 1.5)  # (past the deadline: overdue, a barrier behind it)
+            second = end_in("second")
+            time.sleep(0.5)
+        finally:
+            writer.resume()
+        first.join(45)
+        second.join(45)
+        assert answers["first"]["status"] == "OK", answers  # answered once the commit was stored
+        assert answers["second"]["status"] == "OK" and answers["second"].get("outcome") == "commit", answers
+        assert [m.body for m in visible(node.endpoint, "TxSlow")] == [b"once"]
+    finally:
+        node.stop(strict=False)
 
 
 def test_the_cli_sends_in_transactions_and_shows_them(node):

@@ -69,7 +69,7 @@ from actors.transaction_core import (
 )
 from actors.transaction_ends import End, Ends, reply
 from actors.transaction_halves import inner_count, not_the_half
-from actors.transaction_overdue import Overdue, answer_settled
+from actors.transaction_overdue import Barrier, Overdue, answer_settled
 from actors.transaction_queues import TransactionQueues
 from actors.wire import SERVICE_SEND, read_from_wire
 from node import protocol
@@ -89,8 +89,7 @@ OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
 LATER = object()  # `_commit_item`: not yet (TornCommits reads on next turn)
 HELD_LIMIT = 10_000  # end requests held while the service prepares to end halves; beyond, SYSTEM_BUSY
-BARRIER = "barrier"  # an empty re-put: what was sent before it is stored (`_prepare_ending`)
-SETTLE = "settle"  # the same, behind re-puts the write path did not answer in time (actors.transaction_overdue)
+BARRIER = "barrier"  # an empty re-put: what was sent before it is stored (actors.transaction_overdue.Barrier)
 OPEN_ENDS_A_REQUEST = 100_000  # open halves one `openOfGroup` request rolls back (the client asks again)
 
 
@@ -113,8 +112,7 @@ class Transaction(Actor):
         self.queues = TransactionQueues(self.reader, self.core)
         self.torn_horizon = snapshot.get("tornHorizon")  # an earlier run's, while its suspects stay open
         self.torn: TornCommits | None = None  # set when this run begins to end halves (as a master)
-        self.barrier_sent = False  # this run's barrier, on its way (`_prepare_ending`)
-        self.barrier_end: int | None = None  # `written` when the write path answered it
+        self.start = Barrier()  # this run's first (`_prepare_ending`)
         self.held: collections.deque = collections.deque()  # end requests that came before it passed
         self.requests = inbox(self, read_from_wire)
         self.replies = reply_outbox(self)
@@ -347,10 +345,7 @@ class Transaction(Actor):
         what, count, _, size, _ = waiting
         self.reput_bytes -= size
         if what[0] == BARRIER:
-            self._barrier_answered(header.get("status"))
-            return
-        if what[0] == SETTLE:
-            self.overdue.barrier_answered(header.get("status") in protocol.STORED_STATUSES, self.control.get("written"))
+            what[1].answered(header.get("status") in protocol.STORED_STATUSES, self.control.get("written"))
             return
         statuses = delivered_statuses(header, count)
         if what[0] == "end" and len(what) > 3:  # an op record written again: the messages are stored
@@ -402,17 +397,17 @@ class Transaction(Actor):
         barrier to settle it (actors.transaction_overdue)."""
         for opaque in [o for o, (_, _, at, _, _) in self.waiting.items() if self.deadline.expired(at, now)]:
             self.expired += 1
-            if self.waiting[opaque][0][0] in (BARRIER, SETTLE, CHECK):
+            if self.waiting[opaque][0][0] in (BARRIER, CHECK):
                 self._answered({"opaque": opaque, "status": "SYSTEM_BUSY"})
             else:
                 self.overdue.add(opaque, self.waiting.pop(opaque))
 
     def _settle(self) -> None:
         if self._slave():
-            return  # (a barrier is refused on a slave; its promotion's start settles them)
+            return  # (a barrier is refused on a slave: settled once it is promoted)
         if self.overdue.needs_barrier():
-            self._put([], (SETTLE,))
-            self.overdue.barrier_sent(self.sent)
+            self._put([], (BARRIER, self.overdue.barrier))
+            self.overdue.barrier.sent(self.sent)
             return
         out: list = []
         for what, _, _, size, _ in self.overdue.settled(self._caught_up):
@@ -496,20 +491,14 @@ class Transaction(Actor):
         in order (the front gives a service's re-puts the first of its links); once the write
         path has answered it and the dispatcher has passed where it stood, their op records are
         read here, and the ends that came meanwhile are served, in order."""
-        if not self.barrier_sent:
-            self._put([], (BARRIER,))
-            self.barrier_sent = True
-        elif self.barrier_end is not None and self._caught_up(self.barrier_end):
+        if not self.start.on_its_way():
+            self._put([], (BARRIER, self.start))
+            self.start.sent(self.sent)
+        elif self.start.passed(self._caught_up) is not None:
             self._begin_ending()
             held, self.held = self.held, collections.deque()
             for header, client, arrival in held:
                 self._serve(header, client, arrival, out)
-
-    def _barrier_answered(self, status: str | None) -> None:
-        if status in protocol.STORED_STATUSES:
-            self.barrier_end = self.control.get("written")
-        else:  # (refused at the front, or expired: another, next turn)
-            self.barrier_sent = False
 
     def _caught_up(self, end: int) -> bool:
         """Whether the op records stored below CommitLog offset `end` are all read."""

@@ -1,15 +1,21 @@
-"""Re-puts of the transaction service (actors.transaction) the write path has not answered in
-time (actors.reput's ReputDeadline: a writer stalled on its disk, a front restarted under
-them). Stored or not, nobody can say yet. Counting one as not stored would open its halves
-again, and an end again would commit one a second time once the slow write path stored both.
-So they wait here, their halves still decided, and a barrier (an empty re-put) is sent behind
-them. The write path keeps a service's re-puts in order (its ring, the front's first link, the
-writer's ring), so once the barrier is stored and the op records below it are read, an overdue
-re-put's op record has been read if it was stored at all: the shell answers those as stored,
-and sends the others again (a discard's halves are open again). A re-put is stored whole or
+"""Barriers, and the transaction service's re-puts the write path has not answered in time.
+
+A barrier is an empty re-put (SEND_MESSAGES with no messages: answered PUT_OK, nothing stored)
+sent behind others the way they went. The write path keeps a service's re-puts in order (its
+ring, the front's first link, the writer's ring), so once a barrier is stored and the op records
+below where it stood are read, what was sent before it is stored and read, or never will be. The
+service sends one before it first ends halves (what a killed predecessor left on its way:
+actors.transaction `_prepare_ending`) and one behind re-puts past their deadline (below).
+
+A re-put unanswered past actors.reput's ReputDeadline (a writer stalled on its disk, a front
+restarted under it) may be stored or not; nobody can say yet. Counting it as not stored would
+open its halves again, and an end again would commit one a second time once the slow write path
+stored both. So it waits here (`Overdue`), its halves still decided, until a barrier behind it
+passes: the halves whose op record was read by then are answered as ended; the others were not
+stored, and their ends go again (a discard's halves are open again). A re-put is stored whole or
 not at all, its op records last (docs/protocol.md "Transactions").
 
-No I/O: the shell sends the barrier, reads the queues and says when they are read to an end."""
+No I/O: the shell sends the barriers, reads the queues and says when they are read to an end."""
 
 from __future__ import annotations
 
@@ -18,13 +24,43 @@ from collections.abc import Callable
 from actors.transaction_core import DISCARD, TransactionCore
 
 
+class Barrier:
+    """An empty re-put sent behind others, the way they went: once the write path has stored it
+    (`answered`) and the op records below where it stood are read (`passed`), each re-put sent
+    before it is stored and read, or never will be. One is on its way at a time."""
+
+    __slots__ = ("seq", "end")
+
+    def __init__(self):
+        self.seq: int | None = None  # its send sequence, while on its way
+        self.end: int | None = None  # `written` when the write path answered it stored
+
+    def on_its_way(self) -> bool:
+        return self.seq is not None
+
+    def sent(self, seq: int) -> None:
+        self.seq, self.end = seq, None
+
+    def answered(self, stored: bool, written: int) -> None:
+        if stored:
+            self.end = written
+        else:  # (refused at the front, or unanswered itself: another one next turn)
+            self.seq = None
+
+    def passed(self, caught_up: Callable[[int], bool]) -> int | None:
+        """Its send sequence once it has passed (and it is done), else None."""
+        if self.end is None or not caught_up(self.end):
+            return None
+        seq, self.seq, self.end = self.seq, None, None
+        return seq
+
+
 class Overdue:
-    __slots__ = ("entries", "barrier_seq", "barrier_end")
+    __slots__ = ("entries", "barrier")
 
     def __init__(self):
         self.entries: dict[int, tuple] = {}  # opaque -> its waiting entry (what, records, sent at, bytes, seq)
-        self.barrier_seq: int | None = None  # the send sequence of the barrier on its way
-        self.barrier_end: int | None = None  # `written` when the write path answered it stored
+        self.barrier = Barrier()  # behind them
 
     def add(self, opaque: int, entry: tuple) -> None:
         self.entries[opaque] = entry
@@ -34,24 +70,15 @@ class Overdue:
         return self.entries.pop(opaque, None)
 
     def needs_barrier(self) -> bool:
-        return bool(self.entries) and self.barrier_seq is None
-
-    def barrier_sent(self, seq: int) -> None:
-        self.barrier_seq, self.barrier_end = seq, None
-
-    def barrier_answered(self, stored: bool, written: int) -> None:
-        if stored:
-            self.barrier_end = written
-        else:  # (refused at the front, or overdue itself: another one next turn)
-            self.barrier_seq = None
+        return bool(self.entries) and not self.barrier.on_its_way()
 
     def settled(self, caught_up: Callable[[int], bool]) -> list[tuple]:
         """The entries the barrier settles, once the op records below its end are read (`caught_up`):
         each sent before it. Later ones wait for the next barrier."""
-        if self.barrier_end is None or not caught_up(self.barrier_end):
+        seq = self.barrier.passed(caught_up)
+        if seq is None:
             return []
-        settled = [opaque for opaque, entry in self.entries.items() if entry[4] < self.barrier_seq]
-        self.barrier_seq = self.barrier_end = None
+        settled = [opaque for opaque, entry in self.entries.items() if entry[4] < seq]
         return [self.entries.pop(opaque) for opaque in settled]
 
 

@@ -1,5 +1,6 @@
 """actors.transaction_overdue: re-puts past their deadline wait for a barrier sent behind them,
-and only what was sent before the barrier is settled by it."""
+only what was sent before the barrier is settled by it, and each is answered or sent again as
+the op records read by then say."""
 
 from actors.transaction_core import COMMIT, DISCARD, ROLLBACK, TransactionCore
 from actors.transaction_ends import End, Ends
@@ -14,10 +15,10 @@ def test_nothing_is_settled_before_the_barrier_is_stored_and_read_to_its_end():
     overdue = Overdue()
     overdue.add(7, entry(1))
     assert overdue.needs_barrier()
-    overdue.barrier_sent(3)
+    overdue.barrier.sent(3)
     assert not overdue.needs_barrier()  # (one at a time)
     assert overdue.settled(lambda end: True) == []  # not answered yet
-    overdue.barrier_answered(True, 4096)
+    overdue.barrier.answered(True, 4096)
     assert overdue.settled(lambda end: end < 4096) == []  # the op records below it not read yet
     assert overdue.settled(lambda end: end == 4096) == [entry(1)]
     assert overdue.entries == {} and not overdue.needs_barrier()
@@ -26,17 +27,17 @@ def test_nothing_is_settled_before_the_barrier_is_stored_and_read_to_its_end():
 def test_a_barrier_refused_is_sent_again():
     overdue = Overdue()
     overdue.add(7, entry(1))
-    overdue.barrier_sent(2)
-    overdue.barrier_answered(False, 0)
+    overdue.barrier.sent(2)
+    overdue.barrier.answered(False, 0)
     assert overdue.needs_barrier() and overdue.settled(lambda end: True) == []
 
 
 def test_a_re_put_sent_after_the_barrier_waits_for_the_next_one():
     overdue = Overdue()
     overdue.add(1, entry(1))
-    overdue.barrier_sent(2)
+    overdue.barrier.sent(2)
     overdue.add(5, entry(3))  # (sent after the barrier, overdue since)
-    overdue.barrier_answered(True, 100)
+    overdue.barrier.answered(True, 100)
     assert overdue.settled(lambda end: True) == [entry(1)]
     assert list(overdue.entries) == [5] and overdue.needs_barrier()
 

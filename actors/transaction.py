@@ -26,7 +26,9 @@ the write mode promises). A node killed inside that append keeps the messages be
 not the op: the half is open again, and its next end re-puts only what is missing
 (`TornCommits`, actors.transaction_core), where RocketMQ would commit it a second time. This
 service killed alone can leave a commit on its way that its successor cannot see yet: that one
-ends nothing before a barrier sent behind it has passed the write path (`_prepare_ending`).
+ends nothing before a barrier sent behind it has passed the write path (`_prepare_ending`). A
+re-put the write path does not answer in time stays decided until a barrier behind it says
+whether it was stored (actors.transaction_reputs, which keeps the re-puts on their way).
 
 State is what the op and half queues say (read back each turn, on a slave too: a promoted slave
 goes on from where its own reading stands), plus a snapshot (`config/transactionCheck.json`,
@@ -36,7 +38,6 @@ every `flushConsumerOffsetInterval` ms and at stop) that says where to read them
 from __future__ import annotations
 
 import collections
-import random
 import time
 
 import orjson
@@ -46,12 +47,10 @@ from actors import config_files
 from actors.base import Actor, socket
 from actors.links import inbox, reply_outbox, service_links_statistics
 from actors.reput import (
-    ReputDeadline,
     stored_of,
     commit_batch_item,
     commit_item,
     delivered_statuses,
-    delivery_request,
     discard_item,
     op_item,
 )
@@ -69,7 +68,7 @@ from actors.transaction_core import (
 )
 from actors.transaction_ends import End, Ends, reply
 from actors.transaction_halves import inner_count, not_the_half
-from actors.transaction_overdue import Barrier, Overdue, answer_settled
+from actors.transaction_reputs import Barrier, Reputs, answer_settled
 from actors.transaction_queues import TransactionQueues
 from actors.wire import SERVICE_SEND, read_from_wire
 from node import protocol
@@ -89,7 +88,6 @@ OP_RETRY_S = 1.0  # a commit's op record refused is written again after this
 LIST_LIMIT = 100  # open halves `admin transactions` lists
 LATER = object()  # `_commit_item`: not yet (TornCommits reads on next turn)
 HELD_LIMIT = 10_000  # end requests held while the service prepares to end halves; beyond, SYSTEM_BUSY
-BARRIER = "barrier"  # an empty re-put: what was sent before it is stored (actors.transaction_overdue.Barrier)
 OPEN_ENDS_A_REQUEST = 100_000  # open halves one `openOfGroup` request rolls back (the client asks again)
 
 
@@ -120,16 +118,11 @@ class Transaction(Actor):
         self.checks.connect(self.endpoints["transaction-checks"])
         self.items = self.requests.poll_items()
         self.ends: collections.deque[End] = collections.deque()  # decided, waiting for their re-put
-        self.waiting: dict[int, tuple] = {}  # opaque -> (what, records, sent at, bytes, send sequence)
-        self.overdue = Overdue()  # those past the deadline: not known to be stored or not
-        self.sent = 0  # re-puts sent (the sequence)
-        self.reput_bytes = 0  # of the re-puts in `waiting`
-        self.opaque = random.randrange(1 << 30)
+        self.reputs = Reputs(self._send_reput)
         self.next_check = time.monotonic() + min(s.transactionCheckInterval, s.transactionTimeOut) / 1000
         self.next_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
         self.ops_again: list[tuple[float, list]] = []  # (when, ends): commits stored whose op record was not
-        self.deadline = ReputDeadline()  # when an unanswered re-put counts as not stored
-        self.expired = self.refused_ends = self.op_retries = 0
+        self.refused_ends = self.op_retries = 0
 
     # -- the turn ----------------------------------------------------------------------------------
 
@@ -140,7 +133,7 @@ class Transaction(Actor):
         if self.torn is not None and self.torn.reading:
             return 0  # (TornCommits reads a queue, a budget a turn: an end waits for it)
         # (the queues are read back each turn; while a barrier passes, soon again)
-        soon = self.waiting or self.overdue.entries or (self.torn is None and not self._slave())
+        soon = self.reputs.in_flight() or (self.torn is None and not self._slave())
         return self.requests.wait_ms(20 if soon else 100)
 
     def step(self, events: set) -> None:
@@ -152,7 +145,7 @@ class Transaction(Actor):
             self.torn.new_turn()
         for header, client, arrival in self.requests.take():
             if client == TRANSACTION_CLIENT:  # the front's answer to a re-put
-                self.deadline.answered(time.monotonic())
+                self.reputs.deadline.answered(time.monotonic())
                 self._answered(header)
             elif self._holding(header):
                 self._hold(header, client, arrival, out)
@@ -162,11 +155,11 @@ class Transaction(Actor):
         if out:
             self.replies.send(out)
         now = time.monotonic()
-        self._expire(now)
+        self.reputs.expire(now)
         self._settle()
         while self.ops_again and self.ops_again[0][0] <= now:
             ends = self.ops_again.pop(0)[1]
-            self._put([op_item(COMMIT, [str(end.offset) for end in ends], time.time_ns() // 1_000_000)],
+            self.reputs.put([op_item(COMMIT, [str(end.offset) for end in ends], time.time_ns() // 1_000_000)],
                       ("end", ends, [COMMIT], "op only"))
         if now >= self.next_check and self.torn is not None and not self._slave():
             self.next_check = now + self.settings.transactionCheckInterval / 1000
@@ -256,7 +249,7 @@ class Transaction(Actor):
         re-puts wait for the write path (the rest wait here, for their answers)."""
         now_ms = time.time_ns() // 1_000_000
         later = False  # (an end waits for TornCommits' read: it and the ends behind it, in order)
-        while self.ends and self.reput_bytes < REPUT_BYTES_IN_FLIGHT and not later:
+        while self.ends and self.reputs.bytes < REPUT_BYTES_IN_FLIGHT and not later:
             part, items, size = [], [], 0
             while self.ends and len(part) < ENDS_A_REQUEST:
                 end = self.ends[0]
@@ -281,7 +274,7 @@ class Transaction(Actor):
             ops = {kind: [str(end.offset) for end in part if end.outcome == kind] for kind in (COMMIT, ROLLBACK)}
             kinds = [kind for kind in (COMMIT, ROLLBACK) if ops[kind]]
             if kinds:
-                self._put(items + [op_item(kind, ops[kind], now_ms) for kind in kinds], ("end", part, kinds))
+                self.reputs.put(items + [op_item(kind, ops[kind], now_ms) for kind in kinds], ("end", part, kinds))
 
     def _torn_rollback(self, end: End):
         """A rollback of a half an earlier run's torn commit stored messages of: the commit was
@@ -329,24 +322,14 @@ class Transaction(Actor):
         end.records = item[0]["_reput"].get("inner", 1)
         return [item]
 
-    def _put(self, items: list, what: tuple) -> None:
-        self.opaque = (self.opaque + 1) % (1 << 31)
-        header, body = delivery_request(items, self.opaque)
-        records = sum(item["_reput"].get("inner", 1) for item in header["messages"])
-        self.sent += 1
-        self.waiting[self.opaque] = (what, records, time.monotonic(), len(body), self.sent)
-        self.reput_bytes += len(body)
+    def _send_reput(self, header: dict, body: bytes) -> None:
         self.replies.send([(TRANSACTION_CLIENT, SERVICE_SEND, orjson.dumps(header), body)])  # (the front serves it as a send)
 
     def _answered(self, header: dict) -> None:
-        waiting = self.waiting.pop(header.get("opaque"), None) or self.overdue.pop(header.get("opaque"))
-        if waiting is None:
-            return  # (expired already and counted as not stored (a barrier, a check's op), or settled)
-        what, count, _, size, _ = waiting
-        self.reput_bytes -= size
-        if what[0] == BARRIER:
-            what[1].answered(header.get("status") in protocol.STORED_STATUSES, self.control.get("written"))
+        answered = self.reputs.answer(header, self.control.get("written"))
+        if answered is None:
             return
+        what, count = answered
         statuses = delivered_statuses(header, count)
         if what[0] == "end" and len(what) > 3:  # an op record written again: the messages are stored
             statuses = ["PUT_OK"] * sum(end.records for end in what[1]) + statuses
@@ -391,27 +374,11 @@ class Transaction(Actor):
         if out:
             self.replies.send(out)
 
-    def _expire(self, now: float) -> None:
-        """Re-puts the write path has not answered in time: a barrier or a check's op record counts
-        as not stored (sent again, or not needed); an end or a discard waits, decided, for a
-        barrier to settle it (actors.transaction_overdue)."""
-        for opaque in [o for o, (_, _, at, _, _) in self.waiting.items() if self.deadline.expired(at, now)]:
-            self.expired += 1
-            if self.waiting[opaque][0][0] in (BARRIER, CHECK):
-                self._answered({"opaque": opaque, "status": "SYSTEM_BUSY"})
-            else:
-                self.overdue.add(opaque, self.waiting.pop(opaque))
-
     def _settle(self) -> None:
         if self._slave():
             return  # (a barrier is refused on a slave: settled once it is promoted)
-        if self.overdue.needs_barrier():
-            self._put([], (BARRIER, self.overdue.barrier))
-            self.overdue.barrier.sent(self.sent)
-            return
         out: list = []
-        for what, _, _, size, _ in self.overdue.settled(self._caught_up):
-            self.reput_bytes -= size
+        for what in self.reputs.settled(self._caught_up):
             again = answer_settled(what, self.core, out)
             if again and len(what) > 3:  # (an op record alone: the messages are stored)
                 self.ops_again.append((time.monotonic(), again))
@@ -440,7 +407,7 @@ class Transaction(Actor):
             send_frames(self.checks, [half.group.encode(), orjson.dumps(header), raw])
             items.append(f"{half.offset}:{half.checks + 1}")
         for at in range(0, len(items), 4096):
-            self._put([op_item(CHECK, items[at: at + 4096], now_ms)], (CHECK,))
+            self.reputs.put([op_item(CHECK, items[at: at + 4096], now_ms)], (CHECK,))
         left = collections.deque(discards)
         while left:  # (in requests of ENDS_A_REQUEST halves or REPUT_BYTES, as the ends)
             part, copies, size = [], [], 0
@@ -451,7 +418,7 @@ class Transaction(Actor):
                 if record is not None:
                     copies.append(discard_item(record))
                     size += len(record.body)
-            self._put(copies + [op_item(DISCARD, [str(h.offset) for h in part], now_ms)],
+            self.reputs.put(copies + [op_item(DISCARD, [str(h.offset) for h in part], now_ms)],
                       (DISCARD, [h.offset for h in part]))
 
     def _torn_finished(self, halves: list[Half]) -> list[Half]:
@@ -492,8 +459,7 @@ class Transaction(Actor):
         path has answered it and the dispatcher has passed where it stood, their op records are
         read here, and the ends that came meanwhile are served, in order."""
         if not self.start.on_its_way():
-            self._put([], (BARRIER, self.start))
-            self.start.sent(self.sent)
+            self.reputs.barrier(self.start)
         elif self.start.passed(self._caught_up) is not None:
             self._begin_ending()
             held, self.held = self.held, collections.deque()
@@ -542,9 +508,8 @@ class Transaction(Actor):
     def statistics(self) -> dict:
         if self.core is None:
             return super().statistics()
-        return super().statistics() | self.core.statistics(time.time_ns() // 1_000_000) | {
-            "waiting": len(self.waiting), "overdue": len(self.overdue.entries), "endsWaiting": len(self.ends), "reputBytes": self.reput_bytes,
-            "expired": self.expired, "refusedEnds": self.refused_ends,
+        return super().statistics() | self.core.statistics(time.time_ns() // 1_000_000) | self.reputs.statistics() | {
+            "endsWaiting": len(self.ends), "refusedEnds": self.refused_ends,
             "opRetries": self.op_retries, "tornCommits": len(self.torn.found) if self.torn is not None else 0,
             "links": service_links_statistics(self.requests, self.replies)}
 

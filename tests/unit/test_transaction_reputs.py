@@ -1,10 +1,13 @@
-"""actors.transaction_overdue: re-puts past their deadline wait for a barrier sent behind them,
-only what was sent before the barrier is settled by it, and each is answered or sent again as
-the op records read by then say."""
+"""actors.transaction_reputs: a re-put is kept until it is answered; past its deadline an end
+waits for a barrier sent behind it, only what was sent before a barrier is settled by it, and
+each is answered or sent again as the op records read by then say."""
 
-from actors.transaction_core import COMMIT, DISCARD, ROLLBACK, TransactionCore
+import time
+
+from actors.reput import op_item
+from actors.transaction_core import CHECK, COMMIT, DISCARD, ROLLBACK, TransactionCore
 from actors.transaction_ends import End, Ends
-from actors.transaction_overdue import Overdue, answer_settled
+from actors.transaction_reputs import Barrier, Overdue, Reputs, answer_settled
 
 
 def entry(seq: int) -> tuple:
@@ -68,3 +71,45 @@ def test_a_settled_discard_not_stored_opens_its_halves_again():
     core.op(DISCARD, ["3"])
     assert answer_settled((DISCARD, [3, 4]), core, []) == []
     assert core.ending == {} and core.outcome(3) == DISCARD and core.outcome(4) is None
+
+
+def reputs() -> tuple[Reputs, list]:
+    sent: list = []
+    return Reputs(lambda header, body: sent.append((header, body))), sent
+
+
+def test_a_re_put_is_kept_until_its_answer():
+    r, sent = reputs()
+    r.put([op_item(COMMIT, ["1", "2"], 0)], ("end", [], [COMMIT]))
+    header, body = sent[0]
+    assert header["messages"][0]["topic"] == "RMQ_SYS_TRANS_OP_HALF_TOPIC" and body == b"1,2"
+    assert r.bytes == 3 and r.in_flight()
+    assert r.answer({"opaque": header["opaque"], "status": "PUT_OK"}, 0) == (("end", [], [COMMIT]), 1)
+    assert r.bytes == 0 and not r.in_flight()
+    assert r.answer({"opaque": header["opaque"], "status": "PUT_OK"}, 0) is None  # (answered once)
+
+
+def test_past_the_deadline_an_end_waits_for_a_barrier_a_check_and_a_barrier_do_not():
+    r, sent = reputs()
+    start = Barrier()
+    r.put([op_item(COMMIT, ["5"], 0)], ("end", ["the end"], [COMMIT]))
+    r.put([op_item(CHECK, ["6:1"], 0)], (CHECK,))
+    r.barrier(start)
+    r.expire(time.monotonic() + 3600)
+    assert r.expired == 3 and not start.on_its_way()  # (the start's barrier: sent again by its owner)
+    assert list(r.overdue.entries) == [sent[0][0]["opaque"]] and r.bytes == 1
+    assert r.settled(lambda end: True) == []  # first a barrier behind it
+    barrier = sent[-1][0]
+    assert barrier["messages"] == [] and r.overdue.barrier.on_its_way()
+    assert r.answer({"opaque": barrier["opaque"], "status": "PUT_OK"}, 4096) is None
+    assert r.settled(lambda end: end < 4096) == []  # (its op records not read yet)
+    assert r.settled(lambda end: end == 4096) == [("end", ["the end"], [COMMIT])]
+    assert r.bytes == 0 and not r.in_flight()
+
+
+def test_a_late_answer_to_an_overdue_re_put_is_taken():
+    r, sent = reputs()
+    r.put([op_item(ROLLBACK, ["7"], 0)], ("end", [], [ROLLBACK]))
+    r.expire(time.monotonic() + 3600)
+    assert r.answer({"opaque": sent[0][0]["opaque"], "status": "PUT_OK"}, 0) == (("end", [], [ROLLBACK]), 1)
+    assert r.overdue.entries == {} and r.bytes == 0

@@ -1,4 +1,6 @@
-"""Barriers, and the transaction service's re-puts the write path has not answered in time.
+"""The transaction service's own writes on their way (`Reputs`): committed messages, op records,
+discards and barriers, each a re-put through the front and the write path, kept until the
+write path answers it; the bytes they hold; those past their deadline, and the barriers.
 
 A barrier is an empty re-put (SEND_MESSAGES with no messages: answered PUT_OK, nothing stored)
 sent behind others the way they went. The write path keeps a service's re-puts in order (its
@@ -19,9 +21,15 @@ No I/O: the shell sends the barriers, reads the queues and says when they are re
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable
 
-from actors.transaction_core import DISCARD, TransactionCore
+from actors.reput import ReputDeadline, delivery_request
+from actors.transaction_core import CHECK, DISCARD, TransactionCore
+from node import protocol
+
+BARRIER = "barrier"  # a barrier's re-put: (BARRIER, the Barrier)
 
 
 class Barrier:
@@ -80,6 +88,81 @@ class Overdue:
             return []
         settled = [opaque for opaque, entry in self.entries.items() if entry[4] < seq]
         return [self.entries.pop(opaque) for opaque in settled]
+
+
+class Reputs:
+    """The re-puts on their way: `put` sends one (`what` says what it is, for its answer: a
+    barrier's, an end's, a discard's, a check's op record), `answer` takes the write path's
+    answer back, `expire` and `settled` deal with those not answered in time."""
+
+    def __init__(self, send: Callable[[dict, bytes], None]):
+        self.send = send  # (header, body): the shell's send of a SEND_MESSAGES request to the front
+        self.waiting: dict[int, tuple] = {}  # opaque -> (what, records, sent at, bytes, send sequence)
+        self.overdue = Overdue()  # those past the deadline: not known to be stored or not
+        self.deadline = ReputDeadline()  # when an unanswered re-put is past it
+        self.opaque = random.randrange(1 << 30)
+        self.sent = 0  # re-puts sent (the sequence)
+        self.bytes = 0  # of the re-puts unanswered, the overdue ones' too (they may yet be stored)
+        self.expired = 0
+
+    def put(self, items: list, what: tuple) -> None:
+        self.opaque = (self.opaque + 1) % (1 << 31)
+        header, body = delivery_request(items, self.opaque)
+        records = sum(item["_reput"].get("inner", 1) for item in header["messages"])
+        self.sent += 1
+        self.waiting[self.opaque] = (what, records, time.monotonic(), len(body), self.sent)
+        self.bytes += len(body)
+        self.send(header, body)
+
+    def barrier(self, barrier: Barrier) -> None:
+        self.put([], (BARRIER, barrier))
+        barrier.sent(self.sent)
+
+    def answer(self, header: dict, written: int) -> tuple[tuple, int] | None:
+        """The write path's answer to a re-put (`written` as it stands now): (what, its records) for
+        the shell to act on; None for a barrier's (its Barrier told here), or for a re-put
+        expired and counted already, or settled."""
+        entry = self.waiting.pop(header.get("opaque"), None) or self.overdue.pop(header.get("opaque"))
+        if entry is None:
+            return None
+        what, records, _, size, _ = entry
+        self.bytes -= size
+        if what[0] == BARRIER:
+            what[1].answered(header.get("status") in protocol.STORED_STATUSES, written)
+            return None
+        return what, records
+
+    def expire(self, now: float) -> None:
+        """Re-puts past their deadline: a barrier counts as not stored (another is sent), a check's
+        op record as done (one more or less changes only a count); an end or a discard waits,
+        decided, for a barrier to settle it (`settled`)."""
+        for opaque in [o for o, (_, _, at, _, _) in self.waiting.items() if self.deadline.expired(at, now)]:
+            self.expired += 1
+            entry = self.waiting.pop(opaque)
+            what = entry[0]
+            if what[0] in (BARRIER, CHECK):
+                self.bytes -= entry[3]
+                if what[0] == BARRIER:
+                    what[1].answered(False, 0)
+            else:
+                self.overdue.add(opaque, entry)
+
+    def settled(self, caught_up: Callable[[int], bool]) -> list[tuple]:
+        """The overdue re-puts a barrier has settled (what each was: `answer_settled` says what
+        became of it); sends that barrier first, when none is on its way."""
+        if self.overdue.needs_barrier():
+            self.barrier(self.overdue.barrier)
+            return []
+        settled = self.overdue.settled(caught_up)
+        self.bytes -= sum(entry[3] for entry in settled)
+        return [entry[0] for entry in settled]
+
+    def in_flight(self) -> bool:
+        return bool(self.waiting or self.overdue.entries)
+
+    def statistics(self) -> dict:
+        return {"waiting": len(self.waiting), "overdue": len(self.overdue.entries), "reputBytes": self.bytes,
+                "expired": self.expired}
 
 
 def answer_settled(what: tuple, core: TransactionCore, out: list) -> list:

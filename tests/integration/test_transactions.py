@@ -6,6 +6,7 @@ and of the whole node between a half and its outcome, and a slave promoted mid-t
 from __future__ import annotations
 
 import asyncio
+import collections
 import subprocess
 import sys
 import textwrap
@@ -447,6 +448,51 @@ def test_a_kill_of_the_whole_node_between_half_and_outcome(tmp_path):
                           "the commit")
         assert sorted(m.body for m in seen) == [b"committed-before", b"open"]
         assert state(node.endpoint)["pending"] == 0
+    finally:
+        node.stop(strict=False)
+
+
+def test_transactions_through_a_kill_of_the_front_are_each_committed_once(tmp_path):
+    """The front killed -9 under transactional sends: a commit it had passed on to the writer is
+    stored with its answer lost; one it had not is lost whole. Neither may become two messages
+    (the first would, were its half opened again once its answer was overdue: the check commits
+    it again), nor leave a half stored open: each stored half is committed once, by its end or
+    by the check after the restart."""
+    settings = node_settings(tmp_path / "store", **FAST_CHECKS)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    stored: list[bytes] = []  # bodies whose half the node acknowledged
+
+    async def send_through_the_kill() -> None:
+        async with AsyncTransactionProducer(node.endpoint, "PG-front", execute=lambda message, arg: COMMIT_MESSAGE,
+                                            retries=0, timeout=2.0) as producer:
+            numbers = iter(range(100_000))
+            began = time.monotonic()
+
+            async def sender() -> None:
+                for i in numbers:
+                    if time.monotonic() - began > 4.0:
+                        return
+                    try:  # (a send retried would be a second half of the same message: none here)
+                        result = await producer.send_in_transaction("TxFront", f"m{i}".encode())
+                    except SendError:
+                        await asyncio.sleep(0.05)
+                        continue
+                    stored.append(f"m{i}".encode())
+                    assert result.end_status in ("OK", "TIMEOUT", "SYSTEM_BUSY"), result
+
+            async def kill() -> None:
+                await asyncio.sleep(0.8)
+                node.actor_process("front").kill()
+
+            await asyncio.gather(kill(), *[sender() for _ in range(32)])
+
+    try:
+        asyncio.run(send_through_the_kill())
+        with TransactionProducer(node.endpoint, "PG-front", check=lambda message: COMMIT_MESSAGE):
+            wait_until(lambda: state(node.endpoint)["pending"] == 0, 40, "every half ended")
+        seen = collections.Counter(m.body for m in visible(node.endpoint, "TxFront"))
+        assert seen and max(seen.values()) == 1, [body for body, n in seen.items() if n > 1][:5]
+        assert set(stored) <= set(seen), sorted(set(stored) - set(seen))[:5]
     finally:
         node.stop(strict=False)
 

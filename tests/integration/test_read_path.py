@@ -221,7 +221,7 @@ def test_queries_by_key_time_and_id(node, producer, consumer):
     assert reply["offset"] == 0
 
 
-def test_bad_read_requests_get_statuses_and_the_node_lives(node, consumer):
+def test_bad_read_requests_get_statuses_and_the_node_lives(node, consumer, producer):
     ask = lambda header: consumer._call(consumer.inner._ask(header))[0]
     assert ask({"code": protocol.PULL_MESSAGE, "topic": "Pulls", "queueId": 0})["status"] == "SYSTEM_ERROR"
     assert ask({"code": protocol.PULL_MESSAGE, "topic": "../etc", "queueId": 0, "queueOffset": 0})["status"] == "SYSTEM_ERROR"
@@ -232,7 +232,9 @@ def test_bad_read_requests_get_statuses_and_the_node_lives(node, consumer):
                 "commitOffset": -1})["status"] == "SYSTEM_ERROR"
     assert ask({"code": protocol.QUERY_CONSUMER_OFFSET, "consumerGroup": "nobody", "topic": "T",
                 "queueId": 0})["status"] == "QUERY_NOT_FOUND"
-    assert consumer.pull("Pulls", 0, 0).status == "FOUND"
+    producer.send("StillServing", "after the bad ones", queue_id=0)  # (its own topic: in any order of the tests)
+    _wait_dispatched(consumer, "StillServing", 0, 1)
+    assert consumer.pull("StillServing", 0, 0).status == "FOUND"
 
 
 def test_consume_query_and_admin_commands(node, producer):

@@ -7,7 +7,7 @@ import orjson
 import pytest
 from helpers import small_settings
 
-from actors.pull import DEFER_MAX_S, ReadCore
+from actors.pull_core import DEFER_MAX_S, ReadCore
 from node import protocol
 from shm.control_block import ControlBlock
 from shm.store import MessageStore

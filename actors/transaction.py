@@ -68,8 +68,8 @@ from actors.transaction_core import (
 )
 from actors.transaction_ends import End, Ends, reply
 from actors.transaction_halves import inner_count, not_the_half
-from actors.transaction_reputs import Barrier, Reputs, answer_settled
 from actors.transaction_queues import TransactionQueues
+from actors.transaction_reputs import Barrier, Reputs, answer_settled
 from actors.wire import SERVICE_SEND, read_from_wire
 from node import protocol
 from node.client.frames import send_frames
@@ -160,7 +160,7 @@ class Transaction(Actor):
         while self.ops_again and self.ops_again[0][0] <= now:
             ends = self.ops_again.pop(0)[1]
             self.reputs.put([op_item(COMMIT, [str(end.offset) for end in ends], time.time_ns() // 1_000_000)],
-                      ("end", ends, [COMMIT], "op only"))
+                            ("end", ends, [COMMIT], "op only"))
         if now >= self.next_check and self.torn is not None and not self._slave():
             self.next_check = now + self.settings.transactionCheckInterval / 1000
             self._check()
@@ -419,7 +419,7 @@ class Transaction(Actor):
                     copies.append(discard_item(record))
                     size += len(record.body)
             self.reputs.put(copies + [op_item(DISCARD, [str(h.offset) for h in part], now_ms)],
-                      (DISCARD, [h.offset for h in part]))
+                            (DISCARD, [h.offset for h in part]))
 
     def _torn_finished(self, halves: list[Half]) -> list[Half]:
         """The due halves less those an earlier run's torn commit stored messages of: their commit

@@ -64,6 +64,8 @@ class Barrier:
 
 
 class Overdue:
+    """The re-puts past their deadline, each until a barrier sent after it has passed."""
+
     __slots__ = ("entries", "barrier")
 
     def __init__(self):

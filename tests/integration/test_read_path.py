@@ -135,31 +135,32 @@ def test_tag_filtering_gives_exactly_the_matching_messages(node, producer, consu
 
 
 def test_long_polling_wakes_on_arrival_and_idles_for_free(node, producer, consumer):
-    _wait_dispatched(consumer, "Pulls", 0, 10)
-    top = consumer.max_offset("Pulls", 0)
+    producer.send("HeldPulls", "first", queue_id=0)  # (its own topic: in any order of the tests)
+    _wait_dispatched(consumer, "HeldPulls", 0, 1)
+    top = consumer.max_offset("HeldPulls", 0)
     sent_at = []
 
     def send_later():
         time.sleep(0.3)
         sent_at.append(time.monotonic())
-        producer.send("Pulls", "wake up", queue_id=0)
+        producer.send("HeldPulls", "wake up", queue_id=0)
 
     threading.Thread(target=send_later).start()
     began = time.monotonic()
-    result = consumer.pull("Pulls", 0, top, suspend_ms=10000)
+    result = consumer.pull("HeldPulls", 0, top, suspend_ms=10000)
     woke = time.monotonic()
     assert result.status == "FOUND" and result.messages[0].body == b"wake up"
     assert woke - began < 5.0 and woke - sent_at[0] < 1.0  # woken by the arrival, not the timeout
     # an empty held pull ends at its timeout with NO_NEW_MSG
     began = time.monotonic()
-    assert consumer.pull("Pulls", 0, top + 1, suspend_ms=300).status == "NO_NEW_MSG"
+    assert consumer.pull("HeldPulls", 0, top + 1, suspend_ms=300).status == "NO_NEW_MSG"
     assert time.monotonic() - began >= 0.25
     # held pulls that overlap leave the consumer's own timeout as it was (a long poll's deadline
     # is its own, not lent to the consumer while it waits)
     async def overlapping():
-        short = asyncio.ensure_future(consumer.inner.pull("Pulls", 0, top + 1, suspend_ms=200))
+        short = asyncio.ensure_future(consumer.inner.pull("HeldPulls", 0, top + 1, suspend_ms=200))
         await asyncio.sleep(0.05)
-        await consumer.inner.pull("Pulls", 0, top + 1, suspend_ms=600)
+        await consumer.inner.pull("HeldPulls", 0, top + 1, suspend_ms=600)
         await short
     consumer._call(overlapping())
     assert consumer.inner.client.timeout == 5.0

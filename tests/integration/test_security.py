@@ -67,6 +67,7 @@ def max_offset(node, topic: str, queue: int = 0) -> int:
 
 
 def test_signed_requests_with_permission_go_and_the_rest_are_refused_naming_what_is_missing(acl_node):
+    stored_before = [max_offset(acl_node, "Audit"), max_offset(acl_node, "Secret")]  # (other tests' sends: any order)
     with Producer(acl_node.endpoint, credentials=credentials(ALICE)) as alice:
         sent = alice.send("Orders", b"order-1", queue_id=0)
         assert sent.status == "PUT_OK"
@@ -81,9 +82,9 @@ def test_signed_requests_with_permission_go_and_the_rest_are_refused_naming_what
     with Producer(acl_node.endpoint, credentials=Credentials(ALICE[0], "not-her-secret")) as forger:
         with pytest.raises(SendError, match="signature check failed"):
             forger.send("Orders", b"forged", queue_id=0)
-    assert max_offset(acl_node, "Audit") == 0 and max_offset(acl_node, "Secret") == 0  # nothing stored
+    assert [max_offset(acl_node, "Audit"), max_offset(acl_node, "Secret")] == stored_before  # nothing stored
     with PullConsumer(acl_node.endpoint, credentials=credentials(ALICE)) as consumer:
-        result = consumer.pull("Orders", 0, 0, group="billing", suspend_ms=3000)
+        result = consumer.pull("Orders", 0, sent.queue_offset, max_count=1, group="billing", suspend_ms=3000)
         assert [m.body for m in result.messages] == [b"order-1"]
         with pytest.raises(SendError, match="no SUB permission on group payroll"):
             consumer.pull("Orders", 0, 0, group="payroll")
@@ -148,7 +149,11 @@ def test_the_acl_file_is_reloaded_when_it_changes_and_a_broken_edit_keeps_the_ru
     acl_node.acl_file.write_text("globalWhiteRemoteAddresses: [127.0.0.*]\n" + ACL_YAML)
     with Producer(acl_node.endpoint, credentials=Credentials(), retries=0) as anonymous:
         sent_once_reloaded(anonymous, "Secret", "the white list was not picked up")
-    acl_node.acl_file.write_text(ACL_YAML)
+        acl_node.acl_file.write_text(ACL_YAML)  # the rules as they were, in force before the next test
+        deadline = time.monotonic() + 10
+        while anonymous.request({"code": protocol.GET_MAX_OFFSET, "topic": "Secret", "queueId": 0})[0]["status"] == "OK":
+            assert time.monotonic() < deadline, "the white list stayed"
+            time.sleep(0.2)
 
 
 # -- CURVE ---------------------------------------------------------------------------------------------

@@ -145,7 +145,6 @@ class Transaction(Actor):
             self.torn.new_turn()
         for header, client, arrival in self.requests.take():
             if client == TRANSACTION_CLIENT:  # the front's answer to a re-put
-                self.reputs.deadline.answered(time.monotonic())
                 self._answered(header)
             elif self._holding(header):
                 self._hold(header, client, arrival, out)
@@ -158,9 +157,7 @@ class Transaction(Actor):
         self.reputs.expire(now)
         self._settle()
         while self.ops_again and self.ops_again[0][0] <= now:
-            ends = self.ops_again.pop(0)[1]
-            self.reputs.put([op_item(COMMIT, [str(end.offset) for end in ends], time.time_ns() // 1_000_000)],
-                            ("end", ends, [COMMIT], "op only"))
+            self._put_op_again(self.ops_again.pop(0)[1])
         if now >= self.next_check and self.torn is not None and not self._slave():
             self.next_check = now + self.settings.transactionCheckInterval / 1000
             self._check()
@@ -374,6 +371,11 @@ class Transaction(Actor):
         if out:
             self.replies.send(out)
 
+    def _put_op_again(self, ends: list) -> None:
+        """The op record alone of commits whose messages are stored."""
+        self.reputs.put([op_item(COMMIT, [str(end.offset) for end in ends], time.time_ns() // 1_000_000)],
+                        ("end", ends, [COMMIT], "op only"))
+
     def _settle(self) -> None:
         if self._slave():
             return  # (a barrier is refused on a slave: settled once it is promoted)
@@ -381,7 +383,7 @@ class Transaction(Actor):
         for what in self.reputs.settled(self._caught_up):
             again = answer_settled(what, self.core, out)
             if again and len(what) > 3:  # (an op record alone: the messages are stored)
-                self.ops_again.append((time.monotonic(), again))
+                self._put_op_again(again)
             elif again:
                 self.ends.extend(again)
         if out:

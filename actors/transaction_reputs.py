@@ -124,6 +124,7 @@ class Reputs:
         """The write path's answer to a re-put (`written` as it stands now): (what, its records) for
         the shell to act on; None for a barrier's (its Barrier told here), or for a re-put
         expired and counted already, or settled."""
+        self.deadline.answered(time.monotonic())
         entry = self.waiting.pop(header.get("opaque"), None) or self.overdue.pop(header.get("opaque"))
         if entry is None:
             return None
@@ -178,10 +179,11 @@ def answer_settled(what: tuple, core: TransactionCore, out: list) -> list:
         return []
     again = []
     for end in what[1]:
-        decided = None if end.offset in core.ending else core.outcome(end.offset)
         if end.offset in core.ending:
             again.append(end)
-        elif decided == end.asked:
+            continue
+        decided = core.outcome(end.offset)
+        if decided == end.asked:
             end.batch.set(end.i, out, "OK", "")
         elif decided is not None:
             end.batch.set(end.i, out, "OK", f"the transaction was ended already ({decided})", outcome=decided)

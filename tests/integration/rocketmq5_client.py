@@ -114,6 +114,7 @@ class Listener(MessageListener):
             self.successes += not fail
             if self.stop_at and self.successes >= self.stop_at:
                 self.done.set()
+        time.sleep(self.sleep_s)  # (a slow listener: the proxy keeps its message invisible meanwhile)
         return ConsumeResult.FAILURE if fail else ConsumeResult.SUCCESS
 
 

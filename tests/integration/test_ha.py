@@ -96,8 +96,9 @@ def send_many(endpoint: str, count: int, topic: str = "Ha", *, keys: bool = True
 
 
 class Pair:
-    """The module's master and slave, shared by its tests in order (the last ones kill, restart,
-    fail over and fence them); every node started is stopped at the end."""
+    """A master and its slave; every node started is stopped at the end. The module's pair is
+    shared by its tests, in any order: they leave it with its roles (killed and restarted at most);
+    the failover has a pair of its own."""
 
     def __init__(self, directory):
         self.directory = directory
@@ -112,6 +113,10 @@ class Pair:
         self.started.append(node)
         return node.start()
 
+    def stop(self) -> None:
+        for node in reversed(self.started):
+            node.stop(strict=False)
+
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
@@ -125,25 +130,34 @@ def pair(tmp_path_factory):
             producer.send_batch("HaBefore", [bytes(1024)] * 100)
     pair.start(pair.slave_node)
     yield pair
-    for node in reversed(pair.started):
-        node.stop(strict=False)
+    pair.stop()
+
+
+@pytest.fixture
+def failover_pair(tmp_path_factory):
+    """A pair the test fails over: the old master ends as the new one's slave."""
+    pair = Pair(tmp_path_factory.mktemp("failover"))
+    pair.start(pair.master_node)
+    pair.start(pair.slave_node)
+    yield pair
+    pair.stop()
 
 
 def test_a_slave_follows_byte_for_byte_and_serves_reads(pair):
     master, slave = pair.master, pair.slave
     wait_until(lambda: caught_up(slave, master), 60, "an empty slave to catch up with ~3 segments")
     assert control(slave, "min_offset") == 0 and control(slave, "written") > 3 * master.mappedFileSizeCommitLog
-    results = send_many(master.listen, 600)
+    results = send_many(master.listen, 600, "HaFollow")  # (a topic of its own: one message has key k7)
     with Producer(master.listen) as producer:
         producer.send_batch("HaBatch", [f"b{i}".encode() for i in range(50)])
     wait_until(lambda: caught_up(slave, master), what="the slave to catch up")
     assert_prefix(slave, master)
     with PullConsumer(slave.listen) as consumer:
         for queue in range(8):
-            assert consumer.max_offset("Ha", queue) == PullConsumer(master.listen).max_offset("Ha", queue)
-        found = consumer.pull("Ha", results[0].queue_id, results[0].queue_offset)
+            assert consumer.max_offset("HaFollow", queue) == PullConsumer(master.listen).max_offset("HaFollow", queue)
+        found = consumer.pull("HaFollow", results[0].queue_id, results[0].queue_offset)
         assert found.status == "FOUND" and found.messages[0].body == b"message-0" * 20
-        assert [m.body for m in consumer.query("Ha", "k7")] == [b"message-7" * 20]
+        assert [m.body for m in consumer.query("HaFollow", "k7")] == [b"message-7" * 20]
 
 
 def test_a_slave_refuses_sends_naming_its_master(pair):
@@ -315,10 +329,11 @@ def test_a_slave_catches_up_after_every_kind_of_fault(pair):
     assert_prefix(slave, master)
 
 
-def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(pair):
+def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(failover_pair):
     """SYNC_MASTER M, slave S. S stops (its goodbye: M's sends stop waiting for it at once); M
     goes on alone (SLAVE_NOT_AVAILABLE: stored on M only), then dies (kill -9). S is promoted: every send M answered PUT_OK is on S. M comes back as S's
     slave: the tail S never had is cut, and M's log is S's."""
+    pair = failover_pair
     m, s, m_node, s_node = pair.master, pair.slave, pair.master_node, pair.slave_node
     wait_until(lambda: control(m, "ha_slaves") == 1)
     assert cli("admin", "role", "--role", "SYNC_MASTER", "--endpoint", m.listen)["role"] == "SYNC_MASTER"

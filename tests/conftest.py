@@ -18,3 +18,19 @@ def pytest_configure(config):
     ports, index = local_node.LISTEN_PORTS, int(worker[2:])
     span = len(ports) // count
     local_node.LISTEN_PORTS = range(ports.start + index * span, ports.start + (index + 1) * span - 16)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--reverse-order", action="store_true",
+                     help="run each module's tests in reverse order: a test leaning on an earlier one fails")
+
+
+def pytest_collection_modifyitems(config, items):
+    """With --reverse-order, each module's tests run last to first (modules keep their places, so a
+    module still shares its node): the suite's tests must pass in either order."""
+    if not config.getoption("--reverse-order"):
+        return
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    items[:] = [item for tests in modules.values() for item in reversed(tests)]

@@ -145,6 +145,14 @@ class NodeProcess:
         return code
 
 
+def _is_launcher(pid: int) -> bool:
+    """Whether `pid` is a node's launcher still (Ray titles its actor processes `ray::<class>`)."""
+    try:
+        return "NodeHost" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+
+
 class ClusterProcess:
     """`python -m node.tools.cli cluster up --conf ...` as a child process: its `ready` lines (part
     -> line), the processes of each node (by its store), and its stop (SIGTERM: `cluster down`)."""
@@ -176,13 +184,16 @@ class ClusterProcess:
         return self
 
     def node_pids(self, store: Path) -> list[int]:
-        """The node on `store`: its launcher (the Ray actor that runs it, as `ready` said) and its
-        services (their pid files)."""
+        """The node on `store`: its launcher (the Ray actor that runs it, as `ready` said, while that
+        process lives: Ray restarts a part's launcher in a process no line names) and its services
+        (their pid files)."""
         from node.server import cluster
 
         part = next(p for p in cluster.load(self.conf).nodes if Path(p.settings.root) == Path(store))
         line = next(line for line in self.ready.values() if f"store={store} " in line)
-        return [int(line.split(" pid=")[1].split()[0]), *(int(p.read_text()) for p in part.settings.run_dir.glob("*.pid"))]
+        launcher = int(line.split(" pid=")[1].split()[0])
+        services = [int(p.read_text()) for p in part.settings.run_dir.glob("*.pid")]
+        return [launcher, *services] if _is_launcher(launcher) else services
 
     def stop(self, timeout: float = 120.0) -> None:
         if self.process is not None and self.process.poll() is None:

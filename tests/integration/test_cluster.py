@@ -1,9 +1,10 @@
 """A cluster on a local Ray cluster of three raylets (Ray's cluster utilities): one name service and
 broker group a's master on the first, broker group b's SYNC_MASTER on the second, its slave on
 the third, all started by `mqnode cluster up --ray-address`. Clients find everything through
-`namesrv=`. The tests run in order on the one cluster: sends and consumption over both groups, a
-Spark read, the name service killed, a master killed (restarted where it was), a master's host
-lost and its slave promoted."""
+`namesrv=`. The tests share the one cluster, in any order: sends and consumption over both groups,
+a Spark read, the name service killed, a master killed (restarted where it was), a master's host
+lost and its slave promoted (`Up` records which of broker-b's nodes is its master now); each
+counts what it sent to a topic of its own, or only that what it sent is there."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from node.tools.local_node import ClusterProcess
 
 pytestmark = pytest.mark.slow
 
-TOPIC = "ORDERS"
+TOPIC = "ORDERS"  # made with the cluster, on both groups
 MESSAGES = 100_000
 UP_TIMEOUT_S = 300
 
@@ -98,6 +99,20 @@ rayNode = "hostC"
 """)
         self.cluster = ClusterProcess(self.conf, directory / "up.log", ray_address=self.ray.address).start(UP_TIMEOUT_S)
         self.ready = self.cluster.ready
+        self.b_master, self.b_master_role = "b0", "SYNC_MASTER"  # (until a test promotes its slave)
+
+    def create_topic(self, topic: str) -> dict:
+        """`admin topic create` over the cluster, 8 queues a group; what each group answered, once
+        the name service routes the topic to both and every node has it: a slave gets its
+        master's topics within a second or two, and one promoted before serves only those it got."""
+        created = orjson.loads(self.cli("admin", "topic", "create", "--namesrv", self.namesrv, "--topic", topic,
+                                        "--queues", "8"))
+        wait_until(lambda: len(orjson.loads(self.cli("admin", "topics", "--namesrv", self.namesrv)).get(topic, {})) == 2,
+                   10, f"the name service never had {topic} on both groups")
+        for name, endpoint in self.listen.items():
+            wait_until(lambda: topic in orjson.loads(self.cli("admin", "topics", "--endpoint", endpoint)), 10,
+                       f"node {name} never had {topic}")
+        return created
 
     def cli(self, *args: str, timeout: float = 60) -> str:
         done = subprocess.run([sys.executable, "-m", "node.tools.cli", *args], cwd=ROOT, capture_output=True,
@@ -121,6 +136,7 @@ rayNode = "hostC"
 def up(tmp_path_factory):
     cluster = Up(tmp_path_factory.mktemp("cluster"))
     try:
+        cluster.create_topic(TOPIC)
         yield cluster
     finally:
         cluster.down()
@@ -134,23 +150,27 @@ def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):
         assert psutil.Process(pid).ppid() == raylet_b
     for pid in up.node_pids("b1"):
         assert psutil.Process(pid).ppid() == raylet_c
-    status = wait_until(lambda: (s := up.status())["groups"].get("broker-b", {}).get("brokers", {}).get("1") and s,
-                   30, "the slave never registered")
+
+    def slaves(status: dict) -> list[dict]:
+        return [b for k, b in status["groups"].get("broker-b", {}).get("brokers", {}).items() if k != "0"]
+    def settled() -> dict | None:
+        status = up.status()
+        return status if slaves(status) and slaves(status)[0]["lagBytes"] == 0 else None
+    status = wait_until(settled, 30, "the slave never registered, or never caught up")
     assert status["clusters"] == {"TestCluster": ["broker-a", "broker-b"]}
+    master, slave = up.b_master, {"b0": "b1", "b1": "b0"}[up.b_master]
     b = status["groups"]["broker-b"]["brokers"]
-    assert b["0"]["role"] == "SYNC_MASTER" and b["1"]["role"] == "SLAVE"
-    assert b["0"]["health"] == b["1"]["health"] == status["groups"]["broker-a"]["brokers"]["0"]["health"] == "ok"
-    assert b["1"]["lagBytes"] == 0
+    assert (b["0"]["address"], b["0"]["role"]) == (up.listen[master].removeprefix("tcp://"), up.b_master_role)
+    assert [(s["address"], s["role"]) for s in slaves(status)] == [(up.listen[slave].removeprefix("tcp://"), "SLAVE")]
+    assert b["0"]["health"] == slaves(status)[0]["health"] == status["groups"]["broker-a"]["brokers"]["0"]["health"] == "ok"
     second = orjson.loads(up.cli("admin", "cluster", "--namesrv", up.namesrv2))  # every node registers with each
     assert {name: sorted(g["brokers"]) for name, g in second["groups"].items()} == {"broker-a": ["0"],
                                                                                    "broker-b": ["0", "1"]}
 
 
 def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_takes_each_once(up):
-    created = orjson.loads(up.cli("admin", "topic", "create", "--namesrv", up.namesrv, "--topic", TOPIC, "--queues", "8"))
-    assert created == {"broker-a": {"status": "OK"}, "broker-b": {"status": "OK"}}
-    wait_until(lambda: len(orjson.loads(up.cli("admin", "topics", "--namesrv", up.namesrv)).get(TOPIC, {})) == 2, 10,
-          "the name service never had the topic on both groups")
+    topic = "ORDERS_G3"
+    assert up.create_topic(topic) == {"broker-a": {"status": "OK"}, "broker-b": {"status": "OK"}}
     consumed: list[str] = []
     lock = threading.Lock()
 
@@ -163,15 +183,15 @@ def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_t
     for name in ("m1", "m2", "m3"):
         member = PushConsumer(group="G3", namesrv=up.namesrv, instance_name=name,
                               consume_from_where="CONSUME_FROM_FIRST_OFFSET", rebalance_interval=2)
-        member.subscribe(TOPIC)
+        member.subscribe(topic)
         member.register_listener(listener)
         members.append(member.start())
     try:
         def shares():
-            held = [{tuple(q) for q in m.statistics()["queues"] if q[1] == TOPIC} for m in members]
+            held = [{tuple(q) for q in m.statistics()["queues"] if q[1] == topic} for m in members]
             return len(set().union(*held)) == 16 and sum(map(len, held)) == 16 and all(held)
         wait_until(shares, 60, "the three members never shared the 16 queues")
-        sent = asyncio.run(_send_all(up.namesrv, MESSAGES))
+        sent = asyncio.run(_send_all(up.namesrv, topic, MESSAGES))
         assert {r.broker for r in sent} == {"broker-a", "broker-b"}
         assert len({(r.broker, r.queue_id) for r in sent}) == 16
         wait_until(lambda: len(consumed) >= MESSAGES, 180, f"consumed {len(consumed)} of {MESSAGES}")
@@ -184,26 +204,30 @@ def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_t
             member.shutdown()
 
 
-async def _send_all(namesrv: str, count: int, batch: int = 64, senders: int = 8):
+async def _send_all(namesrv: str, topic: str, count: int, batch: int = 64, senders: int = 8):
     async with AsyncProducer(namesrv=namesrv) as producer:
         async def sender(n: int):
             out = []
             for _ in range(n):
-                out += await producer.send_batch(TOPIC, [os.urandom(100) for _ in range(batch)])
+                out += await producer.send_batch(topic, [os.urandom(100) for _ in range(batch)])
             return out
         per = count // (batch * senders)
         results = sum(await asyncio.gather(*(sender(per) for _ in range(senders))), [])
         rest = count - len(results)
         while rest:
-            results += await producer.send_batch(TOPIC, [os.urandom(100) for _ in range(min(batch, rest))])
+            results += await producer.send_batch(topic, [os.urandom(100) for _ in range(min(batch, rest))])
             rest = count - len(results)
         return results
 
 
 def test_a_spark_read_over_both_groups_returns_everything(up, spark):
-    frame = spark.read.format("mqnode").option("namesrv", up.namesrv).option("topic", TOPIC).load()
-    assert frame.count() == MESSAGES
-    assert frame.select("msgId").distinct().count() == MESSAGES
+    topic, count = "ORDERS_SPARK", 20_000
+    up.create_topic(topic)
+    sent = asyncio.run(_send_all(up.namesrv, topic, count))
+    assert {r.broker for r in sent} == {"broker-a", "broker-b"}
+    frame = spark.read.format("mqnode").option("namesrv", up.namesrv).option("topic", topic).load()
+    assert frame.count() == count
+    assert {row.msgId for row in frame.select("msgId").collect()} == {r.msg_id for r in sent}
     assert frame.rdd.getNumPartitions() == 16
 
 
@@ -304,6 +328,7 @@ def test_a_lost_masters_group_is_served_by_its_promoted_slave(up):
                 pass
         _moved(sending, lost_at, "broker-a")
         up.cli("admin", "role", "--endpoint", up.listen["b1"], "--role", "ASYNC_MASTER")  # (its own slave is lost)
+        up.b_master, up.b_master_role = "b1", "ASYNC_MASTER"
         slave_address = up.listen["b1"].removeprefix("tcp://")
         wait_until(lambda: up.status()["groups"]["broker-b"]["brokers"].get("0", {}).get("address") == slave_address, 30,
               "the promoted slave never registered as broker-b's master")

@@ -218,8 +218,7 @@ class Front(Actor):
             self.next_member_look = now + 1.0
             self._notify(self.consumers.expire(monotonic_ms()))
             self.producers.expire(monotonic_ms())
-            if slave:
-                self.replication.follow_master_config()
+        self.replication.follow(now, slave)
         if now >= self.next_acl_look:
             self.next_acl_look = now + 1.0
             self._follow_acl()

@@ -12,12 +12,17 @@ from actors.offsets import ConsumerOffsets, SubscriptionGroups
 from shm.control_block import ROLE_CODES
 
 
+LOOK_EVERY_S = 1.0  # how often a slave re-reads its master's config files
+
+
 class FrontReplication:
     def __init__(self, settings, control, topics, groups, offsets):
         self.settings = settings
         self.control = control
         self.topics, self.groups, self.offsets = topics, groups, offsets
         self.config_seen: dict[str, tuple[int, int]] = {}  # a slave: the master's config files read
+        self.next_look = 0.0
+        self.was_slave = self.is_slave()
 
     def is_slave(self) -> bool:
         return self.control.get("role") == ROLE_CODES["SLAVE"]
@@ -52,10 +57,20 @@ class FrontReplication:
             brokers["0"] = master
         return dict(sorted(brokers.items()))
 
+    def follow(self, now: float, slave: bool) -> None:
+        """Each turn of the front: on a slave, its master's config files once a second; and once
+        more on the turn a promotion is first seen, so what the ha-client wrote in the second
+        before it is not missed (the new master would serve, and on its next change persist,
+        tables without it). `slave`: whether the control block says this node is one now."""
+        if (slave and now >= self.next_look) or (self.was_slave and not slave):
+            self.next_look = now + LOOK_EVERY_S
+            self.follow_master_config()
+        self.was_slave = slave
+
     def follow_master_config(self) -> None:
         """A slave: the topics, groups and consumer offsets its master has, as the ha-client
         writes them, re-read when they change; the tables are updated in place (the router
-        holds them). Called once a second."""
+        holds them)."""
         config = self.settings.root / "config"
         for name in ("topics.json", "subscriptionGroup.json", "consumerOffset.json"):
             try:

@@ -146,6 +146,7 @@ class Front(Actor):
         self.offsets = ConsumerOffsets(s.root / "config")
         self.groups = SubscriptionGroups(s.root / "config")
         self.replication = FrontReplication(s, self.control, self.topics, self.groups, self.offsets)
+        self.topics.on_persist = self.groups.on_persist = self.replication.config_persisted
         self.router = Router(s, self.topics, self.offsets, self.groups,
                              brokers=lambda: self.replication.brokers(self.node_stats.actors))
         self.consumers = ConsumerGroups(s.clientChannelExpiredTimeout, s.rebalanceLockMaxLiveTime)

@@ -57,6 +57,11 @@ class FrontReplication:
             brokers["0"] = master
         return dict(sorted(brokers.items()))
 
+    def config_persisted(self) -> None:
+        """topics.json or subscriptionGroup.json was written: the ha-server ships them before any
+        record written after (so a slave holding a topic's messages holds the topic)."""
+        self.control.set("config_changes", self.control.get("config_changes") + 1)
+
     def follow(self, now: float, slave: bool) -> None:
         """Each turn of the front: on a slave, its master's config files once a second; and once
         more on the turn a promotion is first seen, so what the ha-client wrote in the second

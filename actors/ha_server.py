@@ -77,6 +77,7 @@ class HaServer(Actor):
         self.last_error = ""
         self.rate = _Rate()
         self.config = ConfigShipper(settings.root / "config", guard.acl_shipped(settings))
+        self.config_changes_seen = 0  # the control block's `config_changes` when the files were last looked at
         self.acl = self.acl_file = None  # with aclEnable: who may follow (actors.acl), its file watched
         self.next_acl_look = 0.0
         self.challenged: dict[object, tuple[bytes, str, int]] = {}  # peer -> (hello, challenge, when), until its proof
@@ -112,8 +113,12 @@ class HaServer(Actor):
                 self._tcp_turn(ready)
             elif self.endpoint in ready or self.endpoint.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 self._zmq_read()
-        self._send_all(monotonic_ms())
+        # `written` before the config files: a record below it was written after any topic or
+        # group it needs was persisted (the front answers the change first), so the file that
+        # holds it goes to each slave ahead of the record
+        written = self.control.get("written")
         self._ship_config(monotonic_ms())
+        self._send_all(monotonic_ms(), written)
         self._housekeeping_sessions(monotonic_ms())
         if time.monotonic() >= self.next_acl_look:
             self.next_acl_look = time.monotonic() + 1.0
@@ -317,8 +322,8 @@ class HaServer(Actor):
 
     # -- sending ------------------------------------------------------------------------------------------
 
-    def _send_all(self, now: int) -> None:
-        written, min_offset = self.control.get("written"), self.control.get("min_offset")
+    def _send_all(self, now: int, written: int) -> None:
+        min_offset = self.control.get("min_offset")
         for peer, session in list(self.sessions.items()):
             try:
                 for _ in range(MAX_TRANSFERS):
@@ -375,10 +380,15 @@ class HaServer(Actor):
         return True
 
     def _ship_config(self, now: int) -> None:
-        """The zmq link: each config file that changed since a slave last got it (looked at every
-        LOOK_MS)."""
-        if self.rocketmq or not self.config.look(now):
+        """The zmq link: each config file that changed since a slave last got it, looked at every
+        LOOK_MS, at once when the front says it wrote one (`config_changes`) or a slave is new."""
+        if self.rocketmq:
             return
+        changes = self.control.get("config_changes")
+        new_slave = any(s.started and peer not in self.config.sent for peer, s in self.sessions.items())
+        if not self.config.look(now, force=changes != self.config_changes_seen or new_slave, announced=changes):
+            return
+        self.config_changes_seen = changes
         for peer, session in list(self.sessions.items()):
             if not session.started:
                 continue
@@ -437,28 +447,31 @@ class HaServer(Actor):
 
 
 class ConfigShipper:
-    """Which config files changed since each slave last got them (by mtime and size), looked at
-    every 100 ms (a few stat calls): a topic made on the master is on its slaves a moment later,
-    so a promotion soon after loses it only within that moment. RocketMQ's slave pulls these
-    every 10 s."""
+    """Which config files changed since each slave last got them, looked at every LOOK_MS (a few
+    stat calls) and at once on the front's word (`look(force=True)`). A file's version is its
+    mtime and size, and for the files the front announces (FRONT_WRITTEN) the announcement's
+    count too: two writes within one tick of the file system's clock, of one size, still
+    differ. RocketMQ's slave pulls these every 10 s."""
 
     LOOK_MS = 100
+    FRONT_WRITTEN = ("topics.json", "subscriptionGroup.json")
 
     def __init__(self, directory, extra: dict | None = None):
         self.directory = directory
         self.files = {name: directory / name for name in ha_link.SYNCED_CONFIG} | (extra or {})  # name -> path
         self.next_look = 0
-        self.versions: dict[str, tuple[int, int]] = {}
-        self.sent: dict[object, dict[str, tuple[int, int]]] = {}
+        self.versions: dict[str, tuple[int, ...]] = {}
+        self.sent: dict[object, dict[str, tuple[int, ...]]] = {}
 
-    def look(self, now: int) -> bool:
-        if now < self.next_look:
+    def look(self, now: int, *, force: bool = False, announced: int = 0) -> bool:
+        """Whether it looked (`announced`: the front's count of its writes, `config_changes`)."""
+        if now < self.next_look and not force:
             return False
         self.next_look = now + self.LOOK_MS
         for name, path in self.files.items():
             try:
                 info = path.stat()
-                self.versions[name] = (info.st_mtime_ns, info.st_size)
+                self.versions[name] = (info.st_mtime_ns, info.st_size) + ((announced,) if name in self.FRONT_WRITTEN else ())
             except OSError:
                 self.versions.pop(name, None)
         return True

@@ -8,6 +8,7 @@ the next queue offset to consume. Single writer: the front. Persisted every
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from actors import config_files
@@ -62,6 +63,7 @@ class SubscriptionGroups:
         data = config_files.read(self.path) or {}
         self.groups: dict[str, dict] = dict(data.get("subscriptionGroupTable") or {})
         self.counter = int((data.get("dataVersion") or {}).get("counter", 0))
+        self.on_persist: Callable[[], None] | None = None  # (the front: tell the ha-server)
 
     def ensure(self, group: str) -> bool:
         """True when the group was new (and has now been persisted)."""
@@ -90,6 +92,8 @@ class SubscriptionGroups:
         self.counter += 1
         config_files.persist(self.path, {"dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)},
                                          "subscriptionGroupTable": dict(sorted(self.groups.items()))})
+        if self.on_persist is not None:
+            self.on_persist()
 
 
 def _default_group(group: str) -> dict:

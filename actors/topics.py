@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +70,7 @@ class TopicTable:
         self.clock = clock
         self.topics: dict[str, TopicConfig] = {}
         self.counter = 0
+        self.on_persist: Callable[[], None] | None = None  # (the front: tell the ha-server)
         self.load()
 
     def load(self) -> None:
@@ -106,3 +108,5 @@ class TopicTable:
             "dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)},
             "topicConfigTable": {name: config.to_json() for name, config in sorted(self.topics.items())},
         })
+        if self.on_persist is not None:
+            self.on_persist()

@@ -23,6 +23,7 @@ from nodes import ROOT, FakeRocketMQMaster, NodeProcess, free_port, node_setting
 
 from node import protocol
 from node.client import AsyncProducer, Producer, PullConsumer, SendError
+from actors import config_files
 from actors.ha_link import HEADER, REPORT
 from shm.codec import decode
 from shm.control_block import peek
@@ -270,6 +271,26 @@ def test_sync_master_answers_once_the_slave_has_the_bytes(pair):
             reply, body = on_slave.request({"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": result.offset_msg_id})
             assert reply["status"] == "OK" and body, result
     assert cli("admin", "role", "--role", "ASYNC_MASTER", "--endpoint", master.listen)["role"] == "ASYNC_MASTER"
+
+
+def test_a_topic_made_just_before_a_send_is_on_the_slave_once_the_send_is_acknowledged(pair):
+    """The master ships a changed topics.json ahead of the records written after it: under
+    SYNC_MASTER an acknowledged send's topic is on the slave (a promotion keeps it routed)."""
+    master, slave = pair.master, pair.slave
+    wait_until(lambda: control(master, "ha_slaves") == 1)
+    assert cli("admin", "role", "--role", "SYNC_MASTER", "--endpoint", master.listen)["role"] == "SYNC_MASTER"
+    try:
+        with Producer(master.listen) as producer:
+            for i in range(5):
+                topic = f"HaFresh{time.monotonic_ns()}"
+                reply, _ = producer.request({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": topic,
+                                             "readQueueNums": 2, "writeQueueNums": 2})
+                assert reply["status"] == "OK", reply
+                assert producer.send(topic, b"fresh", queue_id=i % 2).status == "PUT_OK"
+                on_slave = config_files.read(slave.root / "config" / "topics.json") or {}
+                assert topic in on_slave.get("topicConfigTable", {}), i
+    finally:
+        assert cli("admin", "role", "--role", "ASYNC_MASTER", "--endpoint", master.listen)["role"] == "ASYNC_MASTER"
 
 
 class Load:

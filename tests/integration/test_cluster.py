@@ -103,8 +103,8 @@ rayNode = "hostC"
 
     def create_topic(self, topic: str) -> dict:
         """`admin topic create` over the cluster, 8 queues a group; what each group answered, once
-        the name service routes the topic to both and every node has it: a slave gets its
-        master's topics within a second or two, and one promoted before serves only those it got."""
+        the name service routes the topic to both and every node lists it (a slave's front takes
+        its master's topics once a second)."""
         created = orjson.loads(self.cli("admin", "topic", "create", "--namesrv", self.namesrv, "--topic", topic,
                                         "--queues", "8"))
         wait_until(lambda: len(orjson.loads(self.cli("admin", "topics", "--namesrv", self.namesrv)).get(topic, {})) == 2,

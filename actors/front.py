@@ -61,7 +61,7 @@ from actors.runtime_info import NodeStatistics
 from actors.topics import TopicTable
 from node import protocol
 from node.client.frames import NOBLOCK, send_frames
-from shm.control_block import ROLE_CODES, heartbeat_slot, monotonic_ms
+from shm.control_block import heartbeat_slot, monotonic_ms
 
 MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
 SEND_WAIT_MS = 20
@@ -211,7 +211,7 @@ class Front(Actor):
         now = time.monotonic()
         if self.cpu_latency is not None:
             self.cpu_latency.check(now, self.clients in events)
-        slave = self.control.get("role") == ROLE_CODES["SLAVE"]
+        slave = self.replication.is_slave()
         if now >= self.next_offsets_persist and not slave:  # (a slave's are its master's)
             self.next_offsets_persist = now + self.settings.flushConsumerOffsetInterval / 1000
             self.offsets.persist()
@@ -239,7 +239,7 @@ class Front(Actor):
         self._release_cpu_latency()
         for replies in self.inbox.take():
             self._answer_replies(replies)
-        if self.control.get("role") != ROLE_CODES["SLAVE"]:
+        if not self.replication.is_slave():
             self.offsets.persist()
 
     # -- clients -----------------------------------------------------------------------------------

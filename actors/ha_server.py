@@ -385,7 +385,7 @@ class HaServer(Actor):
         if self.rocketmq:
             return
         changes = self.control.get("config_changes")
-        new_slave = any(s.started and peer not in self.config.sent for peer, s in self.sessions.items())
+        new_slave = any(s.started and self.config.is_new(peer) for peer, s in self.sessions.items())
         if not self.config.look(now, force=changes != self.config_changes_seen or new_slave, announced=changes):
             return
         self.config_changes_seen = changes
@@ -487,6 +487,10 @@ class ConfigShipper:
                     continue  # replaced meanwhile: the next look sends it
                 sent[name] = version
         return out
+
+    def is_new(self, peer) -> bool:
+        """Whether `peer` has got no file yet (its first look ships it every one)."""
+        return peer not in self.sent
 
     def forget(self, peer) -> None:
         self.sent.pop(peer, None)

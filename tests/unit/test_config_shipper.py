@@ -44,6 +44,9 @@ def test_a_forgotten_slave_gets_everything_again(tmp_path):
     shipper = ConfigShipper(tmp_path)
     write(tmp_path, "subscriptionGroup.json", "g", 10**18)
     shipper.look(0)
+    assert shipper.is_new("slave-1")
     assert len(shipper.changed_for("slave-1")) == 1
+    assert not shipper.is_new("slave-1")
     shipper.forget("slave-1")
+    assert shipper.is_new("slave-1")
     assert len(shipper.changed_for("slave-1")) == 1

@@ -43,19 +43,19 @@ def ship(master: TopicTable, replication: FrontReplication, topic: str) -> None:
     write_config(replication.settings.root / "config" / "topics.json", master.path.read_bytes())
 
 
-def slave(replication, control) -> bool:
+def slave(control) -> bool:
     return control.get("role") == ROLE_CODES["SLAVE"]
 
 
 def test_a_slave_takes_its_masters_topics_once_a_second(tmp_path):
     replication, control, topics, master = node(tmp_path, "SLAVE")
     ship(master, replication, "First")
-    replication.follow(100.0, slave(replication, control))
+    replication.follow(100.0, slave(control))
     assert topics.get("First") is not None
     ship(master, replication, "Second")
-    replication.follow(100.0 + LOOK_EVERY_S / 2, slave(replication, control))
+    replication.follow(100.0 + LOOK_EVERY_S / 2, slave(control))
     assert topics.get("Second") is None  # (not looked at yet)
-    replication.follow(100.0 + LOOK_EVERY_S, slave(replication, control))
+    replication.follow(100.0 + LOOK_EVERY_S, slave(control))
     assert topics.get("Second") is not None
 
 
@@ -64,15 +64,15 @@ def test_a_promoted_slave_takes_what_came_in_its_last_second_before_serving_as_m
     replication.follow(100.0, True)
     ship(master, replication, "JustMade")  # shipped after the last look, promoted before the next
     control.set("role", ROLE_CODES["ASYNC_MASTER"])
-    replication.follow(100.1, slave(replication, control))
+    replication.follow(100.1, slave(control))
     assert topics.get("JustMade") is not None
     topics.create("Later", 2)  # the new master's own change keeps what its master had
     assert {"JustMade", "Later"} <= set(TopicTable(topics.path.parent, auto_create=False, default_queues=4).topics)
 
 
-def test_a_master_never_reads_the_files_as_a_masters(tmp_path):
+def test_a_master_never_takes_the_files_as_its_masters(tmp_path):
     replication, control, topics, master = node(tmp_path, "ASYNC_MASTER")
     ship(master, replication, "Foreign")
     for second in range(3):
-        replication.follow(100.0 + second * LOOK_EVERY_S, slave(replication, control))
+        replication.follow(100.0 + second * LOOK_EVERY_S, slave(control))
     assert topics.get("Foreign") is None

@@ -50,6 +50,15 @@ def conflated(context: zmq.Context, kind: int) -> zmq.Socket:
     return s
 
 
+
+def write_pid_file(path: Path) -> None:
+    """This process's pid in `path`, whole or not at all: a reader (an operator, a test, the
+    launcher's listener check) never sees a restarted process's file empty or half written."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(f"{os.getpid()}\n")
+    os.replace(temporary, path)
+
+
 class Doorbell:
     """A wake-up between two processes of the node through a FIFO in the run directory: one
     byte rung, any number drained at once (conflated, as a wake-up should be). Cheaper than a
@@ -178,7 +187,7 @@ class Actor:
     def start(self) -> None:
         Path(self.settings.run_dir).mkdir(parents=True, exist_ok=True)
         if self.pid_file:
-            (self.settings.run_dir / f"{self.label}.pid").write_text(f"{os.getpid()}\n")
+            write_pid_file(self.settings.run_dir / f"{self.label}.pid")
         self.control = ControlBlock(self.settings.root / "control")
         self.control.heartbeat(heartbeat_slot(self.label), monotonic_ms())  # alive while it opens
         self.deletions_seen = self.control.get("deletions")

@@ -36,6 +36,7 @@ import time
 import tomllib
 from pathlib import Path
 
+from actors.base import write_pid_file
 from node.server import namesrv as namesrv_module
 from node.server import ray_setup
 from shm import settings as settings_module
@@ -295,7 +296,7 @@ def run_up(conf: ClusterConf, ray_address: str | None, out=print) -> int:
         signal.signal(number, lambda *_: stopping.set())
     try:
         cluster.up()
-        pid_file(conf).write_text(f"{os.getpid()}\n")
+        write_pid_file(pid_file(conf))
         out(f"mqnode cluster ready name={conf.name} parts={len(conf.namesrvs) + len(conf.nodes)} pid={os.getpid()}",
             flush=True)
         while not stopping.wait(0.5):

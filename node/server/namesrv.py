@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from actors.base import write_pid_file
 from node.server import ray_setup
 
 DEFAULT_PORT = 9876
@@ -37,7 +38,7 @@ class NamesrvHost:
         ray_setup.normal_priority()
         self.service = Namesrv(listen, directory, expiry_ms=expiry_ms)
         Path(directory).mkdir(parents=True, exist_ok=True)
-        (Path(directory) / "namesrv.pid").write_text(f"{os.getpid()}\n")
+        write_pid_file(Path(directory) / "namesrv.pid")
         self.thread = threading.Thread(target=self._run, name="mqnode-namesrv", daemon=True)
         self.thread.start()
 

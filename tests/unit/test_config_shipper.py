@@ -1,4 +1,4 @@
-"""The ha-server's ConfigShipper without a link: which config files go to which slave, looked at
+"""The ha-server's ConfigShipper (actors.ha_config) without a link: which config files go to which slave, looked at
 every LOOK_MS or at once on the front's word; two writes of one size within one tick of the
 file system's clock still go."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from actors import config_files
-from actors.ha_server import ConfigShipper
+from actors.ha_config import ConfigShipper
 
 
 def write(directory, name: str, text: str, mtime_ns: int) -> None:

@@ -1,9 +1,10 @@
 """The gRPC proxy's core: RocketMQ 5's `apache.rocketmq.v2` in the node's own terms, and back.
 
 No I/O: the shell (actors.proxy.shell) owns the gRPC server and the link to the front, and asks
-this module what a request means for the node (`outgoing`, `receive_plan`, `ack_handles`) and what
-the node's answer means for the client (`status_of`, `message_of`, `route`, `assignments`,
-`settings_for`). What lasts between calls (the clients, the renewals) is actors.proxy.sessions.
+this module what a request means for the node (`outgoing`, `end_transaction`, `receipt_handle`)
+and what the node's answer means for the client (`status_of`, `route`, `assignments`,
+`settings_for`). What a receive or a pull asks, and each message as a client reads it, is
+actors.proxy.delivery; what lasts between calls (the clients, the renewals) actors.proxy.sessions.
 
 Choices that differ from Apache RocketMQ's proxy are documented in docs/protocol.md "gRPC":
 - A topic accepts NORMAL, FIFO, DELAY and TRANSACTION messages (mqnode keeps no message type per
@@ -40,16 +41,11 @@ from shm.codec import (
     PROPERTY_CHECK_IMMUNITY,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_UNIQ_KEY,
-    crc32,
     decode_msg_id,
 )
 
 Code = pb.Code
-DEFAULT_INVISIBLE_MS = 60_000  # a receive that names no invisible duration (RocketMQ 5's defaultInvisibleTimeMills)
-MIN_INVISIBLE_MS = 1_000
 LONG_POLLING_MS = 20_000  # what a consumer's settings say to wait (grpcClientConsumerMaxLongPollingTimeoutMillis)
-MAX_POLLING_MS = 60_000  # longer waits are refused ILLEGAL_POLLING_TIME
-POLL_MARGIN_MS = 1_000  # a held receive answers this long before the client's deadline
 RECEIVE_BATCH = 32  # a consumer's receive_batch_size
 MAX_RECEIVE_BATCH = edge.POP_MAX_COUNT
 FORWARD_HOLD_MS = 30_000  # a message being forwarded to the DLQ stays invisible this long meanwhile
@@ -305,104 +301,6 @@ def send_response(entries: list[rpc.SendResultEntry]) -> rpc.SendMessageResponse
     return rpc.SendMessageResponse(status=top, entries=entries)
 
 
-# -- receiving -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReceivePlan:
-    """A ReceiveMessageRequest as the node's pop."""
-
-    topic: str
-    group: str
-    queue_id: int
-    max_count: int
-    invisible_ms: int
-    wait_ms: int
-    tags: str
-    orderly: bool
-
-
-def receive_plan(request: rpc.ReceiveMessageRequest, remaining_ms: int | None, fifo: bool,
-                 default_invisible_ms: int = DEFAULT_INVISIBLE_MS) -> ReceivePlan:
-    """What to pop for `request`; `remaining_ms` is what is left of the client's deadline (None:
-    none), `fifo` whether the group consumes in order. An auto_renew receive (a push consumer's)
-    or one that names no invisible duration gets `default_invisible_ms`."""
-    group = group_name(request.group)
-    topic = topic_name(request.message_queue.topic)
-    if not 0 < request.batch_size <= MAX_RECEIVE_BATCH:
-        raise Refused(Code.BAD_REQUEST, f"batch_size must be 1..{MAX_RECEIVE_BATCH}, not {request.batch_size}")
-    invisible = (duration_ms(request.invisible_duration)
-                 if request.HasField("invisible_duration") and not request.auto_renew else default_invisible_ms)
-    if not MIN_INVISIBLE_MS <= invisible <= edge.INVISIBLE_MS_MAX:
-        raise Refused(Code.ILLEGAL_INVISIBLE_TIME, f"invisible_duration must be {MIN_INVISIBLE_MS} ms to "
-                                                   f"{edge.INVISIBLE_MS_MAX} ms, not {invisible} ms")
-    wait = duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else 0
-    if not 0 <= wait <= MAX_POLLING_MS:
-        raise Refused(Code.ILLEGAL_POLLING_TIME, f"long_polling_timeout must be 0 to {MAX_POLLING_MS} ms, not {wait} ms")
-    if remaining_ms is not None:  # answer (empty) before the client gives up on the call
-        wait = max(0, min(wait, remaining_ms - POLL_MARGIN_MS))
-    # any queue of the broker (RocketMQ 5's ReceiveMessageQueueSelector); a FIFO group's queue its
-    # assignment names, which keeps one member on a queue at a time
-    queue_id = request.message_queue.id if fifo and request.message_queue.id >= 0 else -1
-    return ReceivePlan(topic, group, queue_id,
-                       request.batch_size, invisible, wait, tag_expression(request.filter_expression), fifo)
-
-
-def tag_expression(expression: pb.FilterExpression) -> str:
-    if expression.type == pb.SQL:
-        raise Refused(Code.UNSUPPORTED, "SQL92 filters are not supported by this node: filter by tag")
-    text = expression.expression.strip() or "*"
-    if any(not part.strip() for part in text.split("||")) or not text.isprintable():
-        raise Refused(Code.ILLEGAL_FILTER_EXPRESSION, f"{text!r} is not a tag expression (tag || tag, or *)")
-    return text
-
-
-def message_of(popped, invisible_ms: int) -> rpc.ReceiveMessageResponse:
-    """A popped message (node.client.received.PoppedMessage) as RocketMQ 5 clients receive it,
-    in its stream's response. Filled in place: a message given to a constructor is copied."""
-    response = rpc.ReceiveMessageResponse()
-    system, properties = _fill(response.message, popped)
-    system.store_host = popped.store_host
-    system.queue_id, system.queue_offset = popped.queue_id, popped.queue_offset
-    system.receipt_handle = popped.receipt_handle
-    system.delivery_attempt = popped.reconsume_times + 1
-    system.message_type = _type_of(properties)
-    # (FromMilliseconds is Python; two C assignments each are what it comes to)
-    stored = popped.store_timestamp
-    system.store_timestamp.seconds, system.store_timestamp.nanos = stored // 1000, stored % 1000 * 1_000_000
-    system.invisible_duration.seconds, system.invisible_duration.nanos = invisible_ms // 1000, invisible_ms % 1000 * 1_000_000
-    if PROPERTY_SHARDING_KEY in properties:
-        system.message_group = properties[PROPERTY_SHARDING_KEY]
-    if PROPERTY_TIMER_DELIVER_MS in properties and properties[PROPERTY_TIMER_DELIVER_MS].isdigit():
-        system.delivery_timestamp.FromMilliseconds(int(properties[PROPERTY_TIMER_DELIVER_MS]))
-    return response
-
-
-def _fill(out: pb.Message, received) -> tuple[pb.SystemProperties, dict[str, str]]:
-    """What every message the proxy hands a client carries (a received one, a half to check):
-    topic, body and its CRC32 digest, id, born time and host, tag, keys, user properties."""
-    properties = received.properties
-    out.topic.name = received.topic
-    out.body = body = received.body
-    system = out.system_properties
-    system.message_id = received.msg_id
-    system.born_host = received.born_host
-    system.body_encoding = pb.IDENTITY
-    system.body_digest.type = pb.CRC32
-    system.body_digest.checksum = format(crc32(body) & 0xFFFFFFFF, "08X")
-    born = received.born_timestamp
-    system.born_timestamp.seconds, system.born_timestamp.nanos = born // 1000, born % 1000 * 1_000_000
-    tag = properties.get(PROPERTY_TAGS)
-    if tag:
-        system.tag = tag
-    if PROPERTY_KEYS in properties:
-        system.keys.extend(received.keys)
-    user = {k: v for k, v in properties.items() if k not in SYSTEM_PROPERTIES}
-    if user:
-        out.user_properties.update(user)
-    return system, properties
-
-
 def transaction_id(offset_msg_id: str, queue_offset: int) -> str:
     """What a RocketMQ 5 client gets as a half's transaction_id and hands back in EndTransaction:
     the half's offset msgId (its CommitLog offset) and its queue offset, so no table is kept."""
@@ -434,27 +332,6 @@ def end_transaction(request: rpc.EndTransactionRequest) -> dict:
             "commitLogOffset": phy, "commitOrRollback": RESOLUTIONS[request.resolution],
             "msgId": request.message_id, "transactionId": request.transaction_id,
             "fromTransactionCheck": request.source == pb.SOURCE_SERVER_CHECK}
-
-
-def recover_command(half, header: dict) -> rpc.TelemetryCommand:
-    """A CHECK_TRANSACTION_STATE as RecoverOrphanedTransactionCommand: the half (a ReceivedMessage,
-    shown under its real topic) and its transaction_id."""
-    command = rpc.TelemetryCommand()
-    out = command.recover_orphaned_transaction_command
-    system, _ = _fill(out.message, half)
-    system.message_type = pb.TRANSACTION
-    out.transaction_id = transaction_id(header.get("offsetMsgId", ""), header["tranStateTableOffset"])
-    return command
-
-
-def _type_of(properties: dict[str, str]) -> int:
-    if PROPERTY_SHARDING_KEY in properties:
-        return pb.FIFO
-    if properties.get(PROPERTY_TRANSACTION) == "true":
-        return pb.TRANSACTION
-    if PROPERTY_TIMER_DELIVER_MS in properties or PROPERTY_TIMER_DELAY_MS in properties or PROPERTY_DELAY in properties:
-        return pb.DELAY
-    return pb.NORMAL
 
 
 def queue_of(queue: pb.MessageQueue) -> int:

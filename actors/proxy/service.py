@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from grpc import aio
 
-from actors.proxy import auth, core
+from actors.proxy import auth, core, delivery
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
 from actors.proxy.apis import service_pb2_grpc
@@ -271,7 +271,7 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
     async def ReceiveMessage(self, call: Call, request: rpc.ReceiveMessageRequest):
         """Status first, then each message, then the time of delivery (as RocketMQ 5's proxy)."""
         fifo = await self.proxy.fifo(core.group_name(request.group))
-        plan = core.receive_plan(request, call.remaining_ms(), fifo, self.proxy.settings.defaultInvisibleTimeMills)
+        plan = delivery.receive_plan(request, call.remaining_ms(), fifo, self.proxy.settings.defaultInvisibleTimeMills)
         link = await self.proxy.link(call.account)
         messages = await link.pop(plan.topic, plan.group, max_count=plan.max_count, invisible_ms=plan.invisible_ms,
                                   wait_ms=plan.wait_ms, tags=plan.tags, queue_id=plan.queue_id, orderly=plan.orderly)
@@ -285,7 +285,7 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
                                         now + plan.invisible_ms, now)
         yield rpc.ReceiveMessageResponse(status=status(Code.OK))
         for message in messages:
-            yield core.message_of(message, plan.invisible_ms)
+            yield delivery.message_of(message, plan.invisible_ms)
         self.proxy.received += len(messages)
         delivered = rpc.ReceiveMessageResponse()
         delivered.delivery_timestamp.GetCurrentTime()
@@ -368,13 +368,21 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         await link.ack(held, group)
         return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(Code.OK))
 
-    # -- offsets (the pull path's): not served over gRPC -------------------------------------------
+    # -- pulling: a queue from an offset, and the offsets ----------------------------------------------
 
     @answering(rpc.PullMessageResponse, streaming=True)
-    async def PullMessage(self, call: Call, request):
-        raise Refused(Code.NOT_IMPLEMENTED, "PullMessage is not served over gRPC: pop (ReceiveMessage), or pull "
-                                            "with mqnode's ZeroMQ protocol")
-        yield  # (a generator)
+    async def PullMessage(self, call: Call, request: rpc.PullMessageRequest):
+        """PULL_MESSAGE of one queue from the request's offset, long polling up to its timeout; the
+        offset is not committed (UpdateOffset does, as RocketMQ 5's proxy pulls). The stream: a
+        status, each message, then the offset to pull from next."""
+        plan = delivery.pull_plan(request, call.remaining_ms())
+        await self.proxy.ensure_topic(plan.topic)
+        link = await self.proxy.link(call.account)
+        result = await link.pull(plan.topic, plan.queue_id, plan.offset, max_count=plan.max_count,
+                                 subscription=plan.tags, suspend_ms=plan.wait_ms, group=plan.group)
+        for response in delivery.pulled(result):
+            yield response
+        self.proxy.pulled += len(result.messages)
 
     @answering(rpc.UpdateOffsetResponse)
     async def UpdateOffset(self, call: Call, request: rpc.UpdateOffsetRequest):

@@ -26,9 +26,9 @@ from grpc import aio
 
 from actors import guard
 from actors.base import POLL_MS, Actor
-from actors.proxy import auth, core, sessions
+from actors.proxy import auth, core, delivery, sessions
 from actors.proxy.apis import service_pb2_grpc
-from actors.proxy.core import Refused
+from actors.proxy.core import Code, Refused
 from actors.proxy.service import Service
 from actors.proxy.sessions import wall_ms
 from node import protocol
@@ -40,6 +40,7 @@ from node.security import Credentials
 
 log = logging.getLogger("mqnode")
 GROUP_TTL_S = 5.0  # a group's settings (retries, FIFO) are asked for again after this
+TOPICS_TTL_S = 1.0  # a topic found missing is looked for again after this (ensure_topic)
 MAX_STREAMS = 10_000  # concurrent streams the server takes (grpc.max_concurrent_streams per connection: 1,000)
 EXPIRE_PERIOD_S = 10.0
 RENEW_BATCH = 256  # renewals in flight at once
@@ -57,9 +58,11 @@ class Proxy(Actor):
         self.links: dict[tuple, AsyncPullConsumer] = {}  # (access key, secret) (None: the node's own) -> link
         self.groups: dict[str, tuple[float, dict | None]] = {}
         self.turns: dict[str, int] = {}  # topic -> the queue its last request's messages went to
+        self.topics_seen: set[str] = set()  # the node's topics, as last read (ensure_topic)
+        self.topics_missing: dict[str, float] = {}  # topic -> when it was last found missing
         self.calls: dict[str, int] = {}
         self.refused = 0
-        self.sent = self.received = self.acked = 0
+        self.sent = self.received = self.acked = self.pulled = 0
         self.port = 0
         self.verifier: auth.Verifier | None = None
         self.renewals = sessions.Renewals(settings.renewAheadTimeMillis, settings.renewMaxTimeMillis)
@@ -183,7 +186,7 @@ class Proxy(Actor):
         self.check_turn += 1
         queue = self.streams[candidates[self.check_turn % len(candidates)]][0]
         try:
-            queue.put_nowait(core.recover_command(half, header))
+            queue.put_nowait(delivery.recover_command(half, header))
             self.checks_forwarded += 1
         except asyncio.QueueFull:
             self.checks_dropped += 1
@@ -192,6 +195,7 @@ class Proxy(Actor):
         return super().statistics() | self.clients.statistics() | self.renewals.statistics() | {
             "grpcPort": self.port, "calls": dict(sorted(self.calls.items())), "refused": self.refused,
             "messagesSent": self.sent, "messagesReceived": self.received, "messagesAcked": self.acked,
+            "messagesPulled": self.pulled,
             "transactionsEnded": self.ended, "checksForwarded": self.checks_forwarded,
             "checksDropped": self.checks_dropped}
 
@@ -220,6 +224,28 @@ class Proxy(Actor):
             raise Refused(core.status_of(reply.get("status"), reply.get("remark", "")).code,
                           reply.get("remark") or f"topic {topic}: {reply.get('status')}")
         return reply
+
+    async def ensure_topic(self, topic: str) -> None:
+        """TOPIC_NOT_FOUND (Refused) unless the node has `topic`, without creating it (a route
+        would, under autoCreateTopicEnable): the node's pull answers "no new message" for a topic
+        it lacks, RocketMQ's pull TOPIC_NOT_EXIST. The node's topics are read again when one not
+        seen is asked for, at most once every TOPICS_TTL_S for the same missing topic."""
+        if topic in self.topics_seen:
+            return
+        now = time.monotonic()
+        if now - self.topics_missing.get(topic, float("-inf")) >= TOPICS_TTL_S:
+            reply = await self.ask(None, {"code": protocol.GET_ALL_TOPIC_CONFIG})
+            if reply.get("status") != "OK":
+                raise Refused(core.status_of(reply.get("status"), reply.get("remark", "")).code,
+                              reply.get("remark") or f"the node's topics: {reply.get('status')}")
+            self.topics_seen = set(reply.get("topicConfigTable") or ())
+            if topic in self.topics_seen:
+                self.topics_missing.pop(topic, None)
+                return
+            if len(self.topics_missing) > 10_000:
+                self.topics_missing.clear()
+            self.topics_missing[topic] = now
+        raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
 
     async def group(self, group: str) -> dict | None:
         """The group's subscriptionGroup.json entry (None: not created yet), cached GROUP_TTL_S."""

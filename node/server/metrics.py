@@ -267,6 +267,8 @@ def _proxy(proxy: dict):
             ("mqnode_grpc_messages_received", "Messages handed out through ReceiveMessage", "messagesReceived",
              CounterMetricFamily),
             ("mqnode_grpc_messages_acked", "Messages acked through AckMessage", "messagesAcked", CounterMetricFamily),
+            ("mqnode_grpc_messages_pulled", "Messages handed out through PullMessage", "messagesPulled",
+             CounterMetricFamily),
             ("mqnode_grpc_renewals", "Invisible times the proxy renewed for push consumers", "renewals",
              CounterMetricFamily),
             ("mqnode_grpc_clients", "RocketMQ 5 clients the proxy heard from lately", "clients", GaugeMetricFamily),

@@ -251,13 +251,94 @@ def test_one_bad_message_of_a_batch_fails_alone(node, stub):
 
 
 def test_what_this_node_does_not_serve_answers_not_implemented_and_the_rest_goes_on(node, stub):
-    pulled = list(stub.PullMessage(rpc.PullMessageRequest(group=pb.Resource(name="G"), message_queue=pb.MessageQueue(
-        topic=pb.Resource(name="G5Tx"))), metadata=META, timeout=10))
-    assert [r.status.code for r in pulled] == [Code.NOT_IMPLEMENTED]
+    recalled = stub.RecallMessage(rpc.RecallMessageRequest(topic=pb.Resource(name="G5Tx"), recall_handle="h"),
+                                  metadata=META, timeout=10)
+    assert recalled.status.code == Code.NOT_IMPLEMENTED
     route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="G5Tx")), metadata=META, timeout=10)
     assert route.status.code == Code.OK and len(route.message_queues) == 8
     assert {q.permission for q in route.message_queues} == {pb.READ_WRITE}
     assert set(route.message_queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
+
+
+def pull(stub, topic: str, queue: int, offset: int, *, batch: int = 32, tags: str = "*", wait_ms: int = 0,
+         group: str = "G5PullG") -> tuple[int, list[pb.Message], int | None]:
+    """PullMessage: (status code, messages, next offset)."""
+    request = rpc.PullMessageRequest(group=pb.Resource(name=group), offset=offset, batch_size=batch,
+                                     message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=queue),
+                                     filter_expression=pb.FilterExpression(type=pb.TAG, expression=tags))
+    request.long_polling_timeout.FromMilliseconds(wait_ms)
+    answers = list(stub.PullMessage(request, metadata=META, timeout=10 + wait_ms / 1000))
+    assert answers[0].HasField("status") and all(a.HasField("message") for a in answers[1:-1]), answers
+    next_offset = answers[-1].next_offset if answers[-1].WhichOneof("content") == "next_offset" else None
+    return answers[0].status.code, [a.message for a in answers[1:-1]], next_offset
+
+
+def offset_of(stub, rpc_name: str, topic: str, queue: int, **fields):
+    request_type = getattr(rpc, f"{rpc_name}Request")
+    return getattr(stub, rpc_name)(request_type(message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=queue),
+                                                **fields), metadata=META, timeout=10)
+
+
+def test_a_pull_consumer_over_grpc_pulls_a_queue_from_an_offset_and_keeps_its_own_offsets(node, stub):
+    """PullMessage, QueryOffset, UpdateOffset and GetOffset, as RocketMQ 5's pull consumers use
+    them: the pull reads what ZeroMQ's pull reads, from the offset asked, and commits nothing."""
+    topic, group = "G5Pull", pb.Resource(name="G5PullG")
+    pulled_before = proxy_statistics(node)["messagesPulled"]
+    with Producer(node.endpoint) as producer:
+        sent = [producer.send(topic, f"p{i}".encode(), tags="even" if i % 2 == 0 else "odd", keys=[f"k{i}"],
+                              queue_id=2) for i in range(10)]
+    low = offset_of(stub, "QueryOffset", topic, 2, query_offset_policy=pb.BEGINNING)
+    high = offset_of(stub, "QueryOffset", topic, 2, query_offset_policy=pb.END)
+    assert (low.status.code, low.offset, high.status.code, high.offset) == (Code.OK, 0, Code.OK, 10)
+
+    code, messages, next_offset = pull(stub, topic, 2, 3, batch=4)
+    assert (code, next_offset) == (Code.OK, 7)
+    assert [m.body for m in messages] == [b"p3", b"p4", b"p5", b"p6"]
+    first = messages[0].system_properties
+    assert (first.message_id, first.queue_id, first.queue_offset, first.tag, list(first.keys)) == (
+        sent[3].msg_id, 2, 3, "odd", ["k3"])
+    assert first.delivery_attempt == 1 and not first.receipt_handle and first.message_type == pb.NORMAL
+    with PullConsumer(node.endpoint) as consumer:  # the same message, as ZeroMQ's pull reads it
+        zmq_message = consumer.pull(topic, 2, 3, max_count=1).messages[0]
+    assert first.store_timestamp.ToMilliseconds() == zmq_message.store_timestamp and first.born_host == zmq_message.born_host
+
+    code, messages, next_offset = pull(stub, topic, 2, 0, tags="even")
+    assert code == Code.OK and [m.body for m in messages] == [b"p0", b"p2", b"p4", b"p6", b"p8"] and next_offset == 10
+    assert pull(stub, topic, 2, 10, wait_ms=0) == (Code.MESSAGE_NOT_FOUND, [], 10)
+    code, _, next_offset = pull(stub, topic, 2, 50)
+    assert code == Code.ILLEGAL_OFFSET and next_offset == 10  # (the node says where to go on from)
+
+    # the pull committed nothing; the consumer's own offset is what UpdateOffset sets
+    assert offset_of(stub, "GetOffset", topic, 2, group=group).status.code == Code.OFFSET_NOT_FOUND
+    assert offset_of(stub, "UpdateOffset", topic, 2, group=group, offset=7).status.code == Code.OK
+    got = offset_of(stub, "GetOffset", topic, 2, group=group)
+    assert (got.status.code, got.offset) == (Code.OK, 7)
+    assert offset_of(stub, "UpdateOffset", topic, 2, group=group, offset=-1).status.code == Code.ILLEGAL_OFFSET
+    assert pull(stub, "G5NoSuchTopic", 0, 0)[0] == Code.TOPIC_NOT_FOUND
+    assert pull(stub, topic, 2, -1)[0] == Code.ILLEGAL_OFFSET
+    assert pull(stub, topic, -1, 0)[0] == Code.BAD_REQUEST
+    assert pull(stub, topic, 2, 0, batch=0)[0] == Code.BAD_REQUEST
+    deadline = time.monotonic() + 5
+    while proxy_statistics(node)["messagesPulled"] - pulled_before < 9:  # (statistics come once a second)
+        assert time.monotonic() < deadline, "the proxy did not count the 9 messages pulled"
+        time.sleep(0.2)
+
+
+def test_a_pull_at_the_end_of_a_queue_waits_for_the_next_message(node, stub):
+    import threading
+
+    topic = "G5PullWait"
+    with Producer(node.endpoint) as producer:
+        producer.send(topic, b"first", queue_id=0)
+        began = time.monotonic()
+        assert pull(stub, topic, 0, 1, wait_ms=600) == (Code.MESSAGE_NOT_FOUND, [], 1)
+        assert time.monotonic() - began >= 0.5  # (it waited, as long as it asked)
+        threading.Timer(0.5, lambda: producer.send(topic, b"second", queue_id=0)).start()
+        began = time.monotonic()
+        code, messages, next_offset = pull(stub, topic, 0, 1, wait_ms=20_000)
+        waited = time.monotonic() - began
+    assert (code, [m.body for m in messages], next_offset) == (Code.OK, [b"second"], 2)
+    assert 0.4 <= waited < 10, waited
 
 
 def test_stale_and_forged_receipt_handles_are_refused_and_ack_nothing_else(node, stub):
@@ -466,6 +547,12 @@ def _random_request(rng, method: str):
         request.filter_expression.type = rng.randrange(0, 3)
         request.filter_expression.expression = text()
         return request
+    if method == "PullMessage":
+        request = rpc.PullMessageRequest(group=resource(), message_queue=queue(), offset=number(), batch_size=number())
+        request.long_polling_timeout.FromMilliseconds(rng.choice([0, 100, 2**40]))
+        request.filter_expression.type = rng.randrange(0, 3)
+        request.filter_expression.expression = text()
+        return request
     if method == "AckMessage":
         return rpc.AckMessageRequest(group=resource(), topic=resource(), entries=[
             rpc.AckMessageEntry(message_id=text(), receipt_handle=handle()) for _ in range(rng.choice([0, 1, 2]))])
@@ -487,7 +574,7 @@ def _random_request(rng, method: str):
     return rpc.QueryRouteRequest(topic=resource())
 
 
-FUZZED = ("SendMessage", "ReceiveMessage", "AckMessage", "ChangeInvisibleDuration", "ForwardMessageToDeadLetterQueue",
+FUZZED = ("SendMessage", "ReceiveMessage", "PullMessage", "AckMessage", "ChangeInvisibleDuration", "ForwardMessageToDeadLetterQueue",
           "QueryAssignment", "UpdateOffset", "GetOffset", "QueryOffset", "Heartbeat", "QueryRoute")
 
 
@@ -500,7 +587,7 @@ def test_two_thousand_random_requests_each_get_a_status_and_the_proxy_has_no_bug
         method = FUZZED[n % len(FUZZED)]
         request = _random_request(rng, method)
         call = getattr(stub, method)
-        if method == "ReceiveMessage":
+        if method in ("ReceiveMessage", "PullMessage"):
             answers = list(call(request, metadata=META, timeout=10))
             codes = [a.status.code for a in answers if a.HasField("status")]
         else:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.proxy import auth, core, sessions
+from actors.proxy import auth, core, delivery, sessions
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
 from actors.proxy.core import Code, Refused
@@ -154,11 +154,11 @@ def receive(**fields) -> rpc.ReceiveMessageRequest:
 def test_a_receive_pops_from_any_queue_unless_the_group_is_fifo_and_answers_before_the_deadline():
     auto = receive(invisible_duration=1000)
     auto.auto_renew = True
-    assert core.receive_plan(auto, None, fifo=False, default_invisible_ms=7000).invisible_ms == 7000
-    plan = core.receive_plan(receive(queue=5, long_polling_timeout=20_000), 15_000, fifo=False)
+    assert delivery.receive_plan(auto, None, fifo=False, default_invisible_ms=7000).invisible_ms == 7000
+    plan = delivery.receive_plan(receive(queue=5, long_polling_timeout=20_000), 15_000, fifo=False)
     assert (plan.queue_id, plan.wait_ms, plan.invisible_ms, plan.max_count, plan.tags) == (-1, 14_000, 60_000, 16, "*")
-    assert core.receive_plan(receive(queue=5), None, fifo=True).queue_id == 5
-    assert core.receive_plan(receive(long_polling_timeout=5000), 500, fifo=False).wait_ms == 0
+    assert delivery.receive_plan(receive(queue=5), None, fifo=True).queue_id == 5
+    assert delivery.receive_plan(receive(long_polling_timeout=5000), 500, fifo=False).wait_ms == 0
 
 
 @pytest.mark.parametrize("request_, code", [
@@ -169,20 +169,77 @@ def test_a_receive_pops_from_any_queue_unless_the_group_is_fifo_and_answers_befo
 ])
 def test_a_receive_out_of_bounds_is_refused(request_, code):
     with pytest.raises(Refused) as e:
-        core.receive_plan(request_, None, fifo=False)
+        delivery.receive_plan(request_, None, fifo=False)
     assert e.value.code == code
 
 
 def test_tag_expressions():
-    assert core.tag_expression(pb.FilterExpression(type=pb.TAG, expression="a || b")) == "a || b"
-    assert core.tag_expression(pb.FilterExpression()) == "*"
+    assert delivery.tag_expression(pb.FilterExpression(type=pb.TAG, expression="a || b")) == "a || b"
+    assert delivery.tag_expression(pb.FilterExpression()) == "*"
     for bad, code in (("a ||", Code.ILLEGAL_FILTER_EXPRESSION), ("a\x00b", Code.ILLEGAL_FILTER_EXPRESSION)):
         with pytest.raises(Refused) as e:
-            core.tag_expression(pb.FilterExpression(type=pb.TAG, expression=bad))
+            delivery.tag_expression(pb.FilterExpression(type=pb.TAG, expression=bad))
         assert e.value.code == code
     with pytest.raises(Refused) as e:
-        core.tag_expression(pb.FilterExpression(type=pb.SQL, expression="a > 1"))
+        delivery.tag_expression(pb.FilterExpression(type=pb.SQL, expression="a > 1"))
     assert e.value.code == Code.UNSUPPORTED
+
+
+def pull_request(**fields) -> rpc.PullMessageRequest:
+    request = rpc.PullMessageRequest(group=pb.Resource(name="G"), batch_size=fields.pop("batch_size", 16),
+                                     offset=fields.pop("offset", 0),
+                                     message_queue=pb.MessageQueue(topic=pb.Resource(name="T"), id=fields.pop("queue", 3)))
+    for name, ms in fields.items():
+        getattr(request, name).FromMilliseconds(ms)
+    return request
+
+
+def test_a_pull_reads_one_queue_from_its_offset_and_answers_before_the_deadline():
+    plan = delivery.pull_plan(pull_request(offset=42, long_polling_timeout=20_000), 15_000)
+    assert (plan.topic, plan.group, plan.queue_id, plan.offset, plan.max_count, plan.wait_ms, plan.tags) == (
+        "T", "G", 3, 42, 16, 14_000, "*")
+    assert delivery.pull_plan(pull_request(long_polling_timeout=5000), None).wait_ms == 5000
+
+
+@pytest.mark.parametrize("request_, code", [
+    (pull_request(offset=-1), Code.ILLEGAL_OFFSET), (pull_request(queue=-1), Code.BAD_REQUEST),
+    (pull_request(batch_size=0), Code.BAD_REQUEST), (pull_request(batch_size=1025), Code.BAD_REQUEST),
+    (pull_request(long_polling_timeout=3600_000), Code.ILLEGAL_POLLING_TIME),
+])
+def test_a_pull_out_of_bounds_is_refused(request_, code):
+    with pytest.raises(Refused) as e:
+        delivery.pull_plan(request_, None)
+    assert e.value.code == code
+
+
+def received_message(body: bytes, properties: dict[str, str]):
+    """A stored record as the node's pull hands it to the proxy (node.client.received)."""
+    from node.client.received import decode_messages
+    from shm import codec
+
+    record = codec.encode(topic="T", body=body, queue_id=3, born_timestamp=111, queue_offset=7, physical_offset=4096,
+                          born_host=codec.encode_host("10.1.2.3", 5000), store_host=codec.encode_host("127.0.0.1", 10911),
+                          properties=codec.properties_string(properties), store_timestamp=222, reconsume_times=0)
+    return decode_messages(record)[0]
+
+
+def test_a_pulls_stream_is_its_status_its_messages_and_the_next_offset():
+    from node.client.consumer import PullResult
+
+    stored = received_message(b"body", {"TAGS": "t", "UNIQ_KEY": "0A00000100002A9F0000000000000001"})
+    stream = delivery.pulled(PullResult("FOUND", 8, 0, 9, [stored]))
+    assert [r.WhichOneof("content") for r in stream] == ["status", "message", "next_offset"]
+    assert stream[0].status.code == Code.OK and stream[2].next_offset == 8
+    system = stream[1].message.system_properties
+    assert (stream[1].message.body, system.tag, system.message_id, system.delivery_attempt) == (
+        b"body", "t", "0A00000100002A9F0000000000000001", 1)
+    assert not system.receipt_handle and not system.HasField("invisible_duration")
+    assert (system.queue_id, system.queue_offset, system.store_timestamp.ToMilliseconds()) == (3, 7, 222)
+    for status, code in (("NO_NEW_MSG", Code.MESSAGE_NOT_FOUND), ("NO_MATCHED_MSG", Code.MESSAGE_NOT_FOUND),
+                         ("FOUND", Code.MESSAGE_NOT_FOUND), ("OFFSET_ILLEGAL", Code.ILLEGAL_OFFSET)):
+        stream = delivery.pulled(PullResult(status, 5, 0, 5, []))  # (FOUND, none left by the exact tag check)
+        assert [r.WhichOneof("content") for r in stream] == ["status", "next_offset"]
+        assert stream[0].status.code == code and stream[1].next_offset == 5
 
 
 def test_receipt_handles_the_node_gave_are_taken_apart_and_others_refused():
@@ -292,8 +349,8 @@ def test_nothing_in_a_receive_makes_receive_plan_raise_anything_but_refused(batc
     request = receive(batch_size=batch, queue=queue, invisible_duration=invisible, long_polling_timeout=wait)
     request.filter_expression.expression = expression
     try:
-        plan = core.receive_plan(request, remaining, fifo=queue % 2 == 0)
+        plan = delivery.receive_plan(request, remaining, fifo=queue % 2 == 0)
     except Refused:
         return
-    assert 0 <= plan.wait_ms <= core.MAX_POLLING_MS and 0 < plan.max_count <= core.MAX_RECEIVE_BATCH
+    assert 0 <= plan.wait_ms <= delivery.MAX_POLLING_MS and 0 < plan.max_count <= core.MAX_RECEIVE_BATCH
     assert plan.queue_id >= -1 and time.time() > 0

@@ -7,7 +7,7 @@ cluster (GET_BROKER_CLUSTER_INFO). The tables, as RocketMQ keeps them:
   brokers   brokerName -> {cluster, brokerName, brokerAddrs: {brokerId (text): address}}
   queues    topic -> brokerName -> {readQueueNums, writeQueueNums, perm, topicSysFlag}
   clusters  cluster -> brokerNames
-  live      address -> {lastUpdateTimestamp (ms), brokerName, brokerId, haServerAddr, dataVersion, ...}
+  live      address -> {lastUpdateTimestamp (ms), brokerName, brokerId, haServerAddr, grpcAddr, dataVersion, ...}
 
 Only a master (brokerId 0) says which topics its group holds; each of its registrations replaces
 the group's queue data (a topic it no longer lists leaves the group's route). A slave promoted to
@@ -93,12 +93,15 @@ class RouteTable:
         changed = self._place(name, cluster, address, broker_id)
         if queues is not None:
             changed |= self._queues_of(name, queues)
+        grpc = header.get("grpcAddr") or ""
+        if grpc:
+            _address(grpc, "grpcAddr")
         previous = self.live.get(address, {})
         self.live[address] = {"lastUpdateTimestamp": now_ms, "brokerName": name, "brokerId": broker_id,
-                              "cluster": cluster, "haServerAddr": header.get("haServerAddr", ""),
+                              "cluster": cluster, "haServerAddr": header.get("haServerAddr", ""), "grpcAddr": grpc,
                               "dataVersion": wrapper.get("dataVersion"), "role": header.get("role", ""),
                               "maxOffset": header.get("maxOffset", 0)}
-        if changed or previous.get("brokerId") != broker_id:
+        if changed or previous.get("brokerId") != broker_id or previous.get("grpcAddr", "") != grpc:
             self.version += 1
         master = self.brokers[name]["brokerAddrs"].get(str(MASTER_ID), "")
         return {"masterAddr": master, "haServerAddr": self.live.get(master, {}).get("haServerAddr", "")}
@@ -176,7 +179,15 @@ class RouteTable:
         if not names:
             return None
         return {"queueDatas": [{"brokerName": name, **groups[name]} for name in names],
-                "brokerDatas": [self.brokers[name] for name in names]}
+                "brokerDatas": [self._broker_data(name) for name in names]}
+
+    def _broker_data(self, name: str) -> dict:
+        """RocketMQ's BrokerData, and where the group's addresses serve gRPC (`grpcAddrs`, by
+        brokerId, for those that registered one: mqnode's own field, which its proxies route by)."""
+        group = self.brokers[name]
+        grpc = {key: self.live[address]["grpcAddr"] for key, address in group["brokerAddrs"].items()
+                if self.live.get(address, {}).get("grpcAddr")}
+        return group | {"grpcAddrs": grpc} if grpc else group
 
     def cluster_info(self) -> dict:
         return {"brokerAddrTable": dict(sorted(self.brokers.items())),

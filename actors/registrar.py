@@ -4,7 +4,7 @@ Every `registerNameServerPeriod` ms, and within a second of its role or its topi
 persists `config/topics.json`, RocketMQ's TopicConfigSerializeWrapper: the table and its data
 version, sent as they are), the node sends REGISTER_BROKER to each name service of
 `namesrvAddr`: its group (`brokerName`, `brokerClusterName`), its client address, its HA
-address, its id (0 while it is a master: a slave promoted by `admin role` registers as its
+address, its gRPC proxy's address (`grpcAddr`, mqnode's own field), its id (0 while it is a master: a slave promoted by `admin role` registers as its
 group's master from the next registration on) and its written offset. At stop it unregisters.
 
 A shell without a process of its own: the topology hosts it in the clean process's loop, so it
@@ -48,6 +48,15 @@ def client_address(settings) -> str:
 
 def ha_address(settings) -> str:
     return f"{advertised(settings.haListenAddress, settings)}:{settings.ha_port}"
+
+
+def grpc_address(settings) -> str:
+    """Where RocketMQ 5 clients reach this node's gRPC proxy (`host:port`; "" when it is off):
+    the name service hands it to the other nodes' proxies for their routes."""
+    if not settings.grpc_port:
+        return ""
+    host = settings.grpc_host
+    return f"{advertised(host, settings)}:{settings.grpc_port}"
 
 
 class Registrar(Actor):
@@ -105,7 +114,7 @@ class Registrar(Actor):
         master = self.control.get("role") != ROLE_CODES["SLAVE"]
         wrapper = config_files.read(self.topics_path) or {}
         header = {"code": protocol.REGISTER_BROKER, "brokerName": s.brokerName, "clusterName": s.brokerClusterName,
-                  "brokerAddr": client_address(s), "haServerAddr": ha_address(s),
+                  "brokerAddr": client_address(s), "haServerAddr": ha_address(s), "grpcAddr": grpc_address(s),
                   "brokerId": 0 if master else max(s.brokerId, 1),
                   "role": ROLE_NAMES.get(self.control.get("role"), "UNKNOWN"),
                   "maxOffset": self.control.get("written")}

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from node.tools.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
-__all__ = ["HOST_DISK_BLIND", "ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "node_settings", "in_process_node",
-           "read_exactly"]
+__all__ = ["HOST_DISK_BLIND", "ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "grpc_endpoint", "node_settings",
+           "in_process_node", "official", "read_exactly"]
 
 
 # The host's disk is not the test's: over RocketMQ's default 85 % (a CI disk with 38 of 252 GB free)
@@ -116,3 +120,25 @@ class FakeRocketMQMaster:
         self.stop.set()
         self.listener.close()
         self.thread.join(5)
+
+
+# -- RocketMQ 5's official Python client, in a process of its own --------------------------------------
+
+OFFICIAL_CLIENT = Path(__file__).parent / "integration" / "rocketmq5_client.py"
+
+
+def grpc_endpoint(node) -> str:
+    return f"127.0.0.1:{node.settings.grpc_port}"
+
+
+def official(node, command: str, *args: str, timeout: float = 90, **credentials) -> list[dict]:
+    """Run the official client (over TLS to a node with a certificate); its JSON lines."""
+    extra = [f"--{k}={v}" for k, v in credentials.items()]
+    env = dict(os.environ)
+    if node.settings.grpcTlsCertFile:
+        extra.append("--tls")
+        env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = node.settings.grpcTlsCertFile
+    done = subprocess.run([sys.executable, str(OFFICIAL_CLIENT), command, "--endpoint", grpc_endpoint(node), *extra, *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

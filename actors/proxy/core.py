@@ -23,6 +23,7 @@ Choices that differ from Apache RocketMQ's proxy are documented in docs/protocol
 from __future__ import annotations
 
 import functools
+import ipaddress
 from dataclasses import dataclass
 
 from actors import edge
@@ -372,24 +373,58 @@ def permission(readable: bool, writable: bool) -> int:
     return pb.READ_WRITE if readable and writable else pb.READ if readable else pb.WRITE if writable else pb.NONE
 
 
-def route(topic: pb.Resource, info: dict, node: pb.Broker) -> rpc.QueryRouteResponse:
-    """The topic's queues from the node's GET_ROUTEINFO_BY_TOPIC answer (`info`)."""
-    readable, writable = bool(info["perm"] & 4), bool(info["perm"] & 2)
-    reads, writes = info["readQueueNums"], info["writeQueueNums"]
-    queues = [pb.MessageQueue(topic=topic, id=i, broker=node, accept_message_types=ACCEPTED_TYPES,
-                              permission=permission(readable and i < reads, writable and i < writes))
-              for i in range(max(reads, writes))]
+def placements(route: dict, own_name: str, here: pb.Broker) -> list[tuple[pb.Broker, dict]]:
+    """Where a topic's queues are in a cluster, from a name service's route (RocketMQ's
+    TopicRouteData, with mqnode's `grpcAddrs`): each broker group whose master serves gRPC, as a
+    RocketMQ 5 broker at its proxy (this node's group at `here`), with its queue data."""
+    masters = {data["brokerName"]: (data.get("grpcAddrs") or {}).get("0") for data in route.get("brokerDatas") or []}
+    out = []
+    for queues in route.get("queueDatas") or []:
+        name = queues["brokerName"]
+        if name == own_name:
+            out.append((here, queues))
+        elif masters.get(name):
+            out.append((pb.Broker(name=name, id=0, endpoints=endpoints_of(masters[name])), queues))
+    return out
+
+
+def endpoints_of(address: str) -> pb.Endpoints:
+    """`host:port` (an IPv6 host in brackets) as RocketMQ 5's Endpoints."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        scheme = pb.IPv6 if ipaddress.ip_address(host).version == 6 else pb.IPv4
+    except ValueError:
+        scheme = pb.DOMAIN_NAME
+    return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=int(port))])
+
+
+def route(topic: pb.Resource, placed: list[tuple[pb.Broker, dict]]) -> rpc.QueryRouteResponse:
+    """The topic's queues on each broker of `placed` (its queue data: perm, readQueueNums,
+    writeQueueNums, as GET_ROUTEINFO_BY_TOPIC and the name services give them)."""
+    queues = []
+    for node, info in placed:
+        readable, writable = bool(info["perm"] & 4), bool(info["perm"] & 2)
+        reads, writes = info["readQueueNums"], info["writeQueueNums"]
+        queues += [pb.MessageQueue(topic=topic, id=i, broker=node, accept_message_types=ACCEPTED_TYPES,
+                                   permission=permission(readable and i < reads, writable and i < writes))
+                   for i in range(max(reads, writes))]
     return rpc.QueryRouteResponse(status=status(Code.OK), message_queues=queues)
 
 
-def assignments(topic: pb.Resource, info: dict, node: pb.Broker, fifo: bool) -> rpc.QueryAssignmentResponse:
-    """A push consumer's queues: one that pops from every queue, or each queue on its own for a
-    FIFO group (as RocketMQ 5's proxy assigns)."""
-    if not info["perm"] & 4 or info["readQueueNums"] < 1:
+def assignments(topic: pb.Resource, placed: list[tuple[pb.Broker, dict]], fifo: bool) -> rpc.QueryAssignmentResponse:
+    """A push consumer's queues on each broker of `placed`: one that pops from every queue of
+    the broker, or each queue on its own for a FIFO group (as RocketMQ 5's proxy assigns)."""
+    out = []
+    for node, info in placed:
+        if not info["perm"] & 4 or info["readQueueNums"] < 1:
+            continue
+        ids = range(info["readQueueNums"]) if fifo else [-1]
+        perm = permission(True, bool(info["perm"] & 2))
+        out += [pb.Assignment(message_queue=pb.MessageQueue(topic=topic, id=i, permission=perm, broker=node))
+                for i in ids]
+    if not out:
         return rpc.QueryAssignmentResponse(status=status(Code.FORBIDDEN, "no readable queue"))
-    ids = range(info["readQueueNums"]) if fifo else [-1]
-    perm = permission(True, bool(info["perm"] & 2))
-    out = [pb.Assignment(message_queue=pb.MessageQueue(topic=topic, id=i, permission=perm, broker=node)) for i in ids]
     return rpc.QueryAssignmentResponse(status=status(Code.OK), assignments=out)
 
 

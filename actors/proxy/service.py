@@ -92,14 +92,14 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
     @answering(rpc.QueryRouteResponse)
     async def QueryRoute(self, call: Call, request: rpc.QueryRouteRequest):
         topic = core.topic_name(request.topic)
-        info = await self.proxy.topic_info(call.account, topic)
-        return core.route(request.topic, info, core.broker(self.proxy.settings, request.endpoints))
+        here = core.broker(self.proxy.settings, request.endpoints)
+        return core.route(request.topic, await self.proxy.placements(call.account, topic, here))
 
     @answering(rpc.QueryAssignmentResponse)
     async def QueryAssignment(self, call: Call, request: rpc.QueryAssignmentRequest):
         topic, group = core.topic_name(request.topic), core.group_name(request.group)
-        info = await self.proxy.topic_info(call.account, topic)
-        return core.assignments(request.topic, info, core.broker(self.proxy.settings, request.endpoints),
+        here = core.broker(self.proxy.settings, request.endpoints)
+        return core.assignments(request.topic, await self.proxy.placements(call.account, topic, here),
                                 await self.proxy.fifo(group))
 
     @answering(rpc.HeartbeatResponse)

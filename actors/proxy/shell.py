@@ -33,8 +33,9 @@ from actors.proxy.service import Service
 from actors.proxy.sessions import wall_ms
 from node import protocol
 from node.client.consumer import AsyncPullConsumer
-from node.client.producer import SendError, shard_queue
+from node.client.producer import AsyncProducer, SendError, shard_queue
 from node.client.received import decode_messages, retopic
+from node.client.routes import NameServers, Routes
 from shm.codec import PROPERTY_REAL_TOPIC
 from node.security import Credentials
 
@@ -72,6 +73,7 @@ class Proxy(Actor):
         self.check_turn = 0
         self.beating: asyncio.Task | None = None
         self.ended = self.checks_forwarded = self.checks_dropped = 0
+        self.routes: Routes | None = None  # a cluster's routes (namesrvAddr), made in the loop
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -91,6 +93,10 @@ class Proxy(Actor):
                                      ("grpc.so_reuseport", 0)],  # (on by default: a second node would share the port)
                             maximum_concurrent_rpcs=MAX_STREAMS)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(Service(self), server)
+        if s.namesrvAddr:
+            self.routes = Routes(NameServers(s.namesrvAddr, lambda address: AsyncProducer(address, retries=0,
+                                                                                          timeout=3.0)))
+            self.routes.start()
         address = f"{s.grpc_host}:{s.grpc_port}" if ":" not in s.grpc_host else f"[{s.grpc_host}]:{s.grpc_port}"
         if s.grpcTlsCertFile:
             self.port = server.add_secure_port(address, grpc.ssl_server_credentials([guard.grpc_tls_pair(s)]))
@@ -118,6 +124,8 @@ class Proxy(Actor):
             await server.stop(STOP_GRACE_S)
             for link in self.links.values():
                 await link.close()
+            if self.routes is not None:
+                await self.routes.close()
 
     async def _renew(self) -> None:
         """Push consumers' messages (auto_renew) kept invisible while their listeners work:
@@ -197,7 +205,7 @@ class Proxy(Actor):
             "messagesSent": self.sent, "messagesReceived": self.received, "messagesAcked": self.acked,
             "messagesPulled": self.pulled,
             "transactionsEnded": self.ended, "checksForwarded": self.checks_forwarded,
-            "checksDropped": self.checks_dropped}
+            "checksDropped": self.checks_dropped, "routeLookups": self.routes.lookups if self.routes else 0}
 
     # -- the node --------------------------------------------------------------------------------
 
@@ -224,6 +232,19 @@ class Proxy(Actor):
             raise Refused(core.status_of(reply.get("status"), reply.get("remark", "")).code,
                           reply.get("remark") or f"topic {topic}: {reply.get('status')}")
         return reply
+
+    async def placements(self, account: str | None, topic: str, here) -> list[tuple[object, dict]]:
+        """Where `topic`'s queues are (core.placements): in a cluster (`namesrvAddr`), every broker
+        group of the name services' route whose master serves gRPC, so RocketMQ 5 clients reach
+        each group's proxy; else, or while the name services do not know the topic, this node's."""
+        if self.routes is not None:
+            try:
+                placed = core.placements((await self.routes.of(topic)).data, self.settings.brokerName, here)
+            except SendError:
+                placed = None  # (no name service answers, or none knows the topic yet)
+            if placed:
+                return placed
+        return [(here, await self.topic_info(account, topic))]
 
     async def ensure_topic(self, topic: str) -> None:
         """TOPIC_NOT_FOUND (Refused) unless the node has `topic`, without creating it (a route

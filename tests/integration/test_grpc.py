@@ -6,7 +6,6 @@ clients that vanish mid-call."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from nodes import NodeProcess, free_port, node_settings
+from nodes import NodeProcess, free_port, grpc_endpoint, node_settings, official
 
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
@@ -24,7 +23,6 @@ from node import protocol
 from node.client import Producer, PullConsumer
 
 pytestmark = pytest.mark.slow
-CLIENT = Path(__file__).with_name("rocketmq5_client.py")
 Code = pb.Code
 
 
@@ -39,23 +37,6 @@ def node(tmp_path_factory):
     process = NodeProcess(settings, directory / "node.log").start()
     yield process
     process.stop(strict=False)
-
-
-def grpc_endpoint(node) -> str:
-    return f"127.0.0.1:{node.settings.grpc_port}"
-
-
-def official(node, command: str, *args: str, timeout: float = 90, **credentials) -> list[dict]:
-    """Run the official client (over TLS to a node with a certificate); its JSON lines."""
-    extra = [f"--{k}={v}" for k, v in credentials.items()]
-    env = dict(os.environ)
-    if node.settings.grpcTlsCertFile:
-        extra.append("--tls")
-        env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = node.settings.grpcTlsCertFile
-    done = subprocess.run([sys.executable, str(CLIENT), command, "--endpoint", grpc_endpoint(node), *extra, *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 @pytest.fixture(scope="module")

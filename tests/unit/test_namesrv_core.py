@@ -30,6 +30,23 @@ def test_a_topic_over_two_groups_routes_to_both_with_their_addresses():
     assert table.topics() == ["T", "U"]
 
 
+def test_a_route_names_where_each_address_serves_grpc_when_it_registered_one():
+    table = RouteTable()
+    header = {"brokerName": "a", "clusterName": "C", "brokerAddr": "h1:10911", "brokerId": 0, "grpcAddr": "h1:8081"}
+    body = {"topicConfigSerializeWrapper": {"topicConfigTable": {"T": {"readQueueNums": 2, "writeQueueNums": 2,
+                                                                       "perm": 6}}}}
+    table.register(header, body, 0)
+    _register(table, "b", "h2:10911", topics={"T": 2})  # (grpc off there: no grpcAddr)
+    route = table.route("T")
+    assert route["brokerDatas"][0]["grpcAddrs"] == {"0": "h1:8081"} and "grpcAddrs" not in route["brokerDatas"][1]
+    assert "grpcAddrs" not in table.cluster_info()["brokerAddrTable"]["a"]  # (the table itself stays RocketMQ's)
+    version = table.version
+    table.register(header | {"grpcAddr": "h1:9091"}, body, 1)  # the proxy moved: a change
+    assert table.version > version and table.route("T")["brokerDatas"][0]["grpcAddrs"] == {"0": "h1:9091"}
+    with pytest.raises(RegistrationRefused, match="grpcAddr"):
+        table.register(header | {"grpcAddr": "a b"}, body, 2)
+
+
 def test_a_master_registration_replaces_its_groups_topics():
     table = RouteTable()
     _register(table, "a", "h1:1", topics={"T": 8, "V": 1})

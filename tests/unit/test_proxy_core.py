@@ -252,16 +252,41 @@ def test_receipt_handles_the_node_gave_are_taken_apart_and_others_refused():
 def test_routes_and_assignments_follow_the_topic_table():
     node = pb.Broker(name="broker-a")
     topic = pb.Resource(name="T")
-    queues = core.route(topic, {"perm": 6, "readQueueNums": 2, "writeQueueNums": 4}, node).message_queues
+    queues = core.route(topic, [(node, {"perm": 6, "readQueueNums": 2, "writeQueueNums": 4})]).message_queues
     assert [(q.id, q.permission) for q in queues] == [(0, pb.READ_WRITE), (1, pb.READ_WRITE), (2, pb.WRITE),
                                                       (3, pb.WRITE)]
-    assert [(q.id, q.permission) for q in core.route(topic, {"perm": 4, "readQueueNums": 1, "writeQueueNums": 1},
-                                                      node).message_queues] == [(0, pb.READ)]
+    assert [(q.id, q.permission) for q in core.route(topic, [(node, {"perm": 4, "readQueueNums": 1,
+                                                                     "writeQueueNums": 1})]).message_queues] == [(0, pb.READ)]
     info = {"perm": 6, "readQueueNums": 3, "writeQueueNums": 3}
-    assert [a.message_queue.id for a in core.assignments(topic, info, node, fifo=False).assignments] == [-1]
-    assert [a.message_queue.id for a in core.assignments(topic, info, node, fifo=True).assignments] == [0, 1, 2]
-    assert core.assignments(topic, {"perm": 2, "readQueueNums": 3, "writeQueueNums": 3}, node,
+    assert [a.message_queue.id for a in core.assignments(topic, [(node, info)], fifo=False).assignments] == [-1]
+    assert [a.message_queue.id for a in core.assignments(topic, [(node, info)], fifo=True).assignments] == [0, 1, 2]
+    assert core.assignments(topic, [(node, {"perm": 2, "readQueueNums": 3, "writeQueueNums": 3})],
                             fifo=False).status.code == Code.FORBIDDEN
+
+
+def test_in_a_cluster_each_group_whose_master_serves_grpc_is_a_broker_at_its_proxy():
+    """A name service's route (with mqnode's grpcAddrs) as RocketMQ 5 brokers: this node's group
+    where the client reached it, another at its proxy's address, one without a gRPC master left out."""
+    here = pb.Broker(name="broker-a", endpoints=pb.Endpoints(addresses=[pb.Address(host="h", port=1)]))
+    route = {"queueDatas": [{"brokerName": n, "perm": 6, "readQueueNums": 2, "writeQueueNums": 2, "topicSysFlag": 0}
+                            for n in ("broker-a", "broker-b", "broker-c", "broker-d")],
+             "brokerDatas": [
+                 {"brokerName": "broker-a", "brokerAddrs": {"0": "10.0.0.1:10911"}},
+                 {"brokerName": "broker-b", "brokerAddrs": {"0": "10.0.0.2:10911", "1": "10.0.0.3:10911"},
+                  "grpcAddrs": {"0": "10.0.0.2:8081", "1": "10.0.0.3:8081"}},
+                 {"brokerName": "broker-c", "brokerAddrs": {"1": "10.0.0.4:10911"}, "grpcAddrs": {"1": "10.0.0.4:8081"}},
+                 {"brokerName": "broker-d", "brokerAddrs": {"0": "[fe80::1]:10911"}, "grpcAddrs": {"0": "[fe80::1]:8081"}}]}
+    placed = core.placements(route, "broker-a", here)
+    assert [(b.name, [(a.host, a.port) for a in b.endpoints.addresses], b.endpoints.scheme) for b, _ in placed] == [
+        ("broker-a", [("h", 1)], pb.ADDRESS_SCHEME_UNSPECIFIED), ("broker-b", [("10.0.0.2", 8081)], pb.IPv4),
+        ("broker-d", [("fe80::1", 8081)], pb.IPv6)]
+    topic = pb.Resource(name="T")
+    assert [(q.broker.name, q.id) for q in core.route(topic, placed).message_queues] == [
+        ("broker-a", 0), ("broker-a", 1), ("broker-b", 0), ("broker-b", 1), ("broker-d", 0), ("broker-d", 1)]
+    assert [(a.message_queue.broker.name, a.message_queue.id)
+            for a in core.assignments(topic, placed, fifo=False).assignments] == [
+        ("broker-a", -1), ("broker-b", -1), ("broker-d", -1)]
+    assert core.endpoints_of("mq.example.com:8081").scheme == pb.DOMAIN_NAME
 
 
 def test_settings_answer_a_producer_with_the_largest_body_and_a_consumer_with_its_groups_retries():

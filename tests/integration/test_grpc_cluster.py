@@ -1,0 +1,97 @@
+"""RocketMQ 5's official client against a cluster through one node's gRPC proxy: a name service
+(in a thread of this process, as test_namesrv runs it) and two broker groups, each node with its
+proxy. The proxy's routes name every group whose master serves gRPC (docs/protocol.md "gRPC"),
+so the client spreads its sends over both groups and receives from both, each at its own proxy."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+from nodes import NodeProcess, free_port, grpc_endpoint, node_settings, official
+
+from actors.namesrv import Namesrv
+from actors.proxy.apis import definition_pb2 as pb
+from actors.proxy.apis import service_pb2 as rpc
+from actors.proxy.apis import service_pb2_grpc
+from node import protocol
+from node.client import Producer, PullConsumer
+
+pytestmark = pytest.mark.slow
+TOPIC, QUEUES = "GcOrders", 4
+META = (("x-mq-client-id", "grpc-cluster-test"), ("x-mq-language", "PYTHON"))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("grpc-cluster")
+    namesrv = Namesrv(f"tcp://127.0.0.1:{free_port()}", directory / "namesrv")
+    thread = threading.Thread(target=namesrv.run, daemon=True)
+    thread.start()
+    assert namesrv.ready.wait(10)
+    address = namesrv.listen[len("tcp://"):]
+    nodes = []
+    try:
+        for name in ("broker-a", "broker-b"):
+            settings = node_settings(directory / name / "store", runDir=str(directory / name / "run"),
+                                     grpcServerPort=free_port(), namesrvAddr=address, brokerName=name,
+                                     brokerClusterName="GrpcCluster")
+            nodes.append(NodeProcess(settings, directory / f"{name}.log").start())
+        for node in nodes:
+            with Producer(node.endpoint) as producer:
+                reply, _ = producer.request({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": TOPIC,
+                                             "readQueueNums": QUEUES, "writeQueueNums": QUEUES})
+                assert reply["status"] == "OK", reply
+        _wait_for_both_groups(address)
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop(strict=False)
+        namesrv.stop()
+        thread.join(10)
+
+
+def _wait_for_both_groups(address: str) -> None:
+    """Until the name service routes the topic to both groups, each with its proxy's address."""
+    deadline = time.monotonic() + 30
+    with Producer(f"tcp://{address}") as names:
+        while True:
+            route, _ = names.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": TOPIC})
+            groups = {b["brokerName"] for b in route.get("brokerDatas") or [] if (b.get("grpcAddrs") or {}).get("0")}
+            if groups == {"broker-a", "broker-b"}:
+                return
+            assert time.monotonic() < deadline, route
+            time.sleep(0.2)
+
+
+def test_one_proxys_route_names_both_groups_each_at_its_own_proxy(cluster):
+    a, b = cluster
+    with grpc.insecure_channel(grpc_endpoint(a)) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name=TOPIC)), metadata=META, timeout=10)
+        assignments = stub.QueryAssignment(rpc.QueryAssignmentRequest(topic=pb.Resource(name=TOPIC),
+                                                                      group=pb.Resource(name="GcG")),
+                                           metadata=META, timeout=10)
+    assert route.status.code == pb.Code.OK
+    ports = {q.broker.name: {x.port for x in q.broker.endpoints.addresses} for q in route.message_queues}
+    assert ports == {"broker-a": {a.settings.grpc_port}, "broker-b": {b.settings.grpc_port}}
+    assert len(route.message_queues) == 2 * QUEUES
+    assert sorted((x.message_queue.broker.name, x.message_queue.id) for x in assignments.assignments) == [
+        ("broker-a", -1), ("broker-b", -1)]
+
+
+def test_the_official_client_sends_over_both_groups_and_receives_every_message_once(cluster):
+    a, b = cluster
+    sent = official(a, "produce", "--topic", TOPIC, "--count", "40", "--prefix", "gc")
+    assert not [line for line in sent if "error" in line], sent
+    ids = {line["id"] for line in sent}
+    stored = []
+    for node in cluster:  # what each group holds, read over ZeroMQ
+        with PullConsumer(node.endpoint) as consumer:
+            stored.append({m.msg_id for q in range(QUEUES) for m in consumer.pull(TOPIC, q, 0, max_count=64).messages})
+    assert stored[0] and stored[1] and not stored[0] & stored[1] and stored[0] | stored[1] == ids, stored
+    got = official(a, "simple", "--topic", TOPIC, "--group", "GcG", "--want", "40", "--seconds", "60", timeout=120)
+    received = [line["id"] for line in got if "id" in line]
+    assert sorted(received) == sorted(ids), got  # each once, from both groups, and acked at each

@@ -487,6 +487,16 @@ def test_with_the_acl_unsigned_and_badly_signed_calls_are_unauthorized_and_plain
         good = (("authorization", f"MQv2-HMAC-SHA1 Credential=aliceKey, SignedHeaders=x-mq-date-time, "
                                   f"Signature={signed}"), ("x-mq-date-time", "20261127T120000Z"))
         assert stub.QueryRoute(topic, metadata=good, timeout=10).status.code == Code.OK
+        # a pull and its offsets go to the node as the account: its group's permission applies
+        for group, code in (("billing", {Code.OK, Code.MESSAGE_NOT_FOUND}), ("other", {Code.FORBIDDEN})):
+            pulled = list(stub.PullMessage(rpc.PullMessageRequest(
+                group=pb.Resource(name=group), message_queue=pb.MessageQueue(topic=pb.Resource(name="Orders"), id=0),
+                batch_size=8), metadata=good, timeout=10))
+            assert pulled[0].status.code in code, (group, pulled)
+            committed = stub.UpdateOffset(rpc.UpdateOffsetRequest(
+                group=pb.Resource(name=group), message_queue=pb.MessageQueue(topic=pb.Resource(name="Orders"), id=0),
+                offset=0), metadata=good, timeout=10)
+            assert committed.status.code in code, (group, committed)
 
 
 def test_a_node_whose_grpc_port_is_taken_says_so_and_does_not_start(node, tmp_path):

@@ -199,7 +199,10 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         queues = await self._queues(link, plans)
         results: list = [plan if isinstance(plan, Refused) else None for plan in plans]
         grouped, single = core.batches(plans, lambda plan: queues[plan.message.topic](plan))
-        sends = [link.client.send_batch(topic, [plans[i].message for i in indices], queue_id=queue)
+        # (a lone message goes as the client's single send: concurrent calls' messages, a RocketMQ 5
+        # producer's one a call, leave together in one SEND_MESSAGES request)
+        sends = [link.client.send_message(plans[indices[0]].message, queue_id=queue) if len(indices) == 1 else
+                 link.client.send_batch(topic, [plans[i].message for i in indices], queue_id=queue)
                  for topic, queue, indices in grouped]
         sends += [link.client.send_message(plans[i].message, shard_key=plans[i].shard_key) for i in single]
         outcomes = await asyncio.gather(*sends, return_exceptions=True)

@@ -34,10 +34,10 @@ def cluster(tmp_path_factory):
     address = namesrv.listen[len("tcp://"):]
     nodes = []
     try:
-        for name in ("broker-a", "broker-b"):
+        for name in ("broker-a", "broker-b"):  # (compact: two nodes' processes beside another module's, on 2 cores)
             settings = node_settings(directory / name / "store", runDir=str(directory / name / "run"),
                                      grpcServerPort=free_port(), namesrvAddr=address, brokerName=name,
-                                     brokerClusterName="GrpcCluster")
+                                     brokerClusterName="GrpcCluster", topology="compact")
             nodes.append(NodeProcess(settings, directory / f"{name}.log").start())
         for node in nodes:
             with Producer(node.endpoint) as producer:

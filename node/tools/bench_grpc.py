@@ -2,7 +2,7 @@
 
 Starts `mqnode start` on a temporary store and prints: SendMessage from an asyncio gRPC client
 (grpc.aio with the node's stubs) with 32 messages a request; ReceiveMessage + AckMessage in
-batches of 32 over what that stored; and beside them the official RocketMQ 5 Python client's
+batches of 32 over what that stored; PullMessage of it all again, 32 a pull; and beside them the official RocketMQ 5 Python client's
 send and receive rates (its Producer with sends in flight, its SimpleConsumer receiving 32 and
 acking each), run in a process of their own (its protobuf modules and the node's cannot share
 one). The node's CPU per message is printed with each (node.tools.bench_produce.Usage). Last,
@@ -108,6 +108,37 @@ async def receive(endpoint: str, total: int, concurrency: int) -> float:
         return done[0] / (time.perf_counter() - began)
 
 
+async def pull(endpoint: str, concurrency: int, queues: int = 8) -> tuple[float, int]:
+    """(msgs/s, messages) read by PullMessage in batches of BATCH, every queue from offset 0 to
+    its end (a pull consumer's reads; nothing is committed), `concurrency` pullers taking the
+    queues in turn."""
+    import collections
+
+    import grpc
+
+    from actors.proxy.apis import definition_pb2 as pb
+    from actors.proxy.apis import service_pb2 as rpc
+
+    pending, done = collections.deque((queue, 0) for queue in range(queues)), [0]
+    async with grpc.aio.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
+        stub = _stub(channel)
+
+        async def puller() -> None:
+            while pending:
+                queue, offset = pending.popleft()
+                request = rpc.PullMessageRequest(group=pb.Resource(name=GROUP), offset=offset, batch_size=BATCH,
+                                                 message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=queue),
+                                                 filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"))
+                answers = [r async for r in stub.PullMessage(request, metadata=METADATA, timeout=30)]
+                done[0] += sum(1 for r in answers if r.HasField("message"))
+                if answers[0].status.code == pb.Code.OK:  # (else the queue is read to its end)
+                    pending.append((queue, answers[-1].next_offset))
+
+        began = time.perf_counter()
+        await asyncio.gather(*(puller() for _ in range(concurrency)))
+        return done[0] / (time.perf_counter() - began), done[0]
+
+
 def _noop_server(port: int, ready) -> None:
     """A MessagingService that does nothing but answer (the canned answers as big as the node's):
     what Python's gRPC itself costs on this machine, the ceiling of the proxy's figures."""
@@ -199,6 +230,10 @@ def main() -> None:
             rate = asyncio.run(receive(endpoint, args.count // BATCH * BATCH + BATCH, args.concurrency))
             print(f"ReceiveMessage + AckMessage, {BATCH} a batch: {rate:>10,.0f} msgs/s (target >= 40,000); "
                   f"{usage.report(args.count)}", flush=True)
+            usage = Usage(node)
+            rate, pulled = asyncio.run(pull(endpoint, args.concurrency))
+            print(f"PullMessage, {BATCH} a pull, 8 queues       : {rate:>10,.0f} msgs/s; {usage.report(pulled)}",
+                  flush=True)
             print(f"official RocketMQ 5 Python client ({args.official_count:,} messages): "
                   f"{official(endpoint, args.official_count)}", flush=True)
         sent, received = ceiling(min(args.count, 96_000), args.concurrency)

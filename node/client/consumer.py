@@ -222,6 +222,21 @@ class AsyncPullConsumer(PopMethods):
             raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
         return decode_messages(body)
 
+    async def _start_offsets(self, topic: str, group: str, queues, start: str, again) -> dict:
+        """Where `consume` begins each queue: the group's committed offset (`start="committed"`,
+        the first where it has none), or the queue's first or last."""
+        offsets = {}
+        for b, q in queues:
+            committed = await again(lambda: self.committed(group, topic, q, broker=b), "start") \
+                if start == "committed" else None
+            if committed is not None:
+                offsets[b, q] = committed
+            elif start == "last":
+                offsets[b, q] = await again(lambda: self.max_offset(topic, q, broker=b), "start")
+            else:
+                offsets[b, q] = await again(lambda: self.min_offset(topic, q, broker=b), "start")
+        return offsets
+
     async def consume(self, topic: str, group: str, *, start: str = "committed", subscription: str = "*",
                       idle_timeout: float = 5.0, suspend_ms: int = 1000, limit: int | None = None):
         """Yield messages from every queue of `topic`, from the group's committed offsets
@@ -236,16 +251,7 @@ class AsyncPullConsumer(PopMethods):
             return self._riding_through(call, idle_timeout, retrying, who)
 
         queues = await again(lambda: self.read_queues(topic), "start")  # (broker group, queue id)
-        offsets = {}
-        for b, q in queues:
-            committed = await again(lambda: self.committed(group, topic, q, broker=b), "start") \
-                if start == "committed" else None
-            if committed is not None:
-                offsets[b, q] = committed
-            elif start == "last":
-                offsets[b, q] = await again(lambda: self.max_offset(topic, q, broker=b), "start")
-            else:
-                offsets[b, q] = await again(lambda: self.min_offset(topic, q, broker=b), "start")
+        offsets = await self._start_offsets(topic, group, queues, start, again)
         ready: asyncio.Queue = asyncio.Queue()  # (queue, a pull's result or the error that ended its follower)
         turns = {queue: asyncio.Event() for queue in queues}
 

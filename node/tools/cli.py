@@ -248,8 +248,6 @@ def cmd_admin(args: argparse.Namespace) -> int:
         GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
         GET_ALL_TOPIC_CONFIG,
         GET_BROKER_RUNTIME_INFO,
-        GET_CONSUME_STATS,
-        GET_MAX_OFFSET,
         GET_ROUTEINFO_BY_TOPIC,
     )
     from node.tools.cli_groups import group_view, reset_offsets
@@ -293,17 +291,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 reply, _ = client.request({"code": GET_ALL_TOPIC_CONFIG})
                 shown = reply.get("topicConfigTable")
             elif args.what == "offsets":
-                if not args.group:
-                    raise SettingsError("admin offsets needs --group")
-                reply, _ = client.request({"code": GET_CONSUME_STATS, "consumerGroup": args.group})
-                shown = {}
-                for topic, queues in (reply.get("offsetTable") or {}).items():
-                    if args.topic and topic != args.topic:
-                        continue
-                    for queue, offset in sorted(queues.items(), key=lambda item: int(item[0])):
-                        top, _ = client.request({"code": GET_MAX_OFFSET, "topic": topic, "queueId": int(queue)})
-                        shown.setdefault(topic, {})[queue] = {"consumerOffset": offset, "brokerOffset": top.get("offset"),
-                                                              "lag": (top.get("offset") or 0) - offset}
+                reply, shown = _admin_offsets(client, args)
             else:
                 reply, _ = client.request({"code": GET_ROUTEINFO_BY_TOPIC, "topic": args.topic})
                 shown = {k: v for k, v in reply.items() if k not in ("code", "opaque")}
@@ -315,6 +303,24 @@ def cmd_admin(args: argparse.Namespace) -> int:
         return 1
     sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
+
+
+def _admin_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:
+    """`admin offsets --group G [--topic T]`: each queue's committed offset, the queue's end, the lag."""
+    from node.protocol import GET_CONSUME_STATS, GET_MAX_OFFSET
+
+    if not args.group:
+        raise SettingsError("admin offsets needs --group")
+    reply, _ = client.request({"code": GET_CONSUME_STATS, "consumerGroup": args.group})
+    shown: dict = {}
+    for topic, queues in (reply.get("offsetTable") or {}).items():
+        if args.topic and topic != args.topic:
+            continue
+        for queue, offset in sorted(queues.items(), key=lambda item: int(item[0])):
+            top, _ = client.request({"code": GET_MAX_OFFSET, "topic": topic, "queueId": int(queue)})
+            shown.setdefault(topic, {})[queue] = {"consumerOffset": offset, "brokerOffset": top.get("offset"),
+                                                  "lag": (top.get("offset") or 0) - offset}
+    return reply, shown
 
 
 def _admin_change(client, args: argparse.Namespace) -> tuple[dict, object]:
@@ -410,6 +416,21 @@ def build_parser() -> argparse.ArgumentParser:
     names.add_argument("--dir", help="where its table's file goes (default ~/mqnode/namesrv-PORT)")
     names.add_argument("--ray-address", help="join this Ray cluster instead of starting an embedded Ray")
     names.set_defaults(handler=cmd_namesrv)
+    _produce_parser(commands)
+    _consume_parser(commands)
+    _query_parser(commands)
+    _admin_parser(commands)
+    from node.tools import cli_cluster
+
+    cli_cluster.add_parser(commands)
+    keygen = commands.add_parser("keygen", help="make a CURVE key pair: the node's (curveSecretKeyFile) or a client's")
+    keygen.add_argument("--dir", default="conf/curve", help="where to write NAME.key and NAME.key_secret")
+    keygen.add_argument("--name", default="node", help="the files' name (default node)")
+    keygen.set_defaults(handler=cmd_keygen)
+    return parser
+
+
+def _produce_parser(commands) -> None:
     produce = commands.add_parser("produce", help="send stdin lines as messages, print a JSON result per line")
     produce.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     produce.add_argument("--namesrv", help="a cluster's name services (host:port;host:port) instead of --endpoint")
@@ -433,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--check-answer", choices=["commit", "rollback"],
                          help="--transaction unknown: answer the node's checks so, while connected")
     produce.set_defaults(handler=cmd_produce)
+
+
+def _consume_parser(commands) -> None:
     consume = commands.add_parser("consume", help="print a topic's messages as JSON lines, committing a group's offsets")
     consume.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     consume.add_argument("--namesrv", help="a cluster's name services (host:port;host:port) instead of --endpoint")
@@ -458,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--instance-name", help="--push: this member's name in its client id (default: the pid)")
     consume.add_argument("--offset-store-dir", help="--push --broadcast: where its offsets file goes")
     consume.set_defaults(handler=cmd_consume)
+
+
+def _query_parser(commands) -> None:
     query = commands.add_parser("query", help="find messages by key (UNIQ_KEY or one of KEYS) through the index")
     query.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     add_credentials(query)
@@ -467,6 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--end", type=int, default=2**62, help="store time to (ms)")
     query.add_argument("--max", type=int, default=32)
     query.set_defaults(handler=cmd_query)
+
+
+def _admin_parser(commands) -> None:
     admin = commands.add_parser("admin", help="ask a running node: stats, topics, groups, offsets, a topic's route, "
                                               "delays, transactions, replication (ha), or to clean; promote a slave (role); create, update or delete topics and groups; "
                                               "reset a group's offsets")
@@ -502,14 +532,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="for `admin clean`: delete the oldest segments whatever their age (never the last)")
     admin.add_argument("--timeout", type=float, default=None, help="seconds to wait (default 5; 120 for clean)")
     admin.set_defaults(handler=cmd_admin)
-    from node.tools import cli_cluster
-
-    cli_cluster.add_parser(commands)
-    keygen = commands.add_parser("keygen", help="make a CURVE key pair: the node's (curveSecretKeyFile) or a client's")
-    keygen.add_argument("--dir", default="conf/curve", help="where to write NAME.key and NAME.key_secret")
-    keygen.add_argument("--name", default="node", help="the files' name (default node)")
-    keygen.set_defaults(handler=cmd_keygen)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -163,7 +163,7 @@ def admin(args: argparse.Namespace) -> int:
 
 def _admin(args: argparse.Namespace) -> int:
     """`admin cluster`, `admin topics` and `admin topic create|update` through the name services."""
-    from node.tools.cli import _given
+    from node.tools.cli_admin import _given
     from shm.settings import SettingsError
 
     if not args.namesrv:

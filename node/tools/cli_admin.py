@@ -1,0 +1,128 @@
+"""`mqnode admin`: a running node's figures and tables, and the changes an operator makes to
+them (RocketMQ's mqadmin requests); a cluster's view goes to node.tools.cli_cluster, replication
+to node.tools.cli_ha, groups' offsets to node.tools.cli_groups, transactions to
+node.tools.cli_transactions."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import orjson
+
+from shm.settings import SettingsError
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    from node.client import Producer, SendError
+    from node.protocol import (
+        DELETE_EXPIRED_COMMITLOG,
+        GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+        GET_ALL_TOPIC_CONFIG,
+        GET_BROKER_RUNTIME_INFO,
+        GET_ROUTEINFO_BY_TOPIC,
+    )
+    from node.tools.cli_groups import group_view, reset_offsets
+    from node.tools.cli_ha import admin_ha
+
+    # a manual clean takes up to 20 passes of 10 files with a pause between files
+    timeout = args.timeout if args.timeout is not None else 120.0 if args.what == "clean" else 5.0
+    if args.namesrv or args.what == "cluster":
+        from node.tools.cli_cluster import admin
+
+        return admin(args)
+    with Producer(args.endpoint, timeout=timeout, retries=0) as client:
+        try:
+            if args.what == "stats":
+                reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
+                shown = {key: reply.get(key) for key in ("runtime", "services", "actors", "supervision", "control")}
+            elif args.what == "delays":
+                reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
+                schedule = (reply.get("actors") or {}).get("schedule") or {}
+                shown = {key: schedule.get(key) for key in ("levels", "timers", "sendBacks", "deadLetters", "waiting")}
+            elif args.what == "transactions":
+                from node.tools.cli_transactions import admin_transactions
+                reply, shown = admin_transactions(client, args)
+            elif args.what in ("ha", "role"):
+                reply, shown = admin_ha(client, args)
+            elif args.what == "clean":
+                reply, _ = client.request({"code": DELETE_EXPIRED_COMMITLOG, "force": args.force})
+                shown = {key: reply.get(key) for key in ("count", "bytes", "stopped", "deleted")}
+            elif args.what in ("topic", "group") and args.action:
+                reply, shown = _admin_change(client, args)
+            elif args.what == "group":
+                reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
+                table = reply.get("subscriptionGroupTable") or {}
+                shown = group_view(client, args.group, table.get(args.group)) if args.group else table
+            elif args.what == "reset-offset":
+                reply, shown = reset_offsets(client, args)
+            elif args.what == "groups":
+                reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
+                shown = reply.get("subscriptionGroupTable")
+            elif args.what == "topics":
+                reply, _ = client.request({"code": GET_ALL_TOPIC_CONFIG})
+                shown = reply.get("topicConfigTable")
+            elif args.what == "offsets":
+                reply, shown = _admin_offsets(client, args)
+            else:
+                reply, _ = client.request({"code": GET_ROUTEINFO_BY_TOPIC, "topic": args.topic})
+                shown = {k: v for k, v in reply.items() if k not in ("code", "opaque")}
+        except SendError as e:
+            print(f"mqnode admin: {e}", file=sys.stderr)
+            return 1
+    if reply.get("status") not in ("OK", "QUERY_NOT_FOUND"):
+        print(f"mqnode admin: {reply.get('status')}: {reply.get('remark', '')}", file=sys.stderr)
+        return 1
+    sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
+
+
+def _admin_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:
+    """`admin offsets --group G [--topic T]`: each queue's committed offset, the queue's end, the lag."""
+    from node.protocol import GET_CONSUME_STATS, GET_MAX_OFFSET
+
+    if not args.group:
+        raise SettingsError("admin offsets needs --group")
+    reply, _ = client.request({"code": GET_CONSUME_STATS, "consumerGroup": args.group})
+    shown: dict = {}
+    for topic, queues in (reply.get("offsetTable") or {}).items():
+        if args.topic and topic != args.topic:
+            continue
+        for queue, offset in sorted(queues.items(), key=lambda item: int(item[0])):
+            top, _ = client.request({"code": GET_MAX_OFFSET, "topic": topic, "queueId": int(queue)})
+            shown.setdefault(topic, {})[queue] = {"consumerOffset": offset, "brokerOffset": top.get("offset"),
+                                                  "lag": (top.get("offset") or 0) - offset}
+    return reply, shown
+
+
+def _admin_change(client, args: argparse.Namespace) -> tuple[dict, object]:
+    """`admin topic|group create|update|delete`: RocketMQ's requests for mqadmin updateTopic,
+    deleteTopic, updateSubGroup and deleteSubGroup."""
+    from node import protocol
+
+    if args.what == "topic":
+        if not args.topic:
+            raise SettingsError(f"admin topic {args.action} needs --topic")
+        if args.action == "delete":
+            reply, _ = client.request({"code": protocol.DELETE_TOPIC_IN_BROKER, "topic": args.topic})
+            return reply, {"deleted": args.topic}
+        reply, _ = client.request(_given({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": args.topic},
+                                         readQueueNums=args.read_queues or args.queues,
+                                         writeQueueNums=args.write_queues or args.queues, perm=args.perm))
+        return reply, reply.get("topicConfig")
+    if not args.group:
+        raise SettingsError(f"admin group {args.action} needs --group")
+    if args.action == "delete":
+        reply, _ = client.request({"code": protocol.DELETE_SUBSCRIPTIONGROUP, "groupName": args.group})
+        return reply, {"deleted": args.group}
+    reply, _ = client.request(_given({"code": protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, "groupName": args.group},
+                                     retryQueueNums=args.retry_queues, retryMaxTimes=args.max_retries,
+                                     whichBrokerWhenConsumeSlowly=args.which_broker_when_slow,
+                                     consumeEnable=args.consume_enable, consumeBroadcastEnable=args.broadcast,
+                                     consumeMessageOrderly=args.orderly_group))
+    return reply, reply.get("subscriptionGroupConfig")
+
+
+def _given(header: dict, **fields) -> dict:
+    """`header` with the fields the command line gave (left out: the node keeps the value)."""
+    return header | {name: value for name, value in fields.items() if value is not None}

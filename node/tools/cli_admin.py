@@ -101,26 +101,23 @@ def _admin_change(client, args: argparse.Namespace) -> tuple[dict, object]:
     from node import protocol
 
     if args.what == "topic":
-        if not args.topic:
-            raise SettingsError(f"admin topic {args.action} needs --topic")
-        if args.action == "delete":
-            reply, _ = client.request({"code": protocol.DELETE_TOPIC_IN_BROKER, "topic": args.topic})
-            return reply, {"deleted": args.topic}
-        reply, _ = client.request(_given({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": args.topic},
-                                         readQueueNums=args.read_queues or args.queues,
-                                         writeQueueNums=args.write_queues or args.queues, perm=args.perm))
-        return reply, reply.get("topicConfig")
-    if not args.group:
-        raise SettingsError(f"admin group {args.action} needs --group")
+        name, key, delete, update, answer = (args.topic, "topic", protocol.DELETE_TOPIC_IN_BROKER,
+                                              protocol.UPDATE_AND_CREATE_TOPIC, "topicConfig")
+        fields = dict(readQueueNums=args.read_queues or args.queues, writeQueueNums=args.write_queues or args.queues,
+                      perm=args.perm)
+    else:
+        name, key, delete, update, answer = (args.group, "groupName", protocol.DELETE_SUBSCRIPTIONGROUP,
+                                              protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, "subscriptionGroupConfig")
+        fields = dict(retryQueueNums=args.retry_queues, retryMaxTimes=args.max_retries,
+                      whichBrokerWhenConsumeSlowly=args.which_broker_when_slow, consumeEnable=args.consume_enable,
+                      consumeBroadcastEnable=args.broadcast, consumeMessageOrderly=args.orderly_group)
+    if not name:
+        raise SettingsError(f"admin {args.what} {args.action} needs --{args.what}")
     if args.action == "delete":
-        reply, _ = client.request({"code": protocol.DELETE_SUBSCRIPTIONGROUP, "groupName": args.group})
-        return reply, {"deleted": args.group}
-    reply, _ = client.request(_given({"code": protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, "groupName": args.group},
-                                     retryQueueNums=args.retry_queues, retryMaxTimes=args.max_retries,
-                                     whichBrokerWhenConsumeSlowly=args.which_broker_when_slow,
-                                     consumeEnable=args.consume_enable, consumeBroadcastEnable=args.broadcast,
-                                     consumeMessageOrderly=args.orderly_group))
-    return reply, reply.get("subscriptionGroupConfig")
+        reply, _ = client.request({"code": delete, key: name})
+        return reply, {"deleted": name}
+    reply, _ = client.request(_given({"code": update, key: name}, **fields))
+    return reply, reply.get(answer)
 
 
 def _given(header: dict, **fields) -> dict:

@@ -373,18 +373,20 @@ def permission(readable: bool, writable: bool) -> int:
     return pb.READ_WRITE if readable and writable else pb.READ if readable else pb.WRITE if writable else pb.NONE
 
 
-def placements(route: dict, own_name: str, here: pb.Broker) -> list[tuple[pb.Broker, dict]]:
+def placements(route: dict, own_name: str, own_address: str, here: pb.Broker) -> list[tuple[pb.Broker, dict]]:
     """Where a topic's queues are in a cluster, from a name service's route (RocketMQ's
     TopicRouteData, with mqnode's `grpcAddrs`): each broker group whose master serves gRPC, as a
-    RocketMQ 5 broker at its proxy (this node's group at `here`), with its queue data."""
+    RocketMQ 5 broker at its master's proxy, with its queue data. This node's group is `here`
+    (where the client reached it) while this node, at `own_address`, is its master, or the
+    route names no master for it; a slave sends its clients to its master's proxy."""
     masters = {data["brokerName"]: (data.get("grpcAddrs") or {}).get("0") for data in route.get("brokerDatas") or []}
     out = []
     for queues in route.get("queueDatas") or []:
-        name = queues["brokerName"]
-        if name == own_name:
+        name, master = queues["brokerName"], masters.get(queues["brokerName"])
+        if name == own_name and master in (None, own_address):
             out.append((here, queues))
-        elif masters.get(name):
-            out.append((pb.Broker(name=name, id=0, endpoints=endpoints_of(masters[name])), queues))
+        elif master:
+            out.append((pb.Broker(name=name, id=0, endpoints=endpoints_of(master)), queues))
     return out
 
 

@@ -31,6 +31,7 @@ from actors.proxy.apis import service_pb2_grpc
 from actors.proxy.core import Code, Refused
 from actors.proxy.service import Service
 from actors.proxy.sessions import wall_ms
+from actors.registrar import grpc_address
 from node import protocol
 from node.client.consumer import AsyncPullConsumer
 from node.client.producer import AsyncProducer, SendError, shard_queue
@@ -239,7 +240,8 @@ class Proxy(Actor):
         each group's proxy; else, or while the name services do not know the topic, this node's."""
         if self.routes is not None:
             try:
-                placed = core.placements((await self.routes.of(topic)).data, self.settings.brokerName, here)
+                placed = core.placements((await self.routes.of(topic)).data, self.settings.brokerName,
+                                         grpc_address(self.settings), here)
             except SendError:
                 placed = None  # (no name service answers, or none knows the topic yet)
             if placed:

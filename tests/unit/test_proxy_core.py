@@ -276,7 +276,7 @@ def test_in_a_cluster_each_group_whose_master_serves_grpc_is_a_broker_at_its_pro
                   "grpcAddrs": {"0": "10.0.0.2:8081", "1": "10.0.0.3:8081"}},
                  {"brokerName": "broker-c", "brokerAddrs": {"1": "10.0.0.4:10911"}, "grpcAddrs": {"1": "10.0.0.4:8081"}},
                  {"brokerName": "broker-d", "brokerAddrs": {"0": "[fe80::1]:10911"}, "grpcAddrs": {"0": "[fe80::1]:8081"}}]}
-    placed = core.placements(route, "broker-a", here)
+    placed = core.placements(route, "broker-a", "10.0.0.1:8081", here)
     assert [(b.name, [(a.host, a.port) for a in b.endpoints.addresses], b.endpoints.scheme) for b, _ in placed] == [
         ("broker-a", [("h", 1)], pb.ADDRESS_SCHEME_UNSPECIFIED), ("broker-b", [("10.0.0.2", 8081)], pb.IPv4),
         ("broker-d", [("fe80::1", 8081)], pb.IPv6)]
@@ -287,6 +287,10 @@ def test_in_a_cluster_each_group_whose_master_serves_grpc_is_a_broker_at_its_pro
             for a in core.assignments(topic, placed, fifo=False).assignments] == [
         ("broker-a", -1), ("broker-b", -1), ("broker-d", -1)]
     assert core.endpoints_of("mq.example.com:8081").scheme == pb.DOMAIN_NAME
+    # broker-b's slave (10.0.0.3) sends its clients to its master's proxy; broker-a's the same
+    as_slave = core.placements(route, "broker-b", "10.0.0.3:8081", here)
+    assert [(b.name, b.endpoints.addresses[0].host) for b, _ in as_slave] == [
+        ("broker-b", "10.0.0.2"), ("broker-d", "fe80::1")]  # (broker-a registered no gRPC address here)
 
 
 def test_settings_answer_a_producer_with_the_largest_body_and_a_consumer_with_its_groups_retries():

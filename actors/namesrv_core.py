@@ -47,6 +47,16 @@ def _address(value, what: str) -> str:
     return value
 
 
+def _host_port(value: str, what: str) -> str:
+    """`value` if it is `host:port` (what proxies route RocketMQ 5 clients to) or empty."""
+    if not value:
+        return ""
+    host, _, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    if not (host and port.isdigit() and 0 < int(port) < 65536):
+        raise RegistrationRefused(f"{what} must be host:port, not {value!r}")
+    return _address(value, what)
+
+
 def _queue_data(name: str, config) -> dict:
     if not isinstance(config, dict):
         raise RegistrationRefused(f"topic {name}: its config must be an object")
@@ -93,9 +103,7 @@ class RouteTable:
         changed = self._place(name, cluster, address, broker_id)
         if queues is not None:
             changed |= self._queues_of(name, queues)
-        grpc = header.get("grpcAddr") or ""
-        if grpc:
-            _address(grpc, "grpcAddr")
+        grpc = _host_port(header.get("grpcAddr") or "", "grpcAddr")
         previous = self.live.get(address, {})
         self.live[address] = {"lastUpdateTimestamp": now_ms, "brokerName": name, "brokerId": broker_id,
                               "cluster": cluster, "haServerAddr": header.get("haServerAddr", ""), "grpcAddr": grpc,

@@ -24,7 +24,6 @@ from actors.proxy.core import (
     Refused,
     duration_ms,
     group_name,
-    name_of,
     queue_of,
     status,
     topic_name,
@@ -128,18 +127,17 @@ def pull_plan(request: rpc.PullMessageRequest, remaining_ms: int | None) -> Pull
                     _polling_ms(request, remaining_ms), tag_expression(request.filter_expression))
 
 
-# a pull's status as RocketMQ 5's proxy writes it (PullMessageResponseStreamWriter)
-PULL_STATUS = {"FOUND": Code.OK, "NO_NEW_MSG": Code.MESSAGE_NOT_FOUND, "NO_MATCHED_MSG": Code.MESSAGE_NOT_FOUND,
-               "OFFSET_ILLEGAL": Code.ILLEGAL_OFFSET}
-
-
 def pulled(result) -> list[rpc.PullMessageResponse]:
-    """A pull's answer (node.client.consumer.PullResult) as its stream: a status (`OK` when
-    messages came, `MESSAGE_NOT_FOUND` when none did, `ILLEGAL_OFFSET`), each message, then the
-    offset to pull from next."""
-    code = PULL_STATUS[result.status] if result.messages or result.status != "FOUND" else Code.MESSAGE_NOT_FOUND
-    out = [rpc.PullMessageResponse(status=status(code, "no new message" if code == Code.MESSAGE_NOT_FOUND else
-                                                 name_of(Code, code)))]
+    """A pull's answer (node.client.consumer.PullResult) as its stream, as RocketMQ 5's proxy
+    writes it (PullMessageResponseStreamWriter): a status (`OK` when messages came,
+    `ILLEGAL_OFFSET`, else `MESSAGE_NOT_FOUND`), each message, then the offset to pull from next."""
+    if result.messages:
+        answer = status(Code.OK, "OK")
+    elif result.status == "OFFSET_ILLEGAL":
+        answer = status(Code.ILLEGAL_OFFSET, "ILLEGAL_OFFSET")
+    else:  # (NO_NEW_MSG, NO_MATCHED_MSG, or FOUND with none left by the exact tag check)
+        answer = status(Code.MESSAGE_NOT_FOUND, "no new message")
+    out = [rpc.PullMessageResponse(status=answer)]
     for message in result.messages:
         response = rpc.PullMessageResponse()
         _fill_stored(response.message, message)

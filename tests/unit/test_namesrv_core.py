@@ -43,8 +43,9 @@ def test_a_route_names_where_each_address_serves_grpc_when_it_registered_one():
     version = table.version
     table.register(header | {"grpcAddr": "h1:9091"}, body, 1)  # the proxy moved: a change
     assert table.version > version and table.route("T")["brokerDatas"][0]["grpcAddrs"] == {"0": "h1:9091"}
-    with pytest.raises(RegistrationRefused, match="grpcAddr"):
-        table.register(header | {"grpcAddr": "a b"}, body, 2)
+    for bad in ("a b", "h1", "h1:port", "h1:0", "h1:70000", ":8081", 8081):
+        with pytest.raises(RegistrationRefused, match="grpcAddr"):
+            table.register(header | {"grpcAddr": bad}, body, 2)
 
 
 def test_a_master_registration_replaces_its_groups_topics():

@@ -204,10 +204,18 @@ def _pull(header: dict) -> str | None:
 
 
 def _subscription(header: dict) -> str | None:
-    value = header.get("subscription")
-    if value is not None and not isinstance(value, str):
-        return f"`subscription` must be a string, not {_shown(value)}"
-    return None  # its syntax is answered SUBSCRIPTION_PARSE_FAILED by the read core
+    return _filter_fields(header, "expressionType", "subscription")  # (its syntax: the read core's)
+
+
+def _filter_fields(header: dict, kind_name: str, expression_name: str) -> str | None:
+    """A pull's or pop's filter: an expression type TAG or SQL92 (absent: TAG) and a string;
+    whether it parses, and whether SQL92 is on, the service that reads says."""
+    kind, expression = header.get(kind_name), header.get(expression_name)
+    if kind is not None and kind not in ("", "TAG", "SQL92"):
+        return f"`{kind_name}` {_shown(kind)} is not one (TAG or SQL92)"
+    if expression is not None and not isinstance(expression, str):
+        return f"`{expression_name}` must be a string, not {_shown(expression)}"
+    return None
 
 
 def _query(header: dict) -> str | None:
@@ -386,17 +394,8 @@ def _pop(header: dict) -> str | None:
             or int_problem(header, "pollTime", 0, SUSPEND_MS_MAX)
             or int_problem(header, "bornTime", *INT64)
             or int_problem(header, "initMode", 0, 1)
-            or _expression(header)
+            or _filter_fields(header, "expType", "exp")  # (its syntax: the pop service's)
             or bool_problem(header, "order"))
-
-
-def _expression(header: dict) -> str | None:
-    kind, exp = header.get("expType", "TAG"), header.get("exp", "*")
-    if kind != "TAG":
-        return f"`expType` {_shown(kind)} is not supported (TAG only)"
-    if not isinstance(exp, str):
-        return f"`exp` must be a string, not {_shown(exp)}"
-    return None  # its syntax is answered SUBSCRIPTION_PARSE_FAILED by the pop service
 
 
 def _handle(header: dict, name: str = "extraInfo") -> str | None:

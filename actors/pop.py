@@ -37,7 +37,7 @@ from actors.wire import SERVICE_SEND, arrivals_from_wire, read_from_wire
 from node import protocol
 from shm import consume_queue
 from shm import reader as store_reader
-from shm.codec import Record, decode, queue_entries, tags_code
+from shm.codec import Record, decode, queue_entries
 from shm.control_block import ROLE_CODES, WATCHER_SLOTS
 from shm.pop_log import PopLog
 
@@ -187,9 +187,9 @@ class Pop(Actor):
         """Answer a pop (or peek) now, or hold it; False when it stays held."""
         opaque = header.get("opaque")
         try:
-            request = _pop_request(header)
-        except protocol.ProtocolError as e:
-            out.append(_reply(client, arrival, opaque, "SUBSCRIPTION_PARSE_FAILED", str(e)))
+            request = _pop_request(header, self.settings.enablePropertyFilter)
+        except protocol.FilterRefused as e:
+            out.append(_reply(client, arrival, opaque, e.status, str(e)))
             return True
         if header["code"] == protocol.PEEK_MESSAGE:
             entries = self.core.peek(request)
@@ -315,17 +315,17 @@ class Pop(Actor):
 
     # -- the store ---------------------------------------------------------------------------------
 
-    def _read(self, topic: str, queue_id: int, offset: int, count: int, codes):
+    def _read(self, topic: str, queue_id: int, offset: int, count: int, codes, match=None):
         """PopCore's read: (entries from `offset`, the offset to look at next, min, max)."""
         dispatched = self.control.get("dispatched")
         if count == 0:
             view = self.reader.queue(topic, queue_id, dispatched)
             return [], offset, view.min_offset(self.reader.commitlog_min), view.max_offset
-        if count == 1 and codes is None:  # (a message handed out again: one entry, one record)
+        if count == 1 and codes is None and match is None:  # (a message handed out again: one entry, one record)
             found = self._read_one(topic, queue_id, offset)
             if found is not None:
                 return [found], offset + 1, 0, 0
-        result = self.reader.get_message(topic, queue_id, offset, count, codes, dispatched)
+        result = self.reader.get_message(topic, queue_id, offset, count, codes, dispatched, match)
         moved = result.status in (store_reader.FOUND, store_reader.NO_MATCHED_MESSAGE,
                                   store_reader.OFFSET_TOO_SMALL, store_reader.OFFSET_FOUND_NULL,
                                   store_reader.MESSAGE_WAS_REMOVING)
@@ -385,13 +385,13 @@ class Pop(Actor):
         super().close()
 
 
-def _pop_request(header: dict) -> PopRequest:
-    tags = protocol.parse_subscription(header.get("exp", "*"))  # ProtocolError: SUBSCRIPTION_PARSE_FAILED
+def _pop_request(header: dict, sql92: bool) -> PopRequest:
+    selects = protocol.message_filter(header.get("expType"), header.get("exp", "*"), sql92=sql92)  # FilterRefused
     return PopRequest(header["consumerGroup"], header["topic"], header["_queues"], header.get("maxMsgNums", 32),
                       header.get("invisibleTime", 60_000), orderly=header.get("order", False),
                       start={int(q): o for q, o in header.get("_start", {}).items()},
                       init_mode=MAX if header.get("initMode", MIN) == MAX else MIN,
-                      codes={tags_code(t) for t in tags} if tags else None)
+                      codes=selects.codes, match=selects.record_test)
 
 
 def _reply(client: bytes, arrival: int, opaque, status: str, remark: str = "", **fields) -> tuple:

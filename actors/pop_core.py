@@ -37,6 +37,7 @@ and what ran out is handed out again before anything newer, in offset order: FIF
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -104,6 +105,7 @@ class PopRequest:
     start: dict[int, int] = field(default_factory=dict)  # queue -> the group's committed offset, if any
     init_mode: int = MIN
     codes: set[int] | None = None  # tag hash codes to match (None: every message)
+    match: Callable[[bytes], bool] | None = None  # a SQL92 selector's test of a record (None: every message)
 
 
 def handle_of(ck: int, topic: str, queue_id: int, offset) -> str:
@@ -119,7 +121,7 @@ def handle_parts(handle: str) -> tuple[int, str, int, int] | None:
 
 
 class PopCore:
-    """`read(topic, queue, offset, count, codes)` -> (entries, next offset to look at, min, max)
+    """`read(topic, queue, offset, count, codes, match)` -> (entries, next offset to look at, min, max)
     reads the store; `log` takes each record (`append`); `clock_ms` is wall time in ms."""
 
     def __init__(self, log, clock_ms, read):
@@ -243,7 +245,8 @@ class PopCore:
         entries, gone = self._take_ready(key, qs, room)
         next_offset = qs.next
         if not qs.ready and len(entries) < room and qs.next - qs.low < MAX_SPAN:
-            found, next_offset, _, _ = self.read(request.topic, queue_id, qs.next, room - len(entries), request.codes)
+            found, next_offset, _, _ = self.read(request.topic, queue_id, qs.next, room - len(entries), request.codes,
+                                                 request.match)
             entries += found
         if gone:
             self._log(["R", *key, gone])
@@ -358,7 +361,7 @@ class PopCore:
             if start is None:
                 _, _, low, high = self.read(request.topic, queue_id, 0, 0, None)
                 start = high if request.init_mode == MAX else low
-            out += self.read(request.topic, queue_id, start, room - len(out), request.codes)[0]
+            out += self.read(request.topic, queue_id, start, room - len(out), request.codes, request.match)[0]
         return out
 
     # -- time --------------------------------------------------------------------------------------

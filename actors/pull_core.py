@@ -33,7 +33,7 @@ import orjson
 from actors.tiered import ArchiveDamaged, TieredArchive
 from node import protocol
 from shm import reader as store_reader
-from shm.codec import Record, decode, decode_msg_id, tags_code
+from shm.codec import Record, decode, decode_msg_id
 from shm.index_file import IndexService
 from shm.invariant import InvariantBroken
 
@@ -152,13 +152,14 @@ class ReadCore:
         topic, queue_id, offset = header["topic"], header["queueId"], header["queueOffset"]
         count = header.get("maxMsgNums", 32)
         try:
-            tags = protocol.parse_subscription(header.get("subscription", "*"))
-        except protocol.ProtocolError as e:
-            return [orjson.dumps(protocol.reply_header(opaque, "SUBSCRIPTION_PARSE_FAILED", str(e)))]
-        codes = {tags_code(t) for t in tags} if tags else None
-        result = self.reader.get_message(topic, queue_id, offset, count, codes, dispatched)
+            selects = protocol.message_filter(header.get("expressionType"), header.get("subscription", "*"),
+                                              sql92=self.settings.enablePropertyFilter)
+        except protocol.FilterRefused as e:
+            return [orjson.dumps(protocol.reply_header(opaque, e.status, str(e)))]
+        match = selects.record_test
+        result = self.reader.get_message(topic, queue_id, offset, count, selects.codes, dispatched, match)
         if result.status == store_reader.OFFSET_TOO_SMALL and self.tiered is not None:
-            archived = self._pull_tiered(header, result, tags)
+            archived = self._pull_tiered(header, result, selects.tags, match)
             if archived is not None:
                 return archived
         status = _PULL_STATUS.get(result.status)
@@ -189,14 +190,15 @@ class ReadCore:
         lower = archived is not None and archived < offset
         return {"offset": archived, "tiered": True} if lower else {"offset": offset}
 
-    def _pull_tiered(self, header: dict, result, tags: set[str] | None) -> list[bytes] | None:
+    def _pull_tiered(self, header: dict, result, tags: list[str] | None, match) -> list[bytes] | None:
         """A pull below the store's min offset, from the archive (actors.tiered); None when the
         archive holds nothing there either (the store's OFFSET_ILLEGAL stands)."""
         opaque, s = header.get("opaque"), self.settings
         count = min(header.get("maxMsgNums", 32), s.maxTransferCountOnMessageInMemory)
         try:
             read = self.tiered.read(header["topic"], header["queueId"], header["queueOffset"], count,
-                                    s.maxTransferBytesOnMessageInMemory, set(tags) if tags else None, result.min_offset)
+                                    s.maxTransferBytesOnMessageInMemory, set(tags) if tags else None, result.min_offset,
+                                    match)
         except ArchiveDamaged as e:
             self.tiered.failed(str(e))
             return [orjson.dumps(protocol.reply_header(opaque, "SYSTEM_ERROR", f"tiered archive: {e}"))]

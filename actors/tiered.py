@@ -160,10 +160,11 @@ class TieredArchive:
         return queue.firsts[0] if queue else None
 
     def read(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int, tags: set[str] | None,
-             below: int) -> TieredRead | None:
+             below: int, match=None) -> TieredRead | None:
         """Records of `topic`/`queue_id` from `offset` (from the archive's next offset after a gap
         in it) up to `below` (where the store's own data begins), at most `max_count` of them and,
-        past the first, `max_bytes`; only `tags` (all when None). None when the archive holds
+        past the first, `max_bytes`; only `tags` (all when None) and what `match` (a SQL92
+        selector's test of a record's bytes) accepts. None when the archive holds
         nothing at or past `offset` below `below`."""
         self.reads += 1
         self._refresh_quietly()
@@ -183,7 +184,7 @@ class TieredArchive:
             return TieredRead(OFFSET_TOO_SMALL, [], lowest, lowest)
         if found is None or found[1] >= below:
             return None
-        records, next_begin = self._collect(queue, found, max_count, max_bytes, tags, below)
+        records, next_begin = self._collect(queue, found, max_count, max_bytes, tags, below, match)
         self.served += len(records)
         return TieredRead(FOUND if records else NO_MATCHED_MESSAGE, records, next_begin, lowest)
 
@@ -234,7 +235,7 @@ class TieredArchive:
         return _milliseconds(table.column("storeTimestamp"))[skip: skip + run.count]
 
     def _collect(self, queue: _Queue, found: tuple[Run, int], max_count: int, max_bytes: int,
-                 tags: set[str] | None, below: int) -> tuple[list[bytes], int]:
+                 tags: set[str] | None, below: int, match=None) -> tuple[list[bytes], int]:
         run, offset = found
         records: list[bytes] = []
         size = scanned = 0
@@ -251,8 +252,10 @@ class TieredArchive:
                 if len(records) >= max_count or (records and size + len(bodies[j]) > max_bytes):
                     return records, offset + (j - i)
                 if tags is None or tag_values[j] in tags:
-                    records.append(self._record(run.file, envelopes[j], bodies[j], offset + (j - i)))
-                    size += len(records[-1])
+                    record = self._record(run.file, envelopes[j], bodies[j], offset + (j - i))
+                    if match is None or match(record):
+                        records.append(record)
+                        size += len(record)
             offset += take
             scanned += take
         return records, offset

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from shm.codec import BATCH_MESSAGE_HEAD, BATCH_PROPS_LENGTH, MAX_MESSAGES_PER_BATCH
+from node.sql92 import Selector, SelectorError, compile_selector
+from shm.codec import BATCH_MESSAGE_HEAD, BATCH_PROPS_LENGTH, MAX_MESSAGES_PER_BATCH, record_properties, tags_code
 
 # -- request codes: RocketMQ's RequestCode numbers where RocketMQ has the request -----------------
 SEND_MESSAGE = 10
@@ -234,6 +235,55 @@ def parse_subscription(expression) -> list[str] | None:
     if any(not t or t == "*" for t in tags):
         raise ProtocolError(f"subscription {expression!r}: expected * or TagA || TagB")
     return tags
+
+
+EXPRESSION_TAG, EXPRESSION_SQL92 = "TAG", "SQL92"  # RocketMQ's ExpressionType
+SQL92_OFF = "The broker does not support consumer to filter message by SQL92"  # (RocketMQ's words, with SYSTEM_ERROR)
+
+
+class FilterRefused(ProtocolError):
+    """A subscription the node will not serve: `status` says why (SUBSCRIPTION_PARSE_FAILED, or
+    SYSTEM_ERROR for SQL92 with enablePropertyFilter off, as RocketMQ answers)."""
+
+    def __init__(self, status: str, remark: str):
+        super().__init__(remark)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFilter:
+    """What a pull or pop selects: `tags` (exact; None: every tag) with their ConsumeQueue hash
+    `codes`, or a SQL92 `selector` over each message's properties."""
+    tags: list[str] | None = None
+    codes: frozenset[int] | None = None
+    selector: Selector | None = None
+    record_test: object = None  # the selector as a test of a stored record's bytes, for the reader
+
+
+def message_filter(expression_type, expression, *, sql92: bool) -> MessageFilter:
+    """A request's filter from its expression type (absent, "" or TAG: tags; SQL92: a selector,
+    served only when `sql92`, the node's enablePropertyFilter). FilterRefused otherwise."""
+    if expression_type in (None, "", EXPRESSION_TAG):
+        try:
+            tags = parse_subscription(expression)
+        except ProtocolError as e:
+            raise FilterRefused("SUBSCRIPTION_PARSE_FAILED", str(e)) from None
+        return MessageFilter(tags, frozenset(map(tags_code, tags))) if tags else MessageFilter()
+    if expression_type != EXPRESSION_SQL92:
+        raise FilterRefused("SUBSCRIPTION_PARSE_FAILED", f"expression type {expression_type!r}: TAG or SQL92")
+    if not sql92:
+        raise FilterRefused("SYSTEM_ERROR", SQL92_OFF)
+    try:
+        selector = compile_selector(expression)
+    except SelectorError as e:
+        raise FilterRefused("SUBSCRIPTION_PARSE_FAILED", f"SQL92 {expression!r}: {e}") from None
+    return MessageFilter(selector=selector, record_test=lambda raw: selector.matches(record_properties(raw)))
+
+
+def check_expression(expression, expression_type: str = EXPRESSION_TAG) -> None:
+    """A client's check of a subscription before it is used: FilterRefused (a ValueError) for
+    one no node would parse (whether the node serves SQL92 only the node can say)."""
+    message_filter(expression_type, expression, sql92=True)
 
 
 # -- RocketMQ's client batch body (MessageDecoder.encodeMessages), spec §2.10 -----------------------

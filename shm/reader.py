@@ -239,7 +239,10 @@ class StoreReader:
         return found, high if entry is None else min(high, entry.physical_offset), first - begun
 
     def get_message(self, topic: str, queue_id: int, offset: int, max_count: int, tags_codes: set[int] | None,
-                    dispatched: int) -> GetResult:
+                    dispatched: int, match=None) -> GetResult:
+        """Up to `max_count` messages of a queue from `offset`: those whose tag hash is in
+        `tags_codes` (None: any) and, with `match` (a SQL92 selector's test of a record's bytes),
+        those it accepts; the others are passed over as RocketMQ's filters pass them."""
         view = self.queue(topic, queue_id, dispatched)
         low, high = view.min_offset(self.commitlog_min), view.max_offset
         if high == 0:
@@ -255,10 +258,10 @@ class StoreReader:
         if not entries:
             per_file = view.queue.file_size // ENTRY_SIZE
             return GetResult(OFFSET_FOUND_NULL, offset + per_file - offset % per_file, low, high)
-        return self._scan(entries, offset, max_count, tags_codes, dispatched, low, high)
+        return self._scan(entries, offset, max_count, tags_codes, dispatched, low, high, match)
 
     def _scan(self, entries, offset: int, max_count: int, tags_codes, dispatched: int, low: int,
-              high: int) -> GetResult:
+              high: int, match=None) -> GetResult:
         """Choose the entries to send (tag filter, transfer limits), then read them as runs:
         records of one queue written together lie back to back in the CommitLog, and one slice
         per run costs a third of a slice per record (the pull worker's largest cost)."""
@@ -282,6 +285,8 @@ class StoreReader:
             scanned += 1
             last_phy = phy
             if tags_codes and tags not in tags_codes:
+                continue
+            if match is not None and not self._matches(match, phy, size):
                 continue
             chosen += 1
             total_bytes += size
@@ -307,6 +312,12 @@ class StoreReader:
         if result.records:
             result.status = FOUND
         return result
+
+    def _matches(self, match, phy: int, size: int) -> bool:
+        """`match` on the record at `phy`; a record whose segment is gone is kept (its read
+        below finds it gone and says so)."""
+        raw = self.record_bytes(phy, size)
+        return raw is None or match(raw)
 
     def close(self) -> None:
         self.commitlog.close()

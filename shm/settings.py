@@ -144,6 +144,7 @@ class Settings:
     waitTimeMillsInSendQueue: int = _s(200, "Send-queue wait limit, ms (then SYSTEM_BUSY)", BROKER)
     waitTimeMillsInPullQueue: int = _s(5000, "Pull-queue wait limit, ms", BROKER)
     slaveReadEnable: bool = _s(False, "Allow redirecting consumers to a slave", BROKER)
+    enablePropertyFilter: bool = _s(False, "Serve SQL92 subscriptions (expressionType SQL92: pulls, pops, gRPC filters) by message properties; off, they are refused as RocketMQ refuses them", BROKER)
     whichBrokerWhenConsumeSlowly: int = _s(1, "The brokerId a master suggests to consumers reading data no longer in memory (slaveReadEnable)", BROKER)
     flushConsumerOffsetInterval: int = _s(5000, "consumerOffset.json persist period, ms", BROKER)
     clientChannelExpiredTimeout: int = _s(120000, "A consumer group member silent (no HEART_BEAT) for this long is dropped and its group told, ms", BROKER)

@@ -29,6 +29,8 @@ from actors.proxy.core import (
     topic_name,
     transaction_id,
 )
+from node.protocol import EXPRESSION_SQL92, EXPRESSION_TAG
+from node.sql92 import SelectorError, compile_selector
 from shm.codec import (
     PROPERTY_DELAY,
     PROPERTY_KEYS,
@@ -54,15 +56,17 @@ class ReceivePlan:
     max_count: int
     invisible_ms: int
     wait_ms: int
-    tags: str
+    expression: str  # a tag expression, or SQL92's
+    expression_type: str
     orderly: bool
 
 
 def receive_plan(request: rpc.ReceiveMessageRequest, remaining_ms: int | None, fifo: bool,
-                 default_invisible_ms: int = DEFAULT_INVISIBLE_MS) -> ReceivePlan:
+                 default_invisible_ms: int = DEFAULT_INVISIBLE_MS, sql92: bool = False) -> ReceivePlan:
     """What to pop for `request`; `remaining_ms` is what is left of the client's deadline (None:
     none), `fifo` whether the group consumes in order. An auto_renew receive (a push consumer's)
-    or one that names no invisible duration gets `default_invisible_ms`."""
+    or one that names no invisible duration gets `default_invisible_ms`. `sql92`: the node
+    serves SQL92 filters (enablePropertyFilter)."""
     group = group_name(request.group)
     topic = topic_name(request.message_queue.topic)
     if not 0 < request.batch_size <= MAX_RECEIVE_BATCH:
@@ -76,8 +80,8 @@ def receive_plan(request: rpc.ReceiveMessageRequest, remaining_ms: int | None, f
     # any queue of the broker (RocketMQ 5's ReceiveMessageQueueSelector); a FIFO group's queue its
     # assignment names, which keeps one member on a queue at a time
     queue_id = request.message_queue.id if fifo and request.message_queue.id >= 0 else -1
-    return ReceivePlan(topic, group, queue_id,
-                       request.batch_size, invisible, wait, tag_expression(request.filter_expression), fifo)
+    return ReceivePlan(topic, group, queue_id, request.batch_size, invisible, wait,
+                       *filter_of(request.filter_expression, sql92), fifo)
 
 
 def _polling_ms(request, remaining_ms: int | None) -> int:
@@ -91,13 +95,21 @@ def _polling_ms(request, remaining_ms: int | None) -> int:
     return wait
 
 
-def tag_expression(expression: pb.FilterExpression) -> str:
+def filter_of(expression: pb.FilterExpression, sql92: bool) -> tuple[str, str]:
+    """(expression, its type as the node's requests name it): a tag expression, or with
+    `sql92` a SQL92 selector, checked here as RocketMQ 5's proxy checks it (FilterAPI.build)."""
     if expression.type == pb.SQL:
-        raise Refused(Code.UNSUPPORTED, "SQL92 filters are not supported by this node: filter by tag")
+        if not sql92:
+            raise Refused(Code.UNSUPPORTED, "SQL92 filters are off on this node (enablePropertyFilter): filter by tag")
+        try:
+            compile_selector(expression.expression)
+        except SelectorError as e:
+            raise Refused(Code.ILLEGAL_FILTER_EXPRESSION, f"SQL92 {expression.expression!r}: {e}") from None
+        return expression.expression, EXPRESSION_SQL92
     text = expression.expression.strip() or "*"
     if any(not part.strip() for part in text.split("||")) or not text.isprintable():
         raise Refused(Code.ILLEGAL_FILTER_EXPRESSION, f"{text!r} is not a tag expression (tag || tag, or *)")
-    return text
+    return text, EXPRESSION_TAG
 
 
 @dataclass(frozen=True)
@@ -111,11 +123,12 @@ class PullPlan:
     offset: int
     max_count: int
     wait_ms: int
-    tags: str
+    expression: str
+    expression_type: str
 
 
-def pull_plan(request: rpc.PullMessageRequest, remaining_ms: int | None) -> PullPlan:
-    """What to pull for `request`; `remaining_ms` as for `receive_plan`."""
+def pull_plan(request: rpc.PullMessageRequest, remaining_ms: int | None, sql92: bool = False) -> PullPlan:
+    """What to pull for `request`; `remaining_ms` and `sql92` as for `receive_plan`."""
     group = group_name(request.group)
     topic = topic_name(request.message_queue.topic)
     queue_id = queue_of(request.message_queue)
@@ -124,7 +137,7 @@ def pull_plan(request: rpc.PullMessageRequest, remaining_ms: int | None) -> Pull
     if not 0 < request.batch_size <= MAX_PULL_COUNT:
         raise Refused(Code.BAD_REQUEST, f"batch_size must be 1..{MAX_PULL_COUNT}, not {request.batch_size}")
     return PullPlan(topic, group, queue_id, request.offset, request.batch_size,
-                    _polling_ms(request, remaining_ms), tag_expression(request.filter_expression))
+                    _polling_ms(request, remaining_ms), *filter_of(request.filter_expression, sql92))
 
 
 def pulled(result) -> list[rpc.PullMessageResponse]:

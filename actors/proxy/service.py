@@ -274,10 +274,13 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
     async def ReceiveMessage(self, call: Call, request: rpc.ReceiveMessageRequest):
         """Status first, then each message, then the time of delivery (as RocketMQ 5's proxy)."""
         fifo = await self.proxy.fifo(core.group_name(request.group))
-        plan = delivery.receive_plan(request, call.remaining_ms(), fifo, self.proxy.settings.defaultInvisibleTimeMills)
+        settings = self.proxy.settings
+        plan = delivery.receive_plan(request, call.remaining_ms(), fifo, settings.defaultInvisibleTimeMills,
+                                     settings.enablePropertyFilter)
         link = await self.proxy.link(call.account)
         messages = await link.pop(plan.topic, plan.group, max_count=plan.max_count, invisible_ms=plan.invisible_ms,
-                                  wait_ms=plan.wait_ms, tags=plan.tags, queue_id=plan.queue_id, orderly=plan.orderly)
+                                  wait_ms=plan.wait_ms, tags=plan.expression, queue_id=plan.queue_id, orderly=plan.orderly,
+                                  expression_type=plan.expression_type)
         if not messages:
             yield rpc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
@@ -378,11 +381,12 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         """PULL_MESSAGE of one queue from the request's offset, long polling up to its timeout; the
         offset is not committed (UpdateOffset does, as RocketMQ 5's proxy pulls). The stream: a
         status, each message, then the offset to pull from next."""
-        plan = delivery.pull_plan(request, call.remaining_ms())
+        plan = delivery.pull_plan(request, call.remaining_ms(), self.proxy.settings.enablePropertyFilter)
         await self.proxy.ensure_topic(plan.topic)
         link = await self.proxy.link(call.account)
         result = await link.pull(plan.topic, plan.queue_id, plan.offset, max_count=plan.max_count,
-                                 subscription=plan.tags, suspend_ms=plan.wait_ms, group=plan.group)
+                                 subscription=plan.expression, expression_type=plan.expression_type,
+                                 suspend_ms=plan.wait_ms, group=plan.group)
         for response in delivery.pulled(result):
             yield response
         self.proxy.pulled += len(result.messages)

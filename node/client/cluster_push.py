@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 from dataclasses import fields
 
+from node import protocol
 from node.client import aio, routes
 from node.client.producer import AsyncProducer, SendError
 from node.client.push import AsyncPushConsumer, PushOptions
@@ -36,7 +37,7 @@ class AsyncClusterPushConsumer:
         PushOptions(**options).check()
         self.routes = routes.Routes(routes.NameServers(namesrv, lambda address: AsyncProducer(
             address, retries=0, timeout=options.get("timeout", 5.0), credentials=options.get("credentials"))))
-        self.subscriptions: dict[str, str] = {}
+        self.subscriptions: dict[str, tuple[str, str]] = {}  # topic -> (expression, its type)
         self.listener = None
         self.orderly = False
         self.members: dict[str, tuple[str, AsyncPushConsumer]] = {}  # brokerName -> (endpoint, its consumer)
@@ -44,8 +45,9 @@ class AsyncClusterPushConsumer:
         self.failed: asyncio.Event | None = None  # a member's pull failed: its group's route may have moved
         self.running = False
 
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        self.subscriptions[topic] = expression
+    def subscribe(self, topic: str, expression: str = "*", expression_type: str = protocol.EXPRESSION_TAG) -> None:
+        protocol.check_expression(expression, expression_type)
+        self.subscriptions[topic] = (expression, expression_type)
 
     def register_listener(self, listener, *, orderly: bool = False) -> None:
         self.listener, self.orderly = listener, orderly
@@ -94,8 +96,8 @@ class AsyncClusterPushConsumer:
 
     async def _member(self, endpoint: str) -> AsyncPushConsumer:
         consumer = AsyncPushConsumer(endpoint, self.group, **self.options)
-        for topic, expression in self.subscriptions.items():
-            consumer.subscribe(topic, expression)
+        for topic, (expression, expression_type) in self.subscriptions.items():
+            consumer.subscribe(topic, expression, expression_type)
         consumer.register_listener(self.listener, orderly=self.orderly)
         consumer.on_pull_failure = self.failed.set
         return await consumer.start()

@@ -88,14 +88,18 @@ class AsyncPullConsumer(PopMethods):
 
     async def pull(self, topic: str, queue_id: int, offset: int, *, max_count: int = 32, subscription: str = "*",
                    suspend_ms: int = 0, group: str | None = None, commit_offset: int | None = None,
-                   broker: str | None = None) -> PullResult:
+                   broker: str | None = None, expression_type: str = protocol.EXPRESSION_TAG) -> PullResult:
         """One pull. With `suspend_ms` > 0 an empty pull waits at the node until a message
         arrives or the time is up (long polling). `group` names the consumer group the pull is
         for (the node counts pulls by group); with `commit_offset` the pull also commits the
-        group's offset of this queue (RocketMQ's FLAG_COMMIT_OFFSET)."""
+        group's offset of this queue (RocketMQ's FLAG_COMMIT_OFFSET). `subscription` is a tag
+        expression, or with `expression_type="SQL92"` a SQL92 selector over the messages'
+        properties (a node with enablePropertyFilter; node.sql92 has the grammar)."""
         header = {"code": protocol.PULL_MESSAGE, "topic": topic, "queueId": queue_id, "queueOffset": offset,
                   "maxMsgNums": max_count, "subscription": subscription, "suspend": suspend_ms > 0,
                   "suspendTimeoutMillis": suspend_ms}
+        if expression_type != protocol.EXPRESSION_TAG:
+            header["expressionType"] = expression_type
         if group is not None:
             header["consumerGroup"] = group
         if commit_offset is not None:  # the group's offset of this queue, committed by the pull itself
@@ -105,7 +109,7 @@ class AsyncPullConsumer(PopMethods):
         if status not in ("FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"):
             raise SendError(status or "SYSTEM_ERROR", reply.get("remark", ""))
         messages = decode_messages(body)
-        tags = protocol.parse_subscription(subscription)
+        tags = protocol.parse_subscription(subscription) if expression_type == protocol.EXPRESSION_TAG else None
         if tags is not None:  # the node filters by tag hash; the client checks the tags exactly
             messages = [m for m in messages if m.tags in tags]
         return PullResult(status, reply["nextBeginOffset"], reply["minOffset"], reply["maxOffset"], messages)
@@ -238,7 +242,8 @@ class AsyncPullConsumer(PopMethods):
         return offsets
 
     async def consume(self, topic: str, group: str, *, start: str = "committed", subscription: str = "*",
-                      idle_timeout: float = 5.0, suspend_ms: int = 1000, limit: int | None = None):
+                      idle_timeout: float = 5.0, suspend_ms: int = 1000, limit: int | None = None,
+                      expression_type: str = protocol.EXPRESSION_TAG):
         """Yield messages from every queue of `topic`, from the group's committed offsets
         (`start="committed"`, falling back to the first), or `"first"` / `"last"`; commits after
         each pull. Each queue is pulled on its own (a long poll of an idle queue holds back no
@@ -262,7 +267,8 @@ class AsyncPullConsumer(PopMethods):
             while True:
                 try:
                     result = await again(lambda: self.pull(topic, q, offsets[queue], subscription=subscription,
-                                                           suspend_ms=suspend_ms, group=group, broker=b), queue)
+                                                           suspend_ms=suspend_ms, group=group, broker=b,
+                                                           expression_type=expression_type), queue)
                 except Exception as e:  # (SendError, a closed client) ends the consume, raised there
                     await ready.put((queue, e))
                     return

@@ -36,18 +36,19 @@ class PopMethods:
 
     async def pop(self, topic: str, group: str, *, max_count: int = 32, invisible_ms: int = 60_000,
                   wait_ms: int = 0, tags=None, queue_id: int = -1, orderly: bool = False,
-                  from_max: bool = False) -> list[PoppedMessage]:
+                  from_max: bool = False, expression_type: str = protocol.EXPRESSION_TAG) -> list[PoppedMessage]:
         """Up to `max_count` messages (none: []), each invisible to `group` for `invisible_ms`.
         With `wait_ms` the node holds an empty pop until a message comes or the time is up.
         `orderly`: a queue's messages in order, the next only after the one before is acked. A
         queue never popped by the group starts at its committed offset, else at its first
-        message (`from_max`: its end)."""
+        message (`from_max`: its end). `tags` is a tag expression, or with
+        `expression_type="SQL92"` a SQL92 selector over the messages' properties."""
         exp = expression(tags)
         self.last_pop_group = group  # (a bare receipt handle's group, unless told)
         header = {"code": protocol.POP_MESSAGE, "consumerGroup": group, "topic": topic, "queueId": queue_id,
                   "maxMsgNums": max_count, "invisibleTime": invisible_ms, "pollTime": wait_ms,
-                  "bornTime": int(time.time() * 1000), "initMode": 1 if from_max else 0, "expType": "TAG",
-                  "exp": exp, "order": orderly}
+                  "bornTime": int(time.time() * 1000), "initMode": 1 if from_max else 0,
+                  "expType": expression_type, "exp": exp, "order": orderly}
         reply, body = await self._ask(header, timeout=self.client.timeout + wait_ms / 1000)
         status = reply.get("status")
         if status == "NO_NEW_MSG":
@@ -55,7 +56,7 @@ class PopMethods:
         if status != "FOUND":
             raise SendError(status or "SYSTEM_ERROR", reply.get("remark", ""))
         messages = popped(body, reply.get("receiptHandles") or [], reply.get("reconsumeTimes") or [], group)
-        wanted = protocol.parse_subscription(exp)
+        wanted = protocol.parse_subscription(exp) if expression_type == protocol.EXPRESSION_TAG else None
         if wanted is None:
             return messages
         # the node filters by tag hash: a message whose tag only shares the hash is not ours, and is acked away
@@ -64,10 +65,11 @@ class PopMethods:
             await self.ack_batch(stray)
         return [m for m in messages if m.tags in wanted]
 
-    async def peek(self, topic: str, group: str, *, max_count: int = 32, tags=None, queue_id: int = -1):
+    async def peek(self, topic: str, group: str, *, max_count: int = 32, tags=None, queue_id: int = -1,
+                   expression_type: str = protocol.EXPRESSION_TAG):
         """What a pop would hand out next, without handing it out (no receipt handles)."""
         header = {"code": protocol.PEEK_MESSAGE, "consumerGroup": group, "topic": topic, "queueId": queue_id,
-                  "maxMsgNums": max_count, "expType": "TAG", "exp": expression(tags)}
+                  "maxMsgNums": max_count, "expType": expression_type, "exp": expression(tags)}
         reply, body = await self._ask(header)
         if reply.get("status") == "NO_NEW_MSG":
             return []

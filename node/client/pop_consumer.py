@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from node import protocol
 from node.client import aio
 from node.client.consumer import AsyncPullConsumer
 from node.client.producer import SendError, backoff
@@ -50,7 +51,7 @@ class PopConsumer:
         if (endpoint is None) == (namesrv is None) or not group:
             raise ValueError("a pop consumer takes a group and endpoint= (one node) or namesrv= (a cluster)")
         self.endpoint, self.namesrv, self.group = endpoint, namesrv, group
-        self.subscriptions: dict[str, str] = {}
+        self.subscriptions: dict[str, tuple[str, str]] = {}  # topic -> (expression, its type)
         self.listener: Callable[[list[PoppedMessage]], str] | None = None
         self.loop = aio.new_event_loop()
         self.thread: threading.Thread | None = None
@@ -62,8 +63,12 @@ class PopConsumer:
         self.acking: set[asyncio.Future] = set()  # acks on their way
         self.consumed = self.acked = self.failed = self.ack_lost = self.pop_errors = 0
 
-    def subscribe(self, topic: str, tags="*") -> None:
-        self.subscriptions[topic] = tags if isinstance(tags, str) else "||".join(tags)
+    def subscribe(self, topic: str, tags="*", expression_type: str = protocol.EXPRESSION_TAG) -> None:
+        """Pop `topic`'s messages that `tags` selects (a tag expression or a list of tags), or
+        with `expression_type="SQL92"` those a SQL92 selector over their properties selects."""
+        expression = tags if isinstance(tags, str) else "||".join(tags)
+        protocol.check_expression(expression, expression_type)  # ValueError for a malformed one
+        self.subscriptions[topic] = (expression, expression_type)
 
     def register_listener(self, listener: Callable[[list[PoppedMessage]], str]) -> None:
         self.listener = listener
@@ -81,8 +86,8 @@ class PopConsumer:
         self.consumer = AsyncPullConsumer(self.endpoint, namesrv=self.namesrv, timeout=self.options.timeout,
                                           context=self.context, credentials=self.options.credentials)
         await self.consumer.start()
-        self.tasks = [asyncio.ensure_future(self._pop_loop(topic, tags))
-                      for topic, tags in self.subscriptions.items() for _ in range(self.options.pops_in_flight)]
+        self.tasks = [asyncio.ensure_future(self._pop_loop(topic, *selects))
+                      for topic, selects in self.subscriptions.items() for _ in range(self.options.pops_in_flight)]
 
     def shutdown(self) -> None:
         """Stop popping, let the listener finish what it holds and ack it, then close."""
@@ -103,12 +108,13 @@ class PopConsumer:
 
     # -- the loop ----------------------------------------------------------------------------------
 
-    async def _pop_loop(self, topic: str, tags: str) -> None:
+    async def _pop_loop(self, topic: str, tags: str, expression_type: str) -> None:
         o, failures = self.options, 0
         while not self.stopping:
             try:
                 messages = await self.consumer.pop(topic, self.group, max_count=o.max_count, invisible_ms=o.invisible_ms,
-                                                   wait_ms=o.wait_ms, tags=tags, orderly=o.orderly)
+                                                   wait_ms=o.wait_ms, tags=tags, orderly=o.orderly,
+                                                   expression_type=expression_type)
                 failures = 0
             except SendError:  # the node restarting or busy: again after a backoff
                 self.pop_errors += 1

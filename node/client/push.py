@@ -83,6 +83,7 @@ class AsyncPushConsumer(Orderly):
         instance = self.options.instance_name or str(os.getpid())
         self.client_id = f"{socket.gethostbyname(socket.gethostname())}@{instance}"
         self.subscriptions: dict[str, str] = {}
+        self.expression_types: dict[str, str] = {}  # topic -> TAG or SQL92 (TAG when absent)
         self.listener: Callable | None = None
         self.orderly = False
         self.queues: dict[tuple[str, int], ProcessQueue] = {}
@@ -101,9 +102,13 @@ class AsyncPushConsumer(Orderly):
 
     # -- set-up ---------------------------------------------------------------------------------------
 
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        protocol.parse_subscription(expression)  # ValueError for a malformed expression
+    def subscribe(self, topic: str, expression: str = "*", expression_type: str = protocol.EXPRESSION_TAG) -> None:
+        """Consume `topic`'s messages that `expression` selects: a tag expression ("*",
+        "TagA || TagB"), or with `expression_type="SQL92"` a SQL92 selector over their
+        properties (RocketMQ's MessageSelector.bySql; the node needs enablePropertyFilter)."""
+        protocol.check_expression(expression, expression_type)  # ValueError for a malformed one
         self.subscriptions[topic] = expression
+        self.expression_types[topic] = expression_type
 
     def register_listener(self, listener: Callable[[list[ReceivedMessage]], str], *, orderly: bool = False) -> None:
         self.listener, self.orderly = listener, orderly
@@ -165,10 +170,16 @@ class AsyncPushConsumer(Orderly):
         if header.get("code") == protocol.NOTIFY_CONSUMER_IDS_CHANGED and self.rebalance_wanted is not None:
             self.rebalance_wanted.set()
 
+    def _subscription_data(self, topic: str, expression: str) -> dict:
+        """RocketMQ's SubscriptionData as a heartbeat carries it (expressionType only for SQL92)."""
+        kind = self.expression_types.get(topic, protocol.EXPRESSION_TAG)
+        return {"topic": topic, "subString": expression} | ({} if kind == protocol.EXPRESSION_TAG else
+                                                              {"expressionType": kind})
+
     async def _heartbeat(self) -> None:
         data = {"groupName": self.group, "consumeType": "CONSUME_PASSIVELY", "messageModel": self.options.message_model,
                 "consumeFromWhere": FROM_WHERE[self.options.consume_from_where.removeprefix("CONSUME_FROM_")],
-                "subscriptionDataSet": [{"topic": t, "subString": e} for t, e in sorted(self.subscriptions.items())],
+                "subscriptionDataSet": [self._subscription_data(t, e) for t, e in sorted(self.subscriptions.items())],
                 "queues": [{"topic": t, "queueId": q} for t, q in sorted(self.queues)]}
         try:
             reply = await self._ask({"code": protocol.HEART_BEAT, "clientID": self.client_id, "consumerDataSet": [data]})
@@ -270,6 +281,7 @@ class AsyncPushConsumer(Orderly):
         options = self.options
         threshold_size = options.pull_threshold_size_for_queue * 1024 * 1024
         expression = self.subscriptions.get(pq.topic, "*")
+        expression_type = self.expression_types.get(pq.topic, protocol.EXPRESSION_TAG)
         while not pq.dropped:
             if len(pq.pending) > options.pull_threshold_for_queue or pq.size > threshold_size:
                 await asyncio.sleep(FLOW_CONTROL_S)  # flow control: let the listeners catch up
@@ -280,7 +292,7 @@ class AsyncPushConsumer(Orderly):
             try:
                 result = await self.pull.pull(pq.topic, pq.queue_id, pq.next_offset, max_count=options.pull_batch_size,
                                               subscription=expression, suspend_ms=PULL_SUSPEND_MS, group=self.group,
-                                              commit_offset=commit)
+                                              commit_offset=commit, expression_type=expression_type)
                 if commit is not None:
                     pq.committed = commit
             except SendError:
@@ -438,8 +450,8 @@ class PushConsumer:
     def _call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        self.inner.subscribe(topic, expression)
+    def subscribe(self, topic: str, expression: str = "*", expression_type: str = protocol.EXPRESSION_TAG) -> None:
+        self.inner.subscribe(topic, expression, expression_type)
 
     def register_listener(self, listener, *, orderly: bool = False) -> None:
         self.inner.register_listener(listener, orderly=orderly)

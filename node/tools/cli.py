@@ -214,10 +214,12 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
         return consume_pop(args)
     printed = 0
+    expression, expression_type = selection(args)
     with PullConsumer(**target(args)) as consumer:
         try:
-            for message in consumer.consume(args.topic, args.group, start=args.start, subscription=args.tags or "*",
-                                            idle_timeout=args.timeout, limit=args.count):
+            for message in consumer.consume(args.topic, args.group, start=args.start, subscription=expression,
+                                            expression_type=expression_type, idle_timeout=args.timeout,
+                                            limit=args.count):
                 sys.stdout.write(orjson.dumps(message.to_json()).decode() + "\n")
                 sys.stdout.flush()
                 printed += 1
@@ -225,6 +227,11 @@ def cmd_consume(args: argparse.Namespace) -> int:
             print(f"mqnode consume: {e}", file=sys.stderr)
             return 1
     return 0
+
+
+def selection(args: argparse.Namespace) -> tuple[str, str]:
+    """`consume`'s filter: (expression, expression type) from --sql or --tags."""
+    return (args.sql, "SQL92") if args.sql else (args.tags or "*", "TAG")
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -350,7 +357,10 @@ def _consume_parser(commands) -> None:
     consume.add_argument("--group", required=True)
     consume.add_argument("--from", dest="start", choices=["first", "last", "committed"], default="committed",
                          help="committed (default): the group's offsets, first where it has none")
-    consume.add_argument("--tags", help='subscription: "*" or "TagA || TagB"')
+    chosen = consume.add_mutually_exclusive_group()
+    chosen.add_argument("--tags", help='subscription: "*" or "TagA || TagB"')
+    chosen.add_argument("--sql", help="subscription: a SQL92 selector over the messages' properties, e.g. "
+                                      "\"a > 5 AND TAGS IN ('TagA')\" (a node with enablePropertyFilter)")
     consume.add_argument("--count", type=int, help="stop after N messages")
     consume.add_argument("--timeout", type=float, default=5.0, help="stop after S seconds without a message")
     consume.add_argument("--push", action="store_true", help="a push consumer: a member of the group, its share of "

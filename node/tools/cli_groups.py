@@ -42,10 +42,10 @@ def consume_push(args: argparse.Namespace) -> int:
                 done.set()
         return answer
 
-    from node.tools.cli import target
+    from node.tools.cli import selection, target
 
     consumer = PushConsumer(group=args.group, **target(args), **options)
-    consumer.subscribe(args.topic, args.tags or "*")
+    consumer.subscribe(args.topic, *selection(args))
     consumer.register_listener(listener, orderly=args.orderly)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: done.set())
@@ -65,16 +65,18 @@ def consume_pop(args: argparse.Namespace) -> int:
     import time
 
     from node.client import PullConsumer, SendError
-    from node.tools.cli import target
+    from node.tools.cli import selection, target
 
     printed, last = 0, time.monotonic()
+    expression, expression_type = selection(args)
     with PullConsumer(**target(args)) as consumer:
         try:
             while time.monotonic() - last < args.timeout and not (args.count and printed >= args.count):
                 room = min(32, args.count - printed) if args.count else 32
                 wait = max(1, int(min(2.0, args.timeout - (time.monotonic() - last)) * 1000))
                 messages = consumer.pop(args.topic, args.group, max_count=room, invisible_ms=args.invisible_ms,
-                                        wait_ms=wait, tags=args.tags, orderly=args.orderly)
+                                        wait_ms=wait, tags=expression, orderly=args.orderly,
+                                        expression_type=expression_type)
                 for message in messages:
                     sys.stdout.write(orjson.dumps(message.to_json()).decode() + "\n")
                     sys.stdout.flush()  # printed before it is acked

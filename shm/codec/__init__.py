@@ -31,7 +31,7 @@ from shm.codec.record import (
     _HEAD_SIZE, _I16, _I32, _I64, _MIDDLE, _check_fields, _check_head, _check_limits, _decode_body,
     _host_flags, _host_struct, _signed_byte, _topic_text, body_crc, body_offset, decode, dispatch_fields,
     encode, encode_blank, encode_v4, envelope, expected_size, frame_size, peek_queue_offset,
-    peek_store_timestamp, peek_transaction, record_head, record_topic, scan, set_transaction, store_timestamp_offset, with_body,
+    peek_store_timestamp, peek_transaction, record_head, record_properties, record_topic, scan, set_transaction, store_timestamp_offset, with_body,
 )
 from shm.codec.view import (
     FIXED_BODY_LEN, FIXED_BORN_HOST, FIXED_BORN_TS, FIXED_PHYSICAL, FIXED_QUEUE_ID, FIXED_QUEUE_OFFSET,
@@ -70,7 +70,7 @@ __all__ = [
     "encode_messages_v4", "encode_messages_v4_c", "encode_messages_v4_py", "encode_v4", "envelope",
     "expected_size", "find_uniq_key", "find_uniq_key_ascii", "frame_size", "index_key_hash", "lone_uniq_key",
     "offset_ids", "offset_ids_c", "offset_ids_py", "offset_msg_id", "parse_properties", "peek_queue_offset",
-    "peek_store_timestamp", "peek_transaction", "properties_layout", "properties_string", "record_head", "record_topic", "scan",
+    "peek_store_timestamp", "peek_transaction", "properties_layout", "properties_string", "record_head", "record_properties", "record_topic", "scan",
     "split_keys", "store_timestamp_offset", "tags_code", "queue_entries", "topic_bytes", "walk_records_v4", "walk_v4",
     "with_body",
 ]

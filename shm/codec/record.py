@@ -545,3 +545,16 @@ def record_topic(record, sys_flag: int) -> str:
     body_len_at = 68 + born + store
     topic_at = body_len_at + 4 + max(_I32.unpack_from(record, body_len_at)[0], 0)
     return _topic_text(bytes(record[topic_at + 1: topic_at + 1 + record[topic_at]]))
+
+
+def record_properties(record, at: int = 0) -> dict[str, str]:
+    """The PROPERTIES of the well-formed V1 record at `at`, parsed (a SQL92 selector reads them
+    for each record it looks at; the body is not copied)."""
+    sys_flag = _I32.unpack_from(record, at + OFFSET_SYSFLAG)[0]
+    born = 20 if sys_flag & FLAG_BORNHOST_V6 else 8
+    store = 20 if sys_flag & FLAG_STOREHOST_V6 else 8
+    body_len_at = at + 68 + born + store
+    topic_at = body_len_at + 4 + max(_I32.unpack_from(record, body_len_at)[0], 0)
+    props_at = topic_at + 1 + record[topic_at]
+    props_len = _I16.unpack_from(record, props_at)[0]
+    return parse_properties(bytes(record[props_at + 2: props_at + 2 + max(props_len, 0)]).decode("utf-8", "replace"))

@@ -7,6 +7,7 @@ GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (the client takes no roots of its own).
 
     produce --topic T --count N [--tag X] [--keys K] [--message-group G] [--delay-ms D] [--async]
     simple  --topic T --group G --want N [--invisible S] [--mode ack|none|change:S] [--seconds W]
+            [--filter EXPR [--sql]] (a tag expression, or with --sql a SQL92 one)
     push    --topic T --group G --seconds W [--fail-first N] [--fail-all] [--sleep S] [--successes N]
             (--fail-first N: the first N tries of each message; --successes N: done at N successes, within W)
     transaction --topic T --count N --end commit|rollback|none [--check-answer commit|rollback] [--seconds W]
@@ -24,6 +25,7 @@ import time
 
 from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message, Producer,
                       PushConsumer, SimpleConsumer, TransactionChecker, TransactionResolution)
+from rocketmq.grpc_protocol import FilterType
 from rocketmq.v5.consumer.push import MessageListener
 
 
@@ -74,8 +76,8 @@ def produce(args, config) -> None:
 
 
 def simple(args, config) -> None:
-    consumer = SimpleConsumer(config, args.group, {args.topic: FilterExpression(args.filter)}, await_duration=2,
-                              tls_enable=args.tls)
+    selects = FilterExpression(args.filter, FilterType.SQL if args.sql else FilterType.TAG)
+    consumer = SimpleConsumer(config, args.group, {args.topic: selects}, await_duration=2, tls_enable=args.tls)
     consumer.startup()
     got, deadline = 0, time.monotonic() + args.seconds
     try:
@@ -177,6 +179,7 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=int, default=0)
     parser.add_argument("--async", dest="send_async", action="store_true")
     parser.add_argument("--filter", default="*")
+    parser.add_argument("--sql", action="store_true", help="simple: --filter is a SQL92 expression")
     parser.add_argument("--want", type=int, default=1)
     parser.add_argument("--invisible", type=int, default=30)
     parser.add_argument("--mode", default="ack")

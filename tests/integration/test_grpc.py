@@ -33,7 +33,7 @@ def node(tmp_path_factory):
     # a push consumer's messages are invisible 3 s at first and renewed 3 s at a time 1.5 s before
     settings = node_settings(directory / "store", runDir=str(directory / "run"), grpcServerPort=free_port(), messageDelayLevel="1s 1s 1s 1s 1s 1s",
                              defaultInvisibleTimeMills=3000, renewAheadTimeMillis=1500, renewSliceTimeMillis=3000,
-                             transactionTimeOut=1000, transactionCheckInterval=1000)
+                             transactionTimeOut=1000, transactionCheckInterval=1000, enablePropertyFilter=True)
     process = NodeProcess(settings, directory / "node.log").start()
     yield process
     process.stop(strict=False)
@@ -73,6 +73,16 @@ def test_the_official_producer_and_simple_consumer_round_trip(node):
     assert first["tag"] == "TagA" and first["keys"] == ["k1"] and first["properties"] == {"index": "0"}
     assert {g["attempt"] for g in got} == {1} and {g["topic"] for g in got} == {"G5Round"}
     assert official(node, "simple", "--topic", "G5Round", "--group", "G5RoundG", "--want", "1", "--seconds", "3") == []
+
+
+def test_the_official_simple_consumer_with_a_sql92_filter_gets_what_it_selects_and_no_more(node):
+    sent = official(node, "produce", "--topic", "G5Sql", "--count", "20", "--tag", "TagA")
+    assert len(sent) == 20 and not [s for s in sent if "error" in s], sent
+    got = official(node, "simple", "--topic", "G5Sql", "--group", "G5SqlG", "--want", "5", "--seconds", "30",
+                   "--filter", "index >= 15 AND TAGS = 'TagA'", "--sql")
+    assert sorted(int(g["properties"]["index"]) for g in got) == list(range(15, 20)), got
+    assert official(node, "simple", "--topic", "G5Sql", "--group", "G5SqlG", "--want", "1", "--seconds", "3",
+                    "--filter", "index >= 15", "--sql") == []  # (the others were stepped over, the five acked)
 
 
 def test_the_official_transactional_producer_commits_rolls_back_and_answers_checks(node):
@@ -409,8 +419,8 @@ def test_an_unknown_group_or_bad_times_in_a_receive_get_their_statuses(node, stu
                                         long_polling_timeout={"seconds": 3600},
                                         message_queue=pb.MessageQueue(topic=topic)), Code.ILLEGAL_POLLING_TIME),
              (rpc.ReceiveMessageRequest(group=pb.Resource(name="G"), batch_size=1,
-                                        filter_expression=pb.FilterExpression(type=pb.SQL, expression="a > 1"),
-                                        message_queue=pb.MessageQueue(topic=topic)), Code.UNSUPPORTED),
+                                        filter_expression=pb.FilterExpression(type=pb.SQL, expression="a > 'x'"),
+                                        message_queue=pb.MessageQueue(topic=topic)), Code.ILLEGAL_FILTER_EXPRESSION),
              (rpc.ReceiveMessageRequest(group=pb.Resource(name="G"), batch_size=1,
                                         message_queue=pb.MessageQueue(topic=pb.Resource(name="G5NoSuchTopic"))),
               Code.TOPIC_NOT_FOUND)]

@@ -280,6 +280,16 @@ def test_the_cli_pops_prints_handles_and_acks(node):
     assert orjson.loads(shown.stdout)["pop"]["PopCli@0"]["inFlight"] == 0
 
 
+def test_without_enable_property_filter_sql92_is_refused_as_rocketmq_refuses_it(node, consumer):
+    produce(node, "PopSqlOff", 2)
+    for call in (lambda: consumer.pull("PopSqlOff", 0, 0, subscription="a > 1", expression_type="SQL92"),
+                 lambda: consumer.pop("PopSqlOff", "sql-off", tags="a > 1", expression_type="SQL92")):
+        with pytest.raises(SendError) as e:
+            call()
+        assert (e.value.status, e.value.remark) == ("SYSTEM_ERROR", protocol.SQL92_OFF)
+    assert [m.body for m in consumer.pop("PopSqlOff", "sql-off", max_count=8, wait_ms=500)] == [b"m0", b"m1"]
+
+
 def test_a_kill_9_of_the_whole_node_brings_back_every_message_in_flight_and_none_acked(tmp_path):
     """1,000 messages in flight, 400 of them acked, then kill -9 of every process: after the
     restart the 600 come back (after their invisible time, not before) and the 400 never do."""

@@ -245,7 +245,8 @@ def _record(topic, body, props, v6, stamp):
 def test_every_partial_reader_agrees_with_decode(topic, body, props, v6, stamp, flips, cut):
     from node.client.producer import SendError
     from node.client.received import decode_messages
-    from shm.codec import dispatch_fields, peek_store_timestamp, record_head, record_topic, walk_records_v4, walk_v4
+    from shm.codec import (dispatch_fields, peek_store_timestamp, record_head, record_properties, record_topic,
+                           walk_records_v4, walk_v4)
 
     good = _record(topic, body, props, v6, stamp)
     raw = bytearray(good)
@@ -295,6 +296,7 @@ def test_every_partial_reader_agrees_with_decode(topic, body, props, v6, stamp, 
         assert peek_store_timestamp(raw) == stamp
         assert record_head(raw) == (len(raw), full.magic, 5, full.sys_flag)
         assert record_topic(raw, full.sys_flag) == topic
+        assert record_properties(raw) == full.properties and record_properties(b"xx" + raw, 2) == full.properties
 
 
 @pytest.mark.parametrize("born, store", [(encode_host("127.0.0.1", 1), encode_host("10.0.0.2", 2)),

@@ -25,7 +25,7 @@ class Store:
         self.low = low
         self.tags: dict[tuple[int, int], int] = {}
 
-    def read(self, topic, queue_id, offset, count, codes):
+    def read(self, topic, queue_id, offset, count, codes, match=None):
         offsets = self.queues[queue_id]
         low, high = (offsets[0] if offsets else self.low), (offsets[-1] + 1 if offsets else self.low)
         if count == 0:

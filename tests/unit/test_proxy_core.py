@@ -156,7 +156,7 @@ def test_a_receive_pops_from_any_queue_unless_the_group_is_fifo_and_answers_befo
     auto.auto_renew = True
     assert delivery.receive_plan(auto, None, fifo=False, default_invisible_ms=7000).invisible_ms == 7000
     plan = delivery.receive_plan(receive(queue=5, long_polling_timeout=20_000), 15_000, fifo=False)
-    assert (plan.queue_id, plan.wait_ms, plan.invisible_ms, plan.max_count, plan.tags) == (-1, 14_000, 60_000, 16, "*")
+    assert (plan.queue_id, plan.wait_ms, plan.invisible_ms, plan.max_count, plan.expression) == (-1, 14_000, 60_000, 16, "*")
     assert delivery.receive_plan(receive(queue=5), None, fifo=True).queue_id == 5
     assert delivery.receive_plan(receive(long_polling_timeout=5000), 500, fifo=False).wait_ms == 0
 
@@ -173,16 +173,21 @@ def test_a_receive_out_of_bounds_is_refused(request_, code):
     assert e.value.code == code
 
 
-def test_tag_expressions():
-    assert delivery.tag_expression(pb.FilterExpression(type=pb.TAG, expression="a || b")) == "a || b"
-    assert delivery.tag_expression(pb.FilterExpression()) == "*"
+def test_filter_expressions():
+    assert delivery.filter_of(pb.FilterExpression(type=pb.TAG, expression="a || b"), False) == ("a || b", "TAG")
+    assert delivery.filter_of(pb.FilterExpression(), False) == ("*", "TAG")
     for bad, code in (("a ||", Code.ILLEGAL_FILTER_EXPRESSION), ("a\x00b", Code.ILLEGAL_FILTER_EXPRESSION)):
         with pytest.raises(Refused) as e:
-            delivery.tag_expression(pb.FilterExpression(type=pb.TAG, expression=bad))
+            delivery.filter_of(pb.FilterExpression(type=pb.TAG, expression=bad), True)
         assert e.value.code == code
+    sql = pb.FilterExpression(type=pb.SQL, expression="a > 1")
     with pytest.raises(Refused) as e:
-        delivery.tag_expression(pb.FilterExpression(type=pb.SQL, expression="a > 1"))
+        delivery.filter_of(sql, False)  # enablePropertyFilter off
     assert e.value.code == Code.UNSUPPORTED
+    assert delivery.filter_of(sql, True) == ("a > 1", "SQL92")
+    with pytest.raises(Refused) as e:
+        delivery.filter_of(pb.FilterExpression(type=pb.SQL, expression="a > 'x'"), True)
+    assert e.value.code == Code.ILLEGAL_FILTER_EXPRESSION
 
 
 def pull_request(**fields) -> rpc.PullMessageRequest:
@@ -196,7 +201,7 @@ def pull_request(**fields) -> rpc.PullMessageRequest:
 
 def test_a_pull_reads_one_queue_from_its_offset_and_answers_before_the_deadline():
     plan = delivery.pull_plan(pull_request(offset=42, long_polling_timeout=20_000), 15_000)
-    assert (plan.topic, plan.group, plan.queue_id, plan.offset, plan.max_count, plan.wait_ms, plan.tags) == (
+    assert (plan.topic, plan.group, plan.queue_id, plan.offset, plan.max_count, plan.wait_ms, plan.expression) == (
         "T", "G", 3, 42, 16, 14_000, "*")
     assert delivery.pull_plan(pull_request(long_polling_timeout=5000), None).wait_ms == 5000
 

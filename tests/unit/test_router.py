@@ -66,7 +66,7 @@ def test_a_pop_learns_the_topics_queues_the_groups_offsets_and_retries(router):
         "MESSAGE_ILLEGAL"
     ack = _request(protocol.ACK_MESSAGE, consumerGroup="g", extraInfo="1 Known 0 0")
     assert router.route(ack).to is To.POP and ack.header["_retryMax"] == 3
-    for bad in ({"maxMsgNums": 0}, {"invisibleTime": 0}, {"queueId": -2}, {"exp": 5}, {"expType": "SQL92"},
+    for bad in ({"maxMsgNums": 0}, {"invisibleTime": 0}, {"queueId": -2}, {"exp": 5}, {"expType": "SQL"},
                 {"order": "yes"}):
         with pytest.raises(protocol.ProtocolError):
             router.route(_request(protocol.POP_MESSAGE, consumerGroup="g", topic="Known", **bad))

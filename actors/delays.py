@@ -16,6 +16,7 @@ from shm.codec import (
     PROPERTY_TRANSACTION,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DEL_UNIQKEY,
     PROPERTY_TIMER_DELAY_SEC,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TIMER_OUT_MS,
@@ -28,7 +29,7 @@ from shm.codec import (
 
 # names that make a send delayed (or a transaction's half), and the names the write path then adds
 # (a client's own go the general path)
-SCHEDULING = frozenset((PROPERTY_DELAY, *TIMER_PROPERTIES, PROPERTY_TRANSACTION))
+SCHEDULING = frozenset((PROPERTY_DELAY, *TIMER_PROPERTIES, PROPERTY_TRANSACTION, PROPERTY_TIMER_DEL_UNIQKEY))
 ADDED = frozenset((PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, PROPERTY_TIMER_OUT_MS))
 SPECIAL = SCHEDULING | ADDED
 TIMERS = frozenset(TIMER_PROPERTIES)
@@ -60,9 +61,14 @@ class Delays:
         A transaction's half (TRAN_MSG=true, RocketMQ 4.9's parseHalfMessageInner): queue 0 of
         RMQ_SYS_TRANS_HALF_TOPIC with REAL_TOPIC and REAL_QID, invisible until its commit; a
         delay on it is dropped (RocketMQ's producer clears it: the commit delivers at once).
-        It must name its producer group (PGROUP): that is who is asked when it is left open."""
+        It must name its producer group (PGROUP): that is who is asked when it is left open.
+
+        A recall (TIMER_DEL_UNIQKEY, RocketMQ 5.3's): a timer like any, due when the message it
+        cancels is; refused when that time is not ahead (the message is due or delivered)."""
         if properties.get(PROPERTY_TRANSACTION) == "true":
             return self._half(properties, topic, queue_id)
+        if PROPERTY_TIMER_DEL_UNIQKEY in properties:
+            return self._recall(properties, topic, queue_id)
         level_text = properties.get(PROPERTY_DELAY)
         level = 0
         if level_text is not None:
@@ -82,6 +88,16 @@ class Delays:
         due_ms = self._timer_due(properties)
         if due_ms is None:
             return topic, queue_id
+        return self._timer(properties, due_ms, topic, queue_id)
+
+    def _recall(self, properties: dict, topic: str, queue_id: int) -> tuple[str, int]:
+        due_ms = self._timer_due(properties)
+        if due_ms is None or properties.get(PROPERTY_DELAY, "0") != "0":
+            raise MessageIllegal("MESSAGE_ILLEGAL", "recall failed, timestamp invalid: a recall names its message's "
+                                                   "delivery time, still ahead (that message is due or delivered)")
+        return self._timer(properties, due_ms, topic, queue_id)
+
+    def _timer(self, properties: dict, due_ms: int, topic: str, queue_id: int) -> tuple[str, int]:
         precision = self.precision_ms
         properties[PROPERTY_TIMER_OUT_MS] = str(-(-due_ms // precision) * precision)
         properties[PROPERTY_REAL_TOPIC] = topic
@@ -147,7 +163,8 @@ class Delays:
                     or not all(type(v) is str for v in props.values())):
                 return None
             level = props.get(PROPERTY_DELAY)
-            if level in self._plain_levels and TIMERS.isdisjoint(props) and PROPERTY_TRANSACTION not in props:  # the common delayed send, in short
+            if (level in self._plain_levels and TIMERS.isdisjoint(props) and PROPERTY_TRANSACTION not in props
+                    and PROPERTY_TIMER_DEL_UNIQKEY not in props):  # the common delayed send, in short
                 props = props.copy()
                 props[PROPERTY_REAL_TOPIC], props[PROPERTY_REAL_QID] = topic, str(queue_id)
                 topic, queue_id = SCHEDULE_TOPIC, self._plain_levels[level]

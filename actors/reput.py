@@ -151,14 +151,14 @@ def delivered_statuses(header: dict, count: int) -> list[str]:
     return [header.get("status", "SYSTEM_ERROR")] * count
 
 
-def timer_due(raw: bytes | None) -> int | None:
-    """A stored timer message's TIMER_OUT_MS, None for anything else (a record gone, a value
-    the write path would never have stored)."""
-    record = decode(raw, check_crc=False) if raw else None
+def timer_entry(raw: bytes | None) -> tuple[int, dict] | None:
+    """A stored timer message's TIMER_OUT_MS and properties, None for anything else (a record
+    gone, a value the write path would never have stored)."""
+    record = decode(raw, check_crc=False, read_body=False) if raw else None
     if not isinstance(record, Record) or record.topic != TIMER_TOPIC:
         return None
     text = record.properties.get(PROPERTY_TIMER_OUT_MS, "")
-    return int(text) if text.isdigit() else None
+    return (int(text), record.properties) if text.isdigit() else None
 
 
 def send_back_request(record: Record, header: dict, opaque: int, max_level: int) -> tuple[dict, bytes]:

@@ -39,9 +39,9 @@ from actors.reput import (
     reput_item,
     reput_item_raw,
     send_back_request,
-    timer_due,
+    timer_entry,
 )
-from actors.timer import TimerCore
+from actors.timer import RECALLED, Recalls, TimerCore
 from actors.wire import pack_replies, read_meta
 from node import protocol
 from node.client.frames import send_frames
@@ -53,6 +53,7 @@ from shm.codec import (
     Record,
     decode,
     decode_msg_id,
+    record_properties,
 )
 from shm import consume_queue
 from shm.consume_queue import FILLER_SIZE
@@ -184,6 +185,7 @@ class Schedule(Actor):
         self.core: ScheduleCore | None = None  # these three opened by `open`, in the actor's thread
         self.reader: store_reader.StoreReader | None = None
         self.timers: TimerCore | None = None
+        self.recalls = Recalls()  # (the checkpoint's, once the timers open)
         self.waiting: dict[int, tuple] = {}  # opaque -> (level, offset) or ("back", client, arrival, opaque)
         self.sent_at: dict[int, float] = {}  # opaque -> when its re-put went out (monotonic s)
         self.send_backs_done = self.dlq = self.expired = 0
@@ -226,7 +228,11 @@ class Schedule(Actor):
         taken = log.entry(log.end - 1)[4] + 1 if log.end > log.start else 0  # the intact prefix's last
         view = self.reader.queue(TIMER_TOPIC, 0, dispatched)
         low = view.min_offset(self.reader.commitlog_min)
-        self.timer_offset = min(max(int(check.get("enqueueOffset", 0)), taken, low), view.max_offset)
+        checked = min(max(int(check.get("enqueueOffset", 0)), low), view.max_offset)
+        self.timer_offset = min(max(checked, taken, low), view.max_offset)
+        self.recalls = Recalls(check.get("recalled"))
+        # recalls taken in after the checkpoint are in neither it nor the log: read them again
+        self._read_timer_queue(checked, self.timer_offset, dispatched, recalls_only=True)
         self.next_timer_check = time.monotonic() + self.settings.timerFlushIntervalMs / 1000
         return core
 
@@ -292,22 +298,33 @@ class Schedule(Actor):
         """Timer messages stored since the last look into the timer log, TIMER_TAKE at most."""
         view = self.reader.queue(TIMER_TOPIC, 0, dispatched)
         end = min(view.max_offset, self.timer_offset + TIMER_TAKE)
-        while self.timer_offset < end:
-            raw = view.queue.raw_entries(self.timer_offset, end - self.timer_offset, limit_offset=view.max_offset)
+        self.timer_offset = self._read_timer_queue(self.timer_offset, end, dispatched)
+
+    def _read_timer_queue(self, offset: int, end: int, dispatched: int, *, recalls_only: bool = False) -> int:
+        """Take in the timer topic's messages from `offset` to `end`: each into the timer log, a
+        recall into `recalls` (only those with `recalls_only`); the offset reached."""
+        view = self.reader.queue(TIMER_TOPIC, 0, dispatched)
+        while offset < end:
+            raw = view.queue.raw_entries(offset, end - offset, limit_offset=view.max_offset)
             if not raw:
                 break
             for phy, size, _ in consume_queue.entries(raw):
-                due_ms = timer_due(self.reader.record_bytes(phy, size))
-                if due_ms is not None:
-                    self.timers.add(due_ms, phy, size, self.timer_offset)
-                self.timer_offset += 1
+                entry = timer_entry(self.reader.record_bytes(phy, size))
+                recalled = entry and Recalls.key_of_recall(entry[1])
+                if recalled:
+                    self.recalls.add(recalled, entry[0])
+                elif entry is not None and not recalls_only:
+                    self.timers.add(entry[0], phy, size, offset)
+                offset += 1
+        return offset
 
     def _timer_checkpoint(self) -> None:
         """The log flushed, then the checkpoint naming what the flush made durable; then the
         files wholly delivered go."""
         log_end = self.timers.log.flush()  # an fsync error propagates: the process stops, restart recovers
+        self.recalls.prune(self.timers.delivered_ms)
         config_files.persist(self.timer_path, {"logEnd": log_end, "deliveredMs": self.timers.delivered_ms,
-                                               "enqueueOffset": self.timer_offset})
+                                               "enqueueOffset": self.timer_offset, "recalled": self.recalls.snapshot()})
         self.timers.log.delete_before(self.timers.delivered_ms)
 
     def _deliver(self, due: list[tuple]) -> None:
@@ -316,6 +333,9 @@ class Schedule(Actor):
         items, keys = [], []
         for key, phy, size in due:
             raw = self.reader.record_bytes(phy, size)
+            if raw and key[0] == TIMER and self.recalls.keys and self.recalls.cancels(record_properties(raw)):
+                self._done(key, RECALLED, 0.0)
+                continue
             item = reput_item_raw(raw) if raw else None
             if item is False:  # (an IPv6 host, a V2 record: the whole decode)
                 record = decode(raw, check_crc=False)
@@ -423,7 +443,8 @@ class Schedule(Actor):
                                       "expired": self.expired}
         if self.timers is not None:
             out["timers"] = self.timers.statistics(time.time_ns() // 1_000_000) | {
-                "takenTo": self.timer_offset, "queueMaxOffset": self.reader.queue(TIMER_TOPIC, 0, dispatched).max_offset}
+                "takenTo": self.timer_offset, "queueMaxOffset": self.reader.queue(TIMER_TOPIC, 0, dispatched).max_offset,
+                "recalls": self.recalls.statistics()}
         return out
 
     def close(self) -> None:

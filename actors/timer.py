@@ -21,9 +21,13 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
+from shm.codec import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_UNIQ_KEY
 from shm.timer_log import TimerLog
 
 RETRY_MS = 100  # a re-put that was not stored goes again after this
+RECALLED = "RECALLED"  # `stored`'s status for an entry a recall cancelled: done, delivered to no one
+RECALLS_MAX = 100_000  # recalls remembered at once (each until its message's time has passed)
+RECALL_GRACE_MS = 60_000  # a recall is forgotten this long after the time it names
 CHAIN_READ = 65536  # entries of a slot read ahead to be handed out oldest first (a list of ints)
 _COUNT_BITS = 32
 
@@ -53,7 +57,7 @@ class TimerCore:
         self.slots: list[int] = []  # heap of the wheel's slots
         self.firing: _Firing | None = None
         self.pending = 0
-        self.delivered = self.dropped = self.late_adds = 0
+        self.delivered = self.dropped = self.late_adds = self.recalled = 0
         self.lateness: deque[int] = deque(maxlen=1024)  # ms past due of the last deliveries
         self.dirty = False
 
@@ -145,11 +149,12 @@ class TimerCore:
         self.dirty = True
 
     def stored(self, index: int, status: str, now_ms: int) -> None:
-        """The answer to a re-put: stored, given up (a permanent refusal), or to be tried again."""
+        """The answer to a re-put: stored, given up (a permanent refusal), recalled (RECALLED: not
+        re-put at all), or to be tried again."""
         firing = self.firing
         if firing is None or index not in firing.in_flight:
             return
-        if status != "PUT_OK" and status not in self.permanent:
+        if status != "PUT_OK" and status != RECALLED and status not in self.permanent:
             firing.retry.append(index)
             firing.retry_at = now_ms + RETRY_MS
             return
@@ -158,6 +163,8 @@ class TimerCore:
         if status == "PUT_OK":
             self.delivered += 1
             self.lateness.append(now_ms - due_ms)
+        elif status == RECALLED:
+            self.recalled += 1
         else:
             self.dropped += 1
         if firing.cursor < 0 and not firing.read and not firing.in_flight:
@@ -180,11 +187,58 @@ class TimerCore:
             due_now += firing.left + len(firing.in_flight)
         recent = sorted(self.lateness)
         return {"pending": self.pending, "dueUndelivered": due_now, "delivered": self.delivered,
-                "dropped": self.dropped, "slots": len(self.wheel), "deliveredTo": self.delivered_ms,
+                "dropped": self.dropped, "recalled": self.recalled, "slots": len(self.wheel), "deliveredTo": self.delivered_ms,
                 "lateAdds": self.late_adds,
                 "latenessMillis": {"last": self.lateness[-1], "p50": recent[len(recent) // 2],
                                    "p99": recent[len(recent) * 99 // 100], "max": recent[-1]} if recent else None,
                 "log": self.log.statistics()}
+
+
+class Recalls:
+    """Timer messages recalled before their delivery (RocketMQ 5.3's RecallMessage). A recall is
+    stored as RocketMQ stores it: a timer record for the same topic and time whose
+    TIMER_DEL_UNIQKEY names the message's UNIQ_KEY. Taken in, it is not hung on the wheel: its
+    key (topic + "+" + UNIQ_KEY) is remembered with its time, and a timer message of that key
+    is not re-put when it falls due. The keys are kept in the timer checkpoint (`snapshot`) and
+    forgotten RECALL_GRACE_MS after their time. A recall taken in after its message was re-put
+    cancels nothing (RocketMQ's answer is the same: best effort, up to the delivery)."""
+
+    def __init__(self, saved: dict | None = None):
+        self.keys: dict[str, int] = {str(k): int(v) for k, v in (saved or {}).items()}
+        self.taken = self.cancelled = self.full = 0
+
+    @staticmethod
+    def key_of_recall(properties: dict) -> str | None:
+        """The key a recall record cancels; None for a timer message that is no recall."""
+        target = properties.get(PROPERTY_TIMER_DEL_UNIQKEY)
+        return None if target is None else f"{properties.get(PROPERTY_REAL_TOPIC, '')}+{target}"
+
+    def add(self, key: str, due_ms: int) -> None:
+        if key not in self.keys and len(self.keys) >= RECALLS_MAX:
+            self.full += 1  # (counted: a recall past the bound cancels nothing)
+            return
+        self.keys[key] = due_ms
+        self.taken += 1
+
+    def cancels(self, properties: dict) -> bool:
+        """Whether a due timer message (its properties) was recalled."""
+        key = f"{properties.get(PROPERTY_REAL_TOPIC, '')}+{properties.get(PROPERTY_UNIQ_KEY, '')}"
+        if key in self.keys:
+            self.cancelled += 1
+            return True
+        return False
+
+    def prune(self, delivered_ms: int) -> None:
+        """Forget the recalls whose time passed RECALL_GRACE_MS before the wheel's delivered slot."""
+        old = [k for k, due in self.keys.items() if due < delivered_ms - RECALL_GRACE_MS]
+        for key in old:
+            del self.keys[key]
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self.keys)
+
+    def statistics(self) -> dict:
+        return {"pending": len(self.keys), "taken": self.taken, "cancelled": self.cancelled, "full": self.full}
 
 
 def _group(links):

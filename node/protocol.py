@@ -8,6 +8,7 @@ client, so both sides parse the same way.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 
 import orjson
@@ -284,6 +285,30 @@ def check_expression(expression, expression_type: str = EXPRESSION_TAG) -> None:
     """A client's check of a subscription before it is used: FilterRefused (a ValueError) for
     one no node would parse (whether the node serves SQL92 only the node can say)."""
     message_filter(expression_type, expression, sql92=True)
+
+
+# -- recalling a timer message (RocketMQ 5.3's RecallMessage) ------------------------------------
+
+RECALL_TAG = "_RECALL_TAG_"  # the tag of the record a recall stores (RocketMQ's)
+
+
+def recall_handle(topic: str, broker_name: str, timestamp_ms: int, message_id: str) -> str:
+    """RocketMQ 5's recall handle of a timer message (RecallMessageHandle.HandleV1): base64url of
+    `v1 <topic> <brokerName> <delivery ms> <message id>`, opaque to its holder."""
+    raw = " ".join(("v1", topic, broker_name, str(timestamp_ms), message_id))
+    return base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii")
+
+
+def parse_recall_handle(handle) -> tuple[str, str, int, str]:
+    """(topic, brokerName, delivery ms, message id) of a `recall_handle`; ProtocolError for
+    anything else."""
+    try:
+        parts = base64.urlsafe_b64decode(handle.encode("ascii")).decode("utf-8").split(" ")
+    except (AttributeError, ValueError, UnicodeError):
+        raise ProtocolError(f"{str(handle)[:80]!r} is not a recall handle") from None
+    if len(parts) != 5 or parts[0] != "v1" or not parts[3].isdigit() or not parts[1] or not parts[4]:
+        raise ProtocolError(f"{str(handle)[:80]!r} is not a recall handle (v1)")
+    return parts[1], parts[2], int(parts[3]), parts[4]
 
 
 # -- RocketMQ's client batch body (MessageDecoder.encodeMessages), spec §2.10 -----------------------

@@ -25,6 +25,7 @@ PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
 PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
 PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
+PROPERTY_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"  # a recall: the UNIQ_KEY of the timer message it cancels
 TIMER_PROPERTIES = (PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELIVER_MS)  # first found wins
 # transactional messages (RocketMQ 4.9's TransactionalMessageUtil): a send with TRAN_MSG=true is a
 # half, stored in TRANS_HALF_TOPIC queue 0 with REAL_TOPIC/REAL_QID; outcomes go to the op topic

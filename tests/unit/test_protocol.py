@@ -858,3 +858,17 @@ def test_a_send_back_answered_busy_is_asked_again_and_a_refusal_is_not():
             context.term()
 
     asyncio.run(main())
+
+
+def test_a_recall_handle_is_rocketmqs_and_anything_else_is_refused():
+    import base64
+
+    handle = protocol.recall_handle("Orders", "broker-a", 1795983177432, "7F0000011F895FFBADB094888ED80000")
+    assert base64.urlsafe_b64decode(handle).decode() == "v1 Orders broker-a 1795983177432 7F0000011F895FFBADB094888ED80000"
+    assert protocol.parse_recall_handle(handle) == ("Orders", "broker-a", 1795983177432, "7F0000011F895FFBADB094888ED80000")
+    assert protocol.parse_recall_handle(protocol.recall_handle("T", "", 5, "ID"))[1] == ""  # (an endpoint client's)
+    for bad in ("h", "", None, 5, "!!!", base64.urlsafe_b64encode(b"v2 T b 1 ID").decode(),
+                base64.urlsafe_b64encode(b"v1 T b soon ID").decode(), base64.urlsafe_b64encode(b"v1 T b 1").decode(),
+                base64.urlsafe_b64encode(b"\xff\xfe").decode()):
+        with pytest.raises(protocol.ProtocolError):
+            protocol.parse_recall_handle(bad)

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from actors.schedule import PERMANENT
-from actors.timer import RETRY_MS, TimerCore
+from actors.timer import RECALL_GRACE_MS, RECALLED, RETRY_MS, Recalls, TimerCore
 from shm.timer_log import ENTRY_SIZE, TimerLog, TimerLogCorrupt
 
 HOUR = 3_600_000
@@ -206,3 +206,54 @@ def test_timer_precision_is_checked_at_start(precision, ok):
     else:
         with pytest.raises(settings_module.SettingsError, match="timerPrecisionMs"):
             settings_module.load(None, values)
+
+
+def test_a_recalled_entry_is_done_without_a_reput_and_counted_apart(tmp_path):
+    core = open_core(tmp_path)
+    core.add(T0 + 1000, 1, 10, 0)
+    core.add(T0 + 1000, 2, 10, 1)
+    core.add(T0 + 2000, 3, 10, 2)
+    first, second = core.due(T0 + 1000, 10)
+    core.stored(first[0], RECALLED, T0 + 1000)  # (never tried again, as a failed re-put would be)
+    core.stored(second[0], "PUT_OK", T0 + 1000)
+    assert deliver_all(core, T0 + 2000) == [3]
+    assert (core.delivered, core.recalled, core.dropped, core.pending) == (2, 1, 0, 0)
+    assert core.statistics(T0 + 2000)["recalled"] == 1
+
+
+def test_recalls_cancel_their_topics_message_until_forgotten_and_stay_bounded(monkeypatch):
+    import actors.timer as timer
+
+    recall = {"REAL_TOPIC": "T", "TIMER_DEL_UNIQKEY": "ID1", "TIMER_OUT_MS": str(T0 + 1000)}
+    key = Recalls.key_of_recall(recall)
+    assert key == "T+ID1" and Recalls.key_of_recall({"REAL_TOPIC": "T", "UNIQ_KEY": "ID1"}) is None
+    recalls = Recalls()
+    recalls.add(key, T0 + 1000)
+    assert recalls.cancels({"REAL_TOPIC": "T", "UNIQ_KEY": "ID1"})
+    assert not recalls.cancels({"REAL_TOPIC": "U", "UNIQ_KEY": "ID1"})  # another topic's message of that id
+    assert not recalls.cancels({"REAL_TOPIC": "T", "UNIQ_KEY": "ID2"})
+    again = Recalls(recalls.snapshot())  # (through the checkpoint)
+    again.prune(T0 + 1000 + RECALL_GRACE_MS)
+    assert again.cancels({"REAL_TOPIC": "T", "UNIQ_KEY": "ID1"})
+    again.prune(T0 + 1001 + RECALL_GRACE_MS)
+    assert not again.keys
+    monkeypatch.setattr(timer, "RECALLS_MAX", 2)
+    for i in range(3):
+        again.add(f"T+{i}", T0)
+    assert len(again.keys) == 2 and again.statistics()["full"] == 1
+
+
+def test_a_recall_is_a_timer_of_its_messages_time_and_refused_once_that_time_has_come():
+    from actors.delays import Delays
+    from shm.codec import TIMER_TOPIC, MessageIllegal
+    from shm.settings import Settings
+
+    delays = Delays(Settings(), clock=lambda: T0 / 1000)
+    recall = {"TIMER_DELIVER_MS": str(T0 + 5000), "TIMER_DEL_UNIQKEY": "ID1"}
+    assert delays.scheduled(recall, "T", 3) == (TIMER_TOPIC, 0) and recall["REAL_TOPIC"] == "T"
+    for late in ({"TIMER_DELIVER_MS": str(T0 - 1), "TIMER_DEL_UNIQKEY": "ID1"}, {"TIMER_DEL_UNIQKEY": "ID1"},
+                 {"TIMER_DELIVER_MS": str(T0 + 5000), "TIMER_DEL_UNIQKEY": "ID1", "DELAY": "3"}):
+        with pytest.raises(MessageIllegal, match="recall failed"):
+            delays.scheduled(late, "T", 3)
+    one = [{"topic": "T", "queueId": 0, "properties": {"DELAY": "2", "TIMER_DEL_UNIQKEY": "ID1"}}]
+    assert delays.scheduled_items(one) is None  # (not the short way of a plain delayed send: refused in full)

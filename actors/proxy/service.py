@@ -242,6 +242,9 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
             return rpc.SendResultEntry(status=self.failure("SendMessage", result), message_id=plan.message_id)
         entry = rpc.SendResultEntry(status=core.status_of(result.status), message_id=result.msg_id,
                                     offset=result.queue_offset)
+        if plan.message.deliver_at_ms is not None:  # a timer: the handle RecallMessage takes back
+            entry.recall_handle = protocol.recall_handle(plan.message.topic, self.proxy.settings.brokerName,
+                                                         plan.message.deliver_at_ms, result.msg_id)
         if plan.transactional:
             entry.transaction_id = core.transaction_id(result.offset_msg_id, result.queue_offset)
         return entry
@@ -261,8 +264,27 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         return rpc.EndTransactionResponse(status=status(Code.OK, reply.get("remark") or "OK"))
 
     @answering(rpc.RecallMessageResponse)
-    async def RecallMessage(self, call: Call, request):
-        raise Refused(Code.NOT_IMPLEMENTED, "recalling a delayed message is not supported by this node")
+    async def RecallMessage(self, call: Call, request: rpc.RecallMessageRequest):
+        """Cancel a timer message before it is due (RocketMQ 5.3): a recall stored for it, as
+        Apache's RecallMessageProcessor stores it; answered with the message's id."""
+        topic = core.topic_name(request.topic)
+        try:
+            handle_topic, broker, due_ms, _ = protocol.parse_recall_handle(request.recall_handle)
+        except protocol.ProtocolError as e:
+            raise Refused(Code.BAD_REQUEST, str(e)) from None
+        if handle_topic != topic:
+            raise Refused(Code.BAD_REQUEST, "recall failed, topic not match")
+        if broker != self.proxy.settings.brokerName:
+            raise Refused(Code.BAD_REQUEST, f"recall failed, the handle is of broker {broker!r}: recall it at its proxy")
+        if due_ms <= time.time() * 1000:
+            raise Refused(Code.BAD_REQUEST, "recall failed, timestamp invalid: the message is due or delivered")
+        link = await self.proxy.link(call.account)
+        try:
+            message_id = await link.client.recall(topic, request.recall_handle)
+        except SendError as e:
+            return rpc.RecallMessageResponse(status=core.status_of(e.status, e.remark))
+        self.proxy.recalled += 1
+        return rpc.RecallMessageResponse(status=status(Code.OK, "OK"), message_id=message_id)
 
     @answering(rpc.SyncLiteSubscriptionResponse)
     async def SyncLiteSubscription(self, call: Call, request):

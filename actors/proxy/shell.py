@@ -64,7 +64,7 @@ class Proxy(Actor):
         self.topics_missing: dict[str, float] = {}  # topic -> when it was last found missing
         self.calls: dict[str, int] = {}
         self.refused = 0
-        self.sent = self.received = self.acked = self.pulled = 0
+        self.sent = self.received = self.acked = self.pulled = self.recalled = 0
         self.port = 0
         self.verifier: auth.Verifier | None = None
         self.renewals = sessions.Renewals(settings.renewAheadTimeMillis, settings.renewMaxTimeMillis)
@@ -204,7 +204,7 @@ class Proxy(Actor):
         return super().statistics() | self.clients.statistics() | self.renewals.statistics() | {
             "grpcPort": self.port, "calls": dict(sorted(self.calls.items())), "refused": self.refused,
             "messagesSent": self.sent, "messagesReceived": self.received, "messagesAcked": self.acked,
-            "messagesPulled": self.pulled,
+            "messagesPulled": self.pulled, "messagesRecalled": self.recalled,
             "transactionsEnded": self.ended, "checksForwarded": self.checks_forwarded,
             "checksDropped": self.checks_dropped, "routeLookups": self.routes.lookups if self.routes else 0}
 

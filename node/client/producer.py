@@ -35,6 +35,7 @@ from node.client.uniq_keys import UniqKeys
 from node.security import Credentials
 from shm.codec import (
     PROPERTY_DELAY,
+    PROPERTY_TIMER_DEL_UNIQKEY,
     PROPERTY_TIMER_DELAY_MS,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
@@ -57,12 +58,22 @@ class SendResult(NamedTuple):
     queue_offset: int
     topic: str = ""
     broker: str = ""  # the broker group that stored it (a client with namesrv=: node.client.routes)
+    deliver_at_ms: int | None = None  # a timer's time (send's deliver_at_ms, or delay_ms from the send)
+
+    @property
+    def recall_handle(self) -> str | None:
+        """A timer message's handle for `recall` (RocketMQ 5's format); None for the others."""
+        if self.deliver_at_ms is None:
+            return None
+        return protocol.recall_handle(self.topic, self.broker, self.deliver_at_ms, self.msg_id)
 
     def to_json(self) -> dict:
         out = {"status": self.status, "msgId": self.msg_id, "offsetMsgId": self.offset_msg_id,
                "queueId": self.queue_id, "queueOffset": self.queue_offset}
         if self.broker:
             out["brokerName"] = self.broker
+        if self.deliver_at_ms is not None:
+            out["recallHandle"] = self.recall_handle
         return out
 
 
@@ -201,7 +212,14 @@ class AsyncProducer:
                    delay_ms: int | None = None, broker: str | None = None) -> SendResult:
         """Send one message; returns when the node has stored it (and flushed it, under SYNC_FLUSH).
         `delay_level` (RocketMQ 4's levels) or a timer, `deliver_at_ms` (epoch ms) or `delay_ms`,
-        holds it back until due (docs/protocol.md "Delays")."""
+        holds it back until due (docs/protocol.md "Delays"); its result's `recall_handle` cancels
+        it until then (`recall`)."""
+        if deliver_at_ms is not None or delay_ms is not None:  # a timer: its result can recall it
+            message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait,
+                              deliver_at_ms=deliver_at_ms, delay_ms=delay_ms)
+            due = deliver_at_ms if deliver_at_ms is not None else int(time.time() * 1000) + delay_ms
+            result = await self.send_message(message, queue_id=queue_id, shard_key=shard_key, broker=broker)
+            return result._replace(deliver_at_ms=due, topic=result.topic or topic)
         if tags or keys or properties or not wait:
             message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait,
                               deliver_at_ms=deliver_at_ms, delay_ms=delay_ms)
@@ -249,6 +267,19 @@ class AsyncProducer:
             return message
         return dataclasses.replace(message, properties={**message.properties,
                                                         PROPERTY_UNIQ_KEY: uniq or self.keys.next()})
+
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancel a timer message before it is due (RocketMQ 5.3's recall; `recall_handle` from
+        its send's result, or a RocketMQ 5 client's): stores a recall for it, which the node's
+        schedule service honours up to the message's delivery. Returns the message's id.
+        ValueError for a handle that is not one or names another topic; SendError
+        MESSAGE_ILLEGAL when the message's time has come."""
+        handle_topic, broker, due_ms, message_id = protocol.parse_recall_handle(recall_handle)
+        if handle_topic != topic:
+            raise ValueError(f"recall failed: the handle is of topic {handle_topic!r}, not {topic!r}")
+        await self.send(topic, b"0", tags=protocol.RECALL_TAG, properties={PROPERTY_TIMER_DEL_UNIQKEY: message_id},
+                        deliver_at_ms=due_ms, broker=broker or None)
+        return message_id
 
     async def send_message(self, message: Message, *, queue_id: int | None = None,
                            shard_key: str | None = None, broker: str | None = None) -> SendResult:
@@ -524,6 +555,9 @@ class Producer:
 
     def send_batch(self, topic: str, messages: list, **kwargs) -> list[SendResult]:
         return self._call(self.inner.send_batch(topic, messages, **kwargs))
+
+    def recall(self, topic: str, recall_handle: str) -> str:
+        return self._call(self.inner.recall(topic, recall_handle))
 
     def request(self, header: dict, body: bytes | None = None, *,
                 timeout: float | None = None) -> tuple[dict, bytes | None]:

@@ -6,6 +6,7 @@ failure; the client's own log goes to ~/logs/rocketmq_python. `--tls` trusts the
 GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (the client takes no roots of its own).
 
     produce --topic T --count N [--tag X] [--keys K] [--message-group G] [--delay-ms D] [--async]
+            [--recall N] (with --delay-ms: recall the first N sent, a {"recalled": id} line each)
     simple  --topic T --group G --want N [--invisible S] [--mode ack|none|change:S] [--seconds W]
             [--filter EXPR [--sql]] (a tag expression, or with --sql a SQL92 one)
     push    --topic T --group G --seconds W [--fail-first N] [--fail-all] [--sleep S] [--successes N]
@@ -63,6 +64,8 @@ def produce(args, config) -> None:
             try:
                 receipt = producer.send(message)
                 line(id=receipt.message_id, offset=receipt.offset, index=i)
+                if i < args.recall:
+                    line(recalled=producer.recall_message(args.topic, receipt.recall_handle))
             except Exception as e:  # noqa: BLE001 (reported, and the test decides)
                 line(error=f"{type(e).__name__}: {e}", index=i)
         for i, future in enumerate(futures):
@@ -178,6 +181,7 @@ def main() -> None:
     parser.add_argument("--message-group", default="")
     parser.add_argument("--delay-ms", type=int, default=0)
     parser.add_argument("--async", dest="send_async", action="store_true")
+    parser.add_argument("--recall", type=int, default=0, help="produce: recall the first N sent (timers)")
     parser.add_argument("--filter", default="*")
     parser.add_argument("--sql", action="store_true", help="simple: --filter is a SQL92 expression")
     parser.add_argument("--want", type=int, default=1)

@@ -85,6 +85,16 @@ def test_the_official_simple_consumer_with_a_sql92_filter_gets_what_it_selects_a
                     "--filter", "index >= 15", "--sql") == []  # (the others were stepped over, the five acked)
 
 
+def test_the_official_producer_recalls_a_delayed_message_before_its_time(node):
+    sent = official(node, "produce", "--topic", "G5Recall", "--count", "4", "--delay-ms", "4000", "--recall", "2")
+    assert not [s for s in sent if "error" in s], sent
+    ids, recalled = [s["id"] for s in sent if "id" in s], [s["recalled"] for s in sent if "recalled" in s]
+    assert len(ids) == 4 and recalled == ids[:2]
+    got = official(node, "simple", "--topic", "G5Recall", "--group", "G5RecallG", "--want", "2", "--seconds", "20")
+    assert sorted(g["id"] for g in got) == sorted(ids[2:])
+    assert official(node, "simple", "--topic", "G5Recall", "--group", "G5RecallG", "--want", "1", "--seconds", "3") == []
+
+
 def test_the_official_transactional_producer_commits_rolls_back_and_answers_checks(node):
     """RocketMQ 5's transactional Producer: commit visible once, rollback never; a half left open
     is checked through the proxy (RecoverOrphanedTransactionCommand on its Telemetry stream) and
@@ -242,9 +252,13 @@ def test_one_bad_message_of_a_batch_fails_alone(node, stub):
 
 
 def test_what_this_node_does_not_serve_answers_not_implemented_and_the_rest_goes_on(node, stub):
+    lite = stub.SyncLiteSubscription(rpc.SyncLiteSubscriptionRequest(topic=pb.Resource(name="G5Tx"),
+                                                                     group=pb.Resource(name="G")),
+                                     metadata=META, timeout=10)
+    assert lite.status.code == Code.NOT_IMPLEMENTED
     recalled = stub.RecallMessage(rpc.RecallMessageRequest(topic=pb.Resource(name="G5Tx"), recall_handle="h"),
                                   metadata=META, timeout=10)
-    assert recalled.status.code == Code.NOT_IMPLEMENTED
+    assert recalled.status.code == Code.BAD_REQUEST  # (not a handle)
     route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="G5Tx")), metadata=META, timeout=10)
     assert route.status.code == Code.OK and len(route.message_queues) == 8
     assert {q.permission for q in route.message_queues} == {pb.READ_WRITE}

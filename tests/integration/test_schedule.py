@@ -206,6 +206,52 @@ def test_a_timer_at_the_far_edge_is_taken_and_one_past_it_refused(timer_node):
         assert consumer.pull("Far", 0, 0).messages == []
 
 
+def test_a_recalled_timer_is_never_delivered_and_its_neighbours_are(timer_node):
+    from node.client.producer import SendError
+
+    with Producer(timer_node.endpoint) as producer:
+        due = int(time.time() * 1000) + 2500
+        kept = producer.send("Recall", b"kept", deliver_at_ms=due, queue_id=0)
+        gone = producer.send("Recall", b"gone", deliver_at_ms=due, queue_id=0)
+        later = producer.send("Recall", b"later", delay_ms=2500, queue_id=0)
+        assert producer.send("Recall", b"plain", queue_id=1).recall_handle is None
+        assert producer.recall("Recall", gone.recall_handle) == gone.msg_id
+        assert producer.recall("Recall", later.recall_handle) == later.msg_id
+        with pytest.raises(ValueError, match="topic"):
+            producer.recall("Other", gone.recall_handle)
+        with pytest.raises(ValueError, match="not a recall handle"):
+            producer.recall("Recall", "bm90IGEgaGFuZGxl")
+        with PullConsumer(timer_node.endpoint) as consumer:
+            found = _wait_for(consumer, "Recall", 0, 1)
+            time.sleep(1.0)  # (the recalled ones would have come with it)
+            found += consumer.pull("Recall", 0, len(found), suspend_ms=300).messages
+        assert [m.body for m in found] == [b"kept"]
+        with pytest.raises(SendError, match="MESSAGE_ILLEGAL.*recall failed"):
+            producer.recall("Recall", kept.recall_handle)  # its time has come
+    deadline = time.monotonic() + 5
+    while True:  # (`admin delays` figures are up to a second old)
+        recalls = orjson.loads(_admin_stats(timer_node, "delays"))["timers"]["recalls"]
+        if recalls["cancelled"] >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert recalls["cancelled"] >= 2 and recalls["taken"] >= 2
+
+
+def test_a_recall_holds_through_a_kill_9_of_the_schedule_process(timer_node):
+    with Producer(timer_node.endpoint) as producer:
+        due = int(time.time() * 1000) + 3000
+        sent = [producer.send("RecallKill", f"r-{i}".encode(), deliver_at_ms=due, queue_id=0) for i in range(10)]
+        for result in sent[:5]:
+            producer.recall("RecallKill", result.recall_handle)
+    time.sleep(0.15)  # taken in, perhaps not yet in a checkpoint
+    timer_node.actor_process("schedule").kill()
+    with PullConsumer(timer_node.endpoint) as consumer:
+        found = _until_all(consumer, "RecallKill", {f"r-{i}".encode() for i in range(5, 10)})
+        time.sleep(1.0)
+        found += consumer.pull("RecallKill", 0, len(found), suspend_ms=300).messages
+    assert {m.body for m in found} == {f"r-{i}".encode() for i in range(5, 10)}
+
+
 def test_kill_9_of_the_schedule_process_mid_delivery_loses_no_timer(timer_node):
     body = [f"k-{i}".encode() for i in range(3000)]
     with Producer(timer_node.endpoint) as producer:

@@ -153,12 +153,15 @@ class AsyncPullConsumer(PopMethods):
         return client
 
     async def pull_raw(self, topic: str, queue_id: int, offset: int, *, max_count: int = 32,
-                       subscription: str = "*", broker: str | None = None) -> tuple[str, int, int, int, bytes]:
+                       subscription: str = "*", broker: str | None = None,
+                       expression_type: str = protocol.EXPRESSION_TAG) -> tuple[str, int, int, int, bytes]:
         """One pull, its records left as the node sent them (back to back, `shm.codec`'s layout):
         (status, nextBeginOffset, minOffset, maxOffset, records). For readers that decode in bulk
         (the Spark connector); the tags are not re-checked exactly, as `pull` does."""
         header = {"code": protocol.PULL_MESSAGE, "topic": topic, "queueId": queue_id, "queueOffset": offset,
                   "maxMsgNums": max_count, "subscription": subscription, "suspend": False, "suspendTimeoutMillis": 0}
+        if expression_type != protocol.EXPRESSION_TAG:
+            header["expressionType"] = expression_type
         reply, body = await self._ask(header)
         status = reply.get("status")
         if status not in ("FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from node import protocol
 from node.client import Credentials, PullConsumer, SendError
 
 EARLIEST, LATEST = -2, -1
@@ -27,6 +28,7 @@ class Options:
     endpoint: str | None
     topics: tuple[str, ...]
     subscription: str = "*"
+    expression_type: str = "TAG"  # or SQL92: `subscription` a selector over the properties, applied at the node
     starting: str = "earliest"
     ending: str = "latest"
     starting_timestamp: int | None = None
@@ -67,6 +69,7 @@ class Options:
             raise PipelineError("`endingOffsets` is for batch reads; a stream runs until stopped")
         return cls(
             endpoint=endpoint, topics=topics, subscription=get("subscription") or "*",
+            expression_type=_expression_type(get),
             starting=get("startingoffsets") or ("latest" if streaming else "earliest"),
             ending=get("endingoffsets") or "latest",
             starting_timestamp=_int_option(get, "startingTimestamp"), ending_timestamp=_int_option(get, "endingTimestamp"),
@@ -75,6 +78,17 @@ class Options:
             fail_on_data_loss=_bool_option(get, "failOnDataLoss", True),
             timeout=float(get("timeout") or DEFAULT_TIMEOUT_S), credentials=credentials_option(get),
             pull_batch_size=_pull_batch_size(get), namesrv=namesrv or None)
+
+
+def _expression_type(get) -> str:
+    """`expressionType`: TAG (default) or SQL92, its `subscription` checked here (the driver) so
+    a bad one fails the query before a task starts."""
+    kind = (get("expressiontype") or "TAG").upper()
+    try:
+        protocol.check_expression(get("subscription") or "*", kind)
+    except protocol.FilterRefused as e:
+        raise PipelineError(f"options `expressionType` {kind} and `subscription`: {e}") from None
+    return kind
 
 
 def _pull_batch_size(get) -> int:

@@ -145,7 +145,7 @@ def arrow_schema(spark_schema) -> pa.Schema:
 
 async def read_range(consumer: AsyncPullConsumer, topic: str, queue_id: int, start: int, end: int, *,
                      subscription: str = "*", fail_on_data_loss: bool = True, step: int = PULL_STEP,
-                     broker: str | None = None):
+                     broker: str | None = None, expression_type: str = protocol.EXPRESSION_TAG):
     """Yield pull replies' records (raw bytes) covering queue offsets [start, end), in order, with
     IN_FLIGHT pulls ahead of the one being read (each asks for the next `step` offsets, which
     should be what the node answers at most, its maxTransferCountOnMessageInMemory; a
@@ -157,7 +157,8 @@ async def read_range(consumer: AsyncPullConsumer, topic: str, queue_id: int, sta
 
     def issue(at: int) -> None:
         pending[at] = asyncio.ensure_future(consumer.pull_raw(topic, queue_id, at, max_count=min(step, end - at),
-                                                              subscription=subscription, broker=broker))
+                                                              subscription=subscription, broker=broker,
+                                                              expression_type=expression_type))
     try:
         while cursor < end:
             next_issue = max(next_issue, cursor)
@@ -191,9 +192,11 @@ async def read_range(consumer: AsyncPullConsumer, topic: str, queue_id: int, sta
 def read_batches(endpoint: str | None, topic: str, queue_id: int, start: int, end: int, *, subscription: str = "*",
                  fail_on_data_loss: bool = True, timeout: float = 10.0, rows: int = 4096,
                  schema: pa.Schema = ARROW_SCHEMA, credentials: Credentials | None = None,
-                 step: int = PULL_STEP, namesrv=None, broker: str | None = None) -> Iterator[pa.RecordBatch]:
+                 step: int = PULL_STEP, namesrv=None, broker: str | None = None,
+                 expression_type: str = protocol.EXPRESSION_TAG) -> Iterator[pa.RecordBatch]:
     """`read_range` as Arrow record batches of about `rows` rows, on a private event loop, one
-    batch in memory at a time. A cluster's queue: `namesrv` and the queue's `broker` group."""
+    batch in memory at a time. A cluster's queue: `namesrv` and the queue's `broker` group.
+    `subscription` is a tag expression, or with `expression_type` SQL92 a selector the node applies."""
     loop = aio.new_event_loop()
 
     async def opened() -> AsyncPullConsumer:
@@ -203,8 +206,9 @@ def read_batches(endpoint: str | None, topic: str, queue_id: int, start: int, en
 
     consumer = loop.run_until_complete(opened())
     pulls = read_range(consumer, topic, queue_id, start, end, subscription=subscription,
-                       fail_on_data_loss=fail_on_data_loss, step=step, broker=broker)
-    tags = None if subscription.strip() == "*" else frozenset(protocol.parse_subscription(subscription))
+                       fail_on_data_loss=fail_on_data_loss, step=step, broker=broker, expression_type=expression_type)
+    exact = expression_type == protocol.EXPRESSION_TAG and subscription.strip() != "*"
+    tags = frozenset(protocol.parse_subscription(subscription)) if exact else None
 
     async def next_chunk() -> list[bytes] | None:
         """Replies for about `rows` records (one loop entry a batch, not one a pull)."""

@@ -78,7 +78,7 @@ def _read(options: Options, schema, partition: RangePartition):
     yield from read_batches(options.endpoint, r.topic, r.queue_id, r.start, r.end, subscription=options.subscription,
                             fail_on_data_loss=options.fail_on_data_loss, timeout=options.timeout, schema=schema,
                             credentials=options.credentials, step=options.pull_batch_size, namesrv=options.namesrv,
-                            broker=r.broker)
+                            broker=r.broker, expression_type=options.expression_type)
 
 
 @dataclass

@@ -26,7 +26,8 @@ TOPICS = ("SparkRead", "SparkStream", "SparkWrite", "SparkTime", "SparkTx", "Spa
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     directory = tmp_path_factory.mktemp("spark-node")
-    settings = node_settings(directory / "store", runDir=str(directory / "run"), autoCreateTopicEnable=False)
+    settings = node_settings(directory / "store", runDir=str(directory / "run"), autoCreateTopicEnable=False,
+                             enablePropertyFilter=True)
     config = settings.root / "config"
     config.mkdir(parents=True)
     table = {t: {"topicName": t, "readQueueNums": 4, "writeQueueNums": 4, "perm": 6} for t in TOPICS}
@@ -71,6 +72,13 @@ def test_a_batch_read_equals_what_was_produced(spark, node):
     assert sorted((r.queueId, r.queueOffset) for r in ranged) == [(0, o) for o in range(5, 10)]
     tagged = _read(spark, node, topic="SparkRead", subscription="T1").collect()
     assert len(tagged) == len([i for i in range(200) if i % 3 == 1]) and {r.tags for r in tagged} == {"T1"}
+    # a SQL92 selector over the properties, applied at the node
+    chosen = _read(spark, node, topic="SparkRead", expressionType="SQL92",
+                   subscription="TAGS = 'T2' AND KEYS STARTSWITH 'k1'").select("body").collect()
+    assert sorted(r.body for r in chosen) == sorted(f"body-{i}".encode() for i in range(200)
+                                                    if i % 3 == 2 and str(i).startswith("1"))
+    with pytest.raises(Exception, match="SQL92"):
+        _read(spark, node, topic="SparkRead", expressionType="SQL92", subscription="a >").collect()
 
 
 def test_timestamps_bound_a_read(spark, node):

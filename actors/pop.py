@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 
 import orjson
 import zmq
@@ -315,7 +316,8 @@ class Pop(Actor):
 
     # -- the store ---------------------------------------------------------------------------------
 
-    def _read(self, topic: str, queue_id: int, offset: int, count: int, codes, match=None):
+    def _read(self, topic: str, queue_id: int, offset: int, count: int, codes,
+              match: Callable[[bytes], bool] | None = None):
         """PopCore's read: (entries from `offset`, the offset to look at next, min, max)."""
         dispatched = self.control.get("dispatched")
         if count == 0:

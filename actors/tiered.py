@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections.abc import Callable
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,7 +161,7 @@ class TieredArchive:
         return queue.firsts[0] if queue else None
 
     def read(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int, tags: set[str] | None,
-             below: int, match=None) -> TieredRead | None:
+             below: int, match: Callable[[bytes], bool] | None = None) -> TieredRead | None:
         """Records of `topic`/`queue_id` from `offset` (from the archive's next offset after a gap
         in it) up to `below` (where the store's own data begins), at most `max_count` of them and,
         past the first, `max_bytes`; only `tags` (all when None) and what `match` (a SQL92
@@ -235,7 +236,8 @@ class TieredArchive:
         return _milliseconds(table.column("storeTimestamp"))[skip: skip + run.count]
 
     def _collect(self, queue: _Queue, found: tuple[Run, int], max_count: int, max_bytes: int,
-                 tags: set[str] | None, below: int, match=None) -> tuple[list[bytes], int]:
+                 tags: set[str] | None, below: int, match: Callable[[bytes], bool] | None = None
+                 ) -> tuple[list[bytes], int]:
         run, offset = found
         records: list[bytes] = []
         size = scanned = 0

@@ -9,6 +9,7 @@ client, so both sides parse the same way.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -258,7 +259,7 @@ class MessageFilter:
     tags: list[str] | None = None
     codes: frozenset[int] | None = None
     selector: Selector | None = None
-    record_test: object = None  # the selector as a test of a stored record's bytes, for the reader
+    record_test: Callable[[bytes], bool] | None = None  # the selector as a test of a stored record, for the reader
 
 
 def message_filter(expression_type, expression, *, sql92: bool) -> MessageFilter:

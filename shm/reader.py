@@ -15,6 +15,7 @@ nextBeginOffset = offset + entries scanned.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -239,7 +240,7 @@ class StoreReader:
         return found, high if entry is None else min(high, entry.physical_offset), first - begun
 
     def get_message(self, topic: str, queue_id: int, offset: int, max_count: int, tags_codes: set[int] | None,
-                    dispatched: int, match=None) -> GetResult:
+                    dispatched: int, match: Callable[[bytes], bool] | None = None) -> GetResult:
         """Up to `max_count` messages of a queue from `offset`: those whose tag hash is in
         `tags_codes` (None: any) and, with `match` (a SQL92 selector's test of a record's bytes),
         those it accepts; the others are passed over as RocketMQ's filters pass them."""
@@ -261,7 +262,7 @@ class StoreReader:
         return self._scan(entries, offset, max_count, tags_codes, dispatched, low, high, match)
 
     def _scan(self, entries, offset: int, max_count: int, tags_codes, dispatched: int, low: int,
-              high: int, match=None) -> GetResult:
+              high: int, match: Callable[[bytes], bool] | None = None) -> GetResult:
         """Choose the entries to send (tag filter, transfer limits), then read them as runs:
         records of one queue written together lie back to back in the CommitLog, and one slice
         per run costs a third of a slice per record (the pull worker's largest cost)."""

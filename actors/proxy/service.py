@@ -266,7 +266,9 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
     @answering(rpc.RecallMessageResponse)
     async def RecallMessage(self, call: Call, request: rpc.RecallMessageRequest):
         """Cancel a timer message before it is due (RocketMQ 5.3): a recall stored for it, as
-        Apache's RecallMessageProcessor stores it; answered with the message's id."""
+        Apache's RecallMessageProcessor stores it; answered with the message's id. In a cluster a
+        handle of another group's message goes to that group's master (the client's access point
+        is one proxy, its sends went to each group's)."""
         topic = core.topic_name(request.topic)
         try:
             handle_topic, broker, due_ms, _ = protocol.parse_recall_handle(request.recall_handle)
@@ -274,11 +276,14 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
             raise Refused(Code.BAD_REQUEST, str(e)) from None
         if handle_topic != topic:
             raise Refused(Code.BAD_REQUEST, "recall failed, topic not match")
+        elsewhere = None
         if broker != self.proxy.settings.brokerName:
-            raise Refused(Code.BAD_REQUEST, f"recall failed, the handle is of broker {broker!r}: recall it at its proxy")
+            elsewhere = await self.proxy.master_of(topic, broker)
+            if elsewhere is None:
+                raise Refused(Code.BAD_REQUEST, f"recall failed, broker {broker!r} holds no queue of {topic} here")
         if due_ms <= time.time() * 1000:
             raise Refused(Code.BAD_REQUEST, "recall failed, timestamp invalid: the message is due or delivered")
-        link = await self.proxy.link(call.account)
+        link = await self.proxy.link(call.account, elsewhere)
         try:
             message_id = await link.client.recall(topic, request.recall_handle)
         except SendError as e:

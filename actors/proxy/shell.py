@@ -57,7 +57,7 @@ class Proxy(Actor):
     def __init__(self, settings):
         super().__init__(settings)
         self.clients = sessions.Clients()
-        self.links: dict[tuple, AsyncPullConsumer] = {}  # (access key, secret) (None: the node's own) -> link
+        self.links: dict[tuple, AsyncPullConsumer] = {}  # (access key, secret, front endpoint) -> link (None: the node's own account)
         self.groups: dict[str, tuple[float, dict | None]] = {}
         self.turns: dict[str, int] = {}  # topic -> the queue its last request's messages went to
         self.topics_seen: set[str] = set()  # the node's topics, as last read (ensure_topic)
@@ -210,18 +210,30 @@ class Proxy(Actor):
 
     # -- the node --------------------------------------------------------------------------------
 
-    async def link(self, account: str | None) -> AsyncPullConsumer:
+    async def link(self, account: str | None, endpoint: str | None = None) -> AsyncPullConsumer:
         """The connection to the front that carries `account`'s requests (None: the node's own),
-        one per account and secret: a secret changed in aclFile gets a connection of its own."""
+        one per account and secret: a secret changed in aclFile gets a connection of its own.
+        `endpoint`: another node's front (a cluster's group the call is forwarded to)."""
         secret = None if account is None else self.verifier.secret_of(account)
-        link = self.links.get((account, secret))
+        endpoint = endpoint or self.settings.listen
+        link = self.links.get((account, secret, endpoint))
         if link is None:
             own = guard.node_credentials(self.settings)
             credentials = own if account is None else Credentials(account, secret, own.server_key,
                                                                  curve_pair=own.curve_pair)
-            link = self.links[(account, secret)] = await AsyncPullConsumer(self.settings.listen, timeout=3.0,
-                                                                           credentials=credentials).start()
+            link = self.links[(account, secret, endpoint)] = await AsyncPullConsumer(endpoint, timeout=3.0,
+                                                                                     credentials=credentials).start()
         return link
+
+    async def master_of(self, topic: str, broker: str) -> str | None:
+        """The front of `broker`'s master, as the name services' route of `topic` names it; None
+        outside a cluster, or when the route names no such master."""
+        if self.routes is None:
+            return None
+        try:
+            return (await self.routes.of(topic)).master(broker)
+        except SendError:
+            return None
 
     async def ask(self, account: str | None, header: dict, timeout: float | None = None) -> dict:
         reply, _ = await (await self.link(account)).client.request(header, timeout=timeout)

@@ -53,12 +53,12 @@ def cluster(tmp_path_factory):
         thread.join(10)
 
 
-def _wait_for_both_groups(address: str) -> None:
-    """Until the name service routes the topic to both groups, each with its proxy's address."""
+def _wait_for_both_groups(address: str, topic: str = TOPIC) -> None:
+    """Until the name service routes `topic` to both groups, each with its proxy's address."""
     deadline = time.monotonic() + 30
     with Producer(f"tcp://{address}") as names:
         while True:
-            route, _ = names.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": TOPIC})
+            route, _ = names.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
             groups = {b["brokerName"] for b in route.get("brokerDatas") or [] if (b.get("grpcAddrs") or {}).get("0")}
             if groups == {"broker-a", "broker-b"}:
                 return
@@ -95,3 +95,38 @@ def test_the_official_client_sends_over_both_groups_and_receives_every_message_o
     got = official(a, "simple", "--topic", TOPIC, "--group", "GcG", "--want", "40", "--seconds", "60", timeout=120)
     received = [line["id"] for line in got if "id" in line]
     assert sorted(received) == sorted(ids), got  # each once, from both groups, and acked at each
+
+
+def test_a_recall_at_one_proxy_reaches_the_group_that_holds_the_message(cluster):
+    """The official producer's sends go to each group's proxy, its recalls to its access point:
+    a handle of the other group's message is forwarded to that group's master."""
+    topic = "GcRecall"
+    for node in cluster:
+        with Producer(node.endpoint) as producer:
+            reply, _ = producer.request({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": topic,
+                                         "readQueueNums": QUEUES, "writeQueueNums": QUEUES})
+            assert reply["status"] == "OK", reply
+    _wait_for_both_groups(cluster[0].settings.namesrvAddr, topic)
+    began = time.monotonic()
+    sent = official(cluster[0], "produce", "--topic", topic, "--count", "12", "--delay-ms", "5000", "--recall", "12")
+    assert not [line for line in sent if "error" in line], sent
+    assert sorted(line["recalled"] for line in sent if "recalled" in line) == sorted(line["id"] for line in sent
+                                                                                      if "id" in line)
+    taken = [_recalls_taken(node, at_least=1) for node in cluster]
+    assert all(taken) and sum(taken) == 12, taken  # (both groups held some, and took their recalls)
+    time.sleep(max(0.0, 7.0 - (time.monotonic() - began)))
+    for node in cluster:  # past their time: none was delivered
+        with PullConsumer(node.endpoint) as consumer:
+            assert [m for q in range(QUEUES) for m in consumer.pull(topic, q, 0, max_count=64).messages] == []
+
+
+
+def _recalls_taken(node, at_least: int) -> int:
+    deadline = time.monotonic() + 10
+    while True:  # (the statistics are up to a second old)
+        with Producer(node.endpoint) as client:
+            reply, _ = client.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+        taken = reply["actors"]["schedule"]["timers"]["recalls"]["taken"]
+        if taken >= at_least or time.monotonic() > deadline:
+            return taken
+        time.sleep(0.3)

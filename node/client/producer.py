@@ -214,13 +214,7 @@ class AsyncProducer:
         `delay_level` (RocketMQ 4's levels) or a timer, `deliver_at_ms` (epoch ms) or `delay_ms`,
         holds it back until due (docs/protocol.md "Delays"); its result's `recall_handle` cancels
         it until then (`recall`)."""
-        if deliver_at_ms is not None or delay_ms is not None:  # a timer: its result can recall it
-            message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait,
-                              deliver_at_ms=deliver_at_ms, delay_ms=delay_ms)
-            due = deliver_at_ms if deliver_at_ms is not None else int(time.time() * 1000) + delay_ms
-            result = await self.send_message(message, queue_id=queue_id, shard_key=shard_key, broker=broker)
-            return result._replace(deliver_at_ms=due, topic=result.topic or topic)
-        if tags or keys or properties or not wait:
+        if tags or keys or properties or not wait or deliver_at_ms is not None or delay_ms is not None:
             message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait,
                               deliver_at_ms=deliver_at_ms, delay_ms=delay_ms)
             return await self.send_message(message, queue_id=queue_id, shard_key=shard_key, broker=broker)
@@ -296,7 +290,12 @@ class AsyncProducer:
                  "bornTimestamp": now_ms, "properties": message.wire_properties(uniq)}
         if self.connection is None:
             await self.start()
-        return await self._coalesce(entry, message.body)
+        result = await self._coalesce(entry, message.body)
+        if message.deliver_at_ms is None and message.delay_ms is None:
+            return result
+        # a timer: its result holds the handle to recall it (`recall`)
+        due = message.deliver_at_ms if message.deliver_at_ms is not None else now_ms + message.delay_ms
+        return result._replace(deliver_at_ms=due, topic=result.topic or message.topic)
 
     def _known_queue(self, topic: str, queue_id: int | None, shard_key: str | None) -> int | None:
         """The queue, when no route needs looking up (None: await `_choose_queue`). Plain, not a

@@ -227,6 +227,8 @@ def _schedule(schedule: dict):
             ("mqnode_timers_due_undelivered", "Timer messages due and not yet stored", timers.get("dueUndelivered", 0),
              GaugeMetricFamily),
             ("mqnode_timers_delivered", "Timer messages delivered", timers.get("delivered", 0), CounterMetricFamily),
+            ("mqnode_timers_recalled", "Timer messages recalled before their time (not delivered)",
+             timers.get("recalled", 0), CounterMetricFamily),
             ("mqnode_timers_lateness_p99_seconds", "p99 lateness of the last 1024 timer deliveries",
              ((timers.get("latenessMillis") or {}).get("p99") or 0) / 1000, GaugeMetricFamily),
             ("mqnode_send_backs", "Consumers' send-backs stored", schedule.get("sendBacks", 0), CounterMetricFamily),

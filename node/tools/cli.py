@@ -190,6 +190,24 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_recall(args: argparse.Namespace) -> int:
+    """Recall timer messages before their time: each handle (a `recallHandle` `produce` printed)
+    from --handle or stdin lines; a JSON line each; exit 1 if any recall failed."""
+    from node.client import Producer, SendError
+
+    handles = args.handle or [line.strip() for line in sys.stdin if line.strip()]
+    failed = 0
+    with Producer(**target(args), timeout=args.timeout) as producer:
+        for handle in handles:
+            try:
+                shown = {"status": "OK", "msgId": producer.recall(args.topic, handle)}
+            except (SendError, ValueError) as e:
+                failed += 1
+                shown = {"status": getattr(e, "status", "ILLEGAL_HANDLE"), "remark": getattr(e, "remark", str(e))}
+            print(orjson.dumps(shown).decode(), flush=True)
+    return 1 if failed else 0
+
+
 def _chunks(iterable, size: int):
     chunk = []
     for item in iterable:
@@ -309,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     names.add_argument("--ray-address", help="join this Ray cluster instead of starting an embedded Ray")
     names.set_defaults(handler=cmd_namesrv)
     _produce_parser(commands)
+    _recall_parser(commands)
     _consume_parser(commands)
     _query_parser(commands)
     _admin_parser(commands)
@@ -346,6 +365,18 @@ def _produce_parser(commands) -> None:
     produce.add_argument("--check-answer", choices=["commit", "rollback"],
                          help="--transaction unknown: answer the node's checks so, while connected")
     produce.set_defaults(handler=cmd_produce)
+
+
+def _recall_parser(commands) -> None:
+    recall = commands.add_parser("recall", help="cancel timer messages before their time by the recallHandle "
+                                                "produce printed (RocketMQ 5.3's recall)")
+    recall.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    recall.add_argument("--namesrv", help="a cluster's name services (host:port;host:port) instead of --endpoint")
+    add_credentials(recall)
+    recall.add_argument("--topic", required=True)
+    recall.add_argument("--handle", action="append", help="a recall handle (repeatable; default: one a stdin line)")
+    recall.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each reply")
+    recall.set_defaults(handler=cmd_recall)
 
 
 def _consume_parser(commands) -> None:

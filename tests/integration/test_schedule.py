@@ -207,13 +207,27 @@ def test_a_timer_at_the_far_edge_is_taken_and_one_past_it_refused(timer_node):
 
 
 def test_a_recalled_timer_is_never_delivered_and_its_neighbours_are(timer_node):
+    import subprocess
+    import sys
+
+    from nodes import ROOT
+
     from node.client.producer import SendError
 
+    def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "node.tools.cli", *args, "--endpoint", timer_node.endpoint,
+                               "--topic", "Recall"], input=stdin, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
     with Producer(timer_node.endpoint) as producer:
-        due = int(time.time() * 1000) + 2500
+        due = int(time.time() * 1000) + 4000
         kept = producer.send("Recall", b"kept", deliver_at_ms=due, queue_id=0)
         gone = producer.send("Recall", b"gone", deliver_at_ms=due, queue_id=0)
-        later = producer.send("Recall", b"later", delay_ms=2500, queue_id=0)
+        later = producer.send("Recall", b"later", delay_ms=4000, queue_id=0)
+        sent = cli("produce", "--queue", "0", "--delay-ms", "4000", stdin="cli\n")
+        handle = orjson.loads(sent.stdout)["recallHandle"]
+        recalled = cli("recall", "--handle", handle, "--handle", "bm90IGEgaGFuZGxl")
+        assert recalled.returncode == 1, recalled.stderr  # (one of the two was no handle)
+        assert [orjson.loads(line)["status"] for line in recalled.stdout.splitlines()] == ["OK", "ILLEGAL_HANDLE"]
         assert producer.send("Recall", b"plain", queue_id=1).recall_handle is None
         assert producer.recall("Recall", gone.recall_handle) == gone.msg_id
         assert producer.recall("Recall", later.recall_handle) == later.msg_id

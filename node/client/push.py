@@ -32,6 +32,7 @@ per client, `<offset_store_dir>/<client id>/<group>/offsets.json`, as RocketMQ d
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import time
@@ -70,6 +71,8 @@ from node.client.received import ReceivedMessage, retopic
 __all__ = ["AsyncPushConsumer", "PushConsumer", "PushOptions", "ProcessQueue", "CONSUME_SUCCESS", "RECONSUME_LATER",
            "SUCCESS", "SUSPEND_CURRENT_QUEUE_A_MOMENT", "CLUSTERING", "BROADCASTING"]
 
+log = logging.getLogger("mqnode.push")
+
 
 class AsyncPushConsumer(Orderly):
     def __init__(self, endpoint: str, group: str, **options):
@@ -84,6 +87,7 @@ class AsyncPushConsumer(Orderly):
         self.client_id = f"{socket.gethostbyname(socket.gethostname())}@{instance}"
         self.subscriptions: dict[str, str] = {}
         self.expression_types: dict[str, str] = {}  # topic -> TAG or SQL92 (TAG when absent)
+        self.pull_errors_told: set[tuple[str, str]] = set()  # (status, remark) said once (`_pull_failed`)
         self.listener: Callable | None = None
         self.orderly = False
         self.queues: dict[tuple[str, int], ProcessQueue] = {}
@@ -176,6 +180,15 @@ class AsyncPushConsumer(Orderly):
         return {"topic": topic, "subString": expression} | ({} if kind == protocol.EXPRESSION_TAG else
                                                               {"expressionType": kind})
 
+    def _pull_failed(self, pq: ProcessQueue, error: SendError) -> None:
+        """A pull refused: tried again after PULL_ERROR_S; said once per status and remark (a
+        subscription the node refuses, a SQL92 one on a node without enablePropertyFilter, would
+        otherwise fail in silence)."""
+        key = (error.status, error.remark)
+        if key not in self.pull_errors_told and len(self.pull_errors_told) < 16:
+            self.pull_errors_told.add(key)
+            log.warning("pulls of %s queue %d for group %s fail: %s", pq.topic, pq.queue_id, self.group, error)
+
     async def _heartbeat(self) -> None:
         data = {"groupName": self.group, "consumeType": "CONSUME_PASSIVELY", "messageModel": self.options.message_model,
                 "consumeFromWhere": FROM_WHERE[self.options.consume_from_where.removeprefix("CONSUME_FROM_")],
@@ -190,11 +203,13 @@ class AsyncPushConsumer(Orderly):
             pass  # tried again at the next interval; the node keeps us until clientChannelExpiredTimeout
 
     async def _rebalancer(self) -> None:
-        while True:
+        while self.running:
             try:
                 await asyncio.wait_for(self.rebalance_wanted.wait(), self.options.rebalance_interval)
             except asyncio.TimeoutError:
                 pass
+            if not self.running:
+                return  # (Python 3.11's wait_for loses a cancel that meets the event being set: shutdown's)
             self.rebalance_wanted.clear()
             await self._rebalance()
 
@@ -295,7 +310,8 @@ class AsyncPushConsumer(Orderly):
                                               commit_offset=commit, expression_type=expression_type)
                 if commit is not None:
                     pq.committed = commit
-            except SendError:
+            except SendError as e:
+                self._pull_failed(pq, e)
                 if self.on_pull_failure is not None:
                     self.on_pull_failure()
                 await asyncio.sleep(PULL_ERROR_S)

@@ -280,7 +280,11 @@ def test_the_cli_pops_prints_handles_and_acks(node):
     assert orjson.loads(shown.stdout)["pop"]["PopCli@0"]["inFlight"] == 0
 
 
-def test_without_enable_property_filter_sql92_is_refused_as_rocketmq_refuses_it(node, consumer):
+def test_without_enable_property_filter_sql92_is_refused_as_rocketmq_refuses_it(node, consumer, caplog):
+    import logging
+
+    from node.client import PushConsumer
+
     produce(node, "PopSqlOff", 2)
     for call in (lambda: consumer.pull("PopSqlOff", 0, 0, subscription="a > 1", expression_type="SQL92"),
                  lambda: consumer.pop("PopSqlOff", "sql-off", tags="a > 1", expression_type="SQL92")):
@@ -288,6 +292,18 @@ def test_without_enable_property_filter_sql92_is_refused_as_rocketmq_refuses_it(
             call()
         assert (e.value.status, e.value.remark) == ("SYSTEM_ERROR", protocol.SQL92_OFF)
     assert [m.body for m in consumer.pop("PopSqlOff", "sql-off", max_count=8, wait_ms=500)] == [b"m0", b"m1"]
+    member = PushConsumer(node.endpoint, "sql-off-push", consume_from_where="FIRST_OFFSET")
+    member.subscribe("PopSqlOff", "a > 1", expression_type="SQL92")
+    member.register_listener(lambda messages: CONSUME_SUCCESS)
+    with caplog.at_level(logging.WARNING, logger="mqnode.push"):
+        member.start()
+        try:  # a push consumer says why its pulls fail, once, rather than retrying in silence
+            deadline = time.monotonic() + 15
+            while protocol.SQL92_OFF not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            member.shutdown()
+    assert caplog.text.count(protocol.SQL92_OFF) == 1, caplog.text
 
 
 def test_a_kill_9_of_the_whole_node_brings_back_every_message_in_flight_and_none_acked(tmp_path):

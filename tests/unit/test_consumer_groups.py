@@ -100,3 +100,35 @@ def test_a_process_queue_commits_the_lowest_offset_not_done():
     assert pq.commit_offset() == 3
     pq.done([3])
     assert pq.commit_offset() == 5 and pq.size == 0  # all done: on from the next pull's offset
+
+
+def test_a_push_consumers_rebalancer_ends_when_shutdown_cancels_it_as_a_rebalance_is_wanted():
+    """Python 3.11's wait_for loses a cancel that comes as the event it waits for is set (a
+    member's notice and a shutdown at once): the rebalancer must end anyway, or shutdown hangs."""
+    import asyncio
+
+    from node.client.push import AsyncPushConsumer
+
+    async def main() -> str:
+        consumer = AsyncPushConsumer("tcp://127.0.0.1:1", "g")
+        consumer.running, consumer.rebalance_wanted = True, asyncio.Event()
+
+        async def rebalance() -> None:
+            pass
+
+        consumer._rebalance = rebalance
+        task = asyncio.create_task(consumer._rebalancer())
+        await asyncio.sleep(0.01)
+        consumer.rebalance_wanted.set()
+        await asyncio.sleep(0)  # the event's waiter is done; the rebalancer has not run yet
+        consumer.running = False
+        task.cancel()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), 1)
+        except asyncio.CancelledError:
+            pass
+        except asyncio.TimeoutError:
+            return "the rebalancer kept running"
+        return "ended"
+
+    assert asyncio.run(main()) == "ended"

@@ -55,7 +55,11 @@ async def produce_backlog(endpoint: str, count: int, control: ControlBlock) -> t
     return rate, max(lags or [0]), sum(lags) // max(1, len(lags))
 
 
-async def drain(endpoint: str, queues: list[int], max_offsets: dict[int, int], ids: bool = False) -> int:
+SELECT_ALL_SQL92 = "UNIQ_KEY IS NOT NULL"  # a SQL92 selector every message passes: its cost alone
+
+
+async def drain(endpoint: str, queues: list[int], max_offsets: dict[int, int], ids: bool = False,
+                sql92: str | None = None) -> int:
     """Pull the given queues to their end, all concurrently, reading every message's body (and
     with `ids` its msgId, as a consumer that dedupes does) as an application would: messages
     decode their fields on first use, so a drain that read nothing would flatter. Returns the
@@ -64,7 +68,8 @@ async def drain(endpoint: str, queues: list[int], max_offsets: dict[int, int], i
         async def one(q: int) -> int:
             offset, got, body_bytes = 0, 0, 0
             while offset < max_offsets[q]:
-                result = await consumer.pull(TOPIC, q, offset, max_count=32)
+                result = await (consumer.pull(TOPIC, q, offset, max_count=32) if sql92 is None else
+                                consumer.pull(TOPIC, q, offset, max_count=32, subscription=sql92, expression_type="SQL92"))
                 for message in result.messages:
                     body_bytes += len(message.body)
                     if ids and not message.msg_id:
@@ -78,15 +83,16 @@ async def drain(endpoint: str, queues: list[int], max_offsets: dict[int, int], i
         return sum(await asyncio.gather(*[one(q) for q in queues]))
 
 
-def _drain_process(endpoint: str, queues: list[int], max_offsets: dict[int, int], ids: bool, out) -> None:
-    out.put(aio.run(drain(endpoint, queues, max_offsets, ids)))
+def _drain_process(endpoint: str, queues: list[int], max_offsets: dict[int, int], ids: bool, sql92, out) -> None:
+    out.put(aio.run(drain(endpoint, queues, max_offsets, ids, sql92)))
 
 
-def parallel_drain(endpoint: str, max_offsets: dict[int, int], processes: int, ids: bool = False) -> float:
+def parallel_drain(endpoint: str, max_offsets: dict[int, int], processes: int, ids: bool = False,
+                   sql92: str | None = None) -> float:
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     shares = [[q for q in range(QUEUES) if q % processes == p] for p in range(processes)]
-    workers = [context.Process(target=_drain_process, args=(endpoint, share, max_offsets, ids, out))
+    workers = [context.Process(target=_drain_process, args=(endpoint, share, max_offsets, ids, sql92, out))
                for share in shares]
     began = time.perf_counter()
     for w in workers:
@@ -192,7 +198,7 @@ def main() -> None:
     print(f"mqnode bench-consume: 1 KiB bodies, backlog {args.backlog:,}, client(s) on the same machine")
     try:
         print(f"before: {floors.report(base)}", flush=True)
-        with bench_node(base, "ASYNC_FLUSH", None, options) as node:
+        with bench_node(base, "ASYNC_FLUSH", None, {"enablePropertyFilter": "true", **options}) as node:
             control = ControlBlock(base / "store" / "control")
             rate, lag_max, lag_mean = aio.run(produce_backlog(node.endpoint, args.backlog, control))
             print(f"backlog produced at {rate:,.0f} msgs/s; dispatcher lag under that load: "
@@ -212,6 +218,9 @@ def main() -> None:
             usage = Usage(node)
             rate = parallel_drain(node.endpoint, max_offsets, 1, ids=True)
             print(f"pull, 1 consumer, reading msgIds too      : {rate:>10,.0f} msgs/s; {usage.report()}")
+            usage = Usage(node)
+            rate = parallel_drain(node.endpoint, max_offsets, 1, sql92=SELECT_ALL_SQL92)
+            print(f"pull, 1 consumer, a SQL92 selector all pass: {rate:>10,.0f} msgs/s; {usage.report()}")
             usage = Usage(node)
             rate = parallel_drain(node.endpoint, max_offsets, 4)
             print(f"pull, 4 consumer processes                : {rate:>10,.0f} msgs/s; {usage.report()}")

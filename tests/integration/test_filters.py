@@ -35,11 +35,22 @@ def consumer(node):
 
 
 def produce(node, topic: str, count: int, *, queue_id: int | None = 0) -> None:
-    """Message i: body m<i>, tag TagA for even i (TagB for odd), properties a=i and colour."""
+    """Message i: body m<i>, tag TagA for even i (TagB for odd), properties a=i and colour; sent
+    to one queue, returns once the dispatcher has indexed them all (a pull reads no further)."""
     with Producer(node.endpoint, timeout=10.0) as producer:
         for i in range(count):
             producer.send(topic, f"m{i}", tags="TagA" if i % 2 == 0 else "TagB", queue_id=queue_id,
                           properties={"a": str(i), "colour": "red" if i < count // 2 else "blue"})
+    if queue_id is not None:
+        indexed(node, topic, queue_id, count)
+
+
+def indexed(node, topic: str, queue_id: int, count: int) -> None:
+    deadline = time.monotonic() + 10
+    with PullConsumer(node.endpoint) as consumer:
+        while consumer.max_offset(topic, queue_id) < count:
+            assert time.monotonic() < deadline, f"{topic}/{queue_id} not indexed to {count}"
+            time.sleep(0.02)
 
 
 def bodies(messages) -> list[str]:
@@ -62,6 +73,7 @@ def test_a_property_that_is_not_the_number_it_is_compared_with_fails_that_messag
     with Producer(node.endpoint) as producer:
         for a in ("5", "abc", "7", "", "3.5"):
             producer.send("SqlOdd", f"a={a}", queue_id=0, properties={"a": a} if a else None)
+    indexed(node, "SqlOdd", 0, 5)
     result = consumer.pull("SqlOdd", 0, 0, max_count=32, subscription="a > 4", expression_type=SQL92)
     assert bodies(result.messages) == ["a=5", "a=7"]  # 'abc' and '3.5' are not ints; no a is unknown
     decimals = consumer.pull("SqlOdd", 0, 0, max_count=32, subscription="a > 4.0 OR a IS NULL", expression_type=SQL92)

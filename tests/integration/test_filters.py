@@ -82,18 +82,20 @@ def test_a_property_that_is_not_the_number_it_is_compared_with_fails_that_messag
 
 @pytest.mark.parametrize("expression", ["a > 'x'", "a >", "a = NULL", "(a > 1", "a LIKE 'x%'"])
 def test_a_malformed_sql92_expression_is_subscription_parse_failed(node, consumer, expression):
+    produce(node, "SqlBad", 2)  # (the topic exists whatever ran before: a pop of a missing one is TOPIC_NOT_EXIST)
     with pytest.raises(SendError) as e:
-        consumer.pull("SqlPull", 0, 0, subscription=expression, expression_type=SQL92)
+        consumer.pull("SqlBad", 0, 0, subscription=expression, expression_type=SQL92)
     assert e.value.status == "SUBSCRIPTION_PARSE_FAILED"
     with pytest.raises(SendError) as e:
-        consumer.pop("SqlPull", "sql-bad", tags=expression, expression_type=SQL92)
+        consumer.pop("SqlBad", "sql-bad", tags=expression, expression_type=SQL92)
     assert e.value.status == "SUBSCRIPTION_PARSE_FAILED"
 
 
 def test_an_unknown_expression_type_is_refused_and_the_node_serves_on(node, consumer):
+    produce(node, "SqlUnknown", 2)
     with pytest.raises(SendError):
-        consumer.pull("SqlPull", 0, 0, subscription="a > 1", expression_type="SQL")
-    assert bodies(consumer.pull("SqlPull", 0, 0, max_count=2).messages) == ["m0", "m1"]
+        consumer.pull("SqlUnknown", 0, 0, subscription="a > 1", expression_type="SQL")
+    assert bodies(consumer.pull("SqlUnknown", 0, 0, max_count=2).messages) == ["m0", "m1"]
 
 
 def test_consume_over_every_queue_and_the_cli_select_the_same(node, consumer):

@@ -540,21 +540,22 @@ def record_head(record) -> tuple[int, int, int, int]:
 
 def record_topic(record, sys_flag: int) -> str:
     """The TOPIC of a well-formed V1 record, read in place."""
-    born = 20 if sys_flag & FLAG_BORNHOST_V6 else 8
-    store = 20 if sys_flag & FLAG_STOREHOST_V6 else 8
-    body_len_at = 68 + born + store
-    topic_at = body_len_at + 4 + max(_I32.unpack_from(record, body_len_at)[0], 0)
+    topic_at = _topic_at(record, 0, sys_flag)
     return _topic_text(bytes(record[topic_at + 1: topic_at + 1 + record[topic_at]]))
 
 
 def record_properties(record, at: int = 0) -> dict[str, str]:
     """The PROPERTIES of the well-formed V1 record at `at`, parsed (a SQL92 selector reads them
     for each record it looks at; the body is not copied)."""
-    sys_flag = _I32.unpack_from(record, at + OFFSET_SYSFLAG)[0]
-    born = 20 if sys_flag & FLAG_BORNHOST_V6 else 8
-    store = 20 if sys_flag & FLAG_STOREHOST_V6 else 8
-    body_len_at = at + 68 + born + store
-    topic_at = body_len_at + 4 + max(_I32.unpack_from(record, body_len_at)[0], 0)
+    topic_at = _topic_at(record, at, _I32.unpack_from(record, at + OFFSET_SYSFLAG)[0])
     props_at = topic_at + 1 + record[topic_at]
     props_len = _I16.unpack_from(record, props_at)[0]
     return parse_properties(bytes(record[props_at + 2: props_at + 2 + max(props_len, 0)]).decode("utf-8", "replace"))
+
+
+def _topic_at(record, at: int, sys_flag: int) -> int:
+    """Where the TOPIC length byte of the V1 record at `at` is: past its hosts and its body."""
+    born = 20 if sys_flag & FLAG_BORNHOST_V6 else 8
+    store = 20 if sys_flag & FLAG_STOREHOST_V6 else 8
+    body_len_at = at + 68 + born + store
+    return body_len_at + 4 + max(_I32.unpack_from(record, body_len_at)[0], 0)

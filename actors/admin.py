@@ -17,6 +17,7 @@ GROUP_FIELDS = {  # subscriptionGroup.json's fields an update may set, with thei
     "consumeEnable": bool, "consumeBroadcastEnable": bool, "consumeFromMinEnable": bool,
     "retryQueueNums": int, "retryMaxTimes": int, "whichBrokerWhenConsumeSlowly": int, "brokerId": int,
     "consumeMessageOrderly": bool,  # RocketMQ 5's: a FIFO group for gRPC consumers (docs/protocol.md "gRPC")
+    "groupRetryPolicy": dict,  # RocketMQ 5's: how gRPC consumers back off between retries (edge.retry_policy_problem)
 }
 
 

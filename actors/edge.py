@@ -278,7 +278,35 @@ def _group_config(header: dict) -> str | None:
             or int_problem(header, "retryQueueNums", 1, QUEUE_NUMS_MAX)
             or int_problem(header, "retryMaxTimes", 0, 64)
             or int_problem(header, "whichBrokerWhenConsumeSlowly", 0, 1024)
-            or int_problem(header, "brokerId", 0, 1024))
+            or int_problem(header, "brokerId", 0, 1024)
+            or retry_policy_problem(header.get("groupRetryPolicy", {"type": "CUSTOMIZED"})))
+
+
+RETRY_DELAY_MS_MAX = 12 * 3600 * 1000  # a retry's delay, as the longest invisible time
+RETRY_STEPS_MAX = 64  # the delays a customized retry policy lists
+
+
+def retry_policy_problem(policy) -> str | None:
+    """Why `policy` is not a RocketMQ 5 groupRetryPolicy (what gRPC consumers are told to back off
+    by): {"type": "EXPONENTIAL", "exponentialRetryPolicy": {"initial", "max", "multiplier"}} or
+    {"type": "CUSTOMIZED", "customizedRetryPolicy": {"next": [ms, ...]}} (left out: the delay levels)."""
+    if not isinstance(policy, dict) or policy.get("type") not in ("EXPONENTIAL", "CUSTOMIZED"):
+        return f"`groupRetryPolicy` must be an object whose type is EXPONENTIAL or CUSTOMIZED, not {_shown(policy)}"
+    if policy["type"] == "EXPONENTIAL":
+        exponential = policy.get("exponentialRetryPolicy")
+        if not isinstance(exponential, dict):
+            return "an EXPONENTIAL `groupRetryPolicy` needs its `exponentialRetryPolicy`: initial, max (ms), multiplier"
+        return (int_problem(exponential, "initial", 0, RETRY_DELAY_MS_MAX, required=True)
+                or int_problem(exponential, "max", exponential["initial"], RETRY_DELAY_MS_MAX, required=True)
+                or int_problem(exponential, "multiplier", 1, 100, required=True))
+    customized = policy.get("customizedRetryPolicy")
+    if customized is None:
+        return None
+    steps = customized.get("next") if isinstance(customized, dict) else None
+    if not isinstance(steps, list) or not 1 <= len(steps) <= RETRY_STEPS_MAX or \
+            not all(is_int(ms) and 0 <= ms <= RETRY_DELAY_MS_MAX for ms in steps):
+        return f"`customizedRetryPolicy.next` must list 1 to {RETRY_STEPS_MAX} delays of 0 to {RETRY_DELAY_MS_MAX} ms"
+    return None
 
 
 # -- consumer groups --------------------------------------------------------------------------------
@@ -420,7 +448,8 @@ def _batch_ack(header: dict) -> str | None:
 
 
 def _change_invisible(header: dict) -> str | None:
-    return _ack(header) or int_problem(header, "invisibleTime", 1, INVISIBLE_MS_MAX, required=True)
+    # (0: visible again at once, as RocketMQ takes it: a push consumer's retry with no backoff)
+    return _ack(header) or int_problem(header, "invisibleTime", 0, INVISIBLE_MS_MAX, required=True)
 
 
 CHECKS = {

@@ -175,6 +175,7 @@ class Settings:
     renewAheadTimeMillis: int = _s(10000, "The gRPC proxy renews an auto_renew message's invisible time this long before it runs out, ms", NODE)
     renewSliceTimeMillis: int = _s(60000, "How much invisible time each renewal gives, ms", NODE)
     renewMaxTimeMillis: int = _s(10800000, "How long after it was received a message stops being renewed (then it comes back when its time runs out), ms", NODE)
+    grpcClientConsumerMaxLongPollingTimeoutMillis: int = _s(20000, "The gRPC proxy: how long a consumer's settings tell it to long-poll a receive, ms (RocketMQ 5 proxy's setting; a push consumer's shutdown waits out its receive in flight, up to this)", NODE)
     aclEnable: bool = _s(False, "Check every client request against aclFile: RocketMQ's plain ACL, signed requests (docs/operations.md \"Access control\")", NODE)
     aclFile: str = _s("conf/plain_acl.yml", "The ACL's accounts and permissions in RocketMQ's plain_acl.yml format, re-read when it changes (relative: to the directory mqnode start runs in)", NODE)
     curveEnable: bool = _s(False, "Encrypt and authenticate the client endpoint with ZeroMQ CURVE: clients need the node's public key", NODE)
@@ -484,6 +485,8 @@ def validate(settings: Settings) -> None:
         raise SettingsError("defaultInvisibleTimeMills and renewSliceTimeMillis must be 1000 ms to 12 h")
     if not 0 < settings.renewAheadTimeMillis < settings.renewSliceTimeMillis or settings.renewMaxTimeMillis < 0:
         raise SettingsError("renewAheadTimeMillis must be above 0 and below renewSliceTimeMillis; renewMaxTimeMillis >= 0")
+    if not 0 <= settings.grpcClientConsumerMaxLongPollingTimeoutMillis <= 60_000:
+        raise SettingsError("grpcClientConsumerMaxLongPollingTimeoutMillis must be 0 to 60000 ms (the longest wait a receive may name)")
     if settings.transactionTimeOut < 0 or settings.transactionCheckMax < 0 or settings.transactionCheckInterval < 100:
         raise SettingsError("transactionTimeOut and transactionCheckMax must be >= 0, transactionCheckInterval >= 100 ms")
     if bool(settings.grpcTlsCertFile) != bool(settings.grpcTlsKeyFile):

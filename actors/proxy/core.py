@@ -46,7 +46,6 @@ from shm.codec import (
 )
 
 Code = pb.Code
-LONG_POLLING_MS = 20_000  # what a consumer's settings say to wait (grpcClientConsumerMaxLongPollingTimeoutMillis)
 RECEIVE_BATCH = 32  # a consumer's receive_batch_size
 MAX_RECEIVE_BATCH = edge.POP_MAX_COUNT
 FORWARD_HOLD_MS = 30_000  # a message being forwarded to the DLQ stays invisible this long meanwhile
@@ -433,12 +432,29 @@ def assignments(topic: pb.Resource, placed: list[tuple[pb.Broker, dict]], fifo: 
 # -- settings --------------------------------------------------------------------
 
 
+def _backoff(policy: dict, settings) -> pb.RetryPolicy:
+    """A group's groupRetryPolicy as the client's backoff (RocketMQ 5's GrpcClientSettingsManager):
+    EXPONENTIAL as exponential_backoff; CUSTOMIZED as its `next` delays, or by default the delay
+    levels from 10 s (RocketMQ's retry schedule). (Some official clients, Node.js's among them,
+    back off only exponentially: with CUSTOMIZED they retry at once, and a FIFO one not at all.)"""
+    if policy.get("type") == "EXPONENTIAL":
+        exponential = policy["exponentialRetryPolicy"]
+        backoff = pb.ExponentialBackoff(multiplier=float(exponential["multiplier"]))
+        backoff.initial.FromMilliseconds(exponential["initial"])
+        backoff.max.FromMilliseconds(exponential["max"])
+        return pb.RetryPolicy(exponential_backoff=backoff)
+    steps = (policy.get("customizedRetryPolicy") or {}).get("next") or settings.delay_levels_ms()[2:]
+    backoff = pb.CustomizedBackoff()
+    for delay in steps:
+        backoff.next.add().FromMilliseconds(delay)
+    return pb.RetryPolicy(customized_backoff=backoff)
+
+
 def settings_for(given: pb.Settings, settings, group: dict | None) -> pb.Settings:
     """The settings the node answers a client's Telemetry settings with: the client's own, with
     what the node decides filled in (RocketMQ 5's GrpcClientSettingsManager): the largest body,
-    and for a consumer its group's retries (max_attempts = retryMaxTimes + 1, backing off along
-    the delay levels from 10 s, RocketMQ's retry schedule), whether it is FIFO, the batch and
-    the long-polling wait."""
+    and for a consumer its group's retries (max_attempts = retryMaxTimes + 1, backing off as its
+    groupRetryPolicy says: `_backoff`), whether it is FIFO, the batch and the long-polling wait."""
     out = pb.Settings()
     out.CopyFrom(given)
     if not given.HasField("request_timeout"):
@@ -453,11 +469,9 @@ def settings_for(given: pb.Settings, settings, group: dict | None) -> pb.Setting
         return out
     group = group or {}
     retries = int(group.get("retryMaxTimes", 16))
-    backoff = pb.CustomizedBackoff()
-    for delay in settings.delay_levels_ms()[2:]:
-        backoff.next.add().FromMilliseconds(delay)
-    out.backoff_policy.CopyFrom(pb.RetryPolicy(max_attempts=retries + 1, customized_backoff=backoff))
+    out.backoff_policy.CopyFrom(_backoff(group.get("groupRetryPolicy") or {}, settings))
+    out.backoff_policy.max_attempts = retries + 1
     out.subscription.fifo = bool(group.get("consumeMessageOrderly", False))
     out.subscription.receive_batch_size = RECEIVE_BATCH
-    out.subscription.long_polling_timeout.FromMilliseconds(LONG_POLLING_MS)
+    out.subscription.long_polling_timeout.FromMilliseconds(settings.grpcClientConsumerMaxLongPollingTimeoutMillis)
     return out

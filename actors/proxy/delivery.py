@@ -9,6 +9,7 @@ store, `_fill_stored`), so a message reads the same whichever RPC handed it out.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from actors import edge
@@ -37,7 +38,6 @@ from shm.codec import (
     PROPERTY_TAGS,
     PROPERTY_TIMER_DELAY_MS,
     PROPERTY_TIMER_DELIVER_MS,
-    crc32,
 )
 
 DEFAULT_INVISIBLE_MS = 60_000  # a receive that names no invisible duration (RocketMQ 5's defaultInvisibleTimeMills)
@@ -189,7 +189,10 @@ def _fill_stored(out: pb.Message, stored) -> pb.SystemProperties:
 
 def _fill(out: pb.Message, received) -> tuple[pb.SystemProperties, dict[str, str]]:
     """What every message the proxy hands a client carries (a received one, a half to check):
-    topic, body and its CRC32 digest, id, born time and host, tag, keys, user properties."""
+    topic, body and its MD5 digest, id, born time and host, tag, keys, user properties. MD5 in
+    upper-case hex is what RocketMQ 5's proxy sends (GrpcConverter), the one digest the official
+    clients check alike (the Node.js client writes a CRC32 in decimal, the Python one in hex), and
+    a client whose check fails discards the message as corrupted."""
     properties = received.properties
     out.topic.name = received.topic
     out.body = body = received.body
@@ -197,8 +200,8 @@ def _fill(out: pb.Message, received) -> tuple[pb.SystemProperties, dict[str, str
     system.message_id = received.msg_id
     system.born_host = received.born_host
     system.body_encoding = pb.IDENTITY
-    system.body_digest.type = pb.CRC32
-    system.body_digest.checksum = format(crc32(body) & 0xFFFFFFFF, "08X")
+    system.body_digest.type = pb.MD5
+    system.body_digest.checksum = hashlib.md5(body).hexdigest().upper()
     born = received.born_timestamp
     system.born_timestamp.seconds, system.born_timestamp.nanos = born // 1000, born % 1000 * 1_000_000
     tag = properties.get(PROPERTY_TAGS)

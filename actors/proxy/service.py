@@ -363,8 +363,8 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         group = core.group_name(request.group)
         core.topic_name(request.topic)
         invisible = core.duration_ms(request.invisible_duration)
-        if not 0 < invisible <= core.edge.INVISIBLE_MS_MAX:
-            raise Refused(Code.ILLEGAL_INVISIBLE_TIME, f"invisible_duration must be 1 ms to "
+        if not 0 <= invisible <= core.edge.INVISIBLE_MS_MAX:  # (0, RocketMQ 5's floor: a retry with no backoff)
+            raise Refused(Code.ILLEGAL_INVISIBLE_TIME, f"invisible_duration must be 0 ms to "
                                                        f"{core.edge.INVISIBLE_MS_MAX} ms, not {invisible} ms")
         given = core.receipt_handle(request.receipt_handle)
         await self._renewals_settled([given])

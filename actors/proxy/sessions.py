@@ -55,15 +55,18 @@ class Renewals:
         self.by_handle[handle] = Renewal(group, account, client_id, handle, visible_at_ms, now_ms)
         return True
 
-    def due(self, now_ms: int) -> list[tuple[str, Renewal]]:
-        """(the client's handle, its renewal) for each to renew now; those held renewMaxTimeMillis
-        are let go (their time runs out and they come back, as RocketMQ 5's proxy lets them)."""
+    def due(self, now_ms: int, alive=lambda client_id: True) -> list[tuple[str, Renewal]]:
+        """(the client's handle, its renewal) for each to renew now; those held renewMaxTimeMillis,
+        and those of a client no longer `alive` (gone silent: killed, or lost its network), are let
+        go: their time runs out and they come back, as RocketMQ 5's proxy lets them (a dead push
+        consumer costs its messages' invisible time, not renewMaxTimeMillis)."""
         out = []
         for original, renewal in list(self.by_handle.items()):
             if renewal.visible_at_ms - now_ms > self.ahead_ms:
                 continue
-            if now_ms - renewal.received_ms >= self.max_ms or renewal.visible_at_ms <= now_ms:
-                del self.by_handle[original]  # (held long enough, or already visible: renewing is too late)
+            if now_ms - renewal.received_ms >= self.max_ms or renewal.visible_at_ms <= now_ms or \
+                    not alive(renewal.client_id):
+                del self.by_handle[original]  # (held long enough, already visible, or nobody to hand it to)
                 self.expired += 1
                 continue
             out.append((original, renewal))

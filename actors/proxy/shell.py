@@ -131,7 +131,7 @@ class Proxy(Actor):
     async def _renew(self) -> None:
         """Push consumers' messages (auto_renew) kept invisible while their listeners work:
         each due one gets renewSliceTimeMillis more, RENEW_BATCH at a time."""
-        due = self.renewals.due(wall_ms())
+        due = self.renewals.due(wall_ms(), alive=self.clients.by_id.__contains__)  # (the expired: let go)
         for at in range(0, len(due), RENEW_BATCH):
             chunk = due[at: at + RENEW_BATCH]
             self.renewals.in_flight.update(original for original, _ in chunk)

@@ -272,6 +272,18 @@ def _bool(text: str) -> bool:
     return text.lower() == "true"
 
 
+def _json_object(text: str) -> dict:
+    import orjson
+
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object")
+    return value
+
+
 def add_credentials(parser: argparse.ArgumentParser) -> None:
     """A node with security on (docs/operations.md "Access control"): each flag stands for the
     environment variable named in its help, which it overrides for this command."""
@@ -450,6 +462,11 @@ def _admin_parser(commands) -> None:
     admin.add_argument("--fifo", dest="orderly_group", type=_bool,
                        help="admin group create|update: consumeMessageOrderly, true|false (RocketMQ 5 clients over "
                             "gRPC consume the group in order: FIFO)")
+    admin.add_argument("--retry-policy", type=_json_object, metavar="JSON",
+                       help="admin group create|update: groupRetryPolicy, RocketMQ 5's, how gRPC consumers back off "
+                            "between retries: '{\"type\": \"EXPONENTIAL\", \"exponentialRetryPolicy\": {\"initial\": 1000, "
+                            "\"max\": 60000, \"multiplier\": 2}}' or '{\"type\": \"CUSTOMIZED\", \"customizedRetryPolicy\": "
+                            "{\"next\": [1000, 5000]}}'")
     admin.add_argument("--to-timestamp", type=int, metavar="MS", help="admin reset-offset: to the first message stored at or after")
     admin.add_argument("--to", choices=["first", "last"], help="admin reset-offset: to each queue's first or last offset")
     admin.add_argument("--role", choices=["ASYNC_MASTER", "SYNC_MASTER"],

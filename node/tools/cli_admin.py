@@ -110,7 +110,8 @@ def _admin_change(client, args: argparse.Namespace) -> tuple[dict, object]:
                                               protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, "subscriptionGroupConfig")
         fields = dict(retryQueueNums=args.retry_queues, retryMaxTimes=args.max_retries,
                       whichBrokerWhenConsumeSlowly=args.which_broker_when_slow, consumeEnable=args.consume_enable,
-                      consumeBroadcastEnable=args.broadcast, consumeMessageOrderly=args.orderly_group)
+                      consumeBroadcastEnable=args.broadcast, consumeMessageOrderly=args.orderly_group,
+                      groupRetryPolicy=args.retry_policy)
     if not name:
         raise SettingsError(f"admin {args.what} {args.action} needs --{args.what}")
     if args.action == "delete":

@@ -10,10 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actors import edge
 from actors.proxy import auth, core, delivery, sessions
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
 from actors.proxy.core import Code, Refused
+from node import protocol
 from shm import settings as settings_module
 
 NOW = 1_700_000_000_000
@@ -306,6 +308,37 @@ def test_settings_answer_a_producer_with_the_largest_body_and_a_consumer_with_it
                                  node_settings, {"retryMaxTimes": 3, "consumeMessageOrderly": True})
     assert consumer.backoff_policy.max_attempts == 4 and consumer.subscription.fifo
     assert [d.seconds for d in consumer.backoff_policy.customized_backoff.next][:3] == [10, 30, 60]
+    assert consumer.subscription.long_polling_timeout.seconds == 20  # (grpcClientConsumerMaxLongPollingTimeoutMillis)
+
+
+def test_a_groups_retry_policy_is_the_backoff_its_consumers_are_told():
+    node_settings = settings_module.load(None, {"grpcClientConsumerMaxLongPollingTimeoutMillis": 3000})
+    asked = pb.Settings(client_type=pb.PUSH_CONSUMER, subscription=pb.Subscription())
+    exponential = {"type": "EXPONENTIAL", "exponentialRetryPolicy": {"initial": 500, "max": 8000, "multiplier": 2}}
+    told = core.settings_for(asked, node_settings, {"retryMaxTimes": 2, "groupRetryPolicy": exponential})
+    backoff = told.backoff_policy
+    assert backoff.max_attempts == 3 and backoff.WhichOneof("strategy") == "exponential_backoff"
+    assert (backoff.exponential_backoff.initial.ToMilliseconds(), backoff.exponential_backoff.max.ToMilliseconds(),
+            backoff.exponential_backoff.multiplier) == (500, 8000, 2.0)
+    assert told.subscription.long_polling_timeout.ToMilliseconds() == 3000
+    customized = {"type": "CUSTOMIZED", "customizedRetryPolicy": {"next": [1000, 0, 2500]}}
+    told = core.settings_for(asked, node_settings, {"groupRetryPolicy": customized})
+    assert [d.ToMilliseconds() for d in told.backoff_policy.customized_backoff.next] == [1000, 0, 2500]
+    assert told.backoff_policy.max_attempts == 17
+
+
+@pytest.mark.parametrize("policy", [
+    "EXPONENTIAL", {"type": "LINEAR"}, {"type": "EXPONENTIAL"},
+    {"type": "EXPONENTIAL", "exponentialRetryPolicy": {"initial": 5000, "max": 1000, "multiplier": 2}},
+    {"type": "EXPONENTIAL", "exponentialRetryPolicy": {"initial": 1, "max": 2, "multiplier": 0}},
+    {"type": "CUSTOMIZED", "customizedRetryPolicy": {"next": []}},
+    {"type": "CUSTOMIZED", "customizedRetryPolicy": {"next": [1000, -1]}},
+    {"type": "CUSTOMIZED", "customizedRetryPolicy": {"next": [1000] * 65}},
+    {"type": "CUSTOMIZED", "customizedRetryPolicy": "1s 5s"},
+])
+def test_a_retry_policy_that_is_not_rocketmq_5s_is_refused_at_the_edge(policy):
+    assert edge.retry_policy_problem(policy)
+    assert edge.CHECKS[protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP]({"groupName": "g", "groupRetryPolicy": policy})
 
 
 def test_clients_are_forgotten_after_their_silence_and_bounded():
@@ -336,6 +369,25 @@ def test_renewals_come_due_ahead_of_the_end_follow_the_latest_handle_and_stop_at
     assert renewals.forget_client("c2") == 1 and renewals.statistics()["renewing"] == 0
     renewals.add("h3", "G", None, "c1", 5000, 0)
     assert renewals.due(6000) == [] and renewals.statistics()["renewing"] == 0  # already visible: too late
+
+
+def test_the_renewals_of_a_client_gone_silent_are_let_go_and_the_others_go_on():
+    """A killed push consumer's messages come back after their invisible time, not after
+    renewMaxTimeMillis: once the proxy forgets the client (CLIENT_EXPIRY_S of silence, no stream),
+    its renewals end at their next turn."""
+    now = [0.0]
+    clients = sessions.Clients(clock=lambda: now[0])
+    clients.seen("dead", {}), clients.seen("alive", {})
+    renewals = sessions.Renewals(ahead_ms=1000, max_ms=3_600_000)
+    renewals.add("h1", "G", None, "dead", visible_at_ms=5000, now_ms=0)
+    renewals.add("h2", "G", None, "alive", visible_at_ms=5000, now_ms=0)
+    assert [h for h, _ in renewals.due(4500, alive=clients.by_id.__contains__)] == ["h1", "h2"]
+    renewals.renewed("h1", "h1b", 8000), renewals.renewed("h2", "h2b", 8000)
+    now[0] = sessions.CLIENT_EXPIRY_S + 1
+    clients.seen("alive", {})
+    clients.expire()
+    assert [h for h, _ in renewals.due(7500, alive=clients.by_id.__contains__)] == ["h2"]
+    assert renewals.current("h1") == "h1" and renewals.statistics()["renewalsEnded"] == 1
 
 
 def test_the_signature_is_rocketmq_5s_and_malformed_authorizations_are_told_apart():

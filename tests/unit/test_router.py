@@ -70,6 +70,11 @@ def test_a_pop_learns_the_topics_queues_the_groups_offsets_and_retries(router):
                 {"order": "yes"}):
         with pytest.raises(protocol.ProtocolError):
             router.route(_request(protocol.POP_MESSAGE, consumerGroup="g", topic="Known", **bad))
+    change = _request(protocol.CHANGE_MESSAGE_INVISIBLETIME, consumerGroup="g", extraInfo="1 Known 0 0", invisibleTime=0)
+    assert router.route(change).to is To.POP  # (0: visible at once, a retry with no backoff)
+    with pytest.raises(protocol.ProtocolError, match="invisibleTime"):
+        router.route(_request(protocol.CHANGE_MESSAGE_INVISIBLETIME, consumerGroup="g", extraInfo="1 Known 0 0",
+                              invisibleTime=-1))
     with pytest.raises(protocol.ProtocolError, match="extraInfos"):
         router.route(_request(protocol.BATCH_ACK_MESSAGE, consumerGroup="g", extraInfos=[]))
     with pytest.raises(protocol.ProtocolError, match="extraInfo"):

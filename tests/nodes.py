@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from node.tools.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
 __all__ = ["HOST_DISK_BLIND", "ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "grpc_endpoint", "node_settings",
-           "in_process_node", "official", "read_exactly"]
+           "in_process_node", "nodejs", "nodejs_missing", "official", "read_exactly"]
 
 
 # The host's disk is not the test's: over RocketMQ's default 85 % (a CI disk with 38 of 252 GB free)
@@ -139,6 +140,34 @@ def official(node, command: str, *args: str, timeout: float = 90, **credentials)
         extra.append("--tls")
         env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = node.settings.grpcTlsCertFile
     done = subprocess.run([sys.executable, str(OFFICIAL_CLIENT), command, "--endpoint", grpc_endpoint(node), *extra, *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+# -- RocketMQ 5's official Node.js client (tests/nodejs, installed by scripts/_nodejs.sh) ----------------
+
+NODEJS_CLIENT = Path(__file__).parent / "nodejs" / "client.js"
+
+
+def nodejs_missing() -> str:
+    """Why the Node.js client cannot run here ("" when it can): no `node` on the machine is a
+    skip; `node` without the client's packages is a set-up fault the tests report."""
+    if shutil.which("node") is None:
+        return "no Node.js on this machine (the official Node.js client's tests need `node`, 16.19 or newer)"
+    if not (NODEJS_CLIENT.parent / "node_modules" / "rocketmq-client-nodejs").is_dir():
+        return "tests/nodejs has no node_modules: run scripts/test (or `npm ci --prefix tests/nodejs`)"
+    return ""
+
+
+def nodejs(node, command: str, *args: str, timeout: float = 90, **credentials) -> list[dict]:
+    """Run the official Node.js client (tests/nodejs/client.js, the commands of the Python one's); its JSON lines."""
+    extra = [f"--{k}={v}" for k, v in credentials.items()]
+    env = dict(os.environ)
+    if node.settings.grpcTlsCertFile:
+        extra.append("--tls")
+        env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = node.settings.grpcTlsCertFile  # (grpc-js reads it as grpcio does)
+    done = subprocess.run(["node", str(NODEJS_CLIENT), command, "--endpoint", grpc_endpoint(node), *extra, *args],
                           capture_output=True, text=True, timeout=timeout, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -162,6 +162,8 @@ def nodejs_missing() -> str:
 
 def nodejs(node, command: str, *args: str, timeout: float = 90, **credentials) -> list[dict]:
     """Run the official Node.js client (tests/nodejs/client.js, the commands of the Python one's); its JSON lines."""
+    missing = nodejs_missing()
+    assert not missing, missing
     extra = [f"--{k}={v}" for k, v in credentials.items()]
     env = dict(os.environ)
     if node.settings.grpcTlsCertFile:

@@ -33,6 +33,7 @@ from actors.proxy.core import (
 from node.protocol import EXPRESSION_SQL92, EXPRESSION_TAG
 from node.sql92 import SelectorError, compile_selector
 from shm.codec import (
+    FLAG_COMPRESSED,
     PROPERTY_DELAY,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
@@ -199,7 +200,9 @@ def _fill(out: pb.Message, received) -> tuple[pb.SystemProperties, dict[str, str
     system = out.system_properties
     system.message_id = received.msg_id
     system.born_host = received.born_host
-    system.body_encoding = pb.IDENTITY
+    # a body RocketMQ's own clients compressed (zlib; a store or a master of theirs): GZIP, as RocketMQ
+    # 5's proxy says it, which the official clients inflate
+    system.body_encoding = pb.GZIP if received.sys_flag & FLAG_COMPRESSED else pb.IDENTITY
     system.body_digest.type = pb.MD5
     system.body_digest.checksum = hashlib.md5(body).hexdigest().upper()
     born = received.born_timestamp

@@ -10,9 +10,10 @@
 //           [--recall N]
 //   simple  --topic T --group G --want N [--invisible S] [--mode ack|none|change:S] [--seconds W]
 //           [--filter EXPR [--sql]]
-//   push    --topic T --group G --seconds W [--fail-first N] [--successes N]
+//   push    --topic T --group G --seconds W [--fail-first N] [--successes N] [--tries N]
+//           (done at N successes, or N tries of the listener, within W)
 //   transaction --topic T --count N --end commit|rollback|none [--check-answer commit|rollback]
-//           [--seconds W]
+//           [--seconds W] [--checks N] (stays up W answering checks, or until N messages were checked)
 'use strict';
 
 const {
@@ -24,7 +25,7 @@ const FLAGS = new Set([ 'async', 'sql', 'tls' ]);
 const DEFAULTS = {
   ak: '', sk: '', group: '', count: '1', prefix: 'm', tag: '', keys: '', 'message-group': '',
   'delay-ms': '0', recall: '0', filter: '*', want: '1', invisible: '30', mode: 'ack', seconds: '20',
-  'fail-first': '0', successes: '0', end: 'commit', 'check-answer': '',
+  'fail-first': '0', successes: '0', tries: '0', end: 'commit', 'check-answer': '', checks: '0',
 };
 
 function parse(argv) {
@@ -157,6 +158,7 @@ async function simple(args) {
 async function push(args) {
   const tries = new Map();
   let successes = 0;
+  let calls = 0;
   let done;
   const finished = new Promise(resolve => { done = resolve; });
   const consumer = new PushConsumer({
@@ -169,7 +171,8 @@ async function push(args) {
         const fail = attempt <= +args['fail-first'];
         line({ ...received(message), result: fail ? 'FAILURE' : 'SUCCESS' });
         successes += !fail;
-        if (+args.successes && successes >= +args.successes) done();
+        calls += 1;
+        if ((+args.successes && successes >= +args.successes) || (+args.tries && calls >= +args.tries)) done();
         return fail ? ConsumeResult.FAILURE : ConsumeResult.SUCCESS;
       },
     },
@@ -187,9 +190,15 @@ const RESOLUTIONS = {
 };
 
 async function transaction(args) {
+  const checked = new Set();
+  let allChecked;
+  const finished = new Promise(resolve => { allChecked = resolve; });
   const checker = {
     async check(message) {
       line({ checked: message.messageId, body: message.body.toString(), topic: message.topic, answer: args['check-answer'] });
+      checked.add(message.messageId);
+      // (done a second after the last answer: the client ends the half once check() returns)
+      if (+args.checks && checked.size >= +args.checks) setTimeout(allChecked, 1000);
       return RESOLUTIONS[args['check-answer']] ?? TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED;
     },
   };
@@ -207,7 +216,7 @@ async function transaction(args) {
         line({ error: failure(err), index: i });
       }
     }
-    if (args['check-answer']) await sleep(args.seconds * 1000);
+    if (args['check-answer']) await Promise.race([ finished, sleep(args.seconds * 1000) ]);
   } finally {
     await producer.shutdown();
   }

@@ -219,15 +219,33 @@ def test_a_pull_out_of_bounds_is_refused(request_, code):
     assert e.value.code == code
 
 
-def received_message(body: bytes, properties: dict[str, str]):
+def received_message(body: bytes, properties: dict[str, str], sys_flag: int = 0):
     """A stored record as the node's pull hands it to the proxy (node.client.received)."""
     from node.client.received import decode_messages
     from shm import codec
 
     record = codec.encode(topic="T", body=body, queue_id=3, born_timestamp=111, queue_offset=7, physical_offset=4096,
                           born_host=codec.encode_host("10.1.2.3", 5000), store_host=codec.encode_host("127.0.0.1", 10911),
-                          properties=codec.properties_string(properties), store_timestamp=222, reconsume_times=0)
+                          properties=codec.properties_string(properties), store_timestamp=222, reconsume_times=0,
+                          sys_flag=sys_flag)
     return decode_messages(record)[0]
+
+
+def test_a_stored_body_carries_rocketmq_5s_md5_digest_and_a_compressed_one_says_gzip():
+    """MD5 in upper-case hex, as RocketMQ 5's proxy (the Node.js client rejected a hex CRC32 as
+    corrupt); a body RocketMQ's clients compressed is GZIP, digested as stored."""
+    import hashlib
+    import zlib
+
+    from node.client.consumer import PullResult
+    from shm import codec
+
+    for body, sys_flag, encoding in ((b"plain body", 0, pb.IDENTITY),
+                                     (zlib.compress(b"x" * 5000), codec.FLAG_COMPRESSED, pb.GZIP)):
+        stored = received_message(body, {"UNIQ_KEY": "0A00000100002A9F0000000000000001"}, sys_flag)
+        system = delivery.pulled(PullResult("FOUND", 8, 0, 9, [stored]))[1].message.system_properties
+        assert system.body_digest.type == pb.MD5 and system.body_encoding == encoding
+        assert system.body_digest.checksum == hashlib.md5(body).hexdigest().upper()
 
 
 def test_a_pulls_stream_is_its_status_its_messages_and_the_next_offset():

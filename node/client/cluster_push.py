@@ -65,8 +65,9 @@ class AsyncClusterPushConsumer:
 
     async def _watch(self) -> None:
         while self.running:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.failed.wait(), routes.ROUTE_REFRESH_S)
+            with contextlib.suppress(TimeoutError):  # (asyncio.timeout: 3.11's wait_for may drop shutdown's cancel)
+                async with asyncio.timeout(routes.ROUTE_REFRESH_S):
+                    await self.failed.wait()
             await asyncio.sleep(routes.REFRESH_AFTER_FAILURE_S)  # (failures in a burst: one look)
             self.failed.clear()
             with contextlib.suppress(SendError):

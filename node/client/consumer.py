@@ -284,9 +284,10 @@ class AsyncPullConsumer(PopMethods):
         try:
             while limit is None or delivered < limit:
                 idle = idle_timeout - (time.monotonic() - last_message)
-                try:
-                    q, result = await asyncio.wait_for(ready.get(), max(idle, 0.1) if retrying else idle)
-                except asyncio.TimeoutError:
+                try:  # (asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancel that meets a result)
+                    async with asyncio.timeout(max(idle, 0.1) if retrying else idle):
+                        q, result = await ready.get()
+                except TimeoutError:
                     if retrying:
                         continue  # (its own budget ends it with the error)
                     return

@@ -204,12 +204,13 @@ class AsyncPushConsumer(Orderly):
 
     async def _rebalancer(self) -> None:
         while self.running:
-            try:
-                await asyncio.wait_for(self.rebalance_wanted.wait(), self.options.rebalance_interval)
-            except asyncio.TimeoutError:
+            try:  # (asyncio.timeout: Python 3.11's wait_for loses a cancel that meets the event being set)
+                async with asyncio.timeout(self.options.rebalance_interval):
+                    await self.rebalance_wanted.wait()
+            except TimeoutError:
                 pass
             if not self.running:
-                return  # (Python 3.11's wait_for loses a cancel that meets the event being set: shutdown's)
+                return
             self.rebalance_wanted.clear()
             await self._rebalance()
 

@@ -132,3 +132,57 @@ def test_a_push_consumers_rebalancer_ends_when_shutdown_cancels_it_as_a_rebalanc
         return "ended"
 
     assert asyncio.run(main()) == "ended"
+
+
+def test_consume_ends_when_cancelled_as_a_pulls_result_comes_in():
+    """Python 3.11's wait_for returns a result that arrives with a cancel and drops the cancel:
+    a task consuming with `consume()` then kept running until its idle timeout. The cancel is
+    sent at each tick around a pull's result coming in; every one must end the task."""
+    import asyncio
+
+    from node.client.consumer import AsyncPullConsumer, PullResult
+
+    class OneQueue(AsyncPullConsumer):
+        """consume()'s loop over plain in-memory answers (no node)."""
+
+        def __init__(self):
+            self.results: asyncio.Queue = asyncio.Queue()
+
+        async def read_queues(self, topic):
+            return [(None, 0)]
+
+        async def committed(self, *args, **kwargs):
+            return 0
+
+        async def commit(self, *args, **kwargs):
+            pass
+
+        async def pull(self, *args, **kwargs):
+            return await self.results.get()
+
+    async def cancelled_after(ticks: int) -> bool:
+        consumer = OneQueue()
+
+        async def run() -> None:
+            async for _ in consumer.consume("T", "G", idle_timeout=30):
+                pass
+
+        task = asyncio.create_task(run())
+        await asyncio.sleep(0.01)  # consume waits for the first pull's result
+        consumer.results.put_nowait(PullResult("NO_NEW_MSG", 0, 0, 0, []))
+        for _ in range(ticks):
+            await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), 1)
+        except asyncio.CancelledError:
+            return True
+        except asyncio.TimeoutError:
+            task.cancel()
+            return False
+        return False
+
+    async def main() -> list[int]:
+        return [ticks for ticks in range(8) if not await cancelled_after(ticks)]
+
+    assert asyncio.run(main()) == []  # (the ticks at which the cancel was lost)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import queue
 import shutil
 import tempfile
 import time
@@ -84,7 +85,12 @@ async def drain(endpoint: str, queues: list[int], max_offsets: dict[int, int], i
 
 
 def _drain_process(endpoint: str, queues: list[int], max_offsets: dict[int, int], ids: bool, sql92, out) -> None:
-    out.put(aio.run(drain(endpoint, queues, max_offsets, ids, sql92)))
+    """One drainer's count, or what stopped it (a str): the parent waits for one answer from each."""
+    try:
+        out.put(aio.run(drain(endpoint, queues, max_offsets, ids, sql92)))
+    except BaseException as e:  # noqa: BLE001 (reported by the parent, which would wait for it forever)
+        out.put(f"{type(e).__name__}: {e}")
+        raise
 
 
 def parallel_drain(endpoint: str, max_offsets: dict[int, int], processes: int, ids: bool = False,
@@ -97,11 +103,20 @@ def parallel_drain(endpoint: str, max_offsets: dict[int, int], processes: int, i
     began = time.perf_counter()
     for w in workers:
         w.start()
-    total = sum(out.get() for _ in workers)
+    answers: list = []
+    while len(answers) < len(workers):
+        try:
+            answers.append(out.get(timeout=1))
+        except queue.Empty:  # (one killed outright answers nothing: not waited for forever)
+            if not any(w.is_alive() for w in workers) and out.empty():
+                raise RuntimeError(f"{len(workers) - len(answers)} of {len(workers)} drainers died without an answer") from None
     elapsed = time.perf_counter() - began
     for w in workers:
         w.join()
-    return total / elapsed
+    failures = [a for a in answers if isinstance(a, str)]
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {len(workers)} drainers failed: {failures[0]}")
+    return sum(answers) / elapsed
 
 
 async def end_to_end(endpoint: str, rate: int, seconds: float) -> tuple[float, float]:

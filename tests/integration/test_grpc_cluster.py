@@ -1,4 +1,4 @@
-"""RocketMQ 5's official client against a cluster through one node's gRPC proxy: a name service
+"""RocketMQ 5's official clients (Python's, and Node.js's) against a cluster through one node's gRPC proxy: a name service
 (in a thread of this process, as test_namesrv runs it) and two broker groups, each node with its
 proxy. The proxy's routes name every group whose master serves gRPC (docs/protocol.md "gRPC"),
 so the client spreads its sends over both groups and receives from both, each at its own proxy."""
@@ -10,7 +10,7 @@ import time
 
 import grpc
 import pytest
-from nodes import NodeProcess, free_port, grpc_endpoint, node_settings, official
+from nodes import NodeProcess, free_port, grpc_endpoint, node_settings, nodejs, nodejs_missing, official
 
 from actors.namesrv import Namesrv
 from actors.proxy.apis import definition_pb2 as pb
@@ -87,26 +87,47 @@ def test_the_official_client_sends_over_both_groups_and_receives_every_message_o
     sent = official(a, "produce", "--topic", TOPIC, "--count", "40", "--prefix", "gc")
     assert not [line for line in sent if "error" in line], sent
     ids = {line["id"] for line in sent}
-    stored = []
-    for node in cluster:  # what each group holds, read over ZeroMQ
-        with PullConsumer(node.endpoint) as consumer:
-            stored.append({m.msg_id for q in range(QUEUES) for m in consumer.pull(TOPIC, q, 0, max_count=64).messages})
+    stored = [_stored_ids(node, TOPIC) for node in cluster]  # what each group holds, read over ZeroMQ
     assert stored[0] and stored[1] and not stored[0] & stored[1] and stored[0] | stored[1] == ids, stored
     got = official(a, "simple", "--topic", TOPIC, "--group", "GcG", "--want", "40", "--seconds", "60", timeout=120)
     received = [line["id"] for line in got if "id" in line]
     assert sorted(received) == sorted(ids), got  # each once, from both groups, and acked at each
 
 
-def test_a_recall_at_one_proxy_reaches_the_group_that_holds_the_message(cluster):
-    """The official producer's sends go to each group's proxy, its recalls to its access point:
-    a handle of the other group's message is forwarded to that group's master."""
-    topic = "GcRecall"
+@pytest.mark.skipif("no Node.js" in nodejs_missing(), reason=nodejs_missing() or "-")
+def test_the_nodejs_client_sends_over_both_groups_and_receives_every_message_once(cluster):
+    """The official Node.js client (grpc-js) follows the same route: a connection to each group's
+    proxy, its sends spread over both, its receives from both."""
+    a, b = cluster
+    topic = "GcNodeOrders"
+    _create_on_both(cluster, topic)
+    sent = nodejs(b, "produce", "--topic", topic, "--count", "40", "--prefix", "nj")
+    assert len(sent) == 40 and not [line for line in sent if "error" in line], sent
+    held = [_stored_ids(node, topic) for node in cluster]
+    assert held[0] and held[1] and held[0] | held[1] == {line["id"] for line in sent}, held
+    got = nodejs(b, "simple", "--topic", topic, "--group", "GcNodeG", "--want", "40", "--seconds", "60", timeout=120)
+    assert sorted(line["id"] for line in got if "id" in line) == sorted(line["id"] for line in sent), got
+
+
+def _create_on_both(cluster, topic: str) -> None:
     for node in cluster:
         with Producer(node.endpoint) as producer:
             reply, _ = producer.request({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": topic,
                                          "readQueueNums": QUEUES, "writeQueueNums": QUEUES})
             assert reply["status"] == "OK", reply
     _wait_for_both_groups(cluster[0].settings.namesrvAddr, topic)
+
+
+def _stored_ids(node, topic: str) -> set[str]:
+    with PullConsumer(node.endpoint) as consumer:
+        return {m.msg_id for q in range(QUEUES) for m in consumer.pull(topic, q, 0, max_count=64).messages}
+
+
+def test_a_recall_at_one_proxy_reaches_the_group_that_holds_the_message(cluster):
+    """The official producer's sends go to each group's proxy, its recalls to its access point:
+    a handle of the other group's message is forwarded to that group's master."""
+    topic = "GcRecall"
+    _create_on_both(cluster, topic)
     began = time.monotonic()
     sent = official(cluster[0], "produce", "--topic", topic, "--count", "12", "--delay-ms", "5000", "--recall", "12")
     assert not [line for line in sent if "error" in line], sent

@@ -279,7 +279,7 @@ def _group_config(header: dict) -> str | None:
             or int_problem(header, "retryMaxTimes", 0, 64)
             or int_problem(header, "whichBrokerWhenConsumeSlowly", 0, 1024)
             or int_problem(header, "brokerId", 0, 1024)
-            or retry_policy_problem(header.get("groupRetryPolicy", {"type": "CUSTOMIZED"})))
+            or (retry_policy_problem(header["groupRetryPolicy"]) if "groupRetryPolicy" in header else None))
 
 
 RETRY_DELAY_MS_MAX = 12 * 3600 * 1000  # a retry's delay, as the longest invisible time

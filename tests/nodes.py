@@ -14,7 +14,7 @@ from node.tools.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
 __all__ = ["HOST_DISK_BLIND", "ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "grpc_endpoint", "node_settings",
-           "in_process_node", "nodejs", "nodejs_missing", "official", "read_exactly"]
+           "in_process_node", "nodejs", "nodejs_missing", "official", "running_node", "read_exactly"]
 
 
 # The host's disk is not the test's: over RocketMQ's default 85 % (a CI disk with 38 of 252 GB free)
@@ -39,6 +39,18 @@ def node_settings(store: Path, **overrides):
     if values.get("topology", settings_module.Settings().topology) == "split":
         values = LEAN_SPLIT | values
     return settings_module.load(None, values)
+
+
+def running_node(directory: Path, **overrides):
+    """A module fixture's body (`yield from running_node(tmp_path_factory.mktemp(name), ...)`): a
+    `mqnode start` subprocess with its store, run directory and log under `directory`, stopped
+    once the module is done."""
+    settings = node_settings(directory / "store", runDir=str(directory / "run"), **overrides)
+    process = NodeProcess(settings, directory / "node.log").start()
+    try:
+        yield process
+    finally:
+        process.stop(strict=False)
 
 
 def in_process_node(directory: Path, *, after_stop=None, **overrides):

@@ -11,7 +11,7 @@ import time
 
 import orjson
 import pytest
-from nodes import ROOT, NodeProcess, node_settings
+from nodes import ROOT, running_node
 
 from node.client import CONSUME_SUCCESS, Producer, PullConsumer, PushConsumer, SendError
 
@@ -21,11 +21,7 @@ SQL92 = "SQL92"
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("filters")
-    settings = node_settings(directory / "store", runDir=str(directory / "run"), enablePropertyFilter=True)
-    process = NodeProcess(settings, directory / "node.log").start()
-    yield process
-    process.stop(strict=False)
+    yield from running_node(tmp_path_factory.mktemp("filters"), enablePropertyFilter=True)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from nodes import ROOT, NodeProcess, free_port, grpc_endpoint, node_settings, nodejs, nodejs_missing, official
+from nodes import ROOT, free_port, grpc_endpoint, nodejs, nodejs_missing, official, running_node
 
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
@@ -35,13 +35,10 @@ def node(tmp_path_factory):
     # retries back off along the delay levels from level 3: 1 s here, so retries and DLQs are quick;
     # a push consumer's messages are invisible 3 s at first and renewed 3 s at a time 1.5 s before;
     # consumers long-poll 3 s (a push consumer's shutdown waits out the receive in flight)
-    settings = node_settings(directory / "store", runDir=str(directory / "run"), grpcServerPort=free_port(), messageDelayLevel="1s 1s 1s 1s 1s 1s",
-                             defaultInvisibleTimeMills=3000, renewAheadTimeMillis=1500, renewSliceTimeMillis=3000,
-                             grpcClientConsumerMaxLongPollingTimeoutMillis=3000,
-                             transactionTimeOut=1000, transactionCheckInterval=1000, enablePropertyFilter=True)
-    process = NodeProcess(settings, directory / "node.log").start()
-    yield process
-    process.stop(strict=False)
+    yield from running_node(directory, grpcServerPort=free_port(), messageDelayLevel="1s 1s 1s 1s 1s 1s",
+                            defaultInvisibleTimeMills=3000, renewAheadTimeMillis=1500, renewSliceTimeMillis=3000,
+                            grpcClientConsumerMaxLongPollingTimeoutMillis=3000, transactionTimeOut=1000,
+                            transactionCheckInterval=1000, enablePropertyFilter=True)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +54,16 @@ def admin_group(node, group: str, **fields) -> None:
     with Producer(node.endpoint) as client:
         reply, _ = client.request({"code": protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, "groupName": group, **fields})
         assert reply["status"] == "OK", reply
+
+
+def dead_letters(node, group: str, want: int) -> list:
+    """What %DLQ%<group> holds once `want` messages are there (or after 10 s, whatever is)."""
+    with PullConsumer(node.endpoint) as consumer:
+        deadline, dead = time.monotonic() + 10, []
+        while len(dead) < want and time.monotonic() < deadline:
+            dead = consumer.pull(f"%DLQ%{group}", 0, 0, max_count=max(want, 10)).messages
+            time.sleep(0.2)
+    return dead
 
 
 def proxy_statistics(node) -> dict:
@@ -175,12 +182,7 @@ def test_the_push_consumer_retries_and_the_node_dead_letters_past_retry_max_time
     official(node, "produce", "--topic", "G5Push", "--count", "3", "--prefix", "p")
     got = official(node, "push", "--topic", "G5Push", "--group", "G5PushG", "--seconds", "10", "--fail-all")
     assert sorted((m["body"], m["attempt"]) for m in got) == [(f"p{i}", a) for i in range(3) for a in (1, 2)]
-    with PullConsumer(node.endpoint) as consumer:
-        deadline, dead = time.monotonic() + 10, []
-        while len(dead) < 3 and time.monotonic() < deadline:
-            dead = consumer.pull("%DLQ%G5PushG", 0, 0, max_count=10).messages
-            time.sleep(0.2)
-    assert sorted(m.body for m in dead) == [b"p0", b"p1", b"p2"]
+    assert sorted(m.body for m in dead_letters(node, "G5PushG", 3)) == [b"p0", b"p1", b"p2"]
 
 
 def test_a_push_consumers_slow_listener_keeps_its_message_the_proxy_renewing_it(node):
@@ -471,12 +473,8 @@ def acl_node(tmp_path_factory):
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True, timeout=60)
-    settings = node_settings(directory / "store", runDir=str(directory / "run"), grpcServerPort=free_port(), aclEnable=True,
-                             aclFile=str(directory / "plain_acl.yml"), grpcTlsCertFile=str(cert),
-                             grpcTlsKeyFile=str(key))
-    process = NodeProcess(settings, directory / "node.log").start()
-    yield process
-    process.stop(strict=False)
+    yield from running_node(directory, grpcServerPort=free_port(), aclEnable=True, aclFile=str(directory / "plain_acl.yml"),
+                            grpcTlsCertFile=str(cert), grpcTlsKeyFile=str(key))
 
 
 def test_with_the_acl_a_signed_client_does_what_its_account_may_and_nothing_else(acl_node):
@@ -529,8 +527,6 @@ def test_with_the_acl_unsigned_and_badly_signed_calls_are_unauthorized_and_plain
 
 
 def test_a_node_whose_grpc_port_is_taken_says_so_and_does_not_start(node, tmp_path):
-    from nodes import ROOT
-
     done = subprocess.run([sys.executable, "-m", "node.tools.cli", "start", "--store", str(tmp_path / "store"),
                            "--listen", f"tcp://127.0.0.1:{free_port()}", "--grpcServerPort", str(node.settings.grpc_port)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -744,12 +740,7 @@ def test_nodejs_the_push_consumer_retries_and_the_node_dead_letters_past_retry_m
     got = nodejs(node, "push", "--topic", "N5Push", "--group", "N5PushG", "--seconds", "10", "--fail-first", "9",
                  "--tries", "6")
     assert sorted((m["body"], m["attempt"]) for m in got) == [(f"p{i}", a) for i in range(3) for a in (1, 2)]
-    with PullConsumer(node.endpoint) as consumer:
-        deadline, dead = time.monotonic() + 10, []
-        while len(dead) < 3 and time.monotonic() < deadline:
-            dead = consumer.pull("%DLQ%N5PushG", 0, 0, max_count=10).messages
-            time.sleep(0.2)
-    assert sorted(m.body for m in dead) == [b"p0", b"p1", b"p2"]
+    assert sorted(m.body for m in dead_letters(node, "N5PushG", 3)) == [b"p0", b"p1", b"p2"]
 
 
 @needs_nodejs

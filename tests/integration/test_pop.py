@@ -11,7 +11,7 @@ import time
 from collections import Counter
 
 import pytest
-from nodes import ROOT, NodeProcess, node_settings
+from nodes import ROOT, NodeProcess, node_settings, running_node
 
 from node import protocol
 from node.client import Message, Producer, PullConsumer, SendError
@@ -22,11 +22,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("pop")
-    settings = node_settings(directory / "store", runDir=str(directory / "run"))
-    process = NodeProcess(settings, directory / "node.log").start()
-    yield process
-    process.stop(strict=False)
+    yield from running_node(tmp_path_factory.mktemp("pop"))
 
 
 @pytest.fixture(scope="module")

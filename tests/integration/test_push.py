@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 import orjson
 import pytest
 import zmq
-from nodes import ROOT, NodeProcess, node_settings
+from nodes import ROOT, running_node
 
 from node import protocol
 from node.client import Message, Producer, PullConsumer, SendError
@@ -29,12 +29,8 @@ EXPIRE_MS = 5000
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("push")
-    settings = node_settings(directory / "store", runDir=str(directory / "run"), clientChannelExpiredTimeout=EXPIRE_MS,
-                             rebalanceLockMaxLiveTime=EXPIRE_MS, messageDelayLevel=" ".join(["1s"] * 18))
-    process = NodeProcess(settings, directory / "node.log").start()
-    yield process
-    process.stop(strict=False)
+    yield from running_node(tmp_path_factory.mktemp("push"), clientChannelExpiredTimeout=EXPIRE_MS,
+                            rebalanceLockMaxLiveTime=EXPIRE_MS, messageDelayLevel=" ".join(["1s"] * 18))
 
 
 class Dealer:

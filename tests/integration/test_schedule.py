@@ -8,7 +8,7 @@ import time
 
 import orjson
 import pytest
-from nodes import NodeProcess, node_settings
+from nodes import NodeProcess, node_settings, running_node
 
 from node.client import Producer, PullConsumer
 from actors import config_files
@@ -21,13 +21,8 @@ LEVELS = " ".join(["1s"] * 18)  # every level one second: the tests wait seconds
 def node(tmp_path_factory):
     """One node for the module's tests that do not restart it: delay levels of a second, timers
     at 100 ms precision (each test has its own topics; counters are compared before and after)."""
-    directory = tmp_path_factory.mktemp("schedule")
-    settings = node_settings(directory / "store", runDir=str(directory / "run"), messageDelayLevel=LEVELS,
-                             flushDelayOffsetInterval=200, timerPrecisionMs=100, timerMaxDelaySec=3600,
-                             timerFlushIntervalMs=200)
-    process = NodeProcess(settings, directory / "node.log").start()
-    yield process
-    process.stop(strict=False)
+    yield from running_node(tmp_path_factory.mktemp("schedule"), messageDelayLevel=LEVELS, flushDelayOffsetInterval=200,
+                            timerPrecisionMs=100, timerMaxDelaySec=3600, timerFlushIntervalMs=200)
 
 
 def _wait_for(consumer, topic: str, queue_id: int, count: int, timeout: float = 15.0) -> list:

@@ -2,7 +2,7 @@
 
 An actor is a plain class: `start()` opens its files and sockets, `run()` loops until `stop()`
 is called (from any thread), `statistics()` says what it has done. Ray only hosts it
-(`node.server.launcher.ActorHost`); a test can run one in a thread. Each loop turn is bounded (a poll timeout,
+(`node.server.actor_host.ActorHost`); a test can run one in a thread. Each loop turn is bounded (a poll timeout,
 a cap on messages taken per turn), so `stop()` takes effect within one turn.
 
 A turn is three steps a service may give separately: `poll_items()` (what it waits on),

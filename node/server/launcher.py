@@ -11,12 +11,12 @@ flush with a final flush, allocator, front), then the physic checkpoint is force
 preallocated segment past the end is removed, the abort file goes, the lock is released and an
 embedded Ray is shut down.
 
-Ray is the supervisor only: each actor runs in an `ActorHost` (a Ray actor) that runs the
-plain actor's loop in a thread and exits the process if the loop dies, so Ray restarts it
-(`actorMaxRestarts`, -1: no limit), after a back-off when it dies again and again; while it
-serves, the node watches every actor and exits non-zero when one is gone for good
-(node.server.supervision). Actors ask Ray for no CPU: on a 2-core machine, CPU reservations would
-only keep them from starting.
+Ray is the supervisor only: each actor runs in an `ActorHost` (a Ray actor,
+node.server.actor_host) that runs the plain actor's loop in a thread and exits the process if
+the loop dies, so Ray restarts it (`actorMaxRestarts`, -1: no limit), after a back-off when it
+dies again and again; while it serves, the node watches every actor and exits non-zero when one
+is gone for good (node.server.supervision). Actors ask Ray for no CPU: on a 2-core machine, CPU
+reservations would only keep them from starting.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from pathlib import Path
 import orjson
 
 from node.server import logs, ray_setup, supervision, topology
+from node.server.actor_host import ActorHost
 from shm import ring
 from node.server.supervision import heartbeat_slot, monotonic_ms
 from shm import settings as settings_module
@@ -91,14 +92,6 @@ def stalest(beats) -> int:
     return min(written) if written else 0
 
 
-def _beat(settings, label: str) -> None:
-    control = ControlBlock(settings.root / "control")
-    try:
-        control.heartbeat(heartbeat_slot(label), monotonic_ms())
-    finally:
-        control.close()
-
-
 def _check_grpc_port(settings) -> None:
     """The gRPC proxy's port must be free: its process would die at every restart otherwise, and
     the node would never be ready (said now, plainly, instead)."""
@@ -112,47 +105,6 @@ def _check_grpc_port(settings) -> None:
         except OSError as e:
             raise settings_module.SettingsError(f"grpcServerPort: {settings.grpc_host}:{settings.grpc_port} cannot be bound "
                                f"({e.strerror}): set another grpcServerPort, or 0 to turn the gRPC proxy off") from None
-
-
-class ActorHost:
-    """A plain actor inside a Ray actor process (see the module docstring)."""
-
-    def __init__(self, process: topology.Process, settings_values: dict, kwargs: dict[str, dict]):
-        ray_setup.normal_priority()
-        ray_setup.steady_heap()
-        settings = settings_module.load(None, settings_values)
-        logs.configure(settings, process.label, relay=True)  # (to the launcher's stderr: node.server.logs)
-        policy = supervision.RestartBackoff(settings.actorRestartBackoffMaxMillis / 1000)
-        delay = supervision.record_start(settings.run_dir, process.label, policy)
-        if delay:  # it keeps dying: give whatever kills it time to pass
-            logging.getLogger("mqnode").warning("service %s restarts in %.1f s", process.label, delay)
-            time.sleep(delay)
-        self.actor = topology.build(process, settings, kwargs)
-        for beat in process.beats:  # alive from Ray's view on: a predecessor's stale beats are not ours
-            _beat(settings, beat)
-        self.thread = threading.Thread(target=self._run, name=f"mqnode-{process.label}", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.actor.run()
-        except BaseException:
-            logging.getLogger("mqnode").exception("actor %s died", self.actor.label)
-            os._exit(1)  # let Ray restart the process: a fresh start resumes from the files
-
-    def wait_ready(self, timeout: float) -> bool:
-        return self.actor.ready.wait(timeout)
-
-    def statistics(self) -> dict:
-        return self.actor.statistics()
-
-    def call(self, method: str):
-        return getattr(self.actor.main, method)()
-
-    def stop(self, timeout: float) -> bool:
-        self.actor.stop()
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
 
 
 class Node:

@@ -3,7 +3,7 @@ cluster launcher's (node.server.cluster), both a Ray actor of its own that Ray r
 it was (its table's file is there: actors.namesrv).
 
 `NamesrvHost` is that actor: the shell runs in a thread, and the process exits when the shell
-dies, so Ray restarts it (as node.server.launcher.ActorHost does for a node's services).
+dies, so Ray restarts it (as node.server.actor_host.ActorHost does for a node's services).
 """
 
 from __future__ import annotations

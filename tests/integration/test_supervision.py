@@ -16,11 +16,10 @@ import orjson
 import psutil
 import pytest
 import zmq
-from nodes import NodeProcess, in_process_node
+from nodes import NodeProcess, in_process_node, node_settings
 
 from node import protocol
 from node.server.supervision import BURST, RESTART_DEADLINE_S, RestartBackoff, Watch, actor_states, record_start
-from node.tools.local_node import local_settings
 
 BUG_CODE = 4343
 
@@ -104,7 +103,7 @@ def test_a_front_killed_by_a_bug_50_times_keeps_coming_back(buggy_node):
 
 @pytest.mark.slow
 def test_a_node_whose_service_cannot_restart_exits_non_zero(tmp_path):
-    settings = local_settings(tmp_path, actorMaxRestarts=0, maxHashSlotNum=1000, maxIndexNum=4000)
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), actorMaxRestarts=0)
     node = NodeProcess(settings, tmp_path / "node.log")
     os.environ["MQNODE_INJECT_BUG"] = f"front:{BUG_CODE}"
     try:
@@ -124,7 +123,7 @@ def test_a_node_whose_service_cannot_restart_exits_non_zero(tmp_path):
 def test_the_embedded_ray_refuses_a_driver_without_the_node_s_token(tmp_path):
     """Ray's servers listen on every interface and run what a peer sends: the node's embedded
     Ray requires a fresh token that only the node's processes know."""
-    settings = local_settings(tmp_path, maxHashSlotNum=1000, maxIndexNum=4000)
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"))
     node = NodeProcess(settings, tmp_path / "node.log").start()
     try:
         gcs = [p for p in node.tree() if p.name() == "gcs_server"]

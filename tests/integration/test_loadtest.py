@@ -17,7 +17,8 @@ from nodes import ROOT, NodeProcess, node_settings
 from node.tools.loadtest import payload, records
 from node.tools.loadtest.histogram import LogHistogram
 from node.tools.loadtest.params import PRESETS, SizeSpec
-from node.tools.loadtest.run import build_parser, main, resolve
+from node.tools.loadtest.replication import slave_options
+from node.tools.loadtest.run import build_parser, main, node_options, resolve
 from node.tools.loadtest.verify import verify
 from shm.settings import Settings
 
@@ -187,6 +188,17 @@ def test_the_send_plan_paces_and_stops_at_the_share():
     assert unpaced.claim() is None  # past its deadline
 
 
+def test_the_slave_runs_with_the_runs_node_options_but_its_own_place():
+    params = resolve(build_parser().parse_args(["--slave", "--node-option", "topology=compact", "--node-option",
+                                                "brokerRole=SYNC_MASTER", "--node-option", "grpcServerPort=0",
+                                                "--node-option", "metricsPort=9100", "--node-option", "haListenPort=1"]))
+    options = node_options(params)
+    assert options["brokerRole"] == "SYNC_MASTER" and options["metricsPort"] == "9100"
+    assert slave_options(options) == {"topology": "compact", "grpcServerPort": "0"}
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        node_options(resolve(build_parser().parse_args(["--node-option", "topology"])))
+
+
 def test_presets_resolve_and_flags_override_them():
     params = resolve(build_parser().parse_args(["--scenario", "sync-flush", "--count", "10"]))
     assert params.flush == "SYNC_FLUSH" and params.count == 10 and params.concurrency == 64
@@ -210,6 +222,11 @@ def test_a_node_that_does_not_answer_fails_the_run_clearly(tmp_path, capsys):
 
 
 # -- real runs ----------------------------------------------------------------------------------
+
+
+# the nodes the load tester starts itself, as tests.nodes sizes a test's node: no gRPC proxy and one
+# pull worker (~3 CPU-s less at each start and restart, the chaos run's among them)
+LEAN_NODE = ("--node-option", "grpcServerPort=0", "--node-option", "pullWorkers=1")
 
 
 def loadtest(*args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:
@@ -311,7 +328,7 @@ def _left_behind(marker: str) -> list[int]:
 @pytest.mark.slow
 def test_sync_flush_preset_starts_and_stops_its_own_node(tmp_path):
     done, results = loadtest("--scenario", "sync-flush", "--count", "10000", "--consumers", "1", "--verify",
-                             "--profile", "--output", str(tmp_path))
+                             "--profile", "--output", str(tmp_path), *LEAN_NODE)
     assert done.returncode == 0, done.stdout + done.stderr
     assert results["node"]["started"] and results["params"]["flush"] == "SYNC_FLUSH"
     assert results["verify"]["ok"] and results["summary"]["produced"] == 10000
@@ -335,7 +352,7 @@ def test_chaos_under_sync_flush_with_a_slave_loses_nothing_and_keeps_the_copy(tm
     done, results = loadtest("--flush", "SYNC_FLUSH", "--node-option", "brokerRole=SYNC_MASTER", "--slave",
                              "--producers", "2", "--consumers", "1", "--rate", "1500", "--duration", "9", "--verify",
                              "--chaos", "--chaos-interval", "1.5,2.5", "--seed", "1", "--output", str(tmp_path),
-                             timeout=400)
+                             *LEAN_NODE, timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
     strikes = results["chaos"]
     assert strikes and all("recoveredAfter" in s for s in strikes), strikes

@@ -14,11 +14,25 @@ CATCH_UP_S = 120.0
 CHUNK = 1 << 20
 
 
-def start_slave(master, directory: Path, log: Path, chaos: bool) -> NodeProcess:
-    settings = local_settings(directory, brokerRole="SLAVE", brokerId=1, haListenPort=free_port(),
-                              haMasterAddress=f"127.0.0.1:{master.ha_port}",
-                              mappedFileSizeCommitLog=master.mappedFileSizeCommitLog,
-                              **({"actorMaxRestarts": 1000} if chaos else {}))
+# the slave's own place beside its master: never the master's --node-option
+SLAVE_OWN = frozenset({"brokerRole", "brokerId", "haMasterAddress", "haListenPort", "listen", "listenPort",
+                       "storePathRootDir", "runDir"})
+PORTS = frozenset({"grpcServerPort", "metricsPort"})  # the master's, bound: the slave takes only 0 (off)
+
+
+def slave_options(options: dict[str, str]) -> dict[str, str]:
+    """The master's --node-option settings the slave runs with too (its topology, its sizes, a
+    proxy turned off), all but its own place and the master's ports."""
+    return {name: value for name, value in options.items()
+            if name not in SLAVE_OWN and (name not in PORTS or value == "0")}
+
+
+def start_slave(master, directory: Path, log: Path, chaos: bool, options: dict[str, str]) -> NodeProcess:
+    values = slave_options(options) | {"mappedFileSizeCommitLog": master.mappedFileSizeCommitLog}
+    if chaos:
+        values["actorMaxRestarts"] = 1000
+    settings = local_settings(directory, **values, brokerRole="SLAVE", brokerId=1, haListenPort=free_port(),
+                              haMasterAddress=f"127.0.0.1:{master.ha_port}")
     return NodeProcess(settings, log).start(timeout=120)
 
 

@@ -101,17 +101,24 @@ def resolve(args: argparse.Namespace) -> RunParams:
     return params
 
 
+def node_options(params: RunParams) -> dict[str, str]:
+    """The run's --node-option KEY=VALUE settings (ValueError: one without "=")."""
+    options = {}
+    for item in params.node_options:
+        name, separator, value = item.partition("=")
+        if not separator:
+            raise ValueError(f"--node-option {item!r}: expected KEY=VALUE")
+        options[name.strip()] = value.strip()
+    return options
+
+
 def node_settings(params: RunParams, directory: Path):
     values = {"flushDiskType": params.flush, "defaultTopicQueueNums": params.queues}
     if params.chaos:
         values["actorMaxRestarts"] = 1000
     if params.slave:
         values["haListenPort"] = free_port()
-    for item in params.node_options:
-        name, separator, value = item.partition("=")
-        if not separator:
-            raise ValueError(f"--node-option {item!r}: expected KEY=VALUE")
-        values[name.strip()] = value.strip()
+    values.update(node_options(params))
     return local_settings(directory, **values)
 
 
@@ -390,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             params = dataclasses.replace(params, endpoint=node.endpoint)
             if params.slave:
-                slave = replication.start_slave(settings, store / "slave", output / "slave.log", params.chaos)
+                slave = replication.start_slave(settings, store / "slave", output / "slave.log", params.chaos,
+                                                  node_options(params))
         try:
             results = Run(params, output, console, node, args.quiet, slave).execute()
         except SendError as e:  # before any worker started: the node did not answer the probe

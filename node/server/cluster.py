@@ -39,6 +39,7 @@ from pathlib import Path
 from actors.base import write_pid_file
 from node.server import namesrv as namesrv_module
 from node.server import ray_setup
+from node.server.signals import StopSignals
 from shm import settings as settings_module
 from shm.settings import SettingsError
 
@@ -291,15 +292,13 @@ def run_up(conf: ClusterConf, ray_address: str | None, out=print) -> int:
         print(f"mqnode cluster up: cluster {conf.name} runs already (pid file {pid_file(conf)})", file=sys.stderr)
         return 1
     cluster = Cluster(conf, ray_address, out)
-    stopping = threading.Event()
-    for number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(number, lambda *_: stopping.set())
+    stops = StopSignals()
     try:
         cluster.up()
         write_pid_file(pid_file(conf))
         out(f"mqnode cluster ready name={conf.name} parts={len(conf.namesrvs) + len(conf.nodes)} pid={os.getpid()}",
             flush=True)
-        while not stopping.wait(0.5):
+        while not stops.wait(0.5):
             pass
     finally:
         out("mqnode cluster stopping", flush=True)

@@ -39,6 +39,7 @@ import orjson
 
 from node.server import logs, ray_setup, supervision, topology
 from node.server.actor_host import ActorHost
+from node.server.signals import StopSignals
 from shm import ring
 from node.server.supervision import heartbeat_slot, monotonic_ms
 from shm import settings as settings_module
@@ -292,10 +293,8 @@ class Node:
     def serve_forever(self) -> int:
         """Block until SIGINT or SIGTERM, then stop: 0. Or until a service is gone for good
         (node.server.supervision): say why, stop, 1."""
-        stop = threading.Event()
-        for number in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(number, lambda *_: stop.set())
-        while not stop.wait(0.2) and not self.failed.is_set():
+        stops = StopSignals()
+        while not stops.wait(0.2) and not self.failed.is_set():
             pass
         if self.failure is not None:
             self.out(f"mqnode failed: {self.failure}; exiting so the node is restarted whole", file=sys.stderr, flush=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from actors.base import write_pid_file
 from node.server import ray_setup
+from node.server.signals import StopSignals
 
 DEFAULT_PORT = 9876
 READY_TIMEOUT_S = 30.0
@@ -101,11 +101,9 @@ def run(listen: str, directory: str | None, ray_address: str | None, out=print) 
     started = ray_setup.init(ray_address, ray_setup.ray_dir_in(directory), 100 * 1024 * 1024)
     handle = launch(listen, directory)
     out(f"mqnode namesrv ready endpoint={listen} dir={directory} pid={os.getpid()}", flush=True)
-    stopping = threading.Event()
-    for number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(number, lambda *_: stopping.set())
+    stops = StopSignals()
     failure = None
-    while not stopping.wait(1.0) and failure is None:
+    while not stops.wait(1.0) and failure is None:
         failure = gone_for_good(handle)
     if failure:
         print(f"mqnode namesrv failed: {failure}", file=sys.stderr, flush=True)

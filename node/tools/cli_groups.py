@@ -15,11 +15,11 @@ from shm.settings import SettingsError
 def consume_push(args: argparse.Namespace) -> int:
     """`consume --push`: a member of the group (node.client.push), printing what its listener
     gets; stops after --count messages, --timeout seconds without one, or SIGTERM/SIGINT."""
-    import signal
     import threading
     import time
 
     from node.client.push import CONSUME_SUCCESS, SUCCESS, PushConsumer
+    from node.server.signals import StopSignals
 
     options = {"message_model": "BROADCASTING" if args.broadcast else "CLUSTERING",
                "consume_from_where": "LAST_OFFSET" if args.start == "last" else "FIRST_OFFSET"}
@@ -47,11 +47,10 @@ def consume_push(args: argparse.Namespace) -> int:
     consumer = PushConsumer(group=args.group, **target(args), **options)
     consumer.subscribe(args.topic, *selection(args))
     consumer.register_listener(listener, orderly=args.orderly)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: done.set())
+    stops = StopSignals()  # (not done.set() in a handler: node.server.signals)
     consumer.start()
     try:
-        while not done.wait(0.2) and time.monotonic() - state["last"] < args.timeout:
+        while not stops.wait(0.2) and not done.is_set() and time.monotonic() - state["last"] < args.timeout:
             pass
     finally:
         consumer.shutdown()

@@ -9,11 +9,12 @@ import sys
 import threading
 
 from node.client.pop_consumer import CONSUME_SUCCESS, PopConsumer
+from node.server.signals import StopSignals
 
 
 def main() -> None:
     endpoint, group, topic = sys.argv[1:4]
-    lock, done = threading.Lock(), threading.Event()
+    lock = threading.Lock()
 
     def listener(messages) -> str:
         with lock:
@@ -24,10 +25,11 @@ def main() -> None:
     consumer = PopConsumer(endpoint, group, invisible_ms=3000, wait_ms=500, max_count=16, pops_in_flight=2)
     consumer.subscribe(topic)
     consumer.register_listener(listener)
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    stops = StopSignals((signal.SIGTERM,))
     consumer.start()
     print("started", file=sys.stderr, flush=True)
-    done.wait()
+    while not stops.wait(0.2):
+        pass
     consumer.shutdown()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from node.tools.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
-__all__ = ["HOST_DISK_BLIND", "ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "grpc_endpoint", "node_settings",
+__all__ = ["HOST_DISK_BLIND", "LEAN", "LEAN_SPLIT", "ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "grpc_endpoint", "node_settings",
            "in_process_node", "nodejs", "nodejs_missing", "official", "running_node", "read_exactly"]
 
 

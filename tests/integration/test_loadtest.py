@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import psutil
 import pytest
-from nodes import ROOT, NodeProcess, node_settings
+from nodes import LEAN, LEAN_SPLIT, ROOT, NodeProcess, node_settings
 
 from node.tools.loadtest import payload, records
 from node.tools.loadtest.histogram import LogHistogram
@@ -224,9 +224,9 @@ def test_a_node_that_does_not_answer_fails_the_run_clearly(tmp_path, capsys):
 # -- real runs ----------------------------------------------------------------------------------
 
 
-# the nodes the load tester starts itself, as tests.nodes sizes a test's node: no gRPC proxy and one
-# pull worker (~3 CPU-s less at each start and restart, the chaos run's among them)
-LEAN_NODE = ("--node-option", "grpcServerPort=0", "--node-option", "pullWorkers=1")
+# the nodes the load tester starts itself, lean as tests.nodes makes a test's node (no gRPC proxy, one
+# pull worker: ~3 CPU-s less at each start and restart, the chaos run's among them)
+LEAN_NODE = tuple(part for name, value in (LEAN | LEAN_SPLIT).items() for part in ("--node-option", f"{name}={value}"))
 
 
 def loadtest(*args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:

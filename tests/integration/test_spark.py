@@ -219,14 +219,29 @@ def test_a_transactional_write_whose_job_fails_leaves_nothing_visible(spark, nod
     from pyspark.sql.utils import CapturedException
 
     before = _transactions(node)["rolledBack"]
+    endpoint = node.endpoint
 
-    def fail_one(batches):
+    def fail_one(batches):  # (runs in Spark's Python worker: imports its own, names nothing of this module)
         import time as clock
 
         from pyspark import TaskContext
+
+        from node import protocol as wire
+        from node.client import Producer as Client
+
+        def until_a_half_is_open(deadline_s: float = 120.0) -> None:
+            # (a fixed sleep here was too short for a writer's Python worker to start on a loaded machine)
+            deadline = clock.monotonic() + deadline_s
+            with Client(endpoint) as client:
+                while clock.monotonic() < deadline:
+                    reply, _ = client.request({"code": wire.GET_TRANSACTION_STATE, "limit": 100_000})
+                    if any(h["producerGroup"] == "PG-spark-abort" for h in reply["halves"]):
+                        return
+                    clock.sleep(0.1)
+
         for i, batch in enumerate(batches):
             if i == 2 and TaskContext.get().partitionId() == 1:
-                clock.sleep(2)  # (the writer sends the two batches before it)
+                until_a_half_is_open()  # (a writer sends its first half, of up to 512 rows, of the two batches before)
                 raise RuntimeError("task 1 fails after two batches")
             yield batch
 
@@ -242,7 +257,7 @@ def test_a_transactional_write_whose_job_fails_leaves_nothing_visible(spark, nod
     assert "task 1 fails" in str(failed.value)
     assert _bodies(spark, node, "SparkTxAbort") == []
     # what both tasks sent (Spark kills task 0 when task 1 fails: the abort rolls back the group's open halves;
-    # task 1 sent at least its first half, of up to 512 rows, before it failed)
+    # a half was open when task 1 failed)
     assert _transactions(node)["rolledBack"] - before >= 1
     assert [h for h in _transactions(node, 100_000)["halves"] if h["producerGroup"] == "PG-spark-abort"] == []
 

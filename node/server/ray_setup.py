@@ -68,7 +68,15 @@ def prepare_embedded(ray_address: str | None) -> bool:
         os.environ.pop("RAY_ADDRESS", None)  # a cluster is joined only when --ray-address names it
         embedded_ray_token()
         embedded_ray_on_loopback()
+        os.environ[SETUP_HOOK] = "node.server.worker_setup.setup"
     return embedded
+
+
+# Ray's `worker_process_setup_hook`, as its workers read it from their environment (the raylet's,
+# which is the launcher's): set there, it runs in every worker the embedded Ray starts, the ones
+# it starts before the node's job among them; the same hook in the job's runtime_env made Ray
+# start every worker anew for that environment and leave those idle (a node start ~25 % dearer).
+SETUP_HOOK = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 
 
 def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: int) -> bool:

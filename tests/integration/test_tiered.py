@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -108,6 +109,26 @@ def test_pulls_below_the_store_return_the_stored_bytes(tiered):
             data, replies = _records(producer, q, 0, ends[q])
             assert data == before[q]  # same bytes, same CRCs, across the archive and the store
             assert replies[0]["tiered"] is True and replies[-1].get("tiered") is None  # it ends in the store
+
+
+def test_only_a_process_that_reads_the_archive_loads_pyarrow(tiered):
+    """Ray imports pyarrow in each worker, for serializers of Ray Data's that no node uses: a
+    node's workers make their serialization context without it (node.server.worker_setup), and
+    the pull worker that reads archived rows still imports it."""
+    node, ends, before, *_ = tiered
+    with Producer(node.endpoint) as producer:
+        deadline = time.monotonic() + 10  # (a pull worker looks at the archive once a second)
+        while not producer.request({"code": protocol.GET_MIN_OFFSET, "topic": TOPIC, "queueId": 0})[0].get("tiered"):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert _records(producer, 0, 0, ends[0])[0] == before[0]
+
+    def maps_arrow(label: str) -> bool:
+        pid = int((node.settings.run_dir / f"{label}.pid").read_text())
+        return "libarrow" in Path(f"/proc/{pid}/maps").read_text()
+
+    assert not any(maps_arrow(label) for label in ("flush", "allocator", "writer", "dispatcher", "schedule", "front"))
+    assert maps_arrow("pull-0")
 
 
 def test_a_search_by_time_before_the_store_finds_archived_offsets(tiered):

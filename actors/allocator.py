@@ -51,6 +51,7 @@ class Allocator(Actor):
         self.retry_at = 0.0
         self.prefaulted = self.prefaulted_bytes = 0  # read up to this offset; bytes read so far
         self.mapped: dict[int, MappedFile] = {}  # segments being read ahead, by start offset
+        self.following = -1  # the start of the segment after `written`'s, once it exists: no stat a turn
 
     def open(self) -> None:
         give_way(NICENESS)  # background work: the front and the clients go first on a busy CPU
@@ -67,14 +68,18 @@ class Allocator(Actor):
 
     def _allocate_following(self, written: int) -> None:
         following = (written // self.segment_size + 1) * self.segment_size
+        if following == self.following:
+            return  # (an idle node's turns did little else: ~15 ms of CPU a second)
         path = self.directory / file_name(following)
         if path.exists():
+            self.following = following
             return
         try:
             if allocate(path, self.segment_size):
                 self.allocated += 1
                 if self.settings.warmMapedFileEnable:
                     self._warm(path)
+            self.following = following
         except AllocationFailed as e:
             self.failures += 1
             self.last_error = str(e)
@@ -83,10 +88,12 @@ class Allocator(Actor):
     def _prefault(self, written: int) -> None:
         """Read one byte a page of [written, written + prefaultAheadBytes), what is not read yet,
         at most PREFAULT_STEP a turn; a segment not made yet waits for a later turn."""
-        for start in [start for start, segment in self.mapped.items() if segment.offset_end <= written]:
-            self.mapped.pop(start).close()
         begin = max(self.prefaulted, written)
         end = min(written + self.settings.prefaultAheadBytes, begin + PREFAULT_STEP)
+        if begin >= end:
+            return  # read ahead as far as it goes
+        for start in [start for start, segment in self.mapped.items() if segment.offset_end <= written]:
+            self.mapped.pop(start).close()
         while begin < end:
             segment = self._segment_at(begin)
             if segment is None:

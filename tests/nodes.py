@@ -61,8 +61,10 @@ def in_process_node(directory: Path, *, after_stop=None, **overrides):
 
     import ray
 
+    from node.server import ray_setup
     from node.server.launcher import Node
 
+    ray_setup.workers_set_up()
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024,  # never a stale cluster
              logging_level=logging.ERROR, log_to_driver=False)
     running = Node(node_settings(directory / "store", **overrides), out=lambda *a, **k: None)

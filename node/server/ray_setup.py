@@ -68,15 +68,17 @@ def prepare_embedded(ray_address: str | None) -> bool:
         os.environ.pop("RAY_ADDRESS", None)  # a cluster is joined only when --ray-address names it
         embedded_ray_token()
         embedded_ray_on_loopback()
-        os.environ[SETUP_HOOK] = "node.server.worker_setup.setup"
+        workers_set_up()
     return embedded
 
 
-# Ray's `worker_process_setup_hook`, as its workers read it from their environment (the raylet's,
-# which is the launcher's): set there, it runs in every worker the embedded Ray starts, the ones
-# it starts before the node's job among them; the same hook in the job's runtime_env made Ray
-# start every worker anew for that environment and leave those idle (a node start ~25 % dearer).
-SETUP_HOOK = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+def workers_set_up() -> None:
+    """Before a Ray is started from this process: its workers run node.server.worker_setup.
+    Named as Ray's workers read their `worker_process_setup_hook` from their environment (the
+    raylet's, which is this process's): so it runs in every worker that Ray starts, the ones it
+    starts before the node's job among them. The same hook in the job's runtime_env made Ray
+    start every worker anew for that environment and leave those idle (a node start ~25 % dearer)."""
+    os.environ["__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"] = "node.server.worker_setup.setup"
 
 
 def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: int) -> bool:
@@ -86,13 +88,16 @@ def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: in
 
     if ray.is_initialized():
         return False
+    from node.server.worker_setup import without_arrow_serializers
+
     if ray_address:
         ray.init(address=ray_address, logging_level=logging.ERROR, log_to_driver=False)
-        return False
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,  # never a cluster found
-             object_store_memory=object_store_memory, _temp_dir=str(temp_dir),
-             logging_level=logging.ERROR, log_to_driver=False, _node_ip_address="127.0.0.1")
-    return True
+    else:
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,  # never a cluster found
+                 object_store_memory=object_store_memory, _temp_dir=str(temp_dir),
+                 logging_level=logging.ERROR, log_to_driver=False, _node_ip_address="127.0.0.1")
+    without_arrow_serializers()  # (this process's context too, as its workers': node.server.worker_setup)
+    return not ray_address
 
 
 def placement(settings) -> dict:

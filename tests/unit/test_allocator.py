@@ -8,7 +8,7 @@ import mmap
 from helpers import cached_pages
 from nodes import node_settings
 
-from actors.allocator import Allocator
+from actors.allocator import IDLE_WATCH_MS, WATCH_MS, Allocator
 from shm.commitlog import CommitLog
 from shm.control_block import ControlBlock
 
@@ -66,6 +66,25 @@ def test_prefault_off_reads_nothing(tmp_path):
         assert allocator.statistics()["prefaultedBytes"] == 0 and not allocator.mapped
         following = settings.commitlog_dir / "00000000000001048576"  # made, and left unread
         assert following.exists() and cached_pages(following, 0, MiB) == 0
+    finally:
+        allocator.close()
+        control.close()
+
+
+def test_an_idle_allocator_looks_less_often_and_at_once_again_when_the_writer_moves(tmp_path):
+    settings = node_settings(tmp_path / "store")
+    settings.root.mkdir(parents=True)
+    control = ControlBlock(settings.root / "control", create=True)
+    control.set("written", 100)
+    allocator = Allocator(settings)
+    allocator.start()
+    try:
+        waits = []
+        for written in (100, 100, 100, 100, 100, 200, 200):
+            control.set("written", written)
+            allocator.turn()
+            waits.append(allocator.watch_ms)
+        assert waits == [WATCH_MS, 2 * WATCH_MS, IDLE_WATCH_MS, IDLE_WATCH_MS, IDLE_WATCH_MS, WATCH_MS, 2 * WATCH_MS]
     finally:
         allocator.close()
         control.close()

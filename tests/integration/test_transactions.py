@@ -473,8 +473,12 @@ def test_transactions_through_a_kill_of_the_front_are_each_committed_once(patien
     stored: list[bytes] = []  # bodies whose half the node acknowledged
 
     async def send_through_the_kill() -> None:
+        # (it answers checks too: a half whose end the kill lost is checked once a second from a
+        # second after it, and one asked transactionCheckMax times with no answer is discarded,
+        # which a loaded machine reached before the checker below was connected)
         async with AsyncTransactionProducer(node.endpoint, "PG-front", execute=lambda message, arg: COMMIT_MESSAGE,
-                                            retries=0, timeout=2.0) as producer:
+                                            check=lambda message: COMMIT_MESSAGE, retries=0,
+                                            timeout=2.0) as producer:
             numbers = iter(range(100_000))
             began = time.monotonic()
 

@@ -1,6 +1,7 @@
 """What every Ray worker of a node runs before its first task: Ray's `worker_process_setup_hook`,
-named in the job's runtime environment by node.server.ray_setup.init. Kept apart and small: every
-service process imports it at every start and restart."""
+named in the environment of the Ray a node starts (node.server.ray_setup.workers_set_up); the
+launcher makes its own serialization context the same way (ray_setup.init). Kept apart and small:
+every service process imports it at every start and restart."""
 
 from __future__ import annotations
 

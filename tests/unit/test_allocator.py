@@ -3,6 +3,7 @@ pages past the written end read ahead of it (`prefaultAheadBytes`)."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 
 from helpers import cached_pages
@@ -54,37 +55,35 @@ def test_the_allocator_reads_ahead_of_the_writer_a_bounded_step_a_turn(tmp_path)
         control.close()
 
 
-def test_prefault_off_reads_nothing(tmp_path):
-    settings = node_settings(tmp_path / "store", prefaultAheadBytes=0)
+@contextlib.contextmanager
+def allocator_of_an_empty_store(tmp_path, written: int, **overrides):
+    """(allocator, control block, settings) over a store with no segment, `written` at `written`."""
+    settings = node_settings(tmp_path / "store", **overrides)
     settings.root.mkdir(parents=True)
     control = ControlBlock(settings.root / "control", create=True)
-    control.set("written", 100_000)
+    control.set("written", written)
     allocator = Allocator(settings)
     allocator.start()
     try:
-        allocator.turn()
-        assert allocator.statistics()["prefaultedBytes"] == 0 and not allocator.mapped
-        following = settings.commitlog_dir / "00000000000001048576"  # made, and left unread
-        assert following.exists() and cached_pages(following, 0, MiB) == 0
+        yield allocator, control, settings
     finally:
         allocator.close()
         control.close()
 
 
+def test_prefault_off_reads_nothing(tmp_path):
+    with allocator_of_an_empty_store(tmp_path, 100_000, prefaultAheadBytes=0) as (allocator, _, settings):
+        allocator.turn()
+        assert allocator.statistics()["prefaultedBytes"] == 0 and not allocator.mapped
+        following = settings.commitlog_dir / "00000000000001048576"  # made, and left unread
+        assert following.exists() and cached_pages(following, 0, MiB) == 0
+
+
 def test_an_idle_allocator_looks_less_often_and_at_once_again_when_the_writer_moves(tmp_path):
-    settings = node_settings(tmp_path / "store")
-    settings.root.mkdir(parents=True)
-    control = ControlBlock(settings.root / "control", create=True)
-    control.set("written", 100)
-    allocator = Allocator(settings)
-    allocator.start()
-    try:
+    with allocator_of_an_empty_store(tmp_path, 100) as (allocator, control, _):
         waits = []
         for written in (100, 100, 100, 100, 100, 200, 200):
             control.set("written", written)
             allocator.turn()
             waits.append(allocator.watch_ms)
         assert waits == [WATCH_MS, 2 * WATCH_MS, IDLE_WATCH_MS, IDLE_WATCH_MS, IDLE_WATCH_MS, WATCH_MS, 2 * WATCH_MS]
-    finally:
-        allocator.close()
-        control.close()

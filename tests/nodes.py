@@ -57,16 +57,11 @@ def in_process_node(directory: Path, *, after_stop=None, **overrides):
     """A node in this process on a Ray session the caller's module shares (fixture body). With
     `after_stop`, once the module's tests are done the node is stopped cleanly and
     `after_stop(node)` checks what it left (a failure there fails the module's teardown)."""
-    import logging
-
-    import ray
-
     from node.server import ray_setup
     from node.server.launcher import Node
 
     ray_setup.workers_set_up()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024,  # never a stale cluster
-             logging_level=logging.ERROR, log_to_driver=False)
+    ray_setup.init(None, None, 80 * 1024 * 1024, num_cpus=2)  # a Ray of its own: never a stale cluster
     running = Node(node_settings(directory / "store", **overrides), out=lambda *a, **k: None)
     running.start()
     try:
@@ -76,7 +71,7 @@ def in_process_node(directory: Path, *, after_stop=None, **overrides):
             after_stop(running)
     finally:
         running.stop()
-        ray.shutdown()
+        ray_setup.shutdown()
 
 
 def read_exactly(sock, size: int) -> bytes:

@@ -278,7 +278,7 @@ class Cluster:
             namesrv_module.stop(handle)
         self.namesrvs.clear()
         if self.started_ray:
-            ray.shutdown()
+            ray_setup.shutdown()
             self.started_ray = False
 
 

@@ -363,8 +363,8 @@ class Node:
             self.hosts.clear()
         if self.control is not None:
             self._finish_store()
-        if self.started_ray and ray.is_initialized():
-            ray.shutdown()
+        if self.started_ray:
+            ray_setup.shutdown()
             self.started_ray = False
         if self.lock is not None:
             self.lock.release()

@@ -96,8 +96,6 @@ def run(listen: str, directory: str | None, ray_address: str | None, out=print) 
     directory = Path(directory) if directory else default_directory(listen)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     ray_setup.prepare_embedded(ray_address)
-    import ray
-
     started = ray_setup.init(ray_address, ray_setup.ray_dir_in(directory), 100 * 1024 * 1024)
     handle = launch(listen, directory)
     out(f"mqnode namesrv ready endpoint={listen} dir={directory} pid={os.getpid()}", flush=True)
@@ -110,7 +108,7 @@ def run(listen: str, directory: str | None, ray_address: str | None, out=print) 
     out("mqnode namesrv stopping", flush=True)
     stop(handle)
     if started:
-        ray.shutdown()
+        ray_setup.shutdown()
     out("mqnode namesrv stopped", flush=True)
     return 0 if failure is None else 1
 

@@ -65,21 +65,11 @@ def prepare_embedded(ray_address: str | None) -> bool:
     embedded = not ray_address and "ray" not in sys.modules
     if embedded:  # Ray reads its authentication settings at import
         os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet it starts
-        quiet_log_monitor()
         os.environ.pop("RAY_ADDRESS", None)  # a cluster is joined only when --ray-address names it
         embedded_ray_token()
         embedded_ray_on_loopback()
         workers_set_up()
     return embedded
-
-
-def quiet_log_monitor() -> None:
-    """Ray's log monitor lists its log directory ten times a second while it holds fewer than
-    1,000 files (~13 ms of CPU a second, the most of any of an idle node's processes): every 5 s
-    instead. Nothing of the node reads what it publishes (`log_to_driver=False`; the services'
-    logs reach the launcher by node.server.logs); read by the log monitor at its start."""
-    os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
-    os.environ.setdefault("LOG_NAME_UPDATE_INTERVAL_S", "5")
 
 
 def workers_set_up() -> None:
@@ -91,9 +81,11 @@ def workers_set_up() -> None:
     os.environ["__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"] = "node.server.worker_setup.setup"
 
 
-def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: int) -> bool:
-    """Join the Ray cluster at `ray_address`, or start an embedded Ray in `temp_dir`, unless this
-    process is attached to one already: True when it started one (its owner shuts it down)."""
+def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: int,
+         num_cpus: int | None = None) -> bool:
+    """Join the Ray cluster at `ray_address`, or start an embedded Ray in `temp_dir` (its head:
+    `start_head`), unless this process is attached to one already: True when it started one (its
+    owner stops it with `shutdown`)."""
     import ray
 
     if ray.is_initialized():
@@ -103,11 +95,60 @@ def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: in
     if ray_address:
         ray.init(address=ray_address, logging_level=logging.ERROR, log_to_driver=False)
     else:
-        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,  # never a cluster found
-                 object_store_memory=object_store_memory, _temp_dir=str(temp_dir),
-                 logging_level=logging.ERROR, log_to_driver=False, _node_ip_address="127.0.0.1")
+        head = start_head(temp_dir, object_store_memory, num_cpus or os.cpu_count())
+        ray.init(address=head.address, _node_ip_address=head.node_ip_address, logging_level=logging.ERROR,
+                 log_to_driver=False)
     without_arrow_serializers()  # (this process's context too, as its workers': node.server.worker_setup)
     return not ray_address
+
+
+LOOPBACK = "127.0.0.1"
+_head = None  # the embedded Ray's head this process started (start_head), stopped by shutdown()
+
+
+def start_head(temp_dir: Path | None, object_store_memory: int, num_cpus: int):
+    """An embedded Ray of one node: its GCS and raylet (with the agents the raylet starts),
+    without the three helpers `ray.init(address="local")` adds that a node never uses: the log
+    monitor (it sends workers' output to drivers, and the node takes none: `log_to_driver=False`;
+    the services' logs reach the launcher by node.server.logs), the autoscaler's monitor (one node,
+    nothing to scale) and the dashboard's API server (what the node asks of Ray, the GCS answers:
+    node.server.supervision). Together ~2 CPU-s of each start and its idle time: 8 % of the test
+    suite's CPU, which starts ~90 of them. Made as Ray's own `ray start --head --no-monitor` and
+    `ray.cluster_utils` make a head (`ray._private.node.Node`); `ray.init` then attaches to it."""
+    import atexit
+
+    from ray._private import ray_constants
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    class Head(Node):
+        def start_api_server(self, *args, **kwargs) -> None:
+            self._webui_url = None
+
+    global _head
+    assert _head is None, "one embedded Ray a process"
+    # 127.0.0.1 once embedded_ray_on_loopback() was in force at Ray's import (a node's launcher);
+    # else Ray's choice, as for ray.init (a test's in-process node in a process that imported Ray)
+    address = None if ray_constants.ENABLE_RAY_CLUSTER else LOOPBACK
+    params = RayParams(node_ip_address=address, num_cpus=num_cpus, object_store_memory=object_store_memory,
+                       temp_dir=str(temp_dir) if temp_dir else None, include_dashboard=False,
+                       include_log_monitor=False, no_monitor=True)
+    # shutdown_at_exit=False: Ray's own would take SIGTERM from the launcher (node.server.signals);
+    # the reaper kills the head's processes when this process dies without a word
+    _head = Head(params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True)
+    atexit.register(shutdown)  # (after ray.init's own: atexit runs the later one first)
+    return _head
+
+
+def shutdown() -> None:
+    """Detach from Ray, and stop the embedded Ray this process started, if it did."""
+    import ray
+
+    global _head
+    ray.shutdown()
+    if _head is not None:
+        _head.kill_all_processes(check_alive=False, allow_graceful=True)
+        _head = None
 
 
 def placement(settings) -> dict:

@@ -1,4 +1,5 @@
-"""A node listens only where its settings say: the embedded Ray on loopback, in both topologies."""
+"""A node listens only where its settings say: the embedded Ray on loopback, in both topologies; and
+that Ray runs only the processes a node uses."""
 
 from __future__ import annotations
 
@@ -11,6 +12,19 @@ import pytest
 
 from nodes import NodeProcess, free_port, node_settings
 from node.server import ray_setup
+
+
+# what ray.init(address="local") adds and a node's embedded Ray leaves out (ray_setup.start_head)
+UNUSED_RAY_HELPERS = ("_private/log_monitor.py", "autoscaler/_private/monitor.py", "dashboard/dashboard.py")
+
+
+def _alive(processes):
+    for process in processes:
+        try:
+            process.cmdline()
+        except psutil.Error:
+            continue
+        yield process
 
 
 @pytest.mark.parametrize("topology", ["compact", "split"])
@@ -30,6 +44,9 @@ def test_every_process_of_a_running_node_listens_on_loopback_only(tmp_path, topo
         assert {name.split(" ")[0] for name, _ in processes} >= {"launcher", "front", "writer" if topology == "split"
                                                                 else "dispatcher"}
         assert ray_setup.foreign_listeners(node.settings, processes) == []
+        commands = [" ".join(process.cmdline()) for process in _alive(node.tree())]
+        assert any("gcs_server" in command for command in commands), commands
+        assert not [c for c in commands if any(helper in c for helper in UNUSED_RAY_HELPERS)], commands
         token = Path.home() / ".ray" / "auth_token"
         if token.exists():
             assert stat.S_IMODE(token.stat().st_mode) == 0o600

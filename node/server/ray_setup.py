@@ -132,7 +132,8 @@ def start_head(temp_dir: Path | None, object_store_memory: int, num_cpus: int):
     address = None if ray_constants.ENABLE_RAY_CLUSTER else LOOPBACK
     params = RayParams(node_ip_address=address, num_cpus=num_cpus, object_store_memory=object_store_memory,
                        temp_dir=str(temp_dir) if temp_dir else None, include_dashboard=False,
-                       include_log_monitor=False, no_monitor=True)
+                       include_log_monitor=False, no_monitor=True,
+                       worker_path=str(Path(__file__).with_name("ray_worker.py")))  # (Ray's, with less to import)
     # shutdown_at_exit=False: Ray's own would take SIGTERM from the launcher (node.server.signals);
     # the reaper kills the head's processes when this process dies without a word
     _head = Head(params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True)

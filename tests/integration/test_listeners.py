@@ -47,6 +47,7 @@ def test_every_process_of_a_running_node_listens_on_loopback_only(tmp_path, topo
         commands = [" ".join(process.cmdline()) for process in _alive(node.tree())]
         assert any("gcs_server" in command for command in commands), commands
         assert not [c for c in commands if any(helper in c for helper in UNUSED_RAY_HELPERS)], commands
+        assert any("node/server/ray_worker.py" in c for c in commands if "raylet" in c), commands  # (its workers')
         token = Path.home() / ".ray" / "auth_token"
         if token.exists():
             assert stat.S_IMODE(token.stat().st_mode) == 0o600

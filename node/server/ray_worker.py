@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import runpy
 import sys
 
@@ -42,4 +43,6 @@ def default_worker_path() -> str:
 
 if __name__ == "__main__":
     sys.meta_path.insert(0, DeferredImports())
-    runpy.run_path(default_worker_path(), run_name="__main__")
+    program = default_worker_path()
+    sys.path[0] = os.path.dirname(program)  # as if run itself: node/server's modules are no top-level names
+    runpy.run_path(program, run_name="__main__")

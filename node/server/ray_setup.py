@@ -96,8 +96,13 @@ def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: in
         ray.init(address=ray_address, logging_level=logging.ERROR, log_to_driver=False)
     else:
         head = start_head(temp_dir, object_store_memory, num_cpus or os.cpu_count())
-        ray.init(address=head.address, _node_ip_address=head.node_ip_address, logging_level=logging.ERROR,
-                 log_to_driver=False)
+        if head is not None:
+            ray.init(address=head.address, _node_ip_address=head.node_ip_address, logging_level=logging.ERROR,
+                     log_to_driver=False)
+        else:  # (a Ray whose private API moved: its own start, helpers and all)
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                     object_store_memory=object_store_memory, _temp_dir=str(temp_dir) if temp_dir else None,
+                     logging_level=logging.ERROR, log_to_driver=False, _node_ip_address=node_ip_address())
     without_arrow_serializers()  # (this process's context too, as its workers': node.server.worker_setup)
     return not ray_address
 
@@ -114,31 +119,45 @@ def start_head(temp_dir: Path | None, object_store_memory: int, num_cpus: int):
     nothing to scale) and the dashboard's API server (what the node asks of Ray, the GCS answers:
     node.server.supervision). Together ~2 CPU-s of each start and its idle time: 8 % of the test
     suite's CPU, which starts ~90 of them. Made as Ray's own `ray start --head --no-monitor` and
-    `ray.cluster_utils` make a head (`ray._private.node.Node`); `ray.init` then attaches to it."""
+    `ray.cluster_utils` make a head (`ray._private.node.Node`); `ray.init` then attaches to it.
+    None where that private API is not the one this was made for (Ray 2.60): `init` then starts
+    Ray by `ray.init`, helpers and all (test_listeners finds them)."""
     import atexit
+    import inspect
 
-    from ray._private import ray_constants
-    from ray._private.node import Node
-    from ray._private.parameter import RayParams
+    global _head
+    assert _head is None, "one embedded Ray a process"
+    try:
+        from ray._private.node import Node
+        from ray._private.parameter import RayParams
+
+        params = RayParams(node_ip_address=node_ip_address(), num_cpus=num_cpus, object_store_memory=object_store_memory,
+                           temp_dir=str(temp_dir) if temp_dir else None, include_dashboard=False,
+                           include_log_monitor=False, no_monitor=True,
+                           worker_path=str(Path(__file__).with_name("ray_worker.py")))  # (Ray's, with less to import)
+        # shutdown_at_exit=False: Ray's own would take SIGTERM from the launcher (node.server.signals);
+        # the reaper kills the head's processes when this process dies without a word
+        options = {"head": True, "shutdown_at_exit": False, "spawn_reaper": True, "ray_init_cluster": True}
+        inspect.signature(Node).bind(params, **options)
+    except (ImportError, TypeError) as error:
+        logging.getLogger("mqnode").warning("the embedded Ray starts with ray.init: %s", error)
+        return None
 
     class Head(Node):
         def start_api_server(self, *args, **kwargs) -> None:
             self._webui_url = None
 
-    global _head
-    assert _head is None, "one embedded Ray a process"
-    # 127.0.0.1 once embedded_ray_on_loopback() was in force at Ray's import (a node's launcher);
-    # else Ray's choice, as for ray.init (a test's in-process node in a process that imported Ray)
-    address = None if ray_constants.ENABLE_RAY_CLUSTER else LOOPBACK
-    params = RayParams(node_ip_address=address, num_cpus=num_cpus, object_store_memory=object_store_memory,
-                       temp_dir=str(temp_dir) if temp_dir else None, include_dashboard=False,
-                       include_log_monitor=False, no_monitor=True,
-                       worker_path=str(Path(__file__).with_name("ray_worker.py")))  # (Ray's, with less to import)
-    # shutdown_at_exit=False: Ray's own would take SIGTERM from the launcher (node.server.signals);
-    # the reaper kills the head's processes when this process dies without a word
-    _head = Head(params, head=True, shutdown_at_exit=False, spawn_reaper=True, ray_init_cluster=True)
+    _head = Head(params, **options)
     atexit.register(shutdown)  # (after ray.init's own: atexit runs the later one first)
     return _head
+
+
+def node_ip_address() -> str | None:
+    """127.0.0.1 once embedded_ray_on_loopback() was in force at Ray's import (a node's launcher);
+    else Ray's choice, as for ray.init (a test's in-process node in a process that imported Ray)."""
+    from ray._private import ray_constants
+
+    return None if getattr(ray_constants, "ENABLE_RAY_CLUSTER", True) else LOOPBACK
 
 
 def shutdown() -> None:

@@ -95,13 +95,14 @@ def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: in
     if ray_address:
         ray.init(address=ray_address, logging_level=logging.ERROR, log_to_driver=False)
     else:
-        head = start_head(temp_dir, object_store_memory, num_cpus or os.cpu_count())
+        num_cpus = num_cpus or os.cpu_count()
+        head = start_head(temp_dir, object_store_memory, num_cpus)
         if head is not None:
             ray.init(address=head.address, _node_ip_address=head.node_ip_address, logging_level=logging.ERROR,
                      log_to_driver=False)
         else:  # (a Ray whose private API moved: its own start, helpers and all)
-            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                     object_store_memory=object_store_memory, _temp_dir=str(temp_dir) if temp_dir else None,
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                     object_store_memory=object_store_memory, _temp_dir=temp_dir and str(temp_dir),
                      logging_level=logging.ERROR, log_to_driver=False, _node_ip_address=node_ip_address())
     without_arrow_serializers()  # (this process's context too, as its workers': node.server.worker_setup)
     return not ray_address
@@ -132,7 +133,7 @@ def start_head(temp_dir: Path | None, object_store_memory: int, num_cpus: int):
         from ray._private.parameter import RayParams
 
         params = RayParams(node_ip_address=node_ip_address(), num_cpus=num_cpus, object_store_memory=object_store_memory,
-                           temp_dir=str(temp_dir) if temp_dir else None, include_dashboard=False,
+                           temp_dir=temp_dir and str(temp_dir), include_dashboard=False,
                            include_log_monitor=False, no_monitor=True,
                            worker_path=str(Path(__file__).with_name("ray_worker.py")))  # (Ray's, with less to import)
         # shutdown_at_exit=False: Ray's own would take SIGTERM from the launcher (node.server.signals);
@@ -148,6 +149,7 @@ def start_head(temp_dir: Path | None, object_store_memory: int, num_cpus: int):
             self._webui_url = None
 
     _head = Head(params, **options)
+    atexit.unregister(shutdown)  # (once, however many heads this process has started and stopped)
     atexit.register(shutdown)  # (after ray.init's own: atexit runs the later one first)
     return _head
 

@@ -18,13 +18,15 @@ from node.server import ray_setup
 UNUSED_RAY_HELPERS = ("_private/log_monitor.py", "autoscaler/_private/monitor.py", "dashboard/dashboard.py")
 
 
-def _alive(processes):
+def _commands(processes) -> list[str]:
+    """The command lines of those of `processes` still running."""
+    out = []
     for process in processes:
         try:
-            process.cmdline()
+            out.append(" ".join(process.cmdline()))
         except psutil.Error:
             continue
-        yield process
+    return out
 
 
 @pytest.mark.parametrize("topology", ["compact", "split"])
@@ -44,7 +46,7 @@ def test_every_process_of_a_running_node_listens_on_loopback_only(tmp_path, topo
         assert {name.split(" ")[0] for name, _ in processes} >= {"launcher", "front", "writer" if topology == "split"
                                                                 else "dispatcher"}
         assert ray_setup.foreign_listeners(node.settings, processes) == []
-        commands = [" ".join(process.cmdline()) for process in _alive(node.tree())]
+        commands = _commands(node.tree())
         assert any("gcs_server" in command for command in commands), commands
         assert not [c for c in commands if any(helper in c for helper in UNUSED_RAY_HELPERS)], commands
         assert any("node/server/ray_worker.py" in c for c in commands if "raylet" in c), commands  # (its workers')

@@ -48,7 +48,7 @@ ACL_CONFIG = "plain_acl.yml"  # a master with the ACL ships its file to its slav
 ADMIN_CODES = frozenset({protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER,
                          protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, protocol.DELETE_SUBSCRIPTIONGROUP,
                          protocol.DELETE_EXPIRED_COMMITLOG, protocol.HA_ROLE})
-SEND_ONE = frozenset({protocol.SEND_MESSAGE, protocol.SEND_BATCH_MESSAGE})
+SEND_ONE = frozenset({protocol.SEND_MESSAGE, protocol.SEND_BATCH_MESSAGE, protocol.SEND_REPLY_MESSAGE})
 GROUP_ONLY = frozenset({protocol.CONSUMER_SEND_MSG_BACK, protocol.UNREGISTER_CLIENT, protocol.GET_CONSUMER_LIST_BY_GROUP,
                         protocol.LOCK_BATCH_MQ, protocol.UNLOCK_BATCH_MQ, protocol.GET_CONSUMER_CONNECTION_LIST,
                         protocol.ACK_MESSAGE, protocol.BATCH_ACK_MESSAGE, protocol.CHANGE_MESSAGE_INVISIBLETIME,

@@ -21,6 +21,10 @@ Sockets:
   serves them as the schedule service's re-puts, and answers them on the service's ring.
 - `reput-in` PULL, `reput-out` PUSH: the schedule service's re-puts, and their answers.
 
+Through `clients` it also sends what clients get unasked: a group's changes to its members, a
+transaction's check to a producer of its group, and a request's reply to its requester
+(SEND_REPLY_MESSAGE: pushed, then stored as a send; actors.replies).
+
 It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
 `flushConsumerOffsetInterval` ms and at stop). With `frontPinBelowCpu` set, while its load is
 light it keeps all its threads on one CPU (actors.host_tuning): the wake-ups between its loop and
@@ -53,7 +57,7 @@ from actors.schedule import REPUT_CLIENT
 from actors.transaction import TRANSACTION_CLIENT
 from actors.producers import ProducerGroups
 from actors.wire import SERVICE_SEND, join_frames, read_meta, read_size, read_to_wire, send_meta, unpack_replies
-from actors import consumers, edge, guard
+from actors import consumers, edge, guard, replies
 from actors.consumers import ConsumerGroups
 from actors.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
 from actors.offsets import ConsumerOffsets, SubscriptionGroups
@@ -138,6 +142,9 @@ class Front(Actor):
         self.checks_in.bind(self.endpoints["transaction-checks"])
         self.producers = ProducerGroups(s.clientChannelExpiredTimeout)
         self.checks_sent = self.checks_unsent = 0
+        self.reply_topic = protocol.reply_topic(s.brokerClusterName)
+        self.store_host = "%s:%d" % s.store_address  # (a pushed reply's storeHost)
+        self.reply_stats = replies.ReplyStats()
         # the schedule service's re-puts in, their answers out: private (the run directory is 0700)
         self.reput_in = socket(self.context, zmq.PULL, hwm=100000)
         self.reput_in.bind(self.endpoints["reput-in"])
@@ -284,6 +291,8 @@ class Front(Actor):
             self._forward(self.cleans, client, request, frames, "the clean service is not running; try again")
         elif route.to is To.GROUPS:
             self._groups(client, request.header)
+        elif route.to is To.REPLY:
+            self._send_reply(client, request, frames)
         elif route.to is To.HA:
             self._ha(client, request)
         elif route.to is To.RUNTIME:
@@ -334,6 +343,53 @@ class Front(Actor):
                 break
             else:
                 self.checks_unsent += 1
+
+    def _send_reply(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
+        """SEND_REPLY_MESSAGE (actors.replies): checked as a send, pushed to its requester, then
+        stored as a SEND_MESSAGE (storeReplyMessageEnable). Answered as the store answers when
+        the push went out, SYSTEM_ERROR saying why when it did not (stored all the same)."""
+        header, body = request.header, frames[1] if len(frames) == 2 else b""
+        header["code"] = protocol.SEND_MESSAGE  # (checked, stored and answered as a send from here)
+        oneway = header.get("oneway") is True
+        if not self.accepting or self.replication.is_slave():
+            return self._send(client, request, frames)  # (refused there, as a send)
+        remark = edge.send_refusal(header)  # ProtocolError for a broken structure
+        if remark:
+            return self._refuse(client, request, oneway, "MESSAGE_ILLEGAL", remark)
+        if header["topic"] == self.reply_topic and self.topics.get(self.reply_topic) is None:
+            self.topics.create(self.reply_topic, 1)  # (at the first reply; RocketMQ's broker makes it at start)
+        refused = self.router.check_topics(request).get("0")
+        if refused:
+            return self._refuse(client, request, oneway, *refused)
+        why = self._push_reply(header, body)
+        self.reply_stats.count(why)
+        as_send = [orjson.dumps(header), body]
+        if why:
+            self._refuse(client, request, oneway, "SYSTEM_ERROR", why)
+            if self.settings.storeReplyMessageEnable:
+                self._send(replies.UNANSWERED, request, as_send)
+        elif self.settings.storeReplyMessageEnable:
+            self._send(client, request, as_send)
+        elif not oneway:  # (pushed, not stored: RocketMQ's answer names no stored message)
+            self._reply(client, [orjson.dumps(protocol.reply_header(
+                request.opaque, "PUT_OK", msgId="0", offsetMsgId="0", queueId=header["queueId"], queueOffset=0))])
+
+    def _push_reply(self, header: dict, body: bytes) -> str:
+        """The reply to its requester's connection: "" once ZeroMQ took it, else why not."""
+        client_id, why = replies.requester(header)
+        if client_id is None:
+            return why
+        routing_id = self.producers.find(client_id)
+        if routing_id is None:
+            return replies.not_found(client_id)
+        push = replies.push_header(header, self.store_host, int(time.time() * 1000))
+        try:
+            send_frames(self.clients, [routing_id, orjson.dumps(push), body], NOBLOCK)
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                self.producers.forget(client_id)
+            return f"push reply message to {client_id} fail: {e.strerror}"
+        return ""
 
     def _waiting(self) -> bool:
         """Whether requests wait at the front for a service's ring (actors.links.WaitingOutbox)."""
@@ -464,6 +520,8 @@ class Front(Actor):
             self._reply(client, protocol.error_reply(request.opaque, status, remark))
 
     def _reply(self, client: bytes, frames: list[bytes]) -> None:
+        if client == replies.UNANSWERED:  # a reply stored though its push failed: answered already
+            return
         if client == REPUT_CLIENT:  # the schedule service's re-put
             send_frames(self.reput_out, [client, *frames])
             return
@@ -519,6 +577,7 @@ class Front(Actor):
         if self.consumers is not None:
             stats["producerGroups"] = self.producers.statistics() | {"checksSent": self.checks_sent,
                                                                      "checksUnsent": self.checks_unsent}
+            stats["replies"] = self.reply_stats.statistics()
         for key, part in (("consumerGroups", self.consumers), ("acl", self.acl), ("curve", self.curve)):
             if part is not None:  # (each part of the router, once opened)
                 stats[key] = part.statistics()

@@ -51,6 +51,21 @@ class ProducerGroups:
         at = self.turn % len(members)
         return [(c, r) for c, (r, _) in members[at:] + members[:at]]
 
+    def find(self, client_id: str) -> bytes | None:
+        """The routing id a producer `client_id` last sent HEART_BEAT from, in any of its groups
+        (RocketMQ's findChannel: where a request's reply goes), or None."""
+        for members in self.groups.values():
+            member = members.get(client_id)
+            if member is not None:
+                return member[0]
+        return None
+
+    def forget(self, client_id: str) -> None:
+        """Its connection is gone (a reply could not be pushed to it): out of every group."""
+        self.unreachable += 1
+        for group in [g for g, members in self.groups.items() if client_id in members]:
+            self.unregister(client_id, group)
+
     def gone(self, client_id: str, group: str) -> None:
         """Its connection is gone (a check could not be sent to it)."""
         self.unreachable += 1

@@ -3,6 +3,7 @@ itself from its tables (consumer offsets, topic configs, routes). No socket, no 
 (its shell) moves the frames.
 
 `route` returns a `Route`: SEND (the topic checks are the shell's: they need the send path),
+REPLY (a reply of request-reply: pushed to its requester by the shell, then a SEND),
 READ (the read service), CLEAN (the clean service), SCHEDULE (the schedule service: send-backs),
 TRANSACTION (the transaction service), RUNTIME (the front's own statistics), or
 ANSWER with the reply frames. A request whose fields are wrong raises ProtocolError from the edge
@@ -38,6 +39,7 @@ class To(enum.Enum):
     HA = "ha"  # replication's status and role: the front answers, or the ha-client promotes
     POP = "pop"  # pop consumption: the pop service (actors.pop), the header completed here
     TRANSACTION = "transaction"  # END_TRANSACTION and the transaction state: the transaction service
+    REPLY = "reply"  # SEND_REPLY_MESSAGE: the front pushes it to its requester, then stores it as a send
     ANSWER = "answer"
 
 
@@ -59,6 +61,8 @@ class Router:
         code = request.code
         if code in protocol.SEND_CODES:
             return Route(To.SEND)
+        if code == protocol.SEND_REPLY_MESSAGE:  # (a send's checks: the shell's, as for SEND)
+            return Route(To.REPLY)
         edge.check_request(request)  # ProtocolError: SYSTEM_ERROR with its remark
         if code == protocol.PULL_MESSAGE and "consumerGroup" in request.header:
             header = request.header

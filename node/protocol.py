@@ -83,6 +83,27 @@ TRANSACTION_CODES = frozenset({END_TRANSACTION, GET_TRANSACTION_STATE, END_TRANS
 MAX_ENDS_PER_REQUEST = 1024
 
 SEND_CODES = frozenset({SEND_MESSAGE, SEND_BATCH_MESSAGE, SEND_MESSAGES})
+# request-reply (RocketMQ 4.6's RPC over messages; docs/protocol.md "Request and reply"): a requester's
+# message carries CORRELATION_ID, REPLY_TO_CLIENT (its clientID) and TTL; the reply, made from it
+# (node.client.replies.create_reply), goes to `<brokerClusterName>_REPLY_TOPIC` as a SEND_REPLY_MESSAGE,
+# which the node pushes to the requester's connection (PUSH_REPLY_MESSAGE_TO_CLIENT) and stores
+SEND_REPLY_MESSAGE = 324
+PUSH_REPLY_MESSAGE_TO_CLIENT = 326  # node -> the requester, unasked: its reply
+PROPERTY_CORRELATION_ID = "CORRELATION_ID"
+PROPERTY_REPLY_TO_CLIENT = "REPLY_TO_CLIENT"
+PROPERTY_MESSAGE_TTL = "TTL"
+PROPERTY_MESSAGE_TYPE = "MSG_TYPE"
+PROPERTY_PUSH_REPLY_TIME = "PUSH_REPLY_TIME"
+PROPERTY_REPLY_ARRIVE_TIME = "ARRIVE_TIME"
+REPLY_MESSAGE_FLAG = "reply"  # MSG_TYPE of a reply
+REPLY_TOPIC_POSTFIX = "REPLY_TOPIC"
+
+
+def reply_topic(cluster: str) -> str:
+    """The topic replies of a cluster's requests go to (RocketMQ's MixAll.getReplyTopic)."""
+    return f"{cluster}_{REPLY_TOPIC_POSTFIX}"
+
+
 # served by the pull workers, from read-only mappings
 READ_CODES = frozenset({PULL_MESSAGE, QUERY_MESSAGE, SEARCH_OFFSET_BY_TIMESTAMP, GET_MAX_OFFSET, GET_MIN_OFFSET,
                         VIEW_MESSAGE_BY_ID})

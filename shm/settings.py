@@ -133,6 +133,7 @@ class Settings:
     duplicationEnable: bool = _s(False, "Dispatch only below the confirm offset", HA)
     # -- broker settings that affect store behaviour
     brokerClusterName: str = _s("DefaultCluster", "Cluster name, stored in every record's CLUSTER property", BROKER)
+    storeReplyMessageEnable: bool = _s(True, "Store a request's reply (SEND_REPLY_MESSAGE) in its topic, <brokerClusterName>_REPLY_TOPIC, besides pushing it to the requester", BROKER)
     brokerName: str = _s("broker-a", "Broker name: the broker group's (a master and its slaves) in a cluster's routes", BROKER)
     namesrvAddr: str = _s("", "Name services this node registers with, host:port separated by ';' (tcp://host:port too); empty = none", BROKER)
     registerNameServerPeriod: int = _s(30000, "How often the node registers with each name service, ms (and at once when its topics change)", BROKER)

@@ -1,5 +1,5 @@
-"""The Python client, one import for users: the producers (plain and transactional) and the pull,
-push and pop consumers (`from node.client import Producer, PushConsumer, PopConsumer`).
+"""The Python client, one import for users: the producers (plain, transactional, and the requester
+of request-reply) and the pull, push and pop consumers (`from node.client import Producer, PushConsumer, PopConsumer`).
 
 `Producer` / `AsyncProducer` live in `node.client.producer`, `PullConsumer` / `AsyncPullConsumer` in
 `node.client.consumer` (its messages in `node.client.received`), `PushConsumer` in `node.client.push`,
@@ -18,6 +18,7 @@ _NAMES = {  # the module each name lives in -> its names
     "node.client.message": ("Message",),
     "node.client.producer": ("AsyncProducer", "Producer", "SendError", "SendResult"),
     "node.client.received": ("ReceivedMessage", "decode_messages"),
+    "node.client.replies": ("AsyncRequester", "Requester", "RequestTimeout"),
     "node.client.transaction": ("COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW", "AsyncTransactionProducer",
                                 "LocalTransactionState", "TransactionProducer", "TransactionSendResult"),
     "node.client.push": ("AsyncPushConsumer", "PushConsumer", "PushOptions", "SUCCESS",
@@ -37,6 +38,7 @@ if typing.TYPE_CHECKING:  # (for readers and type checkers: the same names, impo
     from node.client.push import (BROADCASTING, CLUSTERING, SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT,
                                   AsyncPushConsumer, PushConsumer, PushOptions)
     from node.client.received import ReceivedMessage, decode_messages
+    from node.client.replies import AsyncRequester, Requester, RequestTimeout
     from node.client.transaction import (COMMIT_MESSAGE, ROLLBACK_MESSAGE, UNKNOW, AsyncTransactionProducer,
                                          LocalTransactionState, TransactionProducer, TransactionSendResult)
     from node.client.uniq_keys import UniqKeys
@@ -53,6 +55,8 @@ def __getattr__(name: str):
             import node.client.producer as home
         case "node.client.received":
             import node.client.received as home
+        case "node.client.replies":
+            import node.client.replies as home
         case "node.client.transaction":
             import node.client.transaction as home
         case "node.client.push":

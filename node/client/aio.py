@@ -8,6 +8,7 @@ wakes a task. Users' own code may run the async clients on any loop.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Coroutine
 
 try:
@@ -36,3 +37,37 @@ def detach(coroutine: Coroutine) -> asyncio.Task:
     _DETACHED.add(task)
     task.add_done_callback(_DETACHED.discard)
     return task
+
+
+class Blocking:
+    """The blocking form of an asyncio client: `inner`, made and run on a private event-loop
+    thread; each call waits for its result there. Thread-safe. A subclass starts the thread
+    (`_start_loop`), makes `inner` with `_call`, and names the ZeroMQ context it made (`_context`),
+    which `close` ends after `inner.close()`."""
+
+    inner = None
+
+    def _start_loop(self, name: str) -> None:
+        self.loop = new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def _call(self, coroutine, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def _context(self):
+        return self.inner.producer.context
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self._call(self.inner.close())
+            context = self._context()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+            context.term()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

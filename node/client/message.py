@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from node import protocol
 from shm.codec import (
+    PROPERTY_CLUSTER,
     PROPERTY_DELAY,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
@@ -53,6 +55,25 @@ class Message:
                 or self.delay_level or not self.wait or self.deliver_at_ms is not None or self.delay_ms is not None):
             return _props_string(self.wire_properties(uniq_key))
         return f"{PROPERTY_UNIQ_KEY}\x01{properties.get(PROPERTY_UNIQ_KEY, uniq_key) if properties else uniq_key}"
+
+
+def create_reply(request, body: bytes | str, *, properties: dict[str, str] | None = None) -> Message:
+    """The reply to a request-reply message (RocketMQ's MessageUtil.createReplyMessage): to the
+    reply topic of the cluster that stored the request, carrying its CORRELATION_ID, REPLY_TO_CLIENT
+    and TTL, MSG_TYPE "reply". `request` is a consumed message (its `properties`). ValueError for a
+    message that is no request (no REPLY_TO_CLIENT) or whose node added no CLUSTER."""
+    asked = request.properties
+    cluster, requester = asked.get(PROPERTY_CLUSTER), asked.get(protocol.PROPERTY_REPLY_TO_CLIENT)
+    if not requester:
+        raise ValueError(f"create reply message fail: the message has no {protocol.PROPERTY_REPLY_TO_CLIENT} (no request)")
+    if not cluster:
+        raise ValueError(f"create reply message fail, requestMessage error, property[{PROPERTY_CLUSTER}] is null.")
+    props = dict(properties or {})
+    props.update({protocol.PROPERTY_MESSAGE_TYPE: protocol.REPLY_MESSAGE_FLAG, protocol.PROPERTY_REPLY_TO_CLIENT: requester,
+                  protocol.PROPERTY_CORRELATION_ID: asked.get(protocol.PROPERTY_CORRELATION_ID, ""),
+                  protocol.PROPERTY_MESSAGE_TTL: asked.get(protocol.PROPERTY_MESSAGE_TTL, "")})
+    return Message(protocol.reply_topic(cluster), body.encode() if isinstance(body, str) else bytes(body),
+                   properties=props)
 
 
 def _props_string(props: dict[str, str]) -> str:

@@ -18,7 +18,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import itertools
-import threading
 import time
 from typing import NamedTuple
 
@@ -29,7 +28,7 @@ from node import protocol
 from node.client import aio, routes
 from node.client.connection import Connection
 from node.client.errors import SendError
-from node.client.message import Message
+from node.client.message import Message, create_reply
 from node.client.routes import shard_queue
 from node.client.uniq_keys import UniqKeys
 from node.security import Credentials
@@ -113,7 +112,8 @@ class AsyncProducer:
         self.round_robin: dict[str, itertools.count] = {}
         self.reaper: asyncio.Task | None = None
         self.on_notice = None  # called with what the node sends unasked (NOTIFY_CONSUMER_IDS_CHANGED)
-        self.on_request = None  # called with (header, body) of a request the node makes (CHECK_TRANSACTION_STATE)
+        self.on_request = None  # called with (header, body) of a request the node makes (CHECK_TRANSACTION_STATE,
+        # PUSH_REPLY_MESSAGE_TO_CLIENT)
         self.cluster: routes.Cluster | None = None
         if namesrv is not None:
             group = dict(linger_ms=linger_ms, max_coalesce=max_coalesce, timeout=timeout, retries=0,
@@ -274,6 +274,24 @@ class AsyncProducer:
         await self.send(topic, b"0", tags=protocol.RECALL_TAG, properties={PROPERTY_TIMER_DEL_UNIQKEY: message_id},
                         deliver_at_ms=due_ms, broker=broker or None)
         return message_id
+
+    async def send_reply(self, request, body: bytes | str, *, properties: dict[str, str] | None = None) -> SendResult:
+        """Answer a request of request-reply (node.client.replies): `create_reply(request, body)` as
+        a SEND_REPLY_MESSAGE, which the node pushes to the requester's connection and stores in
+        the reply topic. SendError SYSTEM_ERROR when no requester of its REPLY_TO_CLIENT is
+        connected to this node (the remark says so; the reply is stored all the same)."""
+        if self.cluster is not None:
+            raise TypeError("a reply goes to the node that stored its request (its store_host): endpoint=")
+        message = create_reply(request, body, properties=properties)
+        await self.start()
+        header = {"code": protocol.SEND_REPLY_MESSAGE, "topic": message.topic, "queueId": 0, "flag": 0,  # (its one queue)
+                  "bornTimestamp": int(time.time() * 1000), "properties": message.wire_properties(self.keys.next())}
+        reply, _ = await self.request(header, message.body)
+        status = reply.get("status")
+        if status not in protocol.STORED_STATUSES:
+            raise SendError(status or "SYSTEM_ERROR", reply.get("remark", ""))
+        return SendResult(status, reply["msgId"], reply["offsetMsgId"], reply["queueId"], reply["queueOffset"],
+                          message.topic, self.broker)
 
     async def send_message(self, message: Message, *, queue_id: int | None = None,
                            shard_key: str | None = None, broker: str | None = None) -> SendResult:
@@ -498,7 +516,7 @@ class AsyncProducer:
         if waiter is not None:
             self._finish(waiter[0], (header, frames[1] if len(frames) > 1 else None), None)
         elif "opaque" not in header:
-            if header.get("code") == protocol.CHECK_TRANSACTION_STATE:
+            if header.get("code") in (protocol.CHECK_TRANSACTION_STATE, protocol.PUSH_REPLY_MESSAGE_TO_CLIENT):
                 if self.on_request is not None:
                     self.on_request(header, frames[1] if len(frames) > 1 else None)
             elif self.on_notice is not None:
@@ -522,13 +540,11 @@ class AsyncProducer:
                 self._finish(waiter, None, SendError("TIMEOUT", f"no reply within {self.timeout} s"))
 
 
-class Producer:
+class Producer(aio.Blocking):
     """The blocking producer: an AsyncProducer on a private event-loop thread. Thread-safe."""
 
     def __init__(self, endpoint: str | None = None, **options):
-        self.loop = aio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="mqnode-producer", daemon=True)
-        self.thread.start()
+        self._start_loop("mqnode-producer")
         self.inner = self._call(self._make(endpoint, options))
 
     def statistics(self) -> dict:
@@ -537,8 +553,8 @@ class Producer:
     async def _make(self, endpoint: str | None, options: dict) -> AsyncProducer:
         return await AsyncProducer(endpoint, context=zmq.Context(), **options).start()
 
-    def _call(self, coroutine, timeout: float | None = None):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+    def _context(self):
+        return self.inner.context
 
     def send(self, topic: str, body: bytes | str, **kwargs) -> SendResult:
         return self._call(self.inner.send(topic, body, **kwargs))
@@ -558,23 +574,13 @@ class Producer:
     def recall(self, topic: str, recall_handle: str) -> str:
         return self._call(self.inner.recall(topic, recall_handle))
 
+    def send_reply(self, request, body: bytes | str, **kwargs) -> SendResult:
+        return self._call(self.inner.send_reply(request, body, **kwargs))
+
     def request(self, header: dict, body: bytes | None = None, *,
                 timeout: float | None = None) -> tuple[dict, bytes | None]:
         return self._call(self.inner.request(header, body, timeout=timeout))
 
-    def close(self) -> None:
-        if self.loop.is_running():
-            self._call(self.inner.close())
-            context = self.inner.context
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(5)
-            context.term()
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def backoff(attempt: int) -> float:

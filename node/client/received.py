@@ -19,9 +19,11 @@ compare the two).
 
 from __future__ import annotations
 
+import time
 from functools import lru_cache
 
 from node.client.producer import SendError
+from node.protocol import PROPERTY_REPLY_ARRIVE_TIME
 from shm.codec import (
     FIXED_BORN_HOST,
     FIXED_BORN_TS,
@@ -277,6 +279,17 @@ def _from_fields(topic, queue_id, queue_offset, _msg_id, offset_msg_id, _tags, _
     message._body, message._buf, message._topic, message._properties, message._offset_id, message._hosts = (
         body, b"", topic, properties, offset_msg_id, (born_host, store_host))
     return message
+
+
+def pushed_reply(header: dict, body: bytes) -> ReceivedMessage:
+    """A reply the node pushed to its requester (PUSH_REPLY_MESSAGE_TO_CLIENT: actors.replies), as
+    RocketMQ's client makes it: the header's fields, ARRIVE_TIME added to its properties. Not
+    stored when pushed: no queue offset or offset msgId."""
+    properties = dict(header.get("properties") or {})
+    properties[PROPERTY_REPLY_ARRIVE_TIME] = str(int(time.time() * 1000))
+    return _from_fields(header.get("topic", ""), header.get("queueId", 0), 0, None, "", None, None, properties, body,
+                        header.get("bornTimestamp", 0), header.get("storeTimestamp", 0), header.get("bornHost", ""),
+                        header.get("storeHost", ""), header.get("reconsumeTimes", 0))
 
 
 @lru_cache(maxsize=1024)

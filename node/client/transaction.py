@@ -22,15 +22,13 @@ import collections
 import enum
 import inspect
 import logging
-import os
-import socket
-import threading
 from typing import Callable, NamedTuple
 
 from node import protocol
 from node.client import aio
 from node.client.message import Message
 from node.client.producer import AsyncProducer, SendError, SendResult, _bytes
+from node.client.producer_group import ProducerMembership
 from node.client.received import decode_messages, retopic
 from shm.codec import (
     PROPERTY_PRODUCER_GROUP,
@@ -41,7 +39,6 @@ from shm.codec import (
 )
 
 log = logging.getLogger("mqnode.transaction")
-HEARTBEAT_S = 30.0  # as RocketMQ's heartbeatBrokerInterval
 CHECK_WORKERS = 64  # checks answered concurrently (a blocking `check` runs on a thread of its own)
 CHECK_ENDS_IN_FLIGHT = 4096  # ends of answered checks awaiting the node's reply at once: a worker goes on to the
 # next check meanwhile (when each waited for its end, 64 workers ended ~8k halves/s, a round trip a 64, and a
@@ -93,8 +90,7 @@ class AsyncTransactionProducer:
         self.execute, self.check = execute, check
         self.producer = AsyncProducer(endpoint, **options)
         self.producer.on_request = self._on_request
-        self.client_id = f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
-        self.heartbeats: asyncio.Task | None = None
+        self.membership = ProducerMembership(self.producer, group, self)  # (the checks find it through this)
         self.checks_waiting: collections.deque = collections.deque()  # (header, body)
         self.checking: set[asyncio.Task] = set()  # the workers answering them
         self.ending: set[asyncio.Task] = set()  # end requests, and answered checks' ends, on their way
@@ -103,24 +99,16 @@ class AsyncTransactionProducer:
         self.ends_queued: list[tuple[dict, asyncio.Future]] = []  # this turn's ends, sent together
 
     async def start(self) -> AsyncTransactionProducer:
-        if self.heartbeats is None:
+        if not self.membership.started:
             await self.producer.start()
-            await self._heartbeat()  # known to the node before the first half: it can be asked about it
-            self.heartbeats = asyncio.create_task(self._beat())
+            await self.membership.start()  # known to the node before the first half: it can be asked about it
         return self
 
     async def close(self) -> None:
         for tasks in (self.checking, self.ending):  # checks being answered: their ends leave before the connection closes
             if tasks:
                 await asyncio.wait(list(tasks), timeout=self.producer.timeout)
-        if self.heartbeats is not None:
-            self.heartbeats.cancel()
-            self.heartbeats = None
-            try:
-                await self.producer.request({"code": protocol.UNREGISTER_CLIENT, "clientID": self.client_id,
-                                             "producerGroup": self.group}, timeout=1.0)
-            except SendError:
-                pass  # (the node forgets it anyway, when the connection is gone)
+        await self.membership.stop()
         for task in [*self.checking, *self.ending]:
             task.cancel()
         await self.producer.close()
@@ -130,20 +118,6 @@ class AsyncTransactionProducer:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
-
-    async def _heartbeat(self) -> None:
-        reply, _ = await self.producer.request({"code": protocol.HEART_BEAT, "clientID": self.client_id,
-                                                "producerDataSet": [{"groupName": self.group}]})
-        if reply.get("status") != "OK":
-            raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
-
-    async def _beat(self) -> None:
-        while True:
-            await asyncio.sleep(HEARTBEAT_S)
-            try:
-                await self._heartbeat()
-            except SendError as e:
-                log.warning("heartbeat of producer group %s: %s", self.group, e)
 
     # -- sending ---------------------------------------------------------------------------------
 
@@ -275,15 +249,13 @@ def _result(sent: SendResult, state: LocalTransactionState, end_status: str) -> 
                                  sent.topic, state, end_status)
 
 
-class TransactionProducer:
+class TransactionProducer(aio.Blocking):
     """The blocking transactional producer: the local transaction runs in the caller's thread,
     checks on a worker thread (they may block); sends on a private event-loop thread."""
 
     def __init__(self, endpoint: str, group: str, execute: Callable | None = None, check: Callable | None = None,
                  **options):
-        self.loop = aio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="mqnode-transaction", daemon=True)
-        self.thread.start()
+        self._start_loop("mqnode-transaction")
         self.execute = execute
         blocking_check = None if check is None else (lambda message: self.loop.run_in_executor(None, check, message))
         self.inner = self._call(self._make(endpoint, group, blocking_check, options))
@@ -291,9 +263,6 @@ class TransactionProducer:
     async def _make(self, endpoint, group, check, options) -> AsyncTransactionProducer:
         import zmq
         return await AsyncTransactionProducer(endpoint, group, None, check, context=zmq.Context(), **options).start()
-
-    def _call(self, coroutine, timeout: float | None = None):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def send_in_transaction(self, topic: str, body: bytes | str, arg=None, **kwargs) -> TransactionSendResult:
         message, sent = self._call(self.inner.send_half(topic, body, **kwargs))
@@ -311,17 +280,3 @@ class TransactionProducer:
     @property
     def checks_answered(self) -> int:
         return self.inner.checks_answered
-
-    def close(self) -> None:
-        if self.loop.is_running():
-            self._call(self.inner.close())
-            context = self.inner.producer.context
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(5)
-            context.term()
-
-    def __enter__(self) -> TransactionProducer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -122,6 +122,13 @@ def _puts(actors: dict, runtime: dict):
         family = CounterMetricFamily(name, what)
         family.add_metric([], front.get(key, 0))
         yield family
+    replies = front.get("replies")
+    if replies is not None:  # request-reply (actors.replies): pushed to their requesters, or not
+        family = CounterMetricFamily("mqnode_replies", "Replies of request-reply, by whether the front pushed them to "
+                                     "their requester's connection", labels=["pushed"])
+        family.add_metric(["true"], replies.get("pushed", 0))
+        family.add_metric(["false"], replies.get("unpushed", 0))
+        yield family
     if "acl" in front:
         family = CounterMetricFamily("mqnode_acl_refused", "Requests the ACL refused (NO_PERMISSION)")
         family.add_metric([], front["acl"]["refused"])

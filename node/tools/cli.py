@@ -152,6 +152,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
         properties[name] = value
     keys = args.keys.split() if args.keys else None
     lines = (line.rstrip("\n").encode("utf-8") for line in sys.stdin)
+    if args.request:
+        from node.tools.cli_requests import produce_requests
+        return produce_requests(args, lines, lambda body: {"tags": args.tags, "keys": keys, "properties": dict(properties),
+                                                           "queue_id": args.queue})
     if args.transaction:
         from node.tools.cli_transactions import produce_in_transaction
         return produce_in_transaction(args, lines, lambda body: {"tags": args.tags, "keys": keys,
@@ -373,7 +377,10 @@ def _produce_parser(commands) -> None:
                               "connected answering the node's checks")
     produce.add_argument("--transaction", choices=["commit", "rollback", "unknown"],
                          help="send each line as a transaction's half, then end it so (unknown: left to the check)")
-    produce.add_argument("--group", help="--transaction: the producer group (PGROUP) the node asks about open halves")
+    produce.add_argument("--group", help="--transaction: the producer group (PGROUP) the node asks about open halves; "
+                                         "--request: the requester's producer group")
+    produce.add_argument("--request", action="store_true",
+                         help="send each line as a request (request-reply) and print its reply, waiting --timeout s")
     produce.add_argument("--check-answer", choices=["commit", "rollback"],
                          help="--transaction unknown: answer the node's checks so, while connected")
     produce.set_defaults(handler=cmd_produce)

@@ -2,7 +2,8 @@
 (`mqnode consume --push`): the node's member table and locks over the wire, three members
 consuming 30k messages (once each while the group is stable, none lost, a bounded few twice
 around the changes) while one is stopped, one killed with -9 and one added,
-broadcasting, orderly consumption across a crash, retries into the DLQ, and flow control."""
+broadcasting, orderly consumption across a crash, retries into the DLQ, and flow control; and
+request-reply (RocketMQ 4.6's), a push consumer answering what a Requester asks."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 import pytest
@@ -20,7 +22,7 @@ import zmq
 from nodes import ROOT, running_node
 
 from node import protocol
-from node.client import Message, Producer, PullConsumer, SendError
+from node.client import Message, Producer, PullConsumer, Requester, RequestTimeout, SendError
 from node.client.push import CONSUME_SUCCESS, RECONSUME_LATER, PushConsumer
 
 pytestmark = pytest.mark.slow
@@ -396,3 +398,101 @@ def test_mqnode_consume_rides_through_a_front_restart_and_gets_every_message_onc
         consume.kill()
     reader.join(10)
     assert sorted(int(line["body"]) for line in lines) == list(range(2000))
+
+
+# -- request-reply: a Requester asks, a push consumer's listener answers (Producer.send_reply) ------
+
+REPLY_TOPIC = "DefaultCluster_REPLY_TOPIC"  # (brokerClusterName's default)
+
+
+def pulled(node, topic: str, queue_id: int, count: int, timeout: float = 10.0) -> list:
+    """A queue's messages, once the dispatcher has indexed at least `count` of them."""
+    deadline = time.monotonic() + timeout
+    with PullConsumer(node.endpoint) as consumer:
+        while True:
+            messages, offset = [], 0
+            while batch := consumer.pull(topic, queue_id, offset, max_count=32).messages:
+                messages += batch
+                offset = batch[-1].queue_offset + 1
+            if len(messages) >= count or time.monotonic() > deadline:
+                return messages
+            time.sleep(0.02)
+
+
+def test_requests_get_the_replies_a_push_consumer_sends_each_its_own_and_the_replies_are_stored(node):
+    """Twenty requests at once from one Requester, each answered by a PushConsumer's listener:
+    each gets the reply to its own message (CORRELATION_ID), pushed to the requester's connection,
+    and every reply is stored in the reply topic too (storeReplyMessageEnable)."""
+    replier = Producer(node.endpoint)
+
+    def listener(messages):
+        for message in messages:
+            replier.send_reply(message, b"re:" + message.body)
+        return CONSUME_SUCCESS
+
+    consumer = PushConsumer(node.endpoint, "RpcServers")
+    consumer.subscribe("Rpc", "*")
+    consumer.register_listener(listener)
+    consumer.start()
+    try:
+        with Requester(node.endpoint, "RpcClients") as requester, ThreadPoolExecutor(20) as pool:
+            answers = list(pool.map(lambda i: requester.request("Rpc", f"q{i}", timeout=30), range(20)))
+            assert requester.statistics() == {"waiting": 0, "replied": 20, "unmatched": 0, "timedOut": 0}
+        asked = subprocess.run([sys.executable, "-m", "node.tools.cli", "produce", "--endpoint", node.endpoint,
+                                "--topic", "Rpc", "--request", "--group", "RpcCli", "--timeout", "30"],
+                               input="one\ntwo\n", capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert asked.returncode == 0, asked.stderr
+        assert [orjson.loads(line)["body"] for line in asked.stdout.splitlines()] == ["re:one", "re:two"]
+    finally:
+        consumer.shutdown()
+        replier.close()
+    assert [a.body for a in answers] == [f"re:q{i}".encode() for i in range(20)]
+    assert {a.topic for a in answers} == {REPLY_TOPIC}
+    assert all(a.properties["MSG_TYPE"] == "reply" and "PUSH_REPLY_TIME" in a.properties
+               and "ARRIVE_TIME" in a.properties for a in answers)
+    stored = pulled(node, REPLY_TOPIC, 0, 20)
+    assert {m.body for m in stored} >= {f"re:q{i}".encode() for i in range(20)}
+
+
+def test_a_request_nobody_answers_times_out_and_its_late_reply_is_dropped(node):
+    with Requester(node.endpoint, "RpcLate") as requester:
+        began = time.monotonic()
+        with pytest.raises(RequestTimeout, match="wait reply message timeout, 500 ms"):
+            requester.request("RpcLate", b"late", timeout=0.5, queue_id=0)
+        assert 0.45 < time.monotonic() - began < 5
+        [asked] = pulled(node, "RpcLate", 0, 1)
+        with Producer(node.endpoint) as replier:  # the requester is still connected: pushed, and dropped there
+            assert replier.send_reply(asked, b"too late").status == "PUT_OK"
+        deadline = time.monotonic() + 10
+        while requester.statistics()["unmatched"] < 1:
+            assert time.monotonic() < deadline, requester.statistics()
+            time.sleep(0.02)
+        assert requester.statistics()["timedOut"] == 1
+    asked = subprocess.run([sys.executable, "-m", "node.tools.cli", "produce", "--endpoint", node.endpoint,
+                            "--topic", "RpcLate", "--request", "--group", "RpcCli", "--timeout", "0.3"],
+                           input="unanswered\n", capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert asked.returncode == 1 and orjson.loads(asked.stdout)["status"] == "REQUEST_TIMEOUT"
+
+
+def test_a_reply_whose_requester_is_gone_is_refused_and_stored_all_the_same(node):
+    with Requester(node.endpoint, "RpcGone") as requester:
+        with pytest.raises(RequestTimeout):
+            requester.request("RpcGone", b"asked", timeout=0.2, queue_id=0)
+        gone = requester.inner.client_id
+    [asked] = pulled(node, "RpcGone", 0, 1)
+    with Producer(node.endpoint) as replier:
+        with pytest.raises(SendError, match=f"channel of <{gone}> not found") as refused:
+            replier.send_reply(asked, b"nobody waits")
+        assert refused.value.status == "SYSTEM_ERROR"
+        with pytest.raises(ValueError, match="REPLY_TO_CLIENT"):  # (a plain message is no request)
+            replier.send_reply(Message("T", b"x"), b"x")
+        header = {"code": protocol.SEND_REPLY_MESSAGE, "topic": REPLY_TOPIC, "queueId": 0, "bornTimestamp": 1,
+                  "properties": {"MSG_TYPE": "reply"}}
+        reply, _ = replier.request(header, b"to nobody")
+        assert (reply["status"], reply["remark"]) == ("SYSTEM_ERROR", "reply message properties[REPLY_TO_CLIENT] is null")
+        reply, _ = replier.request({**header, "topic": "bad topic!"}, b"x")
+        assert reply["status"] == "MESSAGE_ILLEGAL"
+    deadline = time.monotonic() + 10
+    while not {b"nobody waits", b"to nobody"} <= {m.body for m in pulled(node, REPLY_TOPIC, 0, 0)}:
+        assert time.monotonic() < deadline, "the refused replies were not stored"
+        time.sleep(0.05)

@@ -41,7 +41,7 @@ def test_checks_are_answered_while_the_ends_before_them_wait_for_the_node():
 
         producer = AsyncTransactionProducer("tcp://127.0.0.1:1", "PG", check=lambda message: COMMIT_MESSAGE)
         producer.producer.request = request
-        producer.heartbeats = asyncio.get_running_loop().create_future()  # (started: no node to greet)
+        producer.membership.task = asyncio.get_running_loop().create_future()  # (started: no node to greet)
         for offset in range(CHECKS):
             producer._on_request(*_check(offset))
         for _ in range(100):  # (the loop's turns: the workers answer what they can without the node)
@@ -56,7 +56,7 @@ def test_checks_are_answered_while_the_ends_before_them_wait_for_the_node():
                 break
             await asyncio.sleep(0.01)
         assert producer.checks_answered == CHECKS
-        producer.heartbeats = None
+        producer.membership.task = None
         await producer.close()
 
     asyncio.run(scenario())

@@ -1,0 +1,62 @@
+"""A producer group's membership at one node: how the node reaches a producer unasked.
+
+RocketMQ's producers heartbeat their group to every broker; the broker keeps the connection each
+clientID last heartbeated from (ProducerManager) and asks through it: a transaction's check
+(node.client.transaction), a request's reply (node.client.replies). `ProducerMembership` sends
+HEART_BEAT with the group at start (so the node knows the producer before its first message) and
+every `HEARTBEAT_S`, and UNREGISTER_CLIENT at stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+from node import protocol
+from node.client.errors import SendError
+
+log = logging.getLogger(__name__)
+HEARTBEAT_S = 30.0  # as RocketMQ's heartbeatBrokerInterval
+
+
+class ProducerMembership:
+    def __init__(self, producer, group: str, owner: object):
+        self.producer, self.group = producer, group  # (an AsyncProducer of one node)
+        self.client_id = f"{socket.gethostname()}@{os.getpid()}@{id(owner):x}"
+        self.task: asyncio.Task | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.task is not None
+
+    async def start(self) -> None:
+        if self.task is None:
+            await self.beat()
+            self.task = asyncio.create_task(self._beats())
+
+    async def stop(self) -> None:
+        if self.task is None:
+            return
+        self.task.cancel()
+        self.task = None
+        try:
+            await self.producer.request({"code": protocol.UNREGISTER_CLIENT, "clientID": self.client_id,
+                                         "producerGroup": self.group}, timeout=1.0)
+        except SendError:
+            pass  # (the node forgets it anyway, when the connection is gone)
+
+    async def beat(self) -> None:
+        reply, _ = await self.producer.request({"code": protocol.HEART_BEAT, "clientID": self.client_id,
+                                                "producerDataSet": [{"groupName": self.group}]})
+        if reply.get("status") != "OK":
+            raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
+
+    async def _beats(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await self.beat()
+            except SendError as e:
+                log.warning("heartbeat of producer group %s: %s", self.group, e)

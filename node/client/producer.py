@@ -279,10 +279,13 @@ class AsyncProducer:
         """Answer a request of request-reply (node.client.replies): `create_reply(request, body)` as
         a SEND_REPLY_MESSAGE, which the node pushes to the requester's connection and stores in
         the reply topic. SendError SYSTEM_ERROR when no requester of its REPLY_TO_CLIENT is
-        connected to this node (the remark says so; the reply is stored all the same)."""
-        if self.cluster is not None:
-            raise TypeError("a reply goes to the node that stored its request (its store_host): endpoint=")
+        connected to this node (the remark says so; the reply is stored all the same). A
+        cluster's producer answers through the group whose master stored the request (its
+        `store_host`): the node the requester asked through."""
         message = create_reply(request, body, properties=properties)
+        if self.cluster is not None:
+            broker, node = await self._storing_group(request)
+            return (await node.send_reply(request, body, properties=properties))._replace(broker=broker)
         await self.start()
         header = {"code": protocol.SEND_REPLY_MESSAGE, "topic": message.topic, "queueId": 0, "flag": 0,  # (its one queue)
                   "bornTimestamp": int(time.time() * 1000), "properties": message.wire_properties(self.keys.next())}
@@ -292,6 +295,16 @@ class AsyncProducer:
             raise SendError(status or "SYSTEM_ERROR", reply.get("remark", ""))
         return SendResult(status, reply["msgId"], reply["offsetMsgId"], reply["queueId"], reply["queueOffset"],
                           message.topic, self.broker)
+
+    async def _storing_group(self, request) -> tuple[str, AsyncProducer]:
+        """(broker name, its client) of the group whose master stored `request`."""
+        route = await self.cluster.routes.of(request.topic)
+        for broker in sorted(route.addresses):
+            endpoint = route.master(broker)
+            if endpoint is not None and endpoint.removeprefix("tcp://") == request.store_host:
+                return broker, self.cluster.groups.of(broker, endpoint)
+        raise SendError("SERVICE_NOT_AVAILABLE", f"no broker group of topic {request.topic} has its master at "
+                                                 f"{request.store_host}, which stored the request")
 
     async def send_message(self, message: Message, *, queue_id: int | None = None,
                            shard_key: str | None = None, broker: str | None = None) -> SendResult:

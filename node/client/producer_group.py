@@ -21,19 +21,34 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 30.0  # as RocketMQ's heartbeatBrokerInterval
 
 
+def client_id_of(owner: object) -> str:
+    """A producer's clientID (RocketMQ's ip@instance): unique to `owner` in this process."""
+    return f"{socket.gethostname()}@{os.getpid()}@{id(owner):x}"
+
+
 class ProducerMembership:
-    def __init__(self, producer, group: str, owner: object):
-        self.producer, self.group = producer, group  # (an AsyncProducer of one node)
-        self.client_id = f"{socket.gethostname()}@{os.getpid()}@{id(owner):x}"
-        self.task: asyncio.Task | None = None
+    def __init__(self, producer, group: str, client_id: str):
+        self.producer, self.group, self.client_id = producer, group, client_id  # (an AsyncProducer of one node)
+        self.first: asyncio.Future | None = None  # the first HEART_BEAT, which callers of `start` await together
+        self.task: asyncio.Task | None = None  # then one every HEARTBEAT_S
 
     @property
     def started(self) -> bool:
         return self.task is not None
 
     async def start(self) -> None:
+        """Once the node has taken the first heartbeat (concurrent callers share it; one that
+        failed is sent again by the next call)."""
+        if self.task is not None:
+            return
+        if self.first is None:
+            self.first = asyncio.ensure_future(self.beat())
+        try:
+            await asyncio.shield(self.first)
+        except BaseException:
+            self.first = None
+            raise
         if self.task is None:
-            await self.beat()
             self.task = asyncio.create_task(self._beats())
 
     async def stop(self) -> None:

@@ -9,6 +9,11 @@ this requester's connection (PUSH_REPLY_MESSAGE_TO_CLIENT) and stores it in
 `<brokerClusterName>_REPLY_TOPIC`. `request` raises RequestTimeout when no reply came within the
 timeout, which counts from the send (as RocketMQ's). A reply that matches no waiting request (it
 came too late) is counted (`statistics`) and dropped. `Requester` is the blocking form.
+
+With `namesrv=` (a cluster) each request goes to a queue of any broker group, as a send does; the
+requester becomes a member of a group's node before its first request there (the reply comes
+back through that node), and the replier's cluster producer answers through the group whose
+master stored the request (`AsyncProducer.send_reply`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from node import protocol
 from node.client import aio
 from node.client.message import Message
 from node.client.producer import AsyncProducer, SendError, _bytes
-from node.client.producer_group import ProducerMembership
+from node.client.producer_group import ProducerMembership, client_id_of
 from node.client.received import ReceivedMessage, pushed_reply
 
 
@@ -30,28 +35,45 @@ class RequestTimeout(SendError):
 
 
 class AsyncRequester:
-    """One node's requester (`endpoint=`): the node pushes a reply to the connection its request
-    came from, so a requester talks to one node."""
+    """A requester of one node (`endpoint=`) or of a cluster (`namesrv=`): a node pushes a reply
+    to the connection the requester heartbeated from, so it is a member at each node it asks."""
 
-    def __init__(self, endpoint: str, group: str, **options):
-        self.producer = AsyncProducer(endpoint, **options)
-        self.producer.on_request = self._on_request
-        self.membership = ProducerMembership(self.producer, group, self)
+    def __init__(self, endpoint: str | None = None, group: str | None = None, *, namesrv=None, **options):
+        if not group:
+            raise ValueError("a requester takes its producer group (group=)")
+        self.producer = AsyncProducer(endpoint, namesrv=namesrv, **options)  # (endpoint= or namesrv=)
+        self.group, self.client_id = group, client_id_of(self)
+        self.memberships: dict[int, ProducerMembership] = {}  # id(a node's producer) -> the requester's membership
         self.waiting: dict[str, asyncio.Future] = {}  # CORRELATION_ID -> the request's future
         self.replied = self.unmatched = self.timed_out = 0
 
     @property
-    def client_id(self) -> str:
-        return self.membership.client_id
+    def membership(self) -> ProducerMembership:
+        """One node's requester: its membership there."""
+        return self._member(self.producer)
+
+    def _member(self, producer: AsyncProducer) -> ProducerMembership:
+        membership = self.memberships.get(id(producer))
+        if membership is None:
+            for key, old in list(self.memberships.items()):  # (a group's client replaced: its master moved)
+                if old.producer.connection is None and old.task is not None:
+                    old.task.cancel()
+                    del self.memberships[key]
+            producer.on_request = self._on_request
+            membership = self.memberships[id(producer)] = ProducerMembership(producer, self.group, self.client_id)
+        return membership
 
     async def start(self) -> AsyncRequester:
-        if not self.membership.started:
+        if self.producer.cluster is not None:
+            await self.producer.start()  # (a member at each group's node as it first asks there)
+        elif not self.membership.started:
             await self.producer.start()
             await self.membership.start()  # known to the node before its first request's reply
         return self
 
     async def close(self) -> None:
-        await self.membership.stop()
+        for membership in list(self.memberships.values()):
+            await membership.stop()
         await self.producer.close()
         for future in self.waiting.values():
             if not future.done():
@@ -76,8 +98,13 @@ class AsyncRequester:
         props.update({protocol.PROPERTY_CORRELATION_ID: correlation, protocol.PROPERTY_REPLY_TO_CLIENT: self.client_id,
                       protocol.PROPERTY_MESSAGE_TTL: str(int(timeout * 1000))})
         future = self.waiting[correlation] = asyncio.get_running_loop().create_future()
+        message = self.producer._keyed(Message(topic, _bytes(body), tags, keys, props))  # (one msgId on any group)
         try:
-            await self.producer.send_message(Message(topic, _bytes(body), tags, keys, props), queue_id=queue_id)
+            if self.producer.cluster is None:
+                await self.producer.send_message(message, queue_id=queue_id)
+            else:
+                await self.producer._routed(topic, lambda node, queue: self._ask(node, message, queue), queue_id, None,
+                                            None)
             return await asyncio.wait_for(future, max(0.0, timeout - (time.monotonic() - began)))
         except asyncio.TimeoutError:
             self.timed_out += 1
@@ -85,6 +112,11 @@ class AsyncRequester:
                                                     f"timeout, {int(timeout * 1000)} ms.") from None
         finally:
             self.waiting.pop(correlation, None)
+
+    async def _ask(self, node: AsyncProducer, message: Message, queue_id: int):
+        """A request to a group's node, the requester a member there first."""
+        await self._member(node).start()
+        return await node.send_message(message, queue_id=queue_id)
 
     def _on_request(self, header: dict, body: bytes | None) -> None:
         """What the node pushed: a reply, to the request its CORRELATION_ID names."""
@@ -106,11 +138,11 @@ class AsyncRequester:
 class Requester(aio.Blocking):
     """The blocking requester: an AsyncRequester on a private event-loop thread. Thread-safe."""
 
-    def __init__(self, endpoint: str, group: str, **options):
+    def __init__(self, endpoint: str | None = None, group: str | None = None, **options):
         self._start_loop("mqnode-requester")
         self.inner = self._call(self._make(endpoint, group, options))
 
-    async def _make(self, endpoint: str, group: str, options: dict) -> AsyncRequester:
+    async def _make(self, endpoint: str | None, group: str | None, options: dict) -> AsyncRequester:
         import zmq
         return await AsyncRequester(endpoint, group, context=zmq.Context(), **options).start()
 

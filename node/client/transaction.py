@@ -28,7 +28,7 @@ from node import protocol
 from node.client import aio
 from node.client.message import Message
 from node.client.producer import AsyncProducer, SendError, SendResult, _bytes
-from node.client.producer_group import ProducerMembership
+from node.client.producer_group import ProducerMembership, client_id_of
 from node.client.received import decode_messages, retopic
 from shm.codec import (
     PROPERTY_PRODUCER_GROUP,
@@ -90,7 +90,7 @@ class AsyncTransactionProducer:
         self.execute, self.check = execute, check
         self.producer = AsyncProducer(endpoint, **options)
         self.producer.on_request = self._on_request
-        self.membership = ProducerMembership(self.producer, group, self)  # (the checks find it through this)
+        self.membership = ProducerMembership(self.producer, group, client_id_of(self))  # (the checks find it so)
         self.checks_waiting: collections.deque = collections.deque()  # (header, body)
         self.checking: set[asyncio.Task] = set()  # the workers answering them
         self.ending: set[asyncio.Task] = set()  # end requests, and answered checks' ends, on their way

@@ -16,17 +16,15 @@ def produce_requests(args: argparse.Namespace, lines, options_of) -> int:
     """A JSON line per request: its reply (the replier's message), or the status that says why
     there is none (REQUEST_TIMEOUT after `--timeout` s); exit 1 if any request got no reply."""
     from node.client import Requester, SendError
-    from node.tools.cli import _chunks
+    from node.tools.cli import _chunks, target
     from shm.settings import SettingsError
 
     if args.transaction:
         raise SettingsError("produce takes --request or --transaction, not both")
     if not args.group:
         raise SettingsError("produce --request needs --group (the producer group the requester heartbeats as)")
-    if getattr(args, "namesrv", None):
-        raise SettingsError("produce --request takes --endpoint: a reply comes back through the node the request went to")
     failed = 0
-    with Requester(args.endpoint, args.group, timeout=args.timeout) as requester:
+    with Requester(group=args.group, timeout=args.timeout, **target(args)) as requester:
         for chunk in _chunks(lines, IN_FLIGHT):
             waits = [asyncio.run_coroutine_threadsafe(
                 requester.inner.request(args.topic, body, args.timeout, **options_of(body)), requester.loop)

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -24,7 +25,7 @@ import pytest
 from helpers import wait_until
 from nodes import ROOT, free_port
 
-from node.client import AsyncProducer, Producer, PullConsumer, SendError
+from node.client import AsyncProducer, Producer, PullConsumer, Requester, SendError
 from node.client.push import CONSUME_SUCCESS, PushConsumer
 from node.tools.local_node import ClusterProcess
 
@@ -202,6 +203,34 @@ def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_t
     finally:
         for member in members:
             member.shutdown()
+
+
+def test_requests_over_both_groups_are_answered_through_the_group_that_stored_each(up):
+    """Request-reply through the name services: a Requester's requests go to both groups (it
+    becomes a member at each node it asks), a cluster's push consumer answers each through the
+    group whose master stored it, and every reply reaches its requester."""
+    topic = "RPC_G"
+    up.create_topic(topic)
+    replier = Producer(namesrv=up.namesrv)
+
+    def listener(messages):
+        for message in messages:
+            replier.send_reply(message, b"re:" + message.body)
+        return CONSUME_SUCCESS
+
+    servers = PushConsumer(group="RpcServers", namesrv=up.namesrv, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+                           rebalance_interval=2)
+    servers.subscribe(topic)
+    servers.register_listener(listener)
+    servers.start()
+    try:
+        with Requester(namesrv=up.namesrv, group="RpcCallers") as requester, ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda i: requester.request(topic, f"q{i}", timeout=60), range(16)))
+            assert len(requester.inner.memberships) == 2  # (a member at both groups' masters)
+    finally:
+        servers.shutdown()
+        replier.close()
+    assert [a.body for a in answers] == [f"re:q{i}".encode() for i in range(16)]
 
 
 async def _send_all(namesrv: str, topic: str, count: int, batch: int = 64, senders: int = 8):

@@ -282,10 +282,10 @@ class AsyncProducer:
         connected to this node (the remark says so; the reply is stored all the same). A
         cluster's producer answers through the group whose master stored the request (its
         `store_host`): the node the requester asked through."""
-        message = create_reply(request, body, properties=properties)
         if self.cluster is not None:
             broker, node = await self._storing_group(request)
             return (await node.send_reply(request, body, properties=properties))._replace(broker=broker)
+        message = create_reply(request, body, properties=properties)
         await self.start()
         header = {"code": protocol.SEND_REPLY_MESSAGE, "topic": message.topic, "queueId": 0, "flag": 0,  # (its one queue)
                   "bornTimestamp": int(time.time() * 1000), "properties": message.wire_properties(self.keys.next())}

@@ -46,18 +46,16 @@ class AsyncRequester:
         self.memberships: dict[int, ProducerMembership] = {}  # id(a node's producer) -> the requester's membership
         self.waiting: dict[str, asyncio.Future] = {}  # CORRELATION_ID -> the request's future
         self.replied = self.unmatched = self.timed_out = 0
-
-    @property
-    def membership(self) -> ProducerMembership:
-        """One node's requester: its membership there."""
-        return self._member(self.producer)
+        # one node's requester: its membership there (a cluster's: one a group's master, as it first asks there)
+        self.membership = self._member(self.producer) if self.producer.cluster is None else None
 
     def _member(self, producer: AsyncProducer) -> ProducerMembership:
         membership = self.memberships.get(id(producer))
         if membership is None:
-            for key, old in list(self.memberships.items()):  # (a group's client replaced: its master moved)
-                if old.producer.connection is None and old.task is not None:
-                    old.task.cancel()
+            for key, old in list(self.memberships.items()):  # (a group's client closed: its master moved)
+                if old.producer.connection is None:
+                    if old.task is not None:
+                        old.task.cancel()
                     del self.memberships[key]
             producer.on_request = self._on_request
             membership = self.memberships[id(producer)] = ProducerMembership(producer, self.group, self.client_id)

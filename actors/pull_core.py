@@ -252,11 +252,18 @@ class ReadCore:
         return offset if archived is None else archived
 
     def _view(self, header: dict, opaque, written: int) -> list[bytes]:
-        """Straight from the CommitLog: every record below `written` is whole, indexed or not."""
-        _, offset = decode_msg_id(header["offsetMsgId"])
+        """Straight from the CommitLog: every record below `written` is whole, indexed or not. The
+        record found must be the one the id names, its store host too: an id of another node (a
+        cluster's other group) is not answered with whatever this node stored at that offset."""
+        msg_id = header["offsetMsgId"].upper()
+        _, offset = decode_msg_id(msg_id)
         raw = self.reader.record_at(offset, written)
-        if raw is None:
+        record = decode(raw, check_crc=False, read_body=False) if raw is not None else None
+        if not isinstance(record, Record):
             return [orjson.dumps(protocol.reply_header(opaque, "QUERY_NOT_FOUND", f"no message at offset {offset}"))]
+        if record.msg_id != msg_id:
+            remark = f"no message {msg_id} here: the one at offset {offset} was stored by {record.store_host}"
+            return [orjson.dumps(protocol.reply_header(opaque, "QUERY_NOT_FOUND", remark))]
         return [orjson.dumps(protocol.reply_header(opaque, "OK")), raw]
 
     def _query(self, header: dict, opaque, dispatched: int, behind: bool):

@@ -98,6 +98,27 @@ class AsyncClusterConsumer(AsyncPullConsumer):
             out += await self._in(topic, broker, lambda group: group.query(topic, key, **options))
         return out
 
+    async def view(self, msg_id: str, topic: str | None = None) -> ReceivedMessage | None:
+        """Asks each group of the topic's route (only the node that stored an offsetMsgId answers
+        it; a msgId is looked up in every group's index). A group that cannot be asked is skipped,
+        and its failure raised when no other group has the message."""
+        if topic is None:
+            raise ValueError("a cluster's view names the topic: its route says which broker groups to ask")
+        failure = None
+        for broker in (await self.cluster.routes.of(topic)).brokers:
+            try:
+                found = await self._in(topic, broker, lambda group: group.view(msg_id, topic))
+            except SendError as e:
+                if e.status not in routes.GROUP_FAILURES:
+                    raise
+                failure = e
+                continue
+            if found is not None:
+                return found
+        if failure is not None:
+            raise failure
+        return None
+
     async def send_back(self, message, group: str, *, broker: str | None = None, **options) -> None:
         await self._in(message.topic, broker, lambda g: g.send_back(message, group, **options))
 

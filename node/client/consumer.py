@@ -11,6 +11,7 @@ sent again after the producer's backoff, for up to `idle_timeout` from its first
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from node.client.producer import AsyncProducer, SendError, backoff
 from node.client.received import ReceivedMessage, decode_messages
 from node.security import Credentials
 
+OFFSET_MSG_ID = re.compile(r"[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56}")  # an IPv4 or IPv6 store host, then the offset
 SEND_BACK_TRIES = 6  # 3.4 s of backoff in all: longer than a killed schedule service takes to come back
 # what `consume` sends again: a dropped connection or no answer in time (TIMEOUT: the front restarting), a node
 # not serving yet or busy
@@ -229,6 +231,24 @@ class AsyncPullConsumer(PopMethods):
             raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
         return decode_messages(body)
 
+    async def view(self, msg_id: str, topic: str | None = None) -> ReceivedMessage | None:
+        """One message by its id, as RocketMQ's viewMessage and `mqadmin queryMsgById` find it: an
+        offsetMsgId (a send's `offset_msg_id`: its store host and CommitLog offset) is read
+        straight from the CommitLog; with `topic`, an id that is no offsetMsgId of this node is
+        looked up as a msgId (UNIQ_KEY) through the index. None when no message has that id."""
+        if OFFSET_MSG_ID.fullmatch(msg_id):
+            reply, body = await self._ask({"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": msg_id})
+            if reply.get("status") not in ("OK", "QUERY_NOT_FOUND"):
+                raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
+            found = decode_messages(body) if reply["status"] == "OK" else []
+            if found and topic in (None, found[0].topic):
+                return found[0]
+        elif topic is None:
+            raise ValueError(f"{msg_id!r} is no offsetMsgId (32 or 56 hex digits): name the topic to find it as a msgId")
+        if topic is None:
+            return None
+        return next((m for m in await self.query(topic, msg_id) if m.msg_id.upper() == msg_id.upper()), None)
+
     async def _start_offsets(self, topic: str, group: str, queues, start: str, again) -> dict:
         """Where `consume` begins each queue: the group's committed offset (`start="committed"`,
         the first where it has none), or the queue's first or last."""
@@ -376,6 +396,9 @@ class PullConsumer:
 
     def query(self, topic: str, key: str, **kwargs) -> list[ReceivedMessage]:
         return self._call(self.inner.query(topic, key, **kwargs))
+
+    def view(self, msg_id: str, topic: str | None = None) -> ReceivedMessage | None:
+        return self._call(self.inner.view(msg_id, topic))
 
     def pop(self, topic: str, group: str, **kwargs) -> list:
         return self._call(self.inner.pop(topic, group, **kwargs))

@@ -200,6 +200,10 @@ def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_t
         counts = Counter(consumed)
         assert len(counts) == MESSAGES and max(counts.values()) == 1
         assert set(counts) == {r.msg_id for r in sent}
+        with PullConsumer(namesrv=up.namesrv) as reader:  # each group's message found by its ids, in that group
+            for result in ({r.broker: r for r in sent}.values()):
+                assert reader.view(result.offset_msg_id, topic).msg_id == result.msg_id
+                assert reader.view(result.msg_id, topic).offset_msg_id == result.offset_msg_id
     finally:
         for member in members:
             member.shutdown()

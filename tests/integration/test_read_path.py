@@ -17,6 +17,7 @@ from nodes import ROOT, in_process_node
 
 from node import protocol
 from node.client import Producer, PullConsumer
+from shm.codec import Host, decode_msg_id, offset_msg_id
 
 
 @pytest.fixture(scope="module", params=["split", "compact"])
@@ -213,9 +214,19 @@ def test_queries_by_key_time_and_id(node, producer, consumer):
     assert [m.body for m in consumer.query("Lookup", "needle")] == [b"find me"]
     assert [m.body for m in consumer.query("Lookup", result.msg_id)] == [b"find me"]  # UNIQ_KEY
     assert consumer.query("Lookup", "absent") == [] and consumer.query("Pulls", "needle") == []
-    reply, body = consumer._call(consumer.inner._ask({"code": protocol.VIEW_MESSAGE_BY_ID,
-                                                      "offsetMsgId": result.offset_msg_id}))
-    assert reply["status"] == "OK" and b"find me" in body
+    viewed = consumer.view(result.offset_msg_id)  # straight from the CommitLog
+    assert viewed.body == b"find me" and viewed.offset_msg_id == result.offset_msg_id
+    assert consumer.view(result.offset_msg_id.lower(), "Lookup").msg_id == result.msg_id
+    assert consumer.view(result.offset_msg_id, "Pulls") is None  # not that topic's
+    assert consumer.view(result.msg_id, "Lookup").offset_msg_id == result.offset_msg_id  # a msgId, by the index
+    assert consumer.view(result.msg_id) is None  # (32 hex digits, and no offsetMsgId of this node)
+    host, offset = decode_msg_id(result.offset_msg_id)
+    elsewhere = offset_msg_id(Host(host.ip, host.port + 1), offset)  # another node's id, same offset
+    reply, _ = consumer._call(consumer.inner._ask({"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": elsewhere}))
+    assert reply["status"] == "QUERY_NOT_FOUND" and str(host) in reply["remark"], reply
+    assert consumer.view(elsewhere) is None and consumer.view(elsewhere, "Lookup") is None
+    with pytest.raises(ValueError, match="name the topic"):
+        consumer.view("needle")
     stamp = consumer.query("Lookup", "needle")[0].store_timestamp
     reply, _ = consumer._call(consumer.inner._ask({"code": protocol.SEARCH_OFFSET_BY_TIMESTAMP, "topic": "Lookup",
                                                    "queueId": 0, "timestamp": stamp}))
@@ -257,6 +268,12 @@ def test_consume_query_and_admin_commands(node, producer):
     assert again.returncode == 0 and again.stdout == b""  # offsets were committed
     found = run("query", "--topic", "CliRead", "--key", "key-3")
     assert found.returncode == 0 and orjson.loads(found.stdout)["body"] == "line 3"
+    by_id = run("query", "--msg-id", orjson.loads(found.stdout)["offsetMsgId"])
+    assert by_id.returncode == 0 and orjson.loads(by_id.stdout)["keys"] == ["key-3"], by_id.stderr
+    by_msg_id = run("query", "--msg-id", orjson.loads(found.stdout)["msgId"], "--topic", "CliRead")
+    assert by_msg_id.returncode == 0 and orjson.loads(by_msg_id.stdout)["body"] == "line 3", by_msg_id.stderr
+    missing = run("query", "--msg-id", orjson.loads(found.stdout)["msgId"])
+    assert missing.returncode == 1 and missing.stdout == b"" and b"no message with id" in missing.stderr
     offsets = run("admin", "offsets", "--group", "cli")
     assert offsets.returncode == 0, offsets.stderr
     table = orjson.loads(offsets.stdout)["CliRead"]

@@ -461,11 +461,11 @@ def _admin_parser(commands) -> None:
     admin.add_argument("what", choices=["stats", "topics", "groups", "offsets", "topic", "group", "reset-offset", "clean",
                                         "delays", "ha", "role", "transactions", "cluster"])
     admin.add_argument("action", nargs="?", choices=["create", "update", "delete"],
-                       help="for `admin topic` and `admin group` (without: `admin topic` shows the topic's route)")
+                       help="for `admin topic` and `admin group` (without: `admin topic` shows the topic's route and each queue's offsets)")
     admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     admin.add_argument("--namesrv", help="a cluster's name services (host:port;host:port): for `admin cluster`, "
-                                         "`admin topics` (the cluster's view) and `admin topic create|update` "
-                                         "(on every group's master)")
+                                         "`admin topics` (the cluster's view), `admin topic` (each group's queues) and "
+                                         "`admin topic create|update` (on every group's master)")
     add_credentials(admin)
     admin.add_argument("--topic", help="for `admin topic` and `admin reset-offset`; filters `admin offsets`")
     admin.add_argument("--group", help="for `admin offsets`, `admin group` and `admin reset-offset`; filters "

@@ -20,7 +20,6 @@ def cmd_admin(args: argparse.Namespace) -> int:
         GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
         GET_ALL_TOPIC_CONFIG,
         GET_BROKER_RUNTIME_INFO,
-        GET_ROUTEINFO_BY_TOPIC,
     )
     from node.tools.cli_groups import group_view, reset_offsets
     from node.tools.cli_ha import admin_ha
@@ -65,8 +64,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
             elif args.what == "offsets":
                 reply, shown = _admin_offsets(client, args)
             else:
-                reply, _ = client.request({"code": GET_ROUTEINFO_BY_TOPIC, "topic": args.topic})
-                shown = {k: v for k, v in reply.items() if k not in ("code", "opaque")}
+                reply, shown = topic_view(client, args.topic)
         except SendError as e:
             print(f"mqnode admin: {e}", file=sys.stderr)
             return 1
@@ -75,6 +73,47 @@ def cmd_admin(args: argparse.Namespace) -> int:
         return 1
     sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
+
+
+def topic_view(client, topic: str | None) -> tuple[dict, dict]:
+    """`admin topic --topic T`: its route and each read queue's status (queue_status). A topic the
+    node does not have is an error: looking at a topic does not create it, as a route request
+    does under autoCreateTopicEnable."""
+    from node.protocol import GET_ALL_TOPIC_CONFIG, GET_ROUTEINFO_BY_TOPIC
+
+    if not topic:
+        raise SettingsError("admin topic needs --topic")
+    table, _ = client.request({"code": GET_ALL_TOPIC_CONFIG})
+    config = (table.get("topicConfigTable") or {}).get(topic)
+    if config is None:
+        return {"status": table.get("status") if table.get("status") != "OK" else "TOPIC_NOT_EXIST",
+                "remark": table.get("remark") or f"topic {topic} does not exist"}, {}
+    reply, _ = client.request({"code": GET_ROUTEINFO_BY_TOPIC, "topic": topic})
+    shown = {k: v for k, v in reply.items() if k not in ("code", "opaque")}
+    if reply.get("status") == "OK":
+        shown["queues"] = queue_status(client, topic, config["readQueueNums"])
+    return reply, shown
+
+
+def queue_status(client, topic: str, count: int) -> dict:
+    """Per queue of `topic` at the node `client` asks: its min and max offsets and the store time of
+    its last message, 0 when it has none (mqadmin topicStatus; RocketMQ's TopicOffset)."""
+    from node.client.received import decode_messages
+    from node.protocol import GET_MAX_OFFSET, GET_MIN_OFFSET, PULL_MESSAGE
+
+    status = {}
+    for queue_id in range(count):
+        queue = {"topic": topic, "queueId": queue_id}
+        low, _ = client.request({"code": GET_MIN_OFFSET, **queue})
+        high, _ = client.request({"code": GET_MAX_OFFSET, **queue})
+        last = 0
+        if high.get("offset", 0) > 0:
+            pulled, body = client.request({"code": PULL_MESSAGE, **queue, "queueOffset": high["offset"] - 1,
+                                           "maxMsgNums": 1})
+            last = decode_messages(body)[-1].store_timestamp if pulled.get("status") == "FOUND" and body else 0
+        status[str(queue_id)] = {"minOffset": low.get("offset"), "maxOffset": high.get("offset"),
+                                 "lastUpdateTimestamp": last}
+    return status
 
 
 def _admin_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:

@@ -1,5 +1,6 @@
 """`mqnode cluster up|down|status` and the cluster's admin views: `admin cluster`, and with
---namesrv, `admin topic create|update` on every master and `admin topics` of the whole cluster."""
+--namesrv, `admin topic create|update` on every master, `admin topic` (each group's queues) and
+`admin topics` of the whole cluster."""
 
 from __future__ import annotations
 
@@ -125,6 +126,38 @@ def topics_of_cluster(args: argparse.Namespace):
     return listed, out
 
 
+def topic_of_cluster(args: argparse.Namespace):
+    """`admin topic --namesrv --topic T`: the name services' route of T and, per group, each read
+    queue's status as the node that serves its reads gives it (its master, else a slave)."""
+    from node.client import Producer, SendError
+    from node.client.routes import TopicRoute
+    from node.tools.cli_admin import queue_status
+    from shm.settings import SettingsError
+
+    if not args.topic:
+        raise SettingsError("admin topic needs --topic")
+    names = Names(args.namesrv)
+    try:
+        reply = names.ask({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": args.topic})
+    finally:
+        names.close()
+    if reply.get("status") != "OK":
+        return reply, {}
+    route, shown = TopicRoute(args.topic, reply), {}
+    for queues in sorted(reply.get("queueDatas", []), key=lambda q: q["brokerName"]):
+        name, endpoint = queues["brokerName"], route.reader(queues["brokerName"])
+        shown[name] = {k: queues[k] for k in ("readQueueNums", "writeQueueNums", "perm")}
+        shown[name]["brokerAddrs"] = {str(i): address for i, address in route.addresses.get(name, {}).items()}
+        try:
+            if endpoint is None:
+                raise SendError("SERVICE_NOT_AVAILABLE", "the group has no address")
+            with Producer(endpoint, timeout=args.timeout or 5.0, retries=0) as client:
+                shown[name]["queues"] = queue_status(client, args.topic, queues["readQueueNums"])
+        except SendError as e:
+            shown[name]["queues"] = {"status": e.status, "remark": str(e)}
+    return reply, shown
+
+
 def update_topic_everywhere(args: argparse.Namespace, header: dict):
     """`admin topic create|update --namesrv`: UPDATE_AND_CREATE_TOPIC on every group's master
     (RocketMQ's `updateTopic -c Cluster`); each registers the topic within a second."""
@@ -172,6 +205,8 @@ def _admin(args: argparse.Namespace) -> int:
         reply, shown = admin_cluster(args)
     elif args.what == "topics":
         reply, shown = topics_of_cluster(args)
+    elif args.what == "topic" and not args.action:
+        reply, shown = topic_of_cluster(args)
     elif args.what == "topic" and args.action in ("create", "update"):
         if not args.topic:
             raise SettingsError(f"admin topic {args.action} needs --topic")

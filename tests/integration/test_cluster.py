@@ -200,6 +200,9 @@ def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_t
         counts = Counter(consumed)
         assert len(counts) == MESSAGES and max(counts.values()) == 1
         assert set(counts) == {r.msg_id for r in sent}
+        status = orjson.loads(up.cli("admin", "topic", "--namesrv", up.namesrv, "--topic", topic))
+        assert {name: sum(q["maxOffset"] for q in group["queues"].values()) for name, group in status.items()} \
+            == Counter(r.broker for r in sent)  # each group's queues, asked at the group
         with PullConsumer(namesrv=up.namesrv) as reader:  # each group's message found by its ids, in that group
             for result in ({r.broker: r for r in sent}.values()):
                 assert reader.view(result.offset_msg_id, topic).msg_id == result.msg_id

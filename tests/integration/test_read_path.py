@@ -278,8 +278,16 @@ def test_consume_query_and_admin_commands(node, producer):
     assert offsets.returncode == 0, offsets.stderr
     table = orjson.loads(offsets.stdout)["CliRead"]
     assert sum(q["consumerOffset"] for q in table.values()) == 5 and all(q["lag"] == 0 for q in table.values())
+    status = run("admin", "topic", "--topic", "CliRead")  # mqadmin topicStatus: each queue's offsets, last store time
+    assert status.returncode == 0, status.stderr
+    queues = orjson.loads(status.stdout)["queues"]
+    assert sum(q["maxOffset"] - q["minOffset"] for q in queues.values()) == 5
+    assert {q["lastUpdateTimestamp"] > 0 for q in queues.values() if q["maxOffset"]} == {True}
+    assert max(q["lastUpdateTimestamp"] for q in queues.values()) == max(line["storeTimestamp"] for line in lines)
+    unknown = run("admin", "topic", "--topic", "NeverMade")
+    assert unknown.returncode == 1 and b"TOPIC_NOT_EXIST" in unknown.stderr
     topics = run("admin", "topics")
-    assert "CliRead" in orjson.loads(topics.stdout)
+    assert "CliRead" in orjson.loads(topics.stdout) and "NeverMade" not in orjson.loads(topics.stdout)
 
 
 def test_offsets_are_persisted_as_rocketmq_writes_them(node, producer):

@@ -47,7 +47,7 @@ MIN_KEY_LENGTH = 6  # RocketMQ refuses shorter access and secret keys
 ACL_CONFIG = "plain_acl.yml"  # a master with the ACL ships its file to its slaves by this name (actors.ha_link)
 ADMIN_CODES = frozenset({protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER,
                          protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, protocol.DELETE_SUBSCRIPTIONGROUP,
-                         protocol.DELETE_EXPIRED_COMMITLOG, protocol.HA_ROLE})
+                         protocol.DELETE_EXPIRED_COMMITLOG, protocol.HA_ROLE, protocol.UPDATE_BROKER_CONFIG})
 SEND_ONE = frozenset({protocol.SEND_MESSAGE, protocol.SEND_BATCH_MESSAGE, protocol.SEND_REPLY_MESSAGE})
 GROUP_ONLY = frozenset({protocol.CONSUMER_SEND_MSG_BACK, protocol.UNREGISTER_CLIENT, protocol.GET_CONSUMER_LIST_BY_GROUP,
                         protocol.LOCK_BATCH_MQ, protocol.UNLOCK_BATCH_MQ, protocol.GET_CONSUMER_CONNECTION_LIST,

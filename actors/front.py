@@ -49,6 +49,7 @@ import orjson
 import zmq
 
 from actors.base import Actor, InjectedBug, incoming, injected_bug_code, socket
+from actors.broker_config import BrokerConfig
 from actors.front_ha import FrontReplication
 from actors.links import SpreadOutbox, WaitingOutbox, first_keeping_up, inbox, outbox
 from actors.router import Router, To
@@ -155,7 +156,8 @@ class Front(Actor):
         self.replication = FrontReplication(s, self.control, self.topics, self.groups, self.offsets)
         self.topics.on_persist = self.groups.on_persist = self.replication.config_persisted
         self.router = Router(s, self.topics, self.offsets, self.groups,
-                             brokers=lambda: self.replication.brokers(self.node_stats.actors))
+                             brokers=lambda: self.replication.brokers(self.node_stats.actors),
+                             config=BrokerConfig(s, self.control))
         self.consumers = ConsumerGroups(s.clientChannelExpiredTimeout, s.rebalanceLockMaxLiveTime)
         self.next_member_look = time.monotonic() + 1.0
         self.next_offsets_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
@@ -578,6 +580,7 @@ class Front(Actor):
             stats["producerGroups"] = self.producers.statistics() | {"checksSent": self.checks_sent,
                                                                      "checksUnsent": self.checks_unsent}
             stats["replies"] = self.reply_stats.statistics()
+            stats["brokerConfig"] = self.router.config.statistics()
         for key, part in (("consumerGroups", self.consumers), ("acl", self.acl), ("curve", self.curve)):
             if part is not None:  # (each part of the router, once opened)
                 stats[key] = part.statistics()

@@ -1,9 +1,10 @@
 """register: the node's registrations with its name services (RocketMQ's BrokerOuterAPI.registerBrokerAll).
 
-Every `registerNameServerPeriod` ms, and within a second of its role or its topic table changing (the front
+Every `registerNameServerPeriod` ms, and within a second of its role, its brokerPermission or its topic table changing (the front
 persists `config/topics.json`, RocketMQ's TopicConfigSerializeWrapper: the table and its data
 version, sent as they are), the node sends REGISTER_BROKER to each name service of
-`namesrvAddr`: its group (`brokerName`, `brokerClusterName`), its client address, its HA
+`namesrvAddr`: its group (`brokerName`, `brokerClusterName`), its topics (each with the node's
+`brokerPermission` as its perm while that is not 6, as RocketMQ registers them), its client address, its HA
 address, its gRPC proxy's address (`grpcAddr`, mqnode's own field), its id (0 while it is a master: a slave promoted by `admin role` registers as its
 group's master from the next registration on) and its written offset. At stop it unregisters.
 
@@ -27,6 +28,7 @@ from shm.control_block import ROLE_CODES, ROLE_NAMES
 LOOK_EVERY_S = 1.0  # how often the topic table's file is looked at
 MAX_REPLIES_PER_TURN = 64
 DEFAULT_TOPIC = "TBW102"
+READ_AND_WRITE = 6  # brokerPermission's default: each topic is registered with its own perm
 
 
 WILDCARDS = ("0.0.0.0", "::", "[::]", "*", "")
@@ -93,7 +95,8 @@ class Registrar(Actor):
         now = time.monotonic()
         if now >= self.next_look:
             self.next_look = now + LOOK_EVERY_S
-            version = (self._topics_version(), self.control.get("role"))  # a promotion registers at once too
+            # a promotion, or a change of brokerPermission, registers at once too
+            version = (self._topics_version(), self.control.get("role"), self.control.get("broker_permission"))
             if version != self.topics_version:
                 self.topics_version = version
                 self.next_register = now  # RocketMQ registers at once after a topic change
@@ -122,6 +125,9 @@ class Registrar(Actor):
         if s.autoCreateTopicEnable:  # RocketMQ's TBW102: producers send a topic nobody has yet to the groups that create it
             table.setdefault(DEFAULT_TOPIC, {"topicName": DEFAULT_TOPIC, "readQueueNums": s.defaultTopicQueueNums,
                                              "writeQueueNums": s.defaultTopicQueueNums, "perm": 6, "topicSysFlag": 0})
+        permission = self.control.get("broker_permission")
+        if permission != READ_AND_WRITE:  # RocketMQ's: each topic registered with the node's permission instead
+            table = {name: config | {"perm": permission} for name, config in table.items()}
         body = {"topicConfigSerializeWrapper": {"topicConfigTable": table,
                                                 "dataVersion": wrapper.get("dataVersion") or {}}}
         return header, orjson.dumps(body)

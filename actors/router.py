@@ -19,11 +19,13 @@ import orjson
 
 from node import protocol
 from actors import admin, edge
+from actors.broker_config import BrokerConfig
 from actors.topics import PERM_WRITE
 from shm.codec import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 
 TRANSACTION_TOPICS = frozenset({TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC})
 
+READ_GATED = frozenset({protocol.PULL_MESSAGE, protocol.POP_MESSAGE, protocol.PEEK_MESSAGE})  # by brokerPermission
 ADMIN_CODES = frozenset({protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER,
                          protocol.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, protocol.DELETE_SUBSCRIPTIONGROUP,
                          protocol.GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
@@ -50,8 +52,9 @@ class Route:
 
 
 class Router:
-    def __init__(self, settings, topics, offsets, groups, brokers=None):
+    def __init__(self, settings, topics, offsets, groups, brokers=None, config: BrokerConfig | None = None):
         self.settings = settings
+        self.config = config or BrokerConfig(settings)  # (brokerPermission: the control block's, in a node)
         self.brokers = brokers or (lambda: {str(settings.brokerId): settings.listen})  # brokerId -> client endpoint
         self.topics = topics
         self.offsets = offsets
@@ -64,6 +67,8 @@ class Router:
         if code == protocol.SEND_REPLY_MESSAGE:  # (a send's checks: the shell's, as for SEND)
             return Route(To.REPLY)
         edge.check_request(request)  # ProtocolError: SYSTEM_ERROR with its remark
+        if code in READ_GATED and (refusal := self.config.read_refusal(code)):
+            return Route(To.ANSWER, protocol.error_reply(request.opaque, "NO_PERMISSION", refusal))
         if code == protocol.PULL_MESSAGE and "consumerGroup" in request.header:
             header = request.header
             refusal = admin.consume_refusal(self.groups, header["consumerGroup"])
@@ -86,6 +91,8 @@ class Router:
             return Route(To.SCHEDULE)
         if code == protocol.GET_BROKER_RUNTIME_INFO:
             return Route(To.RUNTIME)
+        if code in (protocol.GET_BROKER_CONFIG, protocol.UPDATE_BROKER_CONFIG):
+            return Route(To.ANSWER, self.config.answer(request))
         if code in protocol.HA_CODES:
             return Route(To.HA)
         if code in protocol.GROUP_CODES:
@@ -142,7 +149,7 @@ class Router:
             if own and message["topic"] in TRANSACTION_TOPICS:
                 continue  # the transaction service's system topics (one queue; no client sends to them)
             remark = None if own else edge.send_problem(message)
-            problem = ("MESSAGE_ILLEGAL", remark) if remark else self.check_one(message["topic"], message["queueId"])
+            problem = ("MESSAGE_ILLEGAL", remark) if remark else self.check_one(message["topic"], message["queueId"], own)
             if problem:
                 refusals[str(i)] = problem
         return refusals
@@ -154,12 +161,17 @@ class Router:
         if (topic.startswith(("%RETRY%", "%DLQ%")) or topic in TRANSACTION_TOPICS) and self.topics.get(topic) is None:
             self.topics.create(topic, 1)
 
-    def check_one(self, topic: str, queue_id: int) -> tuple[str, str] | None:
+    def check_one(self, topic: str, queue_id: int, own: bool = False) -> tuple[str, str] | None:
+        """`own`: a re-put of the node's own services (due delayed messages), which brokerPermission
+        does not refuse (RocketMQ's schedule service puts into the store, not through a send)."""
         config, status, problem = self.topics.resolve(topic)
         if config is None:
             return status, problem
         if not config.perm & PERM_WRITE:
             return "SERVICE_NOT_AVAILABLE", f"the topic {topic} is not writable"
+        refusal = None if own else self.config.send_refusal(config)
+        if refusal:
+            return "NO_PERMISSION", refusal
         if not 0 <= queue_id < config.writeQueueNums:
             return "MESSAGE_ILLEGAL", (f"queueId {queue_id!r} is not one of the topic's "
                                        f"{config.writeQueueNums} queues (0..{config.writeQueueNums - 1})")
@@ -204,7 +216,8 @@ class Router:
         if config is None:
             return protocol.error_reply(request.opaque, status, problem)
         return _ok(request, topic=config.topicName, writeQueueNums=config.writeQueueNums,
-                   readQueueNums=config.readQueueNums, perm=config.perm, brokerName=self.settings.brokerName,
+                   readQueueNums=config.readQueueNums, perm=self.config.route_perm(config.perm),
+                   brokerName=self.settings.brokerName,
                    brokerAddrs=self.brokers())
 
 

@@ -135,6 +135,7 @@ class Settings:
     brokerClusterName: str = _s("DefaultCluster", "Cluster name, stored in every record's CLUSTER property", BROKER)
     storeReplyMessageEnable: bool = _s(True, "Store a request's reply (SEND_REPLY_MESSAGE) in its topic, <brokerClusterName>_REPLY_TOPIC, besides pushing it to the requester", BROKER)
     brokerName: str = _s("broker-a", "Broker name: the broker group's (a master and its slaves) in a cluster's routes", BROKER)
+    brokerPermission: int = _s(6, "The node's permission (RocketMQ's PermName bits): 6 read and write; 4 read only (the name services route no sends here, sends to order topics are refused); 2 write only (pulls and pops are refused); `mqnode admin config update` changes it while the node runs", BROKER)
     namesrvAddr: str = _s("", "Name services this node registers with, host:port separated by ';' (tcp://host:port too); empty = none", BROKER)
     registerNameServerPeriod: int = _s(30000, "How often the node registers with each name service, ms (and at once when its topics change)", BROKER)
     brokerIP1: str = _s("127.0.0.1", "Address stored as each record's store host", BROKER)
@@ -415,6 +416,8 @@ def load(conf: str | Path | None = None, overrides: dict[str, object] | None = N
 # Settings mqnode reads but does not act on yet: a value other than the default is refused at
 # load, naming the setting, so nobody believes something happens. The reason says what will
 # implement it (or why it has no meaning here).
+BROKER_PERMISSIONS = (6, 4, 2, 0)  # read and write, read only, write only, neither (RocketMQ's PermName bits)
+
 NOT_IMPLEMENTED = {
     **dict.fromkeys(["enableScheduleMessageStats", "enableScheduleAsyncDeliver",
                      "scheduleAsyncDeliverMaxPendingLimit", "scheduleAsyncDeliverMaxResendNum2Blocked"], "the schedule service always re-puts asynchronously, in batches, with its own limits"),
@@ -445,6 +448,9 @@ def validate(settings: Settings) -> None:
             raise SettingsError(f"{name} is not implemented by mqnode yet ({why}): remove it or leave it "
                                 f"at its default, {_render_value(getattr(defaults, name))}")
     _validate_cleaning(settings)
+    if settings.brokerPermission not in BROKER_PERMISSIONS:
+        raise SettingsError(f"brokerPermission must be one of {', '.join(map(str, BROKER_PERMISSIONS))}, "
+                            f"not {settings.brokerPermission}")
     if settings.mappedFileSizeCommitLog < 4096:
         raise SettingsError("mappedFileSizeCommitLog must be at least 4096 bytes")
     if settings.mappedFileSizeConsumeQueue < 20:

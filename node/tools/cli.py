@@ -459,9 +459,10 @@ def _admin_parser(commands) -> None:
                                               "delays, transactions, replication (ha), or to clean; promote a slave (role); create, update or delete topics and groups; "
                                               "reset a group's offsets")
     admin.add_argument("what", choices=["stats", "topics", "groups", "offsets", "topic", "group", "reset-offset", "clean",
-                                        "delays", "ha", "role", "transactions", "cluster"])
+                                        "delays", "ha", "role", "transactions", "cluster", "config"])
     admin.add_argument("action", nargs="?", choices=["create", "update", "delete"],
-                       help="for `admin topic` and `admin group` (without: `admin topic` shows the topic's route and each queue's offsets)")
+                       help="for `admin topic` and `admin group` (without: `admin topic` shows the topic's route and each "
+                            "queue's offsets), and `admin config update`")
     admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     admin.add_argument("--namesrv", help="a cluster's name services (host:port;host:port): for `admin cluster`, "
                                          "`admin topics` (the cluster's view), `admin topic` (each group's queues) and "
@@ -493,6 +494,9 @@ def _admin_parser(commands) -> None:
                        help="admin role: promote a slave (it stops following and takes sends), or switch a master")
     admin.add_argument("--force", action="store_true",
                        help="for `admin clean`: delete the oldest segments whatever their age (never the last)")
+    admin.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="admin config update: a setting to change while the node runs (brokerPermission: 6, 4 read "
+                            "only, 2 write only), until it stops")
     admin.add_argument("--timeout", type=float, default=None, help="seconds to wait (default 5; 120 for clean)")
     from node.tools.cli_admin import cmd_admin
 

@@ -63,6 +63,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 shown = reply.get("topicConfigTable")
             elif args.what == "offsets":
                 reply, shown = _admin_offsets(client, args)
+            elif args.what == "config":
+                reply, shown = broker_config(client, args)
             else:
                 reply, shown = topic_view(client, args.topic)
         except SendError as e:
@@ -73,6 +75,21 @@ def cmd_admin(args: argparse.Namespace) -> int:
         return 1
     sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
+
+
+def broker_config(client, args: argparse.Namespace) -> tuple[dict, dict]:
+    """`admin config`: every setting of the node as it runs (mqadmin getBrokerConfig); `admin config
+    update --set brokerPermission=4`: the one that changes while it runs (updateBrokerConfig)."""
+    from node.protocol import GET_BROKER_CONFIG, UPDATE_BROKER_CONFIG
+
+    if args.action not in (None, "update") or bool(args.set) != (args.action == "update"):
+        raise SettingsError("admin config shows the settings; admin config update --set KEY=VALUE changes one")
+    if args.action == "update":
+        reply, _ = client.request({"code": UPDATE_BROKER_CONFIG}, "".join(f"{item}\n" for item in args.set).encode())
+        return reply, {k: v for k, v in reply.items() if k not in ("code", "opaque")}
+    reply, body = client.request({"code": GET_BROKER_CONFIG})
+    lines = (body or b"").decode().splitlines()
+    return reply, dict(line.split("=", 1) for line in lines if "=" in line)
 
 
 def topic_view(client, topic: str | None) -> tuple[dict, dict]:

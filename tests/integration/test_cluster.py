@@ -212,6 +212,35 @@ def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_t
             member.shutdown()
 
 
+def test_a_read_only_group_takes_no_new_sends_and_is_still_read(up):
+    """brokerPermission 4 at a group's master (`admin config update`, mqadmin updateBrokerConfig:
+    draining a group before maintenance): it registers its topics read-only at once, so a
+    producer's route sends only to the other group while the group's messages are still read;
+    back at 6, it takes sends again."""
+    topic = "DRAINED"
+    up.create_topic(topic)
+    before = asyncio.run(_send_all(up.namesrv, topic, 2048))
+    assert {r.broker for r in before} == {"broker-a", "broker-b"}
+    master = up.listen[up.b_master]
+
+    def perm_of_b() -> int:
+        return orjson.loads(up.cli("admin", "topic", "--namesrv", up.namesrv, "--topic", topic))["broker-b"]["perm"]
+
+    try:
+        changed = orjson.loads(up.cli("admin", "config", "update", "--endpoint", master, "--set", "brokerPermission=4"))
+        assert changed["brokerPermission"] == 4
+        wait_until(lambda: perm_of_b() == 4, 15, "broker-b never registered read only")
+        during = asyncio.run(_send_all(up.namesrv, topic, 2048))
+        assert {r.broker for r in during} == {"broker-a"}
+        with PullConsumer(namesrv=up.namesrv) as reader:
+            on_b = [r for r in before if r.broker == "broker-b"]
+            assert reader.view(on_b[-1].offset_msg_id, topic).msg_id == on_b[-1].msg_id
+    finally:
+        up.cli("admin", "config", "update", "--endpoint", master, "--set", "brokerPermission=6")
+    wait_until(lambda: perm_of_b() == 6, 15, "broker-b never registered read and write again")
+    assert {r.broker for r in asyncio.run(_send_all(up.namesrv, topic, 2048))} == {"broker-a", "broker-b"}
+
+
 def test_requests_over_both_groups_are_answered_through_the_group_that_stored_each(up):
     """Request-reply through the name services: a Requester's requests go to both groups (it
     becomes a member at each node it asks), a cluster's push consumer answers each through the

@@ -290,6 +290,47 @@ def test_consume_query_and_admin_commands(node, producer):
     assert "CliRead" in orjson.loads(topics.stdout) and "NeverMade" not in orjson.loads(topics.stdout)
 
 
+def test_broker_permission_changes_while_the_node_runs(node, producer, consumer):
+    """`admin config update --set brokerPermission=N` (mqadmin updateBrokerConfig): 4 (read only)
+    routes the topics read-only and refuses sends to order topics, serving the others and every
+    read; 2 (write only) refuses pulls and pops; back at 6, as before. `admin config` shows it."""
+    ask = lambda header, body=None: producer.request(header, body)[0]
+
+    def admin(*args):
+        done = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", *args, "--endpoint", node.settings.listen],
+                              cwd=ROOT, capture_output=True, timeout=60, check=False)
+        return done.returncode, orjson.loads(done.stdout) if done.returncode == 0 else done.stderr.decode()
+
+    assert ask({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": "PermOrdered", "readQueueNums": 2,
+                "writeQueueNums": 2, "order": True})["status"] == "OK"
+    producer.send("PermReads", "before", queue_id=0)
+    _wait_dispatched(consumer, "PermReads", 0, 1)
+    pull = {"code": protocol.PULL_MESSAGE, "topic": "PermReads", "queueId": 0, "queueOffset": 0, "maxMsgNums": 1}
+    ordered = {"code": protocol.SEND_MESSAGE, "topic": "PermOrdered", "queueId": 0}
+    try:
+        assert admin("config", "update", "--set", "brokerPermission=4") == (0, {"status": "OK", "brokerPermission": 4})
+        assert admin("config")[1]["brokerPermission"] == "4"
+        assert ask({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": "PermReads"})["perm"] == 4
+        assert producer.send("PermReads", "while read only", queue_id=0).status == "PUT_OK"
+        refused = ask(ordered, b"x")
+        assert refused["status"] == "NO_PERMISSION" and "sending message is forbidden" in refused["remark"], refused
+        assert ask(pull)["status"] == "FOUND"
+        assert admin("config", "update", "--set", "brokerPermission=2")[0] == 0
+        for header in (pull, {"code": protocol.POP_MESSAGE, "consumerGroup": "perm", "topic": "PermReads",
+                              "queueId": -1, "maxMsgNums": 1, "invisibleTime": 60000}):
+            refused = ask(header)
+            assert refused["status"] == "NO_PERMISSION" and "message is forbidden" in refused["remark"], refused
+        assert ask(ordered, b"x")["status"] == "PUT_OK"
+        code, remark = admin("config", "update", "--set", "flushDiskType=SYNC_FLUSH")
+        assert code == 1 and "INVALID_PARAMETER" in remark and "restart" in remark
+        assert ask({"code": protocol.UPDATE_BROKER_CONFIG})["status"] == "INVALID_PARAMETER"
+        assert ask({"code": protocol.UPDATE_BROKER_CONFIG}, b"brokerPermission=5")["status"] == "INVALID_PARAMETER"
+    finally:
+        assert admin("config", "update", "--set", "brokerPermission=6")[0] == 0
+    assert ask(pull)["status"] == "FOUND" and ask({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": "PermReads"})["perm"] == 6
+    assert ask(ordered, b"x")["status"] == "PUT_OK"
+
+
 def test_offsets_are_persisted_as_rocketmq_writes_them(node, producer):
     """Committed offsets reach config/consumerOffset.json within flushConsumerOffsetInterval, in
     RocketMQ's layout; the group's subscription config too."""

@@ -24,7 +24,7 @@ struct.pack_into here: it zeroes the bytes before writing, so a reader can see a
 | 14   | ha_slaves       | ha-server                    | slaves following now (SYNC_MASTER waits only with one) |
 | 15   | master_offset   | ha-client                    | a slave: its master's written end, as last heard (lag = master_offset - written) |
 | 16-445 | heartbeats    | each actor its own slot      | last loop time, ms                     |
-| 446  | broker_permission | launcher; front (`admin config update`) | brokerPermission now (PermName bits) |
+| 446  | broker_permission | recovery (the setting); front (`admin config update`) | brokerPermission now (PermName bits) |
 | 447  | config_changes  | front                        | bumped after each write of topics.json or subscriptionGroup.json: the ha-server ships the files before the records written after them |
 | 448-511 | watchers     | each reader its own slot     | 1 while it holds pulls (wants `arrivals`), else 0 |
 
@@ -137,11 +137,14 @@ class ControlBlock:
         """Whether any reader holds pulls: one 512-byte compare, not 64 slot reads."""
         return self.map[WATCHERS_BASE * 8:FILE_SIZE] != _NO_WATCHERS
 
-    def publish_recovered(self, *, written: int, flushed: int, dispatched: int, min_offset: int) -> None:
-        """Start-up: publish what recovery found, before any actor starts."""
+    def publish_recovered(self, *, written: int, flushed: int, dispatched: int, min_offset: int,
+                          broker_permission: int = 6) -> None:
+        """Start-up: publish what recovery found, and the start's brokerPermission (a change made
+        while the node ran lasts until it stops), before any actor starts."""
         invariant(min_offset <= flushed <= written and dispatched <= written)
         for name, value in (("written", written), ("committed", written), ("flushed", flushed),
                             ("dispatched", dispatched), ("min_offset", min_offset), ("slave_acked", 0), ("ha_slaves", 0),
+                            ("broker_permission", broker_permission),
                             ("reput_polling_until", 0)):  # a monotonic time: meaningless after a reboot
             self.set(name, value)
         self.map[WATCHERS_BASE * 8:FILE_SIZE] = _NO_WATCHERS  # readers set theirs again as they hold pulls

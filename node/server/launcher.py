@@ -173,10 +173,9 @@ class Node:
         self.control = ControlBlock(s.root / "control", create=True)
         self.control.set("flags", 0)
         self.control.publish_recovered(written=written, flushed=written, dispatched=written,
-                                       min_offset=min(min_offset, written))
+                                       min_offset=min(min_offset, written), broker_permission=s.brokerPermission)
         self.control.set_flag(FLAG_WRITABLE, True)
         self.control.set("role", ROLE_CODES[s.brokerRole])
-        self.control.set("broker_permission", s.brokerPermission)  # (a change while it ran lasts until its stop)
         if not s.is_slave:  # a master's history begins with its first start (shm.epochs)
             EpochFile(s.root).genesis(min(min_offset, written))
         return queue_offsets, written

@@ -114,6 +114,10 @@ def test_admin_requests_need_an_admin_and_an_admin_without_lists_may_use_everyth
     assert acl.check(signed(ADMIN, create), b"", None) is None
     assert acl.check(signed(ADMIN, {"code": protocol.SEND_MESSAGE, "topic": "topicA"}), b"", None) is None
     assert acl.check(signed(ALICE, {"code": protocol.GET_ALL_TOPIC_CONFIG}), b"", None) is None  # signature only
+    drain = b"brokerPermission=4\n"  # (UPDATE_BROKER_CONFIG's body is signed with its header)
+    assert "needs admin" in acl.check(signed(ALICE, {"code": protocol.UPDATE_BROKER_CONFIG}, drain), drain, None)
+    assert acl.check(signed(ADMIN, {"code": protocol.UPDATE_BROKER_CONFIG}, drain), drain, None) is None
+    assert acl.check(signed(ALICE, {"code": protocol.GET_BROKER_CONFIG}), b"", None) is None
 
 
 def test_unsigned_unknown_and_forged_requests_are_refused(acl):

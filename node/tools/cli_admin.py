@@ -53,6 +53,9 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
                 table = reply.get("subscriptionGroupTable") or {}
                 shown = group_view(client, args.group, table.get(args.group)) if args.group else table
+                if args.group and shown == {"members": [], "locks": {}, "lag": {}, "pop": {}}:
+                    reply = {"status": "SUBSCRIPTION_GROUP_NOT_EXIST",
+                             "remark": f"group {args.group} has no config, member, committed offset or pop"}
             elif args.what == "reset-offset":
                 reply, shown = reset_offsets(client, args)
             elif args.what == "groups":
@@ -96,20 +99,30 @@ def topic_view(client, topic: str | None) -> tuple[dict, dict]:
     """`admin topic --topic T`: its route and each read queue's status (queue_status). A topic the
     node does not have is an error: looking at a topic does not create it, as a route request
     does under autoCreateTopicEnable."""
-    from node.protocol import GET_ALL_TOPIC_CONFIG, GET_ROUTEINFO_BY_TOPIC
+    from node.protocol import GET_ROUTEINFO_BY_TOPIC
 
     if not topic:
         raise SettingsError("admin topic needs --topic")
-    table, _ = client.request({"code": GET_ALL_TOPIC_CONFIG})
-    config = (table.get("topicConfigTable") or {}).get(topic)
+    refused, config = topic_config(client, topic)
     if config is None:
-        return {"status": table.get("status") if table.get("status") != "OK" else "TOPIC_NOT_EXIST",
-                "remark": table.get("remark") or f"topic {topic} does not exist"}, {}
+        return refused, {}
     reply, _ = client.request({"code": GET_ROUTEINFO_BY_TOPIC, "topic": topic})
     shown = {k: v for k, v in reply.items() if k not in ("code", "opaque")}
     if reply.get("status") == "OK":
         shown["queues"] = queue_status(client, topic, config["readQueueNums"])
     return reply, shown
+
+
+def topic_config(client, topic: str) -> tuple[dict, dict | None]:
+    """(reply, the topic's config), or (TOPIC_NOT_EXIST's reply, None): an admin view or change of
+    a topic asks the table, never a route, which creates the topic under autoCreateTopicEnable."""
+    from node.protocol import GET_ALL_TOPIC_CONFIG
+
+    table, _ = client.request({"code": GET_ALL_TOPIC_CONFIG})
+    config = (table.get("topicConfigTable") or {}).get(topic)
+    if config is None and table.get("status") == "OK":
+        return {"status": "TOPIC_NOT_EXIST", "remark": f"topic {topic} does not exist"}, None
+    return table, config
 
 
 def queue_status(client, topic: str, count: int) -> dict:

@@ -123,11 +123,13 @@ def reset_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:
 
     if not (args.group and args.topic) or (args.to_timestamp is None) == (args.to is None):
         raise SettingsError("admin reset-offset needs --group, --topic and one of --to-timestamp MS or --to first|last")
-    route, _ = client.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": args.topic})
-    if route.get("status") != "OK":
-        return route, {}
+    from node.tools.cli_admin import topic_config
+
+    table, config = topic_config(client, args.topic)
+    if config is None:
+        return table, {}
     shown = {}
-    for queue in range(route["readQueueNums"]):
+    for queue in range(config["readQueueNums"]):
         if args.to_timestamp is not None:
             ask = {"code": protocol.SEARCH_OFFSET_BY_TIMESTAMP, "timestamp": args.to_timestamp}
         else:
@@ -142,7 +144,7 @@ def reset_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:
         if done.get("status") != "OK":
             return done, shown
         shown[str(queue)] = found["offset"]
-    return route, {args.topic: shown}
+    return table, {args.topic: shown}
 
 
 def at_or_after(client, topic: str, queue: int, offset: int, timestamp: int) -> int:

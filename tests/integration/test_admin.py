@@ -104,3 +104,7 @@ def test_offsets_reset_to_a_time_to_the_first_and_to_the_last(node):
         assert [consumer.committed("replayers", "Replay", q) for q in (0, 1)] == [0, 0]
         admin(node, "reset-offset", "--group", "replayers", "--topic", "Replay", "--to", "last")
         assert [consumer.committed("replayers", "Replay", q) for q in (0, 1)] == [6, 4]  # six and four sent
+    refused = admin(node, "reset-offset", "--group", "replayers", "--topic", "Nowhere", "--to", "first", ok=False)
+    assert "TOPIC_NOT_EXIST" in refused["stderr"]
+    assert "SUBSCRIPTION_GROUP_NOT_EXIST" in admin(node, "group", "--group", "nobody", ok=False)["stderr"]
+    assert admin(node, "group", "--group", "replayers")["lag"]["Replay@0"]["lag"] == 0

@@ -256,28 +256,6 @@ def selection(args: argparse.Namespace) -> tuple[str, str]:
     return (args.sql, "SQL92") if args.sql else (args.tags or "*", "TAG")
 
 
-def cmd_query(args: argparse.Namespace) -> int:
-    from node.client import PullConsumer, SendError
-
-    if args.key is not None and args.topic is None:
-        raise SettingsError("query --key needs --topic (the index is searched by topic and key)")
-    with PullConsumer(**target(args)) as consumer:
-        try:
-            if args.msg_id is not None:
-                found = consumer.view(args.msg_id, args.topic)
-                messages = [found] if found is not None else []
-            else:
-                messages = consumer.query(args.topic, args.key, begin=args.begin, end=args.end, max_count=args.max)
-        except (SendError, ValueError) as e:
-            print(f"mqnode query: {e}", file=sys.stderr)
-            return 1
-    for message in messages:
-        sys.stdout.write(orjson.dumps(message.to_json()).decode() + "\n")
-    if not messages:
-        print(f"mqnode query: no message with {'id ' + args.msg_id if args.msg_id else 'key ' + args.key}", file=sys.stderr)
-    return 0 if messages else 1
-
-
 def _bool(text: str) -> bool:
     if text.lower() not in ("true", "false"):
         raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
@@ -353,7 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     _produce_parser(commands)
     _recall_parser(commands)
     _consume_parser(commands)
-    _query_parser(commands)
+    from node.tools import cli_query
+
+    cli_query.add_parser(commands, add_credentials, DEFAULT_ENDPOINT)
     _admin_parser(commands)
     from node.tools import cli_cluster
 
@@ -435,23 +415,6 @@ def _consume_parser(commands) -> None:
     consume.add_argument("--instance-name", help="--push: this member's name in its client id (default: the pid)")
     consume.add_argument("--offset-store-dir", help="--push --broadcast: where its offsets file goes")
     consume.set_defaults(handler=cmd_consume)
-
-
-def _query_parser(commands) -> None:
-    query = commands.add_parser("query", help="find messages by key (UNIQ_KEY or one of KEYS) through the index, "
-                                              "or one by its id (offsetMsgId, or msgId with --topic)")
-    query.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
-    query.add_argument("--namesrv", help="a cluster's name services (host:port;host:port) instead of --endpoint")
-    add_credentials(query)
-    query.add_argument("--topic", help="the messages' topic (needed with --key, and with --msg-id in a cluster)")
-    which = query.add_mutually_exclusive_group(required=True)
-    which.add_argument("--key", help="every message with this key (a KEYS entry or its msgId)")
-    which.add_argument("--msg-id", help="the message with this id: an offsetMsgId, read straight from the "
-                                        "CommitLog, or (with --topic) a msgId")
-    query.add_argument("--begin", type=int, default=0, help="store time from (ms)")
-    query.add_argument("--end", type=int, default=2**62, help="store time to (ms)")
-    query.add_argument("--max", type=int, default=32)
-    query.set_defaults(handler=cmd_query)
 
 
 def _admin_parser(commands) -> None:

@@ -274,6 +274,11 @@ def test_consume_query_and_admin_commands(node, producer):
     assert by_msg_id.returncode == 0 and orjson.loads(by_msg_id.stdout)["body"] == "line 3", by_msg_id.stderr
     missing = run("query", "--msg-id", orjson.loads(found.stdout)["msgId"])
     assert missing.returncode == 1 and missing.stdout == b"" and b"no message with id" in missing.stderr
+    where = orjson.loads(found.stdout)  # mqadmin queryMsgByOffset
+    at = run("query", "--topic", "CliRead", "--queue-id", str(where["queueId"]), "--queue-offset", str(where["queueOffset"]))
+    assert at.returncode == 0 and orjson.loads(at.stdout)["body"] == "line 3", at.stderr
+    past = run("query", "--topic", "CliRead", "--queue-id", str(where["queueId"]), "--queue-offset", "99")
+    assert past.returncode == 1 and b"no message at offset 99" in past.stderr
     offsets = run("admin", "offsets", "--group", "cli")
     assert offsets.returncode == 0, offsets.stderr
     table = orjson.loads(offsets.stdout)["CliRead"]

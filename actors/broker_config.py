@@ -53,7 +53,7 @@ class BrokerConfig:
 
     def send_refusal(self, config) -> str | None:
         """For a send to `config`'s topic (actors.topics.TopicConfig)."""
-        if self.permission & PERM_WRITE or not config.order:
+        if not config.order or self.permission & PERM_WRITE:  # (order first: a send's path reads no slot)
             return None
         return f"the broker[{self.settings.brokerName}] sending message is forbidden (brokerPermission {self.permission})"
 

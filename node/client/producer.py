@@ -109,6 +109,7 @@ class AsyncProducer:
         self.flush_handle: asyncio.Handle | None = None
         self.coalesced_in_flight = 0  # SEND_MESSAGES requests awaiting their reply
         self.routes: dict[str, int] = {}
+        self.broker_name = ""  # the node's, as its routes name it (a timer's recall handle carries it)
         self.round_robin: dict[str, itertools.count] = {}
         self.reaper: asyncio.Task | None = None
         self.on_notice = None  # called with what the node sends unasked (NOTIFY_CONSUMER_IDS_CHANGED)
@@ -192,7 +193,19 @@ class AsyncProducer:
             if reply.get("status") != "OK":
                 raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
             count = self.routes[topic] = reply["writeQueueNums"]
+            self.broker_name = reply.get("brokerName") or self.broker_name
         return count
+
+    async def _node_name(self, topic: str) -> str:
+        """The node's brokerName (a recall handle names it), from a route it gave: asked once, of a
+        topic just sent to (so the ask creates nothing), when no route was needed before."""
+        if not self.broker_name:
+            try:
+                reply, _ = await self.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
+            except SendError:
+                return ""  # (the message is stored: its handle goes without the name, which the node takes)
+            self.broker_name = reply.get("brokerName") or ""
+        return self.broker_name
 
     async def _choose_queue(self, topic: str, queue_id: int | None, shard_key: str | None) -> int:
         count = None if queue_id is not None else self.routes.get(topic) or await self.queue_count(topic)
@@ -326,7 +339,8 @@ class AsyncProducer:
             return result
         # a timer: its result holds the handle to recall it (`recall`)
         due = message.deliver_at_ms if message.deliver_at_ms is not None else now_ms + message.delay_ms
-        return result._replace(deliver_at_ms=due, topic=result.topic or message.topic)
+        return result._replace(deliver_at_ms=due, topic=result.topic or message.topic,
+                               broker=result.broker or await self._node_name(message.topic))
 
     def _known_queue(self, topic: str, queue_id: int | None, shard_key: str | None) -> int | None:
         """The queue, when no route needs looking up (None: await `_choose_queue`). Plain, not a

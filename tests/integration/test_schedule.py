@@ -10,6 +10,7 @@ import orjson
 import pytest
 from nodes import NodeProcess, node_settings, running_node
 
+from node import protocol
 from node.client import Producer, PullConsumer
 from actors import config_files
 
@@ -220,6 +221,8 @@ def test_a_recalled_timer_is_never_delivered_and_its_neighbours_are(timer_node):
         later = producer.send("Recall", b"later", delay_ms=4000, queue_id=0)
         sent = cli("produce", "--queue", "0", "--delay-ms", "4000", stdin="cli\n")
         handle = orjson.loads(sent.stdout)["recallHandle"]
+        assert orjson.loads(sent.stdout)["brokerName"] == timer_node.settings.brokerName  # (the handle names it)
+        assert protocol.parse_recall_handle(kept.recall_handle)[1] == timer_node.settings.brokerName
         recalled = cli("recall", "--handle", handle, "--handle", "bm90IGEgaGFuZGxl")
         assert recalled.returncode == 1, recalled.stderr  # (one of the two was no handle)
         assert [orjson.loads(line)["status"] for line in recalled.stdout.splitlines()] == ["OK", "ILLEGAL_HANDLE"]

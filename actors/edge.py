@@ -493,6 +493,7 @@ CHECKS = {
     protocol.LOCK_BATCH_MQ: _locks,
     protocol.UNLOCK_BATCH_MQ: _locks,
     protocol.GET_CONSUMER_CONNECTION_LIST: lambda h: group_problem(h.get("consumerGroup")),
+    protocol.GET_PRODUCER_CONNECTION_LIST: lambda h: group_problem(h.get("producerGroup")),
     protocol.GET_BROKER_HA_STATUS: lambda h: None,
     protocol.HA_ROLE: lambda h: (None if h.get("role") in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
                                  else f"role must be ASYNC_MASTER or SYNC_MASTER, not {_shown(h.get('role'))}"),

@@ -320,6 +320,10 @@ class Front(Actor):
         """Consumer groups' requests (actors.consumers); a HEART_BEAT's producer groups and an
         UNREGISTER_CLIENT's `producerGroup` keep the producer table (actors.producers)."""
         now = monotonic_ms()
+        if header["code"] == protocol.GET_PRODUCER_CONNECTION_LIST:
+            connections = self.producers.connections(header["producerGroup"], now)  # ([]: none connected now)
+            self._reply(client, [orjson.dumps(protocol.reply_header(header.get("opaque"), "OK", connectionSet=connections))])
+            return
         reply, changed = consumers.answer(self.consumers, header, client, now)
         if reply.get("status") == "OK" and header["code"] == protocol.HEART_BEAT and header.get("producerDataSet"):
             self.producers.heartbeat(header["clientID"], client, header["producerDataSet"], now)

@@ -41,6 +41,13 @@ class ProducerGroups:
                     self.expired += 1
                     self.unregister(client_id, group)
 
+    def connections(self, group: str, now: int) -> list[dict]:
+        """GET_PRODUCER_CONNECTION_LIST (mqadmin producerConnection): each producer of the group,
+        with how long ago it last heartbeated (ms)."""
+        members = self.groups.get(group, {})
+        return [{"clientId": client_id, "lastHeartbeatMillisAgo": max(0, now - seen)}
+                for client_id, (_, seen) in sorted(members.items())]
+
     def routes(self, group: str) -> list[tuple[str, bytes]]:
         """(clientID, routing id) of the group's producers, in turn: each check starts at the next
         one, so the checks of a group spread over its producers."""

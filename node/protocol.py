@@ -58,8 +58,9 @@ NOTIFY_CONSUMER_IDS_CHANGED = 40  # node -> member, unasked: the group's members
 LOCK_BATCH_MQ = 41
 UNLOCK_BATCH_MQ = 42
 GET_CONSUMER_CONNECTION_LIST = 203
+GET_PRODUCER_CONNECTION_LIST = 204  # a producer group's connected producers (those a transaction's check may reach)
 GROUP_CODES = frozenset({HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ,
-                         GET_CONSUMER_CONNECTION_LIST})
+                         GET_CONSUMER_CONNECTION_LIST, GET_PRODUCER_CONNECTION_LIST})
 CONSUMER_SEND_MSG_BACK = 36  # a consumer hands a message back: %RETRY%<group> with a delay, or %DLQ%<group>
 DELETE_EXPIRED_COMMITLOG = 329  # RocketMQ 5's code: executeDeleteFilesManually (`mqnode admin clean`)
 # replication (docs/protocol.md "Replication"): `mqnode admin ha|role`

@@ -20,6 +20,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
         GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
         GET_ALL_TOPIC_CONFIG,
         GET_BROKER_RUNTIME_INFO,
+        GET_PRODUCER_CONNECTION_LIST,
     )
     from node.tools.cli_groups import group_view, reset_offsets
     from node.tools.cli_ha import admin_ha
@@ -68,6 +69,11 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 reply, shown = _admin_offsets(client, args)
             elif args.what == "config":
                 reply, shown = broker_config(client, args)
+            elif args.what == "producers":  # mqadmin producerConnection
+                if not args.group:
+                    raise SettingsError("admin producers needs --group (a producer group)")
+                reply, _ = client.request({"code": GET_PRODUCER_CONNECTION_LIST, "producerGroup": args.group})
+                shown = {"group": args.group, "connectionSet": reply.get("connectionSet", [])}
             else:
                 reply, shown = topic_view(client, args.topic)
         except SendError as e:

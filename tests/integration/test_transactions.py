@@ -206,6 +206,12 @@ def test_a_half_of_a_killed_producer_is_ended_by_another_of_its_group(node):
     try:
         assert child.stdout.readline() == b"half\n"  # stored, its local transaction under way
         with TransactionProducer(node.endpoint, "PG-killed", check=lambda message: COMMIT_MESSAGE) as other:
+            def connected() -> int:  # `admin producers` (mqadmin producerConnection): who a check may reach
+                shown = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", "producers", "--group",
+                                        "PG-killed", "--endpoint", node.endpoint], cwd=ROOT, capture_output=True,
+                                       timeout=60, check=True)
+                return len(orjson.loads(shown.stdout)["connectionSet"])
+            wait_until(lambda: connected() == 2, 10, "both producers of the group connected")
             child.kill()  # kill -9, mid-transaction
             child.wait(10)
             wait_until(lambda: other.checks_answered >= 1, 20, "the other producer's check")

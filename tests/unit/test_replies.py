@@ -70,6 +70,10 @@ def test_a_requester_is_found_by_its_client_id_in_any_group_and_forgotten_in_all
     assert producers.find("c1") == b"r1" and producers.find("c2") == b"r2" and producers.find("c3") is None
     producers.forget("c1")
     assert producers.find("c1") is None and producers.table() == {"G2": ["c2"]}
+    producers.heartbeat("c3", b"r3", [{"groupName": "G2"}], 400)
+    assert producers.connections("G2", 1000) == [{"clientId": "c2", "lastHeartbeatMillisAgo": 1000},
+                                                 {"clientId": "c3", "lastHeartbeatMillisAgo": 600}]
+    assert producers.connections("G1", 1000) == []  # (GET_PRODUCER_CONNECTION_LIST: none connected now)
 
 
 def _pushed(correlation: str, body: bytes = b"re") -> tuple[dict, bytes]:

@@ -129,6 +129,12 @@ def _puts(actors: dict, runtime: dict):
         family.add_metric(["true"], replies.get("pushed", 0))
         family.add_metric(["false"], replies.get("unpushed", 0))
         yield family
+    config = front.get("brokerConfig")
+    if config is not None:  # (admin config update changes it while the node runs: a drained node shows 4)
+        family = GaugeMetricFamily("mqnode_broker_permission", "The node's brokerPermission now: 6 read and write, "
+                                   "4 read only, 2 write only")
+        family.add_metric([], config["brokerPermission"])
+        yield family
     if "acl" in front:
         family = CounterMetricFamily("mqnode_acl_refused", "Requests the ACL refused (NO_PERMISSION)")
         family.add_metric([], front["acl"]["refused"])

@@ -110,7 +110,8 @@ def test_every_metric_is_named_in_prometheus_base_units_and_promtool_agrees(node
     names = {family.name for family in text_string_to_metric_families(text)}
     assert {"mqnode_put_latency_seconds", "mqnode_flush_max_seconds", "mqnode_schedule_lag_seconds",
             "mqnode_pop_in_flight_messages", "mqnode_pop_popped", "mqnode_grpc_calls", "mqnode_grpc_clients",
-            "mqnode_grpc_messages_sent", "mqnode_replies"} <= names
+            "mqnode_grpc_messages_sent", "mqnode_replies", "mqnode_broker_permission"} <= names
+    assert "\nmqnode_broker_permission 6.0\n" in text
     assert not [name for name in names if any(unit in name for unit in SCALED_UNITS)]
     promtool = shutil.which("promtool")
     if promtool is None:

@@ -249,26 +249,40 @@ class AsyncPullConsumer(PopMethods):
             return None
         return next((m for m in await self.query(topic, msg_id) if m.msg_id.upper() == msg_id.upper()), None)
 
-    async def _start_offsets(self, topic: str, group: str, queues, start: str, again) -> dict:
+    async def _start_offsets(self, topic: str, group: str, queues, start: str | int, again) -> dict:
         """Where `consume` begins each queue: the group's committed offset (`start="committed"`,
-        the first where it has none), or the queue's first or last."""
+        the first where it has none), the queue's first or last, or for a time (`start` epoch ms)
+        its first message stored at or after it."""
         offsets = {}
         for b, q in queues:
             committed = await again(lambda: self.committed(group, topic, q, broker=b), "start") \
                 if start == "committed" else None
             if committed is not None:
                 offsets[b, q] = committed
+            elif isinstance(start, int):
+                offsets[b, q] = await again(lambda: self.offset_from(topic, q, start, broker=b), "start")
             elif start == "last":
                 offsets[b, q] = await again(lambda: self.max_offset(topic, q, broker=b), "start")
             else:
                 offsets[b, q] = await again(lambda: self.min_offset(topic, q, broker=b), "start")
         return offsets
 
-    async def consume(self, topic: str, group: str, *, start: str = "committed", subscription: str = "*",
+    async def offset_from(self, topic: str, queue_id: int, timestamp: int, *, broker: str | None = None) -> int:
+        """The offset of the queue's first message stored at or after `timestamp` (ms), its end if
+        none is: SEARCH_OFFSET_BY_TIMESTAMP gives the nearest (RocketMQ's rule), one step on when
+        that one is earlier."""
+        offset = await self.offset_at_time(topic, queue_id, timestamp, broker=broker)
+        pulled = await self.pull(topic, queue_id, offset, max_count=1, broker=broker)
+        early = pulled.messages and pulled.messages[0].queue_offset == offset and \
+            pulled.messages[0].store_timestamp < timestamp
+        return offset + 1 if early else offset
+
+    async def consume(self, topic: str, group: str, *, start: str | int = "committed", subscription: str = "*",
                       idle_timeout: float = 5.0, suspend_ms: int = 1000, limit: int | None = None,
                       expression_type: str = protocol.EXPRESSION_TAG):
         """Yield messages from every queue of `topic`, from the group's committed offsets
-        (`start="committed"`, falling back to the first), or `"first"` / `"last"`; commits after
+        (`start="committed"`, falling back to the first), `"first"` / `"last"`, or a time (epoch
+        ms: each queue's first message stored at or after it, CONSUME_FROM_TIMESTAMP); commits after
         each pull. Each queue is pulled on its own (a long poll of an idle queue holds back no
         other), its next pull sent once the last one's messages were taken. Stops after `limit`
         messages or `idle_timeout` seconds without one (not counting a request being sent again:

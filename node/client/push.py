@@ -284,11 +284,9 @@ class AsyncPushConsumer(Orderly):
         where = self.options.consume_from_where.removeprefix("CONSUME_FROM_")
         if topic.startswith(RETRY_PREFIX) or where == "FIRST_OFFSET":
             return await self.pull.min_offset(topic, queue_id)
-        if where == "TIMESTAMP":
+        if where == "TIMESTAMP":  # the first message stored at or after it (RocketMQ 4.9 took the nearest, maybe earlier)
             at = self.options.consume_timestamp or int(time.time() * 1000) - 30 * 60 * 1000
-            reply = await self._ask({"code": protocol.SEARCH_OFFSET_BY_TIMESTAMP, "topic": topic, "queueId": queue_id,
-                                     "timestamp": at})
-            return reply["offset"]
+            return await self.pull.offset_from(topic, queue_id, at)
         return await self.pull.max_offset(topic, queue_id)
 
     # -- pulling -------------------------------------------------------------------------------------

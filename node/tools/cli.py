@@ -239,7 +239,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
     expression, expression_type = selection(args)
     with PullConsumer(**target(args)) as consumer:
         try:
-            for message in consumer.consume(args.topic, args.group, start=args.start, subscription=expression,
+            start = args.from_time if args.from_time is not None else args.start
+            for message in consumer.consume(args.topic, args.group, start=start, subscription=expression,
                                             expression_type=expression_type, idle_timeout=args.timeout,
                                             limit=args.count):
                 sys.stdout.write(orjson.dumps(message.to_json()).decode() + "\n")
@@ -395,6 +396,8 @@ def _consume_parser(commands) -> None:
     consume.add_argument("--group", required=True)
     consume.add_argument("--from", dest="start", choices=["first", "last", "committed"], default="committed",
                          help="committed (default): the group's offsets, first where it has none")
+    consume.add_argument("--from-time", type=int, metavar="MS", help="instead of --from: each queue from its first "
+                                                                      "message stored at or after this epoch time (ms)")
     chosen = consume.add_mutually_exclusive_group()
     chosen.add_argument("--tags", help='subscription: "*" or "TagA || TagB"')
     chosen.add_argument("--sql", help="subscription: a SQL92 selector over the messages' properties, e.g. "

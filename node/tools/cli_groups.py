@@ -23,6 +23,8 @@ def consume_push(args: argparse.Namespace) -> int:
 
     options = {"message_model": "BROADCASTING" if args.broadcast else "CLUSTERING",
                "consume_from_where": "LAST_OFFSET" if args.start == "last" else "FIRST_OFFSET"}
+    if args.from_time is not None:  # (a group with no committed offset, as RocketMQ's CONSUME_FROM_TIMESTAMP)
+        options |= {"consume_from_where": "TIMESTAMP", "consume_timestamp": args.from_time}
     if args.threads:
         options |= {"consume_thread_min": args.threads, "consume_thread_max": args.threads}
     for name in ("instance_name", "offset_store_dir"):

@@ -38,12 +38,20 @@ class Refused(ValueError):
 class BrokerConfig:
     def __init__(self, settings, control=None):
         self.settings = settings
-        self.control = control  # None (unit tests): the setting, unchanging
+        self.control = control  # None (unit tests): kept here instead
+        self.held = settings.brokerPermission
         self.updates = 0
 
     @property
     def permission(self) -> int:
-        return self.settings.brokerPermission if self.control is None else self.control.get("broker_permission")
+        return self.held if self.control is None else self.control.get("broker_permission")
+
+    @permission.setter
+    def permission(self, value: int) -> None:
+        if self.control is None:
+            self.held = value
+        else:
+            self.control.set("broker_permission", value)
 
     def read_refusal(self, code: int) -> str | None:
         if self.permission & PERM_READ:
@@ -71,7 +79,7 @@ class BrokerConfig:
             changes = parse_properties(request.body)
         except Refused as e:
             return protocol.error_reply(request.opaque, "INVALID_PARAMETER", str(e))
-        self.control.set("broker_permission", changes["brokerPermission"])
+        self.permission = changes["brokerPermission"]
         self.updates += 1
         return [orjson.dumps(protocol.reply_header(request.opaque, "OK", brokerPermission=self.permission))]
 

@@ -201,8 +201,8 @@ class Front(Actor):
     def step(self, events: set) -> None:
         if self.replies in events:
             self._forward_replies()
-        for replies in self.inbox.take():  # (every turn: a ring's message may predate its doorbell's listener)
-            self._answer_replies(replies)
+        for answers in self.inbox.take():  # (every turn: a ring's message may predate its doorbell's listener)
+            self._answer_replies(answers)
         if self.clients in events:
             self._serve_clients()
         if self._waiting():
@@ -246,8 +246,8 @@ class Front(Actor):
         if self.pinner is not None:
             self.pinner.release()
         self._release_cpu_latency()
-        for replies in self.inbox.take():
-            self._answer_replies(replies)
+        for answers in self.inbox.take():
+            self._answer_replies(answers)
         if not self.replication.is_slave():
             self.offsets.persist()
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 import time
 from dataclasses import dataclass
 
@@ -370,19 +369,17 @@ class AsyncPullConsumer(PopMethods):
             return result
 
 
-class PullConsumer:
+class PullConsumer(aio.Blocking):
     """The blocking pull consumer: an AsyncPullConsumer on a private event-loop thread."""
 
     def __init__(self, endpoint: str | None = None, **options):
-        self.loop = aio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="mqnode-consumer", daemon=True)
-        self.thread.start()
+        self._start_loop("mqnode-consumer")
         self.context = zmq.Context()
         self.inner = AsyncPullConsumer(endpoint, context=self.context, **options)
         self._call(self.inner.start())
 
-    def _call(self, coroutine):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+    def _context(self):
+        return self.context
 
     def pull(self, topic: str, queue_id: int, offset: int, **kwargs) -> PullResult:
         return self._call(self.inner.pull(topic, queue_id, offset, **kwargs))
@@ -392,6 +389,9 @@ class PullConsumer:
 
     def offset_at_time(self, topic: str, queue_id: int, timestamp: int, **kwargs) -> int:
         return self._call(self.inner.offset_at_time(topic, queue_id, timestamp, **kwargs))
+
+    def offset_from(self, topic: str, queue_id: int, timestamp: int, **kwargs) -> int:
+        return self._call(self.inner.offset_from(topic, queue_id, timestamp, **kwargs))
 
     def read_queues(self, topic: str) -> list[tuple[str | None, int]]:
         return self._call(self.inner.read_queues(topic))
@@ -440,16 +440,3 @@ class PullConsumer:
                 yield self._call(generator.__anext__())
             except StopAsyncIteration:
                 return
-
-    def close(self) -> None:
-        if self.loop.is_running():
-            self._call(self.inner.close())
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(5)
-            self.context.term()
-
-    def __enter__(self) -> PullConsumer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

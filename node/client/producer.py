@@ -115,6 +115,7 @@ class AsyncProducer:
         self.on_notice = None  # called with what the node sends unasked (NOTIFY_CONSUMER_IDS_CHANGED)
         self.on_request = None  # called with (header, body) of a request the node makes (CHECK_TRANSACTION_STATE,
         # PUSH_REPLY_MESSAGE_TO_CLIENT)
+        self.lost_listeners: list = []  # called when the connection drops (node.client.producer_group)
         self.cluster: routes.Cluster | None = None
         if namesrv is not None:
             group = dict(linger_ms=linger_ms, max_coalesce=max_coalesce, timeout=timeout, retries=0,
@@ -556,6 +557,8 @@ class AsyncProducer:
         waiters, self.waiting = list(self.waiting.values()), {}
         for waiter, _ in waiters:
             self._finish(waiter, None, SendError("TIMEOUT", "the connection to the node dropped before the reply"))
+        for listener in self.lost_listeners:
+            listener()
 
     async def _reap(self) -> None:
         """Time out requests whose reply never came (a node restart, a lost actor)."""
@@ -607,7 +610,6 @@ class Producer(aio.Blocking):
     def request(self, header: dict, body: bytes | None = None, *,
                 timeout: float | None = None) -> tuple[dict, bytes | None]:
         return self._call(self.inner.request(header, body, timeout=timeout))
-
 
 
 def backoff(attempt: int) -> float:

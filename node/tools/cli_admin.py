@@ -54,7 +54,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
                 table = reply.get("subscriptionGroupTable") or {}
                 shown = group_view(client, args.group, table.get(args.group)) if args.group else table
-                if args.group and shown == {"members": [], "locks": {}, "lag": {}, "pop": {}}:
+                if args.group and args.group not in table and not any(shown.values()):  # (no config, no state)
                     reply = {"status": "SUBSCRIPTION_GROUP_NOT_EXIST",
                              "remark": f"group {args.group} has no config, member, committed offset or pop"}
             elif args.what == "reset-offset":

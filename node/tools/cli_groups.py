@@ -119,43 +119,25 @@ def group_view(client, group: str, config: dict | None) -> dict:
 
 def reset_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:
     """`admin reset-offset`: each queue of the topic, the group's offset set to the first message
-    stored at or after --to-timestamp, or to the queue's first or last (as mqadmin
-    resetOffsetByTime does, through the queue requests a client has)."""
-    from node import protocol
+    stored at or after --to-timestamp (PullConsumer.offset_from), or to the queue's first or last
+    (as mqadmin resetOffsetByTime does, through the queue requests a client has)."""
+    from node.client import PullConsumer
+    from node.tools.cli_admin import topic_config
 
     if not (args.group and args.topic) or (args.to_timestamp is None) == (args.to is None):
         raise SettingsError("admin reset-offset needs --group, --topic and one of --to-timestamp MS or --to first|last")
-    from node.tools.cli_admin import topic_config
-
     table, config = topic_config(client, args.topic)
     if config is None:
         return table, {}
     shown = {}
-    for queue in range(config["readQueueNums"]):
-        if args.to_timestamp is not None:
-            ask = {"code": protocol.SEARCH_OFFSET_BY_TIMESTAMP, "timestamp": args.to_timestamp}
-        else:
-            ask = {"code": protocol.GET_MIN_OFFSET if args.to == "first" else protocol.GET_MAX_OFFSET}
-        found, _ = client.request(ask | {"topic": args.topic, "queueId": queue})
-        if found.get("status") != "OK":
-            return found, shown
-        if args.to_timestamp is not None:
-            found["offset"] = at_or_after(client, args.topic, queue, found["offset"], args.to_timestamp)
-        done, _ = client.request({"code": protocol.UPDATE_CONSUMER_OFFSET, "consumerGroup": args.group,
-                                  "topic": args.topic, "queueId": queue, "commitOffset": found["offset"]})
-        if done.get("status") != "OK":
-            return done, shown
-        shown[str(queue)] = found["offset"]
+    with PullConsumer(args.endpoint, timeout=client.inner.timeout) as consumer:
+        for queue in range(config["readQueueNums"]):
+            if args.to_timestamp is not None:
+                offset = consumer.offset_from(args.topic, queue, args.to_timestamp)
+            elif args.to == "first":
+                offset = consumer.min_offset(args.topic, queue)
+            else:
+                offset = consumer.max_offset(args.topic, queue)
+            consumer.commit(args.group, args.topic, queue, offset)
+            shown[str(queue)] = offset
     return table, {args.topic: shown}
-
-
-def at_or_after(client, topic: str, queue: int, offset: int, timestamp: int) -> int:
-    """SEARCH_OFFSET_BY_TIMESTAMP gives the offset whose store time is nearest (RocketMQ's
-    rule); a reset to a time starts at the first message stored at or after it."""
-    from node import protocol
-    from shm.codec import Record, decode
-
-    reply, body = client.request({"code": protocol.PULL_MESSAGE, "topic": topic, "queueId": queue,
-                                  "queueOffset": offset, "maxMsgNums": 1})
-    record = decode(body, check_crc=False) if reply.get("status") == "FOUND" and body else None
-    return offset + 1 if isinstance(record, Record) and record.store_timestamp < timestamp else offset

@@ -78,6 +78,13 @@ def visible(endpoint: str, topic: str, queues: int = 8) -> list:
     return out
 
 
+def producers_of(endpoint: str, group: str) -> list[str]:
+    """The clientIDs the node can ask about the group's halves now (GET_PRODUCER_CONNECTION_LIST)."""
+    with Producer(endpoint) as client:
+        reply, _ = client.request({"code": protocol.GET_PRODUCER_CONNECTION_LIST, "producerGroup": group})
+    return [c["clientId"] for c in reply["connectionSet"]]
+
+
 def state(endpoint: str) -> dict:
     with Producer(endpoint) as client:
         reply, _ = client.request({"code": protocol.GET_TRANSACTION_STATE})
@@ -505,6 +512,11 @@ def test_transactions_through_a_kill_of_the_front_are_each_committed_once(patien
                 node.actor_process("front").kill()
 
             await asyncio.gather(kill(), *[sender() for _ in range(32)])
+            # its connection dropped with the front: it heartbeated the new one (which knew no producer) at once
+            deadline = time.monotonic() + 10
+            while producer.membership.client_id not in await asyncio.to_thread(producers_of, node.endpoint, "PG-front"):
+                assert time.monotonic() < deadline, "the producer never heartbeated the restarted front"
+                await asyncio.sleep(0.2)
 
     asyncio.run(send_through_the_kill())
     with TransactionProducer(node.endpoint, "PG-front", check=lambda message: COMMIT_MESSAGE):

@@ -77,6 +77,12 @@ def test_an_update_changes_the_control_block_and_only_brokerpermission(tmp_path,
     assert control.get("broker_permission") == 4
 
 
+def test_without_a_control_block_an_update_holds_in_the_core(settings):
+    config = BrokerConfig(settings)  # (as a router made without a node's control block)
+    config.answer(protocol.Request({"code": protocol.UPDATE_BROKER_CONFIG, "opaque": 1}, b"brokerPermission=2"))
+    assert config.permission == 2 and config.read_refusal(protocol.PULL_MESSAGE)
+
+
 def test_the_config_shows_every_setting_and_no_secret(tmp_path, settings):
     router = _router(tmp_path, settings, Control(2))
     route = router.route(protocol.Request({"code": protocol.GET_BROKER_CONFIG, "opaque": 1}, b""))

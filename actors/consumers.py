@@ -101,6 +101,9 @@ class ConsumerGroups:
     def members(self, group: str) -> list[Member]:
         return [self.groups[group][c] for c in self.client_ids(group)]
 
+    def member(self, group: str, client_id: str) -> Member | None:
+        return self.groups.get(group, {}).get(client_id)
+
     def routing_ids(self, groups: set[str]) -> list[tuple[str, bytes]]:
         """(group, routing id) of every member of `groups`: where NOTIFY_CONSUMER_IDS_CHANGED goes."""
         out = [(g, m.routing_id) for g in sorted(groups) for m in self.members(g)]

@@ -27,6 +27,7 @@ import re
 from node import protocol
 from node.protocol import ProtocolError
 from actors.topics import TOPIC_MAX_LENGTH
+from actors.client_asks import MAX_TIMEOUT_MS
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
@@ -319,6 +320,27 @@ def _client_id(header: dict) -> str | None:
     return None
 
 
+def _running_info_ask(header: dict) -> str | None:
+    client_id = header.get("clientId")
+    if not isinstance(client_id, str) or not 1 <= len(client_id) <= 255:
+        return f"`clientId` must be a string of 1 to 255 characters, not {_shown(client_id)}"
+    return (group_problem(header.get("consumerGroup")) or bool_problem(header, "jstackEnable")
+            or int_problem(header, "timeoutMillis", 1, MAX_TIMEOUT_MS))
+
+
+def _client_answer(header: dict) -> str | None:
+    ask_id, status = header.get("askId"), header.get("status")
+    if not isinstance(ask_id, str) or not 1 <= len(ask_id) <= 64:
+        return f"`askId` must be a string of 1 to 64 characters, not {_shown(ask_id)}"
+    if status not in ("OK", "SYSTEM_ERROR"):
+        return f"`status` must be OK or SYSTEM_ERROR, not {_shown(status)}"
+    if not isinstance(header.get("remark", ""), str):
+        return f"`remark` must be a string, not {_shown(header.get('remark'))}"
+    if status == "OK" and not isinstance(header.get("runningInfo"), dict):
+        return f"`runningInfo` must be an object, not {_shown(header.get('runningInfo'))}"
+    return None
+
+
 def _queue_list(value, field: str, limit: int) -> str | None:
     if not isinstance(value, list) or len(value) > limit:
         return f"`{field}` must be a list of at most {limit} {{topic, queueId}}, not {_shown(value)}"
@@ -494,6 +516,8 @@ CHECKS = {
     protocol.UNLOCK_BATCH_MQ: _locks,
     protocol.GET_CONSUMER_CONNECTION_LIST: lambda h: group_problem(h.get("consumerGroup")),
     protocol.GET_PRODUCER_CONNECTION_LIST: lambda h: group_problem(h.get("producerGroup")),
+    protocol.GET_CONSUMER_RUNNING_INFO: _running_info_ask,
+    protocol.CLIENT_ANSWER: _client_answer,
     protocol.GET_BROKER_HA_STATUS: lambda h: None,
     protocol.HA_ROLE: lambda h: (None if h.get("role") in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
                                  else f"role must be ASYNC_MASTER or SYNC_MASTER, not {_shown(h.get('role'))}"),

@@ -23,7 +23,9 @@ Sockets:
 
 Through `clients` it also sends what clients get unasked: a group's changes to its members, a
 transaction's check to a producer of its group, and a request's reply to its requester
-(SEND_REPLY_MESSAGE: pushed, then stored as a send; actors.replies).
+(SEND_REPLY_MESSAGE: pushed, then stored as a send; actors.replies); and it asks a member for
+what only the member knows (GET_CONSUMER_RUNNING_INFO). The groups' part of this is
+actors.front_groups.
 
 It also keeps the consumer offsets (`config/consumerOffset.json`, persisted every
 `flushConsumerOffsetInterval` ms and at stop). With `frontPinBelowCpu` set, while its load is
@@ -42,7 +44,6 @@ error reply; nothing a client sends can stop this loop.
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import orjson
@@ -56,10 +57,9 @@ from actors.router import Router, To
 from actors.pop import POP_CLIENT
 from actors.schedule import REPUT_CLIENT
 from actors.transaction import TRANSACTION_CLIENT
-from actors.producers import ProducerGroups
 from actors.wire import SERVICE_SEND, join_frames, read_meta, read_size, read_to_wire, send_meta, unpack_replies
-from actors import consumers, edge, guard, replies
-from actors.consumers import ConsumerGroups
+from actors import edge, guard, replies
+from actors.front_groups import FrontGroups
 from actors.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
 from actors.offsets import ConsumerOffsets, SubscriptionGroups
 from actors.runtime_info import NodeStatistics
@@ -87,7 +87,7 @@ class Front(Actor):
         self.hosts = hosts or {}  # service -> labels of the processes hosting it (node.server.topology)
         # opened by `open`, in the actor's thread (None: not opened)
         self.topics: TopicTable | None = None
-        self.consumers: ConsumerGroups | None = None
+        self.members: FrontGroups | None = None  # consumer and producer groups (actors.front_groups)
         self.acl = self.acl_file = self.curve = None
         self.sends_out: list = []
         self.reads_out = self.pops_out = self.transactions_out = None
@@ -141,11 +141,8 @@ class Front(Actor):
         self.service_outs = {POP_CLIENT: self.pops_out, TRANSACTION_CLIENT: self.transactions_out}
         self.checks_in = socket(self.context, zmq.PULL, hwm=1_000_000)  # its checks, to a producer of the group
         self.checks_in.bind(self.endpoints["transaction-checks"])
-        self.producers = ProducerGroups(s.clientChannelExpiredTimeout)
-        self.checks_sent = self.checks_unsent = 0
+        self.members = FrontGroups(s, self.clients, "%s:%d" % s.store_address)
         self.reply_topic = protocol.reply_topic(s.brokerClusterName)
-        self.store_host = "%s:%d" % s.store_address  # (a pushed reply's storeHost)
-        self.reply_stats = replies.ReplyStats()
         # the schedule service's re-puts in, their answers out: private (the run directory is 0700)
         self.reput_in = socket(self.context, zmq.PULL, hwm=100000)
         self.reput_in.bind(self.endpoints["reput-in"])
@@ -158,8 +155,6 @@ class Front(Actor):
         self.router = Router(s, self.topics, self.offsets, self.groups,
                              brokers=lambda: self.replication.brokers(self.node_stats.actors),
                              config=BrokerConfig(s, self.control))
-        self.consumers = ConsumerGroups(s.clientChannelExpiredTimeout, s.rebalanceLockMaxLiveTime)
-        self.next_member_look = time.monotonic() + 1.0
         self.next_offsets_persist = time.monotonic() + s.flushConsumerOffsetInterval / 1000
         self.replies = socket(self.context, zmq.PULL, hwm=100000)
         self.replies.bind(self.endpoints["replies"])
@@ -210,7 +205,7 @@ class Front(Actor):
         if self.reput_in in events:
             self._serve_reputs()
         if self.checks_in in events:
-            self._send_checks()
+            self.members.send_checks(self.checks_in)
         if self.outgoing:
             self._ship_sends()
         if self.stats_in in events:
@@ -224,10 +219,7 @@ class Front(Actor):
         if now >= self.next_offsets_persist and not slave:  # (a slave's are its master's)
             self.next_offsets_persist = now + self.settings.flushConsumerOffsetInterval / 1000
             self.offsets.persist()
-        if now >= self.next_member_look:  # members silent past clientChannelExpiredTimeout
-            self.next_member_look = now + 1.0
-            self._notify(self.consumers.expire(monotonic_ms()))
-            self.producers.expire(monotonic_ms())
+        self.members.look(now)
         self.replication.follow(now, slave)
         if now >= self.next_acl_look:
             self.next_acl_look = now + 1.0
@@ -292,7 +284,7 @@ class Front(Actor):
         elif route.to is To.CLEAN:
             self._forward(self.cleans, client, request, frames, "the clean service is not running; try again")
         elif route.to is To.GROUPS:
-            self._groups(client, request.header)
+            self.members.serve(client, request.header)
         elif route.to is To.REPLY:
             self._send_reply(client, request, frames)
         elif route.to is To.HA:
@@ -302,7 +294,7 @@ class Front(Actor):
         else:
             self._reply(client, route.frames)
             if request.code in (protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER):
-                self._notify(self.consumers.subscribers(request.header["topic"]))  # their queues changed
+                self.members.notify(self.members.consumers.subscribers(request.header["topic"]))  # their queues changed
 
     def _read(self, out: WaitingOutbox, client: bytes, request: protocol.Request, header_raw: bytes,
               who: str) -> None:
@@ -315,40 +307,6 @@ class Front(Actor):
         if not out.send((request.header, client, time.monotonic_ns(), header_raw), time.monotonic()):
             self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY",
                                                      f"{READS_WAITING} requests wait for {who}"))
-
-    def _groups(self, client: bytes, header: dict) -> None:
-        """Consumer groups' requests (actors.consumers); a HEART_BEAT's producer groups and an
-        UNREGISTER_CLIENT's `producerGroup` keep the producer table (actors.producers)."""
-        now = monotonic_ms()
-        if header["code"] == protocol.GET_PRODUCER_CONNECTION_LIST:
-            connections = self.producers.connections(header["producerGroup"], now)  # ([]: none connected now)
-            self._reply(client, [orjson.dumps(protocol.reply_header(header.get("opaque"), "OK", connectionSet=connections))])
-            return
-        reply, changed = consumers.answer(self.consumers, header, client, now)
-        if reply.get("status") == "OK" and header["code"] == protocol.HEART_BEAT and header.get("producerDataSet"):
-            self.producers.heartbeat(header["clientID"], client, header["producerDataSet"], now)
-        if header["code"] == protocol.UNREGISTER_CLIENT and isinstance(header.get("producerGroup"), str):
-            self.producers.unregister(header["clientID"], header["producerGroup"])
-        self._reply(client, [orjson.dumps(reply)])
-        self._notify(changed)
-
-    def _send_checks(self) -> None:
-        """The transaction service's checks, each to one producer of its group that is still
-        connected (ROUTER_MANDATORY says which are not); none connected: it is not sent, and the
-        half is asked about again at the next check (and discarded after transactionCheckMax)."""
-        for group_raw, header, body in incoming(self.checks_in, 4096):
-            group = group_raw.decode()
-            for client_id, routing_id in self.producers.routes(group):
-                try:
-                    send_frames(self.clients, [routing_id, header, body], NOBLOCK)
-                except zmq.ZMQError as e:
-                    if e.errno == zmq.EHOSTUNREACH:
-                        self.producers.gone(client_id, group)
-                    continue  # (its queue full: the next producer)
-                self.checks_sent += 1
-                break
-            else:
-                self.checks_unsent += 1
 
     def _send_reply(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
         """SEND_REPLY_MESSAGE (actors.replies): checked as a send, pushed to its requester, then
@@ -367,8 +325,7 @@ class Front(Actor):
         refused = self.router.check_topics(request).get("0")
         if refused:
             return self._refuse(client, request, oneway, *refused)
-        why = self._push_reply(header, body)
-        self.reply_stats.count(why)
+        why = self.members.push_reply(header, body)
         as_send = [orjson.dumps(header), body]
         if why:
             self._refuse(client, request, oneway, "SYSTEM_ERROR", why)
@@ -379,23 +336,6 @@ class Front(Actor):
         elif not oneway:  # (pushed, not stored: RocketMQ's answer names no stored message)
             self._reply(client, [orjson.dumps(protocol.reply_header(
                 request.opaque, "PUT_OK", msgId="0", offsetMsgId="0", queueId=header["queueId"], queueOffset=0))])
-
-    def _push_reply(self, header: dict, body: bytes) -> str:
-        """The reply to its requester's connection: "" once ZeroMQ took it, else why not."""
-        client_id, why = replies.requester(header)
-        if client_id is None:
-            return why
-        routing_id = self.producers.find(client_id)
-        if routing_id is None:
-            return replies.not_found(client_id)
-        push = replies.push_header(header, self.store_host, int(time.time() * 1000))
-        try:
-            send_frames(self.clients, [routing_id, orjson.dumps(push), body], NOBLOCK)
-        except zmq.ZMQError as e:
-            if e.errno == zmq.EHOSTUNREACH:
-                self.producers.forget(client_id)
-            return f"push reply message to {client_id} fail: {e.strerror}"
-        return ""
 
     def _waiting(self) -> bool:
         """Whether requests wait at the front for a service's ring (actors.links.WaitingOutbox)."""
@@ -411,13 +351,6 @@ class Front(Actor):
                     continue
                 self._reply(client, protocol.error_reply(header.get("opaque"), "SYSTEM_BUSY",
                                                          f"{who} in {READ_PATIENCE_S:g} s; try again"))
-
-    def _notify(self, groups: set[str]) -> None:
-        """NOTIFY_CONSUMER_IDS_CHANGED to each member of `groups`, over its own DEALER; a member
-        whose queue is full misses it and rebalances at its next interval anyway."""
-        for group, routing_id in self.consumers.routing_ids(groups) if groups else ():
-            with contextlib.suppress(zmq.ZMQError):  # (its queue full, or its connection gone)
-                send_frames(self.clients, [routing_id, consumers.notice(group)], NOBLOCK)
 
     def _forward(self, sock: zmq.Socket, client: bytes, request: protocol.Request, frames: list[bytes],
                  busy: str) -> None:
@@ -580,12 +513,10 @@ class Front(Actor):
             stats["cpuPinning"] = self.pinner.statistics()
         if self.cpu_latency is not None:
             stats["cpuLatency"] = self.cpu_latency.statistics(time.monotonic())
-        if self.consumers is not None:
-            stats["producerGroups"] = self.producers.statistics() | {"checksSent": self.checks_sent,
-                                                                     "checksUnsent": self.checks_unsent}
-            stats["replies"] = self.reply_stats.statistics()
+        if self.members is not None:
+            stats |= self.members.statistics()
             stats["brokerConfig"] = self.router.config.statistics()
-        for key, part in (("consumerGroups", self.consumers), ("acl", self.acl), ("curve", self.curve)):
+        for key, part in (("acl", self.acl), ("curve", self.curve)):
             if part is not None:  # (each part of the router, once opened)
                 stats[key] = part.statistics()
         return stats

@@ -178,6 +178,11 @@ class AsyncProducer:
             raise
         return await future
 
+    async def tell(self, header: dict, body: bytes | None = None) -> None:
+        """A request the node replies nothing to (CLIENT_ANSWER: an answer to what it asked)."""
+        await self.start()
+        await self._send(self._encode(header, body), time.monotonic() + self.timeout)
+
     def _encode(self, header: dict, body: bytes | None) -> list[bytes]:
         if self.signs:
             self.credentials.sign(header, body or b"")

@@ -32,6 +32,7 @@ per client, `<offset_store_dir>/<client id>/<group>/offsets.json`, as RocketMQ d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -47,6 +48,7 @@ from node.client.allocate import allocate
 from node.client.consumer import AsyncPullConsumer
 from node.client.producer import SendError
 from node.client.push_orderly import Orderly
+from node.client.running_info import ConsumeStats, running_info
 from node.client.push_state import (  # (the listener's statuses and the models, for users of this module)
     BROADCASTING,
     CLUSTERING,
@@ -103,6 +105,8 @@ class AsyncPushConsumer(Orderly):
         self.heartbeat_s = self.options.heartbeat_interval
         self.lock_renew_s, self.lock_valid_s = LOCK_RENEW_S, 1.5 * LOCK_RENEW_S
         self.on_pull_failure: Callable[[], None] | None = None  # (a cluster's member: its routes asked again)
+        self.consume_stats: dict[str, ConsumeStats] = {}  # topic -> its pulls and consumption (running info)
+        self.started_ms = 0
 
     # -- set-up ---------------------------------------------------------------------------------------
 
@@ -130,6 +134,7 @@ class AsyncPushConsumer(Orderly):
         self.pool = ThreadPoolExecutor(self.options.consume_thread_max, thread_name_prefix=f"mqnode-consume-{self.group}")
         self.rebalance_wanted = asyncio.Event()
         self.running = True
+        self.started_ms = int(time.time() * 1000)
         await self._heartbeat()
         await self._rebalance()
         self.background = [asyncio.create_task(coroutine) for coroutine in (
@@ -173,6 +178,21 @@ class AsyncPushConsumer(Orderly):
     def _on_notice(self, header: dict) -> None:
         if header.get("code") == protocol.NOTIFY_CONSUMER_IDS_CHANGED and self.rebalance_wanted is not None:
             self.rebalance_wanted.set()
+        elif header.get("code") == protocol.GET_CONSUMER_RUNNING_INFO and isinstance(header.get("askId"), str):
+            aio.detach(self._answer_running_info(header))
+
+    async def _answer_running_info(self, header: dict) -> None:
+        """GET_CONSUMER_RUNNING_INFO, asked by the node for an admin: answered with CLIENT_ANSWER."""
+        answer = {"code": protocol.CLIENT_ANSWER, "askId": header["askId"], "status": "OK",
+                  "runningInfo": running_info(self, stacks=header.get("jstackEnable") is True)}
+        with contextlib.suppress(SendError):  # (the node is gone: the admin is answered by its timeout)
+            await self.pull.client.tell(answer)
+
+    def topic_stats(self, topic: str) -> ConsumeStats:
+        stats = self.consume_stats.get(topic)
+        if stats is None:
+            stats = self.consume_stats[topic] = ConsumeStats()
+        return stats
 
     def _subscription_data(self, topic: str, expression: str) -> dict:
         """RocketMQ's SubscriptionData as a heartbeat carries it (expressionType only for SQL92)."""
@@ -303,6 +323,7 @@ class AsyncPushConsumer(Orderly):
             commit = None
             if options.message_model == CLUSTERING and pq.commit_offset() != pq.committed:
                 commit = pq.commit_offset()  # each pull commits what is done (RocketMQ's FLAG_COMMIT_OFFSET)
+            started = time.monotonic()
             try:
                 result = await self.pull.pull(pq.topic, pq.queue_id, pq.next_offset, max_count=options.pull_batch_size,
                                               subscription=expression, suspend_ms=PULL_SUSPEND_MS, group=self.group,
@@ -322,6 +343,8 @@ class AsyncPushConsumer(Orderly):
                 continue
             messages = result.messages
             pq.next_offset = result.next_begin_offset
+            pq.last_pull_ms = int(time.time() * 1000)
+            self.topic_stats(pq.topic).pulled(len(messages), (time.monotonic() - started) * 1000)
             if messages:
                 self._deliver(pq, messages)
 
@@ -343,9 +366,10 @@ class AsyncPushConsumer(Orderly):
 
     # -- concurrent consumption ----------------------------------------------------------------------
 
-    def _call_concurrently(self, messages: list[ReceivedMessage], size: int) -> list[ReceivedMessage]:
-        """On a pool thread: the listener over `messages`, `size` at a time; those to hand back."""
-        failed = []
+    def _call_concurrently(self, messages: list[ReceivedMessage], size: int) -> tuple[list[ReceivedMessage], int, float]:
+        """On a pool thread: the listener over `messages`, `size` at a time; those to hand back,
+        the calls made and the seconds they took."""
+        failed, started = [], time.monotonic()
         for start in range(0, len(messages), size):
             chunk = messages[start:start + size]
             try:
@@ -354,14 +378,16 @@ class AsyncPushConsumer(Orderly):
                 status = RECONSUME_LATER
             if status != CONSUME_SUCCESS:
                 failed.extend(chunk)
-        return failed
+        return failed, -(-len(messages) // size), time.monotonic() - started
 
     def _concurrent_done(self, pq: ProcessQueue, messages: list[ReceivedMessage], future) -> None:
         if future.cancelled():
             return
-        failed = future.result()  # (the listener's exceptions are caught: one here is our bug)
+        failed, calls, seconds = future.result()  # (the listener's exceptions are caught: one here is our bug)
         self.consumed += len(messages) - len(failed)
         self.failed += len(failed)
+        pq.last_consume_ms = int(time.time() * 1000)
+        self.topic_stats(pq.topic).consumed(len(messages) - len(failed), len(failed), calls, seconds * 1000)
         if failed:
             handed = {m.queue_offset for m in failed}
             pq.done(m.queue_offset for m in messages if m.queue_offset not in handed)

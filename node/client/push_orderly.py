@@ -55,13 +55,18 @@ class Orderly:
                     continue
                 batch = [pq.buffer[i] for i in range(min(options.consume_message_batch_max_size, len(pq.buffer)))]
                 pq.in_listener = True
+                started = time.monotonic()
                 try:
                     status = await loop.run_in_executor(self.pool, self._call_orderly, batch)
                 finally:
                     pq.in_listener = False
+                pq.last_consume_ms = int(time.time() * 1000)
+                ok = status == SUCCESS
+                self.topic_stats(pq.topic).consumed(len(batch) if ok else 0, 0 if ok else len(batch), 1,
+                                                    (time.monotonic() - started) * 1000)
                 if pq.dropped:
                     return
-                if status == SUCCESS or await self._suspended_too_often(pq, batch):
+                if ok or await self._suspended_too_often(pq, batch):
                     for _ in batch:
                         pq.buffer.popleft()
                     pq.done(m.queue_offset for m in batch)

@@ -81,6 +81,8 @@ class ProcessQueue:
     consuming: bool = False  # orderly: a task is consuming this queue
     in_listener: bool = False  # orderly: a batch is with the listener right now
     tries: dict[int, int] = field(default_factory=dict)  # orderly: suspensions of the batch at an offset
+    last_pull_ms: int = 0  # wall ms of the last pull answered, and of the last listener call done (running info)
+    last_consume_ms: int = 0
 
     def add(self, messages: list[ReceivedMessage]) -> None:
         now = time.monotonic()

@@ -425,7 +425,8 @@ def _admin_parser(commands) -> None:
                                               "delays, transactions, replication (ha), or to clean; promote a slave (role); create, update or delete topics and groups; "
                                               "reset a group's offsets")
     admin.add_argument("what", choices=["stats", "topics", "groups", "offsets", "topic", "group", "reset-offset", "clean",
-                                        "delays", "ha", "role", "transactions", "cluster", "config", "producers"])
+                                        "delays", "ha", "role", "transactions", "cluster", "config", "producers",
+                                        "consumer-status"])
     admin.add_argument("action", nargs="?", choices=["create", "update", "delete"],
                        help="for `admin topic` and `admin group` (without: `admin topic` shows the topic's route and each "
                             "queue's offsets), and `admin config update`")
@@ -435,8 +436,12 @@ def _admin_parser(commands) -> None:
                                          "`admin topic create|update` (on every group's master)")
     add_credentials(admin)
     admin.add_argument("--topic", help="for `admin topic` and `admin reset-offset`; filters `admin offsets`")
-    admin.add_argument("--group", help="for `admin offsets`, `admin group` and `admin reset-offset`; a producer "
-                                       "group for `admin producers`, and filters `admin transactions`' open halves")
+    admin.add_argument("--group", help="for `admin offsets`, `admin group`, `admin consumer-status` and `admin "
+                                       "reset-offset`; a producer group for `admin producers`, and filters `admin "
+                                       "transactions`' open halves")
+    admin.add_argument("--client-id", help="admin consumer-status: one member of --group (default: every member)")
+    admin.add_argument("--stacks", action="store_true",
+                       help="admin consumer-status: each member's thread stacks too (`jstack`: where its listener is)")
     admin.add_argument("--queues", type=int, help="admin topic create|update: read and write queues")
     admin.add_argument("--read-queues", type=int, help="admin topic create|update: read queues only")
     admin.add_argument("--write-queues", type=int, help="admin topic create|update: write queues only")

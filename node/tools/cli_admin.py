@@ -22,7 +22,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
         GET_BROKER_RUNTIME_INFO,
         GET_PRODUCER_CONNECTION_LIST,
     )
-    from node.tools.cli_groups import group_view, reset_offsets
+    from node.tools.cli_groups import consumer_status, group_view, reset_offsets
     from node.tools.cli_ha import admin_ha
 
     # a manual clean takes up to 20 passes of 10 files with a pause between files
@@ -59,6 +59,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
                              "remark": f"group {args.group} has no config, member, committed offset or pop"}
             elif args.what == "reset-offset":
                 reply, shown = reset_offsets(client, args)
+            elif args.what == "consumer-status":  # mqadmin consumerStatus
+                reply, shown = consumer_status(client, args)
             elif args.what == "groups":
                 reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
                 shown = reply.get("subscriptionGroupTable")

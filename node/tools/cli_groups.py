@@ -1,6 +1,7 @@
 """`scripts/mqnode` for consumer groups (node.tools.cli dispatches here): `consume --push` runs a
-member of a group, `consume --pop` pops for one, and `admin group --group G` shows its members,
-locks, lag and what it has in flight per queue (pop)."""
+member of a group, `consume --pop` pops for one, `admin group --group G` shows its members,
+locks, lag and what it has in flight per queue (pop), and `admin consumer-status` what each member
+says of itself."""
 
 from __future__ import annotations
 
@@ -115,6 +116,35 @@ def group_view(client, group: str, config: dict | None) -> dict:
     shown["pop"] = {f"{topic}@{queue}": state for topic, queues in (pops.get("topics") or {}).items()
                     for queue, state in queues.items()}  # (in flight per queue; {} when the pop service is down)
     return shown
+
+
+def consumer_status(client, args: argparse.Namespace) -> tuple[dict, dict]:
+    """`admin consumer-status --group G [--client-id ID] [--stacks]` (mqadmin consumerStatus):
+    each member's own running info, which the node asks of it (GET_CONSUMER_RUNNING_INFO); a
+    member that does not answer shows the node's status and remark in its place. With
+    --client-id, that member's failure is the command's."""
+    from node import protocol
+
+    if not args.group:
+        raise SettingsError("admin consumer-status needs --group (a consumer group)")
+    ids = [args.client_id]
+    if not args.client_id:
+        members, _ = client.request({"code": protocol.GET_CONSUMER_LIST_BY_GROUP, "consumerGroup": args.group})
+        ids = members.get("consumerIdList") or []
+        if not ids:
+            return {"status": "CONSUMER_NOT_ONLINE", "remark": f"the consumer group {args.group} has no member"}, {}
+    shown, reply = {}, {"status": "OK"}
+    for client_id in ids:
+        asked, _ = client.request({"code": protocol.GET_CONSUMER_RUNNING_INFO, "consumerGroup": args.group,
+                                   "clientId": client_id, "jstackEnable": args.stacks})
+        if asked.get("status") == "OK":
+            shown[client_id] = asked["runningInfo"]
+        else:
+            shown[client_id] = {"status": asked.get("status"), "remark": asked.get("remark", "")}
+            reply = asked if args.client_id else reply
+    answered = [info["subscriptionSet"] for info in shown.values() if "subscriptionSet" in info]
+    return reply, {"group": args.group, "consumers": shown,
+                   "sameSubscription": all(s == answered[0] for s in answered)}
 
 
 def reset_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:

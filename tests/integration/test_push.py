@@ -519,3 +519,101 @@ def test_a_reply_whose_requester_is_gone_is_refused_and_stored_all_the_same(node
     while not {b"nobody waits", b"to nobody"} <= {m.body for m in pulled(node, REPLY_TOPIC, 0, 0)}:
         assert time.monotonic() < deadline, "the refused replies were not stored"
         time.sleep(0.05)
+
+
+def consumer_status(node, *args: str, ok: bool = True) -> dict:
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", "consumer-status", *args,
+                           "--endpoint", node.endpoint], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert (done.returncode == 0) == ok, done.stderr
+    return orjson.loads(done.stdout) if ok else {"stderr": done.stderr}
+
+
+def stuck_listener(release: threading.Event):
+    def listener_stuck_in_a_call(messages):
+        release.wait(30)
+        return CONSUME_SUCCESS
+    return listener_stuck_in_a_call
+
+
+def test_consumer_status_shows_what_each_member_holds_and_where_its_listener_is_stuck(node):
+    topic, group = "Stuck", "stuckgroup"
+    with Producer(node.endpoint) as producer:
+        producer.send_batch(topic, [b"m%d" % i for i in range(40)], queue_id=0)
+    release = threading.Event()
+    consumer = PushConsumer(node.endpoint, group, consume_from_where="FIRST_OFFSET", consume_thread_max=1,
+                            consume_thread_min=1, instance_name="stuck")
+    consumer.subscribe(topic)
+    consumer.register_listener(stuck_listener(release))
+    consumer.start()
+    try:
+        client_id = consumer.inner.client_id
+        deadline = time.monotonic() + 10
+        while consumer.statistics()["cached"].get(f"{topic}@0") != 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shown = consumer_status(node, "--group", group, "--stacks")
+        info = shown["consumers"][client_id]
+        assert shown["sameSubscription"] is True
+        assert {"topic": topic, "subString": "*", "expressionType": "TAG"} in info["subscriptionSet"]
+        queue = info["mqTable"][f"{topic}@0"]
+        assert queue["cachedMsgCount"] == 40 and (queue["cachedMsgMinOffset"], queue["cachedMsgMaxOffset"]) == (0, 39)
+        assert queue["commitOffset"] == 0 and queue["lastPullTimestamp"] > 0 and queue["droped"] is False
+        assert info["properties"]["consumeThreadMax"] == "1" and info["properties"]["PROP_CONSUME_ORDERLY"] == "false"
+        assert "listener_stuck_in_a_call" in info["jstack"] and "release.wait(30)" in info["jstack"]
+        release.set()  # the listener goes on: the queue drains, the rates show it
+        deadline = time.monotonic() + 10
+        while consumer.statistics()["cached"].get(f"{topic}@0") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        info = consumer_status(node, "--group", group, "--client-id", client_id)["consumers"][client_id]
+        assert "jstack" not in info and info["mqTable"][f"{topic}@0"]["cachedMsgCount"] == 0
+        status = info["statusTable"][topic]
+        assert status["consumeOKTPS"] == round(40 / 60, 2) and status["consumeFailedMsgs"] == 0
+    finally:
+        release.set()
+        consumer.shutdown()
+    assert "not online" in consumer_status(node, "--group", group, "--client-id", client_id, ok=False)["stderr"]
+
+
+def asked_of(member: Dealer) -> dict:
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        for notice in member.notices_within(0.2):
+            if notice["code"] == protocol.GET_CONSUMER_RUNNING_INFO:
+                return notice
+    raise TimeoutError("the node asked the member nothing")
+
+
+def test_a_member_that_does_not_answer_times_out_and_no_other_connection_can_answer_for_it(node):
+    member, forger, admin = Dealer(node.endpoint), Dealer(node.endpoint), Dealer(node.endpoint)
+    try:
+        assert heartbeat(member, "10.0.0.9@mute", group="askgroup")["status"] == "OK"
+        ask = {"code": protocol.GET_CONSUMER_RUNNING_INFO, "consumerGroup": "askgroup", "clientId": "10.0.0.9@mute",
+               "timeoutMillis": 300}
+        started = time.monotonic()
+        admin.opaque += 1
+        admin.socket.send(orjson.dumps(ask | {"opaque": admin.opaque}))
+        asked = asked_of(member)  # the node's ask, over the member's own connection
+        assert "opaque" not in asked and asked["clientId"] == "10.0.0.9@mute" and asked["jstackEnable"] is False
+        forged = {"code": protocol.CLIENT_ANSWER, "askId": asked["askId"], "status": "OK", "runningInfo": {"x": 1}}
+        forger.socket.send(orjson.dumps(forged))  # (no reply comes to an answer)
+        reply = orjson.loads(admin.socket.recv_multipart()[0]) if admin.socket.poll(3000) else {}
+        assert reply["status"] == "SYSTEM_ERROR" and "did not answer in time" in reply["remark"]
+        assert 0.3 <= time.monotonic() - started < 2.5
+        # the member's own answer counts, once
+        ask_reply = {}
+        admin.opaque += 1
+        admin.socket.send(orjson.dumps(ask | {"opaque": admin.opaque, "timeoutMillis": 5000}))
+        asked = asked_of(member)
+        answer = {"code": protocol.CLIENT_ANSWER, "askId": asked["askId"], "status": "OK", "runningInfo": {"mine": 2}}
+        member.socket.send(orjson.dumps(answer))
+        member.socket.send(orjson.dumps(answer))  # (a second time: dropped)
+        if admin.socket.poll(3000):
+            ask_reply = orjson.loads(admin.socket.recv_multipart()[0])
+        assert ask_reply["status"] == "OK" and ask_reply["runningInfo"] == {"mine": 2}
+        assert admin.socket.poll(300) == 0
+        assert forger.ask({"code": protocol.CLIENT_ANSWER, "status": "OK"})["status"] == "SYSTEM_ERROR"  # no askId
+        with Producer(node.endpoint) as producer:
+            stats = producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})[0]["actors"]["front"]
+        assert stats["consumerAsks"]["timedOut"] >= 1 and stats["consumerAsks"]["dropped"] >= 2
+    finally:
+        for client in (member, forger, admin):
+            client.close()

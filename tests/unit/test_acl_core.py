@@ -106,6 +106,11 @@ def test_pulls_and_offsets_need_sub_on_topic_and_group(acl):
     back = {"code": protocol.CONSUMER_SEND_MSG_BACK, "consumerGroup": "groupA", "offset": 0}
     assert "group groupA" in acl.check(signed(ALICE, back), b"", None)
     assert acl.check(signed(ALICE, dict(back, consumerGroup="groupB")), b"", None) is None
+    status = {"code": protocol.GET_CONSUMER_RUNNING_INFO, "consumerGroup": "groupA", "clientId": "1.2.3.4@x"}
+    assert "group groupA" in acl.check(signed(ALICE, status), b"", None)  # (a member's stacks: SUB on its group)
+    assert acl.check(signed(ALICE, dict(status, consumerGroup="groupC")), b"", None) is None
+    answer = {"code": protocol.CLIENT_ANSWER, "askId": "ask-1", "status": "OK", "runningInfo": {}}
+    assert acl.check(signed(ALICE, answer), b"", None) is None  # signature only: the front matches the connection
 
 
 def test_admin_requests_need_an_admin_and_an_admin_without_lists_may_use_everything(acl):

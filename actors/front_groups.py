@@ -1,0 +1,166 @@
+"""The front's clients as members of groups: consumer groups (actors.consumers: heartbeats,
+rebalancing's member lists and queue locks), producer groups (actors.producers: whom a
+transaction's check or a request's reply reaches), and what the node sends them unasked or asks
+them: a group's change (NOTIFY_CONSUMER_IDS_CHANGED), a transaction's check, a pushed reply, and
+GET_CONSUMER_RUNNING_INFO (actors.client_asks), whose answer it hands to the admin that asked.
+
+Part of the front's shell: it sends on the front's client ROUTER, which the front owns and gives
+it, and is called from the front's loop only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import orjson
+import zmq
+
+from actors import consumers, replies
+from actors.base import incoming
+from actors.client_asks import DEFAULT_TIMEOUT_MS, ClientAsks
+from actors.consumers import ConsumerGroups
+from actors.producers import ProducerGroups
+from node import protocol
+from node.client.frames import NOBLOCK, send_frames
+from shm.control_block import monotonic_ms
+
+MAX_CHECKS_TAKEN = 4096  # the transaction service's checks sent in one turn
+
+
+class FrontGroups:
+    def __init__(self, settings, clients: zmq.Socket, store_host: str):
+        self.clients = clients
+        self.consumers = ConsumerGroups(settings.clientChannelExpiredTimeout, settings.rebalanceLockMaxLiveTime)
+        self.producers = ProducerGroups(settings.clientChannelExpiredTimeout)
+        self.asks = ClientAsks()
+        self.reply_stats = replies.ReplyStats()
+        self.store_host = store_host  # (a pushed reply's storeHost)
+        self.checks_sent = self.checks_unsent = self.unsent = 0
+        self.next_look = time.monotonic() + 1.0
+
+    def serve(self, client: bytes, header: dict) -> None:
+        """A group request (its fields checked at the edge), answered to `client`."""
+        code = header["code"]
+        if code == protocol.CLIENT_ANSWER:
+            return self._answered(client, header)
+        if code == protocol.GET_CONSUMER_RUNNING_INFO:
+            return self._ask_member(client, header)
+        now = monotonic_ms()
+        if code == protocol.GET_PRODUCER_CONNECTION_LIST:
+            connections = self.producers.connections(header["producerGroup"], now)  # ([]: none connected now)
+            return self._send(client, protocol.reply_header(header.get("opaque"), "OK", connectionSet=connections))
+        reply, changed = consumers.answer(self.consumers, header, client, now)
+        if reply.get("status") == "OK" and code == protocol.HEART_BEAT and header.get("producerDataSet"):
+            self.producers.heartbeat(header["clientID"], client, header["producerDataSet"], now)
+        if code == protocol.UNREGISTER_CLIENT and isinstance(header.get("producerGroup"), str):
+            self.producers.unregister(header["clientID"], header["producerGroup"])
+        self._send(client, reply)
+        self.notify(changed)
+
+    def notify(self, groups: set[str]) -> None:
+        """NOTIFY_CONSUMER_IDS_CHANGED to each member of `groups`, over its own DEALER; a member
+        whose queue is full misses it and rebalances at its next interval anyway."""
+        for group, routing_id in self.consumers.routing_ids(groups) if groups else ():
+            with contextlib.suppress(zmq.ZMQError):  # (its queue full, or its connection gone)
+                send_frames(self.clients, [routing_id, consumers.notice(group)], NOBLOCK)
+
+    def look(self, now: float) -> None:
+        """Every turn: asks no member answered in time are answered SYSTEM_ERROR. Once a second:
+        members silent past clientChannelExpiredTimeout leave their groups."""
+        for ask in self.asks.expire(monotonic_ms()) if self.asks.waiting else ():
+            self._send(ask.asker, protocol.reply_header(
+                ask.opaque, "SYSTEM_ERROR", f"the consumer {ask.client_id} did not answer in time (invoke timeout)"))
+        if now < self.next_look:
+            return
+        self.next_look = now + 1.0
+        self.notify(self.consumers.expire(monotonic_ms()))
+        self.producers.expire(monotonic_ms())
+
+    # -- asking a member -----------------------------------------------------------------------------
+
+    def _ask_member(self, client: bytes, header: dict) -> None:
+        """GET_CONSUMER_RUNNING_INFO: asked of the member over its own connection; its answer
+        (or the node's SYSTEM_ERROR when none comes in time) goes to `client`."""
+        group, client_id, opaque = header["consumerGroup"], header["clientId"], header.get("opaque")
+        member = self.consumers.member(group, client_id)
+        if member is None:  # (RocketMQ's remark)
+            return self._send(client, protocol.reply_header(opaque, "CONSUMER_NOT_ONLINE",
+                                                            f"The Consumer <{client_id}> not online"))
+        timeout_ms = header.get("timeoutMillis", DEFAULT_TIMEOUT_MS)
+        ask_id = self.asks.ask(client, opaque, member.routing_id, client_id, monotonic_ms(), timeout_ms)
+        if ask_id is None:
+            return self._send(client, protocol.reply_header(opaque, "SYSTEM_BUSY",
+                                                            f"{self.asks.limit} asks of consumers wait already"))
+        ask = {"code": protocol.GET_CONSUMER_RUNNING_INFO, "askId": ask_id, "consumerGroup": group,
+               "clientId": client_id, "jstackEnable": header.get("jstackEnable") is True}
+        try:
+            send_frames(self.clients, [member.routing_id, orjson.dumps(ask)], NOBLOCK)
+        except zmq.ZMQError as e:
+            self.asks.answer(ask_id, member.routing_id)  # (taken back: answered here)
+            self._send(client, protocol.reply_header(opaque, "SYSTEM_ERROR",
+                                                     f"the consumer {client_id} cannot be reached: {e.strerror}"))
+
+    def _answered(self, member: bytes, header: dict) -> None:
+        """CLIENT_ANSWER: the member's answer, to the admin that asked (no reply to the member)."""
+        ask = self.asks.answer(header.get("askId"), member)
+        if ask is None:
+            return
+        status = header["status"]
+        fields = {"runningInfo": header["runningInfo"]} if status == "OK" else {}
+        self._send(ask.asker, protocol.reply_header(ask.opaque, status, header.get("remark"), **fields))
+
+    # -- what the node sends unasked -----------------------------------------------------------------
+
+    def send_checks(self, checks_in: zmq.Socket) -> None:
+        """The transaction service's checks, each to one producer of its group that is still
+        connected (ROUTER_MANDATORY says which are not); none connected: it is not sent, and the
+        half is asked about again at the next check (and discarded after transactionCheckMax)."""
+        for group_raw, header, body in incoming(checks_in, MAX_CHECKS_TAKEN):
+            group = group_raw.decode()
+            for client_id, routing_id in self.producers.routes(group):
+                try:
+                    send_frames(self.clients, [routing_id, header, body], NOBLOCK)
+                except zmq.ZMQError as e:
+                    if e.errno == zmq.EHOSTUNREACH:
+                        self.producers.gone(client_id, group)
+                    continue  # (its queue full: the next producer)
+                self.checks_sent += 1
+                break
+            else:
+                self.checks_unsent += 1
+
+    def push_reply(self, header: dict, body: bytes) -> str:
+        """A SEND_REPLY_MESSAGE's reply to its requester's connection: "" once ZeroMQ took it,
+        else why not (counted either way)."""
+        why = self._push_reply(header, body)
+        self.reply_stats.count(why)
+        return why
+
+    def _push_reply(self, header: dict, body: bytes) -> str:
+        client_id, why = replies.requester(header)
+        if client_id is None:
+            return why
+        routing_id = self.producers.find(client_id)
+        if routing_id is None:
+            return replies.not_found(client_id)
+        push = replies.push_header(header, self.store_host, int(time.time() * 1000))
+        try:
+            send_frames(self.clients, [routing_id, orjson.dumps(push), body], NOBLOCK)
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                self.producers.forget(client_id)
+            return f"push reply message to {client_id} fail: {e.strerror}"
+        return ""
+
+    def _send(self, client: bytes, header: dict) -> None:
+        try:
+            send_frames(self.clients, [client, orjson.dumps(header)], NOBLOCK)
+        except zmq.ZMQError:
+            self.unsent += 1  # the client is gone or not reading: its reply is dropped
+
+    def statistics(self) -> dict:
+        return {"consumerGroups": self.consumers.statistics(),
+                "producerGroups": self.producers.statistics() | {"checksSent": self.checks_sent,
+                                                                 "checksUnsent": self.checks_unsent},
+                "replies": self.reply_stats.statistics(), "consumerAsks": self.asks.statistics()}

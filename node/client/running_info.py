@@ -26,6 +26,7 @@ from dataclasses import asdict
 
 MINUTE_S = 60
 HOUR_MINUTES = 60
+MAX_STACKS_CHARS = 1 << 20  # (an answer is one header, at most 4 MiB: a process of many threads is cut here)
 
 
 class ConsumeStats:
@@ -125,4 +126,7 @@ def thread_stacks() -> str:
     parts = []
     for ident, frame in sorted(sys._current_frames().items(), key=lambda item: names.get(item[0], "")):
         parts.append(f'"{names.get(ident, "?")}" (thread {ident})\n' + "".join(traceback.format_stack(frame)))
-    return "\n".join(parts)
+    text = "\n".join(parts)
+    if len(text) > MAX_STACKS_CHARS:
+        text = text[:MAX_STACKS_CHARS] + f"\n... ({len(text) - MAX_STACKS_CHARS} more characters cut)"
+    return text

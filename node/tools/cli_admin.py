@@ -15,6 +15,28 @@ from shm.settings import SettingsError
 
 def cmd_admin(args: argparse.Namespace) -> int:
     from node.client import Producer, SendError
+
+    # a manual clean takes up to 20 passes of 10 files with a pause between files
+    timeout = args.timeout if args.timeout is not None else 120.0 if args.what == "clean" else 5.0
+    if args.namesrv or args.what == "cluster":
+        from node.tools.cli_cluster import admin
+
+        return admin(args)
+    with Producer(args.endpoint, timeout=timeout, retries=0) as client:
+        try:
+            reply, shown = ask_node(client, args)
+        except SendError as e:
+            print(f"mqnode admin: {e}", file=sys.stderr)
+            return 1
+    if reply.get("status") not in ("OK", "QUERY_NOT_FOUND"):
+        print(f"mqnode admin: {reply.get('status')}: {reply.get('remark', '')}", file=sys.stderr)
+        return 1
+    sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
+
+
+def ask_node(client, args: argparse.Namespace) -> tuple[dict, object]:
+    """`admin <what>` of one node: (the reply whose status decides the exit, what is shown)."""
     from node.protocol import (
         DELETE_EXPIRED_COMMITLOG,
         GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
@@ -25,67 +47,51 @@ def cmd_admin(args: argparse.Namespace) -> int:
     from node.tools.cli_groups import consumer_status, group_view, reset_offsets
     from node.tools.cli_ha import admin_ha
 
-    # a manual clean takes up to 20 passes of 10 files with a pause between files
-    timeout = args.timeout if args.timeout is not None else 120.0 if args.what == "clean" else 5.0
-    if args.namesrv or args.what == "cluster":
-        from node.tools.cli_cluster import admin
-
-        return admin(args)
-    with Producer(args.endpoint, timeout=timeout, retries=0) as client:
-        try:
-            if args.what == "stats":
-                reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
-                shown = {key: reply.get(key) for key in ("runtime", "services", "actors", "supervision", "control")}
-            elif args.what == "delays":
-                reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
-                schedule = (reply.get("actors") or {}).get("schedule") or {}
-                shown = {key: schedule.get(key) for key in ("levels", "timers", "sendBacks", "deadLetters", "waiting")}
-            elif args.what == "transactions":
-                from node.tools.cli_transactions import admin_transactions
-                reply, shown = admin_transactions(client, args)
-            elif args.what in ("ha", "role"):
-                reply, shown = admin_ha(client, args)
-            elif args.what == "clean":
-                reply, _ = client.request({"code": DELETE_EXPIRED_COMMITLOG, "force": args.force})
-                shown = {key: reply.get(key) for key in ("count", "bytes", "stopped", "deleted")}
-            elif args.what in ("topic", "group") and args.action:
-                reply, shown = _admin_change(client, args)
-            elif args.what == "group":
-                reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
-                table = reply.get("subscriptionGroupTable") or {}
-                shown = group_view(client, args.group, table.get(args.group)) if args.group else table
-                if args.group and args.group not in table and not any(shown.values()):  # (no config, no state)
-                    reply = {"status": "SUBSCRIPTION_GROUP_NOT_EXIST",
-                             "remark": f"group {args.group} has no config, member, committed offset or pop"}
-            elif args.what == "reset-offset":
-                reply, shown = reset_offsets(client, args)
-            elif args.what == "consumer-status":  # mqadmin consumerStatus
-                reply, shown = consumer_status(client, args)
-            elif args.what == "groups":
-                reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
-                shown = reply.get("subscriptionGroupTable")
-            elif args.what == "topics":
-                reply, _ = client.request({"code": GET_ALL_TOPIC_CONFIG})
-                shown = reply.get("topicConfigTable")
-            elif args.what == "offsets":
-                reply, shown = _admin_offsets(client, args)
-            elif args.what == "config":
-                reply, shown = broker_config(client, args)
-            elif args.what == "producers":  # mqadmin producerConnection
-                if not args.group:
-                    raise SettingsError("admin producers needs --group (a producer group)")
-                reply, _ = client.request({"code": GET_PRODUCER_CONNECTION_LIST, "producerGroup": args.group})
-                shown = {"group": args.group, "connectionSet": reply.get("connectionSet", [])}
-            else:
-                reply, shown = topic_view(client, args.topic)
-        except SendError as e:
-            print(f"mqnode admin: {e}", file=sys.stderr)
-            return 1
-    if reply.get("status") not in ("OK", "QUERY_NOT_FOUND"):
-        print(f"mqnode admin: {reply.get('status')}: {reply.get('remark', '')}", file=sys.stderr)
-        return 1
-    sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
-    return 0
+    if args.what == "stats":
+        reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
+        return reply, {key: reply.get(key) for key in ("runtime", "services", "actors", "supervision", "control")}
+    if args.what == "delays":
+        reply, _ = client.request({"code": GET_BROKER_RUNTIME_INFO})
+        schedule = (reply.get("actors") or {}).get("schedule") or {}
+        return reply, {key: schedule.get(key) for key in ("levels", "timers", "sendBacks", "deadLetters", "waiting")}
+    if args.what == "transactions":
+        from node.tools.cli_transactions import admin_transactions
+        return admin_transactions(client, args)
+    if args.what in ("ha", "role"):
+        return admin_ha(client, args)
+    if args.what == "clean":
+        reply, _ = client.request({"code": DELETE_EXPIRED_COMMITLOG, "force": args.force})
+        return reply, {key: reply.get(key) for key in ("count", "bytes", "stopped", "deleted")}
+    if args.what in ("topic", "group") and args.action:
+        return _admin_change(client, args)
+    if args.what == "group":
+        reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
+        table = reply.get("subscriptionGroupTable") or {}
+        shown = group_view(client, args.group, table.get(args.group)) if args.group else table
+        if args.group and args.group not in table and not any(shown.values()):  # (no config, no state)
+            reply = {"status": "SUBSCRIPTION_GROUP_NOT_EXIST",
+                     "remark": f"group {args.group} has no config, member, committed offset or pop"}
+        return reply, shown
+    if args.what == "reset-offset":
+        return reset_offsets(client, args)
+    if args.what == "consumer-status":  # mqadmin consumerStatus
+        return consumer_status(client, args)
+    if args.what == "groups":
+        reply, _ = client.request({"code": GET_ALL_SUBSCRIPTIONGROUP_CONFIG})
+        return reply, reply.get("subscriptionGroupTable")
+    if args.what == "topics":
+        reply, _ = client.request({"code": GET_ALL_TOPIC_CONFIG})
+        return reply, reply.get("topicConfigTable")
+    if args.what == "offsets":
+        return _admin_offsets(client, args)
+    if args.what == "config":
+        return broker_config(client, args)
+    if args.what == "producers":  # mqadmin producerConnection
+        if not args.group:
+            raise SettingsError("admin producers needs --group (a producer group)")
+        reply, _ = client.request({"code": GET_PRODUCER_CONNECTION_LIST, "producerGroup": args.group})
+        return reply, {"group": args.group, "connectionSet": reply.get("connectionSet", [])}
+    return topic_view(client, args.topic)
 
 
 def broker_config(client, args: argparse.Namespace) -> tuple[dict, dict]:

@@ -52,7 +52,7 @@ SEND_ONE = frozenset({protocol.SEND_MESSAGE, protocol.SEND_BATCH_MESSAGE, protoc
 GROUP_ONLY = frozenset({protocol.CONSUMER_SEND_MSG_BACK, protocol.UNREGISTER_CLIENT, protocol.GET_CONSUMER_LIST_BY_GROUP,
                         protocol.LOCK_BATCH_MQ, protocol.UNLOCK_BATCH_MQ, protocol.GET_CONSUMER_CONNECTION_LIST,
                         protocol.ACK_MESSAGE, protocol.BATCH_ACK_MESSAGE, protocol.CHANGE_MESSAGE_INVISIBLETIME,
-                        protocol.GET_POP_STATE, protocol.GET_CONSUMER_RUNNING_INFO})
+                        protocol.GET_POP_STATE, protocol.GET_CONSUMER_RUNNING_INFO, protocol.CONSUME_MESSAGE_DIRECTLY})
 TOPIC_AND_GROUP = frozenset({protocol.PULL_MESSAGE, protocol.QUERY_CONSUMER_OFFSET, protocol.UPDATE_CONSUMER_OFFSET,
                              protocol.POP_MESSAGE, protocol.PEEK_MESSAGE})
 

@@ -1,7 +1,8 @@
-"""What the node asks a client and waits for (RocketMQ's Broker2Client.callClient): today
+"""What the node asks a client and waits for (RocketMQ's Broker2Client.callClient):
 GET_CONSUMER_RUNNING_INFO (`mqnode admin consumer-status`), which the node cannot answer itself,
-so it asks the member over the member's own connection and hands the member's answer to the
-admin that asked.
+and CONSUME_MESSAGE_DIRECTLY (`mqnode query --msg-id ID --group G --client-id C`), a stored
+message the member's listener is to consume now; the node asks the member over the member's own
+connection and hands the member's answer to the admin that asked.
 
 No socket, no clock: the front (its shell) sends the ask, passes `now` (monotonic ms) and replies.
 An ask carries `askId`, the node's own (the client's `opaque`s are the client's, and what the
@@ -28,6 +29,8 @@ class Ask:
     member: bytes  # the routing id the ask went to: only an answer from there counts
     client_id: str
     deadline: int  # monotonic ms
+    answer_field: str  # what the member's answer carries: runningInfo, consumeResult
+    header: dict | None = None  # CONSUME_MESSAGE_DIRECTLY: the ask, sent once the node read the message
 
 
 class ClientAsks:
@@ -37,16 +40,25 @@ class ClientAsks:
         self.sequence = 0
         self.asked = self.answered = self.timed_out = self.dropped = 0
 
-    def ask(self, asker: bytes, opaque, member: bytes, client_id: str, now: int, timeout_ms: int) -> str | None:
+    def ask(self, asker: bytes, opaque, member: bytes, client_id: str, now: int, timeout_ms: int,
+            answer_field: str = "runningInfo", header: dict | None = None) -> str | None:
         """The ask's id, or None when MAX_ASKS wait already."""
         if len(self.waiting) >= self.limit:
             return None
         assert 0 < timeout_ms <= MAX_TIMEOUT_MS, timeout_ms  # (checked at the edge)
         self.sequence += 1
         ask_id = f"ask-{self.sequence}"
-        self.waiting[ask_id] = Ask(asker, opaque, member, client_id, now + timeout_ms)
+        self.waiting[ask_id] = Ask(asker, opaque, member, client_id, now + timeout_ms, answer_field, header)
         self.asked += 1
         return ask_id
+
+    def get(self, ask_id: str) -> Ask | None:
+        """A waiting ask (the message it needs read meanwhile), or None: it ran out already."""
+        return self.waiting.get(ask_id)
+
+    def drop(self, ask_id: str) -> Ask | None:
+        """The ask answered by the node itself (the member unreachable, the message not found)."""
+        return self.waiting.pop(ask_id, None)
 
     def answer(self, ask_id, member: bytes) -> Ask | None:
         """The ask a CLIENT_ANSWER from `member` completes, or None (dropped: late, twice, never

@@ -229,10 +229,10 @@ def _query(header: dict) -> str | None:
             or int_problem(header, "maxNum", 1, INT32[1]))
 
 
-def _view(header: dict) -> str | None:
+def _view(header: dict, name: str = "offsetMsgId") -> str | None:
     value = header.get("offsetMsgId")
     if not isinstance(value, str) or len(value) not in (32, 56) or not _HEX.fullmatch(value):
-        return f"`offsetMsgId` must be 32 (IPv4 store host) or 56 (IPv6) hex characters, not {_shown(value)}"
+        return f"`{name}` must be 32 (IPv4 store host) or 56 (IPv6) hex characters, not {_shown(value)}"
     return None
 
 
@@ -328,6 +328,10 @@ def _running_info_ask(header: dict) -> str | None:
             or int_problem(header, "timeoutMillis", 1, MAX_TIMEOUT_MS))
 
 
+def _consume_directly(header: dict) -> str | None:
+    return _running_info_ask(header) or _view({"offsetMsgId": header.get("msgId")}, "msgId")
+
+
 def _client_answer(header: dict) -> str | None:
     ask_id, status = header.get("askId"), header.get("status")
     if not isinstance(ask_id, str) or not 1 <= len(ask_id) <= 64:
@@ -336,8 +340,9 @@ def _client_answer(header: dict) -> str | None:
         return f"`status` must be OK or SYSTEM_ERROR, not {_shown(status)}"
     if not isinstance(header.get("remark", ""), str):
         return f"`remark` must be a string, not {_shown(header.get('remark'))}"
-    if status == "OK" and not isinstance(header.get("runningInfo"), dict):
-        return f"`runningInfo` must be an object, not {_shown(header.get('runningInfo'))}"
+    answers = [name for name in protocol.ANSWER_FIELDS.values() if name in header]
+    if status == "OK" and (len(answers) != 1 or not isinstance(header[answers[0]], dict)):
+        return "an OK answer carries one object: runningInfo or consumeResult"
     return None
 
 
@@ -517,6 +522,7 @@ CHECKS = {
     protocol.GET_CONSUMER_CONNECTION_LIST: lambda h: group_problem(h.get("consumerGroup")),
     protocol.GET_PRODUCER_CONNECTION_LIST: lambda h: group_problem(h.get("producerGroup")),
     protocol.GET_CONSUMER_RUNNING_INFO: _running_info_ask,
+    protocol.CONSUME_MESSAGE_DIRECTLY: _consume_directly,
     protocol.CLIENT_ANSWER: _client_answer,
     protocol.GET_BROKER_HA_STATUS: lambda h: None,
     protocol.HA_ROLE: lambda h: (None if h.get("role") in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")

@@ -59,7 +59,7 @@ from actors.schedule import REPUT_CLIENT
 from actors.transaction import TRANSACTION_CLIENT
 from actors.wire import SERVICE_SEND, join_frames, read_meta, read_size, read_to_wire, send_meta, unpack_replies
 from actors import edge, guard, replies
-from actors.front_groups import FrontGroups
+from actors.front_groups import ASK_CLIENT, FrontGroups
 from actors.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
 from actors.offsets import ConsumerOffsets, SubscriptionGroups
 from actors.runtime_info import NodeStatistics
@@ -141,7 +141,7 @@ class Front(Actor):
         self.service_outs = {POP_CLIENT: self.pops_out, TRANSACTION_CLIENT: self.transactions_out}
         self.checks_in = socket(self.context, zmq.PULL, hwm=1_000_000)  # its checks, to a producer of the group
         self.checks_in.bind(self.endpoints["transaction-checks"])
-        self.members = FrontGroups(s, self.clients, "%s:%d" % s.store_address)
+        self.members = FrontGroups(s, self.clients, "%s:%d" % s.store_address, read=self._read_for_ask)
         self.reply_topic = protocol.reply_topic(s.brokerClusterName)
         # the schedule service's re-puts in, their answers out: private (the run directory is 0700)
         self.reput_in = socket(self.context, zmq.PULL, hwm=100000)
@@ -308,6 +308,11 @@ class Front(Actor):
             self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY",
                                                      f"{READS_WAITING} requests wait for {who}"))
 
+    def _read_for_ask(self, pseudo_client: bytes, header: dict) -> None:
+        """A direct consumption's message, read by the read service; its reply comes back to the
+        ask's pseudo-client (`_reply`: actors.front_groups.FrontGroups.viewed)."""
+        self._read(self.reads_out, pseudo_client, protocol.Request(header, b""), orjson.dumps(header), "a pull worker")
+
     def _send_reply(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
         """SEND_REPLY_MESSAGE (actors.replies): checked as a send, pushed to its requester, then
         stored as a SEND_MESSAGE (storeReplyMessageEnable). Answered as the store answers when
@@ -464,6 +469,8 @@ class Front(Actor):
         if client == REPUT_CLIENT:  # the schedule service's re-put
             send_frames(self.reput_out, [client, *frames])
             return
+        if client.startswith(ASK_CLIENT):  # the read of a direct consumption's message
+            return self.members.viewed(client, frames)
         service = self.service_outs.get(client)
         if service is not None:  # the pop or transaction service's re-put (refused at once, or none
             service.send(({}, client, 0, frames[0]), time.monotonic())  # waits: it counts it unanswered)

@@ -2,7 +2,9 @@
 rebalancing's member lists and queue locks), producer groups (actors.producers: whom a
 transaction's check or a request's reply reaches), and what the node sends them unasked or asks
 them: a group's change (NOTIFY_CONSUMER_IDS_CHANGED), a transaction's check, a pushed reply, and
-GET_CONSUMER_RUNNING_INFO (actors.client_asks), whose answer it hands to the admin that asked.
+GET_CONSUMER_RUNNING_INFO and CONSUME_MESSAGE_DIRECTLY (actors.client_asks), whose answers it
+hands to the admin that asked. A direct consumption's message is read first, by the read service
+as a VIEW_MESSAGE_BY_ID whose reply comes back to a pseudo-client of the ask (`ASK_CLIENT`).
 
 Part of the front's shell: it sends on the front's client ROUTER, which the front owns and gives
 it, and is called from the front's loop only.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 
 import orjson
 import zmq
@@ -26,11 +29,13 @@ from node.client.frames import NOBLOCK, send_frames
 from shm.control_block import monotonic_ms
 
 MAX_CHECKS_TAKEN = 4096  # the transaction service's checks sent in one turn
+ASK_CLIENT = b"\x00mqnode-ask-"  # + an ask's id: where its message's read is answered (no peer's id is this long)
 
 
 class FrontGroups:
-    def __init__(self, settings, clients: zmq.Socket, store_host: str):
+    def __init__(self, settings, clients: zmq.Socket, store_host: str, read: Callable[[bytes, dict], None]):
         self.clients = clients
+        self.read = read  # the front's: a read request to the read service, its reply to the pseudo-client given
         self.consumers = ConsumerGroups(settings.clientChannelExpiredTimeout, settings.rebalanceLockMaxLiveTime)
         self.producers = ProducerGroups(settings.clientChannelExpiredTimeout)
         self.asks = ClientAsks()
@@ -44,7 +49,7 @@ class FrontGroups:
         code = header["code"]
         if code == protocol.CLIENT_ANSWER:
             return self._answered(client, header)
-        if code == protocol.GET_CONSUMER_RUNNING_INFO:
+        if code in protocol.ANSWER_FIELDS:
             return self._ask_member(client, header)
         now = monotonic_ms()
         if code == protocol.GET_PRODUCER_CONNECTION_LIST:
@@ -80,34 +85,62 @@ class FrontGroups:
     # -- asking a member -----------------------------------------------------------------------------
 
     def _ask_member(self, client: bytes, header: dict) -> None:
-        """GET_CONSUMER_RUNNING_INFO: asked of the member over its own connection; its answer
-        (or the node's SYSTEM_ERROR when none comes in time) goes to `client`."""
-        group, client_id, opaque = header["consumerGroup"], header["clientId"], header.get("opaque")
+        """GET_CONSUMER_RUNNING_INFO or CONSUME_MESSAGE_DIRECTLY: asked of the member over its own
+        connection (a direct consumption once its message is read); the member's answer, or the
+        node's SYSTEM_ERROR when none comes in time, goes to `client`."""
+        code, group, client_id, opaque = header["code"], header["consumerGroup"], header["clientId"], header.get("opaque")
         member = self.consumers.member(group, client_id)
         if member is None:  # (RocketMQ's remark)
             return self._send(client, protocol.reply_header(opaque, "CONSUMER_NOT_ONLINE",
                                                             f"The Consumer <{client_id}> not online"))
-        timeout_ms = header.get("timeoutMillis", DEFAULT_TIMEOUT_MS)
-        ask_id = self.asks.ask(client, opaque, member.routing_id, client_id, monotonic_ms(), timeout_ms)
+        ask = {"code": code, "consumerGroup": group, "clientId": client_id}
+        if code == protocol.GET_CONSUMER_RUNNING_INFO:
+            ask["jstackEnable"] = header.get("jstackEnable") is True
+        else:
+            ask["msgId"] = header["msgId"]
+        ask_id = self.asks.ask(client, opaque, member.routing_id, client_id, monotonic_ms(),
+                               header.get("timeoutMillis", DEFAULT_TIMEOUT_MS), protocol.ANSWER_FIELDS[code], ask)
         if ask_id is None:
             return self._send(client, protocol.reply_header(opaque, "SYSTEM_BUSY",
                                                             f"{self.asks.limit} asks of consumers wait already"))
-        ask = {"code": protocol.GET_CONSUMER_RUNNING_INFO, "askId": ask_id, "consumerGroup": group,
-               "clientId": client_id, "jstackEnable": header.get("jstackEnable") is True}
+        ask["askId"] = ask_id
+        if code == protocol.CONSUME_MESSAGE_DIRECTLY:  # its message first (`viewed`)
+            return self.read(ASK_CLIENT + ask_id.encode(),
+                             {"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": header["msgId"], "opaque": ask_id})
+        self._ask(ask_id, member.routing_id, [orjson.dumps(ask)])
+
+    def viewed(self, pseudo_client: bytes, frames: list[bytes]) -> None:
+        """The read of a direct consumption's message: on to the member with the message, or
+        the read's refusal (QUERY_NOT_FOUND, SYSTEM_BUSY, ...) to the admin."""
+        ask_id = pseudo_client[len(ASK_CLIENT):].decode()
+        ask = self.asks.get(ask_id)
+        if ask is None:
+            return  # (it ran out meanwhile: its admin was answered)
+        reply = orjson.loads(frames[0])  # (the read service's own reply: one that does not parse is a bug)
+        if reply.get("status") != "OK" or len(frames) < 2:
+            self.asks.drop(ask_id)
+            return self._send(ask.asker, protocol.reply_header(ask.opaque, reply.get("status", "SYSTEM_ERROR"),
+                                                               reply.get("remark", "")))
+        self._ask(ask_id, ask.member, [orjson.dumps(ask.header), frames[1]])
+
+    def _ask(self, ask_id: str, routing_id: bytes, frames: list[bytes]) -> None:
         try:
-            send_frames(self.clients, [member.routing_id, orjson.dumps(ask)], NOBLOCK)
+            send_frames(self.clients, [routing_id, *frames], NOBLOCK)
         except zmq.ZMQError as e:
-            self.asks.answer(ask_id, member.routing_id)  # (taken back: answered here)
-            self._send(client, protocol.reply_header(opaque, "SYSTEM_ERROR",
-                                                     f"the consumer {client_id} cannot be reached: {e.strerror}"))
+            ask = self.asks.drop(ask_id)  # (answered here)
+            self._send(ask.asker, protocol.reply_header(ask.opaque, "SYSTEM_ERROR",
+                                                        f"the consumer {ask.client_id} cannot be reached: {e.strerror}"))
 
     def _answered(self, member: bytes, header: dict) -> None:
         """CLIENT_ANSWER: the member's answer, to the admin that asked (no reply to the member)."""
         ask = self.asks.answer(header.get("askId"), member)
         if ask is None:
             return
-        status = header["status"]
-        fields = {"runningInfo": header["runningInfo"]} if status == "OK" else {}
+        status, field = header["status"], ask.answer_field
+        if status == "OK" and field not in header:
+            return self._send(ask.asker, protocol.reply_header(
+                ask.opaque, "SYSTEM_ERROR", f"the consumer {ask.client_id} answered without {field}"))
+        fields = {field: header[field]} if status == "OK" else {}
         self._send(ask.asker, protocol.reply_header(ask.opaque, status, header.get("remark"), **fields))
 
     # -- what the node sends unasked -----------------------------------------------------------------

@@ -60,10 +60,12 @@ UNLOCK_BATCH_MQ = 42
 GET_CONSUMER_CONNECTION_LIST = 203
 GET_PRODUCER_CONNECTION_LIST = 204  # a producer group's connected producers (those a transaction's check may reach)
 GET_CONSUMER_RUNNING_INFO = 307  # a member's own view (queues, what it holds, rates, stacks): the node asks it
+CONSUME_MESSAGE_DIRECTLY = 309  # a stored message to a member's listener, now: the node reads it, then asks the member
 CLIENT_ANSWER = 9050  # mqnode: a client's answer to what the node asked it (`askId`); the node replies nothing
 GROUP_CODES = frozenset({HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ,
                          GET_CONSUMER_CONNECTION_LIST, GET_PRODUCER_CONNECTION_LIST, GET_CONSUMER_RUNNING_INFO,
-                         CLIENT_ANSWER})
+                         CONSUME_MESSAGE_DIRECTLY, CLIENT_ANSWER})
+ANSWER_FIELDS = {GET_CONSUMER_RUNNING_INFO: "runningInfo", CONSUME_MESSAGE_DIRECTLY: "consumeResult"}
 CONSUMER_SEND_MSG_BACK = 36  # a consumer hands a message back: %RETRY%<group> with a delay, or %DLQ%<group>
 DELETE_EXPIRED_COMMITLOG = 329  # RocketMQ 5's code: executeDeleteFilesManually (`mqnode admin clean`)
 # replication (docs/protocol.md "Replication"): `mqnode admin ha|role`

@@ -43,6 +43,9 @@ from shm.codec import (
 # ZeroMQ takes no request while the queue to the node is full or no connection is up (a node not
 # started, or a CURVE handshake it refused: a plaintext client, a wrong server key, a client key
 # not in its allow-list)
+# what the node asks a client (its header has no opaque): to `on_request`, with the body
+NODE_REQUESTS = frozenset({protocol.CHECK_TRANSACTION_STATE, protocol.PUSH_REPLY_MESSAGE_TO_CLIENT,
+                           protocol.GET_CONSUMER_RUNNING_INFO, protocol.CONSUME_MESSAGE_DIRECTLY})
 NOT_TAKEN = "the connection took no request: its send queue is full, or no connection to the node is up"
 
 
@@ -113,8 +116,7 @@ class AsyncProducer:
         self.round_robin: dict[str, itertools.count] = {}
         self.reaper: asyncio.Task | None = None
         self.on_notice = None  # called with what the node sends unasked (NOTIFY_CONSUMER_IDS_CHANGED)
-        self.on_request = None  # called with (header, body) of a request the node makes (CHECK_TRANSACTION_STATE,
-        # PUSH_REPLY_MESSAGE_TO_CLIENT)
+        self.on_request = None  # called with (header, body) of a request the node makes (NODE_REQUESTS)
         self.lost_listeners: list = []  # called when the connection drops (node.client.producer_group)
         self.cluster: routes.Cluster | None = None
         if namesrv is not None:
@@ -549,7 +551,7 @@ class AsyncProducer:
         if waiter is not None:
             self._finish(waiter[0], (header, frames[1] if len(frames) > 1 else None), None)
         elif "opaque" not in header:
-            if header.get("code") in (protocol.CHECK_TRANSACTION_STATE, protocol.PUSH_REPLY_MESSAGE_TO_CLIENT):
+            if header.get("code") in NODE_REQUESTS:
                 if self.on_request is not None:
                     self.on_request(header, frames[1] if len(frames) > 1 else None)
             elif self.on_notice is not None:

@@ -32,7 +32,6 @@ per client, `<offset_store_dir>/<client id>/<group>/offsets.json`, as RocketMQ d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -48,7 +47,8 @@ from node.client.allocate import allocate
 from node.client.consumer import AsyncPullConsumer
 from node.client.producer import SendError
 from node.client.push_orderly import Orderly
-from node.client.running_info import ConsumeStats, running_info
+from node.client.push_asked import Asked
+from node.client.running_info import ConsumeStats
 from node.client.push_state import (  # (the listener's statuses and the models, for users of this module)
     BROADCASTING,
     CLUSTERING,
@@ -76,7 +76,7 @@ __all__ = ["AsyncPushConsumer", "PushConsumer", "PushOptions", "ProcessQueue", "
 log = logging.getLogger("mqnode.push")
 
 
-class AsyncPushConsumer(Orderly):
+class AsyncPushConsumer(Orderly, Asked):
     def __init__(self, endpoint: str, group: str, **options):
         known = {f.name for f in fields(PushOptions)}
         unknown = set(options) - known
@@ -131,6 +131,7 @@ class AsyncPushConsumer(Orderly):
         self.pull = AsyncPullConsumer(self.endpoint, timeout=self.options.timeout, credentials=self.options.credentials)
         await self.pull.start()
         self.pull.client.on_notice = self._on_notice
+        self.pull.client.on_request = self._on_node_request  # (node.client.push_asked)
         self.pool = ThreadPoolExecutor(self.options.consume_thread_max, thread_name_prefix=f"mqnode-consume-{self.group}")
         self.rebalance_wanted = asyncio.Event()
         self.running = True
@@ -178,21 +179,6 @@ class AsyncPushConsumer(Orderly):
     def _on_notice(self, header: dict) -> None:
         if header.get("code") == protocol.NOTIFY_CONSUMER_IDS_CHANGED and self.rebalance_wanted is not None:
             self.rebalance_wanted.set()
-        elif header.get("code") == protocol.GET_CONSUMER_RUNNING_INFO and isinstance(header.get("askId"), str):
-            aio.detach(self._answer_running_info(header))
-
-    async def _answer_running_info(self, header: dict) -> None:
-        """GET_CONSUMER_RUNNING_INFO, asked by the node for an admin: answered with CLIENT_ANSWER."""
-        answer = {"code": protocol.CLIENT_ANSWER, "askId": header["askId"], "status": "OK",
-                  "runningInfo": running_info(self, stacks=header.get("jstackEnable") is True)}
-        with contextlib.suppress(SendError):  # (the node is gone: the admin is answered by its timeout)
-            await self.pull.client.tell(answer)
-
-    def topic_stats(self, topic: str) -> ConsumeStats:
-        stats = self.consume_stats.get(topic)
-        if stats is None:
-            stats = self.consume_stats[topic] = ConsumeStats()
-        return stats
 
     def _subscription_data(self, topic: str, expression: str) -> dict:
         """RocketMQ's SubscriptionData as a heartbeat carries it (expressionType only for SQL92)."""

@@ -1,6 +1,8 @@
 """`mqnode query`: messages found by key through the index (mqadmin queryMsgByKey), one by its id
 (queryMsgById: an offsetMsgId straight from the CommitLog, or a msgId with its topic), or one by
-its queue and offset (queryMsgByOffset)."""
+its queue and offset (queryMsgByOffset). With --group and --client-id, the message found by its
+id goes to that member's listener now (queryMsgById -g -d: CONSUME_MESSAGE_DIRECTLY), and a
+second line says how the listener took it."""
 
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ def add_parser(commands, add_credentials, default_endpoint: str) -> None:
     query.add_argument("--begin", type=int, default=0, help="store time from (ms)")
     query.add_argument("--end", type=int, default=2**62, help="store time to (ms)")
     query.add_argument("--max", type=int, default=32)
+    query.add_argument("--group", help="with --msg-id and --client-id: a consumer group; the message goes to that "
+                                       "member's listener now (consumeMessageDirectly), nothing committed or handed back")
+    query.add_argument("--client-id", help="with --group: the member (admin consumer-status lists them)")
     query.set_defaults(handler=cmd_query)
 
 
@@ -41,6 +46,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise SettingsError("query --key and --queue-offset need --topic")
     if (args.queue_offset is None) != (args.queue_id is None):
         raise SettingsError("query --queue-offset N and --queue-id Q go together")
+    if (args.group is None) != (args.client_id is None) or (args.group and (args.msg_id is None or args.namesrv)):
+        raise SettingsError("query --group G --client-id C go together, with --msg-id, of one node (--endpoint)")
     with PullConsumer(**target(args)) as consumer:
         try:
             messages = _find(consumer, args)
@@ -51,7 +58,29 @@ def cmd_query(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(message.to_json()).decode() + "\n")
     if not messages:
         print(f"mqnode query: no message {_what(args)}", file=sys.stderr)
-    return 0 if messages else 1
+        return 1
+    return consume_directly(args, messages[0]) if args.group else 0
+
+
+def consume_directly(args: argparse.Namespace, message) -> int:
+    """The message to a member's listener (CONSUME_MESSAGE_DIRECTLY): a line with the member's
+    `consumeResult`; exit 0 only for CR_SUCCESS."""
+    from node import protocol
+    from node.client import Producer, SendError
+
+    with Producer(args.endpoint, retries=0) as client:
+        try:
+            reply, _ = client.request({"code": protocol.CONSUME_MESSAGE_DIRECTLY, "consumerGroup": args.group,
+                                       "clientId": args.client_id, "msgId": message.offset_msg_id})
+        except SendError as e:
+            reply = {"status": e.status, "remark": e.remark}
+    if reply.get("status") != "OK":
+        print(f"mqnode query: {reply.get('status')}: {reply.get('remark', '')}", file=sys.stderr)
+        return 1
+    result = reply["consumeResult"]
+    sys.stdout.write(orjson.dumps({"group": args.group, "clientId": args.client_id, "consumeResult": result}).decode()
+                     + "\n")
+    return 0 if result.get("consumeResult") == "CR_SUCCESS" else 1
 
 
 def _find(consumer, args: argparse.Namespace) -> list:

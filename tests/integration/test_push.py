@@ -2,8 +2,9 @@
 (`mqnode consume --push`): the node's member table and locks over the wire, three members
 consuming 30k messages (once each while the group is stable, none lost, a bounded few twice
 around the changes) while one is stopped, one killed with -9 and one added,
-broadcasting, orderly consumption across a crash, retries into the DLQ, and flow control; and
-request-reply (RocketMQ 4.6's), a push consumer answering what a Requester asks."""
+broadcasting, orderly consumption across a crash, retries into the DLQ, and flow control;
+request-reply (RocketMQ 4.6's), a push consumer answering what a Requester asks; and what an
+admin asks of a member through the node (its running info, a message consumed directly)."""
 
 from __future__ import annotations
 
@@ -617,3 +618,65 @@ def test_a_member_that_does_not_answer_times_out_and_no_other_connection_can_ans
     finally:
         for client in (member, forger, admin):
             client.close()
+
+
+def consume_directly(node, msg_id: str, group: str, client_id: str) -> tuple[int, list[dict], str]:
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "query", "--msg-id", msg_id, "--group", group,
+                           "--client-id", client_id, "--endpoint", node.endpoint],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return done.returncode, [orjson.loads(line) for line in done.stdout.splitlines()], done.stderr
+
+
+def test_a_stored_message_goes_to_a_members_listener_directly_and_only_the_verdict_comes_back(node):
+    """queryMsgById -g -d (consumeMessageDirectly): a dead letter the listener now takes, and each
+    way a listener can answer; nothing is committed or handed back for it."""
+    topic, group = "Direct", "directgroup"
+    with Producer(node.endpoint) as producer:
+        sent = producer.send(topic, b"to the DLQ", queue_id=0)
+    with PullConsumer(node.endpoint) as puller:
+        stored = puller.view(sent.offset_msg_id)
+        puller.send_back(stored, group, max_reconsume_times=0)  # straight to %DLQ%directgroup
+        deadline = time.monotonic() + 10
+        while puller.max_offset(f"%DLQ%{group}", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        dead = puller.pull(f"%DLQ%{group}", 0, 0).messages[0]
+    answers, seen = iter([]), []
+
+    def listener(messages):
+        seen.append((messages[0].topic, messages[0].body))
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    consumer = PushConsumer(node.endpoint, group, consume_from_where="LAST_OFFSET", instance_name="direct")
+    consumer.subscribe(topic)
+    consumer.register_listener(listener)
+    consumer.start()
+    try:
+        client_id = consumer.inner.client_id
+        answers = iter([CONSUME_SUCCESS, RECONSUME_LATER, None, ValueError("bad row")])
+        expected = [(0, "CR_SUCCESS", "CONSUME_SUCCESS"), (1, "CR_LATER", "RECONSUME_LATER"), (1, "CR_RETURN_NULL", ""),
+                    (1, "CR_THROW_EXCEPTION", "ValueError: bad row")]
+        for code, result, remark in expected:
+            rc, lines, stderr = consume_directly(node, dead.offset_msg_id, group, client_id)
+            assert rc == code, stderr
+            assert lines[0]["body"] == "to the DLQ" and lines[0]["topic"] == f"%DLQ%{group}"
+            assert lines[1]["consumeResult"] | {"spentTimeMills": 0} == {
+                "order": False, "autoCommit": True, "consumeResult": result, "remark": remark, "spentTimeMills": 0}
+        assert seen == [(f"%DLQ%{group}", b"to the DLQ")] * 4  # (as RocketMQ shows a dead letter: its own topic)
+        with PullConsumer(node.endpoint) as puller:
+            assert puller.max_offset(f"%RETRY%{group}", 0) == 0  # CR_LATER handed nothing back
+            assert puller.committed(group, f"%DLQ%{group}", 0) is None
+        admin = Dealer(node.endpoint)
+        try:
+            nowhere = dead.offset_msg_id[:16] + "00000000FFFFFF00"  # (this node's host, an offset past its end)
+            ask = {"code": protocol.CONSUME_MESSAGE_DIRECTLY, "consumerGroup": group, "clientId": client_id,
+                   "msgId": nowhere}
+            assert admin.ask(ask)["status"] == "QUERY_NOT_FOUND"
+            assert admin.ask(ask | {"clientId": "1.2.3.4@nobody"})["status"] == "CONSUMER_NOT_ONLINE"
+            assert admin.ask(ask | {"msgId": "xyz"})["status"] == "SYSTEM_ERROR"
+        finally:
+            admin.close()
+    finally:
+        consumer.shutdown()

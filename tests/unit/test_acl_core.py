@@ -109,6 +109,8 @@ def test_pulls_and_offsets_need_sub_on_topic_and_group(acl):
     status = {"code": protocol.GET_CONSUMER_RUNNING_INFO, "consumerGroup": "groupA", "clientId": "1.2.3.4@x"}
     assert "group groupA" in acl.check(signed(ALICE, status), b"", None)  # (a member's stacks: SUB on its group)
     assert acl.check(signed(ALICE, dict(status, consumerGroup="groupC")), b"", None) is None
+    direct = dict(status, code=protocol.CONSUME_MESSAGE_DIRECTLY, msgId="7F000001000027120000000000000000")
+    assert "group groupA" in acl.check(signed(ALICE, direct), b"", None)
     answer = {"code": protocol.CLIENT_ANSWER, "askId": "ask-1", "status": "OK", "runningInfo": {}}
     assert acl.check(signed(ALICE, answer), b"", None) is None  # signature only: the front matches the connection
 

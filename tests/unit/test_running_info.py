@@ -42,6 +42,15 @@ def test_asks_run_out_at_their_deadline_and_the_table_is_bounded():
         asks.ask(b"a", 4, b"m", "c", now=0, timeout_ms=0)
 
 
+def test_a_direct_consumption_waits_for_its_read_and_the_node_may_answer_it_itself():
+    asks = ClientAsks()
+    header = {"code": 309, "msgId": "AB"}
+    ask_id = asks.ask(b"admin", 1, b"member", "c", now=0, timeout_ms=100, answer_field="consumeResult", header=header)
+    assert asks.get(ask_id).header is header and asks.get(ask_id).answer_field == "consumeResult"
+    assert asks.drop(ask_id).opaque == 1  # (its message not found: the node answers)
+    assert asks.get(ask_id) is None and asks.drop(ask_id) is None and asks.answer(ask_id, b"member") is None
+
+
 def test_rates_are_over_the_last_minute_and_failures_over_the_last_hour():
     clock = Clock()
     stats = ConsumeStats(clock)

@@ -81,12 +81,15 @@ def pack_replies(replies: list[tuple]) -> bytes:
 
 
 def unpack_replies(data: bytes) -> list[tuple[bytes, int, bytes, bytes]]:
+    """`pack_replies`' tuples back. Our own bytes: a reply that runs past the end is a bug, and
+    stops the process (a slice would cut its body short in silence)."""
     out, at, size = [], 0, _REPLY_HEAD.size
     while at < len(data):
         id_len, arrival_ns, header_len, body_len = _REPLY_HEAD.unpack_from(data, at)
         at += size
         header_at = at + id_len
         body_at = header_at + header_len
+        invariant(body_at + body_len <= len(data), "a reply runs past its ring message")
         out.append((data[at: header_at], arrival_ns, data[header_at: body_at], data[body_at: body_at + body_len]))
         at = body_at + body_len
     return out

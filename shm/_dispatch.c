@@ -471,11 +471,54 @@ done:
     return result;
 }
 
+/* cq_write(map, position, entries) -> None: ConsumeQueue entries (20 bytes each, as stored)
+ * into the writable mapping `map` at `position`, each entry's size field stored last. A reader
+ * scans past the entries published under `dispatched` (shm.reader.QueueView) and stops at the
+ * first with size 0, the zeros beyond the written end: it must never see a size before the
+ * phy beside it. One memcpy gave it that chance: glibc stores a copy's vectors in no fixed
+ * order (the last ones first, for some lengths), and a reader took an entry with its size in
+ * place and its phy still 0 for a record at CommitLog offset 0 (bench-consume saw a pull reply
+ * end in the first 1,168 bytes of another topic's first record). The size is a 4-byte aligned
+ * store, never torn; x86 keeps stores in order, and the fences keep the compiler from moving
+ * them. Entries are written only past the written end, over zeros (recovery zeroes what it
+ * truncates). */
+static PyObject *cq_write(PyObject *self, PyObject *args) {
+    Py_buffer map, entries;
+    Py_ssize_t position;
+    if (!PyArg_ParseTuple(args, "w*ny*", &map, &position, &entries))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t count = entries.len / 20;
+    if (entries.len % 20 || position < 0 || position % 4 || position > map.len - entries.len) {
+        PyErr_SetString(PyExc_ValueError, "cq_write: whole entries, at a 4-byte aligned position inside the map");
+        goto done;
+    }
+    unsigned char *to = (unsigned char *)map.buf + position;
+    const unsigned char *from = entries.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        memcpy(to + i * 20, from + i * 20, 8);             /* phy */
+        memcpy(to + i * 20 + 12, from + i * 20 + 12, 8);   /* tags */
+    }
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint32_t size;
+        memcpy(&size, from + i * 20 + 8, 4);
+        __atomic_store_n((uint32_t *)(void *)(to + i * 20 + 8), size, __ATOMIC_RELEASE);
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&map);
+    PyBuffer_Release(&entries);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_v4", scan_v4, METH_VARARGS,
      "scan_v4(buf, position, limit, room, queues, index_keys, schedule_topic, delays)\n"
      "-> (position, added, logics_timestamp or None)"},
     {"cq_entries", cq_entries, METH_VARARGS, "cq_entries(run) -> bytes: the run's entries without their queue offsets"},
+    {"cq_write", cq_write, METH_VARARGS, "cq_write(map, position, entries): entries into a mapping, each one's size last"},
     {"index_put", index_put, METH_VARARGS,
      "index_put(map, slot_count, index_max, keys, start) -> (next_key, added)"},
     {NULL, NULL, 0, NULL},

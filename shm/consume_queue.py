@@ -19,7 +19,10 @@ last three files up to the first invalid entry, then entries pointing at or past
 CommitLog end are truncated, and missing ones are re-dispatched from the CommitLog.
 
 Single writer: the reput dispatcher (or start-up recovery before any actor runs). Readers
-(pull workers) open the files read-only and stay below the dispatched counter.
+(pull workers) open the files read-only and stay below the dispatched counter: a reader finds a
+queue's end by scanning its entries until one is zero or points at or past `dispatched`, so it
+reads entries while they are written, and each entry's size is stored after its phy and tags
+(`write_entries`): a size it sees has its phy beside it.
 
 The dispatcher hands entries over in runs (`put_many`): RUN_ENTRY records, each a queue offset
 (i64, big-endian) followed by the entry's 20 bytes as stored, so a run is written without a
@@ -45,6 +48,22 @@ FILLER_SIZE = 0x7FFFFFFF
 ENTRY = struct.Struct(">qiq")  # commitLogOffset, size, tagsCode: the one definition of an entry
 _ENTRY = ENTRY
 RUN_ENTRY = struct.Struct(">qqiq")  # queue offset, then the entry as stored: put_many's input
+
+
+def write_entries(segment, position: int, data) -> None:
+    """Entries as stored (20 bytes each) into `segment` at `position`, past its written end,
+    each one's size after its phy and tags (the module's docstring; shm/_dispatch.c cq_write)."""
+    invariant(not segment.readonly and position % ENTRY_SIZE == 0 and len(data) % ENTRY_SIZE == 0
+              and position + len(data) <= segment.size, "entries inside a writable file")
+    if NATIVE:
+        _dispatch.cq_write(segment.map, position, data)
+        return
+    view, to = memoryview(data), segment.map
+    for at in range(0, len(view), ENTRY_SIZE):
+        to[position + at: position + at + 8] = view[at: at + 8]
+        to[position + at + 12: position + at + 20] = view[at + 12: at + 20]
+    for at in range(0, len(view), ENTRY_SIZE):  # (a 4-byte aligned copy of 4 bytes: one store)
+        to[position + at + 8: position + at + 12] = view[at + 8: at + 12]
 
 
 def rounded_file_size(configured: int) -> int:
@@ -101,7 +120,7 @@ class ConsumeQueue:
             return True  # already there
         # expected > end would be a hole: RocketMQ logs it and appends at the end anyway.
         segment = self.files.last_writable(expected)
-        segment.write(segment.position_written, _ENTRY.pack(physical_offset, size, tags_code))
+        write_entries(segment, segment.position_written, _ENTRY.pack(physical_offset, size, tags_code))
         segment.set_written(segment.position_written + ENTRY_SIZE)
         self.max_physical_offset = physical_offset + size
         return True
@@ -128,7 +147,7 @@ class ConsumeQueue:
         while done < len(data):
             segment = self.files.last_writable(logical + done)
             room = min(len(data) - done, segment.size - segment.position_written)
-            segment.write(segment.position_written, memoryview(data)[done: done + room])
+            write_entries(segment, segment.position_written, memoryview(data)[done: done + room])
             segment.set_written(segment.position_written + room)
             done += room
         self.max_physical_offset = last_phy + last_size
@@ -136,7 +155,7 @@ class ConsumeQueue:
     def _fill_to(self, segment, expected: int) -> None:
         filler = _ENTRY.pack(0, FILLER_SIZE, 0)
         count = (expected - segment.offset_start) // ENTRY_SIZE
-        segment.write(0, filler * count)
+        write_entries(segment, 0, filler * count)
         segment.set_written(count * ENTRY_SIZE)
         segment.position_flushed = segment.position_committed = count * ENTRY_SIZE
         self.offset_min_logical = expected

@@ -97,14 +97,23 @@ class QueueView:
                 return
 
     def _advance(self, segment, dispatched: int) -> bool:
-        """Scan `segment` from the known end; True when it is full (go on to the next file)."""
+        """Scan `segment` from the known end; True when it is full (go on to the next file).
+
+        The scan reads entries the dispatcher may be writing this moment. It stores an entry's
+        size after its phy and tags (shm.consume_queue.write_entries), so the sizes are taken
+        from a first copy and the rest from a second: a size seen in the first has its phy in
+        the second. (One copy could hold a new size beside a phy not yet written, 0, and the
+        entry passed for a record at CommitLog offset 0.)"""
         position = max(0, self.end - segment.offset_start)
         chunk = 64 * ENTRY_SIZE  # small first: usually only a few entries are new
         for _ in range(segment.size // ENTRY_SIZE + 1):
-            raw = segment.map[position: min(segment.size, position + chunk)]
+            stop = min(segment.size, position + chunk)
+            stop -= (stop - position) % ENTRY_SIZE
+            sizes = segment.map[position: stop]
+            raw = segment.map[position: stop]  # (after `sizes`: x86 keeps loads in order)
             chunk = min(chunk * 4, SCAN_CHUNK)
             count = 0
-            for phy, size, _ in _ENTRY.iter_unpack(raw[: len(raw) - len(raw) % ENTRY_SIZE]):
+            for (_, size, _), (phy, _, _) in zip(_ENTRY.iter_unpack(sizes), _ENTRY.iter_unpack(raw)):
                 if size <= 0 or phy < 0 or (size != FILLER_SIZE and phy + size > dispatched):
                     break
                 count += 1

@@ -64,3 +64,84 @@ def test_the_committed_records_of_a_queue_in_a_commitlog_range_are_counted_by_th
         assert read == (3 if calls < 3 else 2)
     assert total == {10: 3, 20: 1, 30: 1} and calls == 3
     reader.close()
+
+
+class TornMap:
+    """A ConsumeQueue file's mapping as a reader copies it while the dispatcher writes: each
+    copy returns the next of `states` (the file's bytes at that moment)."""
+
+    def __init__(self, states: list[bytes]):
+        self.states = states
+        self.copies = 0
+
+    def __getitem__(self, where: slice) -> bytes:
+        state = self.states[min(self.copies, len(self.states) - 1)]
+        self.copies += 1
+        return state[where]
+
+
+def test_a_size_copied_before_its_phy_was_written_never_passes_the_entry_off_as_one_at_offset_0(tmp_path):
+    """The bench-consume failure of 2026-12-05 (a pull reply that ended inside another topic's
+    first record): the scan's copy held a new entry's size beside its phy still 0. Sizes now come
+    from a first copy and phys from a second, and the dispatcher stores sizes last."""
+    from shm.consume_queue import ENTRY
+
+    writer = ConsumeQueue(tmp_path, "T", 0, FILE_SIZE)
+    writer.put(0, 5000, 1168, 7)
+    view = QueueView(tmp_path, "T", 0, FILE_SIZE)
+    view.refresh(6168)
+    assert view.max_offset == 1
+    segment = view.queue.files.files[0]
+    first = ENTRY.pack(5000, 1168, 7)
+    torn = first + ENTRY.pack(0, 1168, 0) + bytes(40)  # entry 1 as one copy may read it: size, no phy yet
+    whole = first + ENTRY.pack(6168, 1168, 7) + bytes(40)
+    real = segment.map
+    segment.map = TornMap([torn, whole])
+    view.refresh(6200)  # entry 1's record (6168 + 1168) is not dispatched: not taken, torn or not
+    assert view.max_offset == 1 and segment.map.copies == 2
+    segment.map = TornMap([torn, whole])
+    view.refresh(7336)  # now it is: taken (what a pull reads of it is read again, whole)
+    assert view.max_offset == 2
+    segment.map = TornMap([whole[:20] + bytes(60), whole])  # no size in the first copy: not taken yet
+    view.end, view.refreshed_at = 20, -1
+    view.refresh(7336)
+    assert view.max_offset == 1
+    segment.map = real
+    writer.close()
+    view.close()
+
+
+def test_the_dispatcher_stores_each_entrys_size_after_its_phy_and_tags(tmp_path, monkeypatch):
+    """shm.consume_queue.write_entries, both ways: the same bytes as a plain copy; and the
+    Python twin's stores in order (the C one's are fenced: shm/_dispatch.c cq_write)."""
+    import shm.consume_queue as cq
+    from shm.consume_queue import ENTRY
+
+    entries = b"".join(ENTRY.pack(1000 + 100 * i, 100, i) for i in range(3))
+    written = {}
+    for native in (True, False):
+        monkeypatch.setattr(cq, "NATIVE", native and cq.NATIVE)
+        queue = ConsumeQueue(tmp_path / str(native), "T", 0, FILE_SIZE)
+        segment = queue.files.last_writable(0)
+        cq.write_entries(segment, 0, entries)
+        written[native] = bytes(segment.map[:60])
+        queue.close()
+    assert written[True] == written[False] == entries
+
+    class Recording(bytearray):
+        stores: list = []
+
+        def __setitem__(self, where, value):
+            self.stores.append((where.start, where.stop))
+            super().__setitem__(where, value)
+
+    class Segment:
+        readonly, size, map = False, 60, Recording(60)
+
+    monkeypatch.setattr(cq, "NATIVE", False)
+    cq.write_entries(Segment, 0, entries)
+    assert bytes(Segment.map) == entries
+    order = Segment.map.stores
+    for i in range(3):
+        size_at = order.index((20 * i + 8, 20 * i + 12))
+        assert size_at > order.index((20 * i, 20 * i + 8)) and size_at > order.index((20 * i + 12, 20 * i + 20))

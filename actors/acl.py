@@ -195,10 +195,19 @@ def needed(header: dict) -> list[tuple[str, str, int]]:
         return [("group", str(d.get("groupName")), SUB) for d in data if isinstance(d, dict)] if isinstance(data, list) else []
     out = []
     if code in TOPIC_AND_GROUP or code == protocol.QUERY_MESSAGE:
-        out.append(("topic", str(header.get("topic")), SUB))
+        out.append(_read_resource(header.get("topic")))
     if (code in TOPIC_AND_GROUP or code in GROUP_ONLY) and "consumerGroup" in header:
         out.append(("group", str(header.get("consumerGroup")), SUB))
     return out
+
+
+def _read_resource(topic) -> tuple[str, str, int]:
+    """A group's retry topic is the group (RocketMQ's PlainPermissionManager: isRetryTopic), so
+    a member pulls and commits its `%RETRY%<group>` with SUB on the group."""
+    topic = str(topic)
+    if topic.startswith(RETRY_PREFIX):
+        return ("group", topic[len(RETRY_PREFIX):], SUB)
+    return ("topic", topic, SUB)
 
 
 def _send_resource(topic) -> tuple[str, str, int]:

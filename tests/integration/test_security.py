@@ -114,6 +114,37 @@ def test_admin_commands_need_an_admin_account_given_by_flags_or_environment(acl_
     assert refused and float(refused[0].split()[1]) >= 2
 
 
+def test_with_the_acl_a_member_signs_its_answers_and_asking_about_a_group_needs_sub_on_it(acl_node):
+    """GET_CONSUMER_RUNNING_INFO and CONSUME_MESSAGE_DIRECTLY under the ACL: the member's
+    CLIENT_ANSWER is signed like any request; the asker needs SUB on the group."""
+    from node.client.push import CONSUME_SUCCESS, PushConsumer
+
+    with Producer(acl_node.endpoint, credentials=credentials(ALICE)) as alice:
+        sent = alice.send("Orders", b"for billing", queue_id=0)
+    seen = []
+    member = PushConsumer(acl_node.endpoint, "billing", credentials=credentials(ALICE), instance_name="signed")
+    member.subscribe("Orders")
+    member.register_listener(lambda messages: seen.extend(messages) or CONSUME_SUCCESS)
+    member.start()
+    try:
+        client_id = member.inner.client_id
+        status = run_cli("admin", "consumer-status", "--group", "billing", "--endpoint", acl_node.endpoint,
+                         "--access-key", ALICE[0], "--secret-key", ALICE[1])
+        assert status.returncode == 0, status.stderr
+        assert "Orders@0" in orjson.loads(status.stdout)["consumers"][client_id]["mqTable"]
+        direct = run_cli("query", "--msg-id", sent.offset_msg_id, "--group", "billing", "--client-id", client_id,
+                         "--endpoint", acl_node.endpoint, "--access-key", ALICE[0], "--secret-key", ALICE[1])
+        assert direct.returncode == 0, direct.stderr
+        assert orjson.loads(direct.stdout.splitlines()[1])["consumeResult"]["consumeResult"] == "CR_SUCCESS"
+        assert seen[-1].body == b"for billing"
+        with Producer(acl_node.endpoint, credentials=credentials(ALICE)) as alice:
+            reply, _ = alice.request({"code": protocol.GET_CONSUMER_RUNNING_INFO, "consumerGroup": "payroll",
+                                      "clientId": client_id})
+        assert reply["status"] == "NO_PERMISSION" and "payroll" in reply["remark"]
+    finally:
+        member.shutdown()
+
+
 def sent_once_reloaded(producer, topic: str, failure: str) -> None:
     """A send that succeeds once the front has re-read the ACL file (it looks once a second)."""
     deadline = time.monotonic() + 10

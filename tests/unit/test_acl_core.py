@@ -106,6 +106,9 @@ def test_pulls_and_offsets_need_sub_on_topic_and_group(acl):
     back = {"code": protocol.CONSUMER_SEND_MSG_BACK, "consumerGroup": "groupA", "offset": 0}
     assert "group groupA" in acl.check(signed(ALICE, back), b"", None)
     assert acl.check(signed(ALICE, dict(back, consumerGroup="groupB")), b"", None) is None
+    retry = dict(pull, topic="%RETRY%groupC", consumerGroup="groupC")  # (a retry topic is its group)
+    assert acl.check(signed(ALICE, retry), b"", None) is None
+    assert "group groupA" in acl.check(signed(ALICE, dict(retry, topic="%RETRY%groupA")), b"", None)
     status = {"code": protocol.GET_CONSUMER_RUNNING_INFO, "consumerGroup": "groupA", "clientId": "1.2.3.4@x"}
     assert "group groupA" in acl.check(signed(ALICE, status), b"", None)  # (a member's stacks: SUB on its group)
     assert acl.check(signed(ALICE, dict(status, consumerGroup="groupC")), b"", None) is None

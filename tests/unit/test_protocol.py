@@ -765,10 +765,10 @@ def test_a_send_waiting_to_retry_fails_when_the_producer_closes(monkeypatch):
     producer is closed: CLOSED, not a hang and not a connection opened again."""
     import asyncio
 
-    from node.client import producer as producer_module
+    from node.client import coalesce
     from node.client.producer import SendError
 
-    monkeypatch.setattr(producer_module, "backoff", lambda attempt: 0.5)
+    monkeypatch.setattr(coalesce, "backoff", lambda attempt: 0.5)  # (a coalesced send's retry: node.client.coalesce)
 
     async def main():
         fake = _FakeFront(timeout=5, retries=2)
@@ -795,9 +795,9 @@ def test_a_send_cancelled_in_its_backoff_is_not_sent_again(monkeypatch):
     backoff: the message is not sent again, and the producer goes on sending for others."""
     import asyncio
 
-    from node.client import producer as producer_module
+    from node.client import coalesce
 
-    monkeypatch.setattr(producer_module, "backoff", lambda attempt: 0.3)
+    monkeypatch.setattr(coalesce, "backoff", lambda attempt: 0.3)  # (a coalesced send's retry: node.client.coalesce)
 
     async def main():
         fake = _FakeFront(timeout=5, retries=2)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from shm.invariant import invariant
+
 MAX_ASKS = 1024
 DEFAULT_TIMEOUT_MS = 2000  # under an admin client's own default (3 s): the node says why first
 MAX_TIMEOUT_MS = 10_000  # RocketMQ's callClient waits 10 s
@@ -30,7 +32,7 @@ class Ask:
     client_id: str
     deadline: int  # monotonic ms
     answer_field: str  # what the member's answer carries: runningInfo, consumeResult
-    header: dict | None = None  # CONSUME_MESSAGE_DIRECTLY: the ask, sent once the node read the message
+    header: dict  # the ask as the member gets it, `askId` included
 
 
 class ClientAsks:
@@ -41,16 +43,17 @@ class ClientAsks:
         self.asked = self.answered = self.timed_out = self.dropped = 0
 
     def ask(self, asker: bytes, opaque, member: bytes, client_id: str, now: int, timeout_ms: int,
-            answer_field: str = "runningInfo", header: dict | None = None) -> str | None:
-        """The ask's id, or None when MAX_ASKS wait already."""
+            answer_field: str, header: dict) -> Ask | None:
+        """The ask now waiting (its header given its `askId`), or None when MAX_ASKS wait already."""
         if len(self.waiting) >= self.limit:
             return None
-        assert 0 < timeout_ms <= MAX_TIMEOUT_MS, timeout_ms  # (checked at the edge)
+        invariant(0 < timeout_ms <= MAX_TIMEOUT_MS, f"an ask's timeout of {timeout_ms} ms (checked at the edge)")
         self.sequence += 1
         ask_id = f"ask-{self.sequence}"
-        self.waiting[ask_id] = Ask(asker, opaque, member, client_id, now + timeout_ms, answer_field, header)
+        ask = self.waiting[ask_id] = Ask(asker, opaque, member, client_id, now + timeout_ms, answer_field,
+                                         header | {"askId": ask_id})
         self.asked += 1
-        return ask_id
+        return ask
 
     def get(self, ask_id: str) -> Ask | None:
         """A waiting ask (the message it needs read meanwhile), or None: it ran out already."""

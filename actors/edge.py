@@ -229,8 +229,11 @@ def _query(header: dict) -> str | None:
             or int_problem(header, "maxNum", 1, INT32[1]))
 
 
-def _view(header: dict, name: str = "offsetMsgId") -> str | None:
-    value = header.get("offsetMsgId")
+def _view(header: dict) -> str | None:
+    return _offset_msg_id_problem(header.get("offsetMsgId"), "offsetMsgId")
+
+
+def _offset_msg_id_problem(value, name: str) -> str | None:
     if not isinstance(value, str) or len(value) not in (32, 56) or not _HEX.fullmatch(value):
         return f"`{name}` must be 32 (IPv4 store host) or 56 (IPv6) hex characters, not {_shown(value)}"
     return None
@@ -329,7 +332,7 @@ def _running_info_ask(header: dict) -> str | None:
 
 
 def _consume_directly(header: dict) -> str | None:
-    return _running_info_ask(header) or _view({"offsetMsgId": header.get("msgId")}, "msgId")
+    return _running_info_ask(header) or _offset_msg_id_problem(header.get("msgId"), "msgId")
 
 
 def _client_answer(header: dict) -> str | None:

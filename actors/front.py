@@ -294,7 +294,7 @@ class Front(Actor):
         else:
             self._reply(client, route.frames)
             if request.code in (protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER):
-                self.members.notify(self.members.consumers.subscribers(request.header["topic"]))  # their queues changed
+                self.members.topic_changed(request.header["topic"])
 
     def _read(self, out: WaitingOutbox, client: bytes, request: protocol.Request, header_raw: bytes,
               who: str) -> None:

@@ -63,6 +63,10 @@ class FrontGroups:
         self._send(client, reply)
         self.notify(changed)
 
+    def topic_changed(self, topic: str) -> None:
+        """A topic's queues changed (`admin topic update|delete`): its subscribers rebalance."""
+        self.notify(self.consumers.subscribers(topic))
+
     def notify(self, groups: set[str]) -> None:
         """NOTIFY_CONSUMER_IDS_CHANGED to each member of `groups`, over its own DEALER; a member
         whose queue is full misses it and rebalances at its next interval anyway."""
@@ -93,21 +97,21 @@ class FrontGroups:
         if member is None:  # (RocketMQ's remark)
             return self._send(client, protocol.reply_header(opaque, "CONSUMER_NOT_ONLINE",
                                                             f"The Consumer <{client_id}> not online"))
-        ask = {"code": code, "consumerGroup": group, "clientId": client_id}
+        asked = {"code": code, "consumerGroup": group, "clientId": client_id}
         if code == protocol.GET_CONSUMER_RUNNING_INFO:
-            ask["jstackEnable"] = header.get("jstackEnable") is True
+            asked["jstackEnable"] = header.get("jstackEnable") is True
         else:
-            ask["msgId"] = header["msgId"]
-        ask_id = self.asks.ask(client, opaque, member.routing_id, client_id, monotonic_ms(),
-                               header.get("timeoutMillis", DEFAULT_TIMEOUT_MS), protocol.ANSWER_FIELDS[code], ask)
-        if ask_id is None:
+            asked["msgId"] = header["msgId"]
+        ask = self.asks.ask(client, opaque, member.routing_id, client_id, monotonic_ms(),
+                            header.get("timeoutMillis", DEFAULT_TIMEOUT_MS), protocol.ANSWER_FIELDS[code], asked)
+        if ask is None:
             return self._send(client, protocol.reply_header(opaque, "SYSTEM_BUSY",
                                                             f"{self.asks.limit} asks of consumers wait already"))
-        ask["askId"] = ask_id
+        ask_id = ask.header["askId"]
         if code == protocol.CONSUME_MESSAGE_DIRECTLY:  # its message first (`viewed`)
             return self.read(ASK_CLIENT + ask_id.encode(),
                              {"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": header["msgId"], "opaque": ask_id})
-        self._ask(ask_id, member.routing_id, [orjson.dumps(ask)])
+        self._ask(ask_id, member.routing_id, [orjson.dumps(ask.header)])
 
     def viewed(self, pseudo_client: bytes, frames: list[bytes]) -> None:
         """The read of a direct consumption's message: on to the member with the message, or

@@ -26,6 +26,7 @@ from shm.codec import (
 )
 from shm.commitlog import CommitLog
 from shm.consume_queue import ConsumeQueue, ENTRY, ENTRY_SIZE, FILLER_SIZE
+from shm.ring import FENCED, fence
 
 _ENTRY = ENTRY  # (shm.consume_queue's: the one definition of an entry)
 SCAN_CHUNK = 4096 * ENTRY_SIZE  # bytes of ConsumeQueue looked at per step when finding its end
@@ -110,7 +111,9 @@ class QueueView:
             stop = min(segment.size, position + chunk)
             stop -= (stop - position) % ENTRY_SIZE
             sizes = segment.map[position: stop]
-            raw = segment.map[position: stop]  # (after `sizes`: x86 keeps loads in order)
+            if FENCED:
+                fence()  # (x86 keeps loads in order anyway; other CPUs need telling)
+            raw = segment.map[position: stop]
             chunk = min(chunk * 4, SCAN_CHUNK)
             count = 0
             for (_, size, _), (phy, _, _) in zip(_ENTRY.iter_unpack(sizes), _ENTRY.iter_unpack(raw)):

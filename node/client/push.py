@@ -65,10 +65,11 @@ from node.client.push_state import (  # (the listener's statuses and the models,
     SUSPEND_CURRENT_QUEUE_A_MOMENT,
     ProcessQueue,
     PushOptions,
+    as_subscribed,
     load_offsets,
     save_offsets,
 )
-from node.client.received import ReceivedMessage, retopic
+from node.client.received import ReceivedMessage
 
 __all__ = ["AsyncPushConsumer", "PushConsumer", "PushOptions", "ProcessQueue", "CONSUME_SUCCESS", "RECONSUME_LATER",
            "SUCCESS", "SUSPEND_CURRENT_QUEUE_A_MOMENT", "CLUSTERING", "BROADCASTING"]
@@ -336,9 +337,7 @@ class AsyncPushConsumer(Orderly, Asked):
 
     def _deliver(self, pq: ProcessQueue, messages: list[ReceivedMessage]) -> None:
         for message in messages:
-            retry_topic = message.properties.get("RETRY_TOPIC") if pq.topic.startswith(RETRY_PREFIX) else None
-            if retry_topic:
-                retopic(message, retry_topic)  # the listener sees the topic it subscribed, as in RocketMQ
+            as_subscribed(message, pq.topic)  # the listener sees the topic it subscribed
         pq.add(messages)
         if self.orderly:
             pq.buffer.extend(messages)

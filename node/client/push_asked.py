@@ -26,8 +26,8 @@ import time
 from node import protocol
 from node.client import aio
 from node.client.producer import SendError
-from node.client.push_state import CONSUME_SUCCESS, RETRY_PREFIX, SUCCESS
-from node.client.received import decode_messages, retopic
+from node.client.push_state import CONSUME_SUCCESS, RETRY_PREFIX, SUCCESS, as_subscribed
+from node.client.received import decode_messages
 from node.client.running_info import ConsumeStats, running_info
 
 RESULTS = {CONSUME_SUCCESS: "CR_SUCCESS", SUCCESS: "CR_SUCCESS", None: "CR_RETURN_NULL"}  # else CR_LATER
@@ -45,8 +45,7 @@ class Asked:
         if not isinstance(header.get("askId"), str):
             return
         if header.get("code") == protocol.GET_CONSUMER_RUNNING_INFO:
-            aio.detach(self._answer(header, "runningInfo",
-                                    running_info(self, stacks=header.get("jstackEnable") is True)))
+            aio.detach(self._answer(header, runningInfo=running_info(self, stacks=header.get("jstackEnable") is True)))
         elif header.get("code") == protocol.CONSUME_MESSAGE_DIRECTLY and self.running:
             aio.detach(self._consume_directly(header, body or b""))
 
@@ -54,13 +53,12 @@ class Asked:
         try:
             message = decode_messages(body)[0]
         except (SendError, IndexError):
-            return await self._answer(header, "", None, "SYSTEM_ERROR", "the node sent no message this client can read")
-        retry_topic = message.properties.get("RETRY_TOPIC")
-        if retry_topic and message.topic == RETRY_PREFIX + self.group:
-            retopic(message, retry_topic)
+            return await self._answer(header, "SYSTEM_ERROR", "the node sent no message this client can read")
+        if message.topic == RETRY_PREFIX + self.group:  # (a dead letter keeps %DLQ%, as in RocketMQ)
+            as_subscribed(message, message.topic)
         started = time.monotonic()
         result, remark = await asyncio.get_running_loop().run_in_executor(self.pool, self._call_directly, message)
-        await self._answer(header, "consumeResult", {
+        await self._answer(header, consumeResult={
             "order": self.orderly, "autoCommit": True, "consumeResult": result, "remark": remark,
             "spentTimeMills": int((time.monotonic() - started) * 1000)})
 
@@ -72,9 +70,10 @@ class Asked:
             return "CR_THROW_EXCEPTION", f"{type(e).__name__}: {e}"
         return RESULTS.get(status, "CR_LATER"), "" if status is None else str(status)
 
-    async def _answer(self, header: dict, field: str, value, status: str = "OK", remark: str = "") -> None:
-        answer = {"code": protocol.CLIENT_ANSWER, "askId": header["askId"], "status": status, "remark": remark}
-        if status == "OK":
-            answer[field] = value
+    async def _answer(self, header: dict, status: str = "OK", remark: str = "", **answered) -> None:
+        """CLIENT_ANSWER to the ask `header`: OK with its one object (runningInfo or consumeResult),
+        or a status and remark."""
+        answer = {"code": protocol.CLIENT_ANSWER, "askId": header["askId"], "status": status, "remark": remark,
+                  **answered}
         with contextlib.suppress(SendError):  # (the node is gone: the admin is answered by its timeout)
             await self.pull.client.tell(answer)

@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 
 from node.client.allocate import STRATEGIES
-from node.client.received import ReceivedMessage
+from node.client.received import ReceivedMessage, retopic
 from node.security import Credentials
 
 CONSUME_SUCCESS, RECONSUME_LATER = "CONSUME_SUCCESS", "RECONSUME_LATER"  # concurrent listeners
@@ -63,6 +63,14 @@ class PushOptions:
             raise ValueError("need 1 <= consume_thread_min <= consume_thread_max <= 1000")
         if not 1 <= self.pull_batch_size <= 1024 or not 1 <= self.consume_message_batch_max_size <= 1024:
             raise ValueError("pull_batch_size and consume_message_batch_max_size must be 1..1024")
+
+
+def as_subscribed(message: ReceivedMessage, read_from: str) -> None:
+    """A message read from a group's retry topic (`read_from`), shown under the topic it was sent
+    to (its RETRY_TOPIC), as RocketMQ's resetRetryAndNamespace shows it to the listener."""
+    retry_topic = message.properties.get("RETRY_TOPIC") if read_from.startswith(RETRY_PREFIX) else None
+    if retry_topic:
+        retopic(message, retry_topic)
 
 
 @dataclass

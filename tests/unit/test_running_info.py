@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from actors.client_asks import ClientAsks
+from shm.invariant import InvariantBroken
 from node.client.running_info import ConsumeStats, thread_stacks
 
 
@@ -18,12 +19,19 @@ class Clock:
         return self.now
 
 
+def ask(asks: ClientAsks, asker: bytes, opaque, member: bytes, client_id: str, now: int, timeout_ms: int,
+        field: str = "runningInfo", header: dict | None = None) -> str | None:
+    """The id of the ask made (None: the table is full)."""
+    made = asks.ask(asker, opaque, member, client_id, now, timeout_ms, field, header or {"code": 307})
+    return None if made is None else made.header["askId"]
+
+
 def test_an_answer_counts_once_and_only_from_the_connection_asked():
     asks = ClientAsks()
-    ask_id = asks.ask(b"admin", 7, b"member", "1.2.3.4@m", now=0, timeout_ms=500)
+    ask_id = ask(asks, b"admin", 7, b"member", "1.2.3.4@m", now=0, timeout_ms=500)
     assert asks.answer(ask_id, b"someone-else") is None  # a forger knows the id, not the connection
-    ask = asks.answer(ask_id, b"member")
-    assert (ask.asker, ask.opaque, ask.client_id) == (b"admin", 7, "1.2.3.4@m")
+    answered = asks.answer(ask_id, b"member")
+    assert (answered.asker, answered.opaque, answered.client_id) == (b"admin", 7, "1.2.3.4@m")
     assert asks.answer(ask_id, b"member") is None  # twice
     assert asks.answer("ask-999", b"member") is None and asks.answer(None, b"member") is None  # never asked
     assert asks.statistics() == {"waiting": 0, "asked": 1, "answered": 1, "timedOut": 0, "dropped": 4}
@@ -31,22 +39,23 @@ def test_an_answer_counts_once_and_only_from_the_connection_asked():
 
 def test_asks_run_out_at_their_deadline_and_the_table_is_bounded():
     asks = ClientAsks(limit=2)
-    first = asks.ask(b"a", 1, b"m", "c", now=0, timeout_ms=100)
-    asks.ask(b"a", 2, b"m", "c", now=50, timeout_ms=100)
-    assert asks.ask(b"a", 3, b"m", "c", now=50, timeout_ms=100) is None  # full: SYSTEM_BUSY
+    first = ask(asks, b"a", 1, b"m", "c", now=0, timeout_ms=100)
+    ask(asks, b"a", 2, b"m", "c", now=50, timeout_ms=100)
+    assert ask(asks, b"a", 3, b"m", "c", now=50, timeout_ms=100) is None  # full: SYSTEM_BUSY
     assert asks.expire(99) == []
-    assert [ask.opaque for ask in asks.expire(100)] == [1]
+    assert [late.opaque for late in asks.expire(100)] == [1]
     assert asks.answer(first, b"m") is None  # (late: its admin was answered already)
-    assert [ask.opaque for ask in asks.expire(150)] == [2] and not asks.waiting
-    with pytest.raises(AssertionError):
-        asks.ask(b"a", 4, b"m", "c", now=0, timeout_ms=0)
+    assert [late.opaque for late in asks.expire(150)] == [2] and not asks.waiting
+    with pytest.raises(InvariantBroken):
+        ask(asks, b"a", 4, b"m", "c", now=0, timeout_ms=0)
 
 
 def test_a_direct_consumption_waits_for_its_read_and_the_node_may_answer_it_itself():
     asks = ClientAsks()
     header = {"code": 309, "msgId": "AB"}
-    ask_id = asks.ask(b"admin", 1, b"member", "c", now=0, timeout_ms=100, answer_field="consumeResult", header=header)
-    assert asks.get(ask_id).header is header and asks.get(ask_id).answer_field == "consumeResult"
+    ask_id = ask(asks, b"admin", 1, b"member", "c", now=0, timeout_ms=100, field="consumeResult", header=header)
+    assert asks.get(ask_id).header == header | {"askId": ask_id} and "askId" not in header  # (the member's copy)
+    assert asks.get(ask_id).answer_field == "consumeResult"
     assert asks.drop(ask_id).opaque == 1  # (its message not found: the node answers)
     assert asks.get(ask_id) is None and asks.drop(ask_id) is None and asks.answer(ask_id, b"member") is None
 

@@ -37,9 +37,12 @@ class Member:
     consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
     subscriptions: dict[str, str] = field(default_factory=dict)  # topic -> expression
     queues: list[tuple[str, int]] = field(default_factory=list)  # what it says it consumes (mqnode)
+    language: str = ""  # (as its heartbeat says: a gRPC client's, through the proxy)
+    version: str = ""
 
     def to_json(self) -> dict:
-        return {"clientId": self.client_id, "lastUpdateTimestamp": self.last_seen, "messageModel": self.message_model,
+        return {"clientId": self.client_id, "language": self.language, "version": self.version,
+                "lastUpdateTimestamp": self.last_seen, "messageModel": self.message_model,
                 "consumeType": self.consume_type, "consumeFromWhere": self.consume_from_where,
                 "subscriptions": dict(sorted(self.subscriptions.items())),
                 "queues": [{"topic": t, "queueId": q} for t, q in self.queues]}
@@ -55,7 +58,8 @@ class ConsumerGroups:
 
     # -- membership ---------------------------------------------------------------------------------
 
-    def heartbeat(self, client_id: str, routing_id: bytes, consumers: list[dict], now: int) -> set[str]:
+    def heartbeat(self, client_id: str, routing_id: bytes, consumers: list[dict], now: int,
+                  language: str = "", version: str = "") -> set[str]:
         """A HEART_BEAT's consumer data (already checked at the edge) -> the groups whose members
         or subscriptions changed (their members are to be notified)."""
         changed = set()
@@ -67,7 +71,7 @@ class ConsumerGroups:
             member = Member(client_id, routing_id, now, data.get("messageModel", "CLUSTERING"),
                             data.get("consumeType", "CONSUME_PASSIVELY"),
                             data.get("consumeFromWhere", "CONSUME_FROM_LAST_OFFSET"), subscriptions,
-                            [(q["topic"], q["queueId"]) for q in data.get("queues") or []])
+                            [(q["topic"], q["queueId"]) for q in data.get("queues") or []], language, version)
             if old is None or old.subscriptions != subscriptions:
                 changed.add(group)
             members[client_id] = member
@@ -105,8 +109,9 @@ class ConsumerGroups:
         return self.groups.get(group, {}).get(client_id)
 
     def routing_ids(self, groups: set[str]) -> list[tuple[str, bytes]]:
-        """(group, routing id) of every member of `groups`: where NOTIFY_CONSUMER_IDS_CHANGED goes."""
-        out = [(g, m.routing_id) for g in sorted(groups) for m in self.members(g)]
+        """(group, routing id) of every member of `groups`: where NOTIFY_CONSUMER_IDS_CHANGED goes
+        (once per connection: the gRPC proxy's carries all of its clients)."""
+        out = list(dict.fromkeys((g, m.routing_id) for g in sorted(groups) for m in self.members(g)))
         self.notifications += len(out)
         return out
 
@@ -162,7 +167,8 @@ def answer(groups: ConsumerGroups, header: dict, routing_id: bytes, now: int) ->
         if groups.member_count() >= MAX_MEMBERS and not any(
                 header["clientID"] in groups.groups.get(c["groupName"], {}) for c in consumers):
             return protocol.reply_header(opaque, "SYSTEM_BUSY", f"the node holds {MAX_MEMBERS} members already"), set()
-        changed = groups.heartbeat(header["clientID"], routing_id, consumers, now)
+        changed = groups.heartbeat(header["clientID"], routing_id, consumers, now, header.get("language", ""),
+                                   header.get("version", ""))
         return protocol.reply_header(opaque, "OK", clientChannelExpiredTimeout=groups.channel_expired_ms), changed
     group = header.get("consumerGroup")
     if code == protocol.UNREGISTER_CLIENT:  # (a producer's names its producerGroup only: the front's)

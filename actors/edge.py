@@ -388,6 +388,9 @@ def _heartbeat(header: dict) -> str | None:
     producers = header.get("producerDataSet", [])
     if not isinstance(producers, list) or len(producers) > 64:
         return f"`producerDataSet` must be a list of at most 64 {{groupName}}, not {_shown(producers)}"
+    for name in ("language", "version"):
+        if name in header and not (isinstance(header[name], str) and len(header[name]) <= 64):
+            return f"`{name}` must be a string of at most 64 characters, not {_shown(header[name])}"
     return (_client_id(header) or next((p for p in map(_consumer_data, data) if p), None)
             or next((p for p in map(_producer_data, producers) if p), None))
 

@@ -202,7 +202,8 @@ class AsyncPushConsumer(Orderly, Asked):
                 "subscriptionDataSet": [self._subscription_data(t, e) for t, e in sorted(self.subscriptions.items())],
                 "queues": [{"topic": t, "queueId": q} for t, q in sorted(self.queues)]}
         try:
-            reply = await self._ask({"code": protocol.HEART_BEAT, "clientID": self.client_id, "consumerDataSet": [data]})
+            reply = await self._ask({"code": protocol.HEART_BEAT, "clientID": self.client_id, "language": "PYTHON",
+                                     "version": "mqnode", "consumerDataSet": [data]})
             expires_ms = reply.get("clientChannelExpiredTimeout")
             if expires_ms:  # beat at least three times within it
                 self.heartbeat_s = min(self.options.heartbeat_interval, expires_ms / 3000)

@@ -100,7 +100,8 @@ def group_view(client, group: str, config: dict | None) -> dict:
 
     shown = dict(config or {})
     members, _ = client.request({"code": protocol.GET_CONSUMER_CONNECTION_LIST, "consumerGroup": group})
-    shown["members"] = [{"clientId": m["clientId"], "messageModel": m["messageModel"],
+    shown["members"] = [{"clientId": m["clientId"], "consumeType": m["consumeType"], "language": m.get("language", ""),
+                         "version": m.get("version", ""), "messageModel": m["messageModel"],
                          "subscriptions": m["subscriptions"], "queues": [f"{q['topic']}@{q['queueId']}" for q in m["queues"]]}
                         for m in members.get("connectionSet", [])]
     shown["locks"] = {f"{lk['topic']}@{lk['queueId']}": lk["clientId"] for lk in members.get("locks", [])}

@@ -186,3 +186,14 @@ def test_consume_ends_when_cancelled_as_a_pulls_result_comes_in():
         return [ticks for ticks in range(8) if not await cancelled_after(ticks)]
 
     assert asyncio.run(main()) == []  # (the ticks at which the cancel was lost)
+
+
+def test_members_behind_one_connection_are_notified_once_and_show_their_language():
+    groups = ConsumerGroups(120_000, 60_000)
+    data = [{"groupName": "g", "subscriptionDataSet": [{"topic": "T"}]}]
+    groups.heartbeat("grpc-1", b"proxy", data, 0, "JAVA", "5.0.7")  # (two clients of the gRPC proxy)
+    groups.heartbeat("grpc-2", b"proxy", data, 0, "GOLANG", "5.1.2")
+    groups.heartbeat("zmq-1", b"own", data, 0)
+    assert groups.routing_ids({"g"}) == [("g", b"proxy"), ("g", b"own")]
+    shown = {m.client_id: (m.to_json()["language"], m.to_json()["version"]) for m in groups.members("g")}
+    assert shown == {"grpc-1": ("JAVA", "5.0.7"), "grpc-2": ("GOLANG", "5.1.2"), "zmq-1": ("", "")}

@@ -104,14 +104,16 @@ def test_every_other_request_is_checked_or_refused_by_name(header, code):
         assert str(e)
 
 
-def test_transaction_requests_are_checked_field_by_field():
-    def problem(header: dict) -> str | None:
-        try:
-            edge.check_request(protocol.Request(header, b""))
-        except protocol.ProtocolError as e:
-            return str(e)
-        return None
+def problem(header: dict) -> str | None:
+    """What the edge says of a request: None when it takes it."""
+    try:
+        edge.check_request(protocol.Request(header, b""))
+    except protocol.ProtocolError as e:
+        return str(e)
+    return None
 
+
+def test_transaction_requests_are_checked_field_by_field():
     end = {"code": protocol.END_TRANSACTION, "producerGroup": "PG", "tranStateTableOffset": 3, "commitLogOffset": 0,
            "commitOrRollback": 8}
     assert problem(end) is None
@@ -131,3 +133,9 @@ def test_transaction_requests_are_checked_field_by_field():
     assert "limit" in problem({"code": protocol.GET_TRANSACTION_STATE, "limit": 10**9})
     assert "producerDataSet" in problem({"code": protocol.HEART_BEAT, "clientID": "c", "producerDataSet": {}})
     assert "groupName" in problem({"code": protocol.HEART_BEAT, "clientID": "c", "producerDataSet": [{"groupName": ""}]})
+
+
+def test_a_heartbeats_language_and_version_are_short_strings():
+    beat = {"code": protocol.HEART_BEAT, "clientID": "c", "consumerDataSet": [{"groupName": "g"}]}
+    assert problem(beat | {"language": "JAVA", "version": "5.0.7"}) is None
+    assert "language" in problem(beat | {"language": 3}) and "version" in problem(beat | {"version": "v" * 65})

@@ -3,7 +3,7 @@
 No I/O, as actors.proxy.core beside it: `receive_plan` (ReceiveMessage as the node's pop) and
 `message_of` (a popped message in its stream); `pull_plan` (PullMessage as the node's
 PULL_MESSAGE) and `pulled` (the pull's stream); `recover_command` (a half to check, down a
-Telemetry stream). Every message a client gets is filled by `_fill` (and, read back from the
+Telemetry stream) and `verify_message` (a stored message an admin sends a consumer's listener). Every message a client gets is filled by `_fill` (and, read back from the
 store, `_fill_stored`), so a message reads the same whichever RPC handed it out.
 """
 
@@ -30,6 +30,9 @@ from actors.proxy.core import (
     topic_name,
     transaction_id,
 )
+from node.client.producer import SendError
+from node.client.push_state import RETRY_PREFIX, as_subscribed
+from node.client.received import decode_messages
 from node.protocol import EXPRESSION_SQL92, EXPRESSION_TAG
 from node.sql92 import SelectorError, compile_selector
 from shm.codec import (
@@ -227,6 +230,21 @@ def recover_command(half, header: dict) -> rpc.TelemetryCommand:
     system.message_type = pb.TRANSACTION
     out.transaction_id = transaction_id(header.get("offsetMsgId", ""), header["tranStateTableOffset"])
     return command
+
+
+def verify_message(body: bytes | None, group: str) -> pb.Message | None:
+    """CONSUME_MESSAGE_DIRECTLY's message (the node read it) as the consumer would have received
+    it: one of the group's %RETRY% topic under its own topic, as a receive shows it. None for a
+    body that holds no message."""
+    try:
+        stored = decode_messages(body or b"")[0]
+    except (SendError, IndexError):
+        return None
+    if stored.topic == RETRY_PREFIX + group:
+        as_subscribed(stored, stored.topic)
+    message = pb.Message()
+    _fill_stored(message, stored)
+    return message
 
 
 def _type_of(properties: dict[str, str]) -> int:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from grpc import aio
 
-from actors.proxy import auth, core, delivery
+from actors.proxy import auth, core, delivery, members
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
 from actors.proxy.apis import service_pb2_grpc
@@ -108,21 +108,25 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
             raise Refused(Code.CLIENT_ID_REQUIRED, "x-mq-client-id is missing from the call's metadata")
         group = core.group_name(request.group) if request.HasField("group") and request.group.name else None
         self.proxy.clients.heard(call.client, request.client_type, group)
+        await self.proxy.member_beat(call.client, call.account)
         return rpc.HeartbeatResponse(status=status(Code.OK))
 
     @answering(rpc.NotifyClientTerminationResponse)
     async def NotifyClientTermination(self, call: Call, request: rpc.NotifyClientTerminationRequest):
         if call.client is None:
             raise Refused(Code.CLIENT_ID_REQUIRED, "x-mq-client-id is missing from the call's metadata")
-        self.proxy.clients.terminated_by(call.client.client_id)
+        gone = self.proxy.clients.terminated_by(call.client.client_id)
         self.proxy.renewals.forget_client(call.client.client_id)
+        if gone is not None:
+            await self.proxy.member_gone(gone)
         return rpc.NotifyClientTerminationResponse(status=status(Code.OK))
 
     async def Telemetry(self, requests, context):
         """The settings exchange, and the node's commands to the client: each settings command the
         client sends is answered with the node's settings for it; a transaction check of a topic
-        it publishes comes down as RecoverOrphanedTransactionCommand. The stream stays open until
-        the client closes it."""
+        it publishes comes down as RecoverOrphanedTransactionCommand, an admin's ask of a consumer
+        as PrintThreadStackTraceCommand or VerifyMessageCommand (actors.proxy.members), whose
+        answers come up it. The stream stays open until the client closes it."""
         try:
             call = Call(self.proxy, "Telemetry", context)
         except auth.Denied as e:
@@ -159,14 +163,19 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
                 commands.put_nowait(None)  # (the stream ends)
 
     async def _telemetry(self, call: Call, command: rpc.TelemetryCommand) -> rpc.TelemetryCommand | None:
-        if command.WhichOneof("command") != "settings":
-            return None  # (thread stack traces, verify results: answers to commands this node never sends)
+        kind = command.WhichOneof("command")
+        if kind in members.ANSWERS:
+            self.proxy.client_answered(call.client, command)
+            return None
+        if kind != "settings":
+            return None  # (nothing else is the client's to send)
         given = command.settings
         group = None
         try:
             if given.HasField("subscription") and given.subscription.HasField("group"):
                 group_name = core.group_name(given.subscription.group)
                 self.proxy.clients.heard(call.client, given.client_type, group_name)
+                call.client.subscriptions = members.subscriptions_of(given)
                 group = await self.proxy.group(group_name)
             else:
                 self.proxy.clients.heard(call.client, given.client_type, None)

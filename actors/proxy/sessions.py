@@ -108,6 +108,9 @@ class Client:
     last_seen: float = 0.0
     streams: int = 0  # Telemetry streams open
     topics: set[str] = field(default_factory=set)
+    subscriptions: list[dict] = field(default_factory=list)  # a consumer's, as a HEART_BEAT names them (actors.proxy.members)
+    first_seen_ms: int = 0  # wall-clock
+    account: str | None = None  # the ACL account its heartbeats came under (None: no ACL)
 
 
 class Clients:
@@ -125,7 +128,8 @@ class Clients:
             if len(self.by_id) >= MAX_CLIENTS:
                 self.expire(force=True)
             client = self.by_id[client_id] = Client(client_id, language=metadata.get("x-mq-language", ""),
-                                                    version=metadata.get("x-mq-client-version", ""))
+                                                    version=metadata.get("x-mq-client-version", ""),
+                                                    first_seen_ms=wall_ms())
         client.last_seen = self.clock()
         return client
 
@@ -135,20 +139,20 @@ class Clients:
         if group:
             client.group = group
 
-    def terminated_by(self, client_id: str) -> None:
-        if self.by_id.pop(client_id, None) is not None:
+    def terminated_by(self, client_id: str) -> Client | None:
+        client = self.by_id.pop(client_id, None)
+        if client is not None:
             self.terminated += 1
+        return client
 
-    def expire(self, *, force: bool = False) -> int:
-        """Forget the silent (with `force`, also the older half): how many went."""
+    def expire(self, *, force: bool = False) -> list[Client]:
+        """Forget the silent (with `force`, also the older half): those that went."""
         now = self.clock()
         gone = [cid for cid, c in self.by_id.items() if now - c.last_seen > CLIENT_EXPIRY_S and not c.streams]
         if force and not gone:
             by_age = sorted(self.by_id.values(), key=lambda c: c.last_seen)
             gone = [c.client_id for c in by_age[: len(by_age) // 2 + 1]]
-        for cid in gone:
-            del self.by_id[cid]
-        return len(gone)
+        return [self.by_id.pop(cid) for cid in gone]
 
     def statistics(self) -> dict:
         kinds: dict[str, int] = {}

@@ -6,6 +6,11 @@ host of `listen` (TLS with grpcTlsCertFile/grpcTlsKeyFile), and a housekeeping t
 heartbeat, pushes statistics and forgets silent clients. A stalled loop stops the beat, and the
 supervisor kills and restarts the process as any hung service.
 
+Its consumers are members of their groups at the node, as RocketMQ 5's proxy makes them: each
+one's Heartbeat is a HEART_BEAT under the client's id over the proxy's own connection, and what
+the node asks of a member comes to that connection and goes down the client's Telemetry stream
+(actors.proxy.members; `_on_ask`).
+
 It reaches the node as any client does, through the front: one connection with the node's own
 identity for what only the node may ask (a group's settings), and one per ACL account for what
 clients do (with aclEnable, each gRPC call is verified against plain_acl.yml here, then carried
@@ -18,6 +23,7 @@ and renews what push consumers hold (`_renew`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -26,7 +32,7 @@ from grpc import aio
 
 from actors import guard
 from actors.base import POLL_MS, Actor
-from actors.proxy import auth, core, delivery, sessions
+from actors.proxy import auth, core, delivery, members, sessions
 from actors.proxy.apis import service_pb2_grpc
 from actors.proxy.core import Code, Refused
 from actors.proxy.service import Service
@@ -75,6 +81,9 @@ class Proxy(Actor):
         self.beating: asyncio.Task | None = None
         self.ended = self.checks_forwarded = self.checks_dropped = 0
         self.routes: Routes | None = None  # a cluster's routes (namesrvAddr), made in the loop
+        self.asks = members.Asks()  # what the node asked of gRPC consumers, until they answer
+        self.members_refused = 0
+        self.telling: set[asyncio.Task] = set()  # answers and unregistrations on their way to the node
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -117,7 +126,9 @@ class Proxy(Actor):
                     self.renewing = asyncio.create_task(self._renew())
                 if time.monotonic() >= expire_due:
                     expire_due = time.monotonic() + EXPIRE_PERIOD_S
-                    self.clients.expire()
+                    self.asks.expire()
+                    for client in self.clients.expire():
+                        self._tell(members.unregister(client), client.account)
                 if time.monotonic() >= beat_due and self.producer_groups:
                     beat_due = time.monotonic() + PRODUCER_BEAT_S
                     self.beating = asyncio.create_task(self._beat_producers())
@@ -167,7 +178,6 @@ class Proxy(Actor):
 
     async def _beat_producers(self) -> None:
         link = await self.link(None)
-        link.client.on_request = self._on_check
         groups = sorted(self.producer_groups)
         try:
             for at in range(0, len(groups), 64):  # (a heartbeat names 64 groups at most)
@@ -175,6 +185,75 @@ class Proxy(Actor):
                                            "producerDataSet": [{"groupName": g} for g in groups[at: at + 64]]})
         except SendError as e:
             log.warning("proxy: producer heartbeat: %s", e)
+
+    # -- gRPC consumers as members -------------------------------------------------------------
+
+    async def member_beat(self, client: sessions.Client, account: str | None) -> None:
+        """A consumer's Heartbeat: it is (still) a member of its group at the node, over its
+        account's connection (the node's ACL wants SUB on the group, as for any member)."""
+        client.account = account
+        await self._to_node(members.heartbeat(client), account)
+
+    async def member_gone(self, client: sessions.Client) -> None:
+        await self._to_node(members.unregister(client), client.account)
+
+    async def _to_node(self, header: dict | None, account: str | None) -> None:
+        if header is None:
+            return
+        try:
+            reply = await self.ask(account, header)
+        except SendError as e:
+            reply = {"status": e.status, "remark": e.remark}
+        if reply.get("status") != "OK":  # (a member the node would not take: the admin does not see it)
+            self.members_refused += 1
+            log.warning("proxy: request %s for the member %s: %s %s", header["code"], header["clientID"],
+                        reply.get("status"), reply.get("remark", ""))
+
+    def _tell(self, header: dict | None, account: str | None) -> None:
+        """`header` to the node over `account`'s connection, from a callback (the task is held
+        until it went: one nobody holds may vanish)."""
+        if header is not None:
+            task = asyncio.get_running_loop().create_task(self._tell_now(header, account))
+            self.telling.add(task)
+            task.add_done_callback(self.telling.discard)
+
+    async def _tell_now(self, header: dict, account: str | None) -> None:
+        if header["code"] != protocol.CLIENT_ANSWER:
+            return await self._to_node(header, account)
+        # (an answer counts only from the connection asked: the member's, its account's)
+        with contextlib.suppress(SendError):  # (the node went: its admin is answered by its timeout)
+            await (await self.link(account)).client.tell(header)
+
+    def _on_node_request(self, header: dict, body: bytes | None, account: str | None) -> None:
+        """What the node sends one of the proxy's connections unasked: a transaction's check (to
+        its own), or an admin's ask of a member (to the member's account's)."""
+        if header.get("code") == protocol.CHECK_TRANSACTION_STATE:
+            self._on_check(header, body)
+        elif header.get("code") in protocol.ANSWER_FIELDS and isinstance(header.get("askId"), str):
+            self._on_ask(header, body, account)
+
+    def _on_ask(self, header: dict, body: bytes | None, account: str | None) -> None:
+        """GET_CONSUMER_RUNNING_INFO or CONSUME_MESSAGE_DIRECTLY of a gRPC member: answered now, or
+        its command down the client's Telemetry stream (`client_answered` takes the answer)."""
+        client = self.clients.by_id.get(header.get("clientId"))
+        if client is None:
+            return self._tell(self.asks.refuse(header, "CONSUMER_NOT_ONLINE",
+                                               f"The Consumer <{header.get('clientId')}> not online"), account)
+        message = None
+        if header["code"] == protocol.CONSUME_MESSAGE_DIRECTLY:
+            message = delivery.verify_message(body, header.get("consumerGroup", ""))
+        streams = self.streams.get(client.client_id)
+        command, answer = self.asks.ask(header, message, client, bool(streams))
+        if command is not None:
+            try:
+                streams[0].put_nowait(command)
+            except asyncio.QueueFull:
+                answer = self.asks.withdraw(header, "SYSTEM_BUSY", f"the client {client.client_id}'s stream is full")
+        self._tell(answer, account)
+
+    def client_answered(self, client: sessions.Client, command) -> None:
+        """A client's ThreadStackTrace or VerifyMessageResult: to the node, for the admin that asked."""
+        self._tell(self.asks.answer(client.client_id, command), client.account)
 
     def _on_check(self, header: dict, body: bytes | None) -> None:
         """CHECK_TRANSACTION_STATE from the node: to a client with an open stream that publishes
@@ -206,7 +285,8 @@ class Proxy(Actor):
             "messagesSent": self.sent, "messagesReceived": self.received, "messagesAcked": self.acked,
             "messagesPulled": self.pulled, "messagesRecalled": self.recalled,
             "transactionsEnded": self.ended, "checksForwarded": self.checks_forwarded,
-            "checksDropped": self.checks_dropped, "routeLookups": self.routes.lookups if self.routes else 0}
+            "checksDropped": self.checks_dropped, "routeLookups": self.routes.lookups if self.routes else 0,
+            "membersRefused": self.members_refused} | self.asks.statistics()
 
     # -- the node --------------------------------------------------------------------------------
 
@@ -223,6 +303,8 @@ class Proxy(Actor):
                                                                  curve_pair=own.curve_pair)
             link = self.links[(account, secret, endpoint)] = await AsyncPullConsumer(endpoint, timeout=3.0,
                                                                                      credentials=credentials).start()
+            # (the node's checks come to the proxy's own connection, its asks of a member to its account's)
+            link.client.on_request = lambda header, body: self._on_node_request(header, body, account)
         return link
 
     async def master_of(self, topic: str, broker: str) -> str | None:

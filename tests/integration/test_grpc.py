@@ -537,6 +537,24 @@ def test_with_the_acl_unsigned_and_badly_signed_calls_are_unauthorized_and_plain
                 group=pb.Resource(name=group), message_queue=pb.MessageQueue(topic=pb.Resource(name="Orders"), id=0),
                 offset=0), metadata=good, timeout=10)
             assert committed.status.code in code, (group, committed)
+        # a consumer is a member as its account: of a group the account may read, not of another
+        member = (*good, ("x-mq-client-id", "acl-member"))
+        for group in ("billing", "other"):
+            beat = stub.Heartbeat(rpc.HeartbeatRequest(group=pb.Resource(name=group), client_type=pb.SIMPLE_CONSUMER),
+                                  metadata=member, timeout=10)
+            assert beat.status.code == Code.OK  # (the client's heartbeat is the proxy's to take)
+    from node.security import Credentials
+
+    with Producer(acl_node.endpoint, credentials=Credentials(*ALICE)) as alice:
+        listed, _ = alice.request({"code": protocol.GET_CONSUMER_CONNECTION_LIST, "consumerGroup": "billing"})
+        assert [m["clientId"] for m in listed["connectionSet"]] == ["acl-member"]
+        deadline = time.monotonic() + 5
+        while True:  # (statistics come to the front once a second)
+            proxy = alice.request({"code": protocol.GET_BROKER_RUNTIME_INFO})[0]["actors"]["proxy"]
+            if proxy["membersRefused"] >= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert proxy["membersRefused"] == 1  # (FORBIDDEN: no SUB on the group "other")
 
 
 def test_a_node_whose_grpc_port_is_taken_says_so_and_does_not_start(node, tmp_path):
@@ -653,6 +671,114 @@ def test_a_killed_proxy_is_restarted_and_the_official_client_carries_on(node):
     assert sorted(m["body"] for m in got) == ["after0", "after1", "before0", "before1"]
 
 
+# -- gRPC consumers as the node's members: what an admin sees of them and asks them ------------------------
+
+
+def cli(node, *args: str, ok: bool | None = True) -> subprocess.CompletedProcess:
+    """`mqnode ...` at the node; `ok`: whether it must succeed (None: either)."""
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", *args, "--endpoint", node.endpoint],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert ok is None or (done.returncode == 0) == ok, done.stdout + done.stderr
+    return done
+
+
+class StreamClient:
+    """A push consumer at the protocol's level: its settings and heartbeat, and its Telemetry
+    stream, whose commands (`command`) it answers (`send`), as RocketMQ 5's Java client does."""
+
+    def __init__(self, node, client_id: str, group: str, topic: str):
+        import queue
+        import threading
+
+        self.channel = grpc.insecure_channel(grpc_endpoint(node))
+        self.stub = service_pb2_grpc.MessagingServiceStub(self.channel)
+        self.meta = (("x-mq-client-id", client_id), ("x-mq-language", "GOLANG"), ("x-mq-client-version", "5.1.2"))
+        self.outbox, self.inbox = queue.Queue(), queue.Queue()
+        self.stream = self.stub.Telemetry(iter(self.outbox.get, None), metadata=self.meta)
+        threading.Thread(target=self._read, daemon=True).start()
+        settings = pb.Settings(client_type=pb.PUSH_CONSUMER)
+        settings.subscription.group.name = group
+        entry = settings.subscription.subscriptions.add()
+        entry.topic.name, entry.expression.type, entry.expression.expression = topic, pb.TAG, "TagA"
+        self.send(rpc.TelemetryCommand(settings=settings))
+        assert self.command().status.code == Code.OK  # (the node's settings)
+        beat = self.stub.Heartbeat(rpc.HeartbeatRequest(group=pb.Resource(name=group), client_type=pb.PUSH_CONSUMER),
+                                   metadata=self.meta, timeout=10)
+        assert beat.status.code == Code.OK
+
+    def _read(self) -> None:
+        try:
+            for command in self.stream:
+                self.inbox.put(command)
+        except grpc.RpcError:
+            pass  # (closed)
+
+    def send(self, command: rpc.TelemetryCommand) -> None:
+        self.outbox.put(command)
+
+    def command(self, timeout: float = 10) -> rpc.TelemetryCommand:
+        return self.inbox.get(timeout=timeout)
+
+    def close(self) -> None:
+        self.stub.NotifyClientTermination(rpc.NotifyClientTerminationRequest(group=pb.Resource(name="G5AskedG")),
+                                          metadata=self.meta, timeout=10)
+        self.outbox.put(None)
+        self.channel.close()
+
+
+def test_a_grpc_consumer_is_a_member_an_admin_sees_and_asks_for_its_stacks_and_a_verdict(node):
+    import threading
+
+    group, topic = "G5AskedG", "G5Asked"
+    with Producer(node.endpoint) as producer:
+        stored = producer.send(topic, b"to verify", tags="TagA")
+    client = StreamClient(node, "grpc-member-1", group, topic)
+    try:
+        shown = json.loads(cli(node, "admin", "group", "--group", group).stdout)
+        (member,) = shown["members"]
+        assert (member["clientId"], member["consumeType"], member["language"], member["version"]) == \
+            ("grpc-member-1", "CONSUME_PASSIVELY", "GOLANG", "5.1.2")
+        assert member["subscriptions"] == {topic: "TagA"}
+        # without stacks: the proxy answers from what it knows of the client
+        info = json.loads(cli(node, "admin", "consumer-status", "--group", group).stdout)["consumers"]["grpc-member-1"]
+        assert info["subscriptionSet"] == [{"topic": topic, "subString": "TagA", "expressionType": "TAG"}]
+        assert info["properties"]["PROP_CLIENT_LANGUAGE"] == "GOLANG" and "jstack" not in info
+        assert client.inbox.empty()  # (nothing was asked of the client)
+        # with stacks: PrintThreadStackTraceCommand down its stream, its ThreadStackTrace back to the admin
+        done = {}
+        admin = threading.Thread(target=lambda: done.update(status=cli(node, "admin", "consumer-status", "--group",
+                                                                        group, "--client-id", "grpc-member-1", "--stacks")))
+        admin.start()
+        asked = client.command()
+        nonce = asked.print_thread_stack_trace_command.nonce
+        assert asked.WhichOneof("command") == "print_thread_stack_trace_command" and nonce
+        answer = rpc.TelemetryCommand(status=pb.Status(code=Code.OK))
+        answer.thread_stack_trace.nonce, answer.thread_stack_trace.thread_stack_trace = nonce, "goroutine 1 [running]"
+        client.send(answer)
+        admin.join(60)
+        info = json.loads(done["status"].stdout)["consumers"]["grpc-member-1"]
+        assert info["jstack"] == "goroutine 1 [running]"
+        # a stored message to its listener: VerifyMessageCommand with the message, its verdict back
+        for code, verdict, ok in ((Code.OK, "CR_SUCCESS", True), (Code.FAILED_TO_CONSUME_MESSAGE, "CR_LATER", False)):
+            admin = threading.Thread(target=lambda ok=ok: done.update(query=cli(
+                node, "query", "--msg-id", stored.offset_msg_id, "--group", group, "--client-id", "grpc-member-1", ok=ok)))
+            admin.start()
+            asked = client.command().verify_message_command
+            assert (asked.message.body, asked.message.topic.name, asked.message.system_properties.tag) == \
+                (b"to verify", topic, "TagA")
+            assert asked.message.system_properties.message_id == stored.msg_id
+            result = rpc.TelemetryCommand(status=pb.Status(code=code))
+            result.verify_message_result.nonce = asked.nonce
+            client.send(result)
+            admin.join(60)
+            assert json.loads(done["query"].stdout.splitlines()[-1])["consumeResult"]["consumeResult"] == verdict
+    finally:
+        client.close()
+    # terminated: no longer a member
+    gone = cli(node, "admin", "consumer-status", "--group", group, "--client-id", "grpc-member-1", ok=False)
+    assert "not online" in gone.stderr + gone.stdout
+
+
 # -- the official Node.js client ------------------------------------------------------------------------
 # (its tests run where Node.js is; scripts/test installs the client: scripts/_nodejs.sh)
 
@@ -742,6 +868,34 @@ def test_nodejs_the_push_consumer_retries_and_the_node_dead_letters_past_retry_m
                  "--tries", "6")
     assert sorted((m["body"], m["attempt"]) for m in got) == [(f"p{i}", a) for i in range(3) for a in (1, 2)]
     assert sorted(m.body for m in dead_letters(node, "N5PushG", 3)) == [b"p0", b"p1", b"p2"]
+
+
+@needs_nodejs
+def test_nodejs_a_push_consumer_is_a_member_that_gives_its_stacks_and_declines_a_verify(node):
+    from nodes import NODEJS_CLIENT
+
+    group, topic = "N5AskedG", "N5Asked"
+    with Producer(node.endpoint) as producer:
+        stored = producer.send(topic, b"to verify")
+    member = subprocess.Popen(["node", str(NODEJS_CLIENT), "push", "--endpoint", grpc_endpoint(node), "--topic", topic,
+                               "--group", group, "--seconds", "40"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline, members = time.monotonic() + 30, []
+        while not members:  # (its first heartbeat comes once it has started)
+            assert time.monotonic() < deadline and member.poll() is None, "the Node.js consumer never became a member"
+            shown = cli(node, "admin", "group", "--group", group, ok=None)
+            members = json.loads(shown.stdout)["members"] if shown.returncode == 0 else []
+            time.sleep(0.2)
+        (client_id,) = [m["clientId"] for m in members]
+        assert members[0]["consumeType"] == "CONSUME_PASSIVELY" and members[0]["version"]
+        shown = json.loads(cli(node, "admin", "consumer-status", "--group", group, "--stacks").stdout)
+        assert shown["consumers"][client_id]["jstack"] == "mock stack"  # (what that client says of its stacks)
+        declined = cli(node, "query", "--msg-id", stored.offset_msg_id, "--group", group, "--client-id", client_id,
+                       ok=False)
+        assert "SYSTEM_ERROR" in declined.stderr and "no verdict on the message: NOT_IMPLEMENTED" in declined.stderr
+    finally:
+        member.terminate()
+        member.wait(30)
 
 
 @needs_nodejs

@@ -366,8 +366,8 @@ def test_clients_are_forgotten_after_their_silence_and_bounded():
     clients.seen("b", {})
     now[0] = sessions.CLIENT_EXPIRY_S + 1
     clients.seen("b", {})
-    assert clients.expire() == 1 and list(clients.by_id) == ["b"]
-    clients.terminated_by("b")
+    assert [c.client_id for c in clients.expire()] == ["a"] and list(clients.by_id) == ["b"]
+    assert clients.terminated_by("b").client_id == "b" and clients.terminated_by("b") is None
     assert clients.statistics()["clients"] == 0 and clients.statistics()["clientsTerminated"] == 1
 
 

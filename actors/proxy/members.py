@@ -105,7 +105,8 @@ class Asks:
         self.pending: dict[str, Pending] = {}
         self.asked = self.answered = self.refused = self.dropped = self.expired = 0
 
-    def ask(self, header: dict, message: pb.Message | None, client, has_stream: bool) -> tuple[rpc.TelemetryCommand | None, dict | None]:
+    def ask(self, header: dict, message: pb.Message | None, client,
+            has_stream: bool) -> tuple[rpc.TelemetryCommand | None, dict | None]:
         """(the command down the client's Telemetry stream, None) or (None, the CLIENT_ANSWER now).
         `message`: a direct consumption's, already made the client's (None: it could not be read)."""
         ask_id, code = header["askId"], header.get("code")
@@ -149,7 +150,8 @@ class Asks:
             return self._answer(pending.header, runningInfo=running_info(pending.client) | {"jstack": stacks})
         verdict = VERDICTS.get(code)
         if verdict is None:
-            return self.refuse(pending.header, "SYSTEM_ERROR", _declined(pending.client, "verdict on the message", code, text))
+            why = _declined(pending.client, "verdict on the message", code, text)
+            return self.refuse(pending.header, "SYSTEM_ERROR", why)
         spent = int((self.clock() - pending.asked_at) * 1000)
         return self._answer(pending.header, consumeResult={
             "order": False, "autoCommit": True, "consumeResult": verdict, "spentTimeMills": spent,

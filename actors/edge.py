@@ -335,12 +335,27 @@ def _consume_directly(header: dict) -> str | None:
     return _running_info_ask(header) or _offset_msg_id_problem(header.get("msgId"), "msgId")
 
 
+def _reset_offsets(header: dict) -> str | None:
+    """RESET_CONSUMER_CLIENT_OFFSET: `offsetTable` {queueId: offset} of one topic, as committed."""
+    table = header.get("offsetTable")
+    if not isinstance(table, dict) or not 1 <= len(table) <= 4096:
+        return f"`offsetTable` must be an object {{queueId: offset}} of 1 to 4096 queues, not {_shown(table)}"
+    for queue, offset in table.items():
+        if not (queue.isdigit() and int(queue) <= QUEUE_ID_MAX and type(offset) is int and 0 <= offset <= INT64[1]):
+            return f"`offsetTable` maps a queue id to an offset of 0 or more, not {_shown(queue)}: {_shown(offset)}"
+    return group_problem(header.get("consumerGroup")) or read_topic_problem(header.get("topic"))
+
+
+# what a member may answer with (the gRPC proxy answers for its clients: busy, or one gone)
+ANSWER_STATUSES = ("OK", "SYSTEM_ERROR", "SYSTEM_BUSY", "CONSUMER_NOT_ONLINE")
+
+
 def _client_answer(header: dict) -> str | None:
     ask_id, status = header.get("askId"), header.get("status")
     if not isinstance(ask_id, str) or not 1 <= len(ask_id) <= 64:
         return f"`askId` must be a string of 1 to 64 characters, not {_shown(ask_id)}"
-    if status not in ("OK", "SYSTEM_ERROR"):
-        return f"`status` must be OK or SYSTEM_ERROR, not {_shown(status)}"
+    if status not in ANSWER_STATUSES:
+        return f"`status` must be one of {', '.join(ANSWER_STATUSES)}, not {_shown(status)}"
     if not isinstance(header.get("remark", ""), str):
         return f"`remark` must be a string, not {_shown(header.get('remark'))}"
     answers = [name for name in protocol.ANSWER_FIELDS.values() if name in header]
@@ -529,6 +544,7 @@ CHECKS = {
     protocol.GET_PRODUCER_CONNECTION_LIST: lambda h: group_problem(h.get("producerGroup")),
     protocol.GET_CONSUMER_RUNNING_INFO: _running_info_ask,
     protocol.CONSUME_MESSAGE_DIRECTLY: _consume_directly,
+    protocol.RESET_CONSUMER_CLIENT_OFFSET: _reset_offsets,
     protocol.CLIENT_ANSWER: _client_answer,
     protocol.GET_BROKER_HA_STATUS: lambda h: None,
     protocol.HA_ROLE: lambda h: (None if h.get("role") in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")

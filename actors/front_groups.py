@@ -1,7 +1,8 @@
 """The front's clients as members of groups: consumer groups (actors.consumers: heartbeats,
 rebalancing's member lists and queue locks), producer groups (actors.producers: whom a
 transaction's check or a request's reply reaches), and what the node sends them unasked or asks
-them: a group's change (NOTIFY_CONSUMER_IDS_CHANGED), a transaction's check, a pushed reply, and
+them: a group's change (NOTIFY_CONSUMER_IDS_CHANGED), its offsets reset by an admin
+(RESET_CONSUMER_CLIENT_OFFSET), a transaction's check, a pushed reply, and
 GET_CONSUMER_RUNNING_INFO and CONSUME_MESSAGE_DIRECTLY (actors.client_asks), whose answers it
 hands to the admin that asked. A direct consumption's message is read first, by the read service
 as a VIEW_MESSAGE_BY_ID whose reply comes back to a pseudo-client of the ask (`ASK_CLIENT`).
@@ -51,6 +52,8 @@ class FrontGroups:
             return self._answered(client, header)
         if code in protocol.ANSWER_FIELDS:
             return self._ask_member(client, header)
+        if code == protocol.RESET_CONSUMER_CLIENT_OFFSET:
+            return self._reset(client, header)
         now = monotonic_ms()
         if code == protocol.GET_PRODUCER_CONNECTION_LIST:
             connections = self.producers.connections(header["producerGroup"], now)  # ([]: none connected now)
@@ -146,6 +149,20 @@ class FrontGroups:
                 ask.opaque, "SYSTEM_ERROR", f"the consumer {ask.client_id} answered without {field}"))
         fields = {field: header[field]} if status == "OK" else {}
         self._send(ask.asker, protocol.reply_header(ask.opaque, status, header.get("remark"), **fields))
+
+    def _reset(self, client: bytes, header: dict) -> None:
+        """An admin reset the group's offsets of a topic (and committed them): each member is
+        told over its own connection, as RocketMQ's broker tells its clients, and starts its
+        queues of the topic again from there. Reply OK with `notified`, how many were told."""
+        group = header["consumerGroup"]
+        notice = orjson.dumps({"code": protocol.RESET_CONSUMER_CLIENT_OFFSET, "consumerGroup": group,
+                               "topic": header["topic"], "offsetTable": header["offsetTable"]})
+        told = 0
+        for _, routing_id in self.consumers.routing_ids({group}):
+            with contextlib.suppress(zmq.ZMQError):  # (its queue full, or its connection gone)
+                send_frames(self.clients, [routing_id, notice], NOBLOCK)
+                told += 1
+        self._send(client, protocol.reply_header(header.get("opaque"), "OK", notified=told))
 
     # -- what the node sends unasked -----------------------------------------------------------------
 

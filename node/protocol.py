@@ -62,9 +62,11 @@ GET_PRODUCER_CONNECTION_LIST = 204  # a producer group's connected producers (th
 GET_CONSUMER_RUNNING_INFO = 307  # a member's own view (queues, what it holds, rates, stacks): the node asks it
 CONSUME_MESSAGE_DIRECTLY = 309  # a stored message to a member's listener, now: the node reads it, then asks the member
 CLIENT_ANSWER = 9050  # mqnode: a client's answer to what the node asked it (`askId`); the node replies nothing
+# a group's offsets were reset (`admin reset-offset`): admin -> node, which tells each member, as RocketMQ's broker does
+RESET_CONSUMER_CLIENT_OFFSET = 220
 GROUP_CODES = frozenset({HEART_BEAT, UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP, LOCK_BATCH_MQ, UNLOCK_BATCH_MQ,
                          GET_CONSUMER_CONNECTION_LIST, GET_PRODUCER_CONNECTION_LIST, GET_CONSUMER_RUNNING_INFO,
-                         CONSUME_MESSAGE_DIRECTLY, CLIENT_ANSWER})
+                         CONSUME_MESSAGE_DIRECTLY, CLIENT_ANSWER, RESET_CONSUMER_CLIENT_OFFSET})
 ANSWER_FIELDS = {GET_CONSUMER_RUNNING_INFO: "runningInfo", CONSUME_MESSAGE_DIRECTLY: "consumeResult"}
 CONSUMER_SEND_MSG_BACK = 36  # a consumer hands a message back: %RETRY%<group> with a delay, or %DLQ%<group>
 DELETE_EXPIRED_COMMITLOG = 329  # RocketMQ 5's code: executeDeleteFilesManually (`mqnode admin clean`)

@@ -43,7 +43,8 @@ from shm.codec import (
 
 # what the node asks a client (its header has no opaque): to `on_request`, with the body
 NODE_REQUESTS = frozenset({protocol.CHECK_TRANSACTION_STATE, protocol.PUSH_REPLY_MESSAGE_TO_CLIENT,
-                           protocol.GET_CONSUMER_RUNNING_INFO, protocol.CONSUME_MESSAGE_DIRECTLY})
+                           protocol.GET_CONSUMER_RUNNING_INFO, protocol.CONSUME_MESSAGE_DIRECTLY,
+                           protocol.RESET_CONSUMER_CLIENT_OFFSET})
 
 
 class AsyncProducer(Coalescing):

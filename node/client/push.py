@@ -100,7 +100,7 @@ class AsyncPushConsumer(Orderly, Asked):
         self.background: list[asyncio.Task] = []
         self.rebalance_wanted: asyncio.Event | None = None  # (made on the consumer's loop, in start)
         self.running = False
-        self.consumed = self.failed = self.sent_back = self.local_retries = self.rebalances = 0
+        self.consumed = self.failed = self.sent_back = self.local_retries = self.rebalances = self.resets = 0
         self.local_offsets: dict[str, int] = {}
         # what the node says about its timeouts (HEART_BEAT's and LOCK_BATCH_MQ's replies) narrows these
         self.heartbeat_s = self.options.heartbeat_interval
@@ -274,13 +274,18 @@ class AsyncPushConsumer(Orderly, Asked):
         task = self.tasks.pop(queue, None)
         if task is not None:
             task.cancel()
-        if self.orderly:  # the listener's batch finishes before another member may lock the queue
-            deadline = time.monotonic() + 2 * self.lock_renew_s
-            while pq.in_listener and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
+        await self._listener_done(pq)  # before another member may lock the queue
         await self._commit(pq)
         if self.orderly and not pq.in_listener:  # (still in it: the lock lapses on the node instead)
             await self._unlock([queue])
+
+    async def _listener_done(self, pq: ProcessQueue) -> None:
+        """Orderly: the listener's batch of the queue finishes first (one batch of a queue at a
+        time, on this member or the next); bounded by two lock renewals."""
+        if self.orderly:
+            deadline = time.monotonic() + 2 * self.lock_renew_s
+            while pq.in_listener and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
 
     async def _start_offset(self, topic: str, queue_id: int) -> int:
         if self.options.message_model == BROADCASTING:
@@ -429,7 +434,7 @@ class AsyncPushConsumer(Orderly, Asked):
 
     async def _commit(self, pq: ProcessQueue) -> None:
         offset = pq.commit_offset()
-        if offset == pq.committed:
+        if offset == pq.committed or pq.reset:
             return
         if self.options.message_model == BROADCASTING:
             self.local_offsets[f"{pq.topic}@{pq.queue_id}"] = offset
@@ -448,7 +453,7 @@ class AsyncPushConsumer(Orderly, Asked):
     def statistics(self) -> dict:
         return {"clientId": self.client_id, "group": self.group, "queues": sorted(self.queues),
                 "consumed": self.consumed, "failed": self.failed, "sentBack": self.sent_back,
-                "localRetries": self.local_retries, "rebalances": self.rebalances,
+                "localRetries": self.local_retries, "rebalances": self.rebalances, "resets": self.resets,
                 "cached": {f"{t}@{q}": len(pq.pending) for (t, q), pq in sorted(self.queues.items())}}
 
 

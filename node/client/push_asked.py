@@ -13,8 +13,11 @@ answered with CLIENT_ANSWER over the member's own connection:
   %RETRY% topic is shown under its own topic, as the listener sees it in a pull; one of %DLQ%
   under %DLQ%, as RocketMQ does).
 
+And what the node tells it: RESET_CONSUMER_CLIENT_OFFSET (`mqnode admin reset-offset` while the
+group runs): each queue of the topic it holds starts again from the offset the admin committed.
+
 A mixin of AsyncPushConsumer: `self.pull`, `self.pool`, `self.listener`, `self.orderly`,
-`self.group` are the consumer's.
+`self.group`, `self.queues`, `self.tasks` are the consumer's.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import time
 from node import protocol
 from node.client import aio
 from node.client.producer import SendError
-from node.client.push_state import CONSUME_SUCCESS, RETRY_PREFIX, SUCCESS, as_subscribed
+from node.client.push_state import BROADCASTING, CONSUME_SUCCESS, RETRY_PREFIX, SUCCESS, ProcessQueue, as_subscribed
 from node.client.received import decode_messages
 from node.client.running_info import ConsumeStats, running_info
 
@@ -42,12 +45,45 @@ class Asked:
         return stats
 
     def _on_node_request(self, header: dict, body: bytes | None) -> None:
+        if header.get("code") == protocol.RESET_CONSUMER_CLIENT_OFFSET and self.running:
+            aio.detach(self._reset_offsets(header))
         if not isinstance(header.get("askId"), str):
             return
         if header.get("code") == protocol.GET_CONSUMER_RUNNING_INFO:
             aio.detach(self._answer(header, runningInfo=running_info(self, stacks=header.get("jstackEnable") is True)))
         elif header.get("code") == protocol.CONSUME_MESSAGE_DIRECTLY and self.running:
             aio.detach(self._consume_directly(header, body or b""))
+
+    async def _reset_offsets(self, header: dict) -> None:
+        """RESET_CONSUMER_CLIENT_OFFSET (`mqnode admin reset-offset` while the group runs): each
+        queue of the topic this member holds starts again from the offset the admin committed;
+        without it the member would go on from its own position and commit over the reset."""
+        table = header.get("offsetTable")
+        if header.get("consumerGroup") != self.group or not isinstance(table, dict):
+            return
+        for queue in [q for q in self.queues if q[0] == header.get("topic")]:
+            offset = table.get(str(queue[1]))
+            if type(offset) is int and offset >= 0:
+                await self._reset_queue(queue, offset)
+        self.resets += 1
+
+    async def _reset_queue(self, queue: tuple[str, int], offset: int) -> None:
+        """The queue starts again from `offset` (the group's offsets were reset: push_asked), as
+        RocketMQ's client resets one: what it pulled and has not finished is let go uncommitted."""
+        old = self.queues.get(queue)
+        if old is None:
+            return
+        old.dropped = old.reset = True
+        task = self.tasks.pop(queue, None)
+        if task is not None:
+            task.cancel()
+        await self._listener_done(old)
+        if self.queues.get(queue) is not old:
+            return  # (given up meanwhile)
+        pq = self.queues[queue] = ProcessQueue(queue[0], queue[1], offset, committed=offset, locked_at=old.locked_at)
+        if self.options.message_model == BROADCASTING:
+            self.local_offsets[f"{queue[0]}@{queue[1]}"] = offset
+        self.tasks[queue] = asyncio.create_task(self._pull_loop(pq))
 
     async def _consume_directly(self, header: dict, body: bytes) -> None:
         try:

@@ -84,6 +84,7 @@ class ProcessQueue:
     buffer: deque = field(default_factory=deque)  # orderly: messages not yet given to the listener
     size: int = 0
     dropped: bool = False
+    reset: bool = False  # the group's offsets were reset under it: nothing of it is committed any more
     locked_at: float = 0.0  # orderly: when the node last confirmed our lock (monotonic s)
     committed: int = -1  # what was last committed
     consuming: bool = False  # orderly: a task is consuming this queue

@@ -151,7 +151,10 @@ def consumer_status(client, args: argparse.Namespace) -> tuple[dict, dict]:
 def reset_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:
     """`admin reset-offset`: each queue of the topic, the group's offset set to the first message
     stored at or after --to-timestamp (PullConsumer.offset_from), or to the queue's first or last
-    (as mqadmin resetOffsetByTime does, through the queue requests a client has)."""
+    (as mqadmin resetOffsetByTime does, through the queue requests a client has); then the node
+    tells the group's members (RESET_CONSUMER_CLIENT_OFFSET), which start their queues of the
+    topic again from there: `membersNotified`."""
+    from node import protocol
     from node.client import PullConsumer
     from node.tools.cli_admin import topic_config
 
@@ -171,4 +174,8 @@ def reset_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:
                 offset = consumer.max_offset(args.topic, queue)
             consumer.commit(args.group, args.topic, queue, offset)
             shown[str(queue)] = offset
-    return table, {args.topic: shown}
+    told, _ = client.request({"code": protocol.RESET_CONSUMER_CLIENT_OFFSET, "consumerGroup": args.group,
+                              "topic": args.topic, "offsetTable": shown})
+    if told.get("status") != "OK":
+        return told, {args.topic: shown}
+    return table, {args.topic: shown, "membersNotified": told["notified"]}

@@ -25,6 +25,7 @@ from nodes import ROOT, running_node
 from node import protocol
 from node.client import Message, Producer, PullConsumer, Requester, RequestTimeout, SendError
 from node.client.push import CONSUME_SUCCESS, RECONSUME_LATER, PushConsumer
+from node.client.push_state import SUCCESS
 
 pytestmark = pytest.mark.slow
 EXPIRE_MS = 5000
@@ -578,6 +579,39 @@ def test_consumer_status_shows_what_each_member_holds_and_where_its_listener_is_
         release.set()
         consumer.shutdown()
     assert "not online" in consumer_status(node, "--group", group, "--client-id", client_id, ok=False)["stderr"]
+
+
+@pytest.mark.parametrize("orderly", [False, True], ids=["concurrently", "orderly"])
+def test_a_reset_while_the_group_runs_takes_its_members_back_and_their_own_position_does_not_undo_it(node, orderly):
+    topic, group = f"Rewound{orderly:d}", f"rewinders{orderly:d}"
+    with Producer(node.endpoint) as producer:
+        producer.send_batch(topic, [b"r%d" % i for i in range(30)], queue_id=0)
+    seen: list[bytes] = []
+    consumer = PushConsumer(node.endpoint, group, consume_from_where="FIRST_OFFSET", instance_name="rewinder")
+    consumer.subscribe(topic)
+    done_status = SUCCESS if orderly else CONSUME_SUCCESS
+    consumer.register_listener(lambda messages: seen.extend(m.body for m in messages) or done_status, orderly=orderly)
+    consumer.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(seen) < 30:
+            assert time.monotonic() < deadline, f"{len(seen)} of 30 consumed"
+            time.sleep(0.05)
+        done = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", "reset-offset", "--group", group,
+                               "--topic", topic, "--to", "first", "--endpoint", node.endpoint],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        assert orjson.loads(done.stdout)["membersNotified"] == 1
+        deadline = time.monotonic() + 20
+        while len(seen) < 60:  # every message again, from the first
+            assert time.monotonic() < deadline, f"{len(seen) - 30} of 30 consumed again"
+            time.sleep(0.05)
+        assert sorted(seen[30:]) == sorted(b"r%d" % i for i in range(30))
+        assert consumer.statistics()["resets"] == 1
+    finally:
+        consumer.shutdown()
+    with PullConsumer(node.endpoint) as reader:
+        assert reader.committed(group, topic, 0) == 30
 
 
 def asked_of(member: Dealer) -> dict:

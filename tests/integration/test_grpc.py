@@ -772,6 +772,14 @@ def test_a_grpc_consumer_is_a_member_an_admin_sees_and_asks_for_its_stacks_and_a
             client.send(result)
             admin.join(60)
             assert json.loads(done["query"].stdout.splitlines()[-1])["consumeResult"]["consumeResult"] == verdict
+        client.outbox.put(None)  # its stream closed, the client still a member: nothing to ask it through
+        deadline = time.monotonic() + 10
+        while True:
+            shown = json.loads(cli(node, "admin", "consumer-status", "--group", group, "--stacks").stdout)
+            if "no Telemetry stream" in shown["consumers"]["grpc-member-1"].get("remark", ""):
+                break
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.2)
     finally:
         client.close()
     # terminated: no longer a member

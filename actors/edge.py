@@ -341,7 +341,8 @@ def _reset_offsets(header: dict) -> str | None:
     if not isinstance(table, dict) or not 1 <= len(table) <= 4096:
         return f"`offsetTable` must be an object {{queueId: offset}} of 1 to 4096 queues, not {_shown(table)}"
     for queue, offset in table.items():
-        if not (queue.isdigit() and int(queue) <= QUEUE_ID_MAX and type(offset) is int and 0 <= offset <= INT64[1]):
+        if not (queue.isdigit() and str(int(queue)) == queue and int(queue) <= QUEUE_ID_MAX
+                and type(offset) is int and 0 <= offset <= INT64[1]):
             return f"`offsetTable` maps a queue id to an offset of 0 or more, not {_shown(queue)}: {_shown(offset)}"
     return group_problem(header.get("consumerGroup")) or read_topic_problem(header.get("topic"))
 

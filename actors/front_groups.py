@@ -71,11 +71,20 @@ class FrontGroups:
         self.notify(self.consumers.subscribers(topic))
 
     def notify(self, groups: set[str]) -> None:
-        """NOTIFY_CONSUMER_IDS_CHANGED to each member of `groups`, over its own DEALER; a member
-        whose queue is full misses it and rebalances at its next interval anyway."""
-        for group, routing_id in self.consumers.routing_ids(groups) if groups else ():
+        """NOTIFY_CONSUMER_IDS_CHANGED to each member of `groups`; a member whose queue is full
+        misses it and rebalances at its next interval anyway."""
+        if groups:
+            self._tell_members(groups, consumers.notice)
+
+    def _tell_members(self, groups: set[str], frame_of: Callable[[str], bytes]) -> int:
+        """`frame_of(group)` to each member of `groups` over its own DEALER (once a connection):
+        how many connections took it."""
+        told = 0
+        for group, routing_id in self.consumers.routing_ids(groups):
             with contextlib.suppress(zmq.ZMQError):  # (its queue full, or its connection gone)
-                send_frames(self.clients, [routing_id, consumers.notice(group)], NOBLOCK)
+                send_frames(self.clients, [routing_id, frame_of(group)], NOBLOCK)
+                told += 1
+        return told
 
     def look(self, now: float) -> None:
         """Every turn: asks no member answered in time are answered SYSTEM_ERROR. Once a second:
@@ -154,14 +163,9 @@ class FrontGroups:
         """An admin reset the group's offsets of a topic (and committed them): each member is
         told over its own connection, as RocketMQ's broker tells its clients, and starts its
         queues of the topic again from there. Reply OK with `notified`, how many were told."""
-        group = header["consumerGroup"]
-        notice = orjson.dumps({"code": protocol.RESET_CONSUMER_CLIENT_OFFSET, "consumerGroup": group,
+        notice = orjson.dumps({"code": protocol.RESET_CONSUMER_CLIENT_OFFSET, "consumerGroup": header["consumerGroup"],
                                "topic": header["topic"], "offsetTable": header["offsetTable"]})
-        told = 0
-        for _, routing_id in self.consumers.routing_ids({group}):
-            with contextlib.suppress(zmq.ZMQError):  # (its queue full, or its connection gone)
-                send_frames(self.clients, [routing_id, notice], NOBLOCK)
-                told += 1
+        told = self._tell_members({header["consumerGroup"]}, lambda group: notice)
         self._send(client, protocol.reply_header(header.get("opaque"), "OK", notified=told))
 
     # -- what the node sends unasked -----------------------------------------------------------------

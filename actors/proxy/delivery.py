@@ -3,8 +3,9 @@
 No I/O, as actors.proxy.core beside it: `receive_plan` (ReceiveMessage as the node's pop) and
 `message_of` (a popped message in its stream); `pull_plan` (PullMessage as the node's
 PULL_MESSAGE) and `pulled` (the pull's stream); `recover_command` (a half to check, down a
-Telemetry stream) and `verify_message` (a stored message an admin sends a consumer's listener). Every message a client gets is filled by `_fill` (and, read back from the
-store, `_fill_stored`), so a message reads the same whichever RPC handed it out.
+Telemetry stream) and `verify_message` (a stored message an admin sends a consumer's listener).
+Every message a client gets is filled by `_fill` (and, read back from the store, `_fill_stored`),
+so a message reads the same whichever RPC handed it out.
 """
 
 from __future__ import annotations

@@ -166,12 +166,6 @@ class Asks:
         self.expired += len(gone)
         return len(gone)
 
-    def withdraw(self, header: dict, status: str, remark: str) -> dict:
-        """An ask whose command could not go down the stream after all: refused now."""
-        self.pending.pop(header["askId"], None)
-        self.asked -= 1
-        return self.refuse(header, status, remark)
-
     def _answer(self, header: dict, **answered) -> dict:
         return {"code": protocol.CLIENT_ANSWER, "askId": header["askId"], "status": "OK", "remark": "", **answered}
 

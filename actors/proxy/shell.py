@@ -243,12 +243,12 @@ class Proxy(Actor):
         if header["code"] == protocol.CONSUME_MESSAGE_DIRECTLY:
             message = delivery.verify_message(body, header.get("consumerGroup", ""))
         streams = self.streams.get(client.client_id)
+        if streams and streams[0].full():
+            return self._tell(self.asks.refuse(header, "SYSTEM_BUSY", f"the client {client.client_id}'s stream is full"),
+                              account)
         command, answer = self.asks.ask(header, message, client, bool(streams))
         if command is not None:
-            try:
-                streams[0].put_nowait(command)
-            except asyncio.QueueFull:
-                answer = self.asks.withdraw(header, "SYSTEM_BUSY", f"the client {client.client_id}'s stream is full")
+            streams[0].put_nowait(command)  # (not full: checked above, in this same turn of the loop)
         self._tell(answer, account)
 
     def client_answered(self, client: sessions.Client, command) -> None:

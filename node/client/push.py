@@ -263,25 +263,28 @@ class AsyncPushConsumer(Orderly, Asked):
 
     async def _take(self, queue: tuple[str, int]) -> None:
         offset = await self._start_offset(*queue)
-        pq = self.queues[queue] = ProcessQueue(queue[0], queue[1], offset, committed=offset)
-        if self.orderly:
-            pq.locked_at = time.monotonic()
+        self._run(queue, offset, time.monotonic() if self.orderly else 0.0)
+
+    def _run(self, queue: tuple[str, int], offset: int, locked_at: float) -> None:
+        """The queue consumed from `offset` on: its process queue and its pull loop."""
+        pq = self.queues[queue] = ProcessQueue(queue[0], queue[1], offset, committed=offset, locked_at=locked_at)
         self.tasks[queue] = asyncio.create_task(self._pull_loop(pq))
 
     async def _drop(self, queue: tuple[str, int]) -> None:
         pq = self.queues.pop(queue)
-        pq.dropped = True
-        task = self.tasks.pop(queue, None)
-        if task is not None:
-            task.cancel()
-        await self._listener_done(pq)  # before another member may lock the queue
+        await self._let_go(queue, pq)  # (an orderly batch ends before another member may lock the queue)
         await self._commit(pq)
         if self.orderly and not pq.in_listener:  # (still in it: the lock lapses on the node instead)
             await self._unlock([queue])
 
-    async def _listener_done(self, pq: ProcessQueue) -> None:
-        """Orderly: the listener's batch of the queue finishes first (one batch of a queue at a
-        time, on this member or the next); bounded by two lock renewals."""
+    async def _let_go(self, queue: tuple[str, int], pq: ProcessQueue) -> None:
+        """No more pulls or listener calls for `pq`; orderly, its batch with the listener finishes
+        first (one batch of a queue at a time, here or on the next member), for at most two lock
+        renewals."""
+        pq.dropped = True
+        task = self.tasks.pop(queue, None)
+        if task is not None:
+            task.cancel()
         if self.orderly:
             deadline = time.monotonic() + 2 * self.lock_renew_s
             while pq.in_listener and time.monotonic() < deadline:

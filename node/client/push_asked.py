@@ -29,7 +29,7 @@ import time
 from node import protocol
 from node.client import aio
 from node.client.producer import SendError
-from node.client.push_state import BROADCASTING, CONSUME_SUCCESS, RETRY_PREFIX, SUCCESS, ProcessQueue, as_subscribed
+from node.client.push_state import BROADCASTING, CONSUME_SUCCESS, RETRY_PREFIX, SUCCESS, as_subscribed
 from node.client.received import decode_messages
 from node.client.running_info import ConsumeStats, running_info
 
@@ -73,17 +73,13 @@ class Asked:
         old = self.queues.get(queue)
         if old is None:
             return
-        old.dropped = old.reset = True
-        task = self.tasks.pop(queue, None)
-        if task is not None:
-            task.cancel()
-        await self._listener_done(old)
+        old.reset = True
+        await self._let_go(queue, old)
         if self.queues.get(queue) is not old:
             return  # (given up meanwhile)
-        pq = self.queues[queue] = ProcessQueue(queue[0], queue[1], offset, committed=offset, locked_at=old.locked_at)
         if self.options.message_model == BROADCASTING:
             self.local_offsets[f"{queue[0]}@{queue[1]}"] = offset
-        self.tasks[queue] = asyncio.create_task(self._pull_loop(pq))
+        self._run(queue, offset, old.locked_at)
 
     async def _consume_directly(self, header: dict, body: bytes) -> None:
         try:

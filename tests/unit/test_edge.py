@@ -144,6 +144,6 @@ def test_a_heartbeats_language_and_version_are_short_strings():
 def test_a_reset_names_its_group_topic_and_each_queues_offset():
     reset = {"code": protocol.RESET_CONSUMER_CLIENT_OFFSET, "consumerGroup": "g", "topic": "T"}
     assert problem(reset | {"offsetTable": {"0": 3, "7": 0}}) is None
-    for bad in ({}, {"x": 1}, {"0": -1}, {"0": "3"}, {"0": True}, [3], {str(q): 0 for q in range(4097)}):
+    for bad in ({}, {"x": 1}, {"07": 1}, {"0": -1}, {"0": "3"}, {"0": True}, [3], {str(q): 0 for q in range(4097)}):
         assert "offsetTable" in problem(reset | {"offsetTable": bad}), bad
     assert "topic" in problem(reset | {"offsetTable": {"0": 1}, "topic": "bad topic!"})

@@ -2,6 +2,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
@@ -25,9 +27,34 @@ def pytest_addoption(parser):
                      help="run each module's tests in reverse order: a test leaning on an earlier one fails")
 
 
+# The modules that use the `spark` fixture: scripts/test runs them in one worker, so that one
+# worker starts a Spark JVM (~20-35 s of CPU on this machine's two cores), not both.
+SPARK_MODULES = frozenset(f"tests/integration/test_{name}.py" for name in ("archive", "cluster", "offline", "spark", "tiered"))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """scripts/test's `--dist loadfile`, with the Spark modules one unit: each module's tests run
+    in one worker and share its node, and the Spark modules share one worker and its JVM.
+    (pytest-xdist's `--dist loadgroup` would do it with marks, but it renames test ids in a way
+    pytest 9.2 no longer sees, and silently hands out each test alone.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SparkTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return "spark" if module in SPARK_MODULES else module
+
+    return SparkTogether(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """With --reverse-order, each module's tests run last to first (modules keep their places, so a
+    """SPARK_MODULES must name every module using `spark` (one left out starts a JVM of its own).
+    With --reverse-order, each module's tests run last to first (modules keep their places, so a
     module still shares its node): the suite's tests must pass in either order."""
+    spark = {item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
+    assert spark <= SPARK_MODULES, f"add {sorted(spark - SPARK_MODULES)} to tests/conftest.py's SPARK_MODULES"
     if not config.getoption("--reverse-order"):
         return
     modules: dict[str, list] = {}

@@ -54,7 +54,7 @@ GROUP_ONLY = frozenset({protocol.CONSUMER_SEND_MSG_BACK, protocol.UNREGISTER_CLI
                         protocol.ACK_MESSAGE, protocol.BATCH_ACK_MESSAGE, protocol.CHANGE_MESSAGE_INVISIBLETIME,
                         protocol.GET_POP_STATE, protocol.GET_CONSUMER_RUNNING_INFO, protocol.CONSUME_MESSAGE_DIRECTLY})
 TOPIC_AND_GROUP = frozenset({protocol.PULL_MESSAGE, protocol.QUERY_CONSUMER_OFFSET, protocol.UPDATE_CONSUMER_OFFSET,
-                             protocol.RESET_CONSUMER_CLIENT_OFFSET,
+                             protocol.RESET_CONSUMER_CLIENT_OFFSET, protocol.RESET_POP_OFFSET,
                              protocol.POP_MESSAGE, protocol.PEEK_MESSAGE})
 
 

@@ -336,7 +336,8 @@ def _consume_directly(header: dict) -> str | None:
 
 
 def _reset_offsets(header: dict) -> str | None:
-    """RESET_CONSUMER_CLIENT_OFFSET: `offsetTable` {queueId: offset} of one topic, as committed."""
+    """RESET_CONSUMER_CLIENT_OFFSET and RESET_POP_OFFSET: `offsetTable` {queueId: offset} of one
+    topic, as committed."""
     table = header.get("offsetTable")
     if not isinstance(table, dict) or not 1 <= len(table) <= 4096:
         return f"`offsetTable` must be an object {{queueId: offset}} of 1 to 4096 queues, not {_shown(table)}"
@@ -508,6 +509,7 @@ CHECKS = {
     protocol.BATCH_ACK_MESSAGE: _batch_ack,
     protocol.CHANGE_MESSAGE_INVISIBLETIME: _change_invisible,
     protocol.GET_POP_STATE: lambda h: group_problem(h.get("consumerGroup")),
+    protocol.RESET_POP_OFFSET: _reset_offsets,
     protocol.PULL_MESSAGE: _pull,
     protocol.QUERY_MESSAGE: _query,
     protocol.VIEW_MESSAGE_BY_ID: _view,

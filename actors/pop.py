@@ -3,8 +3,8 @@ ChangeInvisibleTimeProcessor and revive service in one process actor; docs/proto
 
 Links (actors.links) and sockets:
 - ring `front-to-pop`: POP_MESSAGE, PEEK_MESSAGE, ACK_MESSAGE, BATCH_ACK_MESSAGE,
-  CHANGE_MESSAGE_INVISIBLETIME and GET_POP_STATE, their headers completed by the router (the
-  topic's queues, the group's committed offsets and retryMaxTimes).
+  CHANGE_MESSAGE_INVISIBLETIME, GET_POP_STATE and RESET_POP_OFFSET, their headers completed by the
+  router (the topic's queues, the group's committed offsets and retryMaxTimes).
 - ring `pop-to-front`: the answers (one too large for a ring message: the front's `replies`),
   and the re-puts of messages whose retries are used up into `%DLQ%<group>` (as replies to
   POP_CLIENT, which the front serves as the write path's requests; their answers come back on
@@ -181,6 +181,11 @@ class Pop(Actor):
             status, handle, deadline = self.core.change_invisible(group, header["extraInfo"], header["invisibleTime"])
             fields = {"extraInfo": handle, "invisibleTime": header["invisibleTime"], "popTime": wall_ms()} if handle else {}
             out.append(_reply(client, arrival, opaque, status, _remark(status), **fields))
+        elif code == protocol.RESET_POP_OFFSET:
+            table = {int(queue): offset for queue, offset in header["offsetTable"].items()}
+            queues, dropped = self.core.reset(group, header["topic"], table)
+            out.append(_reply(client, arrival, opaque, "OK", queues=queues, leasesDropped=dropped))
+            self._retry_held(header["topic"], out)  # (moved back: what a held pop waits for is there again)
         else:  # GET_POP_STATE
             out.append(_reply(client, arrival, opaque, "OK", topics=self.core.group_view(group)))
 

@@ -10,6 +10,8 @@ Per (group, topic, queue) a `QueueState`:
     ready    offsets whose lease ran out: handed out again first (a heap, smallest first)
     retired  offsets in [low, next) retired out of order
     times    offset -> how often it was handed out (reconsumeTimes = times before this delivery)
+    reset_ck the first ck after the queue's last reset (0: never reset): a handle of an older ck
+             was issued before it, and no longer holds (RECEIPT_HANDLE_EXPIRED, not INVALID)
 
 A pop takes a queue's ready offsets first, then new ones from `next`; each pop of a queue is a
 checkpoint `ck` (a number, never reused) and every message of it gets the receipt handle
@@ -20,7 +22,8 @@ INVALID_RECEIPT_HANDLE (never issued) or RECEIPT_HANDLE_EXPIRED (issued, no long
 State changes only through `apply(record)`, the same code live and at replay (event sourcing):
 the live path checks a request, makes its record, logs it and applies it. Records:
 
-    ["S", g, t, q, start]                         a queue's state begins at `start`
+    ["S", g, t, q, start]                         a queue's state begins at `start` (again, after a
+                                                  reset: its leases, retries and retired offsets go)
     ["P", g, t, q, ck, deadline, offsets, next]   a pop: leases; offsets skipped below `next` retire
     ["A", g, t, q, [[offset, ck], ...]]           acks
     ["C", g, t, q, offset, ck, new_ck, deadline]  change invisible time
@@ -59,6 +62,7 @@ class QueueState:
     retired: set[int] = field(default_factory=set)
     times: dict[int, int] = field(default_factory=dict)
     dying: set[int] = field(default_factory=set)
+    reset_ck: int = 0
 
     def advance(self) -> None:
         while self.low in self.retired:
@@ -133,13 +137,18 @@ class PopCore:
         self.turns: dict[tuple[str, str], int] = {}  # (group, topic) -> where the next any-queue pop starts
         self.retry_max_of: dict[str, int] = {}  # group -> retryMaxTimes, as the router last said (the shell sets it)
         self.popped = self.acked = self.redelivered = self.dead_lettered = self.expired_acks = self.invalid = 0
+        self.resets = 0
 
     # -- the one mutator ---------------------------------------------------------------------------
 
     def apply(self, record: list) -> None:
         kind, key = record[0], (record[1], record[2], record[3])
         if kind == "S":
-            self.queues[key] = QueueState(record[4], record[4])
+            old = self.queues.get(key)
+            qs = self.queues[key] = QueueState(record[4], record[4])
+            if old is not None:  # a reset: its leases no longer hold (their expiries find none)
+                self.in_flight -= len(old.leases)
+                qs.reset_ck = self.next_ck
             return
         qs = self.queues[key]  # (every other record follows its queue's "S")
         if kind == "P":
@@ -200,9 +209,10 @@ class PopCore:
     def restore(self, state: dict | None, records: list) -> None:
         if state is not None:
             self.next_ck = state["nextCk"]
-            for g, t, q, low, nxt, leases, retired, times in state["queues"]:
+            for g, t, q, low, nxt, leases, retired, times, *reset_ck in state["queues"]:
                 qs = self.queues[(g, t, q)] = QueueState(low, nxt, retired=set(retired),
-                                                         times={o: n for o, n in times})
+                                                         times={o: n for o, n in times},
+                                                         reset_ck=reset_ck[0] if reset_ck else 0)  # (older snapshots: none)
                 for offset, ck, deadline in leases:
                     self._lease((g, t, q), qs, ck, deadline, (offset,))
         for record in records:
@@ -217,7 +227,7 @@ class PopCore:
             leases += [[o, 0, 0] for o in qs.dying]
             leases += [[o, 0, 0] for o in set(qs.ready)  # (ran out: handed out again first, as now)
                        if o not in qs.leases and o not in qs.dying and o >= qs.low and o not in qs.retired]
-            queues.append([g, t, q, qs.low, qs.next, leases, sorted(qs.retired), sorted(qs.times.items())])
+            queues.append([g, t, q, qs.low, qs.next, leases, sorted(qs.retired), sorted(qs.times.items()), qs.reset_ck])
         return {"nextCk": self.next_ck, "queues": queues}
 
     # -- pop ---------------------------------------------------------------------------------------
@@ -301,7 +311,7 @@ class PopCore:
             return INVALID, None
         key, qs, ck = found
         offset = int(tail)
-        if offset >= qs.next:
+        if offset >= qs.next and ck >= qs.reset_ck:
             self.invalid += 1
             return INVALID, None  # never issued (by this node, to this group)
         lease = qs.leases.get(offset)
@@ -364,6 +374,26 @@ class PopCore:
             out += self.read(request.topic, queue_id, start, room - len(out), request.codes, request.match)[0]
         return out
 
+    # -- reset -------------------------------------------------------------------------------------
+
+    def reset(self, group: str, topic: str, table: dict[int, int]) -> tuple[int, int]:
+        """`admin reset-offset` for a pop group (RocketMQ 5's server-side reset): each of the
+        topic's queues the group ever popped starts again at its offset in `table`, forward or
+        back; what was in flight there is dropped (its handles are then RECEIPT_HANDLE_EXPIRED).
+        A queue never popped is left alone: its first pop starts at the committed offset, which
+        the reset set too. (queues reset, leases dropped)."""
+        queues = dropped = 0
+        for queue_id, offset in sorted(table.items()):
+            key = (group, topic, queue_id)
+            qs = self.queues.get(key)
+            if qs is None:
+                continue
+            dropped += len(qs.leases)
+            self._log(["S", *key, offset])
+            queues += 1
+        self.resets += queues
+        return queues, dropped
+
     # -- time --------------------------------------------------------------------------------------
 
     def expire(self) -> tuple[set[tuple[str, str]], list[tuple[tuple, int]]]:
@@ -391,12 +421,16 @@ class PopCore:
         return self.retry_max_of.get(group, DEFAULT_RETRY_MAX)
 
     def dead_lettered_done(self, done: list[tuple[tuple, int]]) -> None:
+        """The shell re-put these into the DLQ (or found them cleaned away): they retire, unless
+        their queue was reset since (it starts anew, and would hand them out again)."""
         by_key: dict[tuple, list[int]] = {}
         for key, offset in done:
-            by_key.setdefault(key, []).append(offset)
+            qs = self.queues.get(key)
+            if qs is not None and offset in qs.dying:
+                by_key.setdefault(key, []).append(offset)
         for key, offsets in by_key.items():
             self._log(["R", *key, offsets])
-        self.dead_lettered += len(done)
+            self.dead_lettered += len(offsets)
 
     def soonest_deadline(self) -> int | None:
         return self.expiries[0][0] if self.expiries else None
@@ -416,4 +450,4 @@ class PopCore:
     def statistics(self) -> dict:
         return {"popped": self.popped, "acked": self.acked, "redelivered": self.redelivered,
                 "deadLettered": self.dead_lettered, "inFlight": self.in_flight, "queues": len(self.queues),
-                "expiredAcks": self.expired_acks, "invalidHandles": self.invalid}
+                "expiredAcks": self.expired_acks, "invalidHandles": self.invalid, "queuesReset": self.resets}

@@ -79,7 +79,7 @@ class Router:
                 self.offsets.commit(header["consumerGroup"], header["topic"], header["queueId"], header["commitOffset"])
         if code in protocol.READ_CODES:
             return Route(To.READ)
-        if code in protocol.POP_CODES or code == protocol.GET_POP_STATE:
+        if code in protocol.POP_SERVICE_CODES:
             return self._pop(request)
         if code == protocol.DELETE_EXPIRED_COMMITLOG:
             return Route(To.CLEAN)

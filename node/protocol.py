@@ -83,6 +83,8 @@ CHANGE_MESSAGE_INVISIBLETIME = 200053
 BATCH_ACK_MESSAGE = 200151
 POP_CODES = frozenset({POP_MESSAGE, ACK_MESSAGE, PEEK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME, BATCH_ACK_MESSAGE})
 GET_POP_STATE = 9030  # mqnode: a group's pop state per queue (`mqnode admin group`)
+RESET_POP_OFFSET = 9031  # mqnode: a pop group's queues of a topic start again at `admin reset-offset`'s offsets
+POP_SERVICE_CODES = POP_CODES | {GET_POP_STATE, RESET_POP_OFFSET}
 
 # transactional messages (RocketMQ's codes), served by the transaction service (actors.transaction)
 END_TRANSACTION = 37  # commit or roll back a half message (or leave it to the check: commitOrRollback 0)

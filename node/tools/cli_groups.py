@@ -153,7 +153,9 @@ def reset_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:
     stored at or after --to-timestamp (PullConsumer.offset_from), or to the queue's first or last
     (as mqadmin resetOffsetByTime does, through the queue requests a client has); then the node
     tells the group's members (RESET_CONSUMER_CLIENT_OFFSET), which start their queues of the
-    topic again from there: `membersNotified`."""
+    topic again from there: `membersNotified`; and its pop service starts the group's pop state of
+    those queues there (RESET_POP_OFFSET, as RocketMQ 5's server-side reset), dropping what was
+    in flight: `popQueuesReset`, `popLeasesDropped`."""
     from node import protocol
     from node.client import PullConsumer
     from node.tools.cli_admin import topic_config
@@ -178,4 +180,9 @@ def reset_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:
                               "topic": args.topic, "offsetTable": shown})
     if told.get("status") != "OK":
         return told, {args.topic: shown}
-    return table, {args.topic: shown, "membersNotified": told["notified"]}
+    popped, _ = client.request({"code": protocol.RESET_POP_OFFSET, "consumerGroup": args.group,
+                                "topic": args.topic, "offsetTable": shown})
+    if popped.get("status") != "OK":
+        return popped, {args.topic: shown, "membersNotified": told["notified"]}
+    return table, {args.topic: shown, "membersNotified": told["notified"], "popQueuesReset": popped["queues"],
+                   "popLeasesDropped": popped["leasesDropped"]}

@@ -98,7 +98,8 @@ def test_offsets_reset_to_a_time_to_the_first_and_to_the_last(node):
         consumer.commit("replayers", "Replay", 0, 6)
         consumer.commit("replayers", "Replay", 1, 4)
         shown = admin(node, "reset-offset", "--group", "replayers", "--topic", "Replay", "--to-timestamp", str(middle))
-        assert shown == {"Replay": {"0": 3, "1": 2}, "membersNotified": 0}  # the first stored at or after `middle`
+        assert shown == {"Replay": {"0": 3, "1": 2}, "membersNotified": 0,  # the first stored at or after `middle`
+                         "popQueuesReset": 0, "popLeasesDropped": 0}
         assert [consumer.committed("replayers", "Replay", q) for q in (0, 1)] == [3, 2]
         admin(node, "reset-offset", "--group", "replayers", "--topic", "Replay", "--to", "first")
         assert [consumer.committed("replayers", "Replay", q) for q in (0, 1)] == [0, 0]

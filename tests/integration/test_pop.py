@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from nodes import ROOT, NodeProcess, node_settings, running_node
@@ -274,6 +275,47 @@ def test_the_cli_pops_prints_handles_and_acks(node):
                             "--group", "cli"], capture_output=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert orjson.loads(shown.stdout)["pop"]["PopCli@0"]["inFlight"] == 0
+
+
+def test_admin_reset_offset_moves_a_pop_group_back_and_forward_and_wakes_a_held_pop(node, consumer):
+    """RocketMQ 5's server-side reset of a pop group: its queues start again at the new offsets,
+    what was in flight is dropped (its handles no longer hold), and a pop held waiting for
+    messages gets the ones the reset brought back."""
+    import orjson
+
+    bodies = produce(node, "PopReset", 20, queues=2)
+    handed = pop_all(consumer, "PopReset", "resets", want=20)
+    assert consumer.ack_batch(handed[:8]) == [True] * 8
+
+    def reset(to: str) -> dict:
+        done = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", "reset-offset", "--endpoint",
+                               node.endpoint, "--group", "resets", "--topic", "PopReset", "--to", to],
+                              capture_output=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        return orjson.loads(done.stdout)
+
+    popped = len(consumer.pop_state("resets")["PopReset"])  # (the queues its any-queue pops looked at)
+    shown = reset("first")
+    assert (shown["popQueuesReset"], shown["popLeasesDropped"]) == (popped, 12)
+    assert all(q["low"] == q["next"] == 0 and q["inFlight"] == 0 for q in consumer.pop_state("resets")["PopReset"].values())
+    assert consumer.ack(handed[10]) is False  # its lease went with the reset: RECEIPT_HANDLE_EXPIRED
+    again = pop_all(consumer, "PopReset", "resets", want=20)
+    assert sorted(m.body for m in again) == sorted(bodies) and {m.reconsume_times for m in again} == {0}
+    assert consumer.ack_batch(again) == [True] * 20
+
+    with PullConsumer(node.endpoint) as waiting:
+        began = time.monotonic()
+        held = ThreadPoolExecutor(1).submit(waiting.pop, "PopReset", "resets", max_count=32, wait_ms=20_000)
+        time.sleep(1.0)  # (held by now: everything is acked)
+        assert reset("first")["popLeasesDropped"] == 0
+        woken = held.result(timeout=30)
+    assert woken and time.monotonic() - began < 15  # woken by the reset, not by its 20 s running out
+    assert set(m.body for m in woken) <= set(bodies)
+    shown = reset("last")
+    assert (shown["popQueuesReset"], shown["popLeasesDropped"]) == (len(consumer.pop_state("resets")["PopReset"]), len(woken))
+    assert consumer.pop("PopReset", "resets", wait_ms=300) == []
+    later = produce(node, "PopReset", 2, prefix="after")
+    assert sorted(m.body for m in pop_all(consumer, "PopReset", "resets", want=2)) == later
 
 
 def test_without_enable_property_filter_sql92_is_refused_as_rocketmq_refuses_it(node, consumer, caplog):

@@ -177,17 +177,21 @@ def test_any_queue_pops_spread_over_the_queues():
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32))
 def test_the_log_replayed_gives_the_state_it_was_made_from(seed):
-    """Random pops, acks, changes, expiries and dead letters: a core rebuilt from the records
+    """Random pops, acks, changes, expiries, dead letters (some done only after a reset of their
+    queue) and resets: a core rebuilt from the records
     (and from a snapshot taken half way and the records after it) holds the same state and
     answers the same handles the same way."""
     rng = random.Random(seed)
     store, clock, log = Store(queues=3, count=30), Clock(), Log()
     live, *_ = core(store, clock, log)
     live.retry_max_of["g"] = 2
-    handles, snapshot, after = [], None, 0
+    handles, snapshot, after, dying = [], None, 0, []
     for step in range(120):
         action = rng.random()
-        if action < 0.35:
+        if action < 0.05:
+            queues, dropped = live.reset("g", "T", {q: rng.randint(0, 30) for q in rng.sample(range(3), rng.randint(1, 3))})
+            assert 0 <= queues <= 3 and dropped >= 0
+        elif action < 0.35:
             handles += [d.handle for d in live.pop(request(max_count=rng.randint(1, 5), queues=(0, 1, 2),
                                                            invisible_ms=rng.choice([10, 100, 1000])))]
         elif action < 0.6 and handles:
@@ -197,22 +201,53 @@ def test_the_log_replayed_gives_the_state_it_was_made_from(seed):
             handles += [new] if new else []
         else:
             clock.now += rng.choice([1, 50, 400])
-            _, dead = live.expire()
-            if dead and rng.random() < 0.7:
-                live.dead_lettered_done(dead)
+            dying += live.expire()[1]
+            if dying and rng.random() < 0.7:
+                live.dead_lettered_done(dying)
+                dying = []
         if step == 60:
             snapshot, after = live.snapshot(), len(log)
     for restored in (_replayed(None, list(log), store, clock), _replayed(snapshot, list(log[after:]), store, clock)):
         restored.retry_max_of["g"] = 2
         for key, qs in live.queues.items():
             other = restored.queues[key]
-            assert (other.low, other.next, other.retired, other.times) == (qs.low, qs.next, qs.retired, qs.times)
+            assert (other.low, other.next, other.retired, other.times, other.reset_ck) == \
+                   (qs.low, qs.next, qs.retired, qs.times, qs.reset_ck)
             assert set(other.leases) == set(qs.leases) | qs.dying | {o for o in qs.ready if _waiting(qs, o)}
             assert all(other.leases[o] == lease for o, lease in qs.leases.items())
         assert [restored.check("g", h)[0] for h in handles] == [live.check("g", h)[0] for h in handles]
         assert restored.next_ck == live.next_ck
         assert restored.in_flight == sum(len(qs.leases) for qs in restored.queues.values())
     assert live.in_flight == sum(len(qs.leases) for qs in live.queues.values())
+
+
+def test_a_reset_starts_a_popped_queue_again_there_and_its_old_handles_expire():
+    pop, *_ = core()
+    first = pop.pop(request(max_count=5, queues=(0,)))
+    pop.ack("g", [d.handle for d in first[:2]])
+    assert pop.reset("g", "T", {0: 0, 1: 5}) == (1, 3)  # queue 1 never popped: its first pop starts at the committed
+    assert pop.in_flight == 0 and pop.check("g", first[2].handle)[0] == EXPIRED
+    again = pop.pop(request(max_count=3, queues=(0,)))
+    assert bodies(again) == ["0:0", "0:1", "0:2"] and {d.reconsume_times for d in again} == {0}
+    assert pop.ack("g", [first[3].handle, again[0].handle]) == [EXPIRED, OK]
+    assert pop.reset("g", "T", {0: 8}) == (1, 2)  # forward: what lies before it is skipped
+    assert bodies(pop.pop(request(queues=(0,)))) == ["0:8", "0:9"]
+    qs = pop.queues[("g", "T", 0)]
+    assert (qs.low, qs.next, pop.in_flight, pop.statistics()["queuesReset"]) == (8, 10, 2, 2)
+    assert pop.reset("h", "T", {0: 0}) == (0, 0)  # a group that never popped: nothing of it
+
+
+def test_a_message_dead_lettered_across_a_reset_is_not_retired_by_it():
+    pop, _, clock, _ = core()
+    pop.retry_max_of["g"] = 0
+    pop.pop(request(max_count=1, queues=(0,)))
+    clock.now += 1000
+    _, dead = pop.expire()
+    assert dead == [(("g", "T", 0), 0)]
+    pop.reset("g", "T", {0: 0})  # while its re-put into the DLQ is on its way
+    pop.dead_lettered_done(dead)
+    assert pop.queues[("g", "T", 0)].low == 0 and pop.dead_lettered == 0
+    assert bodies(pop.pop(request(max_count=1, queues=(0,)))) == ["0:0"]
 
 
 def _waiting(qs, offset) -> bool:

@@ -18,7 +18,8 @@ Sockets:
   can take yet (its service far behind) waits at the front (actors.links.WaitingOutbox). The
   pop and transaction services' own sends (dead letters; commits and op records) come on those
   rings too, as replies to their pseudo-clients (POP_CLIENT, TRANSACTION_CLIENT): the front
-  serves them as the schedule service's re-puts, and answers them on the service's ring.
+  serves them as the schedule service's re-puts, and answers them on the service's ring; and
+  the pop service's progress (each popped queue's low), which it commits as consumer offsets.
 - `reput-in` PULL, `reput-out` PUSH: the schedule service's re-puts, and their answers.
 
 Through `clients` it also sends what clients get unasked: a group's changes to its members, a
@@ -384,8 +385,14 @@ class Front(Actor):
             self._serve_reput(client, header_raw, body)
 
     def _serve_reput(self, client: bytes, header_raw: bytes, body: bytes) -> None:
-        """A service's own send (a re-put), built from stored records: stored as given."""
+        """A service's own send (a re-put), built from stored records: stored as given. Or the
+        pop service's progress: each queue's low, committed as its group's offset."""
         header = orjson.loads(header_raw)  # our own frames: one that does not parse is a bug
+        if "_commits" in header:
+            if not self.replication.is_slave():  # (a slave's offsets are its master's)
+                for group, topic, queue_id, offset in header["_commits"]:
+                    self.offsets.commit(group, topic, queue_id, offset)
+            return
         reput = header.pop("_reput")
         self._send(client, protocol.Request(header, body), [header_raw, body], reput=reput)
 

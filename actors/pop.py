@@ -52,6 +52,8 @@ SEND_EARLY = 128  # messages handed out in a turn before its answers so far go (
 # that served three pops of 256 kept the first answer back until the third was read, and the
 # consumer decoded all three at once while the service idled
 DEFER_MAX_S = 5.0  # a pop waits at most this for the dispatcher to index what was acknowledged before it
+PROGRESS_EVERY_S = 1.0  # how often each queue's low that moved goes to the front as the group's committed offset
+PROGRESS_A_MESSAGE = 4096  # queues' lows in one message to the front (~100 bytes each)
 
 
 def wall_ms() -> int:
@@ -76,6 +78,13 @@ class Pop(Actor):
         state, records = self.log.open()
         self.core = PopCore(self.log, wall_ms, self._read)
         self.core.restore(state, records)
+        if self.control.get("role") == ROLE_CODES["SLAVE"] and self.core.queues:
+            # made when this node was a master: its master has gone on since, and a log cut at the
+            # fencing may put new messages where this state says messages were handed out; promoted,
+            # it starts from the offsets its master committed (`_progress`), as a slave never popped
+            self.core = PopCore(self.log, wall_ms, self._read)
+            self.log.compact(self.core.snapshot())
+        self.next_progress = time.monotonic()
         self.sync_each_turn = s.flushDiskType == "SYNC_FLUSH"
         self.next_sync = time.monotonic()
         self.requests = inbox(self, read_from_wire)
@@ -132,15 +141,28 @@ class Pop(Actor):
                     for topic, _, _ in arrivals_from_wire(raw)}
             for topic in grew:
                 self._retry_held(topic, out)
-        if self.control.get("role") != ROLE_CODES["SLAVE"]:  # (a slave's pop log waits for a promotion)
+        if self.control.get("role") != ROLE_CODES["SLAVE"]:  # (a slave has no pop state: `open`)
             due, dead = self.core.expire()
             self.dlq_todo.extend(dead)
             for topic in {topic for _, topic in due}:
                 self._retry_held(topic, out)
             self._dead_letter()
+            self._progress(out)
         self._end_holds(out)
         self._follow_arrivals(out)
         self._answer(out)
+
+    def _progress(self, out: list) -> None:
+        """Each queue's low that moved, to the front as the group's committed offset (after this
+        turn's records are in the log: `out` goes after them). A slave gets the offsets with the
+        configs; promoted, it starts the group's queues there."""
+        now = time.monotonic()
+        if now < self.next_progress:
+            return
+        self.next_progress = now + PROGRESS_EVERY_S
+        commits = self.core.progress()
+        for at in range(0, len(commits), PROGRESS_A_MESSAGE):  # (each well within a ring message)
+            out.append((POP_CLIENT, SERVICE_SEND, orjson.dumps({"_commits": commits[at: at + PROGRESS_A_MESSAGE]}), b""))
 
     def _answer(self, out: list) -> list:
         """The records behind `out` to the log, then `out` to the front; a fresh `out`."""

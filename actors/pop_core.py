@@ -138,6 +138,7 @@ class PopCore:
         self.retry_max_of: dict[str, int] = {}  # group -> retryMaxTimes, as the router last said (the shell sets it)
         self.popped = self.acked = self.redelivered = self.dead_lettered = self.expired_acks = self.invalid = 0
         self.resets = 0
+        self.moved: set[tuple[str, str, int]] = set()  # queues whose `low` moved since `progress` last said
 
     # -- the one mutator ---------------------------------------------------------------------------
 
@@ -149,8 +150,10 @@ class PopCore:
             if old is not None:  # a reset: its leases no longer hold (their expiries find none)
                 self.in_flight -= len(old.leases)
                 qs.reset_ck = self.next_ck
+            self.moved.add(key)
             return
         qs = self.queues[key]  # (every other record follows its queue's "S")
+        low = qs.low
         if kind == "P":
             self._apply_pop(key, qs, *record[4:])
         elif kind == "A":
@@ -170,6 +173,8 @@ class PopCore:
         else:
             raise AssertionError(f"pop record of unknown kind {kind!r}")  # only this module writes them
         qs.advance()
+        if qs.low != low:
+            self.moved.add(key)
 
     def _apply_pop(self, key, qs: QueueState, ck: int, deadline: int, offsets: list, next_offset: int) -> None:
         for offset in offsets:
@@ -217,6 +222,7 @@ class PopCore:
                     self._lease((g, t, q), qs, ck, deadline, (offset,))
         for record in records:
             self.apply(record)
+        self.moved = set(self.queues)  # (said once more: the front may not have taken the last)
 
     def snapshot(self) -> dict:
         """The whole state; a lease on its way to the DLQ is kept as run out (deadline 0): after a
@@ -434,6 +440,14 @@ class PopCore:
 
     def soonest_deadline(self) -> int | None:
         return self.expiries[0][0] if self.expiries else None
+
+    def progress(self) -> list[list]:
+        """[[group, topic, queue, low], ...] of the queues whose `low` moved since the last call
+        (after a restart: every queue): the shell commits each as the group's consumer offset, as
+        RocketMQ 5's acks advance a pop group's, so a slave promoted after the master was lost
+        starts the group there (the pop log stays on its node)."""
+        moved, self.moved = sorted(self.moved), set()
+        return [[*key, self.queues[key].low] for key in moved]
 
     # -- views -------------------------------------------------------------------------------------
 

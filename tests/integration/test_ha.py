@@ -352,11 +352,14 @@ def test_a_slave_catches_up_after_every_kind_of_fault(pair):
 
 def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(failover_pair):
     """SYNC_MASTER M, slave S. S stops (its goodbye: M's sends stop waiting for it at once); M
-    goes on alone (SLAVE_NOT_AVAILABLE: stored on M only), then dies (kill -9). S is promoted: every send M answered PUT_OK is on S. M comes back as S's
-    slave: the tail S never had is cut, and M's log is S's."""
+    goes on alone (SLAVE_NOT_AVAILABLE: stored on M only), then dies (kill -9). S is promoted:
+    every send M answered PUT_OK is on S, and a pop group goes on from what it acked on M. M
+    comes back as S's slave: the tail S never had is cut, M's log is S's, and M's pop state is
+    gone (S's is the group's now)."""
     pair = failover_pair
     m, s, m_node, s_node = pair.master, pair.slave, pair.master_node, pair.slave_node
     wait_until(lambda: control(m, "ha_slaves") == 1)
+    popped_on_m = _pop_and_ack_some(m, s)
     assert cli("admin", "role", "--role", "SYNC_MASTER", "--endpoint", m.listen)["role"] == "SYNC_MASTER"
     with Load(m.listen) as load:
         wait_until(lambda: len(load.acked) > 500, 30)
@@ -378,6 +381,11 @@ def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(failov
             reply, _ = on_s.request({"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": msg_id})
             assert reply["status"] == "OK", msg_id
     send_many(s.listen, 100, "AfterFailover", keys=False)
+    with PullConsumer(s.listen) as on_s:  # (what was acked on M stays acked; what was in flight comes again)
+        again, deadline = [], time.monotonic() + 10
+        while len(again) < 8 and time.monotonic() < deadline:
+            again += on_s.pop("PopFailover", "popfail", max_count=32, queue_id=0, wait_ms=500)
+        assert [p.body for p in again] == popped_on_m[12:]
 
     old_end = control(m, "written")
     m_slave = node_settings(m.root.parent, brokerRole="SLAVE", brokerId=1, haMasterAddress=f"127.0.0.1:{s.ha_port}",
@@ -394,9 +402,30 @@ def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(failov
             if reply["status"] == "OK":  # the new master's records now, or nothing
                 assert decode(body).topic != "HaLoad", msg_id
     assert [e.epoch for e in EpochFile(m_slave.root).entries] == [0, 1]
+    with PullConsumer(m_slave.listen) as on_m:
+        assert on_m.pop_state("popfail") == {}  # made when it was the master: gone
     m_node.stop()
     report = verify_store(m_slave)
     assert report.ok, report.faults
+
+
+def _pop_and_ack_some(m, s) -> list[bytes]:
+    """20 messages popped on M by group popfail, the first 12 acked: the pop service commits its
+    progress as the group's offset, and the offset reaches S with the configs."""
+    with Producer(m.listen) as producer:
+        producer.send_batch("PopFailover", [f"p{i}".encode() for i in range(20)], queue_id=0)
+    with PullConsumer(m.listen) as on_m:
+        popped, deadline = [], time.monotonic() + 10
+        while len(popped) < 20 and time.monotonic() < deadline:  # (a pop answers what it finds: maybe a part)
+            popped += on_m.pop("PopFailover", "popfail", max_count=20 - len(popped), queue_id=0, wait_ms=500)
+        assert [p.queue_offset for p in popped] == list(range(20))
+        assert on_m.ack_batch(popped[:12]) == [True] * 12
+
+    def synced():
+        with PullConsumer(s.listen) as on_s:
+            return on_s.committed("popfail", "PopFailover", 0) == 12
+    wait_until(synced, 20, "the pop group's offset on the slave")  # (the master persists every 5 s)
+    return [p.body for p in popped]
 
 
 def _sends(endpoint: str) -> bool:

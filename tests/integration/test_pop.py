@@ -12,6 +12,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from helpers import wait_until
 from nodes import ROOT, NodeProcess, node_settings, running_node
 
 from node import protocol
@@ -316,6 +317,17 @@ def test_admin_reset_offset_moves_a_pop_group_back_and_forward_and_wakes_a_held_
     assert consumer.pop("PopReset", "resets", wait_ms=300) == []
     later = produce(node, "PopReset", 2, prefix="after")
     assert sorted(m.body for m in pop_all(consumer, "PopReset", "resets", want=2)) == later
+
+
+def test_a_pop_groups_acks_move_its_committed_offset(node, consumer):
+    """As RocketMQ 5's acks do: the group's offset of a queue is its first message not yet retired
+    (what a promoted slave starts the group at, and what the lag metric counts from)."""
+    produce(node, "PopCommits", 10)
+    handed = sorted(pop_all(consumer, "PopCommits", "commits", want=10, queue_id=0), key=lambda m: m.queue_offset)
+    assert consumer.ack_batch([handed[i] for i in (0, 1, 2, 4)]) == [True] * 4
+    wait_until(lambda: consumer.committed("commits", "PopCommits", 0) == 3, 10, "the pop group's offset")
+    assert consumer.ack_batch([handed[3], *handed[5:]]) == [True] * 6
+    wait_until(lambda: consumer.committed("commits", "PopCommits", 0) == 10, 10, "the pop group's offset")
 
 
 def test_without_enable_property_filter_sql92_is_refused_as_rocketmq_refuses_it(node, consumer, caplog):

@@ -237,6 +237,21 @@ def test_a_reset_starts_a_popped_queue_again_there_and_its_old_handles_expire():
     assert pop.reset("h", "T", {0: 0}) == (0, 0)  # a group that never popped: nothing of it
 
 
+def test_progress_says_each_queue_whose_low_moved_once_and_every_queue_after_a_restart():
+    pop, store, clock, log = core()
+    handed = pop.pop(request(max_count=4, queues=(0,)))
+    assert pop.progress() == [["g", "T", 0, 0]] and pop.progress() == []
+    pop.ack("g", [handed[1].handle])  # out of order: nothing below it moves
+    assert pop.progress() == []
+    pop.ack("g", [handed[0].handle])
+    pop.pop(request(max_count=1, queues=(1,)))
+    assert pop.progress() == [["g", "T", 0, 2], ["g", "T", 1, 0]]
+    pop.reset("g", "T", {1: 7})
+    assert pop.progress() == [["g", "T", 1, 7]]
+    restored = _replayed(pop.snapshot(), [], store, clock)
+    assert restored.progress() == [["g", "T", 0, 2], ["g", "T", 1, 7]]
+
+
 def test_a_message_dead_lettered_across_a_reset_is_not_retired_by_it():
     pop, _, clock, _ = core()
     pop.retry_max_of["g"] = 0

@@ -77,12 +77,12 @@ class Pop(Actor):
         self.log = PopLog(s.root / "pop")
         state, records = self.log.open()
         self.core = PopCore(self.log, wall_ms, self._read)
-        self.core.restore(state, records)
-        if self.control.get("role") == ROLE_CODES["SLAVE"] and self.core.queues:
+        if self.control.get("role") != ROLE_CODES["SLAVE"]:
+            self.core.restore(state, records)
+        elif records or (state is not None and state["queues"]):
             # made when this node was a master: its master has gone on since, and a log cut at the
             # fencing may put new messages where this state says messages were handed out; promoted,
             # it starts from the offsets its master committed (`_progress`), as a slave never popped
-            self.core = PopCore(self.log, wall_ms, self._read)
             self.log.compact(self.core.snapshot())
         self.next_progress = time.monotonic()
         self.sync_each_turn = s.flushDiskType == "SYNC_FLUSH"

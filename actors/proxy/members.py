@@ -33,10 +33,10 @@ MAX_SUBSCRIPTIONS = 1024  # (a HEART_BEAT's limit)
 MAX_STACKS_CHARS = 1 << 20
 CONSUME_TYPES = {pb.SIMPLE_CONSUMER: "CONSUME_ACTIVELY", pb.PUSH_CONSUMER: "CONSUME_PASSIVELY"}  # (RocketMQ 5's proxy's)
 EXPRESSION_TYPES = {pb.SQL: "SQL92"}  # else TAG
-# a client's verdict on a message verified (RocketMQ 5's proxy: ClientActivity.buildConsumeMessageDirectlyResult)
 # what a client answers with (the official Node.js client answers a verify with a
 # VerifyMessageCommand of the nonce and NOT_IMPLEMENTED)
 ANSWERS = frozenset({"thread_stack_trace", "verify_message_result", "verify_message_command"})
+# a client's verdict on a message verified (RocketMQ 5's proxy: ClientActivity.buildConsumeMessageDirectlyResult)
 VERDICTS = {Code.OK: "CR_SUCCESS", Code.FAILED_TO_CONSUME_MESSAGE: "CR_LATER", Code.MESSAGE_CORRUPTED: "CR_RETURN_NULL"}
 
 

@@ -45,6 +45,7 @@ error reply; nothing a client sends can stop this loop.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import orjson
@@ -55,7 +56,7 @@ from actors.broker_config import BrokerConfig
 from actors.front_ha import FrontReplication
 from actors.links import SpreadOutbox, WaitingOutbox, first_keeping_up, inbox, outbox
 from actors.router import Router, To
-from actors.pop import POP_CLIENT
+from actors.pop import FORGET_CLIENT, POP_CLIENT
 from actors.schedule import REPUT_CLIENT
 from actors.transaction import TRANSACTION_CLIENT
 from actors.wire import SERVICE_SEND, join_frames, read_meta, read_size, read_to_wire, send_meta, unpack_replies
@@ -69,6 +70,7 @@ from node import protocol
 from node.client.frames import NOBLOCK, send_frames
 from shm.control_block import heartbeat_slot, monotonic_ms
 
+log = logging.getLogger("mqnode")
 MAX_TAKE = 512  # messages taken from one socket per turn, so no socket starves the others
 SEND_WAIT_MS = 20
 # reads no pull worker can take yet (one restarting, or reconnecting to a restarted front) wait this
@@ -296,6 +298,8 @@ class Front(Actor):
             self._reply(client, route.frames)
             if request.code in (protocol.UPDATE_AND_CREATE_TOPIC, protocol.DELETE_TOPIC_IN_BROKER):
                 self.members.topic_changed(request.header["topic"])
+            if request.code in (protocol.DELETE_SUBSCRIPTIONGROUP, protocol.DELETE_TOPIC_IN_BROKER):
+                self._forget_pops(request.header)
 
     def _read(self, out: WaitingOutbox, client: bytes, request: protocol.Request, header_raw: bytes,
               who: str) -> None:
@@ -308,6 +312,16 @@ class Front(Actor):
         if not out.send((request.header, client, time.monotonic_ns(), header_raw), time.monotonic()):
             self._reply(client, protocol.error_reply(request.opaque, "SYSTEM_BUSY",
                                                      f"{READS_WAITING} requests wait for {who}"))
+
+    def _forget_pops(self, header: dict) -> None:
+        """A group or topic gone (its offsets too): the pop service forgets its pop state, so a
+        group of the name starts anew, as its committed offsets do."""
+        group, topic = header.get("groupName"), header.get("topic")
+        if group in self.groups.groups or topic is not None and self.topics.get(topic) is not None:
+            return  # (the delete was refused)
+        word = {"consumerGroup": group} if group is not None else {"topic": topic}
+        if not self.pops_out.send((word, FORGET_CLIENT, 0, orjson.dumps(word)), time.monotonic()):
+            log.warning("the pop service's ring is full: the pop state of deleted %s stays", word)
 
     def _read_for_ask(self, pseudo_client: bytes, header: dict) -> None:
         """A direct consumption's message, read by the read service; its reply comes back to the
@@ -391,7 +405,8 @@ class Front(Actor):
         if "_commits" in header:
             if not self.replication.is_slave():  # (a slave's offsets are its master's)
                 for group, topic, queue_id, offset in header["_commits"]:
-                    self.offsets.commit(group, topic, queue_id, offset)
+                    if group in self.groups.groups and self.topics.get(topic) is not None:  # (not deleted since)
+                        self.offsets.commit(group, topic, queue_id, offset)
             return
         reput = header.pop("_reput")
         self._send(client, protocol.Request(header, body), [header_raw, body], reput=reput)

@@ -4,7 +4,8 @@ ChangeInvisibleTimeProcessor and revive service in one process actor; docs/proto
 Links (actors.links) and sockets:
 - ring `front-to-pop`: POP_MESSAGE, PEEK_MESSAGE, ACK_MESSAGE, BATCH_ACK_MESSAGE,
   CHANGE_MESSAGE_INVISIBLETIME, GET_POP_STATE and RESET_POP_OFFSET, their headers completed by the
-  router (the topic's queues, the group's committed offsets and retryMaxTimes).
+  router (the topic's queues, the group's committed offsets and retryMaxTimes); and, from
+  FORGET_CLIENT, the front's word that a group or a topic was deleted (not answered).
 - ring `pop-to-front`: the answers (one too large for a ring message: the front's `replies`),
   and the re-puts of messages whose retries are used up into `%DLQ%<group>` (as replies to
   POP_CLIENT, which the front serves as the write path's requests; their answers come back on
@@ -43,6 +44,7 @@ from shm.control_block import ROLE_CODES, WATCHER_SLOTS
 from shm.pop_log import PopLog
 
 POP_CLIENT = b"\x00mqnode-pop"  # its re-puts' pseudo-client at the front (no peer's id begins with 0)
+FORGET_CLIENT = b"\x00mqnode-forget"  # the front's word that a group or topic was deleted (no answer)
 POP_WATCHER = WATCHER_SLOTS - 1  # the control block's watcher slot of this service (shm.control_block)
 MAX_HELD = 10_000  # pops held at once (long polling); more are answered POLLING_FULL
 COMPACT_BYTES = 64 << 20  # the journal is folded into a snapshot beyond this (shm.pop_log)
@@ -132,6 +134,9 @@ class Pop(Actor):
         for header, client, arrival in self.requests.take():
             if client == POP_CLIENT:  # the front's answer to a dead letter's re-put
                 self._dlq_answered(header)
+                continue
+            if client == FORGET_CLIENT:  # a group or topic deleted: its state goes with its offsets
+                self.core.forget(header.get("consumerGroup"), header.get("topic"))
                 continue
             self._serve(header, client, arrival, out)
             if self.handed_out >= SEND_EARLY and not self.sync_each_turn:

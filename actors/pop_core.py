@@ -28,6 +28,8 @@ the live path checks a request, makes its record, logs it and applies it. Record
     ["A", g, t, q, [[offset, ck], ...]]           acks
     ["C", g, t, q, offset, ck, new_ck, deadline]  change invisible time
     ["R", g, t, q, offsets]                       retired without an ack: dead-lettered, or gone
+    ["D", g, t, q]                                the queue's state forgotten: its group or topic was
+                                                  deleted (its next pop starts as a first one)
 
 Expiry is not logged: it follows from the deadlines and the clock, so a replayed lease whose
 deadline passed during the crash expires at the first `expire` after it. A lease that runs out
@@ -137,7 +139,7 @@ class PopCore:
         self.turns: dict[tuple[str, str], int] = {}  # (group, topic) -> where the next any-queue pop starts
         self.retry_max_of: dict[str, int] = {}  # group -> retryMaxTimes, as the router last said (the shell sets it)
         self.popped = self.acked = self.redelivered = self.dead_lettered = self.expired_acks = self.invalid = 0
-        self.resets = 0
+        self.resets = self.forgotten = 0
         self.moved: set[tuple[str, str, int]] = set()  # queues whose `low` moved since `progress` last said
 
     # -- the one mutator ---------------------------------------------------------------------------
@@ -151,6 +153,10 @@ class PopCore:
                 self.in_flight -= len(old.leases)
                 qs.reset_ck = self.next_ck
             self.moved.add(key)
+            return
+        if kind == "D":
+            self.in_flight -= len(self.queues.pop(key).leases)  # (their expiries find no queue)
+            self.moved.discard(key)
             return
         qs = self.queues[key]  # (every other record follows its queue's "S")
         low = qs.low
@@ -400,6 +406,24 @@ class PopCore:
         self.resets += queues
         return queues, dropped
 
+    def forget(self, group: str | None = None, topic: str | None = None) -> tuple[int, int]:
+        """The group (or the topic) was deleted, and its committed offsets with it: every queue
+        of it here is forgotten, what was in flight dropped (its handles are then
+        INVALID_RECEIPT_HANDLE, or RECEIPT_HANDLE_EXPIRED once the queue is popped again), and
+        the next pop of it starts as a first pop does (`initMode`). (queues, leases dropped)."""
+        keys = sorted(key for key in self.queues
+                      if (group is None or key[0] == group) and (topic is None or key[1] == topic))
+        dropped = sum(len(self.queues[key].leases) for key in keys)
+        for key in keys:
+            self._log(["D", *key])
+        for turn in [turn for turn in self.turns if (group is None or turn[0] == group)
+                     and (topic is None or turn[1] == topic)]:
+            del self.turns[turn]
+        if group is not None and topic is None:
+            self.retry_max_of.pop(group, None)
+        self.forgotten += len(keys)
+        return len(keys), dropped
+
     # -- time --------------------------------------------------------------------------------------
 
     def expire(self) -> tuple[set[tuple[str, str]], list[tuple[tuple, int]]]:
@@ -409,7 +433,9 @@ class PopCore:
         budget = MAX_DUE_A_TICK
         while self.expiries and self.expiries[0][0] <= now and budget > 0:
             _, ck, key, offsets = heapq.heappop(self.expiries)
-            qs = self.queues[key]
+            qs = self.queues.get(key)
+            if qs is None:
+                continue  # forgotten since
             for offset in offsets:
                 if not self._drop_lease(qs, offset, ck):
                     continue  # acked or changed since
@@ -464,4 +490,4 @@ class PopCore:
     def statistics(self) -> dict:
         return {"popped": self.popped, "acked": self.acked, "redelivered": self.redelivered,
                 "deadLettered": self.dead_lettered, "inFlight": self.in_flight, "queues": len(self.queues),
-                "expiredAcks": self.expired_acks, "invalidHandles": self.invalid, "queuesReset": self.resets}
+                "expiredAcks": self.expired_acks, "invalidHandles": self.invalid, "queuesReset": self.resets, "queuesForgotten": self.forgotten}

@@ -330,6 +330,33 @@ def test_a_pop_groups_acks_move_its_committed_offset(node, consumer):
     wait_until(lambda: consumer.committed("commits", "PopCommits", 0) == 10, 10, "the pop group's offset")
 
 
+def test_a_deleted_group_and_a_deleted_topic_take_their_pop_state_with_them(node, consumer):
+    """`admin group delete` forgets what the group had in flight with its offsets (as RocketMQ 5
+    clears its in-flight counts and offsets): popped again, it starts from the first message, its
+    old handles no longer ack, and no commit of the old state brings the offsets back."""
+    def admin(*args: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", *args, "--endpoint", node.endpoint],
+                              capture_output=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+
+    bodies = produce(node, "PopForget", 10)
+    handed = sorted(pop_all(consumer, "PopForget", "forgets", want=10), key=lambda m: m.queue_offset)
+    assert consumer.ack_batch(handed[:4]) == [True] * 4
+    wait_until(lambda: consumer.committed("forgets", "PopForget", 0) == 4, 10, "the pop group's offset")
+    admin("group", "delete", "--group", "forgets")
+    assert consumer.pop_state("forgets") == {}
+    time.sleep(1.5)  # (a progress commit of the pop service, were its state left)
+    assert consumer.committed("forgets", "PopForget", 0) is None
+    again = sorted(pop_all(consumer, "PopForget", "forgets", want=10), key=lambda m: m.queue_offset)
+    assert [m.body for m in again] == bodies and {m.reconsume_times for m in again} == {0}
+    assert consumer.ack(handed[6]) is False  # (RECEIPT_HANDLE_EXPIRED: issued, no longer holds)
+    assert consumer.ack_batch(again) == [True] * 10
+    produce(node, "PopForgetTopic", 3)
+    assert len(pop_all(consumer, "PopForgetTopic", "forgets", want=3)) == 3
+    admin("topic", "delete", "--topic", "PopForgetTopic")
+    assert set(consumer.pop_state("forgets")) == {"PopForget"}
+
+
 def test_without_enable_property_filter_sql92_is_refused_as_rocketmq_refuses_it(node, consumer, caplog):
     import logging
 

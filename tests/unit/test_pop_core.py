@@ -178,7 +178,7 @@ def test_any_queue_pops_spread_over_the_queues():
 @given(st.integers(0, 2**32))
 def test_the_log_replayed_gives_the_state_it_was_made_from(seed):
     """Random pops, acks, changes, expiries, dead letters (some done only after a reset of their
-    queue) and resets: a core rebuilt from the records
+    queue), resets and the group forgotten: a core rebuilt from the records
     (and from a snapshot taken half way and the records after it) holds the same state and
     answers the same handles the same way."""
     rng = random.Random(seed)
@@ -188,7 +188,10 @@ def test_the_log_replayed_gives_the_state_it_was_made_from(seed):
     handles, snapshot, after, dying = [], None, 0, []
     for step in range(120):
         action = rng.random()
-        if action < 0.05:
+        if action < 0.015:
+            queues, dropped = live.forget("g", rng.choice([None, "T"]))
+            assert 0 <= queues <= 3 and dropped >= 0
+        elif action < 0.05:
             queues, dropped = live.reset("g", "T", {q: rng.randint(0, 30) for q in rng.sample(range(3), rng.randint(1, 3))})
             assert 0 <= queues <= 3 and dropped >= 0
         elif action < 0.35:
@@ -209,6 +212,7 @@ def test_the_log_replayed_gives_the_state_it_was_made_from(seed):
             snapshot, after = live.snapshot(), len(log)
     for restored in (_replayed(None, list(log), store, clock), _replayed(snapshot, list(log[after:]), store, clock)):
         restored.retry_max_of["g"] = 2
+        assert set(restored.queues) == set(live.queues)
         for key, qs in live.queues.items():
             other = restored.queues[key]
             assert (other.low, other.next, other.retired, other.times, other.reset_ck) == \
@@ -235,6 +239,26 @@ def test_a_reset_starts_a_popped_queue_again_there_and_its_old_handles_expire():
     qs = pop.queues[("g", "T", 0)]
     assert (qs.low, qs.next, pop.in_flight, pop.statistics()["queuesReset"]) == (8, 10, 2, 2)
     assert pop.reset("h", "T", {0: 0}) == (0, 0)  # a group that never popped: nothing of it
+
+
+def test_a_deleted_group_or_topic_is_forgotten_and_popped_again_from_its_first_message():
+    pop, store, clock, _ = core()
+    pop.retry_max_of["g"] = 3
+    handed = pop.pop(request(max_count=12, queues=(0, 1)))  # all 10 of queue 0, 2 of queue 1
+    pop.pop(PopRequest("h", "T", [0], 2, 1000))
+    pop.ack("g", [handed[0].handle])
+    assert pop.forget(group="g") == (2, 11)
+    assert set(pop.queues) == {("h", "T", 0)} and pop.in_flight == 2 and "g" not in pop.retry_max_of
+    assert pop.progress() == [["h", "T", 0, 0]]  # (nothing of g's: its offsets went with it)
+    assert pop.ack("g", [handed[1].handle]) == [INVALID]  # its old handles hold nothing
+    again = pop.pop(request(max_count=3, queues=(0,)))
+    assert bodies(again) == ["0:0", "0:1", "0:2"] and {d.reconsume_times for d in again} == {0}
+    assert pop.ack("g", [handed[1].handle, again[1].handle]) == [EXPIRED, OK]
+    clock.now += 5000
+    due, dead = pop.expire()  # the forgotten leases' expiries find nothing
+    assert due == {("g", "T"), ("h", "T")} and dead == [] and pop.in_flight == 0
+    assert pop.forget(topic="T") == (2, 0) and pop.queues == {} and pop.statistics()["queuesForgotten"] == 4
+    assert _replayed(None, list(pop.log), store, clock).queues == {}
 
 
 def test_progress_says_each_queue_whose_low_moved_once_and_every_queue_after_a_restart():

@@ -95,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-request-"))
     print(f"mqnode bench-request: 1 KiB requests and replies, a push consumer process replying, clients on the "
-          f"same machine")
+          "same machine")
     context = multiprocessing.get_context("spawn")
     ready, stop = context.Event(), context.Event()
     try:

@@ -432,8 +432,8 @@ def _admin_parser(commands) -> None:
                             "queue's offsets), and `admin config update`")
     admin.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     admin.add_argument("--namesrv", help="a cluster's name services (host:port;host:port): for `admin cluster`, "
-                                         "`admin topics` (the cluster's view), `admin topic` (each group's queues) and "
-                                         "`admin topic create|update` (on every group's master)")
+                                         "`admin topics` (the cluster's view), `admin topic` (each group's queues); "
+                                         "every other command but `admin role` runs on every group's master")
     add_credentials(admin)
     admin.add_argument("--topic", help="for `admin topic` and `admin reset-offset`; filters `admin offsets`")
     admin.add_argument("--group", help="for `admin offsets`, `admin group`, `admin consumer-status` and `admin "

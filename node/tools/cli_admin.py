@@ -17,7 +17,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
     from node.client import Producer, SendError
 
     # a manual clean takes up to 20 passes of 10 files with a pause between files
-    timeout = args.timeout if args.timeout is not None else 120.0 if args.what == "clean" else 5.0
+    timeout = args.timeout = args.timeout if args.timeout is not None else 120.0 if args.what == "clean" else 5.0
     if args.namesrv or args.what == "cluster":
         from node.tools.cli_cluster import admin
 

@@ -1,6 +1,6 @@
 """`mqnode cluster up|down|status` and the cluster's admin views: `admin cluster`, and with
---namesrv, `admin topic create|update` on every master, `admin topic` (each group's queues) and
-`admin topics` of the whole cluster."""
+--namesrv, `admin topic` (each group's queues) and `admin topics` of the whole cluster, and every
+other `admin` command (`role` excepted) on every group's master, as mqadmin's `-c Cluster` does."""
 
 from __future__ import annotations
 
@@ -158,32 +158,52 @@ def topic_of_cluster(args: argparse.Namespace):
     return reply, shown
 
 
-def update_topic_everywhere(args: argparse.Namespace, header: dict):
-    """`admin topic create|update --namesrv`: UPDATE_AND_CREATE_TOPIC on every group's master
-    (RocketMQ's `updateTopic -c Cluster`); each registers the topic within a second."""
-    from node.client import Producer, SendError
-
-    names = Names(args.namesrv)
+def masters(namesrv: str) -> dict[str, str | None]:
+    """brokerName -> its master's address (None: the group has none now), as the name services know them."""
+    names = Names(namesrv)
     try:
         info = names.ask({"code": protocol.GET_BROKER_CLUSTER_INFO})
     finally:
         names.close()
-    results = {}
-    for name, group in sorted(info.get("brokerAddrTable", {}).items()):
-        master = group["brokerAddrs"].get("0")
-        if master is None:
-            results[name] = {"status": "SERVICE_NOT_AVAILABLE", "remark": "the group has no master"}
-            continue
+    return {name: group["brokerAddrs"].get("0") for name, group in sorted(info.get("brokerAddrTable", {}).items())}
+
+
+def update_topic_everywhere(args: argparse.Namespace, header: dict):
+    """`admin topic create|update --namesrv`: UPDATE_AND_CREATE_TOPIC on every group's master
+    (RocketMQ's `updateTopic -c Cluster`); each registers the topic within a second."""
+    def change(client):
+        reply, _ = client.request(header)
+        return reply, {"status": reply.get("status"), **({"remark": reply["remark"]} if "remark" in reply else {})}
+    return on_every_master(args, change)
+
+
+# what a master answers for a name it never had: a delete or view across the cluster is done when
+# the groups that have it did it
+ABSENT = frozenset({"TOPIC_NOT_EXIST", "SUBSCRIPTION_GROUP_NOT_EXIST"})
+
+
+def on_every_master(args: argparse.Namespace, ask) -> tuple[dict, dict]:
+    """`ask(client)` -> (reply, shown) on every group's master (RocketMQ's mqadmin `-c Cluster`):
+    (OK when each master answered OK, or said it has no such topic or group while another did
+    it; SYSTEM_ERROR otherwise, {brokerName: what it showed, or its status and remark})."""
+    from node.client import Producer, SendError
+
+    results, statuses = {}, []
+    for name, master in masters(args.namesrv).items():
         try:
+            if master is None:
+                raise SendError("SERVICE_NOT_AVAILABLE", "the group has no master")
             with Producer(protocol.broker_endpoint(master), timeout=args.timeout or 5.0, retries=0) as client:
-                reply, _ = client.request(header)
-            results[name] = {"status": reply.get("status"), **({"remark": reply["remark"]} if "remark" in reply else {})}
+                reply, shown = ask(client)
+            status = reply.get("status")
+            results[name] = shown if status in ("OK", "QUERY_NOT_FOUND") else {"status": status, "remark": reply.get("remark", "")}
         except SendError as e:
-            results[name] = {"status": e.status, "remark": e.remark}
-    failed = any(r["status"] != "OK" for r in results.values())
+            status, results[name] = e.status, {"status": e.status, "remark": e.remark}
+        statuses.append("OK" if status == "QUERY_NOT_FOUND" else status)
     if not results:
         print("mqnode admin: the name service knows no broker group", file=sys.stderr)
-    return {"status": "OK" if results and not failed else "SYSTEM_ERROR"}, results
+    done = "OK" in statuses and all(status == "OK" or status in ABSENT for status in statuses)
+    return {"status": "OK" if done else "SYSTEM_ERROR"}, results
 
 
 def admin(args: argparse.Namespace) -> int:
@@ -195,8 +215,9 @@ def admin(args: argparse.Namespace) -> int:
 
 
 def _admin(args: argparse.Namespace) -> int:
-    """`admin cluster`, `admin topics` and `admin topic create|update` through the name services."""
-    from node.tools.cli_admin import _given
+    """`admin cluster`, `admin topics`, `admin topic` through the name services; any other `admin`
+    command on every group's master (`role` excepted: it promotes one node)."""
+    from node.tools.cli_admin import _given, ask_node
     from shm.settings import SettingsError
 
     if not args.namesrv:
@@ -213,7 +234,9 @@ def _admin(args: argparse.Namespace) -> int:
         reply, shown = update_topic_everywhere(args, _given(
             {"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": args.topic}, readQueueNums=args.read_queues or args.queues,
             writeQueueNums=args.write_queues or args.queues, perm=args.perm))
+    elif args.what == "role":
+        raise SettingsError("admin role promotes one node: --endpoint, not --namesrv")
     else:
-        raise SettingsError(f"admin {args.what} {args.action or ''} asks one node: --endpoint, not --namesrv")
+        reply, shown = on_every_master(args, lambda client: ask_node(client, args))
     sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0 if reply is None or reply.get("status") == "OK" else 1

@@ -166,7 +166,7 @@ def reset_offsets(client, args: argparse.Namespace) -> tuple[dict, dict]:
     if config is None:
         return table, {}
     shown = {}
-    with PullConsumer(args.endpoint, timeout=client.inner.timeout) as consumer:
+    with PullConsumer(client.inner.endpoint, timeout=client.inner.timeout) as consumer:
         for queue in range(config["readQueueNums"]):
             if args.to_timestamp is not None:
                 offset = consumer.offset_from(args.topic, queue, args.to_timestamp)

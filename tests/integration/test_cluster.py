@@ -212,6 +212,33 @@ def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_t
             member.shutdown()
 
 
+def test_admin_with_namesrv_changes_and_shows_every_groups_master(up):
+    """mqadmin's `-c Cluster`: a group's config, its offsets (shown and reset) and the group and
+    topic deleted, on every group's master at once; a delete nobody could do fails."""
+    topic, group = "ADMIN_ALL", "AdminAll"
+    up.create_topic(topic)
+    stored = Counter(r.broker for r in asyncio.run(_send_all(up.namesrv, topic, 64, batch=4)))
+    assert set(stored) == {"broker-a", "broker-b"}
+
+    def admin(*args: str, exit_code: int = 0) -> dict:
+        done = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", *args, "--namesrv", up.namesrv],
+                              cwd=ROOT, capture_output=True, timeout=60)
+        assert done.returncode == exit_code, done.stderr.decode()
+        return orjson.loads(done.stdout)
+
+    updated = admin("group", "update", "--group", group, "--max-retries", "5")
+    assert {name: config["retryMaxTimes"] for name, config in updated.items()} == {"broker-a": 5, "broker-b": 5}
+    reset = admin("reset-offset", "--group", group, "--topic", topic, "--to", "last")
+    assert {name: sum(shown[topic].values()) for name, shown in reset.items()} == stored  # (each queue's end)
+    offsets = admin("offsets", "--group", group, "--topic", topic)
+    assert {name: sum(q["consumerOffset"] for q in shown[topic].values()) for name, shown in offsets.items()} == stored
+    assert admin("group", "delete", "--group", group) == {"broker-a": {"deleted": group}, "broker-b": {"deleted": group}}
+    again = admin("group", "delete", "--group", group, exit_code=1)
+    assert {shown["status"] for shown in again.values()} == {"SUBSCRIPTION_GROUP_NOT_EXIST"}
+    assert admin("topic", "delete", "--topic", topic) == {"broker-a": {"deleted": topic}, "broker-b": {"deleted": topic}}
+    wait_until(lambda: topic not in admin("topics"), 10, f"the name service still routes {topic}")
+
+
 def test_a_read_only_group_takes_no_new_sends_and_is_still_read(up):
     """brokerPermission 4 at a group's master (`admin config update`, mqadmin updateBrokerConfig:
     draining a group before maintenance): it registers its topics read-only at once, so a

@@ -94,7 +94,7 @@ def main() -> None:
     add_node_options(parser)
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-request-"))
-    print(f"mqnode bench-request: 1 KiB requests and replies, a push consumer process replying, clients on the "
+    print("mqnode bench-request: 1 KiB requests and replies, a push consumer process replying, clients on the "
           "same machine")
     context = multiprocessing.get_context("spawn")
     ready, stop = context.Event(), context.Event()

@@ -104,7 +104,7 @@ class Pair:
     def __init__(self, directory):
         self.directory = directory
         self.master = master_settings(directory, slaveReadEnable=True, accessMessageInMemoryMaxRatio=0,
-                                      syncFlushTimeout=1500)
+                                      syncFlushTimeout=1500, flushConsumerOffsetInterval=1000)  # (offsets to the slave sooner)
         self.slave = slave_settings(directory, self.master, slaveReadEnable=True)
         self.master_node = NodeProcess(self.master, directory / "master.log")
         self.slave_node = NodeProcess(self.slave, directory / "slave.log")
@@ -424,7 +424,7 @@ def _pop_and_ack_some(m, s) -> list[bytes]:
     def synced():
         with PullConsumer(s.listen) as on_s:
             return on_s.committed("popfail", "PopFailover", 0) == 12
-    wait_until(synced, 20, "the pop group's offset on the slave")  # (the master persists every 5 s)
+    wait_until(synced, 20, "the pop group's offset on the slave")  # (the master persists them every second)
     return [p.body for p in popped]
 
 

@@ -15,6 +15,9 @@ Two parts:
   the next epoch at the written end (shm.epochs) and switches the node's role in the control
   block; the front then opens its write core, and this node's ha-server serves followers.
 
+It also keeps the slave's copy of its master's pop log (`Q` items: shm.pop_log.PopReplica,
+begun anew at each welcome), which the pop service takes over when the slave is promoted.
+
 Restart (kill -9): it resumes at the control block's `written` (what lay past it is zeroed, as
 the writer does) and asks its master for the rest.
 """
@@ -43,6 +46,7 @@ from shm.codec import frame_size
 from shm.commitlog import CommitLog
 from shm.control_block import ROLE_CODES
 from shm.invariant import invariant
+from shm.pop_log import POP_REPLICA, PopReplica, ReplicaGap
 
 log = logging.getLogger("mqnode")
 HEADER_PEEK = 8  # a record's size and magic: what `frame_size` looks at
@@ -128,6 +132,7 @@ class HaClient(Actor):
     def __init__(self, settings, **kwargs):
         super().__init__(settings, **kwargs)
         self.follower: Follower | None = None  # while the node is a slave (opened by `open`)
+        self.pop_replica: PopReplica | None = None
         self.epochs: epochs.EpochFile | None = None
         self.rocketmq = settings.haProtocol == "rocketmq"
         self.curve_keys = None
@@ -145,6 +150,7 @@ class HaClient(Actor):
     def open(self) -> None:
         s = self.settings
         self.follower = Follower(s, self.control) if self.control.get("role") == ROLE_CODES["SLAVE"] else None
+        self.pop_replica = PopReplica(s.root / POP_REPLICA)  # its master's pop log, for the pop service once promoted
         self.epochs = epochs.EpochFile(s.root)
         self.curve_keys = guard.ha_link_keys(s)
         self.wakes = dispatcher_wakes(self.context, self.endpoints)
@@ -273,6 +279,7 @@ class HaClient(Actor):
             self.control.set("master_offset", self.session.master_end)
             self.epochs.adopt(history)
             self.diverged = ""
+            self.pop_replica.clear()  # (its master ships the pop log's copy again, from its snapshot)
         elif kind == ha_link.CHALLENGE:  # the master's ACL is on: prove an account
             access_key, secret_key = ha_credentials(self.settings)
             if not (access_key and secret_key):
@@ -284,6 +291,13 @@ class HaClient(Actor):
             name, content = ha_link.parse_config(data[1:])
             write_config(self.settings.root / "config" / name, content)
             self.config_syncs += 1
+        elif kind == ha_link.POP_LOG:
+            part, gen, offset, chunk = ha_link.parse_pop(data[1:])
+            take = self.pop_replica.snapshot_chunk if part == ha_link.POP_SNAPSHOT else self.pop_replica.journal_chunk
+            try:
+                take(gen, offset, chunk)
+            except ReplicaGap as e:
+                raise LinkError(str(e)) from e
         elif kind == ha_link.REFUSED:
             reason = bytes(data[1:]).decode("utf-8", "replace")
             if "drop" in reason or "shares no epoch" in reason:
@@ -393,7 +407,8 @@ class HaClient(Actor):
                         "lagMs": 0 if self.behind_since_ms is None else monotonic_ms() - self.behind_since_ms,
                         "receivedBytes": follower.appended_bytes if follower is not None else 0,
                         "connects": self.connects, "configSyncs": self.config_syncs, "linkErrors": self.link_errors, "lastError": self.last_error,
-                        "diverged": self.diverged, "scrubbedBytes": follower.scrubbed if follower else 0}
+                        "diverged": self.diverged, "scrubbedBytes": follower.scrubbed if follower else 0,
+                        "popReplica": self.pop_replica.statistics()}
 
     def close(self) -> None:
         if self.link is not None:

@@ -1,11 +1,13 @@
-"""Which config files a master's ha-server ships to each slave (the zmq link's `C` items,
-docs/protocol.md "Replication"), without I/O but the files' stat and read: the ha-server asks
-`look` each turn (forced when the front announces a write, or a slave is new) and sends what
-`changed_for` each started slave says."""
+"""What a master's ha-server ships to each slave beside the log (docs/protocol.md
+"Replication"), without I/O but the files' stat and read: the config files (the zmq link's `C`
+items: the ha-server asks `look` each turn, forced when the front announces a write or a slave
+is new, and sends what `changed_for` each started slave says), and the pop log (`Q` items:
+`PopShipper`)."""
 
 from __future__ import annotations
 
 from actors import ha_link
+from shm.pop_log import PopLogTail
 
 
 class ConfigShipper:
@@ -56,3 +58,58 @@ class ConfigShipper:
 
     def forget(self, peer) -> None:
         self.sent.pop(peer, None)
+
+
+class PopShipper:
+    """The pop service's log (shm.pop_log) to each slave, for a promoted slave to go on with
+    what its master's pop groups had in flight and acked: the current generation's snapshot in
+    chunks, then the journal's whole frames as they are appended, looked at every LOOK_MS; from
+    the snapshot again when the pop service compacts (a new generation) or a slave is new. At
+    most CHUNKS_A_LOOK chunks a slave a look, so the log's own transfers are not held up."""
+
+    LOOK_MS = 100
+    CHUNK = 1 << 20
+    CHUNKS_A_LOOK = 4
+
+    def __init__(self, directory):
+        self.tail = PopLogTail(directory)
+        self.at: dict[object, list] = {}  # peer -> [generation, "S" or "J", offset]
+        self.next_look = 0
+        self.chunks = self.bytes = 0
+
+    def due(self, now: int) -> bool:
+        if now < self.next_look:
+            return False
+        self.next_look = now + self.LOOK_MS
+        return True
+
+    def items_for(self, peer) -> list[bytes]:
+        """The link's items that bring `peer`'s copy up to the log as it is now (some of them)."""
+        gen, snapshot = self.tail.current()
+        at = self.at.get(peer)
+        if at is None or at[0] != gen:
+            at = self.at[peer] = [gen, "S", 0]
+        items = []
+        while len(items) < self.CHUNKS_A_LOOK:
+            if at[1] == "S":
+                data = snapshot[at[2]: at[2] + self.CHUNK]
+                items.append(ha_link.pop_message(ha_link.POP_SNAPSHOT, gen, at[2], data))
+                at[2] += len(data)
+                if at[2] >= len(snapshot):
+                    at[1], at[2] = "J", 0
+                    items.append(ha_link.pop_message(ha_link.POP_JOURNAL, gen, 0, b""))  # (the snapshot is whole)
+                continue
+            data = self.tail.journal(gen, at[2], self.CHUNK)
+            if not data:
+                break
+            items.append(ha_link.pop_message(ha_link.POP_JOURNAL, gen, at[2], data))
+            at[2] += len(data)
+        self.chunks += len(items)
+        self.bytes += sum(map(len, items))
+        return items
+
+    def forget(self, peer) -> None:
+        self.at.pop(peer, None)
+
+    def statistics(self) -> dict:
+        return {"popChunks": self.chunks, "popBytes": self.bytes}

@@ -22,6 +22,8 @@ Two protocols (the setting `haProtocol`):
                         b"D" + i64 start offset + raw bytes (empty: the master's heartbeat)
                         b"E" + JSON {epochs, maxOffset} (the answer to b"E")
                         b"C" + file name + NUL + content (a config file changed: SYNCED_CONFIG)
+                        b"Q" + b"S"|b"J" + u64 generation + u64 offset + bytes (the pop log:
+                        its snapshot's chunks, then its journal's whole frames)
   The hello carries the slave's epoch history and the welcome the master's, so a slave whose
   log holds bytes the master never had is fenced (shm.epochs.common_prefix) before it follows.
   With the master's ACL on (`aclEnable`), the hello is answered with a fresh random challenge
@@ -54,6 +56,9 @@ MAX_BODY = 64 * 1024 * 1024  # a header announcing more is garbage
 MAX_HELLO = 1024 * 1024
 HELLO, REPORT_KIND, WELCOME, REFUSED, DATA, BYE, HISTORY, CONFIG = b"H", b"R", b"W", b"X", b"D", b"B", b"E", b"C"
 CHALLENGE, PROOF = b"A", b"P"
+POP_LOG = b"Q"  # + kind + generation u64 + offset u64 + bytes: the pop log's copy (actors.ha_config.PopShipper)
+POP_SNAPSHOT, POP_JOURNAL = b"S", b"J"
+POP_AT = struct.Struct(">QQ")
 MAX_PROOF = 4096
 # the config files a slave keeps in step with its master (RocketMQ's SlaveSynchronize: topics,
 # consumer offsets, delay offsets, subscription groups)
@@ -305,6 +310,19 @@ def parse_config(payload) -> tuple[str, bytes]:
     if not separator or text not in (*SYNCED_CONFIG, ACL_CONFIG) or len(content) > MAX_CONFIG:
         raise LinkError(f"a config item for {text[:40]!r}, not one of {', '.join(SYNCED_CONFIG)}, {ACL_CONFIG}")
     return text, content
+
+
+def pop_message(kind: bytes, gen: int, offset: int, data: bytes) -> bytes:
+    return POP_LOG + kind + POP_AT.pack(gen, offset) + data
+
+
+def parse_pop(payload) -> tuple[bytes, int, int, bytes]:
+    """A b"Q" item's (kind, generation, offset, bytes); LinkError for anything else."""
+    if len(payload) < 1 + POP_AT.size or bytes(payload[:1]) not in (POP_SNAPSHOT, POP_JOURNAL) or \
+            len(payload) > 1 + POP_AT.size + MAX_BODY:
+        raise LinkError(f"a malformed pop log item ({len(payload)} bytes)")
+    gen, offset = POP_AT.unpack_from(payload, 1)
+    return bytes(payload[:1]), gen, offset, bytes(payload[1 + POP_AT.size:])
 
 
 def challenge_message(challenge: str) -> bytes:

@@ -32,7 +32,7 @@ import zmq
 
 from actors.base import Actor, doorbell, incoming, wait_readable
 from actors import guard, ha_link
-from actors.ha_config import ConfigShipper
+from actors.ha_config import ConfigShipper, PopShipper
 from actors.ha_link import HEADER, REPORT, LinkError, MasterSession, StreamDecoder
 from shm.control_block import monotonic_ms
 from shm import epochs
@@ -78,6 +78,7 @@ class HaServer(Actor):
         self.last_error = ""
         self.rate = _Rate()
         self.config = ConfigShipper(settings.root / "config", guard.acl_shipped(settings))
+        self.pop = PopShipper(settings.root / "pop")
         self.config_changes_seen = 0  # the control block's `config_changes` when the files were last looked at
         self.acl = self.acl_file = None  # with aclEnable: who may follow (actors.acl), its file watched
         self.next_acl_look = 0.0
@@ -277,6 +278,7 @@ class HaServer(Actor):
         self.challenged.pop(peer, None)
         session = self.sessions.pop(peer, None)
         self.config.forget(peer)
+        self.pop.forget(peer)
         if isinstance(peer, TcpPeer):
             peer.sock.close()
         if session is not None:
@@ -382,9 +384,12 @@ class HaServer(Actor):
 
     def _ship_config(self, now: int) -> None:
         """The zmq link: each config file that changed since a slave last got it, looked at every
-        LOOK_MS, at once when the front says it wrote one (`config_changes`) or a slave is new."""
+        LOOK_MS, at once when the front says it wrote one (`config_changes`) or a slave is new;
+        and the pop log (PopShipper)."""
         if self.rocketmq:
             return
+        if self.pop.due(now):
+            self._ship_pop_log()
         changes = self.control.get("config_changes")
         new_slave = any(s.started and self.config.is_new(peer) for peer, s in self.sessions.items())
         if not self.config.look(now, force=changes != self.config_changes_seen or new_slave, announced=changes):
@@ -396,6 +401,16 @@ class HaServer(Actor):
             try:
                 for name, content in self.config.changed_for(peer):
                     self.endpoint.send_multipart([peer, ha_link.config_message(name, content)])
+            except zmq.ZMQError as e:
+                self._end(peer, f"the connection dropped ({e})")
+
+    def _ship_pop_log(self) -> None:
+        for peer, session in list(self.sessions.items()):
+            if not session.started:
+                continue
+            try:
+                for item in self.pop.items_for(peer):
+                    self.endpoint.send_multipart([peer, item])
             except zmq.ZMQError as e:
                 self._end(peer, f"the connection dropped ({e})")
 
@@ -426,7 +441,8 @@ class HaServer(Actor):
             "epoch": self.epochs.current, "written": written, "slaveAcked": self.control.get("slave_acked"),
             "slaves": [s.statistics(written, now) for s in self.sessions.values() if s.started],
             "transferBytesPerSecond": self.rate.per_second(now), "refused": self.refused, "closed": self.closed,
-            "lastError": self.last_error, "acl": self.acl is not None, "authRefused": self.auth_refused}
+            "lastError": self.last_error, "acl": self.acl is not None, "authRefused": self.auth_refused,
+            **self.pop.statistics()}
 
     def close(self) -> None:
         if self.control is not None:

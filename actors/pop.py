@@ -18,12 +18,16 @@ read-only mappings, below `dispatched`), keeps its records in the pop log (shm.p
 before the answers that follow from them go out, every SEND_EARLY messages handed out and at the
 end of each turn; under SYNC_FLUSH once a turn, fdatasynced first) and moves frames.
 A lease that runs out needs no service of its own: the core runs the deadlines out each turn and
-wakes the pops held on that topic. The service takes pops only on a master.
+wakes the pops held on that topic. The service takes pops only on a master. Promoted from a
+slave, it takes over its master's pop state from the copy of its pop log the ha-client kept
+(`_take_over`: restored, cut where this node's log ended, made its own).
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+import shutil
 import time
 from collections.abc import Callable
 
@@ -41,8 +45,10 @@ from shm import consume_queue
 from shm import reader as store_reader
 from shm.codec import Record, decode, queue_entries
 from shm.control_block import ROLE_CODES, WATCHER_SLOTS
-from shm.pop_log import PopLog
+from shm.epochs import EpochFile
+from shm.pop_log import POP_REPLICA, PopLog, PopLogDamaged
 
+log = logging.getLogger("mqnode")
 POP_CLIENT = b"\x00mqnode-pop"  # its re-puts' pseudo-client at the front (no peer's id begins with 0)
 FORGET_CLIENT = b"\x00mqnode-forget"  # the front's word that a group or topic was deleted (no answer)
 POP_WATCHER = WATCHER_SLOTS - 1  # the control block's watcher slot of this service (shm.control_block)
@@ -79,13 +85,17 @@ class Pop(Actor):
         self.log = PopLog(s.root / "pop")
         state, records = self.log.open()
         self.core = PopCore(self.log, wall_ms, self._read)
-        if self.control.get("role") != ROLE_CODES["SLAVE"]:
+        self.was_slave = self.control.get("role") == ROLE_CODES["SLAVE"]
+        if not self.was_slave:
             self.core.restore(state, records)
         elif records or (state is not None and state["queues"]):
             # made when this node was a master: its master has gone on since, and a log cut at the
             # fencing may put new messages where this state says messages were handed out; promoted,
-            # it starts from the offsets its master committed (`_progress`), as a slave never popped
+            # it takes over its master's (`_take_over`), as a slave that never popped
             self.log.compact(self.core.snapshot())
+        # a copy of its master's pop log left by a promotion this service did not finish taking over
+        self.taking_over = not self.was_slave and any((s.root / POP_REPLICA).glob("*"))
+        self.took_over = self.leases_cut = 0
         self.next_progress = time.monotonic()
         self.sync_each_turn = s.flushDiskType == "SYNC_FLUSH"
         self.next_sync = time.monotonic()
@@ -129,6 +139,7 @@ class Pop(Actor):
 
     def step(self, events: set) -> None:
         out: list = []
+        self._follow_role()
         if self.deferred:
             self._serve_deferred(out)
         for header, client, arrival in self.requests.take():
@@ -146,7 +157,7 @@ class Pop(Actor):
                     for topic, _, _ in arrivals_from_wire(raw)}
             for topic in grew:
                 self._retry_held(topic, out)
-        if self.control.get("role") != ROLE_CODES["SLAVE"]:  # (a slave has no pop state: `open`)
+        if not (self.was_slave or self.taking_over):  # (a slave has no pop state: `open`)
             due, dead = self.core.expire()
             self.dlq_todo.extend(dead)
             for topic in {topic for _, topic in due}:
@@ -156,6 +167,51 @@ class Pop(Actor):
         self._end_holds(out)
         self._follow_arrivals(out)
         self._answer(out)
+
+    def _follow_role(self) -> None:
+        """A promotion seen: the pop state to take over is its master's, as this node's copy of
+        its pop log has it (shm.pop_log.PopReplica), once the dispatcher has indexed the whole
+        log (the cut at each queue's end needs the end)."""
+        slave = self.control.get("role") == ROLE_CODES["SLAVE"]
+        if self.was_slave and not slave:
+            self.taking_over = True
+        self.was_slave = slave
+        if self.taking_over and not slave:
+            promoted_at = self._promoted_at()
+            if self.control.get("dispatched") >= promoted_at:
+                self._take_over(promoted_at)
+
+    def _promoted_at(self) -> int:
+        """Where the log ended at the promotion: its epoch's start (the ha-client begins it
+        before it switches the role; sends may have been stored since)."""
+        last = EpochFile(self.settings.root).last
+        return last.start if last is not None else self.control.get("written")
+
+    def _take_over(self, promoted_at: int) -> None:
+        """Its master's pop state from the copy, cut where this node's log ended at the
+        promotion (PopCore.fence), made this node's own (compacted into its log, then the copy
+        deleted: a crash before the deletion takes it over again, and after it finds the state
+        its own). A node that has a pop state of its own (not a slave since it made it) keeps it."""
+        replica = self.settings.root / POP_REPLICA
+        if any(replica.glob("*")) and not self.core.queues:
+            try:
+                copy = PopLog(replica)
+                state, records = copy.open()
+                copy.close()
+            except PopLogDamaged as e:  # (a host's crash tore the copy: the committed offsets serve)
+                log.warning("pop: the copy of the master's pop log is damaged (%s): each queue starts at the "
+                            "group's committed offset", e)
+                state, records = None, []
+            self.core.restore(state, records)
+            dispatched = self.control.get("dispatched")
+            self.leases_cut = self.core.fence(
+                lambda topic, queue_id: self.reader.queue(topic, queue_id, dispatched).end_before(promoted_at))
+            self.log.compact(self.core.snapshot())
+            self.took_over += 1
+            log.warning("pop: took over the master's pop state: %d queues, %d in flight (%d past this log's end cut)",
+                        len(self.core.queues), self.core.in_flight, self.leases_cut)
+        shutil.rmtree(replica, ignore_errors=True)
+        self.taking_over = False
 
     def _progress(self, out: list) -> None:
         """Each queue's low that moved, to the front as the group's committed offset (after this
@@ -192,9 +248,12 @@ class Pop(Actor):
 
     def _serve(self, header: dict, client: bytes, arrival: int, out: list) -> None:
         code, opaque, group = header["code"], header.get("opaque"), header["consumerGroup"]
-        if self.control.get("role") == ROLE_CODES["SLAVE"] and code != protocol.GET_POP_STATE:
+        if self.was_slave and code != protocol.GET_POP_STATE:
             return out.append(_reply(client, arrival, opaque, "SERVICE_NOT_AVAILABLE",
                                      "this node is a slave: pop from its master"))
+        if self.taking_over and code != protocol.GET_POP_STATE:
+            return out.append(_reply(client, arrival, opaque, "SYSTEM_BUSY",
+                                     "promoted a moment ago: taking over its master's pop state"))
         self.core.retry_max_of[group] = header.get("_retryMax", self.core.retry_max(group))
         if code in (protocol.POP_MESSAGE, protocol.PEEK_MESSAGE):
             self._pop(header, client, arrival, out, hold=True)
@@ -403,7 +462,7 @@ class Pop(Actor):
         return stats | self.core.statistics() | {
             "held": self.held_count, "heldExpired": self.held_expired, "pollingFull": self.polling_full,
             "deadLetterWaiting": len(self.dlq_todo) + len(self.dlq_waiting) + len(self.dlq_later),
-            "log": self.log.statistics(),
+            "log": self.log.statistics(), "tookOver": self.took_over, "leasesCutAtTakeOver": self.leases_cut,
             "links": service_links_statistics(self.requests, self.replies)}
 
     def close(self) -> None:

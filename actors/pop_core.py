@@ -51,6 +51,7 @@ MAX_SPAN = 200_000  # offsets between low and next per queue: popping new ones s
 MAX_IN_FLIGHT = 2_000_000  # leases on the node: pops find nothing beyond
 MAX_DUE_A_TICK = 100_000  # leases one `expire` call runs out (the rest next call)
 DEFAULT_RETRY_MAX = 16  # a group's retryMaxTimes until the router says otherwise
+CK_FENCE = 1 << 32  # how far a promoted slave's checkpoints jump past its copy's (`fence`)
 
 OK, EXPIRED, INVALID = "OK", "RECEIPT_HANDLE_EXPIRED", "INVALID_RECEIPT_HANDLE"
 
@@ -229,6 +230,32 @@ class PopCore:
         for record in records:
             self.apply(record)
         self.moved = set(self.queues)  # (said once more: the front may not have taken the last)
+
+    def fence(self, high: Callable[[str, int], int]) -> int:
+        """A slave promoted with its master's pop state (restored from its copy of the master's
+        pop log): its CommitLog may end before offsets that state counts as handed out or
+        retired (the master's last records never reached it), and new messages will be stored
+        there. Each queue's state is cut at `high(topic, queue)`, this node's next offset in it:
+        from there on nothing was handed out or retired. And the checkpoints the master issued
+        after the copy ends name no lease here: `next_ck` jumps past them. (leases cut)"""
+        cut = 0
+        for (_, topic, queue_id), qs in self.queues.items():
+            end = high(topic, queue_id)
+            if qs.next <= end:
+                continue
+            for offset in [o for o in qs.leases if o >= end]:  # (their expiries then find no lease)
+                del qs.leases[offset]
+                self.in_flight -= 1
+                cut += 1
+            qs.retired = {o for o in qs.retired if o < end}
+            qs.times = {o: n for o, n in qs.times.items() if o < end}
+            qs.dying = {o for o in qs.dying if o < end}
+            qs.ready = [o for o in qs.ready if o < end]
+            heapq.heapify(qs.ready)
+            qs.next, qs.low = end, min(qs.low, end)
+        self.next_ck += CK_FENCE
+        self.moved = set(self.queues)
+        return cut
 
     def snapshot(self) -> dict:
         """The whole state; a lease on its way to the DLQ is kept as run out (deadline 0): after a

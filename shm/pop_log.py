@@ -36,6 +36,7 @@ from shm.archive_manifest import fsync_dir  # (one definition of a directory's f
 
 FRAME = struct.Struct(">II")
 MAX_FRAME = 1 << 30  # a length beyond this is damage, not a record
+POP_REPLICA = "pop-replica"  # a slave's copy of its master's pop log, under the store root (PopReplica)
 
 
 class PopLog:
@@ -139,6 +140,121 @@ class PopLog:
             self.fd = -1
 
 
+class PopLogTail:
+    """A master's pop log as its ha-server ships it (read only, beside the pop service that
+    writes it): the snapshot's bytes and generation, and the journal's whole frames from an
+    offset. Compaction renames the new snapshot in before journal N+1 begins, so a snapshot of
+    generation N+1 may be read while journal N+1 does not exist yet: it is then empty."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.seen: tuple[int, int] | None = None  # the snapshot file's (mtime ns, size) when read
+        self.gen, self.snapshot = 0, b""
+
+    def current(self) -> tuple[int, bytes]:
+        """(generation, the snapshot's bytes: b"" for generation 0 without one)."""
+        path = self.directory / "snapshot"
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            self.seen, self.gen, self.snapshot = None, 0, b""
+            return self.gen, self.snapshot
+        if self.seen != (info.st_mtime_ns, info.st_size):
+            data = path.read_bytes()  # (replaced whole by a rename: never read half written)
+            self.gen, self.snapshot = snapshot_generation(data), data
+            self.seen = (info.st_mtime_ns, info.st_size)
+        return self.gen, self.snapshot
+
+    def journal(self, gen: int, offset: int, limit: int) -> bytes:
+        """Up to `limit` bytes of whole frames of journal `gen` from `offset` (b"": none yet,
+        or the generation is gone)."""
+        try:
+            with open(self.directory / f"journal.{gen}", "rb") as f:
+                f.seek(offset)
+                data = f.read(limit)
+        except FileNotFoundError:
+            return b""
+        whole = whole_frames(data)
+        if whole == 0 and len(data) == limit and limit > 0:  # one frame larger than a chunk: read it whole
+            length = FRAME.unpack_from(data)[0] if len(data) >= FRAME.size else 0
+            return self.journal(gen, offset, FRAME.size + length) if length <= MAX_FRAME else b""
+        return data[:whole]
+
+
+class PopReplica:
+    """A slave's copy of its master's pop log (`<store>/pop-replica/`, the same layout: a
+    PopLog opens it when the slave is promoted). Written as the master ships it: a generation's
+    snapshot in chunks, then its journal's bytes in order. A new generation (the master
+    compacted, or a new connection) starts the copy anew. Nothing is fdatasynced but the
+    snapshot: a copy lost to a crash of the host costs a promoted slave only what a copy saves
+    (it starts each queue from the group's committed offset), and a new connection ships it again."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.gen = -1
+        self.phase = ""  # "S": taking the snapshot, "J": appending the journal
+        self.size = 0  # bytes of the part being taken
+        self.generations = self.journal_bytes = 0
+
+    def clear(self) -> None:
+        """A new connection: nothing of the copy holds until its master ships it again."""
+        for path in self.directory.iterdir():
+            path.unlink()
+        self.gen, self.phase, self.size = -1, "", 0
+
+    def snapshot_chunk(self, gen: int, offset: int, data: bytes) -> None:
+        if offset == 0:
+            self.clear()
+            self.gen, self.phase = gen, "S"
+            self.generations += 1
+        if (gen, "S", offset) != (self.gen, self.phase, self.size):
+            raise ReplicaGap(f"a snapshot chunk of generation {gen} at {offset}; the copy is at {self.gen}/{self.phase}/{self.size}")
+        with open(self.directory / "snapshot.tmp", "ab") as f:
+            f.write(data)
+        self.size += len(data)
+
+    def journal_chunk(self, gen: int, offset: int, data: bytes) -> None:
+        if (self.gen, self.phase) == (gen, "S"):  # the snapshot is whole: it holds from now on
+            self._seal_snapshot()
+        if (gen, "J", offset) != (self.gen, self.phase, self.size) or whole_frames(data) != len(data):
+            raise ReplicaGap(f"a journal chunk of generation {gen} at {offset} ({len(data)} bytes); "
+                             f"the copy is at {self.gen}/{self.phase}/{self.size}")
+        with open(self.directory / f"journal.{gen}", "ab") as f:
+            f.write(data)
+        self.size += len(data)
+        self.journal_bytes += len(data)
+
+    def _seal_snapshot(self) -> None:
+        tmp = self.directory / "snapshot.tmp"
+        if self.size:
+            try:
+                shipped = snapshot_generation(tmp.read_bytes())
+            except PopLogDamaged as e:
+                raise ReplicaGap(f"the snapshot shipped for generation {self.gen}: {e}") from e
+            if shipped != self.gen:
+                raise ReplicaGap(f"the snapshot shipped for generation {self.gen} is of generation {shipped}")
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.directory / "snapshot")
+        else:
+            tmp.unlink(missing_ok=True)
+        (self.directory / f"journal.{self.gen}").touch()
+        self.phase, self.size = "J", 0
+
+    def statistics(self) -> dict:
+        return {"generation": self.gen, "phase": self.phase, "bytes": self.size,
+                "generationsTaken": self.generations, "journalBytes": self.journal_bytes}
+
+
+class ReplicaGap(Exception):
+    """A chunk that does not continue the copy: the link is broken (the ha-client reconnects,
+    and its master ships the copy again from the snapshot)."""
+
+
 class PopLogDamaged(Exception):
     """A snapshot that is not whole: written then renamed, so not a crash's doing."""
 
@@ -158,3 +274,25 @@ def read_frames(data: bytes) -> tuple[list[bytes], int]:
         at = end
     return frames, at
 
+
+
+def whole_frames(data: bytes) -> int:
+    """Where the whole frames at the start of `data` end (no CRC check: for cutting a read of a
+    journal being appended to at a frame's end)."""
+    at = 0
+    while at + FRAME.size <= len(data):
+        end = at + FRAME.size + FRAME.unpack_from(data, at)[0]
+        if end > len(data):
+            break
+        at = end
+    return at
+
+
+def snapshot_generation(data: bytes) -> int:
+    """The generation a snapshot file's bytes begin; PopLogDamaged unless they are one whole frame."""
+    frames, _ = read_frames(data)
+    if len(frames) != 1:
+        raise PopLogDamaged("a pop snapshot that is not one whole frame")
+    gen = orjson.loads(frames[0])["gen"]
+    assert isinstance(gen, int) and gen >= 0, gen  # (written by PopLog.compact only)
+    return gen

@@ -168,6 +168,13 @@ class QueueView:
                 break
         return None
 
+    def end_before(self, physical: int) -> int:
+        """The queue's next offset as it was when the CommitLog ended at `physical` (its entries
+        point forward: the first one at or past it, else the end known now, which must lie at
+        or past `physical`: refreshed with a `dispatched` at or past it)."""
+        found = self.first_at_or_past(physical)
+        return self.end // ENTRY_SIZE if found is None else found
+
     def close(self) -> None:
         self.queue.close()
 

@@ -261,6 +261,28 @@ def test_a_deleted_group_or_topic_is_forgotten_and_popped_again_from_its_first_m
     assert _replayed(None, list(pop.log), store, clock).queues == {}
 
 
+def test_a_promoted_slave_takes_over_its_masters_state_cut_where_its_log_ends():
+    """The master handed out queue 0's offsets 0-9 and retired 0-3, 5 and 8; the slave's log
+    holds only 0-6 (its queue ends at 7). Taken over: what was in flight below 7 stays in
+    flight, acked stays acked; from 7 on nothing is (new messages go there), and the master's
+    later checkpoints name no lease."""
+    pop, store, clock, log = core()
+    handed = sorted(pop.pop(request(max_count=10, queues=(0,))), key=lambda d: d.raw)
+    pop.ack("g", [handed[i].handle for i in (0, 1, 2, 3, 5, 8)])
+    later = pop.change_invisible("g", handed[6].handle, 5000)[1]  # (a ck the copy may not have)
+    slave_store = Store(queues=2, count=7)
+    taken = _replayed(None, list(log), slave_store, clock)
+    assert taken.fence(lambda topic, queue_id: 7 if queue_id == 0 else 10) == 2  # offsets 7 and 9 were in flight
+    qs = taken.queues[("g", "T", 0)]
+    assert (qs.low, qs.next, sorted(qs.leases), qs.retired) == (4, 7, [4, 6], {5})
+    assert taken.in_flight == 2 and taken.next_ck > pop.next_ck + 1_000_000
+    assert taken.check("g", later)[0] == OK  # (in the copy: it holds)
+    assert taken.ack("g", [handed[4].handle]) == [OK]
+    slave_store.queues[0] += [7, 8, 9]  # new messages where the master's 7-9 were
+    assert bodies(taken.pop(request(queues=(0,)))) == ["0:7", "0:8", "0:9"]
+    assert taken.progress() == [["g", "T", 0, 6]]  # (4 and 5 retired: 6 is in flight)
+
+
 def test_progress_says_each_queue_whose_low_moved_once_and_every_queue_after_a_restart():
     pop, store, clock, log = core()
     handed = pop.pop(request(max_count=4, queues=(0,)))

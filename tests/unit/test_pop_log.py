@@ -130,3 +130,82 @@ def test_a_failed_sync_raises_and_is_not_retried(tmp_path, monkeypatch):
 
 def test_frames_read_back_stop_at_a_length_beyond_the_data():
     assert read_frames(FRAME.pack(100, 0) + b"x") == ([], 0)
+
+
+def _ship(shipper, replica, peer="slave") -> int:
+    """What the ha-server would send `peer` until it has nothing more, taken as the ha-client takes it."""
+    from actors import ha_link
+
+    items = 0
+    while True:
+        batch = shipper.items_for(peer)
+        if not batch:
+            return items
+        for item in batch:
+            part, gen, offset, data = ha_link.parse_pop(memoryview(item)[1:])
+            (replica.snapshot_chunk if part == ha_link.POP_SNAPSHOT else replica.journal_chunk)(gen, offset, data)
+        items += len(batch)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_slaves_copy_of_the_pop_log_is_the_masters_byte_for_byte(tmp_path, seed):
+    """PopShipper (the ha-server's) tails a pop log that is appended and compacted at random,
+    in chunks smaller than some frames; PopReplica (the ha-client's) writes what it ships. After
+    each catch-up the copy holds the master's snapshot and journal byte for byte, a frame half
+    written is never shipped, and the copy opens as a PopLog to the master's state."""
+    import random
+
+    from actors.ha_config import PopShipper
+    from shm.pop_log import PopReplica
+
+    rng = random.Random(seed)
+    master, copy = tmp_path / "pop", tmp_path / "pop-replica"
+    log = PopLog(master)
+    log.open()
+    shipper, replica = PopShipper(master), PopReplica(copy)
+    shipper.CHUNK = 300
+    state = []
+    for turn in range(40):
+        for _ in range(rng.randint(1, 4)):
+            record = ["A", "g", "T", turn, "x" * rng.choice([10, 50, 400])]
+            log.append(record)
+            state.append(record)
+        log.write()
+        if rng.random() < 0.15:
+            log.compact({"records": list(state)})
+            state = []
+        if rng.random() < 0.5:
+            torn = master / f"journal.{log.gen}"
+            whole = torn.read_bytes()
+            with open(torn, "ab") as f:  # a write the pop service is making this moment: half a frame
+                f.write(FRAME.pack(100, 0) + b"y" * 30)
+            _ship(shipper, replica)
+            assert (copy / f"journal.{log.gen}").read_bytes() == whole
+            os.truncate(torn, len(whole))
+            continue
+        _ship(shipper, replica)
+        assert (copy / f"journal.{log.gen}").read_bytes() == (master / f"journal.{log.gen}").read_bytes()
+        assert ((copy / "snapshot").read_bytes() if log.gen else None) == \
+               ((master / "snapshot").read_bytes() if log.gen else None)
+    _ship(shipper, replica)
+    log.close()
+    assert PopLog(copy).open() == PopLog(master).open()
+
+
+def test_a_chunk_that_does_not_continue_the_copy_is_refused(tmp_path):
+    from shm.pop_log import PopReplica, ReplicaGap
+
+    replica = PopReplica(tmp_path)
+    replica.snapshot_chunk(0, 0, b"")
+    payload = b'["A"]'
+    frame = FRAME.pack(len(payload), __import__("zlib").crc32(payload)) + payload
+    replica.journal_chunk(0, 0, frame)
+    with pytest.raises(ReplicaGap):
+        replica.journal_chunk(0, len(frame) + 1, frame)  # a gap
+    with pytest.raises(ReplicaGap):
+        replica.journal_chunk(0, len(frame), frame[:-1])  # half a frame
+    with pytest.raises(ReplicaGap):
+        replica.journal_chunk(1, 0, frame)  # another generation, without its snapshot
+    replica.snapshot_chunk(3, 0, b"garbage")
+    with pytest.raises(ReplicaGap):
+        replica.journal_chunk(3, 0, b"")  # a snapshot that is not one

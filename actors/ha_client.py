@@ -133,6 +133,7 @@ class HaClient(Actor):
         super().__init__(settings, **kwargs)
         self.follower: Follower | None = None  # while the node is a slave (opened by `open`)
         self.pop_replica: PopReplica | None = None
+        self.pop_reported = 0  # the copy's bytes taken, as last reported to the master (b"T")
         self.epochs: epochs.EpochFile | None = None
         self.rocketmq = settings.haProtocol == "rocketmq"
         self.curve_keys = None
@@ -280,6 +281,7 @@ class HaClient(Actor):
             self.epochs.adopt(history)
             self.diverged = ""
             self.pop_replica.clear()  # (its master ships the pop log's copy again, from its snapshot)
+            self.pop_reported = 0
         elif kind == ha_link.CHALLENGE:  # the master's ACL is on: prove an account
             access_key, secret_key = ha_credentials(self.settings)
             if not (access_key and secret_key):
@@ -345,6 +347,9 @@ class HaClient(Actor):
                 self.link.send(report)  # 8 bytes: a non-blocking socket takes them or raises
             else:
                 self.link.send(ha_link.REPORT_KIND + report, zmq.NOBLOCK)
+        if self.session is not None and not self.rocketmq and self.pop_replica.taken != self.pop_reported:
+            self.pop_reported = self.pop_replica.taken  # (only after b"Q" items: a master that ships them)
+            self.link.send(ha_link.POP_TAKEN + REPORT.pack(self.pop_reported), zmq.NOBLOCK)
 
     def _wake_dispatcher(self) -> None:
         """As the writer does (actors.dispatcher): no wake-up while the dispatcher's promise to

@@ -70,12 +70,16 @@ class PopShipper:
     LOOK_MS = 100
     CHUNK = 1 << 20
     CHUNKS_A_LOOK = 4
+    WINDOW = 8 << 20  # bytes shipped to a slave past what it said it took (b"T"): a slave that stops
+    # reading stops the shipping (the link's socket queues without bound), as the log's own WINDOW does
 
     def __init__(self, directory):
         self.tail = PopLogTail(directory)
         self.at: dict[object, list] = {}  # peer -> [generation, "S" or "J", offset]
+        self.sent: dict[object, int] = {}  # peer -> bytes shipped since its session began
+        self.taken: dict[object, int] = {}  # peer -> bytes it said it took
         self.next_look = 0
-        self.chunks = self.bytes = 0
+        self.chunks = self.bytes = self.held_back = 0
 
     def due(self, now: int) -> bool:
         if now < self.next_look:
@@ -89,12 +93,16 @@ class PopShipper:
         at = self.at.get(peer)
         if at is None or at[0] != gen:
             at = self.at[peer] = [gen, "S", 0]
-        items = []
+        items, sent = [], self.sent.get(peer, 0)
         while len(items) < self.CHUNKS_A_LOOK:
+            if sent - self.taken.get(peer, 0) >= self.WINDOW:
+                self.held_back += 1
+                break
             if at[1] == "S":
                 data = snapshot[at[2]: at[2] + self.CHUNK]
                 items.append(ha_link.pop_message(ha_link.POP_SNAPSHOT, gen, at[2], data))
                 at[2] += len(data)
+                sent += len(data)
                 if at[2] >= len(snapshot):
                     at[1], at[2] = "J", 0
                     items.append(ha_link.pop_message(ha_link.POP_JOURNAL, gen, 0, b""))  # (the snapshot is whole)
@@ -104,12 +112,21 @@ class PopShipper:
                 break
             items.append(ha_link.pop_message(ha_link.POP_JOURNAL, gen, at[2], data))
             at[2] += len(data)
+            sent += len(data)
+        self.sent[peer] = sent
         self.chunks += len(items)
         self.bytes += sum(map(len, items))
         return items
 
+    def took(self, peer, taken: int) -> None:
+        """The slave's b"T": what it took of what was shipped (never more)."""
+        if not 0 <= taken <= self.sent.get(peer, 0):
+            raise ha_link.LinkError(f"a pop log report of {taken} bytes taken; {self.sent.get(peer, 0)} were shipped")
+        self.taken[peer] = taken
+
     def forget(self, peer) -> None:
-        self.at.pop(peer, None)
+        for table in (self.at, self.sent, self.taken):
+            table.pop(peer, None)
 
     def statistics(self) -> dict:
-        return {"popChunks": self.chunks, "popBytes": self.bytes}
+        return {"popChunks": self.chunks, "popBytes": self.bytes, "popHeldBack": self.held_back}

@@ -14,6 +14,7 @@ Two protocols (the setting `haProtocol`):
       slave  -> master  b"H" + JSON hello {brokerId, maxOffset, epochs, endpoint}
                         b"P" + JSON proof {accessKey, signature} (the answer to b"A")
                         b"R" + i64 report (as RocketMQ's)
+                        b"T" + i64 (the pop log's bytes taken since the welcome; only once b"Q" came)
                         b"B" (goodbye: the master ends the session at once)
                         b"E" (a start-up's question, no session: the master's history)
       master -> slave   b"A" + JSON {challenge} (with `aclEnable`: prove an account first)
@@ -23,7 +24,8 @@ Two protocols (the setting `haProtocol`):
                         b"E" + JSON {epochs, maxOffset} (the answer to b"E")
                         b"C" + file name + NUL + content (a config file changed: SYNCED_CONFIG)
                         b"Q" + b"S"|b"J" + u64 generation + u64 offset + bytes (the pop log:
-                        its snapshot's chunks, then its journal's whole frames)
+                        its snapshot's chunks, then its journal's whole frames; at most
+                        POP_WINDOW bytes past the slave's last b"T" report of what it took)
   The hello carries the slave's epoch history and the welcome the master's, so a slave whose
   log holds bytes the master never had is fenced (shm.epochs.common_prefix) before it follows.
   With the master's ACL on (`aclEnable`), the hello is answered with a fresh random challenge
@@ -58,6 +60,7 @@ HELLO, REPORT_KIND, WELCOME, REFUSED, DATA, BYE, HISTORY, CONFIG = b"H", b"R", b
 CHALLENGE, PROOF = b"A", b"P"
 POP_LOG = b"Q"  # + kind + generation u64 + offset u64 + bytes: the pop log's copy (actors.ha_config.PopShipper)
 POP_SNAPSHOT, POP_JOURNAL = b"S", b"J"
+POP_TAKEN = b"T"  # + int64: the pop log's bytes a slave took since its welcome (sent only to a master that ships them)
 POP_AT = struct.Struct(">QQ")
 MAX_PROOF = 4096
 # the config files a slave keeps in step with its master (RocketMQ's SlaveSynchronize: topics,

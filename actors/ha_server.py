@@ -198,6 +198,8 @@ class HaServer(Actor):
                     self._proof(peer, payload, now)
                 elif kind == ha_link.REPORT_KIND and session is not None and len(payload) == REPORT.size:
                     session.on_report(REPORT.unpack(payload)[0], self.control.get("written"), now)
+                elif kind == ha_link.POP_TAKEN and session is not None and len(payload) == REPORT.size:
+                    self.pop.took(peer, REPORT.unpack(payload)[0])
                 elif kind == ha_link.HISTORY and self._master():
                     history = {"epochs": self.epochs.as_wire(), "maxOffset": self.control.get("written")}
                     self.endpoint.send_multipart([peer, ha_link.HISTORY + orjson.dumps(history)])

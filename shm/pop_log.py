@@ -195,24 +195,29 @@ class PopReplica:
         self.gen = -1
         self.phase = ""  # "S": taking the snapshot, "J": appending the journal
         self.size = 0  # bytes of the part being taken
+        self.taken = 0  # bytes taken since the connection began (the master's flow control)
         self.generations = self.journal_bytes = 0
 
     def clear(self) -> None:
         """A new connection: nothing of the copy holds until its master ships it again."""
+        self._drop_files()
+        self.gen, self.phase, self.size, self.taken = -1, "", 0, 0
+
+    def _drop_files(self) -> None:
         for path in self.directory.iterdir():
             path.unlink()
-        self.gen, self.phase, self.size = -1, "", 0
 
     def snapshot_chunk(self, gen: int, offset: int, data: bytes) -> None:
-        if offset == 0:
-            self.clear()
-            self.gen, self.phase = gen, "S"
+        if offset == 0:  # a generation begins (the master compacted its log, or this connection is new)
+            self._drop_files()
+            self.gen, self.phase, self.size = gen, "S", 0
             self.generations += 1
         if (gen, "S", offset) != (self.gen, self.phase, self.size):
             raise ReplicaGap(f"a snapshot chunk of generation {gen} at {offset}; the copy is at {self.gen}/{self.phase}/{self.size}")
         with open(self.directory / "snapshot.tmp", "ab") as f:
             f.write(data)
         self.size += len(data)
+        self.taken += len(data)
 
     def journal_chunk(self, gen: int, offset: int, data: bytes) -> None:
         if (self.gen, self.phase) == (gen, "S"):  # the snapshot is whole: it holds from now on
@@ -223,6 +228,7 @@ class PopReplica:
         with open(self.directory / f"journal.{gen}", "ab") as f:
             f.write(data)
         self.size += len(data)
+        self.taken += len(data)
         self.journal_bytes += len(data)
 
     def _seal_snapshot(self) -> None:
@@ -246,7 +252,7 @@ class PopReplica:
         self.phase, self.size = "J", 0
 
     def statistics(self) -> dict:
-        return {"generation": self.gen, "phase": self.phase, "bytes": self.size,
+        return {"generation": self.gen, "phase": self.phase, "bytes": self.size, "taken": self.taken,
                 "generationsTaken": self.generations, "journalBytes": self.journal_bytes}
 
 

@@ -209,3 +209,26 @@ def test_a_chunk_that_does_not_continue_the_copy_is_refused(tmp_path):
     replica.snapshot_chunk(3, 0, b"garbage")
     with pytest.raises(ReplicaGap):
         replica.journal_chunk(3, 0, b"")  # a snapshot that is not one
+
+
+def test_a_slave_that_takes_nothing_is_shipped_at_most_a_window(tmp_path):
+    """PopShipper's flow control: past WINDOW bytes the slave has not said it took, nothing more
+    goes (the link's socket would queue it without bound); its b"T" report opens the window."""
+    from actors.ha_config import PopShipper
+    from actors.ha_link import LinkError
+
+    log = PopLog(tmp_path)
+    log.open()
+    for turn in range(50):
+        log.append(["A", "x" * 1000])
+        log.write()
+    shipper = PopShipper(tmp_path)
+    shipper.CHUNK, shipper.WINDOW = 4096, 10_000
+    shipped = sum(len(item) - 18 for _ in range(20) for item in shipper.items_for("slave"))
+    assert 10_000 <= shipped < 10_000 + 4096 and shipper.statistics()["popHeldBack"] > 0
+    for _ in range(20):  # a slave that reports what it took gets the rest
+        shipper.took("slave", shipped)
+        shipped += sum(len(item) - 18 for item in shipper.items_for("slave"))
+    assert shipped == log.size
+    with pytest.raises(LinkError):
+        shipper.took("slave", log.size + 1)  # more than was shipped: not a slave of this master's

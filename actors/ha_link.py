@@ -11,7 +11,7 @@ Two protocols (the setting `haProtocol`):
   bytes. No handshake: the first report is where the slave stands; 0 means an empty slave, sent
   from the start of the master's last segment. `StreamDecoder` cuts the TCP stream into both.
 - `zmq` (the default): one ZeroMQ message per item, its first byte the kind:
-      slave  -> master  b"H" + JSON hello {brokerId, maxOffset, epochs, endpoint}
+      slave  -> master  b"H" + JSON hello {brokerId, maxOffset, epochs, endpoint, popLog}
                         b"P" + JSON proof {accessKey, signature} (the answer to b"A")
                         b"R" + i64 report (as RocketMQ's)
                         b"T" + i64 (the pop log's bytes taken since the welcome; only once b"Q" came)
@@ -94,6 +94,7 @@ class MasterSession:
         self.handshake = handshake  # zmq: a hello comes first; rocketmq: the first report
         self.broker_id: int | None = None
         self.endpoint = ""
+        self.pop_log = False  # its hello asked for the pop log's copy (b"Q" items)
         self.started = False  # data may flow (after the hello, or the first report)
         self.request_offset = -1
         self.acked = 0
@@ -128,6 +129,7 @@ class MasterSession:
         if max_offset > master_end:
             raise LinkError(f"the follower's offset {max_offset} is past the master's end {master_end}")
         self.broker_id, self.endpoint = broker_id, str(hello.get("endpoint", ""))[:256]
+        self.pop_log = hello.get("popLog") is True
         self._start(max_offset, master_end)
         return WELCOME + orjson.dumps({"epochs": [[e.epoch, e.start, e.token] for e in master_epochs],
                                        "maxOffset": master_end, "keep": fence.keep, "endpoint": self.listen})
@@ -220,7 +222,8 @@ class SlaveSession:
 
     def hello(self, broker_id: int, history: list[epochs.Epoch], endpoint: str) -> bytes:
         return HELLO + orjson.dumps({"brokerId": broker_id, "maxOffset": self.max_offset,
-                                     "epochs": [[e.epoch, e.start, e.token] for e in history], "endpoint": endpoint})
+                                     "epochs": [[e.epoch, e.start, e.token] for e in history], "endpoint": endpoint,
+                                     "popLog": True})
 
     def on_welcome(self, payload: bytes, now_ms: int) -> list[epochs.Epoch]:
         """The master's history, to adopt. LinkError when it says this log must be cut first."""

@@ -408,7 +408,7 @@ class HaServer(Actor):
 
     def _ship_pop_log(self) -> None:
         for peer, session in list(self.sessions.items()):
-            if not session.started:
+            if not (session.started and session.pop_log):  # (a slave that does not keep a copy gets none)
                 continue
             try:
                 for item in self.pop.items_for(peer):

@@ -137,6 +137,16 @@ def test_the_rocketmq_link_starts_an_empty_slave_at_the_last_segment_and_heartbe
     assert session.expired(20_001) and not session.expired(20_000)
 
 
+def test_only_a_slave_whose_hello_asks_for_it_gets_the_pop_log(settings):
+    """An mqnode slave's hello asks for the pop log's copy (`popLog`); a slave written from the
+    protocol before it (or elsewhere) gets no b"Q" item it does not know."""
+    hello = SlaveSession(settings, 0, 0, handshake=True).hello(1, [Epoch(0, 0, A)], "tcp://127.0.0.1:1")
+    asking, plain = MasterSession(settings, 0, handshake=True), MasterSession(settings, 0, handshake=True)
+    asking.on_hello(hello[1:], [Epoch(0, 0, A)], 0, 0)
+    plain.on_hello(_hello(), [Epoch(0, 0, A)], 0, 0)
+    assert asking.pop_log and not plain.pop_log
+
+
 def test_a_slave_session_checks_each_transfer_lands_at_its_end(settings):
     slave = SlaveSession(settings, 100, 0, handshake=True)
     assert not slave.report_due(0)  # nothing before the welcome

@@ -96,6 +96,7 @@ class Pop(Actor):
         # a copy of its master's pop log left by a promotion this service did not finish taking over
         self.taking_over = not self.was_slave and any((s.root / POP_REPLICA).glob("*"))
         self.took_over = self.leases_cut = 0
+        self.forgets: list[dict] = []  # groups and topics deleted, their pop state to forget
         self.next_progress = time.monotonic()
         self.sync_each_turn = s.flushDiskType == "SYNC_FLUSH"
         self.next_sync = time.monotonic()
@@ -147,7 +148,9 @@ class Pop(Actor):
                 self._dlq_answered(header)
                 continue
             if client == FORGET_CLIENT:  # a group or topic deleted: its state goes with its offsets
-                self.core.forget(header.get("consumerGroup"), header.get("topic"))
+                self.forgets.append(header)  # (one that comes while a promotion's copy is taken over: after it)
+                if not self.taking_over:
+                    self._forget()
                 continue
             self._serve(header, client, arrival, out)
             if self.handed_out >= SEND_EARLY and not self.sync_each_turn:
@@ -212,6 +215,12 @@ class Pop(Actor):
                         len(self.core.queues), self.core.in_flight, self.leases_cut)
         shutil.rmtree(replica, ignore_errors=True)
         self.taking_over = False
+        self._forget()
+
+    def _forget(self) -> None:
+        for header in self.forgets:
+            self.core.forget(header.get("consumerGroup"), header.get("topic"))
+        self.forgets.clear()
 
     def _progress(self, out: list) -> None:
         """Each queue's low that moved, to the front as the group's committed offset (after this

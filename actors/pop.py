@@ -96,6 +96,7 @@ class Pop(Actor):
         # a copy of its master's pop log left by a promotion this service did not finish taking over
         self.taking_over = not self.was_slave and any((s.root / POP_REPLICA).glob("*"))
         self.took_over = self.leases_cut = 0
+        self.take_over_ms = 0.0
         self.forgets: list[dict] = []  # groups and topics deleted, their pop state to forget
         self.next_progress = time.monotonic()
         self.sync_each_turn = s.flushDiskType == "SYNC_FLUSH"
@@ -195,7 +196,7 @@ class Pop(Actor):
         promotion (PopCore.fence), made this node's own (compacted into its log, then the copy
         deleted: a crash before the deletion takes it over again, and after it finds the state
         its own). A node that has a pop state of its own (not a slave since it made it) keeps it."""
-        replica = self.settings.root / POP_REPLICA
+        replica, began = self.settings.root / POP_REPLICA, time.monotonic()
         if any(replica.glob("*")) and not self.core.queues:
             try:
                 copy = PopLog(replica)
@@ -211,8 +212,9 @@ class Pop(Actor):
                 lambda topic, queue_id: self.reader.queue(topic, queue_id, dispatched).end_before(promoted_at))
             self.log.compact(self.core.snapshot())
             self.took_over += 1
-            log.warning("pop: took over the master's pop state: %d queues, %d in flight (%d past this log's end cut)",
-                        len(self.core.queues), self.core.in_flight, self.leases_cut)
+            self.take_over_ms = round((time.monotonic() - began) * 1000, 1)
+            log.warning("pop: took over the master's pop state in %.0f ms: %d queues, %d in flight (%d past this "
+                        "log's end cut)", self.take_over_ms, len(self.core.queues), self.core.in_flight, self.leases_cut)
         shutil.rmtree(replica, ignore_errors=True)
         self.taking_over = False
         self._forget()
@@ -472,6 +474,7 @@ class Pop(Actor):
             "held": self.held_count, "heldExpired": self.held_expired, "pollingFull": self.polling_full,
             "deadLetterWaiting": len(self.dlq_todo) + len(self.dlq_waiting) + len(self.dlq_later),
             "log": self.log.statistics(), "tookOver": self.took_over, "leasesCutAtTakeOver": self.leases_cut,
+            "takeOverMs": self.take_over_ms,
             "links": service_links_statistics(self.requests, self.replies)}
 
     def close(self) -> None:

@@ -7,7 +7,11 @@ Prints, each against the issue's target:
 - slave lag at `--rate` sends/s of 1 KiB (20k): for each of the master's written ends sampled
   every ms, the time until the slave's reached it; p50/p99;
 - SYNC_MASTER, 64 concurrent senders, with ASYNC_FLUSH and with SYNC_FLUSH: msgs/s;
-- promotion: `admin role` on a slave whose master is gone, to its first PUT_OK.
+- promotion: `admin role` on a slave whose master is gone, to its first PUT_OK;
+- pop take-over: `--pop-in-flight` messages (100k) popped on the master and not acked, its
+  master gone once the slave's copy of the pop log has it all: `admin role` to the slave's
+  first pop answered (its pop service restores the copy, cuts it at the log's end, compacts it
+  into its own log), and that pop finds every one still in flight.
 
 With `--acl off on` (the default: both, in this order, in the same run) the catch-up and
 SYNC_MASTER figures are measured without the ACL and with it (`aclEnable` on the master, the
@@ -203,18 +207,66 @@ def promotion(directory: Path) -> float:
                     time.sleep(0.005)
 
 
+def pop_take_over(directory: Path, count: int) -> tuple[float, dict]:
+    """(seconds from `admin role` to the promoted slave's first pop answered, its pop stats)."""
+    from node.client import PullConsumer, SendError
+
+    with pair(directory) as nodes:
+        master, slave = nodes["master"].endpoint, nodes["slave"].endpoint
+        asyncio.run(fill_topic(master, "BenchHaPop", count))
+        with PullConsumer(master, timeout=30) as consumer:
+            popped = 0
+            while popped < count:
+                popped += len(consumer.pop("BenchHaPop", "bench-ha-pop", max_count=1024, invisible_ms=600_000,
+                                           wait_ms=1000))
+        journal = _actors(master)["pop"]["log"]["journalBytes"]
+        deadline = time.monotonic() + 120
+        while _actors(slave)["ha-client"]["popReplica"]["bytes"] < journal:
+            assert time.monotonic() < deadline, "the slave's copy of the pop log never caught up"
+            time.sleep(0.2)
+        nodes["master"].kill_all()
+        with Producer(slave, retries=0) as producer, PullConsumer(slave, timeout=30) as consumer:
+            began = time.perf_counter()
+            reply, _ = producer.request({"code": protocol.HA_ROLE, "role": "ASYNC_MASTER"})
+            assert reply["status"] == "OK", reply
+            while True:
+                try:
+                    found = consumer.pop("BenchHaPop", "bench-ha-pop", max_count=32, wait_ms=0)
+                    took = time.perf_counter() - began
+                    break
+                except SendError as e:  # SYSTEM_BUSY while its pop service takes the copy over
+                    assert e.status == "SYSTEM_BUSY", e
+                    time.sleep(0.005)
+            assert found == [], f"{len(found)} of the messages in flight on the master were handed out again"
+            time.sleep(1.5)  # (the statistics are published once a second)
+            return took, _actors(slave)["pop"]
+
+
+async def fill_topic(endpoint: str, topic: str, count: int) -> None:
+    async with AsyncProducer(endpoint, timeout=30) as producer:
+        for at in range(0, count, 1024):
+            await producer.send_batch(topic, [Message(topic, BODY) for _ in range(min(1024, count - at))])
+
+
+def _actors(endpoint: str) -> dict:
+    with Producer(endpoint) as producer:
+        reply, _ = producer.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+    return reply["actors"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--catch-up-mib", type=int, default=1024)
     parser.add_argument("--rate", type=int, default=20000)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--sync-count", type=int, default=100_000)
-    parser.add_argument("--only", choices=["catch-up", "lag", "sync", "promotion"], action="append")
+    parser.add_argument("--pop-in-flight", type=int, default=100_000)
+    parser.add_argument("--only", choices=["catch-up", "lag", "sync", "promotion", "pop"], action="append")
     parser.add_argument("--acl", choices=["off", "on"], nargs="+", default=["off", "on"],
                         help="measure catch-up and SYNC_MASTER without the ACL, with it, or both (the default)")
     args = parser.parse_args()
     securities = [Security(mode == "on") for mode in args.acl]
-    only = set(args.only or ["catch-up", "lag", "sync", "promotion"])
+    only = set(args.only or ["catch-up", "lag", "sync", "promotion", "pop"])
     base = Path(tempfile.mkdtemp(prefix="mqnode-bench-ha-"))
     print(floors.report(base), flush=True)
     try:
@@ -235,6 +287,11 @@ def main() -> None:
         if "promotion" in only:
             print(f"promotion: first PUT_OK {promotion(base / 'promotion') * 1000:.0f} ms after admin role "
                   f"(target <= 2000 ms)", flush=True)
+        if "pop" in only:
+            took, stats = pop_take_over(base / "pop", args.pop_in_flight)
+            print(f"pop take-over of {args.pop_in_flight:,} in flight: first pop answered {took * 1000:.0f} ms after "
+                  f"admin role (the pop service's take-over {stats['takeOverMs']:.0f} ms; {stats['inFlight']:,} still "
+                  f"in flight, none handed out again)", flush=True)
         print(floors.report(base), flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -14,6 +14,7 @@ import psutil
 import pytest
 from nodes import LEAN, LEAN_SPLIT, ROOT, NodeProcess, node_settings
 
+from node.client import PullConsumer
 from node.tools.loadtest import payload, records
 from node.tools.loadtest.histogram import LogHistogram
 from node.tools.loadtest.params import PRESETS, SizeSpec
@@ -123,6 +124,26 @@ def test_an_unanswered_send_may_be_missing_or_delivered_once_but_not_twice():
     assert "duplicate" in verify(sent, np.append(consumed, consumed[1:2])).findings
 
 
+def test_a_popped_run_counts_a_message_handed_out_again_and_checks_no_order():
+    """--pop: a message received again at its one position is a redelivery (at least once), a
+    queue's order means nothing to a pop group; lost, misplaced, corrupt and stored twice still
+    fail the run."""
+    sent, consumed = clean_run()
+    again = np.concatenate([consumed, consumed[10:30]])
+    again[[8, 16]] = again[[16, 8]]  # (queue 0 of consumer 0 backwards: a pull run's out-of-order)
+    verdict = verify(sent, again, popped=True)
+    assert verdict.ok, verdict.lines()
+    assert verdict.counts["redelivered"] == 20 and verdict.counts["consumed"] == 220
+    assert {"duplicate", "out-of-order"} <= set(verify(sent, again).findings)  # (pulled: both findings)
+    assert "lost" in verify(sent, np.delete(again, 40), popped=True).findings
+    assert "misplaced" in verify(*_misplace(sent, again), popped=True).findings
+    assert "corrupt" in verify(*_corrupt(sent, again), popped=True).findings
+    assert "phantom" in verify(*_phantom(sent, again), popped=True).findings
+    twice = np.append(consumed, consumed[3:4])
+    twice["offset"][-1] += 1000  # the same message at a second position: stored twice
+    assert "duplicate" in verify(sent, twice, popped=True).findings
+
+
 def test_verify_lists_what_went_wrong_with_counts_beyond_the_examples():
     sent, consumed = clean_run(per_producer=100)
     verdict = verify(sent, consumed[:50])
@@ -207,7 +228,8 @@ def test_presets_resolve_and_flags_override_them():
 
 
 @pytest.mark.parametrize("flags", [["--producers", "0"], ["--chaos", "--endpoint", "tcp://127.0.0.1:1"],
-                                   ["--verify", "--consumers", "0"], ["--size", "8"], ["--count", "0"]])
+                                   ["--verify", "--consumers", "0"], ["--size", "8"], ["--count", "0"],
+                                   ["--pop", "--invisible-ms", "10"]])
 def test_bad_flags_exit_2_before_starting_anything(flags, capsys):
     assert main(flags) == 2
     assert "loadtest:" in capsys.readouterr().out
@@ -300,6 +322,30 @@ def test_reverify_fails_on_tampered_records(node, tmp_path):
     assert again.returncode == 1, again.stdout
     for kind in ("lost: 1", "duplicate: 1", "corrupt: 1"):
         assert kind in again.stdout
+
+
+def test_a_pop_group_consumes_every_message_and_its_records_reverify_as_pops(node, tmp_path):
+    """--pop: two consumers pop as one group from every queue and ack; the run ends when the
+    group has retired every queue. A message handed out again at its position passes
+    --reverify (the run was a pop run: results.json says), a lost one does not."""
+    done, results = loadtest("--endpoint", node.endpoint, "--topic", "LTPop", "--count", "3000", "--consumers", "2",
+                             "--pop", "--invisible-ms", "2000", "--verify", "--output", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert results["verify"]["ok"] and results["verify"]["counts"]["consumedUnique"] == 3000, results["verify"]
+    assert "redelivered" in results["verify"]["counts"] and results["summary"]["unfinishedQueues"] == []
+    with PullConsumer(node.endpoint) as consumer:
+        assert all(q["inFlight"] == 0 for q in consumer.pop_state("LTPop-pop")["LTPop"].values())
+    consumed = records.load(tmp_path / "records", "consumed")
+    for path in (tmp_path / "records").glob("consumed-*.bin"):
+        path.unlink()
+    records.save(tmp_path / "records", "consumed", np.append(consumed, consumed[7:9]))  # handed out again
+    again = subprocess.run([sys.executable, "-m", "node.tools.loadtest.run", "--reverify", str(tmp_path)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "redelivered 2" in again.stdout, again.stdout
+    records.save(tmp_path / "records", "consumed", np.delete(consumed, 5))
+    again = subprocess.run([sys.executable, "-m", "node.tools.loadtest.run", "--reverify", str(tmp_path)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "lost: 1" in again.stdout, again.stdout
 
 
 def test_sigterm_stops_producing_drains_and_still_reports(node, tmp_path):

@@ -37,6 +37,8 @@ class RunParams:
     duration: float | None = None    # seconds of producing
     count: int | None = None         # messages to produce in all
     backlog: bool = False            # consumers start when the producers are done
+    pop: bool = False                # consumers pop (RocketMQ 5's model) as one group from every queue, acking each
+    invisible_ms: int = 5000         # --pop: a popped message not acked comes back after this
     drain_timeout: float = 60.0      # seconds consumers get to catch up after producing ends
     send_timeout: float = 5.0
     verify: bool = False
@@ -74,6 +76,8 @@ class RunParams:
             problems.append("--slave starts a slave of the node the run starts (no --endpoint)")
         if self.chaos and self.endpoint:
             problems.append("--chaos restarts what it kills, so it needs a node the run starts (no --endpoint)")
+        if not 1000 <= self.invisible_ms <= 600_000:
+            problems.append("--invisible-ms must be 1000..600000")
         if self.verify and self.consumers < 1:
             problems.append("--verify needs consumers (--consumers >= 1)")
         try:
@@ -92,6 +96,11 @@ class RunParams:
         if self.count is None and self.duration is None:
             return dataclasses.replace(self, duration=30.0)
         return self
+
+    @property
+    def pop_group(self) -> str:
+        """--pop: the consumers' group, one per topic name (its offsets begin at the run's start)."""
+        return f"{self.topic}-pop"
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

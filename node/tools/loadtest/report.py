@@ -60,7 +60,9 @@ def summary_rows(results: dict) -> list[tuple[str, str]]:
                      else f"FAILED: {copied['problem']}"))
     verdict = results.get("verify")
     if verdict is not None:
-        rows.append(("verify", "PASSED" if verdict["ok"] else
+        again = verdict["counts"].get("redelivered")  # (--pop: at least once)
+        rows.append(("verify", ("PASSED" + (f", {again:,} handed out again" if again is not None else ""))
+                     if verdict["ok"] else
                      "FAILED: " + ", ".join(f"{k} {v['count']:,}" for k, v in verdict["findings"].items())))
     return rows
 

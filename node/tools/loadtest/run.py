@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import multiprocessing
 import os
 import platform
@@ -25,6 +26,7 @@ import psutil
 from rich.console import Console
 from rich.live import Live
 
+from node import protocol
 from node.client import SendError, aio
 from node.tools.loadtest import records, replication, report, verify
 from node.tools.loadtest.chaos import Chaos
@@ -64,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, help="seconds of producing")
     p.add_argument("--count", type=int, help="messages to produce in all (with --duration: whichever comes first)")
     p.add_argument("--backlog", action="store_true", default=None, help="consumers start after producing ends")
+    p.add_argument("--pop", action="store_true", default=None,
+                   help="consumers pop (RocketMQ 5's model) as one group from every queue and ack each message; "
+                        "with --verify a message handed out again is counted, not a finding, and order is not checked")
+    p.add_argument("--invisible-ms", type=int, dest="invisible_ms",
+                   help="--pop: how long a popped message stays invisible before it comes back unless acked (default 5000)")
     p.add_argument("--drain-timeout", type=float, dest="drain_timeout", help="seconds consumers get to catch up (default 60)")
     p.add_argument("--send-timeout", type=float, dest="send_timeout", help="seconds before a send counts as unknown (default 5)")
     p.add_argument("--verify", action="store_true", default=None,
@@ -122,8 +129,9 @@ def node_settings(params: RunParams, directory: Path):
     return local_settings(directory, **values)
 
 
-async def _probe(endpoint: str, topics: list[str]) -> dict[tuple[int, int], int]:
-    """Each (topic index, queue)'s max offset now: where this run's messages will start."""
+async def _probe(endpoint: str, topics: list[str], pop_group: str | None = None) -> dict[tuple[int, int], int]:
+    """Each (topic index, queue)'s max offset now: where this run's messages will start. With
+    `pop_group`, the group's offsets are set there: its pops begin at this run's messages."""
     from node.client import AsyncPullConsumer
 
     starts = {}
@@ -131,7 +139,19 @@ async def _probe(endpoint: str, topics: list[str]) -> dict[tuple[int, int], int]
         for t, topic in enumerate(topics):
             for q in range(await consumer.client.queue_count(topic)):
                 starts[t, q] = await consumer.max_offset(topic, q)
+        if pop_group:
+            await _start_pop_group(consumer, pop_group, topics, starts)
     return starts
+
+
+async def _start_pop_group(consumer, group: str, topics: list[str], starts: dict[tuple[int, int], int]) -> None:
+    """A pop group that starts at `starts`: an earlier run's state forgotten (the group deleted,
+    DELETE_SUBSCRIPTIONGROUP), then its offsets committed there."""
+    reply, _ = await consumer.client.request({"code": protocol.DELETE_SUBSCRIPTIONGROUP, "groupName": group})
+    if reply.get("status") not in ("OK", "SUBSCRIPTION_GROUP_NOT_EXIST"):
+        raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", "deleting the pop group"))
+    for (t, q), offset in starts.items():
+        await consumer.commit(group, topics[t], q, offset)
 
 
 class Run:
@@ -157,7 +177,7 @@ class Run:
 
     def execute(self) -> dict:
         p = self.params
-        starts = aio.run(_probe(p.endpoint, p.topic_names))
+        starts = aio.run(_probe(p.endpoint, p.topic_names, p.pop_group if p.pop else None))
         context = multiprocessing.get_context("spawn")
         reports = context.Queue()
         stop, produced, abort = context.Event(), context.Event(), context.Event()
@@ -166,7 +186,7 @@ class Run:
         consumers = [context.Process(target=consumer_main, name=f"loadtest-consumer-{i}", daemon=True,
                                      args=(config, self.run_id, i, records_dir, reports, (produced, abort),
                                            {pair: o for k, (pair, o) in enumerate(starts.items())
-                                            if k % p.consumers == i}))
+                                            if p.pop or k % p.consumers == i}))  # (a pop group's members share all)
                      for i in range(p.consumers)]
         producers = [context.Process(target=producer_main, name=f"loadtest-producer-{i}", daemon=True,
                                      args=(config, self.run_id, i, records_dir, reports, stop))
@@ -314,7 +334,8 @@ class Run:
     def _results(self, starts: dict[tuple[int, int], int]) -> dict:
         verdict = None
         if self.records_dir:
-            verdict = verify.verify(records.load(self.records_dir, "sent"), records.load(self.records_dir, "consumed"))
+            verdict = verify.verify(records.load(self.records_dir, "sent"), records.load(self.records_dir, "consumed"),
+                                    popped=self.params.pop)
         copied = replication.check(self.node.settings, self.slave.settings) if self.slave else None
         if copied is not None and not copied["ok"]:
             self.failures.append(f"the slave's CommitLog is not the master's: {copied['problem']}")
@@ -353,12 +374,21 @@ def reverify(directory: Path, console: Console) -> int:
     if not records_dir.is_dir():
         console.print(f"loadtest: {records_dir} does not exist (was the run made with --verify?)")
         return 2
-    verdict = verify.verify(records.load(records_dir, "sent"), records.load(records_dir, "consumed"))
+    popped = _was_popped(directory)
+    verdict = verify.verify(records.load(records_dir, "sent"), records.load(records_dir, "consumed"), popped=popped)
     counts = ", ".join(f"{k} {v:,}" for k, v in verdict.counts.items())
     console.print(f"verify {'PASSED' if verdict.ok else 'FAILED'}: {counts}", highlight=False)
     for line in verdict.lines():
         console.print(line, highlight=False)
     return 0 if verdict.ok else 1
+
+
+def _was_popped(directory: Path) -> bool:
+    """Whether the run whose output `directory` is consumed by pops (its results.json says)."""
+    try:
+        return bool(json.loads((directory / "results.json").read_text())["params"].get("pop"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _interrupt(signum, frame) -> None:

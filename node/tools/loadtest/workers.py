@@ -233,7 +233,9 @@ class _Plan:
 class ConsumerWorker(_Reporting):
     """Follows its share of the (topic, queue) pairs from the run's start offsets with long
     polling; once the producers are done, reads each queue up to its end at that moment, then
-    stops."""
+    stops. With --pop it pops the run's topics as a member of the run's pop group (every member
+    from every queue), acking what it received, until the group has retired every queue up to
+    its end at that moment."""
 
     role = "consumer"
 
@@ -268,9 +270,12 @@ class ConsumerWorker(_Reporting):
                 await asyncio.sleep(0.05)
                 self.poll_events()
         async with AsyncPullConsumer(self.params.endpoint, timeout=self.params.send_timeout) as consumer:
-            done = await asyncio.gather(*[self._follow(consumer, q) for q in self.starts])
-        self.unfinished = [f"{self.params.topic_names[t]}:{q}" for (t, q), finished in zip(self.starts, done)
-                           if not finished]
+            if self.params.pop:
+                self.unfinished = await self._pop(consumer)
+            else:
+                done = await asyncio.gather(*[self._follow(consumer, q) for q in self.starts])
+                self.unfinished = [f"{self.params.topic_names[t]}:{q}" for (t, q), finished in zip(self.starts, done)
+                                   if not finished]
         reporter.cancel()
         self.report(done=True)
         if self.records:
@@ -299,6 +304,51 @@ class ConsumerWorker(_Reporting):
             self._received(pair[0], result.messages)
             self.offsets[pair] = result.next_begin_offset
         return False
+
+    async def _pop(self, consumer: AsyncPullConsumer) -> list[str]:
+        """Pop every topic of the run in turn, ack what came; once producing ended, until the
+        group's pop state has every queue retired up to its end then. The queues not retired
+        by the drain deadline (or all, when aborted)."""
+        group, names = self.params.pop_group, self.params.topic_names
+        targets: dict[tuple[int, int], int] | None = None
+        next_look = 0.0
+        for t in itertools.cycle(range(len(names))):
+            if self.aborted:
+                break
+            if self.producing_done and targets is None:
+                targets = {pair: await _wait_for_node(lambda p=pair: consumer.max_offset(names[p[0]], p[1]))
+                           for pair in self.starts}
+            if targets is not None and time.monotonic() >= next_look:
+                next_look = time.monotonic() + 0.5
+                left = await self._pop_left(consumer, targets)
+                if not left or (self.drain_deadline and time.monotonic() > self.drain_deadline):
+                    return left
+            try:
+                messages = await consumer.pop(names[t], group, max_count=PULL_BATCH, invisible_ms=self.params.invisible_ms,
+                                              wait_ms=SUSPEND_MS // len(names) or 1)
+            except (SendError, zmq.ZMQError) as e:
+                self.errors[getattr(e, "status", "ZMQ")] += 1
+                await asyncio.sleep(0.05)
+                continue
+            self._received(t, messages)
+            if messages:
+                try:
+                    await consumer.ack_batch(messages)
+                except (SendError, zmq.ZMQError) as e:  # (they come back after their invisible time)
+                    self.errors[getattr(e, "status", "ZMQ")] += 1
+        return [f"{names[t]}:{q}" for t, q in self.starts]
+
+    async def _pop_left(self, consumer: AsyncPullConsumer, targets: dict[tuple[int, int], int]) -> list[str]:
+        """The queues the group has not retired up to their target (its first message not yet
+        acked is below it; a queue it never popped is where this run started it)."""
+        names = self.params.topic_names
+        try:
+            state = await consumer.pop_state(self.params.pop_group)
+        except (SendError, zmq.ZMQError) as e:
+            self.errors[getattr(e, "status", "ZMQ")] += 1
+            return [f"{names[t]}:{q}" for t, q in targets]
+        return [f"{names[t]}:{q}" for (t, q), target in targets.items()
+                if state.get(names[t], {}).get(str(q), {}).get("low", self.starts[t, q]) < target]
 
     def _received(self, topic: int, messages) -> None:
         now_ns = time.time_ns()

@@ -166,8 +166,8 @@ class PopLogTail:
         return self.gen, self.snapshot
 
     def journal(self, gen: int, offset: int, limit: int) -> bytes:
-        """Up to `limit` bytes of whole frames of journal `gen` from `offset` (b"": none yet,
-        or the generation is gone)."""
+        """Up to `limit` bytes (-1: all there is) of whole frames of journal `gen` from `offset`
+        (b"": none yet, or the generation is gone)."""
         try:
             with open(self.directory / f"journal.{gen}", "rb") as f:
                 f.seek(offset)

@@ -1,5 +1,6 @@
-"""`--slave`: a slave beside the node the run starts, and the check at the end that its
-CommitLog is byte for byte the master's (it catches up within CATCH_UP_S after the load)."""
+"""`--slave`: a slave beside the node the run starts, and the checks at the end that its
+CommitLog is byte for byte the master's (it catches up within CATCH_UP_S after the load), and
+its copy of the master's pop log too (within POP_CATCH_UP_S)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 from node.tools.local_node import NodeProcess, free_port, local_settings
 from shm.control_block import peek
 from shm.mapped_file import file_name
+from shm.pop_log import POP_REPLICA, PopLogTail
 
 CATCH_UP_S = 120.0
+POP_CATCH_UP_S = 30.0
 CHUNK = 1 << 20
 
 
@@ -69,3 +72,24 @@ def _read(settings, offset: int, size: int) -> bytes:
     with open(settings.commitlog_dir / file_name(segment), "rb") as f:
         f.seek(offset - segment)
         return f.read(size)
+
+
+def check_pop(master, slave) -> dict:
+    """Wait for the slave's copy of the pop log to be the master's (its generation's snapshot
+    and journal), then say so: {"ok", "generation", "bytes", "problem"}."""
+    ours, theirs = PopLogTail(master.root / "pop"), PopLogTail(slave.root / POP_REPLICA)
+    deadline = time.monotonic() + POP_CATCH_UP_S
+    while True:
+        mine, copy = _pop_log(ours), _pop_log(theirs)
+        if mine == copy:
+            return {"ok": True, "generation": mine[0], "bytes": len(mine[1]) + len(mine[2]), "problem": ""}
+        if time.monotonic() > deadline:
+            return {"ok": False, "generation": mine[0], "bytes": 0,
+                    "problem": f"the slave's copy is at generation {copy[0]}, {len(copy[2])} journal bytes; the "
+                               f"master's at {mine[0]}, {len(mine[2])} (after {POP_CATCH_UP_S:.0f} s)"}
+        time.sleep(0.2)
+
+
+def _pop_log(tail: PopLogTail) -> tuple[int, bytes, bytes]:
+    gen, snapshot = tail.current()
+    return gen, snapshot, tail.journal(gen, 0, -1)  # (-1: the whole journal)

@@ -58,6 +58,10 @@ def summary_rows(results: dict) -> list[tuple[str, str]]:
     if copied is not None:
         rows.append(("slave", f"CommitLog identical to the master's, {copied['comparedBytes']:,} bytes" if copied["ok"]
                      else f"FAILED: {copied['problem']}"))
+        pop = copied.get("popLog")  # (results of runs before the pop log's copy have none)
+        if pop is not None:
+            rows.append(("slave's pop log", f"identical to the master's, {pop['bytes']:,} bytes" if pop["ok"]
+                         else f"FAILED: {pop['problem']}"))
     verdict = results.get("verify")
     if verdict is not None:
         again = verdict["counts"].get("redelivered")  # (--pop: at least once)

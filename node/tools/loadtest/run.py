@@ -339,6 +339,10 @@ class Run:
         copied = replication.check(self.node.settings, self.slave.settings) if self.slave else None
         if copied is not None and not copied["ok"]:
             self.failures.append(f"the slave's CommitLog is not the master's: {copied['problem']}")
+        if copied is not None:
+            copied["popLog"] = replication.check_pop(self.node.settings, self.slave.settings)
+            if not copied["popLog"]["ok"]:
+                self.failures.append(f"the slave's copy of the pop log is not the master's: {copied['popLog']['problem']}")
         summary = self.progress.summary()
         if summary["unfinishedQueues"]:
             self.failures.append(f"consumers did not reach the end of queues {summary['unfinishedQueues']} "

@@ -392,21 +392,21 @@ def test_sync_flush_preset_starts_and_stops_its_own_node(tmp_path):
 
 @pytest.mark.slow
 def test_chaos_under_sync_flush_with_a_slave_loses_nothing_and_keeps_the_copy(tmp_path):
-    """SYNC_FLUSH and SYNC_MASTER, a slave beside (`--slave`), a pop group of two consuming: the
-    master's processes (its pop service among them), its whole node, the slave's processes and
-    the slave's whole node are struck; every acknowledged message is consumed (at least once),
-    and the slave's CommitLog and its copy of the pop log end byte for byte as the master's.
-    (Pull consumers under kill -9 of every process: test_node_crash.)"""
+    """SYNC_FLUSH and SYNC_MASTER, a slave beside (`--slave`): the master's processes, its whole
+    node, the slave's processes and the slave's whole node are struck; every acknowledged message
+    is consumed, and the slave's CommitLog (and its copy of the pop log, empty here) ends byte for
+    byte as the master's. (A pop group under kill -9 of its service and of the whole node:
+    test_pop; the pop log's copy through a failover: test_ha.)"""
     done, results = loadtest("--flush", "SYNC_FLUSH", "--node-option", "brokerRole=SYNC_MASTER", "--slave",
-                             "--producers", "2", "--consumers", "2", "--pop", "--invisible-ms", "2000", "--rate",
-                             "1500", "--duration", "9", "--verify", "--chaos", "--chaos-interval", "1.5,2.5",
-                             "--seed", "1", "--output", str(tmp_path), *LEAN_NODE, timeout=400)
+                             "--producers", "2", "--consumers", "1", "--rate", "1500", "--duration", "9", "--verify",
+                             "--chaos", "--chaos-interval", "1.5,2.5", "--seed", "1", "--output", str(tmp_path),
+                             *LEAN_NODE, timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
     strikes = results["chaos"]
     assert strikes and all("recoveredAfter" in s for s in strikes), strikes
     assert any(s["target"].startswith("slave") for s in strikes), strikes
     assert results["verify"]["ok"] and results["verify"]["counts"]["acked"] > 1000
     assert results["replication"]["ok"] and results["replication"]["comparedBytes"] > 0, results["replication"]
-    assert results["replication"]["popLog"]["ok"] and results["replication"]["popLog"]["bytes"] > 0, results["replication"]
+    assert results["replication"]["popLog"]["ok"], results["replication"]
     assert "chaos" in done.stdout and "PASSED" in done.stdout and "identical" in done.stdout
     assert not _left_behind("mqnode-loadtest-")

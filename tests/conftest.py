@@ -32,26 +32,9 @@ def pytest_addoption(parser):
 SPARK_MODULES = frozenset(f"tests/integration/test_{name}.py" for name in ("archive", "cluster", "offline", "spark", "tiered"))
 
 
-# Roughly how long each of the slowest units runs (seconds, from a junit report of a whole run):
-# scripts/test hands them out first, longest first, so the last units handed out are short and
-# the two workers end together (by test count, xdist's order, two of the slowest went last and
-# one worker idled ~55 s at the end). A unit not listed goes after them; a wrong figure only
-# costs balance.
-SLOWEST = {"spark": 375, "tests/integration/test_grpc.py": 260, "tests/integration/test_transactions.py": 162,
-           "tests/integration/test_ha.py": 157, "tests/integration/test_loadtest.py": 125,
-           "tests/integration/test_node_crash.py": 119, "tests/integration/test_schedule.py": 106,
-           "tests/integration/test_pop.py": 99, "tests/integration/test_push.py": 78,
-           "tests/integration/test_read_path.py": 68, "tests/integration/test_clean.py": 56,
-           "tests/integration/test_supervision.py": 47, "tests/integration/test_ha_acl.py": 47,
-           "tests/integration/test_fail_stop.py": 43, "tests/integration/test_grpc_cluster.py": 38,
-           "tests/integration/test_hangs.py": 33, "tests/integration/test_security.py": 32,
-           "tests/integration/test_bugs.py": 31, "tests/integration/test_node.py": 30}
-
-
 def pytest_xdist_make_scheduler(config, log):
     """scripts/test's `--dist loadfile`, with the Spark modules one unit: each module's tests run
-    in one worker and share its node, and the Spark modules share one worker and its JVM; the
-    SLOWEST units go first.
+    in one worker and share its node, and the Spark modules share one worker and its JVM.
     (pytest-xdist's `--dist loadgroup` would do it with marks, but it renames test ids in a way
     pytest 9.2 no longer sees, and silently hands out each test alone.)"""
     if config.getvalue("dist") != "loadfile":
@@ -59,19 +42,9 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadFileScheduling
 
     class SparkTogether(LoadFileScheduling):
-        ordered = False
-
         def _split_scope(self, nodeid: str) -> str:
             module = super()._split_scope(nodeid)
             return "spark" if module in SPARK_MODULES else module
-
-        def _assign_work_unit(self, node) -> None:
-            if not self.ordered:  # (the first hand-out: the queue is whole) the slowest first
-                self.ordered = True
-                units = sorted(self.workqueue.items(), key=lambda unit: -SLOWEST.get(unit[0], 0))  # (stable)
-                self.workqueue.clear()
-                self.workqueue.update(units)
-            super()._assign_work_unit(node)
 
     return SparkTogether(config, log)
 

@@ -317,7 +317,7 @@ class Front(Actor):
         """A group or topic gone (its offsets too): the pop service forgets its pop state, so a
         group of the name starts anew, as its committed offsets do."""
         group, topic = header.get("groupName"), header.get("topic")
-        if group in self.groups.groups or topic is not None and self.topics.get(topic) is not None:
+        if group in self.groups.groups or (topic is not None and self.topics.get(topic) is not None):
             return  # (the delete was refused)
         word = {"consumerGroup": group} if group is not None else {"topic": topic}
         if not self.pops_out.send((word, FORGET_CLIENT, 0, orjson.dumps(word)), time.monotonic()):

@@ -25,7 +25,7 @@ Two protocols (the setting `haProtocol`):
                         b"C" + file name + NUL + content (a config file changed: SYNCED_CONFIG)
                         b"Q" + b"S"|b"J" + u64 generation + u64 offset + bytes (the pop log:
                         its snapshot's chunks, then its journal's whole frames; at most
-                        POP_WINDOW bytes past the slave's last b"T" report of what it took)
+                        PopShipper.WINDOW bytes past the slave's last b"T" of what it took)
   The hello carries the slave's epoch history and the welcome the master's, so a slave whose
   log holds bytes the master never had is fenced (shm.epochs.common_prefix) before it follows.
   With the master's ACL on (`aclEnable`), the hello is answered with a fresh random challenge

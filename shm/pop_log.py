@@ -78,10 +78,10 @@ class PopLog:
         path = self.directory / "snapshot"
         if not path.exists():
             return None
-        frames, _ = read_frames(path.read_bytes())
-        if len(frames) != 1:  # written whole then renamed: damage here is not a crash's
-            raise PopLogDamaged(f"{path}: not one whole frame")
-        return orjson.loads(frames[0])
+        try:
+            return snapshot_of(path.read_bytes())
+        except PopLogDamaged as e:
+            raise PopLogDamaged(f"{path}: {e}") from None
 
     # -- append ------------------------------------------------------------------------------------
 
@@ -281,7 +281,6 @@ def read_frames(data: bytes) -> tuple[list[bytes], int]:
     return frames, at
 
 
-
 def whole_frames(data: bytes) -> int:
     """Where the whole frames at the start of `data` end (no CRC check: for cutting a read of a
     journal being appended to at a frame's end)."""
@@ -294,11 +293,17 @@ def whole_frames(data: bytes) -> int:
     return at
 
 
-def snapshot_generation(data: bytes) -> int:
-    """The generation a snapshot file's bytes begin; PopLogDamaged unless they are one whole frame."""
+def snapshot_of(data: bytes) -> dict:
+    """A snapshot file's {"gen", "state"}; PopLogDamaged unless its bytes are one whole frame
+    (written whole, then renamed: damage there is not a crash's)."""
     frames, _ = read_frames(data)
     if len(frames) != 1:
-        raise PopLogDamaged("a pop snapshot that is not one whole frame")
-    gen = orjson.loads(frames[0])["gen"]
+        raise PopLogDamaged("not one whole frame")
+    return orjson.loads(frames[0])
+
+
+def snapshot_generation(data: bytes) -> int:
+    """The generation a snapshot file's bytes begin (PopLogDamaged as `snapshot_of`)."""
+    gen = snapshot_of(data)["gen"]
     assert isinstance(gen, int) and gen >= 0, gen  # (written by PopLog.compact only)
     return gen

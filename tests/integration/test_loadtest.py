@@ -138,6 +138,9 @@ def test_a_popped_run_counts_a_message_handed_out_again_and_checks_no_order():
     assert "lost" in verify(sent, np.delete(again, 40), popped=True).findings
     assert "misplaced" in verify(*_misplace(sent, again), popped=True).findings
     assert "corrupt" in verify(*_corrupt(sent, again), popped=True).findings
+    damaged_again = again.copy()
+    damaged_again["intact"][-1] = 0  # (the second copy of a message handed out twice)
+    assert "corrupt" in verify(sent, damaged_again, popped=True).findings
     assert "phantom" in verify(*_phantom(sent, again), popped=True).findings
     twice = np.append(consumed, consumed[3:4])
     twice["offset"][-1] += 1000  # the same message at a second position: stored twice

@@ -61,11 +61,11 @@ def _name(row) -> str:
 def verify(sent: np.ndarray, consumed: np.ndarray, *, popped: bool = False) -> Verdict:
     verdict = Verdict()
     received = len(consumed)
+    _corrupt(verdict, consumed)  # (every copy received: one handed out again may be the damaged one)
     if popped:  # one row per message and position: the same message again there is a redelivery
         _, first = np.unique(consumed[["producer", "seq", "topic", "queue", "offset"]], return_index=True)
         consumed = consumed[np.sort(first)]
     readable = consumed[consumed["producer"] != UNREADABLE]
-    _corrupt(verdict, consumed)
     sent_keys, consumed_keys = _keys(sent), _keys(readable)
     unique_sent, sent_counts = np.unique(sent_keys, return_counts=True)
     reused = unique_sent[sent_counts > 1]

@@ -1,37 +1,93 @@
 """The embedded Ray's worker program (`RayParams.worker_path`: node.server.ray_setup.start_head):
-Ray's own `default_worker.py`, run after jsonschema is deferred to its first use.
+Ray's own `default_worker.py`, run after the packages in DEFERRED are deferred to their first use.
 
-`import ray` loads jsonschema, to validate the schemas of runtime_env plugins, which a node never
-has: ~0.06 CPU-s of the ~0.38 that import costs, in every worker a node starts (11 at a lean
-start, again at every restart). Deferred, it is a module object that loads itself whole when it
-is first touched (importlib.util.LazyLoader), so whatever does use it still gets it. (requests
-costs as much, but Ray's own modules import it twice, and a lazy module is loaded by its second
-import: the import statement reads its `__spec__`.) Run as a script, before Ray is imported:
-nothing of mqnode's is imported here."""
+`import ray` imports requests (to ask a cloud's metadata server about TPUs) and jsonschema (to
+validate runtime_env plugins' schemas), and a node's workers use neither: loading them is
+~0.1 CPU-s of the ~0.4 that `import ray` costs, in every worker a node starts (11 at a lean start,
+again at every restart; ~1,000 in a run of the test suite).
+
+Deferred, such a package is a stand-in in `sys.modules` before Ray is imported, so every
+`import requests` binds it. It has what an import statement reads (`__spec__`: a second import
+loads nothing) and loads the real package at the first other attribute asked of it; from then on
+the real one is in `sys.modules` and the stand-in passes every attribute on to it. (importlib's
+LazyLoader, used here before for jsonschema, loads at any attribute, `__spec__` too: Ray imports
+requests twice, and a lazy requests was loaded by the second.) Run as a script, before Ray is
+imported: nothing of mqnode's is imported here."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
-import importlib.machinery
 import importlib.util
 import os
 import runpy
 import sys
+import threading
+import types
 
-DEFERRED = frozenset({"jsonschema"})
+DEFERRED = ("jsonschema", "requests")
+_LOADING = threading.RLock()  # (a worker's threads may touch a stand-in at once; loading one may touch another)
 
 
-class DeferredImports(importlib.abc.MetaPathFinder):
-    """Finds the DEFERRED top-level modules where the path finder would, with a lazy loader."""
+class Deferred(types.ModuleType):
+    """A top-level package's stand-in until the first use of one of its attributes."""
+
+    def __init__(self, spec) -> None:
+        super().__init__(spec.name)
+        self.__spec__, self.__loader__, self.__file__ = spec, spec.loader, spec.origin
+
+    def __getattr__(self, attribute: str):  # (only what the stand-in lacks: `__path__` too, see Submodules)
+        return getattr(self.load(), attribute)
+
+    def load(self) -> types.ModuleType:
+        with _LOADING:
+            real = self.__dict__.get("_real")
+            if real is None:
+                if sys.modules.get(self.__name__) is self:
+                    del sys.modules[self.__name__]
+                real = self.__dict__["_real"] = importlib.import_module(self.__name__)
+            return real
+
+
+class Submodules(importlib.abc.MetaPathFinder):
+    """A submodule of a deferred package imported before the package's first use
+    (`from requests.exceptions import ...`): the import asks the stand-in for its `__path__`, which
+    loads the real package, whose own import may import that very submodule, after the import
+    statement looked for it in `sys.modules` and before it looks for where it is. Found here, it is
+    the module just made, not run a second time (two of its classes would not be the same)."""
 
     def find_spec(self, name, path, target=None):
-        if name not in DEFERRED:
+        if name.partition(".")[0] not in DEFERRED or name not in sys.modules:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        return importlib.util.spec_from_loader(name, _Made(sys.modules[name]))
+
+
+class _Made(importlib.abc.Loader):
+    def __init__(self, module: types.ModuleType) -> None:
+        self.module, self.spec = module, module.__spec__
+
+    def create_module(self, spec) -> types.ModuleType:
+        return self.module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__spec__ = self.spec  # (the import set this finder's in its place)
+
+
+def defer(names=DEFERRED) -> list[str]:
+    """Puts a stand-in in `sys.modules` for each of `names` installed and not yet imported; the
+    names deferred."""
+    done = []
+    for name in names:
+        if name in sys.modules:
+            continue
+        spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
-            return None
-        spec.loader = importlib.util.LazyLoader(spec.loader)
-        return spec
+            continue
+        sys.modules[name] = Deferred(spec)
+        done.append(name)
+    if done and not any(isinstance(finder, Submodules) for finder in sys.meta_path):
+        sys.meta_path.insert(0, Submodules())
+    return done
 
 
 def default_worker_path() -> str:
@@ -42,7 +98,7 @@ def default_worker_path() -> str:
 
 
 if __name__ == "__main__":
-    sys.meta_path.insert(0, DeferredImports())
+    defer()
     program = default_worker_path()
     sys.path[0] = os.path.dirname(program)  # as if run itself: node/server's modules are no top-level names
     runpy.run_path(program, run_name="__main__")

@@ -12,6 +12,7 @@ import pytest
 
 from nodes import NodeProcess, free_port, node_settings
 from node.server import ray_setup
+from node.server.topology import processes as service_processes
 
 
 # what ray.init(address="local") adds and a node's embedded Ray leaves out (ray_setup.start_head)
@@ -50,11 +51,23 @@ def test_every_process_of_a_running_node_listens_on_loopback_only(tmp_path, topo
         assert any("gcs_server" in command for command in commands), commands
         assert not [c for c in commands if any(helper in c for helper in UNUSED_RAY_HELPERS)], commands
         assert any("node/server/ray_worker.py" in c for c in commands if "raylet" in c), commands  # (its workers')
+        services = {process.label for process in service_processes(node.settings)}
+        assert [name for name, process in processes if name.split(" ")[0] in services and _loaded_deferred(process)] == []
         token = Path.home() / ".ray" / "auth_token"
         if token.exists():
             assert stat.S_IMODE(token.stat().st_mode) == 0o600
     finally:
         node.stop()
+
+
+def _loaded_deferred(process: psutil.Process) -> list[str]:
+    """The compiled parts of what node.server.ray_worker defers (requests' charset_normalizer,
+    jsonschema's rpds) that `process` has loaded: none, in a service process that has started."""
+    try:
+        maps = Path(f"/proc/{process.pid}/maps").read_text()
+    except OSError:
+        return []
+    return [part for part in ("/charset_normalizer/", "/rpds/") if part in maps]
 
 
 def test_a_listener_on_an_address_the_settings_do_not_name_is_found(tmp_path):

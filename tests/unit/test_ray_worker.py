@@ -12,24 +12,47 @@ from nodes import ROOT
 
 from node.server import ray_worker
 
-PROBE = """
-import importlib.util, json, sys
-from node.server.ray_worker import DEFERRED, DeferredImports
-sys.meta_path.insert(0, DeferredImports())
+IMPORT_RAY = """
+import json, sys
+from node.server.ray_worker import Deferred, defer
+deferred = defer()
 import ray
-lazy = sorted(name for name in DEFERRED if isinstance(sys.modules.get(name), importlib.util._LazyModule))
-import jsonschema
-jsonschema.validate({"a": 1}, {"type": "object"})  # (a first use loads it whole)
-print(json.dumps([lazy, type(sys.modules["jsonschema"]).__name__]))
+left = sorted(name for name in deferred if isinstance(sys.modules[name], Deferred))
+loaded = sorted(name for name in sys.modules if name.partition(".")[0] in deferred and "." in name)
+"""
+
+FIRST_USE = IMPORT_RAY + """
+import jsonschema, requests
+jsonschema.validate({"a": 1}, {"type": "object"})
+from ray._private.accelerators import tpu  # (what imported the stand-in keeps it, and reaches the real one through it)
+same = tpu.requests.Session is sys.modules["requests"].Session
+print(json.dumps([left, loaded, type(sys.modules["jsonschema"]).__name__, type(sys.modules["requests"]).__name__, same]))
+"""
+
+SUBMODULE_FIRST = IMPORT_RAY + """
+from requests.exceptions import ConnectionError  # (as Ray's local coordinator imports it)
+import jsonschema.validators
+import requests, jsonschema
+print(json.dumps([ConnectionError is requests.ConnectionError,
+                  jsonschema.validators.Draft7Validator is jsonschema.Draft7Validator,
+                  sys.modules["requests.exceptions"].__spec__.origin.endswith("requests/exceptions.py")]))
 """
 
 
-def test_import_ray_leaves_the_deferred_modules_unloaded_until_their_first_use():
-    done = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=60)
+def _run(program: str) -> list:
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
-    lazy, after_use = json.loads(done.stdout)
-    assert lazy == sorted(ray_worker.DEFERRED)  # (Ray imports each at its import, and only once)
-    assert after_use == "module"
+    return json.loads(done.stdout)
+
+
+def test_import_ray_leaves_the_deferred_packages_unloaded_until_their_first_use():
+    left, loaded, jsonschema_after, requests_after, same = _run(FIRST_USE)
+    assert left == sorted(ray_worker.DEFERRED) and loaded == []  # (Ray imports each, and uses neither)
+    assert jsonschema_after == requests_after == "module" and same
+
+
+def test_a_submodule_imported_first_is_the_packages_own():
+    assert _run(SUBMODULE_FIRST) == [True, True, True]  # (not run twice: its classes are the package's)
 
 
 def test_the_worker_program_run_is_ray_s_own():

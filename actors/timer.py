@@ -63,11 +63,11 @@ class TimerCore:
 
     def rebuild(self) -> None:
         """The wheel from the log's entries under slots after `delivered_ms`."""
-        import numpy as np
-
         newest: dict[int, int] = {}
         counts: dict[int, int] = {}
         for first, records in self.log.scan():
+            import numpy as np  # (here: a log with nothing live is rebuilt without it)
+
             links = records["link"]
             live = np.nonzero(links > self.delivered_ms)[0]
             if not len(live):

@@ -37,8 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from shm.file_queue import MappedFileQueue
 from shm.invariant import invariant
 from shm.native import NATIVE, _dispatch  # put_many strips a run's queue offsets in C
@@ -142,7 +140,7 @@ class ConsumeQueue:
                 self.put(*entry)
             return
         data = _dispatch.cq_entries(run) if NATIVE else \
-            np.frombuffer(run, dtype=np.uint8).reshape(count, RUN_ENTRY.size)[:, 8:].tobytes()
+            b"".join(run[at + 8: at + RUN_ENTRY.size] for at in range(0, len(run), RUN_ENTRY.size))
         logical, done = first_offset * ENTRY_SIZE, 0
         while done < len(data):
             segment = self.files.last_writable(logical + done)

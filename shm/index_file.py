@@ -38,19 +38,22 @@ records, each keyHash i32, phyOffset i64, storeTimestamp i64, little-endian.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from shm.codec import TRANSACTION_MASK, TRANSACTION_ROLLBACK, index_key_hash
 from shm.invariant import invariant
 from shm.mapped_file import WrongFileSize, allocate, no_read_around, retire
 from shm.native import NATIVE, _dispatch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 HEADER_SIZE = 40
 SLOT_SIZE = 4
@@ -61,9 +64,22 @@ _ENTRY = struct.Struct(">iqii")
 _PHY = struct.Struct(">q")
 _INT_MAX = 2**31 - 1
 SMALL_BATCH = 48  # below this many keys, build_many puts them one by one
-_ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
 INDEX_KEY = struct.Struct("<iqq")  # keyHash, phyOffset, storeTimestamp: build_many's input
-_INDEX_KEY_DTYPE = np.dtype([("hash", "<i4"), ("phy", "<i8"), ("stamp", "<i8")])
+
+
+# numpy is imported where it is used, by the index's writer (the dispatcher) and its repair: the
+# processes that only query or delete index files (pull, pop, clean, the front) start without it,
+# ~0.1 CPU-s each.
+@functools.cache
+def _entry_dtype():
+    import numpy as np
+    return np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
+
+
+@functools.cache
+def _index_key_dtype():
+    import numpy as np
+    return np.dtype([("hash", "<i4"), ("phy", "<i8"), ("stamp", "<i8")])
 
 
 def end_phy_offset(path) -> int | None:
@@ -119,6 +135,7 @@ class IndexFile:
         put drops that slot's whole chain (an uncounted head reads as empty) and hands its
         numbers to other keys. Each such slot is pointed back at the newest counted entry of its
         chain, the `prev` an uncounted entry kept; returns how many slots were mended."""
+        import numpy as np
         invariant(not self.readonly)
         slots = np.frombuffer(self.map, dtype=">i4", count=self.slot_count, offset=HEADER_SIZE)
         torn = np.flatnonzero(slots >= self.index_count).tolist()
@@ -192,6 +209,7 @@ class IndexFile:
         The batch's chains are linked with array operations: within one slot each entry points
         at the one before it in the batch, the first at the slot's old head.
         """
+        import numpy as np
         count = min(len(key_hashes), self.index_max - self.index_count)
         if count <= 0:
             return 0
@@ -215,7 +233,7 @@ class IndexFile:
         ends[:-1] = starts[1:]
         time_diffs = self._time_diffs(phys, stamps)
         entries_at = HEADER_SIZE + self.slot_count * SLOT_SIZE + first_number * ENTRY_SIZE
-        entries = np.frombuffer(self.map, dtype=_ENTRY_DTYPE, count=count, offset=entries_at)
+        entries = np.frombuffer(self.map, dtype=_entry_dtype(), count=count, offset=entries_at)
         entries["hash"], entries["phy"] = hashes, phys
         entries["time_diff"], entries["prev"] = time_diffs, prev_in_order
         slots[sorted_slots[ends]] = numbers[order[ends]]  # after the entries they name (crash policy)
@@ -236,6 +254,7 @@ class IndexFile:
     def _time_diffs(self, phys: np.ndarray, stamps: np.ndarray) -> np.ndarray:
         """Seconds since beginTimestamp. The first entry of a file is measured against the begin
         it had (0, or a seed), then becomes the begin for the rest: what put_key does."""
+        import numpy as np
         diffs = np.empty(len(stamps), dtype=np.int64)
         begin = self.begin_timestamp
         diffs[0] = 0 if begin <= 0 else min(max(int((int(stamps[0]) - begin) / 1000), 0), _INT_MAX)
@@ -381,11 +400,12 @@ class IndexService:
     def build_many(self, packed: bytes | bytearray) -> int:
         """`build_index` over INDEX_KEY records in CommitLog order (ROLLBACK records left out by
         the caller), linking the whole batch at once; returns keys added."""
+        import numpy as np
         index = self._writable()
         start = self._first_unindexed(packed)
         if NATIVE:
             return self._build_native(index, packed, start)
-        keys = np.frombuffer(packed, dtype=_INDEX_KEY_DTYPE)[start:]
+        keys = np.frombuffer(packed, dtype=_index_key_dtype())[start:]
         if not len(keys):
             return 0
         if len(keys) < SMALL_BATCH:  # numpy's fixed cost outweighs it for a handful of keys
@@ -405,8 +425,9 @@ class IndexService:
     def _first_unindexed(self, packed: bytes | bytearray) -> int:
         """The first of `packed`'s keys not indexed yet: RocketMQ skips only records below
         endPhyOffset, so indexes the one at it twice after an abnormal restart; we do not."""
+        import numpy as np
         floor, done = self.indexed_through()
-        phys = np.frombuffer(packed, dtype=_INDEX_KEY_DTYPE)["phy"]
+        phys = np.frombuffer(packed, dtype=_index_key_dtype())["phy"]
         below, through = np.searchsorted(phys, floor, "left"), np.searchsorted(phys, floor, "right")
         return int(min(below + done, through))
 

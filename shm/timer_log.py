@@ -23,20 +23,27 @@ deleted whole.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
 import zlib
 from pathlib import Path
 
-import numpy as np
-
 ENTRY = struct.Struct(">qqqqqiI")
 ENTRY_SIZE = ENTRY.size  # 48
 ENTRIES_PER_FILE = 1 << 20  # 48 MiB a file
-_DTYPE = np.dtype([("link", ">i8"), ("due", ">i8"), ("phy", ">i8"), ("prev", ">i8"), ("cq", ">i8"),
-                   ("size", ">i4"), ("crc", ">u4")])
-assert _DTYPE.itemsize == ENTRY_SIZE
+
+
+@functools.cache
+def _dtype():
+    """ENTRY as numpy's record, for the rebuild's scan. numpy is imported where it is used: the
+    front imports this module and never scans, and a log with nothing live is scanned without it."""
+    import numpy as np
+    dtype = np.dtype([("link", ">i8"), ("due", ">i8"), ("phy", ">i8"), ("prev", ">i8"), ("cq", ">i8"),
+                      ("size", ">i4"), ("crc", ">u4")])
+    assert dtype.itemsize == ENTRY_SIZE
+    return dtype
 
 
 class TimerLogCorrupt(Exception):
@@ -83,8 +90,10 @@ class TimerLog:
         for first in sorted(self.files):
             lo, hi = max(first, self.start), min(first + self.per_file, self.end)
             if lo < hi:
+                import numpy as np  # (here: see _dtype)
+
                 m = self.files[first][1]
-                yield lo, np.frombuffer(m, dtype=_DTYPE, count=hi - lo, offset=(lo - first) * ENTRY_SIZE)
+                yield lo, np.frombuffer(m, dtype=_dtype(), count=hi - lo, offset=(lo - first) * ENTRY_SIZE)
 
     def note_links(self) -> None:
         """After a rebuild's scan: each file's latest slot, for `delete_before`."""

@@ -179,7 +179,7 @@ def _put(index: IndexFile, packed: bytearray, native: bool) -> None:
     if native and index_file_module.NATIVE:
         index.put_packed(packed, 0)
         return
-    keys = np.frombuffer(bytes(packed), dtype=index_file_module._INDEX_KEY_DTYPE)
+    keys = np.frombuffer(bytes(packed), dtype=index_file_module._index_key_dtype())
     index.put_many(keys["hash"].astype(np.int64), keys["phy"].astype(np.int64), keys["stamp"].astype(np.int64))
 
 

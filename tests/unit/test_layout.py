@@ -66,6 +66,8 @@ def test_the_server_names_no_service_by_a_module_string():
     """The assembly imports the services it starts plainly, so the import graph shows them (no
     `importlib` by a "module:class" string hiding a cycle)."""
     for path in sorted((ROOT / "node" / "server").glob("*.py")):
+        if path.name == "ray_worker.py":  # (Ray's worker program: it loads the third-party packages it defers, by name)
+            continue
         assert "import_module" not in path.read_text(), path
 
 

@@ -168,3 +168,20 @@ def test_a_process_imports_only_the_services_it_runs():
     assert not loaded & {"actors.front", "actors.pop", "actors.proxy.shell", "actors.schedule", "actors.transaction",
                          "node.client.producer", "node.client.consumer", "node.server.launcher", "shm.recovery",
                          "shm.store", "numpy"}, loaded
+
+
+KINDS = ("front", "ingress", "writer", "flush", "allocator", "dispatcher", "pull", "clean", "schedule", "pop",
+         "transaction", "proxy", "ha-server", "ha-client", "registrar")
+
+
+def test_no_service_process_loads_numpy_to_start():
+    """numpy (~0.1 CPU-s) is imported where it is used (the index's writer, the timer log's rebuild,
+    the archive's reads), not by the modules of any service's shell."""
+    import subprocess
+    import sys
+
+    code = ("import sys, node.server.topology as t\n"
+            f"for kind in {KINDS!r}: t.actor_class(kind)\n"
+            "print('numpy' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.split() == ["False"]

@@ -1,10 +1,11 @@
 """The embedded Ray's worker program (`RayParams.worker_path`: node.server.ray_setup.start_head):
 Ray's own `default_worker.py`, run after the packages in DEFERRED are deferred to their first use.
 
-`import ray` imports requests (to ask a cloud's metadata server about TPUs) and jsonschema (to
-validate runtime_env plugins' schemas), and a node's workers use neither: loading them is
-~0.1 CPU-s of the ~0.4 that `import ray` costs, in every worker a node starts (11 at a lean start,
-again at every restart; ~1,000 in a run of the test suite).
+`import ray` imports requests (to ask a cloud's metadata server about TPUs), jsonschema (to
+validate runtime_env plugins' schemas) and yaml (to read node labels from a file), and a node's
+workers use none of them (yaml only with an ACL file): loading them is ~0.13 CPU-s of the ~0.45
+that `import ray` costs, in every worker a node starts (11 at a lean start, again at every restart;
+~1,000 in a run of the test suite).
 
 Deferred, such a package is a stand-in in `sys.modules` before Ray is imported, so every
 `import requests` binds it. It has what an import statement reads (`__spec__`: a second import
@@ -25,7 +26,7 @@ import sys
 import threading
 import types
 
-DEFERRED = ("jsonschema", "requests")
+DEFERRED = ("jsonschema", "requests", "yaml")
 _LOADING = threading.RLock()  # (a worker's threads may touch a stand-in at once; loading one may touch another)
 
 

@@ -62,13 +62,13 @@ def test_every_process_of_a_running_node_listens_on_loopback_only(tmp_path, topo
 
 def _loaded_unused(process: psutil.Process) -> list[str]:
     """The compiled parts `process` has loaded of what a service process starts without: requests'
-    charset_normalizer and jsonschema's rpds (node.server.ray_worker defers them), numpy's core
-    (imported where the index is written, the timer log rebuilt and the archive read)."""
+    charset_normalizer, jsonschema's rpds and yaml's own (node.server.ray_worker defers them),
+    numpy's core (imported where the index is written, the timer log rebuilt and the archive read)."""
     try:
         maps = Path(f"/proc/{process.pid}/maps").read_text()
     except OSError:
         return []
-    return [part for part in ("/charset_normalizer/", "/rpds/", "_multiarray_umath") if part in maps]
+    return [part for part in ("/charset_normalizer/", "/rpds/", "/yaml/_yaml", "_multiarray_umath") if part in maps]
 
 
 def test_a_listener_on_an_address_the_settings_do_not_name_is_found(tmp_path):

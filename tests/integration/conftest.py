@@ -11,14 +11,16 @@ import pytest
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark for the whole run (its JVM takes ~10 s to start), with the mqnode data
-    source registered; the modules that use it stop nothing."""
+    source registered; the modules that use it stop nothing. A failed task is tried again once
+    (`local[2,2]`), as a cluster's Spark does (4 attempts by default): a test of a failed job sees
+    its task fail twice, and the transactional writes are tested against a retried task here."""
     pytest.importorskip("pyspark")
     from pyspark.sql import SparkSession
 
     from node.pipeline import register
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("mqnode-tests")
+    session = (SparkSession.builder.master("local[2,2]").appName("mqnode-tests")
                .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
     register(session)

@@ -5,10 +5,7 @@ and bad options fail with a clear message."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import orjson
 import pytest
@@ -256,17 +253,31 @@ def test_a_transactional_write_whose_job_fails_leaves_nothing_visible(spark, nod
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert "task 1 fails" in str(failed.value)
     assert _bodies(spark, node, "SparkTxAbort") == []
-    # what both tasks sent (Spark kills task 0 when task 1 fails: the abort rolls back the group's open halves;
+    # what both tasks sent (each failed attempt of task 1 rolls back its own; Spark kills task 0, or it ends,
+    # when task 1 fails again: the job's abort rolls back what task 0 reported and the group's open halves;
     # a half was open when task 1 failed)
     assert _transactions(node)["rolledBack"] - before >= 1
     assert [h for h in _transactions(node, 100_000)["halves"] if h["producerGroup"] == "PG-spark-abort"] == []
 
 
 def test_a_transactional_write_whose_task_is_retried_is_visible_once(spark, node):
-    script = Path(__file__).with_name("spark_failing_write.py")
-    done = subprocess.run([sys.executable, str(script), node.endpoint, "SparkTxRetry", "6000"], capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    def fail_first_attempt(batches):  # (runs in Spark's Python worker)
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        for i, batch in enumerate(batches):
+            if i == 1 and context.partitionId() == 0 and context.attemptNumber() == 0:
+                raise RuntimeError("the first attempt of task 0 fails after its first batch")
+            yield batch
+
+    frame = spark.range(6_000, numPartitions=2).selectExpr("CAST(id AS STRING) AS body")
+    frame = frame.mapInArrow(fail_first_attempt, frame.schema)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
+    try:
+        (frame.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkTxRetry")
+         .option("transactional", "true").mode("append").save())
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     bodies = _bodies(spark, node, "SparkTxRetry")
     assert len(bodies) == 6_000 and set(bodies) == {str(i) for i in range(6_000)}
 

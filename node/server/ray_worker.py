@@ -13,7 +13,8 @@ loads nothing) and loads the real package at the first other attribute asked of 
 the real one is in `sys.modules` and the stand-in passes every attribute on to it. (importlib's
 LazyLoader, used here before for jsonschema, loads at any attribute, `__spec__` too: Ray imports
 requests twice, and a lazy requests was loaded by the second.) Run as a script, before Ray is
-imported: nothing of mqnode's is imported here."""
+imported: nothing of mqnode's is imported here. `mqnode start`, `namesrv` and `cluster up` call
+`defer` too, before their launchers import Ray."""
 
 from __future__ import annotations
 

@@ -109,8 +109,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from node.server.launcher import run
+    from node.server.ray_worker import defer
     from shm.store_files import StoreLocked
 
+    defer()  # (what `import ray` loads and a launcher does not use, as in the service processes)
     settings = _settings_from(args)
     try:
         return run(settings, ray_address=args.ray_address)
@@ -125,7 +127,9 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     import functools
 
     from node.server import logs
+    from node.server.ray_worker import defer
 
+    defer()  # (as `start`)
     _, stdout = logs.own_stdout("namesrv")  # (Ray's driver prints its raylets' news there)
     return namesrv.run(namesrv.endpoint_of(args.listen), args.dir, args.ray_address,
                        out=functools.partial(print, file=stdout))

@@ -29,7 +29,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         import functools
 
         from node.server import logs
+        from node.server.ray_worker import defer
 
+        defer()  # (as `start`)
         _, stdout = logs.own_stdout("cluster")  # (Ray's driver prints its raylets' news there)
         return cluster.run_up(conf, args.ray_address, out=functools.partial(print, file=stdout))
     if args.action == "down":

@@ -51,7 +51,7 @@ def test_every_process_of_a_running_node_listens_on_loopback_only(tmp_path, topo
         assert any("gcs_server" in command for command in commands), commands
         assert not [c for c in commands if any(helper in c for helper in UNUSED_RAY_HELPERS)], commands
         assert any("node/server/ray_worker.py" in c for c in commands if "raylet" in c), commands  # (its workers')
-        services = {process.label for process in service_processes(node.settings)}
+        services = {"launcher"} | {process.label for process in service_processes(node.settings)}
         assert [name for name, process in processes if name.split(" ")[0] in services and _loaded_unused(process)] == []
         token = Path.home() / ".ray" / "auth_token"
         if token.exists():
@@ -61,9 +61,10 @@ def test_every_process_of_a_running_node_listens_on_loopback_only(tmp_path, topo
 
 
 def _loaded_unused(process: psutil.Process) -> list[str]:
-    """The compiled parts `process` has loaded of what a service process starts without: requests'
-    charset_normalizer, jsonschema's rpds and yaml's own (node.server.ray_worker defers them),
-    numpy's core (imported where the index is written, the timer log rebuilt and the archive read)."""
+    """The compiled parts `process` has loaded of what the launcher and a service process start
+    without: requests' charset_normalizer, jsonschema's rpds and yaml's own (node.server.ray_worker
+    defers them), numpy's core (imported where the index is written, the timer log rebuilt, the
+    archive read and a store with records recovered)."""
     try:
         maps = Path(f"/proc/{process.pid}/maps").read_text()
     except OSError:

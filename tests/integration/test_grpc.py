@@ -358,10 +358,12 @@ def test_a_pull_at_the_end_of_a_queue_waits_for_the_next_message(node, stub):
         began = time.monotonic()
         assert pull(stub, topic, 0, 1, wait_ms=600) == (Code.MESSAGE_NOT_FOUND, [], 1)
         assert time.monotonic() - began >= 0.5  # (it waited, as long as it asked)
-        threading.Timer(0.5, lambda: producer.send(topic, b"second", queue_id=0)).start()
+        sender = threading.Timer(0.5, lambda: producer.send(topic, b"second", queue_id=0))
+        sender.start()
         began = time.monotonic()
         code, messages, next_offset = pull(stub, topic, 0, 1, wait_ms=20_000)
         waited = time.monotonic() - began
+        sender.join()  # (its send's answer may come after the pull's: the producer is closed after it)
     assert (code, [m.body for m in messages], next_offset) == (Code.OK, [b"second"], 2)
     assert 0.4 <= waited < 10, waited
 

@@ -203,6 +203,21 @@ def _transactions(node, listed: int = 0) -> dict:
     return reply
 
 
+def _write_through(spark, node, rows: int, each_task, topic: str, **options) -> None:
+    """A transactional write of the bodies "0".."rows-1" to `topic` by two tasks, each passing its
+    rows through `each_task` (mapInArrow) in batches of 500, so it can fail between them."""
+    frame = spark.range(rows, numPartitions=2).selectExpr("CAST(id AS STRING) AS body")
+    writer = (frame.mapInArrow(each_task, frame.schema).write.format("mqnode").option("endpoint", node.endpoint)
+              .option("topic", topic).option("transactional", "true").mode("append"))
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
+    try:
+        writer.save()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+
 def test_a_transactional_write_is_visible_whole_and_once(spark, node):
     frame = spark.range(20_000, numPartitions=4).selectExpr("CAST(id AS STRING) AS body", "CAST(id % 4 AS INT) AS queueId")
     (frame.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkTx")
@@ -242,15 +257,8 @@ def test_a_transactional_write_whose_job_fails_leaves_nothing_visible(spark, nod
                 raise RuntimeError("task 1 fails after two batches")
             yield batch
 
-    frame = spark.range(8_000, numPartitions=2).selectExpr("CAST(id AS STRING) AS body")
-    frame = frame.mapInArrow(fail_one, frame.schema)
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
-    try:
-        with pytest.raises((PySparkException, CapturedException, Exception)) as failed:
-            (frame.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkTxAbort")
-             .option("transactional", "true").option("producerGroup", "PG-spark-abort").mode("append").save())
-    finally:
-        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    with pytest.raises((PySparkException, CapturedException, Exception)) as failed:
+        _write_through(spark, node, 8_000, fail_one, "SparkTxAbort", producerGroup="PG-spark-abort")
     assert "task 1 fails" in str(failed.value)
     assert _bodies(spark, node, "SparkTxAbort") == []
     # what both tasks sent (each failed attempt of task 1 rolls back its own; Spark kills task 0, or it ends,
@@ -270,14 +278,7 @@ def test_a_transactional_write_whose_task_is_retried_is_visible_once(spark, node
                 raise RuntimeError("the first attempt of task 0 fails after its first batch")
             yield batch
 
-    frame = spark.range(6_000, numPartitions=2).selectExpr("CAST(id AS STRING) AS body")
-    frame = frame.mapInArrow(fail_first_attempt, frame.schema)
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
-    try:
-        (frame.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkTxRetry")
-         .option("transactional", "true").mode("append").save())
-    finally:
-        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    _write_through(spark, node, 6_000, fail_first_attempt, "SparkTxRetry")
     bodies = _bodies(spark, node, "SparkTxRetry")
     assert len(bodies) == 6_000 and set(bodies) == {str(i) for i in range(6_000)}
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 import zmq
+from helpers import wait_until
 from nodes import ROOT, in_process_node
 
 from node import protocol
@@ -317,6 +318,8 @@ def test_transactions_commit_and_roll_back_in_both_topologies(node, producer):
              "commitOrRollback": 8}]
     reply, _ = producer.request({"code": protocol.END_TRANSACTIONS, "producerGroup": "PG-both", "ends": ends})
     assert [r["status"] for r in reply["results"]] == ["OK"], reply
-    with PullConsumer(node.settings.listen) as consumer:
+    with PullConsumer(node.settings.listen) as consumer:  # (an end is answered once its commit is stored; the
+        # ConsumeQueue is the dispatcher's to write after that, and a loaded machine is a moment behind)
+        wait_until(lambda: consumer.max_offset("TxBoth", kept.queue_id) >= 6, 10, "the commits to be dispatched")
         result = consumer.pull("TxBoth", kept.queue_id, 0, max_count=32)
     assert [m.body for m in result.messages] == [b"kept", *(f"w{i}".encode() for i in range(5))]

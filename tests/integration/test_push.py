@@ -638,7 +638,7 @@ def test_a_member_that_does_not_answer_times_out_and_no_other_connection_can_ans
         forger.socket.send(orjson.dumps(forged))  # (no reply comes to an answer)
         reply = orjson.loads(admin.socket.recv_multipart()[0]) if admin.socket.poll(3000) else {}
         assert reply["status"] == "SYSTEM_ERROR" and "did not answer in time" in reply["remark"]
-        assert 0.3 <= time.monotonic() - started < 2.5
+        assert 0.299 <= time.monotonic() - started < 2.5  # (the front counts whole milliseconds: up to 1 ms early)
         # the member's own answer counts, once
         ask_reply = {}
         admin.opaque += 1

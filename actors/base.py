@@ -25,6 +25,7 @@ from zmq.backend import zmq_poll
 
 from node.client.frames import recv_frame, recv_frames, recv_frames_from
 from shm.control_block import INSTANCED, ControlBlock, heartbeat_slot, monotonic_ms
+from shm.mapped_file import NO_ROOM
 
 POLL_MS = 50  # longest a loop sleeps before it looks at its stop flag again
 STATS_PERIOD_S = 1.0
@@ -53,9 +54,18 @@ def conflated(context: zmq.Context, kind: int) -> zmq.Socket:
 
 def write_pid_file(path: Path) -> None:
     """This process's pid in `path`, whole or not at all: a reader (an operator, a test, the
-    launcher's listener check) never sees a restarted process's file empty or half written."""
+    launcher's listener check) never sees a restarted process's file empty or half written. On a
+    full disk the file goes instead: a predecessor's pid left there would name another process
+    (the launcher kills a hung service by its pid file)."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(f"{os.getpid()}\n")
+    try:
+        temporary.write_text(f"{os.getpid()}\n")
+    except OSError as e:
+        if e.errno not in NO_ROOM:
+            raise
+        temporary.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+        return
     os.replace(temporary, path)
 
 

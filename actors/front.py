@@ -222,6 +222,8 @@ class Front(Actor):
         if now >= self.next_offsets_persist and not slave:  # (a slave's are its master's)
             self.next_offsets_persist = now + self.settings.flushConsumerOffsetInterval / 1000
             self.offsets.persist()
+            self.topics.persist_unwritten()  # (a disk that was full)
+            self.groups.persist_unwritten()
         self.members.look(now)
         self.replication.follow(now, slave)
         if now >= self.next_acl_look:

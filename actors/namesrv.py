@@ -18,6 +18,7 @@ from pathlib import Path
 import orjson
 import zmq
 
+from actors import config_files
 from actors.base import incoming, socket, wait_readable
 from actors.namesrv_core import RegistrationRefused, RouteTable
 from node import protocol
@@ -82,14 +83,9 @@ class Namesrv:
     def _persist(self) -> None:
         if self.table.version == self.persisted_version:
             return
-        path = self.directory / TABLE_FILE
-        temporary = path.with_suffix(".tmp")
-        with open(temporary, "wb") as f:
-            f.write(orjson.dumps(self.table.snapshot(), default=sorted))
-            f.flush()
-            os.fsync(f.fileno())  # (a failure raises: the process dies and is restarted, as fail-stop says)
-        temporary.replace(path)
-        self.persisted_version = self.table.version
+        version = self.table.version
+        if config_files.write_whole(self.directory / TABLE_FILE, orjson.dumps(self.table.snapshot(), default=sorted)):
+            self.persisted_version = version  # (else a full disk: again at the next period)
 
     def _housekeeping(self, now: int) -> None:
         if now >= self.next_expire:

@@ -2,7 +2,8 @@
 
 `{"offsetTable":{"<topic>@<group>":{0:12,1:7}}}` (bare integer keys, spec §8), the value being
 the next queue offset to consume. Single writer: the front. Persisted every
-`flushConsumerOffsetInterval` ms when changed, and at stop; RocketMQ's own files load.
+`flushConsumerOffsetInterval` ms when changed, and at stop; RocketMQ's own files load. A write
+that finds the disk full is made again at the next period (actors.config_files).
 """
 
 from __future__ import annotations
@@ -48,14 +49,16 @@ class ConsumerOffsets:
         if not (self.dirty or force):
             return False
         ordered = {key: dict(sorted(queues.items())) for key, queues in sorted(self.table.items())}
-        config_files.persist(self.path, {"offsetTable": ordered})
+        if not config_files.persist(self.path, {"offsetTable": ordered}):
+            return False  # (still dirty: again at the next period)
         self.dirty = False
         return True
 
 
 class SubscriptionGroups:
     """`config/subscriptionGroup.json`: a group is created (RocketMQ's defaults) the first time it
-    commits an offset, as autoCreateSubscriptionGroup does. Single writer: the front."""
+    commits an offset, as autoCreateSubscriptionGroup does. Single writer: the front. A change
+    the full disk kept from the file stays in memory, `unwritten`, until `persist_unwritten`."""
 
     def __init__(self, config_dir: Path, clock=time.time):
         self.path = Path(config_dir) / "subscriptionGroup.json"
@@ -64,6 +67,7 @@ class SubscriptionGroups:
         self.groups: dict[str, dict] = dict(data.get("subscriptionGroupTable") or {})
         self.counter = int((data.get("dataVersion") or {}).get("counter", 0))
         self.on_persist: Callable[[], None] | None = None  # (the front: tell the ha-server)
+        self.unwritten = False
 
     def ensure(self, group: str) -> bool:
         """True when the group was new (and has now been persisted)."""
@@ -88,11 +92,16 @@ class SubscriptionGroups:
     def retry_max_times(self, group: str) -> int:
         return int((self.groups.get(group) or {}).get("retryMaxTimes", 16))
 
+    def persist_unwritten(self) -> None:
+        if self.unwritten:
+            self._persist()
+
     def _persist(self) -> None:
         self.counter += 1
-        config_files.persist(self.path, {"dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)},
-                                         "subscriptionGroupTable": dict(sorted(self.groups.items()))})
-        if self.on_persist is not None:
+        self.unwritten = not config_files.persist(self.path, {
+            "dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)},
+            "subscriptionGroupTable": dict(sorted(self.groups.items()))})
+        if self.on_persist is not None and not self.unwritten:
             self.on_persist()
 
 

@@ -26,6 +26,7 @@ slave, it takes over its master's pop state from the copy of its pop log the ha-
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import shutil
 import time
@@ -46,6 +47,7 @@ from shm import reader as store_reader
 from shm.codec import Record, decode, queue_entries
 from shm.control_block import ROLE_CODES, WATCHER_SLOTS
 from shm.epochs import EpochFile
+from shm.mapped_file import free_bytes
 from shm.pop_log import POP_REPLICA, PopLog, PopLogDamaged
 
 log = logging.getLogger("mqnode")
@@ -54,6 +56,11 @@ FORGET_CLIENT = b"\x00mqnode-forget"  # the front's word that a group or topic w
 POP_WATCHER = WATCHER_SLOTS - 1  # the control block's watcher slot of this service (shm.control_block)
 MAX_HELD = 10_000  # pops held at once (long polling); more are answered POLLING_FULL
 COMPACT_BYTES = 64 << 20  # the journal is folded into a snapshot beyond this (shm.pop_log)
+COMPACT_AGAIN_S = 10.0  # a fold the full disk refused is tried again after this
+ROOM_MIN = 1 << 20  # bytes free on the pop log's disk below which pops, acks and changes are refused
+ROOM_LOOK_S = 0.1  # how often the free bytes are looked at
+LOGGED = frozenset({protocol.POP_MESSAGE, protocol.ACK_MESSAGE, protocol.BATCH_ACK_MESSAGE,
+                    protocol.CHANGE_MESSAGE_INVISIBLETIME, protocol.RESET_POP_OFFSET})  # requests whose records go to the log
 DLQ_IN_FLIGHT = 256  # dead-letter re-puts awaiting their answer
 DLQ_RETRY_S = 1.0  # a dead letter the write path refused is re-put again after this
 SEND_EARLY = 128  # messages handed out in a turn before its answers so far go (ASYNC_FLUSH): a turn
@@ -92,7 +99,7 @@ class Pop(Actor):
             # made when this node was a master: its master has gone on since, and a log cut at the
             # fencing may put new messages where this state says messages were handed out; promoted,
             # it takes over its master's (`_take_over`), as a slave that never popped
-            self.log.compact(self.core.snapshot())
+            self._fold()
         # a copy of its master's pop log left by a promotion this service did not finish taking over
         self.taking_over = not self.was_slave and any((s.root / POP_REPLICA).glob("*"))
         self.took_over = self.leases_cut = 0
@@ -100,7 +107,8 @@ class Pop(Actor):
         self.forgets: list[dict] = []  # groups and topics deleted, their pop state to forget
         self.next_progress = time.monotonic()
         self.sync_each_turn = s.flushDiskType == "SYNC_FLUSH"
-        self.next_sync = time.monotonic()
+        self.next_sync = self.next_compact = self.next_room_look = time.monotonic()
+        self.room = True
         self.requests = inbox(self, read_from_wire)
         self.replies = reply_outbox(self)
         self.arrivals = arrivals_socket(self.context, self.endpoints)
@@ -210,7 +218,7 @@ class Pop(Actor):
             dispatched = self.control.get("dispatched")
             self.leases_cut = self.core.fence(
                 lambda topic, queue_id: self.reader.queue(topic, queue_id, dispatched).end_before(promoted_at))
-            self.log.compact(self.core.snapshot())
+            self._fold()  # (before the copy goes)
             self.took_over += 1
             self.take_over_ms = round((time.monotonic() - began) * 1000, 1)
             log.warning("pop: took over the master's pop state in %.0f ms: %d queues, %d in flight (%d past this "
@@ -252,8 +260,29 @@ class Pop(Actor):
         if self.sync_each_turn or now >= self.next_sync:
             self.next_sync = now + self.settings.flushIntervalCommitLog / 1000
             self.log.sync()
-        if self.log.size > COMPACT_BYTES:
-            self.log.compact(self.core.snapshot())
+        if self.log.size > COMPACT_BYTES and now >= self.next_compact:
+            if not self.log.compact(self.core.snapshot()):  # (no room: the journal goes on, tried again later)
+                self.next_compact = now + COMPACT_AGAIN_S
+
+    def _room(self) -> bool:
+        """Whether the pop log's disk has room for a turn's records (a write that found none would
+        stop the process: its records' changes are applied before they are written)."""
+        now = time.monotonic()
+        if now >= self.next_room_look:
+            self.next_room_look = now + ROOM_LOOK_S
+            room = free_bytes(self.log.directory) >= ROOM_MIN
+            if room != self.room:
+                (log.warning if room else log.error)("pop: the disk %s: pops, acks and changes of invisible time "
+                                                     "are %s", "has room again" if room else "is full",
+                                                     "taken again" if room else "refused")
+            self.room = room
+        return self.room
+
+    def _fold(self) -> None:
+        """The state into the log's snapshot where what follows depends on it being there: no
+        room stops the process (its restart does it again)."""
+        if not self.log.compact(self.core.snapshot()):
+            raise OSError(errno.ENOSPC, "no room for the pop log's snapshot")
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -265,6 +294,9 @@ class Pop(Actor):
         if self.taking_over and code != protocol.GET_POP_STATE:
             return out.append(_reply(client, arrival, opaque, "SYSTEM_BUSY",
                                      "promoted a moment ago: taking over its master's pop state"))
+        if code in LOGGED and not self._room():
+            return out.append(_reply(client, arrival, opaque, "SERVICE_NOT_AVAILABLE",
+                                     "the disk is full: the pop log cannot take pops, acks or changes"))
         self.core.retry_max_of[group] = header.get("_retryMax", self.core.retry_max(group))
         if code in (protocol.POP_MESSAGE, protocol.PEEK_MESSAGE):
             self._pop(header, client, arrival, out, hold=True)

@@ -23,6 +23,7 @@ process's shell.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass, field
@@ -58,13 +59,16 @@ from shm.codec import (
 from shm import consume_queue
 from shm.consume_queue import FILLER_SIZE
 from shm.control_block import ROLE_CODES
+from shm.mapped_file import AllocationFailed
 from shm.timer_log import TimerLog
 
+log = logging.getLogger("mqnode")
 LEVEL_IN_FLIGHT = 4096  # re-puts of a level awaiting their answer
 REPUT_BATCH = 256  # deliveries a request
 TIMER_IN_FLIGHT = 4096  # timer re-puts awaiting their answer
 TIMER_TAKE = 8192  # timer messages taken into the log a turn
 TIMER_LOOK_MS = 100  # how often new timer messages are looked for
+NO_ROOM_AGAIN_S = 1.0  # timer messages the full disk kept out of the log are looked at again after this
 TIMER = "timer"  # a timer delivery's key: (TIMER, log index)
 RETRY_S = 0.1  # a level whose re-put failed tries again after this (RocketMQ: 100 ms)
 IDLE_S = 0.5  # how often a level with nothing due looks again (a new entry is due a level's delay, >= 1 s, later)
@@ -170,6 +174,15 @@ class ScheduleCore:
                 for n, level in self.levels.items()}
 
 
+class TimersBlocked(Exception):
+    """The timer log has no room for the timer message at `offset` of the timer topic's queue
+    (the disk is full); those before it were taken in."""
+
+    def __init__(self, offset: int):
+        super().__init__(offset)
+        self.offset = offset
+
+
 class PromotedRestart(RuntimeError):
     """The node was promoted: the service's process ends, and Ray starts it afresh as a master's."""
 
@@ -221,11 +234,11 @@ class Schedule(Actor):
         """The timer log and its wheel, from the checkpoint (`config/timerCheckpoint.json`)."""
         self.timer_path = self.settings.root / "config" / "timerCheckpoint.json"
         check = config_files.read(self.timer_path) or {}
-        log = TimerLog(self.settings.root / "timerlog")
-        log.open(int(check.get("logEnd", 0)))
-        core = TimerCore(log, int(check.get("deliveredMs", 0)), PERMANENT)
+        timer_log = TimerLog(self.settings.root / "timerlog")
+        timer_log.open(int(check.get("logEnd", 0)))
+        core = TimerCore(timer_log, int(check.get("deliveredMs", 0)), PERMANENT)
         core.rebuild()
-        taken = log.entry(log.end - 1)[4] + 1 if log.end > log.start else 0  # the intact prefix's last
+        taken = timer_log.entry(timer_log.end - 1)[4] + 1 if timer_log.end > timer_log.start else 0  # the intact prefix's last
         view = self.reader.queue(TIMER_TOPIC, 0, dispatched)
         low = view.min_offset(self.reader.commitlog_min)
         checked = min(max(int(check.get("enqueueOffset", 0)), low), view.max_offset)
@@ -234,6 +247,7 @@ class Schedule(Actor):
         # recalls taken in after the checkpoint are in neither it nor the log: read them again
         self._read_timer_queue(checked, self.timer_offset, dispatched, recalls_only=True)
         self.next_timer_check = time.monotonic() + self.settings.timerFlushIntervalMs / 1000
+        self.timers_blocked_until, self.timers_blocked = 0.0, 0  # (a full disk: TimersBlocked)
         return core
 
     def _view(self, level: int, dispatched: int):
@@ -268,7 +282,7 @@ class Schedule(Actor):
         if due:
             self._deliver([((level, offset), phy, size) for level, offset, phy, size in due])
         if self.timers is not None:
-            self._take_timers(dispatched)
+            self._take_timers(dispatched, now)
             room = TIMER_IN_FLIGHT - (len(self.timers.firing.in_flight) if self.timers.firing else 0)
             due = self.timers.due(time.time_ns() // 1_000_000, room)
             if due:
@@ -294,11 +308,27 @@ class Schedule(Actor):
             offset += len(found)  # raw_entries stops at its file's end
         return out
 
-    def _take_timers(self, dispatched: int) -> None:
-        """Timer messages stored since the last look into the timer log, TIMER_TAKE at most."""
+    def _take_timers(self, dispatched: int, now: float) -> None:
+        """Timer messages stored since the last look into the timer log, TIMER_TAKE at most. A
+        full disk (no room for the log's next file) leaves the rest in the timer topic's queue,
+        taken in once there is room: looked at again every NO_ROOM_AGAIN_S."""
+        if now < self.timers_blocked_until:
+            return
         view = self.reader.queue(TIMER_TOPIC, 0, dispatched)
         end = min(view.max_offset, self.timer_offset + TIMER_TAKE)
-        self.timer_offset = self._read_timer_queue(self.timer_offset, end, dispatched)
+        try:
+            self.timer_offset = self._read_timer_queue(self.timer_offset, end, dispatched)
+        except TimersBlocked as blocked:
+            self.timer_offset = blocked.offset
+            self.timers_blocked_until = now + NO_ROOM_AGAIN_S
+            if not self.timers_blocked:
+                log.error("schedule: timer messages wait in their queue from offset %d: %s", blocked.offset,
+                          blocked.__cause__)
+            self.timers_blocked += 1
+            return
+        if self.timers_blocked:
+            log.warning("schedule: timer messages are taken in again (%d looks found no room)", self.timers_blocked)
+            self.timers_blocked = 0
 
     def _read_timer_queue(self, offset: int, end: int, dispatched: int, *, recalls_only: bool = False) -> int:
         """Take in the timer topic's messages from `offset` to `end`: each into the timer log, a
@@ -314,7 +344,10 @@ class Schedule(Actor):
                 if recalled:
                     self.recalls.add(recalled, entry[0])
                 elif entry is not None and not recalls_only:
-                    self.timers.add(entry[0], phy, size, offset)
+                    try:
+                        self.timers.add(entry[0], phy, size, offset)
+                    except AllocationFailed as e:
+                        raise TimersBlocked(offset) from e
                 offset += 1
         return offset
 
@@ -323,9 +356,9 @@ class Schedule(Actor):
         files wholly delivered go."""
         log_end = self.timers.log.flush()  # an fsync error propagates: the process stops, restart recovers
         self.recalls.prune(self.timers.delivered_ms)
-        config_files.persist(self.timer_path, {"logEnd": log_end, "deliveredMs": self.timers.delivered_ms,
-                                               "enqueueOffset": self.timer_offset, "recalled": self.recalls.snapshot()})
-        self.timers.log.delete_before(self.timers.delivered_ms)
+        if config_files.persist(self.timer_path, {"logEnd": log_end, "deliveredMs": self.timers.delivered_ms,
+                                                  "enqueueOffset": self.timer_offset, "recalled": self.recalls.snapshot()}):
+            self.timers.log.delete_before(self.timers.delivered_ms)  # (not past the checkpoint on disk)
 
     def _deliver(self, due: list[tuple]) -> None:
         """Re-put due entries, REPUT_BATCH to a request; `due` holds (key, phy, size), the key
@@ -421,9 +454,8 @@ class Schedule(Actor):
         return self.opaque
 
     def _persist(self) -> None:
-        if self.core.dirty:
-            config_files.persist(self.path, {"offsetTable": dict(sorted(self.core.offsets().items()))})
-            self.core.dirty = False
+        if self.core.dirty:  # (a disk that is full: again at the next period)
+            self.core.dirty = not config_files.persist(self.path, {"offsetTable": dict(sorted(self.core.offsets().items()))})
 
     def follow_min_offset(self, min_offset: int) -> None:
         self.reader.follow_min_offset(min_offset)

@@ -89,10 +89,10 @@ class TimerCore:
         fire when that one is past (a message taken in late, or after a restart)."""
         floor = self.firing.link_ms if self.firing else self.delivered_ms
         link = due_ms if due_ms > floor else floor + 1
-        self.late_adds += link != due_ms
         packed = self.wheel.get(link)
         prev, count = (packed >> _COUNT_BITS, packed & ((1 << _COUNT_BITS) - 1)) if packed is not None else (-1, 0)
-        index = self.log.append(link, due_ms, phy, prev, cq, size)
+        index = self.log.append(link, due_ms, phy, prev, cq, size)  # (first: a full disk here changes nothing)
+        self.late_adds += link != due_ms
         if packed is None:
             heapq.heappush(self.slots, link)
         self.wheel[link] = index << _COUNT_BITS | (count + 1)

@@ -71,6 +71,7 @@ class TopicTable:
         self.topics: dict[str, TopicConfig] = {}
         self.counter = 0
         self.on_persist: Callable[[], None] | None = None  # (the front: tell the ha-server)
+        self.unwritten = False  # a change the full disk kept from the file (in memory until `persist_unwritten`)
         self.load()
 
     def load(self) -> None:
@@ -104,9 +105,13 @@ class TopicTable:
 
     def persist(self) -> None:
         self.counter += 1
-        config_files.persist(self.path, {
+        self.unwritten = not config_files.persist(self.path, {
             "dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)},
             "topicConfigTable": {name: config.to_json() for name, config in sorted(self.topics.items())},
         })
-        if self.on_persist is not None:
+        if self.on_persist is not None and not self.unwritten:
             self.on_persist()
+
+    def persist_unwritten(self) -> None:
+        if self.unwritten:
+            self.persist()

@@ -20,11 +20,14 @@ prefix); the file is truncated there, so a torn append is dropped whole, never h
 Compaction (`compact`): the state is written to `snapshot.tmp`, fdatasynced, renamed over
 `snapshot`, the directory fsynced, and only then journal.N+1 begins and journal.N goes. A crash
 anywhere in it leaves either the old snapshot with its whole journal, or the new one with an
-empty or missing journal: both the same state.
+empty or missing journal: both the same state. A disk with no room for the snapshot leaves the
+journal as it was (`compact` answers False; the caller tries again later); a journal append that
+finds no room raises like any failed write (the state it records was already applied).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import zlib
@@ -33,6 +36,7 @@ from pathlib import Path
 import orjson
 
 from shm.archive_manifest import fsync_dir  # (one definition of a directory's fsync)
+from shm.mapped_file import NO_ROOM
 
 FRAME = struct.Struct(">II")
 MAX_FRAME = 1 << 30  # a length beyond this is damage, not a record
@@ -109,18 +113,19 @@ class PopLog:
 
     # -- compaction --------------------------------------------------------------------------------
 
-    def compact(self, state) -> None:
-        """Start journal N+1 from `state`, the whole state now (everything appended is in it)."""
+    def compact(self, state) -> bool:
+        """Start journal N+1 from `state`, the whole state now (everything appended is in it);
+        False, nothing changed, when the disk has no room for the snapshot."""
         assert not self.pending
         payload = orjson.dumps({"gen": self.gen + 1, "state": state})
         tmp = self.directory / "snapshot.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            data = FRAME.pack(len(payload), zlib.crc32(payload)) + payload
-            assert os.write(fd, data) == len(data)
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
+            _write_synced(tmp, FRAME.pack(len(payload), zlib.crc32(payload)) + payload)
+        except OSError as e:  # (no room, even from the fdatasync: the file goes, never synced again)
+            if e.errno not in NO_ROOM:
+                raise
+            tmp.unlink(missing_ok=True)
+            return False
         os.replace(tmp, self.directory / "snapshot")
         fsync_dir(self.directory)
         old, self.gen = self.fd, self.gen + 1
@@ -129,6 +134,7 @@ class PopLog:
         os.close(old)
         (self.directory / f"journal.{self.gen - 1}").unlink(missing_ok=True)
         self.size, self.unsynced = 0, False
+        return True
 
     def statistics(self) -> dict:
         return {"generation": self.gen, "journalBytes": self.size, "writes": self.appended, "syncs": self.syncs,
@@ -263,6 +269,16 @@ class ReplicaGap(Exception):
 
 class PopLogDamaged(Exception):
     """A snapshot that is not whole: written then renamed, so not a crash's doing."""
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        if os.write(fd, data) != len(data):  # (short only when the disk is full)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_frames(data: bytes) -> tuple[list[bytes], int]:

@@ -13,6 +13,8 @@ holding `entries_per_file` entries of 48 bytes, big-endian:
     size      int32   the stored record's size
     crc       uint32  CRC32 of the 44 bytes before it
 
+A file gets its blocks (posix_fallocate, shm.mapped_file.allocate) before it is mapped: a full
+disk is an AllocationFailed at `append`, which changes nothing, never a SIGBUS in the mapping.
 Entries are appended through the mapping; `flush` writes them to disk (a failed flush raises:
 the process stops and its restart recovers, never a retry). Crash policy: the checkpoint names
 the entries a flush made durable; at open, the entries after it are kept up to the first whose
@@ -29,6 +31,8 @@ import os
 import struct
 import zlib
 from pathlib import Path
+
+from shm.mapped_file import allocate
 
 ENTRY = struct.Struct(">qqqqqiI")
 ENTRY_SIZE = ENTRY.size  # 48
@@ -104,6 +108,7 @@ class TimerLog:
     # -- append and read -----------------------------------------------------------------------------
 
     def append(self, link_ms: int, due_ms: int, phy: int, prev: int, cq: int, size: int) -> int:
+        """The entry's index; AllocationFailed, nothing changed, when its file has no room."""
         index = self.end
         assert prev < index, "an entry's previous is older"
         first = index - index % self.per_file
@@ -156,10 +161,7 @@ class TimerLog:
         return deleted
 
     def _create(self, first: int) -> None:
-        path = self.directory / f"{first:020d}"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        os.ftruncate(fd, self.per_file * ENTRY_SIZE)
-        os.close(fd)
+        allocate(self.directory / f"{first:020d}", self.per_file * ENTRY_SIZE)  # (False: a crash left it there)
         self._map(first)
 
     def _map(self, first: int) -> None:

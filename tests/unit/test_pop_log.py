@@ -102,6 +102,20 @@ def test_a_compaction_interrupted_anywhere_leaves_the_same_state(tmp_path, crash
     assert PopLog(tmp_path).open() == expected
 
 
+def test_a_compaction_the_full_disk_refuses_changes_nothing(tmp_path):
+    """/dev/full answers every write ENOSPC: the snapshot's temporary made a link to it."""
+    records = [["A", i] for i in range(3)]
+    log = written(tmp_path, records)
+    (tmp_path / "snapshot.tmp").symlink_to("/dev/full")
+    assert log.compact({"all": records}) is False
+    assert not (tmp_path / "snapshot.tmp").is_symlink()
+    log.append(["A", 3])  # (the journal goes on)
+    log.write()
+    assert log.compact({"all": records + [["A", 3]]}) is True
+    log.close()
+    assert PopLog(tmp_path).open() == ({"all": records + [["A", 3]]}, [])
+
+
 def test_a_snapshot_that_is_not_whole_is_damage_not_a_crash(tmp_path):
     log = written(tmp_path, [["A", 1]])
     log.compact({"x": 1})

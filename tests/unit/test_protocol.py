@@ -33,6 +33,7 @@ from actors import config_files
 from actors.sendcore import PendingSend, SendEncoder, add_request_atomic
 from actors.sendreply import answer, reply, results
 from actors.store_stats import StoreStats
+from actors.offsets import ConsumerOffsets
 from actors.topics import TopicTable, topic_error
 from shm import codec
 from shm import settings as settings_module
@@ -83,6 +84,37 @@ def test_config_files_read_fastjson_output_and_fall_back_to_bak(tmp_path):
     assert config_files.read(path) == {"a": 2} and config_files.loads((tmp_path / "topics.json.bak").read_text()) == {"a": 1}
     path.write_text("{broken")
     assert config_files.read(path) == {"a": 1}
+
+
+def test_a_config_file_the_full_disk_refuses_keeps_its_content_and_is_written_later(tmp_path):
+    """/dev/full answers every write ENOSPC: the temporary made a link to it is a full disk."""
+    path = tmp_path / "consumerOffset.json"
+    config_files.persist(path, {"a": 1})
+    temporary = tmp_path / "consumerOffset.json.tmp"
+    temporary.symlink_to("/dev/full")
+    assert config_files.persist(path, {"a": 2}) is False
+    assert config_files.read(path) == {"a": 1} and not temporary.exists() and not temporary.is_symlink()
+    assert config_files.persist(path, {"a": 3}) is True and config_files.read(path) == {"a": 3}
+
+
+def test_consumer_offsets_the_full_disk_refused_stay_dirty_until_written(tmp_path):
+    offsets = ConsumerOffsets(tmp_path)
+    offsets.commit("G", "T", 0, 5)
+    (tmp_path / "consumerOffset.json.tmp").symlink_to("/dev/full")
+    assert offsets.persist() is False and offsets.dirty
+    assert offsets.persist() is True and not offsets.dirty  # (the link went with the failed write)
+    assert ConsumerOffsets(tmp_path).query("G", "T", 0) == 5
+
+
+def test_a_topic_the_full_disk_kept_from_its_file_is_written_at_the_next_period(tmp_path):
+    told = []
+    topics = TopicTable(tmp_path, auto_create=True, default_queues=4)
+    topics.on_persist = lambda: told.append(1)
+    (tmp_path / "topics.json.tmp").symlink_to("/dev/full")
+    assert topics.resolve("T")[0] is not None and topics.unwritten and not told  # (the slave hears of it once written)
+    topics.persist_unwritten()
+    assert not topics.unwritten and told == [1]
+    assert TopicTable(tmp_path, auto_create=False, default_queues=4).get("T") is not None
 
 
 def test_topic_names_and_auto_creation(tmp_path):

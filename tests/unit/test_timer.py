@@ -5,12 +5,15 @@ nothing), plus seeded crashes that replay."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
 
 from actors.schedule import PERMANENT
 from actors.timer import RECALL_GRACE_MS, RECALLED, RETRY_MS, Recalls, TimerCore
+from shm import timer_log
+from shm.mapped_file import AllocationFailed
 from shm.timer_log import ENTRY_SIZE, TimerLog, TimerLogCorrupt
 
 HOUR = 3_600_000
@@ -58,6 +61,26 @@ def test_the_log_keeps_exactly_the_intact_prefix_after_a_torn_entry(tmp_path):
     assert log.end == 15  # the flushed 10 plus the intact 10..14, nothing after the torn one
     assert [log.entry(i)[2] for i in range(15)] == [1000 + i for i in range(15)]
     log.close()
+
+
+def test_a_new_log_file_has_its_blocks_and_a_full_disk_refuses_it_changing_nothing(tmp_path, monkeypatch):
+    """A file mapped sparse would take a SIGBUS at the first store into it on a full disk."""
+    core = open_core(tmp_path, per_file=4)
+    for i in range(4):
+        core.add(T0 + 1000, 100 + i, 10, i)
+    assert os.stat(tmp_path / f"{0:020d}").st_blocks * 512 >= 4 * ENTRY_SIZE  # (allocated, not a hole)
+
+    def no_room(path, size):
+        raise AllocationFailed(f"cannot allocate {size} bytes for {path}: No space left on device")
+
+    monkeypatch.setattr(timer_log, "allocate", no_room)
+    before = (core.pending, core.late_adds, core.log.end, dict(core.wheel))
+    with pytest.raises(AllocationFailed):
+        core.add(T0 + 1000, 104, 10, 4)
+    assert (core.pending, core.late_adds, core.log.end, dict(core.wheel)) == before
+    monkeypatch.undo()
+    core.add(T0 + 1000, 104, 10, 4)
+    assert sorted(deliver_all(core, T0 + 1000)) == [100, 101, 102, 103, 104]
 
 
 def test_a_checkpoint_beyond_the_files_is_refused(tmp_path):

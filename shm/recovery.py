@@ -16,6 +16,11 @@ Modes, chosen by the `abort` file (present => the last stop was not clean):
 Then, in both: truncate the CommitLog at the end of the valid prefix, truncate ConsumeQueues at
 it, dispatch whatever the ConsumeQueues or index still lack, rebuild the queue-offset table.
 
+A full disk (no room for a new ConsumeQueue or index file) stops the dispatching, not the start:
+`dispatch_blocked` says from where the derived structures may lack records; the node publishes it
+as `dispatched`, its dispatcher goes on from there once there is room, and the queue-offset table
+takes those records' offsets from the records themselves.
+
 Progress (phase, bytes done of bytes to do) is readable from another thread while it runs, and
 the report says what was dropped and how long each phase took.
 """
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 
 from shm.codec import Corruption, peek_store_timestamp, scan
 from shm.dispatch import reput
+from shm.mapped_file import StoreError
 from shm.store import MessageStore
 from shm.store_files import last_exit_ok
 
@@ -45,6 +51,8 @@ class RecoveryReport:
     records_walked: int = 0
     records_dispatched: int = 0
     dispatch_start: int = 0
+    dispatch_blocked: int | None = None  # the derived structures may lack the records from here (a full disk)
+    dispatch_error: str = ""
     phases_ms: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -60,6 +68,9 @@ class RecoveryReport:
             lines.append(f"  ConsumeQueue rebuilt: {damaged}")
         if self.deleted_index_files:
             lines.append(f"  index files rebuilt: {', '.join(self.deleted_index_files)}")
+        if self.dispatch_blocked is not None:
+            lines.append(f"  dispatch stopped at {self.dispatch_blocked}: {self.dispatch_error} (the dispatcher goes on "
+                         f"from there once there is room)")
         lines.append("  phases: " + ", ".join(f"{k} {v:.1f} ms" for k, v in self.phases_ms.items()))
         return "\n".join(lines)
 
@@ -99,7 +110,7 @@ class Recovery:
         with self._phase("dispatch"):
             self._dispatch_missing(end, lagging)
         with self._phase("offsets"):
-            store.rebuild_queue_offsets()
+            store.rebuild_queue_offsets(self.report.dispatch_blocked)
             store.checkpoint.write()
         self.progress.phase = "done"
         return self.report
@@ -139,8 +150,7 @@ class Recovery:
         if not self.clean:
             behind = self._derived_start(lagging)
             if behind < self.report.walk_start:  # first: the index skips keys below its end
-                _, count = reput(self.store, behind, self.report.walk_start)
-                self.report.records_dispatched += count
+                self._reput(behind, self.report.walk_start)
         self.progress.total_bytes = sum(s.size for s in segments[start:])
         check_crc = self.store.settings.checkCRCOnRecover
         end = segments[start].offset_start
@@ -175,7 +185,17 @@ class Recovery:
 
     def _dispatch_range(self, segment, start: int, end: int) -> None:
         base = segment.offset_start
-        _, count = reput(self.store, base + start, base + end)
+        self._reput(base + start, base + end)
+
+    def _reput(self, begin: int, end: int) -> None:
+        """Dispatch [begin, end), unless an earlier range found the disk full."""
+        if self.report.dispatch_blocked is not None:
+            return
+        try:
+            _, count = reput(self.store, begin, end)
+        except StoreError as e:  # (no room for a ConsumeQueue or index file: AllocationFailed)
+            self.report.dispatch_blocked, self.report.dispatch_error = begin, str(e)
+            return
         self.report.records_dispatched += count
 
     def _truncate(self, end: int) -> None:
@@ -196,12 +216,12 @@ class Recovery:
         """Dispatch records the derived structures lack: from the newest ConsumeQueue entry
         (RocketMQ's reput start), pulled back for any queue that lost entries or an index that
         is behind."""
-        store = self.store
         begin = self._derived_start(lagging)
         self.report.dispatch_start = begin
         self.progress.done_bytes, self.progress.total_bytes = 0, end - begin
-        _, count = reput(store, begin, end)
-        self.report.records_dispatched += count
+        self._reput(begin, end)
+        if self.report.dispatch_blocked is not None:  # (from the lowest a queue or the index may lack)
+            self.report.dispatch_blocked = min(self.report.dispatch_blocked, begin)
         self.progress.done_bytes = end - begin
 
     def _derived_start(self, lagging: int | None) -> int:
@@ -240,6 +260,8 @@ def cut(store: MessageStore, keep: int) -> int:
         store.index.files.remove(index)
         index.destroy()
     recovery._dispatch_missing(keep, None)
+    if recovery.report.dispatch_blocked is not None:  # (a slave's full disk: the start says so)
+        raise StoreError(recovery.report.dispatch_error)
     store.rebuild_queue_offsets()
     store.checkpoint.write()
     return end - keep

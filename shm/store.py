@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from shm.checkpoint import Checkpoint
+from shm.codec import Record
 from shm.commitlog import CommitLog
 from shm.consume_queue import ConsumeQueue
 from shm.index_file import IndexService
@@ -84,11 +85,20 @@ class MessageStore:
             queue = self.consume_queues[key] = self._open_queue(topic, queue_id)
         return queue
 
-    def rebuild_queue_offsets(self) -> None:
-        """The next queue offset of every queue = its ConsumeQueue's max offset (§2.9)."""
-        self.commitlog.queue_offsets = {q.key: q.offset_max for q in self.consume_queues.values()}
+    def rebuild_queue_offsets(self, undispatched_from: int | None = None) -> None:
+        """The next queue offset of every queue = its ConsumeQueue's max offset (§2.9); with
+        `undispatched_from` (records recovery could not dispatch: a full disk), past that of the
+        records from there on, so that no queue offset is given twice."""
+        table = self.commitlog.queue_offsets = {q.key: q.offset_max for q in self.consume_queues.values()}
         for queue in self.consume_queues.values():
             queue.correct_min_offset(self.commitlog.offset_min)
+        if undispatched_from is not None:
+            from shm.dispatch import is_queued  # (dispatch needs the store's parts, not the store)
+
+            for record in self.commitlog.iterate(max(undispatched_from, self.commitlog.offset_min), read_body=False):
+                if isinstance(record, Record) and is_queued(record):
+                    key = f"{record.topic}-{record.queue_id}"
+                    table[key] = max(table.get(key, 0), record.queue_offset + 1)
 
     def destroy_logics(self) -> None:
         for queue in self.consume_queues.values():

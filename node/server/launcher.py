@@ -50,6 +50,7 @@ from shm.control_block import (
     ControlBlock,
 )
 from shm.epochs import EpochFile
+from shm.mapped_file import NO_ROOM, free_bytes
 from shm.recovery import recover
 from shm.settings import Settings
 from shm.store import MessageStore
@@ -60,6 +61,7 @@ READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
 
 
+RUN_ROOM_MIN = 4 << 20  # bytes free the run directory's disk needs for a start (Ray's session, the pid files)
 IPC_PATH_MAX = 100  # sun_path holds 107 bytes; the longest endpoint adds "/arrivals"
 RUN_FILES = ("*.pid", "*.starts", "*.fifo", "*.ring", "injected-flush-eio", "supervision.json")
 
@@ -91,6 +93,20 @@ def stalest(beats) -> int:
     """The oldest of a process's heartbeats (monotonic ms), 0 while none was written."""
     written = [beat for beat in beats if beat]
     return min(written) if written else 0
+
+
+def _check_run_room(settings) -> None:
+    """The run directory's disk must have room: Ray's workers would die one after another as they
+    start, for a minute, on a disk with none (said now, plainly, instead). The store's own disk
+    may be full: with the run directory elsewhere the node starts, serves reads and cleans."""
+    path = settings.run_dir
+    while not path.exists():
+        path = path.parent
+    free = free_bytes(path)
+    if free < RUN_ROOM_MIN:
+        raise settings_module.SettingsError(
+            f"the run directory {settings.run_dir} is on a disk with {free} bytes free, under the {RUN_ROOM_MIN >> 20} "
+            f"MiB the node's processes need to start: free space there or set runDir to a directory on another disk")
 
 
 def _check_grpc_port(settings) -> None:
@@ -137,6 +153,7 @@ class Node:
         s = self.settings = guard.absolute(self.settings)
         guard.check_settings(s)  # SecurityError: a key or ACL file that cannot be used
         _check_grpc_port(s)
+        _check_run_room(s)
         s.root.mkdir(parents=True, exist_ok=True)
         self.lock = StoreLock(s.root)
         self.lock.acquire()
@@ -162,7 +179,8 @@ class Node:
                 from node.server import fencing
 
                 self.fenced_bytes = fencing.fence(s, store, self.out)
-            store.rebuild_queue_offsets()
+            blocked = self.recovery_report.dispatch_blocked  # (a full disk: the dispatcher goes on from there)
+            store.rebuild_queue_offsets(blocked)
             store.flush_all()
             written = store.commitlog.offset_written
             queue_offsets = dict(store.commitlog.queue_offsets)
@@ -172,7 +190,8 @@ class Node:
         mark_running(s.root)
         self.control = ControlBlock(s.root / "control", create=True)
         self.control.set("flags", 0)
-        self.control.publish_recovered(written=written, flushed=written, dispatched=written,
+        dispatched = written if blocked is None else min(blocked, written)
+        self.control.publish_recovered(written=written, flushed=written, dispatched=dispatched,
                                        min_offset=min(min_offset, written), broker_permission=s.brokerPermission)
         self.control.set_flag(FLAG_WRITABLE, True)
         self.control.set("role", ROLE_CODES[s.brokerRole])
@@ -263,7 +282,8 @@ class Node:
         from actors import guard
         from node.server.asker import NodeAsker
 
-        probes = [({"code": protocol.GET_MAX_OFFSET, "topic": "SELF_TEST_TOPIC", "queueId": 0}, {"OK"})]
+        # (`indexed`: answered at once, not after the dispatcher catches up: on a full disk it may not yet)
+        probes = [({"code": protocol.GET_MAX_OFFSET, "topic": "SELF_TEST_TOPIC", "queueId": 0, "indexed": True}, {"OK"})]
         if "schedule" in topology.hosts(self.settings):  # answered "no message at offset ..."
             probes.append(({"code": protocol.CONSUMER_SEND_MSG_BACK, "consumerGroup": "SELF_TEST_GROUP",
                             "offset": 2**63 - 1}, {"SYSTEM_ERROR"}))
@@ -307,15 +327,20 @@ class Node:
         """Once a second: restarts logged, hung services killed, a service gone for good ends
         the node (`failed`); what it counted goes to the front's admin stats."""
         watch = supervision.Watch()
-        while not self.watch_stopping.wait(1.0):
-            states = supervision.actor_states(self.hosts)
-            failure = watch.check(states)
-            if failure is not None:
-                self.failure = failure
-                self.failed.set()
-                return
-            self._kill_hung(watch, states)
-            self._publish_supervision(watch)
+        try:
+            while not self.watch_stopping.wait(1.0):
+                states = supervision.actor_states(self.hosts)
+                failure = watch.check(states)
+                if failure is not None:
+                    self.failure = failure
+                    break
+                self._kill_hung(watch, states)
+                self._publish_supervision(watch)
+        except Exception as e:  # (a node nobody supervises must not go on: fail-stop)
+            logging.getLogger("mqnode").exception("mqnode: the supervision thread failed")
+            self.failure = f"the supervision thread failed: {e!r}"
+        if self.failure is not None:
+            self.failed.set()
 
     def _kill_hung(self, watch: supervision.Watch, states: dict[str, dict]) -> None:
         """SIGKILL every service whose loop stopped turning (Ray then restarts it)."""
@@ -335,7 +360,13 @@ class Node:
         """What the watch counted, for the front's admin stats (a small file in the run directory)."""
         path = self.settings.run_dir / "supervision.json"
         temporary = path.with_suffix(".tmp")
-        temporary.write_bytes(orjson.dumps(watch.statistics()))
+        try:
+            temporary.write_bytes(orjson.dumps(watch.statistics()))
+        except OSError as e:
+            if e.errno not in NO_ROOM:
+                raise
+            temporary.unlink(missing_ok=True)
+            return  # (a full disk: the figures a second old until there is room)
         temporary.replace(path)
 
     # -- stop ------------------------------------------------------------------------------------------

@@ -4,7 +4,10 @@ so kill -9 can take every process of the node at once)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import errno
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -244,7 +247,10 @@ def test_a_full_disk_gives_clear_statuses_and_no_corruption(tmp_path):
     if not _mount_tmpfs(small, "5m"):
         pytest.skip("needs root to mount a small tmpfs")
     try:
-        settings = node_settings(small / "store", runDir=str(tmp_path / "run"))
+        # the offsets, the timer checkpoint and the cleaner's look at the disk every half second; no
+        # forced cleaning (it would free space at moments of its own)
+        settings = node_settings(small / "store", runDir=str(tmp_path / "run"), flushConsumerOffsetInterval=500,
+                                 cleanResourceInterval=500, timerFlushIntervalMs=500, cleanFileForciblyEnable=False)
         node = NodeProcess(settings, tmp_path / "node.log").start()
 
         async def fill() -> tuple[int, dict[str, int]]:
@@ -263,8 +269,68 @@ def test_a_full_disk_gives_clear_statuses_and_no_corruption(tmp_path):
         ok, statuses = asyncio.run(fill())
         assert ok > 100
         assert set(statuses) <= {"CREATE_MAPEDFILE_FAILED", "SERVICE_NOT_AVAILABLE"} and statuses, statuses
+        _not_a_byte_left(small / "filler")
+        _full_disk_requests(node, expect_offset=7)
         assert node.stop() == 0
+        assert not _deaths(tmp_path / "node.log"), "a service died of the full disk"
+
+        # a start on the full disk: its run directory elsewhere it serves reads; there, it says why not
+        started = NodeProcess(settings, tmp_path / "again.log").start()
+        _full_disk_requests(started, expect_offset=9)
+        (small / "filler").unlink()  # room again: the offset kept in memory is written
+        offsets = small / "store" / "config" / "consumerOffset.json"
+        _wait_for(lambda: offsets.exists() and '"Full@G":{0:9}' in offsets.read_text().replace("\t", "").replace("\n", ""))
+        assert started.stop() == 0 and not _deaths(tmp_path / "again.log")
+        _not_a_byte_left(small / "filler")
+        inside = dataclasses.replace(settings, runDir=str(small / "store" / "run"))
+        with pytest.raises(RuntimeError, match="node exited 2: .* bytes free, under the 4 MiB"):
+            NodeProcess(inside, tmp_path / "inside.log").start()
         report = verify_store(settings)
         assert report.ok, report.summary()
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def _not_a_byte_left(filler) -> None:
+    try:
+        with open(filler, "wb") as f:
+            while True:
+                f.write(b"f" * 4096)
+                f.flush()
+    except OSError as e:
+        assert e.errno == errno.ENOSPC
+
+
+def _wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.1)
+
+
+def _deaths(log) -> list[str]:
+    return re.findall(r"actor \S+ died|service \S+ restarted|supervision thread failed", log.read_text())
+
+
+def _full_disk_requests(node, *, expect_offset: int) -> None:
+    """Not a byte free on the store's disk: reads are served, offsets committed, sends and pops
+    refused with a status, and no service dies of a file it cannot write (the consumer offsets,
+    the timer checkpoint, a new group's or topic's config) in the second that follows."""
+    consumer = PullConsumer(node.endpoint)
+    assert consumer.pull("Full", 0, 0, max_count=4).messages
+    consumer.commit("G", "Full", 0, expect_offset)
+    assert consumer.committed("G", "Full", 0) == expect_offset
+    with pytest.raises(SendError) as refused:
+        consumer.pop("Full", "PopGroup", max_count=4, invisible_ms=5000)
+    assert refused.value.status == "SERVICE_NOT_AVAILABLE" and "disk is full" in str(refused.value)
+
+    async def send() -> str:
+        async with AsyncProducer(node.endpoint, timeout=5.0, retries=0) as producer:
+            try:
+                return (await producer.send("NewOnAFullDisk", b"x")).status
+            except SendError as e:
+                return e.status
+
+    assert asyncio.run(send()) in ("PUT_OK", "SERVICE_NOT_AVAILABLE", "CREATE_MAPEDFILE_FAILED")
+    time.sleep(1.5)
+    assert node.process.poll() is None

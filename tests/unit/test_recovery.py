@@ -7,7 +7,9 @@ from golden import GOLDEN_SETTINGS, copy_store, manifest
 from helpers import close_clean, message, open_store, put, small_settings
 
 from shm import settings as settings_module
+from shm import mapped_file
 from shm.codec import Record
+from shm.dispatch import reput
 from shm.file_queue import SegmentGap
 from shm.mapped_file import WrongFileSize
 from shm.recovery import recover
@@ -191,6 +193,33 @@ def test_crash_with_the_dispatcher_behind_completes_queues_and_index(tmp_path):
     store = open_store(settings)
     assert store.report.records_dispatched >= 200
     assert sum(q.offset_max for q in store.consume_queues.values()) == 300
+    store.close()
+    assert verify_store(settings).ok
+
+
+def test_a_full_disk_stops_recoverys_dispatch_not_the_start_and_no_queue_offset_is_given_twice(tmp_path, monkeypatch):
+    """Records of a new topic stored, not dispatched, then no room for its ConsumeQueue files:
+    recovery says from where the queues may lack records, the queue-offset table counts them from
+    the records, and a dispatch from there once there is room completes the store."""
+    settings = small_settings(tmp_path / "s", messageIndexEnable=False)
+    store = open_store(settings)
+    put(store, [message(i) for i in range(100)])
+    put(store, [message(i, topic="NewTopic") for i in range(40)], dispatch=False)
+    store.close()  # a crash: abort file stays
+    real = mapped_file.allocate
+
+    def no_room(path, size):
+        if "NewTopic" in str(path):
+            raise mapped_file.AllocationFailed(f"cannot allocate {size} bytes for {path}: No space left on device")
+        return real(path, size)
+
+    monkeypatch.setattr(mapped_file, "allocate", no_room)
+    store = open_store(settings)
+    blocked = store.report.dispatch_blocked
+    assert blocked is not None and "No space left" in store.report.dispatch_error and "dispatch stopped" in store.report.summary()
+    assert store.commitlog.queue_offsets == {**{f"TopicA-{q}": 25 for q in range(4)}, **{f"NewTopic-{q}": 10 for q in range(4)}}
+    monkeypatch.undo()
+    reput(store, blocked)  # (the dispatcher, once there is room)
     store.close()
     assert verify_store(settings).ok
 

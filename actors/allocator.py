@@ -73,23 +73,28 @@ class Allocator(Actor):
         self._prefault(written)
 
     def _allocate_following(self, written: int) -> None:
+        """The segment after `written`'s, and first `written`'s own when it is missing: at a
+        segment's end `written` stands at the start of one the writer has not made (its
+        allocation failed on a full disk, say), and a segment made past it would be a gap in the
+        log, which no start gets past (shm.file_queue.SegmentGap)."""
         following = (written // self.segment_size + 1) * self.segment_size
         if following == self.following:
             return  # (an idle node's turns did little else: ~15 ms of CPU a second)
-        path = self.directory / file_name(following)
-        if path.exists():
-            self.following = following
-            return
-        try:
-            if allocate(path, self.segment_size):
-                self.allocated += 1
-                if self.settings.warmMapedFileEnable:
-                    self._warm(path)
-            self.following = following
-        except AllocationFailed as e:
-            self.failures += 1
-            self.last_error = str(e)
-            self.retry_at = time.monotonic() + RETRY_S
+        for start in (following - self.segment_size, following):  # in order: never one past a missing one
+            path = self.directory / file_name(start)
+            if path.exists():
+                continue
+            try:
+                if allocate(path, self.segment_size):
+                    self.allocated += 1
+                    if self.settings.warmMapedFileEnable:
+                        self._warm(path)
+            except AllocationFailed as e:
+                self.failures += 1
+                self.last_error = str(e)
+                self.retry_at = time.monotonic() + RETRY_S
+                return
+        self.following = following
 
     def _prefault(self, written: int) -> None:
         """Read one byte a page of [written, written + prefaultAheadBytes), what is not read yet,

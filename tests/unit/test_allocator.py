@@ -9,9 +9,11 @@ import mmap
 from helpers import cached_pages
 from nodes import node_settings
 
+from actors import allocator as allocator_module
 from actors.allocator import IDLE_WATCH_MS, WATCH_MS, Allocator
 from shm.commitlog import CommitLog
 from shm.control_block import ControlBlock
+from shm.mapped_file import AllocationFailed, allocate
 
 MiB = 1024 * 1024
 RECLAIMED = 8  # pages the kernel may take back meanwhile (clean page cache, under memory pressure)
@@ -87,3 +89,28 @@ def test_an_idle_allocator_looks_less_often_and_at_once_again_when_the_writer_mo
             allocator.turn()
             waits.append(allocator.watch_ms)
         assert waits == [WATCH_MS, 2 * WATCH_MS, IDLE_WATCH_MS, IDLE_WATCH_MS, IDLE_WATCH_MS, WATCH_MS, 2 * WATCH_MS]
+
+
+def test_a_segment_the_full_disk_refused_is_never_skipped_over(tmp_path, monkeypatch):
+    """At a segment's end `written` stands at the start of one not made yet: its allocation
+    failing (a full disk), the allocator must not make the one after it, a gap no start gets past."""
+    with allocator_of_an_empty_store(tmp_path, 2 * MiB, mappedFileSizeCommitLog=MiB,
+                                     prefaultAheadBytes=0) as (allocator, _, settings):
+        names = [f"{start:020d}" for start in (0, MiB, 2 * MiB, 3 * MiB)]
+        for name in names[:2]:
+            allocate(settings.commitlog_dir / name, MiB)
+        real = allocator_module.allocate
+
+        def full_for_segment_2(path, size):
+            if path.name == names[2]:
+                raise AllocationFailed(f"cannot allocate {size} bytes for {path}: No space left on device")
+            return real(path, size)
+
+        monkeypatch.setattr(allocator_module, "allocate", full_for_segment_2)
+        allocator.turn()
+        assert sorted(p.name for p in settings.commitlog_dir.iterdir()) == names[:2]
+        assert allocator.statistics()["failures"] == 1
+        monkeypatch.undo()
+        allocator.retry_at = 0.0  # (its retry, a second later)
+        allocator.turn()
+        assert sorted(p.name for p in settings.commitlog_dir.iterdir()) == names

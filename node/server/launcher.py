@@ -328,9 +328,10 @@ class Node:
         the node (`failed`); what it counted goes to the front's admin stats."""
         watch = supervision.Watch()
         try:
+            rendezvous = supervision.Rendezvous([self.settings.run_dir, self.ring_dir])
             while not self.watch_stopping.wait(1.0):
                 states = supervision.actor_states(self.hosts)
-                failure = watch.check(states)
+                failure = watch.check(states) or rendezvous.lost()
                 if failure is not None:
                     self.failure = failure
                     break

@@ -80,6 +80,42 @@ def actor_states(hosts: dict) -> dict[str, dict]:
     return out
 
 
+class Rendezvous:
+    """Where the node's processes find each other: the run directory (ipc sockets, FIFOs) and
+    the ring directory (the rings the launcher made), as they stood once the node was ready.
+    Removed under a running node (a logout removes $XDG_RUNTIME_DIR), they are not made again:
+    the processes still connected go on, but a service restarted from then on could not find the
+    others and would serve nothing, silently. `lost` names a directory removed or replaced, or a
+    ring gone, and the node exits so that it is restarted whole (fail-stop). (Sockets and FIFOs
+    are not looked at one by one: a service that stops unbinds its sockets, and binds them, or
+    makes its FIFO, again when it is restarted, after its back-off.)"""
+
+    def __init__(self, directories):
+        self.directories = {d: _identity(d) for d in dict.fromkeys(Path(d) for d in directories)}  # (may be one)
+        self.rings = [path for directory in self.directories for path in directory.glob("*.ring")]
+
+    def lost(self) -> str | None:
+        for directory, identity in self.directories.items():
+            try:
+                same = _identity(directory) == identity
+            except FileNotFoundError:
+                same = False
+            if not same:
+                return _lost(directory)
+        gone = [path for path in self.rings if not path.exists()]
+        return _lost(gone[0]) if gone else None
+
+
+def _lost(path: Path) -> str:
+    return (f"{path} was removed under the running node: a service restarted now could not find the others "
+            f"(keep runDir where nothing cleans it)")
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    info = path.lstat()
+    return info.st_dev, info.st_ino
+
+
 class Watch:
     """What the node's main thread concludes from the actor states, once a second."""
 

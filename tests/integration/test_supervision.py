@@ -8,6 +8,7 @@ into the front (MQNODE_INJECT_BUG: a request code that makes it raise).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ import zmq
 from nodes import NodeProcess, in_process_node, node_settings
 
 from node import protocol
-from node.server.supervision import BURST, RESTART_DEADLINE_S, RestartBackoff, Watch, actor_states, record_start
+from node.server.supervision import BURST, RESTART_DEADLINE_S, Rendezvous, RestartBackoff, Watch, actor_states, record_start
 
 BUG_CODE = 4343
 
@@ -115,6 +116,38 @@ def test_a_node_whose_service_cannot_restart_exits_non_zero(tmp_path):
         assert node.process.wait(60) == 1
         log = node.log.read_text()
         assert "mqnode failed: service front is dead" in log and "mqnode stopped" in log, log[-3000:]
+    finally:
+        node.stop(strict=False)
+
+
+def test_the_rendezvous_names_a_removed_directory_or_ring_and_not_a_rebound_socket(tmp_path):
+    run, rings = tmp_path / "run", tmp_path / "rings"
+    run.mkdir()
+    rings.mkdir()
+    (run / "front").write_bytes(b"")  # (an ipc socket: a service that stops unbinds it, and its restart binds it)
+    (rings / "front-to-writer.ring").write_bytes(b"r")
+    rendezvous = Rendezvous([run, rings])
+    (run / "front").unlink()
+    assert rendezvous.lost() is None
+    (rings / "front-to-writer.ring").unlink()
+    assert "front-to-writer.ring was removed" in rendezvous.lost()
+    (rings / "front-to-writer.ring").write_bytes(b"r")
+    assert rendezvous.lost() is None
+    shutil.rmtree(run)  # (a logout's)
+    assert f"{run} was removed" in rendezvous.lost()
+
+
+@pytest.mark.slow
+def test_a_node_whose_run_directory_is_removed_exits_to_be_restarted_whole(tmp_path):
+    """A logout removes $XDG_RUNTIME_DIR: the ipc sockets go, and a service restarted after it
+    would serve nothing (a pull worker killed then answered no pull). The node exits non-zero."""
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"))
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    try:
+        shutil.rmtree(settings.run_dir)
+        assert node.process.wait(30) == 1
+        log = node.log.read_text()
+        assert "mqnode failed: " in log and "was removed under the running node" in log, log[-3000:]
     finally:
         node.stop(strict=False)
 

@@ -344,16 +344,23 @@ class Node:
             self.failed.set()
 
     def _kill_hung(self, watch: supervision.Watch, states: dict[str, dict]) -> None:
-        """SIGKILL every service whose loop stopped turning (Ray then restarts it)."""
-        run_dir = self.settings.run_dir
+        """SIGKILL every service whose loop stopped turning (Ray then restarts it). One whose pid
+        file is not its own (it hung before writing it: a worker Ray could not start on a full
+        disk, say) is killed through Ray, never by a pid that may be another process's now."""
+        import ray
+
         beats = {process.label: process.beats for process in topology.processes(self.settings)}
         heartbeats = {label: stalest(self.control.heartbeat_of(heartbeat_slot(beat)) for beat in beats.get(label, (label,)))
                       for label in states}
         for label in watch.hung(states, heartbeats, monotonic_ms(), self.settings.processHangTimeoutMillis):
+            pid = supervision.pid_of(self.settings.run_dir / f"{label}.pid")
+            logging.getLogger("mqnode").warning("mqnode: service %s (pid %s) is hung: killing it", label,
+                                                pid or "unknown: through Ray")
             try:
-                pid = int((run_dir / f"{label}.pid").read_text())
-                logging.getLogger("mqnode").warning("mqnode: service %s (pid %d) is hung: killing it", label, pid)
-                os.kill(pid, signal.SIGKILL)
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
+                else:
+                    ray.kill(self.hosts[label], no_restart=False)
             except (OSError, ValueError):
                 pass  # gone already: Ray restarts it either way
 

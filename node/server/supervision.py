@@ -23,11 +23,15 @@ unbounded: `actorMaxRestarts = -1`). Two things Ray does not do are done here:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from shm.control_block import INSTANCED, heartbeat_slot, monotonic_ms
+from shm.mapped_file import NO_ROOM
 
 BURST = 3
 BURST_WINDOW_S = 10.0
@@ -35,6 +39,7 @@ BACKOFF_FIRST_S = 0.5
 CALM_S = 60.0
 HISTORY = 32  # start times kept per service
 RESTART_DEADLINE_S = 120.0
+PID_CLOCK_SLACK_S = 0.5  # a process's start time (clock ticks) against its pid file's mtime
 
 log = logging.getLogger("mqnode")
 
@@ -57,7 +62,9 @@ class RestartBackoff:
 
 
 def record_start(run_dir: Path, label: str, policy: RestartBackoff, clock=time.time) -> float:
-    """Append this start to the service's history and return the delay to wait before it."""
+    """Append this start to the service's history and return the delay to wait before it. On a
+    disk with no room the history stays as it was (replaced whole or not at all): the service
+    still starts, its back-off counting the starts written."""
     path = Path(run_dir) / f"{label}.starts"
     try:
         starts = [float(line) for line in path.read_text().split()][-HISTORY:]
@@ -65,8 +72,27 @@ def record_start(run_dir: Path, label: str, policy: RestartBackoff, clock=time.t
         starts = []
     now = clock()
     delay = policy.delay(starts, now)
-    path.write_text("".join(f"{t:.3f}\n" for t in (starts + [now + delay])[-HISTORY:]))
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text("".join(f"{t:.3f}\n" for t in (starts + [now + delay])[-HISTORY:]))
+        os.replace(temporary, path)
+    except OSError as e:
+        if e.errno not in NO_ROOM:
+            raise
+        temporary.unlink(missing_ok=True)
     return delay
+
+
+def pid_of(pid_file: Path) -> int | None:
+    """The pid a service's pid file names, if that process wrote it: a process begun after the
+    file was written is not its writer (the writer is gone and the pid reused), and a file left
+    by a predecessor names nobody (a service that hung before writing its own)."""
+    try:
+        pid = int(pid_file.read_text())
+        written = pid_file.stat().st_mtime
+        return pid if psutil.Process(pid).create_time() <= written + PID_CLOCK_SLACK_S else None
+    except (OSError, ValueError, psutil.Error):
+        return None
 
 
 def actor_states(hosts: dict) -> dict[str, dict]:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
+import psutil
 import pytest
 from nodes import free_port, in_process_node
 from test_supervision import _ask, _send_until_stored
@@ -57,3 +59,26 @@ def test_a_hung_process_of_each_kind_is_killed_and_restarted(split_node):
         stored = {m.queue_offset for m in consumer.pull("Hangs", 0, 0, max_count=64).messages}
     assert set(acknowledged) <= stored
 
+
+
+@pytest.mark.slow
+def test_a_hung_service_whose_pid_file_is_not_its_own_is_killed_through_ray(split_node):
+    """A service that hung before writing its pid file (a worker Ray could not start properly on
+    a full disk) leaves its predecessor's, whose pid may be another process's by now: the watch
+    kills it through Ray, never by that pid."""
+    pid_file = split_node.settings.run_dir / "allocator.pid"
+    pid = int(pid_file.read_text())
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        pid_file.write_text(f"{bystander.pid}\n")  # a predecessor's file, its pid taken since...
+        os.utime(pid_file, (1, 1))  # ...by a process begun after the file was written
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while int(pid_file.read_text() or 0) in (pid, bystander.pid):
+            assert time.monotonic() < deadline, "the hung allocator was not killed and restarted within 30 s"
+            time.sleep(0.2)
+        assert bystander.poll() is None, "the watch killed a process by a pid file that was not its own"
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -20,7 +20,16 @@ import zmq
 from nodes import NodeProcess, in_process_node, node_settings
 
 from node import protocol
-from node.server.supervision import BURST, RESTART_DEADLINE_S, Rendezvous, RestartBackoff, Watch, actor_states, record_start
+from node.server.supervision import (
+    BURST,
+    RESTART_DEADLINE_S,
+    Rendezvous,
+    RestartBackoff,
+    Watch,
+    actor_states,
+    pid_of,
+    record_start,
+)
 
 BUG_CODE = 4343
 
@@ -46,6 +55,9 @@ def test_start_history_lives_in_the_run_directory(tmp_path):
     delays = [record_start(tmp_path, "front", policy, clock=lambda: float(clock())) for _ in range(6)]
     assert delays[:BURST] == [0.0] * BURST and all(d > 0 for d in delays[BURST:])
     assert len((tmp_path / "front.starts").read_text().split()) == 6
+    (tmp_path / f".front.starts.{os.getpid()}.tmp").symlink_to("/dev/full")  # a full disk (ENOSPC)
+    record_start(tmp_path, "front", policy, clock=lambda: 50.0)  # (no error: the service still starts)
+    assert len((tmp_path / "front.starts").read_text().split()) == 6  # the history as it was, not emptied
 
 
 def test_the_watch_names_a_dead_service_and_one_that_never_comes_back():
@@ -185,3 +197,21 @@ def test_the_watch_names_only_alive_processes_whose_heartbeat_is_stale():
     assert watch.hung(states, beats, now_ms=12_000, timeout_ms=10_000) == ["front"]  # restarting is not hung
     assert watch.hung(states, beats, now_ms=12_000, timeout_ms=10_000) == ["front"]
     assert watch.hangs == {"front": 2}  # counted each time it is found
+
+
+def test_a_pid_file_names_only_the_process_that_wrote_it(tmp_path):
+    pid_file = tmp_path / "front.pid"
+    pid_file.write_text(f"{os.getpid()}\n")
+    assert pid_of(pid_file) == os.getpid()
+    later = subprocess.Popen(["sleep", "30"])
+    try:
+        pid_file.write_text(f"{later.pid}\n")
+        os.utime(pid_file, (1, 1))  # written long before that process began: its pid was reused
+        assert pid_of(pid_file) is None
+    finally:
+        later.kill()
+        later.wait()
+    pid_file.write_text(f"{later.pid}\n")  # a process gone
+    assert pid_of(pid_file) is None
+    pid_file.unlink()
+    assert pid_of(pid_file) is None

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from shm.codec import Corruption, peek_store_timestamp, scan
 from shm.dispatch import reput
-from shm.mapped_file import StoreError
+from shm.mapped_file import AllocationFailed, StoreError
 from shm.store import MessageStore
 from shm.store_files import last_exit_ok
 
@@ -193,7 +193,7 @@ class Recovery:
             return
         try:
             _, count = reput(self.store, begin, end)
-        except StoreError as e:  # (no room for a ConsumeQueue or index file: AllocationFailed)
+        except AllocationFailed as e:  # (no room for a ConsumeQueue or index file; damage still stops the start)
             self.report.dispatch_blocked, self.report.dispatch_error = begin, str(e)
             return
         self.report.records_dispatched += count

@@ -25,7 +25,7 @@ from zmq.backend import zmq_poll
 
 from node.client.frames import recv_frame, recv_frames, recv_frames_from
 from shm.control_block import INSTANCED, ControlBlock, heartbeat_slot, monotonic_ms
-from shm.mapped_file import NO_ROOM
+from shm.disk import write_whole
 
 POLL_MS = 50  # longest a loop sleeps before it looks at its stop flag again
 STATS_PERIOD_S = 1.0
@@ -58,15 +58,8 @@ def write_pid_file(path: Path) -> None:
     full disk the file goes instead: a predecessor's pid left there would name another process
     (the launcher kills a hung service by its pid file)."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(f"{os.getpid()}\n")
-    except OSError as e:
-        if e.errno not in NO_ROOM:
-            raise
-        temporary.unlink(missing_ok=True)
+    if not write_whole(path, f"{os.getpid()}\n".encode(), temporary=temporary, sync=False):
         path.unlink(missing_ok=True)
-        return
-    os.replace(temporary, path)
 
 
 class Doorbell:

@@ -15,14 +15,13 @@ still raises (fail-stop: the process stops and its restart is recovery).
 from __future__ import annotations
 
 import logging
-import os
 import re
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 
-from shm.mapped_file import NO_ROOM
+from shm.disk import write_whole
 
 log = logging.getLogger("mqnode")
 _unwritten: set[Path] = set()  # this process's files whose last write found no room (logged once a streak)
@@ -65,43 +64,44 @@ def read(path: Path):
 def persist(path: Path, value) -> bool:
     """`value` written to `path` (fastjson's format), the previous content kept as `.bak`; False
     when the disk had no room (the file as it was)."""
-    return write_whole(path, dumps(value).encode(), backup=True)
+    return write(path, dumps(value).encode(), backup=True)
 
 
-def write_whole(path: Path, data: bytes, *, backup: bool = False, suffix: str = ".tmp") -> bool:
-    """`data` as `path`'s content, whole or not at all: written to a temporary, fsynced, renamed
-    over it (with `backup`, the previous content copied to `.bak` first). False, the file as it
-    was, when the disk has no room; any other failure raises."""
-    temporary = path.with_name(path.name + suffix)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(temporary, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as e:  # (no room, even from the fsync: the temporary goes, never synced again)
-        if e.errno not in NO_ROOM:
-            raise
-        temporary.unlink(missing_ok=True)
-        return _no_room(path, e)
-    if backup and path.exists():
-        bak = path.with_name(path.name + ".bak")
-        try:
-            shutil.copyfile(path, bak)
-        except OSError as e:
-            if e.errno not in NO_ROOM:
-                raise
-            bak.unlink(missing_ok=True)  # (a cut copy is no fallback; the new content is whole and synced)
-    os.replace(temporary, path)
+def write(path: Path, data: bytes, *, backup: bool = False) -> bool:
+    """shm.disk.write_whole, fsynced, its failures for want of room logged once a streak."""
+    if not write_whole(path, data, backup=backup):
+        if path not in _unwritten:
+            _unwritten.add(path)
+            log.error("%s not written (no space left on the device): the change is kept in memory and written "
+                      "when there is room", path)
+        return False
     if path in _unwritten:
         _unwritten.discard(path)
         log.warning("%s written again", path)
     return True
 
 
-def _no_room(path: Path, error: OSError) -> bool:
-    if path not in _unwritten:
-        _unwritten.add(path)
-        log.error("%s not written (%s): the change is kept in memory and written when there is room", path,
-                  error.strerror)
-    return False
+class VersionedFile:
+    """A table kept in a config file RocketMQ versions (`dataVersion`: a counter and the time of
+    each write), written whole at each change (`persist`, the table's own). `on_persist` hears of
+    each write (the front: the ha-server ships the file); a change the full disk kept from the
+    file stays `unwritten` until `persist_unwritten` (the owner's period) writes it."""
+
+    def __init__(self, path: Path, counter: int, clock):
+        self.path, self.counter, self.clock = path, counter, clock
+        self.on_persist: Callable[[], None] | None = None
+        self.unwritten = False
+
+    def persist(self) -> None:
+        raise NotImplementedError
+
+    def persist_unwritten(self) -> None:
+        if self.unwritten:
+            self.persist()
+
+    def write(self, table_name: str, table: dict) -> None:
+        self.counter += 1
+        self.unwritten = not persist(self.path, {
+            "dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)}, table_name: table})
+        if self.on_persist is not None and not self.unwritten:
+            self.on_persist()

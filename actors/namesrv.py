@@ -84,7 +84,7 @@ class Namesrv:
         if self.table.version == self.persisted_version:
             return
         version = self.table.version
-        if config_files.write_whole(self.directory / TABLE_FILE, orjson.dumps(self.table.snapshot(), default=sorted)):
+        if config_files.write(self.directory / TABLE_FILE, orjson.dumps(self.table.snapshot(), default=sorted)):
             self.persisted_version = version  # (else a full disk: again at the next period)
 
     def _housekeeping(self, now: int) -> None:

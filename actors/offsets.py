@@ -9,7 +9,6 @@ that finds the disk full is made again at the next period (actors.config_files).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from actors import config_files
@@ -55,54 +54,41 @@ class ConsumerOffsets:
         return True
 
 
-class SubscriptionGroups:
+class SubscriptionGroups(config_files.VersionedFile):
     """`config/subscriptionGroup.json`: a group is created (RocketMQ's defaults) the first time it
-    commits an offset, as autoCreateSubscriptionGroup does. Single writer: the front. A change
-    the full disk kept from the file stays in memory, `unwritten`, until `persist_unwritten`."""
+    commits an offset, as autoCreateSubscriptionGroup does. Single writer: the front."""
 
     def __init__(self, config_dir: Path, clock=time.time):
-        self.path = Path(config_dir) / "subscriptionGroup.json"
-        self.clock = clock
-        data = config_files.read(self.path) or {}
+        path = Path(config_dir) / "subscriptionGroup.json"
+        data = config_files.read(path) or {}
+        super().__init__(path, int((data.get("dataVersion") or {}).get("counter", 0)), clock)
         self.groups: dict[str, dict] = dict(data.get("subscriptionGroupTable") or {})
-        self.counter = int((data.get("dataVersion") or {}).get("counter", 0))
-        self.on_persist: Callable[[], None] | None = None  # (the front: tell the ha-server)
-        self.unwritten = False
 
     def ensure(self, group: str) -> bool:
         """True when the group was new (and has now been persisted)."""
         if group in self.groups:
             return False
         self.groups[group] = _default_group(group)
-        self._persist()
+        self.persist()
         return True
 
     def update(self, group: str, changes: dict) -> dict:
         """A group created (RocketMQ's defaults) or changed: `admin group create|update`."""
         config = self.groups[group] = {**(self.groups.get(group) or _default_group(group)), **changes}
-        self._persist()
+        self.persist()
         return dict(config)
 
     def delete(self, group: str) -> bool:
         if self.groups.pop(group, None) is None:
             return False
-        self._persist()
+        self.persist()
         return True
 
     def retry_max_times(self, group: str) -> int:
         return int((self.groups.get(group) or {}).get("retryMaxTimes", 16))
 
-    def persist_unwritten(self) -> None:
-        if self.unwritten:
-            self._persist()
-
-    def _persist(self) -> None:
-        self.counter += 1
-        self.unwritten = not config_files.persist(self.path, {
-            "dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)},
-            "subscriptionGroupTable": dict(sorted(self.groups.items()))})
-        if self.on_persist is not None and not self.unwritten:
-            self.on_persist()
+    def persist(self) -> None:
+        self.write("subscriptionGroupTable", dict(sorted(self.groups.items())))
 
 
 def _default_group(group: str) -> dict:

@@ -47,7 +47,7 @@ from shm import reader as store_reader
 from shm.codec import Record, decode, queue_entries
 from shm.control_block import ROLE_CODES, WATCHER_SLOTS
 from shm.epochs import EpochFile
-from shm.mapped_file import free_bytes
+from shm.disk import free_bytes
 from shm.pop_log import POP_REPLICA, PopLog, PopLogDamaged
 
 log = logging.getLogger("mqnode")

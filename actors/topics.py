@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,16 +61,12 @@ class TopicConfig:
                    topicSysFlag=int(data.get("topicSysFlag", 0)), order=bool(data.get("order", False)))
 
 
-class TopicTable:
+class TopicTable(config_files.VersionedFile):
     def __init__(self, config_dir: Path, *, auto_create: bool, default_queues: int, clock=time.time):
-        self.path = Path(config_dir) / "topics.json"
+        super().__init__(Path(config_dir) / "topics.json", 0, clock)
         self.auto_create = auto_create
         self.default_queues = default_queues
-        self.clock = clock
         self.topics: dict[str, TopicConfig] = {}
-        self.counter = 0
-        self.on_persist: Callable[[], None] | None = None  # (the front: tell the ha-server)
-        self.unwritten = False  # a change the full disk kept from the file (in memory until `persist_unwritten`)
         self.load()
 
     def load(self) -> None:
@@ -104,14 +99,4 @@ class TopicTable:
         return config
 
     def persist(self) -> None:
-        self.counter += 1
-        self.unwritten = not config_files.persist(self.path, {
-            "dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)},
-            "topicConfigTable": {name: config.to_json() for name, config in sorted(self.topics.items())},
-        })
-        if self.on_persist is not None and not self.unwritten:
-            self.on_persist()
-
-    def persist_unwritten(self) -> None:
-        if self.unwritten:
-            self.persist()
+        self.write("topicConfigTable", {name: config.to_json() for name, config in sorted(self.topics.items())})

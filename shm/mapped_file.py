@@ -43,14 +43,6 @@ class AllocationFailed(StoreError):
     """The disk refused the blocks for a new file (ENOSPC, EDQUOT, ...)."""
 
 
-NO_ROOM = (errno.ENOSPC, errno.EDQUOT)  # the errors of a disk (or a quota) that is full
-
-
-def free_bytes(path: Path) -> int:
-    """Bytes this process may still write on `path`'s disk (root may use the reserved blocks)."""
-    disk = os.statvfs(path)
-    return (disk.f_bfree if os.geteuid() == 0 else disk.f_bavail) * disk.f_frsize
-
 
 def file_name(offset: int) -> str:
     return f"{offset:020d}"

@@ -17,7 +17,7 @@ recovers; it is never retried (the page cache may have dropped what failed).
 Crash policy: at open the newest snapshot whose frame is whole and whose CRC holds is loaded,
 then its journal's frames up to the first that is cut short or fails its CRC (the intact
 prefix); the file is truncated there, so a torn append is dropped whole, never half-applied.
-Compaction (`compact`): the state is written to `snapshot.tmp`, fdatasynced, renamed over
+Compaction (`compact`): the state is written to `snapshot.tmp`, synced, renamed over
 `snapshot`, the directory fsynced, and only then journal.N+1 begins and journal.N goes. A crash
 anywhere in it leaves either the old snapshot with its whole journal, or the new one with an
 empty or missing journal: both the same state. A disk with no room for the snapshot leaves the
@@ -27,7 +27,6 @@ finds no room raises like any failed write (the state it records was already app
 
 from __future__ import annotations
 
-import errno
 import os
 import struct
 import zlib
@@ -36,7 +35,7 @@ from pathlib import Path
 import orjson
 
 from shm.archive_manifest import fsync_dir  # (one definition of a directory's fsync)
-from shm.mapped_file import NO_ROOM
+from shm.disk import write_whole
 
 FRAME = struct.Struct(">II")
 MAX_FRAME = 1 << 30  # a length beyond this is damage, not a record
@@ -118,15 +117,8 @@ class PopLog:
         False, nothing changed, when the disk has no room for the snapshot."""
         assert not self.pending
         payload = orjson.dumps({"gen": self.gen + 1, "state": state})
-        tmp = self.directory / "snapshot.tmp"
-        try:
-            _write_synced(tmp, FRAME.pack(len(payload), zlib.crc32(payload)) + payload)
-        except OSError as e:  # (no room, even from the fdatasync: the file goes, never synced again)
-            if e.errno not in NO_ROOM:
-                raise
-            tmp.unlink(missing_ok=True)
+        if not write_whole(self.directory / "snapshot", FRAME.pack(len(payload), zlib.crc32(payload)) + payload, mode=0o600):
             return False
-        os.replace(tmp, self.directory / "snapshot")
         fsync_dir(self.directory)
         old, self.gen = self.fd, self.gen + 1
         self.fd = os.open(self.directory / f"journal.{self.gen}", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -269,16 +261,6 @@ class ReplicaGap(Exception):
 
 class PopLogDamaged(Exception):
     """A snapshot that is not whole: written then renamed, so not a crash's doing."""
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        if os.write(fd, data) != len(data):  # (short only when the disk is full)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_frames(data: bytes) -> tuple[list[bytes], int]:

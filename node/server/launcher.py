@@ -50,7 +50,7 @@ from shm.control_block import (
     ControlBlock,
 )
 from shm.epochs import EpochFile
-from shm.mapped_file import NO_ROOM, free_bytes
+from shm.disk import free_bytes, write_whole
 from shm.recovery import recover
 from shm.settings import Settings
 from shm.store import MessageStore
@@ -366,16 +366,8 @@ class Node:
 
     def _publish_supervision(self, watch: supervision.Watch) -> None:
         """What the watch counted, for the front's admin stats (a small file in the run directory)."""
-        path = self.settings.run_dir / "supervision.json"
-        temporary = path.with_suffix(".tmp")
-        try:
-            temporary.write_bytes(orjson.dumps(watch.statistics()))
-        except OSError as e:
-            if e.errno not in NO_ROOM:
-                raise
-            temporary.unlink(missing_ok=True)
-            return  # (a full disk: the figures a second old until there is room)
-        temporary.replace(path)
+        # (a full disk: the figures stay a second old until there is room)
+        write_whole(self.settings.run_dir / "supervision.json", orjson.dumps(watch.statistics()), sync=False)
 
     # -- stop ------------------------------------------------------------------------------------------
 

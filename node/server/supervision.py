@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 
 from shm.control_block import INSTANCED, heartbeat_slot, monotonic_ms
-from shm.mapped_file import NO_ROOM
+from shm.disk import write_whole
 
 BURST = 3
 BURST_WINDOW_S = 10.0
@@ -72,14 +72,8 @@ def record_start(run_dir: Path, label: str, policy: RestartBackoff, clock=time.t
         starts = []
     now = clock()
     delay = policy.delay(starts, now)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text("".join(f"{t:.3f}\n" for t in (starts + [now + delay])[-HISTORY:]))
-        os.replace(temporary, path)
-    except OSError as e:
-        if e.errno not in NO_ROOM:
-            raise
-        temporary.unlink(missing_ok=True)
+    history = "".join(f"{t:.3f}\n" for t in (starts + [now + delay])[-HISTORY:])
+    write_whole(path, history.encode(), temporary=path.with_name(f".{path.name}.{os.getpid()}.tmp"), sync=False)
     return delay
 
 

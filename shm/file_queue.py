@@ -2,7 +2,10 @@
 
 The file for offset `o` is the one named `o - o % size`, at position `o % size`. Adjacent files
 differ by exactly one segment size; a gap, a file of the wrong size, or a stray name is a named
-error at load (the CommitLog is the truth and is never silently skipped over).
+error at load (the CommitLog is the truth and is never silently skipped over). One gap is mended
+by a writer's load: files after it that hold not a byte (made ahead, never written: the allocator
+before 13a59b7 could make the segment after one a full disk refused) are deleted and named in
+`dropped_after_gap`; a gap with anything written after it stays an error.
 
 Single writer: only the owning process appends, truncates and deletes. Readers in other processes
 open the queue `readonly` and call `refresh()` to see files the writer added or removed.
@@ -30,6 +33,7 @@ class MappedFileQueue:
         self.file_size = file_size
         self.readonly = readonly
         self.files: list[MappedFile] = []
+        self.dropped_after_gap: list[str] = []
         if not readonly:
             self.directory.mkdir(parents=True, exist_ok=True)
         self.load()
@@ -58,8 +62,21 @@ class MappedFileQueue:
             for f in files:
                 f.close()
             raise
-        self.files = files
+        self.files = files if self.readonly else self._drop_blank_after_gap(files)
         self.check_contiguous()
+
+    def _drop_blank_after_gap(self, files: list[MappedFile]) -> list[MappedFile]:
+        for i, (before, after) in enumerate(zip(files, files[1:], strict=False)):
+            if after.offset_start == before.offset_start + self.file_size:
+                continue
+            tail = files[i + 1:]
+            if not all(f.holds_nothing() for f in tail):
+                return files  # data after a gap: check_contiguous names it
+            for f in tail:
+                f.destroy()
+                self.dropped_after_gap.append(f.path.name)
+            return files[: i + 1]
+        return files
 
     def check_contiguous(self) -> None:
         for before, after in zip(self.files, self.files[1:], strict=False):

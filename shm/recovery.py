@@ -45,6 +45,7 @@ class RecoveryReport:
     recovered_offset: int = 0  # end of the valid CommitLog prefix
     corruption: str | None = None  # what stopped the walk, if not a clean end of data
     deleted_segments: list[str] = field(default_factory=list)
+    blank_after_gap: list[str] = field(default_factory=list)  # never-written segments past a missing one
     deleted_index_files: list[str] = field(default_factory=list)
     damaged_queues: list[str] = field(default_factory=list)
     queue_entries_dropped: int = 0
@@ -62,6 +63,8 @@ class RecoveryReport:
             lines.append(f"  truncated at {self.recovered_offset}: {self.corruption}")
         if self.deleted_segments:
             lines.append(f"  deleted CommitLog segments after it: {', '.join(self.deleted_segments)}")
+        if self.blank_after_gap:
+            lines.append(f"  deleted never-written CommitLog segments after a missing one: {', '.join(self.blank_after_gap)}")
         if self.queue_entries_dropped:
             lines.append(f"  ConsumeQueue entries dropped: {self.queue_entries_dropped}")
         for damaged in self.damaged_queues:
@@ -92,6 +95,7 @@ class Recovery:
     def run(self) -> RecoveryReport:
         store = self.store
         checkpoint = store.checkpoint
+        self.report.blank_after_gap = list(store.commitlog.segments.dropped_after_gap)
         with self._phase("load"):
             deleted = store.index.load(last_exit_ok=self.clean, checkpoint_index_timestamp=checkpoint.index_timestamp)
             self.report.deleted_index_files = deleted

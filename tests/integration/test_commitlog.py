@@ -57,6 +57,9 @@ def test_load_refuses_wrong_sizes_and_gaps(tmp_path):
     directory.mkdir()
     for start in (0, 1024, 3072):
         allocate(directory / f"{start:020d}", 1024)
+    with open(directory / f"{3072:020d}", "r+b") as f:
+        f.seek(1000)
+        f.write(b"\x01")  # one byte written after the gap
     with pytest.raises(SegmentGap, match="00000000000000002048"):
         MappedFileQueue(directory, 1024)
     (directory / f"{3072:020d}").unlink()
@@ -64,6 +67,41 @@ def test_load_refuses_wrong_sizes_and_gaps(tmp_path):
         f.write(b"x" * 100)
     with pytest.raises(WrongFileSize, match="100 bytes"):
         MappedFileQueue(directory, 1024)
+
+
+def test_a_writer_deletes_never_written_segments_after_a_gap(tmp_path):
+    """The allocator before 13a59b7 could make the segment after the one a full disk refused:
+    the store then had a gap followed by blank segments, and no start got past it."""
+    directory = tmp_path / "q"
+    directory.mkdir()
+    for start in (0, 1024, 3072, 4096):
+        allocate(directory / f"{start:020d}", 1024)
+    with open(directory / f"{1024:020d}", "r+b") as f:
+        f.write(b"\x07" * 300)
+    with pytest.raises(SegmentGap, match="00000000000000002048"):
+        MappedFileQueue(directory, 1024, readonly=True)  # a reader never deletes
+    queue = MappedFileQueue(directory, 1024)
+    assert queue.dropped_after_gap == [f"{3072:020d}", f"{4096:020d}"]
+    assert [f.offset_start for f in queue.files] == [0, 1024]
+    assert sorted(p.name for p in directory.iterdir()) == [f"{0:020d}", f"{1024:020d}"]
+    assert queue.create(2048).offset_start == 2048  # appends go on where the log ends
+    queue.close()
+
+
+def test_holds_nothing_finds_a_byte_anywhere(tmp_path):
+    path = tmp_path / f"{0:020d}"
+    allocate(path, 3 << 20)
+    for at in (None, 0, (1 << 20) - 1, 1 << 20, (3 << 20) - 1):
+        if at is not None:
+            with open(path, "r+b") as f:
+                f.seek(at)
+                f.write(b"\x01")
+        mapped = MappedFile(path, 3 << 20)
+        assert mapped.holds_nothing() is (at is None), at
+        mapped.close()
+        with open(path, "r+b") as f:
+            f.seek(at or 0)
+            f.write(b"\x00")
 
 
 def test_a_reader_skips_a_head_segment_deleted_while_it_loads(tmp_path, monkeypatch):

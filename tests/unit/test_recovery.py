@@ -281,6 +281,26 @@ def test_store_level_damage_is_a_named_error(tmp_path):
         MessageStore(settings)
 
 
+def test_never_written_segments_after_a_missing_one_are_deleted_and_named(tmp_path):
+    """A full disk refused the segment after the last written one, and the allocator before
+    13a59b7 made the one after it anyway: a gap followed by blank segments. The start deletes
+    those, says so, and the store goes on from its end; a gap with records after it still stops."""
+    settings, store, offsets = _filled_store(tmp_path / "s", count=600)
+    size = settings.mappedFileSizeCommitLog
+    last = store.commitlog.segments.files[-1].offset_start
+    close_clean(store)
+    for start in (last + 2 * size, last + 3 * size):
+        mapped_file.allocate(settings.commitlog_dir / f"{start:020d}", size)
+    store = open_store(settings)
+    assert store.report.blank_after_gap == [f"{last + 2 * size:020d}", f"{last + 3 * size:020d}"]
+    assert "after a missing one" in store.report.summary()
+    put(store, [message(i) for i in range(600, 700)], store_timestamp=1795000009000)
+    close_clean(store)
+    report = verify_store(settings)
+    assert report.ok, report.summary()
+    assert report.records == 700
+
+
 def test_progress_and_phase_timings_are_reported(tmp_path):
     from shm.recovery import Recovery
 

@@ -15,6 +15,8 @@ holding `entries_per_file` entries of 48 bytes, big-endian:
 
 A file gets its blocks (posix_fallocate, shm.mapped_file.allocate) before it is mapped: a full
 disk is an AllocationFailed at `append`, which changes nothing, never a SIGBUS in the mapping.
+A file opened with fewer blocks than its size (made sparse, by ftruncate, before 738d043) gets
+them at open, or, the disk being full then, before the first append into it.
 Entries are appended through the mapping; `flush` writes them to disk (a failed flush raises:
 the process stops and its restart recovers, never a retry). Crash policy: the checkpoint names
 the entries a flush made durable; at open, the entries after it are kept up to the first whose
@@ -32,7 +34,7 @@ import struct
 import zlib
 from pathlib import Path
 
-from shm.mapped_file import allocate
+from shm.mapped_file import AllocationFailed, allocate
 
 ENTRY = struct.Struct(">qqqqqiI")
 ENTRY_SIZE = ENTRY.size  # 48
@@ -64,6 +66,7 @@ class TimerLog:
         self.max_link: dict[int, int] = {}  # first index -> the latest slot an entry of the file hangs under
         self.start = self.end = 0  # live entries are [start, end)
         self.dirty: set[int] = set()
+        self.sparse: set[int] = set()  # files whose blocks a full disk refused at open
         self.flushes = 0
 
     # -- open and recover --------------------------------------------------------------------------
@@ -114,6 +117,8 @@ class TimerLog:
         first = index - index % self.per_file
         if first not in self.files:
             self._create(first)
+        elif first in self.sparse:
+            self._fill(first)
         raw = ENTRY.pack(link_ms, due_ms, phy, prev, cq, size, 0)
         m = self.files[first][1]
         at = (index - first) * ENTRY_SIZE
@@ -156,6 +161,7 @@ class TimerLog:
             (self.directory / f"{first:020d}").unlink()
             self.max_link.pop(first, None)
             self.dirty.discard(first)
+            self.sparse.discard(first)
             self.start = first + self.per_file
             deleted += 1
         return deleted
@@ -171,9 +177,25 @@ class TimerLog:
             os.close(fd)
             raise TimerLogCorrupt(f"timer log file {first:020d} is {size} bytes, not {self.per_file * ENTRY_SIZE}")
         self.files[first] = (fd, mmap.mmap(fd, size))
+        if os.fstat(fd).st_blocks * 512 < size:
+            self.sparse.add(first)
+            try:
+                self._fill(first)
+            except AllocationFailed:
+                pass  # read as it is; `append` asks again before it stores into the file
+
+    def _fill(self, first: int) -> None:
+        """Give a sparse file all its blocks (a store into a hole on a full disk is a SIGBUS)."""
+        fd, size = self.files[first][0], self.per_file * ENTRY_SIZE
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            raise AllocationFailed(f"cannot allocate the timer log file {first:020d}: {os.strerror(e.errno)}") from e
+        self.sparse.discard(first)
 
     def statistics(self) -> dict:
-        return {"files": len(self.files), "start": self.start, "end": self.end, "flushes": self.flushes}
+        return {"files": len(self.files), "start": self.start, "end": self.end, "flushes": self.flushes,
+                "sparse_files": len(self.sparse)}
 
     def close(self) -> None:
         for fd, m in self.files.values():

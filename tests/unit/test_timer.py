@@ -5,6 +5,7 @@ nothing), plus seeded crashes that replay."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 
@@ -81,6 +82,47 @@ def test_a_new_log_file_has_its_blocks_and_a_full_disk_refuses_it_changing_nothi
     monkeypatch.undo()
     core.add(T0 + 1000, 104, 10, 4)
     assert sorted(deliver_all(core, T0 + 1000)) == [100, 101, 102, 103, 104]
+
+
+def test_a_sparse_file_of_the_old_code_gets_its_blocks_before_an_append(tmp_path, monkeypatch):
+    """Timer log files were made by ftruncate before 738d043: holes, a SIGBUS at a store into
+    one on a full disk. Opened, they get their blocks; a full disk then defers it to the first
+    append into the file, which is refused (AllocationFailed) changing nothing."""
+    per_file = 1024  # 48 KiB: holes of whole pages
+    log = open_log(tmp_path, per_file=per_file)
+    for i in range(10):
+        log.append(T0 + i, T0 + i, 1000 + i, i - 1, i, 100)
+    durable = log.flush()
+    log.close()
+    path = tmp_path / f"{0:020d}"
+    raw = path.read_bytes()
+    path.unlink()
+    with open(path, "wb") as f:  # as the old code made it: a sparse file, its entries written
+        f.truncate(per_file * ENTRY_SIZE)
+        f.write(raw[: 10 * ENTRY_SIZE])
+    assert os.stat(path).st_blocks * 512 < per_file * ENTRY_SIZE
+
+    def no_room(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_room)
+    log = open_log(tmp_path, durable, per_file=per_file)
+    assert log.end == 10 and log.statistics()["sparse_files"] == 1
+    with pytest.raises(AllocationFailed, match="No space left"):
+        log.append(T0 + 10, T0 + 10, 1010, 9, 10, 100)
+    assert log.end == 10
+    monkeypatch.undo()
+    assert log.append(T0 + 10, T0 + 10, 1010, 9, 10, 100) == 10
+    assert os.stat(path).st_blocks * 512 >= per_file * ENTRY_SIZE and log.statistics()["sparse_files"] == 0
+    log.close()
+    path.unlink()
+    with open(path, "wb") as f:
+        f.truncate(per_file * ENTRY_SIZE)
+        f.write(raw[: 10 * ENTRY_SIZE])
+    log = open_log(tmp_path, durable, per_file=per_file)  # room: the blocks at open
+    assert os.stat(path).st_blocks * 512 >= per_file * ENTRY_SIZE and log.statistics()["sparse_files"] == 0
+    assert [log.entry(i)[2] for i in range(10)] == [1000 + i for i in range(10)]
+    log.close()
 
 
 def test_a_checkpoint_beyond_the_files_is_refused(tmp_path):

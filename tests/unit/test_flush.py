@@ -233,6 +233,24 @@ def test_held_sends_time_out_by_the_injected_clock_not_the_wall():
     assert [orjson.loads(h)["status"] for _, _, h in replies] == ["FLUSH_DISK_TIMEOUT"] * 2
 
 
+def test_a_flush_keeps_no_descriptor_of_a_segment_it_will_never_flush_again(store_and_control):
+    """A slave's catch-up (or a burst) flushes several segments at once, then maybe nothing more
+    (a full disk): a descriptor kept on a flushed segment would keep its blocks once the clean
+    service deletes it, and the disk would stay full."""
+    settings, store, control = store_and_control
+    flusher = CommitLogFlusher(settings, control)
+    try:
+        end = _written(store, control, [message(i, size=4000) for i in range(60)])  # ~4 segments of 64 KiB
+        size = settings.mappedFileSizeCommitLog
+        assert end > 3 * size
+        assert flusher.flush_to_written() == end
+        assert list(flusher.fds) == [end - end % size]  # written's segment only
+        flusher.forget_deleted(end - end % size + size)  # (a deletion past it: nothing left open)
+        assert flusher.fds == {}
+    finally:
+        flusher.close()
+
+
 def test_async_flush_follows_its_intervals_on_the_injected_clock(store_and_control):
     settings, store, control = store_and_control
     settings = dataclasses.replace(settings, flushDiskType="ASYNC_FLUSH")

@@ -8,6 +8,11 @@ Every `cleanResourceInterval` ms the core looks at the disk and decides:
   "the disk is full") and makes cleaning immediate; under it, the flag clears and sends are
   taken again. Over `diskSpaceCleanForciblyRatio`, cleaning is immediate too. The ratio is
   RocketMQ's: used = total - free, ceil(used * 100 / (used + usable)) / 100.
+- **No room for a segment.** mqnode's addition: the CommitLog's disk with less free than one
+  `mappedFileSizeCommitLog` starts a pass (space) and makes cleaning immediate, whatever the
+  ratios say. RocketMQ's ratios assume segments small against the disk; on a small one (or with
+  large segments) the log could not grow while every ratio stayed under its trigger: the writer
+  refused sends, a slave's ha-client could not go on.
 - **A CommitLog pass** when the local hour is in `deleteWhen` (time), when either disk is over
   `diskMaxUsedSpaceRatio` % (space), or on request (manual, `admin clean`: up to 20 passes back
   to back). A pass walks the segments oldest first and never touches the last one, nor one
@@ -57,6 +62,7 @@ from actors.wire import pack_replies
 from node import protocol
 from shm import archive_manifest
 from shm.consume_queue import last_entry_offset
+from shm.disk import free_bytes
 from shm.index_file import end_phy_offset
 from shm.control_block import FLAG_DISK_FULL
 from shm.invariant import invariant
@@ -69,13 +75,17 @@ CAUSES = ("time", "space", "forced", "manual")
 CLEAN_NICENESS = 19
 
 
-def disk_ratio(path: Path) -> float:
-    """The used share of `path`'s file system, as RocketMQ's UtilAll.getDiskPartitionSpaceUsedPercent
-    (a directory not made yet: its nearest existing parent's)."""
+def _existing(path: Path) -> Path:
+    """`path`, or (a directory not made yet) its nearest existing parent."""
     path = Path(path)
     while not path.exists() and path.parent != path:
         path = path.parent
-    st = os.statvfs(path)
+    return path
+
+
+def disk_ratio(path: Path) -> float:
+    """The used share of `path`'s file system, as RocketMQ's UtilAll.getDiskPartitionSpaceUsedPercent."""
+    st = os.statvfs(_existing(path))
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
     usable = st.f_bavail * st.f_frsize
     return math.ceil(used * 100 / (used + usable)) / 100 if used + usable > 0 else 0.0
@@ -136,13 +146,16 @@ class CleanCore:
     until it has something to do. `wall_ms` (epoch ms) ages files and names the hour;
     `local_hour` gives the hour of the day for `wall_ms` (a test may fix it)."""
 
-    def __init__(self, settings, control, *, wall_ms=None, local_hour=None, ratio=disk_ratio):
+    def __init__(self, settings, control, *, wall_ms=None, local_hour=None, ratio=disk_ratio,
+                 room=lambda path: free_bytes(_existing(path))):
         s = settings
         self.settings = s
         self.control = control
         self.wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
         self.local_hour = local_hour or (lambda ms: time.localtime(ms / 1000).tm_hour)
         self.ratio = ratio
+        self.room = room
+        self.segment_room = True  # the CommitLog's disk holds one more segment
         self.hours = delete_hours(s.deleteWhen)
         self.reserved_ms = s.fileReservedTime * 3600 * 1000
         self.max_used = min(max(s.diskMaxUsedSpaceRatio, 10), 95) / 100  # clamped as RocketMQ clamps it
@@ -208,6 +221,14 @@ class CleanCore:
             self.control.set_flag(FLAG_DISK_FULL, False)
             log.warning("disk no longer full: %.1f%% used: sends are taken again", used * 100)
         self.space_trigger = used > self.max_used
+        room = self.room(s.commitlog_dir) >= s.mappedFileSizeCommitLog
+        if room != self.segment_room:
+            (log.info if room else log.warning)(
+                "the CommitLog's disk %s room for another %d-byte segment%s", "has" if room else "has no",
+                s.mappedFileSizeCommitLog, "" if room else ": cleaning at once")
+            self.segment_room = room
+        if not room:
+            self.space_trigger = self.clean_immediately = True
         time_up = self.local_hour(self.wall_ms()) in self.hours
         if self.manual_passes > 0:
             self.manual_passes -= 1
@@ -361,6 +382,7 @@ class CleanCore:
                 "indexFilesDeleted": self.index_files_deleted, "hangedFiles": self.hanged,
                 "lastPassMs": self.last_pass_ms, "lastPassStop": self.last_stop, "diskRatio": dict(self.ratios),
                 "diskFull": self.control.has_flag(FLAG_DISK_FULL), "cleanImmediately": self.clean_immediately,
+                "segmentRoom": self.segment_room,
                 "minOffset": self.control.get("min_offset")}
 
 

@@ -25,9 +25,13 @@ class Disk:
 
     def __init__(self) -> None:
         self.used, self.wall, self.hour, self.monotonic = 0.5, NOW_MS, 12, 100.0
+        self.free = 1 << 40
 
     def ratio(self, _path) -> float:
         return self.used
+
+    def room(self, _path) -> int:
+        return self.free
 
 
 @pytest.fixture
@@ -46,7 +50,7 @@ def store(tmp_path):
         control.publish_recovered(written=end, flushed=end, dispatched=end, min_offset=0)
         disk = Disk()
         core = CleanCore(settings, control, wall_ms=lambda: disk.wall, local_hour=lambda ms: disk.hour,
-                         ratio=disk.ratio)
+                         ratio=disk.ratio, room=disk.room)
         made.append(control)
         return core, control, disk, settings
 
@@ -114,6 +118,22 @@ def test_over_the_forcible_ratio_age_is_ignored_but_the_last_segment_stays(store
     assert len(_left(settings)) == 10 and core.deleted_files["forced"] == DELETE_MAX_PER_PASS
     _run(core, disk, 5.0)  # still over the ratio: the next pass follows at once
     assert _left(settings) == [19 * SEGMENT] and control.get("min_offset") == 19 * SEGMENT
+
+
+def test_a_disk_without_room_for_another_segment_is_cleaned_at_once_whatever_its_ratio(store):
+    """A small disk (or large segments): under every ratio's trigger, the log still cannot grow."""
+    core, control, disk, settings = store(aged=0, deleteWhen="04")
+    disk.used, disk.free = 0.5, SEGMENT - 1
+    _one_pass(core, disk)
+    assert len(_left(settings)) == 10 and core.deleted_files["forced"] == DELETE_MAX_PER_PASS
+    assert core.statistics()["segmentRoom"] is False
+    disk.free = SEGMENT  # room again: nothing more goes
+    _run(core, disk, 5.0)
+    assert len(_left(settings)) == 10 and core.statistics()["segmentRoom"] is True
+    core, _, disk, settings = store(aged=0, deleteWhen="04", cleanFileForciblyEnable=False)
+    disk.free = 0
+    _run(core, disk, 5.0)
+    assert len(_left(settings)) == 20  # (young, and forcing off: a space pass deletes by age only)
 
 
 def test_forcing_can_be_switched_off(store):

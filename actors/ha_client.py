@@ -20,6 +20,10 @@ begun anew at each welcome), which the pop service takes over when the slave is 
 
 Restart (kill -9): it resumes at the control block's `written` (what lay past it is zeroed, as
 the writer does) and asks its master for the rest.
+
+A full disk (a segment, a config file or the pop log's copy refused) closes the link, as
+RocketMQ's HAClient does, and the next connect (a second later) asks again from the log's end;
+the slave's clean service makes room meanwhile. Dying instead would die again at every restart.
 """
 
 from __future__ import annotations
@@ -42,10 +46,12 @@ from actors import guard, ha_link
 from actors.ha_link import REPORT, LinkError, SlaveSession, StreamDecoder
 from shm.control_block import monotonic_ms
 from shm import epochs
+from shm.disk import NO_ROOM, write_whole
 from shm.codec import frame_size
 from shm.commitlog import CommitLog
 from shm.control_block import ROLE_CODES
 from shm.invariant import invariant
+from shm.mapped_file import AllocationFailed
 from shm.pop_log import POP_REPLICA, PopReplica, ReplicaGap
 
 log = logging.getLogger("mqnode")
@@ -186,10 +192,15 @@ class HaClient(Actor):
                     raise LinkError("nothing heard from the master for haHousekeepingInterval")
             except LinkError as e:
                 self._disconnect(str(e))
+            except AllocationFailed as e:
+                self._disconnect(f"the disk is full: {e}")
             except OSError as e:
-                if e.errno in (errno.ENOSPC, errno.EIO):
+                if e.errno in NO_ROOM:
+                    self._disconnect(f"the disk is full: {e}")
+                elif e.errno == errno.EIO:
                     raise  # the disk: fail-stop
-                self._disconnect(f"the link broke: {e}")
+                else:
+                    self._disconnect(f"the link broke: {e}")
 
     def _connect(self, now: int) -> None:
         s = self.settings
@@ -218,8 +229,8 @@ class HaClient(Actor):
 
     def _disconnect(self, why: str) -> None:
         self.link_errors += 1
-        self.last_error = why
-        log.warning("ha-client: link to %s closed: %s", self.settings.haMasterAddress, why)
+        again, self.last_error = why == self.last_error, why
+        (log.debug if again else log.warning)("ha-client: link to %s closed: %s", self.settings.haMasterAddress, why)
         self._close_link()
 
     def _close_link(self) -> None:
@@ -395,6 +406,12 @@ class HaClient(Actor):
 
     # -- statistics ------------------------------------------------------------------------------------
 
+    def follow_min_offset(self, min_offset: int) -> None:
+        """The slave's clean service deleted segments: drop their mappings, which hold their
+        space until dropped (a slave's disk would otherwise only fill)."""
+        if self.follower is not None:
+            self.follower.log.segments.forget_deleted_head()
+
     def statistics(self) -> dict:
         stats = super().statistics()
         if self.epochs is None:  # (not opened yet)
@@ -424,12 +441,10 @@ class HaClient(Actor):
 
 
 def write_config(path, content: bytes) -> None:
-    """A config file as the master has it, replaced whole (the slave's front re-reads it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".ha.tmp")
-    with open(temporary, "wb") as out:
-        out.write(content)
-    temporary.replace(path)
+    """A config file as the master has it, replaced whole (the slave's front re-reads it); a
+    full disk closes the link (the master sends its config files again at the next connect)."""
+    if not write_whole(path, content, temporary=path.with_name(path.name + ".ha.tmp"), sync=False):
+        raise OSError(errno.ENOSPC, f"no room for {path.name}")
 
 
 def ha_credentials(settings) -> tuple[str, str]:

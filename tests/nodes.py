@@ -14,7 +14,7 @@ from node.tools.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
 __all__ = ["HOST_DISK_BLIND", "LEAN", "LEAN_SPLIT", "ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "grpc_endpoint", "node_settings",
-           "in_process_node", "nodejs", "nodejs_missing", "official", "running_node", "read_exactly"]
+           "in_process_node", "mount_tmpfs", "nodejs", "nodejs_missing", "official", "running_node", "read_exactly"]
 
 
 # The host's disk is not the test's: over RocketMQ's default 85 % (a CI disk with 38 of 252 GB free)
@@ -39,6 +39,17 @@ def node_settings(store: Path, **overrides):
     if values.get("topology", settings_module.Settings().topology) == "split":
         values = LEAN_SPLIT | values
     return settings_module.load(None, values)
+
+
+def mount_tmpfs(path: Path, size: str) -> bool:
+    """A small disk of its own at `path` (a full-disk test's), when this process may mount one
+    (root); the caller unmounts it (`umount -l`)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, check=False)
+    return done.returncode == 0
 
 
 def running_node(directory: Path, **overrides):

@@ -12,8 +12,7 @@ import time
 
 import orjson
 import pytest
-from nodes import HOST_DISK_BLIND, ROOT, NodeProcess, node_settings
-from test_node_crash import _mount_tmpfs
+from nodes import HOST_DISK_BLIND, ROOT, NodeProcess, mount_tmpfs, node_settings
 
 from node import protocol
 from node.client import Message, Producer, PullConsumer, SendError
@@ -130,7 +129,7 @@ def test_admin_clean_moves_every_bound_and_the_store_restarts_to_the_same_state(
 
 def test_a_full_disk_refuses_sends_and_takes_them_again_when_space_is_back(tmp_path):
     small = tmp_path / "small"
-    if not _mount_tmpfs(small, "16m"):
+    if not mount_tmpfs(small, "16m"):
         pytest.skip("needs root to mount a small tmpfs")
     try:
         defaults = Settings()

@@ -19,7 +19,7 @@ import pytest
 import zmq
 from golden import GOLDEN_SETTINGS, GOLDEN_STORE, manifest
 from helpers import read_statistics
-from nodes import ROOT, FakeRocketMQMaster, NodeProcess, free_port, node_settings, read_exactly
+from nodes import ROOT, FakeRocketMQMaster, NodeProcess, free_port, mount_tmpfs, node_settings, read_exactly
 
 from node import protocol
 from node.client import AsyncProducer, Producer, PullConsumer, SendError
@@ -348,6 +348,36 @@ def test_a_slave_catches_up_after_every_kind_of_fault(pair):
         time.sleep(0.5)
     wait_until(lambda: caught_up(slave, master), 60, "the slave after the master's restart")
     assert_prefix(slave, master)
+
+
+def test_a_slave_on_a_full_disk_waits_for_room_and_then_catches_up(pair, tmp_path):
+    """A second slave of the module's master, its store on a disk smaller than the master's log:
+    the disk refuses a segment, the link closes (the ha-client lives on: dying, it would die at
+    every restart), the slave's cleaning makes room (RocketMQ's ratios, forced) and the next
+    connect goes on from its end, until it holds the master's end."""
+    small = tmp_path / "small"
+    if not mount_tmpfs(small, "5m"):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        send_many(pair.master.listen, 4000)  # ~3.5 MiB more: the master's log is over 7 MiB
+        settings = node_settings(small / "store", runDir=str(tmp_path / "run"), brokerRole="SLAVE", brokerId=2,
+                                 haMasterAddress=f"127.0.0.1:{pair.master.ha_port}", haListenPort=free_port(),
+                                 diskMaxUsedSpaceRatio=75, diskSpaceCleanForciblyRatio=0.85,
+                                 diskSpaceWarningLevelRatio=0.9, cleanResourceInterval=500)
+        node = NodeProcess(settings, tmp_path / "slave.log").start()
+        try:
+            wait_until(lambda: caught_up(settings, pair.master), 60, "the slave on a small disk")
+            assert_prefix(settings, pair.master)
+            assert control(settings, "min_offset") > 0  # (it did delete to make room)
+            log = (tmp_path / "slave.log").read_text()
+            assert "the disk is full" in log and "actor ha-client died" not in log, log[-3000:]
+            assert node.stop() == 0
+        finally:
+            node.stop(strict=False)
+        report = verify_store(settings)
+        assert report.ok, report.summary()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
 
 
 def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(failover_pair):

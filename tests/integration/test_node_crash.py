@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
-import os
 import re
-import shutil
 import subprocess
 import threading
 import time
 
 import pytest
-from nodes import NodeProcess, node_settings
+from nodes import NodeProcess, mount_tmpfs, node_settings
 
 from node import protocol
 from node.client import AsyncProducer, PullConsumer, SendError
@@ -233,18 +231,9 @@ def test_write_buffer_mode_acks_before_commit_and_a_writer_crash_loses_only_the_
     assert report.ok, report.summary()
 
 
-def _mount_tmpfs(path, size: str) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        return False
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, check=False)
-    return done.returncode == 0
-
-
 def test_a_full_disk_gives_clear_statuses_and_no_corruption(tmp_path):
     small = tmp_path / "small"
-    if not _mount_tmpfs(small, "5m"):
+    if not mount_tmpfs(small, "5m"):
         pytest.skip("needs root to mount a small tmpfs")
     try:
         # the offsets, the timer checkpoint and the cleaner's look at the disk every half second; no

@@ -68,7 +68,7 @@ class AppendResult:
 
 class CommitLog:
     def __init__(self, directory: Path, segment_size: int, *, readonly: bool = False):
-        self.segments = MappedFileQueue(directory, segment_size, readonly=readonly)
+        self.segments = MappedFileQueue(directory, segment_size, readonly=readonly, drop_blank_after_gap=True)
         self.segment_size = segment_size
         # "topic-queueId" -> next queue offset; rebuilt from the ConsumeQueues after recovery.
         self.queue_offsets: dict[str, int] = {}

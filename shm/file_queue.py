@@ -3,9 +3,11 @@
 The file for offset `o` is the one named `o - o % size`, at position `o % size`. Adjacent files
 differ by exactly one segment size; a gap, a file of the wrong size, or a stray name is a named
 error at load (the CommitLog is the truth and is never silently skipped over). One gap is mended
-by a writer's load: files after it that hold not a byte (made ahead, never written: the allocator
-before 13a59b7 could make the segment after one a full disk refused) are deleted and named in
-`dropped_after_gap`; a gap with anything written after it stays an error.
+by the CommitLog writer's load (`drop_blank_after_gap`): files after it that hold not a byte (made
+ahead, never written: the allocator before 13a59b7 could make the segment after one a full disk
+refused) are deleted and named in `dropped_after_gap`; a gap with anything written after it stays
+an error. (A ConsumeQueue with a gap stays an error too: its store rebuilds it whole from the
+CommitLog, which the entries the missing file held need.)
 
 Single writer: only the owning process appends, truncates and deletes. Readers in other processes
 open the queue `readonly` and call `refresh()` to see files the writer added or removed.
@@ -27,11 +29,12 @@ class SegmentGap(StoreError):
 
 
 class MappedFileQueue:
-    def __init__(self, directory: Path, file_size: int, *, readonly: bool = False):
+    def __init__(self, directory: Path, file_size: int, *, readonly: bool = False, drop_blank_after_gap: bool = False):
         invariant(file_size > 0)
         self.directory = Path(directory)
         self.file_size = file_size
         self.readonly = readonly
+        self.drop_blank_after_gap = drop_blank_after_gap and not readonly
         self.files: list[MappedFile] = []
         self.dropped_after_gap: list[str] = []
         if not readonly:
@@ -62,7 +65,7 @@ class MappedFileQueue:
             for f in files:
                 f.close()
             raise
-        self.files = files if self.readonly else self._drop_blank_after_gap(files)
+        self.files = self._drop_blank_after_gap(files) if self.drop_blank_after_gap else files
         self.check_contiguous()
 
     def _drop_blank_after_gap(self, files: list[MappedFile]) -> list[MappedFile]:

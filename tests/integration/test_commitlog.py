@@ -61,7 +61,7 @@ def test_load_refuses_wrong_sizes_and_gaps(tmp_path):
         f.seek(1000)
         f.write(b"\x01")  # one byte written after the gap
     with pytest.raises(SegmentGap, match="00000000000000002048"):
-        MappedFileQueue(directory, 1024)
+        MappedFileQueue(directory, 1024, drop_blank_after_gap=True)  # (data after the gap: refused)
     (directory / f"{3072:020d}").unlink()
     with open(directory / f"{2048:020d}", "wb") as f:
         f.write(b"x" * 100)
@@ -79,8 +79,10 @@ def test_a_writer_deletes_never_written_segments_after_a_gap(tmp_path):
     with open(directory / f"{1024:020d}", "r+b") as f:
         f.write(b"\x07" * 300)
     with pytest.raises(SegmentGap, match="00000000000000002048"):
-        MappedFileQueue(directory, 1024, readonly=True)  # a reader never deletes
-    queue = MappedFileQueue(directory, 1024)
+        MappedFileQueue(directory, 1024, readonly=True, drop_blank_after_gap=True)  # a reader never deletes
+    with pytest.raises(SegmentGap, match="00000000000000002048"):
+        MappedFileQueue(directory, 1024)  # (a ConsumeQueue's: rebuilt whole by its store)
+    queue = MappedFileQueue(directory, 1024, drop_blank_after_gap=True)
     assert queue.dropped_after_gap == [f"{3072:020d}", f"{4096:020d}"]
     assert [f.offset_start for f in queue.files] == [0, 1024]
     assert sorted(p.name for p in directory.iterdir()) == [f"{0:020d}", f"{1024:020d}"]

@@ -330,6 +330,10 @@ class Node:
         try:
             rendezvous = supervision.Rendezvous([self.settings.run_dir, self.ring_dir])
             while not self.watch_stopping.wait(1.0):
+                failure = self.started_ray and ray_setup.head_lost()  # (before asking its GCS)
+                if failure:
+                    self.failure = failure
+                    break
                 states = supervision.actor_states(self.hosts)
                 failure = watch.check(states) or rendezvous.lost()
                 if failure is not None:

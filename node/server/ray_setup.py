@@ -154,6 +154,24 @@ def start_head(temp_dir: Path | None, object_store_memory: int, num_cpus: int):
     return _head
 
 
+def head_lost() -> str | None:
+    """Which of the embedded Ray's own processes this process started (its GCS, its raylet) has
+    exited, or None. Without its GCS nothing can restart a service, and Ray itself ends this
+    process only a minute later (`gcs_rpc_server_reconnect_timeout_s`); without its raylet the
+    services die."""
+    head = _head
+    if head is None:
+        from ray._private import worker
+
+        head = getattr(worker, "_global_node", None)  # (started by ray.init: the fallback)
+        if head is None or not head.head:
+            return None
+    for kind, process in head.dead_processes():
+        if kind in ("gcs_server", "raylet"):
+            return f"Ray's {kind} (pid {process.pid}) exited with status {process.returncode}"
+    return None
+
+
 def node_ip_address() -> str | None:
     """127.0.0.1 once embedded_ray_on_loopback() was in force at Ray's import (a node's launcher);
     else Ray's choice, as for ray.init (a test's in-process node in a process that imported Ray)."""

@@ -293,19 +293,22 @@ def run_up(conf: ClusterConf, ray_address: str | None, out=print) -> int:
         return 1
     cluster = Cluster(conf, ray_address, out)
     stops = StopSignals()
+    failure = None
     try:
         cluster.up()
         write_pid_file(pid_file(conf))
         out(f"mqnode cluster ready name={conf.name} parts={len(conf.namesrvs) + len(conf.nodes)} pid={os.getpid()}",
             flush=True)
-        while not stops.wait(0.5):
-            pass
+        while not stops.wait(0.5) and failure is None:
+            failure = cluster.started_ray and ray_setup.head_lost()  # (its parts' restarts need it)
+        if failure:
+            print(f"mqnode cluster failed: {failure}", file=sys.stderr, flush=True)
     finally:
         out("mqnode cluster stopping", flush=True)
         cluster.down()
         pid_file(conf).unlink(missing_ok=True)
         out("mqnode cluster stopped", flush=True)
-    return 0
+    return 1 if failure else 0
 
 
 def run_down(conf: ClusterConf, timeout: float = 120.0, out=print) -> int:

@@ -102,7 +102,7 @@ def run(listen: str, directory: str | None, ray_address: str | None, out=print) 
     stops = StopSignals()
     failure = None
     while not stops.wait(1.0) and failure is None:
-        failure = gone_for_good(handle)
+        failure = (started and ray_setup.head_lost()) or gone_for_good(handle)
     if failure:
         print(f"mqnode namesrv failed: {failure}", file=sys.stderr, flush=True)
     out("mqnode namesrv stopping", flush=True)

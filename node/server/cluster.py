@@ -299,7 +299,7 @@ def run_up(conf: ClusterConf, ray_address: str | None, out=print) -> int:
         write_pid_file(pid_file(conf))
         out(f"mqnode cluster ready name={conf.name} parts={len(conf.namesrvs) + len(conf.nodes)} pid={os.getpid()}",
             flush=True)
-        while not stops.wait(0.5) and failure is None:
+        while not stops.wait(0.5) and not failure:
             failure = cluster.started_ray and ray_setup.head_lost()  # (its parts' restarts need it)
         if failure:
             print(f"mqnode cluster failed: {failure}", file=sys.stderr, flush=True)

@@ -359,8 +359,11 @@ def test_a_slave_on_a_full_disk_waits_for_room_and_then_catches_up(pair, tmp_pat
     if not mount_tmpfs(small, "5m"):
         pytest.skip("needs root to mount a small tmpfs")
     try:
-        send_many(pair.master.listen, 4000)  # ~3.5 MiB more: the master's log is over 7 MiB
+        with Producer(pair.master.listen) as producer:  # ~2 MiB more: the master's log is over 5.5 MiB
+            for _ in range(20):
+                producer.send_batch("HaFull", [bytes(1024)] * 100)
         settings = node_settings(small / "store", runDir=str(tmp_path / "run"), brokerRole="SLAVE", brokerId=2,
+                                 topology="compact",  # (fewer processes to start: the group commit a thread)
                                  haMasterAddress=f"127.0.0.1:{pair.master.ha_port}", haListenPort=free_port(),
                                  diskMaxUsedSpaceRatio=75, diskSpaceCleanForciblyRatio=0.85,
                                  diskSpaceWarningLevelRatio=0.9, cleanResourceInterval=500)

@@ -165,30 +165,13 @@ def test_a_node_whose_run_directory_is_removed_exits_to_be_restarted_whole(tmp_p
 
 
 @pytest.mark.slow
-def test_a_node_whose_ray_gcs_dies_exits_at_once_to_be_restarted_whole(tmp_path):
-    """Without its GCS nothing could restart a service, and Ray ended the launcher only after
-    60 s of reconnecting, serving unsupervised meanwhile. The watch looks at the embedded Ray's
-    own processes first: the node says which is gone and exits 1, its store closed cleanly."""
-    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), topology="compact")
-    node = NodeProcess(settings, tmp_path / "node.log").start()
-    try:
-        gcs, = [p for p in node.tree() if p.name() == "gcs_server"]
-        gcs.kill()
-        began = time.monotonic()
-        assert node.process.wait(60) == 1
-        assert time.monotonic() - began < 30
-        log = node.log.read_text()
-        assert f"mqnode failed: Ray's gcs_server (pid {gcs.pid}) exited" in log and "mqnode stopped" in log, log[-3000:]
-    finally:
-        node.stop(strict=False)
-    assert not (settings.root / "abort").exists()  # (a clean stop: the next start's recovery is normal)
-
-
-@pytest.mark.slow
-def test_the_embedded_ray_refuses_a_driver_without_the_node_s_token(tmp_path):
+def test_the_embedded_ray_refuses_a_driver_without_the_node_s_token_and_its_gcs_lost_ends_the_node(tmp_path):
     """Ray's servers listen on every interface and run what a peer sends: the node's embedded
-    Ray requires a fresh token that only the node's processes know."""
-    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"))
+    Ray requires a fresh token that only the node's processes know. And without its GCS nothing
+    could restart a service (Ray ended the launcher only after 60 s of reconnecting, serving
+    unsupervised meanwhile): the watch looks at the embedded Ray's own processes first, and the
+    node says which is gone and exits 1 at once, its store closed cleanly."""
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), topology="compact")
     node = NodeProcess(settings, tmp_path / "node.log").start()
     try:
         gcs = [p for p in node.tree() if p.name() == "gcs_server"]
@@ -205,9 +188,15 @@ def test_the_embedded_ray_refuses_a_driver_without_the_node_s_token(tmp_path):
         assert intruder.returncode != 0 and "connected" not in intruder.stdout
         assert "InvalidAuthToken" in intruder.stderr, intruder.stderr[-2000:]
         assert _ask(settings.listen, {"code": protocol.GET_MAX_OFFSET, "topic": "T", "queueId": 0})["status"] == "OK"
+        gcs[0].kill()
+        began = time.monotonic()
+        assert node.process.wait(60) == 1
+        assert time.monotonic() - began < 30
+        log = node.log.read_text()
+        assert f"mqnode failed: Ray's gcs_server (pid {gcs[0].pid}) exited" in log and "mqnode stopped" in log, log[-3000:]
     finally:
-        assert node.stop() == 0
-
+        node.stop(strict=False)
+    assert not (settings.root / "abort").exists()  # (a clean stop: the next start's recovery is normal)
 
 
 def test_the_watch_names_only_alive_processes_whose_heartbeat_is_stale():

@@ -150,6 +150,7 @@ class HaClient(Actor):
         self.next_connect_ms = 0
         self.connects = self.link_errors = self.config_syncs = self.wakes_skipped = 0
         self.last_error = ""
+        self.no_room = False  # the link closed for a full disk and nothing was appended since
         self.diverged = ""
         self.master_endpoint = ""  # the master's client endpoint (its welcome says it)
         self.behind_since_ms: int | None = None  # when the slave last fell behind its master
@@ -193,10 +194,10 @@ class HaClient(Actor):
             except LinkError as e:
                 self._disconnect(str(e))
             except AllocationFailed as e:
-                self._disconnect(f"the disk is full: {e}")
+                self._no_room(str(e))
             except OSError as e:
                 if e.errno in NO_ROOM:
-                    self._disconnect(f"the disk is full: {e}")
+                    self._no_room(str(e))
                 elif e.errno == errno.EIO:
                     raise  # the disk: fail-stop
                 else:
@@ -227,11 +228,16 @@ class HaClient(Actor):
         self.hello = hello[1:]
         self.link.send(hello)
 
-    def _disconnect(self, why: str) -> None:
+    def _disconnect(self, why: str, *, quietly: bool = False) -> None:
         self.link_errors += 1
-        again, self.last_error = why == self.last_error, why
-        (log.debug if again else log.warning)("ha-client: link to %s closed: %s", self.settings.haMasterAddress, why)
+        self.last_error = why
+        (log.debug if quietly else log.warning)("ha-client: link to %s closed: %s", self.settings.haMasterAddress, why)
         self._close_link()
+
+    def _no_room(self, why: str) -> None:
+        """A full disk: the link closes, a WARNING the first time until something is appended again."""
+        self._disconnect(f"the disk is full: {why}", quietly=self.no_room)
+        self.no_room = True
 
     def _close_link(self) -> None:
         if self.link is not None:
@@ -324,6 +330,7 @@ class HaClient(Actor):
             if self.follower.end == 0 and offset > 0:
                 self._start_empty_at(offset)
             self.session.appended(self.follower.append(offset, body))
+            self.no_room = False
             self.session.master_end = max(self.session.master_end, offset + len(body))
         else:
             self.session.master_end = max(self.session.master_end, offset)

@@ -62,7 +62,7 @@ from actors.wire import pack_replies
 from node import protocol
 from shm import archive_manifest
 from shm.consume_queue import last_entry_offset
-from shm.disk import free_bytes
+from shm.disk import free_bytes, nearest_existing
 from shm.index_file import end_phy_offset
 from shm.control_block import FLAG_DISK_FULL
 from shm.invariant import invariant
@@ -75,17 +75,10 @@ CAUSES = ("time", "space", "forced", "manual")
 CLEAN_NICENESS = 19
 
 
-def _existing(path: Path) -> Path:
-    """`path`, or (a directory not made yet) its nearest existing parent."""
-    path = Path(path)
-    while not path.exists() and path.parent != path:
-        path = path.parent
-    return path
-
-
 def disk_ratio(path: Path) -> float:
-    """The used share of `path`'s file system, as RocketMQ's UtilAll.getDiskPartitionSpaceUsedPercent."""
-    st = os.statvfs(_existing(path))
+    """The used share of `path`'s file system, as RocketMQ's UtilAll.getDiskPartitionSpaceUsedPercent
+    (a directory not made yet: the disk it will be on)."""
+    st = os.statvfs(nearest_existing(path))
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
     usable = st.f_bavail * st.f_frsize
     return math.ceil(used * 100 / (used + usable)) / 100 if used + usable > 0 else 0.0
@@ -147,7 +140,7 @@ class CleanCore:
     `local_hour` gives the hour of the day for `wall_ms` (a test may fix it)."""
 
     def __init__(self, settings, control, *, wall_ms=None, local_hour=None, ratio=disk_ratio,
-                 room=lambda path: free_bytes(_existing(path))):
+                 room=free_bytes):
         s = settings
         self.settings = s
         self.control = control

@@ -14,6 +14,7 @@ still raises (fail-stop: the process stops and its restart is recovery).
 
 from __future__ import annotations
 
+import abc
 import logging
 import re
 from collections.abc import Callable
@@ -81,27 +82,31 @@ def write(path: Path, data: bytes, *, backup: bool = False) -> bool:
     return True
 
 
-class VersionedFile:
+class VersionedFile(abc.ABC):
     """A table kept in a config file RocketMQ versions (`dataVersion`: a counter and the time of
-    each write), written whole at each change (`persist`, the table's own). `on_persist` hears of
-    each write (the front: the ha-server ships the file); a change the full disk kept from the
-    file stays `unwritten` until `persist_unwritten` (the owner's period) writes it."""
+    each write), written whole at each change (`persist`) under the key `table_name`, its content
+    what `table()` answers. `on_persist` hears of each write (the front: the ha-server ships the
+    file); a change the full disk kept from the file stays `unwritten` until `persist_unwritten`
+    (the owner's period) writes it."""
+
+    table_name: str
 
     def __init__(self, path: Path, counter: int, clock):
         self.path, self.counter, self.clock = path, counter, clock
         self.on_persist: Callable[[], None] | None = None
         self.unwritten = False
 
+    @abc.abstractmethod
+    def table(self) -> dict:
+        """The table as the file holds it."""
+
     def persist(self) -> None:
-        raise NotImplementedError
+        self.counter += 1
+        self.unwritten = not persist(self.path, {
+            "dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)}, self.table_name: self.table()})
+        if self.on_persist is not None and not self.unwritten:
+            self.on_persist()
 
     def persist_unwritten(self) -> None:
         if self.unwritten:
             self.persist()
-
-    def write(self, table_name: str, table: dict) -> None:
-        self.counter += 1
-        self.unwritten = not persist(self.path, {
-            "dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)}, table_name: table})
-        if self.on_persist is not None and not self.unwritten:
-            self.on_persist()

@@ -127,7 +127,8 @@ class CommitLogFlusher:
             self.checkpoint.flush_physic(store_timestamp, force=force)
         # Segments wholly below written's are flushed for good: their descriptors go now, or a
         # segment the clean service deletes would keep its blocks (a slave's catch-up flushes
-        # many at once, and a full disk writes nothing more to flush them out later)
+        # many at once, and a full disk writes nothing more to flush them out later). Written's
+        # own stays open, and the clean service never deletes it (not flushed whole).
         self._forget_segments_below(written - written % self.segment_size)
         return written
 
@@ -158,10 +159,6 @@ class CommitLogFlusher:
         if fd is None:
             fd = self.fds[segment_start] = os.open(self.directory / file_name(segment_start), os.O_RDONLY)
         return fd
-
-    def forget_deleted(self, min_offset: int) -> None:
-        """The clean service deleted the segments below `min_offset`: their descriptors go."""
-        self._forget_segments_below(min_offset - min_offset % self.segment_size)
 
     def _forget_segments_below(self, start: int) -> None:
         for segment_start in [s for s in self.fds if s < start]:
@@ -286,10 +283,6 @@ class Flush(Actor):
     def _send(self, replies: list[tuple]) -> None:
         if replies:
             self.replies.send_waiting(replies)
-
-    def follow_min_offset(self, min_offset: int) -> None:
-        if self.flusher is not None:
-            self.flusher.forget_deleted(min_offset)
 
     def drain(self) -> None:
         """Stop: flush what was written and answer everyone still waiting."""

@@ -58,6 +58,8 @@ class SubscriptionGroups(config_files.VersionedFile):
     """`config/subscriptionGroup.json`: a group is created (RocketMQ's defaults) the first time it
     commits an offset, as autoCreateSubscriptionGroup does. Single writer: the front."""
 
+    table_name = "subscriptionGroupTable"
+
     def __init__(self, config_dir: Path, clock=time.time):
         path = Path(config_dir) / "subscriptionGroup.json"
         data = config_files.read(path) or {}
@@ -87,8 +89,8 @@ class SubscriptionGroups(config_files.VersionedFile):
     def retry_max_times(self, group: str) -> int:
         return int((self.groups.get(group) or {}).get("retryMaxTimes", 16))
 
-    def persist(self) -> None:
-        self.write("subscriptionGroupTable", dict(sorted(self.groups.items())))
+    def table(self) -> dict:
+        return dict(sorted(self.groups.items()))
 
 
 def _default_group(group: str) -> dict:

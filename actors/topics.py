@@ -62,6 +62,8 @@ class TopicConfig:
 
 
 class TopicTable(config_files.VersionedFile):
+    table_name = "topicConfigTable"
+
     def __init__(self, config_dir: Path, *, auto_create: bool, default_queues: int, clock=time.time):
         super().__init__(Path(config_dir) / "topics.json", 0, clock)
         self.auto_create = auto_create
@@ -98,5 +100,5 @@ class TopicTable(config_files.VersionedFile):
         self.persist()
         return config
 
-    def persist(self) -> None:
-        self.write("topicConfigTable", {name: config.to_json() for name, config in sorted(self.topics.items())})
+    def table(self) -> dict:
+        return {name: config.to_json() for name, config in sorted(self.topics.items())}

@@ -15,9 +15,18 @@ from pathlib import Path
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)  # the errors of a disk (or a quota) that is full
 
 
+def nearest_existing(path: Path) -> Path:
+    """`path`, or (a directory not made yet) its nearest existing parent: the disk it will be on."""
+    path = Path(path)
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
 def free_bytes(path: Path) -> int:
-    """Bytes this process may still write on `path`'s disk (root may use the reserved blocks)."""
-    disk = os.statvfs(path)
+    """Bytes this process may still write on `path`'s disk (root may use the reserved blocks);
+    a directory not made yet is asked of the disk it will be on."""
+    disk = os.statvfs(nearest_existing(path))
     return (disk.f_bfree if os.geteuid() == 0 else disk.f_bavail) * disk.f_frsize
 
 

@@ -43,7 +43,6 @@ class AllocationFailed(StoreError):
     """The disk refused the blocks for a new file (ENOSPC, EDQUOT, ...)."""
 
 
-
 def file_name(offset: int) -> str:
     return f"{offset:020d}"
 
@@ -58,12 +57,12 @@ def allocate(path: Path, size: int) -> bool:
     temporary = path.with_name(f"{path.name}.allocating.{os.getpid()}")
     fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as e:
-        os.close(fd)
+        reserve(fd, size, path)
+    except AllocationFailed:
         temporary.unlink(missing_ok=True)
-        raise AllocationFailed(f"cannot allocate {size} bytes for {path}: {os.strerror(e.errno)}") from e
-    os.close(fd)
+        raise
+    finally:
+        os.close(fd)
     try:
         os.link(temporary, path)
         return True
@@ -71,6 +70,15 @@ def allocate(path: Path, size: int) -> bool:
         return False
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def reserve(fd: int, size: int, path: Path) -> None:
+    """Real blocks for the first `size` bytes of the file `fd` (a store through a mapping into a
+    hole on a full disk is a SIGBUS); AllocationFailed when the disk refuses them."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        raise AllocationFailed(f"cannot allocate {size} bytes for {path}: {os.strerror(e.errno)}") from e
 
 
 def no_read_around(mapped: mmap.mmap) -> None:

@@ -34,7 +34,7 @@ import struct
 import zlib
 from pathlib import Path
 
-from shm.mapped_file import AllocationFailed, allocate
+from shm.mapped_file import AllocationFailed, allocate, reserve
 
 ENTRY = struct.Struct(">qqqqqiI")
 ENTRY_SIZE = ENTRY.size  # 48
@@ -186,11 +186,7 @@ class TimerLog:
 
     def _fill(self, first: int) -> None:
         """Give a sparse file all its blocks (a store into a hole on a full disk is a SIGBUS)."""
-        fd, size = self.files[first][0], self.per_file * ENTRY_SIZE
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as e:
-            raise AllocationFailed(f"cannot allocate the timer log file {first:020d}: {os.strerror(e.errno)}") from e
+        reserve(self.files[first][0], self.per_file * ENTRY_SIZE, self.directory / f"{first:020d}")
         self.sparse.discard(first)
 
     def statistics(self) -> dict:

@@ -99,10 +99,7 @@ def _check_run_room(settings) -> None:
     """The run directory's disk must have room: Ray's workers would die one after another as they
     start, for a minute, on a disk with none (said now, plainly, instead). The store's own disk
     may be full: with the run directory elsewhere the node starts, serves reads and cleans."""
-    path = settings.run_dir
-    while not path.exists():
-        path = path.parent
-    free = free_bytes(path)
+    free = free_bytes(settings.run_dir)
     if free < RUN_ROOM_MIN:
         raise settings_module.SettingsError(
             f"the run directory {settings.run_dir} is on a disk with {free} bytes free, under the {RUN_ROOM_MIN >> 20} "

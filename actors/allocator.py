@@ -85,7 +85,7 @@ class Allocator(Actor):
             if path.exists():
                 continue
             try:
-                if allocate(path, self.segment_size):
+                if allocate(path, self.segment_size, keep_free=self.settings.commitlog_headroom):
                     self.allocated += 1
                     if self.settings.warmMapedFileEnable:
                         self._warm(path)

@@ -9,8 +9,8 @@ Every `cleanResourceInterval` ms the core looks at the disk and decides:
   taken again. Over `diskSpaceCleanForciblyRatio`, cleaning is immediate too. The ratio is
   RocketMQ's: used = total - free, ceil(used * 100 / (used + usable)) / 100.
 - **No room for a segment.** mqnode's addition: the CommitLog's disk with less free than one
-  `mappedFileSizeCommitLog` starts a pass (space) and makes cleaning immediate, whatever the
-  ratios say. RocketMQ's ratios assume segments small against the disk; on a small one (or with
+  `mappedFileSizeCommitLog` and the headroom a new segment leaves (Settings.commitlog_headroom)
+  starts a pass (space) and makes cleaning immediate, whatever the ratios say. RocketMQ's ratios assume segments small against the disk; on a small one (or with
   large segments) the log could not grow while every ratio stayed under its trigger: the writer
   refused sends, a slave's ha-client could not go on.
 - **A CommitLog pass** when the local hour is in `deleteWhen` (time), when either disk is over
@@ -214,11 +214,12 @@ class CleanCore:
             self.control.set_flag(FLAG_DISK_FULL, False)
             log.warning("disk no longer full: %.1f%% used: sends are taken again", used * 100)
         self.space_trigger = used > self.max_used
-        room = self.room(s.commitlog_dir) >= s.mappedFileSizeCommitLog
+        room = self.room(s.commitlog_dir) >= s.mappedFileSizeCommitLog + s.commitlog_headroom
         if room != self.segment_room:
             (log.info if room else log.warning)(
-                "the CommitLog's disk %s room for another %d-byte segment%s", "has" if room else "has no",
-                s.mappedFileSizeCommitLog, "" if room else ": cleaning at once")
+                "the CommitLog's disk %s room for another %d-byte segment and its %d bytes of headroom%s",
+                "has" if room else "has no", s.mappedFileSizeCommitLog, s.commitlog_headroom,
+                "" if room else ": cleaning at once")
             self.segment_room = room
         if not room:
             self.space_trigger = self.clean_immediately = True

@@ -41,6 +41,11 @@ It is the single writer of the ConsumeQueue and IndexFile files and of the check
 and index timestamps, which it advances only after flushing what they describe (every
 `flushIntervalConsumeQueue` ms, and at stop).
 
+A full disk (no room for a ConsumeQueue or index file): it publishes what it finished (each
+segment it got through whole, at least: the clean service deletes only those, and a new CommitLog
+segment leaves Settings.commitlog_headroom for the oldest's entries), sets the control block's
+logics-write-error flag (the writer refuses sends meanwhile) and tries again every RETRY_S.
+
 Restart: it resumes at `dispatched`; entries already written are recognised and skipped
 (dispatch is idempotent), so a crash between writing entries and advancing the counter is
 harmless.
@@ -64,7 +69,7 @@ from actors.base import (
 from actors.wire import arrivals_to_wire
 from shm.commitlog import CommitLog
 from shm.control_block import FLAG_LOGICS_WRITE_ERROR, ROLE_CODES
-from shm.dispatch import NATIVE, reput
+from shm.dispatch import NATIVE, ReputStopped, reput
 from shm.invariant import InvariantBroken
 from shm.mapped_file import StoreError
 from shm.store import MessageStore
@@ -162,23 +167,31 @@ class Dispatcher(Actor):
         touched: dict = {}
         try:
             reached, count = reput(self.store, self.position, written, touched)
-        except StoreError as e:  # a full disk: no room for a ConsumeQueue or index file
+            if reached == self.position:
+                # Below a published counter nothing can be missing. Map the segments again once, in
+                # case one was replaced under a name already mapped; still stuck, the log below
+                # `written` is not what the writer published: stop (the restart is recovery).
+                self.stalls += 1
+                log.segments.refresh()
+                reached, count = reput(self.store, self.position, written, touched)
+                if reached == self.position:
+                    raise InvariantBroken(f"no record readable at {self.position}, below the published written {written}")
+        except StoreError as e:  # a full disk (ReputStopped: no room for a ConsumeQueue or index file)
             self.errors += 1
             self.last_error = str(e)
             self.control.set_flag(FLAG_LOGICS_WRITE_ERROR, True)  # the writer refuses sends meanwhile
+            moved = isinstance(e, ReputStopped) and e.reached > self.position
+            if moved:  # what it finished is published: the clean service deletes only that, making room
+                self._advance(e.reached, e.count, touched)
             self.stopping.wait(RETRY_S)
-            return False
+            return moved
         if self.control.has_flag(FLAG_LOGICS_WRITE_ERROR):
             self.control.set_flag(FLAG_LOGICS_WRITE_ERROR, False)
-        if reached == self.position:
-            # Below a published counter nothing can be missing. Map the segments again once, in
-            # case one was replaced under a name already mapped; still stuck, the log below
-            # `written` is not what the writer published: stop (the restart is recovery).
-            self.stalls += 1
-            log.segments.refresh()
-            reached, count = reput(self.store, self.position, written, touched)
-            if reached == self.position:
-                raise InvariantBroken(f"no record readable at {self.position}, below the published written {written}")
+        self._advance(reached, count, touched)
+        return True
+
+    def _advance(self, reached: int, count: int, touched: dict) -> None:
+        """Publish `dispatched` (every entry below it is written), then announce what grew."""
         self.position = reached
         self.records += count
         self.last_count = count
@@ -189,7 +202,6 @@ class Dispatcher(Actor):
             self.control.set("store_timestamp", self.store.checkpoint.logics_timestamp)
         if touched:
             self._announce(touched)
-        return True
 
     def _announce(self, touched: dict) -> None:
         """"Queue grew", for the pulls held on these queues: now if a reader watches (read after

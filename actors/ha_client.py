@@ -67,7 +67,8 @@ class Follower:
 
     def __init__(self, settings, control):
         self.control = control
-        self.log = CommitLog(settings.commitlog_dir, settings.mappedFileSizeCommitLog)
+        self.log = CommitLog(settings.commitlog_dir, settings.mappedFileSizeCommitLog,
+                             keep_free=settings.commitlog_headroom)
         self.log.segments.load()
         written = control.get("written")
         self.scrubbed = self.log.discard_after(written)  # a killed predecessor's unpublished bytes

@@ -126,7 +126,7 @@ class WriteCore:
         self.scrubbed = 0
         self.busy_ns = self.queue_wait_ns = 0  # time spent working; time groups waited before it
         s = settings
-        self.log = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog)
+        self.log = CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog, keep_free=s.commitlog_headroom)
         self.log.segments.load()
         written = control.get("written")
         if control.get("writer_generation") == control.get("generation"):

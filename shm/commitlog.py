@@ -3,7 +3,9 @@
 Files: `commitlog/<20-digit start offset>`, each exactly `mappedFileSizeCommitLog` bytes,
 allocated before mapping. Record layout: see `shm.codec`. A segment ends with a BLANK record
 (8 bytes written; the rest of the file is whatever the allocation held, zeros) when the next
-record does not fit with 8 bytes to spare; the record then starts the next segment.
+record does not fit with 8 bytes to spare; the record then starts the next segment. A new
+segment must leave `keep_free` bytes free on its disk (Settings.commitlog_headroom: the writer's
+and the ha-client's logs), else AllocationFailed as if the disk had refused it.
 
 Checksums: each record carries the CRC-32 of its body; recovery checks it (checkCRCOnRecover).
 
@@ -67,8 +69,9 @@ class AppendResult:
 
 
 class CommitLog:
-    def __init__(self, directory: Path, segment_size: int, *, readonly: bool = False):
-        self.segments = MappedFileQueue(directory, segment_size, readonly=readonly, drop_blank_after_gap=True)
+    def __init__(self, directory: Path, segment_size: int, *, readonly: bool = False, keep_free: int = 0):
+        self.segments = MappedFileQueue(directory, segment_size, readonly=readonly, drop_blank_after_gap=True,
+                                        keep_free=keep_free)
         self.segment_size = segment_size
         # "topic-queueId" -> next queue offset; rebuilt from the ConsumeQueues after recovery.
         self.queue_offsets: dict[str, int] = {}

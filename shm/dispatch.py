@@ -41,6 +41,7 @@ from shm.codec import (
 from shm.consume_queue import RUN_ENTRY
 from shm.index_file import INDEX_KEY
 from shm.javacompat import jhash_cached
+from shm.mapped_file import AllocationFailed, StoreError
 from shm.native import NATIVE, _dispatch
 
 _SCHEDULE_RAW = SCHEDULE_TOPIC.encode()
@@ -207,35 +208,52 @@ def _value(text: str, name: tuple[str, str]) -> str | None:
     return None
 
 
+class ReputStopped(StoreError):
+    """A reput that could not write an entry (a full disk: no room for a ConsumeQueue or index
+    file). Every record below `reached` has its entries (`count` of them dispatched), so its
+    caller may publish that much; the rest is dispatched again later (idempotent)."""
+
+    def __init__(self, reached: int, count: int, cause: StoreError):
+        super().__init__(str(cause))
+        self.reached, self.count = reached, count
+
+
 def reput(store, begin: int, end: int | None = None, touched: dict | None = None) -> tuple[int, int]:
     """Dispatch every record in [begin, end) of the CommitLog; returns (next offset, records).
 
     The core of the reput dispatcher and of recovery's catch-up. Stops early at damage (a
     record that does not decode), returning where it stopped so the caller can report it.
-    `touched`, when given, receives (topic, queueId) -> the queue's new max offset.
+    `touched`, when given, receives (topic, queueId) -> the queue's new max offset. A full
+    disk is ReputStopped, with how far it got: a dispatcher far behind must still publish the
+    segments it finished (the clean service deletes only those, which is what makes room).
     """
     log = store.commitlog
     end = log.offset_written if end is None else end
     batch = DispatchBatch(store)
     batch.touched = touched
     offset, total = begin, 0
-    while offset < end:
-        segment = log.segments.find(offset)
-        if segment is None:
-            break
-        start = segment.offset_start
-        position, limit = offset - start, min(segment.position_written, end - start)
-        for _ in range(limit // 91 // BATCH_RECORDS + 2):  # each round fills a batch or stops
-            position, stopped_by = batch.scan(segment.map, position, limit)
-            if batch.count < BATCH_RECORDS:
+    applied = begin  # every record below it has its entries
+    try:
+        while offset < end:
+            segment = log.segments.find(offset)
+            if segment is None:
                 break
-            total += batch.apply()
-        offset = start + position
-        if isinstance(stopped_by, Blank):
-            offset = start + stopped_by.position + stopped_by.size
-        elif stopped_by is not None:
-            break
-        elif position < segment.size and offset < end:
-            # limit is the segment's written end, short of `end`: nothing more can be read here.
-            break
-    return offset, total + batch.apply()
+            start = segment.offset_start
+            position, limit = offset - start, min(segment.position_written, end - start)
+            for _ in range(limit // 91 // BATCH_RECORDS + 2):  # each round fills a batch or stops
+                position, stopped_by = batch.scan(segment.map, position, limit)
+                if batch.count < BATCH_RECORDS:
+                    break
+                total += batch.apply()
+                applied = start + position
+            offset = start + position
+            blank = isinstance(stopped_by, Blank)
+            if blank:
+                offset = start + stopped_by.position + stopped_by.size
+            total += batch.apply()  # (a batch never spans two segments: one finished is published whole)
+            applied = offset
+            if not blank and (stopped_by is not None or (position < segment.size and offset < end)):
+                break  # damage; or limit is the segment's written end, short of `end`: nothing more here
+        return offset, total
+    except AllocationFailed as e:
+        raise ReputStopped(applied, total, e) from e

@@ -29,12 +29,14 @@ class SegmentGap(StoreError):
 
 
 class MappedFileQueue:
-    def __init__(self, directory: Path, file_size: int, *, readonly: bool = False, drop_blank_after_gap: bool = False):
+    def __init__(self, directory: Path, file_size: int, *, readonly: bool = False, drop_blank_after_gap: bool = False,
+                 keep_free: int = 0):
         invariant(file_size > 0)
         self.directory = Path(directory)
         self.file_size = file_size
         self.readonly = readonly
         self.drop_blank_after_gap = drop_blank_after_gap and not readonly
+        self.keep_free = keep_free  # what a new file leaves free on the disk (shm.mapped_file.allocate)
         self.files: list[MappedFile] = []
         self.dropped_after_gap: list[str] = []
         if not readonly:
@@ -158,7 +160,8 @@ class MappedFileQueue:
         invariant(not self.readonly and offset_start % self.file_size == 0)
         last = self.last()
         invariant(last is None or offset_start == last.offset_end, (offset_start, last))
-        mapped = MappedFile(self.directory / file_name(offset_start), self.file_size, create=True)
+        mapped = MappedFile(self.directory / file_name(offset_start), self.file_size, create=True,
+                            keep_free=self.keep_free)
         mapped.set_written(0)
         self.files.append(mapped)
         return mapped

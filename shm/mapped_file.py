@@ -6,7 +6,9 @@ Naming: the file is named by the global offset of its first byte, 20 decimal dig
 Pre-allocation: a new file gets its blocks with posix_fallocate *before* it is mapped. A store
 into a sparse page of a shared mapping on a full disk raises SIGBUS, which kills a Python
 process outright; allocating first turns a full disk into an OSError(ENOSPC) at creation time,
-which the owner reports (CREATE_MAPEDFILE_FAILED) instead of dying.
+which the owner reports (CREATE_MAPEDFILE_FAILED) instead of dying. A CommitLog segment also
+keeps `keep_free` bytes free on its disk (Settings.commitlog_headroom): the reput's room for the
+ConsumeQueue and index entries of the records written into it.
 
 Positions (all relative to the file's start, one writer each, in the owning process):
 `flushed <= committed <= written <= size`. Readers in other processes never trust these
@@ -25,6 +27,7 @@ import queue
 import threading
 from pathlib import Path
 
+from shm.disk import free_bytes
 from shm.invariant import invariant
 
 PWRITE_FROM = 4096  # writes of at least this many bytes go through pwrite (see MappedFile.write)
@@ -47,17 +50,21 @@ def file_name(offset: int) -> str:
     return f"{offset:020d}"
 
 
-def allocate(path: Path, size: int) -> bool:
+def allocate(path: Path, size: int, *, keep_free: int = 0) -> bool:
     """Create `path` with `size` bytes of real blocks, atomically: the blocks are allocated under a
     temporary name and linked into place, so a reader never sees a half-made segment and a
     failure (full disk) leaves nothing behind. Linking (not renaming) never replaces a file that
     another process (the allocator, or the writer) put there first: returns False in that case,
-    and the caller opens that file instead.
+    and the caller opens that file instead. With `keep_free`, a file that would leave less than
+    that free on its disk is refused (AllocationFailed) as the disk's own refusal is.
     """
     temporary = path.with_name(f"{path.name}.allocating.{os.getpid()}")
     fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         reserve(fd, size, path)
+        if keep_free and free_bytes(path.parent) < keep_free:
+            raise AllocationFailed(f"cannot allocate {size} bytes for {path}: it would leave less than "
+                                   f"{keep_free} bytes free for the ConsumeQueue and index entries")
     except AllocationFailed:
         temporary.unlink(missing_ok=True)
         raise
@@ -101,13 +108,13 @@ class MappedFile:
     __slots__ = ("path", "offset_start", "size", "readonly", "fd", "map",
                  "position_written", "position_committed", "position_flushed", "_view")
 
-    def __init__(self, path: Path, size: int, *, create: bool = False, readonly: bool = False):
+    def __init__(self, path: Path, size: int, *, create: bool = False, readonly: bool = False, keep_free: int = 0):
         self.path = Path(path)
         self.size = size
         self.readonly = readonly
         self.offset_start = int(self.path.name)
         if create and not self.path.exists():  # the allocator may have made it already
-            allocate(self.path, size)
+            allocate(self.path, size, keep_free=keep_free)
         actual = os.stat(self.path).st_size
         if actual != size:
             raise WrongFileSize(f"{self.path} is {actual} bytes, the configured segment size is {size}")

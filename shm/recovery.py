@@ -32,8 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from shm.codec import Corruption, peek_store_timestamp, scan
-from shm.dispatch import reput
-from shm.mapped_file import AllocationFailed, StoreError
+from shm.dispatch import ReputStopped, reput
+from shm.mapped_file import StoreError
 from shm.store import MessageStore
 from shm.store_files import last_exit_ok
 
@@ -197,8 +197,9 @@ class Recovery:
             return
         try:
             _, count = reput(self.store, begin, end)
-        except AllocationFailed as e:  # (no room for a ConsumeQueue or index file; damage still stops the start)
-            self.report.dispatch_blocked, self.report.dispatch_error = begin, str(e)
+        except ReputStopped as e:  # (no room for a ConsumeQueue or index file; damage still stops the start)
+            self.report.dispatch_blocked, self.report.dispatch_error = e.reached, str(e)
+            self.report.records_dispatched += e.count
             return
         self.report.records_dispatched += count
 

@@ -207,6 +207,19 @@ class Settings:
         return self.pullWorkers or min(os.cpu_count() or 1, MAX_PULL_WORKERS)
 
     @property
+    def commitlog_headroom(self) -> int:
+        """Bytes a new CommitLog segment must leave free on its disk (the writer's, the allocator's
+        and a slave's ha-client's): the reput's room to give the oldest segment's records their
+        ConsumeQueue and index entries. Half a segment (a record's entries are 40 bytes, a fifth
+        of a 200-byte record, and files are taken whole: a ConsumeQueue file a queue, an index
+        file at a time), and at least a new index file and a ConsumeQueue file. Without it a log
+        that filled its disk could leave the reput no room to finish the oldest segment, and the
+        clean service, which deletes only segments dispatched whole, nothing to delete: each
+        waited on the other until a restart (a slave catching up on a small disk, under load)."""
+        index = 40 + self.maxHashSlotNum * 4 + self.maxIndexNum * 20 if self.messageIndexEnable else 0  # index_file_size
+        return max(self.mappedFileSizeCommitLog // 2, index + self.mappedFileSizeConsumeQueue)
+
+    @property
     def ha_port(self) -> int:
         """The ha-server's port: haListenPort, or the client port + 1 when left at its default
         (RocketMQ's rule, applied to mqnode's `listen`)."""

@@ -36,7 +36,8 @@ class MessageStore:
         try:
             if not readonly:
                 self.root.mkdir(parents=True, exist_ok=True)
-            self.commitlog = CommitLog(settings.commitlog_dir, settings.mappedFileSizeCommitLog, readonly=readonly)
+            self.commitlog = CommitLog(settings.commitlog_dir, settings.mappedFileSizeCommitLog, readonly=readonly,
+                                       keep_free=settings.commitlog_headroom)
             self.checkpoint = Checkpoint(self.root / "checkpoint", readonly=readonly) if (
                 not readonly or (self.root / "checkpoint").exists()) else None
             self.index = IndexService(settings.index_dir, settings.maxHashSlotNum, settings.maxIndexNum,

@@ -369,7 +369,13 @@ def test_a_slave_on_a_full_disk_waits_for_room_and_then_catches_up(pair, tmp_pat
                                  diskSpaceWarningLevelRatio=0.9, cleanResourceInterval=500)
         node = NodeProcess(settings, tmp_path / "slave.log").start()
         try:
-            wait_until(lambda: caught_up(settings, pair.master), 60, "the slave on a small disk")
+            try:
+                wait_until(lambda: caught_up(settings, pair.master), 60, "the slave on a small disk")
+            except AssertionError:  # (what the slave was waiting for, for whoever reads a CI log)
+                counters = {name: control(settings, name) for name in ("written", "flushed", "dispatched", "min_offset")}
+                files = subprocess.run(["du", "-a", str(small)], capture_output=True, text=True).stdout
+                raise AssertionError(f"not caught up to {control(pair.master, 'written')}: {counters}\n"
+                                     f"{files}\n{(tmp_path / 'slave.log').read_text()[-4000:]}") from None
             assert_prefix(settings, pair.master)
             assert control(settings, "min_offset") > 0  # (it did delete to make room)
             log = (tmp_path / "slave.log").read_text()

@@ -1,5 +1,7 @@
 """ConsumeQueueTest, IndexFileTest, StoreCheckpointTest and DefaultMessageStoreTest read scenarios."""
 
+import errno
+import os
 import subprocess
 import sys
 
@@ -11,11 +13,14 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from shm import index_file as index_file_module
+from shm import mapped_file
 from shm.checkpoint import Checkpoint
 from shm.codec import decode, index_key_hash, parse_properties, tags_code
 from shm.consume_queue import FILLER_SIZE, ConsumeQueue
 from shm.control_block import FLAG_DISK_FULL, ControlBlock
+from shm.dispatch import ReputStopped, reput
 from shm.index_file import INDEX_KEY, IndexFile, IndexService, index_file_size
+from shm.mapped_file import AllocationFailed
 from shm.store import MessageStore
 from shm.store_files import StoreLock, StoreLocked
 
@@ -447,3 +452,82 @@ def test_dispatch_reads_a_property_as_parsing_them_all_would(text):
     for name, marker in (("TAGS", dispatch._TAGS), ("KEYS", dispatch._KEYS), ("UNIQ_KEY", dispatch._UNIQ_KEY),
                          ("DELAY", dispatch._DELAY)):
         assert dispatch._value(text, marker) == parsed.get(name), name
+
+
+class SmallDisk:
+    """A disk of `size` bytes for the store under `root`, in this process: posix_fallocate
+    refuses (ENOSPC) what would pass it and the allocator's free_bytes answers what is left, the
+    store's files' blocks being what is used (exact, where a small tmpfs needs root)."""
+
+    def __init__(self, root, monkeypatch):
+        self.root, self.size = root, 2**62
+        fallocate = os.posix_fallocate
+
+        def bounded(fd, offset, length):
+            if self.used() + length > self.size:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            fallocate(fd, offset, length)
+
+        monkeypatch.setattr(os, "posix_fallocate", bounded)
+        monkeypatch.setattr(mapped_file, "free_bytes", lambda path: self.size - self.used())
+
+    def used(self) -> int:
+        return sum(p.stat().st_blocks * 512 for p in self.root.rglob("*") if p.is_file())
+
+
+def _fill(store) -> list[int]:
+    """Records into the log until it may not take another segment; their physical offsets."""
+    offsets, i = [], 0
+    with pytest.raises(AllocationFailed, match="free for the ConsumeQueue and index entries"):
+        while True:
+            offsets += put(store, [message(i)], dispatch=False).physical_offsets
+            i += 1
+    return offsets
+
+
+def _entries(store) -> int:
+    return sum(queue.offset_max for queue in store.consume_queues.values())
+
+
+def test_a_log_that_fills_its_disk_leaves_the_reput_room_for_its_oldest_segment(tmp_path, monkeypatch):
+    """A new segment leaves Settings.commitlog_headroom free. Without it the log took four
+    segments of this disk and left 8 KiB, not the room the oldest segment's entries need (a
+    ConsumeQueue file a queue, an index file): the reput could not finish it, the clean service
+    (which deletes only segments dispatched whole) could not delete it, and a slave catching up
+    on a small disk waited for ever."""
+    settings = small_settings(tmp_path / "store")
+    store = open_store(settings)
+    disk = SmallDisk(settings.root, monkeypatch)
+    segment = settings.mappedFileSizeCommitLog
+    disk.size = disk.used() + 4 * segment + 8192
+    offsets = _fill(store)
+    assert len(store.commitlog.segments.files) == 3  # a fourth would leave less than the headroom
+    assert disk.size - disk.used() >= settings.commitlog_headroom
+    reached, count = reput(store, 0, store.commitlog.offset_written)
+    assert reached == store.commitlog.offset_written and count == len(offsets) == _entries(store)
+    store.close()
+
+
+def test_a_reput_that_runs_out_of_room_says_how_far_every_record_has_its_entries(tmp_path, monkeypatch):
+    """ReputStopped: each segment it got through is whole (a batch never spans two), so the
+    dispatcher publishes that much and the clean service may delete it; the rest follows once
+    there is room, and nothing is entered twice."""
+    settings = small_settings(tmp_path / "store")
+    store = open_store(settings)
+    disk = SmallDisk(settings.root, monkeypatch)
+    offsets = [phy for i in range(900) for phy in put(store, [message(i)], dispatch=False).physical_offsets]
+    segment = settings.mappedFileSizeCommitLog
+    assert store.commitlog.offset_written > 5 * segment
+    disk.size = disk.used() + 40 * 1024  # the first segments' files, not all of them
+    with pytest.raises(ReputStopped) as stopped:
+        reput(store, 0, store.commitlog.offset_written)
+    reached = stopped.value.reached
+    assert segment <= reached < store.commitlog.offset_written
+    below = sum(1 for phy in offsets if phy < reached)
+    assert stopped.value.count >= below and _entries(store) >= below
+    for queue in store.consume_queues.values():  # every record below `reached` is in its queue
+        assert all(queue.entry(offset) is not None for offset in range(queue.offset_min, queue.offset_max))
+    disk.size = 2**62
+    reached, _ = reput(store, reached, store.commitlog.offset_written)
+    assert reached == store.commitlog.offset_written and _entries(store) == len(offsets)
+    store.close()

@@ -101,10 +101,10 @@ def test_a_segment_the_full_disk_refused_is_never_skipped_over(tmp_path, monkeyp
             allocate(settings.commitlog_dir / name, MiB)
         real = allocator_module.allocate
 
-        def full_for_segment_2(path, size):
+        def full_for_segment_2(path, size, **kwargs):
             if path.name == names[2]:
                 raise AllocationFailed(f"cannot allocate {size} bytes for {path}: No space left on device")
-            return real(path, size)
+            return real(path, size, **kwargs)
 
         monkeypatch.setattr(allocator_module, "allocate", full_for_segment_2)
         allocator.turn()

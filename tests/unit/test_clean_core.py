@@ -121,13 +121,15 @@ def test_over_the_forcible_ratio_age_is_ignored_but_the_last_segment_stays(store
 
 
 def test_a_disk_without_room_for_another_segment_is_cleaned_at_once_whatever_its_ratio(store):
-    """A small disk (or large segments): under every ratio's trigger, the log still cannot grow."""
+    """A small disk (or large segments): under every ratio's trigger, the log still cannot grow
+    (a new segment must leave Settings.commitlog_headroom free)."""
     core, control, disk, settings = store(aged=0, deleteWhen="04")
-    disk.used, disk.free = 0.5, SEGMENT - 1
+    room = SEGMENT + settings.commitlog_headroom
+    disk.used, disk.free = 0.5, room - 1
     _one_pass(core, disk)
     assert len(_left(settings)) == 10 and core.deleted_files["forced"] == DELETE_MAX_PER_PASS
     assert core.statistics()["segmentRoom"] is False
-    disk.free = SEGMENT  # room again: nothing more goes
+    disk.free = room  # room again: nothing more goes
     _run(core, disk, 5.0)
     assert len(_left(settings)) == 10 and core.statistics()["segmentRoom"] is True
     core, _, disk, settings = store(aged=0, deleteWhen="04", cleanFileForciblyEnable=False)

@@ -208,10 +208,10 @@ def test_a_full_disk_stops_recoverys_dispatch_not_the_start_and_no_queue_offset_
     store.close()  # a crash: abort file stays
     real = mapped_file.allocate
 
-    def no_room(path, size):
+    def no_room(path, size, **kwargs):
         if "NewTopic" in str(path):
             raise mapped_file.AllocationFailed(f"cannot allocate {size} bytes for {path}: No space left on device")
-        return real(path, size)
+        return real(path, size, **kwargs)
 
     monkeypatch.setattr(mapped_file, "allocate", no_room)
     store = open_store(settings)

@@ -5,8 +5,8 @@ Every `cleanResourceInterval` ms the core looks at the disk and decides:
 
 - **Disk full.** The CommitLog's or ConsumeQueue's disk over `diskSpaceWarningLevelRatio` sets the
   control block's FLAG_DISK_FULL (the write service then answers sends SERVICE_NOT_AVAILABLE,
-  "the disk is full") and makes cleaning immediate; under it, the flag clears and sends are
-  taken again. Over `diskSpaceCleanForciblyRatio`, cleaning is immediate too. The ratio is
+  "the disk is full") and makes cleaning immediate; at or under `diskSpaceCleanForciblyRatio`
+  the flag clears and sends are taken again (between the two it stays as it is: RocketMQ's band). Over `diskSpaceCleanForciblyRatio`, cleaning is immediate too. The ratio is
   RocketMQ's: used = total - free, ceil(used * 100 / (used + usable)) / 100.
 - **No room for a segment.** mqnode's addition: the CommitLog's disk with less free than one
   `mappedFileSizeCommitLog` and the headroom a new segment leaves (Settings.commitlog_headroom)
@@ -210,7 +210,10 @@ class CleanCore:
                           "cleaning frees space", used * 100, s.diskSpaceWarningLevelRatio)
             self.control.set_flag(FLAG_DISK_FULL, True)
             self.clean_immediately = True
-        elif self.control.has_flag(FLAG_DISK_FULL):
+        elif used <= s.diskSpaceCleanForciblyRatio and self.control.has_flag(FLAG_DISK_FULL):
+            # (between the two ratios the flag stays as it is, as RocketMQ's isSpaceToDelete keeps
+            # it: a disk that cleaning took just under the warning level is not refused and taken
+            # again at every look)
             self.control.set_flag(FLAG_DISK_FULL, False)
             log.warning("disk no longer full: %.1f%% used: sends are taken again", used * 100)
         self.space_trigger = used > self.max_used

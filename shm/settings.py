@@ -82,7 +82,7 @@ class Settings:
     destroyMapedFileIntervalForcibly: int = _s(120000, "Force delete of a still-referenced file after, ms", CLEAN)
     redeleteHangedFileInterval: int = _s(120000, "Retry period for a hanged first file, ms", CLEAN)
     cleanFileForciblyEnable: bool = _s(True, "Ignore file age when the disk is nearly full", CLEAN)
-    diskSpaceWarningLevelRatio: float = _s(0.90, "Disk use above which writes are refused (disk full) and cleaning is immediate", CLEAN)
+    diskSpaceWarningLevelRatio: float = _s(0.90, "Disk use above which writes are refused (disk full) and cleaning is immediate; taken again at or under diskSpaceCleanForciblyRatio", CLEAN)
     diskSpaceCleanForciblyRatio: float = _s(0.85, "Disk use above which cleaning is immediate", CLEAN)
     tieredArchiveDir: str = _s("", "A Parquet archive of this store (scripts/pipeline archive): pulls below a queue's min offset are served from it, and only segments it holds are deleted; empty: no tiered reads", CLEAN)
     # -- message limits, recovery and delayed messages

@@ -168,12 +168,20 @@ def test_nothing_past_the_flushed_or_dispatched_end_is_deleted(store):
     assert _left(settings)[0] == 3 * SEGMENT
 
 
-def test_the_disk_full_flag_follows_the_warning_ratio(store):
+def test_the_disk_full_flag_is_set_over_the_warning_ratio_and_cleared_under_the_forcing_one(store):
+    """RocketMQ's isSpaceToDelete: between diskSpaceCleanForciblyRatio and the warning level the
+    flag stays as it was (set, it is not cleared at every look that finds the disk just under)."""
     core, control, disk, _ = store(aged=0)
-    disk.used = 0.91
+    disk.used = 0.88
     core.step(disk.monotonic)
+    assert not control.has_flag(FLAG_DISK_FULL) and core.clean_immediately
+    disk.used = 0.91
+    _run(core, disk, 11.0)
     assert control.has_flag(FLAG_DISK_FULL) and core.clean_immediately
-    disk.used = 0.5
+    disk.used = 0.88
+    _run(core, disk, 11.0)
+    assert control.has_flag(FLAG_DISK_FULL) and core.clean_immediately
+    disk.used = 0.85
     _run(core, disk, 11.0)
     assert not control.has_flag(FLAG_DISK_FULL)
 

@@ -6,13 +6,15 @@ Every `cleanResourceInterval` ms the core looks at the disk and decides:
 - **Disk full.** The CommitLog's or ConsumeQueue's disk over `diskSpaceWarningLevelRatio` sets the
   control block's FLAG_DISK_FULL (the write service then answers sends SERVICE_NOT_AVAILABLE,
   "the disk is full") and makes cleaning immediate; at or under `diskSpaceCleanForciblyRatio`
-  the flag clears and sends are taken again (between the two it stays as it is: RocketMQ's band). Over `diskSpaceCleanForciblyRatio`, cleaning is immediate too. The ratio is
+  the flag clears and sends are taken again (between the two it stays as it is: RocketMQ's
+  band). Over `diskSpaceCleanForciblyRatio`, cleaning is immediate too. The ratio is
   RocketMQ's: used = total - free, ceil(used * 100 / (used + usable)) / 100.
 - **No room for a segment.** mqnode's addition: the CommitLog's disk with less free than one
   `mappedFileSizeCommitLog` and the headroom a new segment leaves (Settings.commitlog_headroom)
-  starts a pass (space) and makes cleaning immediate, whatever the ratios say. RocketMQ's ratios assume segments small against the disk; on a small one (or with
-  large segments) the log could not grow while every ratio stayed under its trigger: the writer
-  refused sends, a slave's ha-client could not go on.
+  starts a pass (space) and makes cleaning immediate, whatever the ratios say. RocketMQ's
+  ratios assume segments small against the disk; on a small one (or with large segments) the
+  log could not grow while every ratio stayed under its trigger: the writer refused sends, a
+  slave's ha-client could not go on.
 - **A CommitLog pass** when the local hour is in `deleteWhen` (time), when either disk is over
   `diskMaxUsedSpaceRatio` % (space), or on request (manual, `admin clean`: up to 20 passes back
   to back). A pass walks the segments oldest first and never touches the last one, nor one
@@ -148,7 +150,7 @@ class CleanCore:
         self.local_hour = local_hour or (lambda ms: time.localtime(ms / 1000).tm_hour)
         self.ratio = ratio
         self.room = room
-        self.segment_room = True  # the CommitLog's disk holds one more segment
+        self.segment_room = True  # the CommitLog's disk holds one more segment and its headroom
         self.hours = delete_hours(s.deleteWhen)
         self.reserved_ms = s.fileReservedTime * 3600 * 1000
         self.max_used = min(max(s.diskMaxUsedSpaceRatio, 10), 95) / 100  # clamped as RocketMQ clamps it

@@ -502,6 +502,8 @@ def test_a_log_that_fills_its_disk_leaves_the_reput_room_for_its_oldest_segment(
     disk.size = disk.used() + 4 * segment + 8192
     offsets = _fill(store)
     assert len(store.commitlog.segments.files) == 3  # a fourth would leave less than the headroom
+    assert settings.commitlog_headroom == max(segment // 2, index_file_size(settings.maxHashSlotNum, settings.maxIndexNum)
+                                              + settings.mappedFileSizeConsumeQueue)
     assert disk.size - disk.used() >= settings.commitlog_headroom
     reached, count = reput(store, 0, store.commitlog.offset_written)
     assert reached == store.commitlog.offset_written and count == len(offsets) == _entries(store)
@@ -515,7 +517,10 @@ def test_a_reput_that_runs_out_of_room_says_how_far_every_record_has_its_entries
     settings = small_settings(tmp_path / "store")
     store = open_store(settings)
     disk = SmallDisk(settings.root, monkeypatch)
-    offsets = [phy for i in range(900) for phy in put(store, [message(i)], dispatch=False).physical_offsets]
+    placed = []  # (physical offset, queue id, queue offset) of each record
+    for i in range(900):
+        result = put(store, [message(i)], dispatch=False)
+        placed.append((result.physical_offsets[0], i % 4, result.queue_offsets[0]))
     segment = settings.mappedFileSizeCommitLog
     assert store.commitlog.offset_written > 5 * segment
     disk.size = disk.used() + 40 * 1024  # the first segments' files, not all of them
@@ -523,11 +528,11 @@ def test_a_reput_that_runs_out_of_room_says_how_far_every_record_has_its_entries
         reput(store, 0, store.commitlog.offset_written)
     reached = stopped.value.reached
     assert segment <= reached < store.commitlog.offset_written
-    below = sum(1 for phy in offsets if phy < reached)
-    assert stopped.value.count >= below and _entries(store) >= below
-    for queue in store.consume_queues.values():  # every record below `reached` is in its queue
-        assert all(queue.entry(offset) is not None for offset in range(queue.offset_min, queue.offset_max))
+    below = [(phy, queue_id, queue_offset) for phy, queue_id, queue_offset in placed if phy < reached]
+    assert stopped.value.count == len(below)
+    for phy, queue_id, queue_offset in below:  # every record below `reached` is in its queue
+        assert store.consume_queue("TopicA", queue_id).entry(queue_offset).physical_offset == phy
     disk.size = 2**62
     reached, _ = reput(store, reached, store.commitlog.offset_written)
-    assert reached == store.commitlog.offset_written and _entries(store) == len(offsets)
+    assert reached == store.commitlog.offset_written and _entries(store) == len(placed)
     store.close()

@@ -60,13 +60,24 @@ def answering(response_type, *, streaming: bool = False):
 
         async def stream(self, request, context):
             try:
-                async for response in method(self, Call(self.proxy, name, context), request):
-                    yield response
+                # (aclosing: a stream the client left is closed now, its GeneratorExit where it stands)
+                async with contextlib.aclosing(method(self, Call(self.proxy, name, context), request)) as responses:
+                    async for response in responses:
+                        yield response
+            except GeneratorExit:
+                raise
             except BaseException as e:  # noqa: BLE001
                 yield response_type(status=self.failure(name, e))
 
         return stream if streaming else unary
     return wrap
+
+
+def _popped(done: asyncio.Future) -> list:
+    """The messages of a finished pop; none when it failed or was cancelled."""
+    if done.cancelled() or done.exception() is not None:
+        return []
+    return done.result()
 
 
 class Service(service_pb2_grpc.MessagingServiceServicer):
@@ -314,9 +325,14 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         plan = delivery.receive_plan(request, call.remaining_ms(), fifo, settings.defaultInvisibleTimeMills,
                                      settings.enablePropertyFilter)
         link = await self.proxy.link(call.account)
-        messages = await link.pop(plan.topic, plan.group, max_count=plan.max_count, invisible_ms=plan.invisible_ms,
-                                  wait_ms=plan.wait_ms, tags=plan.expression, queue_id=plan.queue_id, orderly=plan.orderly,
-                                  expression_type=plan.expression_type)
+        popping = asyncio.ensure_future(link.pop(
+            plan.topic, plan.group, max_count=plan.max_count, invisible_ms=plan.invisible_ms, wait_ms=plan.wait_ms,
+            tags=plan.expression, queue_id=plan.queue_id, orderly=plan.orderly, expression_type=plan.expression_type))
+        try:
+            messages = await asyncio.shield(popping)
+        except asyncio.CancelledError:  # (the client went while its pop waited at the node: what comes is not its)
+            popping.add_done_callback(lambda done: self.proxy.give_back(link, plan.group, _popped(done)))
+            raise
         if not messages:
             yield rpc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
@@ -325,9 +341,15 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
             for message in messages:
                 self.proxy.renewals.add(message.receipt_handle, plan.group, call.account, call.client.client_id,
                                         now + plan.invisible_ms, now)
-        yield rpc.ReceiveMessageResponse(status=status(Code.OK))
-        for message in messages:
-            yield delivery.message_of(message, plan.invisible_ms)
+        given = 0  # (a message counts as given once the stream asks for the next response)
+        try:
+            yield rpc.ReceiveMessageResponse(status=status(Code.OK))
+            for message in messages:
+                yield delivery.message_of(message, plan.invisible_ms)
+                given += 1
+        except BaseException:  # (GeneratorExit, CancelledError: the client left mid-stream)
+            self.proxy.give_back(link, plan.group, messages[given:])
+            raise
         self.proxy.received += len(messages)
         delivered = rpc.ReceiveMessageResponse()
         delivered.delivery_timestamp.GetCurrentTime()

@@ -53,6 +53,7 @@ MAX_STREAMS = 10_000  # concurrent streams the server takes (grpc.max_concurrent
 EXPIRE_PERIOD_S = 10.0
 RENEW_BATCH = 256  # renewals in flight at once
 STOP_GRACE_S = 1.0
+GIVE_BACK_MS = 1_000  # a message popped for a client that left is visible again after this (RocketMQ 5's NACK_INVISIBLE_TIME)
 PRODUCER_BEAT_S = 30.0  # the proxy's heartbeat as a producer of its clients' topics (as RocketMQ's producers)
 MAX_PRODUCER_GROUPS = 10_000
 
@@ -84,6 +85,7 @@ class Proxy(Actor):
         self.asks = members.Asks()  # what the node asked of gRPC consumers, until they answer
         self.members_refused = 0
         self.telling: set[asyncio.Task] = set()  # answers and unregistrations on their way to the node
+        self.given_back = 0
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -224,6 +226,23 @@ class Proxy(Actor):
         with contextlib.suppress(SendError):  # (the node went: its admin is answered by its timeout)
             await (await self.link(account)).client.tell(header)
 
+    def give_back(self, link: AsyncPullConsumer, group: str, messages: list) -> None:
+        """Messages popped for a client that left before it had them (it cancelled a waiting
+        receive, or its stream broke): visible to the group again in GIVE_BACK_MS, not after the
+        whole invisible time it asked for, and no longer renewed."""
+        for message in messages:
+            handle = self.renewals.current(message.receipt_handle)
+            self.renewals.forget(message.receipt_handle)
+            task = asyncio.get_running_loop().create_task(self._give_back(link, group, handle))
+            self.telling.add(task)
+            task.add_done_callback(self.telling.discard)
+        self.given_back += len(messages)
+
+    @staticmethod
+    async def _give_back(link: AsyncPullConsumer, group: str, handle: str) -> None:
+        with contextlib.suppress(SendError):  # (acked meanwhile, or the node went: the invisible time decides)
+            await link.change_invisible(handle, GIVE_BACK_MS, group)
+
     def _on_node_request(self, header: dict, body: bytes | None, account: str | None) -> None:
         """What the node sends one of the proxy's connections unasked: a transaction's check (to
         its own), or an admin's ask of a member (to the member's account's)."""
@@ -286,7 +305,7 @@ class Proxy(Actor):
             "messagesPulled": self.pulled, "messagesRecalled": self.recalled,
             "transactionsEnded": self.ended, "checksForwarded": self.checks_forwarded,
             "checksDropped": self.checks_dropped, "routeLookups": self.routes.lookups if self.routes else 0,
-            "membersRefused": self.members_refused} | self.asks.statistics()
+            "membersRefused": self.members_refused, "messagesGivenBack": self.given_back} | self.asks.statistics()
 
     # -- the node --------------------------------------------------------------------------------
 

@@ -443,6 +443,55 @@ def test_a_thousand_open_streams_and_a_client_gone_mid_receive_leave_the_proxy_s
     assert stats["errors"] == 0 and stats["clients"] >= 1000, stats
 
 
+def test_a_receive_its_client_cancelled_while_waiting_hands_the_next_message_to_the_next_receive(node, stub):
+    """The client left while its receive waited at the node: what that pop takes when a message
+    comes is given back (visible again in a second, as RocketMQ 5's proxy nacks what it could not
+    write), not hidden for the minute that receive asked for."""
+    import asyncio
+
+    with Producer(node.endpoint) as producer:
+        reply, _ = producer.request({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": "G5Left", "readQueueNums": 1,
+                                     "writeQueueNums": 1})
+        assert reply["status"] == "OK", reply
+    given_back = proxy_statistics(node)["messagesGivenBack"]
+    waiting = rpc.ReceiveMessageRequest(group=pb.Resource(name="G5LeftG"), batch_size=4,
+                                        message_queue=pb.MessageQueue(topic=pb.Resource(name="G5Left"), id=-1),
+                                        invisible_duration={"seconds": 60}, long_polling_timeout={"seconds": 20})
+
+    def pops_held() -> int:
+        with Producer(node.endpoint) as client:
+            info, _ = client.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
+        return info["actors"]["pop"]["held"]
+
+    async def leave_while_waiting():
+        async with grpc.aio.insecure_channel(grpc_endpoint(node)) as channel:
+            held = service_pb2_grpc.MessagingServiceStub(channel).ReceiveMessage(waiting, metadata=META, timeout=30)
+            deadline = time.monotonic() + 10
+            while await asyncio.to_thread(pops_held) == 0:  # (statistics come once a second)
+                assert time.monotonic() < deadline, "the receive's pop was never held at the node"
+                await asyncio.sleep(0.2)
+            held.cancel()
+
+    asyncio.run(leave_while_waiting())
+    with Producer(node.endpoint) as producer:
+        producer.send("G5Left", b"after")  # the parked pop takes it, for nobody
+    deadline = time.monotonic() + 10
+    while pops_held():  # (taken once the pop service sees it dispatched; before that a new pop might win it)
+        assert time.monotonic() < deadline, "the held pop never answered"
+        time.sleep(0.2)
+    again = rpc.ReceiveMessageRequest(group=pb.Resource(name="G5LeftG"), batch_size=4,
+                                      message_queue=pb.MessageQueue(topic=pb.Resource(name="G5Left"), id=-1),
+                                      invisible_duration={"seconds": 60}, long_polling_timeout={"seconds": 8})
+    started = time.monotonic()
+    back = [r.message for r in stub.ReceiveMessage(again, metadata=META, timeout=20) if r.HasField("message")]
+    assert [m.body for m in back] == [b"after"], back
+    assert time.monotonic() - started < 6
+    deadline = time.monotonic() + 5
+    while proxy_statistics(node)["messagesGivenBack"] == given_back and time.monotonic() < deadline:
+        time.sleep(0.2)  # (statistics come to the front once a second)
+    assert proxy_statistics(node)["messagesGivenBack"] == given_back + 1
+
+
 def test_an_unknown_group_or_bad_times_in_a_receive_get_their_statuses(node, stub):
     topic = pb.Resource(name="G5Times")
     cases = [(rpc.ReceiveMessageRequest(group=pb.Resource(name="bad group"), batch_size=1,

@@ -1,6 +1,6 @@
 # Sourced by scripts/test: Apache RocketMQ's official Node.js client (rocketmq-client-nodejs, pinned
-# in tests/nodejs/package-lock.json) for tests/integration/test_grpc.py and test_grpc_cluster.py, installed from the
-# npm registry with `npm ci` when tests/nodejs has none or the lock file changed. A machine
+# in tests/nodejs/package-lock.json) for tests/integration/test_grpc.py, test_grpc_acl.py and
+# test_grpc_cluster.py, installed from the npm registry with `npm ci` when tests/nodejs has none or the lock file changed. A machine
 # without Node.js (16.19 or newer) skips those tests, and the test run says so; a failed install
 # is reported by the tests themselves.
 _nodejs_dir="$MQNODE_ROOT/tests/nodejs"

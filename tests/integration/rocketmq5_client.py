@@ -1,6 +1,6 @@
 """Apache RocketMQ's official Python client (rocketmq-python-client, gRPC) against a node's proxy,
-run as its own process by tests/integration/test_grpc.py: the client's generated protobuf
-modules and the node's (actors.proxy.apis) define the same messages, and one process may hold
+run as its own process by tests/integration/test_grpc.py and test_grpc_acl.py: the client's
+generated protobuf modules and the node's (actors.proxy.apis) define the same messages, and one process may hold
 only one of them. One JSON line on stdout per message sent or consumed, `{"error": ...}` for a
 failure; the client's own log goes to ~/logs/rocketmq_python. `--tls` trusts the certificates of
 GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (the client takes no roots of its own).

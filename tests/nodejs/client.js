@@ -1,6 +1,6 @@
 // Apache RocketMQ's official Node.js client (rocketmq-client-nodejs, gRPC over @grpc/grpc-js)
-// against a node's proxy, run as its own process by tests/integration/test_grpc.py and test_grpc_cluster.py. The
-// same commands and JSON lines as tests/integration/rocketmq5_client.py (the official Python
+// against a node's proxy, run as its own process by tests/integration/test_grpc.py, test_grpc_acl.py
+// and test_grpc_cluster.py. The same commands and JSON lines as tests/integration/rocketmq5_client.py (the official Python
 // client), so the two clients are held to the same answers: one line on stdout per message sent,
 // consumed or checked, {"error": ...} for a failure. The client's own log goes to stderr (warnings
 // and errors only), which the test shows when a run fails. `--tls` trusts the certificates of

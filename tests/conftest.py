@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
     modules: dict[str, list] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    for module, tests in modules.items():
+    for tests in modules.values():
         tests[:] = [t for t in tests if not _shares(t)] + [t for t in tests if _shares(t)]
     reverse = config.getoption("--reverse-order")
     items[:] = [item for tests in modules.values() for item in (reversed(tests) if reverse else tests)]

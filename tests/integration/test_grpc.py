@@ -66,10 +66,15 @@ def dead_letters(node, group: str, want: int) -> list:
     return dead
 
 
-def proxy_statistics(node) -> dict:
+def service_statistics(node, service: str) -> dict:
+    """A service's statistics as the front last had them (each pushes them once a second)."""
     with Producer(node.endpoint) as client:
         info, _ = client.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
-    return info["actors"]["proxy"]
+    return info["actors"][service]
+
+
+def proxy_statistics(node) -> dict:
+    return service_statistics(node, "proxy")
 
 
 # -- the official client ------------------------------------------------------------------------------
@@ -459,9 +464,7 @@ def test_a_receive_its_client_cancelled_while_waiting_hands_the_next_message_to_
                                         invisible_duration={"seconds": 60}, long_polling_timeout={"seconds": 20})
 
     def pops_held() -> int:
-        with Producer(node.endpoint) as client:
-            info, _ = client.request({"code": protocol.GET_BROKER_RUNTIME_INFO})
-        return info["actors"]["pop"]["held"]
+        return service_statistics(node, "pop")["held"]
 
     async def leave_while_waiting():
         async with grpc.aio.insecure_channel(grpc_endpoint(node)) as channel:

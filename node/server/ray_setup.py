@@ -3,6 +3,7 @@ joins a Ray cluster places its processes (node.server.launcher starts them)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import logging
@@ -134,8 +135,7 @@ def start_head(temp_dir: Path | None, object_store_memory: int, num_cpus: int):
 
         params = RayParams(node_ip_address=node_ip_address(), num_cpus=num_cpus, object_store_memory=object_store_memory,
                            temp_dir=temp_dir and str(temp_dir), include_dashboard=False,
-                           include_log_monitor=False, no_monitor=True,
-                           worker_path=str(Path(__file__).with_name("ray_worker.py")))  # (Ray's, with less to import)
+                           include_log_monitor=False, no_monitor=True, worker_path=RAY_PROGRAMS)
         # shutdown_at_exit=False: Ray's own would take SIGTERM from the launcher (node.server.signals);
         # the reaper kills the head's processes when this process dies without a word
         options = {"head": True, "shutdown_at_exit": False, "spawn_reaper": True, "ray_init_cluster": True}
@@ -148,10 +148,45 @@ def start_head(temp_dir: Path | None, object_store_memory: int, num_cpus: int):
         def start_api_server(self, *args, **kwargs) -> None:
             self._webui_url = None
 
+        def start_raylet(self, *args, **kwargs) -> None:
+            with _agents_run_by(RAY_PROGRAMS):
+                super().start_raylet(*args, **kwargs)
+
     _head = Head(params, **options)
     atexit.unregister(shutdown)  # (once, however many heads this process has started and stopped)
     atexit.register(shutdown)  # (after ray.init's own: atexit runs the later one first)
     return _head
+
+
+RAY_PROGRAMS = str(Path(__file__).with_name("ray_worker.py"))  # runs Ray's worker and agents, with less to import
+
+
+@contextlib.contextmanager
+def _agents_run_by(runner: str):
+    """While the raylet's command is made: the two agents it starts (and needs: it exits without
+    either), the dashboard's and the runtime environments', are Ray's programs run by `runner`,
+    as its workers are, so that what they never use is not imported (node.server.ray_worker):
+    ~0.3 of their ~1.7 CPU-s at each start. Left as Ray makes them where Ray's private helper is
+    not there, or makes another command than plain Python's (memray's, when asked)."""
+    from ray._private import ray_constants, services
+
+    build = getattr(services, "_build_python_executable_command_memory_profileable", None)
+    agents = {getattr(ray_constants, "PROCESS_TYPE_DASHBOARD_AGENT", None),
+              getattr(ray_constants, "PROCESS_TYPE_RUNTIME_ENV_AGENT", None)} - {None}
+    if build is None:
+        yield
+        return
+
+    def command(component, *args, **kwargs) -> list[str]:
+        made = build(component, *args, **kwargs)
+        plain = made and made[0] == sys.executable and set(made[1:]) <= {"-u"}
+        return [*made, runner] if component in agents and plain else made
+
+    services._build_python_executable_command_memory_profileable = command
+    try:
+        yield
+    finally:
+        services._build_python_executable_command_memory_profileable = build
 
 
 def head_lost() -> str | None:

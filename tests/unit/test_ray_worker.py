@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from nodes import ROOT
 
 from node.server import ray_worker
@@ -59,3 +61,13 @@ def test_the_worker_program_run_is_ray_s_own():
     path = Path(ray_worker.default_worker_path())
     assert path.parts[-4:] == ("ray", "_private", "workers", "default_worker.py")
     assert "main_loop()" in path.read_text()
+
+
+def test_an_agent_named_first_is_run_in_place_of_the_worker_and_only_one_of_ray_s():
+    agent = str(Path(ray_worker.default_worker_path()).parents[2] / "dashboard" / "agent.py")
+    argv = ["ray_worker.py", agent, "--node-id=x"]
+    assert ray_worker.program_of(argv) == os.path.realpath(agent) and argv == [os.path.realpath(agent), "--node-id=x"]
+    worker = ["ray_worker.py", "--node-ip-address=127.0.0.1"]
+    assert ray_worker.program_of(worker) == ray_worker.default_worker_path() and len(worker) == 2
+    with pytest.raises(AssertionError, match="not one of Ray's programs"):
+        ray_worker.program_of(["ray_worker.py", __file__])

@@ -315,21 +315,16 @@ def test_timers_survive_a_kill_9_of_every_process(tmp_path):
         node.stop(strict=False)
 
 
-def test_kill_9_of_the_schedule_process_mid_level_delivery_loses_nothing(tmp_path):
-    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), messageDelayLevel=LEVELS,
-                             flushDelayOffsetInterval=100)
-    node = NodeProcess(settings, tmp_path / "node.log").start()
-    try:
-        body = [f"m-{i}".encode() for i in range(5000)]
-        with Producer(node.endpoint) as producer:
-            sent = [producer.send_async("Levels", b, delay_level=1, queue_id=0) for b in body]
-            producer.send("Levels", b"last", delay_level=1, queue_id=0)
-            assert {f.result().status for f in sent} == {"PUT_OK"}
-        with PullConsumer(node.endpoint) as consumer:
-            assert _wait_for(consumer, "Levels", 0, 1), "nothing was delivered"
-            node.actor_process("schedule").kill()  # kill -9 while the level goes out
-            found = _until_all(consumer, "Levels", set(body) | {b"last"})
-        assert {m.body for m in found} == set(body) | {b"last"}  # none lost (some may come twice)
-        assert all(m.store_timestamp - m.born_timestamp >= 1000 for m in found)  # none early
-    finally:
-        node.stop(strict=False)
+def test_kill_9_of_the_schedule_process_mid_level_delivery_loses_nothing(node):
+    """(The module's node: Ray restarts its schedule process for the tests after this one.)"""
+    body = [f"m-{i}".encode() for i in range(5000)]
+    with Producer(node.endpoint) as producer:
+        sent = [producer.send_async("Levels", b, delay_level=1, queue_id=0) for b in body]
+        producer.send("Levels", b"last", delay_level=1, queue_id=0)
+        assert {f.result().status for f in sent} == {"PUT_OK"}
+    with PullConsumer(node.endpoint) as consumer:
+        assert _wait_for(consumer, "Levels", 0, 1), "nothing was delivered"
+        node.actor_process("schedule").kill()  # kill -9 while the level goes out
+        found = _until_all(consumer, "Levels", set(body) | {b"last"})
+    assert {m.body for m in found} == set(body) | {b"last"}  # none lost (some may come twice)
+    assert all(m.store_timestamp - m.born_timestamp >= 1000 for m in found)  # none early

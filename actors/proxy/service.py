@@ -331,6 +331,7 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         try:
             messages = await asyncio.shield(popping)
         except asyncio.CancelledError:  # (the client went while its pop waited at the node: what comes is not its)
+            self.proxy.receives_left += 1
             popping.add_done_callback(lambda done: self.proxy.give_back(link, plan.group, _popped(done)))
             raise
         if not messages:

@@ -85,7 +85,7 @@ class Proxy(Actor):
         self.asks = members.Asks()  # what the node asked of gRPC consumers, until they answer
         self.members_refused = 0
         self.telling: set[asyncio.Task] = set()  # answers and unregistrations on their way to the node
-        self.given_back = 0
+        self.given_back = self.receives_left = 0  # (receives_left: cancelled by their clients while they waited)
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -305,7 +305,8 @@ class Proxy(Actor):
             "messagesPulled": self.pulled, "messagesRecalled": self.recalled,
             "transactionsEnded": self.ended, "checksForwarded": self.checks_forwarded,
             "checksDropped": self.checks_dropped, "routeLookups": self.routes.lookups if self.routes else 0,
-            "membersRefused": self.members_refused, "messagesGivenBack": self.given_back} | self.asks.statistics()
+            "membersRefused": self.members_refused, "messagesGivenBack": self.given_back,
+            "receivesLeft": self.receives_left} | self.asks.statistics()
 
     # -- the node --------------------------------------------------------------------------------
 

@@ -458,7 +458,7 @@ def test_a_receive_its_client_cancelled_while_waiting_hands_the_next_message_to_
         reply, _ = producer.request({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": "G5Left", "readQueueNums": 1,
                                      "writeQueueNums": 1})
         assert reply["status"] == "OK", reply
-    given_back = proxy_statistics(node)["messagesGivenBack"]
+    before = proxy_statistics(node)
     waiting = rpc.ReceiveMessageRequest(group=pb.Resource(name="G5LeftG"), batch_size=4,
                                         message_queue=pb.MessageQueue(topic=pb.Resource(name="G5Left"), id=-1),
                                         invisible_duration={"seconds": 60}, long_polling_timeout={"seconds": 20})
@@ -476,6 +476,10 @@ def test_a_receive_its_client_cancelled_while_waiting_hands_the_next_message_to_
             held.cancel()
 
     asyncio.run(leave_while_waiting())
+    deadline = time.monotonic() + 10  # (a message that reached the stream before the cancel did is the client's)
+    while proxy_statistics(node)["receivesLeft"] == before["receivesLeft"]:
+        assert time.monotonic() < deadline, "the proxy never saw the receive cancelled"
+        time.sleep(0.2)
     with Producer(node.endpoint) as producer:
         producer.send("G5Left", b"after")  # the parked pop takes it, for nobody
     deadline = time.monotonic() + 10
@@ -490,9 +494,9 @@ def test_a_receive_its_client_cancelled_while_waiting_hands_the_next_message_to_
     assert [m.body for m in back] == [b"after"], back
     assert time.monotonic() - started < 6
     deadline = time.monotonic() + 5
-    while proxy_statistics(node)["messagesGivenBack"] == given_back and time.monotonic() < deadline:
+    while proxy_statistics(node)["messagesGivenBack"] == before["messagesGivenBack"] and time.monotonic() < deadline:
         time.sleep(0.2)  # (statistics come to the front once a second)
-    assert proxy_statistics(node)["messagesGivenBack"] == given_back + 1
+    assert proxy_statistics(node)["messagesGivenBack"] == before["messagesGivenBack"] + 1
 
 
 def test_an_unknown_group_or_bad_times_in_a_receive_get_their_statuses(node, stub):

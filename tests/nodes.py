@@ -14,7 +14,7 @@ from node.tools.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
 __all__ = ["HOST_DISK_BLIND", "LEAN", "LEAN_SPLIT", "ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "grpc_endpoint", "node_settings",
-           "in_process_node", "mount_tmpfs", "nodejs", "nodejs_missing", "official", "running_node", "read_exactly"]
+           "in_process_node", "mount_tmpfs", "nodejs", "nodejs_missing", "official", "ray_cluster", "running_node", "read_exactly"]
 
 
 # The host's disk is not the test's: over RocketMQ's default 85 % (a CI disk with 38 of 252 GB free)
@@ -83,6 +83,29 @@ def in_process_node(directory: Path, *, after_stop=None, **overrides):
     finally:
         running.stop()
         ray_setup.shutdown()
+
+
+RAY_HOST_MEMORY = 80 * 1024 * 1024  # each Ray node's object store: the nodes pass nothing through it
+
+
+def ray_cluster(*hosts: str):
+    """A local Ray cluster (Ray's cluster utilities) of a raylet for each of `hosts`, the first its
+    head, each with one CPU and a custom resource of its name (a node's `rayNode` names it). The
+    head runs none of the helpers no node uses: the dashboard, the log monitor and the autoscaler's
+    monitor (~2 CPU-s to start, and their turns while idle; ray_setup.start_head leaves them out of
+    a node's own Ray too). The caller shuts it down."""
+    from ray.cluster_utils import Cluster
+
+    head, *others = hosts
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "resources": {head: 1}, "object_store_memory": RAY_HOST_MEMORY,
+        "include_dashboard": False, "include_log_monitor": False, "no_monitor": True})
+    return cluster, [ray_host(cluster, name) for name in others]
+
+
+def ray_host(cluster, name: str):
+    """One more raylet in `cluster` (ray_cluster), its custom resource `name`."""
+    return cluster.add_node(num_cpus=1, resources={name: 1}, object_store_memory=RAY_HOST_MEMORY)
 
 
 def read_exactly(sock, size: int) -> bytes:

@@ -23,7 +23,7 @@ import orjson
 import psutil
 import pytest
 from helpers import wait_until
-from nodes import ROOT, free_port
+from nodes import ROOT, free_port, ray_cluster, ray_host
 
 from node.client import AsyncProducer, Producer, PullConsumer, Requester, SendError
 from node.client.push import CONSUME_SUCCESS, PushConsumer
@@ -40,13 +40,7 @@ class Up:
     """The running cluster: its toml, its `up` process, the Ray cluster and what `ready` said."""
 
     def __init__(self, directory: Path):
-        from ray.cluster_utils import Cluster
-
-        memory = 80 * 1024 * 1024
-        self.ray = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"hostA": 1},
-                                                                 "object_store_memory": memory})
-        self.host_b = self.ray.add_node(num_cpus=1, resources={"hostB": 1}, object_store_memory=memory)
-        self.host_c = self.ray.add_node(num_cpus=1, resources={"hostC": 1}, object_store_memory=memory)
+        self.ray, (self.host_b, self.host_c) = ray_cluster("hostA", "hostB", "hostC")
         self.directory = directory
         ports = {name: free_port() for name in ("namesrv", "namesrv2", "a", "b0", "b1")}
         self.namesrv = f"127.0.0.1:{ports['namesrv']}"
@@ -429,7 +423,7 @@ def test_a_lost_masters_group_is_served_by_its_promoted_slave(up):
     acked = {msg_id for _, b, msg_id in sending.acked if b == "broker-b"}
     assert acked and acked <= _everything(up.namesrv, "after-loss")  # SYNC_MASTER: each was on the slave too
     # its host is back: Ray restarts the old master there, and it comes back as the new master's slave
-    up.host_b = up.ray.add_node(num_cpus=1, resources={"hostB": 1}, object_store_memory=80 * 1024 * 1024)
+    up.host_b = ray_host(up.ray, "hostB")
     old_master = up.listen["b0"].removeprefix("tcp://")
 
     def following() -> bool:

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 from golden import GOLDEN_SETTINGS, GOLDEN_STORE, manifest
-from nodes import FakeRocketMQMaster, NodeProcess, free_port, node_settings
+from nodes import FakeRocketMQMaster, NodeProcess, free_port, node_settings, ray_cluster
 
 from node.client import PullConsumer
 from shm.control_block import peek
@@ -20,11 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_slave_runs_on_the_ray_node_it_names(tmp_path):
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"hostA": 1},
-                                                            "object_store_memory": 80 * 1024 * 1024})
-    host_b = cluster.add_node(num_cpus=1, resources={"hostB": 1}, object_store_memory=80 * 1024 * 1024)
+    cluster, (host_b,) = ray_cluster("hostA", "hostB")
     golden = b"".join(f.read_bytes() for f in sorted((GOLDEN_STORE / "commitlog").iterdir()))
     end = manifest()["maxPhyOffset"]
     master = FakeRocketMQMaster(golden[:end], GOLDEN_SETTINGS["mappedFileSizeCommitLog"])

@@ -110,6 +110,7 @@ def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: in
 
 
 LOOPBACK = "127.0.0.1"
+RAY_PROGRAMS = str(Path(__file__).with_name("ray_worker.py"))  # runs Ray's worker and agents, with less to import
 _head = None  # the embedded Ray's head this process started (start_head), stopped by shutdown()
 
 
@@ -158,15 +159,12 @@ def start_head(temp_dir: Path | None, object_store_memory: int, num_cpus: int):
     return _head
 
 
-RAY_PROGRAMS = str(Path(__file__).with_name("ray_worker.py"))  # runs Ray's worker and agents, with less to import
-
-
 @contextlib.contextmanager
 def _agents_run_by(runner: str):
     """While the raylet's command is made: the two agents it starts (and needs: it exits without
     either), the dashboard's and the runtime environments', are Ray's programs run by `runner`,
     as its workers are, so that what they never use is not imported (node.server.ray_worker):
-    ~0.3 of their ~1.7 CPU-s at each start. Left as Ray makes them where Ray's private helper is
+    ~0.4 of their ~1.7 CPU-s at each start. Left as Ray makes them where Ray's private helper is
     not there, or makes another command than plain Python's (memray's, when asked)."""
     from ray._private import ray_constants, services
 

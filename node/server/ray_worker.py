@@ -1,6 +1,6 @@
 """The embedded Ray's worker program (`RayParams.worker_path`: node.server.ray_setup.start_head):
 Ray's own `default_worker.py`, run after the packages in DEFERRED are deferred to their first use;
-and so are the two agents the raylet starts (ray_setup._agents_run_by), each ~0.15 CPU-s lighter.
+and so are the two agents the raylet starts (ray_setup._agents_run_by), each ~0.2 CPU-s lighter.
 
 `import ray` imports requests (to ask a cloud's metadata server about TPUs), jsonschema (to
 validate runtime_env plugins' schemas) and yaml (to read node labels from a file), and a node's

@@ -66,9 +66,9 @@ def test_every_process_of_a_running_node_listens_on_loopback_only(tmp_path, topo
 
 def _loaded_unused(process: psutil.Process) -> list[str]:
     """The compiled parts `process` has loaded of what the launcher, a service process and Ray's
-    agents start without: requests' charset_normalizer, jsonschema's rpds and yaml's own (node.server.ray_worker
-    defers them), numpy's core (imported where the index is written, the timer log rebuilt, the
-    archive read and a store with records recovered)."""
+    agents start without: requests' charset_normalizer, jsonschema's rpds and yaml's own
+    (node.server.ray_worker defers them), numpy's core (imported where the index is written, the
+    timer log rebuilt, the archive read and a store with records recovered)."""
     try:
         maps = Path(f"/proc/{process.pid}/maps").read_text()
     except OSError:

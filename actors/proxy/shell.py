@@ -84,7 +84,7 @@ class Proxy(Actor):
         self.routes: Routes | None = None  # a cluster's routes (namesrvAddr), made in the loop
         self.asks = members.Asks()  # what the node asked of gRPC consumers, until they answer
         self.members_refused = 0
-        self.telling: set[asyncio.Task] = set()  # answers and unregistrations on their way to the node
+        self.telling: set[asyncio.Task] = set()  # answers, unregistrations and give-backs on their way to the node
         self.given_back = self.receives_left = 0  # (receives_left: cancelled by their clients while they waited)
 
     # -- the loop --------------------------------------------------------------------------------
@@ -212,12 +212,16 @@ class Proxy(Actor):
                         reply.get("status"), reply.get("remark", ""))
 
     def _tell(self, header: dict | None, account: str | None) -> None:
-        """`header` to the node over `account`'s connection, from a callback (the task is held
-        until it went: one nobody holds may vanish)."""
+        """`header` to the node over `account`'s connection, from a callback."""
         if header is not None:
-            task = asyncio.get_running_loop().create_task(self._tell_now(header, account))
-            self.telling.add(task)
-            task.add_done_callback(self.telling.discard)
+            self._hold(self._tell_now(header, account))
+
+    def _hold(self, telling) -> None:
+        """Run `telling` (a coroutine on its way to the node) as a task held until it is done: one
+        nobody holds may vanish."""
+        task = asyncio.get_running_loop().create_task(telling)
+        self.telling.add(task)
+        task.add_done_callback(self.telling.discard)
 
     async def _tell_now(self, header: dict, account: str | None) -> None:
         if header["code"] != protocol.CLIENT_ANSWER:
@@ -233,9 +237,7 @@ class Proxy(Actor):
         for message in messages:
             handle = self.renewals.current(message.receipt_handle)
             self.renewals.forget(message.receipt_handle)
-            task = asyncio.get_running_loop().create_task(self._give_back(link, group, handle))
-            self.telling.add(task)
-            task.add_done_callback(self.telling.discard)
+            self._hold(self._give_back(link, group, handle))
         self.given_back += len(messages)
 
     @staticmethod

@@ -14,23 +14,13 @@ import grpc
 import pytest
 from nodes import free_port, grpc_endpoint, nodejs, official, running_node
 from test_grpc import Code, needs_nodejs, no_errors
+from test_security import ACL_YAML, ALICE  # (Alice may send to Orders and read it as group billing)
 
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
 from actors.proxy.apis import service_pb2_grpc
 from node import protocol
 from node.client import Producer
-
-ALICE = ("aliceKey", "alice-secret")  # may send to Orders, and read it as group billing
-ACL_YAML = f"""
-accounts:
-  - accessKey: {ALICE[0]}
-    secretKey: {ALICE[1]}
-    defaultTopicPerm: DENY
-    defaultGroupPerm: DENY
-    topicPerms: [Orders=PUB|SUB, Audit=SUB]
-    groupPerms: [billing=SUB]
-"""
 
 
 @pytest.fixture(scope="module")

@@ -66,11 +66,24 @@ def prepare_embedded(ray_address: str | None) -> bool:
     embedded = not ray_address and "ray" not in sys.modules
     if embedded:  # Ray reads its authentication settings at import
         os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet it starts
+        no_memory_killer()
         os.environ.pop("RAY_ADDRESS", None)  # a cluster is joined only when --ray-address names it
         embedded_ray_token()
         embedded_ray_on_loopback()
         workers_set_up()
     return embedded
+
+
+def no_memory_killer() -> None:
+    """Before the embedded Ray starts: its raylet kills none of the node's processes for the
+    host's memory. Ray's memory monitor, once the host's memory is 95 % used, kills Ray workers,
+    whoever uses the memory: a process of the host's other software holding 22 GiB of 24 made
+    it kill every service of a node again and again (74 restarts in 20 s, the node deaf all the
+    while) and leave the process that held the memory alone. A broker's services are not batch
+    tasks to retry: memory running out is the kernel's OOM killer's to settle, by each process's
+    own size. Read by the raylet from its environment; an operator who wants Ray's monitor sets
+    RAY_memory_monitor_refresh_ms (docs/operations.md)."""
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
 
 
 def workers_set_up() -> None:

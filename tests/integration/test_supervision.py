@@ -165,15 +165,22 @@ def test_a_node_whose_run_directory_is_removed_exits_to_be_restarted_whole(tmp_p
 
 
 @pytest.mark.slow
-def test_the_embedded_ray_refuses_a_driver_without_the_node_s_token_and_its_gcs_lost_ends_the_node(tmp_path):
+def test_the_embedded_ray_refuses_a_driver_without_the_node_s_token_kills_nothing_for_memory_and_its_gcs_lost_ends_the_node(
+        tmp_path, monkeypatch):
     """Ray's servers listen on every interface and run what a peer sends: the node's embedded
-    Ray requires a fresh token that only the node's processes know. And without its GCS nothing
+    Ray requires a fresh token that only the node's processes know. Its memory monitor kills no
+    service for the host's memory (here told to act at 1 % used, where it killed every service
+    as it started and the node never became ready). And without its GCS nothing
     could restart a service (Ray ended the launcher only after 60 s of reconnecting, serving
     unsupervised meanwhile): the watch looks at the embedded Ray's own processes first, and the
     node says which is gone and exits 1 at once, its store closed cleanly."""
+    monkeypatch.delenv("RAY_memory_monitor_refresh_ms", raising=False)
+    monkeypatch.setenv("RAY_memory_usage_threshold", "0.01")
     settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), topology="compact")
     node = NodeProcess(settings, tmp_path / "node.log").start()
     try:
+        raylet = next(p for p in node.tree() if p.name() == "raylet")
+        assert raylet.environ().get("RAY_memory_monitor_refresh_ms") == "0"
         gcs = [p for p in node.tree() if p.name() == "gcs_server"]
         assert len(gcs) == 1 and gcs[0].environ().get("RAY_AUTH_MODE") == "token"
         port = next(c.laddr.port for c in gcs[0].net_connections("tcp") if c.status == psutil.CONN_LISTEN)
@@ -188,6 +195,7 @@ def test_the_embedded_ray_refuses_a_driver_without_the_node_s_token_and_its_gcs_
         assert intruder.returncode != 0 and "connected" not in intruder.stdout
         assert "InvalidAuthToken" in intruder.stderr, intruder.stderr[-2000:]
         assert _ask(settings.listen, {"code": protocol.GET_MAX_OFFSET, "topic": "T", "queueId": 0})["status"] == "OK"
+        assert "restarted" not in node.log.read_text()
         gcs[0].kill()
         began = time.monotonic()
         assert node.process.wait(60) == 1

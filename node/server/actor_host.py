@@ -25,6 +25,7 @@ class ActorHost:
 
     def __init__(self, process: topology.Process, settings_values: dict, kwargs: dict[str, dict]):
         ray_setup.normal_priority()
+        ray_setup.more_open_files()
         ray_setup.steady_heap()
         settings = settings_module.load(None, settings_values)
         logs.configure(settings, process.label, relay=True)  # (to the launcher's stderr: node.server.logs)

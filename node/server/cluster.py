@@ -144,6 +144,7 @@ class NodeHost:
         from node.server.launcher import Node
 
         ray_setup.normal_priority()
+        ray_setup.more_open_files()
         settings = settings_module.load(None, values)
         changed = role_now(settings, _cluster_info(settings))
         if changed:  # the group's master moved while this node was down (or it was promoted): follow the table

@@ -36,6 +36,7 @@ class NamesrvHost:
         from actors.namesrv import Namesrv
 
         ray_setup.normal_priority()
+        ray_setup.more_open_files()
         self.service = Namesrv(listen, directory, expiry_ms=expiry_ms)
         Path(directory).mkdir(parents=True, exist_ok=True)
         write_pid_file(Path(directory) / "namesrv.pid")

@@ -29,6 +29,27 @@ def normal_priority() -> None:
         pass
 
 
+OPEN_FILES = 65_536  # the soft limit a serving process asks for, where the hard limit allows
+
+
+def more_open_files() -> None:
+    """Raise this process's soft limit of open files to its hard limit (at most OPEN_FILES), as
+    the JVM that RocketMQ runs in does for itself (MaxFDLimit). Every client connection is a file
+    in the front's process (ZeroMQ's I/O thread), in the name service's, every gRPC one in the
+    proxy's: at the common default soft limit of 1,024, a front holding ~1,000 idle clients
+    accepted no more (the next client's sends timed out), the host's hard limit far above it.
+    Best effort: a host whose hard limit is low keeps it (docs/operations.md)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError):
+            pass
+
+
 # glibc's mallopt parameters, and the values a node's processes run with
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 8 << 20  # allocations below come from the heap, whose pages stay mapped
@@ -66,6 +87,7 @@ def prepare_embedded(ray_address: str | None) -> bool:
     embedded = not ray_address and "ray" not in sys.modules
     if embedded:  # Ray reads its authentication settings at import
         os.environ.setdefault("RAY_worker_niceness", "0")  # read by the raylet it starts
+        more_open_files()  # (for Ray's own processes, which inherit it, and the workers they start)
         no_memory_killer()
         os.environ.pop("RAY_ADDRESS", None)  # a cluster is joined only when --ray-address names it
         embedded_ray_token()

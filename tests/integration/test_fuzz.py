@@ -12,8 +12,10 @@ stored; other requests may be served when the spoiled field was an optional one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import resource
 import subprocess
 import sys
 import threading
@@ -121,13 +123,30 @@ def spoil(rng: random.Random) -> list[bytes]:
 def node(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
     settings = node_settings(tmp / "store", runDir=str(tmp / "run"), autoCreateTopicEnable=False)
-    process = NodeProcess(settings, tmp / "node.log").start()
+    with soft_open_files(DEFAULT_SOFT_LIMIT):  # started as on a host with the common default soft limit
+        process = NodeProcess(settings, tmp / "node.log").start()
     with Producer(process.endpoint) as producer:  # a topic to aim at
         producer.request({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": "Fuzz", "readQueueNums": 1,
                           "writeQueueNums": 1})
     yield process
     process.stop()
     verify_clean(process)  # (after every test, whichever order they ran in: an error of the last one if not)
+
+
+DEFAULT_SOFT_LIMIT = 1_024  # open files a process may have by default on many hosts (its soft limit)
+CONNECTIONS = 1_500  # clients held at once: past that limit, each a file in the front's process
+
+
+@contextlib.contextmanager
+def soft_open_files(limit: int):
+    """This process's (and its children's) soft limit of open files set to `limit` (at most the
+    hard limit) while inside."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(limit, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def verify_clean(node) -> None:
@@ -216,3 +235,34 @@ def test_a_client_that_never_reads_does_not_grow_the_front(node):
     with Producer(node.endpoint) as producer:
         assert producer.send("Fuzz", b"still", queue_id=0).status == "PUT_OK"
 
+
+
+def test_fifteen_hundred_clients_held_at_once_are_each_answered_and_the_next_one_too(node):
+    """Each client connection is a file in the front's process. The node was started with a soft
+    limit of 1,024 open files (the fixture), as many hosts start it: its processes raise theirs
+    toward the hard limit (node.server.ray_setup.more_open_files). Before, a front holding ~900
+    clients accepted no more: the later ones' requests, and the next client's sends, timed out."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 4 * CONNECTIONS:
+        pytest.skip(f"the host's hard limit of open files ({hard}) leaves no room past {DEFAULT_SOFT_LIMIT}")
+    with soft_open_files(4 * CONNECTIONS), contextlib.ExitStack() as stack:
+        contexts = [zmq.Context() for _ in range(CONNECTIONS // 500)]  # (1,023 sockets a context at most)
+        for context in contexts:
+            stack.callback(context.destroy, 0)
+        sockets, poller = [], zmq.Poller()
+        for i in range(CONNECTIONS):
+            sock = contexts[i % len(contexts)].socket(zmq.DEALER)
+            sock.connect(node.endpoint)
+            sock.send(orjson.dumps({"code": protocol.GET_MAX_OFFSET, "topic": "Fuzz", "queueId": 0, "opaque": i}))
+            poller.register(sock, zmq.POLLIN)
+            sockets.append(sock)
+        answered, deadline = {}, time.monotonic() + 30
+        while len(answered) < CONNECTIONS and time.monotonic() < deadline:
+            for sock, _ in poller.poll(1000):
+                reply = orjson.loads(sock.recv_multipart()[0])
+                answered[reply["opaque"]] = reply["status"]
+                poller.unregister(sock)
+        assert len(answered) == CONNECTIONS, f"{CONNECTIONS - len(answered)} of {CONNECTIONS} clients never answered"
+        assert set(answered.values()) == {"OK"}
+        with Producer(node.endpoint) as producer:  # a client more, while they are all held
+            assert producer.send("Fuzz", b"one more", queue_id=0).status == "PUT_OK"

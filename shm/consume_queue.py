@@ -14,6 +14,12 @@ Entry n (the queue offset) sits at logical byte n*20; 20 bytes, big-endian:
 An entry is valid when phy >= 0 and size > 0. A queue whose first message has queue offset n>0
 starts with filler entries (phy 0, size 0x7FFFFFFF, tags 0) up to n, as RocketMQ writes them.
 
+A file has its full size on disk but its blocks only as entries come, BLOCKS_AHEAD bytes at a
+time, each range before the first entry into it (shm.mapped_file: `blocks_ahead`): a queue of a
+few entries holds 64 KiB of disk, not 5.72 MiB, and a full disk is still an AllocationFailed
+before the store (a ReputStopped for the dispatcher), never a SIGBUS. RocketMQ's files are sparse
+the same way (mapped past their end), without the allocation before the store.
+
 No checksum: the queue is derived. Crash policy: rebuilt from the CommitLog. Recovery scans the
 last three files up to the first invalid entry, then entries pointing at or past the recovered
 CommitLog end are truncated, and missing ones are re-dispatched from the CommitLog.
@@ -46,6 +52,7 @@ FILLER_SIZE = 0x7FFFFFFF
 ENTRY = struct.Struct(">qiq")  # commitLogOffset, size, tagsCode: the one definition of an entry
 _ENTRY = ENTRY
 RUN_ENTRY = struct.Struct(">qqiq")  # queue offset, then the entry as stored: put_many's input
+BLOCKS_AHEAD = 64 << 10  # a file's blocks are reserved this many bytes at a time (3,276 entries)
 
 
 def write_entries(segment, position: int, data) -> None:
@@ -53,6 +60,7 @@ def write_entries(segment, position: int, data) -> None:
     each one's size after its phy and tags (the module's docstring; shm/_dispatch.c cq_write)."""
     invariant(not segment.readonly and position % ENTRY_SIZE == 0 and len(data) % ENTRY_SIZE == 0
               and position + len(data) <= segment.size, "entries inside a writable file")
+    segment.reserve(position + len(data))  # (their blocks first: AllocationFailed, nothing stored)
     if NATIVE:
         _dispatch.cq_write(segment.map, position, data)
         return
@@ -82,7 +90,7 @@ class ConsumeQueue:
         self.queue_id = queue_id
         self.file_size = rounded_file_size(file_size)
         self.directory = Path(root) / topic / str(queue_id)
-        self.files = MappedFileQueue(self.directory, self.file_size, readonly=readonly)
+        self.files = MappedFileQueue(self.directory, self.file_size, readonly=readonly, blocks_ahead=BLOCKS_AHEAD)
         self.offset_min_logical = 0  # bytes; the first live entry is offset_min_logical / 20
         self.max_physical_offset = -1  # phy + size of the last entry written (idempotence)
         if self.files.files:
@@ -267,8 +275,8 @@ class ConsumeQueue:
             if valid < segment.size:
                 dropped = self._count_dropped(segment, valid) + sum(
                     self._count_dropped(f, 0) for f in files[position + 1:])
-                if dropped and not self.files.readonly:
-                    segment.zero(valid, segment.size)
+                if dropped and not self.files.readonly:  # (past the last byte written all is zeros, or holes)
+                    segment.zero(valid, valid + len(segment.map[valid: segment.size].rstrip(b"\0")))
                 self.files.truncate(segment.offset_start + valid)
                 break
         self._update_max_physical()

@@ -30,13 +30,14 @@ class SegmentGap(StoreError):
 
 class MappedFileQueue:
     def __init__(self, directory: Path, file_size: int, *, readonly: bool = False, drop_blank_after_gap: bool = False,
-                 keep_free: int = 0):
+                 keep_free: int = 0, blocks_ahead: int = 0):
         invariant(file_size > 0)
         self.directory = Path(directory)
         self.file_size = file_size
         self.readonly = readonly
         self.drop_blank_after_gap = drop_blank_after_gap and not readonly
         self.keep_free = keep_free  # what a new file leaves free on the disk (shm.mapped_file.allocate)
+        self.blocks_ahead = blocks_ahead  # a file's blocks as it fills, this many bytes at a time (MappedFile)
         self.files: list[MappedFile] = []
         self.dropped_after_gap: list[str] = []
         if not readonly:
@@ -57,7 +58,8 @@ class MappedFileQueue:
         try:
             for path in self.segment_paths():
                 try:
-                    files.append(MappedFile(path, self.file_size, readonly=self.readonly))
+                    files.append(MappedFile(path, self.file_size, readonly=self.readonly,
+                                            blocks_ahead=self.blocks_ahead))
                 except FileNotFoundError:
                     # a reader racing the clean service, which deletes from the head: a file
                     # listed a moment ago is gone; one missing elsewhere is a gap, refused below
@@ -161,7 +163,7 @@ class MappedFileQueue:
         last = self.last()
         invariant(last is None or offset_start == last.offset_end, (offset_start, last))
         mapped = MappedFile(self.directory / file_name(offset_start), self.file_size, create=True,
-                            keep_free=self.keep_free)
+                            keep_free=self.keep_free, blocks_ahead=self.blocks_ahead)
         mapped.set_written(0)
         self.files.append(mapped)
         return mapped

@@ -138,6 +138,10 @@ def test_the_dispatcher_stores_each_entrys_size_after_its_phy_and_tags(tmp_path,
     class Segment:
         readonly, size, map = False, 60, Recording(60)
 
+        @staticmethod
+        def reserve(end):  # (a file's blocks: shm.mapped_file)
+            pass
+
     monkeypatch.setattr(cq, "NATIVE", False)
     cq.write_entries(Segment, 0, entries)
     assert bytes(Segment.map) == entries

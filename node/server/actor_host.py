@@ -23,7 +23,10 @@ from shm.control_block import ControlBlock, heartbeat_slot, monotonic_ms
 class ActorHost:
     """A plain actor inside a Ray actor process."""
 
-    def __init__(self, process: topology.Process, settings_values: dict, kwargs: dict[str, dict]):
+    def __init__(self, process: topology.Process, settings_values: dict, kwargs: dict[str, dict],
+                 recovered: dict | None = None):
+        """`recovered`: recovery's state for the write service (its queue offsets), for the process
+        that runs it; the launcher passes it as an object it holds (Ray resolves it at each start)."""
         ray_setup.normal_priority()
         ray_setup.more_open_files()
         ray_setup.steady_heap()
@@ -34,7 +37,7 @@ class ActorHost:
         if delay:  # it keeps dying: give whatever kills it time to pass
             logging.getLogger("mqnode").warning("service %s restarts in %.1f s", process.label, delay)
             time.sleep(delay)
-        self.actor = topology.build(process, settings, kwargs)
+        self.actor = topology.build(process, settings, kwargs if recovered is None else kwargs | {"writer": recovered})
         for beat in process.beats:  # alive from Ray's view on: a predecessor's stale beats are not ours
             _beat(settings, beat)
         self.thread = threading.Thread(target=self._run, name=f"mqnode-{process.label}", daemon=True)

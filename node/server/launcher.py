@@ -129,6 +129,7 @@ class Node:
         self.lock: StoreLock | None = None
         self.control: ControlBlock | None = None
         self.hosts: dict[str, object] = {}
+        self.held_arguments: list = []  # the services' constructor arguments in Ray's object store (_launch)
         self.started_ray = False
         self.recovery_report = None
         self.fenced_bytes = 0
@@ -136,6 +137,7 @@ class Node:
         self.failed = threading.Event()
         self.watch_stopping = threading.Event()
         self.watcher: threading.Thread | None = None
+        self.head_watcher: threading.Thread | None = None  # the embedded Ray's own processes (_watch_head)
         self.temporary_run_dir: Path | None = None
         self.ring_dir: Path | None = None  # the rings between its processes (shm.ring), in memory
         self.metrics = None  # node.server.metrics.MetricsServer, with metricsPort set
@@ -215,13 +217,15 @@ class Node:
         remote = ray.remote(ActorHost)
         placement = ray_setup.placement(s) if self.ray_address else {}
         values = dataclasses.asdict(s)
-        kwargs = {"front": {"hosts": topology.hosts(s)},  # where each service lives, for `admin stats`
-                  "writer": {"queue_offsets": queue_offsets, "recovered_offset": recovered}}  # recovery's
+        kwargs = {"front": {"hosts": topology.hosts(s)}}  # where each service lives, for `admin stats`
+        values, recovered_state = self._held(values), self._held({"queue_offsets": queue_offsets,
+                                                                  "recovered_offset": recovered})
         for process in topology.processes(s):
             own = {process.kind: {"instance": process.instance}} if process.kind in ("ingress", "pull") else {}
+            writes = "writer" in (process.kind, *process.hosted, *process.threads)  # (recovery's state is its)
             self.hosts[process.label] = remote.options(
                 num_cpus=0, max_restarts=s.actorMaxRestarts, max_task_retries=0, max_concurrency=4, **placement,
-            ).remote(process, values, kwargs | own)
+            ).remote(self._held(process), values, self._held(kwargs | own), recovered_state if writes else None)
         late = self._wait_ready()
         if late:
             raise RuntimeError("some actors did not start: " + ", ".join(late))
@@ -231,8 +235,23 @@ class Node:
             ray_setup.check_listeners(self.settings, self.settings.run_dir.glob("*.pid"), os.getpid())
         self.watcher = threading.Thread(target=self._watch, name="mqnode-watch", daemon=True)
         self.watcher.start()
+        if self.started_ray:
+            self.head_watcher = threading.Thread(target=self._watch_head, name="mqnode-watch-head", daemon=True)
+            self.head_watcher.start()
         if self.settings.metricsPort:
             self._serve_metrics()
+
+    def _held(self, value):
+        """`value` in Ray's object store, as a reference this launcher holds while the node runs:
+        an actor's constructor arguments are fetched again at each of its restarts. An argument
+        Ray stores itself (one past its 100 KiB inline limit: recovery's queue offsets on a node
+        of ~5,000 queues) it frees soon after the actor has started, and every restart of that
+        actor then failed ("deleted by the reference counting protocol"), ending the node."""
+        import ray
+
+        reference = ray.put(value)
+        self.held_arguments.append(reference)
+        return reference
 
     def _wait_ready(self) -> list[str]:
         """The labels of the processes not ready within READY_TIMEOUT_S. One that died while it
@@ -327,10 +346,6 @@ class Node:
         try:
             rendezvous = supervision.Rendezvous([self.settings.run_dir, self.ring_dir])
             while not self.watch_stopping.wait(1.0):
-                failure = self.started_ray and ray_setup.head_lost()  # (before asking its GCS)
-                if failure:
-                    self.failure = failure
-                    break
                 states = supervision.actor_states(self.hosts)
                 failure = watch.check(states) or rendezvous.lost()
                 if failure is not None:
@@ -343,6 +358,17 @@ class Node:
             self.failure = f"the supervision thread failed: {e!r}"
         if self.failure is not None:
             self.failed.set()
+
+    def _watch_head(self) -> None:
+        """Once a second: the embedded Ray's GCS and raylet still there, or the node ends. A
+        thread of its own: `_watch` asks the GCS about the actors, and a GCS killed during one of
+        those calls held it for Ray's 60 s of reconnecting, the node serving unsupervised."""
+        while not self.watch_stopping.wait(1.0):
+            failure = ray_setup.head_lost()
+            if failure:
+                self.failure = self.failure or failure
+                self.failed.set()
+                return
 
     def _kill_hung(self, watch: supervision.Watch, states: dict[str, dict]) -> None:
         """SIGKILL every service whose loop stopped turning (Ray then restarts it). One whose pid
@@ -383,6 +409,9 @@ class Node:
             self.watch_stopping.set()
             self.watcher.join(10)
             self.watcher = None
+        if self.head_watcher is not None:
+            self.head_watcher.join(10)
+            self.head_watcher = None
         if self.hosts:
             self._drain()
             for label in self._stop_order():

@@ -17,6 +17,7 @@ import orjson
 import psutil
 import pytest
 import zmq
+from helpers import message, open_store, put
 from nodes import NodeProcess, in_process_node, node_settings
 
 from node import protocol
@@ -165,22 +166,39 @@ def test_a_node_whose_run_directory_is_removed_exits_to_be_restarted_whole(tmp_p
 
 
 @pytest.mark.slow
-def test_the_embedded_ray_refuses_a_driver_without_the_node_s_token_kills_nothing_for_memory_and_its_gcs_lost_ends_the_node(
+def test_the_embedded_ray_holds_the_node_s_token_its_memory_and_restart_arguments_and_its_gcs_lost_ends_the_node(
         tmp_path, monkeypatch):
     """Ray's servers listen on every interface and run what a peer sends: the node's embedded
     Ray requires a fresh token that only the node's processes know. Its memory monitor kills no
     service for the host's memory (here told to act at 1 % used, where it killed every service
-    as it started and the node never became ready). And without its GCS nothing
+    as it started and the node never became ready). Recovery's queue offsets reach the write
+    service through an object the launcher holds: Ray stores an argument past its inline limit
+    (100 KiB, ~5,000 queues; here told 64 bytes) and freed it once the actor started, so the
+    writer's first restart failed and ended the node. And without its GCS nothing
     could restart a service (Ray ended the launcher only after 60 s of reconnecting, serving
     unsupervised meanwhile): the watch looks at the embedded Ray's own processes first, and the
     node says which is gone and exits 1 at once, its store closed cleanly."""
     monkeypatch.delenv("RAY_memory_monitor_refresh_ms", raising=False)
     monkeypatch.setenv("RAY_memory_usage_threshold", "0.01")
+    monkeypatch.setenv("RAY_max_direct_call_object_size", "64")
     settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), topology="compact")
+    store = open_store(settings)  # (queues at start: recovery's offsets are more than 64 bytes)
+    put(store, [message(i, queues=8) for i in range(16)])
+    store.close()
     node = NodeProcess(settings, tmp_path / "node.log").start()
     try:
         raylet = next(p for p in node.tree() if p.name() == "raylet")
         assert raylet.environ().get("RAY_memory_monitor_refresh_ms") == "0"
+        time.sleep(3)  # (Ray frees the arguments it stored soon after the actors started, not at once)
+        front = node.actor_process("front")  # (compact: it runs the write service)
+        front.kill()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "service front restarted" not in node.log.read_text():
+            time.sleep(0.2)
+        sent = _ask(settings.listen, {"code": protocol.SEND_MESSAGE, "topic": "TopicA", "queueId": 0,
+                                      "bornTimestamp": 1, "flag": 0, "properties": {}}, b"after", timeout_ms=30_000)
+        assert sent is not None and sent["status"] == "PUT_OK" and sent["queueOffset"] == 2, node.log.read_text()[-3000:]
+        assert node.process.poll() is None
         gcs = [p for p in node.tree() if p.name() == "gcs_server"]
         assert len(gcs) == 1 and gcs[0].environ().get("RAY_AUTH_MODE") == "token"
         port = next(c.laddr.port for c in gcs[0].net_connections("tcp") if c.status == psutil.CONN_LISTEN)
@@ -195,7 +213,7 @@ def test_the_embedded_ray_refuses_a_driver_without_the_node_s_token_kills_nothin
         assert intruder.returncode != 0 and "connected" not in intruder.stdout
         assert "InvalidAuthToken" in intruder.stderr, intruder.stderr[-2000:]
         assert _ask(settings.listen, {"code": protocol.GET_MAX_OFFSET, "topic": "T", "queueId": 0})["status"] == "OK"
-        assert "restarted" not in node.log.read_text()
+        assert node.log.read_text().count("restarted") == 1  # (the front's: nothing for memory)
         gcs[0].kill()
         began = time.monotonic()
         assert node.process.wait(60) == 1

@@ -192,7 +192,7 @@ class Actor:
         if self.pid_file:
             write_pid_file(self.settings.run_dir / f"{self.label}.pid")
         self.control = ControlBlock(self.settings.root / "control")
-        self.control.heartbeat(heartbeat_slot(self.label), monotonic_ms())  # alive while it opens
+        self.beat()  # alive while it opens (an open that takes long beats as it goes: `beat`)
         self.deletions_seen = self.control.get("deletions")
         self._stats_socket = socket(self.context, zmq.PUSH, hwm=10)
         self._stats_socket.connect(self.endpoints["stats"])
@@ -262,9 +262,14 @@ class Actor:
         """The clean service deleted files below the CommitLog's min offset: drop what this
         process maps of them, which frees their space (subclasses holding mappings)."""
 
+    def beat(self) -> None:
+        """This service is alive: its heartbeat, which the launcher's watch reads (a service
+        that beats no more within processHangTimeoutMillis is killed and restarted)."""
+        self.control.heartbeat(heartbeat_slot(self.label), monotonic_ms())
+
     def _housekeeping(self) -> None:
         now = time.monotonic()
-        self.control.heartbeat(heartbeat_slot(self.label), monotonic_ms())
+        self.beat()
         deletions = self.control.get("deletions")
         if deletions != self.deletions_seen:  # the clean service deleted files
             self.deletions_seen = deletions

@@ -76,6 +76,7 @@ from shm.store import MessageStore
 
 RETRY_S = 0.5
 MAX_WAKES = 64  # wake-ups taken per turn (conflated: normally one)
+TURN_S = 1.0  # a reput returns after the batch that passes it: the turn beats (processHangTimeoutMillis)
 BUSY_RECORDS = 64  # a reput this large means load: pause so the next one takes a batch
 BUSY_PAUSE_S = 0.001
 
@@ -106,9 +107,12 @@ class Dispatcher(Actor):
         self.store.commitlog.segments.load()
         self.store.index.load(last_exit_ok=True)
         self.index_slots_mended = self.store.index.torn_slots  # a predecessor killed inside a put
-        self.store.load_consume_queues()
+        # every queue of the node: tens of thousands take seconds, so it beats as it goes (a
+        # restart killed as hung, again and again, would leave the node without its dispatcher)
+        self.store.load_consume_queues(progress=self.beat)
         for queue in self.store.consume_queues.values():
             queue.recover()
+            self.beat()
         self.position = self.control.get("dispatched")
         self.arrivals = socket(self.context, zmq.PUB, hwm=10000)
         self.arrivals.bind(self.endpoints["arrivals"])
@@ -166,14 +170,14 @@ class Dispatcher(Actor):
             log.segments.refresh()
         touched: dict = {}
         try:
-            reached, count = reput(self.store, self.position, written, touched)
+            reached, count = reput(self.store, self.position, written, touched, time.monotonic() + TURN_S)
             if reached == self.position:
                 # Below a published counter nothing can be missing. Map the segments again once, in
                 # case one was replaced under a name already mapped; still stuck, the log below
                 # `written` is not what the writer published: stop (the restart is recovery).
                 self.stalls += 1
                 log.segments.refresh()
-                reached, count = reput(self.store, self.position, written, touched)
+                reached, count = reput(self.store, self.position, written, touched, time.monotonic() + TURN_S)
                 if reached == self.position:
                     raise InvariantBroken(f"no record readable at {self.position}, below the published written {written}")
         except StoreError as e:  # a full disk (ReputStopped: no room for a ConsumeQueue or index file)

@@ -270,30 +270,39 @@ class ConsumeQueue:
         index = max(0, len(files) - 3)
         for segment in files[index:]:
             segment.set_written(segment.size)
+        data = {id(segment): segment.data() for segment in files[index:]}  # (past each: zeros)
         for position, segment in enumerate(files[index:], index):
-            valid = self._valid_prefix(segment)
+            raw = data[id(segment)]
+            valid = self._valid_prefix(raw)
             if valid < segment.size:
-                dropped = self._count_dropped(segment, valid) + sum(
-                    self._count_dropped(f, 0) for f in files[position + 1:])
+                dropped = self._count_dropped(raw[valid:]) + sum(
+                    self._count_dropped(data[id(f)]) for f in files[position + 1:])
                 if dropped and not self.files.readonly:  # (past the last byte written all is zeros, or holes)
-                    segment.zero(valid, valid + len(segment.map[valid: segment.size].rstrip(b"\0")))
+                    segment.zero(valid, valid + len(raw[valid:].rstrip(b"\0")))
                 self.files.truncate(segment.offset_start + valid)
                 break
         self._update_max_physical()
         return dropped
 
-    def _valid_prefix(self, segment) -> int:
-        raw = segment.map[: segment.position_written]
-        for i, (phy, size, _) in enumerate(_ENTRY.iter_unpack(raw)):
+    @staticmethod
+    def _valid_prefix(raw: bytes) -> int:
+        """The end of the entries in a file's bytes `raw` (its data: zeros follow) from its
+        start to the first invalid one."""
+        whole = len(raw) - len(raw) % ENTRY_SIZE
+        for i, (phy, size, _) in enumerate(_ENTRY.iter_unpack(memoryview(raw)[:whole])):
             if phy < 0 or size <= 0:
                 return i * ENTRY_SIZE
-        return len(raw)
+        if whole < len(raw):  # an entry cut by the data's end: zeros follow it
+            phy, size, _ = _ENTRY.unpack(raw[whole:].ljust(ENTRY_SIZE, b"\0"))
+            return whole + ENTRY_SIZE if phy >= 0 and size > 0 else whole
+        return whole
 
     @staticmethod
-    def _count_dropped(segment, valid: int) -> int:
-        raw = segment.map[valid: segment.size]
-        if not raw.strip(b"\0"):
+    def _count_dropped(raw: bytes) -> int:
+        """Valid-looking entries in `raw`, bytes from an entry's start (zeros follow them)."""
+        if raw == bytes(len(raw)):  # (a memcmp; strip looked at 64 KiB of zeros a byte at a time)
             return 0  # the usual case: the zeros after the last entry
+        raw = raw.ljust(rounded_file_size(len(raw)), b"\0")
         return sum(1 for phy, size, _ in _ENTRY.iter_unpack(raw) if size > 0 and phy >= 0)
 
     def _update_max_physical(self) -> None:

@@ -56,8 +56,9 @@ class MessageStore:
 
     # -- consume queues --------------------------------------------------------------------------
 
-    def load_consume_queues(self) -> None:
-        """Open every queue on disk. A queue whose files cannot be opened (wrong size, a gap) is
+    def load_consume_queues(self, progress: Callable[[], None] | None = None) -> None:
+        """Open every queue on disk (`progress` called after each: a service that opens tens of
+        thousands beats meanwhile). A queue whose files cannot be opened (wrong size, a gap) is
         derived data: it is deleted and rebuilt from the CommitLog by recovery."""
         root = self.settings.consumequeue_dir
         if not root.is_dir():
@@ -74,6 +75,8 @@ class MessageStore:
                         raise
                     self.damaged_queues.append(f"{topic_dir.name}/{queue_dir.name}: {e}")
                     shutil.rmtree(queue_dir)
+                if progress is not None:
+                    progress()
 
     def _open_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         return ConsumeQueue(self.settings.consumequeue_dir, topic, queue_id,

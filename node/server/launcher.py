@@ -22,6 +22,7 @@ reservations would only keep them from starting.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import logging
 import os
@@ -520,7 +521,27 @@ def run(settings: Settings, ray_address: str | None = None) -> int:
     except ray_setup.ForeignListener as e:  # (the node is stopped already)
         print(f"mqnode failed: {e}", file=sys.stderr, flush=True)
         return 1
+    except OSError as e:
+        if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+            raise
+        print(f"mqnode failed: {e}: {host_limits()}", file=sys.stderr, flush=True)
+        return 1
     return node.serve_forever()
+
+
+def host_limits() -> str:
+    """What a start that ran out of descriptors or mappings is told: every ConsumeQueue file the
+    store holds is a mapping (and, before Python 3.13, a descriptor) in recovery's process."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    try:
+        maps = Path("/proc/sys/vm/max_map_count").read_text().strip()
+    except OSError:
+        maps = "unknown"
+    return (f"each ConsumeQueue file of the store is a memory mapping and a descriptor here; this process may "
+            f"open {soft} files and the host allows {maps} mappings (vm.max_map_count): raise them "
+            f"(docs/operations.md \"Many topics and queues\")")
 
 
 if __name__ == "__main__":  # pragma: no cover - the CLI's `start` is the way in

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import zmq
 from helpers import message, open_store, put
-from nodes import NodeProcess, in_process_node, node_settings
+from nodes import ROOT, NodeProcess, in_process_node, node_settings
 
 from node import protocol
 from node.server.supervision import (
@@ -31,6 +31,7 @@ from node.server.supervision import (
     pid_of,
     record_start,
 )
+from node.tools.local_node import start_flags
 
 BUG_CODE = 4343
 
@@ -163,6 +164,26 @@ def test_a_node_whose_run_directory_is_removed_exits_to_be_restarted_whole(tmp_p
         assert "mqnode failed: " in log and "was removed under the running node" in log, log[-3000:]
     finally:
         node.stop(strict=False)
+
+
+def test_a_start_out_of_descriptors_says_which_limit_to_raise(tmp_path):
+    """A store of more queues than the process may open files: recovery runs out (EMFILE) and
+    the start says so, and what to raise, in one `mqnode failed:` line, exit 1 (a traceback
+    before); the store is left as it was."""
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), topology="compact")
+    store = open_store(settings)
+    put(store, [message(i, queues=400) for i in range(400)])
+    store.close()
+    limited = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300)); "
+               "os.execv(sys.executable, [sys.executable, '-m', 'node.tools.cli', 'start', *sys.argv[1:]])")
+    done = subprocess.run([sys.executable, "-c", limited, *start_flags(settings)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "mqnode failed: [Errno 24] Too many open files" in done.stderr and "may open 300 files" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    reopened = open_store(settings)  # (nothing lost: every queue's message is there)
+    assert sum(queue.offset_max for queue in reopened.consume_queues.values()) == 400
+    reopened.close()
 
 
 @pytest.mark.slow

@@ -105,7 +105,7 @@ class MappedFileQueue:
         for start, path in on_disk.items():
             if start not in known:
                 try:
-                    known[start] = MappedFile(path, self.file_size, readonly=True)
+                    known[start] = MappedFile(path, self.file_size, readonly=True, blocks_ahead=self.blocks_ahead)
                 except (FileNotFoundError, StoreError):
                     continue  # deleted meanwhile, or still being renamed into place
         self.files = [known[k] for k in sorted(known)]

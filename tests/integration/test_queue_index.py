@@ -127,6 +127,7 @@ def test_a_queue_holds_no_descriptor_and_still_flushes_and_knows_its_file(tmp_pa
         return len(os.listdir("/proc/self/fd"))
 
     before = descriptors()
+    readers = [ConsumeQueue(tmp_path, f"T{i}", 0, 300_000 * ENTRY_SIZE, readonly=True) for i in range(200)]
     queues = [ConsumeQueue(tmp_path, f"T{i}", 0, 300_000 * ENTRY_SIZE) for i in range(200)]
     for queue in queues:
         queue.put(0, 0, 100, 0)
@@ -134,7 +135,11 @@ def test_a_queue_holds_no_descriptor_and_still_flushes_and_knows_its_file(tmp_pa
     assert all(queue.flush() == ENTRY_SIZE for queue in queues)
     segment = queues[0].files.files[0]
     assert segment.is_file_at(segment.path)
-    for queue in queues:
+    for reader in readers:  # (a pull worker's view finds the files made since by refresh)
+        reader.files.refresh()
+        assert reader.entry(0).physical_offset == 0
+    assert descriptors() - before == (2 * len(queues) if MAP_TRACKS_FD else 0)
+    for queue in queues + readers:
         queue.close()
     assert descriptors() == before
 

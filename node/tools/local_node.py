@@ -72,13 +72,20 @@ def local_settings(directory: Path, **overrides):
     return settings_module.load(None, values)
 
 
+# runs argv[2:] with a soft limit of argv[1] open files (as a host's default would start it)
+_WITH_OPEN_FILES = ("import os, resource, sys; n = int(sys.argv.pop(1)); hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]; "
+                    "resource.setrlimit(resource.RLIMIT_NOFILE, (min(n, hard), hard)); "
+                    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
 class NodeProcess:
     """`python -m node.tools.cli start` with its own embedded Ray; `kill_all` is kill -9 of the tree."""
 
-    def __init__(self, settings, log: Path, *, ray_address: str | None = None):
+    def __init__(self, settings, log: Path, *, ray_address: str | None = None, open_files: int | None = None):
         self.settings = settings
         self.log = log
         self.ray_address = ray_address  # join this Ray cluster instead of embedding a Ray of its own
+        self.open_files = open_files  # the soft limit of open files it starts with, else this process's
         self.process: subprocess.Popen | None = None
 
     @property
@@ -89,6 +96,8 @@ class NodeProcess:
         args = [sys.executable, "-m", "node.tools.cli", "start", *start_flags(self.settings)]
         if self.ray_address:
             args += ["--ray-address", self.ray_address]
+        if self.open_files is not None:
+            args = [sys.executable, "-c", _WITH_OPEN_FILES, str(self.open_files), *args[1:]]
         seen = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,

@@ -123,8 +123,8 @@ def spoil(rng: random.Random) -> list[bytes]:
 def node(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
     settings = node_settings(tmp / "store", runDir=str(tmp / "run"), autoCreateTopicEnable=False)
-    with soft_open_files(DEFAULT_SOFT_LIMIT):  # started as on a host with the common default soft limit
-        process = NodeProcess(settings, tmp / "node.log").start()
+    # started as on a host with the common default soft limit
+    process = NodeProcess(settings, tmp / "node.log", open_files=DEFAULT_SOFT_LIMIT).start()
     with Producer(process.endpoint) as producer:  # a topic to aim at
         producer.request({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": "Fuzz", "readQueueNums": 1,
                           "writeQueueNums": 1})
@@ -139,10 +139,10 @@ CONNECTIONS = 1_500  # clients held at once: past that limit, each a file in the
 
 @contextlib.contextmanager
 def soft_open_files(limit: int):
-    """This process's (and its children's) soft limit of open files set to `limit` (at most the
-    hard limit) while inside."""
+    """This process's soft limit of open files at least `limit` (at most the hard limit) while
+    inside. (Never lowered: a test worker may hold more than a host's default by then.)"""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(limit, hard), hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(limit, hard)), hard))
     try:
         yield
     finally:

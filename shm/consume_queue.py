@@ -270,13 +270,11 @@ class ConsumeQueue:
         index = max(0, len(files) - 3)
         for segment in files[index:]:
             segment.set_written(segment.size)
-        data = {id(segment): segment.data() for segment in files[index:]}  # (past each: zeros)
-        for position, segment in enumerate(files[index:], index):
-            raw = data[id(segment)]
+        data = [segment.data() for segment in files[index:]]  # each one's bytes (past them: zeros)
+        for at, (segment, raw) in enumerate(zip(files[index:], data)):
             valid = self._valid_prefix(raw)
             if valid < segment.size:
-                dropped = self._count_dropped(raw[valid:]) + sum(
-                    self._count_dropped(data[id(f)]) for f in files[position + 1:])
+                dropped = self._count_dropped(raw[valid:]) + sum(map(self._count_dropped, data[at + 1:]))
                 if dropped and not self.files.readonly:  # (past the last byte written all is zeros, or holes)
                     segment.zero(valid, valid + len(raw[valid:].rstrip(b"\0")))
                 self.files.truncate(segment.offset_start + valid)

@@ -217,10 +217,9 @@ class Node:
         self.started_ray = ray_setup.init(self.ray_address, self.ray_dir, s.rayObjectStoreMemory)
         remote = ray.remote(ActorHost)
         placement = ray_setup.placement(s) if self.ray_address else {}
-        values = dataclasses.asdict(s)
         kwargs = {"front": {"hosts": topology.hosts(s)}}  # where each service lives, for `admin stats`
-        values, recovered_state = self._held(values), self._held({"queue_offsets": queue_offsets,
-                                                                  "recovered_offset": recovered})
+        values = self._held(dataclasses.asdict(s))
+        recovered_state = self._held({"queue_offsets": queue_offsets, "recovered_offset": recovered})
         for process in topology.processes(s):
             own = {process.kind: {"instance": process.instance}} if process.kind in ("ingress", "pull") else {}
             writes = "writer" in (process.kind, *process.hosted, *process.threads)  # (recovery's state is its)
@@ -524,24 +523,9 @@ def run(settings: Settings, ray_address: str | None = None) -> int:
     except OSError as e:
         if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
             raise
-        print(f"mqnode failed: {e}: {host_limits()}", file=sys.stderr, flush=True)
+        print(f"mqnode failed: {e}: {ray_setup.host_limits()}", file=sys.stderr, flush=True)
         return 1
     return node.serve_forever()
-
-
-def host_limits() -> str:
-    """What a start that ran out of descriptors or mappings is told: every ConsumeQueue file the
-    store holds is a mapping (and, before Python 3.13, a descriptor) in recovery's process."""
-    import resource
-
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    try:
-        maps = Path("/proc/sys/vm/max_map_count").read_text().strip()
-    except OSError:
-        maps = "unknown"
-    return (f"each ConsumeQueue file of the store is a memory mapping and a descriptor here; this process may "
-            f"open {soft} files and the host allows {maps} mappings (vm.max_map_count): raise them "
-            f"(docs/operations.md \"Many topics and queues\")")
 
 
 if __name__ == "__main__":  # pragma: no cover - the CLI's `start` is the way in

@@ -50,6 +50,21 @@ def more_open_files() -> None:
             pass
 
 
+def host_limits() -> str:
+    """What a start that ran out of descriptors or mappings is told: every ConsumeQueue file the
+    store holds is a mapping (and, before Python 3.13, a descriptor) in recovery's process."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    try:
+        maps = Path("/proc/sys/vm/max_map_count").read_text().strip()  # (read only: raising it is the operator's)
+    except OSError:
+        maps = "unknown"
+    return (f"each ConsumeQueue file of the store is a memory mapping and a descriptor here; this process may "
+            f"open {soft} files and the host allows {maps} mappings (vm.max_map_count): raise them "
+            f"(docs/operations.md \"Many topics and queues\")")
+
+
 # glibc's mallopt parameters, and the values a node's processes run with
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 8 << 20  # allocations below come from the heap, whose pages stay mapped

@@ -2,7 +2,7 @@
 it stands, straight from the master's read-only mappings; its reports become `slave_acked`, which
 the SYNC_MASTER sends wait for.
 
-Sockets: on `haListenAddress:haListenPort`, a ZeroMQ ROUTER (haProtocol = zmq; ROUTER_MANDATORY,
+Sockets: on `haListenAddress:haListenPort` (settings.ha_host, ha_port), a ZeroMQ ROUTER (haProtocol = zmq; ROUTER_MANDATORY,
 so a send to a slave whose connection dropped fails and ends its session at once) or a plain
 TCP listener (haProtocol = rocketmq: RocketMQ 4.x's protocol, spec §12). Doorbells (FIFOs,
 actors.base.Doorbell): `ha-wake` in, the writer's "written moved" while slaves follow; `acked`
@@ -138,7 +138,7 @@ class HaServer(Actor):
 
     def _bind(self, now: int) -> None:
         s = self.settings
-        address = (s.haListenAddress, s.ha_port)
+        address = (s.ha_host, s.ha_port)
         try:
             if self.rocketmq:
                 listener = pysocket.socket(pysocket.AF_INET6 if ":" in address[0] else pysocket.AF_INET)
@@ -438,7 +438,7 @@ class HaServer(Actor):
             return stats
         now, written = monotonic_ms(), self.control.get("written")
         return stats | {
-            "protocol": self.settings.haProtocol, "listen": f"{self.settings.haListenAddress}:{self.settings.ha_port}",
+            "protocol": self.settings.haProtocol, "listen": f"{self.settings.ha_host}:{self.settings.ha_port}",
             "bound": self.endpoint is not None, "bindError": self.bind_error, "serving": self._master(),
             "epoch": self.epochs.current, "written": written, "slaveAcked": self.control.get("slave_acked"),
             "slaves": [s.statistics(written, now) for s in self.sessions.values() if s.started],

@@ -18,7 +18,7 @@ def ha_status(settings, control, actor_stats: dict[str, dict]) -> dict:
     role = ROLE_NAMES.get(control.get("role"), "UNKNOWN")
     status = {"role": role, "brokerId": settings.brokerId, "brokerName": settings.brokerName,
               "protocol": settings.haProtocol, "epoch": server.get("epoch", client.get("epoch", -1)),
-              "haListen": server.get("listen", f"{settings.haListenAddress}:{settings.ha_port}"),
+              "haListen": server.get("listen", f"{settings.ha_host}:{settings.ha_port}"),
               "written": control.get("written"), "slaveAcked": control.get("slave_acked"),
               "slavesFollowing": control.get("ha_slaves")}
     if role != "SLAVE":

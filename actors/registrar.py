@@ -35,8 +35,9 @@ WILDCARDS = ("0.0.0.0", "::", "[::]", "*", "")
 
 
 def advertised(host: str, settings) -> str:
-    """The host others reach: a wildcard listener's is `brokerIP1` (as RocketMQ registers brokerIP1)."""
-    return settings.brokerIP1 if host in WILDCARDS else host
+    """The host others reach: a wildcard listener's is the store host's (`brokerIP1`, or the host
+    of a tcp `listen` that names one: RocketMQ registers brokerIP1)."""
+    return settings.store_address[0] if host in WILDCARDS else host
 
 
 def client_address(settings) -> str:
@@ -49,7 +50,7 @@ def client_address(settings) -> str:
 
 
 def ha_address(settings) -> str:
-    return f"{advertised(settings.haListenAddress, settings)}:{settings.ha_port}"
+    return f"{advertised(settings.ha_host, settings)}:{settings.ha_port}"
 
 
 def grpc_address(settings) -> str:

@@ -118,7 +118,7 @@ class Settings:
     brokerRole: str = _s("ASYNC_MASTER", "ASYNC_MASTER, SYNC_MASTER or SLAVE (the role at start; `mqnode admin role` promotes a running slave)", HA)
     brokerId: int = _s(0, "0 for a master, 1 or more for a slave (its id in GET_ROUTEINFO_BY_TOPIC's brokerAddrs)", HA)
     haListenPort: int = _s(10912, "HA port the ha-server binds (the client port + 1 when left at the default)", HA)
-    haListenAddress: str = _s("127.0.0.1", "Address the ha-server binds (0.0.0.0 for slaves on other hosts)", HA)
+    haListenAddress: str = _s("127.0.0.1", "Address the ha-server binds (the host of a tcp `listen` when left at the default)", HA)
     haProtocol: str = _s("zmq", "The HA link: zmq (ZeroMQ, with the epoch handshake that fences a failed-over log) or rocketmq (RocketMQ 4.x's plain-TCP protocol: 8-byte reports, 12-byte headers, no handshake)", HA)
     haSendHeartbeatInterval: int = _s(5000, "HA heartbeat / report period, ms", HA)
     haHousekeepingInterval: int = _s(20000, "Idle HA connection timeout, ms", HA)
@@ -243,6 +243,16 @@ class Settings:
         if self.listen.startswith("tcp://"):
             return self.listen[len("tcp://"):].rpartition(":")[0].strip("[]") or "127.0.0.1"
         return "127.0.0.1"
+
+    @property
+    def ha_host(self) -> str:
+        """The address the ha-server binds: haListenAddress, or, left at its default (loopback),
+        the host of a tcp `listen` (as `ha_port` follows its port): a node that serves clients
+        of other hosts serves its slaves there too, and so does a slave once promoted (its old
+        master, on another host, comes back as its slave). An ipc `listen` keeps loopback."""
+        if self.haListenAddress != _DEFAULT_BROKER_IP or not self.listen.startswith("tcp://"):
+            return self.haListenAddress
+        return self.grpc_host
 
     @property
     def ha_master(self) -> tuple[str, int]:

@@ -165,7 +165,7 @@ class Node:
             raise
         self.out(f"mqnode ready endpoint={s.listen} store={s.root} pid={os.getpid()} "
                  f"recovery={self.recovery_report.mode} offset={recovered} role={s.brokerRole} "
-                 f"ha={s.haListenAddress}:{s.ha_port}" + (f" grpc={s.grpc_host}:{s.grpc_port}" if s.grpc_port else ""),
+                 f"ha={s.ha_host}:{s.ha_port}" + (f" grpc={s.grpc_host}:{s.grpc_port}" if s.grpc_port else ""),
                  flush=True)
 
     def _recover(self) -> tuple[dict[str, int], int]:

@@ -356,7 +356,7 @@ def is_loopback(ip: str) -> bool:
 
 def allowed_hosts(settings) -> set[str]:
     """The addresses a node's settings name for it to listen on (loopback always)."""
-    hosts = {settings.haListenAddress, settings.metricsAddress}
+    hosts = {settings.ha_host, settings.metricsAddress}
     if settings.listen.startswith("tcp://"):
         hosts.add(settings.listen[len("tcp://"):].rpartition(":")[0].strip("[]"))
     return hosts
@@ -423,7 +423,7 @@ class ForeignListener(RuntimeError):
 
 def check_listeners(settings, pid_files, launcher_pid: int) -> None:
     """Every process of a node with an embedded Ray (the launcher and all it started) listens
-    only where its settings say: loopback, `listen`'s host, `haListenAddress`, `metricsAddress`.
+    only where its settings say: loopback, `listen`'s host, `haListenAddress` (ha_host), `metricsAddress`.
     ForeignListener names the first that does not."""
     foreign = foreign_listeners(settings, node_processes(pid_files, launcher_pid, embedded=True))
     if foreign:

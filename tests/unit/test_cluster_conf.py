@@ -90,3 +90,25 @@ def test_a_promoted_slave_restarts_as_the_master_it_registered_as():
     assert cluster.role_now(promoted, info) == {"brokerRole": "SYNC_MASTER", "brokerId": 0}
     following = _info({"0": "127.0.0.1:10911", "1": "127.0.0.1:20911"}, {"127.0.0.1:10911": {}})
     assert cluster.role_now(promoted, following) == {}
+
+
+@pytest.mark.parametrize("values, bound, registered", [
+    ({"listen": "tcp://127.0.0.1:10911"}, "127.0.0.1:10912", "127.0.0.1:10912"),  # one host: loopback
+    ({"listen": "tcp://10.0.0.3:20911"}, "10.0.0.3:20912", "10.0.0.3:20912"),  # follows listen, as its port does
+    ({"listen": "tcp://10.0.0.3:20911", "haListenAddress": "0.0.0.0"}, "0.0.0.0:20912", "10.0.0.3:20912"),
+    ({"listen": "tcp://0.0.0.0:20911", "brokerIP1": "10.0.0.3"}, "0.0.0.0:20912", "10.0.0.3:20912"),
+    ({"listen": "tcp://10.0.0.3:20911", "haListenAddress": "10.9.9.9", "haListenPort": 7000}, "10.9.9.9:7000",
+     "10.9.9.9:7000"),  # named: as it is
+    ({"listen": "ipc:///run/mq/node"}, "127.0.0.1:10912", "127.0.0.1:10912"),
+])
+def test_the_ha_server_serves_where_clients_reach_the_node_and_registers_an_address_other_hosts_reach(
+        values, bound, registered):
+    """A slave on another host, or the old master that comes back as a promoted slave's slave,
+    follows the `haServerAddr` its group's master registered (role_now): a node that serves
+    clients on a host's address serves its HA link there too, unless `haListenAddress` says
+    otherwise, and a wildcard listener registers the store host (brokerIP1, or listen's)."""
+    from actors.registrar import ha_address
+
+    node = _settings(**values)
+    assert f"{node.ha_host}:{node.ha_port}" == bound
+    assert ha_address(node) == registered

@@ -14,7 +14,7 @@ from node.tools.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
 __all__ = ["HOST_DISK_BLIND", "LEAN", "LEAN_SPLIT", "ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "grpc_endpoint", "node_settings",
-           "in_process_node", "mount_tmpfs", "nodejs", "nodejs_missing", "official", "ray_cluster", "running_node", "read_exactly"]
+           "in_process_node", "mount_tmpfs", "nodejs", "nodejs_missing", "official", "ray_cluster", "running_node", "read_exactly", "NetHosts"]
 
 
 # The host's disk is not the test's: over RocketMQ's default 85 % (a CI disk with 38 of 252 GB free)
@@ -88,24 +88,121 @@ def in_process_node(directory: Path, *, after_stop=None, **overrides):
 RAY_HOST_MEMORY = 80 * 1024 * 1024  # each Ray node's object store: the nodes pass nothing through it
 
 
-def ray_cluster(*hosts: str):
+def ray_cluster(*hosts: str, head_ip: str | None = None):
     """A local Ray cluster (Ray's cluster utilities) of a raylet for each of `hosts`, the first its
     head, each with one CPU and a custom resource of its name (a node's `rayNode` names it). The
     head runs none of the helpers no node uses: the dashboard, the log monitor and the autoscaler's
     monitor (~2 CPU-s to start, and their turns while idle; ray_setup.start_head leaves them out of
-    a node's own Ray too). The caller shuts it down."""
+    a node's own Ray too). `head_ip`: the address the head serves at (other hosts': NetHosts). The
+    caller shuts it down."""
     from ray.cluster_utils import Cluster
 
     head, *others = hosts
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": {head: 1}, "object_store_memory": RAY_HOST_MEMORY,
-        "include_dashboard": False, "include_log_monitor": False, "no_monitor": True})
+        "include_dashboard": False, "include_log_monitor": False, "no_monitor": True,
+        **({"node_ip_address": head_ip} if head_ip else {})})
     return cluster, [ray_host(cluster, name) for name in others]
 
 
 def ray_host(cluster, name: str):
     """One more raylet in `cluster` (ray_cluster), its custom resource `name`."""
     return cluster.add_node(num_cpus=1, resources={name: 1}, object_store_memory=RAY_HOST_MEMORY)
+
+
+class NetHosts:
+    """Hosts of their own on this machine: the first is this process's network namespace, each
+    other one a network namespace (`ip netns`) with an address of its own on a bridge between
+    them, in 198.18.0.0/15 (the range RFC 2544 sets aside for such tests, routed nowhere). A node
+    there serves, replicates and registers at addresses other hosts reach (its loopback is its
+    own), and a host can be lost whole: every process in it killed (`lose`). Processes still
+    share the file system. Needs root and iproute2 (`available`); `down` takes it all away."""
+
+    def __init__(self, *names: str):
+        tag = os.getpid() % 100_000
+        self.names, self.bridge = names, f"mqb{tag}"
+        self.ip = {name: f"198.18.{tag % 250}.{i + 1}" for i, name in enumerate(names)}
+        self.ns = {name: f"mqt{tag}-{i}" for i, name in enumerate(names) if i}
+        try:
+            self._up()
+        except BaseException:
+            self.down()
+            raise
+
+    @staticmethod
+    def available() -> bool:
+        if os.geteuid() != 0 or not shutil.which("ip"):
+            return False
+        return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
+
+    @staticmethod
+    def _ip(*args: str, check: bool = True) -> None:
+        done = subprocess.run(["ip", *args], capture_output=True, text=True)
+        assert done.returncode == 0 or not check, f"ip {' '.join(args)}: {done.stderr}"
+
+    def _up(self) -> None:
+        self._ip("link", "add", self.bridge, "type", "bridge")
+        self._ip("addr", "add", f"{self.ip[self.names[0]]}/24", "dev", self.bridge)
+        self._ip("link", "set", self.bridge, "up")
+        for i, (name, ns) in enumerate(self.ns.items(), 1):
+            veth = f"{self.bridge}v{i}"
+            self._ip("netns", "add", ns)
+            self._ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            self._ip("link", "set", veth, "master", self.bridge)
+            self._ip("link", "set", veth, "up")
+            self._ip("-n", ns, "addr", "add", f"{self.ip[name]}/24", "dev", "eth0")
+            self._ip("-n", ns, "link", "set", "eth0", "up")
+            self._ip("-n", ns, "link", "set", "lo", "up")
+
+    def pids(self, name: str) -> list[int]:
+        done = subprocess.run(["ip", "netns", "pids", self.ns[name]], capture_output=True, text=True)
+        return [int(pid) for pid in done.stdout.split()]
+
+    def start_raylet(self, name: str, address: str) -> int:
+        """`ray start` on host `name`, joining the Ray cluster at `address` with one CPU and the
+        custom resource `name`; the raylet's pid."""
+        ray = str(Path(sys.executable).parent / "ray")
+        done = subprocess.run(["ip", "netns", "exec", self.ns[name], ray, "start", "--address", address,
+                               "--node-ip-address", self.ip[name], "--num-cpus", "1", "--resources", json.dumps({name: 1}),
+                               "--object-store-memory", str(RAY_HOST_MEMORY), "--disable-usage-stats"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return self.raylet(name)
+
+    def raylet(self, name: str) -> int:
+        import psutil
+
+        for pid in self.pids(name):
+            try:
+                if psutil.Process(pid).name() == "raylet":
+                    return pid
+            except psutil.NoSuchProcess:
+                continue
+        raise AssertionError(f"no raylet runs on {name}")
+
+    def lose(self, name: str) -> None:
+        """The host is gone: every process in it killed at once, and waited for."""
+        import psutil
+
+        for _ in range(20):  # (a process may start another while the first ones die)
+            processes = []
+            for pid in self.pids(name):
+                try:
+                    process = psutil.Process(pid)
+                    process.kill()
+                    processes.append(process)
+                except psutil.NoSuchProcess:
+                    continue
+            if not processes:
+                return
+            psutil.wait_procs(processes, timeout=10)
+        raise AssertionError(f"processes on {name} outlived 20 rounds of kill -9")
+
+    def down(self) -> None:
+        for name, ns in self.ns.items():
+            self.lose(name)
+            self._ip("netns", "del", ns, check=False)  # (its end of each veth pair goes with it)
+        self._ip("link", "del", self.bridge, check=False)
 
 
 def read_exactly(sock, size: int) -> bytes:

@@ -93,9 +93,10 @@ def cluster_status(namesrv: str) -> dict:
             try:
                 with Producer(protocol.broker_endpoint(address), timeout=2.0, retries=0) as client:
                     reply, _ = client.request({"code": protocol.GET_BROKER_HA_STATUS})
-                member |= {"health": "ok" if reply.get("status") == "OK" else reply.get("status"),
-                           "role": reply.get("role", member["role"]), "writtenOffset": reply.get("written"),
-                           "epoch": reply.get("epoch")}
+                member |= {"health": _health(reply), "role": reply.get("role", member["role"]),
+                           "writtenOffset": reply.get("written"), "epoch": reply.get("epoch")}
+                if "follower" in reply:
+                    member["follows"] = reply["follower"].get("master")
             except SendError as e:
                 member["health"] = f"no answer ({e.status})"
             if broker_id == "0":
@@ -106,6 +107,18 @@ def cluster_status(namesrv: str) -> dict:
                 member["lagBytes"] = max(0, master_offset - member["writtenOffset"])
         groups[name] = {"cluster": group["cluster"], "brokers": members}
     return {"clusters": info.get("clusterAddrTable", {}), "groups": groups}
+
+
+def _health(reply: dict) -> str:
+    """"ok", or what is wrong: the node's status, or a slave's link to its master down (a slave
+    that follows nothing is not a copy, whatever its offsets say)."""
+    if reply.get("status") != "OK":
+        return reply.get("status")
+    follower = reply.get("follower")
+    if follower is not None and not follower.get("connected"):
+        why = follower.get("diverged") or follower.get("lastError") or "no link yet"
+        return f"not following {follower.get('master')}: {why}"
+    return "ok"
 
 
 def admin_cluster(args: argparse.Namespace):

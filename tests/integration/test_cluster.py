@@ -1,6 +1,9 @@
-"""A cluster on a local Ray cluster of three raylets (Ray's cluster utilities): one name service and
-broker group a's master on the first, broker group b's SYNC_MASTER on the second, its slave on
-the third, all started by `mqnode cluster up --ray-address`. Clients find everything through
+"""A cluster on a Ray cluster of three hosts: one name service and broker group a's master on the
+first, broker group b's SYNC_MASTER on the second, its slave on the third, all started by `mqnode
+cluster up --ray-address`. The hosts are network namespaces of their own with addresses of their
+own (tests/nodes.py NetHosts, as root: CI), so every node serves, replicates and registers at an
+address the other hosts reach and a lost host is every process in it killed; without root, three
+raylets of this host on loopback (Ray's cluster utilities). Clients find everything through
 `namesrv=`. The tests share the one cluster, in any order: sends and consumption over both groups,
 a Spark read, the name service killed, a master killed (restarted where it was), a master's host
 lost and its slave promoted (`Up` records which of broker-b's nodes is its master now); each
@@ -23,7 +26,7 @@ import orjson
 import psutil
 import pytest
 from helpers import wait_until
-from nodes import ROOT, free_port, ray_cluster, ray_host
+from nodes import ROOT, NetHosts, free_port, ray_cluster, ray_host
 
 from node.client import AsyncProducer, Producer, PullConsumer, Requester, SendError
 from node.client.push import CONSUME_SUCCESS, PushConsumer
@@ -40,14 +43,21 @@ class Up:
     """The running cluster: its toml, its `up` process, the Ray cluster and what `ready` said."""
 
     def __init__(self, directory: Path):
-        self.ray, (self.host_b, self.host_c) = ray_cluster("hostA", "hostB", "hostC")
+        self.net = NetHosts("hostA", "hostB", "hostC") if NetHosts.available() else None
+        try:
+            self._start_ray()
+        except BaseException:
+            if self.net:
+                self.net.down()
+            raise
+        ip = self.net.ip if self.net else dict.fromkeys(("hostA", "hostB", "hostC"), "127.0.0.1")
         self.directory = directory
         ports = {name: free_port() for name in ("namesrv", "namesrv2", "a", "b0", "b1")}
-        self.namesrv = f"127.0.0.1:{ports['namesrv']}"
-        self.namesrv2 = f"127.0.0.1:{ports['namesrv2']}"  # a second: every node registers with both
-        self.listen = {name: f"tcp://127.0.0.1:{ports[name]}" for name in ("a", "b0", "b1")}
+        self.namesrv = f"{ip['hostA']}:{ports['namesrv']}"
+        self.namesrv2 = f"{ip['hostB']}:{ports['namesrv2']}"  # a second: every node registers with both
+        self.listen = {name: f"tcp://{ip[host]}:{ports[name]}" for name, host in self.HOSTS.items()}
         self.stores = {name: directory / name for name in ("a", "b0", "b1")}
-        ha = {name: free_port() for name in ("a", "b0", "b1")}
+        ha = {name: free_port() for name in ("a", "b0", "b1")}  # (each HA link on its node's listen host)
         self.conf = directory / "cluster.toml"
         self.conf.write_text(f"""
 [cluster]
@@ -89,11 +99,11 @@ listen = "{self.listen['b1']}"
 haListenPort = {ha['b1']}
 brokerRole = "SLAVE"
 brokerId = 1
-haMasterAddress = "127.0.0.1:{ha['b0']}"
+haMasterAddress = "{ip['hostB']}:{ha['b0']}"
 rayNode = "hostC"
 """)
-        self.cluster = ClusterProcess(self.conf, directory / "up.log", ray_address=self.ray.address).start(UP_TIMEOUT_S)
-        self.ready = self.cluster.ready
+        self.cluster = ClusterProcess(self.conf, directory / "up.log", ray_address=self.ray.address)
+        self.ready: dict = {}
         self.b_master, self.b_master_role = "b0", "SYNC_MASTER"  # (until a test promotes its slave)
 
     def create_topic(self, topic: str) -> dict:
@@ -118,19 +128,64 @@ rayNode = "hostC"
     def status(self) -> dict:
         return orjson.loads(self.cli("cluster", "status", "--conf", str(self.conf)))
 
+    HOSTS = {"a": "hostA", "b0": "hostB", "b1": "hostC"}
+
+    def start(self) -> None:
+        self.ready = self.cluster.start(UP_TIMEOUT_S).ready
+
+    def _start_ray(self) -> None:
+        if self.net is None:
+            self.ray, others = ray_cluster("hostA", "hostB", "hostC")
+            self.hosts = dict(zip(("hostB", "hostC"), others))
+            return
+        self.ray, _ = ray_cluster("hostA", head_ip=self.net.ip["hostA"])
+        self.hosts = {}
+        for host in ("hostB", "hostC"):
+            self.net.start_raylet(host, self.ray.address)
+
+    def raylet(self, host: str) -> int:
+        if self.net:
+            return self.net.raylet(host)
+        return self.hosts[host].all_processes["raylet"][0].process.pid
+
+    def lose(self, host: str) -> None:
+        """The host is gone, with every process on it."""
+        if self.net:
+            self.net.lose(host)
+            return
+        pids = [pid for name, on in self.HOSTS.items() if on == host for pid in self.node_pids(name)]
+        self.ray.remove_node(self.hosts.pop(host), allow_graceful=False)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def bring_back(self, host: str) -> None:
+        """The host is back, empty: a raylet joins the Ray cluster there again."""
+        if self.net:
+            self.net.start_raylet(host, self.ray.address)
+        else:
+            self.hosts[host] = ray_host(self.ray, host)
+
     def node_pids(self, name: str) -> list[int]:
         """The node's launcher (the Ray actor that runs it) and its services."""
         return self.cluster.node_pids(self.stores[name])
 
     def down(self) -> None:
-        self.cluster.stop()
-        self.ray.shutdown()
+        try:
+            self.cluster.stop()
+            self.ray.shutdown()
+        finally:
+            if self.net:
+                self.net.down()
 
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory):
     cluster = Up(tmp_path_factory.mktemp("cluster"))
     try:
+        cluster.start()
         cluster.create_topic(TOPIC)
         yield cluster
     finally:
@@ -139,8 +194,7 @@ def up(tmp_path_factory):
 
 def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):
     assert set(up.ready) == {f"namesrv@{up.namesrv}", f"namesrv@{up.namesrv2}", "broker-a/0", "broker-b/0", "broker-b/1"}
-    raylet_b = up.host_b.all_processes["raylet"][0].process.pid
-    raylet_c = up.host_c.all_processes["raylet"][0].process.pid
+    raylet_b, raylet_c = up.raylet("hostB"), up.raylet("hostC")
     for pid in up.node_pids("b0"):
         assert psutil.Process(pid).ppid() == raylet_b
     for pid in up.node_pids("b1"):
@@ -405,13 +459,7 @@ def test_a_lost_masters_group_is_served_by_its_promoted_slave(up):
     try:
         wait_until(lambda: sum(1 for _, b, _ in sending.acked if b == "broker-b") > 50, 20, "no sends to broker-b")
         lost_at = time.monotonic()
-        pids = up.node_pids("b0")
-        up.ray.remove_node(up.host_b, allow_graceful=False)  # its host is gone: nothing comes back there
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        up.lose("hostB")  # its host is gone: nothing comes back there
         _moved(sending, lost_at, "broker-a")
         up.cli("admin", "role", "--endpoint", up.listen["b1"], "--role", "ASYNC_MASTER")  # (its own slave is lost)
         up.b_master, up.b_master_role = "b1", "ASYNC_MASTER"
@@ -422,12 +470,24 @@ def test_a_lost_masters_group_is_served_by_its_promoted_slave(up):
         sending.stop()
     acked = {msg_id for _, b, msg_id in sending.acked if b == "broker-b"}
     assert acked and acked <= _everything(up.namesrv, "after-loss")  # SYNC_MASTER: each was on the slave too
-    # its host is back: Ray restarts the old master there, and it comes back as the new master's slave
-    up.host_b = ray_host(up.ray, "hostB")
+    # its host is back: Ray restarts the old master there, and it comes back as the new master's
+    # slave, following the HA address the new master registered (on its own host's address)
+    up.bring_back("hostB")
     old_master = up.listen["b0"].removeprefix("tcp://")
+    new_master_ha = orjson.loads(up.cli("admin", "ha", "--endpoint", up.listen["b1"]))["haListen"]
+    assert new_master_ha.rpartition(":")[0] == slave_address.rpartition(":")[0]
 
     def following() -> bool:
         brokers = up.status()["groups"]["broker-b"]["brokers"]
         slave = next((b for k, b in brokers.items() if k != "0" and b["address"] == old_master), {})
-        return slave.get("role") == "SLAVE" and slave.get("lagBytes") == 0
+        return (slave.get("role"), slave.get("follows"), slave.get("health")) == ("SLAVE", new_master_ha, "ok")
     wait_until(following, 180, "the old master never came back as the promoted slave's slave")
+    with Producer(namesrv=up.namesrv, timeout=5.0) as producer:  # what broker-b stores now, the old master copies
+        after = [producer.send(TOPIC, f"after {i}".encode()) for i in range(200)]
+    assert {r.broker for r in after} >= {"broker-b"}
+
+    def copied() -> bool:
+        brokers = up.status()["groups"]["broker-b"]["brokers"]
+        slave = next((b for k, b in brokers.items() if k != "0" and b["address"] == old_master), {})
+        return slave.get("lagBytes") == 0 and slave.get("writtenOffset") == brokers["0"].get("writtenOffset")
+    wait_until(copied, 30, "the old master never copied what its new master stored")

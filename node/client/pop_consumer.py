@@ -91,7 +91,10 @@ class PopConsumer:
 
     def shutdown(self) -> None:
         """Stop popping, let the listener finish what it holds and ack it, then close."""
-        if self.thread is None:
+        if self.thread is None:  # (never started, or shut down before)
+            if not self.loop.is_closed():
+                self.context.term()
+                aio.close_stopped(self.loop)
             return
         self.stopping = True
         asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result()
@@ -100,6 +103,7 @@ class PopConsumer:
         self.pool.shutdown(wait=True)
         self.context.term()
         self.thread = None
+        aio.close_stopped(self.loop)
 
     async def _stop(self) -> None:
         await asyncio.gather(*self.tasks, return_exceptions=True)

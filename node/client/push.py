@@ -500,6 +500,7 @@ class PushConsumer:
             self._call(self.inner.shutdown())
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)
+        aio.close_stopped(self.loop)
 
     def statistics(self) -> dict:
         return self._call(_stats(self.inner))

@@ -720,3 +720,56 @@ def test_a_stored_message_goes_to_a_members_listener_directly_and_only_the_verdi
             admin.close()
     finally:
         consumer.shutdown()
+
+
+def test_every_blocking_client_made_and_closed_again_and_again_leaves_the_open_files_as_they_were(node):
+    """An application that makes a client per task (a web handler, a script's loop) must not run
+    out of open files: each blocking client closes its private event loop (its epoll and wake-up
+    descriptors, five a client, outlived every close before: ~200 clients ended such a process
+    at the default limit of 1,024) and its ZeroMQ context."""
+    from node.client.pop_consumer import PopConsumer
+    from node.client.transaction import COMMIT_MESSAGE, TransactionProducer
+
+    topic = "FdChurn"
+    with Producer(node.endpoint) as producer:
+        producer.send(topic, b"first")
+
+    def push(i: int) -> None:
+        consumer = PushConsumer(node.endpoint, "FdPush", instance_name=f"fd-{i}")
+        consumer.subscribe(topic)
+        consumer.register_listener(lambda messages: CONSUME_SUCCESS)
+        consumer.start().shutdown()
+
+    def pop(i: int) -> None:
+        consumer = PopConsumer(node.endpoint, "FdPop", wait_ms=100)  # (its shutdown waits for the pops out)
+        consumer.subscribe(topic)
+        consumer.register_listener(lambda messages: CONSUME_SUCCESS)
+        consumer.start().shutdown()
+        PopConsumer(node.endpoint, "FdPop").shutdown()  # (one never started)
+
+    def transaction(i: int) -> None:
+        with TransactionProducer(node.endpoint, "FdTx", execute=lambda m, a: COMMIT_MESSAGE,
+                                 check=lambda m: COMMIT_MESSAGE) as producer:
+            producer.send_in_transaction(topic, b"t")
+
+    def requester(i: int) -> None:
+        with Requester(node.endpoint, group="FdReq"):
+            pass
+
+    def pull(i: int) -> None:
+        with PullConsumer(node.endpoint) as consumer:
+            consumer.read_queues(topic)
+
+    def send(i: int) -> None:
+        with Producer(node.endpoint) as producer:
+            producer.send(topic, b"x")
+
+    def open_files() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    for make in (send, pull, push, pop, transaction, requester):
+        make(-1)  # (what a first client opens once for the process: the shared ZeroMQ context)
+        before = open_files()
+        for i in range(8):
+            make(i)
+        assert open_files() - before <= 2, f"{make.__name__}: {open_files() - before} more open files after 8"

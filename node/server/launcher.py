@@ -242,13 +242,20 @@ class Node:
             self._serve_metrics()
 
     def _held(self, value):
-        """`value` in Ray's object store, as a reference this launcher holds while the node runs:
-        an actor's constructor arguments are fetched again at each of its restarts. An argument
-        Ray stores itself (one past its 100 KiB inline limit: recovery's queue offsets on a node
-        of ~5,000 queues) it frees soon after the actor has started, and every restart of that
-        actor then failed ("deleted by the reference counting protocol"), ending the node."""
+        """`value` as an actor's constructor argument that lasts while the node runs: Ray fetches
+        an actor's arguments again at each of its restarts. One under Ray's inline limit travels
+        in the actor's creation task, which Ray keeps; a bigger one goes into Ray's object store
+        as a reference this launcher holds. An argument Ray stores itself (recovery's queue
+        offsets on a node of ~5,000 queues) it frees soon after the actor has started, and every
+        restart of that actor then failed ("deleted by the reference counting protocol"), ending
+        the node. (Not every argument in the store: for each, Ray's core worker logs an error
+        that a restart "will fail" on the node's stderr.)"""
+        import pickle
+
         import ray
 
+        if len(pickle.dumps(value)) < ray_setup.inline_limit() // 2:  # (cloudpickle's size may differ a little)
+            return value
         reference = ray.put(value)
         self.held_arguments.append(reference)
         return reference

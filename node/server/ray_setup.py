@@ -354,6 +354,12 @@ def is_loopback(ip: str) -> bool:
     return address in LOOPBACK_V4 or address == ipaddress.ip_address("::1")
 
 
+def inline_limit() -> int:
+    """The size under which Ray passes a task's argument in the task itself, not through its
+    object store (`max_direct_call_object_size`: 100 KiB unless RAY_max_direct_call_object_size)."""
+    return int(os.environ.get("RAY_max_direct_call_object_size", 100 * 1024))
+
+
 def allowed_hosts(settings) -> set[str]:
     """The addresses a node's settings name for it to listen on (loopback always)."""
     hosts = {settings.ha_host, settings.metricsAddress}

@@ -16,7 +16,7 @@ from nodes import NodeProcess, mount_tmpfs, node_settings
 
 from node import protocol
 from node.client import AsyncProducer, PullConsumer, SendError
-from node.server import topology
+from node.server import topology as topology_module
 from shm.codec import Record, decode_msg_id
 from shm.control_block import ControlBlock
 from shm.store import MessageStore
@@ -107,16 +107,43 @@ def test_kill_9_of_every_process_loses_no_acknowledged_message(tmp_path, flush, 
     assert report.ok, report.summary()
 
 
-@pytest.mark.parametrize("flush_in_front", [True, False], ids=["flush-thread", "flush-actor"])
-def test_a_sync_flush_ack_comes_after_the_fdatasync_that_covers_it(tmp_path, flush_in_front):
-    """SYNC_FLUSH: when a PUT_OK reaches the client, the control block's `flushed` (advanced only
-    after fdatasync returns) is already past the message, also when a WAIT=false send (every
-    tenth) shares its coalesced request. In the compact topology a thread of the front flushes and no flush
-    process runs; in the split one, the flush actor does."""
-    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH",
-                             topology="compact" if flush_in_front else "split")
+@pytest.mark.parametrize("topology", ["compact", "split"])
+def test_sync_flush_acks_follow_their_fdatasync_and_a_killed_writer_or_flusher_loses_nothing(tmp_path, topology):
+    """SYNC_FLUSH, each topology on one node. First: when a PUT_OK reaches the client, the
+    control block's `flushed` (advanced only after fdatasync returns) is already past the
+    message, also when a WAIT=false send (every tenth) shares its coalesced request; in the
+    compact topology a thread of the front flushes and no flush process runs, in the split one
+    the flush actor does. Then, under load, the processes that write or flush are killed one by
+    one (split: the flush actor, the ingress worker, the writer; compact: the front, the
+    CommitLog's writer, twice): Ray restarts each, the restarted writer scrubs what its
+    predecessor left past `written`, the node serves again, every PUT_OK is stored and the store
+    verifies."""
+    compact = topology == "compact"
+    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH", topology=topology,
+                             **({} if compact else {"ingressWorkers": 1}))
+    assert topology_module.hosts(settings)["write"] == (["front"] if compact else ["writer"])
     node = NodeProcess(settings, tmp_path / "node.log").start()
-    assert ("flush" in node.actor_labels()) is not flush_in_front
+    try:
+        assert ("flush" in node.actor_labels()) is not compact and ("writer" in node.actor_labels()) is not compact
+        _acks_follow_their_fdatasync(node, settings, flush_in_front=compact)
+        load = Load(node.endpoint).start()
+        for label in ("front", "front") if compact else ("flush", "ingress-0", "writer"):
+            load.wait_for(len(load.acked) + 500)
+            victim = node.actor_process(label)
+            victim.kill()
+            victim.wait(10)
+            before = len(load.acked)
+            load.wait_for(before + 500, timeout=60)  # Ray restarted it and the node serves again
+            assert node.actor_process(label).pid != victim.pid
+        load.stop()
+    finally:
+        assert node.stop() == 0
+    assert_all_acked_stored(settings, load.acked)
+    report = verify_store(settings)
+    assert report.ok, report.summary()
+
+
+def _acks_follow_their_fdatasync(node, settings, *, flush_in_front: bool) -> None:
     control = ControlBlock(settings.root / "control")
     behind: list[tuple[int, int]] = []
 
@@ -142,57 +169,11 @@ def test_a_sync_flush_ack_comes_after_the_fdatasync_that_covers_it(tmp_path, flu
         actors = asyncio.run(main())
     finally:
         control.close()
-        assert node.stop() == 0
     stats = actors["flush"]
     assert behind == [], f"{len(behind)} acks came before their flush, e.g. {behind[:3]}"
     # (a coalesced request of many sends is held, and answered, as one)
     assert stats["mode"] == "SYNC_FLUSH" and 0 < stats["answered"] <= 24 * 135 and stats["flushDiskTimeouts"] == 0
     assert (stats["pid"] == actors["front"]["pid"]) is flush_in_front
-    report = verify_store(settings)
-    assert report.ok, report.summary()
-
-
-def test_a_killed_actor_is_restarted_and_nothing_acknowledged_is_lost(tmp_path):
-    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH", topology="split", ingressWorkers=1)
-    node = NodeProcess(settings, tmp_path / "node.log").start()
-    load = Load(node.endpoint).start()
-    for label in ("flush", "ingress-0", "writer"):
-        load.wait_for(len(load.acked) + 500)
-        victim = node.actor_process(label)
-        victim.kill()
-        victim.wait(10)
-        before = len(load.acked)
-        load.wait_for(before + 500, timeout=60)  # Ray restarted it and the node serves again
-        assert node.actor_process(label).pid != victim.pid
-    load.stop()
-    assert node.stop() == 0
-    assert_all_acked_stored(settings, load.acked)
-    report = verify_store(settings)
-    assert report.ok, report.summary()
-
-
-def test_a_killed_front_that_writes_is_restarted_and_nothing_acknowledged_is_lost(tmp_path):
-    """The compact topology: the front is the CommitLog's writer. Killed mid-load under
-    SYNC_FLUSH, the restarted front scrubs what its predecessor left past `written` and serves
-    again; every PUT_OK is stored and the store verifies."""
-    settings = node_settings(tmp_path / "store", flushDiskType="SYNC_FLUSH", topology="compact")
-    assert topology.hosts(settings)["write"] == ["front"]
-    node = NodeProcess(settings, tmp_path / "node.log").start()
-    assert "writer" not in node.actor_labels()
-    load = Load(node.endpoint).start()
-    for _ in range(2):
-        load.wait_for(len(load.acked) + 500)
-        victim = node.actor_process("front")
-        victim.kill()
-        victim.wait(10)
-        before = len(load.acked)
-        load.wait_for(before + 500, timeout=60)
-        assert node.actor_process("front").pid != victim.pid
-    load.stop()
-    assert node.stop() == 0
-    assert_all_acked_stored(settings, load.acked)
-    report = verify_store(settings)
-    assert report.ok, report.summary()
 
 
 @pytest.mark.parametrize("topology", ["compact", "split"])

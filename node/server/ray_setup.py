@@ -145,6 +145,10 @@ def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: in
 
     if ray_address:
         ray.init(address=ray_address, logging_level=logging.ERROR, log_to_driver=False)
+        local = this_hosts_ray_node()
+        if local is not None:  # (Ray attached this process to another host's raylet: see there)
+            ray.shutdown()
+            ray.init(address=ray_address, _node_ip_address=local, logging_level=logging.ERROR, log_to_driver=False)
     else:
         num_cpus = num_cpus or os.cpu_count()
         head = start_head(temp_dir, object_store_memory, num_cpus)
@@ -157,6 +161,28 @@ def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: in
                      logging_level=logging.ERROR, log_to_driver=False, _node_ip_address=node_ip_address())
     without_arrow_serializers()  # (this process's context too, as its workers': node.server.worker_setup)
     return not ray_address
+
+
+def this_hosts_ray_node() -> str | None:
+    """None when the Ray node this process is attached to runs on this host (its address is one of
+    this host's); else the address of the live Ray node that does, to attach to instead. Ray picks
+    a driver's node by the address it guesses for the host (the interface that routes to the
+    internet, else the host name's): on a host with no such route, or in a network namespace
+    sharing the file system with another host's raylet, that was another host's node, and every
+    process of a node joining the cluster ran there (where its `listen` could not be bound).
+    SettingsError when no Ray node runs on this host."""
+    import ray
+
+    addresses = {a.address.split("%")[0] for nic in psutil.net_if_addrs().values() for a in nic}
+    alive = [node for node in ray.nodes() if node.get("Alive")]
+    attached = ray.get_runtime_context().get_node_id()
+    if any(n["NodeID"] == attached and n.get("NodeManagerAddress") in addresses for n in alive):
+        return None
+    here = sorted({n["NodeManagerAddress"] for n in alive if n.get("NodeManagerAddress") in addresses})
+    if not here:
+        raise SettingsError(f"no live Ray node runs on this host ({', '.join(sorted(addresses))}): start one "
+                            "here (`ray start --address <head>`) before joining the cluster")
+    return here[0]
 
 
 LOOPBACK = "127.0.0.1"

@@ -81,11 +81,13 @@ _WITH_OPEN_FILES = ("import os, resource, sys; n = int(sys.argv.pop(1)); hard = 
 class NodeProcess:
     """`python -m node.tools.cli start` with its own embedded Ray; `kill_all` is kill -9 of the tree."""
 
-    def __init__(self, settings, log: Path, *, ray_address: str | None = None, open_files: int | None = None):
+    def __init__(self, settings, log: Path, *, ray_address: str | None = None, open_files: int | None = None,
+                 netns: str | None = None):
         self.settings = settings
         self.log = log
         self.ray_address = ray_address  # join this Ray cluster instead of embedding a Ray of its own
         self.open_files = open_files  # the soft limit of open files it starts with, else this process's
+        self.netns = netns  # the network namespace it runs in (`ip netns exec`: a host of a test's own)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -98,6 +100,8 @@ class NodeProcess:
             args += ["--ray-address", self.ray_address]
         if self.open_files is not None:
             args = [sys.executable, "-c", _WITH_OPEN_FILES, str(self.open_files), *args[1:]]
+        if self.netns:
+            args = ["ip", "netns", "exec", self.netns, *args]  # (it execs the command: the pid is the node's)
         seen = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,

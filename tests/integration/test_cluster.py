@@ -30,7 +30,7 @@ from nodes import ROOT, NetHosts, free_port, ray_cluster, ray_host
 
 from node.client import AsyncProducer, Producer, PullConsumer, Requester, SendError
 from node.client.push import CONSUME_SUCCESS, PushConsumer
-from node.tools.local_node import ClusterProcess
+from node.tools.local_node import ClusterProcess, NodeProcess, local_settings
 
 pytestmark = pytest.mark.slow
 
@@ -215,6 +215,26 @@ def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):
     second = orjson.loads(up.cli("admin", "cluster", "--namesrv", up.namesrv2))  # every node registers with each
     assert {name: sorted(g["brokers"]) for name, g in second["groups"].items()} == {"broker-a": ["0"],
                                                                                    "broker-b": ["0", "1"]}
+
+
+def test_a_node_started_on_a_host_of_the_ray_cluster_runs_every_process_there(up, tmp_path):
+    """`mqnode start --ray-address` on one of the cluster's hosts places the node's processes on
+    that host's Ray node (docs/operations.md "On another host"). Ray attaches a driver to the node
+    of the address it guesses for the host: with no route out, the host name's, here the head's;
+    the node's processes then ran on the head, where its `listen` address does not exist."""
+    if up.net is None:
+        pytest.skip("the three Ray nodes share this host's loopback (not root): any of them is this host's")
+    port = free_port()
+    settings = local_settings(tmp_path, listen=f"tcp://{up.net.ip['hostC']}:{port}", listenPort=port,
+                              topology="compact", grpcServerPort=0)
+    node = NodeProcess(settings, tmp_path / "node.log", ray_address=up.ray.address, netns=up.net.ns["hostC"]).start()
+    try:
+        pids = [int(f.read_text()) for f in settings.run_dir.glob("*.pid")]
+        assert pids and {psutil.Process(pid).ppid() for pid in pids} == {up.raylet("hostC")}
+        with Producer(settings.listen, timeout=5.0) as producer:
+            assert producer.send("HERE", b"on hostC").status == "PUT_OK"
+    finally:
+        assert node.stop() == 0
 
 
 def test_sends_through_the_name_service_reach_both_groups_and_a_group_of_three_takes_each_once(up):

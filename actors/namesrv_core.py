@@ -8,12 +8,16 @@ cluster (GET_BROKER_CLUSTER_INFO). The tables, as RocketMQ keeps them:
   queues    topic -> brokerName -> {readQueueNums, writeQueueNums, perm, topicSysFlag}
   clusters  cluster -> brokerNames
   live      address -> {lastUpdateTimestamp (ms), brokerName, brokerId, haServerAddr, grpcAddr, dataVersion, ...}
+  masters   brokerName -> {address, haServerAddr, role, lastUpdateTimestamp}: the master it last registered
 
 Only a master (brokerId 0) says which topics its group holds; each of its registrations replaces
 the group's queue data (a topic it no longer lists leaves the group's route). A slave promoted to
 master registers as brokerId 0 with its own address, which replaces the old master's. An address
 not heard from for `expiry_ms` (RocketMQ's 120 s) leaves the tables; a group with no address
-left leaves every route.
+left leaves every route. `masters` (mqnode's own) outlives both: which node a group's master was
+when its nodes all stopped (a `cluster down` unregisters each) is what the next start of each
+asks (node.server.cluster.role_now), so a slave promoted before stays the master, and the old
+master stays its slave, whatever the cluster's toml says.
 
 Crash policy: `snapshot()` is what the shell writes to its file (node.server.namesrv) and
 `restore()` reads back; a restored address counts as heard from at the restore, so a group that
@@ -76,6 +80,7 @@ class RouteTable:
         self.queues: dict[str, dict[str, dict]] = {}
         self.clusters: dict[str, set[str]] = {}
         self.live: dict[str, dict] = {}
+        self.masters: dict[str, dict] = {}  # brokerName -> its last master (see the module's docstring)
         self.version = 0  # +1 for every change of the tables (the shell persists when it moved)
         self.registrations = self.expired = 0
 
@@ -111,8 +116,21 @@ class RouteTable:
                               "maxOffset": header.get("maxOffset", 0)}
         if changed or previous.get("brokerId") != broker_id or previous.get("grpcAddr", "") != grpc:
             self.version += 1
+        if broker_id == MASTER_ID:
+            changed = self._master_of(name, address, self.live[address], now_ms)
+            self.version += changed
         master = self.brokers[name]["brokerAddrs"].get(str(MASTER_ID), "")
         return {"masterAddr": master, "haServerAddr": self.live.get(master, {}).get("haServerAddr", "")}
+
+    def _master_of(self, name: str, address: str, info: dict, now_ms: int) -> bool:
+        """Remember `address` as group `name`'s master; whether that changed what is remembered."""
+        before = self.masters.get(name)
+        self.masters[name] = {"address": address, "haServerAddr": info["haServerAddr"], "role": info["role"],
+                              "lastUpdateTimestamp": now_ms}
+        if len(self.masters) > MAX_BROKERS:  # (groups long gone go first)
+            del self.masters[min(self.masters, key=lambda n: self.masters[n]["lastUpdateTimestamp"])]
+        return before is None or {k: before[k] for k in ("address", "haServerAddr", "role")} != \
+            {k: self.masters[name][k] for k in ("address", "haServerAddr", "role")}
 
     def _place(self, name: str, cluster: str, address: str, broker_id: int) -> bool:
         group = self.brokers.setdefault(name, {"cluster": cluster, "brokerName": name, "brokerAddrs": {}})
@@ -200,7 +218,8 @@ class RouteTable:
     def cluster_info(self) -> dict:
         return {"brokerAddrTable": dict(sorted(self.brokers.items())),
                 "clusterAddrTable": {c: sorted(names) for c, names in sorted(self.clusters.items())},
-                "brokerLiveTable": dict(sorted(self.live.items()))}
+                "brokerLiveTable": dict(sorted(self.live.items())),
+                "lastMasterTable": dict(sorted(self.masters.items()))}
 
     def topics(self) -> list[str]:
         return sorted(self.queues)
@@ -212,7 +231,7 @@ class RouteTable:
     # -- the shell's file ---------------------------------------------------------------------------
 
     def snapshot(self) -> dict:
-        return {"brokers": self.brokers, "queues": self.queues, "live": self.live}
+        return {"brokers": self.brokers, "queues": self.queues, "live": self.live, "masters": self.masters}
 
     def restore(self, data: dict, now_ms: int) -> None:
         """The tables of `snapshot()`, every address heard from now (see the module's docstring)."""
@@ -220,6 +239,7 @@ class RouteTable:
                         for name, g in data.get("brokers", {}).items()}
         self.queues = {t: dict(groups) for t, groups in data.get("queues", {}).items()}
         self.live = {a: dict(info, lastUpdateTimestamp=now_ms) for a, info in data.get("live", {}).items()}
+        self.masters = {name: dict(master) for name, master in data.get("masters", {}).items()}
         self.clusters = {}
         for name, group in self.brokers.items():
             self.clusters.setdefault(group["cluster"], set()).add(name)

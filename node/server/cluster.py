@@ -186,26 +186,33 @@ def role_now(settings, info: dict | None) -> dict:
     GET_BROKER_CLUSTER_INFO's answer; None when none answered) says its group changed while it
     was down: {} to start as configured.
 
-    A master whose group has another live master now (its slave was promoted by `admin role`)
-    comes back as that master's slave: its start fences what it wrote past their common history
+    A master whose group has another master now (its slave was promoted by `admin role`) comes
+    back as that master's slave: its start fences what it wrote past their common history
     (node.server.fencing), as docs/operations.md "Replication" asks of an old master. A slave
     that the table names as its group's master (it was promoted, then restarted) comes back as
-    a master, with the role it registered."""
+    a master, with the role it registered. The group's master is its live one, else the one the
+    name services last knew (`lastMasterTable`: the group's nodes all stopped, each unregistering,
+    as `cluster down` stops them): were roles to fall back to the toml's then, the old master,
+    perhaps behind, would take sends again and the promoted one's fencing cut what only it had."""
     from actors.registrar import client_address
 
     if not info:
         return {}
-    group = (info.get("brokerAddrTable") or {}).get(settings.brokerName)
-    if not group:
-        return {}
+    group = (info.get("brokerAddrTable") or {}).get(settings.brokerName) or {}
     addresses, live, own = group.get("brokerAddrs") or {}, info.get("brokerLiveTable") or {}, client_address(settings)
     master = addresses.get("0")
-    if not settings.is_slave and master and master != own and master in live:
+    if master and master in live:
+        ha, role = live[master].get("haServerAddr", ""), live[master].get("role")
+    else:
+        last = (info.get("lastMasterTable") or {}).get(settings.brokerName) or {}
+        master, ha, role = last.get("address"), last.get("haServerAddr", ""), last.get("role")
+    if not master:
+        return {}
+    if not settings.is_slave and master != own:
         ids = [int(k) for k, address in addresses.items() if address == own and k != "0"]
         broker_id = ids[0] if ids else max([int(k) for k in addresses] + [settings.brokerId, 0]) + 1
-        return {"brokerRole": "SLAVE", "brokerId": broker_id, "haMasterAddress": live[master].get("haServerAddr", "")}
+        return {"brokerRole": "SLAVE", "brokerId": broker_id, "haMasterAddress": ha}
     if settings.is_slave and master == own:
-        role = (live.get(own) or {}).get("role")
         return {"brokerRole": role if role in ("ASYNC_MASTER", "SYNC_MASTER") else "ASYNC_MASTER", "brokerId": 0}
     return {}
 

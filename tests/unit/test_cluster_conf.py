@@ -92,6 +92,24 @@ def test_a_promoted_slave_restarts_as_the_master_it_registered_as():
     assert cluster.role_now(promoted, following) == {}
 
 
+def test_with_every_node_of_the_group_stopped_the_last_master_the_name_services_knew_keeps_the_roles():
+    """`cluster down` unregisters every node; at `cluster up` the name services' table has no
+    live node of the group, only its last master. The promoted slave comes back as the master
+    and the old master as its slave, whatever the toml says (before, the old master took sends
+    again and the promoted one, now its slave, had its tail cut by fencing)."""
+    last = {"b": {"address": "10.0.0.3:20911", "haServerAddr": "10.0.0.3:20912", "role": "SYNC_MASTER"}}
+    info = {"status": "OK", "brokerAddrTable": {}, "brokerLiveTable": {}, "lastMasterTable": last}
+    old = _settings(listen="tcp://10.0.0.2:10911", brokerRole="SYNC_MASTER")
+    promoted = _settings(listen="tcp://10.0.0.3:20911", brokerRole="SLAVE", brokerId=1,
+                         haMasterAddress="10.0.0.2:10912")
+    assert cluster.role_now(old, info) == {"brokerRole": "SLAVE", "brokerId": 1, "haMasterAddress": "10.0.0.3:20912"}
+    assert cluster.role_now(promoted, info) == {"brokerRole": "SYNC_MASTER", "brokerId": 0}
+    own = dict(info, lastMasterTable={"b": {"address": "10.0.0.2:10911", "haServerAddr": "10.0.0.2:10912"}})
+    assert cluster.role_now(old, own) == {} and cluster.role_now(promoted, own) == {}  # as configured
+    live = _info({"0": "10.0.0.2:10911"}, {"10.0.0.2:10911": {"haServerAddr": "10.0.0.2:10912"}})
+    assert cluster.role_now(old, live | {"lastMasterTable": last}) == {}  # a live master is what counts
+
+
 @pytest.mark.parametrize("values, bound, registered", [
     ({"listen": "tcp://127.0.0.1:10911"}, "127.0.0.1:10912", "127.0.0.1:10912"),  # one host: loopback
     ({"listen": "tcp://10.0.0.3:20911"}, "10.0.0.3:20912", "10.0.0.3:20912"),  # follows listen, as its port does

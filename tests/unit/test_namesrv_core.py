@@ -91,6 +91,28 @@ def test_the_snapshot_restores_the_tables_heard_from_at_the_restore():
     assert restored.cluster_info()["clusterAddrTable"] == {"C": ["a"]}
 
 
+def test_a_groups_last_master_outlives_its_unregistration_its_expiry_and_a_restart():
+    """Which node was a group's master when every node of it stopped (`cluster down`
+    unregisters each) is what their next starts ask (node.server.cluster.role_now)."""
+    table = RouteTable()
+    _register(table, "b", "m:1", topics={"T": 8})
+    _register(table, "b", "s:1", broker_id=1)
+    assert table.cluster_info()["lastMasterTable"]["b"]["address"] == "m:1"
+    _register(table, "b", "s:1", broker_id=0, topics={"T": 8}, now=5)  # `admin role` promoted it
+    assert table.unregister({"brokerAddr": "s:1"}) and table.unregister({"brokerAddr": "m:1"})
+    assert table.route("T") is None and "b" not in table.cluster_info()["brokerAddrTable"]
+    last = table.cluster_info()["lastMasterTable"]["b"]
+    assert (last["address"], last["haServerAddr"], last["lastUpdateTimestamp"]) == ("s:1", "s:1-ha", 5)
+    restored = RouteTable()
+    restored.restore(table.snapshot(), now_ms=10 * EXPIRY_MS)
+    restored.expire(30 * EXPIRY_MS)
+    assert restored.cluster_info()["lastMasterTable"] == table.cluster_info()["lastMasterTable"]
+    version = restored.version
+    _register(restored, "b", "s:1", broker_id=0, topics={"T": 8}, now=40 * EXPIRY_MS)
+    _register(restored, "b", "s:1", broker_id=0, topics={"T": 8}, now=41 * EXPIRY_MS)
+    assert restored.version == version + 1  # (a master registering again changes nothing to persist)
+
+
 @pytest.mark.parametrize("header, problem", [
     ({"brokerName": "a b"}, "brokerName"), ({"clusterName": ""}, "clusterName"), ({"brokerAddr": 5}, "brokerAddr"),
     ({"brokerId": -1}, "brokerId"), ({"brokerId": True}, "brokerId"),

@@ -114,8 +114,8 @@ def _health(reply: dict) -> str:
     that follows nothing is not a copy, whatever its offsets say)."""
     if reply.get("status") != "OK":
         return reply.get("status")
-    follower = reply.get("follower")
-    if follower is not None and not follower.get("connected"):
+    follower = reply.get("follower")  # (a promoted slave's stays in its answer, following nothing)
+    if reply.get("role") == "SLAVE" and follower is not None and not follower.get("connected"):
         why = follower.get("diverged") or follower.get("lastError") or "no link yet"
         return f"not following {follower.get('master')}: {why}"
     return "ok"

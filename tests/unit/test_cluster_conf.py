@@ -130,3 +130,13 @@ def test_the_ha_server_serves_where_clients_reach_the_node_and_registers_an_addr
     node = _settings(**values)
     assert f"{node.ha_host}:{node.ha_port}" == bound
     assert ha_address(node) == registered
+
+
+def test_a_slaves_health_says_when_it_follows_nothing_and_a_promoted_ones_does_not():
+    from node.tools.cli_cluster import _health
+
+    follower = {"master": "10.0.0.2:10912", "connected": False, "lastError": "nothing heard"}
+    assert _health({"status": "OK", "role": "SLAVE", "follower": follower}) == "not following 10.0.0.2:10912: nothing heard"
+    assert _health({"status": "OK", "role": "SLAVE", "follower": follower | {"connected": True}}) == "ok"
+    assert _health({"status": "OK", "role": "SYNC_MASTER", "follower": follower}) == "ok"  # (promoted: it follows no one)
+    assert _health({"status": "SYSTEM_BUSY"}) == "SYSTEM_BUSY"

@@ -22,6 +22,13 @@ class StopSignals:
         for number in numbers:
             signal.signal(number, self._record)
 
+    def after(self, earlier: StopSignals) -> StopSignals:
+        """This one, installed since, holding what `earlier` received: a library that installs a
+        handler of its own (Ray's driver, at `ray.init` joining a cluster, one that dumps a stack
+        and ends the process with status 15) is overruled once the caller is done with it."""
+        self.received = self.received or earlier.received
+        return self
+
     def _record(self, number: int, _frame) -> None:
         self.received = number  # (nothing more: see the module's docstring)
 

@@ -208,10 +208,13 @@ class ClusterProcess:
         services = [int(p.read_text()) for p in part.settings.run_dir.glob("*.pid")]
         return [launcher, *services] if _is_launcher(launcher) else services
 
-    def stop(self, timeout: float = 120.0) -> None:
+    def stop(self, timeout: float = 120.0) -> int | None:
+        """SIGTERM (as `cluster down`) and wait: its exit status (None: never started)."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait(10)
+        return None if self.process is None else self.process.returncode

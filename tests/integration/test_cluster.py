@@ -174,8 +174,9 @@ rayNode = "hostC"
 
     def down(self) -> None:
         try:
-            self.cluster.stop()
+            stopped = self.cluster.stop()
             self.ray.shutdown()
+            assert stopped == 0 or not self.ready, f"cluster up exited {stopped} at its SIGTERM"
         finally:
             if self.net:
                 self.net.down()

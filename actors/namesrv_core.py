@@ -124,13 +124,12 @@ class RouteTable:
 
     def _master_of(self, name: str, address: str, info: dict, now_ms: int) -> bool:
         """Remember `address` as group `name`'s master; whether that changed what is remembered."""
-        before = self.masters.get(name)
-        self.masters[name] = {"address": address, "haServerAddr": info["haServerAddr"], "role": info["role"],
-                              "lastUpdateTimestamp": now_ms}
+        master = {"address": address, "haServerAddr": info["haServerAddr"], "role": info["role"]}
+        before = self.masters.get(name, {})
+        self.masters[name] = master | {"lastUpdateTimestamp": now_ms}
         if len(self.masters) > MAX_BROKERS:  # (groups long gone go first)
             del self.masters[min(self.masters, key=lambda n: self.masters[n]["lastUpdateTimestamp"])]
-        return before is None or {k: before[k] for k in ("address", "haServerAddr", "role")} != \
-            {k: self.masters[name][k] for k in ("address", "haServerAddr", "role")}
+        return {k: before.get(k) for k in master} != master
 
     def _place(self, name: str, cluster: str, address: str, broker_id: int) -> bool:
         group = self.brokers.setdefault(name, {"cluster": cluster, "brokerName": name, "brokerAddrs": {}})

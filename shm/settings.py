@@ -238,11 +238,16 @@ class Settings:
         return port + 2
 
     @property
-    def grpc_host(self) -> str:
-        """The address the gRPC proxy binds: the host of a tcp `listen` (127.0.0.1 for ipc)."""
+    def listen_host(self) -> str:
+        """The host of a tcp `listen`, where the node serves clients (127.0.0.1 for ipc)."""
         if self.listen.startswith("tcp://"):
             return self.listen[len("tcp://"):].rpartition(":")[0].strip("[]") or "127.0.0.1"
         return "127.0.0.1"
+
+    @property
+    def grpc_host(self) -> str:
+        """The address the gRPC proxy binds: `listen_host`."""
+        return self.listen_host
 
     @property
     def ha_host(self) -> str:
@@ -250,9 +255,7 @@ class Settings:
         the host of a tcp `listen` (as `ha_port` follows its port): a node that serves clients
         of other hosts serves its slaves there too, and so does a slave once promoted (its old
         master, on another host, comes back as its slave). An ipc `listen` keeps loopback."""
-        if self.haListenAddress != _DEFAULT_BROKER_IP or not self.listen.startswith("tcp://"):
-            return self.haListenAddress
-        return self.grpc_host
+        return self.haListenAddress if self.haListenAddress != _DEFAULT_BROKER_IP else self.listen_host
 
     @property
     def ha_master(self) -> tuple[str, int]:

@@ -304,7 +304,7 @@ def run_up(conf: ClusterConf, ray_address: str | None, out=print) -> int:
     failure = None
     try:
         cluster.up()
-        stops = StopSignals().after(stops)  # (again: joining a Ray cluster installed Ray's own handler over it)
+        stops.install()  # (again: joining a Ray cluster installed Ray's own handler over it)
         write_pid_file(pid_file(conf))
         out(f"mqnode cluster ready name={conf.name} parts={len(conf.namesrvs) + len(conf.nodes)} pid={os.getpid()}",
             flush=True)

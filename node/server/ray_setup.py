@@ -388,10 +388,7 @@ def inline_limit() -> int:
 
 def allowed_hosts(settings) -> set[str]:
     """The addresses a node's settings name for it to listen on (loopback always)."""
-    hosts = {settings.ha_host, settings.metricsAddress}
-    if settings.listen.startswith("tcp://"):
-        hosts.add(settings.listen[len("tcp://"):].rpartition(":")[0].strip("[]"))
-    return hosts
+    return {settings.listen_host, settings.ha_host, settings.metricsAddress}
 
 
 def foreign_listeners(settings, processes) -> list[tuple[str, str]]:

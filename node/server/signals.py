@@ -18,16 +18,16 @@ class StopSignals:
     """Installs itself for `numbers`; `wait(seconds)` sleeps at most that long: whether one came."""
 
     def __init__(self, numbers=(signal.SIGINT, signal.SIGTERM)):
+        self.numbers = numbers
         self.received: int | None = None
-        for number in numbers:
-            signal.signal(number, self._record)
+        self.install()
 
-    def after(self, earlier: StopSignals) -> StopSignals:
-        """This one, installed since, holding what `earlier` received: a library that installs a
-        handler of its own (Ray's driver, at `ray.init` joining a cluster, one that dumps a stack
-        and ends the process with status 15) is overruled once the caller is done with it."""
-        self.received = self.received or earlier.received
-        return self
+    def install(self) -> None:
+        """(Again) the handler for `numbers`: a library that installed one of its own since (Ray's
+        driver, at `ray.init` joining a cluster: it dumps a stack and ends the process with status
+        15) is overruled once the caller is done with it; a signal received meanwhile is kept."""
+        for number in self.numbers:
+            signal.signal(number, self._record)
 
     def _record(self, number: int, _frame) -> None:
         self.received = number  # (nothing more: see the module's docstring)

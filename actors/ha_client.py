@@ -320,7 +320,7 @@ class HaClient(Actor):
                 raise LinkError(str(e)) from e
         elif kind == ha_link.REFUSED:
             reason = bytes(data[1:]).decode("utf-8", "replace")
-            if "drop" in reason or "shares no epoch" in reason:
+            if reason.startswith(ha_link.DIVERGED):
                 self.diverged = reason
             raise LinkError(f"the master refused: {reason}")
         else:

@@ -58,6 +58,7 @@ MAX_BODY = 64 * 1024 * 1024  # a header announcing more is garbage
 MAX_HELLO = 1024 * 1024
 HELLO, REPORT_KIND, WELCOME, REFUSED, DATA, BYE, HISTORY, CONFIG = b"H", b"R", b"W", b"X", b"D", b"B", b"E", b"C"
 CHALLENGE, PROOF = b"A", b"P"
+DIVERGED = "diverged: "  # opens a refusal because the two histories have parted (`admin ha` shows it as `diverged`)
 POP_LOG = b"Q"  # + kind + generation u64 + offset u64 + bytes: the pop log's copy (actors.ha_config.PopShipper)
 POP_SNAPSHOT, POP_JOURNAL = b"S", b"J"
 POP_TAKEN = b"T"  # + int64: the pop log's bytes a slave took since its welcome (sent only to a master that ships them)
@@ -122,10 +123,10 @@ class MasterSession:
             raise LinkError("a hello needs brokerId >= 1 and maxOffset >= 0")
         fence = epochs.common_prefix(master_epochs, master_end, follower, max_offset)
         if fence.refusal:
-            raise LinkError(fence.refusal)
-        if fence.dropped:  # the follower cuts its tail at its next start (ha-client), then comes back
-            raise LinkError(f"the follower must first drop {fence.dropped} bytes past {fence.keep} "
-                            f"(diverged: restart it to truncate)")
+            raise LinkError(DIVERGED + fence.refusal)
+        if fence.dropped:  # the follower cuts its tail at its next start (node.server.fencing), then comes back
+            raise LinkError(f"{DIVERGED}the follower must first drop {fence.dropped} bytes past {fence.keep} "
+                            f"(restart it to truncate)")
         if max_offset > master_end:
             raise LinkError(f"the follower's offset {max_offset} is past the master's end {master_end}")
         self.broker_id, self.endpoint = broker_id, str(hello.get("endpoint", ""))[:256]

@@ -131,7 +131,13 @@ def common_prefix(master: list[Epoch], master_end: int, follower: list[Epoch], f
     the log's end). Beyond that the follower's bytes were written by a master the current
     history does not know (an old master's tail no slave had when another was promoted), or the
     master never had them: they are cut. A follower with data but no shared epoch shares no
-    history with this master: following would mix two logs, so it is refused."""
+    history with this master: following would mix two logs, so it is refused.
+
+    Only a later history cuts an earlier one. A follower whose last epoch the master does not
+    hold, numbered at or past the master's last, was itself promoted after the master's history
+    ends: the "master" is an old one, brought back with its old role (a stale toml, a name
+    service that forgot the promotion), and cutting would drop sends the promoted node
+    acknowledged. Refused: the operator decides which node is the master."""
     if follower_end == 0:
         return Fence(0, 0)
     shared = [(i, j) for i, f in enumerate(follower) for j, m in enumerate(master) if f.same_as(m)]
@@ -139,6 +145,12 @@ def common_prefix(master: list[Epoch], master_end: int, follower: list[Epoch], f
         return Fence(follower_end, 0, "the follower's log shares no epoch with the master's: empty its store "
                                       "to follow this master")
     i, j = shared[-1]
+    newer = follower[-1]
+    if i < len(follower) - 1 and newer.epoch >= master[-1].epoch:
+        return Fence(follower_end, 0, f"the follower was a master in epoch {newer.epoch} (from offset {newer.start}), "
+                                      f"which the master (its last epoch {master[-1].epoch}) never knew: the master is "
+                                      f"an old one, or was promoted beside it. Promote the follower (admin role, or brokerRole) and make the "
+                                      f"other its slave; nothing was cut")
     if follower[i].start != master[j].start:
         return Fence(follower_end, 0, f"epoch {follower[i].epoch} starts at {follower[i].start} on the follower "
                                       f"but at {master[j].start} on the master")

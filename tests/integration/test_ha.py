@@ -430,6 +430,7 @@ def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(failov
         assert [p.body for p in again] == [popped_on_m[i] for i in (12, 13, 16, 17, 18, 19)]
         assert {p.reconsume_times for p in again} == {1}  # (handed out once on M)
         assert on_s.pop("PopFailover", "popfail", max_count=32, queue_id=0, wait_ms=300) == []
+    _stale_roles_cut_nothing(pair)
 
     old_end = control(m, "written")
     m_slave = node_settings(m.root.parent, brokerRole="SLAVE", brokerId=1, haMasterAddress=f"127.0.0.1:{s.ha_port}",
@@ -445,12 +446,34 @@ def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(failov
             reply, body = on_m.request({"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": msg_id})
             if reply["status"] == "OK":  # the new master's records now, or nothing
                 assert decode(body).topic != "HaLoad", msg_id
-    assert [e.epoch for e in EpochFile(m_slave.root).entries] == [0, 1]
+    assert [e.epoch for e in EpochFile(m_slave.root).entries] == [0, 1, 2]
     with PullConsumer(m_slave.listen) as on_m:
         assert on_m.pop_state("popfail") == {}  # made when it was the master: gone
     m_node.stop()
     report = verify_store(m_slave)
     assert report.ok, report.faults
+
+
+def _stale_roles_cut_nothing(pair) -> None:
+    """Both nodes brought back with the roles they were configured with (a stale toml, a name
+    service that forgot the promotion): M a master, the promoted S its slave. S keeps every byte
+    it took as the master, says why it does not follow, and is promoted again (epoch 2)."""
+    m, s, s_node = pair.master, pair.slave, pair.slave_node
+    written = control(s, "written")
+    assert s_node.stop() == 0
+    m_node = pair.start(NodeProcess(m, pair.directory / "stale-master.log"))
+    seen = s_node.log.stat().st_size
+    s_node.start()
+    text = s_node.log.read_text()[seen:]
+    assert "was a master in epoch 1" in text and "nothing was cut" in text and "dropped" not in text, text[-3000:]
+    assert control(s, "written") == written
+
+    def refused() -> str:
+        return cli("admin", "ha", "--endpoint", s.listen)["follower"].get("diverged", "")
+    wait_until(lambda: "never knew" in refused(), 10, "the stale slave to say why it does not follow")
+    assert control(s, "written") == written
+    assert cli("admin", "role", "--role", "ASYNC_MASTER", "--endpoint", s.listen)["epoch"] == 2
+    assert m_node.stop() == 0
 
 
 def _pop_and_ack_some(m, s) -> list[bytes]:

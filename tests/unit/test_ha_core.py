@@ -16,7 +16,7 @@ from shm.control_block import ControlBlock
 from shm.epochs import Epoch, EpochFile, common_prefix, from_wire
 from shm.mapped_file import StoreError
 
-A, B, C = "a" * 16, "b" * 16, "c" * 16
+A, B, C, D = "a" * 16, "b" * 16, "c" * 16, "d" * 16
 
 
 # -- epochs ------------------------------------------------------------------------------------------
@@ -52,6 +52,20 @@ def test_an_old_masters_tail_past_the_promotion_is_cut():
     assert (fence.keep, fence.dropped, fence.refusal) == (700, 300, None)
     twice = [Epoch(0, 0, A), Epoch(1, 700, B), Epoch(2, 800, C)]
     assert common_prefix(twice, 900, [Epoch(0, 0, A), Epoch(1, 700, B)], 850).keep == 800
+
+
+def test_a_follower_promoted_after_the_masters_history_is_never_cut_by_it():
+    """The old master brought back as a master (a stale toml), the promoted node as its slave."""
+    old_master = [Epoch(0, 0, A)]
+    promoted = [Epoch(0, 0, A), Epoch(1, 700, B)]
+    fence = common_prefix(old_master, 1000, promoted, 900)
+    assert (fence.keep, fence.dropped) == (900, 0) and "epoch 1 (from offset 700)" in fence.refusal
+    assert "nothing was cut" in fence.refusal
+    rival = [Epoch(0, 0, A), Epoch(1, 650, C)]  # two nodes promoted into one epoch: neither cuts the other
+    assert common_prefix(rival, 1000, promoted, 900).refusal
+    later = [Epoch(0, 0, A), Epoch(1, 650, C), Epoch(2, 800, D)]  # the master's history went on past it: cut
+    fence = common_prefix(later, 1000, promoted, 900)
+    assert (fence.keep, fence.dropped, fence.refusal) == (650, 250, None)
 
 
 def test_logs_with_no_shared_epoch_are_never_mixed():

@@ -23,7 +23,7 @@ import orjson
 import zmq
 from zmq.backend import zmq_poll
 
-from node.client.frames import recv_frame, recv_frames, recv_frames_from
+from node.frames import recv_frame, recv_frames, recv_frames_from
 from shm.control_block import INSTANCED, ControlBlock, heartbeat_slot, monotonic_ms
 from shm.disk import write_whole
 

@@ -67,7 +67,7 @@ from actors.offsets import ConsumerOffsets, SubscriptionGroups
 from actors.runtime_info import NodeStatistics
 from actors.topics import TopicTable
 from node import protocol
-from node.client.frames import NOBLOCK, send_frames
+from node.frames import NOBLOCK, send_frames
 from shm.control_block import heartbeat_slot, monotonic_ms
 
 log = logging.getLogger("mqnode")

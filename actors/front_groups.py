@@ -26,7 +26,7 @@ from actors.client_asks import DEFAULT_TIMEOUT_MS, ClientAsks
 from actors.consumers import ConsumerGroups
 from actors.producers import ProducerGroups
 from node import protocol
-from node.client.frames import NOBLOCK, send_frames
+from node.frames import NOBLOCK, send_frames
 from shm.control_block import monotonic_ms
 
 MAX_CHECKS_TAKEN = 4096  # the transaction service's checks sent in one turn

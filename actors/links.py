@@ -56,7 +56,7 @@ import zmq
 
 from actors.base import Doorbell, socket
 from actors.wire import pack_replies, reply_size
-from node.client.frames import send_frames
+from node.frames import send_frames
 from shm.ring import Ring, RingFull, inbound, ring_dir, wake_path
 
 FULL_WAIT_S = 30.0  # a producer whose consumer takes nothing for this long stops (its restart is recovery)

@@ -45,7 +45,7 @@ from actors.reput import (
 from actors.timer import RECALLED, Recalls, TimerCore
 from actors.wire import pack_replies, read_meta
 from node import protocol
-from node.client.frames import send_frames
+from node.frames import send_frames
 from actors import config_files
 from shm import reader as store_reader
 from shm.codec import (

@@ -72,7 +72,7 @@ from actors.transaction_queues import TransactionQueues
 from actors.transaction_reputs import Barrier, Reputs, answer_settled
 from actors.wire import SERVICE_SEND, read_from_wire
 from node import protocol
-from node.client.frames import send_frames
+from node.frames import send_frames
 from shm import reader as store_reader
 from shm.codec import PROPERTY_UNIQ_KEY, offset_msg_id
 from shm.control_block import ROLE_CODES

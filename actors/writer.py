@@ -39,7 +39,7 @@ from actors.base import Actor, Doorbell, conflated, doorbell
 from actors.ingress import RequestBatcher
 from actors.links import inbox, outbox
 from actors.wire import group_from_wire, pack_replies, split_frames, waits_to_wire
-from node.client.frames import NOBLOCK
+from node.frames import NOBLOCK
 from actors import sendcore, sendreply
 from shm import commitlog
 from shm.codec import (

@@ -5,8 +5,9 @@ of request-reply) and the pull, push and pop consumers (`from node.client import
 `node.client.consumer` (its messages in `node.client.received`), `PushConsumer` in `node.client.push`,
 `PopConsumer` in `node.client.pop_consumer`; all speak `docs/protocol.md`.
 
-The names load on first use (PEP 562): the node's processes import `node.client.frames`, the
-framing both sides share, and each of them paid ~50 ms of CPU for the whole client at every start.
+The names load on first use (PEP 562): a module that needs one part of the client (the node's gRPC
+proxy, a client of the front) does not pay ~50 ms of CPU for all of it at every start. The framing
+both sides share is `node.frames`.
 """
 
 from __future__ import annotations

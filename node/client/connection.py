@@ -27,7 +27,7 @@ from collections.abc import Callable
 import zmq
 from zmq.backend import zmq_poll
 
-from node.client.frames import NOBLOCK, recv_frames, send_frames
+from node.frames import NOBLOCK, recv_frames, send_frames
 
 MAX_READ = 256  # replies handled per reader callback before other callbacks get a turn
 MAX_DRAIN_ROUNDS = 1024  # MAX_READ rounds read before the requests in flight at a drop are failed

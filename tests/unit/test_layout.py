@@ -13,7 +13,7 @@ from nodes import ROOT
 ALLOWED = {
     "shm": set(),
     "node.client": {"shm"},
-    "actors": {"shm", "node.client"},  # a service never reaches up into the assembly
+    "actors": {"shm", "node.client"},  # (node.client: the gRPC proxy, a client of the front); never the assembly
     "node.server": {"shm", "node.client", "actors"},  # it assembles the services: imports them plainly
     "node.tools": {"shm", "node.client", "node.server", "actors"},
 }
@@ -89,8 +89,8 @@ def test_only_shm_reads_storage_formats():
 
 
 def test_the_client_package_names_load_on_use_and_every_one_resolves():
-    """`from node.client import Producer` as ever; the node's processes, which import only
-    `node.client.frames`, do not load the producers and consumers (node/client/__init__.py)."""
+    """`from node.client import Producer` as ever; a part of the client imported alone (the
+    gRPC proxy's message) does not load the producers and consumers (node/client/__init__.py)."""
     import pytest
 
     import importlib
@@ -102,6 +102,22 @@ def test_the_client_package_names_load_on_use_and_every_one_resolves():
         assert getattr(client, name) is getattr(importlib.import_module(client._HOMES[name]), name), name
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         client.Nope  # noqa: B018
-    loaded = subprocess.run([sys.executable, "-c", "import sys, node.client.frames; print(' '.join(sys.modules))"],
-                            cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    loaded = _loaded("node.client.message")
     assert "node.client.producer" not in loaded and "node.client.consumer" not in loaded
+
+
+def test_a_service_but_the_grpc_proxy_loads_nothing_of_the_client():
+    """The framing a node's processes share with the clients is node.frames, beside
+    node.protocol; only the proxy, itself a client of the front, uses the client package."""
+    kinds = ("front", "ingress", "writer", "flush", "allocator", "dispatcher", "pull", "clean", "schedule", "pop",
+             "transaction", "ha-server", "ha-client", "registrar")
+    shells = "; ".join(f"actor_class({kind!r})" for kind in kinds)
+    loaded = _loaded("node.server.topology", f"from node.server.topology import actor_class; {shells}")
+    assert "actors.front" in loaded and not [m for m in loaded if m.startswith("node.client")], loaded
+    assert "node.client.producer" in _loaded("node.server.topology", "node.server.topology.actor_class('proxy')")
+
+
+def _loaded(module: str, then: str = "None") -> list[str]:
+    code = f"import sys, {module}; {then}; print(' '.join(sys.modules))"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                          timeout=60).stdout.split()

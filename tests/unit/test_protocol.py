@@ -677,7 +677,7 @@ def test_a_connection_misses_no_reply_however_sends_and_replies_interleave():
 
 
 def test_fast_frames_round_trip_as_pyzmq_multipart_does():
-    from node.client.frames import NOBLOCK, recv_frames, send_frames
+    from node.frames import NOBLOCK, recv_frames, send_frames
 
     context = zmq.Context()
     a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)

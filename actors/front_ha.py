@@ -44,6 +44,12 @@ class FrontReplication:
         self.control.set("role", ROLE_CODES[role])
         return [orjson.dumps(protocol.reply_header(request.opaque, "OK", role=role))]
 
+    def superseded(self) -> str:
+        """Why an old master takes no sends (actors.ha_server: a would-be slave's history is later)."""
+        return (f"this node is an old master: a node it would have as its slave was a master in epoch "
+                f"{self.control.get('superseded_by')}, past this node's history (mqnode admin ha); promote that node "
+                f"and restart this one as its slave")
+
     def brokers(self, actor_stats: dict) -> dict[str, str]:
         """GET_ROUTEINFO_BY_TOPIC's brokerAddrs: brokerId -> client endpoint of this node, its
         master (as its welcome said) or its slaves (as their hellos said)."""

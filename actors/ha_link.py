@@ -74,6 +74,15 @@ class LinkError(Exception):
     """The peer broke the protocol: close the link, with this as the logged reason."""
 
 
+class Superseded(LinkError):
+    """The would-be slave began `epoch` past this master's history (shm.epochs.common_prefix):
+    this master is an old one."""
+
+    def __init__(self, epoch: int, reason: str):
+        super().__init__(reason)
+        self.epoch = epoch
+
+
 # -- master side ---------------------------------------------------------------------------------------
 
 
@@ -122,6 +131,8 @@ class MasterSession:
         if type(broker_id) is not int or broker_id < 1 or type(max_offset) is not int or max_offset < 0:
             raise LinkError("a hello needs brokerId >= 1 and maxOffset >= 0")
         fence = epochs.common_prefix(master_epochs, master_end, follower, max_offset)
+        if fence.superseded:
+            raise Superseded(fence.superseded, DIVERGED + fence.refusal)
         if fence.refusal:
             raise LinkError(DIVERGED + fence.refusal)
         if fence.dropped:  # the follower cuts its tail at its next start (node.server.fencing), then comes back

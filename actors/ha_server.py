@@ -33,7 +33,7 @@ import zmq
 from actors.base import Actor, doorbell, incoming, wait_readable
 from actors import guard, ha_link
 from actors.ha_config import ConfigShipper, PopShipper
-from actors.ha_link import HEADER, REPORT, LinkError, MasterSession, StreamDecoder
+from actors.ha_link import HEADER, REPORT, LinkError, MasterSession, StreamDecoder, Superseded
 from shm.control_block import monotonic_ms
 from shm import epochs
 from shm.commitlog import CommitLog
@@ -246,7 +246,11 @@ class HaServer(Actor):
         if len(self.sessions) >= MAX_SESSIONS:
             raise LinkError(f"{MAX_SESSIONS} slaves follow already")
         session = MasterSession(self.settings, now, handshake=True)
-        welcome = session.on_hello(payload, self.epochs.entries, self.control.get("written"), now)
+        try:
+            welcome = session.on_hello(payload, self.epochs.entries, self.control.get("written"), now)
+        except Superseded as e:
+            self._superseded(e.epoch)
+            raise
         for other_peer, other in list(self.sessions.items()):
             if other.broker_id == session.broker_id:
                 if self._alive(other_peer):
@@ -256,6 +260,16 @@ class HaServer(Actor):
         self.sessions[peer] = session
         log.warning("ha-server: slave %s (%s) follows from offset %d", session.broker_id, session.endpoint,
                     session.next_offset)
+
+    def _superseded(self, epoch: int) -> None:
+        """A would-be slave holds sends of an epoch it began past this node's history: this is an
+        old master, and what it takes now a later fencing would cut. The front takes no client
+        send from here on, until the node restarts (docs/operations.md "Replication")."""
+        if epoch > self.control.get("superseded_by"):
+            log.error("ha-server: a would-be slave was a master in epoch %d, past this node's history (epoch %d): "
+                      "this is an old master; client sends are refused until it restarts as that node's slave",
+                      epoch, self.epochs.current)
+            self.control.set("superseded_by", epoch)
 
     def _alive(self, peer) -> bool:
         """Whether the slave behind `peer` still has its connection (a heartbeat goes through)."""

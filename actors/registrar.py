@@ -1,6 +1,7 @@
 """register: the node's registrations with its name services (RocketMQ's BrokerOuterAPI.registerBrokerAll).
 
-Every `registerNameServerPeriod` ms, and within a second of its role, its brokerPermission or its topic table changing (the front
+Every `registerNameServerPeriod` ms, and within a second of its role, its brokerPermission (write taken
+away on an old master, actors.ha_server `superseded_by`) or its topic table changing (the front
 persists `config/topics.json`, RocketMQ's TopicConfigSerializeWrapper: the table and its data
 version, sent as they are), the node sends REGISTER_BROKER to each name service of
 `namesrvAddr`: its group (`brokerName`, `brokerClusterName`), its topics (each with the node's
@@ -21,6 +22,7 @@ import orjson
 import zmq
 
 from actors import config_files
+from actors.broker_config import PERM_WRITE
 from actors.base import Actor, incoming, socket
 from node import protocol
 from shm.control_block import ROLE_CODES, ROLE_NAMES
@@ -97,7 +99,7 @@ class Registrar(Actor):
         if now >= self.next_look:
             self.next_look = now + LOOK_EVERY_S
             # a promotion, or a change of brokerPermission, registers at once too
-            version = (self._topics_version(), self.control.get("role"), self.control.get("broker_permission"))
+            version = (self._topics_version(), self.control.get("role"), self._permission())
             if version != self.topics_version:
                 self.topics_version = version
                 self.next_register = now  # RocketMQ registers at once after a topic change
@@ -126,12 +128,18 @@ class Registrar(Actor):
         if s.autoCreateTopicEnable:  # RocketMQ's TBW102: producers send a topic nobody has yet to the groups that create it
             table.setdefault(DEFAULT_TOPIC, {"topicName": DEFAULT_TOPIC, "readQueueNums": s.defaultTopicQueueNums,
                                              "writeQueueNums": s.defaultTopicQueueNums, "perm": 6, "topicSysFlag": 0})
-        permission = self.control.get("broker_permission")
+        permission = self._permission()
         if permission != READ_AND_WRITE:  # RocketMQ's: each topic registered with the node's permission instead
             table = {name: config | {"perm": permission} for name, config in table.items()}
         body = {"topicConfigSerializeWrapper": {"topicConfigTable": table,
                                                 "dataVersion": wrapper.get("dataVersion") or {}}}
         return header, orjson.dumps(body)
+
+    def _permission(self) -> int:
+        """brokerPermission, without write on an old master (actors.ha_server: it takes no
+        sends), so the routes steer producers to the other groups."""
+        permission = self.control.get("broker_permission")
+        return permission & ~PERM_WRITE if self.control.get("superseded_by") else permission
 
     def register(self) -> None:
         header, body = self.registration()

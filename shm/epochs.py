@@ -116,11 +116,13 @@ def from_wire(items) -> list[Epoch]:
 @dataclass(frozen=True)
 class Fence:
     """What a follower must do before it follows: keep its log below `keep` (dropping
-    `dropped` bytes), or refuse to follow at all (`refusal`)."""
+    `dropped` bytes), or refuse to follow at all (`refusal`). `superseded`: the epoch, begun by
+    the follower and holding its bytes, that the master's history is older than (0: none)."""
 
     keep: int
     dropped: int
     refusal: str | None = None
+    superseded: int = 0
 
 
 def common_prefix(master: list[Epoch], master_end: int, follower: list[Epoch], follower_end: int) -> Fence:
@@ -133,9 +135,9 @@ def common_prefix(master: list[Epoch], master_end: int, follower: list[Epoch], f
     master never had them: they are cut. A follower with data but no shared epoch shares no
     history with this master: following would mix two logs, so it is refused.
 
-    Only a later history cuts an earlier one. A follower whose last epoch the master does not
-    hold, numbered at or past the master's last, was itself promoted after the master's history
-    ends: the "master" is an old one, brought back with its old role (a stale toml, a name
+    Only a later history cuts an earlier one. A follower with bytes in epochs the master does
+    not hold, the last numbered at or past the master's last, was itself promoted after the
+    master's history ends: the "master" is an old one, brought back with its old role (a stale toml, a name
     service that forgot the promotion), and cutting would drop sends the promoted node
     acknowledged. Refused: the operator decides which node is the master."""
     if follower_end == 0:
@@ -146,11 +148,12 @@ def common_prefix(master: list[Epoch], master_end: int, follower: list[Epoch], f
                                       "to follow this master")
     i, j = shared[-1]
     newer = follower[-1]
-    if i < len(follower) - 1 and newer.epoch >= master[-1].epoch:
+    if i < len(follower) - 1 and newer.epoch >= master[-1].epoch and follower_end > follower[i + 1].start:
         return Fence(follower_end, 0, f"the follower was a master in epoch {newer.epoch} (from offset {newer.start}), "
-                                      f"which the master (its last epoch {master[-1].epoch}) never knew: the master is "
-                                      f"an old one, or was promoted beside it. Promote the follower (admin role, or brokerRole) and make the "
-                                      f"other its slave; nothing was cut")
+                                      f"which the master (its last epoch {master[-1].epoch}) never knew: the master "
+                                      f"is an old one, or was promoted beside it. Promote the follower (admin role, "
+                                      f"or brokerRole) and make the other its slave; nothing was cut",
+                     superseded=newer.epoch)
     if follower[i].start != master[j].start:
         return Fence(follower_end, 0, f"epoch {follower[i].epoch} starts at {follower[i].start} on the follower "
                                       f"but at {master[j].start} on the master")

@@ -457,7 +457,8 @@ def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(failov
 def _stale_roles_cut_nothing(pair) -> None:
     """Both nodes brought back with the roles they were configured with (a stale toml, a name
     service that forgot the promotion): M a master, the promoted S its slave. S keeps every byte
-    it took as the master, says why it does not follow, and is promoted again (epoch 2)."""
+    it took as the master and says why it does not follow; M, told by S's hello that it is an
+    old master, takes no sends (they would be cut). S is promoted again (epoch 2)."""
     m, s, s_node = pair.master, pair.slave, pair.slave_node
     written = control(s, "written")
     assert s_node.stop() == 0
@@ -472,6 +473,11 @@ def _stale_roles_cut_nothing(pair) -> None:
         return cli("admin", "ha", "--endpoint", s.listen)["follower"].get("diverged", "")
     wait_until(lambda: "never knew" in refused(), 10, "the stale slave to say why it does not follow")
     assert control(s, "written") == written
+    assert cli("admin", "ha", "--endpoint", m.listen)["supersededBy"] == 1
+    with Producer(m.listen, retries=0) as on_m:
+        with pytest.raises(SendError) as refused_send:
+            on_m.send("Stale", b"would be cut")
+    assert refused_send.value.status == "SERVICE_NOT_AVAILABLE" and "old master" in refused_send.value.remark
     assert cli("admin", "role", "--role", "ASYNC_MASTER", "--endpoint", s.listen)["epoch"] == 2
     assert m_node.stop() == 0
 

@@ -140,3 +140,32 @@ def test_a_slaves_health_says_when_it_follows_nothing_and_a_promoted_ones_does_n
     assert _health({"status": "OK", "role": "SLAVE", "follower": follower | {"connected": True}}) == "ok"
     assert _health({"status": "OK", "role": "SYNC_MASTER", "follower": follower}) == "ok"  # (promoted: it follows no one)
     assert _health({"status": "SYSTEM_BUSY"}) == "SYSTEM_BUSY"
+
+
+def test_an_old_master_registers_its_topics_without_write_so_routes_steer_sends_away(tmp_path):
+    """actors.ha_server marks a master that a would-be slave's later history superseded; its
+    registrations then carry brokerPermission without write (RocketMQ's per-topic perm)."""
+    import orjson
+
+    from nodes import node_settings
+
+    from actors.registrar import Registrar
+    from shm.control_block import ControlBlock
+
+    settings = node_settings(tmp_path / "store", namesrvAddr="127.0.0.1:9876")
+    (settings.root / "config").mkdir(parents=True)
+    (settings.root / "config" / "topics.json").write_bytes(orjson.dumps(
+        {"topicConfigTable": {"T": {"topicName": "T", "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}}}))
+    registrar = Registrar(settings)
+    registrar.control = ControlBlock(settings.root / "control", create=True)
+    registrar.control.publish_recovered(written=0, flushed=0, dispatched=0, min_offset=0)
+
+    def perm() -> int:
+        _, body = registrar.registration()
+        return orjson.loads(body)["topicConfigSerializeWrapper"]["topicConfigTable"]["T"]["perm"]
+    assert perm() == 6
+    registrar.control.set("superseded_by", 1)
+    assert perm() == 4
+    registrar.control.publish_recovered(written=0, flushed=0, dispatched=0, min_offset=0)  # a restart forgets it
+    assert perm() == 6
+    registrar.control.close()

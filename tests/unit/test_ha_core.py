@@ -60,12 +60,15 @@ def test_a_follower_promoted_after_the_masters_history_is_never_cut_by_it():
     promoted = [Epoch(0, 0, A), Epoch(1, 700, B)]
     fence = common_prefix(old_master, 1000, promoted, 900)
     assert (fence.keep, fence.dropped) == (900, 0) and "epoch 1 (from offset 700)" in fence.refusal
-    assert "nothing was cut" in fence.refusal
+    assert "nothing was cut" in fence.refusal and fence.superseded == 1
+    unused = common_prefix(old_master, 1000, promoted, 700)  # promoted, but it took nothing: it follows
+    assert (unused.keep, unused.dropped, unused.refusal) == (700, 0, None)
+    assert common_prefix(old_master, 600, promoted, 700).dropped == 100  # (the old master lost its tail)
     rival = [Epoch(0, 0, A), Epoch(1, 650, C)]  # two nodes promoted into one epoch: neither cuts the other
-    assert common_prefix(rival, 1000, promoted, 900).refusal
+    assert common_prefix(rival, 1000, promoted, 900).superseded == 1
     later = [Epoch(0, 0, A), Epoch(1, 650, C), Epoch(2, 800, D)]  # the master's history went on past it: cut
     fence = common_prefix(later, 1000, promoted, 900)
-    assert (fence.keep, fence.dropped, fence.refusal) == (650, 250, None)
+    assert (fence.keep, fence.dropped, fence.refusal, fence.superseded) == (650, 250, None, 0)
 
 
 def test_logs_with_no_shared_epoch_are_never_mixed():

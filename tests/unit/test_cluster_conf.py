@@ -140,6 +140,9 @@ def test_a_slaves_health_says_when_it_follows_nothing_and_a_promoted_ones_does_n
     assert _health({"status": "OK", "role": "SLAVE", "follower": follower | {"connected": True}}) == "ok"
     assert _health({"status": "OK", "role": "SYNC_MASTER", "follower": follower}) == "ok"  # (promoted: it follows no one)
     assert _health({"status": "SYSTEM_BUSY"}) == "SYSTEM_BUSY"
+    old_master = _health({"status": "OK", "role": "ASYNC_MASTER", "supersededBy": 2})
+    assert old_master.startswith("superseded: ") and "epoch 2" in old_master
+    assert _health({"status": "OK", "role": "ASYNC_MASTER", "supersededBy": 0}) == "ok"
 
 
 def test_an_old_master_registers_its_topics_without_write_so_routes_steer_sends_away(tmp_path):

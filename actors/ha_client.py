@@ -57,6 +57,7 @@ from shm.pop_log import POP_REPLICA, PopReplica, ReplicaGap
 log = logging.getLogger("mqnode")
 HEADER_PEEK = 8  # a record's size and magic: what `frame_size` looks at
 RECONNECT_MS = 1000
+DIVERGED_RETRY_MS = 10_000  # after a refusal because the histories parted: logged once, asked again this often
 BYE_LINGER_MS = 200
 MAX_ITEMS = 256  # link messages taken per turn
 MAX_WALK = 1 << 20  # record headers checked per append, at most
@@ -193,7 +194,9 @@ class HaClient(Actor):
                 if self.session.expired(monotonic_ms()):
                     raise LinkError("nothing heard from the master for haHousekeepingInterval")
             except LinkError as e:
-                self._disconnect(str(e))
+                self._disconnect(str(e), quietly=bool(self.diverged) and str(e) == self.last_error)
+                if self.diverged:  # (only a change on the master's side, or a restart here, can mend it)
+                    self.next_connect_ms = monotonic_ms() + DIVERGED_RETRY_MS
             except AllocationFailed as e:
                 self._no_room(str(e))
             except OSError as e:
@@ -366,7 +369,8 @@ class HaClient(Actor):
                 self.link.send(report)  # 8 bytes: a non-blocking socket takes them or raises
             else:
                 self.link.send(ha_link.REPORT_KIND + report, zmq.NOBLOCK)
-        if self.session is not None and not self.rocketmq and self.pop_replica.taken != self.pop_reported:
+        if (self.session is not None and self.session.welcomed and not self.rocketmq
+                and self.pop_replica.taken != self.pop_reported):
             self.pop_reported = self.pop_replica.taken  # (only after b"Q" items: a master that ships them)
             self.link.send(ha_link.POP_TAKEN + REPORT.pack(self.pop_reported), zmq.NOBLOCK)
 

@@ -46,6 +46,7 @@ MAX_CHALLENGED = 64  # connections asked to prove an account and not yet answeri
 CHALLENGE_MS = 10_000  # a challenge not answered within this is forgotten
 MAX_TRANSFERS = 64  # per slave per turn: bounds a turn; the next turn goes on
 MAX_ITEMS = 512
+REPEAT_LOG_MS = 60_000  # the same refusal logged again only after this
 IDLE_MS = 50  # (RocketMQ's master waits up to 100 ms for a put notification; the doorbell wakes this one)
 DATA_HEAD = 1 + REPORT.size
 
@@ -76,6 +77,7 @@ class HaServer(Actor):
         self.bind_error = ""
         self.refused = self.closed = 0
         self.last_error = ""
+        self.last_error_logged_ms = 0
         self.rate = _Rate()
         self.config = ConfigShipper(settings.root / "config", guard.acl_shipped(settings))
         self.pop = PopShipper(settings.root / "pop")
@@ -203,8 +205,9 @@ class HaServer(Actor):
                 elif kind == ha_link.HISTORY and self._master():
                     history = {"epochs": self.epochs.as_wire(), "maxOffset": self.control.get("written")}
                     self.endpoint.send_multipart([peer, ha_link.HISTORY + orjson.dumps(history)])
-                elif kind == ha_link.BYE and session is not None:
-                    self._end(peer, "the slave said goodbye")
+                elif kind == ha_link.BYE:  # (a refused follower's goodbye finds no session: nothing to end)
+                    if session is not None:
+                        self._end(peer, "the slave said goodbye")
                 elif session is not None:
                     raise LinkError(f"an unknown message ({kind!r}, {len(data)} bytes)")
                 else:
@@ -281,8 +284,12 @@ class HaServer(Actor):
 
     def _refuse(self, peer, reason: str) -> None:
         self.refused += 1
+        now = monotonic_ms()
+        repeated = reason == self.last_error and now - self.last_error_logged_ms < REPEAT_LOG_MS
+        if not repeated:  # (a follower refused for good asks again and again: one line a minute of it)
+            self.last_error_logged_ms = now
+            log.warning("ha-server: link closed: %s", reason)
         self.last_error = reason
-        log.warning("ha-server: link closed: %s", reason)
         if not self.rocketmq:
             try:
                 self.endpoint.send_multipart([peer, ha_link.REFUSED + reason.encode()[:1000]])

@@ -1,13 +1,13 @@
 """register: the node's registrations with its name services (RocketMQ's BrokerOuterAPI.registerBrokerAll).
 
-Every `registerNameServerPeriod` ms, and within a second of its role, its brokerPermission (write taken
-away on an old master, actors.ha_server `superseded_by`) or its topic table changing (the front
+Every `registerNameServerPeriod` ms, and within a second of its role, its brokerPermission or its topic table changing (the front
 persists `config/topics.json`, RocketMQ's TopicConfigSerializeWrapper: the table and its data
 version, sent as they are), the node sends REGISTER_BROKER to each name service of
 `namesrvAddr`: its group (`brokerName`, `brokerClusterName`), its topics (each with the node's
 `brokerPermission` as its perm while that is not 6, as RocketMQ registers them), its client address, its HA
 address, its gRPC proxy's address (`grpcAddr`, mqnode's own field), its id (0 while it is a master: a slave promoted by `admin role` registers as its
-group's master from the next registration on) and its written offset. At stop it unregisters.
+group's master from the next registration on) and its written offset. At stop it unregisters, and
+so does an old master (a would-be slave's later history superseded it), for as long as it runs.
 
 A shell without a process of its own: the topology hosts it in the clean process's loop, so it
 gives its turn as `poll_items` / `timeout_ms` / `step` (actors.host). It reads only files and
@@ -16,16 +16,18 @@ the control block; one DEALER socket per name service, whose answers it counts.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import orjson
 import zmq
 
 from actors import config_files
-from actors.broker_config import PERM_WRITE
 from actors.base import Actor, incoming, socket
 from node import protocol
 from shm.control_block import ROLE_CODES, ROLE_NAMES
+
+log = logging.getLogger(__name__)
 
 LOOK_EVERY_S = 1.0  # how often the topic table's file is looked at
 MAX_REPLIES_PER_TURN = 64
@@ -77,6 +79,7 @@ class Registrar(Actor):
         self.opaque = 0
         self.sent = self.answered = self.refused = 0
         self.last_answer: dict[str, dict] = {}  # endpoint -> {"status", "at"}
+        self.left = False  # an old master's unregistration sent (`_leave`)
 
     def open(self) -> None:
         for endpoint in self.endpoints_ns:
@@ -95,11 +98,13 @@ class Registrar(Actor):
             if s in events:
                 for frames in incoming(s, MAX_REPLIES_PER_TURN):
                     self._answered(endpoint, frames)
+        if self.control.get("superseded_by"):
+            return self._leave()
         now = time.monotonic()
         if now >= self.next_look:
             self.next_look = now + LOOK_EVERY_S
             # a promotion, or a change of brokerPermission, registers at once too
-            version = (self._topics_version(), self.control.get("role"), self._permission())
+            version = (self._topics_version(), self.control.get("role"), self.control.get("broker_permission"))
             if version != self.topics_version:
                 self.topics_version = version
                 self.next_register = now  # RocketMQ registers at once after a topic change
@@ -128,18 +133,12 @@ class Registrar(Actor):
         if s.autoCreateTopicEnable:  # RocketMQ's TBW102: producers send a topic nobody has yet to the groups that create it
             table.setdefault(DEFAULT_TOPIC, {"topicName": DEFAULT_TOPIC, "readQueueNums": s.defaultTopicQueueNums,
                                              "writeQueueNums": s.defaultTopicQueueNums, "perm": 6, "topicSysFlag": 0})
-        permission = self._permission()
+        permission = self.control.get("broker_permission")
         if permission != READ_AND_WRITE:  # RocketMQ's: each topic registered with the node's permission instead
             table = {name: config | {"perm": permission} for name, config in table.items()}
         body = {"topicConfigSerializeWrapper": {"topicConfigTable": table,
                                                 "dataVersion": wrapper.get("dataVersion") or {}}}
         return header, orjson.dumps(body)
-
-    def _permission(self) -> int:
-        """brokerPermission, without write on an old master (actors.ha_server: it takes no
-        sends), so the routes steer producers to the other groups."""
-        permission = self.control.get("broker_permission")
-        return permission & ~PERM_WRITE if self.control.get("superseded_by") else permission
 
     def register(self) -> None:
         header, body = self.registration()
@@ -166,11 +165,24 @@ class Registrar(Actor):
         self.last_answer[endpoint] = {"status": status, "remark": reply.get("remark", "") if status != "OK" else "",
                                       "at": int(time.time() * 1000)}
 
-    def drain(self) -> None:
-        """Leave the routes at once (a stopping node), rather than 120 s later."""
+    def _leave(self) -> None:
+        """An old master (actors.ha_server `superseded_by`: a would-be slave's history is later)
+        leaves the routes and registers no more until it restarts: it takes no sends, and were it
+        to go on registering as its group's master, the name services would remember it as the
+        master (`lastMasterTable`) over the node promoted in its place."""
+        if not self.left:
+            self.left = True
+            log.warning("register: this node is an old master: out of the name services' routes until it restarts")
+            self._unregister()
+
+    def _unregister(self) -> None:
         s = self.settings
         self._send_all({"code": protocol.UNREGISTER_BROKER, "brokerName": s.brokerName, "clusterName": s.brokerClusterName,
                         "brokerAddr": client_address(s), "brokerId": s.brokerId}, None)
+
+    def drain(self) -> None:
+        """Leave the routes at once (a stopping node), rather than 120 s later."""
+        self._unregister()
         time.sleep(0.05)  # (the sockets' linger is 0: a moment for the frames to leave)
 
     def statistics(self) -> dict:

@@ -110,13 +110,10 @@ def cluster_status(namesrv: str) -> dict:
 
 
 def _health(reply: dict) -> str:
-    """"ok", or what is wrong: the node's status, a master that a would-be slave's later history
-    made an old one (it takes no sends), or a slave's link to its master down (a slave that
-    follows nothing is not a copy, whatever its offsets say)."""
+    """"ok", or what is wrong: the node's status, or a slave's link to its master down (a slave
+    that follows nothing is not a copy, whatever its offsets say)."""
     if reply.get("status") != "OK":
         return reply.get("status")
-    if reply.get("supersededBy"):
-        return f"superseded: a would-be slave was a master in epoch {reply['supersededBy']}; sends are refused"
     follower = reply.get("follower")  # (a promoted slave's stays in its answer, following nothing)
     if reply.get("role") == "SLAVE" and follower is not None and not follower.get("connected"):
         why = follower.get("diverged") or follower.get("lastError") or "no link yet"

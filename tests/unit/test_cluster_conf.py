@@ -140,35 +140,30 @@ def test_a_slaves_health_says_when_it_follows_nothing_and_a_promoted_ones_does_n
     assert _health({"status": "OK", "role": "SLAVE", "follower": follower | {"connected": True}}) == "ok"
     assert _health({"status": "OK", "role": "SYNC_MASTER", "follower": follower}) == "ok"  # (promoted: it follows no one)
     assert _health({"status": "SYSTEM_BUSY"}) == "SYSTEM_BUSY"
-    old_master = _health({"status": "OK", "role": "ASYNC_MASTER", "supersededBy": 2})
-    assert old_master.startswith("superseded: ") and "epoch 2" in old_master
-    assert _health({"status": "OK", "role": "ASYNC_MASTER", "supersededBy": 0}) == "ok"
 
 
-def test_an_old_master_registers_its_topics_without_write_so_routes_steer_sends_away(tmp_path):
+def test_an_old_master_leaves_the_routes_and_registers_no_more(tmp_path):
     """actors.ha_server marks a master that a would-be slave's later history superseded; its
-    registrations then carry brokerPermission without write (RocketMQ's per-topic perm)."""
-    import orjson
-
+    registrar unregisters once and sends nothing more, so the name services' lastMasterTable
+    keeps the node promoted in its place (not the old master's periodic registrations)."""
     from nodes import node_settings
 
     from actors.registrar import Registrar
+    from node import protocol
     from shm.control_block import ControlBlock
 
     settings = node_settings(tmp_path / "store", namesrvAddr="127.0.0.1:9876")
-    (settings.root / "config").mkdir(parents=True)
-    (settings.root / "config" / "topics.json").write_bytes(orjson.dumps(
-        {"topicConfigTable": {"T": {"topicName": "T", "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}}}))
+    settings.root.mkdir(parents=True)
     registrar = Registrar(settings)
     registrar.control = ControlBlock(settings.root / "control", create=True)
     registrar.control.publish_recovered(written=0, flushed=0, dispatched=0, min_offset=0)
-
-    def perm() -> int:
-        _, body = registrar.registration()
-        return orjson.loads(body)["topicConfigSerializeWrapper"]["topicConfigTable"]["T"]["perm"]
-    assert perm() == 6
+    sent = []
+    registrar._send_all = lambda header, body: sent.append(header["code"])
+    registrar.step(set())
+    assert sent == [protocol.REGISTER_BROKER]
     registrar.control.set("superseded_by", 1)
-    assert perm() == 4
-    registrar.control.publish_recovered(written=0, flushed=0, dispatched=0, min_offset=0)  # a restart forgets it
-    assert perm() == 6
+    for _ in range(3):
+        registrar.next_register = 0.0  # (due: it would register now)
+        registrar.step(set())
+    assert sent == [protocol.REGISTER_BROKER, protocol.UNREGISTER_BROKER]
     registrar.control.close()

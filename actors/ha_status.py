@@ -17,7 +17,7 @@ def ha_status(settings, control, actor_stats: dict[str, dict]) -> dict:
     client = actor_stats.get("ha-client", {})
     role = ROLE_NAMES.get(control.get("role"), "UNKNOWN")
     status = {"role": role, "brokerId": settings.brokerId, "brokerName": settings.brokerName,
-              "protocol": settings.haProtocol, "epoch": server.get("epoch", client.get("epoch", -1)),
+              "protocol": settings.haProtocol, "epoch": _epoch(role, server, client),
               "haListen": server.get("listen", f"{settings.ha_host}:{settings.ha_port}"),
               "written": control.get("written"), "slaveAcked": control.get("slave_acked"),
               "slavesFollowing": control.get("ha_slaves")}
@@ -33,3 +33,10 @@ def ha_status(settings, control, actor_stats: dict[str, dict]) -> dict:
             "master", "masterEndpoint", "following", "connected", "masterOffset", "offset", "written", "lagBytes",
             "lagMs", "receivedBytes", "connects", "linkErrors", "lastError", "diverged")}
     return status
+
+
+def _epoch(role: str, server: dict, client: dict) -> int:
+    """The epoch in force: a slave's as its ha-client adopted it from its master (its ha-server,
+    idle on a slave, read the file at its start), a master's as its ha-server began or read it."""
+    first, second = (client, server) if role == "SLAVE" else (server, client)
+    return first.get("epoch", second.get("epoch", -1))

@@ -441,6 +441,7 @@ def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(failov
     assert "mqnode fencing: dropped" in text and old_end > promoted["offset"]
     wait_until(lambda: caught_up(m_slave, s), 60, "the old master to follow the new one")
     assert_prefix(m_slave, s)
+    assert cli("admin", "ha", "--endpoint", m_slave.listen)["epoch"] == 2  # (its master's, adopted)
     with Producer(m_slave.listen) as on_m:
         for msg_id in list(alone)[:20]:  # what only the old master had is gone: its offsets hold
             reply, body = on_m.request({"code": protocol.VIEW_MESSAGE_BY_ID, "offsetMsgId": msg_id})

@@ -250,3 +250,22 @@ def test_the_follower_drops_garbage_and_keeps_exactly_the_records_before_it(tmp_
     follower.publish()
     assert bytes(follower.log.segments.files[0].map[: len(data)]) == data
     follower.close()
+
+
+def test_admin_ha_shows_a_slaves_epoch_as_its_follower_adopted_it(tmp_path):
+    """A slave's ha-server, idle, read the epoch file at its start; the ha-client adopts its
+    master's history later (a master not up at the slave's start): admin ha shows the latter."""
+    from nodes import node_settings
+
+    from actors.ha_status import ha_status
+    from shm.control_block import ROLE_CODES, ControlBlock
+
+    settings = node_settings(tmp_path / "store")
+    settings.root.mkdir(parents=True)
+    control = ControlBlock(settings.root / "control", create=True)
+    stats = {"ha-server": {"epoch": 0}, "ha-client": {"epoch": 2}}
+    control.set("role", ROLE_CODES["SLAVE"])
+    assert ha_status(settings, control, stats)["epoch"] == 2
+    control.set("role", ROLE_CODES["ASYNC_MASTER"])  # (promoted: its ha-server began the next epoch)
+    assert ha_status(settings, control, {"ha-server": {"epoch": 3}, "ha-client": {"epoch": 2}})["epoch"] == 3
+    control.close()

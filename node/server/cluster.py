@@ -236,9 +236,22 @@ def _cluster_info(settings) -> dict | None:
     return None
 
 
+def start_order(nodes: list[NodePart], info: dict | None) -> list[NodePart]:
+    """The nodes as `up` starts them: the masters first, then the slaves, each by the role it
+    will start with (`role_now`: the name services' table may have moved a group's master
+    since the toml was written). A slave fences its log against its master's at its start
+    (node.server.fencing), which needs the master up: an old master that comes back as the
+    promoted one's slave, started first because the toml says master, skipped its fencing and
+    then, with a tail to cut, stayed diverged until restarted by hand."""
+    def slave(part: NodePart) -> bool:
+        settings = part.settings
+        return role_now(settings, info).get("brokerRole", settings.brokerRole) == "SLAVE"
+    return sorted(nodes, key=slave)
+
+
 class Cluster:
-    """`up`'s parts under Ray: started in order (name services, then masters, then slaves),
-    stopped in reverse."""
+    """`up`'s parts under Ray: started in order (name services, then masters, then slaves, by
+    the role each starts with), stopped in reverse."""
 
     def __init__(self, conf: ClusterConf, ray_address: str | None, out=print):
         self.conf, self.ray_address, self.out = conf, ray_address, out
@@ -258,8 +271,8 @@ class Cluster:
             handle = namesrv_module.launch(part.listen, part.directory, placement=ray_setup.place_on(part.ray_node))
             self.namesrvs[part.label] = handle
             self.out(f"mqnode cluster ready part={part.label} endpoint={part.listen} dir={part.directory}", flush=True)
-        masters = [p for p in self.conf.nodes if not p.settings.is_slave]
-        for part in masters + [p for p in self.conf.nodes if p.settings.is_slave]:
+        info = _cluster_info(self.conf.nodes[0].settings) if self.conf.nodes else None
+        for part in start_order(self.conf.nodes, info):
             self._start_node(part, address)
 
     def _start_node(self, part: NodePart, address: str) -> None:

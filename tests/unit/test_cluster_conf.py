@@ -167,3 +167,17 @@ def test_an_old_master_leaves_the_routes_and_registers_no_more(tmp_path):
         registrar.step(set())
     assert sent == [protocol.REGISTER_BROKER, protocol.UNREGISTER_BROKER]
     registrar.control.close()
+
+
+def test_up_starts_each_group_s_master_first_by_the_role_it_starts_with():
+    """The toml says a is the master; the name services' table says its slave a1 was promoted:
+    a1 starts first, so a (now a1's slave) fences its log against a running master."""
+    def part(**values):
+        return cluster.NodePart({"namesrvAddr": "127.0.0.1:9876", "brokerName": "b", **values})
+    a = part(listen="tcp://10.0.0.2:10911", brokerRole="ASYNC_MASTER")
+    a1 = part(listen="tcp://10.0.0.3:10911", brokerRole="SLAVE", brokerId=1, haMasterAddress="10.0.0.2:10912")
+    other = part(brokerName="c", listen="tcp://10.0.0.4:10911")
+    assert cluster.start_order([a, a1, other], None) == [a, other, a1]  # as configured
+    last = {"b": {"address": "10.0.0.3:10911", "haServerAddr": "10.0.0.3:10912", "role": "ASYNC_MASTER"}}
+    info = {"status": "OK", "brokerAddrTable": {}, "brokerLiveTable": {}, "lastMasterTable": last}
+    assert cluster.start_order([a, a1, other], info) == [a1, other, a]

@@ -46,9 +46,9 @@ class FrontReplication:
 
     def superseded(self) -> str:
         """Why an old master takes no sends (actors.ha_server: a would-be slave's history is later)."""
-        return (f"this node is an old master: a node it would have as its slave was a master in epoch "
-                f"{self.control.get('superseded_by')}, past this node's history (mqnode admin ha); promote that node "
-                f"and restart this one as its slave")
+        return (f"this node is an old master: another node of its group was a master in epoch "
+                f"{self.control.superseded()}, past this node's history (mqnode admin ha); promote that node "
+                f"if it is not the master, and restart this one as its slave")
 
     def brokers(self, actor_stats: dict) -> dict[str, str]:
         """GET_ROUTEINFO_BY_TOPIC's brokerAddrs: brokerId -> client endpoint of this node, its

@@ -24,7 +24,7 @@ def ha_status(settings, control, actor_stats: dict[str, dict]) -> dict:
     if role != "SLAVE":
         status |= {"slaves": server.get("slaves", []), "transferBytesPerSecond": server.get("transferBytesPerSecond", 0),
                    "bound": server.get("bound", False), "bindError": server.get("bindError", ""),
-                   "supersededBy": control.get("superseded_by")}
+                   "supersededBy": control.superseded()}
     if role == "SLAVE":  # from the control block: its master's end as last heard, its own
         master = control.get("master_offset")
         status |= {"masterOffset": master, "lagBytes": max(0, master - control.get("written"))}

@@ -83,6 +83,7 @@ class RouteTable:
         self.masters: dict[str, dict] = {}  # brokerName -> its last master (see the module's docstring)
         self.version = 0  # +1 for every change of the tables (the shell persists when it moved)
         self.registrations = self.expired = 0
+        self.stale_masters = 0  # registrations of a master older than its group's (answered supersededBy)
 
     # -- brokers ------------------------------------------------------------------------------------
 
@@ -104,16 +105,23 @@ class RouteTable:
         if name not in self.brokers and len(self.brokers) >= MAX_BROKERS or \
                 address not in self.live and len(self.live) >= MAX_BROKERS:
             raise RegistrationRefused(f"the name service holds {MAX_BROKERS} broker groups or addresses at most")
+        epoch = header.get("epoch")  # mqnode's; a RocketMQ broker sends none
+        if epoch is not None and (type(epoch) is not int or epoch < -1):
+            raise RegistrationRefused(f"epoch must be an integer >= -1, not {epoch!r}")
+        info = self._live_info(header, wrapper, name, cluster, broker_id, epoch, now_ms)  # (checks grpcAddr)
         self.registrations += 1
+        newer = self._newer_master(name, address, epoch) if broker_id == MASTER_ID else None
+        if newer is not None:  # an old master: heard from, but the group's master and its topics stay the newer one's
+            self.live[address] = info
+            self.stale_masters += 1
+            return {"masterAddr": newer, "haServerAddr": self.live[newer]["haServerAddr"],
+                    "supersededBy": self.live[newer]["epoch"]}
         changed = self._place(name, cluster, address, broker_id)
         if queues is not None:
             changed |= self._queues_of(name, queues)
-        grpc = _host_port(header.get("grpcAddr") or "", "grpcAddr")
         previous = self.live.get(address, {})
-        self.live[address] = {"lastUpdateTimestamp": now_ms, "brokerName": name, "brokerId": broker_id,
-                              "cluster": cluster, "haServerAddr": header.get("haServerAddr", ""), "grpcAddr": grpc,
-                              "dataVersion": wrapper.get("dataVersion"), "role": header.get("role", ""),
-                              "maxOffset": header.get("maxOffset", 0)}
+        self.live[address] = info
+        grpc = info["grpcAddr"]
         if changed or previous.get("brokerId") != broker_id or previous.get("grpcAddr", "") != grpc:
             self.version += 1
         if broker_id == MASTER_ID:
@@ -121,6 +129,24 @@ class RouteTable:
             self.version += changed
         master = self.brokers[name]["brokerAddrs"].get(str(MASTER_ID), "")
         return {"masterAddr": master, "haServerAddr": self.live.get(master, {}).get("haServerAddr", "")}
+
+    @staticmethod
+    def _live_info(header: dict, wrapper: dict, name: str, cluster: str, broker_id: int, epoch, now_ms: int) -> dict:
+        return {"lastUpdateTimestamp": now_ms, "brokerName": name, "brokerId": broker_id, "cluster": cluster,
+                "haServerAddr": header.get("haServerAddr", ""),
+                "grpcAddr": _host_port(header.get("grpcAddr") or "", "grpcAddr"),
+                "dataVersion": wrapper.get("dataVersion"), "role": header.get("role", ""),
+                "maxOffset": header.get("maxOffset", 0), "epoch": epoch}
+
+    def _newer_master(self, name: str, address: str, epoch) -> str | None:
+        """The live master of group `name` other than `address` that registered a later epoch
+        than `epoch`: the registering master is an old one (its slave was promoted while it was
+        cut off). None when either has no epoch (a RocketMQ broker): the later registration wins."""
+        holder = self.brokers.get(name, {}).get("brokerAddrs", {}).get(str(MASTER_ID))
+        info = self.live.get(holder) if holder != address else None
+        if info is None or info["brokerId"] != MASTER_ID or type(epoch) is not int or type(info.get("epoch")) is not int:
+            return None
+        return holder if info["epoch"] > epoch else None
 
     def _master_of(self, name: str, address: str, info: dict, now_ms: int) -> bool:
         """Remember `address` as group `name`'s master; whether that changed what is remembered."""
@@ -225,7 +251,8 @@ class RouteTable:
 
     def statistics(self) -> dict:
         return {"brokerGroups": len(self.brokers), "addresses": len(self.live), "topics": len(self.queues),
-                "registrations": self.registrations, "expired": self.expired, "version": self.version}
+                "registrations": self.registrations, "staleMasters": self.stale_masters, "expired": self.expired,
+                "version": self.version}
 
     # -- the shell's file ---------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ version, sent as they are), the node sends REGISTER_BROKER to each name service 
 `namesrvAddr`: its group (`brokerName`, `brokerClusterName`), its topics (each with the node's
 `brokerPermission` as its perm while that is not 6, as RocketMQ registers them), its client address, its HA
 address, its gRPC proxy's address (`grpcAddr`, mqnode's own field), its id (0 while it is a master: a slave promoted by `admin role` registers as its
-group's master from the next registration on) and its written offset. At stop it unregisters, and
+group's master from the next registration on), its written offset and its epoch (mqnode's: the name
+service keeps a group's master slot for the later epoch, and tells an older master so). At stop it unregisters, and
 so does an old master (a would-be slave's later history superseded it), for as long as it runs.
 
 A shell without a process of its own: the topology hosts it in the clean process's loop, so it
@@ -26,6 +27,7 @@ from actors import config_files
 from actors.base import Actor, incoming, socket
 from node import protocol
 from shm.control_block import ROLE_CODES, ROLE_NAMES
+from shm.epochs import EpochFile
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +100,7 @@ class Registrar(Actor):
             if s in events:
                 for frames in incoming(s, MAX_REPLIES_PER_TURN):
                     self._answered(endpoint, frames)
-        if self.control.get("superseded_by"):
+        if self.control.superseded():
             return self._leave()
         now = time.monotonic()
         if now >= self.next_look:
@@ -128,7 +130,7 @@ class Registrar(Actor):
                   "brokerAddr": client_address(s), "haServerAddr": ha_address(s), "grpcAddr": grpc_address(s),
                   "brokerId": 0 if master else max(s.brokerId, 1),
                   "role": ROLE_NAMES.get(self.control.get("role"), "UNKNOWN"),
-                  "maxOffset": self.control.get("written")}
+                  "maxOffset": self.control.get("written"), "epoch": EpochFile(s.root).current}
         table = dict(wrapper.get("topicConfigTable") or {})
         if s.autoCreateTopicEnable:  # RocketMQ's TBW102: producers send a topic nobody has yet to the groups that create it
             table.setdefault(DEFAULT_TOPIC, {"topicName": DEFAULT_TOPIC, "readQueueNums": s.defaultTopicQueueNums,
@@ -162,12 +164,23 @@ class Registrar(Actor):
         status = reply.get("status") if isinstance(reply, dict) else None
         if status != "OK":
             self.refused += 1
+        else:
+            self._superseded(endpoint, reply.get("supersededBy"))
         self.last_answer[endpoint] = {"status": status, "remark": reply.get("remark", "") if status != "OK" else "",
                                       "at": int(time.time() * 1000)}
 
+    def _superseded(self, endpoint: str, epoch) -> None:
+        """The name service holds another master of this group, registered with a later epoch
+        (a slave promoted while this node was cut off from it): this is an old master."""
+        if type(epoch) is int and epoch > self.control.get("superseded_in_routes") and \
+                self.control.get("role") != ROLE_CODES["SLAVE"]:
+            log.error("register: the name service %s holds this group's master at epoch %d, past this node's: this is "
+                      "an old master; client sends are refused until it restarts as that master's slave", endpoint, epoch)
+            self.control.set("superseded_in_routes", epoch)
+
     def _leave(self) -> None:
-        """An old master (actors.ha_server `superseded_by`: a would-be slave's history is later)
-        leaves the routes and registers no more until it restarts: it takes no sends, and were it
+        """An old master (`ControlBlock.superseded`: a would-be slave's history is later, or a name
+        service holds a later master) leaves the routes and registers no more until it restarts: it takes no sends, and were it
         to go on registering as its group's master, the name services would remember it as the
         master (`lastMasterTable`) over the node promoted in its place."""
         if not self.left:

@@ -23,7 +23,8 @@ struct.pack_into here: it zeroes the bytes before writing, so a reader can see a
 | 13   | role            | launcher; ha-client (promotion); front (`admin role` on a master) | ROLE_CODES: the node's broker role now |
 | 14   | ha_slaves       | ha-server                    | slaves following now (SYNC_MASTER waits only with one) |
 | 15   | master_offset   | ha-client                    | a slave: its master's written end, as last heard (lag = master_offset - written) |
-| 16-444 | heartbeats    | each actor its own slot      | last loop time, ms                     |
+| 16-443 | heartbeats    | each actor its own slot      | last loop time, ms                     |
+| 444  | superseded_in_routes | registrar (0 at start)  | a master: the epoch of the group's master a name service holds past this node's (0: none); as `superseded_by` |
 | 445  | superseded_by   | ha-server (0 at start)       | a master: the epoch a would-be slave began past this node's history (0: none); no client send is taken |
 | 446  | broker_permission | recovery (the setting); front (`admin config update`) | brokerPermission now (PermName bits) |
 | 447  | config_changes  | front                        | bumped after each write of topics.json or subscriptionGroup.json: the ha-server ships the files before the records written after them |
@@ -54,14 +55,14 @@ SLOTS = {
     "magic": 0, "written": 1, "committed": 2, "flushed": 3, "dispatched": 4, "min_offset": 5,
     "slave_acked": 6, "flags": 7, "store_timestamp": 8, "generation": 9, "writer_generation": 10,
     "reput_polling_until": 11, "deletions": 12, "role": 13, "ha_slaves": 14,
-    "master_offset": 15, "superseded_by": 445, "broker_permission": 446, "config_changes": 447,
+    "master_offset": 15, "superseded_in_routes": 444, "superseded_by": 445, "broker_permission": 446, "config_changes": 447,
 }
 ROLE_CODES = {"ASYNC_MASTER": 0, "SYNC_MASTER": 1, "SLAVE": 2}
 ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
 HEARTBEAT_BASE = 16
 WATCHERS_BASE = 448  # the front is watcher 0, pull worker i is watcher 1 + i, the pop service the last
 WATCHER_SLOTS = FILE_SIZE // 8 - WATCHERS_BASE
-HEARTBEAT_SLOTS = SLOTS["superseded_by"] - HEARTBEAT_BASE
+HEARTBEAT_SLOTS = SLOTS["superseded_in_routes"] - HEARTBEAT_BASE
 invariant(WATCHER_SLOTS == 2 + MAX_PULL_WORKERS)
 _NO_WATCHERS = bytes(WATCHER_SLOTS * 8)
 
@@ -145,12 +146,17 @@ class ControlBlock:
         invariant(min_offset <= flushed <= written and dispatched <= written)
         for name, value in (("written", written), ("committed", written), ("flushed", flushed),
                             ("dispatched", dispatched), ("min_offset", min_offset), ("slave_acked", 0), ("ha_slaves", 0),
-                            ("superseded_by", 0), ("broker_permission", broker_permission),
+                            ("superseded_by", 0), ("superseded_in_routes", 0), ("broker_permission", broker_permission),
                             ("reput_polling_until", 0)):  # a monotonic time: meaningless after a reboot
             self.set(name, value)
         self.map[WATCHERS_BASE * 8:FILE_SIZE] = _NO_WATCHERS  # readers set theirs again as they hold pulls
         self.set("generation", self.get("generation") + 1 if self.get("magic") == CONTROL_MAGIC else 1)
         self.set("magic", CONTROL_MAGIC)
+
+    def superseded(self) -> int:
+        """A master's: the later epoch another node began past this node's history, as a would-be
+        slave's hello (the ha-server) or a name service (the registrar) showed it; 0: none."""
+        return max(self.get("superseded_by"), self.get("superseded_in_routes"))
 
     def check(self) -> None:
         written, committed, flushed = self.get("written"), self.get("committed"), self.get("flushed")

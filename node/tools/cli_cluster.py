@@ -95,7 +95,7 @@ def cluster_status(namesrv: str) -> dict:
                     reply, _ = client.request({"code": protocol.GET_BROKER_HA_STATUS})
                 member |= {"health": _health(reply), "role": reply.get("role", member["role"]),
                            "writtenOffset": reply.get("written"), "epoch": reply.get("epoch")}
-                if "follower" in reply:
+                if "follower" in reply and reply.get("role") == "SLAVE":  # (a promoted one's follows nothing now)
                     member["follows"] = reply["follower"].get("master")
             except SendError as e:
                 member["health"] = f"no answer ({e.status})"

@@ -181,3 +181,38 @@ def test_up_starts_each_group_s_master_first_by_the_role_it_starts_with():
     last = {"b": {"address": "10.0.0.3:10911", "haServerAddr": "10.0.0.3:10912", "role": "ASYNC_MASTER"}}
     info = {"status": "OK", "brokerAddrTable": {}, "brokerLiveTable": {}, "lastMasterTable": last}
     assert cluster.start_order([a, a1, other], info) == [a1, other, a]
+
+
+def test_a_master_the_name_service_says_is_older_than_its_groups_takes_no_sends_and_leaves(tmp_path):
+    """REGISTER_BROKER carries the node's epoch; an answer `supersededBy` (the name service
+    holds the group's master at a later epoch) marks an old master, as a would-be slave's hello
+    does (ControlBlock.superseded), and the registrar then unregisters."""
+    import orjson
+
+    from nodes import node_settings
+
+    from actors.registrar import Registrar
+    from node import protocol
+    from shm.control_block import ROLE_CODES, ControlBlock
+    from shm.epochs import EpochFile
+
+    settings = node_settings(tmp_path / "store", namesrvAddr="127.0.0.1:9876")
+    settings.root.mkdir(parents=True)
+    EpochFile(settings.root).genesis(0)
+    registrar = Registrar(settings)
+    registrar.control = ControlBlock(settings.root / "control", create=True)
+    registrar.control.publish_recovered(written=0, flushed=0, dispatched=0, min_offset=0)
+    header, _ = registrar.registration()
+    assert header["epoch"] == 0
+    sent = []
+    registrar._send_all = lambda header, body: sent.append(header["code"])
+    answer = [orjson.dumps({"status": "OK", "masterAddr": "10.0.0.3:10911", "supersededBy": 1})]
+    registrar.control.set("role", ROLE_CODES["SLAVE"])
+    registrar._answered("tcp://127.0.0.1:9876", answer)  # (a slave: not its concern)
+    assert registrar.control.superseded() == 0
+    registrar.control.set("role", ROLE_CODES["ASYNC_MASTER"])
+    registrar._answered("tcp://127.0.0.1:9876", answer)
+    assert registrar.control.superseded() == 1 and registrar.control.get("superseded_by") == 0
+    registrar.step(set())
+    assert sent == [protocol.UNREGISTER_BROKER]
+    registrar.control.close()

@@ -9,9 +9,9 @@ from actors.namesrv_core import EXPIRY_MS, RegistrationRefused, RouteTable
 from node.client.routes import FaultTolerance, MessageQueue, QueueSelector, TopicRoute
 
 
-def _register(table, name, address, broker_id=0, topics=None, now=0, cluster="C"):
+def _register(table, name, address, broker_id=0, topics=None, now=0, cluster="C", epoch=None):
     header = {"brokerName": name, "clusterName": cluster, "brokerAddr": address, "brokerId": broker_id,
-              "haServerAddr": address + "-ha"}
+              "haServerAddr": address + "-ha"} | ({} if epoch is None else {"epoch": epoch})
     table_ = {t: {"readQueueNums": q, "writeQueueNums": q, "perm": 6} for t, q in (topics or {}).items()}
     return table.register(header, {"topicConfigSerializeWrapper": {"topicConfigTable": table_}}, now)
 
@@ -79,6 +79,32 @@ def test_a_promoted_slave_becomes_its_groups_master_and_unregister_takes_an_addr
     assert table.route("T")["brokerDatas"][0]["brokerAddrs"] == {"0": "s:1"}
     assert table.unregister({"brokerAddr": "m:1"}) and not table.unregister({"brokerAddr": "nobody:1"})
     assert table.route("T")["brokerDatas"][0]["brokerAddrs"] == {"0": "s:1"}
+
+
+def test_a_master_older_than_its_groups_is_told_so_and_changes_nothing():
+    """A slave promoted while its master was cut off (a partition, not a death): both register
+    as the group's master. The later epoch keeps the master's slot, the topics and the last
+    master; the old one is answered supersededBy (it then takes no sends and leaves)."""
+    table = RouteTable()
+    _register(table, "b", "m:1", topics={"T": 8}, epoch=0)
+    _register(table, "b", "s:1", broker_id=1, epoch=0)
+    _register(table, "b", "s:1", broker_id=0, topics={"T": 8, "U": 4}, epoch=1)  # promoted
+    version = table.version
+    answer = _register(table, "b", "m:1", topics={"T": 8, "Old": 1}, now=5, epoch=0)  # the partition heals
+    assert answer == {"masterAddr": "s:1", "haServerAddr": "s:1-ha", "supersededBy": 1}
+    assert table.route("T")["brokerDatas"][0]["brokerAddrs"] == {"0": "s:1"} and table.route("Old") is None
+    assert table.cluster_info()["lastMasterTable"]["b"]["address"] == "s:1" and table.version == version
+    assert table.statistics()["staleMasters"] == 1 and "m:1" in table.cluster_info()["brokerLiveTable"]
+    assert table.unregister({"brokerAddr": "m:1"})  # (its leaving)
+    assert table.route("T")["brokerDatas"][0]["brokerAddrs"] == {"0": "s:1"}
+    newer = _register(table, "b", "m:1", topics={"T": 8}, epoch=2)  # promoted again later: it takes the slot
+    assert "supersededBy" not in newer and table.route("T")["brokerDatas"][0]["brokerAddrs"] == {"0": "m:1"}
+    plain = RouteTable()  # RocketMQ's brokers send no epoch: the later registration wins, as in RocketMQ
+    _register(plain, "b", "s:1", topics={"T": 8}, epoch=1)
+    assert "supersededBy" not in _register(plain, "b", "m:1", topics={"T": 8})
+    assert plain.route("T")["brokerDatas"][0]["brokerAddrs"] == {"0": "m:1"}
+    with pytest.raises(RegistrationRefused, match="epoch"):
+        _register(plain, "b", "m:1", epoch="1")
 
 
 def test_the_snapshot_restores_the_tables_heard_from_at_the_restore():

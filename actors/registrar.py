@@ -29,7 +29,7 @@ from node import protocol
 from shm.control_block import ROLE_CODES, ROLE_NAMES
 from shm.epochs import EpochFile
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("mqnode")
 
 LOOK_EVERY_S = 1.0  # how often the topic table's file is looked at
 MAX_REPLIES_PER_TURN = 64

@@ -420,7 +420,7 @@ class Front(Actor):
         if self.replication.is_slave():
             return self._refuse(client, request, oneway, "SERVICE_NOT_AVAILABLE",
                                 f"this node is a slave of {self.settings.haMasterAddress}: send to its master")
-        if reput is None and self.control.superseded():  # (the node's own re-puts: a fencing cuts them)
+        if reput is None and self.replication.old_master:  # (the node's own re-puts: a fencing cuts them)
             return self._refuse(client, request, oneway, "SERVICE_NOT_AVAILABLE", self.replication.superseded())
         if self.in_flight >= self.settings.sendQueueCapacity:
             return self._refuse(client, request, oneway, "SYSTEM_BUSY",

@@ -23,6 +23,7 @@ class FrontReplication:
         self.config_seen: dict[str, tuple[int, int]] = {}  # a slave: the master's config files read
         self.next_look = 0.0
         self.was_slave = self.is_slave()
+        self.old_master = control.superseded()  # as last looked at (each turn, in `follow`): 0, or an old master
 
     def is_slave(self) -> bool:
         return self.control.get("role") == ROLE_CODES["SLAVE"]
@@ -47,7 +48,7 @@ class FrontReplication:
     def superseded(self) -> str:
         """Why an old master takes no sends (actors.ha_server: a would-be slave's history is later)."""
         return (f"this node is an old master: another node of its group was a master in epoch "
-                f"{self.control.superseded()}, past this node's history (mqnode admin ha); promote that node "
+                f"{self.old_master}, past this node's history (mqnode admin ha); promote that node "
                 f"if it is not the master, and restart this one as its slave")
 
     def brokers(self, actor_stats: dict) -> dict[str, str]:
@@ -72,11 +73,13 @@ class FrontReplication:
         """Each turn of the front: on a slave, its master's config files once a second; and once
         more on the turn a promotion is first seen, so what the ha-client wrote in the second
         before it is not missed (the new master would serve, and on its next change persist,
-        tables without it). `slave`: whether the control block says this node is one now."""
+        tables without it). `slave`: whether the control block says this node is one now. And
+        on a master, whether it is an old one (`old_master`, which the turn's sends read)."""
         if (slave and now >= self.next_look) or (self.was_slave and not slave):
             self.next_look = now + LOOK_EVERY_S
             self.follow_master_config()
         self.was_slave = slave
+        self.old_master = self.control.superseded()  # (a turn's sends read this, not two slots each)
 
     def follow_master_config(self) -> None:
         """A slave: the topics, groups and consumer offsets its master has, as the ha-client

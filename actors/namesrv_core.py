@@ -144,9 +144,10 @@ class RouteTable:
         cut off). None when either has no epoch (a RocketMQ broker): the later registration wins."""
         holder = self.brokers.get(name, {}).get("brokerAddrs", {}).get(str(MASTER_ID))
         info = self.live.get(holder) if holder != address else None
-        if info is None or info["brokerId"] != MASTER_ID or type(epoch) is not int or type(info.get("epoch")) is not int:
+        if info is None or info["brokerId"] != MASTER_ID:
             return None
-        return holder if info["epoch"] > epoch else None
+        later = info.get("epoch")
+        return holder if type(epoch) is int and type(later) is int and later > epoch else None
 
     def _master_of(self, name: str, address: str, info: dict, now_ms: int) -> bool:
         """Remember `address` as group `name`'s master; whether that changed what is remembered."""

@@ -6,9 +6,9 @@ version, sent as they are), the node sends REGISTER_BROKER to each name service 
 `namesrvAddr`: its group (`brokerName`, `brokerClusterName`), its topics (each with the node's
 `brokerPermission` as its perm while that is not 6, as RocketMQ registers them), its client address, its HA
 address, its gRPC proxy's address (`grpcAddr`, mqnode's own field), its id (0 while it is a master: a slave promoted by `admin role` registers as its
-group's master from the next registration on), its written offset and its epoch (mqnode's: the name
-service keeps a group's master slot for the later epoch, and tells an older master so). At stop it unregisters, and
-so does an old master (a would-be slave's later history superseded it), for as long as it runs.
+group's master from the next registration on), its written offset and its epoch (mqnode's: the
+name service keeps a group's master slot for the later epoch, and tells an older master so). At
+stop it unregisters, and so does an old master (`ControlBlock.superseded`) for as long as it runs.
 
 A shell without a process of its own: the topology hosts it in the clean process's loop, so it
 gives its turn as `poll_items` / `timeout_ms` / `step` (actors.host). It reads only files and
@@ -174,15 +174,17 @@ class Registrar(Actor):
         (a slave promoted while this node was cut off from it): this is an old master."""
         if type(epoch) is int and epoch > self.control.get("superseded_in_routes") and \
                 self.control.get("role") != ROLE_CODES["SLAVE"]:
-            log.error("register: the name service %s holds this group's master at epoch %d, past this node's: this is "
-                      "an old master; client sends are refused until it restarts as that master's slave", endpoint, epoch)
+            log.error("register: the name service %s holds this group's master at epoch %d, past this node's: this "
+                      "is an old master; client sends are refused until it restarts as that master's slave",
+                      endpoint, epoch)
             self.control.set("superseded_in_routes", epoch)
 
     def _leave(self) -> None:
         """An old master (`ControlBlock.superseded`: a would-be slave's history is later, or a name
-        service holds a later master) leaves the routes and registers no more until it restarts: it takes no sends, and were it
-        to go on registering as its group's master, the name services would remember it as the
-        master (`lastMasterTable`) over the node promoted in its place."""
+        service holds a later master) leaves the routes and registers no more until it restarts:
+        it takes no sends, and were it to go on registering as its group's master, the name
+        services would remember it as the master (`lastMasterTable`) over the node promoted in
+        its place."""
         if not self.left:
             self.left = True
             log.warning("register: this node is an old master: out of the name services' routes until it restarts")

@@ -55,7 +55,8 @@ SLOTS = {
     "magic": 0, "written": 1, "committed": 2, "flushed": 3, "dispatched": 4, "min_offset": 5,
     "slave_acked": 6, "flags": 7, "store_timestamp": 8, "generation": 9, "writer_generation": 10,
     "reput_polling_until": 11, "deletions": 12, "role": 13, "ha_slaves": 14,
-    "master_offset": 15, "superseded_in_routes": 444, "superseded_by": 445, "broker_permission": 446, "config_changes": 447,
+    "master_offset": 15, "superseded_in_routes": 444, "superseded_by": 445, "broker_permission": 446,
+    "config_changes": 447,
 }
 ROLE_CODES = {"ASYNC_MASTER": 0, "SYNC_MASTER": 1, "SLAVE": 2}
 ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
@@ -146,7 +147,8 @@ class ControlBlock:
         invariant(min_offset <= flushed <= written and dispatched <= written)
         for name, value in (("written", written), ("committed", written), ("flushed", flushed),
                             ("dispatched", dispatched), ("min_offset", min_offset), ("slave_acked", 0), ("ha_slaves", 0),
-                            ("superseded_by", 0), ("superseded_in_routes", 0), ("broker_permission", broker_permission),
+                            ("superseded_by", 0), ("superseded_in_routes", 0),
+                            ("broker_permission", broker_permission),
                             ("reput_polling_until", 0)):  # a monotonic time: meaningless after a reboot
             self.set(name, value)
         self.map[WATCHERS_BASE * 8:FILE_SIZE] = _NO_WATCHERS  # readers set theirs again as they hold pulls

@@ -137,9 +137,9 @@ def common_prefix(master: list[Epoch], master_end: int, follower: list[Epoch], f
 
     Only a later history cuts an earlier one. A follower with bytes in epochs the master does
     not hold, the last numbered at or past the master's last, was itself promoted after the
-    master's history ends: the "master" is an old one, brought back with its old role (a stale toml, a name
-    service that forgot the promotion), and cutting would drop sends the promoted node
-    acknowledged. Refused: the operator decides which node is the master."""
+    master's history ends: the "master" is an old one, brought back with its old role (a stale
+    toml, a name service that forgot the promotion), and cutting would drop sends the promoted
+    node acknowledged. Refused: the operator decides which node is the master."""
     if follower_end == 0:
         return Fence(0, 0)
     shared = [(i, j) for i, f in enumerate(follower) for j, m in enumerate(master) if f.same_as(m)]

@@ -183,7 +183,7 @@ def test_up_starts_each_group_s_master_first_by_the_role_it_starts_with():
     assert cluster.start_order([a, a1, other], info) == [a1, other, a]
 
 
-def test_a_master_the_name_service_says_is_older_than_its_groups_takes_no_sends_and_leaves(tmp_path):
+def test_a_master_the_name_service_says_is_older_than_its_groups_is_marked_an_old_master_and_leaves(tmp_path):
     """REGISTER_BROKER carries the node's epoch; an answer `supersededBy` (the name service
     holds the group's master at a later epoch) marks an old master, as a would-be slave's hello
     does (ControlBlock.superseded), and the registrar then unregisters."""

@@ -25,6 +25,9 @@ class Control:
     def set(self, name: str, value: int) -> None:
         self.values[name] = value
 
+    def superseded(self) -> int:  # (shm.control_block.ControlBlock's: never an old master here)
+        return 0
+
 
 def node(tmp_path, role: str):
     """A front's tables over a store, and the master's table the ha-client ships into it."""

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 from golden import GOLDEN_STORE, manifest
-from nodes import ROOT
 
 from node.pipeline.offline import SegmentReport, commitlog_dir, read_segment, segments
 from node.tools.pipeline import _source_options, build_parser, counts
@@ -120,17 +118,20 @@ def test_the_summary_of_the_golden_store_matches_counts_made_without_spark(spark
     assert "TopicA" in summary.table(result)
 
 
-def test_register_says_what_to_set_when_sparks_workers_would_run_another_python(tmp_path):
+def test_register_says_what_to_set_when_sparks_workers_would_run_another_python(spark, tmp_path, monkeypatch):
     """A job run by the project's Python, not activated: PYSPARK_PYTHON unset, and the `python3`
-    first on PATH one without the connector's packages. register() says so before any query."""
+    first on PATH one without the connector's packages. register() says so before any query.
+    (The module's session, as a session made with PYSPARK_PYTHON unset has it: PySpark's
+    SparkContext takes `python3` then; a session of its own would start a second JVM.)"""
+    from node.pipeline import WorkerPythonError, register
+
     fake = tmp_path / "bin" / "python3"
     fake.parent.mkdir()
     fake.write_text(f"#!/bin/sh\nexec {shutil.which('python3', path='/usr/bin:/bin')} -I -S \"$@\"\n")  # no site-packages
     fake.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"} | {"PATH": f"{fake.parent}:{os.environ['PATH']}"}
-    job = ("from pyspark.sql import SparkSession\nfrom node.pipeline import register\n"
-           "spark = SparkSession.builder.master('local[1]').getOrCreate()\nregister(spark)\n")
-    done = subprocess.run([sys.executable, "-c", job], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode != 0
-    assert f"set PYSPARK_PYTHON={sys.executable} before creating the Spark session" in done.stderr, done.stderr[-2000:]
-    assert "cannot import the mqnode connector" in done.stderr
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", "python3")
+    with pytest.raises(WorkerPythonError) as refused:
+        register(spark)
+    assert f"set PYSPARK_PYTHON={sys.executable} before creating the Spark session" in str(refused.value)
+    assert "cannot import the mqnode connector" in str(refused.value)

@@ -105,14 +105,14 @@ def _send_until_stored(endpoint: str, deadline_s: float) -> float:
 
 
 @pytest.mark.slow
-def test_a_front_killed_by_a_bug_20_times_keeps_coming_back(buggy_node):
+def test_a_front_killed_by_a_bug_10_times_keeps_coming_back(buggy_node):
     endpoint = buggy_node.settings.listen
     _send_until_stored(endpoint, 10)
-    for _ in range(20):  # (far past Ray's own limit, and past the backoff's 3 starts in 10 s)
+    for _ in range(10):  # (past the backoff's 3 starts in 10 s: each later start waits, up to 100 ms here)
         assert _ask(endpoint, {"code": BUG_CODE}, timeout_ms=100) is None  # it died: no reply (NumRestarts below)
         _send_until_stored(endpoint, 30)
     states = actor_states(buggy_node.hosts)
-    assert states["front"]["State"] == "ALIVE" and states["front"]["NumRestarts"] >= 20
+    assert states["front"]["State"] == "ALIVE" and states["front"]["NumRestarts"] >= 10
     assert all(info["State"] == "ALIVE" for info in states.values())
 
 

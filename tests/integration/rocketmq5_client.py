@@ -9,8 +9,9 @@ GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (the client takes no roots of its own).
             [--recall N] (with --delay-ms: recall the first N sent, a {"recalled": id} line each)
     simple  --topic T --group G --want N [--invisible S] [--mode ack|none|change:S] [--seconds W]
             [--filter EXPR [--sql]] (a tag expression, or with --sql a SQL92 one)
-    push    --topic T --group G --seconds W [--fail-first N] [--fail-all] [--sleep S] [--successes N]
-            (--fail-first N: the first N tries of each message; --successes N: done at N successes, within W)
+    push    --topic T --group G --seconds W [--fail-first N] [--fail-all] [--sleep S] [--successes N] [--tries N]
+            (--fail-first N: the first N tries of each message; --successes N, --tries N: done at N successes,
+            N listener calls, within W)
     transaction --topic T --count N --end commit|rollback|none [--check-answer commit|rollback] [--seconds W]
             (a transactional Producer with a TransactionChecker: each message a half, then ended so; with
             --seconds it stays up that long answering the node's checks, a line per check)
@@ -105,10 +106,11 @@ def simple(args, config) -> None:
 
 
 class Listener(MessageListener):
-    def __init__(self, fail_first: int, fail_all: bool, sleep_s: float = 0.0, successes: int = 0):
+    def __init__(self, fail_first: int, fail_all: bool, sleep_s: float = 0.0, successes: int = 0, tries: int = 0):
         self.fail_first, self.fail_all, self.sleep_s = fail_first, fail_all, sleep_s
         self.lock = threading.Lock()
-        self.stop_at, self.successes, self.done = successes, 0, threading.Event()  # (0: never)
+        self.stop_at, self.stop_after = successes, tries  # (0: never)
+        self.successes, self.calls, self.done = 0, 0, threading.Event()
         self.tries: dict[str, int] = {}  # (a FIFO consumer retries in place: the delivery attempt stays)
 
     def consume(self, message) -> ConsumeResult:
@@ -116,20 +118,23 @@ class Listener(MessageListener):
             tries = self.tries[message.message_id] = self.tries.get(message.message_id, 0) + 1
             fail = self.fail_all or tries <= self.fail_first
             line(**received(message), result="FAILURE" if fail else "SUCCESS")
-            self.successes += not fail
-            if self.stop_at and self.successes >= self.stop_at:
-                self.done.set()
         time.sleep(self.sleep_s)  # (a slow listener: the proxy keeps its message invisible meanwhile)
+        with self.lock:  # (counted once the listener is done with it: its result goes back as it returns)
+            self.successes += not fail
+            self.calls += 1
+            if (self.stop_at and self.successes >= self.stop_at) or (self.stop_after and self.calls >= self.stop_after):
+                self.done.set()
         return ConsumeResult.FAILURE if fail else ConsumeResult.SUCCESS
 
 
 def push(args, config) -> None:
-    listener = Listener(args.fail_first, args.fail_all, args.sleep, args.successes)
+    listener = Listener(args.fail_first, args.fail_all, args.sleep, args.successes, args.tries)
     consumer = PushConsumer(config, args.group, listener,
                             {args.topic: FilterExpression(args.filter)}, consumption_thread_count=4, tls_enable=args.tls)
     consumer.startup()
     try:
-        listener.done.wait(args.seconds)  # (without --successes: the whole time)
+        if listener.done.wait(args.seconds):  # (without --successes or --tries: the whole time)
+            time.sleep(1.0)  # the last result (an ack, a nack, a dead letter) on its way to the proxy
     finally:
         consumer.shutdown()
 
@@ -191,6 +196,7 @@ def main() -> None:
     parser.add_argument("--fail-first", type=int, default=0)
     parser.add_argument("--fail-all", action="store_true")
     parser.add_argument("--successes", type=int, default=0, help="push: stop at this many successes (0: run --seconds)")
+    parser.add_argument("--tries", type=int, default=0, help="push: stop at this many listener calls (0: run --seconds)")
     parser.add_argument("--sleep", type=float, default=0.0, help="push: seconds the listener takes a message")
     parser.add_argument("--end", choices=("commit", "rollback", "none"), default="commit")
     parser.add_argument("--check-answer", choices=("commit", "rollback", "unknown"), default="")

@@ -198,7 +198,8 @@ def test_a_delivery_timestamp_holds_the_message_until_it_is_due(node):
 def test_the_push_consumer_retries_and_the_node_dead_letters_past_retry_max_times(node):
     admin_group(node, "G5PushG", retryMaxTimes=1)
     official(node, "produce", "--topic", "G5Push", "--count", "3", "--prefix", "p")
-    got = official(node, "push", "--topic", "G5Push", "--group", "G5PushG", "--seconds", "10", "--fail-all")
+    got = official(node, "push", "--topic", "G5Push", "--group", "G5PushG", "--seconds", "20", "--fail-all",
+                   "--tries", "6")
     assert sorted((m["body"], m["attempt"]) for m in got) == [(f"p{i}", a) for i in range(3) for a in (1, 2)]
     assert sorted(m.body for m in dead_letters(node, "G5PushG", 3)) == [b"p0", b"p1", b"p2"]
 
@@ -206,7 +207,8 @@ def test_the_push_consumer_retries_and_the_node_dead_letters_past_retry_max_time
 def test_a_push_consumers_slow_listener_keeps_its_message_the_proxy_renewing_it(node):
     official(node, "produce", "--topic", "G5Slow", "--count", "2", "--prefix", "slow")
     before = proxy_statistics(node)
-    got = official(node, "push", "--topic", "G5Slow", "--group", "G5SlowG", "--seconds", "14", "--sleep", "8")
+    got = official(node, "push", "--topic", "G5Slow", "--group", "G5SlowG", "--seconds", "20", "--sleep", "8",
+                   "--successes", "2")
     # each taken once (8 s of listener against 3 s of invisible time, renewed meanwhile) and acked
     assert sorted((m["body"], m["attempt"], m["result"]) for m in got) == [("slow0", 1, "SUCCESS"),
                                                                            ("slow1", 1, "SUCCESS")], got

@@ -50,7 +50,8 @@ def test_with_the_acl_a_signed_client_does_what_its_account_may_and_nothing_else
         denied = official(acl_node, "produce", "--topic", "Orders", "--count", "1", **wrong)
         assert "error" in denied[0], (wrong, denied)
     official(acl_node, "produce", "--topic", "Orders", "--count", "2", "--prefix", "push", **alice)
-    pushed = official(acl_node, "push", "--topic", "Orders", "--group", "billing", "--seconds", "6", **alice)
+    pushed = official(acl_node, "push", "--topic", "Orders", "--group", "billing", "--seconds", "20",
+                      "--successes", "2", **alice)
     assert sorted(m["body"] for m in pushed) == ["push0", "push1"]
 
 

@@ -13,8 +13,9 @@ GRPC_DEFAULT_SSL_ROOTS_FILE_PATH (the client takes no roots of its own).
             (--fail-first N: the first N tries of each message; --successes N, --tries N: done at N successes,
             N listener calls, within W)
     transaction --topic T --count N --end commit|rollback|none [--check-answer commit|rollback] [--seconds W]
-            (a transactional Producer with a TransactionChecker: each message a half, then ended so; with
-            --seconds it stays up that long answering the node's checks, a line per check)
+            [--checks N] (a transactional Producer with a TransactionChecker: each message a half, then
+            ended so; with --check-answer it stays up W answering the node's checks, a line per check,
+            or until N messages were checked)
 """
 
 from __future__ import annotations
@@ -140,17 +141,23 @@ def push(args, config) -> None:
 
 
 class Checker(TransactionChecker):
-    def __init__(self, answer: str):
-        self.answer = answer
+    def __init__(self, answer: str, checks: int = 0):
+        self.answer, self.checks = answer, checks  # (checks: done once that many messages were checked; 0: never)
+        self.checked: set[str] = set()
+        self.done = threading.Event()
 
     def check(self, message):
         line(checked=message.message_id, body=message.body.decode(), topic=message.topic, answer=self.answer)
+        self.checked.add(message.message_id)
+        if self.checks and len(self.checked) >= self.checks:
+            self.done.set()
         return {"commit": TransactionResolution.COMMIT, "rollback": TransactionResolution.ROLLBACK}.get(
             self.answer, TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED)
 
 
 def transaction(args, config) -> None:
-    producer = Producer(config, (args.topic,), checker=Checker(args.check_answer), tls_enable=args.tls)
+    checker = Checker(args.check_answer, args.checks)
+    producer = Producer(config, (args.topic,), checker=checker, tls_enable=args.tls)
     producer.startup()
     try:
         for i in range(args.count):
@@ -166,7 +173,8 @@ def transaction(args, config) -> None:
                 line(id=receipt.message_id, transaction=receipt.transaction_id, index=i, end=args.end)
             except Exception as e:  # noqa: BLE001 (reported, and the test decides)
                 line(error=f"{type(e).__name__}: {e}", index=i)
-        time.sleep(args.seconds if args.check_answer else 0)
+        if args.check_answer and checker.done.wait(args.seconds):
+            time.sleep(1.0)  # (the client ends the half once check() returns: its answer on its way)
     finally:
         producer.shutdown()
 
@@ -199,6 +207,7 @@ def main() -> None:
     parser.add_argument("--tries", type=int, default=0, help="push: stop at this many listener calls (0: run --seconds)")
     parser.add_argument("--sleep", type=float, default=0.0, help="push: seconds the listener takes a message")
     parser.add_argument("--end", choices=("commit", "rollback", "none"), default="commit")
+    parser.add_argument("--checks", type=int, default=0, help="transaction: done once this many messages were checked")
     parser.add_argument("--check-answer", choices=("commit", "rollback", "unknown"), default="")
     parser.add_argument("--tls", action="store_true", help="TLS (trusting GRPC_DEFAULT_SSL_ROOTS_FILE_PATH's roots)")
     args = parser.parse_args()

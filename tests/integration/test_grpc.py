@@ -134,7 +134,7 @@ def test_the_official_transactional_producer_commits_rolls_back_and_answers_chec
     assert len(sent) == 5 and not [s for s in sent if "error" in s], sent
     assert all(s["transaction"] for s in sent)
     lines = official(node, "transaction", "--topic", "G5Tx", "--count", "2", "--end", "none", "--prefix", "u",
-                     "--check-answer", "commit", "--seconds", "8")
+                     "--check-answer", "commit", "--seconds", "20", "--checks", "2")
     checked = [line["checked"] for line in lines if "checked" in line]
     assert sorted(checked) == sorted(line["id"] for line in lines if "transaction" in line), lines
     got = official(node, "simple", "--topic", "G5Tx", "--group", "G5TxG", "--want", "5", "--seconds", "20")

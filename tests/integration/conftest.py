@@ -22,7 +22,7 @@ def spark():
     os.environ["PYSPARK_PYTHON"] = sys.executable
     # The tests' JVMs (this one, and the jobs they run as subprocesses) live a minute or two on two
     # cores: C2's compiler threads and the parallel collector cost more CPU than they save there
-    # (test_spark and test_offline: the JVM's 87 CPU-s down to 39, their wall 136 s to 109 s).
+    # (test_spark and test_offline: the JVM's 87 CPU-s down to 39-46, their wall 136 s to 109-122 s).
     # An operator's long jobs keep the JVM's defaults.
     os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
     session = (SparkSession.builder.master("local[2,2]").appName("mqnode-tests")

@@ -51,8 +51,9 @@ def node(tmp_path_factory):
 def patient_node(tmp_path_factory):
     """A node for the tests that stop its writer for seconds: no fast failure (a re-put waiting in
     the send queue is not refused) and a hang timeout past the stop (the writer is not killed).
-    Two ingress workers: a service's re-puts must keep to one of them, the default's single
-    writer (the module's other node) keeps them in order anyway."""
+    Two ingress workers, the harder case for these tests: a service's re-puts and the barriers
+    behind them must keep to one of them (with none, the default, the writer takes them in order
+    itself)."""
     directory = tmp_path_factory.mktemp("patient")
     settings = node_settings(directory / "store", brokerFastFailureEnable=False, processHangTimeoutMillis=60000,
                              ingressWorkers=2, **FAST_CHECKS)
@@ -269,10 +270,7 @@ def test_a_commit_on_its_way_when_the_service_is_killed_is_not_made_twice(patien
     a barrier behind that commit has passed and the commit's op record is read, so the
     producer's end again is a repeat, not a second commit. (With ingress workers: the barrier
     and the commit must take the same one.)"""
-    stored_once_through_a_kill(patient_node)
-
-
-def stored_once_through_a_kill(node: NodeProcess) -> None:
+    node = patient_node
     with TransactionProducer(node.endpoint, "PG-way", execute=lambda message, arg: UNKNOW) as producer:
         sent = producer.send_in_transaction("TxWay", "once")  # (left open)
     writer = node.actor_process("writer")

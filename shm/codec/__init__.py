@@ -1,6 +1,7 @@
 """The CommitLog record codec, one package: pure functions over bytes, no I/O.
 
-- `record`: the record layout (its table), `encode`, `decode`, `scan`, blanks, envelopes.
+- `record`: the record layout (its table), `encode`, `decode`, `scan`.
+- `in_place`: fields of encoded records read and set in place (peeks, envelopes, blanks, boundaries).
 - `properties`: properties, keys, tags codes, the index key hash, the names the broker reads.
 - `msgid`: hosts and offsetMsgIds.
 - `view`: a client's walk of pulled records.
@@ -26,13 +27,17 @@ from shm.codec.msgid import (
 from shm.codec.record import (
     BLANK_MAGIC, Blank, Corruption, CorruptionKind, END_FILE_MIN_BLANK_LENGTH, FIXED_V4, FLAG_BORNHOST_V6,
     FLAG_COMPRESSED, FLAG_MULTI_TAGS, FLAG_STOREHOST_V6, MAX_PROPERTIES_BYTES, MAX_RECORD_OVERHEAD,
-    MAX_TOPIC_BYTES, MESSAGE_MAGIC, MESSAGE_MAGIC_V2, MIN_RECORD_SIZE, MessageIllegal, OFFSET_BORN_HOST,
+    MAX_TOPIC_BYTES, MESSAGE_MAGIC, MESSAGE_MAGIC_V2, MessageIllegal, OFFSET_BORN_HOST,
     OFFSET_PHYSICAL_OFFSET, OFFSET_QUEUE_OFFSET, OFFSET_SYSFLAG, Record, ScanResult, TRANSACTION_COMMIT,
-    TRANSACTION_HEAD_BYTES, TRANSACTION_MASK, TRANSACTION_NOT, TRANSACTION_PREPARED, TRANSACTION_ROLLBACK, _BLANK, _FIXED_V4, _HEAD,
+    TRANSACTION_MASK, TRANSACTION_NOT, TRANSACTION_PREPARED, TRANSACTION_ROLLBACK, _BLANK, _FIXED_V4, _HEAD,
     _HEAD_SIZE, _I16, _I32, _I64, _MIDDLE, _check_fields, _check_head, _check_limits, _decode_body,
-    _host_flags, _host_struct, _signed_byte, _topic_text, body_crc, body_offset, decode, dispatch_fields,
-    encode, encode_blank, encode_v4, envelope, expected_size, frame_size, peek_queue_offset,
-    peek_store_timestamp, peek_transaction, record_head, record_properties, record_topic, scan, set_transaction, store_timestamp_offset, with_body,
+    _host_flags, _host_struct, _signed_byte, _topic_text, body_crc, decode, dispatch_fields, encode,
+    encode_v4, expected_size, scan, store_timestamp_offset,
+)
+from shm.codec.in_place import (
+    MIN_RECORD_SIZE, TRANSACTION_HEAD_BYTES, body_offset, encode_blank, envelope, frame_size,
+    peek_queue_offset, peek_store_timestamp, peek_transaction, record_head, record_properties, record_topic,
+    set_transaction, with_body,
 )
 from shm.codec.view import (
     FIXED_BODY_LEN, FIXED_BORN_HOST, FIXED_BORN_TS, FIXED_PHYSICAL, FIXED_QUEUE_ID, FIXED_QUEUE_OFFSET,

@@ -23,7 +23,7 @@ import dataclasses
 import orjson
 
 from node import protocol
-from shm.settings import BROKER_PERMISSIONS
+from shm.settings_rules import BROKER_PERMISSIONS
 
 PERM_READ, PERM_WRITE = 4, 2
 RUNTIME = ("brokerPermission",)  # what UPDATE_BROKER_CONFIG may change

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from shm.settings import NOT_IMPLEMENTED, Settings, _render_value
+from shm.settings import Settings
+from shm.settings_rules import NOT_IMPLEMENTED, render_value
 
 
 def render_conf() -> str:
@@ -22,5 +23,5 @@ def render_conf() -> str:
         lines.append(f"# {f.metadata['comment']}")
         if f.name in NOT_IMPLEMENTED:
             lines.append(f"# Not implemented yet ({NOT_IMPLEMENTED[f.name]}): only the default is accepted.")
-        lines.append(f"{f.name} = {_render_value(f.default)}")
+        lines.append(f"{f.name} = {render_value(f.default)}")
     return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"

@@ -26,7 +26,7 @@ import functools
 import ipaddress
 from dataclasses import dataclass
 
-from actors import edge
+from actors import edge_clients, edge_fields
 from actors.pop_core import handle_parts
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
@@ -47,7 +47,7 @@ from shm.codec import (
 
 Code = pb.Code
 RECEIVE_BATCH = 32  # a consumer's receive_batch_size
-MAX_RECEIVE_BATCH = edge.POP_MAX_COUNT
+MAX_RECEIVE_BATCH = edge_clients.POP_MAX_COUNT
 FORWARD_HOLD_MS = 30_000  # a message being forwarded to the DLQ stays invisible this long meanwhile
 MAX_SEND_MESSAGES = 1024  # messages in one SendMessageRequest
 MAX_TRANSACTION_RECOVERY_S = 3600  # orphaned_transaction_recovery_duration (RocketMQ 5's maxTransactionRecoverySecond)
@@ -148,7 +148,7 @@ def duration_ms(duration) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _topic_problem(name: str, to_send: bool) -> str | None:
-    return topic_error(name) if to_send else edge.read_topic_problem(name)
+    return topic_error(name) if to_send else edge_fields.read_topic_problem(name)
 
 
 def topic_name(resource: pb.Resource, *, to_send: bool = False) -> str:
@@ -159,7 +159,7 @@ def topic_name(resource: pb.Resource, *, to_send: bool = False) -> str:
 
 
 def group_name(resource: pb.Resource) -> str:
-    problem = edge.group_problem(resource.name)
+    problem = edge_fields.group_problem(resource.name)
     if problem:
         raise Refused(Code.ILLEGAL_CONSUMER_GROUP, problem)
     return resource.name
@@ -217,9 +217,9 @@ def outgoing(message: pb.Message, max_body: int, max_delay_ms: int, now_ms: int)
             properties[PROPERTY_CHECK_IMMUNITY] = str(seconds)
     if len(properties) > 1 or keys or group is not None:  # (a plain message's cannot come near the limit)
         size = sum(len(k) + len(v) + 2 for k, v in properties.items()) + len(tag or "") + sum(map(len, keys)) + 16
-        if size > edge.MAX_PROPERTIES_CHARS:
+        if size > edge_fields.MAX_PROPERTIES_CHARS:
             raise Refused(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"the properties come to about {size} characters; "
-                                                            f"at most {edge.MAX_PROPERTIES_CHARS} are allowed")
+                                                            f"at most {edge_fields.MAX_PROPERTIES_CHARS} are allowed")
     node_message = Message(topic, body, tag, " ".join(keys) if keys else None, properties, deliver_at_ms=deliver_at)
     return Outgoing(node_message, group, message_id, transactional)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from actors import edge
-from actors.edge import MAX_PULL_COUNT
+from actors import edge_clients
+from actors.edge_fields import MAX_PULL_COUNT
 from actors.proxy.apis import definition_pb2 as pb
 from actors.proxy.apis import service_pb2 as rpc
 from actors.proxy.core import (
@@ -78,9 +78,9 @@ def receive_plan(request: rpc.ReceiveMessageRequest, remaining_ms: int | None, f
         raise Refused(Code.BAD_REQUEST, f"batch_size must be 1..{MAX_RECEIVE_BATCH}, not {request.batch_size}")
     invisible = (duration_ms(request.invisible_duration)
                  if request.HasField("invisible_duration") and not request.auto_renew else default_invisible_ms)
-    if not MIN_INVISIBLE_MS <= invisible <= edge.INVISIBLE_MS_MAX:
+    if not MIN_INVISIBLE_MS <= invisible <= edge_clients.INVISIBLE_MS_MAX:
         raise Refused(Code.ILLEGAL_INVISIBLE_TIME, f"invisible_duration must be {MIN_INVISIBLE_MS} ms to "
-                                                   f"{edge.INVISIBLE_MS_MAX} ms, not {invisible} ms")
+                                                   f"{edge_clients.INVISIBLE_MS_MAX} ms, not {invisible} ms")
     wait = _polling_ms(request, remaining_ms)
     # any queue of the broker (RocketMQ 5's ReceiveMessageQueueSelector); a FIFO group's queue its
     # assignment names, which keeps one member on a queue at a time

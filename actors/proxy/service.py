@@ -395,9 +395,9 @@ class Service(service_pb2_grpc.MessagingServiceServicer):
         group = core.group_name(request.group)
         core.topic_name(request.topic)
         invisible = core.duration_ms(request.invisible_duration)
-        if not 0 <= invisible <= core.edge.INVISIBLE_MS_MAX:  # (0, RocketMQ 5's floor: a retry with no backoff)
+        if not 0 <= invisible <= core.edge_clients.INVISIBLE_MS_MAX:  # (0, RocketMQ 5's floor: a retry with no backoff)
             raise Refused(Code.ILLEGAL_INVISIBLE_TIME, f"invisible_duration must be 0 ms to "
-                                                       f"{core.edge.INVISIBLE_MS_MAX} ms, not {invisible} ms")
+                                                       f"{core.edge_clients.INVISIBLE_MS_MAX} ms, not {invisible} ms")
         given = core.receipt_handle(request.receipt_handle)
         await self._renewals_settled([given])
         handle = self.proxy.renewals.current(given)

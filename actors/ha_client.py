@@ -21,6 +21,11 @@ begun anew at each welcome), which the pop service takes over when the slave is 
 Restart (kill -9): it resumes at the control block's `written` (what lay past it is zeroed, as
 the writer does) and asks its master for the rest.
 
+Refused because its log holds bytes past the common history (the node's start could not ask
+the master: node.server.fencing), it sets `fence_pending`; the launcher ends the node, whose
+restart cuts them. Any other refusal (no shared history, an old master) is said in `admin ha`
+and asked again every DIVERGED_RETRY_MS.
+
 A full disk (a segment, a config file or the pop log's copy refused) closes the link, as
 RocketMQ's HAClient does, and the next connect (a second later) asks again from the log's end;
 the slave's clean service makes room meanwhile. Dying instead would die again at every restart.
@@ -325,9 +330,20 @@ class HaClient(Actor):
             reason = bytes(data[1:]).decode("utf-8", "replace")
             if reason.startswith(ha_link.DIVERGED):
                 self.diverged = reason
+                self._cut_asked(reason)
             raise LinkError(f"the master refused: {reason}")
         else:
             raise LinkError(f"an unknown message from the master ({bytes(data[:1])!r}, {len(data)} bytes)")
+
+    def _cut_asked(self, reason: str) -> None:
+        """The master refused this log for bytes past their common history (this node's start
+        could not ask it: node.server.fencing). Only a restart may cut a log its readers have
+        seen, so the launcher is told to end the node (`fence_pending`); its restart cuts them."""
+        asked = ha_link.cut_asked(reason)
+        if asked is not None and not self.control.get("fence_pending"):
+            log.error("ha-client: this slave's log holds %d bytes past offset %d that its master %s never had: "
+                      "the node ends, and its restart cuts them", asked[0], asked[1], self.settings.haMasterAddress)
+            self.control.set("fence_pending", asked[0])
 
     def _transfer(self, offset: int, body, now: int) -> None:
         if self.session.on_data(offset, len(body), now):

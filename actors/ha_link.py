@@ -42,6 +42,7 @@ included, as RocketMQ sends it).
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 
@@ -68,6 +69,21 @@ MAX_PROOF = 4096
 # consumer offsets, delay offsets, subscription groups)
 SYNCED_CONFIG = ("topics.json", "subscriptionGroup.json", "consumerOffset.json", "delayOffset.json")
 MAX_CONFIG = 64 * 1024 * 1024
+
+
+def cut_first(dropped: int, keep: int) -> str:
+    """The refusal of a follower whose log holds `dropped` bytes past `keep` that the master never
+    had: its node's restart cuts them (node.server.fencing), then it follows."""
+    return f"{DIVERGED}the follower must first drop {dropped} bytes past {keep} (restart it to truncate)"
+
+
+_CUT_FIRST = re.compile(re.escape(DIVERGED) + r"the follower must first drop (\d+) bytes past (\d+) ")
+
+
+def cut_asked(reason: str) -> tuple[int, int] | None:
+    """(dropped, keep) of a `cut_first` refusal; None for any other reason."""
+    found = _CUT_FIRST.match(reason)
+    return (int(found[1]), int(found[2])) if found else None
 
 
 class LinkError(Exception):
@@ -136,8 +152,7 @@ class MasterSession:
         if fence.refusal:
             raise LinkError(DIVERGED + fence.refusal)
         if fence.dropped:  # the follower cuts its tail at its next start (node.server.fencing), then comes back
-            raise LinkError(f"{DIVERGED}the follower must first drop {fence.dropped} bytes past {fence.keep} "
-                            f"(restart it to truncate)")
+            raise LinkError(cut_first(fence.dropped, fence.keep))
         if max_offset > master_end:
             raise LinkError(f"the follower's offset {max_offset} is past the master's end {master_end}")
         self.broker_id, self.endpoint = broker_id, str(hello.get("endpoint", ""))[:256]

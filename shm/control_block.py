@@ -23,7 +23,8 @@ struct.pack_into here: it zeroes the bytes before writing, so a reader can see a
 | 13   | role            | launcher; ha-client (promotion); front (`admin role` on a master) | ROLE_CODES: the node's broker role now |
 | 14   | ha_slaves       | ha-server                    | slaves following now (SYNC_MASTER waits only with one) |
 | 15   | master_offset   | ha-client                    | a slave: its master's written end, as last heard (lag = master_offset - written) |
-| 16-443 | heartbeats    | each actor its own slot      | last loop time, ms                     |
+| 16-442 | heartbeats    | each actor its own slot      | last loop time, ms                     |
+| 443  | fence_pending   | ha-client (0 at start)       | a slave: bytes of its log its master refused to be followed with, never having had them (its start could not ask: node.server.fencing); the launcher then ends the node, whose restart cuts them |
 | 444  | superseded_in_routes | registrar (0 at start)  | a master: the epoch of the group's master a name service holds past this node's (0: none); as `superseded_by` |
 | 445  | superseded_by   | ha-server (0 at start)       | a master: the epoch a would-be slave began past this node's history (0: none); no client send is taken |
 | 446  | broker_permission | recovery (the setting); front (`admin config update`) | brokerPermission now (PermName bits) |
@@ -55,7 +56,7 @@ SLOTS = {
     "magic": 0, "written": 1, "committed": 2, "flushed": 3, "dispatched": 4, "min_offset": 5,
     "slave_acked": 6, "flags": 7, "store_timestamp": 8, "generation": 9, "writer_generation": 10,
     "reput_polling_until": 11, "deletions": 12, "role": 13, "ha_slaves": 14,
-    "master_offset": 15, "superseded_in_routes": 444, "superseded_by": 445, "broker_permission": 446,
+    "master_offset": 15, "fence_pending": 443, "superseded_in_routes": 444, "superseded_by": 445, "broker_permission": 446,
     "config_changes": 447,
 }
 ROLE_CODES = {"ASYNC_MASTER": 0, "SYNC_MASTER": 1, "SLAVE": 2}
@@ -63,7 +64,7 @@ ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
 HEARTBEAT_BASE = 16
 WATCHERS_BASE = 448  # the front is watcher 0, pull worker i is watcher 1 + i, the pop service the last
 WATCHER_SLOTS = FILE_SIZE // 8 - WATCHERS_BASE
-HEARTBEAT_SLOTS = SLOTS["superseded_in_routes"] - HEARTBEAT_BASE
+HEARTBEAT_SLOTS = SLOTS["fence_pending"] - HEARTBEAT_BASE
 invariant(WATCHER_SLOTS == 2 + MAX_PULL_WORKERS)
 _NO_WATCHERS = bytes(WATCHER_SLOTS * 8)
 
@@ -147,7 +148,7 @@ class ControlBlock:
         invariant(min_offset <= flushed <= written and dispatched <= written)
         for name, value in (("written", written), ("committed", written), ("flushed", flushed),
                             ("dispatched", dispatched), ("min_offset", min_offset), ("slave_acked", 0), ("ha_slaves", 0),
-                            ("superseded_by", 0), ("superseded_in_routes", 0),
+                            ("superseded_by", 0), ("superseded_in_routes", 0), ("fence_pending", 0),
                             ("broker_permission", broker_permission),
                             ("reput_polling_until", 0)):  # a monotonic time: meaningless after a reboot
             self.set(name, value)

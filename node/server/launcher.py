@@ -38,7 +38,7 @@ from pathlib import Path
 
 import orjson
 
-from node.server import logs, ray_setup, supervision, topology
+from node.server import fencing, logs, ray_setup, supervision, topology
 from node.server.actor_host import ActorHost
 from node.server.signals import StopSignals
 from shm import ring
@@ -176,8 +176,6 @@ class Node:
             logging.getLogger("mqnode").log(logging.INFO if self.recovery_report.mode == "normal" else logging.WARNING,
                                             "%s", self.recovery_report.summary())
             if s.is_slave:  # before anything reads the log: cut what the master never had
-                from node.server import fencing
-
                 self.fenced_bytes = fencing.fence(s, store, self.out)
             blocked = self.recovery_report.dispatch_blocked  # (a full disk: the dispatcher goes on from there)
             store.rebuild_queue_offsets(blocked)
@@ -354,7 +352,7 @@ class Node:
             rendezvous = supervision.Rendezvous([self.settings.run_dir, self.ring_dir])
             while not self.watch_stopping.wait(1.0):
                 states = supervision.actor_states(self.hosts)
-                failure = watch.check(states) or rendezvous.lost()
+                failure = watch.check(states) or rendezvous.lost() or fencing.pending(self.settings, self.control)
                 if failure is not None:
                     self.failure = failure
                     break

@@ -8,6 +8,7 @@ and a failover."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import subprocess
 import sys
@@ -432,12 +433,24 @@ def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(failov
         assert on_s.pop("PopFailover", "popfail", max_count=32, queue_id=0, wait_ms=300) == []
     _stale_roles_cut_nothing(pair)
 
+    # M back as S's slave while S is down: its start cannot ask S's history. Once S answers, M's
+    # node ends (exit 1: "the restart cuts them") and its restart cuts the tail S never had.
     old_end = control(m, "written")
+    assert pair.slave_node.stop() == 0
     m_slave = node_settings(m.root.parent, brokerRole="SLAVE", brokerId=1, haMasterAddress=f"127.0.0.1:{s.ha_port}",
                             haListenPort=m.haListenPort, storePathRootDir=str(m.root), listen=m.listen,
                             listenPort=m.listenPort, runDir=m.runDir)
     m_node = pair.start(NodeProcess(m_slave, pair.directory / "master.log"))
-    text = (pair.directory / "master.log").read_text()
+    assert "mqnode fencing skipped: the master" in (pair.directory / "master.log").read_text()
+    assert control(m_slave, "written") == old_end  # (nothing cut yet)
+    pair.start(NodeProcess(dataclasses.replace(s, brokerRole="ASYNC_MASTER", brokerId=0),
+                           pair.directory / "new-master.log"))
+    assert m_node.process.wait(30) == 1
+    seen = (pair.directory / "master.log").stat().st_size
+    assert f"mqnode failed: this slave's log holds {old_end - promoted['offset']} bytes" in \
+        (pair.directory / "master.log").read_text()
+    m_node.start()
+    text = (pair.directory / "master.log").read_text()[seen:]
     assert "mqnode fencing: dropped" in text and old_end > promoted["offset"]
     wait_until(lambda: caught_up(m_slave, s), 60, "the old master to follow the new one")
     assert_prefix(m_slave, s)

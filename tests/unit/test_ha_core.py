@@ -143,6 +143,21 @@ def test_a_master_session_refuses_what_it_cannot_serve(settings):
         MasterSession(settings, 0, handshake=True).on_report(0, 10, 0)
 
 
+def test_only_a_refusal_that_a_cut_mends_asks_the_slaves_node_to_restart(settings):
+    """The ha-client ends its node (node.server.fencing.pending) on `cut_asked`: a log with bytes
+    past the common history; never on a refusal that a cut would not mend."""
+    def refusal(hello, master_epochs, master_end) -> str:
+        with pytest.raises(LinkError) as refused:
+            MasterSession(settings, 0, handshake=True).on_hello(hello, master_epochs, master_end, 0)
+        return str(refused.value)
+    assert ha_link.cut_asked(refusal(_hello(max_offset=8), [Epoch(0, 0, A), Epoch(1, 5, B)], 10)) == (3, 5)
+    assert ha_link.cut_asked(refusal(_hello(max_offset=11), [Epoch(0, 0, A)], 10)) == (1, 10)
+    assert ha_link.cut_asked(refusal(_hello(max_offset=5, epochs=((0, 0, B),)), [Epoch(0, 0, A)], 10)) is None
+    promoted = refusal(_hello(max_offset=900, epochs=((0, 0, A), (1, 700, C))), [Epoch(0, 0, A)], 600)
+    assert promoted.startswith(ha_link.DIVERGED) and ha_link.cut_asked(promoted) is None  # (an old master: said only)
+    assert ha_link.cut_asked("the master refused: a second hello on one link") is None
+
+
 def test_the_rocketmq_link_starts_an_empty_slave_at_the_last_segment_and_heartbeats(settings):
     segment = settings.mappedFileSizeCommitLog
     session = MasterSession(settings, 0, handshake=False)

@@ -285,7 +285,7 @@ class Settings:
     def run_dir(self) -> Path:
         """The node's ipc sockets and pid files: `runDir`, else a directory under
         `$XDG_RUNTIME_DIR` (the user's private runtime directory), else `run/` inside the store.
-        The launcher makes it private (node.server.launcher.prepare_run_dir)."""
+        The launcher makes it private (node.server.preflight.prepare_run_dir)."""
         if self.runDir:
             return Path(os.path.expanduser(self.runDir))
         runtime = os.environ.get("XDG_RUNTIME_DIR")

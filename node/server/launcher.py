@@ -27,22 +27,16 @@ import functools
 import logging
 import os
 import shutil
-import signal
-import socket
-import stat
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-import orjson
-
-from node.server import fencing, logs, ray_setup, supervision, topology
+from node.server import fencing, logs, preflight, ray_setup, topology
 from node.server.actor_host import ActorHost
+from node.server.node_watch import NodeWatch
 from node.server.signals import StopSignals
 from shm import ring
-from node.server.supervision import heartbeat_slot, monotonic_ms
 from shm import settings as settings_module
 from shm.control_block import (
     FLAG_SHUTTING_DOWN,
@@ -51,7 +45,6 @@ from shm.control_block import (
     ControlBlock,
 )
 from shm.epochs import EpochFile
-from shm.disk import free_bytes, write_whole
 from shm.recovery import recover
 from shm.settings import Settings
 from shm.store import MessageStore
@@ -60,66 +53,6 @@ from shm.store_files import StoreLock, mark_clean_exit, mark_running
 DRAIN_S = 3.0
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
-
-
-RUN_ROOM_MIN = 4 << 20  # bytes free the run directory's disk needs for a start (Ray's session, the pid files)
-IPC_PATH_MAX = 100  # sun_path holds 107 bytes; the longest endpoint adds "/arrivals"
-RUN_FILES = ("*.pid", "*.starts", "*.fifo", "*.ring", "injected-flush-eio", "supervision.json")
-
-
-def prepare_run_dir(settings) -> Path:
-    """The run directory, private and fresh: created with mode 0700 (its parents too, if
-    missing), refused when it exists but another user owns it or others may enter it, and
-    emptied of an earlier run's files (the store lock says no other node of this store runs).
-    A default path too long for an ipc socket gives way to a new private temporary directory."""
-    path = settings.run_dir
-    if not settings.runDir and len(str(path)) > IPC_PATH_MAX:
-        return Path(tempfile.mkdtemp(prefix="mqnode-"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        info = path.lstat()
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-            raise settings_module.SettingsError(
-                f"run directory {path} must be a directory of this user with mode 0700 "
-                f"(it is {stat.filemode(info.st_mode)}, owner uid {info.st_uid}): remove it or choose runDir")
-    for pattern in RUN_FILES:
-        for stale in path.glob(pattern):
-            stale.unlink(missing_ok=True)
-    return path
-
-
-def stalest(beats) -> int:
-    """The oldest of a process's heartbeats (monotonic ms), 0 while none was written."""
-    written = [beat for beat in beats if beat]
-    return min(written) if written else 0
-
-
-def _check_run_room(settings) -> None:
-    """The run directory's disk must have room: Ray's workers would die one after another as they
-    start, for a minute, on a disk with none (said now, plainly, instead). The store's own disk
-    may be full: with the run directory elsewhere the node starts, serves reads and cleans."""
-    free = free_bytes(settings.run_dir)
-    if free < RUN_ROOM_MIN:
-        raise settings_module.SettingsError(
-            f"the run directory {settings.run_dir} is on a disk with {free} bytes free, under the {RUN_ROOM_MIN >> 20} "
-            f"MiB the node's processes need to start: free space there or set runDir to a directory on another disk")
-
-
-def _check_grpc_port(settings) -> None:
-    """The gRPC proxy's port must be free: its process would die at every restart otherwise, and
-    the node would never be ready (said now, plainly, instead)."""
-    if not settings.grpc_port:
-        return
-    family = socket.AF_INET6 if ":" in settings.grpc_host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as grpc: a restart's TIME_WAIT is no conflict)
-        try:
-            probe.bind((settings.grpc_host, settings.grpc_port))
-        except OSError as e:
-            raise settings_module.SettingsError(f"grpcServerPort: {settings.grpc_host}:{settings.grpc_port} cannot be bound "
-                               f"({e.strerror}): set another grpcServerPort, or 0 to turn the gRPC proxy off") from None
 
 
 class Node:
@@ -134,11 +67,9 @@ class Node:
         self.started_ray = False
         self.recovery_report = None
         self.fenced_bytes = 0
-        self.failure: str | None = None
+        self.failure: str | None = None  # why the node must end (its watch's word)
         self.failed = threading.Event()
-        self.watch_stopping = threading.Event()
-        self.watcher: threading.Thread | None = None
-        self.head_watcher: threading.Thread | None = None  # the embedded Ray's own processes (_watch_head)
+        self.watch: NodeWatch | None = None  # while it serves
         self.temporary_run_dir: Path | None = None
         self.ring_dir: Path | None = None  # the rings between its processes (shm.ring), in memory
         self.metrics = None  # node.server.metrics.MetricsServer, with metricsPort set
@@ -152,8 +83,8 @@ class Node:
 
         s = self.settings = guard.absolute(self.settings)
         guard.check_settings(s)  # SecurityError: a key or ACL file that cannot be used
-        _check_grpc_port(s)
-        _check_run_room(s)
+        preflight.check_grpc_port(s)
+        preflight.check_run_room(s)
         s.root.mkdir(parents=True, exist_ok=True)
         self.lock = StoreLock(s.root)
         self.lock.acquire()
@@ -203,7 +134,7 @@ class Node:
 
         from actors import guard
 
-        run_dir = prepare_run_dir(self.settings)
+        run_dir = preflight.prepare_run_dir(self.settings)
         if run_dir != self.settings.run_dir:  # a temporary one: removed at stop
             self.temporary_run_dir = run_dir
         s = self.settings = dataclasses.replace(self.settings, runDir=str(run_dir))
@@ -231,11 +162,8 @@ class Node:
         ray_setup.private_token_file()
         if self.started_ray:  # (joined to a cluster, or a caller's Ray: its own settings apply)
             ray_setup.check_listeners(self.settings, self.settings.run_dir.glob("*.pid"), os.getpid())
-        self.watcher = threading.Thread(target=self._watch, name="mqnode-watch", daemon=True)
-        self.watcher.start()
-        if self.started_ray:
-            self.head_watcher = threading.Thread(target=self._watch_head, name="mqnode-watch-head", daemon=True)
-            self.head_watcher.start()
+        self.watch = NodeWatch(self.settings, self.hosts, self.control, self.ring_dir, self._fail)
+        self.watch.start(head=self.started_ray)
         if self.settings.metricsPort:
             self._serve_metrics()
 
@@ -331,6 +259,11 @@ class Node:
         values = ray.get([self.hosts[label].statistics.remote() for label in labels], timeout=10)
         return dict(zip(labels, values))
 
+    def _fail(self, failure: str) -> None:
+        """The watch's word that the node must end (the first reason is the one said)."""
+        self.failure = self.failure or failure
+        self.failed.set()
+
     def serve_forever(self) -> int:
         """Block until SIGINT or SIGTERM, then stop: 0. Or until a service is gone for good
         (node.server.supervision): say why, stop, 1."""
@@ -344,63 +277,6 @@ class Node:
         self.out("mqnode stopped", flush=True)
         return 0 if self.failure is None else 1
 
-    def _watch(self) -> None:
-        """Once a second: restarts logged, hung services killed, a service gone for good ends
-        the node (`failed`); what it counted goes to the front's admin stats."""
-        watch = supervision.Watch()
-        try:
-            rendezvous = supervision.Rendezvous([self.settings.run_dir, self.ring_dir])
-            while not self.watch_stopping.wait(1.0):
-                states = supervision.actor_states(self.hosts)
-                failure = watch.check(states) or rendezvous.lost() or fencing.pending(self.settings, self.control)
-                if failure is not None:
-                    self.failure = failure
-                    break
-                self._kill_hung(watch, states)
-                self._publish_supervision(watch)
-        except Exception as e:  # (a node nobody supervises must not go on: fail-stop)
-            logging.getLogger("mqnode").exception("mqnode: the supervision thread failed")
-            self.failure = f"the supervision thread failed: {e!r}"
-        if self.failure is not None:
-            self.failed.set()
-
-    def _watch_head(self) -> None:
-        """Once a second: the embedded Ray's GCS and raylet still there, or the node ends. A
-        thread of its own: `_watch` asks the GCS about the actors, and a GCS killed during one of
-        those calls held it for Ray's 60 s of reconnecting, the node serving unsupervised."""
-        while not self.watch_stopping.wait(1.0):
-            failure = ray_setup.head_lost()
-            if failure:
-                self.failure = self.failure or failure
-                self.failed.set()
-                return
-
-    def _kill_hung(self, watch: supervision.Watch, states: dict[str, dict]) -> None:
-        """SIGKILL every service whose loop stopped turning (Ray then restarts it). One whose pid
-        file is not its own (it hung before writing it: a worker Ray could not start on a full
-        disk, say) is killed through Ray, never by a pid that may be another process's now."""
-        import ray
-
-        beats = {process.label: process.beats for process in topology.processes(self.settings)}
-        heartbeats = {label: stalest(self.control.heartbeat_of(heartbeat_slot(beat)) for beat in beats.get(label, (label,)))
-                      for label in states}
-        for label in watch.hung(states, heartbeats, monotonic_ms(), self.settings.processHangTimeoutMillis):
-            pid = supervision.pid_of(self.settings.run_dir / f"{label}.pid")
-            logging.getLogger("mqnode").warning("mqnode: service %s (pid %s) is hung: killing it", label,
-                                                pid or "unknown: through Ray")
-            try:
-                if pid:
-                    os.kill(pid, signal.SIGKILL)
-                else:
-                    ray.kill(self.hosts[label], no_restart=False)
-            except (OSError, ValueError):
-                pass  # gone already: Ray restarts it either way
-
-    def _publish_supervision(self, watch: supervision.Watch) -> None:
-        """What the watch counted, for the front's admin stats (a small file in the run directory)."""
-        # (a full disk: the figures stay a second old until there is room)
-        write_whole(self.settings.run_dir / "supervision.json", orjson.dumps(watch.statistics()), sync=False)
-
     # -- stop ------------------------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -410,13 +286,9 @@ class Node:
             self.metrics.stop()
             self.metrics_reader.close()
             self.metrics = None
-        if self.watcher is not None:  # first: it must not kill or judge what is being stopped
-            self.watch_stopping.set()
-            self.watcher.join(10)
-            self.watcher = None
-        if self.head_watcher is not None:
-            self.head_watcher.join(10)
-            self.head_watcher = None
+        if self.watch is not None:  # first: it must not kill or judge what is being stopped
+            self.watch.stop()
+            self.watch = None
         if self.hosts:
             self._drain()
             for label in self._stop_order():

@@ -137,7 +137,7 @@ def test_broker_conf_style_and_overrides(tmp_path):
 
 
 def test_the_run_directory_is_private_and_fresh(tmp_path, monkeypatch):
-    from node.server.launcher import prepare_run_dir
+    from node.server.preflight import prepare_run_dir
 
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     settings = settings_module.load(None, {"storePathRootDir": str(tmp_path / "store")})

@@ -21,7 +21,9 @@ launcher takes them along and its restart is the node's restart, recovery first.
 service is gone for good exits the same way. A node whose Ray host is lost stays down until the
 host is back; its group's slave can be promoted meanwhile (`mqnode admin role`). A node that
 restarts asks the name services first (`role_now`): an old master whose slave was promoted comes
-back as the new master's slave (fenced), a promoted slave as a master.
+back as the new master's slave (fenced), a promoted slave as a master. An old master that the
+name services tell of the later master (it was cut off while its slave was promoted) restarts
+so at once (`old_master`).
 """
 
 from __future__ import annotations
@@ -162,7 +164,9 @@ class NodeHost:
 
     def _watch(self) -> None:
         while not self.node.failed.wait(1.0):
-            pass
+            superseded = old_master(self.node)
+            if superseded:
+                self.node.fail(superseded)
         logging.getLogger("mqnode").error("node %s failed: %s; restarting it", self.node.settings.brokerName,
                                           self.node.failure)
         try:
@@ -179,6 +183,24 @@ class NodeHost:
     def stop(self) -> bool:
         self.node.stop()
         return True
+
+
+def old_master(node) -> str | None:
+    """Why a node of a cluster that the name services answered `supersededBy` must restart: its
+    group has a master of a later epoch (its slave, promoted while this node was cut off from
+    it), and the restart (`role_now`) brings it back as that master's slave, fenced, where
+    otherwise it would stay up taking no sends and copying nothing, its group without a slave.
+    (A lone node waits as it is: restarted, it would be a master again. So does an old master
+    that only a would-be slave's hello told: the name services may still name it the master.)"""
+    control = node.control
+    try:
+        epoch = control.get("superseded_in_routes") if control is not None else 0
+    except ValueError:  # (closed under this look: the node is stopping)
+        return None
+    if not epoch:
+        return None
+    return (f"the name services hold {node.settings.brokerName}'s master at epoch {epoch}, past this node's: "
+            f"it restarts as that master's slave")
 
 
 def role_now(settings, info: dict | None) -> dict:

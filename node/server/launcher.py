@@ -162,7 +162,7 @@ class Node:
         ray_setup.private_token_file()
         if self.started_ray:  # (joined to a cluster, or a caller's Ray: its own settings apply)
             ray_setup.check_listeners(self.settings, self.settings.run_dir.glob("*.pid"), os.getpid())
-        self.watch = NodeWatch(self.settings, self.hosts, self.control, self.ring_dir, self._fail)
+        self.watch = NodeWatch(self.settings, self.hosts, self.control, self.ring_dir, self.fail)
         self.watch.start(head=self.started_ray)
         if self.settings.metricsPort:
             self._serve_metrics()
@@ -259,8 +259,8 @@ class Node:
         values = ray.get([self.hosts[label].statistics.remote() for label in labels], timeout=10)
         return dict(zip(labels, values))
 
-    def _fail(self, failure: str) -> None:
-        """The watch's word that the node must end (the first reason is the one said)."""
+    def fail(self, failure: str) -> None:
+        """The node must end (its watch's word, or its cluster host's): the first reason is the one said."""
         self.failure = self.failure or failure
         self.failed.set()
 

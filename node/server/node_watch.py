@@ -6,8 +6,8 @@
   killed, so Ray restarts it. What it counted goes to the front's `admin stats`.
 - `_watch_head`: the embedded Ray's GCS and raylet still there.
 
-Either calls `fail(reason)` when the node must end; the launcher then stops it and exits 1, so
-that whatever supervises it restarts it whole (docs/operations.md).
+Either calls `fail(reason)` (the launcher's `Node.fail`) when the node must end; the launcher then
+stops it and exits 1, so that whatever supervises it restarts it whole (docs/operations.md).
 """
 
 from __future__ import annotations

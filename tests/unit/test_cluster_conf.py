@@ -215,4 +215,13 @@ def test_a_master_the_name_service_says_is_older_than_its_groups_is_marked_an_ol
     assert registrar.control.superseded() == 1 and registrar.control.get("superseded_by") == 0
     registrar.step(set())
     assert sent == [protocol.UNREGISTER_BROKER]
+    # in a cluster the node then restarts (its NodeHost ends it), to come back as that master's
+    # slave (role_now); a would-be slave's word alone does not restart it, nor anything once closed
+    node = type("Node", (), {"settings": settings, "control": registrar.control})()
+    assert "at epoch 1, past this node's: it restarts as that master's slave" in cluster.old_master(node)
+    registrar.control.set("superseded_in_routes", 0)
+    registrar.control.set("superseded_by", 2)
+    assert cluster.old_master(node) is None
+    registrar.control.set("superseded_in_routes", 1)
     registrar.control.close()
+    assert cluster.old_master(node) is None

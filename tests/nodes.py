@@ -115,14 +115,16 @@ class NetHosts:
     other one a network namespace (`ip netns`) with an address of its own on a bridge between
     them, in 198.18.0.0/15 (the range RFC 2544 sets aside for such tests, routed nowhere). A node
     there serves, replicates and registers at addresses other hosts reach (its loopback is its
-    own), and a host can be lost whole: every process in it killed (`lose`). Processes still
-    share the file system. Needs root and iproute2 (`available`); `down` takes it all away."""
+    own), and a host can be lost whole: every process in it killed (`lose`), or cut off from the
+    others for a while (`cut`, `heal`). Processes still share the file system. Needs root and
+    iproute2 (`available`); `down` takes it all away."""
 
     def __init__(self, *names: str):
         tag = os.getpid() % 100_000
         self.names, self.bridge = names, f"mqb{tag}"
         self.ip = {name: f"198.18.{tag % 250}.{i + 1}" for i, name in enumerate(names)}
         self.ns = {name: f"mqt{tag}-{i}" for i, name in enumerate(names) if i}
+        self.veth = {name: f"{self.bridge}v{i}" for i, name in enumerate(self.ns, 1)}  # its link to the bridge
         try:
             self._up()
         except BaseException:
@@ -144,8 +146,8 @@ class NetHosts:
         self._ip("link", "add", self.bridge, "type", "bridge")
         self._ip("addr", "add", f"{self.ip[self.names[0]]}/24", "dev", self.bridge)
         self._ip("link", "set", self.bridge, "up")
-        for i, (name, ns) in enumerate(self.ns.items(), 1):
-            veth = f"{self.bridge}v{i}"
+        for name, ns in self.ns.items():
+            veth = self.veth[name]
             self._ip("netns", "add", ns)
             self._ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
             self._ip("link", "set", veth, "master", self.bridge)
@@ -197,6 +199,13 @@ class NetHosts:
                 return
             psutil.wait_procs(processes, timeout=10)
         raise AssertionError(f"processes on {name} outlived 20 rounds of kill -9")
+
+    def cut(self, name: str) -> None:
+        """A partition: host `name` reaches no other host, nor they it; its processes live on."""
+        self._ip("link", "set", self.veth[name], "down")
+
+    def heal(self, name: str) -> None:
+        self._ip("link", "set", self.veth[name], "up")
 
     def down(self) -> None:
         for name, ns in self.ns.items():

@@ -6,6 +6,7 @@ address the other hosts reach and a lost host is every process in it killed; wit
 raylets of this host on loopback (Ray's cluster utilities). Clients find everything through
 `namesrv=`. The tests share the one cluster, in any order: sends and consumption over both groups,
 a Spark read, the name service killed, a master killed (restarted where it was), a master's host
+cut off while its slave is promoted, then healed (it restarts as its slave), a master's host
 lost and its slave promoted (`Up` records which of broker-b's nodes is its master now); each
 counts what it sent to a topic of its own, or only that what it sent is there."""
 
@@ -475,16 +476,48 @@ def test_a_killed_master_sends_move_to_the_other_group_and_it_comes_back_where_i
     assert acked <= _everything(up.namesrv, "after-kill")  # nothing acknowledged was lost
 
 
+def test_a_master_cut_off_while_its_slave_is_promoted_comes_back_as_its_slave(up):
+    """broker-b's master's host is cut off from the others, its processes alive; its slave is
+    promoted, a SYNC_MASTER without a slave (its sends SLAVE_NOT_AVAILABLE). Healed, the old
+    master's next registration is answered supersededBy and it restarts at once as the new
+    master's slave (node.server.cluster.old_master), fenced: the group's sends are PUT_OK again."""
+    if up.net is None:
+        pytest.skip("a partition needs hosts of their own (root and iproute2: NetHosts)")
+    old, new = up.b_master, {"b0": "b1", "b1": "b0"}[up.b_master]
+    old_pids = set(up.node_pids(old))
+    up.net.cut(up.HOSTS[old])
+    try:
+        promoted = orjson.loads(up.cli("admin", "role", "--endpoint", up.listen[new], "--role", "SYNC_MASTER"))
+        up.b_master, up.b_master_role = new, "SYNC_MASTER"
+        with Producer(up.listen[new], retries=0) as producer:
+            assert producer.send(TOPIC, b"no slave").status == "SLAVE_NOT_AVAILABLE"
+    finally:
+        up.net.heal(up.HOSTS[old])
+    new_ha = orjson.loads(up.cli("admin", "ha", "--endpoint", up.listen[new]))["haListen"]
+    old_address = up.listen[old].removeprefix("tcp://")
+
+    def following() -> bool:
+        brokers = up.status()["groups"]["broker-b"]["brokers"]
+        slave = next((b for k, b in brokers.items() if k != "0" and b["address"] == old_address), {})
+        return (slave.get("role"), slave.get("follows"), slave.get("health")) == ("SLAVE", new_ha, "ok")
+    wait_until(following, 120, "the old master never came back as the promoted slave's slave")
+    assert not old_pids & set(up.node_pids(old))  # (restarted: not one of its processes is the same)
+    with Producer(up.listen[new], retries=0) as producer:
+        assert producer.send(TOPIC, b"a slave again").status == "PUT_OK"
+    assert promoted["epoch"] >= 1
+
+
 def test_a_lost_masters_group_is_served_by_its_promoted_slave(up):
+    old, new = up.b_master, {"b0": "b1", "b1": "b0"}[up.b_master]
     sending = Sending(up.namesrv)
     try:
         wait_until(lambda: sum(1 for _, b, _ in sending.acked if b == "broker-b") > 50, 20, "no sends to broker-b")
         lost_at = time.monotonic()
-        up.lose("hostB")  # its host is gone: nothing comes back there
+        up.lose(up.HOSTS[old])  # its host is gone: nothing comes back there
         _moved(sending, lost_at, "broker-a")
-        up.cli("admin", "role", "--endpoint", up.listen["b1"], "--role", "ASYNC_MASTER")  # (its own slave is lost)
-        up.b_master, up.b_master_role = "b1", "ASYNC_MASTER"
-        slave_address = up.listen["b1"].removeprefix("tcp://")
+        up.cli("admin", "role", "--endpoint", up.listen[new], "--role", "ASYNC_MASTER")  # (its own slave is lost)
+        up.b_master, up.b_master_role = new, "ASYNC_MASTER"
+        slave_address = up.listen[new].removeprefix("tcp://")
         wait_until(lambda: up.status()["groups"]["broker-b"]["brokers"].get("0", {}).get("address") == slave_address, 30,
               "the promoted slave never registered as broker-b's master")
     finally:
@@ -493,9 +526,9 @@ def test_a_lost_masters_group_is_served_by_its_promoted_slave(up):
     assert acked and acked <= _everything(up.namesrv, "after-loss")  # SYNC_MASTER: each was on the slave too
     # its host is back: Ray restarts the old master there, and it comes back as the new master's
     # slave, following the HA address the new master registered (on its own host's address)
-    up.bring_back("hostB")
-    old_master = up.listen["b0"].removeprefix("tcp://")
-    new_master_ha = orjson.loads(up.cli("admin", "ha", "--endpoint", up.listen["b1"]))["haListen"]
+    up.bring_back(up.HOSTS[old])
+    old_master = up.listen[old].removeprefix("tcp://")
+    new_master_ha = orjson.loads(up.cli("admin", "ha", "--endpoint", up.listen[new]))["haListen"]
     assert new_master_ha.rpartition(":")[0] == slave_address.rpartition(":")[0]
 
     def following() -> bool:

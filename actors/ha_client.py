@@ -22,7 +22,7 @@ Restart (kill -9): it resumes at the control block's `written` (what lay past it
 the writer does) and asks its master for the rest.
 
 Refused because its log holds bytes past the common history (the node's start could not ask
-the master: node.server.fencing), it sets `fence_pending`; the launcher ends the node, whose
+the master, or the master lost a tail it had sent: node.server.fencing), it sets `fence_pending`; the launcher ends the node, whose
 restart cuts them. Any other refusal (no shared history, an old master) is said in `admin ha`
 and asked again every DIVERGED_RETRY_MS.
 
@@ -336,12 +336,12 @@ class HaClient(Actor):
             raise LinkError(f"an unknown message from the master ({bytes(data[:1])!r}, {len(data)} bytes)")
 
     def _cut_asked(self, reason: str) -> None:
-        """The master refused this log for bytes past their common history (this node's start
-        could not ask it: node.server.fencing). Only a restart may cut a log its readers have
+        """The master refused this log for bytes past their common history (node.server.fencing:
+        this node's start could not ask it, or it lost them since). Only a restart may cut a log its readers have
         seen, so the launcher is told to end the node (`fence_pending`); its restart cuts them."""
         asked = ha_link.cut_asked(reason)
         if asked is not None and not self.control.get("fence_pending"):
-            log.error("ha-client: this slave's log holds %d bytes past offset %d that its master %s never had: "
+            log.error("ha-client: this slave's log holds %d bytes past offset %d that its master %s does not have: "
                       "the node ends, and its restart cuts them", asked[0], asked[1], self.settings.haMasterAddress)
             self.control.set("fence_pending", asked[0])
 

@@ -24,7 +24,7 @@ struct.pack_into here: it zeroes the bytes before writing, so a reader can see a
 | 14   | ha_slaves       | ha-server                    | slaves following now (SYNC_MASTER waits only with one) |
 | 15   | master_offset   | ha-client                    | a slave: its master's written end, as last heard (lag = master_offset - written) |
 | 16-442 | heartbeats    | each actor its own slot      | last loop time, ms                     |
-| 443  | fence_pending   | ha-client (0 at start)       | a slave: bytes of its log its master refused to be followed with, never having had them (its start could not ask: node.server.fencing); the launcher then ends the node, whose restart cuts them |
+| 443  | fence_pending   | ha-client (0 at start)       | a slave: bytes of its log past its master's history, for which the master refused it (node.server.fencing); the launcher then ends the node, whose restart cuts them |
 | 444  | superseded_in_routes | registrar (0 at start)  | a master: the epoch of the group's master a name service holds past this node's (0: none); as `superseded_by` |
 | 445  | superseded_by   | ha-server (0 at start)       | a master: the epoch a would-be slave began past this node's history (0: none); no client send is taken |
 | 446  | broker_permission | recovery (the setting); front (`admin config update`) | brokerPermission now (PermName bits) |

@@ -6,8 +6,8 @@ were written by a master that lost its role (an old master restarted as a slave 
 promoted in its place): they are cut (shm.recovery.cut) and the launcher says how many. The
 cut happens here, not in the running ha-client, because the slave's dispatcher and readers
 must never see the log go backwards. A master that cannot be reached is not waited for: once
-it can, the ha-client's handshake finds the log diverged. Where a cut would mend it, the
-ha-client says so in the control block (`fence_pending`) and the launcher ends the node
+it can, the ha-client's handshake finds the log diverged (so it does when a master restarted
+without a tail it had sent). Where a cut would mend it, the ha-client says so in the control block (`fence_pending`) and the launcher ends the node
 (`pending`), so that its restart (its supervisor's, or the cluster's) cuts the tail here and
 follows; any other refusal (no shared history, an old master) is only said, in `admin ha`.
 The RocketMQ link has no epochs and no fencing.
@@ -72,10 +72,10 @@ def fence(settings, store, out=print) -> int:
 
 
 def pending(settings, control) -> str | None:
-    """Why the node must end so that its restart fences it (the ha-client found, once the master
-    answered, bytes of this slave's log past their common history), or None."""
+    """Why the node must end so that its restart fences it (the ha-client's hello was refused for
+    bytes of this slave's log past their common history), or None."""
     dropped = control.get("fence_pending")
     if not dropped:
         return None
-    return (f"this slave's log holds {dropped} bytes that its master {settings.haMasterAddress} never had "
-            f"(the master could not be asked at the start): the restart cuts them")
+    return (f"this slave's log holds {dropped} bytes that its master {settings.haMasterAddress} does not have "
+            f"(it was not asked at the start, or it lost them): the restart cuts them")

@@ -14,8 +14,9 @@ embedded Ray is shut down.
 Ray is the supervisor only: each actor runs in an `ActorHost` (a Ray actor,
 node.server.actor_host) that runs the plain actor's loop in a thread and exits the process if
 the loop dies, so Ray restarts it (`actorMaxRestarts`, -1: no limit), after a back-off when it
-dies again and again; while it serves, the node watches every actor and exits non-zero when one
-is gone for good (node.server.supervision). Actors ask Ray for no CPU: on a 2-core machine, CPU
+dies again and again; while it serves, its watch (node.server.node_watch) looks at every actor
+and exits non-zero when one is gone for good (node.server.supervision) or the node must restart
+to be fenced (node.server.fencing). Actors ask Ray for no CPU: on a 2-core machine, CPU
 reservations would only keep them from starting.
 """
 
@@ -67,7 +68,7 @@ class Node:
         self.started_ray = False
         self.recovery_report = None
         self.fenced_bytes = 0
-        self.failure: str | None = None  # why the node must end (its watch's word)
+        self.failure: str | None = None  # why the node must end (`fail`: its watch's word, or its cluster host's)
         self.failed = threading.Event()
         self.watch: NodeWatch | None = None  # while it serves
         self.temporary_run_dir: Path | None = None

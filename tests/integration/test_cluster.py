@@ -107,6 +107,11 @@ rayNode = "hostC"
         self.ready: dict = {}
         self.b_master, self.b_master_role = "b0", "SYNC_MASTER"  # (until a test promotes its slave)
 
+    @property
+    def b_slave(self) -> str:
+        """Which of broker-b's nodes is its slave now."""
+        return {"b0": "b1", "b1": "b0"}[self.b_master]
+
     def create_topic(self, topic: str) -> dict:
         """`admin topic create` over the cluster, 8 queues a group; what each group answered, once
         the name service routes the topic to both and every node lists it (a slave's front takes
@@ -209,7 +214,7 @@ def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):
         return status if slaves(status) and slaves(status)[0]["lagBytes"] == 0 else None
     status = wait_until(settled, 30, "the slave never registered, or never caught up")
     assert status["clusters"] == {"TestCluster": ["broker-a", "broker-b"]}
-    master, slave = up.b_master, {"b0": "b1", "b1": "b0"}[up.b_master]
+    master, slave = up.b_master, up.b_slave
     b = status["groups"]["broker-b"]["brokers"]
     assert (b["0"]["address"], b["0"]["role"]) == (up.listen[master].removeprefix("tcp://"), up.b_master_role)
     assert [(s["address"], s["role"]) for s in slaves(status)] == [(up.listen[slave].removeprefix("tcp://"), "SLAVE")]
@@ -480,10 +485,11 @@ def test_a_master_cut_off_while_its_slave_is_promoted_comes_back_as_its_slave(up
     """broker-b's master's host is cut off from the others, its processes alive; its slave is
     promoted, a SYNC_MASTER without a slave (its sends SLAVE_NOT_AVAILABLE). Healed, the old
     master's next registration is answered supersededBy and it restarts at once as the new
-    master's slave (node.server.cluster.old_master), fenced: the group's sends are PUT_OK again."""
+    master's slave (node.server.cluster.old_master; its fencing at that start is test_ha's): the
+    group's sends are PUT_OK again."""
     if up.net is None:
         pytest.skip("a partition needs hosts of their own (root and iproute2: NetHosts)")
-    old, new = up.b_master, {"b0": "b1", "b1": "b0"}[up.b_master]
+    old, new = up.b_master, up.b_slave
     old_pids = set(up.node_pids(old))
     up.net.cut(up.HOSTS[old])
     try:
@@ -508,7 +514,7 @@ def test_a_master_cut_off_while_its_slave_is_promoted_comes_back_as_its_slave(up
 
 
 def test_a_lost_masters_group_is_served_by_its_promoted_slave(up):
-    old, new = up.b_master, {"b0": "b1", "b1": "b0"}[up.b_master]
+    old, new = up.b_master, up.b_slave
     sending = Sending(up.namesrv)
     try:
         wait_until(lambda: sum(1 for _, b, _ in sending.acked if b == "broker-b") > 50, 20, "no sends to broker-b")

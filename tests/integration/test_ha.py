@@ -394,7 +394,8 @@ def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(failov
     """SYNC_MASTER M, slave S. S stops (its goodbye: M's sends stop waiting for it at once); M
     goes on alone (SLAVE_NOT_AVAILABLE: stored on M only), then dies (kill -9). S is promoted:
     every send M answered PUT_OK is on S, and a pop group goes on from what it acked on M. M
-    comes back as S's slave: the tail S never had is cut, M's log is S's, and M's pop state is
+    comes back as S's slave while S is down (its start cannot ask S's history); once S answers,
+    M's node ends and its restart cuts the tail S never had: M's log is S's, and M's pop state is
     gone (S's is the group's now)."""
     pair = failover_pair
     m, s, m_node, s_node = pair.master, pair.slave, pair.master_node, pair.slave_node

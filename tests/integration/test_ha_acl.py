@@ -95,7 +95,10 @@ class RawSlave:
         return ha_link.parse_challenge(answer[1:])
 
     def close(self) -> None:
-        self.sock.close(0)
+        """Says goodbye, as a slave's ha-client does at its stop: a session the master welcomed
+        ends at once, not haHousekeepingInterval later (until then it counts as a SYNC_MASTER's slave)."""
+        self.send(ha_link.BYE)
+        self.sock.close(200)
         self.context.term()
 
 
@@ -181,6 +184,7 @@ def _admin_ha(node, account=ROOTS) -> dict:
 
 
 def test_a_slave_without_credentials_follows_nothing_and_says_why(master):
+    wait_until(lambda: peek(master.settings.root, "ha_slaves") == 0, 30)  # (a slave of another test gone)
     slave = _slave(master, "stranger").start()
     try:
         def refused() -> bool:

@@ -15,7 +15,17 @@ the real one is in `sys.modules` and the stand-in passes every attribute on to i
 LazyLoader, used here before for jsonschema, loads at any attribute, `__spec__` too: Ray imports
 requests twice, and a lazy requests was loaded by the second.) Run as a script, before Ray is
 imported: nothing of mqnode's is imported here. `mqnode start`, `namesrv` and `cluster up` call
-`defer` too, before their launchers import Ray."""
+`defer` too, before their launchers import Ray.
+
+The raylet's two agents serve nothing a node uses, and the embedded Ray runs a quiet stand-in for
+each (`stand_in`): the dashboard's agent, in the minimal Ray a node installs (no dashboard
+packages: Ray passes it `--minimal`), only publishes that its ports are not served; the runtime
+environments' agent builds the environments of `runtime_env` options, and no node, name service
+or cluster part passes one (their workers' set-up hook goes by the environment:
+ray_setup.workers_set_up). Each started ~0.3 CPU-s and ~1 s of a node's start; the stand-in
+publishes the same (-1: Ray's word for a port not served) and waits, importing nothing of Ray. The
+raylet still fate-shares with it, and it ends with the raylet. A Ray cluster a node joins runs its
+own agents."""
 
 from __future__ import annotations
 
@@ -113,8 +123,56 @@ def program_of(argv: list[str]) -> str:
     return default_worker_path()
 
 
+# The ports each agent publishes in the session directory, by Ray's names (ray._raylet's
+# *_PORT_NAME: test_ray_worker checks them), for the agents the embedded Ray does without.
+QUIET_AGENTS = {
+    "dashboard/agent.py": ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port"),
+    "_private/runtime_env/agent/main.py": ("runtime_env_agent_port",),
+}
+NOT_SERVED = -1
+PR_SET_PDEATHSIG = 1
+
+
+def quiet_ports(program: str, argv: list[str]) -> tuple[str, ...]:
+    """The ports a stand-in publishes for the agent `program` (with its arguments `argv`), or ()
+    when the real agent runs: a dashboard agent that is not minimal serves Ray's metrics."""
+    for tail, ports in QUIET_AGENTS.items():
+        if program.endswith(os.sep + tail.replace("/", os.sep)):
+            return ports if tail != "dashboard/agent.py" or "--minimal" in argv else ()
+    return ()
+
+
+def publish(argv: list[str], ports: tuple[str, ...]) -> None:
+    """Each of `ports` as not served, where the raylet waits for it: a file
+    `<session dir>/<port name>_<node id>` holding the port (written whole, then renamed in place,
+    as the raylet may read it at any moment)."""
+    options = dict(arg[2:].split("=", 1) for arg in argv if arg.startswith("--") and "=" in arg)
+    for name in ports:
+        path = os.path.join(options["session-dir"], f"{name}_{options['node-id']}")
+        with open(path + ".part", "w") as out:
+            out.write(str(NOT_SERVED))
+        os.replace(path + ".part", path)
+
+
+def stand_in(argv: list[str], ports: tuple[str, ...]) -> None:
+    """An agent that serves nothing: publishes `ports` and waits until the raylet (its parent)
+    ends, or stops it."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if str(os.getppid()) != os.environ.get("RAY_RAYLET_PID", str(os.getppid())):
+        sys.exit(1)  # the raylet ended before the line above
+    publish(argv, ports)
+    while True:
+        signal.pause()
+
+
 if __name__ == "__main__":
     defer()
     program = program_of(sys.argv)
+    quiet = quiet_ports(program, sys.argv)
+    if quiet:
+        stand_in(sys.argv, quiet)
     sys.path[0] = os.path.dirname(program)  # as if run itself: node/server's modules are no top-level names
     runpy.run_path(program, run_name="__main__")

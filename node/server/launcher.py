@@ -28,6 +28,7 @@ import functools
 import logging
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -56,11 +57,19 @@ READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
 
 
+class StartInterrupted(Exception):
+    """SIGINT or SIGTERM came while the node started: it is stopped, as after its start."""
+
+
 class Node:
-    def __init__(self, settings: Settings, *, ray_address: str | None = None, out=print):
+    def __init__(self, settings: Settings, *, ray_address: str | None = None, out=print,
+                 stops: StopSignals | None = None):
+        """`stops`: SIGINT and SIGTERM as `mqnode start` takes them (`run`); one received while the
+        node starts ends its start at the next look (StartInterrupted), the node stopped."""
         self.settings = settings
         self.ray_address = ray_address
         self.out = out
+        self.stops = stops
         self.lock: StoreLock | None = None
         self.control: ControlBlock | None = None
         self.hosts: dict[str, object] = {}
@@ -145,6 +154,8 @@ class Node:
         if not ray.is_initialized() and not self.ray_address:
             self.ray_dir = ray_setup.session_dir(s)
         self.started_ray = ray_setup.init(self.ray_address, self.ray_dir, s.rayObjectStoreMemory)
+        if self.stops is not None:
+            self.stops.install()  # (Ray's driver installs a SIGTERM handler of its own that ends the process)
         remote = ray.remote(ActorHost)
         placement = ray_setup.placement(s) if self.ray_address else {}
         kwargs = {"front": {"hosts": topology.hosts(s)}}  # where each service lives, for `admin stats`
@@ -167,6 +178,10 @@ class Node:
         self.watch.start(head=self.started_ray)
         if self.settings.metricsPort:
             self._serve_metrics()
+
+    def _check_stop_asked(self) -> None:
+        if self.stops is not None and self.stops.received is not None:
+            raise StartInterrupted(f"{signal.Signals(self.stops.received).name} while starting")
 
     def _held(self, value):
         """`value` as an actor's constructor argument that lasts while the node runs: Ray fetches
@@ -196,6 +211,7 @@ class Node:
 
         deadline, pending = time.monotonic() + READY_TIMEOUT_S, dict(self.hosts)
         while pending and time.monotonic() < deadline:
+            self._check_stop_asked()
             for label, handle in list(pending.items()):
                 try:
                     if ray.get(handle.wait_ready.remote(0.5), timeout=30):
@@ -245,6 +261,7 @@ class Node:
             deadline = time.monotonic() + READY_TIMEOUT_S
             for header, answers in probes:
                 while not _answered(asker, header, answers):
+                    self._check_stop_asked()
                     if time.monotonic() > deadline:
                         raise RuntimeError("the node's actors did not connect to each other")
                     time.sleep(0.05)
@@ -268,7 +285,8 @@ class Node:
     def serve_forever(self) -> int:
         """Block until SIGINT or SIGTERM, then stop: 0. Or until a service is gone for good
         (node.server.supervision): say why, stop, 1."""
-        stops = StopSignals()
+        stops = self.stops or StopSignals()
+        stops.install()
         while not stops.wait(0.2) and not self.failed.is_set():
             pass
         if self.failure is not None:
@@ -392,9 +410,13 @@ def run(settings: Settings, ray_address: str | None = None) -> int:
     printed there (Ray's driver) goes to the log on stderr (logs.ForeignLines)."""
     logger = logs.configure(settings, "launcher", relay=False)
     stdout, sys.stdout = sys.stdout, logs.ForeignLines(logger)
-    node = Node(settings, ray_address=ray_address, out=functools.partial(print, file=stdout))
+    stops = StopSignals()  # (before the start: a signal while it starts stops it cleanly, not with a traceback)
+    node = Node(settings, ray_address=ray_address, out=functools.partial(print, file=stdout), stops=stops)
     try:
         node.start()
+    except StartInterrupted as e:  # (the node is stopped already)
+        print(f"mqnode stopped: {e}", file=stdout, flush=True)
+        return 0
     except ray_setup.ForeignListener as e:  # (the node is stopped already)
         print(f"mqnode failed: {e}", file=sys.stderr, flush=True)
         return 1

@@ -1,6 +1,7 @@
 """`mqnode start`'s stdout carries only the node's own lines: Ray's driver prints its raylet's
 "A worker died" there (in colour) when a service process is killed; it reaches the log on stderr
-as one line instead (node.server.logs.ForeignLines)."""
+as one line instead (node.server.logs.ForeignLines). And a stop signal while it starts stops it
+with its own line too."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 from nodes import ROOT, free_port
 
@@ -45,3 +48,54 @@ def test_a_killed_service_leaves_stdout_to_the_nodes_own_lines(tmp_path):
     # no error line of Ray's own on a sound node's stderr (its core worker's "restart will fail" for
     # each constructor argument in the object store came at every start)
     assert not re.findall(r"^\[[0-9-]+ [0-9:,]+ E \d+ \d+\].*", err.read_text(), re.MULTILINE)
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_while_the_node_starts_stops_it_cleanly(tmp_path, number):
+    """A signal once the store is recovered, before the node's Ray is up, stops the node at the
+    launcher's first look, once Ray is: as after its start (exit 0, its store closed cleanly, nothing of
+    it left running), not with a traceback (SIGINT) or Ray's driver's own exit (SIGTERM, 15)."""
+    run, store = tmp_path / "run", tmp_path / "store"
+    run.mkdir(mode=0o700)
+    port, ha = free_port(), free_port()
+    args = [str(ROOT / "scripts" / "mqnode"), "start", "--storePathRootDir", str(store), "--runDir", str(run),
+            "--listen", f"tcp://127.0.0.1:{port}", "--listenPort", str(port), "--haListenPort", str(ha),
+            "--grpcServerPort", "0"]
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        node = subprocess.Popen(args, stdout=stdout, stderr=stderr)
+        try:
+            deadline = time.monotonic() + 120
+            while b"recovery (normal)" not in err.read_bytes():  # (then its Ray starts: seconds from `ready`)
+                assert node.poll() is None and time.monotonic() < deadline, err.read_text()[-2000:]
+                time.sleep(0.01)
+            node.send_signal(number)
+            assert node.wait(60) == 0, err.read_text()[-2000:]
+        finally:
+            if node.poll() is None:
+                node.kill()
+    lines = out.read_text().splitlines()
+    assert lines == [f"mqnode stopped: {signal.Signals(number).name} while starting"], lines
+    assert "Traceback" not in err.read_text(), err.read_text()[-2000:]
+    assert not [process for process in psutil.process_iter() if _of(process, tmp_path)]  # (its Ray's and services' too)
+    with open(tmp_path / "out2.txt", "wb") as stdout:
+        node = subprocess.Popen(args, stdout=stdout, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while b"mqnode ready" not in (tmp_path / "out2.txt").read_bytes():
+                assert node.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            assert b"recovery=normal" in (tmp_path / "out2.txt").read_bytes()  # (stopped cleanly, not crashed)
+        finally:
+            node.send_signal(signal.SIGTERM)
+            node.wait(60)
+
+
+def _of(process: psutil.Process, directory) -> bool:
+    """Whether `process` is one of a node's under `directory`: its launcher's and Ray's command
+    lines name its store or run directory, and a service process maps its store's files."""
+    try:
+        return (str(directory) in " ".join(process.cmdline())
+                or str(directory) in Path(f"/proc/{process.pid}/maps").read_text())
+    except (psutil.Error, OSError):
+        return False

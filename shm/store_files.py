@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import struct
 from pathlib import Path
 
 from shm.mapped_file import StoreError
@@ -23,6 +24,9 @@ class StoreLocked(StoreError):
     pass
 
 
+# Linux's struct flock: l_type, l_whence (short), l_start, l_len (off_t), l_pid (pid_t); 32 bytes
+# with its padding on 64-bit Linux, which the buffer given to F_GETLK must hold
+_FLOCK, _FLOCK_SIZE = "hhqqi", 32
 _held: dict[str, int] = {}  # resolved lock path -> fd, for this process
 
 
@@ -53,6 +57,24 @@ class StoreLock:
         fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 0)
         os.close(self.fd)
         self.fd = -1
+
+    def holder(self) -> int | None:
+        """The pid of the process that holds this store's lock (F_GETLK, as `lsof` would find it),
+        None when no process does; 0 for one in another PID namespace. In the holding process,
+        its own pid without opening the file: closing any descriptor of a file drops every
+        POSIX lock the process has on it."""
+        if str(self.path.resolve()) in _held:
+            return os.getpid()
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            asked = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0).ljust(_FLOCK_SIZE, b"\0")
+            kind, _, _, _, pid = struct.unpack_from(_FLOCK, fcntl.fcntl(fd, fcntl.F_GETLK, asked))
+        finally:
+            os.close(fd)
+        return None if kind == fcntl.F_UNLCK else pid
 
     def __enter__(self) -> "StoreLock":
         self.acquire()

@@ -333,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     names.add_argument("--dir", help="where its table's file goes (default ~/mqnode/namesrv-PORT)")
     names.add_argument("--ray-address", help="join this Ray cluster instead of starting an embedded Ray")
     names.set_defaults(handler=cmd_namesrv)
+    from node.tools import cli_stop
+
+    cli_stop.add_parser(commands, _add_store_options, _settings_from)
     _produce_parser(commands)
     _recall_parser(commands)
     _consume_parser(commands)

@@ -1,7 +1,7 @@
 """`mqnode start`'s stdout carries only the node's own lines: Ray's driver prints its raylet's
 "A worker died" there (in colour) when a service process is killed; it reaches the log on stderr
 as one line instead (node.server.logs.ForeignLines). And a stop signal while it starts stops it
-with its own line too."""
+with its own line too, as `mqnode stop` stops it from another shell."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 from nodes import ROOT, free_port
+
+from shm.store_files import last_exit_ok
 
 pytestmark = pytest.mark.slow
 
@@ -89,6 +92,48 @@ def test_a_stop_signal_while_the_node_starts_stops_it_cleanly(tmp_path, number):
         finally:
             node.send_signal(signal.SIGTERM)
             node.wait(60)
+
+
+def test_mqnode_stop_stops_the_node_on_a_store_and_nothing_else(tmp_path):
+    """`mqnode stop --store S` finds the node by its store's lock, stops it as SIGTERM does (exit 0,
+    its own lines, the store closed cleanly) and says so once it has exited, even while its parent
+    has not reaped it yet; it leaves alone a store nobody runs and a lock held by anything else."""
+    store, other, run = tmp_path / "store", tmp_path / "other", tmp_path / "run"
+    run.mkdir(mode=0o700)
+    port, ha = free_port(), free_port()
+    mqnode = str(ROOT / "scripts" / "mqnode")
+    args = [mqnode, "start", "--store", str(store), "--runDir", str(run), "--listen", f"tcp://127.0.0.1:{port}",
+            "--listenPort", str(port), "--haListenPort", str(ha), "--grpcServerPort", "0"]
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from shm.store_files import StoreLock; "
+                               f"StoreLock({str(other)!r}).acquire(); print('held', flush=True); time.sleep(120)"],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    out = tmp_path / "out.txt"
+    with open(out, "wb") as stdout:
+        node = subprocess.Popen(args, stdout=stdout, stderr=subprocess.DEVNULL)
+        try:
+            assert holder.stdout.readline() == "held\n"
+            refused = subprocess.run([mqnode, "stop", "--store", str(other)], capture_output=True, text=True, timeout=60)
+            assert refused.returncode == 1 and refused.stdout == ""
+            assert f"is held by pid {holder.pid}, which is not a `mqnode start`" in refused.stderr, refused.stderr
+            assert holder.poll() is None  # (not signalled)
+            deadline = time.monotonic() + 120
+            while b"mqnode ready" not in out.read_bytes():
+                assert node.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            pid = int(re.search(rb" pid=(\d+)", out.read_bytes()).group(1))
+            stopped = subprocess.run([mqnode, "stop", "--store", str(store)], capture_output=True, text=True,
+                                     timeout=90)  # (before this test reaps the node: a zombie is stopped too)
+            assert stopped.returncode == 0, stopped.stderr
+            assert stopped.stdout == f"mqnode stopped pid={pid} store={store}\n"
+            assert node.wait(5) == 0
+            assert out.read_text().splitlines()[-1] == "mqnode stopped"
+            again = subprocess.run([mqnode, "stop", "--store", str(store)], capture_output=True, text=True, timeout=60)
+            assert again.returncode == 1 and f"no node runs on {store}" in again.stderr, again.stderr
+        finally:
+            holder.kill()
+            if node.poll() is None:
+                node.kill()
+    assert last_exit_ok(store)  # (its next start's recovery is a normal one)
 
 
 def _of(process: psutil.Process, directory) -> bool:

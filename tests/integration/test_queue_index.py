@@ -421,8 +421,17 @@ def test_store_lock_refuses_a_second_opener_in_this_and_another_process(tmp_path
             "except StoreLocked as e: print('locked')")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "locked"
-    assert (tmp_path / "lock").read_bytes() == b"lock"
+    # who holds it, as another process (`mqnode stop`) asks it, and as the holder itself does
+    ask = "import sys; from shm.store_files import StoreLock; print(StoreLock(sys.argv[1]).holder())"
+    holder = subprocess.run([sys.executable, "-c", ask, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert holder.stdout.strip() == str(os.getpid()) == str(StoreLock(tmp_path).holder())
+    holder = subprocess.run([sys.executable, "-c", ask, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert holder.stdout.strip() == str(os.getpid())  # (asking did not drop it)
+    assert (tmp_path / "lock").read_bytes() == b"lock"  # (last: a close of any descriptor drops the process's lock)
     store.close()
+    holder = subprocess.run([sys.executable, "-c", ask, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert holder.stdout.strip() == "None"
+    assert StoreLock(tmp_path / "nowhere").holder() is None
     with StoreLock(tmp_path):
         pass
 

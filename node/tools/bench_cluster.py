@@ -207,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                     used = cpu_seconds(cluster.processes(name)) - before[name]
                     per_message.setdefault(name, []).append(used / counts[f"broker-{name}"] * 1e6)
 
-        # Each round starts at the next figure: the page cache's writeback of the gigabytes each
-        # figure writes grows as a run goes on (on the project's machine the rates fall by a quarter
-        # over three rounds), and a fixed order would charge it to the last figure every time.
+        # Each round starts at the next figure: writing gets dearer as a run goes on (on the
+        # project's VM, once a run has written ~4-5 GiB, each new page of the CommitLog costs the
+        # writing process ~3x the system time: docs/performance.md "How to read these figures"),
+        # and a fixed order would charge that to the last figure every time.
         figures, stored = [one_node, one_group, two_groups], {}
         for turn in range(args.rounds):
             for figure in figures[turn % 3:] + figures[:turn % 3]:

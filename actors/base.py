@@ -155,6 +155,12 @@ def injected_bug_code(label: str) -> int | None:
     return next((int(what) for what in _injected(label) if what.isdigit()), None)
 
 
+def injected_start_hang(label: str) -> bool:
+    """`schedule:hang-start`: process `label`'s actor never finishes starting (its constructor
+    sleeps), as one stuck opening a file or never placed by Ray."""
+    return "hang-start" in _injected(label)
+
+
 def injected_bug_turn(label: str) -> int | None:
     """`dispatcher:turn=300`: the loop turn at which the process raises InjectedBug."""
     return next((int(what[5:]) for what in _injected(label) if what.startswith("turn=") and what[5:].isdigit()),

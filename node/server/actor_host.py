@@ -15,6 +15,7 @@ import os
 import threading
 import time
 
+from actors.base import injected_start_hang
 from node.server import logs, ray_setup, supervision, topology
 from shm import settings as settings_module
 from shm.control_block import ControlBlock, heartbeat_slot, monotonic_ms
@@ -37,6 +38,8 @@ class ActorHost:
         if delay:  # it keeps dying: give whatever kills it time to pass
             logging.getLogger("mqnode").warning("service %s restarts in %.1f s", process.label, delay)
             time.sleep(delay)
+        if injected_start_hang(process.label):  # (tests only: MQNODE_INJECT_BUG)
+            time.sleep(3600)
         self.actor = topology.build(process, settings, kwargs if recovered is None else kwargs | {"writer": recovered})
         for beat in process.beats:  # alive from Ray's view on: a predecessor's stale beats are not ours
             _beat(settings, beat)

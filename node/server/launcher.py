@@ -55,10 +55,15 @@ from shm.store_files import StoreLock, mark_clean_exit, mark_running
 DRAIN_S = 3.0
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
+ANSWER_S = 3.0  # how long a stop waits for every process to answer at all (a built one answers in ms)
 
 
 class StartInterrupted(Exception):
     """SIGINT or SIGTERM came while the node started: it is stopped, as after its start."""
+
+
+class StartFailed(RuntimeError):
+    """The node's services did not all start (or reach each other) in time: it is stopped."""
 
 
 class Node:
@@ -169,7 +174,8 @@ class Node:
             ).remote(self._held(process), values, self._held(kwargs | own), recovered_state if writes else None)
         late = self._wait_ready()
         if late:
-            raise RuntimeError("some actors did not start: " + ", ".join(late))
+            raise StartFailed(f"services not started within {READY_TIMEOUT_S:g} s: {', '.join(late)} (the log says "
+                              "what each did; a service placed on a Ray node without room never starts)")
         self._wait_for_connections()
         ray_setup.private_token_file()
         if self.started_ray:  # (joined to a cluster, or a caller's Ray: its own settings apply)
@@ -203,21 +209,27 @@ class Node:
         return reference
 
     def _wait_ready(self) -> list[str]:
-        """The labels of the processes not ready within READY_TIMEOUT_S. One that died while it
-        opened (a file the clean service deleted under it, say) is being restarted by Ray: it is
-        waited for again, as the supervisor would."""
+        """The labels of the processes not ready within READY_TIMEOUT_S. One ask at a time is
+        outstanding for each, so one still in its constructor (or not placed by Ray) holds
+        back no look at the others, nor at a stop signal (every half second). One that died
+        while it opened (a file the clean service deleted under it, say) is being restarted by
+        Ray: it is asked again, as the supervisor would."""
         import ray
-        from ray.exceptions import ActorUnavailableError
+        from ray.exceptions import ActorUnavailableError, RayActorError
 
-        deadline, pending = time.monotonic() + READY_TIMEOUT_S, dict(self.hosts)
+        deadline, pending, asked = time.monotonic() + READY_TIMEOUT_S, set(self.hosts), {}
         while pending and time.monotonic() < deadline:
             self._check_stop_asked()
-            for label, handle in list(pending.items()):
+            for label in pending - set(asked.values()):
+                asked[self.hosts[label].wait_ready.remote(0.5)] = label
+            answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0.5)
+            for reference in answered:
+                label = asked.pop(reference)
                 try:
-                    if ray.get(handle.wait_ready.remote(0.5), timeout=30):
-                        del pending[label]
-                except ActorUnavailableError:
-                    time.sleep(0.2)  # restarting
+                    if ray.get(reference):
+                        pending.discard(label)
+                except (ActorUnavailableError, RayActorError):
+                    time.sleep(0.1)  # restarting: asked again
         return sorted(pending)
 
     def _serve_metrics(self) -> None:
@@ -263,7 +275,8 @@ class Node:
                 while not _answered(asker, header, answers):
                     self._check_stop_asked()
                     if time.monotonic() > deadline:
-                        raise RuntimeError("the node's actors did not connect to each other")
+                        raise StartFailed("the node's services did not connect to each other within "
+                                          f"{READY_TIMEOUT_S:g} s")
                     time.sleep(0.05)
         finally:
             asker.close()
@@ -309,12 +322,15 @@ class Node:
             self.watch.stop()
             self.watch = None
         if self.hosts:
-            self._drain()
-            for label in self._stop_order():
-                try:
-                    ray.get(self.hosts[label].stop.remote(STOP_TIMEOUT_S), timeout=STOP_TIMEOUT_S + 2)
-                except Exception:  # a dead or stuck actor: killed below with the rest
-                    pass
+            answering = self._answering()
+            self._drain(answering)
+            for stage in self._stop_stages():
+                for label in [label for label in stage if label not in answering]:
+                    logging.getLogger("mqnode").warning(
+                        "service %s did not answer (still starting, restarting or never placed): killed, not stopped", label)
+                asked = [self.hosts[label].stop.remote(STOP_TIMEOUT_S) for label in stage if label in answering]
+                if asked:  # (a dead or stuck actor's stop fails or times out: killed below with the rest)
+                    ray.wait(asked, num_returns=len(asked), timeout=STOP_TIMEOUT_S + 2)
             for host in self.hosts.values():
                 ray.kill(host, no_restart=True)
             self.hosts.clear()
@@ -339,11 +355,24 @@ class Node:
             self.log_sink.stop()
             self.log_sink = None
 
-    def _drain(self) -> None:
+    def _answering(self) -> set[str]:
+        """The labels of the processes whose actor answers within ANSWER_S. One that does not is
+        still in its constructor (opening, or sleeping out a restart's back-off), being
+        restarted, or not placed by Ray at all: it has served nothing, and a graceful stop would
+        only wait STOP_TIMEOUT_S for it, one after another (a node none of whose services
+        started took ~80 s to stop). Ray kills it with the rest, as a kill -9 it recovers from."""
+        import ray
+
+        asked = {host.wait_ready.remote(0): label for label, host in self.hosts.items()}
+        answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=ANSWER_S)
+        return {asked[reference] for reference in answered}
+
+    def _drain(self, answering: set[str]) -> None:
         import ray
 
         front = self.hosts.get("front")
-        if front is None:
+        if front is None or "front" not in answering:
+            self.control.set_flag(FLAG_SHUTTING_DOWN, True)
             return
         try:
             ray.get(front.call.remote("drain_mode"), timeout=5)
@@ -356,8 +385,15 @@ class Node:
             pass  # the front is gone: nothing more can be answered anyway
         self.control.set_flag(FLAG_SHUTTING_DOWN, True)
 
-    def _stop_order(self) -> list[str]:
-        """Whoever appends first (a writer's drain commits a write buffer's tail), then the
+    def _stop_stages(self) -> list[list[str]]:
+        """Every process, in stages stopped one after another, the processes of a stage together.
+        First those that feed the write path from inside the node (the schedule service's
+        deliveries, the transaction service's ends, the pop service's retries, the gRPC proxy's
+        sends; the clean service and any other with them), while the front and the writer still
+        take what they send: their drains keep what they did (delay offsets and the timer
+        checkpoint, the pop log's snapshot, the checks' position), which a kill would lose (a
+        clean stop's next start then delivered the last seconds' delayed messages again).
+        Then whoever appends (a writer's drain commits a write buffer's tail), then the
         dispatcher and the flush actor, which catch up with it. The front goes last, unless it
         is the writer: then right after the pull workers, whose held pulls it still answers."""
         ingress = [label for label in self.hosts if label.startswith("ingress")]
@@ -366,8 +402,10 @@ class Node:
         rest = [label for label in ("ha-client", "writer", "dispatcher", "flush", "allocator", "ha-server")
                 if label in self.hosts]
         if topology.hosts(self.settings)["write"] == ["front"]:  # the front's process writes
-            return ingress + pulls + front + rest
-        return ingress + rest + pulls + front
+            order = ingress + pulls + front + rest
+        else:
+            order = ingress + rest + pulls + front
+        return [[label for label in self.hosts if label not in order]] + [[label] for label in order]
 
     def _finish_store(self) -> None:
         """After the actors: everything written is durable, the end is exact, the exit is clean."""
@@ -417,7 +455,7 @@ def run(settings: Settings, ray_address: str | None = None) -> int:
     except StartInterrupted as e:  # (the node is stopped already)
         print(f"mqnode stopped: {e}", file=stdout, flush=True)
         return 0
-    except ray_setup.ForeignListener as e:  # (the node is stopped already)
+    except (ray_setup.ForeignListener, StartFailed) as e:  # (the node is stopped already)
         print(f"mqnode failed: {e}", file=sys.stderr, flush=True)
         return 1
     except OSError as e:

@@ -1,7 +1,8 @@
 """`mqnode start`'s stdout carries only the node's own lines: Ray's driver prints its raylet's
 "A worker died" there (in colour) when a service process is killed; it reaches the log on stderr
 as one line instead (node.server.logs.ForeignLines). And a stop signal while it starts stops it
-with its own line too, as `mqnode stop` stops it from another shell."""
+with its own line too, as `mqnode stop` stops it from another shell; and a service that never
+starts ends the start with the node's own line, not a traceback."""
 
 from __future__ import annotations
 
@@ -92,6 +93,50 @@ def test_a_stop_signal_while_the_node_starts_stops_it_cleanly(tmp_path, number):
         finally:
             node.send_signal(signal.SIGTERM)
             node.wait(60)
+
+
+@pytest.mark.parametrize("end", ["time out", "SIGTERM"])
+def test_a_service_that_never_starts_ends_the_start_cleanly_and_soon(tmp_path, end):
+    """A service stuck in its start (MQNODE_INJECT_BUG `hang-start`: as one still opening, or
+    placed on a Ray node without room for it) ends the start with `mqnode failed: ...` and exit 1
+    once the start's time is out (8 s here, READY_TIMEOUT_S), or with `mqnode stopped: SIGTERM
+    while starting` and exit 0 at a signal, seen within a second; its stop does not wait for the
+    stuck service, which is killed with the rest, and nothing of the node is left running."""
+    run, store = tmp_path / "run", tmp_path / "store"
+    run.mkdir(mode=0o700)
+    port, ha = free_port(), free_port()
+    code = ("import sys; from node.server import launcher; launcher.READY_TIMEOUT_S = 8; "
+            "from node.tools.cli import main; sys.exit(main(sys.argv[1:]))")
+    args = [sys.executable, "-c", code, "start", "--storePathRootDir", str(store), "--runDir", str(run),
+            "--listen", f"tcp://127.0.0.1:{port}", "--listenPort", str(port), "--haListenPort", str(ha),
+            "--grpcServerPort", "0"]
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        node = subprocess.Popen(args, cwd=ROOT, env=os.environ | {"MQNODE_INJECT_BUG": "schedule:hang-start"},
+                                stdout=stdout, stderr=stderr)
+        try:
+            if end == "SIGTERM":
+                deadline = time.monotonic() + 120
+                while not (run / "front.pid").exists():  # (the others start; the schedule service never does)
+                    assert node.poll() is None and time.monotonic() < deadline, err.read_text()[-2000:]
+                    time.sleep(0.05)
+                node.send_signal(signal.SIGTERM)
+            began = time.monotonic()
+            code = node.wait(90)
+            took = time.monotonic() - began
+        finally:
+            if node.poll() is None:
+                node.kill()
+    log = err.read_text()
+    assert "Traceback" not in log, log[-3000:]
+    assert "service schedule did not answer (still starting, restarting or never placed): killed, not stopped" in log
+    if end == "SIGTERM":
+        assert code == 0 and out.read_text().splitlines() == ["mqnode stopped: SIGTERM while starting"]
+        assert took < 30, took  # (before: the start's look at the stuck service blocked 30 s, then a traceback)
+    else:
+        assert code == 1 and out.read_text() == "", out.read_text()
+        assert "mqnode failed: services not started within 8 s: schedule (" in log, log[-3000:]
+    assert not [process for process in psutil.process_iter() if _of(process, tmp_path)]
 
 
 def test_mqnode_stop_stops_the_node_on_a_store_and_nothing_else(tmp_path):

@@ -105,6 +105,33 @@ def test_a_restart_after_a_kill_9_of_every_process_delivers_what_was_delayed_and
         node.stop(strict=False)
 
 
+def test_a_clean_stop_keeps_what_was_delivered_and_the_next_start_delivers_nothing_again(tmp_path):
+    """Delayed messages and timers delivered just before a clean stop (SIGTERM) stay delivered
+    once: the stop persists the schedule service's delay offsets and timer checkpoint (its
+    periods here a minute, so only the stop can have), as RocketMQ's shutdown persists
+    delayOffset.json. Before, the launcher killed the schedule service without stopping it, and
+    the next start delivered the last period's messages a second time."""
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), messageDelayLevel=LEVELS,
+                             flushDelayOffsetInterval=60000, timerPrecisionMs=100, timerFlushIntervalMs=60000)
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    try:
+        with Producer(node.endpoint) as producer:
+            for i in range(10):
+                producer.send("Once", f"l-{i}".encode(), delay_level=1, queue_id=0)
+                producer.send("OnceTimed", f"t-{i}".encode(), delay_ms=1000, queue_id=0)
+        with PullConsumer(node.endpoint) as consumer:
+            assert len(_wait_for(consumer, "Once", 0, 10)) == len(_wait_for(consumer, "OnceTimed", 0, 10)) == 10
+        assert node.stop() == 0
+        node = NodeProcess(settings, tmp_path / "node.log").start()
+        time.sleep(3)  # (a level's period and a timer's precision several times over)
+        with PullConsumer(node.endpoint) as consumer:
+            for topic in ("Once", "OnceTimed"):
+                assert consumer.pull(topic, 0, 0, max_count=32).next_begin_offset == 10, topic
+                assert consumer.pull(topic, 0, 10, suspend_ms=500).messages == [], topic
+    finally:
+        node.stop(strict=False)
+
+
 def test_send_backs_retry_then_dead_letter(node):
     with Producer(node.endpoint) as producer:
         producer.send("Work", b"job", queue_id=0)

@@ -45,7 +45,10 @@ class StoreLock:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
         except OSError as e:
             os.close(fd)
-            raise StoreLocked(f"{self.path}: the store is in use by another process (MQ already started)") from e
+            holder = self.holder()
+            who = f"process {holder}" if holder else "another process"
+            raise StoreLocked(f"{self.path}: the store is in use by {who} (MQ already started; if it is a "
+                              f"node, `mqnode stop --store {self.path.parent}` stops it)") from e
         os.pwrite(fd, b"lock", 0)
         self.fd = fd
         _held[key] = fd

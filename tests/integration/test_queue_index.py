@@ -418,9 +418,9 @@ def test_store_lock_refuses_a_second_opener_in_this_and_another_process(tmp_path
         MessageStore(settings)
     code = ("import sys; from shm.store_files import StoreLock, StoreLocked\n"
             "try:\n StoreLock(sys.argv[1]).acquire(); print('got it')\n"
-            "except StoreLocked as e: print('locked')")
+            "except StoreLocked as e: print(e)")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "locked"
+    assert f"the store is in use by process {os.getpid()} (MQ already started" in out.stdout, out.stdout
     # who holds it, as another process (`mqnode stop`) asks it, and as the holder itself does
     ask = "import sys; from shm.store_files import StoreLock; print(StoreLock(sys.argv[1]).holder())"
     holder = subprocess.run([sys.executable, "-c", ask, str(tmp_path)], capture_output=True, text=True, check=True)

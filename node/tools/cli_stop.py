@@ -74,8 +74,9 @@ def _not_a_node(argv: list[str]) -> str:
     """Why the process of command line `argv` is not a node's launcher ('' when it is one)."""
     if argv and argv[0].startswith("ray::"):
         return f"a Ray actor ({argv[0]}): a node of `mqnode cluster`, stopped by `mqnode cluster down`"
-    if "node.tools.cli" in argv and "start" in argv[argv.index("node.tools.cli"):]:
-        return ""
+    for i, part in enumerate(argv[:-1]):  # (`python -m node.tools.cli start`: scripts/mqnode; or the installed `mqnode start`)
+        if (part == "node.tools.cli" or Path(part).name == "mqnode") and argv[i + 1] == "start":
+            return ""
     return f"which is not a `mqnode start` ({' '.join(argv)[:200]})"
 
 

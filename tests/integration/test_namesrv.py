@@ -1,13 +1,16 @@
 """The name service's shell on real sockets and files (in a thread: no Ray): what it answers to
-bad input, and its table across a restart (its file)."""
+bad input, and its table across a restart (its file); and a real node's registration and its
+unregistration at a clean stop."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import orjson
 import pytest
 import zmq
+from nodes import NodeProcess, node_settings
 
 from actors.namesrv import TABLE_FILE, Namesrv
 from node import protocol
@@ -83,3 +86,24 @@ def test_the_table_survives_a_restart_through_its_file(serving, tmp_path):
                                               "brokerAddr": "127.0.0.1:10911"})])["status"] == "OK"
     assert _ask(second.listen, [orjson.dumps({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": "T"})])["status"] == \
         "TOPIC_NOT_EXIST"
+
+
+@pytest.mark.slow
+def test_a_node_that_stops_leaves_the_routes_at_once(serving, tmp_path):
+    """A node registers with its name services (its registrar, in the clean service's process)
+    and at a clean stop unregisters, so clients stop choosing it at once, not after the 120 s a
+    silent node is kept. Before, the stop killed that process and the node stayed in the routes."""
+    service = serving()
+    settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), namesrvAddr=service.listen,
+                             brokerName="broker-s", brokerClusterName="S")
+    node = NodeProcess(settings, tmp_path / "node.log").start()
+    try:
+        deadline = time.monotonic() + 30
+        while _ask(service.listen, [orjson.dumps({"code": protocol.GET_BROKER_CLUSTER_INFO})])["clusterAddrTable"] != \
+                {"S": ["broker-s"]}:
+            assert time.monotonic() < deadline, "the node never registered"
+            time.sleep(0.2)
+    finally:
+        assert node.stop() == 0
+    info = _ask(service.listen, [orjson.dumps({"code": protocol.GET_BROKER_CLUSTER_INFO})])
+    assert info["clusterAddrTable"] == {} and info["brokerAddrTable"] == {}, info

@@ -410,7 +410,8 @@ def test_a_kill_9_of_the_whole_node_brings_back_every_message_in_flight_and_none
 
 
 def test_compact_pops_as_split_does(tmp_path):
-    """The pop service is a process of its own in both topologies: the same answers in compact."""
+    """The pop service is a process of its own in both topologies: the same answers in compact;
+    and a clean stop stops it too, its log folded into a snapshot."""
     settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), topology="compact")
     node = NodeProcess(settings, tmp_path / "node.log").start()
     try:
@@ -422,5 +423,8 @@ def test_compact_pops_as_split_does(tmp_path):
             back = pop_all(consumer, "PopCompact", "compact", want=10, within=10)
             assert sorted(m.body for m in back) == sorted(m.body for m in first[10:])
             assert {m.reconsume_times for m in back} == {1} and all(consumer.ack_batch(back))
+        assert node.stop() == 0
+        # a clean stop folds the pop log's journal into its snapshot (docs/storage.md "Pop state")
+        assert [f.name for f in sorted((tmp_path / "store" / "pop").iterdir())] == ["journal.1", "snapshot"]
     finally:
         node.stop(strict=False)

@@ -371,28 +371,28 @@ class Node:
         import ray
 
         front = self.hosts.get("front")
-        if front is None or "front" not in answering:
-            self.control.set_flag(FLAG_SHUTTING_DOWN, True)
-            return
-        try:
-            ray.get(front.call.remote("drain_mode"), timeout=5)
-            deadline = time.monotonic() + DRAIN_S
-            while time.monotonic() < deadline:
-                if ray.get(front.statistics.remote(), timeout=5)["inFlight"] == 0:
-                    break
-                time.sleep(0.02)
-        except Exception:
-            pass  # the front is gone: nothing more can be answered anyway
+        if front is not None and "front" in answering:
+            try:
+                ray.get(front.call.remote("drain_mode"), timeout=5)
+                deadline = time.monotonic() + DRAIN_S
+                while time.monotonic() < deadline:
+                    if ray.get(front.statistics.remote(), timeout=5)["inFlight"] == 0:
+                        break
+                    time.sleep(0.02)
+            except Exception:
+                pass  # the front is gone: nothing more can be answered anyway
         self.control.set_flag(FLAG_SHUTTING_DOWN, True)
 
     def _stop_stages(self) -> list[list[str]]:
         """Every process, in stages stopped one after another, the processes of a stage together.
         First those that feed the write path from inside the node (the schedule service's
         deliveries, the transaction service's ends, the pop service's retries, the gRPC proxy's
-        sends; the clean service and any other with them), while the front and the writer still
-        take what they send: their drains keep what they did (delay offsets and the timer
-        checkpoint, the pop log's snapshot, the checks' position), which a kill would lose (a
-        clean stop's next start then delivered the last seconds' delayed messages again).
+        sends; the clean service and any other with them), after the front's drain: what they
+        had in flight is answered, and what they send now is refused (SERVICE_NOT_AVAILABLE),
+        not stored, so they send it again after the restart, once. Their drains keep what was
+        answered (delay offsets and the timer checkpoint, the pop log's snapshot, the checks'
+        position), which a kill would lose (a clean stop's next start then delivered the last
+        seconds' delayed messages again).
         Then whoever appends (a writer's drain commits a write buffer's tail), then the
         dispatcher and the flush actor, which catch up with it. The front goes last, unless it
         is the writer: then right after the pull workers, whose held pulls it still answers."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from node.tools.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
-__all__ = ["HOST_DISK_BLIND", "LEAN", "LEAN_SPLIT", "ROOT", "FakeRocketMQMaster", "NodeProcess", "free_port", "grpc_endpoint", "node_settings",
+__all__ = ["HOST_DISK_BLIND", "LEAN", "LEAN_SPLIT", "ROOT", "SMALL_STORE", "toml_lines", "FakeRocketMQMaster", "NodeProcess", "free_port", "grpc_endpoint", "node_settings",
            "in_process_node", "mount_tmpfs", "nodejs", "nodejs_missing", "official", "ray_cluster", "running_node", "read_exactly", "NetHosts"]
 
 
@@ -21,6 +21,18 @@ __all__ = ["HOST_DISK_BLIND", "LEAN", "LEAN_SPLIT", "ROOT", "FakeRocketMQMaster"
 # clean deletes a test node's 1 MiB segments as soon as they are flushed, whatever their age, and
 # over 90 % refuses sends. A test of cleaning sets its own ratios.
 HOST_DISK_BLIND = {"diskMaxUsedSpaceRatio": 95, "diskSpaceCleanForciblyRatio": 0.99, "diskSpaceWarningLevelRatio": 0.99}
+
+# A test node's files are small: a segment gets all its blocks when it is made (shm.mapped_file),
+# so a node on the defaults holds 1 GiB of disk from its start, and the suite's nodes once held
+# 10 GB at its end (a CI disk then filled past even HOST_DISK_BLIND's 99 %).
+SMALL_STORE = {"mappedFileSizeCommitLog": 1024 * 1024, "mappedFileSizeConsumeQueue": 6000, "maxHashSlotNum": 1000,
+               "maxIndexNum": 4000}
+
+
+def toml_lines(values: dict) -> str:
+    """`values` as lines of a TOML table's body (a cluster's `[defaults]`)."""
+    return "\n".join(f"{name} = {str(value).lower() if isinstance(value, bool) else repr(value)}"
+                     for name, value in values.items())
 
 
 # A node's start is CPU-bound on two cores (~14 CPU-s, ~0.8 of it each service process): a test
@@ -33,8 +45,7 @@ LEAN_SPLIT = {"pullWorkers": 1}
 def node_settings(store: Path, **overrides):
     port = free_port()
     values = {"storePathRootDir": str(store), "listen": f"tcp://127.0.0.1:{port}", "listenPort": port,
-              "mappedFileSizeCommitLog": 1024 * 1024, "mappedFileSizeConsumeQueue": 6000,
-              "maxHashSlotNum": 1000, "maxIndexNum": 4000, "runDir": str(store) + "-run", **HOST_DISK_BLIND, **LEAN}
+              "runDir": str(store) + "-run", **SMALL_STORE, **HOST_DISK_BLIND, **LEAN}
     values.update(overrides)
     if values.get("topology", settings_module.Settings().topology) == "split":
         values = LEAN_SPLIT | values

@@ -27,11 +27,11 @@ import orjson
 import psutil
 import pytest
 from helpers import wait_until
-from nodes import ROOT, NetHosts, free_port, ray_cluster, ray_host
+from nodes import HOST_DISK_BLIND, ROOT, SMALL_STORE, NetHosts, free_port, node_settings, ray_cluster, ray_host, toml_lines
 
 from node.client import AsyncProducer, Producer, PullConsumer, Requester, SendError
 from node.client.push import CONSUME_SUCCESS, PushConsumer
-from node.tools.local_node import ClusterProcess, NodeProcess, local_settings
+from node.tools.local_node import ClusterProcess, NodeProcess
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +69,7 @@ runDir = "{directory / 'run'}"
 topology = "compact"
 grpcServerPort = 0
 transientStorePoolEnable = false
+{toml_lines(SMALL_STORE | HOST_DISK_BLIND)}
 
 [[namesrv]]
 listen = "{self.namesrv}"
@@ -232,8 +233,8 @@ def test_a_node_started_on_a_host_of_the_ray_cluster_runs_every_process_there(up
     if up.net is None:
         pytest.skip("the three Ray nodes share this host's loopback (not root): any of them is this host's")
     port = free_port()
-    settings = local_settings(tmp_path, listen=f"tcp://{up.net.ip['hostC']}:{port}", listenPort=port,
-                              topology="compact", grpcServerPort=0)
+    settings = node_settings(tmp_path / "store", listen=f"tcp://{up.net.ip['hostC']}:{port}", listenPort=port,
+                             topology="compact")
     node = NodeProcess(settings, tmp_path / "node.log", ray_address=up.ray.address, netns=up.net.ns["hostC"]).start()
     try:
         pids = [int(f.read_text()) for f in settings.run_dir.glob("*.pid")]

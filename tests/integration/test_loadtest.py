@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import psutil
 import pytest
-from nodes import LEAN, LEAN_SPLIT, ROOT, NodeProcess, node_settings
+from nodes import HOST_DISK_BLIND, LEAN, LEAN_SPLIT, ROOT, NodeProcess, node_settings
 
 from node.client import PullConsumer
 from node.tools.loadtest import payload, records
@@ -250,8 +250,10 @@ def test_a_node_that_does_not_answer_fails_the_run_clearly(tmp_path, capsys):
 
 
 # the nodes the load tester starts itself, lean as tests.nodes makes a test's node (no gRPC proxy, one
-# pull worker: ~3 CPU-s less at each start and restart, the chaos run's among them)
-LEAN_NODE = tuple(part for name, value in (LEAN | LEAN_SPLIT).items() for part in ("--node-option", f"{name}={value}"))
+# pull worker: ~3 CPU-s less at each start and restart, the chaos run's among them), on 8 MiB
+# segments (on the defaults a master and its slave held 4 GiB of disk: two 1 GiB segments each)
+LEAN_NODE = tuple(part for name, value in (LEAN | LEAN_SPLIT | HOST_DISK_BLIND | {"mappedFileSizeCommitLog": 8 * 1024 * 1024}).items()
+                  for part in ("--node-option", f"{name}={value}"))
 
 
 def loadtest(*args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from nodes import ROOT, free_port
+from nodes import HOST_DISK_BLIND, ROOT, SMALL_STORE, free_port
 
 from shm.store_files import last_exit_ok
 
 pytestmark = pytest.mark.slow
+
+SMALL = [word for name, value in (SMALL_STORE | HOST_DISK_BLIND).items() for word in (f"--{name}", str(value))]
 
 
 def test_a_killed_service_leaves_stdout_to_the_nodes_own_lines(tmp_path):
@@ -31,7 +33,7 @@ def test_a_killed_service_leaves_stdout_to_the_nodes_own_lines(tmp_path):
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         node = subprocess.Popen([str(ROOT / "scripts" / "mqnode"), "start", "--storePathRootDir", str(tmp_path / "store"),
                                  "--runDir", str(run), "--listen", f"tcp://127.0.0.1:{port}", "--listenPort", str(port),
-                                 "--haListenPort", str(ha)], stdout=stdout, stderr=stderr)
+                                 "--haListenPort", str(ha), *SMALL], stdout=stdout, stderr=stderr)
         try:
             deadline = time.monotonic() + 120
             while b"mqnode ready" not in out.read_bytes():
@@ -64,7 +66,7 @@ def test_a_stop_signal_while_the_node_starts_stops_it_cleanly(tmp_path, number):
     port, ha = free_port(), free_port()
     args = [str(ROOT / "scripts" / "mqnode"), "start", "--storePathRootDir", str(store), "--runDir", str(run),
             "--listen", f"tcp://127.0.0.1:{port}", "--listenPort", str(port), "--haListenPort", str(ha),
-            "--grpcServerPort", "0"]
+            "--grpcServerPort", "0", *SMALL]
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         node = subprocess.Popen(args, stdout=stdout, stderr=stderr)
@@ -109,7 +111,7 @@ def test_a_service_that_never_starts_ends_the_start_cleanly_and_soon(tmp_path, e
             "from node.tools.cli import main; sys.exit(main(sys.argv[1:]))")
     args = [sys.executable, "-c", code, "start", "--storePathRootDir", str(store), "--runDir", str(run),
             "--listen", f"tcp://127.0.0.1:{port}", "--listenPort", str(port), "--haListenPort", str(ha),
-            "--grpcServerPort", "0"]
+            "--grpcServerPort", "0", *SMALL]
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         node = subprocess.Popen(args, cwd=ROOT, env=os.environ | {"MQNODE_INJECT_BUG": "schedule:hang-start"},
@@ -148,7 +150,7 @@ def test_mqnode_stop_stops_the_node_on_a_store_and_nothing_else(tmp_path):
     port, ha = free_port(), free_port()
     mqnode = str(ROOT / "scripts" / "mqnode")
     args = [mqnode, "start", "--store", str(store), "--runDir", str(run), "--listen", f"tcp://127.0.0.1:{port}",
-            "--listenPort", str(port), "--haListenPort", str(ha), "--grpcServerPort", "0"]
+            "--listenPort", str(port), "--haListenPort", str(ha), "--grpcServerPort", "0", *SMALL]
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from shm.store_files import StoreLock; "
                                f"StoreLock({str(other)!r}).acquire(); print('held', flush=True); time.sleep(120)"],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)

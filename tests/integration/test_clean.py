@@ -199,7 +199,7 @@ def test_a_kill_during_forced_cleaning_restarts_to_a_sound_store(tmp_path):
     verifies, and nothing still stored is lost."""
     settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), cleanResourceInterval=200,
                              deleteCommitLogFilesInterval=50, diskSpaceCleanForciblyRatio=0.01,
-                             diskMaxUsedSpaceRatio=10, diskSpaceWarningLevelRatio=0.99)
+                             diskMaxUsedSpaceRatio=10, diskSpaceWarningLevelRatio=1.0)
     node = NodeProcess(settings, tmp_path / "node.log").start()
     try:
         _fill(node.endpoint, 60)

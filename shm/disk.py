@@ -30,6 +30,14 @@ def free_bytes(path: Path) -> int:
     return (disk.f_bfree if os.geteuid() == 0 else disk.f_bavail) * disk.f_frsize
 
 
+def capacity_bytes(path: Path) -> int:
+    """Bytes this process could hold on `path`'s disk were it empty: its size, less the blocks
+    reserved for root when this process is not root."""
+    disk = os.statvfs(nearest_existing(path))
+    blocks = disk.f_blocks if os.geteuid() == 0 else disk.f_blocks - (disk.f_bfree - disk.f_bavail)
+    return blocks * disk.f_frsize
+
+
 def write_whole(path: Path, data: bytes, *, temporary: Path | None = None, sync: bool = True,
                 backup: bool = False, mode: int = 0o644) -> bool:
     """`data` as `path`'s content: written to `temporary` (`<name>.tmp` beside it unless named),

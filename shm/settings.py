@@ -214,8 +214,13 @@ class Settings:
         that filled its disk could leave the reput no room to finish the oldest segment, and the
         clean service, which deletes only segments dispatched whole, nothing to delete: each
         waited on the other until a restart (a slave catching up on a small disk, under load)."""
+        return max(self.mappedFileSizeCommitLog // 2, self.entry_files_size)
+
+    @property
+    def entry_files_size(self) -> int:
+        """A new index file and a ConsumeQueue file: the least headroom, whatever the segment size."""
         index = 40 + self.maxHashSlotNum * 4 + self.maxIndexNum * 20 if self.messageIndexEnable else 0  # index_file_size
-        return max(self.mappedFileSizeCommitLog // 2, index + self.mappedFileSizeConsumeQueue)
+        return index + self.mappedFileSizeConsumeQueue
 
     @property
     def ha_port(self) -> int:

@@ -100,6 +100,7 @@ class Node:
         guard.check_settings(s)  # SecurityError: a key or ACL file that cannot be used
         preflight.check_grpc_port(s)
         preflight.check_run_room(s)
+        preflight.check_store_disk(s)
         s.root.mkdir(parents=True, exist_ok=True)
         self.lock = StoreLock(s.root)
         self.lock.acquire()

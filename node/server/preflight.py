@@ -1,10 +1,12 @@
 """What a node's start makes sure of before it recovers anything: a private, fresh run directory
-with room on its disk, and a free port for the gRPC proxy. Each said plainly at once, where
-otherwise the services would die one after another as they start (node.server.launcher).
+with room on its disk, a store's disk that can hold its segments, and a free port for the gRPC
+proxy. Each said plainly at once, where otherwise the services would die one after another as
+they start, or the node would start and refuse every send (node.server.launcher).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import stat
@@ -12,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from shm import settings as settings_module
-from shm.disk import free_bytes
+from shm.disk import capacity_bytes, free_bytes
 
 RUN_ROOM_MIN = 4 << 20  # bytes free the run directory's disk needs for a start (Ray's session, the pid files)
 IPC_PATH_MAX = 100  # sun_path holds 107 bytes; the longest endpoint adds "/arrivals"
@@ -51,6 +53,41 @@ def check_run_room(settings) -> None:
         raise settings_module.SettingsError(
             f"the run directory {settings.run_dir} is on a disk with {free} bytes free, under the {RUN_ROOM_MIN >> 20} "
             f"MiB the node's processes need to start: free space there or set runDir to a directory on another disk")
+
+
+def store_disk_too_small(settings, capacity: int) -> str | None:
+    """Why a disk of `capacity` bytes cannot carry the store, or None. A store needs two CommitLog
+    segments and the headroom a new one leaves (Settings.commitlog_headroom): the clean service
+    never deletes the segment being written, so on a disk of one segment the node fills it and
+    then refuses every send for good, and under one segment and its headroom it refuses the first
+    (CREATE_MAPEDFILE_FAILED)."""
+    segment, headroom = settings.mappedFileSizeCommitLog, settings.commitlog_headroom
+    need = 2 * segment + headroom
+    if capacity >= need:
+        return None
+    # the largest segment that fits: 2.5 segments (a large one's headroom is half of it), or two and
+    # the index and ConsumeQueue files (a small one's)
+    largest = max(0, min(capacity * 2 // 5, (capacity - settings.entry_files_size) // 2)) >> 20
+    advice = (f"set mappedFileSizeCommitLog to at most {largest} MiB" if largest else
+              f"put the store on a larger disk, or make its index files smaller (maxHashSlotNum, maxIndexNum: "
+              f"{settings.entry_files_size} bytes of headroom with a ConsumeQueue file)")
+    return (f"the store's disk ({settings.commitlog_dir}) holds {capacity} bytes in all, under the {need} a store of "
+            f"{segment}-byte segments needs (two segments, one written while the older is cleaned, and {headroom} "
+            f"bytes of headroom): {advice}")
+
+
+def check_store_disk(settings) -> None:
+    """A new store on a disk too small for its segments is refused, while mappedFileSizeCommitLog
+    can still be chosen; a store that has segments already is warned about and started (its
+    messages can still be read and consumed)."""
+    why = store_disk_too_small(settings, capacity_bytes(settings.commitlog_dir))
+    if why is None:
+        return
+    directory = settings.commitlog_dir
+    if directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir()):
+        logging.getLogger("mqnode").warning("%s; its sends will be refused once the disk is full", why)
+        return
+    raise settings_module.SettingsError(why)
 
 
 def check_grpc_port(settings) -> None:

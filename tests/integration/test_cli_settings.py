@@ -8,6 +8,7 @@ import orjson
 import pytest
 from golden import GOLDEN_STORE, manifest
 from helpers import close_clean, message, open_store, put, small_settings
+from nodes import free_port
 
 from shm import settings as settings_module
 from shm.conf_file import render_conf
@@ -160,3 +161,47 @@ def test_the_run_directory_is_private_and_fresh(tmp_path, monkeypatch):
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     short = prepare_run_dir(deep)  # too long for an ipc socket: a new private temporary directory
     assert len(str(short)) < 100 and stat.S_IMODE(short.stat().st_mode) == 0o700
+
+
+def test_a_new_store_on_a_disk_too_small_for_its_segments_is_refused_with_a_size_that_fits(tmp_path):
+    """A store needs two CommitLog segments and a new one's headroom on its disk (the segment
+    being written is never cleaned): `mqnode start` of a new store on a smaller disk says so and
+    which mappedFileSizeCommitLog would fit, before anything is made. (Before: it started, and
+    every send was CREATE_MAPEDFILE_FAILED, or took sends until one segment filled the disk and
+    then refused every one for good.)"""
+    import re
+
+    from node.server.preflight import store_disk_too_small
+    from shm.disk import capacity_bytes
+
+    capacity = capacity_bytes(tmp_path)
+    port = free_port()
+    out = subprocess.run([sys.executable, "-m", "node.tools.cli", "start", "--store", str(tmp_path / "store"),
+                          "--runDir", str(tmp_path / "run"), "--listen", f"tcp://127.0.0.1:{port}", "--listenPort",
+                          str(port), "--grpcServerPort", "0", "--mappedFileSizeCommitLog", str(capacity)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)  # (a segment no disk could hold)
+    assert out.returncode == 2 and out.stderr.startswith("mqnode start: the store's disk"), out.stderr
+    assert f"holds {capacity} bytes in all" in out.stderr and not (tmp_path / "store").exists()
+    fits = int(re.search(r"set mappedFileSizeCommitLog to at most (\d+) MiB", out.stderr).group(1)) << 20
+    assert store_disk_too_small(settings_module.load(None, {"mappedFileSizeCommitLog": fits}), capacity) is None
+    assert store_disk_too_small(settings_module.load(None, {"mappedFileSizeCommitLog": fits + (2 << 20)}), capacity)
+
+
+def test_the_store_disk_rule_counts_two_segments_and_the_headroom_and_spares_a_store_with_data(tmp_path, caplog):
+    from node.server.preflight import check_store_disk, store_disk_too_small
+
+    gib = 1 << 30
+    defaults = settings_module.load(None, {"storePathRootDir": str(tmp_path / "store")})  # 1 GiB segments, 512 MiB headroom
+    assert store_disk_too_small(defaults, 2 * gib + gib // 2) is None
+    assert "at most 1023 MiB" in store_disk_too_small(defaults, 2 * gib + gib // 2 - 1)  # (a byte short)
+    assert "at most 546 MiB" in store_disk_too_small(defaults, 1500 << 20)  # (a small disk: what a segment may be)
+    tiny = store_disk_too_small(defaults, 100 << 20)  # under the default index file (420 MB) alone
+    assert "put the store on a larger disk, or make its index files smaller" in tiny
+    huge = settings_module.load(None, {"storePathRootDir": str(tmp_path / "store"), "mappedFileSizeCommitLog": 1 << 50})
+    with pytest.raises(SettingsError, match="the store's disk"):
+        check_store_disk(huge)
+    (huge.commitlog_dir).mkdir(parents=True)
+    (huge.commitlog_dir / "00000000000000000000").touch()  # a store with data: started (read), warned
+    with caplog.at_level("WARNING", logger="mqnode"):
+        check_store_disk(huge)
+    assert "its sends will be refused once the disk is full" in caplog.text

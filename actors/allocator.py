@@ -14,7 +14,9 @@ safe while the writer fills it.
 No sockets but statistics: it watches the control block's `written` every few ms. Files are
 made by `shm.mapped_file.allocate`, which links a fully allocated file into place and never
 replaces one the writer made first. A full disk is reported in its statistics and retried
-once a second; the writer answers CREATE_MAPEDFILE_FAILED if it gets there first.
+once a second; the writer answers CREATE_MAPEDFILE_FAILED if it gets there first and its own
+file is refused too (but takes this one's, when it was linked meanwhile: a disk with room for
+one more segment has none for two made at once).
 """
 
 from __future__ import annotations

@@ -152,7 +152,13 @@ class MappedFile:
             invariant(blocks_ahead % mmap.PAGESIZE == 0, "blocks are reserved in whole pages")
             self.reserved = min(blocks_ahead, size) if create else 0
         if create and not self.path.exists():  # the allocator may have made it already
-            allocate(self.path, size, keep_free=keep_free, blocks=blocks_ahead or None)
+            try:
+                allocate(self.path, size, keep_free=keep_free, blocks=blocks_ahead or None)
+            except AllocationFailed:
+                if not self.path.exists():
+                    raise
+                # the allocator's, linked while this one's blocks were refused: a disk with room
+                # for one more segment has none for two made at once, and that one is whole
         actual = os.stat(self.path).st_size
         if actual != size:
             raise WrongFileSize(f"{self.path} is {actual} bytes, the configured segment size is {size}")

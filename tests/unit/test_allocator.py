@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import mmap
 
+import pytest
+
 from helpers import cached_pages
 from nodes import node_settings
 
@@ -114,3 +116,31 @@ def test_a_segment_the_full_disk_refused_is_never_skipped_over(tmp_path, monkeyp
         allocator.retry_at = 0.0  # (its retry, a second later)
         allocator.turn()
         assert sorted(p.name for p in settings.commitlog_dir.iterdir()) == names
+
+
+def test_the_writer_takes_the_allocators_segment_made_while_its_own_was_refused(tmp_path, monkeypatch):
+    """The writer and the allocator both making the next segment on a disk with room for one:
+    the writer's blocks refused while the allocator's file is linked into place, the writer maps
+    that one (whole: linked only once all its blocks were given) instead of failing the send.
+    With no file there, the refusal stands."""
+    from shm import mapped_file
+
+    log = CommitLog(tmp_path / "commitlog", MiB)
+    real = mapped_file.allocate
+
+    def the_allocator_wins(path, size, **kwargs):
+        real(path, size)  # (the allocator's, in the meantime)
+        raise AllocationFailed(f"cannot allocate {size} bytes for {path}: No space left on device")
+
+    monkeypatch.setattr(mapped_file, "allocate", the_allocator_wins)
+    first = log.segments.create(0)
+    assert first.path.stat().st_size == MiB and first.offset_start == 0
+
+    def refused(path, size, **kwargs):
+        raise AllocationFailed(f"cannot allocate {size} bytes for {path}: No space left on device")
+
+    monkeypatch.setattr(mapped_file, "allocate", refused)
+    with pytest.raises(AllocationFailed):
+        log.segments.create(MiB)
+    assert not (tmp_path / "commitlog" / f"{MiB:020d}").exists()
+    log.close()

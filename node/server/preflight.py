@@ -7,6 +7,7 @@ they start, or the node would start and refuse every send (node.server.launcher)
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import stat
@@ -55,25 +56,48 @@ def check_run_room(settings) -> None:
             f"MiB the node's processes need to start: free space there or set runDir to a directory on another disk")
 
 
+def store_disk_needs(settings, segment: int) -> int:
+    """The least disk a store of `segment`-byte CommitLog segments needs, were it alone on it.
+
+    The allocator keeps the segment after the one being written made, and neither is ever
+    cleaned: two segments stand beside the entry files (an index file, and a ConsumeQueue file
+    for each queue of a topic: `defaultTopicQueueNums`). They must stay under
+    `diskSpaceWarningLevelRatio` (over it every send is refused, and the cleaner has nothing it
+    may delete), and once the first segment fills, the next one made must still leave its
+    headroom (Settings.commitlog_headroom) free, after the cleaner deleted the full one."""
+    index = 40 + settings.maxHashSlotNum * 4 + settings.maxIndexNum * 20 if settings.messageIndexEnable else 0
+    entries = index + settings.defaultTopicQueueNums * settings.mappedFileSizeConsumeQueue
+    headroom = max(segment // 2, settings.entry_files_size)
+    held = 2 * segment + entries
+    return max(held + headroom, math.ceil(held / settings.diskSpaceWarningLevelRatio))
+
+
 def store_disk_too_small(settings, capacity: int) -> str | None:
-    """Why a disk of `capacity` bytes cannot carry the store, or None. A store needs two CommitLog
-    segments and the headroom a new one leaves (Settings.commitlog_headroom): the clean service
-    never deletes the segment being written, so on a disk of one segment the node fills it and
-    then refuses every send for good, and under one segment and its headroom it refuses the first
-    (CREATE_MAPEDFILE_FAILED)."""
-    segment, headroom = settings.mappedFileSizeCommitLog, settings.commitlog_headroom
-    need = 2 * segment + headroom
+    """Why a disk of `capacity` bytes cannot carry the store (store_disk_needs), or None. Found by
+    hand: on a 1.5 GB volume the defaults' node refused its first send (CREATE_MAPEDFILE_FAILED),
+    and with 546 MiB segments it took 237 MiB and then refused every send for good."""
+    segment = settings.mappedFileSizeCommitLog
+    need = store_disk_needs(settings, segment)
     if capacity >= need:
         return None
-    # the largest segment that fits: 2.5 segments (a large one's headroom is half of it), or two and
-    # the index and ConsumeQueue files (a small one's)
-    largest = max(0, min(capacity * 2 // 5, (capacity - settings.entry_files_size) // 2)) >> 20
-    advice = (f"set mappedFileSizeCommitLog to at most {largest} MiB" if largest else
-              f"put the store on a larger disk, or make its index files smaller (maxHashSlotNum, maxIndexNum: "
-              f"{settings.entry_files_size} bytes of headroom with a ConsumeQueue file)")
+    largest = _largest_segment(settings, capacity)
+    advice = (f"set mappedFileSizeCommitLog to at most {largest >> 20} MiB" if largest else
+              f"put the store on a larger disk, or make its index files smaller (maxHashSlotNum, maxIndexNum)")
     return (f"the store's disk ({settings.commitlog_dir}) holds {capacity} bytes in all, under the {need} a store of "
-            f"{segment}-byte segments needs (two segments, one written while the older is cleaned, and {headroom} "
-            f"bytes of headroom): {advice}")
+            f"{segment}-byte segments needs at least (the segment written and the next, made ahead, its index and "
+            f"ConsumeQueue files under diskSpaceWarningLevelRatio, and a new segment's headroom): {advice}")
+
+
+def _largest_segment(settings, capacity: int) -> int:
+    """The largest whole number of MiB a segment may be on `capacity` bytes (0: not even 1 MiB)."""
+    low, high = 0, capacity >> 20
+    while low < high:  # (store_disk_needs grows with the segment)
+        middle = (low + high + 1) // 2
+        if store_disk_needs(settings, middle << 20) <= capacity:
+            low = middle
+        else:
+            high = middle - 1
+    return low << 20
 
 
 def check_store_disk(settings) -> None:

@@ -170,6 +170,51 @@ def test_a_full_disk_refuses_sends_and_takes_them_again_when_space_is_back(tmp_p
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
+def test_a_store_on_a_small_disk_sized_by_the_start_rule_takes_four_disks_of_sends(tmp_path):
+    """The segment size `mqnode start` advises for a small disk (preflight.store_disk_needs) makes
+    a store that keeps taking sends through its cleaning, nothing expiring (only space matters):
+    four times the disk goes through it; a send refused while the cleaner catches up is taken when
+    sent again. (The two-segment rule it replaced let 546 MiB segments on a 1.5 GB disk: 237 MiB
+    taken, then every send refused for good, the segment being written all the cleaner could not
+    delete and the index file holding the rest.)"""
+    from node.server.preflight import store_disk_too_small
+    from shm.disk import capacity_bytes
+
+    small = tmp_path / "small"
+    if not mount_tmpfs(small, "24m"):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        defaults = Settings()
+        ratios = {name: getattr(defaults, name) for name in HOST_DISK_BLIND}  # the defaults: a disk of its own
+        # an index file a quarter of the disk, as RocketMQ's default one (420 MB) is of a 1.5 GB disk
+        sizes = dict(ratios, cleanResourceInterval=200, fileReservedTime=1000.0, maxHashSlotNum=100_000,
+                     maxIndexNum=300_000)
+        settings = node_settings(small / "store", runDir=str(tmp_path / "run"), **sizes, mappedFileSizeCommitLog=64 << 20)
+        advice = store_disk_too_small(settings, capacity_bytes(small))
+        segment = int(advice.rsplit("at most ", 1)[1].split()[0]) << 20
+        settings = node_settings(small / "store", runDir=str(tmp_path / "run"), **sizes, mappedFileSizeCommitLog=segment)
+        node = NodeProcess(settings, tmp_path / "node.log").start()
+        body, taken, refused = b"s" * 16384, 0, 0
+        with Producer(node.endpoint, timeout=5.0, retries=0) as producer:
+            while taken < 4 * capacity_bytes(small):
+                deadline = time.monotonic() + 10
+                while True:
+                    try:
+                        producer.send_batch("Small", [body] * 16)
+                        break
+                    except SendError as e:
+                        assert e.status in ("CREATE_MAPEDFILE_FAILED", "SERVICE_NOT_AVAILABLE"), e
+                        assert time.monotonic() < deadline, f"refused for 10 s after {taken} bytes: {e}"
+                        refused += 1
+                        time.sleep(0.05)
+                taken += 16 * len(body)
+        assert node.stop() == 0
+        verified = verify_store(settings)
+        assert verified.ok, verified.summary()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
 def _until_refused(producer, timeout: float = 10.0) -> SendError:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

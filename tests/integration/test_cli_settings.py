@@ -187,15 +187,27 @@ def test_a_new_store_on_a_disk_too_small_for_its_segments_is_refused_with_a_size
     assert store_disk_too_small(settings_module.load(None, {"mappedFileSizeCommitLog": fits + (2 << 20)}), capacity)
 
 
-def test_the_store_disk_rule_counts_two_segments_and_the_headroom_and_spares_a_store_with_data(tmp_path, caplog):
-    from node.server.preflight import check_store_disk, store_disk_too_small
+def test_the_store_disk_rule_counts_two_segments_the_entry_files_and_the_headroom_and_spares_a_store_with_data(
+        tmp_path, caplog):
+    import re
 
-    gib = 1 << 30
-    defaults = settings_module.load(None, {"storePathRootDir": str(tmp_path / "store")})  # 1 GiB segments, 512 MiB headroom
-    assert store_disk_too_small(defaults, 2 * gib + gib // 2) is None
-    assert "at most 1023 MiB" in store_disk_too_small(defaults, 2 * gib + gib // 2 - 1)  # (a byte short)
-    assert "at most 546 MiB" in store_disk_too_small(defaults, 1500 << 20)  # (a small disk: what a segment may be)
-    tiny = store_disk_too_small(defaults, 100 << 20)  # under the default index file (420 MB) alone
+    from node.server.preflight import check_store_disk, store_disk_needs, store_disk_too_small
+
+    gib, mib = 1 << 30, 1 << 20
+    defaults = settings_module.load(None, {"storePathRootDir": str(tmp_path / "store")})
+    index, queue_files = 40 + 5_000_000 * 4 + 20_000_000 * 20, 8 * 300_000 * 20  # RocketMQ's sizes
+    need = 2 * gib + index + queue_files + gib // 2  # two segments, the entry files, a new one's headroom
+    assert store_disk_needs(defaults, gib) == need  # (~2.94 GiB: over it the 0.9 warning level needs less)
+    assert store_disk_too_small(defaults, need) is None and store_disk_too_small(defaults, need - 1)
+    for capacity in (1500 * mib, 2 * gib, need - 1):  # the advice fits, a MiB more does not
+        largest = int(re.search(r"at most (\d+) MiB", store_disk_too_small(defaults, capacity)).group(1)) * mib
+        assert store_disk_needs(defaults, largest) <= capacity < store_disk_needs(defaults, largest + mib)
+    # what stands must stay under the warning level: it binds once that is low
+    lean = {"messageIndexEnable": "false", "mappedFileSizeConsumeQueue": "6000"}
+    assert store_disk_needs(settings_module.load(None, lean), 100 * mib) == 200 * mib + 48_000 + 50 * mib
+    low = settings_module.load(None, lean | {"diskSpaceWarningLevelRatio": "0.5", "diskSpaceCleanForciblyRatio": "0.4"})
+    assert store_disk_needs(low, 100 * mib) == 2 * (200 * mib + 48_000)
+    tiny = store_disk_too_small(defaults, 100 * mib)  # under the default index file (420 MB) alone
     assert "put the store on a larger disk, or make its index files smaller" in tiny
     huge = settings_module.load(None, {"storePathRootDir": str(tmp_path / "store"), "mappedFileSizeCommitLog": 1 << 50})
     with pytest.raises(SettingsError, match="the store's disk"):

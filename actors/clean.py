@@ -75,6 +75,7 @@ DELETE_MAX_PER_PASS = 10  # RocketMQ's deleteExpiredFileByTime: at most 10 files
 MANUAL_PASSES = 20  # executeDeleteFilesManually
 CAUSES = ("time", "space", "forced", "manual")
 CLEAN_NICENESS = 19
+TIGHT_CHECK_S = 0.2  # between looks at a disk whose state refuses sends (a statvfs each)
 
 
 def disk_ratio(path: Path) -> float:
@@ -228,6 +229,10 @@ class CleanCore:
             self.segment_room = room
         if not room:
             self.space_trigger = self.clean_immediately = True
+        if not room or self.control.has_flag(FLAG_DISK_FULL):
+            # sends wait on this look (a new segment, or the disk-full flag): the next one soon, not
+            # a cleanResourceInterval away; a small disk at full speed fills a segment in seconds
+            self.next_check = min(self.next_check, now + TIGHT_CHECK_S)
         time_up = self.local_hour(self.wall_ms()) in self.hours
         if self.manual_passes > 0:
             self.manual_passes -= 1

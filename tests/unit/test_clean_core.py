@@ -223,3 +223,32 @@ def test_consume_queue_and_index_files_follow_the_min_offset(store):
     assert sorted(p.name for p in queue.iterdir()) == [f"{3 * per_file * 20:020d}"]
     assert len(list(settings.index_dir.iterdir())) == 2 and core.index_files_deleted == 2
     assert core.cq_files_deleted == 3
+
+
+def test_a_disk_that_refuses_sends_is_looked_at_again_within_a_fifth_of_a_second(store):
+    """Sends wait on the look that finds room for a new segment, or the disk under the forcing
+    ratio again: on a small disk at full speed a segment fills in seconds, so that look comes
+    within TIGHT_CHECK_S, not cleanResourceInterval (10 s) later; on a sound disk it stays there."""
+    from actors.clean import TIGHT_CHECK_S
+
+    core, control, disk, settings = store(segments=2, aged=0, cleanResourceInterval=10_000)
+    checks = core.checks
+    _run(core, disk, 30.0)
+    assert core.checks - checks <= 4  # (the first look at once, the next ones 10 s apart)
+    disk.free = 0  # no room for a segment: the writer's sends are refused
+    _run(core, disk, 10.0)
+    checks = core.checks
+    _run(core, disk, 1.0)
+    assert core.checks - checks >= int(1.0 / TIGHT_CHECK_S) - 1
+    disk.free = SEGMENT + settings.commitlog_headroom
+    while not core.statistics()["segmentRoom"]:  # (the look that finds room, once a pass has ended)
+        _run(core, disk, TIGHT_CHECK_S)
+    checks = core.checks
+    _run(core, disk, 30.0)
+    assert core.checks - checks <= 4  # room again: back to cleanResourceInterval (a look each 10 s)
+    disk.used = 0.95  # over the warning level: the disk-full flag refuses sends
+    _run(core, disk, 10.0)
+    assert control.has_flag(FLAG_DISK_FULL)
+    disk.used = 0.5
+    _run(core, disk, 2 * TIGHT_CHECK_S)
+    assert not control.has_flag(FLAG_DISK_FULL)  # taken again within a look or two

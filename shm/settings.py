@@ -214,13 +214,16 @@ class Settings:
         that filled its disk could leave the reput no room to finish the oldest segment, and the
         clean service, which deletes only segments dispatched whole, nothing to delete: each
         waited on the other until a restart (a slave catching up on a small disk, under load)."""
-        return max(self.mappedFileSizeCommitLog // 2, self.entry_files_size)
+        return self.headroom_for(self.mappedFileSizeCommitLog)
+
+    def headroom_for(self, segment: int) -> int:
+        """commitlog_headroom, were the segments `segment` bytes."""
+        return max(segment // 2, self.index_file_bytes + self.mappedFileSizeConsumeQueue)
 
     @property
-    def entry_files_size(self) -> int:
-        """A new index file and a ConsumeQueue file: the least headroom, whatever the segment size."""
-        index = 40 + self.maxHashSlotNum * 4 + self.maxIndexNum * 20 if self.messageIndexEnable else 0  # index_file_size
-        return index + self.mappedFileSizeConsumeQueue
+    def index_file_bytes(self) -> int:
+        """One index file's size (shm.index_file.index_file_size), 0 without the index."""
+        return 40 + self.maxHashSlotNum * 4 + self.maxIndexNum * 20 if self.messageIndexEnable else 0
 
     @property
     def ha_port(self) -> int:

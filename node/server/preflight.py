@@ -65,11 +65,9 @@ def store_disk_needs(settings, segment: int) -> int:
     `diskSpaceWarningLevelRatio` (over it every send is refused, and the cleaner has nothing it
     may delete), and once the first segment fills, the next one made must still leave its
     headroom (Settings.commitlog_headroom) free, after the cleaner deleted the full one."""
-    index = 40 + settings.maxHashSlotNum * 4 + settings.maxIndexNum * 20 if settings.messageIndexEnable else 0
-    entries = index + settings.defaultTopicQueueNums * settings.mappedFileSizeConsumeQueue
-    headroom = max(segment // 2, settings.entry_files_size)
+    entries = settings.index_file_bytes + settings.defaultTopicQueueNums * settings.mappedFileSizeConsumeQueue
     held = 2 * segment + entries
-    return max(held + headroom, math.ceil(held / settings.diskSpaceWarningLevelRatio))
+    return max(held + settings.headroom_for(segment), math.ceil(held / settings.diskSpaceWarningLevelRatio))
 
 
 def store_disk_too_small(settings, capacity: int) -> str | None:

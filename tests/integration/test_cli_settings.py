@@ -195,7 +195,10 @@ def test_the_store_disk_rule_counts_two_segments_the_entry_files_and_the_headroo
 
     gib, mib = 1 << 30, 1 << 20
     defaults = settings_module.load(None, {"storePathRootDir": str(tmp_path / "store")})
-    index, queue_files = 40 + 5_000_000 * 4 + 20_000_000 * 20, 8 * 300_000 * 20  # RocketMQ's sizes
+    from shm.index_file import index_file_size
+
+    index, queue_files = index_file_size(5_000_000, 20_000_000), 8 * 300_000 * 20  # RocketMQ's sizes
+    assert defaults.index_file_bytes == index
     need = 2 * gib + index + queue_files + gib // 2  # two segments, the entry files, a new one's headroom
     assert store_disk_needs(defaults, gib) == need  # (~2.94 GiB: over it the 0.9 warning level needs less)
     assert store_disk_too_small(defaults, need) is None and store_disk_too_small(defaults, need - 1)

@@ -43,6 +43,7 @@ from node.server import namesrv as namesrv_module
 from node.server import ray_setup
 from node.server.signals import StopSignals
 from shm import settings as settings_module
+from shm.mapped_file import StoreError
 from shm.settings import SettingsError
 
 READY_TIMEOUT_S = 180.0
@@ -143,7 +144,9 @@ class NodeHost:
     (recovery, then its services as this actor's children) and exits the process when it fails."""
 
     def __init__(self, values: dict, ray_address: str):
-        from node.server.launcher import Node
+        import ray
+
+        from node.server.launcher import Node, StartFailed
 
         ray_setup.normal_priority()
         ray_setup.more_open_files()
@@ -154,8 +157,15 @@ class NodeHost:
                                                 settings.brokerName, settings.brokerId, changed["brokerRole"], changed)
             settings = dataclasses.replace(settings, **changed)
         self.lines: list[str] = []
+        self.start_error = ""
         self.node = Node(settings, ray_address=ray_address or "auto", out=self._out)
-        self.node.start()
+        try:
+            self.node.start()
+        except (SettingsError, StoreError, StartFailed, ray_setup.ForeignListener) as e:
+            if ray.get_runtime_context().was_current_actor_reconstructed:
+                raise  # (a restart that cannot start: the actor dies, as any that cannot)
+            self.start_error = str(e)  # `up` says it as this node's reason (Cluster._start_node), not
+            return  # as Ray's traceback of an actor whose creation raised
         self.watch = threading.Thread(target=self._watch, name="mqnode-node-host", daemon=True)
         self.watch.start()
 
@@ -176,6 +186,10 @@ class NodeHost:
 
     def ready_line(self) -> str:
         return self.lines[-1] if self.lines else ""
+
+    def failed_start(self) -> str:
+        """Why the node's first start failed (its settings, its store, its disk), or ""."""
+        return self.start_error
 
     def pid(self) -> int:
         return os.getpid()
@@ -271,6 +285,10 @@ def start_order(nodes: list[NodePart], info: dict | None) -> list[NodePart]:
     return sorted(nodes, key=slave)
 
 
+class PartFailed(RuntimeError):
+    """A part of the cluster did not start, for a reason of its own (`mqnode cluster failed: ...`)."""
+
+
 class Cluster:
     """`up`'s parts under Ray: started in order (name services, then masters, then slaves, by
     the role each starts with), stopped in reverse."""
@@ -303,6 +321,10 @@ class Cluster:
         placement = ray_setup.place_on(part.settings.rayNode)
         handle = ray.remote(NodeHost).options(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=4,
                                               **placement).remote(part.values, address)
+        failed = ray.get(handle.failed_start.remote(), timeout=READY_TIMEOUT_S)
+        if failed:
+            ray.kill(handle, no_restart=True)
+            raise PartFailed(f"{part.label} did not start: {failed}")
         line = ray.get(handle.ready_line.remote(), timeout=READY_TIMEOUT_S)
         self.nodes[part.label] = handle
         self.out(f"mqnode cluster ready part={part.label} {line.removeprefix('mqnode ready ')}", flush=True)
@@ -338,12 +360,16 @@ def run_up(conf: ClusterConf, ray_address: str | None, out=print) -> int:
     stops = StopSignals()
     failure = None
     try:
-        cluster.up()
-        stops.install()  # (again: joining a Ray cluster installed Ray's own handler over it)
-        write_pid_file(pid_file(conf))
-        out(f"mqnode cluster ready name={conf.name} parts={len(conf.namesrvs) + len(conf.nodes)} pid={os.getpid()}",
-            flush=True)
-        while not stops.wait(0.5) and not failure:
+        try:
+            cluster.up()
+        except PartFailed as e:
+            failure = str(e)
+        else:
+            stops.install()  # (again: joining a Ray cluster installed Ray's own handler over it)
+            write_pid_file(pid_file(conf))
+            out(f"mqnode cluster ready name={conf.name} parts={len(conf.namesrvs) + len(conf.nodes)} pid={os.getpid()}",
+                flush=True)
+        while not failure and not stops.wait(0.5):
             failure = cluster.started_ray and ray_setup.head_lost()  # (its parts' restarts need it)
         if failure:
             print(f"mqnode cluster failed: {failure}", file=sys.stderr, flush=True)

@@ -200,6 +200,43 @@ def up(tmp_path_factory):
         cluster.down()
 
 
+def test_a_node_that_cannot_start_ends_up_with_its_own_reason_and_nothing_left_running(tmp_path):
+    """`cluster up` whose node refuses to start (here its store's disk, too small for its segments;
+    a port in use or a locked store alike): one line, `mqnode cluster failed: <part> did not start:
+    <why>`, exit 1, every part started before it stopped. (Before: Ray's traceback of an actor
+    whose creation raised.)"""
+    from shm.disk import capacity_bytes
+
+    conf = tmp_path / "cluster.toml"
+    conf.write_text(f"""
+[cluster]
+name = "Refused"
+runDir = "{tmp_path / 'run'}"
+
+[defaults]
+grpcServerPort = 0
+{toml_lines(HOST_DISK_BLIND)}
+mappedFileSizeCommitLog = {capacity_bytes(tmp_path)}
+
+[[namesrv]]
+listen = "127.0.0.1:{free_port()}"
+
+[[node]]
+brokerName = "broker-a"
+store = "{tmp_path / 'a'}"
+listen = "tcp://127.0.0.1:{free_port()}"
+haListenPort = {free_port()}
+""")
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "cluster", "up", "--conf", str(conf)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.startswith("mqnode cluster failed: broker-a/0 did not start: the store's disk"), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and done.stdout.splitlines()[-2:] == ["mqnode cluster stopping",
+                                                                                "mqnode cluster stopped"]
+    assert not (tmp_path / "a" / "commitlog").exists()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+
+
 def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):
     assert set(up.ready) == {f"namesrv@{up.namesrv}", f"namesrv@{up.namesrv2}", "broker-a/0", "broker-b/0", "broker-b/1"}
     raylet_b, raylet_c = up.raylet("hostB"), up.raylet("hostC")

@@ -74,15 +74,20 @@ def allocate(path: Path, size: int, *, keep_free: int = 0, blocks: int | None = 
     and the caller opens that file instead. With `keep_free`, a file that would leave less than
     that free on its disk is refused (AllocationFailed) as the disk's own refusal is.
     """
+    wanted = size if blocks is None else min(blocks, size)
+    if keep_free and free_bytes(path.parent) - wanted < keep_free:
+        # refused before any block is taken: a file made only to be dropped again would hold the
+        # disk's last room meanwhile, and the dispatcher's next ConsumeQueue or index file, made
+        # then, would find none (it stopped, and the cleaner waited on it)
+        raise AllocationFailed(_no_headroom(size, path, keep_free))
     temporary = path.with_name(f"{path.name}.allocating.{os.getpid()}")
     fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         if blocks is not None and blocks < size:
             os.ftruncate(fd, size)  # (its whole size, as RocketMQ's files have: the rest are holes)
-        reserve(fd, size if blocks is None else min(blocks, size), path)
-        if keep_free and free_bytes(path.parent) < keep_free:
-            raise AllocationFailed(f"cannot allocate {size} bytes for {path}: it would leave less than "
-                                   f"{keep_free} bytes free for the ConsumeQueue and index entries")
+        reserve(fd, wanted, path)
+        if keep_free and free_bytes(path.parent) < keep_free:  # (the disk's own overhead, or another's file)
+            raise AllocationFailed(_no_headroom(size, path, keep_free))
     except AllocationFailed:
         temporary.unlink(missing_ok=True)
         raise
@@ -95,6 +100,11 @@ def allocate(path: Path, size: int, *, keep_free: int = 0, blocks: int | None = 
         return False
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _no_headroom(size: int, path: Path, keep_free: int) -> str:
+    return (f"cannot allocate {size} bytes for {path}: it would leave less than {keep_free} bytes free for the "
+            f"ConsumeQueue and index entries")
 
 
 def _data_end(fd: int, size: int, extents: int) -> int:

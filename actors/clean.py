@@ -76,6 +76,7 @@ MANUAL_PASSES = 20  # executeDeleteFilesManually
 CAUSES = ("time", "space", "forced", "manual")
 CLEAN_NICENESS = 19
 TIGHT_CHECK_S = 0.2  # between looks at a disk whose state refuses sends (a statvfs each)
+ROOM_SAID_S = 60.0  # the no-room warning at most this often
 
 
 def disk_ratio(path: Path) -> float:
@@ -152,6 +153,7 @@ class CleanCore:
         self.ratio = ratio
         self.room = room
         self.segment_room = True  # the CommitLog's disk holds one more segment and its headroom
+        self.room_said_at = -ROOM_SAID_S
         self.hours = delete_hours(s.deleteWhen)
         self.reserved_ms = s.fileReservedTime * 3600 * 1000
         self.max_used = min(max(s.diskMaxUsedSpaceRatio, 10), 95) / 100  # clamped as RocketMQ clamps it
@@ -220,18 +222,25 @@ class CleanCore:
             self.control.set_flag(FLAG_DISK_FULL, False)
             log.warning("disk no longer full: %.1f%% used: sends are taken again", used * 100)
         self.space_trigger = used > self.max_used
-        room = self.room(s.commitlog_dir) >= s.mappedFileSizeCommitLog + s.commitlog_headroom
+        segment_need = s.mappedFileSizeCommitLog + s.commitlog_headroom
+        free = self.room(s.commitlog_dir)
+        room = free >= segment_need
         if room != self.segment_room:
-            (log.info if room else log.warning)(
+            # (a small disk at full speed turns this over at every segment: said once a minute)
+            said = now - self.room_said_at < ROOM_SAID_S
+            (log.debug if said else log.info if room else log.warning)(
                 "the CommitLog's disk %s room for another %d-byte segment and its %d bytes of headroom%s",
                 "has" if room else "has no", s.mappedFileSizeCommitLog, s.commitlog_headroom,
                 "" if room else ": cleaning at once")
+            if not room and not said:
+                self.room_said_at = now
             self.segment_room = room
         if not room:
             self.space_trigger = self.clean_immediately = True
-        if not room or self.control.has_flag(FLAG_DISK_FULL):
-            # sends wait on this look (a new segment, or the disk-full flag): the next one soon, not
-            # a cleanResourceInterval away; a small disk at full speed fills a segment in seconds
+        if free < 2 * segment_need or self.control.has_flag(FLAG_DISK_FULL):
+            # sends wait (or will, once the allocator has made the next segment) on the look that
+            # finds no room, and on the one after the cleaning: soon, not a cleanResourceInterval
+            # away; a small disk at full speed fills a segment in seconds
             self.next_check = min(self.next_check, now + TIGHT_CHECK_S)
         time_up = self.local_hour(self.wall_ms()) in self.hours
         if self.manual_passes > 0:

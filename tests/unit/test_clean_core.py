@@ -225,27 +225,31 @@ def test_consume_queue_and_index_files_follow_the_min_offset(store):
     assert core.cq_files_deleted == 3
 
 
-def test_a_disk_that_refuses_sends_is_looked_at_again_within_a_fifth_of_a_second(store):
-    """Sends wait on the look that finds room for a new segment, or the disk under the forcing
-    ratio again: on a small disk at full speed a segment fills in seconds, so that look comes
-    within TIGHT_CHECK_S, not cleanResourceInterval (10 s) later; on a sound disk it stays there."""
+def test_a_disk_that_refuses_sends_or_soon_will_is_looked_at_again_within_a_fifth_of_a_second(store):
+    """Sends wait on the look that finds no room for a new segment (the next one made, the writer
+    needs the one after within a segment's worth of sends), and on the one after the cleaning, or
+    the disk back under the forcing ratio: on a small disk at full speed a segment fills in
+    seconds, so those looks come within TIGHT_CHECK_S, not cleanResourceInterval (10 s) later,
+    from the moment the room falls under two segments' worth; on a roomy disk they stay 10 s apart."""
     from actors.clean import TIGHT_CHECK_S
 
     core, control, disk, settings = store(segments=2, aged=0, cleanResourceInterval=10_000)
+    need = SEGMENT + settings.commitlog_headroom
     checks = core.checks
     _run(core, disk, 30.0)
     assert core.checks - checks <= 4  # (the first look at once, the next ones 10 s apart)
-    disk.free = 0  # no room for a segment: the writer's sends are refused
-    _run(core, disk, 10.0)
-    checks = core.checks
-    _run(core, disk, 1.0)
-    assert core.checks - checks >= int(1.0 / TIGHT_CHECK_S) - 1
-    disk.free = SEGMENT + settings.commitlog_headroom
+    for free in (2 * need - 1, 0):  # room for one more segment, then for none: the writer's sends refused
+        disk.free = free
+        _run(core, disk, 10.0)
+        checks = core.checks
+        _run(core, disk, 1.0)
+        assert core.checks - checks >= int(1.0 / TIGHT_CHECK_S) - 1, free
+    disk.free = 2 * need
     while not core.statistics()["segmentRoom"]:  # (the look that finds room, once a pass has ended)
         _run(core, disk, TIGHT_CHECK_S)
     checks = core.checks
     _run(core, disk, 30.0)
-    assert core.checks - checks <= 4  # room again: back to cleanResourceInterval (a look each 10 s)
+    assert core.checks - checks <= 4  # room for two: back to cleanResourceInterval (a look each 10 s)
     disk.used = 0.95  # over the warning level: the disk-full flag refuses sends
     _run(core, disk, 10.0)
     assert control.has_flag(FLAG_DISK_FULL)

@@ -144,3 +144,17 @@ def test_the_writer_takes_the_allocators_segment_made_while_its_own_was_refused(
         log.segments.create(MiB)
     assert not (tmp_path / "commitlog" / f"{MiB:020d}").exists()
     log.close()
+
+
+def test_a_file_that_would_break_the_headroom_is_refused_before_it_takes_a_block(tmp_path, monkeypatch):
+    """A segment refused for the headroom never took the disk's blocks in the meantime (the
+    dispatcher's next ConsumeQueue or index file, made then, would have found no room)."""
+    from shm import disk, mapped_file
+
+    taken = []
+    monkeypatch.setattr(mapped_file, "reserve", lambda fd, size, path, start=0: taken.append(size))
+    free = disk.free_bytes(tmp_path)
+    with pytest.raises(AllocationFailed, match="would leave less than"):
+        allocate(tmp_path / f"{0:020d}", MiB, keep_free=free)
+    assert taken == [] and list(tmp_path.iterdir()) == []
+    assert allocate(tmp_path / f"{0:020d}", MiB, keep_free=MiB) and taken == [MiB]

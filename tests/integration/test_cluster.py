@@ -234,7 +234,8 @@ haListenPort = {free_port()}
     assert "Traceback" not in done.stderr and done.stdout.splitlines()[-2:] == ["mqnode cluster stopping",
                                                                                 "mqnode cluster stopped"]
     assert not (tmp_path / "a" / "commitlog").exists()
-    assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    wait_until(lambda: not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])],
+               10, "a process of the refused cluster (its Ray's) still runs")
 
 
 def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):

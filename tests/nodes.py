@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -10,11 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from node.tools.local_node import ROOT, NodeProcess, free_port
 from shm import settings as settings_module
 
 __all__ = ["HOST_DISK_BLIND", "LEAN", "LEAN_SPLIT", "ROOT", "SMALL_STORE", "toml_lines", "FakeRocketMQMaster", "NodeProcess", "free_port", "grpc_endpoint", "node_settings",
-           "in_process_node", "mount_tmpfs", "nodejs", "nodejs_missing", "official", "ray_cluster", "running_node", "read_exactly", "NetHosts"]
+           "in_process_node", "small_disk", "nodejs", "nodejs_missing", "official", "ray_cluster", "running_node", "read_exactly", "NetHosts"]
 
 
 # The host's disk is not the test's: over RocketMQ's default 85 % (a CI disk with 38 of 252 GB free)
@@ -54,15 +57,21 @@ def node_settings(store: Path, **overrides):
     return settings_module.load(None, values)
 
 
-def mount_tmpfs(path: Path, size: str) -> bool:
-    """A small disk of its own at `path` (a full-disk test's), when this process may mount one
-    (root); the caller unmounts it (`umount -l`)."""
+@contextlib.contextmanager
+def small_disk(path: Path, size: str):
+    """A small disk of its own at `path` (a tmpfs of `size`: a full-disk test's), unmounted after;
+    the test is skipped where this process may not mount one (not root)."""
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        return False
+        pytest.skip("needs root to mount a small tmpfs")
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
                           capture_output=True, check=False)
-    return done.returncode == 0
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def running_node(directory: Path, **overrides):

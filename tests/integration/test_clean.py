@@ -12,7 +12,7 @@ import time
 
 import orjson
 import pytest
-from nodes import HOST_DISK_BLIND, ROOT, NodeProcess, mount_tmpfs, node_settings
+from nodes import HOST_DISK_BLIND, ROOT, NodeProcess, node_settings, small_disk
 
 from node import protocol
 from node.client import Message, Producer, PullConsumer, SendError
@@ -21,6 +21,7 @@ from shm.verify import verify_store
 
 pytestmark = pytest.mark.slow
 DAY_NS = 24 * 3600 * 10**9
+DISK_OF_ITS_OWN = {name: getattr(Settings(), name) for name in HOST_DISK_BLIND}  # the defaults' disk ratios
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -131,14 +132,9 @@ def test_admin_clean_moves_every_bound_and_the_store_restarts_to_the_same_state(
 
 
 def test_a_full_disk_refuses_sends_and_takes_them_again_when_space_is_back(tmp_path):
-    small = tmp_path / "small"
-    if not mount_tmpfs(small, "16m"):
-        pytest.skip("needs root to mount a small tmpfs")
-    try:
-        defaults = Settings()
-        ratios = {name: getattr(defaults, name) for name in HOST_DISK_BLIND}  # the defaults: a disk of its own
+    with small_disk(tmp_path / "small", "16m") as small:
         settings = node_settings(small / "store", runDir=str(tmp_path / "run"), cleanResourceInterval=200,
-                                 fileReservedTime=1000.0, **ratios)  # nothing expires: only space matters
+                                 fileReservedTime=1000.0, **DISK_OF_ITS_OWN)  # nothing expires: only space matters
         node = NodeProcess(settings, tmp_path / "node.log").start()
         with Producer(node.endpoint, timeout=5.0, retries=0) as producer:
             producer.send("Full", b"before")
@@ -166,8 +162,6 @@ def test_a_full_disk_refuses_sends_and_takes_them_again_when_space_is_back(tmp_p
         assert node.stop() == 0
         verified = verify_store(settings)
         assert verified.ok, verified.summary()
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
 
 
 def test_a_store_on_a_small_disk_sized_by_the_start_rule_takes_four_disks_of_sends(tmp_path):
@@ -180,21 +174,16 @@ def test_a_store_on_a_small_disk_sized_by_the_start_rule_takes_four_disks_of_sen
     from node.server.preflight import store_disk_too_small
     from shm.disk import capacity_bytes
 
-    small = tmp_path / "small"
-    if not mount_tmpfs(small, "24m"):
-        pytest.skip("needs root to mount a small tmpfs")
-    try:
-        defaults = Settings()
-        ratios = {name: getattr(defaults, name) for name in HOST_DISK_BLIND}  # the defaults: a disk of its own
+    with small_disk(tmp_path / "small", "24m") as small:
         # an index file a quarter of the disk, as RocketMQ's default one (420 MB) is of a 1.5 GB disk
-        sizes = dict(ratios, cleanResourceInterval=200, fileReservedTime=1000.0, maxHashSlotNum=100_000,
+        sizes = dict(DISK_OF_ITS_OWN, cleanResourceInterval=200, fileReservedTime=1000.0, maxHashSlotNum=100_000,
                      maxIndexNum=300_000)
         settings = node_settings(small / "store", runDir=str(tmp_path / "run"), **sizes, mappedFileSizeCommitLog=64 << 20)
         advice = store_disk_too_small(settings, capacity_bytes(small))
         segment = int(advice.rsplit("at most ", 1)[1].split()[0]) << 20
         settings = node_settings(small / "store", runDir=str(tmp_path / "run"), **sizes, mappedFileSizeCommitLog=segment)
         node = NodeProcess(settings, tmp_path / "node.log").start()
-        body, taken, refused = b"s" * 16384, 0, 0
+        body, taken = b"s" * 16384, 0
         with Producer(node.endpoint, timeout=5.0, retries=0) as producer:
             while taken < 4 * capacity_bytes(small):
                 deadline = time.monotonic() + 10
@@ -205,14 +194,11 @@ def test_a_store_on_a_small_disk_sized_by_the_start_rule_takes_four_disks_of_sen
                     except SendError as e:
                         assert e.status in ("CREATE_MAPEDFILE_FAILED", "SERVICE_NOT_AVAILABLE"), e
                         assert time.monotonic() < deadline, f"refused for 10 s after {taken} bytes: {e}"
-                        refused += 1
                         time.sleep(0.05)
                 taken += 16 * len(body)
         assert node.stop() == 0
         verified = verify_store(settings)
         assert verified.ok, verified.summary()
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
 
 
 def _until_refused(producer, timeout: float = 10.0) -> SendError:

@@ -20,7 +20,7 @@ import pytest
 import zmq
 from golden import GOLDEN_SETTINGS, GOLDEN_STORE, manifest
 from helpers import read_statistics
-from nodes import ROOT, FakeRocketMQMaster, NodeProcess, free_port, mount_tmpfs, node_settings, read_exactly
+from nodes import ROOT, FakeRocketMQMaster, NodeProcess, free_port, node_settings, read_exactly, small_disk
 
 from node import protocol
 from node.client import AsyncProducer, Producer, PullConsumer, SendError
@@ -356,10 +356,7 @@ def test_a_slave_on_a_full_disk_waits_for_room_and_then_catches_up(pair, tmp_pat
     the disk refuses a segment, the link closes (the ha-client lives on: dying, it would die at
     every restart), the slave's cleaning makes room (RocketMQ's ratios, forced) and the next
     connect goes on from its end, until it holds the master's end."""
-    small = tmp_path / "small"
-    if not mount_tmpfs(small, "5m"):
-        pytest.skip("needs root to mount a small tmpfs")
-    try:
+    with small_disk(tmp_path / "small", "5m") as small:
         with Producer(pair.master.listen) as producer:  # ~2 MiB more: the master's log is over 5.5 MiB
             for _ in range(20):
                 producer.send_batch("HaFull", [bytes(1024)] * 100)
@@ -386,8 +383,6 @@ def test_a_slave_on_a_full_disk_waits_for_room_and_then_catches_up(pair, tmp_pat
             node.stop(strict=False)
         report = verify_store(settings)
         assert report.ok, report.summary()
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
 
 
 def test_failover_keeps_every_acknowledged_send_and_fences_the_old_master(failover_pair):

@@ -7,12 +7,11 @@ import asyncio
 import dataclasses
 import errno
 import re
-import subprocess
 import threading
 import time
 
 import pytest
-from nodes import NodeProcess, mount_tmpfs, node_settings
+from nodes import NodeProcess, node_settings, small_disk
 
 from node import protocol
 from node.client import AsyncProducer, PullConsumer, SendError
@@ -213,10 +212,7 @@ def test_write_buffer_mode_acks_before_commit_and_a_writer_crash_loses_only_the_
 
 
 def test_a_full_disk_gives_clear_statuses_and_no_corruption(tmp_path):
-    small = tmp_path / "small"
-    if not mount_tmpfs(small, "5m"):
-        pytest.skip("needs root to mount a small tmpfs")
-    try:
+    with small_disk(tmp_path / "small", "5m") as small:
         # the offsets, the timer checkpoint and the cleaner's look at the disk every half second; no
         # forced cleaning (it would free space at moments of its own)
         settings = node_settings(small / "store", runDir=str(tmp_path / "run"), flushConsumerOffsetInterval=500,
@@ -257,8 +253,6 @@ def test_a_full_disk_gives_clear_statuses_and_no_corruption(tmp_path):
             NodeProcess(inside, tmp_path / "inside.log").start()
         report = verify_store(settings)
         assert report.ok, report.summary()
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
 
 
 def _not_a_byte_left(filler) -> None:

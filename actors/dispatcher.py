@@ -4,14 +4,21 @@ Sockets: `wakes` PULL, conflated, bound at `reput`: the writer's "written moved"
 writer turn that moved it; `arrivals` PUB (bound): after each batch, [topic, queueId, new max
 offset] per queue that grew, for held pulls (the front's, or the pull workers').
 
-It announces only while some reader holds pulls (its watcher slot in the control block is set):
-each announcement costs this loop, two ZeroMQ I/O threads and the reader's socket a wake-up, and
-with nobody waiting they bought nothing (at 5k single sends a second, ~1,000 a second). A reader
-sets its slot, then looks at `dispatched` once for each pull it holds; this loop advances
-`dispatched`, then reads the slots. Without a fence, x86 lets both reads see the old values
-(each store still in its core's store buffer). So what a batch touched while no slot was seen
-set is kept (`unannounced`, at most one entry a queue) and announced on the first turn that sees
-one set: a held pull that lost that race waits at most one turn (POLL_MS), never its timeout.
+It announces only while some reader holds pulls (its watcher slot in the control block is set),
+and only to those readers: each frame is addressed to one watcher slot, the one byte a reader's
+SUB subscribes to, so the PUB sends a reader not holding pulls nothing. Each announcement costs
+this loop, two ZeroMQ I/O threads and the reader's socket a wake-up, and with nobody waiting it
+buys nothing (at 5k single sends a second, ~1,000 a second); and one a reader does not read
+stays queued: broadcast, the two pull workers of a node whose pops were held each kept ~80 MB of
+them (libzmq holds each lone message in its own 8 KiB receive buffer, 10,000 of them at the
+SUB's high-water mark). A reader sets its slot, then looks at `dispatched` once for each pull
+it holds; this loop advances `dispatched`, then reads the slots, with a fence on both sides
+(`ControlBlock.watchers`): one of the two sees the other's store. Without the C fence x86 lets
+both reads see the old values (each store still in its core's store buffer), so then every
+announcement goes to every reader (`ARRIVALS_TO_ALL`), and in either case what a batch touched
+while no slot was seen set is kept (`unannounced`, at most one entry a queue) and announced on
+the first turn that sees one set: a held pull that lost that race waits at most one turn
+(POLL_MS), never its timeout.
 
 It waits for a wake-up (or POLL_MS, which covers one lost while either side restarted), takes
 the wake-ups waiting, then reads the control block's `written` counter, dispatches every
@@ -66,12 +73,13 @@ from actors.base import (
     socket,
     wait_readable,
 )
-from actors.wire import arrivals_to_wire
+from actors.wire import ARRIVALS_TO_ALL, arrivals_to_wire
 from shm.commitlog import CommitLog
 from shm.control_block import FLAG_LOGICS_WRITE_ERROR, ROLE_CODES
 from shm.dispatch import NATIVE, ReputStopped, reput
 from shm.invariant import InvariantBroken
 from shm.mapped_file import StoreError
+from shm.ring import FENCED
 from shm.store import MessageStore
 
 RETRY_S = 0.5
@@ -211,7 +219,8 @@ class Dispatcher(Actor):
         """"Queue grew", for the pulls held on these queues: now if a reader watches (read after
         `dispatched` moved), else kept until one does."""
         pending = self.unannounced
-        if not self.control.watched():
+        readers = self.control.watchers()
+        if not readers:
             if touched:
                 pending.update(touched)  # a later batch's max offset is the higher
                 self.announcements_held += 1
@@ -220,7 +229,8 @@ class Dispatcher(Actor):
             pending.update(touched)
             touched, self.unannounced = pending, {}
         if touched:
-            self.arrivals.send(arrivals_to_wire(touched))
+            for frame in arrivals_to_wire(touched, readers if FENCED else [ARRIVALS_TO_ALL]):
+                self.arrivals.send(frame)
             self.announced += 1
 
     def flush(self) -> None:

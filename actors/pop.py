@@ -111,7 +111,7 @@ class Pop(Actor):
         self.room = True
         self.requests = inbox(self, read_from_wire)
         self.replies = reply_outbox(self)
-        self.arrivals = arrivals_socket(self.context, self.endpoints)
+        self.arrivals = arrivals_socket(self.context, self.endpoints, POP_WATCHER)
         self.control.set_watching(POP_WATCHER, False)  # a predecessor killed while holding left it set
         self.watching = False
         self.items = self.requests.poll_items()

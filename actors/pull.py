@@ -19,7 +19,7 @@ import zmq
 from actors.base import Actor, incoming, socket
 from actors.links import inbox, reply_outbox, service_links_statistics
 from actors.pull_core import ReadCore
-from actors.wire import arrivals_from_wire, read_from_wire
+from actors.wire import arrivals_from_wire, arrivals_subscriptions, read_from_wire
 
 MAX_TAKE = 256
 ARRIVALS_HWM = 10_000  # announcements queued while no pull is held are dropped unread (see follow_arrivals)
@@ -38,7 +38,7 @@ class Pull(Actor):
 
     def open(self) -> None:
         self.core = ReadCore(self.settings, self.control, watcher=1 + self.instance)
-        self.arrivals = arrivals_socket(self.context, self.endpoints)
+        self.arrivals = arrivals_socket(self.context, self.endpoints, self.core.watcher)
         self.requests, self.replies = self._links()
         self.idle_items = self.requests.poll_items()
         self.watch_items = self.idle_items + [(self.arrivals, zmq.POLLIN)]
@@ -91,10 +91,12 @@ class Pull(Actor):
         super().close()
 
 
-def arrivals_socket(context: zmq.Context, endpoints: dict) -> zmq.Socket:
-    """A SUB to the dispatcher's "queue grew" announcements."""
+def arrivals_socket(context: zmq.Context, endpoints: dict, watcher: int) -> zmq.Socket:
+    """A SUB to the dispatcher's "queue grew" announcements addressed to this reader's watcher
+    slot (or to every reader)."""
     arrivals = socket(context, zmq.SUB, hwm=ARRIVALS_HWM)
-    arrivals.setsockopt(zmq.SUBSCRIBE, b"")
+    for address in arrivals_subscriptions(watcher):
+        arrivals.setsockopt(zmq.SUBSCRIBE, address)
     arrivals.connect(endpoints["arrivals"])
     return arrivals
 

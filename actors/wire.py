@@ -14,7 +14,7 @@ pure functions (no sockets), and `tests/unit/test_protocol.py` round-trips them.
 | an encoded group | ingress → writer (ring `ingress-i-to-writer`, `join_frames`) | 2 frames: JSON `{sizes, keys, stamps, atomic, pendings}`, the records back to back (`group_to_wire`) |
 | held SYNC_FLUSH / SYNC_MASTER sends | writer → flush (ring `writer-to-flush`) | one JSON message: `[[client hex, arrival ns, offset to flush, reply header, offset to replicate], ...]` (0: no wait) (`waits_to_wire`) |
 | "written moved" | writer → dispatcher | an empty frame on a conflated socket |
-| "queue grew" | dispatcher → readers (PUB) | JSON `[[topic, queueId, new max offset], ...]` (`arrivals_to_wire`) |
+| "queue grew" | dispatcher → readers (PUB) | a reader's address (one byte: its watcher slot), then JSON `[[topic, queueId, new max offset], ...]` (`arrivals_to_wire`) |
 | statistics | every process → front | JSON of its `statistics()`, once a second |
 | "flushed" | flush thread → front (inproc) | an empty frame: look at `flushed` |
 """
@@ -162,9 +162,19 @@ def waits_from_wire(frame: bytes) -> list[tuple]:
             for client, arrival_ns, offset, header, replicate in orjson.loads(frame)]
 
 
-def arrivals_to_wire(touched: dict[tuple[str, int], int]) -> bytes:
-    return orjson.dumps([[topic, queue_id, max_offset] for (topic, queue_id), max_offset in touched.items()])
+ARRIVALS_TO_ALL = 255  # the address every reader also subscribes to (no watcher slot has it)
+
+
+def arrivals_to_wire(touched: dict[tuple[str, int], int], readers: list[int]) -> list[bytes]:
+    """One frame a reader: its address (a watcher slot's number, the one byte its SUB subscribes
+    to: the PUB sends nothing to a reader not addressed), then the JSON."""
+    body = orjson.dumps([[topic, queue_id, max_offset] for (topic, queue_id), max_offset in touched.items()])
+    return [bytes((reader,)) + body for reader in readers]
+
+
+def arrivals_subscriptions(watcher: int) -> list[bytes]:
+    return [bytes((watcher,)), bytes((ARRIVALS_TO_ALL,))]
 
 
 def arrivals_from_wire(frame: bytes) -> list[tuple[str, int, int]]:
-    return [(topic, queue_id, max_offset) for topic, queue_id, max_offset in orjson.loads(frame)]
+    return [(topic, queue_id, max_offset) for topic, queue_id, max_offset in orjson.loads(memoryview(frame)[1:])]

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from shm.invariant import invariant
 from shm.mapped_file import allocate
+from shm.ring import FENCED, fence
 from shm.settings import MAX_PULL_WORKERS
 
 FILE_SIZE = 4096
@@ -133,9 +134,24 @@ class ControlBlock:
         return self.slots[HEARTBEAT_BASE + actor_slot]
 
     def set_watching(self, watcher: int, on: bool) -> None:
-        """A reader says whether it holds pulls, so wants the dispatcher's "queue grew"."""
+        """A reader says whether it holds pulls, so wants the dispatcher's "queue grew"; set, the
+        slot's store is fenced before the reader's next look at `dispatched` (see `watchers`)."""
         invariant(0 <= watcher < WATCHER_SLOTS, watcher)
         self.slots[WATCHERS_BASE + watcher] = int(on)
+        if on and FENCED:
+            fence()
+
+    def watchers(self) -> list[int]:
+        """The slots of the readers holding pulls, read after a fence: with `set_watching`'s,
+        a reader whose slot this does not see set looked at `dispatched` after the dispatcher's
+        last store to it (Dekker's order, both sides fenced), so found what it announces.
+        Without the C fence that is not promised (actors.dispatcher keeps what no one was seen
+        watching, and announces to every reader)."""
+        if FENCED:
+            fence()
+        if not self.watched():
+            return []
+        return [watcher for watcher in range(WATCHER_SLOTS) if self.slots[WATCHERS_BASE + watcher]]
 
     def watched(self) -> bool:
         """Whether any reader holds pulls: one 512-byte compare, not 64 slot reads."""

@@ -151,7 +151,9 @@ def test_a_read_and_the_sizes_of_replies_on_a_ring():
 def test_the_other_internal_frames_round_trip():
     waits = [(b"\x00\x01client", 123, 4096, b'{"status":"PUT_OK"}', 8192)]
     assert waits_from_wire(waits_to_wire(waits)) == waits
-    assert arrivals_from_wire(arrivals_to_wire({("TopicA", 3): 17})) == [("TopicA", 3, 17)]
+    frames = arrivals_to_wire({("TopicA", 3): 17}, [1, 63])
+    assert [frame[0] for frame in frames] == [1, 63]  # addressed: the byte each reader's SUB subscribes to
+    assert [arrivals_from_wire(frame) for frame in frames] == [[("TopicA", 3, 17)]] * 2
 
 
 def test_store_stats_tps_and_buckets():

@@ -20,6 +20,8 @@ SYSTEM_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "R
                            "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC",
                            "OFFSET_MOVED_EVENT", "TBW102", "rmq_sys_wheel_timer"})
 SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
+NODE_STORED_PREFIXES = ("%RETRY%", "%DLQ%")  # the node's own topics of a group, not in topics.json
+REPLY_TOPIC_SUFFIX = "_REPLY_TOPIC"  # <brokerClusterName>_REPLY_TOPIC (node.protocol.reply_topic)
 PERM_READ, PERM_WRITE = 4, 2
 
 
@@ -36,6 +38,19 @@ def topic_error(topic) -> str | None:
     if topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX):
         return f"the topic {topic} is a system topic"
     return None
+
+
+def deleted_topics(config_dir: Path):
+    """A test of a ConsumeQueue directory's topic: True for one `topics.json` no longer holds
+    that clients send to (not a system, retry, dead-letter or request-reply topic, which the
+    node stores without a table entry). None without a readable `topics.json`: nothing is known
+    to be deleted (a new store, or one written by RocketMQ with its table elsewhere)."""
+    data = config_files.read(Path(config_dir) / "topics.json")
+    if not isinstance(data, dict) or not isinstance(data.get("topicConfigTable"), dict):
+        return None
+    table = frozenset(data["topicConfigTable"])
+    return lambda topic: (topic not in table and topic_error(topic) is None
+                          and not topic.startswith(NODE_STORED_PREFIXES) and not topic.endswith(REPLY_TOPIC_SUFFIX))
 
 
 @dataclass

@@ -89,6 +89,30 @@ class MessageStore:
             queue = self.consume_queues[key] = self._open_queue(topic, queue_id)
         return queue
 
+    def drop_queues_of(self, deleted: Callable[[str], bool]) -> list[str]:
+        """Remove the queues of the topics `deleted` names that index no stored message (the
+        last entry's record ends at or below the CommitLog's min offset, or no entry at all);
+        "topic/queueId" of each. Recovery's, before `rebuild_queue_offsets` (the writer then
+        numbers such a topic, sent to again, from 0) and before any other process maps them.
+        RocketMQ destroys a deleted topic's queues at the delete (cleanUnusedTopic); mqnode keeps
+        them while they index a stored message, and cleaning never deletes a queue's last file:
+        without this, each queue a deleted topic leaves would keep its file, and a mapping and
+        a descriptor in the dispatcher, for the life of the store."""
+        files = self.commitlog.segments.files
+        floor = files[0].offset_start if files else 0
+        dropped = []
+        for key, queue in list(self.consume_queues.items()):
+            if queue.max_physical_offset <= floor and deleted(queue.topic):
+                queue.destroy()
+                shutil.rmtree(queue.directory, ignore_errors=True)
+                del self.consume_queues[key]
+                dropped.append(f"{queue.topic}/{queue.queue_id}")
+        for topic in {name.rpartition("/")[0] for name in dropped}:
+            topic_dir = self.settings.consumequeue_dir / topic
+            if topic_dir.is_dir() and not any(topic_dir.iterdir()):
+                topic_dir.rmdir()
+        return dropped
+
     def rebuild_queue_offsets(self, undispatched_from: int | None = None) -> None:
         """The next queue offset of every queue = its ConsumeQueue's max offset (§2.9); with
         `undispatched_from` (records recovery could not dispatch: a full disk), past that of the

@@ -34,6 +34,7 @@ import threading
 import time
 from pathlib import Path
 
+from actors.topics import deleted_topics
 from node.server import fencing, logs, preflight, ray_setup, topology
 from node.server.actor_host import ActorHost
 from node.server.node_watch import NodeWatch
@@ -124,6 +125,7 @@ class Node:
                                             "%s", self.recovery_report.summary())
             if s.is_slave:  # before anything reads the log: cut what the master never had
                 self.fenced_bytes = fencing.fence(s, store, self.out)
+            self._drop_deleted_topics(store)
             blocked = self.recovery_report.dispatch_blocked  # (a full disk: the dispatcher goes on from there)
             store.rebuild_queue_offsets(blocked)
             store.flush_all()
@@ -143,6 +145,14 @@ class Node:
         if not s.is_slave:  # a master's history begins with its first start (shm.epochs)
             EpochFile(s.root).genesis(min(min_offset, written))
         return queue_offsets, written
+
+    def _drop_deleted_topics(self, store) -> None:
+        """The queues of deleted topics whose messages cleaning took (MessageStore.drop_queues_of)."""
+        deleted = deleted_topics(self.settings.root / "config")
+        dropped = store.drop_queues_of(deleted) if deleted is not None else []
+        if dropped:
+            logging.getLogger("mqnode").info("dropped %d ConsumeQueues of deleted topics, every message of them cleaned: %s",
+                                             len(dropped), ", ".join(dropped[:10]) + (" ..." if len(dropped) > 10 else ""))
 
     def _launch(self, queue_offsets: dict[str, int], recovered: int) -> None:
         ray_setup.prepare_embedded(self.ray_address)  # (before Ray is imported)

@@ -46,6 +46,15 @@ def _fill(endpoint: str, batches: int) -> list[str]:
     return keys
 
 
+def _deleted_topic(node, topic: str) -> None:
+    """`topic` created with two queues, a message sent to each, then deleted."""
+    assert _cli("admin", "topic", "create", "--endpoint", node.endpoint, "--topic", topic, "--queues", "2").returncode == 0
+    with Producer(node.endpoint) as producer:
+        for queue in range(2):
+            assert producer.send(topic, b"soon gone", queue_id=queue).status == "PUT_OK"
+    assert _cli("admin", "topic", "delete", "--endpoint", node.endpoint, "--topic", topic).returncode == 0
+
+
 def _mapped_deleted(node) -> list[str]:
     """Store files the node's processes still map after they were deleted."""
     found = []
@@ -67,7 +76,9 @@ def test_admin_clean_moves_every_bound_and_the_store_restarts_to_the_same_state(
                              deleteCommitLogFilesInterval=5, deleteConsumeQueueFilesInterval=5, deleteWhen=away)
     node = NodeProcess(settings, tmp_path / "node.log").start()
     try:
+        _deleted_topic(node, "Gone")  # its messages in the first segment
         keys = _fill(node.endpoint, 60)  # ~12 MiB: a dozen segments
+        _deleted_topic(node, "GoneLate")  # in the last
         segments = sorted(p for p in settings.commitlog_dir.iterdir() if p.name.isdigit())  # (not one being made)
         assert len(segments) >= 10
         nothing = orjson.loads(_cli("admin", "clean", "--endpoint", node.endpoint).stdout)
@@ -127,6 +138,13 @@ def test_admin_clean_moves_every_bound_and_the_store_restarts_to_the_same_state(
         with PullConsumer(node.endpoint) as consumer:
             assert [(consumer.min_offset("Clean", q), consumer.max_offset("Clean", q)) for q in range(4)] == bounds
             assert consumer.pull("Clean", 0, 0).next_begin_offset == bounds[0][0]
+        # a deleted topic's queues go at the first start after cleaning took all they index (before:
+        # each kept its last file, and a mapping and a descriptor in the dispatcher, for good)
+        queues = settings.consumequeue_dir
+        assert not (queues / "Gone").exists() and sorted(p.name for p in (queues / "GoneLate").iterdir()) == ["0", "1"]
+        assert "dropped 2 ConsumeQueues of deleted topics, every message of them cleaned: Gone/0, Gone/1" in node.log.read_text()
+        with Producer(node.endpoint) as producer:  # sent to again (created anew): numbered from 0
+            assert producer.send("Gone", b"again", queue_id=1).queue_offset == 0
     finally:
         node.stop(strict=False)
 

@@ -9,7 +9,7 @@ from helpers import small_settings
 from actors.router import Router, To
 from node import protocol
 from actors.offsets import ConsumerOffsets, SubscriptionGroups
-from actors.topics import TopicTable
+from actors.topics import TopicTable, deleted_topics
 
 
 @pytest.fixture
@@ -79,3 +79,18 @@ def test_a_pop_learns_the_topics_queues_the_groups_offsets_and_retries(router):
         router.route(_request(protocol.BATCH_ACK_MESSAGE, consumerGroup="g", extraInfos=[]))
     with pytest.raises(protocol.ProtocolError, match="extraInfo"):
         router.route(_request(protocol.ACK_MESSAGE, consumerGroup="g", extraInfo=7))
+
+
+def test_deleted_topics_are_those_clients_sent_to_that_the_table_no_longer_holds(tmp_path):
+    """What recovery may drop the queues of (MessageStore.drop_queues_of): never a topic the node
+    stores without a table entry, and nothing while there is no table to go by."""
+    assert deleted_topics(tmp_path) is None
+    table = TopicTable(tmp_path, auto_create=True, default_queues=4)
+    table.create("Kept", 4)
+    deleted = deleted_topics(tmp_path)
+    assert deleted("Gone") and not deleted("Kept")
+    for stored_by_the_node in ("%RETRY%group", "%DLQ%group", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC",
+                               "rmq_sys_wheel_timer", "DefaultCluster_REPLY_TOPIC"):
+        assert not deleted(stored_by_the_node), stored_by_the_node
+    (tmp_path / "topics.json").write_text("not json")
+    assert deleted_topics(tmp_path) is None

@@ -22,7 +22,7 @@ from actors.pull_core import ReadCore
 from actors.wire import arrivals_from_wire, arrivals_subscriptions, read_from_wire
 
 MAX_TAKE = 256
-ARRIVALS_HWM = 10_000  # announcements queued while no pull is held are dropped unread (see follow_arrivals)
+ARRIVALS_HWM = 10_000  # announcements left from the last pulls held (or, without the C fence, any) are dropped unread
 
 
 class Pull(Actor):
@@ -107,10 +107,10 @@ def read_arrivals(core: ReadCore, arrivals: zmq.Socket, out: list) -> None:
 
 
 def follow_arrivals(core: ReadCore, arrivals: zmq.Socket, out: list) -> None:
-    """Start or stop reading arrivals as pulls are held. Arrivals go unread while no pull is
-    held (reading them cost every worker ~40 µs a send for nothing). When holding starts: say
-    so first (see actors.dispatcher), drop what queued up, then look at each held pull's queue
-    once more. Anything dispatched before that look is found by it; anything after is
+    """Start or stop reading arrivals as pulls are held. While no pull is held the dispatcher
+    addresses this reader none (reading them cost every worker ~40 µs a send for nothing, and
+    unread they filled its memory: actors.dispatcher). When holding starts: say so first, drop
+    what is left from the last time, then look at each held pull's queue once more. Anything dispatched before that look is found by it; anything after is
     announced into the emptied queue, which is read from now on."""
     if core.held_count and not core.watching:
         core.set_watching(True)

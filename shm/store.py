@@ -3,7 +3,8 @@ checkpoint — for one process. The writable opener holds the `lock`; readers op
 
 Layout under `storePathRootDir` (RocketMQ 4.9's, so either can open the other's store):
 `commitlog/`, `consumequeue/<topic>/<queueId>/`, `index/`, `checkpoint`, `abort`, `lock`,
-`config/*.json`, plus mqnode's own `control` (shm.control_block).
+`config/*.json`, plus mqnode's own `control` (shm.control_block) and `consumequeue/` +
+DROPPED_OFFSETS (MessageStore.drop_queues_of; RocketMQ's loader skips a file there).
 """
 
 from __future__ import annotations
@@ -12,14 +13,20 @@ import shutil
 import time
 from collections.abc import Callable
 
+import orjson
+
+from shm.archive_manifest import fsync_dir  # (one definition of a directory's fsync)
 from shm.checkpoint import Checkpoint
 from shm.codec import Record
 from shm.commitlog import CommitLog
 from shm.consume_queue import ConsumeQueue
+from shm.disk import write_whole
 from shm.index_file import IndexService
 from shm.mapped_file import StoreError
 from shm.settings import Settings
 from shm.store_files import StoreLock
+
+DROPPED_OFFSETS = ".dropped-queue-offsets"  # JSON {"topic-queueId": next queue offset}, in consumequeue/
 
 
 class MessageStore:
@@ -92,32 +99,58 @@ class MessageStore:
     def drop_queues_of(self, deleted: Callable[[str], bool]) -> list[str]:
         """Remove the queues of the topics `deleted` names that index no stored message (the
         last entry's record ends at or below the CommitLog's min offset, or no entry at all);
-        "topic/queueId" of each. Recovery's, before `rebuild_queue_offsets` (the writer then
-        numbers such a topic, sent to again, from 0) and before any other process maps them.
-        RocketMQ destroys a deleted topic's queues at the delete (cleanUnusedTopic); mqnode keeps
-        them while they index a stored message, and cleaning never deletes a queue's last file:
-        without this, each queue a deleted topic leaves would keep its file, and a mapping and
-        a descriptor in the dispatcher, for the life of the store."""
+        "topic/queueId" of each. Recovery's, before `rebuild_queue_offsets` and before any other
+        process maps them. RocketMQ destroys a deleted topic's queues at the delete
+        (cleanUnusedTopic); mqnode keeps them while they index a stored message, and cleaning
+        never deletes a queue's last file: without this, each queue a deleted topic leaves would
+        keep its file, and a mapping and a descriptor in the dispatcher, for the life of the store.
+
+        Each one's next queue offset is kept first (`DROPPED_OFFSETS`), and the writer goes on
+        from it if the topic is sent to again: a queue offset never names two messages (an
+        archive of the old ones keeps theirs). Nothing is dropped when that cannot be written."""
         files = self.commitlog.segments.files
         floor = files[0].offset_start if files else 0
-        dropped = []
-        for key, queue in list(self.consume_queues.items()):
-            if queue.max_physical_offset <= floor and deleted(queue.topic):
-                queue.destroy()
-                shutil.rmtree(queue.directory, ignore_errors=True)
-                del self.consume_queues[key]
-                dropped.append(f"{queue.topic}/{queue.queue_id}")
-        for topic in {name.rpartition("/")[0] for name in dropped}:
-            topic_dir = self.settings.consumequeue_dir / topic
-            if topic_dir.is_dir() and not any(topic_dir.iterdir()):
-                topic_dir.rmdir()
-        return dropped
+        going = [key for key, queue in self.consume_queues.items()
+                 if queue.max_physical_offset <= floor and deleted(queue.topic)]
+        if not going:
+            return []
+        kept = {name: offset for name, offset in self.dropped_offsets().items()
+                if name not in {queue.key for queue in self.consume_queues.values()}}  # (a queue again: it counts)
+        kept |= {self.consume_queues[key].key: self.consume_queues[key].offset_max for key in going}
+        root = self.settings.consumequeue_dir
+        if not write_whole(root / DROPPED_OFFSETS, orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)):
+            return []  # no room: kept as they are, the next start tries again
+        fsync_dir(root)
+        for key in going:
+            queue = self.consume_queues.pop(key)
+            queue.destroy()
+            shutil.rmtree(queue.directory, ignore_errors=True)
+            if not any(queue.directory.parent.iterdir()):
+                queue.directory.parent.rmdir()
+        return [f"{topic}/{queue_id}" for topic, queue_id in going]
+
+    def dropped_offsets(self) -> dict[str, int]:
+        """"topic-queueId" -> the next queue offset of each queue `drop_queues_of` removed."""
+        path = self.settings.consumequeue_dir / DROPPED_OFFSETS
+        try:
+            kept = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except orjson.JSONDecodeError:
+            kept = None
+        if not isinstance(kept, dict) or not all(type(offset) is int for offset in kept.values()):
+            # (written whole and renamed into place: only damage or a hand gets here)
+            raise StoreError(f"{path} is not the JSON of queue offsets it should be: restore it, or delete it "
+                             "(deleted topics sent to again are then numbered from 0)")
+        return kept
 
     def rebuild_queue_offsets(self, undispatched_from: int | None = None) -> None:
         """The next queue offset of every queue = its ConsumeQueue's max offset (§2.9); with
         `undispatched_from` (records recovery could not dispatch: a full disk), past that of the
         records from there on, so that no queue offset is given twice."""
         table = self.commitlog.queue_offsets = {q.key: q.offset_max for q in self.consume_queues.values()}
+        for name, offset in self.dropped_offsets().items():
+            table.setdefault(name, offset)  # (a queue made again holds at least as much)
         for queue in self.consume_queues.values():
             queue.correct_min_offset(self.commitlog.offset_min)
         if undispatched_from is not None:

@@ -143,8 +143,8 @@ def test_admin_clean_moves_every_bound_and_the_store_restarts_to_the_same_state(
         queues = settings.consumequeue_dir
         assert not (queues / "Gone").exists() and sorted(p.name for p in (queues / "GoneLate").iterdir()) == ["0", "1"]
         assert "dropped 2 ConsumeQueues of deleted topics, every message of them cleaned: Gone/0, Gone/1" in node.log.read_text()
-        with Producer(node.endpoint) as producer:  # sent to again (created anew): numbered from 0
-            assert producer.send("Gone", b"again", queue_id=1).queue_offset == 0
+        with Producer(node.endpoint) as producer:  # sent to again (created anew): numbered on
+            assert producer.send("Gone", b"again", queue_id=1).queue_offset == 1
     finally:
         node.stop(strict=False)
 

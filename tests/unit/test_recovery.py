@@ -11,7 +11,7 @@ from shm import mapped_file
 from shm.codec import Record
 from shm.dispatch import reput
 from shm.file_queue import SegmentGap
-from shm.mapped_file import WrongFileSize
+from shm.mapped_file import StoreError, WrongFileSize
 from shm.recovery import recover
 from shm.store import MessageStore
 from shm.store_files import abort_path
@@ -349,3 +349,35 @@ def test_a_crash_rebuilds_the_index_below_the_segment_the_walk_starts_at(tmp_pat
     store.close()
     report = verify_store(settings)
     assert report.ok, report.faults
+
+
+def test_a_deleted_topics_queues_go_once_their_messages_do_and_their_numbering_is_kept(tmp_path):
+    """MessageStore.drop_queues_of, recovery's: a queue of a deleted topic whose every record lies
+    below the CommitLog's min offset goes (its file, and the mapping every process kept); its next
+    queue offset is kept, so the topic sent to again never numbers two messages alike."""
+    settings = small_settings(tmp_path)
+    store = open_store(settings)
+    put(store, [message(i, topic="Gone", queues=2) for i in range(6)])
+    put(store, [message(i, topic="Live", queues=2, size=4000) for i in range(40)])  # past the first segment
+    assert store.commitlog.queue_offsets["Gone-1"] == 3
+    close_clean(store)
+    first = sorted(settings.commitlog_dir.iterdir())[0]
+    first.unlink()  # as the clean service deletes an aged segment
+    gone = lambda topic: topic == "Gone"  # noqa: E731 (topics.json's word: actors.topics.deleted_topics)
+
+    store = open_store(settings)
+    assert sorted(store.drop_queues_of(gone)) == ["Gone/0", "Gone/1"]
+    assert not (settings.consumequeue_dir / "Gone").exists() and store.drop_queues_of(gone) == []
+    store.rebuild_queue_offsets()
+    assert store.commitlog.queue_offsets["Gone-1"] == 3  # numbered on from where it was
+    put(store, [message(7, topic="Gone", queues=2)])  # sent to again: a queue of it anew, from offset 3
+    close_clean(store)
+
+    store = open_store(settings)
+    assert store.drop_queues_of(lambda topic: False) == [] and store.consume_queue("Gone", 1, create=False).offset_max == 4
+    store.rebuild_queue_offsets()
+    assert store.commitlog.queue_offsets["Gone-1"] == 4 and store.commitlog.queue_offsets["Gone-0"] == 3
+    close_clean(store)
+    (settings.consumequeue_dir / ".dropped-queue-offsets").write_text("{torn")
+    with pytest.raises(StoreError, match="dropped-queue-offsets is not the JSON"):
+        open_store(settings).rebuild_queue_offsets()

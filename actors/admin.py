@@ -48,7 +48,7 @@ def delete_topic(topics, offsets, header: dict) -> None:
     Its stored messages stay until cleaning takes their segments (RocketMQ deletes its
     ConsumeQueue files at once; mqnode keeps them while they index a stored message, so a topic
     created again under the name meanwhile goes on from its queues' offsets rather than reusing
-    them, and recovery drops them after: shm.store.MessageStore.drop_queues_of)."""
+    them, and the dispatcher or recovery drops them after: shm.store.MessageStore.drop_queues_of)."""
     name = header["topic"]
     if topics.get(name) is None:
         raise AdminRefused("TOPIC_NOT_EXIST", f"topic {name} does not exist")

@@ -199,7 +199,7 @@ class Actor:
             write_pid_file(self.settings.run_dir / f"{self.label}.pid")
         self.control = ControlBlock(self.settings.root / "control")
         self.beat()  # alive while it opens (an open that takes long beats as it goes: `beat`)
-        self.deletions_seen = self.control.get("deletions")
+        self.deletions_seen = self.control.removals()
         self._stats_socket = socket(self.context, zmq.PUSH, hwm=10)
         self._stats_socket.connect(self.endpoints["stats"])
         self.open()
@@ -276,8 +276,8 @@ class Actor:
     def _housekeeping(self) -> None:
         now = time.monotonic()
         self.beat()
-        deletions = self.control.get("deletions")
-        if deletions != self.deletions_seen:  # the clean service deleted files
+        deletions = self.control.removals()
+        if deletions != self.deletions_seen:  # the clean service deleted files, or the dispatcher queues
             self.deletions_seen = deletions
             self.follow_min_offset(self.control.get("min_offset"))
         if now >= self._stats_due:

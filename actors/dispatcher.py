@@ -73,6 +73,7 @@ from actors.base import (
     socket,
     wait_readable,
 )
+from actors.topics import deleted_topics
 from actors.wire import ARRIVALS_TO_ALL, arrivals_to_wire
 from shm.commitlog import CommitLog
 from shm.control_block import FLAG_LOGICS_WRITE_ERROR, ROLE_CODES
@@ -99,12 +100,13 @@ class Dispatcher(Actor):
         self.position = 0
         self.records = self.stalls = self.last_count = 0
         self.caught_up_on_wake = self.caught_up_on_timer = 0
-        self.polled = self.announced = self.announcements_held = self.index_slots_mended = 0
+        self.polled = self.announced = self.announcements_held = self.index_slots_mended = self.queues_dropped = 0
         self.last_error = ""
         self.unannounced: dict[tuple[str, int], int] = {}  # (topic, queueId) -> max offset, while unwatched
         self.poll_ms, self.hold_ns = settings.dispatcherPollMillis, settings.dispatcherPollHoldMillis * 1_000_000
         self.looked_ns = self.polling_until = 0  # when the last look at `written` began; the promise
         self.next_flush = 0.0
+        self.dropped_below = -1  # the min offset of the last look for deleted topics' queues to drop
 
     def open(self) -> None:
         s = self.settings
@@ -121,6 +123,7 @@ class Dispatcher(Actor):
         for queue in self.store.consume_queues.values():
             queue.recover()
             self.beat()
+        self._drop_deleted_topics()
         self.position = self.control.get("dispatched")
         self.arrivals = socket(self.context, zmq.PUB, hwm=10000)
         self.arrivals.bind(self.endpoints["arrivals"])
@@ -165,6 +168,19 @@ class Dispatcher(Actor):
             if queue.files.forget_deleted_head():
                 queue.correct_min_offset(min_offset)
         store.index.forget_deleted_head()
+        if min_offset != self.dropped_below:  # (not at each queue's deletion of a clean pass)
+            self._drop_deleted_topics()
+
+    def _drop_deleted_topics(self) -> None:
+        """The queues of deleted topics whose messages cleaning took go now, not only at the next
+        start (MessageStore.drop_queues_of): this loop is their single writer, so no entry can be
+        on its way into them. Every process drops its views of them at its next turn."""
+        self.dropped_below = self.control.get("min_offset")
+        deleted = deleted_topics(self.settings.root / "config")
+        dropped = self.store.drop_queues_of(deleted) if deleted is not None else []
+        if dropped:
+            self.queues_dropped += len(dropped)
+            self.control.set("queues_dropped", self.control.get("queues_dropped") + 1)
 
     def catch_up(self) -> bool:
         """Dispatch up to the published end; True when it moved (`last_count`: records)."""
@@ -254,7 +270,7 @@ class Dispatcher(Actor):
                                        "caughtUpOnTimer": self.caught_up_on_timer,
                                        "polls": self.polled, "announcements": self.announced,
                                        "announcementsHeld": self.announcements_held, "lastError": self.last_error,
-                                       "indexSlotsMended": self.index_slots_mended,
+                                       "indexSlotsMended": self.index_slots_mended, "queuesDropped": self.queues_dropped,
                                        "queues": len(self.store.consume_queues) if self.store is not None else 0,
                                        "nativeScan": NATIVE}
 

@@ -201,10 +201,13 @@ class StoreReader:
         every queue by it from now on."""
         self.commitlog_min = min_offset
         self.commitlog.segments.forget_deleted_head()
-        for view in self.queues.values():
-            if view.queue.files.forget_deleted_head() and view.queue.files.files:
-                view.queue.offset_min_logical = view.queue.files.files[0].offset_start
-                view.end = max(view.end, view.queue.files.files[0].offset_start)
+        for key, view in list(self.queues.items()):
+            files = view.queue.files
+            if files.forget_deleted_head() and files.files:
+                view.queue.offset_min_logical = files.files[0].offset_start
+                view.end = max(view.end, files.files[0].offset_start)
+            elif not files.files:  # (a queue the dispatcher dropped, or none yet: a read makes it anew)
+                del self.queues[key]
 
     def record_at(self, offset: int, end: int) -> bytes | None:
         """The whole, well-formed record that starts at `offset`, below the published `end`, or None."""

@@ -99,8 +99,9 @@ class MessageStore:
     def drop_queues_of(self, deleted: Callable[[str], bool]) -> list[str]:
         """Remove the queues of the topics `deleted` names that index no stored message (the
         last entry's record ends at or below the CommitLog's min offset, or no entry at all);
-        "topic/queueId" of each. Recovery's, before `rebuild_queue_offsets` and before any other
-        process maps them. RocketMQ destroys a deleted topic's queues at the delete
+        "topic/queueId" of each. Only their writer's: recovery's (before `rebuild_queue_offsets`,
+        before any other process maps them) or the dispatcher's (which then tells the readers:
+        `queues_dropped`). RocketMQ destroys a deleted topic's queues at the delete
         (cleanUnusedTopic); mqnode keeps them while they index a stored message, and cleaning
         never deletes a queue's last file: without this, each queue a deleted topic leaves would
         keep its file, and a mapping and a descriptor in the dispatcher, for the life of the store.

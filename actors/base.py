@@ -224,7 +224,9 @@ class Actor:
             self.close()
 
     def turn(self) -> None:
-        self.step(wait_readable(self.poll_items(), self.timeout_ms()))
+        events = wait_readable(self.poll_items(), self.timeout_ms())
+        self._follow_removals()  # (before the step: what woke it may be a queue made again in their place)
+        self.step(events)
 
     def poll_items(self) -> list:
         """What this turn waits on: [(socket or descriptor, zmq.POLLIN), ...] (services that `step`)."""
@@ -268,6 +270,12 @@ class Actor:
         """The clean service deleted files below the CommitLog's min offset: drop what this
         process maps of them, which frees their space (subclasses holding mappings)."""
 
+    def _follow_removals(self) -> None:
+        deletions = self.control.removals()
+        if deletions != self.deletions_seen:  # the clean service deleted files, or the dispatcher queues
+            self.deletions_seen = deletions
+            self.follow_min_offset(self.control.get("min_offset"))
+
     def beat(self) -> None:
         """This service is alive: its heartbeat, which the launcher's watch reads (a service
         that beats no more within processHangTimeoutMillis is killed and restarted)."""
@@ -276,10 +284,7 @@ class Actor:
     def _housekeeping(self) -> None:
         now = time.monotonic()
         self.beat()
-        deletions = self.control.removals()
-        if deletions != self.deletions_seen:  # the clean service deleted files, or the dispatcher queues
-            self.deletions_seen = deletions
-            self.follow_min_offset(self.control.get("min_offset"))
+        self._follow_removals()
         if now >= self._stats_due:
             self._stats_due = now + STATS_PERIOD_S
             try:

@@ -85,6 +85,7 @@ class Host(Actor):
             items += member.poll_items()
             timeout = min(timeout, member.timeout_ms())
         events = wait_readable(items, timeout)
+        self._follow_removals()  # (as Actor.turn: before the members' steps)
         for member in self.members:
             member.step(events)
             member.loops += 1

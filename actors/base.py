@@ -199,7 +199,7 @@ class Actor:
             write_pid_file(self.settings.run_dir / f"{self.label}.pid")
         self.control = ControlBlock(self.settings.root / "control")
         self.beat()  # alive while it opens (an open that takes long beats as it goes: `beat`)
-        self.deletions_seen = self.control.removals()
+        self.removals_seen = self.control.removals()
         self._stats_socket = socket(self.context, zmq.PUSH, hwm=10)
         self._stats_socket.connect(self.endpoints["stats"])
         self.open()
@@ -271,9 +271,9 @@ class Actor:
         process maps of them, which frees their space (subclasses holding mappings)."""
 
     def _follow_removals(self) -> None:
-        deletions = self.control.removals()
-        if deletions != self.deletions_seen:  # the clean service deleted files, or the dispatcher queues
-            self.deletions_seen = deletions
+        removals = self.control.removals()
+        if removals != self.removals_seen:  # the clean service deleted files, or the dispatcher queues
+            self.removals_seen = removals
             self.follow_min_offset(self.control.get("min_offset"))
 
     def beat(self) -> None:

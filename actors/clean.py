@@ -115,10 +115,12 @@ def delete_hours(text: str) -> frozenset[int]:
 
 
 def _segments(directory: Path) -> list[Path]:
-    """Segment files (20-digit names), oldest first."""
-    if not directory.is_dir():
+    """Segment files (20-digit names), oldest first; none for a directory gone (the dispatcher
+    drops a deleted topic's queues: shm.store.MessageStore.drop_queues_of)."""
+    try:
+        return sorted(p for p in directory.iterdir() if len(p.name) == 20 and p.name.isdigit())
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(p for p in directory.iterdir() if len(p.name) == 20 and p.name.isdigit())
 
 
 @dataclass
@@ -345,7 +347,10 @@ class CleanCore:
 
     @staticmethod
     def _dirs(path: Path) -> list[Path]:
-        return [p for p in path.iterdir() if p.is_dir()] if path.is_dir() else []
+        try:
+            return [p for p in path.iterdir() if p.is_dir()]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def _clean_logics(self, now: float) -> None:
         """One queue per step (a pause after one that lost files), then the index files."""

@@ -65,7 +65,7 @@ class Host(Actor):
             shell.neighbours = [other for other in shells if other is not shell]
         for member in self.members:
             member.control = self.control
-            member.deletions_seen = self.deletions_seen
+            member.removals_seen = self.removals_seen
             member.open()
         if self.threads:
             sys.setswitchinterval(min(sys.getswitchinterval(), THREAD_SWITCH_S))

@@ -115,8 +115,8 @@ class MessageStore:
                  if queue.max_physical_offset <= floor and deleted(queue.topic)]
         if not going:
             return []
-        kept = {name: offset for name, offset in self.dropped_offsets().items()
-                if name not in {queue.key for queue in self.consume_queues.values()}}  # (a queue again: it counts)
+        live = {queue.key for queue in self.consume_queues.values()}
+        kept = {name: offset for name, offset in self.dropped_offsets().items() if name not in live}  # (a queue again: it counts)
         kept |= {self.consume_queues[key].key: self.consume_queues[key].offset_max for key in going}
         root = self.settings.consumequeue_dir
         if not write_whole(root / DROPPED_OFFSETS, orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)):

@@ -44,18 +44,18 @@ def update_topic(topics, header: dict) -> dict:
 
 
 def delete_topic(topics, offsets, header: dict) -> None:
-    """DELETE_TOPIC_IN_BROKER (215): the topic's config and every group's offsets for it go.
-    Its stored messages stay until cleaning takes their segments (RocketMQ deletes its
-    ConsumeQueue files at once; mqnode keeps them while they index a stored message, so a topic
-    created again under the name meanwhile goes on from its queues' offsets rather than reusing
-    them, and the dispatcher or recovery drops them after: shm.store.MessageStore.drop_queues_of)."""
+    """DELETE_TOPIC_IN_BROKER (215): the topic's config, every group's offsets for it, and its
+    messages: none stored under it so far is served again, to a topic created under the name
+    later either (TopicTable.delete: its deletion floor). Its ConsumeQueue files go once every
+    entry is below the floor (the dispatcher, or recovery: shm.store.MessageStore.drop_queues_of),
+    their next queue offsets kept: a topic created again goes on from them rather than
+    numbering from 0 (RocketMQ's), so no queue offset names two messages."""
     name = header["topic"]
     if topics.get(name) is None:
         raise AdminRefused("TOPIC_NOT_EXIST", f"topic {name} does not exist")
     if topic_error(name):
         raise AdminRefused("MESSAGE_ILLEGAL", f"the topic {name} is a system topic")
-    del topics.topics[name]
-    topics.persist()
+    topics.delete(name)
     offsets.forget(topic=name)
 
 

@@ -200,6 +200,7 @@ class Actor:
         self.control = ControlBlock(self.settings.root / "control")
         self.beat()  # alive while it opens (an open that takes long beats as it goes: `beat`)
         self.removals_seen = self.control.removals()
+        self.deletions_followed = self.control.get("topics_deleted")  # (before `open` reads the floors)
         self._stats_socket = socket(self.context, zmq.PUSH, hwm=10)
         self._stats_socket.connect(self.endpoints["stats"])
         self.open()
@@ -226,6 +227,7 @@ class Actor:
     def turn(self) -> None:
         events = wait_readable(self.poll_items(), self.timeout_ms())
         self._follow_removals()  # (before the step: what woke it may be a queue made again in their place)
+        self._follow_topic_deletions()
         self.step(events)
 
     def poll_items(self) -> list:
@@ -270,6 +272,16 @@ class Actor:
         """The clean service deleted files below the CommitLog's min offset: drop what this
         process maps of them, which frees their space (subclasses holding mappings)."""
 
+    def follow_topic_deletions(self) -> None:
+        """topics.json's deletion floors changed (a topic was deleted): subclasses that read
+        queues read them again (actors.topics.deletion_floors)."""
+
+    def _follow_topic_deletions(self) -> None:
+        deleted = self.control.get("topics_deleted")
+        if deleted != self.deletions_followed:
+            self.deletions_followed = deleted
+            self.follow_topic_deletions()
+
     def _follow_removals(self) -> None:
         removals = self.control.removals()
         if removals != self.removals_seen:  # the clean service deleted files, or the dispatcher queues
@@ -285,6 +297,7 @@ class Actor:
         now = time.monotonic()
         self.beat()
         self._follow_removals()
+        self._follow_topic_deletions()
         if now >= self._stats_due:
             self._stats_due = now + STATS_PERIOD_S
             try:

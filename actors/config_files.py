@@ -100,10 +100,15 @@ class VersionedFile(abc.ABC):
     def table(self) -> dict:
         """The table as the file holds it."""
 
+    def extras(self) -> dict:
+        """mqnode's own keys beside the table (RocketMQ's loader passes over keys it does not know)."""
+        return {}
+
     def persist(self) -> None:
         self.counter += 1
         self.unwritten = not persist(self.path, {
-            "dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)}, self.table_name: self.table()})
+            "dataVersion": {"counter": self.counter, "timestamp": int(self.clock() * 1000)}, self.table_name: self.table()}
+            | self.extras())
         if self.on_persist is not None and not self.unwritten:
             self.on_persist()
 

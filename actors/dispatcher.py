@@ -107,6 +107,7 @@ class Dispatcher(Actor):
         self.looked_ns = self.polling_until = 0  # when the last look at `written` began; the promise
         self.next_flush = 0.0
         self.dropped_below = -1  # the min offset of the last look for deleted topics' queues to drop
+        self.drop_due = 0  # a look is due again once dispatched this far (a deletion floor above the position)
 
     def open(self) -> None:
         s = self.settings
@@ -156,6 +157,9 @@ class Dispatcher(Actor):
                 self.stopping.wait(BUSY_PAUSE_S)
         elif self.unannounced:  # nothing new: a reader may have started watching since
             self._announce({})
+        if self.drop_due and self.position >= self.drop_due:
+            self.drop_due = 0
+            self._drop_deleted_topics()
         if time.monotonic() >= self.next_flush:
             self.next_flush = time.monotonic() + self.settings.flushIntervalConsumeQueue / 1000
             self.flush()
@@ -171,13 +175,29 @@ class Dispatcher(Actor):
         if min_offset != self.dropped_below:  # (not at each queue's deletion of a clean pass)
             self._drop_deleted_topics()
 
+    def follow_topic_deletions(self) -> None:
+        """A topic deleted has its queues dropped at once."""
+        self._drop_deleted_topics()
+
     def _drop_deleted_topics(self) -> None:
-        """The queues of deleted topics whose messages cleaning took go now, not only at the next
-        start (MessageStore.drop_queues_of): this loop is their single writer, so no entry can be
-        on its way into them. Every process drops its views of them at its next turn."""
+        """The queues of deleted topics whose messages cleaning took or whose deletion hid them go
+        now, not only at the next start (MessageStore.drop_queues_of): this loop is their single
+        writer, so no entry can be on its way into them. Not a topic's deleted past this loop's
+        position: a record stored before its deletion would make its queue again; the look is
+        made again once dispatched there. Every process drops its views of them at its next turn."""
         self.dropped_below = self.control.get("min_offset")
         deleted = deleted_topics(self.settings.root / "config")
-        dropped = self.store.drop_queues_of(deleted) if deleted is not None else []
+        if deleted is None:
+            return
+
+        def dispatched_past(topic: str) -> int | None:
+            at = deleted(topic)
+            if at is not None and at > self.position:
+                self.drop_due = max(self.drop_due, at)
+                return None
+            return at
+
+        dropped = self.store.drop_queues_of(dispatched_past)
         if dropped:
             self.queues_dropped += len(dropped)
             self.control.set("queues_dropped", self.control.get("queues_dropped") + 1)

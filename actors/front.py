@@ -155,6 +155,7 @@ class Front(Actor):
         self.groups = SubscriptionGroups(s.root / "config")
         self.replication = FrontReplication(s, self.control, self.topics, self.groups, self.offsets)
         self.topics.on_persist = self.groups.on_persist = self.replication.config_persisted
+        self.topics.log_span = lambda: (self.control.get("min_offset"), self.control.get("written"))
         self.router = Router(s, self.topics, self.offsets, self.groups,
                              brokers=lambda: self.replication.brokers(self.node_stats.actors),
                              config=BrokerConfig(s, self.control))

@@ -68,6 +68,14 @@ class FrontReplication:
         """topics.json or subscriptionGroup.json was written: the ha-server ships them before any
         record written after (so a slave holding a topic's messages holds the topic)."""
         self.control.set("config_changes", self.control.get("config_changes") + 1)
+        self._tell_deletions()
+
+    def _tell_deletions(self) -> None:
+        """The readers and the dispatcher read the deletion floors again when they changed (a
+        topic deleted here, or on a slave at its master), not at every change of the tables:
+        topics.json of 10,000 topics takes ~40 ms to read."""
+        if self.topics.floors_changed():
+            self.control.set("topics_deleted", self.control.get("topics_deleted") + 1)
 
     def follow(self, now: float, slave: bool) -> None:
         """Each turn of the front: on a slave, its master's config files once a second; and once
@@ -97,6 +105,7 @@ class FrontReplication:
             self.config_seen[name] = version
             if name == "topics.json":
                 self.topics.load()
+                self._tell_deletions()
             elif name == "subscriptionGroup.json":
                 fresh = SubscriptionGroups(config)
                 self.groups.groups, self.groups.counter = fresh.groups, fresh.counter

@@ -66,6 +66,7 @@ class Host(Actor):
         for member in self.members:
             member.control = self.control
             member.removals_seen = self.removals_seen
+            member.deletions_followed = self.deletions_followed
             member.open()
         if self.threads:
             sys.setswitchinterval(min(sys.getswitchinterval(), THREAD_SWITCH_S))
@@ -86,6 +87,7 @@ class Host(Actor):
             timeout = min(timeout, member.timeout_ms())
         events = wait_readable(items, timeout)
         self._follow_removals()  # (as Actor.turn: before the members' steps)
+        self._follow_topic_deletions()
         for member in self.members:
             member.step(events)
             member.loops += 1
@@ -105,6 +107,10 @@ class Host(Actor):
     def follow_min_offset(self, min_offset: int) -> None:
         for member in self.members:
             member.follow_min_offset(min_offset)  # (a thread member follows by its own housekeeping)
+
+    def follow_topic_deletions(self) -> None:
+        for member in self.members:
+            member.follow_topic_deletions()
 
     def drain(self) -> None:
         for member in reversed(self.members[1:]):

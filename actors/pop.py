@@ -40,6 +40,7 @@ from actors.links import inbox, reply_outbox, service_links_statistics
 from actors.pop_core import MAX, MIN, OK, Entry, PopCore, PopRequest
 from actors.pull import arrivals_socket
 from actors.reput import ReputDeadline, send_back_request
+from actors.topics import deletion_floors
 from actors.wire import SERVICE_SEND, arrivals_from_wire, read_from_wire
 from node import protocol
 from shm import consume_queue
@@ -89,6 +90,7 @@ class Pop(Actor):
         s = self.settings
         self.reader = store_reader.StoreReader(s)
         self.reader.commitlog_min = self.control.get("min_offset")
+        self.reader.floors = deletion_floors(s.root / "config")  # (a deleted topic's messages are never handed out)
         self.log = PopLog(s.root / "pop")
         state, records = self.log.open()
         self.core = PopCore(self.log, wall_ms, self._read)
@@ -480,6 +482,9 @@ class Pop(Actor):
 
     def follow_min_offset(self, min_offset: int) -> None:
         self.reader.follow_min_offset(min_offset)
+
+    def follow_topic_deletions(self) -> None:
+        self.reader.follow_floors(deletion_floors(self.settings.root / "config"))
 
     # -- lifecycle ---------------------------------------------------------------------------------
 

@@ -70,6 +70,9 @@ class Pull(Actor):
     def follow_min_offset(self, min_offset: int) -> None:
         self.core.follow_min_offset(min_offset)
 
+    def follow_topic_deletions(self) -> None:
+        self.core.follow_topic_deletions()
+
     def drain(self) -> None:
         out: list = []
         self.core.release_all(out)

@@ -31,6 +31,7 @@ import time
 import orjson
 
 from actors.tiered import ArchiveDamaged, TieredArchive
+from actors.topics import deletion_floors
 from node import protocol
 from shm import reader as store_reader
 from shm.codec import Record, decode, decode_msg_id
@@ -71,6 +72,7 @@ class ReadCore:
         control.set_watching(watcher, False)  # a predecessor killed while holding left it set
         self.reader = store_reader.StoreReader(s)
         self.reader.commitlog_min = control.get("min_offset")  # entries below it point at deleted files
+        self.reader.floors = deletion_floors(s.root / "config")  # entries below them are deleted topics'
         self.index = IndexService(s.index_dir, s.maxHashSlotNum, s.maxIndexNum, readonly=True,
                                   max_query=s.maxMsgsNumBatch)
         self.watching = False  # reading arrivals: only while some pull is held
@@ -94,6 +96,10 @@ class ReadCore:
         bounds start at the first entry still stored."""
         self.reader.follow_min_offset(min_offset)
         self.index.refresh()
+
+    def follow_topic_deletions(self) -> None:
+        """A topic deleted hides its messages from now on."""
+        self.reader.follow_floors(deletion_floors(self.settings.root / "config"))
 
     def set_watching(self, on: bool) -> None:
         """Read arrivals or not, and tell the dispatcher, which announces only while some
@@ -158,10 +164,15 @@ class ReadCore:
             return [orjson.dumps(protocol.reply_header(opaque, e.status, str(e)))]
         match = selects.record_test
         result = self.reader.get_message(topic, queue_id, offset, count, selects.codes, dispatched, match)
-        if result.status == store_reader.OFFSET_TOO_SMALL and self.tiered is not None:
-            archived = self._pull_tiered(header, result, selects.tags, match)
-            if archived is not None:
-                return archived
+        bound = self.reader.archive_floor(topic, queue_id) if self.tiered is not None else None
+        if result.status == store_reader.OFFSET_TOO_SMALL and bound is not None:
+            if offset < bound:  # a deleted topic's offsets: on from where they end, archived or not
+                lowest = self.tiered.min_offset(topic, queue_id)
+                result.next_begin_offset = min(result.min_offset, max(bound, lowest if lowest is not None else bound))
+            else:
+                archived = self._pull_tiered(header, result, selects.tags, match)
+                if archived is not None:
+                    return archived
         status = _PULL_STATUS.get(result.status)
         if result.status == store_reader.NO_MESSAGE_IN_QUEUE:
             status = "OFFSET_ILLEGAL" if offset != 0 else "NO_NEW_MSG"
@@ -186,7 +197,9 @@ class ReadCore:
         """GET_MIN_OFFSET's fields: the store's min, or the archive's with `tiered` when it is lower."""
         topic, queue_id = header["topic"], header["queueId"]
         offset = self.reader.queue(topic, queue_id, dispatched).min_offset(self.reader.commitlog_min)
-        archived = self.tiered.min_offset(topic, queue_id) if self.tiered is not None else None
+        bound = self.reader.archive_floor(topic, queue_id) if self.tiered is not None else None
+        archived = self.tiered.min_offset(topic, queue_id) if bound is not None else None
+        archived = max(archived, bound) if archived is not None else None  # (below: a deleted topic's)
         lower = archived is not None and archived < offset
         return {"offset": archived, "tiered": True} if lower else {"offset": offset}
 
@@ -238,18 +251,22 @@ class ReadCore:
         return record.store_timestamp if isinstance(record, Record) else None
 
     def _offset_by_time(self, header: dict, dispatched: int) -> int:
-        view, stamp = self.reader.queue(header["topic"], header["queueId"], dispatched), header["timestamp"]
+        topic, queue_id, stamp = header["topic"], header["queueId"], header["timestamp"]
+        view = self.reader.queue(topic, queue_id, dispatched)
         offset, low = view.queue.offset_by_time(stamp, self._store_time), view.min_offset(self.reader.commitlog_min)
-        if self.tiered is None or offset > low:
+        if self.reader.floors.get(topic):
+            offset = max(offset, low)  # (the queue's file may begin below: a deleted topic's messages)
+        bound = self.reader.archive_floor(topic, queue_id) if self.tiered is not None else None
+        if bound is None or offset > low:
             return offset
         first = view.queue.entry(low)  # the store's first message: the archive's last may be nearer
         try:  # a time at or before the store's first message: the archive's answer, if nearer
-            archived = self.tiered.offset_by_time(header["topic"], header["queueId"], stamp, low,
+            archived = self.tiered.offset_by_time(topic, queue_id, stamp, low,
                                                   first and self._store_time(first.physical_offset, first.size))
         except ArchiveDamaged as e:  # an offset is not data: the store's answer, the damage counted
             self.tiered.failed(str(e))
             return offset
-        return offset if archived is None else archived
+        return offset if archived is None else max(archived, bound)
 
     def _view(self, header: dict, opaque, written: int) -> list[bytes]:
         """Straight from the CommitLog: every record below `written` is whole, indexed or not. The

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ SYSTEM_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "R
                            "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC",
                            "OFFSET_MOVED_EVENT", "TBW102", "rmq_sys_wheel_timer"})
 SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
-NODE_STORED_PREFIXES = ("%RETRY%", "%DLQ%")  # the node's own topics of a group, not in topics.json
+NODE_STORED_PREFIXES = ("%RETRY%", "%DLQ%")  # a group's topics, which the node makes at their first use
 REPLY_TOPIC_SUFFIX = "_REPLY_TOPIC"  # <brokerClusterName>_REPLY_TOPIC (node.protocol.reply_topic)
 PERM_READ, PERM_WRITE = 4, 2
 
@@ -40,17 +41,43 @@ def topic_error(topic) -> str | None:
     return None
 
 
-def deleted_topics(config_dir: Path):
-    """A test of a ConsumeQueue directory's topic: True for one `topics.json` no longer holds
-    that clients send to (not a system, retry, dead-letter or request-reply topic, which the
-    node stores without a table entry). None without a readable `topics.json`: nothing is known
-    to be deleted (a new store, or one written by RocketMQ with its table elsewhere)."""
+DELETED_KEY = "deletedTopics"  # mqnode's key in topics.json: {topic: the CommitLog's end at its deletion}
+
+
+def deletion_floors(config_dir: Path) -> dict[str, int]:
+    """topic -> its deletion floor: the CommitLog's end when it was last deleted. Every reader
+    passes over a queue's entries below it (shm.reader.QueueView.floor): those messages are the
+    deleted topic's, whatever was sent under the name since. {} without a readable topics.json."""
+    return _floors(config_files.read(Path(config_dir) / "topics.json"))
+
+
+def _floors(data) -> dict[str, int]:
+    kept = data.get(DELETED_KEY) if isinstance(data, dict) else None
+    if not isinstance(kept, dict):
+        return {}
+    return {name: floor for name, floor in kept.items() if type(floor) is int and floor > 0}
+
+
+def deleted_topics(config_dir: Path) -> Callable[[str], int | None] | None:
+    """A ConsumeQueue directory's topic -> its deletion floor (deletion_floors; 0 when none is
+    kept) for a topic clients send to that `topics.json` no longer holds, None for the others. A
+    retry, dead-letter or request-reply topic counts only when deleted by name (it has a floor):
+    the node makes those at their first use, and a store from before that has them without an
+    entry. None without a readable `topics.json`: nothing is known to be deleted (a new store, or
+    one written by RocketMQ with its table elsewhere)."""
     data = config_files.read(Path(config_dir) / "topics.json")
     if not isinstance(data, dict) or not isinstance(data.get("topicConfigTable"), dict):
         return None
-    table = frozenset(data["topicConfigTable"])
-    return lambda topic: (topic not in table and topic_error(topic) is None
-                          and not topic.startswith(NODE_STORED_PREFIXES) and not topic.endswith(REPLY_TOPIC_SUFFIX))
+    table, floors = frozenset(data["topicConfigTable"]), _floors(data)
+
+    def deleted_at(topic: str) -> int | None:
+        if topic in table or topic_error(topic) is not None:
+            return None
+        if topic in floors:
+            return floors[topic]
+        return None if topic.startswith(NODE_STORED_PREFIXES) or topic.endswith(REPLY_TOPIC_SUFFIX) else 0
+
+    return deleted_at
 
 
 @dataclass
@@ -84,7 +111,10 @@ class TopicTable(config_files.VersionedFile):
         self.auto_create = auto_create
         self.default_queues = default_queues
         self.topics: dict[str, TopicConfig] = {}
+        self.deleted: dict[str, int] = {}  # DELETED_KEY's: topic -> its deletion floor
+        self.log_span: Callable[[], tuple[int, int]] = lambda: (0, 0)  # the CommitLog's (min offset, end) now
         self.load()
+        self.floors_told = dict(self.deleted)  # (what the readers read at their start)
 
     def load(self) -> None:
         data = config_files.read(self.path) or {}
@@ -92,6 +122,7 @@ class TopicTable(config_files.VersionedFile):
         self.topics = {name: TopicConfig.from_json(name, value) for name, value in table.items()}
         # a table written by RocketMQ lists system topics too: known, still not for clients to send to
         self.unsendable = {name for name in self.topics if topic_error(name)}
+        self.deleted = _floors(data)
         self.counter = int((data.get("dataVersion") or {}).get("counter", 0))
 
     def get(self, topic: str) -> TopicConfig | None:
@@ -117,3 +148,22 @@ class TopicTable(config_files.VersionedFile):
 
     def table(self) -> dict:
         return {name: config.to_json() for name, config in sorted(self.topics.items())}
+
+    def extras(self) -> dict:
+        return {DELETED_KEY: dict(sorted(self.deleted.items()))} if self.deleted else {}
+
+    def floors_changed(self) -> bool:
+        """Whether the deletion floors changed since the last call (the front then tells the
+        readers: the control block's `topics_deleted`)."""
+        changed, self.floors_told = self.deleted != self.floors_told, dict(self.deleted)
+        return changed
+
+    def delete(self, topic: str) -> None:
+        """`topic` goes, and with it every message stored under it so far: its deletion floor is
+        the CommitLog's end now (`log_span`: the front's control block), which the readers follow.
+        A floor cleaning has passed hides nothing any more and is forgotten."""
+        low, end = self.log_span()
+        del self.topics[topic]
+        self.deleted[topic] = max(self.deleted.get(topic, 0), end)
+        self.deleted = {name: floor for name, floor in self.deleted.items() if floor > low}
+        self.persist()

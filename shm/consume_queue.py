@@ -43,8 +43,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from shm.file_queue import MappedFileQueue
 from shm.invariant import invariant
+from shm.mapped_file import StoreError
 from shm.native import NATIVE, _dispatch  # put_many strips a run's queue offsets in C
 
 ENTRY_SIZE = 20
@@ -373,3 +376,25 @@ def last_entry_offset(path) -> int | None:
             return ENTRY.unpack(os.pread(f.fileno(), ENTRY_SIZE, size - size % ENTRY_SIZE - ENTRY_SIZE))[0]
     except (OSError, struct.error):
         return None
+
+
+DROPPED_OFFSETS = ".dropped-queue-offsets"  # mqnode's, in consumequeue/: JSON {"topic-queueId": next queue offset}
+
+
+def dropped_offsets(root: Path) -> dict[str, int]:
+    """"topic-queueId" -> the next queue offset of each queue of a deleted topic that was dropped
+    (shm.store.MessageStore.drop_queues_of), from `root`/DROPPED_OFFSETS: where the writer numbers
+    the topic on, and below which a queue offset is a deleted topic's. StoreError when damaged."""
+    path = Path(root) / DROPPED_OFFSETS
+    try:
+        kept = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except orjson.JSONDecodeError:
+        kept = None
+    if not isinstance(kept, dict) or not all(type(offset) is int for offset in kept.values()):
+        # (written whole and renamed into place: only damage or a hand gets here)
+        raise StoreError(f"{path} is not the JSON of queue offsets it should be: restore it, or delete it "
+                         "(deleted topics sent to again are then numbered from 0)")
+    return kept
+

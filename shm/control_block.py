@@ -20,11 +20,12 @@ struct.pack_into here: it zeroes the bytes before writing, so a reader can see a
 | 9    | generation      | recovery                     | bumped on every start (stale readers)  |
 | 11   | reput_polling_until | reput dispatcher         | CLOCK_MONOTONIC ns: it looks at `written` again at or after this, unwoken |
 | 12   | deletions       | clean                        | bumped after each batch of deleted store files: processes drop their mappings |
+| 441  | topics_deleted  | front                        | bumped after a write (a slave's: a read of its master's) of topics.json whose deletion floors changed: readers and the dispatcher read them again |
 | 442  | queues_dropped  | reput dispatcher             | bumped after it removed queues of deleted topics (MessageStore.drop_queues_of): as `deletions` |
 | 13   | role            | launcher; ha-client (promotion); front (`admin role` on a master) | ROLE_CODES: the node's broker role now |
 | 14   | ha_slaves       | ha-server                    | slaves following now (SYNC_MASTER waits only with one) |
 | 15   | master_offset   | ha-client                    | a slave: its master's written end, as last heard (lag = master_offset - written) |
-| 16-441 | heartbeats    | each actor its own slot      | last loop time, ms                     |
+| 16-440 | heartbeats    | each actor its own slot      | last loop time, ms                     |
 | 443  | fence_pending   | ha-client (0 at start)       | a slave: bytes of its log past its master's history, for which the master refused it (node.server.fencing); the launcher then ends the node, whose restart cuts them |
 | 444  | superseded_in_routes | registrar (0 at start)  | a master: the epoch of the group's master a name service holds past this node's (0: none); as `superseded_by` |
 | 445  | superseded_by   | ha-server (0 at start)       | a master: the epoch a would-be slave began past this node's history (0: none); no client send is taken |
@@ -58,7 +59,7 @@ SLOTS = {
     "magic": 0, "written": 1, "committed": 2, "flushed": 3, "dispatched": 4, "min_offset": 5,
     "slave_acked": 6, "flags": 7, "store_timestamp": 8, "generation": 9, "writer_generation": 10,
     "reput_polling_until": 11, "deletions": 12, "role": 13, "ha_slaves": 14,
-    "master_offset": 15, "queues_dropped": 442, "fence_pending": 443, "superseded_in_routes": 444, "superseded_by": 445, "broker_permission": 446,
+    "master_offset": 15, "topics_deleted": 441, "queues_dropped": 442, "fence_pending": 443, "superseded_in_routes": 444, "superseded_by": 445, "broker_permission": 446,
     "config_changes": 447,
 }
 ROLE_CODES = {"ASYNC_MASTER": 0, "SYNC_MASTER": 1, "SLAVE": 2}
@@ -66,7 +67,7 @@ ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
 HEARTBEAT_BASE = 16
 WATCHERS_BASE = 448  # the front is watcher 0, pull worker i is watcher 1 + i, the pop service the last
 WATCHER_SLOTS = FILE_SIZE // 8 - WATCHERS_BASE
-HEARTBEAT_SLOTS = SLOTS["queues_dropped"] - HEARTBEAT_BASE
+HEARTBEAT_SLOTS = SLOTS["topics_deleted"] - HEARTBEAT_BASE
 invariant(WATCHER_SLOTS == 2 + MAX_PULL_WORKERS)
 _NO_WATCHERS = bytes(WATCHER_SLOTS * 8)
 

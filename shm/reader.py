@@ -25,7 +25,8 @@ from shm.codec import (
     MIN_RECORD_SIZE, TRANSACTION_COMMIT, TRANSACTION_HEAD_BYTES, Record, decode, peek_transaction,
 )
 from shm.commitlog import CommitLog
-from shm.consume_queue import ConsumeQueue, ENTRY, ENTRY_SIZE, FILLER_SIZE
+from shm.consume_queue import ConsumeQueue, ENTRY, ENTRY_SIZE, FILLER_SIZE, dropped_offsets
+from shm.mapped_file import StoreError
 from shm.ring import FENCED, fence
 
 _ENTRY = ENTRY  # (shm.consume_queue's: the one definition of an entry)
@@ -62,8 +63,9 @@ class QueueView:
     def __init__(self, root: Path, topic: str, queue_id: int, file_size: int):
         self.queue = ConsumeQueue(root, topic, queue_id, file_size, readonly=True)
         self.end = 0  # logical bytes known valid
-        self.min_cache: tuple[object, int, int] | None = None  # (first file, CommitLog min, min offset)
+        self.min_cache: tuple[object, int, int] | None = None  # (first file, bound, min offset)
         self.refreshed_at = -1  # the `dispatched` of the last refresh
+        self.floor = 0  # its topic's deletion floor: its entries below it are a deleted topic's
 
     def refresh(self, dispatched: int) -> None:
         """Advance the known end over entries written since, a chunk at a time; list the
@@ -133,19 +135,20 @@ class QueueView:
 
     def min_offset(self, commitlog_min: int = 0) -> int:
         """The first entry that is no filler and whose record is still stored (at or above the
-        CommitLog's `commitlog_min`: RocketMQ's correctMinOffset). Entries point forward in the
-        CommitLog, so it is found by bisection; cached per first file and CommitLog min (this
-        used to copy the whole first file on every pull, a third of a pull worker's time)."""
+        CommitLog's `commitlog_min`: RocketMQ's correctMinOffset) and not a deleted topic's (at
+        or above `floor`). Entries point forward in the CommitLog, so it is found by bisection;
+        cached per first file and bound (this used to copy the whole first file on every pull,
+        a third of a pull worker's time)."""
         files = self.queue.files.files
         if not files:
             return 0
-        first = files[0]
-        if self.min_cache is not None and self.min_cache[0] is first and self.min_cache[1] == commitlog_min:
+        first, bound = files[0], max(commitlog_min, self.floor)
+        if self.min_cache is not None and self.min_cache[0] is first and self.min_cache[1] == bound:
             return self.min_cache[2]
-        found = self.first_at_or_past(commitlog_min)
+        found = self.first_at_or_past(bound)
         if found is None:
             return self.end // ENTRY_SIZE  # nothing stored (yet): not cached
-        self.min_cache = (first, commitlog_min, found)
+        self.min_cache = (first, bound, found)
         return found
 
     def first_at_or_past(self, physical: int) -> int | None:
@@ -186,6 +189,9 @@ class StoreReader:
         self.commitlog.segments.load()
         self.queues: dict[tuple[str, int], QueueView] = {}
         self.commitlog_min = 0  # the control block's min_offset, as last followed
+        self.floors: dict[str, int] = {}  # topic -> its deletion floor (actors.topics.deletion_floors)
+        self.dropped: dict[str, int] = {}  # "topic-queueId" -> where a deleted topic's dropped queue ended
+        self._read_dropped()
         self.hot_bytes = psutil.virtual_memory().total * settings.accessMessageInMemoryMaxRatio // 100
 
     def queue(self, topic: str, queue_id: int, dispatched: int) -> QueueView:
@@ -193,13 +199,36 @@ class StoreReader:
         if view is None:
             view = self.queues[topic, queue_id] = QueueView(
                 self.settings.consumequeue_dir, topic, queue_id, self.settings.mappedFileSizeConsumeQueue)
+            view.floor = self.floors.get(topic, 0)
         view.refresh(dispatched)
         return view
+
+    def follow_floors(self, floors: dict[str, int]) -> None:
+        """Topics deleted (or the floors cleaning passed forgotten): each queue's entries below
+        its topic's floor are passed over from now on, as below the CommitLog's min offset."""
+        self.floors = floors
+        for (topic, _), view in self.queues.items():
+            view.floor = floors.get(topic, 0)
+
+    def archive_floor(self, topic: str, queue_id: int) -> int | None:
+        """The lowest queue offset of the queue an archive read may serve (below: a deleted
+        topic's messages); None for none at all, while the queue begins at its topic's deletion
+        floor rather than where cleaning left it."""
+        if self.floors.get(topic, 0) > self.commitlog_min:
+            return None
+        return self.dropped.get(f"{topic}-{queue_id}", 0)
+
+    def _read_dropped(self) -> None:
+        try:
+            self.dropped = dropped_offsets(self.settings.consumequeue_dir)
+        except StoreError:
+            pass  # (damaged by a hand: the dispatcher's start says so; this reader keeps what it knew)
 
     def follow_min_offset(self, min_offset: int) -> None:
         """The clean service deleted files below `min_offset`: drop their mappings, and bound
         every queue by it from now on."""
         self.commitlog_min = min_offset
+        self._read_dropped()  # (or the dispatcher dropped a deleted topic's queues)
         self.commitlog.segments.forget_deleted_head()
         for key, view in list(self.queues.items()):
             files = view.queue.files

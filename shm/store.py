@@ -19,14 +19,13 @@ from shm.archive_manifest import fsync_dir  # (one definition of a directory's f
 from shm.checkpoint import Checkpoint
 from shm.codec import Record
 from shm.commitlog import CommitLog
-from shm.consume_queue import ConsumeQueue
+from shm.consume_queue import DROPPED_OFFSETS, ConsumeQueue, dropped_offsets
 from shm.disk import write_whole
 from shm.index_file import IndexService
 from shm.mapped_file import StoreError
 from shm.settings import Settings
 from shm.store_files import StoreLock
 
-DROPPED_OFFSETS = ".dropped-queue-offsets"  # JSON {"topic-queueId": next queue offset}, in consumequeue/
 
 
 class MessageStore:
@@ -96,15 +95,16 @@ class MessageStore:
             queue = self.consume_queues[key] = self._open_queue(topic, queue_id)
         return queue
 
-    def drop_queues_of(self, deleted: Callable[[str], bool]) -> list[str]:
-        """Remove the queues of the topics `deleted` names that index no stored message (the
-        last entry's record ends at or below the CommitLog's min offset, or no entry at all);
-        "topic/queueId" of each. Only their writer's: recovery's (before `rebuild_queue_offsets`,
-        before any other process maps them) or the dispatcher's (which then tells the readers:
-        `queues_dropped`). RocketMQ destroys a deleted topic's queues at the delete
-        (cleanUnusedTopic); mqnode keeps them while they index a stored message, and cleaning
-        never deletes a queue's last file: without this, each queue a deleted topic leaves would
-        keep its file, and a mapping and a descriptor in the dispatcher, for the life of the store.
+    def drop_queues_of(self, deleted_at: Callable[[str], int | None]) -> list[str]:
+        """Remove the queues of deleted topics that index no message a reader may serve: every
+        entry's record ends at or below the CommitLog's min offset or the topic's deletion floor
+        (`deleted_at(topic)`: the CommitLog's end when it was deleted, 0 when none is kept; None
+        for a topic not deleted); "topic/queueId" of each. Only their writer's: recovery's (before
+        `rebuild_queue_offsets`, before any other process maps them) or the dispatcher's (which
+        then tells the readers: `queues_dropped`). RocketMQ destroys a deleted topic's queues at
+        the delete (cleanUnusedTopic); cleaning never deletes a queue's last file: without this,
+        each queue a deleted topic leaves would keep its file, and a mapping and a descriptor in
+        the dispatcher, for the life of the store.
 
         Each one's next queue offset is kept first (`DROPPED_OFFSETS`), and the writer goes on
         from it if the topic is sent to again: a queue offset never names two messages (an
@@ -112,12 +112,11 @@ class MessageStore:
         files = self.commitlog.segments.files
         floor = files[0].offset_start if files else 0
         going = [key for key, queue in self.consume_queues.items()
-                 if queue.max_physical_offset <= floor and deleted(queue.topic)]
+                 if (at := deleted_at(queue.topic)) is not None and queue.max_physical_offset <= max(floor, at)]
         if not going:
             return []
-        live = {queue.key for queue in self.consume_queues.values()}
-        kept = {name: offset for name, offset in self.dropped_offsets().items() if name not in live}  # (a queue again: it counts)
-        kept |= {self.consume_queues[key].key: self.consume_queues[key].offset_max for key in going}
+        # (kept for a queue made again too: below it, an archive's offsets are the deleted topic's)
+        kept = self.dropped_offsets() | {self.consume_queues[key].key: self.consume_queues[key].offset_max for key in going}
         root = self.settings.consumequeue_dir
         if not write_whole(root / DROPPED_OFFSETS, orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)):
             return []  # no room: kept as they are, the next start tries again
@@ -132,18 +131,7 @@ class MessageStore:
 
     def dropped_offsets(self) -> dict[str, int]:
         """"topic-queueId" -> the next queue offset of each queue `drop_queues_of` removed."""
-        path = self.settings.consumequeue_dir / DROPPED_OFFSETS
-        try:
-            kept = orjson.loads(path.read_bytes())
-        except FileNotFoundError:
-            return {}
-        except orjson.JSONDecodeError:
-            kept = None
-        if not isinstance(kept, dict) or not all(type(offset) is int for offset in kept.values()):
-            # (written whole and renamed into place: only damage or a hand gets here)
-            raise StoreError(f"{path} is not the JSON of queue offsets it should be: restore it, or delete it "
-                             "(deleted topics sent to again are then numbered from 0)")
-        return kept
+        return dropped_offsets(self.settings.consumequeue_dir)
 
     def rebuild_queue_offsets(self, undispatched_from: int | None = None) -> None:
         """The next queue offset of every queue = its ConsumeQueue's max offset (§2.9); with

@@ -152,10 +152,12 @@ def _check_queues(store: MessageStore, seen: dict[int, _Seen], report: VerifyRep
             for entry in entries:
                 _check_entry(topic, queue_id, entry, seen, report)
             offset = entries[-1].queue_offset + 1
+    dropped = store.dropped_offsets()  # "topic-queueId" -> next offset of a deleted topic's queue dropped
     for phy, record in seen.items():
         if record.queued and not record.in_queue:
-            if record.queue_offset < queue_mins.get((record.topic, record.queue_id), 0):
-                continue  # cleaned from the head of its queue
+            if record.queue_offset < max(queue_mins.get((record.topic, record.queue_id), 0),
+                                         dropped.get(f"{record.topic}-{record.queue_id}", 0)):
+                continue  # cleaned from the head of its queue, or its deleted topic's queue dropped
             report.fault(f"record at {phy} ({record.topic}/{record.queue_id} offset {record.queue_offset}) "
                          "is missing from its ConsumeQueue")
 

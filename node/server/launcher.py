@@ -147,11 +147,12 @@ class Node:
         return queue_offsets, written
 
     def _drop_deleted_topics(self, store) -> None:
-        """The queues of deleted topics whose messages cleaning took (MessageStore.drop_queues_of)."""
+        """The queues of deleted topics whose messages cleaning took or their deletion hid
+        (MessageStore.drop_queues_of)."""
         deleted = deleted_topics(self.settings.root / "config")
         dropped = store.drop_queues_of(deleted) if deleted is not None else []
         if dropped:
-            logging.getLogger("mqnode").info("dropped %d ConsumeQueues of deleted topics, every message of them cleaned: %s",
+            logging.getLogger("mqnode").info("dropped %d ConsumeQueues of deleted topics, every message of them cleaned or deleted: %s",
                                              len(dropped), ", ".join(dropped[:10]) + (" ..." if len(dropped) > 10 else ""))
 
     def _launch(self, queue_offsets: dict[str, int], recovered: int) -> None:

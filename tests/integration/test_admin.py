@@ -58,6 +58,37 @@ def test_a_topic_is_created_updated_and_deleted(node):
     assert "TOPIC_NOT_EXIST" in admin(node, "topic", "delete", "--topic", "Made", ok=False)["stderr"]
 
 
+def test_a_deleted_topic_takes_its_messages_and_one_made_again_starts_after_them(node):
+    """As RocketMQ's deleteTopic: no message stored under the name before the deletion is read
+    again, by a pull, a pop or a consumer from the first, of the topic made again either; its
+    queue files go at once, their numbering goes on (docs/protocol.md 215)."""
+    admin(node, "topic", "create", "--topic", "Reborn", "--queues", "2")
+    with Producer(node.endpoint) as producer:
+        for i in range(3):
+            producer.send("Reborn", f"old-{i}".encode(), queue_id=0)
+    admin(node, "topic", "delete", "--topic", "Reborn")
+    queues = node.settings.consumequeue_dir / "Reborn"
+    deadline = time.monotonic() + 10
+    while queues.exists():  # the dispatcher drops them at its next turn
+        assert time.monotonic() < deadline, sorted(p.name for p in queues.iterdir())
+        time.sleep(0.05)
+    with PullConsumer(node.endpoint) as consumer:
+        assert consumer.pull("Reborn", 0, 0).messages == []
+        admin(node, "topic", "create", "--topic", "Reborn", "--queues", "2")
+        with Producer(node.endpoint) as producer:
+            assert producer.send("Reborn", b"new", queue_id=0).queue_offset == 3  # numbered on
+        assert (consumer.min_offset("Reborn", 0), consumer.max_offset("Reborn", 0)) == (3, 4)
+        below = consumer.pull("Reborn", 0, 0)
+        assert below.messages == [] and below.next_begin_offset == 3
+        assert [m.body for m in consumer.pull("Reborn", 0, 3).messages] == [b"new"]
+        assert [m.body for m in consumer.pop("Reborn", "reborn-pop", max_count=8)] == [b"new"]
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "consume", "--endpoint", node.endpoint,
+                           "--topic", "Reborn", "--group", "reborn", "--from", "first", "--timeout", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [orjson.loads(line)["body"] for line in done.stdout.splitlines()] == ["new"]
+
+
 def test_a_group_that_may_not_consume_is_refused_and_its_retries_are_its_own(node):
     admin(node, "topic", "create", "--topic", "Jobs", "--queues", "1")
     with Producer(node.endpoint) as producer:

@@ -208,6 +208,26 @@ def test_consumer_offsets_and_topics_follow_the_master(pair):
     assert "HaMade" in cli("admin", "topics", "--endpoint", slave.listen)
 
 
+def test_a_topic_deleted_on_the_master_takes_its_messages_on_the_slave_too(pair):
+    """The slave follows the master's topics.json with its deletion floors: a deleted topic's
+    messages are no longer served there either, and its queue files go."""
+    master, slave = pair.master, pair.slave
+    with Producer(master.listen) as producer:
+        producer.request({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": "HaGone", "readQueueNums": 1,
+                          "writeQueueNums": 1, "perm": 6})
+        producer.send("HaGone", b"gone", queue_id=0)
+
+    def on_slave() -> list[bytes]:
+        with PullConsumer(slave.listen) as consumer:
+            return [m.body for m in consumer.pull("HaGone", 0, 0).messages]
+    wait_until(lambda: on_slave() == [b"gone"], 20, "the message on the slave")
+    with Producer(master.listen) as producer:
+        reply, _ = producer.request({"code": protocol.DELETE_TOPIC_IN_BROKER, "topic": "HaGone"})
+        assert reply["status"] == "OK", reply
+    wait_until(lambda: on_slave() == [] and not (slave.consumequeue_dir / "HaGone").exists(), 20,
+               "the deletion on the slave")
+
+
 def test_a_consumer_of_cold_data_reads_from_the_slave_and_comes_back(pair):
     master, slave = pair.master, pair.slave
     send_many(master.listen, 200, "HaRedirect", keys=False)

@@ -14,10 +14,10 @@ from shm.control_block import ROLE_CODES
 
 
 class Control:
-    """The control block's role field, as a plain dict."""
+    """The control block's role and config counters, as a plain dict."""
 
     def __init__(self, role: str):
-        self.values = {"role": ROLE_CODES[role]}
+        self.values = {"role": ROLE_CODES[role], "config_changes": 0, "topics_deleted": 0}
 
     def get(self, name: str) -> int:
         return self.values[name]
@@ -60,6 +60,21 @@ def test_a_slave_takes_its_masters_topics_once_a_second(tmp_path):
     assert topics.get("Second") is None  # (not looked at yet)
     replication.follow(100.0 + LOOK_EVERY_S, slave(control))
     assert topics.get("Second") is not None
+
+
+def test_a_slave_tells_its_readers_of_a_topic_its_master_deleted(tmp_path):
+    """The deletion floors in the master's topics.json: the slave's readers and dispatcher read
+    them again (the control block's `topics_deleted`), only when they changed."""
+    replication, control, topics, master = node(tmp_path, "SLAVE")
+    ship(master, replication, "Doomed")
+    replication.follow(100.0, slave(control))
+    assert control.get("topics_deleted") == 0  # (a topic made: nothing to read again)
+    master.log_span = lambda: (0, 4096)
+    master.delete("Doomed")
+    write_config(replication.settings.root / "config" / "topics.json", master.path.read_bytes())
+    replication.follow(100.0 + LOOK_EVERY_S, slave(control))
+    assert topics.get("Doomed") is None and topics.deleted == {"Doomed": 4096}
+    assert control.get("topics_deleted") == 1
 
 
 def test_a_promoted_slave_takes_what_came_in_its_last_second_before_serving_as_master(tmp_path):

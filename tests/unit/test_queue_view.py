@@ -32,6 +32,34 @@ def test_the_view_follows_the_queue_into_a_file_begun_since_its_last_look(tmp_pa
     view.close()
 
 
+def test_a_deleted_topics_entries_below_its_floor_are_passed_over_as_below_the_min_offset(tmp_path):
+    """QueueView.floor (its topic's deletion floor): the queue begins at the first entry at or past
+    it, or at the CommitLog's min offset when that is higher; StoreReader.follow_floors sets it on
+    every view; `archive_floor` is the lowest offset an archive read may serve: none while the
+    floor bounds the queue, then the end of the deleted topic's queue dropped."""
+    from helpers import small_settings
+
+    from shm.reader import StoreReader
+
+    settings = small_settings(tmp_path, mappedFileSizeConsumeQueue=FILE_SIZE)
+    writer = ConsumeQueue(settings.consumequeue_dir, "T", 0, FILE_SIZE)
+    for offset in range(6):
+        writer.put(offset, 100 * offset, 100, 0)
+    reader = StoreReader(settings)
+    view = reader.queue("T", 0, 600)
+    assert view.min_offset(0) == 0 and reader.archive_floor("T", 0) == 0
+    reader.follow_floors({"T": 300})  # deleted when the CommitLog ended at 300, made again since
+    assert view.min_offset(0) == 3 and view.min_offset(500) == 5 and reader.archive_floor("T", 0) is None
+    assert reader.queue("U", 0, 600).floor == 0 and reader.get_message("T", 0, 0, 8, None, 600).next_begin_offset == 3
+    (settings.consumequeue_dir / ".dropped-queue-offsets").write_text('{"T-0": 3}')  # (the dispatcher's)
+    reader.follow_min_offset(400)  # cleaning took all below the floor: the archive's again, from 3
+    assert reader.archive_floor("T", 0) == 3 and reader.archive_floor("T", 1) == 0
+    reader.follow_floors({})
+    assert view.min_offset(0) == 0
+    writer.close()
+    reader.close()
+
+
 def test_the_committed_records_of_a_queue_in_a_commitlog_range_are_counted_by_their_half(tmp_path):
     """shm.reader.commits_stored, over queue files of 4 entries (the bisection crosses files)."""
     from helpers import BORN, STORE_HOST, open_store, put, small_settings

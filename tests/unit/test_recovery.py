@@ -363,7 +363,7 @@ def test_a_deleted_topics_queues_go_once_their_messages_do_and_their_numbering_i
     close_clean(store)
     first = sorted(settings.commitlog_dir.iterdir())[0]
     first.unlink()  # as the clean service deletes an aged segment
-    gone = lambda topic: topic == "Gone"  # noqa: E731 (topics.json's word: actors.topics.deleted_topics)
+    gone = lambda topic: 0 if topic == "Gone" else None  # noqa: E731 (actors.topics.deleted_topics: no floor kept)
 
     store = open_store(settings)
     assert sorted(store.drop_queues_of(gone)) == ["Gone/0", "Gone/1"]
@@ -374,10 +374,30 @@ def test_a_deleted_topics_queues_go_once_their_messages_do_and_their_numbering_i
     close_clean(store)
 
     store = open_store(settings)
-    assert store.drop_queues_of(lambda topic: False) == [] and store.consume_queue("Gone", 1, create=False).offset_max == 4
+    assert store.drop_queues_of(lambda topic: None) == [] and store.consume_queue("Gone", 1, create=False).offset_max == 4
     store.rebuild_queue_offsets()
     assert store.commitlog.queue_offsets["Gone-1"] == 4 and store.commitlog.queue_offsets["Gone-0"] == 3
     close_clean(store)
     (settings.consumequeue_dir / ".dropped-queue-offsets").write_text("{torn")
     with pytest.raises(StoreError, match="dropped-queue-offsets is not the JSON"):
         open_store(settings).rebuild_queue_offsets()
+
+
+def test_a_deleted_topics_queues_go_at_once_below_its_deletion_floor_not_a_later_message(tmp_path):
+    """MessageStore.drop_queues_of with a deletion floor (the CommitLog's end when the topic was
+    deleted: actors.topics.TopicTable.delete): its queues go while every message is still stored;
+    a queue with an entry at or past the floor (sent to after the deletion) stays."""
+    settings = small_settings(tmp_path)
+    store = open_store(settings)
+    put(store, [message(i, topic="Gone", queues=2) for i in range(4)])
+    floor = store.commitlog.offset_written  # deleted here
+    put(store, [message(9, topic="Gone", queues=2)])  # queue 1 sent to since (a topic made again, deleted again)
+    before = lambda topic: floor if topic == "Gone" else None  # noqa: E731
+    assert store.drop_queues_of(before) == ["Gone/0"]
+    assert not (settings.consumequeue_dir / "Gone" / "0").exists() and (settings.consumequeue_dir / "Gone" / "1").is_dir()
+    assert store.dropped_offsets() == {"Gone-0": 2}
+    end = store.commitlog.offset_written
+    assert store.drop_queues_of(lambda topic: end if topic == "Gone" else None) == ["Gone/1"]
+    assert store.dropped_offsets() == {"Gone-0": 2, "Gone-1": 3}
+    close_clean(store)
+

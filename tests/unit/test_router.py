@@ -9,7 +9,8 @@ from helpers import small_settings
 from actors.router import Router, To
 from node import protocol
 from actors.offsets import ConsumerOffsets, SubscriptionGroups
-from actors.topics import TopicTable, deleted_topics
+from actors import config_files
+from actors.topics import TopicTable, deleted_topics, deletion_floors
 
 
 @pytest.fixture
@@ -82,15 +83,43 @@ def test_a_pop_learns_the_topics_queues_the_groups_offsets_and_retries(router):
 
 
 def test_deleted_topics_are_those_clients_sent_to_that_the_table_no_longer_holds(tmp_path):
-    """What recovery may drop the queues of (MessageStore.drop_queues_of): never a topic the node
-    stores without a table entry, and nothing while there is no table to go by."""
+    """What recovery and the dispatcher may drop the queues of (MessageStore.drop_queues_of), with
+    each one's deletion floor: never a topic the node makes itself unless deleted by name, and
+    nothing while there is no table to go by."""
     assert deleted_topics(tmp_path) is None
     table = TopicTable(tmp_path, auto_create=True, default_queues=4)
     table.create("Kept", 4)
     deleted = deleted_topics(tmp_path)
-    assert deleted("Gone") and not deleted("Kept")
+    assert deleted("Gone") == 0 and deleted("Kept") is None  # (0: no floor kept, cleaning decides)
     for stored_by_the_node in ("%RETRY%group", "%DLQ%group", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC",
                                "rmq_sys_wheel_timer", "DefaultCluster_REPLY_TOPIC"):
-        assert not deleted(stored_by_the_node), stored_by_the_node
+        assert deleted(stored_by_the_node) is None, stored_by_the_node
+    table.create("%RETRY%group", 1)
+    table.log_span = lambda: (100, 5000)
+    table.delete("%RETRY%group")
+    assert deleted_topics(tmp_path)("%RETRY%group") == 5000  # deleted by name: it counts
     (tmp_path / "topics.json").write_text("not json")
+    (tmp_path / "topics.json.bak").write_text("not json either")
     assert deleted_topics(tmp_path) is None
+
+
+def test_a_deleted_topic_keeps_its_floor_in_the_table_file_until_cleaning_passes_it(tmp_path):
+    """TopicTable.delete: the CommitLog's end at the deletion, kept under `deletedTopics` (the
+    readers' actors.topics.deletion_floors), the higher of two deletions; a floor at or below the
+    CommitLog's min offset is forgotten at the next deletion. RocketMQ's loader passes over the key."""
+    table = TopicTable(tmp_path, auto_create=True, default_queues=4)
+    for name in ("A", "B"):
+        table.create(name, 2)
+    table.log_span = lambda: (0, 700)
+    table.delete("A")
+    table.create("A", 2)  # made again: the floor stays, below it the deleted topic's messages
+    assert deletion_floors(tmp_path) == {"A": 700}
+    table.log_span = lambda: (800, 900)
+    table.delete("B")
+    assert deletion_floors(tmp_path) == {"B": 900} and TopicTable(tmp_path, auto_create=True, default_queues=4).deleted == {"B": 900}
+    data = config_files.read(tmp_path / "topics.json")
+    assert set(data) == {"dataVersion", "topicConfigTable", "deletedTopics"} and set(data["topicConfigTable"]) == {"A"}
+    table.log_span = lambda: (800, 850)
+    table.create("B", 2)
+    table.delete("B")
+    assert deletion_floors(tmp_path) == {"B": 900}  # never lowered

@@ -199,9 +199,27 @@ def _admin_change(client, args: argparse.Namespace) -> tuple[dict, object]:
         raise SettingsError(f"admin {args.what} {args.action} needs --{args.what}")
     if args.action == "delete":
         reply, _ = client.request({"code": delete, key: name})
+        if args.what == "group" and reply.get("code") == 0:
+            return _delete_group_topics(client, name)
         return reply, {"deleted": name}
     reply, _ = client.request(_given({"code": update, key: name}, **fields))
     return reply, reply.get(answer)
+
+
+def _delete_group_topics(client, group: str) -> tuple[dict, dict]:
+    """mqadmin deleteSubGroup's second half: the group's `%RETRY%` and `%DLQ%` topics go too (their
+    messages with them: a group made again under the name starts without them). (The reply that
+    decides the exit: the first refusal but TOPIC_NOT_EXIST, what is shown.)"""
+    from node import protocol
+
+    shown: dict = {"deleted": group, "topicsDeleted": []}
+    for topic in (f"%RETRY%{group}", f"%DLQ%{group}"):
+        reply, _ = client.request({"code": protocol.DELETE_TOPIC_IN_BROKER, "topic": topic})
+        if reply.get("code") == 0:
+            shown["topicsDeleted"].append(topic)
+        elif reply.get("code") != protocol.TOPIC_NOT_EXIST:
+            return reply, shown | {"notDeleted": topic}
+    return {"code": 0, "status": "OK"}, shown
 
 
 def _given(header: dict, **fields) -> dict:

@@ -109,9 +109,12 @@ def test_a_group_that_may_not_consume_is_refused_and_its_retries_are_its_own(nod
             assert time.monotonic() < deadline
     groups = config_files.read(node.settings.root / "config" / "subscriptionGroup.json")["subscriptionGroupTable"]
     assert groups["workers"]["retryMaxTimes"] == 1
-    admin(node, "group", "delete", "--group", "workers")
+    # as mqadmin deleteSubGroup: its retry and dead-letter topics go too, their messages with them
+    assert admin(node, "group", "delete", "--group", "workers")["topicsDeleted"] == ["%RETRY%workers", "%DLQ%workers"]
     groups = config_files.read(node.settings.root / "config" / "subscriptionGroup.json")["subscriptionGroupTable"]
     assert "workers" not in groups
+    with PullConsumer(node.endpoint) as consumer:
+        assert consumer.pull("%RETRY%workers", 0, 0).messages == [] == consumer.pull("%DLQ%workers", 0, 0).messages
     assert "SUBSCRIPTION_GROUP_NOT_EXIST" in admin(node, "group", "delete", "--group", "workers", ok=False)["stderr"]
 
 

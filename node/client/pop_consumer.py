@@ -77,8 +77,7 @@ class PopConsumer:
         if self.listener is None or not self.subscriptions:
             raise ValueError("subscribe to a topic and register a listener before start")
         self.pool = ThreadPoolExecutor(self.options.consume_threads, thread_name_prefix=f"mqnode-pop-{self.group}")
-        self.thread = threading.Thread(target=self.loop.run_forever, name=f"mqnode-pop-{self.group}", daemon=True)
-        self.thread.start()
+        self.thread = aio.start_loop_thread(self.loop, f"mqnode-pop-{self.group}")
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result()
         return self
 

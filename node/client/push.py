@@ -465,13 +465,10 @@ class PushConsumer:
     listener runs on its pool's threads."""
 
     def __init__(self, endpoint: str | None = None, group: str | None = None, *, namesrv=None, **options):
-        import threading
-
         if (endpoint is None) == (namesrv is None) or not group:
             raise ValueError("a push consumer takes a group and endpoint= (one node) or namesrv= (a cluster)")
         self.loop = aio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=f"mqnode-push-{group}", daemon=True)
-        self.thread.start()
+        self.thread = aio.start_loop_thread(self.loop, f"mqnode-push-{group}")
         self.inner = self._call(self._make(endpoint, namesrv, group, options))
 
     @staticmethod

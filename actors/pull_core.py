@@ -164,15 +164,10 @@ class ReadCore:
             return [orjson.dumps(protocol.reply_header(opaque, e.status, str(e)))]
         match = selects.record_test
         result = self.reader.get_message(topic, queue_id, offset, count, selects.codes, dispatched, match)
-        bound = self.reader.archive_floor(topic, queue_id) if self.tiered is not None else None
-        if result.status == store_reader.OFFSET_TOO_SMALL and bound is not None:
-            if offset < bound:  # a deleted topic's offsets: on from where they end, archived or not
-                lowest = self.tiered.min_offset(topic, queue_id)
-                result.next_begin_offset = min(result.min_offset, max(bound, lowest if lowest is not None else bound))
-            else:
-                archived = self._pull_tiered(header, result, selects.tags, match)
-                if archived is not None:
-                    return archived
+        if result.status == store_reader.OFFSET_TOO_SMALL and self.tiered is not None:
+            archived = self._pull_tiered(header, result, selects.tags, match)
+            if archived is not None:
+                return archived
         status = _PULL_STATUS.get(result.status)
         if result.status == store_reader.NO_MESSAGE_IN_QUEUE:
             status = "OFFSET_ILLEGAL" if offset != 0 else "NO_NEW_MSG"
@@ -205,11 +200,19 @@ class ReadCore:
 
     def _pull_tiered(self, header: dict, result, tags: list[str] | None, match) -> list[bytes] | None:
         """A pull below the store's min offset, from the archive (actors.tiered); None when the
-        archive holds nothing there either (the store's OFFSET_ILLEGAL stands)."""
+        archive holds nothing there either, or it is a deleted topic's (the store's OFFSET_ILLEGAL
+        stands, below a deleted topic's offsets with `result` moved on to where they end)."""
+        topic, queue_id, offset = header["topic"], header["queueId"], header["queueOffset"]
+        bound = self.reader.archive_floor(topic, queue_id)
+        if bound is None:
+            return None
+        if offset < bound:
+            result.next_begin_offset = min(result.min_offset, max(bound, self.tiered.min_offset(topic, queue_id) or 0))
+            return None
         opaque, s = header.get("opaque"), self.settings
         count = min(header.get("maxMsgNums", 32), s.maxTransferCountOnMessageInMemory)
         try:
-            read = self.tiered.read(header["topic"], header["queueId"], header["queueOffset"], count,
+            read = self.tiered.read(topic, queue_id, offset, count,
                                     s.maxTransferBytesOnMessageInMemory, set(tags) if tags else None, result.min_offset,
                                     match)
         except ArchiveDamaged as e:
@@ -223,7 +226,7 @@ class ReadCore:
         if read.records:
             records = b"".join(read.records)
             reply.append(records)
-            self._count_pulled(header["topic"], header.get("consumerGroup") or "", len(read.records), len(records))
+            self._count_pulled(topic, header.get("consumerGroup") or "", len(read.records), len(records))
             self.found += 1
         return reply
 

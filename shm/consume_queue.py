@@ -397,4 +397,3 @@ def dropped_offsets(root: Path) -> dict[str, int]:
         raise StoreError(f"{path} is not the JSON of queue offsets it should be: restore it, or delete it "
                          "(deleted topics sent to again are then numbered from 0)")
     return kept
-

@@ -27,7 +27,6 @@ from shm.settings import Settings
 from shm.store_files import StoreLock
 
 
-
 class MessageStore:
     def __init__(self, settings: Settings, *, readonly: bool = False, lock: bool = True,
                  clock: Callable[[], float] = time.time):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures
 import threading
 import weakref
 from collections.abc import Coroutine
@@ -61,7 +60,7 @@ def _stop_loops_at_exit() -> None:
     for thread, loop in running:
         try:  # (its tasks cancelled first: each ends as it would at a close, and none is left pending)
             asyncio.run_coroutine_threadsafe(_cancel_tasks(), loop).result(EXIT_JOIN_S)
-        except (Exception, concurrent.futures.CancelledError):
+        except Exception:  # (concurrent.futures' CancelledError and TimeoutError among them)
             pass  # (stuck, or stopping meanwhile: stopped all the same)
         try:
             loop.call_soon_threadsafe(loop.stop)

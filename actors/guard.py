@@ -11,7 +11,6 @@ that key in the allow-list. Whoever can read the run directory can already read 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import secrets
@@ -27,7 +26,6 @@ from actors.acl import ACL_CONFIG, Account, Acl, AclError, AclFile
 from shm.settings import SettingsError
 
 IDENTITY_FILE = "identity.json"
-PATH_SETTINGS = ("aclFile", "curveSecretKeyFile", "curveClientKeysDir", "grpcTlsCertFile", "grpcTlsKeyFile")
 log = logging.getLogger("mqnode")
 
 
@@ -38,13 +36,6 @@ class SecurityError(SettingsError):
 def resolve(path_text: str) -> Path:
     """A path setting: absolute, or relative to the working directory of `mqnode start`."""
     return Path(os.path.expanduser(path_text)).resolve()
-
-
-def absolute(settings):
-    """`settings` with its security paths made absolute, as `mqnode start` sees them: the
-    service processes may run elsewhere."""
-    paths = {name: str(resolve(getattr(settings, name))) for name in PATH_SETTINGS if getattr(settings, name)}
-    return dataclasses.replace(settings, **paths)
 
 
 # -- the node's identity ------------------------------------------------------------------------------

@@ -30,5 +30,5 @@ fi
 # compiles what it installs, but mqnode is installed editable, and where PYTHONDONTWRITEBYTECODE is
 # set (CI containers set it) every one of a node's ~12 processes compiled every module it imports,
 # at every start and restart (~1.3 CPU-s a node start; docs/operations.md). Up to date: ~0.1 s.
-"$VENV/bin/python" -m compileall -q "$MQNODE_ROOT"/actors "$MQNODE_ROOT"/node "$MQNODE_ROOT"/shm "$MQNODE_ROOT"/tests >/dev/null || true
+"$VENV/bin/python" -P -m compileall -q "$MQNODE_ROOT"/actors "$MQNODE_ROOT"/node "$MQNODE_ROOT"/shm "$MQNODE_ROOT"/tests >/dev/null || true
 export PATH="$VENV/bin:$PATH"

@@ -397,6 +397,23 @@ def _strip_comment(line: str) -> str:
     return line
 
 
+# The settings naming a file or a directory of the host the node runs on.
+PATH_SETTINGS = ("storePathRootDir", "storePathCommitLog", "tieredArchiveDir", "haMasterPublicKeyFile", "aclFile",
+                 "curveSecretKeyFile", "curveClientKeysDir", "grpcTlsCertFile", "grpcTlsKeyFile", "logDir", "runDir")
+
+
+def absolute_paths(settings: Settings) -> Settings:
+    """`settings` with its paths (PATH_SETTINGS and an ipc:// `listen`) absolute, `~` expanded:
+    relative ones are taken from the working directory `mqnode start` runs in, once, since no
+    process of the node works there (Ray refuses a relative session directory, and a node's
+    processes run in its run directory: node.server.ray_setup.init)."""
+    paths = {name: os.path.abspath(os.path.expanduser(value)) for name in PATH_SETTINGS
+             if (value := getattr(settings, name))}
+    if settings.listen.startswith("ipc://") and not settings.listen.startswith("ipc://@"):  # (@: Linux's abstract names)
+        paths["listen"] = "ipc://" + os.path.abspath(os.path.expanduser(settings.listen.removeprefix("ipc://")))
+    return replace(settings, **paths)
+
+
 def load(conf: str | Path | None = None, overrides: dict[str, object] | None = None) -> Settings:
     """Defaults, then the file's keys, then explicit overrides (already typed or text)."""
     values: dict[str, object] = {}

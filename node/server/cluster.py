@@ -96,9 +96,11 @@ def load(path: str | Path) -> ClusterConf:
         raise SettingsError(f"cluster conf {path}: {e}") from None
     cluster = data.get("cluster") or {}
     name = str(cluster.get("name", "DefaultCluster"))
-    run_dir = Path(cluster.get("runDir") or Path.home() / "mqnode" / f"cluster-{name}").expanduser()
+    # (a relative path is the directory `cluster up` runs in's: its parts do not run there)
+    run_dir = Path(cluster.get("runDir") or Path.home() / "mqnode" / f"cluster-{name}").expanduser().absolute()
     namesrvs = [NamesrvPart(namesrv_module.endpoint_of(str(n.get("listen", f"127.0.0.1:{namesrv_module.DEFAULT_PORT}"))),
-                            str(n.get("dir") or run_dir / f"namesrv-{i}"), str(n.get("rayNode", "")))
+                            str(Path(n.get("dir") or run_dir / f"namesrv-{i}").expanduser().absolute()),
+                            str(n.get("rayNode", "")))
                 for i, n in enumerate(data.get("namesrv") or [])]
     if not namesrvs:
         raise SettingsError(f"cluster conf {path}: name at least one [[namesrv]]")
@@ -107,7 +109,9 @@ def load(path: str | Path) -> ClusterConf:
     for i, table in enumerate(data.get("node") or []):
         values = {**defaults, **table}
         if "store" in values:
-            values["storePathRootDir"] = str(Path(values.pop("store")).expanduser())
+            values["storePathRootDir"] = values.pop("store")
+        values |= {k: os.path.abspath(os.path.expanduser(v)) for k, v in values.items()
+                   if k in settings_module.PATH_SETTINGS and isinstance(v, str) and v}
         if "storePathRootDir" not in values:
             raise SettingsError(f"cluster conf {path}: [[node]] {i + 1} needs its store")
         values["namesrvAddr"] = ";".join(n.listen.removeprefix("tcp://") for n in namesrvs)
@@ -305,7 +309,7 @@ class Cluster:
 
         self.conf.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.started_ray = ray_setup.init(self.ray_address, ray_setup.ray_dir_in(self.conf.run_dir),
-                                          200 * 1024 * 1024)
+                                          200 * 1024 * 1024, home=self.conf.run_dir)
         address = self.ray_address or ray.get_runtime_context().gcs_address
         for part in self.conf.namesrvs:
             handle = namesrv_module.launch(part.listen, part.directory, placement=ray_setup.place_on(part.ray_node))

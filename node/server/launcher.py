@@ -97,7 +97,7 @@ class Node:
     def start(self) -> None:
         from actors import guard
 
-        s = self.settings = guard.absolute(self.settings)
+        s = self.settings = settings_module.absolute_paths(self.settings)
         guard.check_settings(s)  # SecurityError: a key or ACL file that cannot be used
         preflight.check_grpc_port(s)
         preflight.check_run_room(s)
@@ -170,7 +170,7 @@ class Node:
         self.ring_dir = ring.make_rings(s)  # the hand-offs between processes, before any service opens one
         if not ray.is_initialized() and not self.ray_address:
             self.ray_dir = ray_setup.session_dir(s)
-        self.started_ray = ray_setup.init(self.ray_address, self.ray_dir, s.rayObjectStoreMemory)
+        self.started_ray = ray_setup.init(self.ray_address, self.ray_dir, s.rayObjectStoreMemory, home=run_dir)
         if self.stops is not None:
             self.stops.install()  # (Ray's driver installs a SIGTERM handler of its own that ends the process)
         remote = ray.remote(ActorHost)
@@ -458,6 +458,7 @@ def _answered(asker, header: dict, answers: set[str]) -> bool:
 def run(settings: Settings, ray_address: str | None = None) -> int:
     """`mqnode start`: this process is the node's. Its own lines go to stdout; anything else
     printed there (Ray's driver) goes to the log on stderr (logs.ForeignLines)."""
+    settings = settings_module.absolute_paths(settings)  # (logDir's files among them)
     logger = logs.configure(settings, "launcher", relay=False)
     stdout, sys.stdout = sys.stdout, logs.ForeignLines(logger)
     stops = StopSignals()  # (before the start: a signal while it starts stops it cleanly, not with a traceback)

@@ -94,10 +94,10 @@ def default_directory(listen: str) -> Path:
 
 def run(listen: str, directory: str | None, ray_address: str | None, out=print) -> int:
     """`mqnode namesrv`: serve until SIGINT/SIGTERM."""
-    directory = Path(directory) if directory else default_directory(listen)
+    directory = (Path(directory).expanduser() if directory else default_directory(listen)).absolute()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     ray_setup.prepare_embedded(ray_address)
-    started = ray_setup.init(ray_address, ray_setup.ray_dir_in(directory), 100 * 1024 * 1024)
+    started = ray_setup.init(ray_address, ray_setup.ray_dir_in(directory), 100 * 1024 * 1024, home=directory)
     handle = launch(listen, directory)
     out(f"mqnode namesrv ready endpoint={listen} dir={directory} pid={os.getpid()}", flush=True)
     stops = StopSignals()

@@ -133,14 +133,17 @@ def workers_set_up() -> None:
 
 
 def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: int,
-         num_cpus: int | None = None) -> bool:
+         num_cpus: int | None = None, *, home: Path | None = None) -> bool:
     """Join the Ray cluster at `ray_address`, or start an embedded Ray in `temp_dir` (its head:
     `start_head`), unless this process is attached to one already: True when it started one (its
-    owner stops it with `shutdown`)."""
+    owner stops it with `shutdown`). `home`: the private directory this process moves to first
+    (its paths are absolute by then: shm.settings.absolute_paths)."""
     import ray
 
     if ray.is_initialized():
         return False
+    if home is not None:  # Ray puts its driver's working directory first on every worker's sys.path:
+        os.chdir(home)  # a user's queue.py or json.py there would be imported by each service for the stdlib's
     from node.server.worker_setup import without_arrow_serializers
 
     if ray_address:

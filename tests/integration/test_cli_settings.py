@@ -137,6 +137,21 @@ def test_broker_conf_style_and_overrides(tmp_path):
     assert settings_module.parse_delay_levels("1s 5s 2m 1h") == [1000, 5000, 120000, 3600000]
 
 
+def test_relative_paths_are_the_working_directorys_and_absolute_ones_stay(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    given = settings_module.load(None, {"storePathRootDir": "store", "runDir": "../run", "logDir": "~/logs",
+                                        "aclFile": "/etc/acl.yml", "listen": "ipc://node.sock"})
+    settings = settings_module.absolute_paths(given)
+    assert (settings.storePathRootDir, settings.runDir, settings.logDir, settings.aclFile, settings.listen) == (
+        str(tmp_path / "store"), str(tmp_path.parent / "run"), str(tmp_path / "home" / "logs"), "/etc/acl.yml",
+        f"ipc://{tmp_path}/node.sock")
+    assert settings.storePathCommitLog == "" and settings.tieredArchiveDir == ""  # (empty: the derived default)
+    assert settings_module.absolute_paths(settings) == settings
+    assert settings_module.absolute_paths(settings_module.load(None, {"listen": "ipc://@mqnode"})).listen == "ipc://@mqnode"
+    assert all(isinstance(getattr(settings, name), str) for name in settings_module.PATH_SETTINGS)
+
+
 def test_the_run_directory_is_private_and_fresh(tmp_path, monkeypatch):
     from node.server.preflight import prepare_run_dir
 

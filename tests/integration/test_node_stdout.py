@@ -85,7 +85,7 @@ def test_a_stop_signal_while_the_node_starts_stops_it_cleanly(tmp_path, number):
     assert "Traceback" not in err.read_text(), err.read_text()[-2000:]
     assert not [process for process in psutil.process_iter() if _of(process, tmp_path)]  # (its Ray's and services' too)
     with open(tmp_path / "out2.txt", "wb") as stdout:
-        node = subprocess.Popen(args, stdout=stdout, stderr=subprocess.DEVNULL)
+        node = subprocess.Popen(args, cwd=tmp_path, stdout=stdout, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 120
             while b"mqnode ready" not in (tmp_path / "out2.txt").read_bytes():
@@ -144,19 +144,23 @@ def test_a_service_that_never_starts_ends_the_start_cleanly_and_soon(tmp_path, e
 def test_mqnode_stop_stops_the_node_on_a_store_and_nothing_else(tmp_path):
     """`mqnode stop --store S` finds the node by its store's lock, stops it as SIGTERM does (exit 0,
     its own lines, the store closed cleanly) and says so once it has exited, even while its parent
-    has not reaped it yet; it leaves alone a store nobody runs and a lock held by anything else."""
+    has not reaped it yet; it leaves alone a store nobody runs and a lock held by anything else.
+    Started in a directory of the user's, with relative paths and a file named as a module of
+    Python's own there: the paths are that directory's, and nothing of the node imports the file
+    (`python -m` and Ray's workers put the working directory first on sys.path)."""
     store, other, run = tmp_path / "store", tmp_path / "other", tmp_path / "run"
     run.mkdir(mode=0o700)
+    (tmp_path / "queue.py").write_text("raise SystemExit('the user\'s queue.py was imported')\n")
     port, ha = free_port(), free_port()
     mqnode = str(ROOT / "scripts" / "mqnode")
-    args = [mqnode, "start", "--store", str(store), "--runDir", str(run), "--listen", f"tcp://127.0.0.1:{port}",
+    args = [mqnode, "start", "--store", "store", "--runDir", "run", "--listen", f"tcp://127.0.0.1:{port}",
             "--listenPort", str(port), "--haListenPort", str(ha), "--grpcServerPort", "0", *SMALL]
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from shm.store_files import StoreLock; "
                                f"StoreLock({str(other)!r}).acquire(); print('held', flush=True); time.sleep(120)"],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     out = tmp_path / "out.txt"
     with open(out, "wb") as stdout:
-        node = subprocess.Popen(args, stdout=stdout, stderr=subprocess.DEVNULL)
+        node = subprocess.Popen(args, cwd=tmp_path, stdout=stdout, stderr=subprocess.DEVNULL)
         try:
             assert holder.stdout.readline() == "held\n"
             refused = subprocess.run([mqnode, "stop", "--store", str(other)], capture_output=True, text=True, timeout=60)
@@ -168,6 +172,8 @@ def test_mqnode_stop_stops_the_node_on_a_store_and_nothing_else(tmp_path):
                 assert node.poll() is None and time.monotonic() < deadline
                 time.sleep(0.2)
             pid = int(re.search(rb" pid=(\d+)", out.read_bytes()).group(1))
+            assert f" store={store} " in out.read_text()
+            assert {psutil.Process(p).cwd() for p in [pid, int((run / "dispatcher.pid").read_text())]} == {str(run)}
             stopped = subprocess.run([mqnode, "stop", "--store", str(store)], capture_output=True, text=True,
                                      timeout=90)  # (before this test reaps the node: a zombie is stopped too)
             assert stopped.returncode == 0, stopped.stderr

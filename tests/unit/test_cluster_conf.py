@@ -48,6 +48,18 @@ def test_a_toml_declares_name_services_and_nodes_that_register_with_all_of_them(
     assert slave.topology == "compact" and str(slave.root) == f"{tmp_path}/a1"
 
 
+def test_relative_paths_of_a_toml_are_those_of_the_directory_cluster_up_runs_in(tmp_path, monkeypatch):
+    """(its parts run in its run directory, Ray's workers wherever Ray puts them)"""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "cluster.toml"
+    path.write_text(TOML.format(run="here").replace('runDir = "here"', 'runDir = "run"')
+                    .replace('listen = "tcp://127.0.0.1:9877"', 'listen = "tcp://127.0.0.1:9877"\ndir = "ns"'))
+    conf = cluster.load(path)
+    assert conf.run_dir == tmp_path / "run" and [n.directory for n in conf.namesrvs] == [
+        str(tmp_path / "run" / "namesrv-0"), str(tmp_path / "ns")]
+    assert [n.settings.storePathRootDir for n in conf.nodes] == [str(tmp_path / "here" / "a"), str(tmp_path / "here" / "a1")]
+
+
 @pytest.mark.parametrize("change, problem", [
     (lambda t: t.replace('[[namesrv]]\nlisten = "127.0.0.1:9876"\n\n[[namesrv]]\nlisten = "tcp://127.0.0.1:9877"', ""),
      "namesrv"),

@@ -90,7 +90,6 @@ class Node:
         self.ring_dir: Path | None = None  # the rings between its processes (shm.ring), in memory
         self.metrics = None  # node.server.metrics.MetricsServer, with metricsPort set
         self.log_sink: logs.LogSink | None = None  # the services' log lines, to this process's stderr
-        self.ray_dir: Path | None = None  # an embedded Ray's session files: removed at a clean stop
 
     # -- start ---------------------------------------------------------------------------------------
 
@@ -168,9 +167,8 @@ class Node:
         self.log_sink = logs.LogSink(s)  # (before any service logs)
         guard.write_identity(s)  # the account and key pair of the node's own requests (actors.guard)
         self.ring_dir = ring.make_rings(s)  # the hand-offs between processes, before any service opens one
-        if not ray.is_initialized() and not self.ray_address:
-            self.ray_dir = ray_setup.session_dir(s)
-        self.started_ray = ray_setup.init(self.ray_address, self.ray_dir, s.rayObjectStoreMemory, home=run_dir)
+        self.started_ray = ray_setup.init(self.ray_address, ray_setup.session_dir(s), s.rayObjectStoreMemory,
+                                          home=run_dir)  # (its session files removed at a clean stop)
         if self.stops is not None:
             self.stops.install()  # (Ray's driver installs a SIGTERM handler of its own that ends the process)
         remote = ray.remote(ActorHost)
@@ -360,9 +358,6 @@ class Node:
         if self.ring_dir is not None:  # memory, not disk: given back at stop
             shutil.rmtree(self.ring_dir, ignore_errors=True)
             self.ring_dir = None
-        if self.ray_dir is not None:  # (after Ray's shutdown above)
-            shutil.rmtree(self.ray_dir, ignore_errors=True)
-            self.ray_dir = None
         if self.log_sink is not None:  # last: the services' last lines
             self.log_sink.stop()
             self.log_sink = None

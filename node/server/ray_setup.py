@@ -9,6 +9,7 @@ import ipaddress
 import logging
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -163,6 +164,9 @@ def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: in
                      object_store_memory=object_store_memory, _temp_dir=temp_dir and str(temp_dir),
                      logging_level=logging.ERROR, log_to_driver=False, _node_ip_address=node_ip_address())
     without_arrow_serializers()  # (this process's context too, as its workers': node.server.worker_setup)
+    if not ray_address:
+        global _head_dir
+        _head_dir = temp_dir
     return not ray_address
 
 
@@ -191,6 +195,7 @@ def this_hosts_ray_node() -> str | None:
 LOOPBACK = "127.0.0.1"
 RAY_PROGRAMS = str(Path(__file__).with_name("ray_worker.py"))  # runs Ray's worker and agents, with less to import
 _head = None  # the embedded Ray's head this process started (start_head), stopped by shutdown()
+_head_dir: Path | None = None  # the session files of the Ray this process started: removed by shutdown()
 
 
 def start_head(temp_dir: Path | None, object_store_memory: int, num_cpus: int):
@@ -293,14 +298,18 @@ def node_ip_address() -> str | None:
 
 
 def shutdown() -> None:
-    """Detach from Ray, and stop the embedded Ray this process started, if it did."""
+    """Detach from Ray, and stop the embedded Ray this process started, if it did, and remove its
+    session files (its logs: a node's own log has what matters; each start's are ~1 MB)."""
     import ray
 
-    global _head
+    global _head, _head_dir
     ray.shutdown()
     if _head is not None:
         _head.kill_all_processes(check_alive=False, allow_graceful=True)
         _head = None
+    if _head_dir is not None:
+        shutil.rmtree(_head_dir, ignore_errors=True)
+        _head_dir = None
 
 
 def placement(settings) -> dict:
@@ -340,9 +349,10 @@ def session_dir(settings) -> Path:
 
 
 def ray_dir_in(directory: Path) -> Path:
-    """`ray` in `directory`, or a private one under the temp dir when that path is too long."""
+    """`ray` in `directory`, or a private one under the temp dir when that path is too long or
+    not ASCII (Ray's core worker takes its sockets' paths as ASCII)."""
     inside = directory / "ray"
-    if len(str(inside)) <= RAY_DIR_MAX:
+    if len(str(inside)) <= RAY_DIR_MAX and str(inside).isascii():
         return inside
     digest = hashlib.sha1(str(directory.resolve()).encode()).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"mqnode-ray-{os.getuid()}-{digest}"

@@ -31,6 +31,7 @@ from nodes import HOST_DISK_BLIND, ROOT, SMALL_STORE, NetHosts, free_port, node_
 
 from node.client import AsyncProducer, Producer, PullConsumer, Requester, SendError
 from node.client.push import CONSUME_SUCCESS, PushConsumer
+from node.server import ray_setup
 from node.tools.local_node import ClusterProcess, NodeProcess
 
 pytestmark = pytest.mark.slow
@@ -236,6 +237,7 @@ haListenPort = {free_port()}
     assert not (tmp_path / "a" / "commitlog").exists()
     wait_until(lambda: not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])],
                10, "a process of the refused cluster (its Ray's) still runs")
+    assert not ray_setup.ray_dir_in(tmp_path / "run").exists()  # (its embedded Ray's session files: under /tmp here)
 
 
 def test_every_part_is_ready_on_its_ray_node_and_status_shows_every_group(up):

@@ -18,6 +18,7 @@ import psutil
 import pytest
 from nodes import HOST_DISK_BLIND, ROOT, SMALL_STORE, free_port
 
+from node.server import ray_setup
 from shm.store_files import last_exit_ok
 
 pytestmark = pytest.mark.slow
@@ -145,15 +146,15 @@ def test_mqnode_stop_stops_the_node_on_a_store_and_nothing_else(tmp_path):
     """`mqnode stop --store S` finds the node by its store's lock, stops it as SIGTERM does (exit 0,
     its own lines, the store closed cleanly) and says so once it has exited, even while its parent
     has not reaped it yet; it leaves alone a store nobody runs and a lock held by anything else.
-    Started in a directory of the user's, with relative paths and a file named as a module of
-    Python's own there: the paths are that directory's, and nothing of the node imports the file
-    (`python -m` and Ray's workers put the working directory first on sys.path)."""
-    store, other, run = tmp_path / "store", tmp_path / "other", tmp_path / "run"
+    Started in a directory of the user's, with relative paths that are not ASCII and a file named
+    as a module of Python's own there: the paths are that directory's, and nothing of the node
+    imports the file (`python -m` and Ray's workers put the working directory first on sys.path)."""
+    store, other, run = tmp_path / "störe", tmp_path / "other", tmp_path / "rün"
     run.mkdir(mode=0o700)
     (tmp_path / "queue.py").write_text("raise SystemExit('the user\'s queue.py was imported')\n")
     port, ha = free_port(), free_port()
     mqnode = str(ROOT / "scripts" / "mqnode")
-    args = [mqnode, "start", "--store", "store", "--runDir", "run", "--listen", f"tcp://127.0.0.1:{port}",
+    args = [mqnode, "start", "--store", "störe", "--runDir", "rün", "--listen", f"tcp://127.0.0.1:{port}",
             "--listenPort", str(port), "--haListenPort", str(ha), "--grpcServerPort", "0", *SMALL]
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from shm.store_files import StoreLock; "
                                f"StoreLock({str(other)!r}).acquire(); print('held', flush=True); time.sleep(120)"],
@@ -187,6 +188,7 @@ def test_mqnode_stop_stops_the_node_on_a_store_and_nothing_else(tmp_path):
             if node.poll() is None:
                 node.kill()
     assert last_exit_ok(store)  # (its next start's recovery is a normal one)
+    assert not ray_setup.ray_dir_in(run).exists()  # (its embedded Ray's session files: gone at the stop)
 
 
 def _of(process: psutil.Process, directory) -> bool:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import functools
 import logging
 import os
 import shutil
@@ -454,22 +453,21 @@ def run(settings: Settings, ray_address: str | None = None) -> int:
     """`mqnode start`: this process is the node's. Its own lines go to stdout; anything else
     printed there (Ray's driver) goes to the log on stderr (logs.ForeignLines)."""
     settings = settings_module.absolute_paths(settings)  # (logDir's files among them)
-    logger = logs.configure(settings, "launcher", relay=False)
-    stdout, sys.stdout = sys.stdout, logs.ForeignLines(logger)
+    out = logs.OwnLines(logs.configure(settings, "launcher", relay=False))
     stops = StopSignals()  # (before the start: a signal while it starts stops it cleanly, not with a traceback)
-    node = Node(settings, ray_address=ray_address, out=functools.partial(print, file=stdout), stops=stops)
+    node = Node(settings, ray_address=ray_address, out=out, stops=stops)
     try:
         node.start()
     except StartInterrupted as e:  # (the node is stopped already)
-        print(f"mqnode stopped: {e}", file=stdout, flush=True)
+        out(f"mqnode stopped: {e}", flush=True)
         return 0
     except (ray_setup.ForeignListener, StartFailed) as e:  # (the node is stopped already)
-        print(f"mqnode failed: {e}", file=sys.stderr, flush=True)
+        out(f"mqnode failed: {e}", file=sys.stderr, flush=True)
         return 1
     except OSError as e:
         if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
             raise
-        print(f"mqnode failed: {e}: {ray_setup.host_limits()}", file=sys.stderr, flush=True)
+        out(f"mqnode failed: {e}: {ray_setup.host_limits()}", file=sys.stderr, flush=True)
         return 1
     return node.serve_forever()
 

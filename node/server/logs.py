@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import logging
 import logging.handlers
+import os
 import re
 import sys
 import threading
@@ -140,14 +141,36 @@ class LogSink:
         self.sock.close()
 
 
-def own_stdout(label: str) -> tuple[logging.Logger, object]:
+def own_stdout(label: str) -> tuple[logging.Logger, OwnLines]:
     """For a launcher without a node's settings (`mqnode namesrv`, `mqnode cluster up`): its
-    logger on stderr, and stdout kept for its own lines while sys.stdout becomes ForeignLines."""
+    logger on stderr, and its own lines' `out` (OwnLines)."""
     from shm import settings as settings_module
 
     logger = configure(settings_module.Settings(), label, relay=False)
-    stdout, sys.stdout = sys.stdout, ForeignLines(logger)
-    return logger, stdout
+    return logger, OwnLines(logger)
+
+
+class OwnLines:
+    """A launcher's own lines (`mqnode ready ...`, `mqnode stopping`), printed as `print` prints
+    them to the stdout it had, while sys.stdout becomes ForeignLines. Once a stream is gone (its
+    reader ended: `mqnode start | head -1`; a terminal hung up) it is made /dev/null, the log
+    says so once, and the lines go on unsaid: a write that raised skipped the node's stop (its
+    store then recovered as after a crash), and Python's flush at exit would fail again."""
+
+    def __init__(self, logger: logging.Logger):
+        self.logger, self.stdout = logger, sys.stdout
+        sys.stdout = ForeignLines(logger)
+
+    def __call__(self, *parts, file=None, **kwargs) -> None:
+        stream = self.stdout if file is None else file
+        try:
+            print(*parts, file=stream, **kwargs)
+        except OSError as e:  # (BrokenPipeError; EIO from a terminal that hung up)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())  # (what the stream still buffers goes there too)
+            os.close(devnull)
+            self.logger.warning("%s is gone (%s): this process's own lines go unsaid from now on",
+                                getattr(stream, "name", "a stream"), e.strerror or e)
 
 
 class ForeignLines(io.TextIOBase):

@@ -124,15 +124,12 @@ def cmd_start(args: argparse.Namespace) -> int:
 def cmd_namesrv(args: argparse.Namespace) -> int:
     from node.server import namesrv
 
-    import functools
-
     from node.server import logs
     from node.server.ray_worker import defer
 
     defer()  # (as `start`)
-    _, stdout = logs.own_stdout("namesrv")  # (Ray's driver prints its raylets' news there)
-    return namesrv.run(namesrv.endpoint_of(args.listen), args.dir, args.ray_address,
-                       out=functools.partial(print, file=stdout))
+    _, out = logs.own_stdout("namesrv")  # (Ray's driver prints its raylets' news on stdout)
+    return namesrv.run(namesrv.endpoint_of(args.listen), args.dir, args.ray_address, out=out)
 
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911"

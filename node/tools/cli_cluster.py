@@ -26,14 +26,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
     conf = cluster.load(args.conf)
     if args.action == "up":
-        import functools
-
         from node.server import logs
         from node.server.ray_worker import defer
 
         defer()  # (as `start`)
-        _, stdout = logs.own_stdout("cluster")  # (Ray's driver prints its raylets' news there)
-        return cluster.run_up(conf, args.ray_address, out=functools.partial(print, file=stdout))
+        _, out = logs.own_stdout("cluster")  # (Ray's driver prints its raylets' news on stdout)
+        return cluster.run_up(conf, args.ray_address, out=out)
     if args.action == "down":
         return cluster.run_down(conf)
     try:

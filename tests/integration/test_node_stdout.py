@@ -142,6 +142,30 @@ def test_a_service_that_never_starts_ends_the_start_cleanly_and_soon(tmp_path, e
     assert not [process for process in psutil.process_iter() if _of(process, tmp_path)]
 
 
+def test_a_reader_of_stdout_gone_leaves_the_stop_clean(tmp_path):
+    """`mqnode start | head -1`: the reader goes after the ready line, and at the stop the node's
+    next line has nowhere to go. The stop goes on (exit 0, its store closed cleanly, the log saying
+    why its lines stopped); before, the write's BrokenPipeError ended the launcher at once (exit 0
+    all the same, and the next start recovered the store as after a crash)."""
+    run, store = tmp_path / "run", tmp_path / "store"
+    run.mkdir(mode=0o700)
+    port = free_port()
+    node = subprocess.Popen([str(ROOT / "scripts" / "mqnode"), "start", "--store", str(store), "--runDir", str(run),
+                             "--listen", f"tcp://127.0.0.1:{port}", "--listenPort", str(port), "--haListenPort",
+                             str(free_port()), "--grpcServerPort", "0", *SMALL],
+                            stdout=subprocess.PIPE, stderr=open(tmp_path / "err.txt", "wb"))
+    try:
+        assert node.stdout.readline().startswith(b"mqnode ready ")
+        node.stdout.close()
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(60) == 0
+    finally:
+        if node.poll() is None:
+            node.kill()
+    assert last_exit_ok(store)
+    assert "<stdout> is gone (Broken pipe)" in (tmp_path / "err.txt").read_text()
+
+
 def test_mqnode_stop_stops_the_node_on_a_store_and_nothing_else(tmp_path):
     """`mqnode stop --store S` finds the node by its store's lock, stops it as SIGTERM does (exit 0,
     its own lines, the store closed cleanly) and says so once it has exited, even while its parent

@@ -10,7 +10,7 @@ The toml declares the parts (docs/operations.md "A cluster"):
 
 `up` starts (or with --ray-address joins) Ray, then each name service and each node as a Ray
 actor placed on its `rayNode` (a node id or a custom resource only that Ray node has), prints one
-`mqnode cluster ready part=...` line per part and serves until SIGINT/SIGTERM (`down` sends it
+`mqnode cluster ready part=...` line per part and serves until SIGINT/SIGTERM/SIGHUP (`down` sends it
 one and waits), stopping the nodes first, then the name services. Every node gets
 `namesrvAddr` (all the name services) and `brokerClusterName`.
 
@@ -356,7 +356,7 @@ def pid_file(conf: ClusterConf) -> Path:
 
 
 def run_up(conf: ClusterConf, ray_address: str | None, out=print) -> int:
-    """`cluster up`: start every part, then serve until SIGINT/SIGTERM (`cluster down`)."""
+    """`cluster up`: start every part, then serve until SIGINT/SIGTERM/SIGHUP (`cluster down`)."""
     if pid_file(conf).exists() and _alive(int(pid_file(conf).read_text() or 0)):
         print(f"mqnode cluster up: cluster {conf.name} runs already (pid file {pid_file(conf)})", file=sys.stderr)
         return 1

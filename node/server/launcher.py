@@ -5,7 +5,7 @@ run recovery (normal after a clean stop, abnormal when the abort file says the l
 crashed), leave the abort file in place while running, publish the recovered positions in the
 control block, then launch the actors through Ray and print one `ready` line.
 
-Stop (SIGINT/SIGTERM): the front refuses new sends, the sends in flight are answered (up to
+Stop (SIGINT/SIGTERM/SIGHUP): the front refuses new sends, the sends in flight are answered (up to
 DRAIN_S), the actors stop in data order (ingress, writer, dispatcher catching up to the end,
 flush with a final flush, allocator, front), then the physic checkpoint is forced, a
 preallocated segment past the end is removed, the abort file goes, the lock is released and an
@@ -59,7 +59,7 @@ ANSWER_S = 3.0  # how long a stop waits for every process to answer at all (a bu
 
 
 class StartInterrupted(Exception):
-    """SIGINT or SIGTERM came while the node started: it is stopped, as after its start."""
+    """SIGINT, SIGTERM or SIGHUP came while the node started: it is stopped, as after its start."""
 
 
 class StartFailed(RuntimeError):
@@ -305,7 +305,7 @@ class Node:
         self.failed.set()
 
     def serve_forever(self) -> int:
-        """Block until SIGINT or SIGTERM, then stop: 0. Or until a service is gone for good
+        """Block until SIGINT, SIGTERM or SIGHUP, then stop: 0. Or until a service is gone for good
         (node.server.supervision): say why, stop, 1."""
         stops = self.stops or StopSignals()
         stops.install()

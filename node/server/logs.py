@@ -126,14 +126,19 @@ class LogSink:
         while not self.stopping.is_set():
             if not self.sock.poll(200):
                 continue
+            lines = []
             for _ in range(1000):  # (bounded: the stop flag is looked at between batches)
                 try:
                     line = self.sock.recv_string(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                self.out.write(line + "\n")
                 self.lines += 1
-            self.out.flush()
+                lines.append(line)
+            try:
+                self.out.write("".join(f"{line}\n" for line in lines))
+                self.out.flush()
+            except OSError:  # (a terminal that hung up: the node stops on its SIGHUP, and says nothing more)
+                to_devnull(self.out)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -166,9 +171,7 @@ class OwnLines:
         try:
             print(*parts, file=stream, **kwargs)
         except OSError as e:  # (BrokenPipeError; EIO from a terminal that hung up)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, stream.fileno())  # (what the stream still buffers goes there too)
-            os.close(devnull)
+            to_devnull(stream)
             self.logger.warning("%s is gone (%s): this process's own lines go unsaid from now on",
                                 getattr(stream, "name", "a stream"), e.strerror or e)
 
@@ -196,3 +199,10 @@ class ForeignLines(io.TextIOBase):
             if clean:
                 self.logger.warning("%s", clean)
         return len(text)
+
+
+def to_devnull(stream) -> None:
+    """Point `stream`'s descriptor at /dev/null (what it still buffers goes there too)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)

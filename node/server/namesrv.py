@@ -93,7 +93,7 @@ def default_directory(listen: str) -> Path:
 
 
 def run(listen: str, directory: str | None, ray_address: str | None, out=print) -> int:
-    """`mqnode namesrv`: serve until SIGINT/SIGTERM."""
+    """`mqnode namesrv`: serve until SIGINT/SIGTERM/SIGHUP."""
     directory = (Path(directory).expanduser() if directory else default_directory(listen)).absolute()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     ray_setup.prepare_embedded(ray_address)

@@ -1,5 +1,6 @@
-"""SIGINT and SIGTERM, asking a foreground process's main loop to stop, with no lock taken in
-the handler.
+"""SIGINT, SIGTERM and SIGHUP, asking a foreground process's main loop to stop, with no lock
+taken in the handler. (SIGHUP: the terminal or the session it runs in is gone; its default action
+ended the process at once, and a node's store then recovered as after a crash.)
 
 CPython runs a signal handler in the main thread, between two of its bytecodes. A handler that
 calls `threading.Event.set()` takes that Event's lock, which the main thread itself holds for a
@@ -17,7 +18,7 @@ import time
 class StopSignals:
     """Installs itself for `numbers`; `wait(seconds)` sleeps at most that long: whether one came."""
 
-    def __init__(self, numbers=(signal.SIGINT, signal.SIGTERM)):
+    def __init__(self, numbers=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
         self.numbers = numbers
         self.received: int | None = None
         self.install()

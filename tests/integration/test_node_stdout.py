@@ -142,11 +142,13 @@ def test_a_service_that_never_starts_ends_the_start_cleanly_and_soon(tmp_path, e
     assert not [process for process in psutil.process_iter() if _of(process, tmp_path)]
 
 
-def test_a_reader_of_stdout_gone_leaves_the_stop_clean(tmp_path):
-    """`mqnode start | head -1`: the reader goes after the ready line, and at the stop the node's
-    next line has nowhere to go. The stop goes on (exit 0, its store closed cleanly, the log saying
-    why its lines stopped); before, the write's BrokenPipeError ended the launcher at once (exit 0
-    all the same, and the next start recovered the store as after a crash)."""
+def test_a_terminal_gone_stops_the_node_cleanly(tmp_path):
+    """Its stdout's reader goes after the ready line (`mqnode start | head -1`, or a terminal
+    closed), then SIGHUP comes (the session's end). The node stops as on SIGTERM (exit 0, its
+    store closed cleanly, the log saying why its lines stopped). Before: SIGHUP's default action
+    ended the launcher at once; and on SIGTERM the write of `mqnode stopping` raised
+    BrokenPipeError, which ended it too (exit 0 all the same). Either way the next start
+    recovered the store as after a crash."""
     run, store = tmp_path / "run", tmp_path / "store"
     run.mkdir(mode=0o700)
     port = free_port()
@@ -157,7 +159,7 @@ def test_a_reader_of_stdout_gone_leaves_the_stop_clean(tmp_path):
     try:
         assert node.stdout.readline().startswith(b"mqnode ready ")
         node.stdout.close()
-        node.send_signal(signal.SIGTERM)
+        node.send_signal(signal.SIGHUP)
         assert node.wait(60) == 0
     finally:
         if node.poll() is None:

@@ -420,7 +420,7 @@ def load(conf: str | Path | None = None, overrides: dict[str, object] | None = N
     if conf is not None:
         path = Path(conf)
         try:
-            values.update(parse_conf(path.read_text(), str(path)))
+            values.update(parse_conf(path.read_text(encoding="utf-8-sig"), str(path)))  # (-sig: a BOM a Windows editor wrote)
         except OSError as e:
             raise SettingsError(f"cannot read {path}: {e.strerror}") from None
     for name, value in (overrides or {}).items():

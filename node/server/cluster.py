@@ -91,7 +91,7 @@ def load(path: str | Path) -> ClusterConf:
     """The cluster's parts from its toml. SettingsError names what is wrong."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise SettingsError(f"cluster conf {path}: {e}") from None
     cluster = data.get("cluster") or {}

@@ -99,6 +99,8 @@ def test_broker_conf_style_and_overrides(tmp_path):
     assert (settings.flushDiskType, settings.mappedFileSizeCommitLog, settings.brokerIP1, settings.maxIndexNum) == (
         "SYNC_FLUSH", 65536, "10.0.0.5", 400)
     assert settings.fileReservedTime == 72  # omitted keys keep their defaults
+    conf.write_bytes("\ufeffbrokerName = b1\r\n# ünïcödé\r\nflushDiskType=SYNC_FLUSH\r\n".encode())  # (a Windows editor's)
+    assert (settings_module.load(conf).brokerName, settings_module.load(conf).flushDiskType) == ("b1", "SYNC_FLUSH")
     conf.write_text("offsetCheckInSlave = true\n")  # accepted and ignored would mislead: refused by name
     with pytest.raises(SettingsError, match="offsetCheckInSlave is not implemented by mqnode yet"):
         settings_module.load(conf)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import typing
 
 _NAMES = {  # the module each name lives in -> its names
+    "node.client.aio": ("ForkedClient",),
     "node.client.consumer": ("AsyncPullConsumer", "PullConsumer", "PullResult"),
     "node.client.message": ("Message",),
     "node.client.producer": ("AsyncProducer", "Producer", "SendError", "SendResult"),
@@ -32,6 +33,7 @@ _HOMES = {name: home for home, names in _NAMES.items() for name in names}
 __all__ = sorted(_HOMES)
 
 if typing.TYPE_CHECKING:  # (for readers and type checkers: the same names, imported at once)
+    from node.client.aio import ForkedClient
     from node.client.consumer import AsyncPullConsumer, PullConsumer, PullResult
     from node.client.message import Message
     from node.client.pop_consumer import CONSUME_SUCCESS, RECONSUME_LATER, PopConsumer, PopOptions
@@ -48,6 +50,8 @@ if typing.TYPE_CHECKING:  # (for readers and type checkers: the same names, impo
 
 def __getattr__(name: str):
     match _HOMES.get(name):  # (plain imports, so the layout's checks read what the package loads)
+        case "node.client.aio":
+            import node.client.aio as home
         case "node.client.consumer":
             import node.client.consumer as home
         case "node.client.message":

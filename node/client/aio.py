@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
+import os
 import threading
 import weakref
 from collections.abc import Coroutine
@@ -40,10 +42,36 @@ EXIT_JOIN_S = 1.0  # how long the exit waits for each loop left running to stop
 _RUNNING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a blocking client's thread -> its loop
 
 
-def start_loop_thread(loop: asyncio.AbstractEventLoop, name: str) -> threading.Thread:
+class ForkedClient(RuntimeError):
+    """A blocking client used in a process forked after it was made (os.fork, multiprocessing's
+    fork start method): its loop thread and its ZeroMQ context's threads stayed in the parent, as
+    every thread does, and the call would wait forever. Make the client in the child."""
+
+
+class LoopThread(threading.Thread):
+    """A blocking client's loop thread, knowing the process it runs in (`made_in`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, name: str):
+        super().__init__(target=loop.run_forever, name=name, daemon=True)
+        self.loop, self.made_in = loop, os.getpid()
+
+    def forked(self) -> bool:
+        """Whether this is a process forked from the one the thread runs in."""
+        return os.getpid() != self.made_in
+
+    def submit(self, coroutine) -> concurrent.futures.Future:
+        """`coroutine` run on the loop; ForkedClient in a forked process."""
+        if self.forked():
+            coroutine.close()
+            raise ForkedClient(f"{self.name}: a client made in process {self.made_in} was used in {os.getpid()}, "
+                               "forked from it after it was made: make the client in the process that uses it")
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+
+def start_loop_thread(loop: asyncio.AbstractEventLoop, name: str) -> LoopThread:
     """`loop` run on a daemon thread of its own (a blocking client's), stopped at the latest when
     the interpreter exits (`_stop_loops_at_exit`)."""
-    thread = threading.Thread(target=loop.run_forever, name=name, daemon=True)
+    thread = LoopThread(loop, name)
     thread.start()
     _RUNNING[thread] = loop
     return thread
@@ -104,12 +132,14 @@ class Blocking:
         self.thread = start_loop_thread(self.loop, name)
 
     def _call(self, coroutine, timeout: float | None = None):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+        return self.thread.submit(coroutine).result(timeout)
 
     def _context(self):
         return self.inner.producer.context
 
     def close(self) -> None:
+        if self.thread.forked():  # (the parent's to close: its threads and sockets are not here)
+            return
         if self.loop.is_running():
             self._call(self.inner.close())
             context = self._context()

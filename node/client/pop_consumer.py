@@ -78,7 +78,7 @@ class PopConsumer:
             raise ValueError("subscribe to a topic and register a listener before start")
         self.pool = ThreadPoolExecutor(self.options.consume_threads, thread_name_prefix=f"mqnode-pop-{self.group}")
         self.thread = aio.start_loop_thread(self.loop, f"mqnode-pop-{self.group}")
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result()
+        self.thread.submit(self._start()).result()
         return self
 
     async def _start(self) -> None:
@@ -96,7 +96,7 @@ class PopConsumer:
                 aio.close_stopped(self.loop)
             return
         self.stopping = True
-        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result()
+        self.thread.submit(self._stop()).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.pool.shutdown(wait=True)

@@ -446,7 +446,7 @@ class Producer(aio.Blocking):
         return self._call_async(self.inner.send(topic, body, **kwargs))
 
     def _call_async(self, coroutine) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        return self.thread.submit(coroutine)
 
     def send_oneway(self, topic: str, body: bytes | str, **kwargs) -> None:
         self._call(self.inner.send_oneway(topic, body, **kwargs))

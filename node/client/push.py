@@ -480,7 +480,7 @@ class PushConsumer:
         return AsyncPushConsumer(endpoint, group, **options)
 
     def _call(self, coroutine):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        return self.thread.submit(coroutine).result()
 
     def subscribe(self, topic: str, expression: str = "*", expression_type: str = protocol.EXPRESSION_TAG) -> None:
         self.inner.subscribe(topic, expression, expression_type)

@@ -57,3 +57,31 @@ def test_the_loops_of_clients_left_open_are_stopped_before_the_interpreter_ends(
     done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], cwd=root, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["alive []"] and done.stderr == ""
+
+
+def test_a_client_used_in_a_process_forked_after_it_was_made_says_so_at_once():
+    """(a Producer made at import and used by multiprocessing's forked workers: their sends waited
+    forever on a loop thread that stayed in the parent)"""
+    import os
+    import time
+
+    from node.client import ForkedClient, Producer
+
+    producer = Producer("tcp://127.0.0.1:1", timeout=1.0)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a word on the pipe, then out without the parent's exit handlers
+        began, word = time.monotonic(), b"no error"
+        try:
+            producer.send("T", b"from the child")
+        except ForkedClient as e:
+            word = b"forked" if "make the client in the process that uses it" in str(e) else str(e).encode()
+        producer.close()  # (the parent's to close: nothing here)
+        os.write(write, word if time.monotonic() - began < 1 else b"slow")
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 200) == b"forked"
+    assert os.waitpid(pid, 0)[1] == 0
+    os.close(read)
+    producer.close()  # (the parent's own: still its to close)
+    assert not producer.thread.is_alive()

@@ -449,6 +449,11 @@ def _answered(asker, header: dict, answers: set[str]) -> bool:
         return False
 
 
+# A path the node cannot use as it is: not its user's to write, a read-only file system, a file
+# where a directory must be (or the other way round).
+PATH_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR)
+
+
 def run(settings: Settings, ray_address: str | None = None) -> int:
     """`mqnode start`: this process is the node's. Its own lines go to stdout; anything else
     printed there (Ray's driver) goes to the log on stderr (logs.ForeignLines)."""
@@ -465,6 +470,10 @@ def run(settings: Settings, ray_address: str | None = None) -> int:
         out(f"mqnode failed: {e}", file=sys.stderr, flush=True)
         return 1
     except OSError as e:
+        if e.filename and e.errno in PATH_ERRORS:  # (the host's doing, not the node's: no traceback)
+            out(f"mqnode failed: cannot use {e.filename}: {e.strerror} (this process runs as uid {os.getuid()})",
+                file=sys.stderr, flush=True)
+            return 1
         if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
             raise
         out(f"mqnode failed: {e}: {ray_setup.host_limits()}", file=sys.stderr, flush=True)

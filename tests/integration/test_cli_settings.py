@@ -83,6 +83,16 @@ def test_bad_usage_is_a_clear_error():
     assert out.returncode == 2 and "no store" in out.stderr
 
 
+def test_a_store_the_node_cannot_use_is_named_without_a_traceback(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    port = free_port()
+    out = mqnode("start", "--store", str(tmp_path / "a-file" / "store"), "--listen", f"tcp://127.0.0.1:{port}",
+                 "--listenPort", str(port), "--grpcServerPort", "0")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.endswith(f"mqnode failed: cannot use {tmp_path}/a-file/store: Not a directory "
+                               f"(this process runs as uid {os.getuid()})\n"), out.stderr[-2000:]
+
+
 def test_conf_file_lists_every_setting_with_its_default():
     import tomllib
 

@@ -152,7 +152,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
             raise SettingsError(f"--property {item!r}: expected KEY=VALUE")
         properties[name] = value
     keys = args.keys.split() if args.keys else None
-    lines = (line.rstrip("\n").encode("utf-8") for line in sys.stdin)
+    lines = (line.rstrip(b"\n") for line in sys.stdin.buffer)  # (as bytes: a body need not be text)
     if args.request:
         from node.tools.cli_requests import produce_requests
         return produce_requests(args, lines, lambda body: {"tags": args.tags, "keys": keys, "properties": dict(properties),

@@ -191,13 +191,15 @@ def test_cli_produce_and_admin_stats(node):
     endpoint = node.settings.listen
     done = subprocess.run([sys.executable, "-m", "node.tools.cli", "produce", "--endpoint", endpoint, "--topic", "CliTopic",
                            "--tags", "T1", "--keys", "a b", "--property", "k=v"],
-                          input=b"one\ntwo\nthree\n", cwd=ROOT, capture_output=True, timeout=60, check=False)
+                          input=b"one\ntwo\nthree\n\xff\x00 not text\r\n", cwd=ROOT, capture_output=True, timeout=60,
+                          check=False)
     assert done.returncode == 0, done.stderr
     lines = [orjson.loads(line) for line in done.stdout.splitlines()]
-    assert [line["status"] for line in lines] == ["PUT_OK"] * 3
+    assert [line["status"] for line in lines] == ["PUT_OK"] * 4
     assert set(lines[0]) >= {"status", "msgId", "offsetMsgId", "queueId", "queueOffset"}
     record = _record_at(node, lines[1]["offsetMsgId"])
     assert record.body == b"two" and record.properties["k"] == "v" and record.keys == ["a", "b"]
+    assert _record_at(node, lines[3]["offsetMsgId"]).body == b"\xff\x00 not text\r"  # (a line's bytes, as they came)
     failed = subprocess.run([sys.executable, "-m", "node.tools.cli", "produce", "--endpoint", endpoint, "--topic", "bad topic"],
                             input=b"x\n", cwd=ROOT, capture_output=True, timeout=60, check=False)
     assert failed.returncode == 1 and orjson.loads(failed.stdout)["status"] == "MESSAGE_ILLEGAL"

@@ -10,7 +10,7 @@ done
 if [ -z "$_java_found" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "mqnode: installing a Java runtime for Spark (openjdk-17-jre-headless)" >&2
-    source "$(dirname "${BASH_SOURCE[0]}")/_apt.sh"
+    source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/_apt.sh"
     _apt_install openjdk-17-jre-headless
     _java_found="$(ls /usr/lib/jvm/*/bin/java 2>/dev/null | head -1)"
   fi

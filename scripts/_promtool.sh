@@ -9,7 +9,7 @@ if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   if [ ! -e "$_policy" ]; then
     printf '#!/bin/sh\nexit 101\n' > "$_policy" && chmod +x "$_policy" && _made_policy=1  # no service starts
   fi
-  source "$(dirname "${BASH_SOURCE[0]}")/_apt.sh"
+  source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/_apt.sh"
   if ! _apt_install --no-install-recommends prometheus; then
     echo "mqnode: could not install prometheus; the metrics test skips promtool" >&2
   fi

@@ -1,7 +1,7 @@
 # Sourced by the scripts: make sure .venv exists and holds this project, then use it.
 # A stamp per extras set holds pyproject.toml's hash (and the C source's), so a changed dependency list reinstalls once.
 set -euo pipefail
-MQNODE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MQNODE_ROOT="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 VENV="$MQNODE_ROOT/.venv"
 EXTRAS="${MQNODE_EXTRAS:-}"
 # The C sources are compiled at install: a change to one reinstalls too.

@@ -93,6 +93,12 @@ def test_a_store_the_node_cannot_use_is_named_without_a_traceback(tmp_path):
                                f"(this process runs as uid {os.getuid()})\n"), out.stderr[-2000:]
 
 
+def test_the_scripts_run_through_a_symlink_from_anywhere(tmp_path):
+    (tmp_path / "mqnode").symlink_to(ROOT / "scripts" / "mqnode")  # (a user's ~/bin/mqnode)
+    out = subprocess.run([str(tmp_path / "mqnode"), "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("usage: mqnode"), out.stderr[-2000:]
+
+
 def test_conf_file_lists_every_setting_with_its_default():
     import tomllib
 

@@ -72,9 +72,18 @@ def create_reply(request, body: bytes | str, *, properties: dict[str, str] | Non
     props.update({protocol.PROPERTY_MESSAGE_TYPE: protocol.REPLY_MESSAGE_FLAG, protocol.PROPERTY_REPLY_TO_CLIENT: requester,
                   protocol.PROPERTY_CORRELATION_ID: asked.get(protocol.PROPERTY_CORRELATION_ID, ""),
                   protocol.PROPERTY_MESSAGE_TTL: asked.get(protocol.PROPERTY_MESSAGE_TTL, "")})
-    return Message(protocol.reply_topic(cluster), body.encode() if isinstance(body, str) else bytes(body),
-                   properties=props)
+    return Message(protocol.reply_topic(cluster), body_bytes(body), properties=props)
 
 
 def _props_string(props: dict[str, str]) -> str:
     return "\x02".join(f"{k}\x01{v}" for k, v in props.items())
+
+
+def body_bytes(body: bytes | bytearray | memoryview | str) -> bytes:
+    """A message's body as bytes: a str as UTF-8. Anything else is refused: bytes(123) would be
+    123 zero bytes, stored and delivered as if meant."""
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    raise TypeError(f"a message body is bytes or str, not {type(body).__name__}")

@@ -28,7 +28,7 @@ from node.client import aio, routes
 from node.client.coalesce import NOT_TAKEN, Coalescing, Queued, backoff  # (backoff: for the clients that import it here)
 from node.client.connection import Connection
 from node.client.errors import SendError
-from node.client.message import Message, create_reply
+from node.client.message import Message, body_bytes, create_reply
 from node.client.results import SendResult
 from node.client.routes import shard_queue
 from node.client.uniq_keys import UniqKeys
@@ -200,11 +200,11 @@ class AsyncProducer(Coalescing):
         holds it back until due (docs/protocol.md "Delays"); its result's `recall_handle` cancels
         it until then (`recall`)."""
         if tags or keys or properties or not wait or deliver_at_ms is not None or delay_ms is not None:
-            message = Message(topic, _bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait,
+            message = Message(topic, body_bytes(body), tags, keys, dict(properties or {}), delay_level, wait=wait,
                               deliver_at_ms=deliver_at_ms, delay_ms=delay_ms)
             return await self.send_message(message, queue_id=queue_id, shard_key=shard_key, broker=broker)
         # A plain message (most sends): no Message to build, its only properties the uniq key and a delay.
-        body = _bytes(body)
+        body = body_bytes(body)
         if self.cluster is not None:  # (the group's producer's future itself: no coroutine frame of its own)
             uniq = self.keys.next()  # one id whichever group takes it: a send retried elsewhere keeps its msgId
             return await self._routed(topic, lambda client, queue: client._plain(topic, body, queue, delay_level,
@@ -328,7 +328,7 @@ class AsyncProducer(Coalescing):
             await self._routed(topic, lambda client, queue: client.send_oneway(topic, body, queue_id=queue, **kwargs),
                                queue_id, shard_key, broker)
             return
-        message = Message(topic, _bytes(body), kwargs.get("tags"), kwargs.get("keys"),
+        message = Message(topic, body_bytes(body), kwargs.get("tags"), kwargs.get("keys"),
                           dict(kwargs.get("properties") or {}), kwargs.get("delay_level", 0),
                           deliver_at_ms=kwargs.get("deliver_at_ms"), delay_ms=kwargs.get("delay_ms"))
         queue = await self._choose_queue(topic, queue_id, kwargs.get("shard_key"))
@@ -348,11 +348,11 @@ class AsyncProducer(Coalescing):
         if self.cluster is not None:
             fresh = iter(self.keys.next_many(len(messages)))  # (each message's id fixed before a group is picked)
             keyed = [self._keyed(m, next(fresh)) if isinstance(m, Message)
-                     else Message(topic, _bytes(m), properties={PROPERTY_UNIQ_KEY: next(fresh)}) for m in messages]
+                     else Message(topic, body_bytes(m), properties={PROPERTY_UNIQ_KEY: next(fresh)}) for m in messages]
             whole = {"one_half": True} if one_half else {}
             return await self._routed(topic, lambda client, queue: client.send_batch(
                 topic, keyed, queue_id=queue, properties=properties, **whole), queue_id, shard_key, broker)
-        items = [m if isinstance(m, Message) else Message(topic, _bytes(m)) for m in messages]
+        items = [m if isinstance(m, Message) else Message(topic, body_bytes(m)) for m in messages]
         queue = await self._choose_queue(topic, queue_id, shard_key)
         fresh = iter(self.keys.next_many(sum(1 for m in items if not m.properties.get(PROPERTY_UNIQ_KEY))))
         uniq = [m.properties.get(PROPERTY_UNIQ_KEY) or next(fresh) for m in items]
@@ -463,7 +463,3 @@ class Producer(aio.Blocking):
     def request(self, header: dict, body: bytes | None = None, *,
                 timeout: float | None = None) -> tuple[dict, bytes | None]:
         return self._call(self.inner.request(header, body, timeout=timeout))
-
-
-def _bytes(body: bytes | str) -> bytes:
-    return body.encode("utf-8") if isinstance(body, str) else bytes(body)

@@ -24,8 +24,8 @@ import uuid
 
 from node import protocol
 from node.client import aio
-from node.client.message import Message
-from node.client.producer import AsyncProducer, SendError, _bytes
+from node.client.message import Message, body_bytes
+from node.client.producer import AsyncProducer, SendError
 from node.client.producer_group import ProducerMembership, client_id_of
 from node.client.received import ReceivedMessage, pushed_reply
 
@@ -96,7 +96,7 @@ class AsyncRequester:
         props.update({protocol.PROPERTY_CORRELATION_ID: correlation, protocol.PROPERTY_REPLY_TO_CLIENT: self.client_id,
                       protocol.PROPERTY_MESSAGE_TTL: str(int(timeout * 1000))})
         future = self.waiting[correlation] = asyncio.get_running_loop().create_future()
-        message = self.producer._keyed(Message(topic, _bytes(body), tags, keys, props))  # (one msgId on any group)
+        message = self.producer._keyed(Message(topic, body_bytes(body), tags, keys, props))  # (one msgId on any group)
         try:
             if self.producer.cluster is None:
                 await self.producer.send_message(message, queue_id=queue_id)

@@ -26,8 +26,8 @@ from typing import Callable, NamedTuple
 
 from node import protocol
 from node.client import aio
-from node.client.message import Message
-from node.client.producer import AsyncProducer, SendError, SendResult, _bytes
+from node.client.message import Message, body_bytes
+from node.client.producer import AsyncProducer, SendError, SendResult
 from node.client.producer_group import ProducerMembership, client_id_of
 from node.client.received import decode_messages, retopic
 from shm.codec import (
@@ -128,7 +128,7 @@ class AsyncTransactionProducer:
         props = dict(properties or {})
         props[PROPERTY_TRANSACTION], props[PROPERTY_PRODUCER_GROUP] = "true", self.group
         props.setdefault(PROPERTY_UNIQ_KEY, self.producer.keys.next())
-        message = Message(topic, _bytes(body), tags, keys, props)
+        message = Message(topic, body_bytes(body), tags, keys, props)
         return message, await self.producer.send_message(message, queue_id=queue_id)
 
     async def end(self, sent: SendResult, state: LocalTransactionState, *, from_check: bool = False,

@@ -151,7 +151,12 @@ def test_statuses_for_what_may_not_be_stored(node, producer):
     with pytest.raises(SendError) as e:
         producer.send("SCHEDULE_TOPIC_XXXX", "x", queue_id=0)
     assert e.value.status == "MESSAGE_ILLEGAL"
-    assert producer.send("TopicA", "still serving").status == "PUT_OK"
+    for not_a_body in (123, None, ["x"]):  # (bytes(123) is 123 zero bytes: they were stored as if meant)
+        with pytest.raises(TypeError, match="a message body is bytes or str"):
+            producer.send("TopicA", not_a_body)
+        with pytest.raises(TypeError, match="a message body is bytes or str"):
+            producer.send_batch("TopicA", [b"fine", not_a_body])
+    assert producer.send("TopicA", bytearray(b"still serving")).status == "PUT_OK"
 
 
 def test_malformed_frames_and_unknown_codes_get_error_replies(node, raw):

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,12 @@ def check_worker_python(spark) -> None:
         ok, why = done.returncode == 0, (done.stderr.strip().splitlines() or [""])[-1]
     except OSError as e:
         ok, why = False, str(e)
-    if not ok:
+    if ok:
+        return
+    if os.path.realpath(found) != os.path.realpath(sys.executable):
         raise WorkerPythonError(
             f"Spark's Python workers run {worker!r} ({found}), which cannot import the mqnode connector ({why}): "
             f"set PYSPARK_PYTHON={sys.executable} before creating the Spark session")
+    raise WorkerPythonError(  # (this interpreter: what differs is the workers' sys.path, which starts at the cwd)
+        f"Spark's Python workers ({found}) cannot import the mqnode connector ({why}) in {os.getcwd()}: a file "
+        "there may shadow a module; run from another directory, or with PYTHONSAFEPATH=1 (scripts/pipeline sets it)")

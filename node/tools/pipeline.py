@@ -240,8 +240,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from node.pipeline import WorkerPythonError
+    from node.pipeline.ranges import PipelineError
+
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except (WorkerPythonError, PipelineError) as e:  # (what the user can mend: one line, not a traceback)
+        print(f"pipeline {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -135,3 +135,21 @@ def test_register_says_what_to_set_when_sparks_workers_would_run_another_python(
         register(spark)
     assert f"set PYSPARK_PYTHON={sys.executable} before creating the Spark session" in str(refused.value)
     assert "cannot import the mqnode connector" in str(refused.value)
+
+
+def test_register_names_a_file_of_the_working_directory_that_shadows_a_module(spark, tmp_path, monkeypatch):
+    """Spark's Python workers start with the working directory first on sys.path: a user's queue.py
+    there stops them importing the connector. register() says so (not "set PYSPARK_PYTHON" to the
+    interpreter they already run); with PYTHONSAFEPATH=1 (scripts/pipeline sets it) they pass it over."""
+    from node.pipeline import WorkerPythonError, register
+
+    (tmp_path / "queue.py").write_text("raise SystemExit('the user\\'s queue.py was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONSAFEPATH", raising=False)
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", sys.executable)
+    with pytest.raises(WorkerPythonError) as refused:
+        register(spark)
+    assert f"in {tmp_path}: a file there may shadow a module" in str(refused.value), str(refused.value)
+    assert "the user's queue.py was imported" in str(refused.value)
+    monkeypatch.setenv("PYTHONSAFEPATH", "1")
+    register(spark)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 
+import pytest
+
 from node.client import aio
 
 
@@ -59,6 +61,7 @@ def test_the_loops_of_clients_left_open_are_stopped_before_the_interpreter_ends(
     assert done.stdout.splitlines() == ["alive []"] and done.stderr == ""
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # (Python 3.12+: the point)
 def test_a_client_used_in_a_process_forked_after_it_was_made_says_so_at_once():
     """(a Producer made at import and used by multiprocessing's forked workers: their sends waited
     forever on a loop thread that stayed in the parent)"""

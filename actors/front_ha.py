@@ -55,7 +55,7 @@ class FrontReplication:
         """GET_ROUTEINFO_BY_TOPIC's brokerAddrs: brokerId -> client endpoint of this node, its
         master (as its welcome said) or its slaves (as their hellos said)."""
         s, slave = self.settings, self.is_slave()
-        brokers = {str(s.brokerId if slave else 0): s.listen}
+        brokers = {str(s.brokerId if slave else 0): s.client_endpoint}
         for follower in actor_stats.get("ha-server", {}).get("slaves", []):
             if follower.get("brokerId") is not None and follower.get("endpoint"):
                 brokers[str(follower["brokerId"])] = follower["endpoint"]

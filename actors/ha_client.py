@@ -233,7 +233,7 @@ class HaClient(Actor):
         self.link.setsockopt(zmq.RCVBUF, 4 * 1024 * 1024)
         guard.secure_link(self.link, self.curve_keys)  # (a master with curveEnable)
         self.link.connect(f"tcp://{host}:{port}")
-        hello = self.session.hello(s.brokerId, self.epochs.entries, s.listen)
+        hello = self.session.hello(s.brokerId, self.epochs.entries, s.client_endpoint)
         self.hello = hello[1:]
         self.link.send(hello)
 

@@ -113,7 +113,7 @@ class MasterSession:
 
     def __init__(self, settings, now_ms: int, *, handshake: bool):
         self.segment_size = settings.mappedFileSizeCommitLog
-        self.listen = settings.listen  # the master's client endpoint, told to its slaves
+        self.listen = settings.client_endpoint  # the master's, told to its slaves
         self.batch = settings.haTransferBatchSize
         self.heartbeat_ms = settings.haSendHeartbeatInterval
         self.housekeeping_ms = settings.haHousekeepingInterval

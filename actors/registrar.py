@@ -28,6 +28,7 @@ from actors.base import Actor, incoming, socket
 from node import protocol
 from shm.control_block import ROLE_CODES, ROLE_NAMES
 from shm.epochs import EpochFile
+from shm.settings import WILDCARD_HOSTS
 
 log = logging.getLogger("mqnode")
 
@@ -37,22 +38,15 @@ DEFAULT_TOPIC = "TBW102"
 READ_AND_WRITE = 6  # brokerPermission's default: each topic is registered with its own perm
 
 
-WILDCARDS = ("0.0.0.0", "::", "[::]", "*", "")
-
-
 def advertised(host: str, settings) -> str:
     """The host others reach: a wildcard listener's is the store host's (`brokerIP1`, or the host
     of a tcp `listen` that names one: RocketMQ registers brokerIP1)."""
-    return settings.store_address[0] if host in WILDCARDS else host
+    return settings.store_address[0] if host in WILDCARD_HOSTS else host
 
 
 def client_address(settings) -> str:
     """The address a route gives clients for this node: `host:port` for tcp (RocketMQ's form)."""
-    listen = settings.listen
-    if not listen.startswith("tcp://"):
-        return listen
-    host, _, port = listen[len("tcp://"):].rpartition(":")
-    return f"{advertised(host, settings)}:{port}"
+    return settings.client_endpoint.removeprefix("tcp://")
 
 
 def ha_address(settings) -> str:

@@ -318,11 +318,25 @@ class Settings:
                 host = listen_host
         return host, port
 
+    @property
+    def client_endpoint(self) -> str:
+        """`listen` as clients are told it (a route's brokerAddrs, the HA link's hello and
+        welcome): a wildcard host (0.0.0.0, ::) is the store host's, `store_address`, as RocketMQ
+        registers brokerIP1: a client told 0.0.0.0 reached its own host."""
+        if not self.listen.startswith("tcp://"):
+            return self.listen
+        host, _, port = self.listen[len("tcp://"):].rpartition(":")
+        if host not in WILDCARD_HOSTS:
+            return self.listen
+        host = self.store_address[0]
+        return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
     def delay_levels_ms(self) -> list[int]:
         return parse_delay_levels(self.messageDelayLevel)
 
 
 _DEFAULT_LISTEN_PORT, _DEFAULT_HA_PORT, _DEFAULT_BROKER_IP = 10911, 10912, "127.0.0.1"
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "*", "")  # a listener's host that is every interface, none to reach
 _DEFAULT_GRPC_PORT = 8081
 
 

@@ -94,3 +94,20 @@ def test_a_master_never_takes_the_files_as_its_masters(tmp_path):
     for second in range(3):
         replication.follow(100.0 + second * LOOK_EVERY_S, slave(control))
     assert topics.get("Foreign") is None
+
+
+def test_a_route_names_a_wildcard_listener_by_the_address_clients_reach(tmp_path):
+    """(a client of another host told tcp://0.0.0.0:PORT connects to its own host)"""
+    import dataclasses
+
+    replication = node(tmp_path, "ASYNC_MASTER")[0]
+    settings = replication.settings
+    for listen, broker_ip, told in (("tcp://0.0.0.0:10911", "127.0.0.1", "tcp://127.0.0.1:10911"),
+                                    ("tcp://0.0.0.0:10911", "10.1.2.3", "tcp://10.1.2.3:10911"),
+                                    ("tcp://[::]:10911", "fd00::7", "tcp://[fd00::7]:10911"),
+                                    ("tcp://10.9.9.9:10911", "10.1.2.3", "tcp://10.9.9.9:10911"),
+                                    ("ipc:///run/mq.sock", "10.1.2.3", "ipc:///run/mq.sock")):
+        replication.settings = dataclasses.replace(settings, listen=listen, brokerIP1=broker_ip)
+        assert replication.brokers({}) == {"0": told}, listen
+    slaves = {"ha-server": {"slaves": [{"brokerId": 1, "endpoint": "tcp://10.1.2.4:10921"}]}}
+    assert replication.brokers(slaves) == {"0": "ipc:///run/mq.sock", "1": "tcp://10.1.2.4:10921"}

@@ -134,6 +134,20 @@ class Blocking:
     def _call(self, coroutine, timeout: float | None = None):
         return self.thread.submit(coroutine).result(timeout)
 
+    def _made(self, coroutine):
+        """`coroutine`'s result: the client made or started on its loop. When that fails (a bad
+        endpoint) the loop's thread goes, and a ZeroMQ context the client holds as `context`, rather
+        than staying until the exit (a program that retries would gather them)."""
+        try:
+            return self._call(coroutine)
+        except BaseException:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+            close_stopped(self.loop)
+            if getattr(self, "context", None) is not None:
+                self.context.term()
+            raise
+
     def _context(self):
         return self.inner.producer.context
 

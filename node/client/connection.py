@@ -27,6 +27,8 @@ from collections.abc import Callable
 import zmq
 from zmq.backend import zmq_poll
 
+from node import protocol
+from node.client.errors import BadEndpoint
 from node.frames import NOBLOCK, recv_frames, send_frames
 
 MAX_READ = 256  # replies handled per reader callback before other callbacks get a turn
@@ -48,7 +50,12 @@ class Connection:
         self.socket.setsockopt(zmq.RCVHWM, hwm)
         if secure is not None:  # CURVE's keys, before the connection's handshake
             secure(self.socket)
-        self.socket.connect(endpoint)
+        try:
+            self.socket.connect(protocol.broker_endpoint(endpoint))  # (host:port too: RocketMQ's form, a route's)
+        except zmq.ZMQError as e:
+            self.socket.close()
+            raise BadEndpoint(f"{endpoint!r} is no endpoint of a node (tcp://HOST:PORT, HOST:PORT or ipc://PATH): "
+                              f"{e.strerror}") from None
         self.on_frames = on_frames
         self.loop = asyncio.get_running_loop()
         self.fd = self.socket.getsockopt(zmq.FD)

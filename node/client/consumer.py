@@ -376,7 +376,7 @@ class PullConsumer(aio.Blocking):
         self._start_loop("mqnode-consumer")
         self.context = zmq.Context()
         self.inner = AsyncPullConsumer(endpoint, context=self.context, **options)
-        self._call(self.inner.start())
+        self._made(self.inner.start())
 
     def _context(self):
         return self.context

@@ -1,6 +1,10 @@
-"""The clients' one error (re-exported by node.client.producer, where callers have always found it)."""
+"""The clients' errors (SendError re-exported by node.client.producer, where callers have always found it)."""
 
 from __future__ import annotations
+
+
+class BadEndpoint(ValueError):
+    """A client given an endpoint no node can listen at."""
 
 
 class SendError(Exception):

@@ -428,7 +428,7 @@ class Producer(aio.Blocking):
 
     def __init__(self, endpoint: str | None = None, **options):
         self._start_loop("mqnode-producer")
-        self.inner = self._call(self._make(endpoint, options))
+        self.inner = self._made(self._make(endpoint, options))
 
     def statistics(self) -> dict:
         return self.inner.cluster.statistics() if self.inner.cluster is not None else {}

@@ -138,7 +138,7 @@ class Requester(aio.Blocking):
 
     def __init__(self, endpoint: str | None = None, group: str | None = None, **options):
         self._start_loop("mqnode-requester")
-        self.inner = self._call(self._make(endpoint, group, options))
+        self.inner = self._made(self._make(endpoint, group, options))
 
     async def _make(self, endpoint: str | None, group: str | None, options: dict) -> AsyncRequester:
         import zmq

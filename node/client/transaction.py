@@ -258,7 +258,7 @@ class TransactionProducer(aio.Blocking):
         self._start_loop("mqnode-transaction")
         self.execute = execute
         blocking_check = None if check is None else (lambda message: self.loop.run_in_executor(None, check, message))
-        self.inner = self._call(self._make(endpoint, group, blocking_check, options))
+        self.inner = self._made(self._make(endpoint, group, blocking_check, options))
 
     async def _make(self, endpoint, group, check, options) -> AsyncTransactionProducer:
         import zmq

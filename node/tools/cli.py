@@ -15,6 +15,7 @@ from pathlib import Path
 
 import orjson
 
+from node.client.errors import BadEndpoint
 from shm import settings as settings_module
 from shm.codec import Corruption, Record
 from shm.mapped_file import StoreError
@@ -485,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ[variable] = getattr(args, variable)
     try:
         return args.handler(args)
-    except (SettingsError, StoreError) as e:
+    except (SettingsError, StoreError, BadEndpoint) as e:
         print(f"mqnode {args.command}: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:

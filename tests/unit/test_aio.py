@@ -88,3 +88,19 @@ def test_a_client_used_in_a_process_forked_after_it_was_made_says_so_at_once():
     os.close(read)
     producer.close()  # (the parent's own: still its to close)
     assert not producer.thread.is_alive()
+
+
+def test_an_endpoint_is_taken_as_host_port_too_and_a_bad_one_is_named_and_leaves_nothing_running():
+    import threading
+
+    import zmq
+
+    from node.client import Producer, PullConsumer
+    from node.client.errors import BadEndpoint
+
+    with Producer("127.0.0.1:1") as producer:  # (RocketMQ's form, as a route names a broker)
+        assert producer.inner.connection.socket.get_string(zmq.LAST_ENDPOINT) == "tcp://127.0.0.1:1"
+    for make in (Producer, PullConsumer):
+        with pytest.raises(BadEndpoint, match="'nonsense' is no endpoint of a node"):
+            make("nonsense")
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("mqnode-")]

@@ -42,6 +42,17 @@ EXIT_JOIN_S = 1.0  # how long the exit waits for each loop left running to stop
 _RUNNING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a blocking client's thread -> its loop
 
 
+_pid = os.getpid()  # this process's, kept by a fork hook: a blocking call asks it without a syscall
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class ForkedClient(RuntimeError):
     """A blocking client used in a process forked after it was made (os.fork, multiprocessing's
     fork start method): its loop thread and its ZeroMQ context's threads stayed in the parent, as
@@ -53,17 +64,17 @@ class LoopThread(threading.Thread):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, name: str):
         super().__init__(target=loop.run_forever, name=name, daemon=True)
-        self.loop, self.made_in = loop, os.getpid()
+        self.loop, self.made_in = loop, _pid
 
     def forked(self) -> bool:
         """Whether this is a process forked from the one the thread runs in."""
-        return os.getpid() != self.made_in
+        return _pid != self.made_in
 
     def submit(self, coroutine) -> concurrent.futures.Future:
         """`coroutine` run on the loop; ForkedClient in a forked process."""
         if self.forked():
             coroutine.close()
-            raise ForkedClient(f"{self.name}: a client made in process {self.made_in} was used in {os.getpid()}, "
+            raise ForkedClient(f"{self.name}: a client made in process {self.made_in} was used in {_pid}, "
                                "forked from it after it was made: make the client in the process that uses it")
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 

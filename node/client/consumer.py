@@ -433,10 +433,33 @@ class PullConsumer(aio.Blocking):
         return self._call(self.inner.pop_state(group))
 
     def consume(self, topic: str, group: str, **kwargs):
-        """The blocking form of AsyncPullConsumer.consume: an iterator of messages."""
+        """The blocking form of AsyncPullConsumer.consume: an iterator of messages. Left early (a
+        break; Ctrl-C while it waits) it ends the async one on its loop, the step in flight
+        cancelled first: left to Python's finalizer, that said "async generator ignored
+        GeneratorExit" on stderr (its pulls' cancellation awaits)."""
         generator = self.inner.consume(topic, group, **kwargs)
-        while True:
-            try:
-                yield self._call(generator.__anext__())
-            except StopAsyncIteration:
-                return
+        steps: list[asyncio.Task] = []
+
+        async def step():
+            steps[:] = [asyncio.current_task()]
+            return await generator.__anext__()
+
+        try:
+            while True:
+                try:
+                    message = self._call(step())
+                except StopAsyncIteration:
+                    return
+                yield message
+        finally:
+            if not self.thread.forked() and self.loop.is_running():
+                self._call(_ended(generator, steps), timeout=10)  # (steps read there: after the last began)
+
+
+async def _ended(generator, steps: list[asyncio.Task]) -> None:
+    """`generator` closed once its last step (`steps`) is over, cancelled if still running. Read
+    on the loop, after the step submitted last has begun (the loop runs them in order)."""
+    if steps and not steps[0].done():
+        steps[0].cancel()
+        await asyncio.gather(steps[0], return_exceptions=True)
+    await generator.aclose()

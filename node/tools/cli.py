@@ -491,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # (Ctrl-C on consume, produce, query...: the shell's status for it, no traceback)
+        return 130
 
 
 if __name__ == "__main__":

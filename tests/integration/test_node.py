@@ -233,6 +233,22 @@ def _thread_nice_values(pid: int) -> set[int]:
     return values
 
 
+def test_ctrl_c_ends_a_cli_consume_with_the_shells_status_and_no_traceback(node):
+    with Producer(node.settings.listen) as producer:
+        producer.send("CliCtrlC", b"one")
+    consume = subprocess.Popen([sys.executable, "-m", "node.tools.cli", "consume", "--endpoint", node.settings.listen,
+                                "--topic", "CliCtrlC", "--group", "ctrl-c", "--timeout", "60"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert orjson.loads(consume.stdout.readline())["body"] == "one"
+        consume.send_signal(signal.SIGINT)  # (waiting for the next message)
+        status, said = consume.wait(30), consume.stderr.read()
+        assert (status, said) == (130, b"")
+    finally:
+        if consume.poll() is None:
+            consume.kill()
+
+
 def test_dispatcher_and_allocator_loops_run_niced(node):
     """The dispatcher's loop runs at dispatcherNiceness and the allocator's at 10, so the front
     and the clients go first on a busy CPU. (Only those threads are looked for: in a Ray session

@@ -28,7 +28,6 @@ from actors.base import Actor, incoming, socket
 from node import protocol
 from shm.control_block import ROLE_CODES, ROLE_NAMES
 from shm.epochs import EpochFile
-from shm.settings import WILDCARD_HOSTS
 
 log = logging.getLogger("mqnode")
 
@@ -38,19 +37,13 @@ DEFAULT_TOPIC = "TBW102"
 READ_AND_WRITE = 6  # brokerPermission's default: each topic is registered with its own perm
 
 
-def advertised(host: str, settings) -> str:
-    """The host others reach: a wildcard listener's is the store host's (`brokerIP1`, or the host
-    of a tcp `listen` that names one: RocketMQ registers brokerIP1)."""
-    return settings.store_address[0] if host in WILDCARD_HOSTS else host
-
-
 def client_address(settings) -> str:
     """The address a route gives clients for this node: `host:port` for tcp (RocketMQ's form)."""
     return settings.client_endpoint.removeprefix("tcp://")
 
 
 def ha_address(settings) -> str:
-    return f"{advertised(settings.ha_host, settings)}:{settings.ha_port}"
+    return f"{settings.advertised(settings.ha_host)}:{settings.ha_port}"
 
 
 def grpc_address(settings) -> str:
@@ -59,7 +52,7 @@ def grpc_address(settings) -> str:
     if not settings.grpc_port:
         return ""
     host = settings.grpc_host
-    return f"{advertised(host, settings)}:{settings.grpc_port}"
+    return f"{settings.advertised(host)}:{settings.grpc_port}"
 
 
 class Registrar(Actor):

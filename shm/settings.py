@@ -318,18 +318,21 @@ class Settings:
                 host = listen_host
         return host, port
 
+    def advertised(self, host: str) -> str:
+        """The host others are told for a listener bound at `host`: a wildcard's (0.0.0.0, ::) is
+        the store host's, `store_address`, as RocketMQ registers brokerIP1 (a client told 0.0.0.0
+        reached its own host)."""
+        return self.store_address[0] if host in WILDCARD_HOSTS else host
+
     @property
     def client_endpoint(self) -> str:
         """`listen` as clients are told it (a route's brokerAddrs, the HA link's hello and
-        welcome): a wildcard host (0.0.0.0, ::) is the store host's, `store_address`, as RocketMQ
-        registers brokerIP1: a client told 0.0.0.0 reached its own host."""
+        welcome, the name service's registration): its host `advertised`."""
         if not self.listen.startswith("tcp://"):
             return self.listen
-        host, _, port = self.listen[len("tcp://"):].rpartition(":")
-        if host not in WILDCARD_HOSTS:
-            return self.listen
-        host = self.store_address[0]
-        return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        bound, _, port = self.listen[len("tcp://"):].rpartition(":")
+        host = self.advertised(bound)
+        return self.listen if host == bound else f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
     def delay_levels_ms(self) -> list[int]:
         return parse_delay_levels(self.messageDelayLevel)
@@ -421,11 +424,15 @@ def absolute_paths(settings: Settings) -> Settings:
     relative ones are taken from the working directory `mqnode start` runs in, once, since no
     process of the node works there (Ray refuses a relative session directory, and a node's
     processes run in its run directory: node.server.ray_setup.init)."""
-    paths = {name: os.path.abspath(os.path.expanduser(value)) for name in PATH_SETTINGS
-             if (value := getattr(settings, name))}
+    paths = {name: absolute_path(value) for name in PATH_SETTINGS if (value := getattr(settings, name))}
     if settings.listen.startswith("ipc://") and not settings.listen.startswith("ipc://@"):  # (@: Linux's abstract names)
-        paths["listen"] = "ipc://" + os.path.abspath(os.path.expanduser(settings.listen.removeprefix("ipc://")))
+        paths["listen"] = "ipc://" + absolute_path(settings.listen.removeprefix("ipc://"))
     return replace(settings, **paths)
+
+
+def absolute_path(text: str) -> str:
+    """A path setting's value, `~` expanded, relative to the working directory made absolute."""
+    return os.path.abspath(os.path.expanduser(text))
 
 
 def load(conf: str | Path | None = None, overrides: dict[str, object] | None = None) -> Settings:

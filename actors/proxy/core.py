@@ -44,7 +44,6 @@ from shm.codec import (
     PROPERTY_UNIQ_KEY,
     decode_msg_id,
 )
-from shm.settings import WILDCARD_HOSTS
 
 Code = pb.Code
 RECEIVE_BATCH = 32  # a consumer's receive_batch_size
@@ -365,8 +364,7 @@ def broker(settings, endpoints: pb.Endpoints) -> pb.Broker:
     """This node as a RocketMQ 5 broker, reached where the client reached it (the request's
     `endpoints`, as RocketMQ 5's proxy answers), else at the proxy's own address."""
     if not endpoints.addresses:
-        host = settings.store_address[0] if settings.grpc_host in WILDCARD_HOSTS else settings.grpc_host
-        endpoints = endpoints_of(f"[{host}]:{settings.grpc_port}" if ":" in host else f"{host}:{settings.grpc_port}")
+        endpoints = endpoints_of(f"{settings.advertised(settings.grpc_host)}:{settings.grpc_port}")
     return pb.Broker(name=settings.brokerName, id=0, endpoints=endpoints)
 
 

@@ -110,7 +110,7 @@ def load(path: str | Path) -> ClusterConf:
         values = {**defaults, **table}
         if "store" in values:
             values["storePathRootDir"] = values.pop("store")
-        values |= {k: os.path.abspath(os.path.expanduser(v)) for k, v in values.items()
+        values |= {k: settings_module.absolute_path(v) for k, v in values.items()
                    if k in settings_module.PATH_SETTINGS and isinstance(v, str) and v}
         if "storePathRootDir" not in values:
             raise SettingsError(f"cluster conf {path}: [[node]] {i + 1} needs its store")

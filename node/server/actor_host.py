@@ -49,8 +49,11 @@ class ActorHost:
     def _run(self) -> None:
         try:
             self.actor.run()
-        except BaseException:
-            logging.getLogger("mqnode").exception("actor %s died", self.actor.label)
+        except BaseException as e:
+            # out of descriptors or mappings: a limit of the host's, which every restart meets again
+            limited = isinstance(e, OSError) and e.errno in ray_setup.LIMIT_ERRORS
+            advice = f": {ray_setup.host_limits()}" if limited else ""
+            logging.getLogger("mqnode").exception("actor %s died%s", self.actor.label, advice)
             os._exit(1)  # let Ray restart the process: a fresh start resumes from the files
 
     def wait_ready(self, timeout: float) -> bool:

@@ -474,7 +474,7 @@ def run(settings: Settings, ray_address: str | None = None) -> int:
             out(f"mqnode failed: cannot use {e.filename}: {e.strerror} (this process runs as uid {os.getuid()})",
                 file=sys.stderr, flush=True)
             return 1
-        if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+        if e.errno not in ray_setup.LIMIT_ERRORS:
             raise
         out(f"mqnode failed: {e}: {ray_setup.host_limits()}", file=sys.stderr, flush=True)
         return 1

@@ -4,6 +4,7 @@ joins a Ray cluster places its processes (node.server.launcher starts them)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import ipaddress
 import logging
@@ -49,6 +50,9 @@ def more_open_files() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
         except (ValueError, OSError):
             pass
+
+
+LIMIT_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)  # out of descriptors (this process's, the host's), of mappings
 
 
 def host_limits() -> str:

@@ -54,7 +54,11 @@ class StoreError(Exception):
 
 
 class WrongFileSize(StoreError):
-    pass
+    """A file not of the size the settings give its kind; `actual`: the size it is."""
+
+    def __init__(self, message: str, actual: int | None = None):
+        super().__init__(message)
+        self.actual = actual
 
 
 class AllocationFailed(StoreError):
@@ -171,7 +175,7 @@ class MappedFile:
                 # for one more segment has none for two made at once, and that one is whole
         actual = os.stat(self.path).st_size
         if actual != size:
-            raise WrongFileSize(f"{self.path} is {actual} bytes, the configured segment size is {size}")
+            raise WrongFileSize(f"{self.path} is {actual} bytes, the configured segment size is {size}", actual)
         self.fd = os.open(self.path, os.O_RDONLY if readonly else os.O_RDWR)
         try:
             self.inode = os.fstat(self.fd).st_ino

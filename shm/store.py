@@ -22,7 +22,7 @@ from shm.commitlog import CommitLog
 from shm.consume_queue import DROPPED_OFFSETS, ConsumeQueue, dropped_offsets
 from shm.disk import write_whole
 from shm.index_file import IndexService
-from shm.mapped_file import StoreError
+from shm.mapped_file import StoreError, WrongFileSize
 from shm.settings import Settings
 from shm.store_files import StoreLock
 
@@ -41,8 +41,7 @@ class MessageStore:
         try:
             if not readonly:
                 self.root.mkdir(parents=True, exist_ok=True)
-            self.commitlog = CommitLog(settings.commitlog_dir, settings.mappedFileSizeCommitLog, readonly=readonly,
-                                       keep_free=settings.commitlog_headroom)
+            self.commitlog = self._open_commitlog(readonly)
             self.checkpoint = Checkpoint(self.root / "checkpoint", readonly=readonly) if (
                 not readonly or (self.root / "checkpoint").exists()) else None
             self.index = IndexService(settings.index_dir, settings.maxHashSlotNum, settings.maxIndexNum,
@@ -54,6 +53,20 @@ class MessageStore:
             if self.lock:
                 self.lock.release()
             raise
+
+    def _open_commitlog(self, readonly: bool) -> CommitLog:
+        """The CommitLog; a store made with another segment size (a node started with
+        --mappedFileSizeCommitLog, then this tool or a start without it) is refused naming the
+        size to give: its segments are the store's format, never resized."""
+        s = self.settings
+        try:
+            return CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog, readonly=readonly, keep_free=s.commitlog_headroom)
+        except WrongFileSize as e:
+            sizes = {path.stat().st_size for path in s.commitlog_dir.iterdir() if path.name.isdigit()}
+            if e.actual is None or sizes != {e.actual}:  # (one file of another size: a damaged store)
+                raise
+            raise WrongFileSize(f"{e}: this store was made with mappedFileSizeCommitLog = {e.actual} (give "
+                                f"--mappedFileSizeCommitLog {e.actual}, or that line in the conf)", e.actual) from None
 
     def _index_file_full(self, end_timestamp: int) -> None:
         if self.checkpoint is not None and not self.readonly:

@@ -277,8 +277,22 @@ def test_store_level_damage_is_a_named_error(tmp_path):
     (tmp_path / "moved").rename(segments[1])
     with open(segments[-1], "r+b") as f:
         f.truncate(1000)
-    with pytest.raises(WrongFileSize, match="1000 bytes"):
+    with pytest.raises(WrongFileSize, match="1000 bytes") as refused:
         MessageStore(settings)
+    assert "made with" not in str(refused.value)  # (one file cut short: a damaged store, not another size)
+
+
+def test_a_store_made_with_another_segment_size_is_refused_naming_it(tmp_path):
+    """A node started with --mappedFileSizeCommitLog, then `verify` or a start without it: the
+    refusal names the size the store was made with, and the store opens with it."""
+    settings, store, _ = _filled_store(tmp_path / "s", count=600)
+    close_clean(store)
+    made = settings.mappedFileSizeCommitLog
+    other = small_settings(tmp_path / "s", mappedFileSizeCommitLog=made * 2)
+    with pytest.raises(WrongFileSize) as refused:
+        MessageStore(other, readonly=True)
+    assert f"made with mappedFileSizeCommitLog = {made} (give --mappedFileSizeCommitLog {made}" in str(refused.value)
+    assert verify_store(settings).faults == []
 
 
 def test_never_written_segments_after_a_missing_one_are_deleted_and_named(tmp_path):

@@ -479,7 +479,28 @@ def _admin_parser(commands) -> None:
     admin.set_defaults(handler=cmd_admin)
 
 
+STANDARD_STREAMS = (("stdin", "r"), ("stdout", "w"), ("stderr", "w"))
+
+
+def standard_streams_open() -> None:
+    """Give a closed stdin, stdout or stderr /dev/null, as daemons do (OpenSSH's sanitise_stdfd).
+    A command started with one closed (`2>&-`, a supervisor that closes them) had it as None:
+    `start` died in Ray's start without a word (its faulthandler wants a stderr); and the next
+    file the process opened would take the descriptor, so what is printed would land in it."""
+    for fd, (name, mode) in enumerate(STANDARD_STREAMS):
+        try:
+            os.fstat(fd)
+        except OSError:  # closed: the lowest free descriptor is this one (the lower ones are open by now)
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8", errors="backslashreplace"))
+
+
 def main(argv: list[str] | None = None) -> int:
+    standard_streams_open()
     args = build_parser().parse_args(argv)
     for _, variable, _ in CREDENTIAL_FLAGS:  # the clients this command makes read them (node.security)
         if getattr(args, variable, None):

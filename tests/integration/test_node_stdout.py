@@ -172,8 +172,8 @@ def test_mqnode_stop_stops_the_node_on_a_store_and_nothing_else(tmp_path):
     """`mqnode stop --store S` finds the node by its store's lock, stops it as SIGTERM does (exit 0,
     its own lines, the store closed cleanly) and says so once it has exited, even while its parent
     has not reaped it yet; it leaves alone a store nobody runs and a lock held by anything else.
-    Started in a directory of the user's, with relative paths that are not ASCII and a file named
-    as a module of Python's own there: the paths are that directory's, and nothing of the node
+    Started with stdin and stderr closed, in a directory of the user's, with relative paths that
+    are not ASCII and a file named as a module of Python's own there: the paths are that directory's, and nothing of the node
     imports the file (`python -m` and Ray's workers put the working directory first on sys.path)."""
     store, other, run = tmp_path / "störe", tmp_path / "other", tmp_path / "rün"
     run.mkdir(mode=0o700)
@@ -187,7 +187,8 @@ def test_mqnode_stop_stops_the_node_on_a_store_and_nothing_else(tmp_path):
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     out = tmp_path / "out.txt"
     with open(out, "wb") as stdout:
-        node = subprocess.Popen(args, cwd=tmp_path, stdout=stdout, stderr=subprocess.DEVNULL)
+        node = subprocess.Popen(args, cwd=tmp_path, stdout=stdout, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                preexec_fn=_closed_stdin_and_stderr)
         try:
             assert holder.stdout.readline() == "held\n"
             refused = subprocess.run([mqnode, "stop", "--store", str(other)], capture_output=True, text=True, timeout=60)
@@ -215,6 +216,13 @@ def test_mqnode_stop_stops_the_node_on_a_store_and_nothing_else(tmp_path):
                 node.kill()
     assert last_exit_ok(store)  # (its next start's recovery is a normal one)
     assert not ray_setup.ray_dir_in(run).exists()  # (its embedded Ray's session files: gone at the stop)
+
+
+def _closed_stdin_and_stderr() -> None:
+    """As a supervisor that closes them starts a node (`<&- 2>&-`): before, its start died in Ray's
+    without a word (node.tools.cli.standard_streams_open)."""
+    os.close(0)
+    os.close(2)
 
 
 def _of(process: psutil.Process, directory) -> bool:

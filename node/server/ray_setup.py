@@ -11,6 +11,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -289,8 +290,16 @@ def head_lost() -> str | None:
             return None
     for kind, process in head.dead_processes():
         if kind in ("gcs_server", "raylet"):
-            return f"Ray's {kind} (pid {process.pid}) exited with status {process.returncode}"
+            signalled = process.returncode in (-signal.SIGTERM, -signal.SIGKILL)
+            return (f"Ray's {kind} (pid {process.pid}) exited with status {process.returncode}"
+                    + (STOPPED_BY_RAY_STOP if signalled else ""))
     return None
+
+
+# `ray stop` kills every Ray process of its user on the host by name (the raylet, the GCS, each
+# `ray::` worker), an embedded Ray's too: a user's own Ray stopped the node (docs/operations.md)
+STOPPED_BY_RAY_STOP = (" (killed: by the OOM killer, or by 'ray stop' on this host, which stops every Ray of its "
+                       "user, a node's embedded one too)")
 
 
 def node_ip_address() -> str | None:

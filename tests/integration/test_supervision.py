@@ -241,6 +241,7 @@ def test_the_embedded_ray_holds_the_node_s_token_its_memory_and_restart_argument
         assert time.monotonic() - began < 30
         log = node.log.read_text()
         assert f"mqnode failed: Ray's gcs_server (pid {gcs[0].pid}) exited" in log and "mqnode stopped" in log, log[-3000:]
+        assert "or by 'ray stop' on this host, which stops every Ray of its user" in log  # (as `ray stop --force` kills it)
     finally:
         node.stop(strict=False)
     assert not (settings.root / "abort").exists()  # (a clean stop: the next start's recovery is normal)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import math
 import os
 import sys
 from dataclasses import dataclass, field, fields, replace
@@ -157,7 +158,7 @@ class Settings:
     # -- mqnode's node
     listen: str = _s("tcp://127.0.0.1:10911", "Client endpoint the front binds (ZeroMQ ROUTER)", NODE)
     ingressWorkers: int = _s(0, "topology = split: encoding processes between the front and the writer; 0 = the writer encodes", NODE)
-    pullWorkers: int = _s(0, "topology = split: processes serving reads; 0 = one per core (at most 62)", NODE)
+    pullWorkers: int = _s(0, "topology = split: processes serving reads; 0 = one per CPU the node may use (its affinity and cgroup quota; at most 62)", NODE)
     topology: str = _s("split", "Which process hosts which service (node/server/topology.py, docs/architecture.md): split (the default) = every service a process of its own, handing sends off through rings in shared memory, ingressWorkers and pullWorkers of them for encoding and reads (scales across cores); compact = the front's process also runs the write and read services in its loop and the group commit on a thread, with a dispatcher and an allocator beside it (fewest processes and wake-ups: an operator's choice on one or two cores, docs/performance.md)", NODE)
     frontPinBelowCpu: float = _s(0.0, "While the front's process uses less than this fraction of one CPU (0.7, say), all its threads run on one CPU: local wake-ups, lower ack latency at light load, but slower reads under load; lifted when that CPU is nearly full or contended; 0 = never pin", NODE)
     cpuIdleLatencyUs: int = _s(-1, "Host tuning, an operator's opt-in (docs/operations.md): while the front serves (until 2 s after its last request), it asks the kernel (/dev/cpu_dma_latency, needs root) to keep every idle CPU of the host able to wake within this many µs: 0 = idle CPUs poll instead of halting, so the wake-ups of a request's threads are quick (a virtual machine's halted CPU costs tens of µs each) at the cost of the host's power; -1 = no request (the default)", NODE)
@@ -198,11 +199,11 @@ class Settings:
 
     @property
     def pull_processes(self) -> int:
-        """topology = split: the pull workers, `pullWorkers` or one per core (at most
-        MAX_PULL_WORKERS); compact reads in the front's process, so none."""
+        """topology = split: the pull workers, `pullWorkers` or one per CPU the node may use (at
+        most MAX_PULL_WORKERS); compact reads in the front's process, so none."""
         if self.topology != "split":
             return 0
-        return self.pullWorkers or min(os.cpu_count() or 1, MAX_PULL_WORKERS)
+        return self.pullWorkers or min(available_cpus(), MAX_PULL_WORKERS)
 
     @property
     def commitlog_headroom(self) -> int:
@@ -458,3 +459,37 @@ def load(conf: str | Path | None = None, overrides: dict[str, object] | None = N
 if __name__ == "__main__":  # python -m shm.settings > conf/broker.toml
     from shm.conf_file import render_conf
     sys.stdout.write(render_conf())
+
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def available_cpus(cgroup: Path = CGROUP) -> int:
+    """The CPUs this process may use, as the JVM that RocketMQ runs in counts them
+    (availableProcessors): its affinity mask (taskset, a container's cpuset) and its cgroup's CPU
+    quota (a container's --cpus, a Kubernetes limit), rounded up. os.cpu_count() counts the
+    host's: in a container given 2 CPUs of a 64-core host a node started 62 pull workers (~60 MB
+    each) and told its Ray it had 64 CPUs."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (not Linux)
+        count = os.cpu_count() or 1
+    quota = cpu_quota(cgroup)
+    return max(1, min(count, math.ceil(quota))) if quota else count
+
+
+def cpu_quota(cgroup: Path = CGROUP) -> float | None:
+    """The CPUs a CFS quota allows, as a container sees its own cgroup at the mount's root (as Ray
+    and the JVM read it): cgroup v2's `cpu.max` ("max 100000": none), else v1's
+    `cpu/cpu.cfs_quota_us` over `cpu.cfs_period_us` (-1: none). None without one."""
+    try:
+        limit, period = (cgroup / "cpu.max").read_text().split()
+        return int(limit) / int(period) if limit != "max" else None
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return limit / period if limit > 0 and period > 0 else None

@@ -63,7 +63,7 @@ class MessageStore:
             return CommitLog(s.commitlog_dir, s.mappedFileSizeCommitLog, readonly=readonly, keep_free=s.commitlog_headroom)
         except WrongFileSize as e:
             sizes = {path.stat().st_size for path in s.commitlog_dir.iterdir() if path.name.isdigit()}
-            if e.actual is None or sizes != {e.actual}:  # (one file of another size: a damaged store)
+            if e.actual is None or sizes != {e.actual} or e.actual % 4096:  # (a file cut short: a damaged store)
                 raise
             raise WrongFileSize(f"{e}: this store was made with mappedFileSizeCommitLog = {e.actual} (give "
                                 f"--mappedFileSizeCommitLog {e.actual}, or that line in the conf)", e.actual) from None

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from shm.settings import SettingsError
+from shm.settings import SettingsError, available_cpus
 
 
 def normal_priority() -> None:
@@ -159,7 +159,7 @@ def init(ray_address: str | None, temp_dir: Path | None, object_store_memory: in
             ray.shutdown()
             ray.init(address=ray_address, _node_ip_address=local, logging_level=logging.ERROR, log_to_driver=False)
     else:
-        num_cpus = num_cpus or os.cpu_count()
+        num_cpus = num_cpus or available_cpus()
         head = start_head(temp_dir, object_store_memory, num_cpus)
         if head is not None:
             ray.init(address=head.address, _node_ip_address=head.node_ip_address, logging_level=logging.ERROR,

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from nodes import ROOT
@@ -55,6 +59,32 @@ def test_split_gives_every_service_a_process_and_scales_ingress_and_reads():
     assert hosts["router"] == ["front"] and hosts["group commit"] == ["flush"]
     # with no ingress workers the writer encodes: the topology says so
     assert topology.hosts(_settings(topology="split"))["ingress"] == ["writer"]
+
+
+def test_the_default_pull_workers_are_one_per_cpu_the_node_may_use_not_the_hosts():
+    """As the JVM counts availableProcessors: the affinity mask (taskset, a container's cpuset) and
+    the cgroup's CPU quota (a container's --cpus), not os.cpu_count() (the host's)."""
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); from shm import settings; "
+            "print(settings.available_cpus(), settings.load(None, {'topology': 'split'}).pull_processes)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["1", "1"], done.stderr
+
+
+@pytest.mark.parametrize("files, quota", [
+    ({"cpu.max": "200000 100000\n"}, 2.0),  # cgroup v2: --cpus=2
+    ({"cpu.max": "150000 100000\n"}, 1.5),
+    ({"cpu.max": "max 100000\n", "cpu/cpu.cfs_quota_us": "100000", "cpu/cpu.cfs_period_us": "100000"}, None),
+    ({"cpu/cpu.cfs_quota_us": "250000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2.5),  # cgroup v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),
+])
+def test_a_cgroup_cpu_quota_is_read_as_a_container_sees_it(tmp_path, files, quota):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert settings_module.cpu_quota(tmp_path) == quota
+    if quota is not None:  # (rounded up, and never past the affinity mask)
+        assert settings_module.available_cpus(tmp_path) == min(math.ceil(quota), len(os.sched_getaffinity(0)))
 
 
 @pytest.mark.parametrize("name", settings_module.REPLACED_BY_TOPOLOGY)
@@ -157,9 +187,6 @@ def test_a_process_imports_only_the_services_it_runs():
     """Ray builds each process's shells in a fresh worker: the module it loads for `ActorHost`
     must not pull in every service, the whole client, nor the launcher's recovery and store
     (with numpy: ~0.2 s of CPU at each of a node's process starts and at every restart)."""
-    import subprocess
-    import sys
-
     code = ("import sys, node.server.actor_host, node.server.topology as t; t.actor_class('flush'); "
             "print(' '.join(sorted(m for m in sys.modules if m.startswith(('actors.', 'node.', 'shm.', 'numpy')))))")
     loaded = set(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -177,9 +204,6 @@ KINDS = ("front", "ingress", "writer", "flush", "allocator", "dispatcher", "pull
 def test_no_service_process_loads_numpy_to_start():
     """numpy (~0.1 CPU-s) is imported where it is used (the index's writer, the timer log's rebuild,
     the archive's reads), not by the modules of any service's shell."""
-    import subprocess
-    import sys
-
     code = ("import sys, node.server.topology as t\n"
             f"for kind in {KINDS!r}: t.actor_class(kind)\n"
             "print('numpy' in sys.modules)")

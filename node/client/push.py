@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -70,6 +69,7 @@ from node.client.push_state import (  # (the listener's statuses and the models,
     save_offsets,
 )
 from node.client.received import ReceivedMessage
+from node.client.uniq_keys import local_ip
 
 __all__ = ["AsyncPushConsumer", "PushConsumer", "PushOptions", "ProcessQueue", "CONSUME_SUCCESS", "RECONSUME_LATER",
            "SUCCESS", "SUSPEND_CURRENT_QUEUE_A_MOMENT", "CLUSTERING", "BROADCASTING"]
@@ -87,7 +87,7 @@ class AsyncPushConsumer(Orderly, Asked):
         self.options.check()
         self.endpoint, self.group = endpoint, group
         instance = self.options.instance_name or str(os.getpid())
-        self.client_id = f"{socket.gethostbyname(socket.gethostname())}@{instance}"
+        self.client_id = f"{local_ip()}@{instance}"
         self.subscriptions: dict[str, str] = {}
         self.expression_types: dict[str, str] = {}  # topic -> TAG or SQL92 (TAG when absent)
         self.pull_errors_told: set[tuple[str, str]] = set()  # (status, remark) said once (`_pull_failed`)

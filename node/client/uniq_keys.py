@@ -3,6 +3,7 @@ so ids look and sort as a RocketMQ client's do."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import socket as socket_module
@@ -12,14 +13,22 @@ import time
 _U16 = struct.Struct(">H")
 
 
+@functools.cache
+def local_ip() -> str:
+    """This host's address as its hostname resolves (a RocketMQ client's clientIP), once a process:
+    the resolver may take seconds. 127.0.0.1 where the hostname does not resolve (a container's or
+    laptop's name in no /etc/hosts or DNS: a PushConsumer could not be made there)."""
+    try:
+        return socket_module.gethostbyname(socket_module.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
 class UniqKeys:
     """MessageClientIDSetter: ip(4) pid(2) random(4) | ms since the month began(4) counter(2), hex."""
 
     def __init__(self):
-        try:
-            ip = socket_module.inet_aton(socket_module.gethostbyname(socket_module.gethostname()))
-        except OSError:
-            ip = b"\x7f\x00\x00\x01"
+        ip = socket_module.inet_aton(local_ip())
         self.prefix = (ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)).hex().upper()
         self.counter = itertools.count()
         now = time.localtime()

@@ -582,6 +582,27 @@ def test_uniq_keys_follow_message_client_id_setter_layout():
     assert 0 <= int(made[1][20:28], 16) - int(made[0][20:28], 16) < 60_000
 
 
+def test_a_host_whose_name_does_not_resolve_still_makes_push_consumers_and_message_ids(monkeypatch):
+    """A container's or laptop's hostname in no /etc/hosts or DNS: PushConsumer's client id (its
+    clientIP) raised socket.gaierror before; both it and the msgIds take 127.0.0.1, as UniqKeys did."""
+    import socket
+
+    from node.client import uniq_keys
+    from node.client.push import AsyncPushConsumer
+
+    def unresolved(name):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "gethostbyname", unresolved)
+    uniq_keys.local_ip.cache_clear()
+    try:
+        consumer = AsyncPushConsumer("tcp://127.0.0.1:1", "G", instance_name="i1")
+        assert consumer.client_id == "127.0.0.1@i1"
+        assert uniq_keys.UniqKeys().prefix.startswith("7F000001")
+    finally:
+        uniq_keys.local_ip.cache_clear()
+
+
 def test_coalescing_never_lingers_in_front_of_an_idle_connection():
     """Sends made in one loop turn leave at its end as one SEND_MESSAGES, however long the
     linger; a send made while that request is in flight waits for the linger (or the reply)."""

@@ -32,7 +32,8 @@ def spark_session(master: str, name: str):
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(name).config("spark.ui.enabled", "false")
-    if master.startswith("local"):
+    if master.startswith("local"):  # (SPARK_LOCAL_IP: Spark's start resolves the hostname, and died where it does not)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")

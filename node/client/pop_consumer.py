@@ -14,6 +14,7 @@ after a backoff.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from node import protocol
 from node.client import aio
 from node.client.consumer import AsyncPullConsumer
 from node.client.producer import SendError, backoff
-from node.client.push_state import CONSUME_SUCCESS, RECONSUME_LATER
+from node.client.push_state import CONSUME_SUCCESS, RECONSUME_LATER, ListenerStatuses
 from node.client.received import PoppedMessage
 
 __all__ = ["PopConsumer", "PopOptions", "CONSUME_SUCCESS", "RECONSUME_LATER"]
@@ -53,6 +54,7 @@ class PopConsumer:
         self.endpoint, self.namesrv, self.group = endpoint, namesrv, group
         self.subscriptions: dict[str, tuple[str, str]] = {}  # topic -> (expression, its type)
         self.listener: Callable[[list[PoppedMessage]], str] | None = None
+        self.statuses = ListenerStatuses(CONSUME_SUCCESS, RECONSUME_LATER, logging.getLogger("mqnode.pop"))
         self.loop = aio.new_event_loop()
         self.thread: threading.Thread | None = None
         self.pool: ThreadPoolExecutor | None = None
@@ -164,7 +166,7 @@ class PopConsumer:
                 out += [False] * len(chunk)
                 continue
             try:
-                ok = self.listener(chunk) == CONSUME_SUCCESS
+                ok = self.statuses.succeeded(self.listener(chunk))
             except Exception:  # noqa: BLE001 - the user's listener: its failure is a RECONSUME_LATER
                 ok = False
             if not ok:

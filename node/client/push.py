@@ -62,6 +62,7 @@ from node.client.push_state import (  # (the listener's statuses and the models,
     RETRY_PREFIX,
     SUCCESS,
     SUSPEND_CURRENT_QUEUE_A_MOMENT,
+    ListenerStatuses,
     ProcessQueue,
     PushOptions,
     as_subscribed,
@@ -92,6 +93,7 @@ class AsyncPushConsumer(Orderly, Asked):
         self.expression_types: dict[str, str] = {}  # topic -> TAG or SQL92 (TAG when absent)
         self.pull_errors_told: set[tuple[str, str]] = set()  # (status, remark) said once (`_pull_failed`)
         self.listener: Callable | None = None
+        self.statuses = ListenerStatuses(CONSUME_SUCCESS, RECONSUME_LATER, log)
         self.orderly = False
         self.queues: dict[tuple[str, int], ProcessQueue] = {}
         self.tasks: dict[tuple[str, int], asyncio.Task] = {}
@@ -121,6 +123,8 @@ class AsyncPushConsumer(Orderly, Asked):
 
     def register_listener(self, listener: Callable[[list[ReceivedMessage]], str], *, orderly: bool = False) -> None:
         self.listener, self.orderly = listener, orderly
+        self.statuses = (ListenerStatuses(SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT, log) if orderly
+                         else ListenerStatuses(CONSUME_SUCCESS, RECONSUME_LATER, log))
 
     async def start(self) -> AsyncPushConsumer:
         if self.listener is None or not self.subscriptions:
@@ -370,7 +374,7 @@ class AsyncPushConsumer(Orderly, Asked):
                 status = self.listener(chunk)
             except Exception:  # the listener's bug: RocketMQ counts it as RECONSUME_LATER
                 status = RECONSUME_LATER
-            if status != CONSUME_SUCCESS:
+            if not self.statuses.succeeded(status):
                 failed.extend(chunk)
         return failed, -(-len(messages) // size), time.monotonic() - started
 

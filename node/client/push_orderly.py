@@ -11,7 +11,7 @@ import time
 from node import protocol
 from node.client import aio
 from node.client.producer import SendError
-from node.client.push_state import LOCK_RENEW_S, SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT, ProcessQueue
+from node.client.push_state import LOCK_RENEW_S, SUSPEND_CURRENT_QUEUE_A_MOMENT, ProcessQueue
 from node.client.received import ReceivedMessage
 
 
@@ -61,7 +61,7 @@ class Orderly:
                 finally:
                     pq.in_listener = False
                 pq.last_consume_ms = int(time.time() * 1000)
-                ok = status == SUCCESS
+                ok = self.statuses.succeeded(status)
                 self.topic_stats(pq.topic).consumed(len(batch) if ok else 0, 0 if ok else len(batch), 1,
                                                     (time.monotonic() - started) * 1000)
                 if pq.dropped:

@@ -4,6 +4,7 @@ member's offsets file."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import deque
@@ -27,6 +28,30 @@ LOCAL_RETRY_S = 5.0  # a hand-back the node refused is consumed again after this
 FLOW_CONTROL_S = 0.05
 PULL_ERROR_S = 3.0
 LOCK_RENEW_S = 20.0  # at most; a node with a shorter rebalanceLockMaxLiveTime gets a third of it
+
+
+class ListenerStatuses:
+    """What a listener's return value means. Either kind's success is a success: both constants
+    are exported side by side (`from node.client import SUCCESS, CONSUME_SUCCESS`), and a concurrent
+    listener that returned orderly's SUCCESS had every message taken as failed: sent back and
+    consumed again up to its retries, then dead-lettered (a soak consumed each message twice and
+    more). Any other value but its kind's failure (None, a typo) is a failure too, as RocketMQ
+    takes a null (CR_RETURN_NULL), and is said once a consumer."""
+
+    SUCCESSES = frozenset({CONSUME_SUCCESS, SUCCESS})
+
+    def __init__(self, success: str, failure: str, log: logging.Logger):
+        self.success, self.failure, self.log = success, failure, log
+        self.told: set[str] = set()  # (added to from the pool's threads: at worst said twice)
+
+    def succeeded(self, status: object) -> bool:
+        if status in self.SUCCESSES:
+            return True
+        if status != self.failure and repr(status) not in self.told:
+            self.told.add(repr(status))
+            self.log.warning("a listener returned %r, not %s or %s: taken as %s", status, self.success, self.failure,
+                             self.failure)
+        return False
 
 
 @dataclass

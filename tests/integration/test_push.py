@@ -380,6 +380,39 @@ def test_reconsume_later_goes_to_retry_then_to_the_dead_letter_queue(node):
         consumer.shutdown()
 
 
+@pytest.mark.parametrize("orderly", [False, True], ids=["concurrent", "orderly"])
+def test_a_listener_returning_the_other_kinds_success_consumes_each_message_once(node, orderly, caplog):
+    """SUCCESS and CONSUME_SUCCESS are exported side by side: a concurrent listener returning
+    orderly's SUCCESS had every message sent back and consumed again (a soak: each twice and more),
+    an orderly one returning CONSUME_SUCCESS had each queue suspended and its batch retried. Either
+    success is a success; None is a failure (RocketMQ's null), said once."""
+    topic, group = f"Statuses{int(orderly)}", f"statuses{int(orderly)}"
+    produce(node, topic, 0, 40)
+    seen = Counter()
+    consumer = PushConsumer(node.endpoint, group, consume_from_where="FIRST_OFFSET", max_reconsume_times=1,
+                            rebalance_interval=1.0, suspend_current_queue_time_millis=100)
+    consumer.subscribe(topic)
+
+    def listener(messages):
+        seen[messages[0].body] += 1
+        if messages[0].body == b"7" and seen[b"7"] == 1:
+            return None  # (a listener that forgot its return)
+        return CONSUME_SUCCESS if orderly else SUCCESS
+
+    consumer.register_listener(listener, orderly=orderly)
+    consumer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (len(seen) < 40 or seen[b"7"] < 2) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.5)  # (the others, had they failed, come back with 7: orderly after 100 ms, sent back after its level)
+        assert seen[b"7"] == 2 and all(seen[str(i).encode()] == 1 for i in range(40) if i != 7), seen
+    finally:
+        consumer.shutdown()
+    said = [r.getMessage() for r in caplog.records if "a listener returned None" in r.getMessage()]
+    assert len(said) == 1, said
+
+
 def test_a_slow_listener_is_bounded_by_flow_control(node):
     topic = "Backlog"  # 1M messages: the consumer holds a bounded few of them
     with Producer(node.endpoint) as producer:

@@ -197,3 +197,23 @@ def test_members_behind_one_connection_are_notified_once_and_show_their_language
     assert groups.routing_ids({"g"}) == [("g", b"proxy"), ("g", b"own")]
     shown = {m.client_id: (m.to_json()["language"], m.to_json()["version"]) for m in groups.members("g")}
     assert shown == {"grpc-1": ("JAVA", "5.0.7"), "grpc-2": ("GOLANG", "5.1.2"), "zmq-1": ("", "")}
+
+
+def test_a_listeners_success_is_either_kinds_and_anything_else_a_failure_said_once(caplog):
+    """The client's rule for what a listener returns (push, orderly push and pop alike)."""
+    import logging
+
+    from node.client.push_state import (CONSUME_SUCCESS, RECONSUME_LATER, SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT,
+                                        ListenerStatuses)
+
+    log = logging.getLogger("mqnode.test-statuses")
+    for success, failure in ((CONSUME_SUCCESS, RECONSUME_LATER), (SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT)):
+        caplog.clear()
+        statuses = ListenerStatuses(success, failure, log)
+        with caplog.at_level(logging.WARNING, logger=log.name):
+            assert statuses.succeeded(CONSUME_SUCCESS) and statuses.succeeded(SUCCESS)
+            assert not statuses.succeeded(failure)
+            assert not any(statuses.succeeded(odd) for odd in (None, "consume_success", None, 0, None))
+        said = [r.getMessage() for r in caplog.records]
+        assert said == [f"a listener returned {odd!r}, not {success} or {failure}: taken as {failure}"
+                        for odd in (None, "consume_success", 0)], said

@@ -6,12 +6,15 @@ cannot drift.
 
 Files hold flat `key = value` lines, as RocketMQ's broker.conf: TOML-style (`"quoted"` strings)
 and broker.conf-style (`key=value`, bare strings) both parse. Keys a file omits keep their
-defaults; an unknown key or a value of the wrong type is an error naming the line. What a value
+defaults; a value of the wrong type is an error naming the line, and unknown keys are named all
+at once, each with its line and the setting it most looks like (RocketMQ's ignores them: a typo
+would pass unseen). What a value
 may be once typed (ranges, combinations, what mqnode does not implement) is shm.settings_rules'.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import ipaddress
 import math
@@ -361,12 +364,21 @@ def _replaced(name: str) -> SettingsError:
                          f"or topology = split (a process for each service)")
 
 
+class UnknownSetting(SettingsError):
+    """A key no setting has: named with the setting it most looks like (a typo, or a RocketMQ
+    release's older spelling: 4.x's `mapedFileSizeCommitLog`)."""
+
+    def __init__(self, name: str):
+        close = difflib.get_close_matches(name, FIELDS, n=1, cutoff=0.8)
+        super().__init__(f"unknown setting {name!r}" + (f" (did you mean {close[0]}?)" if close else ""))
+
+
 def coerce(name: str, raw: str) -> object:
     """Turn the text of a value into the setting's type, or raise SettingsError."""
     if name in REPLACED_BY_TOPOLOGY:
         raise _replaced(name)
     if name not in FIELDS:
-        raise SettingsError(f"unknown setting {name!r}")
+        raise UnknownSetting(name)
     kind = type(FIELDS[name].default)
     text = raw.strip()
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
@@ -390,7 +402,10 @@ def coerce(name: str, raw: str) -> object:
 
 
 def parse_conf(text: str, origin: str = "<conf>") -> dict[str, object]:
+    """The file's settings. Its unknown keys are named all at once, a line each (a RocketMQ
+    broker.conf brought over named them one start at a time); any other error is the first."""
     values: dict[str, object] = {}
+    unknown: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
         stripped = _strip_comment(line).strip()
         if not stripped or stripped.startswith("["):
@@ -400,8 +415,12 @@ def parse_conf(text: str, origin: str = "<conf>") -> dict[str, object]:
             raise SettingsError(f"{origin}:{number}: expected key = value, got {line.strip()!r}")
         try:
             values[name.strip()] = coerce(name.strip(), raw)
+        except UnknownSetting as e:
+            unknown.append(f"{origin}:{number}: {e}")
         except SettingsError as e:
             raise SettingsError(f"{origin}:{number}: {e}") from None
+    if unknown:
+        raise SettingsError("\n".join(unknown))
     return values
 
 
@@ -456,11 +475,6 @@ def load(conf: str | Path | None = None, overrides: dict[str, object] | None = N
     return settings
 
 
-if __name__ == "__main__":  # python -m shm.settings > conf/broker.toml
-    from shm.conf_file import render_conf
-    sys.stdout.write(render_conf())
-
-
 CGROUP = Path("/sys/fs/cgroup")
 
 
@@ -493,3 +507,8 @@ def cpu_quota(cgroup: Path = CGROUP) -> float | None:
     except (OSError, ValueError):
         return None
     return limit / period if limit > 0 and period > 0 else None
+
+
+if __name__ == "__main__":  # python -m shm.settings > conf/broker.toml
+    from shm.conf_file import render_conf
+    sys.stdout.write(render_conf())

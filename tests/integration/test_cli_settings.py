@@ -138,6 +138,14 @@ def test_broker_conf_style_and_overrides(tmp_path):
     conf.write_text("noSuchKey = 1\n")
     with pytest.raises(SettingsError, match="broker.conf:1: unknown setting 'noSuchKey'"):
         settings_module.load(conf)
+    # a RocketMQ broker.conf brought over: every unknown key at once, each with the setting it looks like
+    conf.write_text("brokerName = b\nmapedFileSizeCommitLog = 65536\nsendMessageThreadPoolNums = 16\nflushDiskTyp = x\n")
+    with pytest.raises(SettingsError) as refused:
+        settings_module.load(conf)
+    assert str(refused.value).splitlines() == [
+        f"{conf}:2: unknown setting 'mapedFileSizeCommitLog' (did you mean mappedFileSizeCommitLog?)",
+        f"{conf}:3: unknown setting 'sendMessageThreadPoolNums'",
+        f"{conf}:4: unknown setting 'flushDiskTyp' (did you mean flushDiskType?)"]
     with pytest.raises(SettingsError, match="flushDiskType"):
         settings_module.load(None, {"flushDiskType": "FAST"})
     with pytest.raises(SettingsError, match="dispatcherNiceness"):

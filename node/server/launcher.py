@@ -86,6 +86,7 @@ class Node:
         self.failed = threading.Event()
         self.watch: NodeWatch | None = None  # while it serves
         self.temporary_run_dir: Path | None = None
+        self.run_lock: StoreLock | None = None  # the run directory's (preflight.prepare_run_dir)
         self.ring_dir: Path | None = None  # the rings between its processes (shm.ring), in memory
         self.metrics = None  # node.server.metrics.MetricsServer, with metricsPort set
         self.log_sink: logs.LogSink | None = None  # the services' log lines, to this process's stderr
@@ -159,7 +160,7 @@ class Node:
 
         from actors import guard
 
-        run_dir = preflight.prepare_run_dir(self.settings)
+        run_dir, self.run_lock = preflight.prepare_run_dir(self.settings)
         if run_dir != self.settings.run_dir:  # a temporary one: removed at stop
             self.temporary_run_dir = run_dir
         s = self.settings = dataclasses.replace(self.settings, runDir=str(run_dir))
@@ -351,6 +352,9 @@ class Node:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+        if self.run_lock is not None:
+            self.run_lock.release()
+            self.run_lock = None
         if self.temporary_run_dir is not None:
             shutil.rmtree(self.temporary_run_dir, ignore_errors=True)
             self.temporary_run_dir = None

@@ -16,20 +16,25 @@ from pathlib import Path
 
 from shm import settings as settings_module
 from shm.disk import capacity_bytes, free_bytes
+from shm.store_files import StoreLock, StoreLocked
 
 RUN_ROOM_MIN = 4 << 20  # bytes free the run directory's disk needs for a start (Ray's session, the pid files)
 IPC_PATH_MAX = 100  # sun_path holds 107 bytes; the longest endpoint adds "/arrivals"
 RUN_FILES = ("*.pid", "*.starts", "*.fifo", "*.ring", "injected-flush-eio", "supervision.json")
 
 
-def prepare_run_dir(settings) -> Path:
-    """The run directory, private and fresh: created with mode 0700 (its parents too, if
-    missing), refused when it exists but another user owns it or others may enter it, and
-    emptied of an earlier run's files (the store lock says no other node of this store runs).
-    A default path too long for an ipc socket gives way to a new private temporary directory."""
+def prepare_run_dir(settings) -> tuple[Path, StoreLock]:
+    """The run directory, private, held and fresh: created with mode 0700 (its parents too, if
+    missing), refused when it exists but another user owns it or others may enter it, locked
+    (its `lock` file, as the store's: the caller releases it at the node's stop) and then emptied
+    of an earlier run's files. Refused when another node holds it: two stores' nodes given one
+    runDir (a conf both read) had the second empty the first's pid files, FIFOs and rings, and
+    the first stopped answering. A default path too long for an ipc socket gives way to a new
+    private temporary directory."""
     path = settings.run_dir
     if not settings.runDir and len(str(path)) > IPC_PATH_MAX:
-        return Path(tempfile.mkdtemp(prefix="mqnode-"))
+        path = Path(tempfile.mkdtemp(prefix="mqnode-"))
+        return path, _held(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         path.mkdir(mode=0o700)
@@ -39,10 +44,22 @@ def prepare_run_dir(settings) -> Path:
             raise settings_module.SettingsError(
                 f"run directory {path} must be a directory of this user with mode 0700 "
                 f"(it is {stat.filemode(info.st_mode)}, owner uid {info.st_uid}): remove it or choose runDir")
+    lock = _held(path)
     for pattern in RUN_FILES:
         for stale in path.glob(pattern):
             stale.unlink(missing_ok=True)
-    return path
+    return path, lock
+
+
+def _held(path: Path) -> StoreLock:
+    lock = StoreLock(path)
+    try:
+        lock.acquire()
+    except StoreLocked:
+        raise settings_module.SettingsError(
+            f"run directory {path} is in use by another node (pid {lock.holder()}): give each node a runDir of "
+            f"its own") from None
+    return lock
 
 
 def check_run_room(settings) -> None:

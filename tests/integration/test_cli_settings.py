@@ -178,7 +178,7 @@ def test_relative_paths_are_the_working_directorys_and_absolute_ones_stay(tmp_pa
     assert all(isinstance(getattr(settings, name), str) for name in settings_module.PATH_SETTINGS)
 
 
-def test_the_run_directory_is_private_and_fresh(tmp_path, monkeypatch):
+def test_the_run_directory_is_private_held_and_fresh(tmp_path, monkeypatch):
     from node.server.preflight import prepare_run_dir
 
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
@@ -186,10 +186,19 @@ def test_the_run_directory_is_private_and_fresh(tmp_path, monkeypatch):
     assert settings.run_dir == tmp_path / "store" / "run"  # not a predictable /tmp path
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
     assert settings.run_dir.parent == tmp_path / "xdg"
-    path = prepare_run_dir(settings)
+    path, lock = prepare_run_dir(settings)
     assert path == settings.run_dir and stat.S_IMODE(path.stat().st_mode) == 0o700
     (path / "front.pid").write_text("1\n")
-    assert prepare_run_dir(settings) == path and not (path / "front.pid").exists()  # fresh: no stale pid files
+    holder = subprocess.run([sys.executable, "-c", "from node.server.preflight import prepare_run_dir; "
+                             "from shm import settings; import sys; "
+                             "prepare_run_dir(settings.load(None, {'runDir': sys.argv[1]}))", str(path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert f"run directory {path} is in use by another node (pid {os.getpid()})" in holder.stderr, holder.stderr
+    assert (path / "front.pid").exists()  # (the holder's files left alone)
+    lock.release()
+    again, lock = prepare_run_dir(settings)
+    assert again == path and not (path / "front.pid").exists()  # fresh: no stale pid files
+    lock.release()
     path.chmod(0o755)
     with pytest.raises(SettingsError, match="mode 0700"):
         prepare_run_dir(settings)
@@ -200,8 +209,9 @@ def test_the_run_directory_is_private_and_fresh(tmp_path, monkeypatch):
             prepare_run_dir(settings)
     deep = settings_module.load(None, {"storePathRootDir": str(tmp_path / ("d" * 120))})
     monkeypatch.delenv("XDG_RUNTIME_DIR")
-    short = prepare_run_dir(deep)  # too long for an ipc socket: a new private temporary directory
+    short, lock = prepare_run_dir(deep)  # too long for an ipc socket: a new private temporary directory
     assert len(str(short)) < 100 and stat.S_IMODE(short.stat().st_mode) == 0o700
+    lock.release()
 
 
 def test_a_new_store_on_a_disk_too_small_for_its_segments_is_refused_with_a_size_that_fits(tmp_path):

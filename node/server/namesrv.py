@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from actors.base import write_pid_file
-from node.server import ray_setup
+from node.server import preflight, ray_setup
 from node.server.signals import StopSignals
 
 DEFAULT_PORT = 9876
@@ -96,6 +96,8 @@ def run(listen: str, directory: str | None, ray_address: str | None, out=print) 
     """`mqnode namesrv`: serve until SIGINT/SIGTERM/SIGHUP."""
     directory = (Path(directory).expanduser() if directory else default_directory(listen)).absolute()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # (two on one directory shared its pid file and their embedded Rays' session directory)
+    lock = preflight.hold_directory(directory, "directory", "name service", "--dir")
     ray_setup.prepare_embedded(ray_address)
     started = ray_setup.init(ray_address, ray_setup.ray_dir_in(directory), 100 * 1024 * 1024, home=directory)
     handle = launch(listen, directory)
@@ -110,6 +112,7 @@ def run(listen: str, directory: str | None, ray_address: str | None, out=print) 
     stop(handle)
     if started:
         ray_setup.shutdown()
+    lock.release()
     out("mqnode namesrv stopped", flush=True)
     return 0 if failure is None else 1
 

@@ -34,7 +34,7 @@ def prepare_run_dir(settings) -> tuple[Path, StoreLock]:
     path = settings.run_dir
     if not settings.runDir and len(str(path)) > IPC_PATH_MAX:
         path = Path(tempfile.mkdtemp(prefix="mqnode-"))
-        return path, _held(path)
+        return path, hold_directory(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         path.mkdir(mode=0o700)
@@ -44,21 +44,22 @@ def prepare_run_dir(settings) -> tuple[Path, StoreLock]:
             raise settings_module.SettingsError(
                 f"run directory {path} must be a directory of this user with mode 0700 "
                 f"(it is {stat.filemode(info.st_mode)}, owner uid {info.st_uid}): remove it or choose runDir")
-    lock = _held(path)
+    lock = hold_directory(path)
     for pattern in RUN_FILES:
         for stale in path.glob(pattern):
             stale.unlink(missing_ok=True)
     return path, lock
 
 
-def _held(path: Path) -> StoreLock:
+def hold_directory(path: Path, what: str = "run directory", kind: str = "node", choice: str = "runDir") -> StoreLock:
+    """`path`'s lock file taken for this process's life (the caller releases it), or SettingsError
+    naming the process that holds it."""
     lock = StoreLock(path)
     try:
         lock.acquire()
     except StoreLocked:
-        raise settings_module.SettingsError(
-            f"run directory {path} is in use by another node (pid {lock.holder()}): give each node a runDir of "
-            f"its own") from None
+        raise settings_module.SettingsError(f"{what} {path} is in use by another {kind} (pid {lock.holder()}): give "
+                                            f"each {kind} a {choice} of its own") from None
     return lock
 
 

@@ -4,16 +4,20 @@ unregistration at a clean stop."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
 import orjson
 import pytest
 import zmq
-from nodes import NodeProcess, node_settings
+from nodes import ROOT, NodeProcess, free_port, node_settings
 
 from actors.namesrv import TABLE_FILE, Namesrv
 from node import protocol
+from node.server.preflight import hold_directory
 
 
 @pytest.fixture
@@ -107,3 +111,18 @@ def test_a_node_that_stops_leaves_the_routes_at_once(serving, tmp_path):
         assert node.stop() == 0
     info = _ask(service.listen, [orjson.dumps({"code": protocol.GET_BROKER_CLUSTER_INFO})])
     assert info["clusterAddrTable"] == {} and info["brokerAddrTable"] == {}, info
+
+
+def test_a_second_name_service_on_a_directory_in_use_is_refused(tmp_path):
+    """Two `mqnode namesrv --dir D` shared its pid file and their embedded Rays' session directory:
+    the second is refused before it starts anything, naming the first (node.server.preflight)."""
+    lock = hold_directory(tmp_path, "directory", "name service", "--dir")
+    try:
+        done = subprocess.run([sys.executable, "-m", "node.tools.cli", "namesrv", "--listen",
+                               f"127.0.0.1:{free_port()}", "--dir", str(tmp_path)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        lock.release()
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr == (f"mqnode namesrv: directory {tmp_path} is in use by another name service (pid "
+                           f"{os.getpid()}): give each name service a --dir of its own\n")

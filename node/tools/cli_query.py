@@ -95,6 +95,8 @@ def _find(consumer, args: argparse.Namespace) -> list:
 
 
 def _what(args: argparse.Namespace) -> str:
+    if args.msg_id is not None and args.topic is None:  # (a client's msgId is 32 hex digits too: read as an offsetMsgId)
+        return f"with offsetMsgId {args.msg_id} (the id a send printed as msgId is found with --topic)"
     if args.msg_id is not None:
         return f"with id {args.msg_id}"
     if args.queue_offset is not None:

@@ -273,7 +273,8 @@ def test_consume_query_and_admin_commands(node, producer):
     by_msg_id = run("query", "--msg-id", orjson.loads(found.stdout)["msgId"], "--topic", "CliRead")
     assert by_msg_id.returncode == 0 and orjson.loads(by_msg_id.stdout)["body"] == "line 3", by_msg_id.stderr
     missing = run("query", "--msg-id", orjson.loads(found.stdout)["msgId"])
-    assert missing.returncode == 1 and missing.stdout == b"" and b"no message with id" in missing.stderr
+    assert missing.returncode == 1 and missing.stdout == b""  # (a client's msgId without its topic: taken as an offsetMsgId)
+    assert b"no message with offsetMsgId " in missing.stderr and b"found with --topic" in missing.stderr
     where = orjson.loads(found.stdout)  # mqadmin queryMsgByOffset
     at = run("query", "--topic", "CliRead", "--queue-id", str(where["queueId"]), "--queue-offset", str(where["queueOffset"]))
     assert at.returncode == 0 and orjson.loads(at.stdout)["body"] == "line 3", at.stderr

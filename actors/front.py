@@ -113,6 +113,7 @@ class Front(Actor):
         # a transaction's check then goes to the group's next producer
         self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.curve = guard.secure_clients(self.clients, s, self.context)  # (before it binds)
+        protocol.ipv6_ready(self.clients, s.listen)
         self.clients.bind(s.listen)
         self.acl, self.acl_file = guard.open_acl(s) or (None, None)
         self.next_acl_look = time.monotonic() + 1.0

@@ -232,7 +232,9 @@ class HaClient(Actor):
         self.link.setsockopt(zmq.ROUTING_ID, secrets.token_bytes(8))  # a fresh session each connect
         self.link.setsockopt(zmq.RCVBUF, 4 * 1024 * 1024)
         guard.secure_link(self.link, self.curve_keys)  # (a master with curveEnable)
-        self.link.connect(f"tcp://{host}:{port}")
+        endpoint = protocol.tcp_endpoint(host, port)
+        protocol.ipv6_ready(self.link, endpoint)
+        self.link.connect(endpoint)
         hello = self.session.hello(s.brokerId, self.epochs.entries, s.client_endpoint)
         self.hello = hello[1:]
         self.link.send(hello)

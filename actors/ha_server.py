@@ -34,6 +34,7 @@ from actors.base import Actor, doorbell, incoming, wait_readable
 from actors import guard, ha_link
 from actors.ha_config import ConfigShipper, PopShipper
 from actors.ha_link import HEADER, REPORT, LinkError, MasterSession, StreamDecoder, Superseded
+from node import protocol
 from shm.control_block import monotonic_ms
 from shm import epochs
 from shm.commitlog import CommitLog
@@ -160,7 +161,9 @@ class HaServer(Actor):
                 # allow-list (curveClientKeysDir) decides which slaves may follow, as on the client port
                 self.curve = guard.secure_clients(router, s, self.context)
                 try:
-                    router.bind(f"tcp://{address[0]}:{address[1]}")
+                    endpoint = protocol.tcp_endpoint(*address)
+                    protocol.ipv6_ready(router, endpoint)
+                    router.bind(endpoint)
                 except zmq.ZMQError:
                     router.close(0)
                     if self.curve is not None:
@@ -459,7 +462,7 @@ class HaServer(Actor):
             return stats
         now, written = monotonic_ms(), self.control.get("written")
         return stats | {
-            "protocol": self.settings.haProtocol, "listen": f"{self.settings.ha_host}:{self.settings.ha_port}",
+            "protocol": self.settings.haProtocol, "listen": protocol.host_port(self.settings.ha_host, self.settings.ha_port),
             "bound": self.endpoint is not None, "bindError": self.bind_error, "serving": self._master(),
             "epoch": self.epochs.current, "written": written, "slaveAcked": self.control.get("slave_acked"),
             "slaves": [s.statistics(written, now) for s in self.sessions.values() if s.started],

@@ -9,6 +9,7 @@ divergence that needs a restart to cut).
 
 from __future__ import annotations
 
+from node import protocol
 from shm.control_block import ROLE_NAMES
 
 
@@ -18,7 +19,7 @@ def ha_status(settings, control, actor_stats: dict[str, dict]) -> dict:
     role = ROLE_NAMES.get(control.get("role"), "UNKNOWN")
     status = {"role": role, "brokerId": settings.brokerId, "brokerName": settings.brokerName,
               "protocol": settings.haProtocol, "epoch": _epoch(role, server, client),
-              "haListen": server.get("listen", f"{settings.ha_host}:{settings.ha_port}"),
+              "haListen": server.get("listen", protocol.host_port(settings.ha_host, settings.ha_port)),
               "written": control.get("written"), "slaveAcked": control.get("slave_acked"),
               "slavesFollowing": control.get("ha_slaves")}
     if role != "SLAVE":

@@ -57,6 +57,7 @@ class Namesrv:
         self._restore()
         self.socket = socket(zmq.Context.instance(), zmq.ROUTER)
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # (a larger frame drops its connection: never held)
+        protocol.ipv6_ready(self.socket, self.listen)
         self.socket.bind(self.listen)
         self.ready.set()
         items = [(self.socket, zmq.POLLIN)]

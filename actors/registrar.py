@@ -43,7 +43,7 @@ def client_address(settings) -> str:
 
 
 def ha_address(settings) -> str:
-    return f"{settings.advertised(settings.ha_host)}:{settings.ha_port}"
+    return protocol.host_port(settings.advertised(settings.ha_host), settings.ha_port)
 
 
 def grpc_address(settings) -> str:
@@ -73,6 +73,7 @@ class Registrar(Actor):
     def open(self) -> None:
         for endpoint in self.endpoints_ns:
             s = socket(self.context, zmq.DEALER, hwm=16)
+            protocol.ipv6_ready(s, endpoint)
             s.connect(endpoint)
             self.sockets.append(s)
 

@@ -240,6 +240,27 @@ def namesrv_endpoints(addresses) -> list[str]:
     return out
 
 
+def host_port(host: str, port: int) -> str:
+    """`host:port`, an IPv6 address in brackets (`[::1]:10912`)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def tcp_endpoint(host: str, port: int) -> str:
+    """A ZeroMQ tcp endpoint: an IPv6 address in brackets."""
+    return f"tcp://{host_port(host, port)}"
+
+
+def ipv6_ready(sock, endpoint: str) -> None:
+    """Before `sock` binds or connects to `endpoint`: ZeroMQ takes an IPv6 address only on a
+    socket told it may (ZMQ_IPV6; without it bind and connect fail with "No such device"). Only
+    there: a socket that may use IPv6 resolves a name to its IPv6 address first (localhost: ::1),
+    which a node on 127.0.0.1 does not answer."""
+    if endpoint.startswith("tcp://["):
+        import zmq
+
+        sock.setsockopt(zmq.IPV6, 1)
+
+
 def broker_endpoint(address: str) -> str:
     """A broker's client endpoint from a route's brokerAddrs (`host:port`, or an endpoint as is)."""
     return address if "://" in address else f"tcp://{address}"

@@ -51,6 +51,7 @@ class Connection:
         if secure is not None:  # CURVE's keys, before the connection's handshake
             secure(self.socket)
         try:
+            protocol.ipv6_ready(self.socket, protocol.broker_endpoint(endpoint))
             self.socket.connect(protocol.broker_endpoint(endpoint))  # (host:port too: RocketMQ's form, a route's)
         except zmq.ZMQError as e:
             self.socket.close()

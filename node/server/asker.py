@@ -7,6 +7,7 @@ import threading
 import orjson
 import zmq
 
+from node import protocol
 from node.security import Credentials
 
 
@@ -30,6 +31,7 @@ class NodeAsker:
                 self.socket = self.context.socket(zmq.DEALER)
                 self.socket.setsockopt(zmq.LINGER, 0)
                 self.credentials.secure(self.socket)
+                protocol.ipv6_ready(self.socket, self.endpoint)
                 self.socket.connect(self.endpoint)
             self.opaque += 1
             header = header | {"opaque": self.opaque}

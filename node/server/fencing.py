@@ -20,6 +20,7 @@ import zmq
 
 from actors import guard
 from actors.ha_link import HISTORY
+from node import protocol
 from shm import epochs
 from shm.recovery import cut
 
@@ -34,7 +35,9 @@ def master_history(settings, timeout_ms: int = ASK_TIMEOUT_MS) -> tuple[list[epo
     sock.setsockopt(zmq.LINGER, 0)
     guard.secure_link(sock, guard.ha_link_keys(settings))
     try:
-        sock.connect(f"tcp://{host}:{port}")
+        endpoint = protocol.tcp_endpoint(host, port)
+        protocol.ipv6_ready(sock, endpoint)
+        sock.connect(endpoint)
         sock.send(HISTORY)
         if not sock.poll(timeout_ms):
             return f"the master {host}:{port} did not answer within {timeout_ms} ms"

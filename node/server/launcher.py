@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from actors.topics import deleted_topics
+from node import protocol
 from node.server import fencing, logs, preflight, ray_setup, topology
 from node.server.actor_host import ActorHost
 from node.server.node_watch import NodeWatch
@@ -112,7 +113,8 @@ class Node:
             raise
         self.out(f"mqnode ready endpoint={s.listen} store={s.root} pid={os.getpid()} "
                  f"recovery={self.recovery_report.mode} offset={recovered} role={s.brokerRole} "
-                 f"ha={s.ha_host}:{s.ha_port}" + (f" grpc={s.grpc_host}:{s.grpc_port}" if s.grpc_port else ""),
+                 f"ha={protocol.host_port(s.ha_host, s.ha_port)}"
+                 + (f" grpc={protocol.host_port(s.grpc_host, s.grpc_port)}" if s.grpc_port else ""),
                  flush=True)
 
     def _recover(self) -> tuple[dict[str, int], int]:
@@ -266,7 +268,6 @@ class Node:
         pull worker -> front, a send-back of no message the one front -> schedule -> front, a
         look at a group's pop state the one front -> pop -> front, and one at the transactions
         front -> transaction -> front."""
-        from node import protocol
         from actors import guard
         from node.server.asker import NodeAsker
 

@@ -249,9 +249,12 @@ class Settings:
 
     @property
     def listen_host(self) -> str:
-        """The host of a tcp `listen`, where the node serves clients (127.0.0.1 for ipc)."""
+        """The host of a tcp `listen`, where the node serves clients (127.0.0.1 for ipc); ZeroMQ's
+        wildcard `*` as the address it binds, 0.0.0.0, which the gRPC proxy and a RocketMQ HA
+        listener bind too (given `*` they failed: "Name or service not known")."""
         if self.listen.startswith("tcp://"):
-            return self.listen[len("tcp://"):].rpartition(":")[0].strip("[]") or "127.0.0.1"
+            host = self.listen[len("tcp://"):].rpartition(":")[0].strip("[]")
+            return "0.0.0.0" if host == "*" else host or "127.0.0.1"
         return "127.0.0.1"
 
     @property
@@ -337,6 +340,18 @@ class Settings:
         bound, _, port = self.listen[len("tcp://"):].rpartition(":")
         host = self.advertised(bound)
         return self.listen if host == bound else f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+    @property
+    def local_endpoint(self) -> str:
+        """`listen` as the node's own processes reach it (its launcher's and the metrics' asks, the
+        gRPC proxy's link): a wildcard's as loopback. ZeroMQ connects to no `*` (its own wildcard,
+        which a launcher given `tcp://*:P` asked of, failing its start)."""
+        if not self.listen.startswith("tcp://"):
+            return self.listen
+        bound, _, port = self.listen[len("tcp://"):].rpartition(":")
+        if bound.strip("[]") not in WILDCARD_HOSTS:
+            return self.listen
+        return f"tcp://[::1]:{port}" if bound.strip("[]") == "::" else f"tcp://127.0.0.1:{port}"
 
     def delay_levels_ms(self) -> list[int]:
         return parse_delay_levels(self.messageDelayLevel)

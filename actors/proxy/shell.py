@@ -317,7 +317,7 @@ class Proxy(Actor):
         one per account and secret: a secret changed in aclFile gets a connection of its own.
         `endpoint`: another node's front (a cluster's group the call is forwarded to)."""
         secret = None if account is None else self.verifier.secret_of(account)
-        endpoint = endpoint or self.settings.listen
+        endpoint = endpoint or self.settings.local_endpoint
         link = self.links.get((account, secret, endpoint))
         if link is None:
             own = guard.node_credentials(self.settings)

@@ -279,7 +279,7 @@ class Node:
         if "pop" in topology.hosts(self.settings):  # front -> pop -> front
             probes.append(({"code": protocol.GET_POP_STATE, "consumerGroup": "SELF_TEST_GROUP"}, {"OK"}))
         probes.append(({"code": protocol.GET_TRANSACTION_STATE, "limit": 0}, {"OK"}))  # front -> transaction -> front
-        asker = NodeAsker(self.settings.listen, guard.node_credentials(self.settings), timeout_ms=1000)
+        asker = NodeAsker(self.settings.local_endpoint, guard.node_credentials(self.settings), timeout_ms=1000)
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S
             for header, answers in probes:

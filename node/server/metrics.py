@@ -258,7 +258,7 @@ class MetricsServer:
     def __init__(self, settings, max_offset):
         from prometheus_client import start_http_server
 
-        self.asker = NodeAsker(settings.listen, guard.node_credentials(settings))
+        self.asker = NodeAsker(settings.local_endpoint, guard.node_credentials(settings))
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(self.asker, max_offset))
         self.server, self.thread = start_http_server(settings.metricsPort, settings.metricsAddress, self.registry)

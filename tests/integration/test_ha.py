@@ -607,7 +607,8 @@ def test_a_master_and_its_slave_on_ipv6_serve_and_follow(tmp_path):
     """`listen = tcp://[::1]:P`: ZeroMQ binds and connects to an IPv6 address only on a socket told
     it may (node.protocol.ipv6_ready); before, the front failed its bind ("No such device") at
     every restart and the node never started. The records' store host is IPv6 (RocketMQ's
-    STOREHOSTADDRESS_V6_FLAG: a 56-digit offsetMsgId), and the HA link runs over it too."""
+    STOREHOSTADDRESS_V6_FLAG: a 56-digit offsetMsgId), and the HA link runs over it too. The slave
+    listens on every interface (`[::]`): its launcher's own asks go to loopback (local_endpoint)."""
     try:
         with socket.socket(socket.AF_INET6) as probe:
             probe.bind(("::1", 0))
@@ -615,7 +616,7 @@ def test_a_master_and_its_slave_on_ipv6_serve_and_follow(tmp_path):
         pytest.skip("no IPv6 loopback here")
     port, slave_port = free_port(), free_port()
     master = node_settings(tmp_path / "master", listen=f"tcp://[::1]:{port}", listenPort=port, haListenPort=free_port())
-    slave = node_settings(tmp_path / "slave", listen=f"tcp://[::1]:{slave_port}", listenPort=slave_port,
+    slave = node_settings(tmp_path / "slave", listen=f"tcp://[::]:{slave_port}", listenPort=slave_port,
                           haListenPort=free_port(), brokerRole="SLAVE", brokerId=1,
                           haMasterAddress=f"[::1]:{master.ha_port}")
     nodes = [NodeProcess(master, tmp_path / "master.log"), NodeProcess(slave, tmp_path / "slave.log")]
@@ -627,7 +628,7 @@ def test_a_master_and_its_slave_on_ipv6_serve_and_follow(tmp_path):
         assert len(sent[0].offset_msg_id) == 56 and {r.status for r in sent} == {"PUT_OK"}
         wait_until(lambda: caught_up(slave, master), 30, "the slave over IPv6")
         assert_prefix(slave, master)
-        with PullConsumer(slave.listen) as consumer:
+        with PullConsumer(f"127.0.0.1:{slave_port}") as consumer:  # (every interface's: IPv4 too)
             assert consumer.view(sent[3].offset_msg_id).body == b"message-3" * 20
     finally:
         for node in reversed(nodes):

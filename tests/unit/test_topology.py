@@ -209,3 +209,16 @@ def test_no_service_process_loads_numpy_to_start():
             "print('numpy' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout.split() == ["False"]
+
+
+@pytest.mark.parametrize("listen, local, host", [
+    ("tcp://*:10911", "tcp://127.0.0.1:10911", "0.0.0.0"),  # ZeroMQ's wildcard: gRPC and a TCP HA listener bind 0.0.0.0
+    ("tcp://0.0.0.0:10911", "tcp://127.0.0.1:10911", "0.0.0.0"),
+    ("tcp://[::]:10911", "tcp://[::1]:10911", "::"),
+    ("tcp://[::1]:10911", "tcp://[::1]:10911", "::1"),
+    ("tcp://10.0.0.5:10911", "tcp://10.0.0.5:10911", "10.0.0.5"),
+    ("ipc:///run/mq/front", "ipc:///run/mq/front", "127.0.0.1"),
+])
+def test_a_wildcard_listen_is_reached_on_loopback_and_bound_as_an_address(listen, local, host):
+    settings = settings_module.load(None, {"listen": listen})
+    assert settings.local_endpoint == local and settings.listen_host == host == settings.ha_host

@@ -9,6 +9,7 @@ client, so both sides parse the same way.
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -334,6 +335,22 @@ def message_filter(expression_type, expression, *, sql92: bool) -> MessageFilter
     except SelectorError as e:
         raise FilterRefused("SUBSCRIPTION_PARSE_FAILED", f"SQL92 {expression!r}: {e}") from None
     return MessageFilter(selector=selector, record_test=lambda raw: selector.matches(record_properties(raw)))
+
+
+GROUP_MAX_LENGTH = 255  # RocketMQ's Validators.CHARACTER_MAX_LENGTH
+NAME = re.compile(r"[%|a-zA-Z0-9_-]+")  # a topic's or group's characters (RocketMQ's Validators.PATTERN)
+
+
+def check_group(group) -> None:
+    """A client's check of its consumer group, as RocketMQ's clients make it at their start
+    (Validators.checkGroup): ValueError for one every node refuses. Before, a PushConsumer of
+    such a group started and consumed nothing in silence (its heartbeats refused)."""
+    if not isinstance(group, str) or not group:
+        raise ValueError(f"a consumer group must be a name, not {group!r}")
+    if len(group) > GROUP_MAX_LENGTH:
+        raise ValueError(f"the consumer group is {len(group)} characters; at most {GROUP_MAX_LENGTH} are allowed")
+    if not NAME.fullmatch(group):
+        raise ValueError(f"the consumer group {group!r} may only contain characters from [%|a-zA-Z0-9_-]")
 
 
 def check_expression(expression, expression_type: str = EXPRESSION_TAG) -> None:

@@ -51,6 +51,7 @@ class PopConsumer:
         self.options = PopOptions(**options)  # (TypeError names an unknown option)
         if (endpoint is None) == (namesrv is None) or not group:
             raise ValueError("a pop consumer takes a group and endpoint= (one node) or namesrv= (a cluster)")
+        protocol.check_group(group)
         self.endpoint, self.namesrv, self.group = endpoint, namesrv, group
         self.subscriptions: dict[str, tuple[str, str]] = {}  # topic -> (expression, its type)
         self.listener: Callable[[list[PoppedMessage]], str] | None = None

@@ -76,6 +76,7 @@ __all__ = ["AsyncPushConsumer", "PushConsumer", "PushOptions", "ProcessQueue", "
            "SUCCESS", "SUSPEND_CURRENT_QUEUE_A_MOMENT", "CLUSTERING", "BROADCASTING"]
 
 log = logging.getLogger("mqnode.push")
+OUT_OF_REACH = ("TIMEOUT", "CLOSED")  # a node restarting or gone: not a refusal to tell of
 
 
 class AsyncPushConsumer(Orderly, Asked):
@@ -86,12 +87,13 @@ class AsyncPushConsumer(Orderly, Asked):
             raise TypeError(f"unknown PushConsumer options: {', '.join(sorted(unknown))}")
         self.options = PushOptions(**options)
         self.options.check()
+        protocol.check_group(group)
         self.endpoint, self.group = endpoint, group
         instance = self.options.instance_name or str(os.getpid())
         self.client_id = f"{local_ip()}@{instance}"
         self.subscriptions: dict[str, str] = {}
         self.expression_types: dict[str, str] = {}  # topic -> TAG or SQL92 (TAG when absent)
-        self.pull_errors_told: set[tuple[str, str]] = set()  # (status, remark) said once (`_pull_failed`)
+        self.errors_told: set[tuple[str, str, str]] = set()  # (what, status, remark) said once (`_tell`)
         self.listener: Callable | None = None
         self.statuses = ListenerStatuses(CONSUME_SUCCESS, RECONSUME_LATER, log)
         self.orderly = False
@@ -195,10 +197,16 @@ class AsyncPushConsumer(Orderly, Asked):
         """A pull refused: tried again after PULL_ERROR_S; said once per status and remark (a
         subscription the node refuses, a SQL92 one on a node without enablePropertyFilter, would
         otherwise fail in silence)."""
-        key = (error.status, error.remark)
-        if key not in self.pull_errors_told and len(self.pull_errors_told) < 16:
-            self.pull_errors_told.add(key)
-            log.warning("pulls of %s queue %d for group %s fail: %s", pq.topic, pq.queue_id, self.group, error)
+        self._tell("pulls", error, f"pulls of {pq.topic} queue {pq.queue_id} for group {self.group} fail: {error}")
+
+    def _tell(self, what: str, error: SendError, line: str) -> None:
+        """A refusal tried again later, said once per kind, status and remark (at most 16 said): a
+        heartbeat or a look at the group the node refuses (an account the ACL denies, say) left
+        the member holding no queue, in silence."""
+        key = (what, error.status, error.remark)
+        if key not in self.errors_told and len(self.errors_told) < 16:
+            self.errors_told.add(key)
+            log.warning("%s", line)
 
     async def _heartbeat(self) -> None:
         data = {"groupName": self.group, "consumeType": "CONSUME_PASSIVELY", "messageModel": self.options.message_model,
@@ -211,8 +219,9 @@ class AsyncPushConsumer(Orderly, Asked):
             expires_ms = reply.get("clientChannelExpiredTimeout")
             if expires_ms:  # beat at least three times within it
                 self.heartbeat_s = min(self.options.heartbeat_interval, expires_ms / 3000)
-        except SendError:
-            pass  # tried again at the next interval; the node keeps us until clientChannelExpiredTimeout
+        except SendError as e:  # tried again at the next interval; the node keeps us until clientChannelExpiredTimeout
+            if e.status not in OUT_OF_REACH:
+                self._tell("heartbeats", e, f"heartbeats of group {self.group} are refused: {e}")
 
     async def _rebalancer(self) -> None:
         while self.running:
@@ -242,8 +251,10 @@ class AsyncPushConsumer(Orderly, Asked):
                     wanted.update(allocate(self.options.allocate_strategy, self.client_id, queues, members))
                 else:
                     wanted.update(q for q in self.queues if q[0] == topic)
-        except SendError:
-            return  # the node is unreachable: keep what we have, try again later
+        except SendError as e:  # keep what we have, try again later
+            if e.status not in OUT_OF_REACH:
+                self._tell("rebalances", e, f"group {self.group} cannot rebalance: {e}")
+            return
         dropped = [q for q in self.queues if q not in wanted]
         for queue in dropped:
             await self._drop(queue)
@@ -471,6 +482,7 @@ class PushConsumer:
     def __init__(self, endpoint: str | None = None, group: str | None = None, *, namesrv=None, **options):
         if (endpoint is None) == (namesrv is None) or not group:
             raise ValueError("a push consumer takes a group and endpoint= (one node) or namesrv= (a cluster)")
+        protocol.check_group(group)  # (before its loop thread starts)
         self.loop = aio.new_event_loop()
         self.thread = aio.start_loop_thread(self.loop, f"mqnode-push-{group}")
         self.inner = self._call(self._make(endpoint, namesrv, group, options))

@@ -8,6 +8,7 @@ admin asks of a member through the node (its running info, a message consumed di
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -411,6 +412,34 @@ def test_a_listener_returning_the_other_kinds_success_consumes_each_message_once
         consumer.shutdown()
     said = [r.getMessage() for r in caplog.records if "a listener returned None" in r.getMessage()]
     assert len(said) == 1, said
+
+
+def test_a_group_no_node_takes_is_refused_at_once_and_a_refused_heartbeat_is_said(node, caplog):
+    """RocketMQ's clients check the group at their start (Validators.checkGroup): a PushConsumer or
+    PopConsumer of a group every node refuses raises ValueError. Before, it started and consumed
+    nothing in silence: the node refused its heartbeats and its looks at the group, and the
+    client tried again forever without a word. A refusal is now said once (here forced past the
+    client's own check)."""
+    from node.client import PopConsumer
+
+    for bad in ("bad group!", "g" * 256):
+        with pytest.raises(ValueError, match="consumer group"):
+            PushConsumer(node.endpoint, bad)
+        with pytest.raises(ValueError, match="consumer group"):
+            PopConsumer(node.endpoint, bad)
+    consumer = PushConsumer(node.endpoint, "refused", rebalance_interval=0.3)
+    consumer.inner.group = "refused group"  # (what the node refuses: as an account the ACL denies would be)
+    consumer.subscribe("Refused")
+    consumer.register_listener(lambda messages: CONSUME_SUCCESS)
+    with caplog.at_level(logging.WARNING, logger="mqnode.push"):
+        consumer.start()
+        try:
+            time.sleep(1.5)  # (several rebalances, each refused)
+        finally:
+            consumer.shutdown()
+    said = [r.getMessage() for r in caplog.records if r.name == "mqnode.push"]
+    assert sum("heartbeats of group refused group are refused: SYSTEM_ERROR" in line for line in said) == 1, said
+    assert sum("group refused group cannot rebalance: SYSTEM_ERROR" in line for line in said) == 1, said
 
 
 def test_a_slow_listener_is_bounded_by_flow_control(node):

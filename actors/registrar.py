@@ -51,8 +51,7 @@ def grpc_address(settings) -> str:
     the name service hands it to the other nodes' proxies for their routes."""
     if not settings.grpc_port:
         return ""
-    host = settings.grpc_host
-    return f"{settings.advertised(host)}:{settings.grpc_port}"
+    return protocol.host_port(settings.advertised(settings.grpc_host), settings.grpc_port)
 
 
 class Registrar(Actor):

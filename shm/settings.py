@@ -17,12 +17,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import ipaddress
-import math
 import os
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from shm.cpus import available_cpus
 from shm.settings_rules import CHOICES, MAX_PULL_WORKERS, SettingsError, parse_delay_levels, validate
 
 GiB = 1024 * 1024 * 1024
@@ -252,10 +252,8 @@ class Settings:
         """The host of a tcp `listen`, where the node serves clients (127.0.0.1 for ipc); ZeroMQ's
         wildcard `*` as the address it binds, 0.0.0.0, which the gRPC proxy and a RocketMQ HA
         listener bind too (given `*` they failed: "Name or service not known")."""
-        if self.listen.startswith("tcp://"):
-            host = self.listen[len("tcp://"):].rpartition(":")[0].strip("[]")
-            return "0.0.0.0" if host == "*" else host or "127.0.0.1"
-        return "127.0.0.1"
+        host, _ = self._tcp_listen or ("127.0.0.1", "")
+        return "0.0.0.0" if host == "*" else host or "127.0.0.1"
 
     @property
     def grpc_host(self) -> str:
@@ -316,9 +314,8 @@ class Settings:
         its default follows the host and port of a tcp `listen` (a wildcard host keeps
         brokerIP1: set it to the address clients use)."""
         host, port = self.brokerIP1, self.listenPort
-        if self.listen.startswith("tcp://"):
-            listen_host, _, listen_port = self.listen[len("tcp://"):].rpartition(":")
-            listen_host = listen_host.strip("[]")
+        if self._tcp_listen:
+            listen_host, listen_port = self._tcp_listen
             if port == _DEFAULT_LISTEN_PORT and listen_port.isdigit():
                 port = int(listen_port)
             if host == _DEFAULT_BROKER_IP and _is_address(listen_host) and listen_host not in ("0.0.0.0", "::"):
@@ -335,26 +332,38 @@ class Settings:
     def client_endpoint(self) -> str:
         """`listen` as clients are told it (a route's brokerAddrs, the HA link's hello and
         welcome, the name service's registration): its host `advertised`."""
-        if not self.listen.startswith("tcp://"):
+        if not self._tcp_listen:
             return self.listen
-        bound, _, port = self.listen[len("tcp://"):].rpartition(":")
+        bound, port = self._tcp_listen
         host = self.advertised(bound)
-        return self.listen if host == bound else f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        return self.listen if host == bound else _tcp_endpoint(host, port)
 
     @property
     def local_endpoint(self) -> str:
         """`listen` as the node's own processes reach it (its launcher's and the metrics' asks, the
         gRPC proxy's link): a wildcard's as loopback. ZeroMQ connects to no `*` (its own wildcard,
         which a launcher given `tcp://*:P` asked of, failing its start)."""
+        if not self._tcp_listen or self._tcp_listen[0] not in WILDCARD_HOSTS:
+            return self.listen
+        bound, port = self._tcp_listen
+        return _tcp_endpoint("::1" if bound == "::" else "127.0.0.1", port)
+
+    @property
+    def _tcp_listen(self) -> tuple[str, str] | None:
+        """A tcp `listen`'s host (an IPv6 one without its brackets) and port, as written; None
+        for ipc."""
         if not self.listen.startswith("tcp://"):
-            return self.listen
-        bound, _, port = self.listen[len("tcp://"):].rpartition(":")
-        if bound.strip("[]") not in WILDCARD_HOSTS:
-            return self.listen
-        return f"tcp://[::1]:{port}" if bound.strip("[]") == "::" else f"tcp://127.0.0.1:{port}"
+            return None
+        host, _, port = self.listen[len("tcp://"):].rpartition(":")
+        return host.strip("[]"), port
 
     def delay_levels_ms(self) -> list[int]:
         return parse_delay_levels(self.messageDelayLevel)
+
+
+def _tcp_endpoint(host: str, port) -> str:
+    """(node.protocol.tcp_endpoint's rule: this storage layer imports nothing of the client's)"""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 _DEFAULT_LISTEN_PORT, _DEFAULT_HA_PORT, _DEFAULT_BROKER_IP = 10911, 10912, "127.0.0.1"
@@ -488,40 +497,6 @@ def load(conf: str | Path | None = None, overrides: dict[str, object] | None = N
     settings = replace(Settings(), **values)
     validate(settings)
     return settings
-
-
-CGROUP = Path("/sys/fs/cgroup")
-
-
-def available_cpus(cgroup: Path = CGROUP) -> int:
-    """The CPUs this process may use, as the JVM that RocketMQ runs in counts them
-    (availableProcessors): its affinity mask (taskset, a container's cpuset) and its cgroup's CPU
-    quota (a container's --cpus, a Kubernetes limit), rounded up. os.cpu_count() counts the
-    host's: in a container given 2 CPUs of a 64-core host a node started 62 pull workers (~60 MB
-    each) and told its Ray it had 64 CPUs."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # (not Linux)
-        count = os.cpu_count() or 1
-    quota = cpu_quota(cgroup)
-    return max(1, min(count, math.ceil(quota))) if quota else count
-
-
-def cpu_quota(cgroup: Path = CGROUP) -> float | None:
-    """The CPUs a CFS quota allows, as a container sees its own cgroup at the mount's root (as Ray
-    and the JVM read it): cgroup v2's `cpu.max` ("max 100000": none), else v1's
-    `cpu/cpu.cfs_quota_us` over `cpu.cfs_period_us` (-1: none). None without one."""
-    try:
-        limit, period = (cgroup / "cpu.max").read_text().split()
-        return int(limit) / int(period) if limit != "max" else None
-    except (OSError, ValueError):
-        pass
-    try:
-        limit = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError):
-        return None
-    return limit / period if limit > 0 and period > 0 else None
 
 
 if __name__ == "__main__":  # python -m shm.settings > conf/broker.toml

@@ -31,8 +31,10 @@ _held: dict[str, int] = {}  # resolved lock path -> fd, for this process
 
 
 class StoreLock:
-    def __init__(self, root: Path):
-        self.path = Path(root) / "lock"
+    """`root`'s lock file (`name`: the store's is `lock`, RocketMQ's), held with a POSIX lock."""
+
+    def __init__(self, root: Path, name: str = "lock"):
+        self.path = Path(root) / name
         self.fd = -1
 
     def acquire(self) -> None:

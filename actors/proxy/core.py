@@ -364,7 +364,7 @@ def broker(settings, endpoints: pb.Endpoints) -> pb.Broker:
     """This node as a RocketMQ 5 broker, reached where the client reached it (the request's
     `endpoints`, as RocketMQ 5's proxy answers), else at the proxy's own address."""
     if not endpoints.addresses:
-        endpoints = endpoints_of(f"{settings.advertised(settings.grpc_host)}:{settings.grpc_port}")
+        endpoints = endpoints_of(protocol.host_port(settings.advertised(settings.grpc_host), settings.grpc_port))
     return pb.Broker(name=settings.brokerName, id=0, endpoints=endpoints)
 
 

@@ -109,7 +109,7 @@ class Proxy(Actor):
             self.routes = Routes(NameServers(s.namesrvAddr, lambda address: AsyncProducer(address, retries=0,
                                                                                           timeout=3.0)))
             self.routes.start()
-        address = f"{s.grpc_host}:{s.grpc_port}" if ":" not in s.grpc_host else f"[{s.grpc_host}]:{s.grpc_port}"
+        address = protocol.host_port(s.grpc_host, s.grpc_port)
         if s.grpcTlsCertFile:
             self.port = server.add_secure_port(address, grpc.ssl_server_credentials([guard.grpc_tls_pair(s)]))
         else:

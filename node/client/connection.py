@@ -51,8 +51,9 @@ class Connection:
         if secure is not None:  # CURVE's keys, before the connection's handshake
             secure(self.socket)
         try:
-            protocol.ipv6_ready(self.socket, protocol.broker_endpoint(endpoint))
-            self.socket.connect(protocol.broker_endpoint(endpoint))  # (host:port too: RocketMQ's form, a route's)
+            address = protocol.broker_endpoint(endpoint)  # (host:port too: RocketMQ's form, a route's)
+            protocol.ipv6_ready(self.socket, address)
+            self.socket.connect(address)
         except zmq.ZMQError as e:
             self.socket.close()
             raise BadEndpoint(f"{endpoint!r} is no endpoint of a node (tcp://HOST:PORT, HOST:PORT or ipc://PATH): "

@@ -20,14 +20,15 @@ from shm.store_files import StoreLock, StoreLocked
 
 RUN_ROOM_MIN = 4 << 20  # bytes free the run directory's disk needs for a start (Ray's session, the pid files)
 IPC_PATH_MAX = 100  # sun_path holds 107 bytes; the longest endpoint adds "/arrivals"
+RUN_LOCK = "run.lock"  # a run directory's (or a name service's directory's) lock: not the store's, were they one
 RUN_FILES = ("*.pid", "*.starts", "*.fifo", "*.ring", "injected-flush-eio", "supervision.json")
 
 
 def prepare_run_dir(settings) -> tuple[Path, StoreLock]:
     """The run directory, private, held and fresh: created with mode 0700 (its parents too, if
     missing), refused when it exists but another user owns it or others may enter it, locked
-    (its `lock` file, as the store's: the caller releases it at the node's stop) and then emptied
-    of an earlier run's files. Refused when another node holds it: two stores' nodes given one
+    (its `run.lock` file, as the store by its `lock`: the caller releases it at the node's stop)
+    and then emptied of an earlier run's files. Refused when another node holds it: two stores' nodes given one
     runDir (a conf both read) had the second empty the first's pid files, FIFOs and rings, and
     the first stopped answering. A default path too long for an ipc socket gives way to a new
     private temporary directory."""
@@ -54,7 +55,7 @@ def prepare_run_dir(settings) -> tuple[Path, StoreLock]:
 def hold_directory(path: Path, what: str = "run directory", kind: str = "node", choice: str = "runDir") -> StoreLock:
     """`path`'s lock file taken for this process's life (the caller releases it), or SettingsError
     naming the process that holds it."""
-    lock = StoreLock(path)
+    lock = StoreLock(path, RUN_LOCK)
     try:
         lock.acquire()
     except StoreLocked:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import psutil
 
-from shm.settings import SettingsError, available_cpus
+from shm.cpus import available_cpus
+from shm.settings import SettingsError
 
 
 def normal_priority() -> None:

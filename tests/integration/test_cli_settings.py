@@ -212,6 +212,14 @@ def test_the_run_directory_is_private_held_and_fresh(tmp_path, monkeypatch):
     short, lock = prepare_run_dir(deep)  # too long for an ipc socket: a new private temporary directory
     assert len(str(short)) < 100 and stat.S_IMODE(short.stat().st_mode) == 0o700
     lock.release()
+    from shm.store_files import StoreLock
+
+    root = tmp_path / "own"  # a run directory that is the store's root: its lock is not the store's
+    root.mkdir(mode=0o700)
+    with StoreLock(root):
+        own, lock = prepare_run_dir(settings_module.load(None, {"storePathRootDir": str(root), "runDir": str(root)}))
+        assert own == root
+        lock.release()
 
 
 def test_a_new_store_on_a_disk_too_small_for_its_segments_is_refused_with_a_size_that_fits(tmp_path):

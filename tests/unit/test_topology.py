@@ -12,6 +12,7 @@ import pytest
 from nodes import ROOT
 
 from node.server import topology
+from shm import cpus
 from shm import settings as settings_module
 from shm.settings import SettingsError
 
@@ -64,8 +65,8 @@ def test_split_gives_every_service_a_process_and_scales_ingress_and_reads():
 def test_the_default_pull_workers_are_one_per_cpu_the_node_may_use_not_the_hosts():
     """As the JVM counts availableProcessors: the affinity mask (taskset, a container's cpuset) and
     the cgroup's CPU quota (a container's --cpus), not os.cpu_count() (the host's)."""
-    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); from shm import settings; "
-            "print(settings.available_cpus(), settings.load(None, {'topology': 'split'}).pull_processes)")
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); from shm import cpus, settings; "
+            "print(cpus.available_cpus(), settings.load(None, {'topology': 'split'}).pull_processes)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["1", "1"], done.stderr
 
@@ -82,9 +83,9 @@ def test_a_cgroup_cpu_quota_is_read_as_a_container_sees_it(tmp_path, files, quot
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    assert settings_module.cpu_quota(tmp_path) == quota
+    assert cpus.cpu_quota(tmp_path) == quota
     if quota is not None:  # (rounded up, and never past the affinity mask)
-        assert settings_module.available_cpus(tmp_path) == min(math.ceil(quota), len(os.sched_getaffinity(0)))
+        assert cpus.available_cpus(tmp_path) == min(math.ceil(quota), len(os.sched_getaffinity(0)))
 
 
 @pytest.mark.parametrize("name", settings_module.REPLACED_BY_TOPOLOGY)

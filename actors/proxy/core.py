@@ -231,7 +231,8 @@ def _user_properties(given) -> dict[str, str]:
                 or "\x01" in key or "\x02" in key or "\x02" in value):
             raise Refused(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
                           f"property {key!r} is empty, reserved or holds characters a property may not")
-        out[key] = value
+        if value:  # (an empty value is dropped, as the node's parser drops it: the official clients send none)
+            out[key] = value
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from node import protocol
@@ -30,12 +31,21 @@ class Message:
     deliver_at_ms: int | None = None  # a timer: deliver at this epoch ms (TIMER_DELIVER_MS)
     delay_ms: int | None = None  # a timer: deliver this many ms after the send (TIMER_DELAY_MS)
 
+    def __post_init__(self) -> None:
+        if type(self.body) is not bytes:  # (a str as UTF-8, as send takes it; a batch encodes bytes only)
+            self.body = body_bytes(self.body)
+
     def wire_properties(self, uniq_key: str) -> dict[str, str]:
-        props = dict(self.properties)
+        """The properties the node stores: the user's, then the fields'. TypeError or ValueError for
+        what the properties string cannot carry: a batch sends it as one string, where a `\x02` in a
+        value began a property of its own ("x\x02TAGS\x01y" set the message's tags) and a value not
+        a str was stored as its str() ("None"); an empty name or value, which RocketMQ's parser drops
+        (its Message.putUserProperty refuses them too)."""
+        props = _checked_properties(self.properties) if self.properties else {}
         if self.tags:
-            props[PROPERTY_TAGS] = self.tags
+            props[PROPERTY_TAGS] = _checked_value("tags", self.tags)
         if self.keys:
-            props[PROPERTY_KEYS] = self.keys if isinstance(self.keys, str) else " ".join(self.keys)
+            props[PROPERTY_KEYS] = _keys_text(self.keys)
         if self.delay_level:
             props[PROPERTY_DELAY] = str(self.delay_level)
         if self.deliver_at_ms is not None:
@@ -69,10 +79,40 @@ def create_reply(request, body: bytes | str, *, properties: dict[str, str] | Non
     if not cluster:
         raise ValueError(f"create reply message fail, requestMessage error, property[{PROPERTY_CLUSTER}] is null.")
     props = dict(properties or {})
-    props.update({protocol.PROPERTY_MESSAGE_TYPE: protocol.REPLY_MESSAGE_FLAG, protocol.PROPERTY_REPLY_TO_CLIENT: requester,
-                  protocol.PROPERTY_CORRELATION_ID: asked.get(protocol.PROPERTY_CORRELATION_ID, ""),
-                  protocol.PROPERTY_MESSAGE_TTL: asked.get(protocol.PROPERTY_MESSAGE_TTL, "")})
+    props.update({protocol.PROPERTY_MESSAGE_TYPE: protocol.REPLY_MESSAGE_FLAG, protocol.PROPERTY_REPLY_TO_CLIENT: requester})
+    for name in (protocol.PROPERTY_CORRELATION_ID, protocol.PROPERTY_MESSAGE_TTL):  # (as Java's: none where the request had none)
+        if asked.get(name):
+            props[name] = asked[name]
     return Message(protocol.reply_topic(cluster), body_bytes(body), properties=props)
+
+
+def _checked_properties(properties: dict[str, str]) -> dict[str, str]:
+    for name, value in properties.items():
+        if not isinstance(name, str):
+            raise TypeError(f"property name {name!r} must be a str, not {type(name).__name__}")
+        if not name or "\x01" in name or "\x02" in name:
+            raise ValueError(f"property name {name!r}: a name is a non-empty str without \\x01 or \\x02 (the separators)")
+        _checked_value(f"property {name!r}", value)
+    return dict(properties)
+
+
+def _checked_value(what: str, value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{what} is empty: a message stores no empty value")
+    if "\x02" in value:
+        raise ValueError(f"{what} {value!r} holds \\x02, the properties' separator")
+    return value
+
+
+def _keys_text(keys) -> str:
+    """`keys` (one str of space-separated keys, or an iterable of str) as the KEYS property."""
+    if isinstance(keys, str):
+        return _checked_value("keys", keys)
+    if not isinstance(keys, Collection) or not all(isinstance(key, str) for key in keys):  # (sent again on a retry)
+        raise TypeError(f"keys are a str or a list of str, not {keys!r}"[:200])
+    return _checked_value("keys", " ".join(keys))
 
 
 def _props_string(props: dict[str, str]) -> str:

@@ -1,7 +1,7 @@
 """Rows of a DataFrame sent into topics: the write side of the `mqnode` data source. Runs on the
 executors. Columns: `body` (binary or string, required), optional `topic` (else the `topic`
 option), `tags`, `keys` (a string or an array of strings), `properties` (a map), `queueId`,
-`shardingKey`, `delayLevel`. Rows without a delay go as batches per queue (RocketMQ's batch
+`shardingKey`, `delayLevel`; a null key or property value is none. Rows without a delay go as batches per queue (RocketMQ's batch
 send); a row with a delay level goes alone (a batch may carry no delay). A transactional write's
 rows go as halves, many to a half (`rows`, node.pipeline.transactions; a half carries no delay)."""
 
@@ -47,11 +47,7 @@ def rows(options: dict, batches):
         topics, tags, keys, properties = column("topic"), column("tags"), column("keys"), column("properties")
         queue_ids, shards = column("queueId"), column("shardingKey")
         for i, body in enumerate(columns["body"]):
-            if body is None:
-                raise PipelineError(f"row {i}: `body` is null")
-            message = Message(topics[i] or default_topic, body.encode() if isinstance(body, str) else body,
-                              tags=tags[i], keys=keys[i], properties=dict(properties[i]) if properties[i] else {})
-            yield message, queue_ids[i], shards[i]
+            yield _message(i, topics[i] or default_topic, body, tags[i], keys[i], properties[i]), queue_ids[i], shards[i]
 
 
 def _columns(batch, default_topic: str | None) -> dict:
@@ -70,12 +66,7 @@ def _send_rows(producer: Producer, columns: dict, default_topic: str | None, row
     groups: dict[tuple, list[Message]] = defaultdict(list)
     for i in range(rows):
         topic = topics[i] or default_topic
-        body = bodies[i]
-        if body is None:
-            raise PipelineError(f"row {i}: `body` is null")
-        props = dict(properties[i]) if properties[i] else {}
-        message = Message(topic, body.encode() if isinstance(body, str) else body, tags=tags[i], keys=keys[i],
-                          properties=props, delay_level=delays[i] or 0)
+        message = _message(i, topic, bodies[i], tags[i], keys[i], properties[i], delays[i] or 0)
         if message.delay_level:
             _check(lambda: producer.send(topic, message.body, tags=message.tags, keys=message.keys,
                                          properties=message.properties, delay_level=message.delay_level,
@@ -89,6 +80,25 @@ def _send_rows(producer: Producer, columns: dict, default_topic: str | None, row
         if group:
             _flush(producer, key, group)
     return rows
+
+
+def _message(i: int, topic: str, body, tags, keys, properties, delay_level: int = 0) -> Message:
+    """Row `i` as a message. A null in `keys` or a null value in `properties` is no key or property,
+    as a null column is none (a message stores no null: it was the string "None"); what a message
+    cannot carry (an empty value, a separator character) fails the row, named."""
+    if body is None:
+        raise PipelineError(f"row {i}: `body` is null")
+    if keys is not None and not isinstance(keys, str):
+        keys = [key for key in keys if key is not None]
+    pairs = properties.items() if isinstance(properties, dict) else properties or ()  # (Arrow's map: (name, value) pairs)
+    props = {name: value for name, value in pairs if value is not None}
+    message = Message(topic, body, tags=tags, keys=keys, properties=props, delay_level=delay_level)
+    if tags or keys or props:
+        try:
+            message.wire_properties("")
+        except (TypeError, ValueError) as e:
+            raise PipelineError(f"row {i}: {e}") from None
+    return message
 
 
 def _flush(producer: Producer, key: tuple, group: list[Message]) -> None:

@@ -149,8 +149,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
     properties = {}
     for item in args.property:
         name, separator, value = item.partition("=")
-        if not separator or not name:
-            raise SettingsError(f"--property {item!r}: expected KEY=VALUE")
+        if not separator or not name or not value:  # (an empty value is not stored: RocketMQ's parser drops it)
+            raise SettingsError(f"--property {item!r}: expected KEY=VALUE, neither empty")
         properties[name] = value
     keys = args.keys.split() if args.keys else None
     lines = (line.rstrip(b"\n") for line in sys.stdin.buffer)  # (as bytes: a body need not be text)

@@ -159,6 +159,33 @@ def test_statuses_for_what_may_not_be_stored(node, producer):
     assert producer.send("TopicA", bytearray(b"still serving")).status == "PUT_OK"
 
 
+@pytest.mark.parametrize("fields, error", [
+    ({"properties": {"a": "x\x02TAGS\x01forged"}}, ValueError),  # (a batch's string: it set the tags)
+    ({"tags": "t\x02KEYS\x01forged"}, ValueError),
+    ({"properties": {"a": 1}}, TypeError),  # (a batch stored "1", a single send was refused)
+    ({"properties": {"a": None}}, TypeError),  # ("None")
+    ({"properties": {"a": ""}}, ValueError),  # (RocketMQ's parser drops it: stored, then gone)
+    ({"properties": {"": "v"}}, ValueError),
+    ({"keys": ["k", None]}, TypeError),  # (these two said "can only join an iterable" and the like)
+    ({"keys": 5}, TypeError),
+])
+def test_what_a_message_cannot_store_is_refused_before_it_is_sent(node, producer, fields, error):
+    offset = producer.send("TopicD", "before", queue_id=0).queue_offset
+    said = "keys|property|tags"  # (what is wrong, named)
+    with pytest.raises(error, match=said):
+        producer.send_batch("TopicD", [Message("TopicD", b"m", **fields)], queue_id=0)
+    with pytest.raises(error, match=said):
+        producer.send("TopicD", "single", queue_id=0, **fields)
+    after = producer.send("TopicD", "after", queue_id=0)
+    assert after.queue_offset == offset + 1  # nothing stored between
+
+
+def test_a_batch_stores_a_messages_str_body_as_utf8(node, producer):
+    result = producer.send_batch("TopicD", [Message("TopicD", "text é", properties={"k": "v"})], queue_id=1)[0]
+    record = _record_at(node, result.offset_msg_id)
+    assert record.body == "text é".encode() and record.properties["k"] == "v"
+
+
 def test_malformed_frames_and_unknown_codes_get_error_replies(node, raw):
     assert raw([b"not json"])["status"] == "SYSTEM_ERROR"
     assert raw([b"[1, 2]"])["status"] == "SYSTEM_ERROR"
@@ -208,6 +235,9 @@ def test_cli_produce_and_admin_stats(node):
     failed = subprocess.run([sys.executable, "-m", "node.tools.cli", "produce", "--endpoint", endpoint, "--topic", "bad topic"],
                             input=b"x\n", cwd=ROOT, capture_output=True, timeout=60, check=False)
     assert failed.returncode == 1 and orjson.loads(failed.stdout)["status"] == "MESSAGE_ILLEGAL"
+    empty = subprocess.run([sys.executable, "-m", "node.tools.cli", "produce", "--endpoint", endpoint, "--topic", "CliTopic",
+                            "--property", "k="], input=b"x\n", cwd=ROOT, capture_output=True, timeout=60, check=False)
+    assert empty.returncode == 2 and b"--property 'k='" in empty.stderr and not empty.stdout  # (it was sent, without k)
     stats = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", "stats", "--endpoint", endpoint],
                            cwd=ROOT, capture_output=True, timeout=60, check=False)
     assert stats.returncode == 0, stats.stderr

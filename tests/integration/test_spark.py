@@ -17,7 +17,7 @@ from node.client import Message, Producer
 pyspark = pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
 TOPICS = ("SparkRead", "SparkStream", "SparkWrite", "SparkTime", "SparkTx", "SparkTxAbort", "SparkTxRetry",
-          "SparkTxSource", "SparkTxStream")
+          "SparkTxSource", "SparkTxStream", "SparkNulls")
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +131,19 @@ def test_a_write_of_100k_rows_reads_back_intact(spark, node):
         "tags != CONCAT('t', id % 5) OR queueId != id % 4").count()
     distinct = back.selectExpr("CAST(body AS STRING) AS b").distinct().count()
     assert mismatched == 0 and distinct == 100_000
+
+
+def test_a_null_key_or_property_value_is_none_and_an_empty_one_fails_its_row(spark, node):
+    frame = spark.createDataFrame([("b1", "v"), ("b2", None)], "body string, v string").selectExpr(
+        "body", "map('a', v) AS properties", "array('k', v) AS keys")
+    frame.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkNulls").mode("append").save()
+    back = {bytes(row.body): row for row in _read(spark, node, topic="SparkNulls").collect()}
+    assert back[b"b1"].properties["a"] == "v" and back[b"b1"]["keys"] == ["k", "v"]
+    assert "a" not in back[b"b2"].properties and back[b"b2"]["keys"] == ["k"]  # (it was stored as "None")
+    empty = spark.createDataFrame([("b3",)], "body string").selectExpr("body", "map('a', '') AS properties")
+    with pytest.raises(Exception, match="row 0: property 'a' is empty"):
+        empty.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkNulls").mode("append").save()
+    assert _read(spark, node, topic="SparkNulls").count() == 2
 
 
 @pytest.mark.parametrize("options, message", [

@@ -32,6 +32,13 @@ def test_a_reply_goes_to_its_clusters_reply_topic_carrying_what_matches_it_to_th
                                 protocol.PROPERTY_CORRELATION_ID: "c-1", protocol.PROPERTY_MESSAGE_TTL: "3000"}
 
 
+def test_a_reply_to_a_request_without_a_ttl_or_correlation_id_carries_none():
+    props = {k: v for k, v in REQUEST_PROPS.items() if k not in (protocol.PROPERTY_MESSAGE_TTL, protocol.PROPERTY_CORRELATION_ID)}
+    reply = create_reply(Asked(props), "pong")
+    assert reply.properties == {"MSG_TYPE": "reply", protocol.PROPERTY_REPLY_TO_CLIENT: "host@1@a"}
+    reply.wire_properties("K")  # (an empty one was sent: a message stores none)
+
+
 @pytest.mark.parametrize("missing", ["CLUSTER", protocol.PROPERTY_REPLY_TO_CLIENT])
 def test_no_reply_is_made_for_a_message_that_is_no_request(missing):
     props = {k: v for k, v in REQUEST_PROPS.items() if k != missing}

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import orjson
 
 from node.sql92 import Selector, SelectorError, compile_selector
-from shm.codec import BATCH_MESSAGE_HEAD, BATCH_PROPS_LENGTH, MAX_MESSAGES_PER_BATCH, record_properties, tags_code
+from shm.codec import (BATCH_MESSAGE_HEAD, BATCH_PROPS_LENGTH, MAX_MESSAGES_PER_BATCH, MAX_PROPERTIES_BYTES, record_properties,
+                       tags_code)
 
 # -- request codes: RocketMQ's RequestCode numbers where RocketMQ has the request -----------------
 SEND_MESSAGE = 10
@@ -388,11 +389,19 @@ def parse_recall_handle(handle) -> tuple[str, str, int, str]:
 # (shm.codec, whose one-pass encoder turns a batch body into records).
 
 
+class PropertiesTooLarge(ValueError):
+    """A batch's message whose properties its 2-byte length cannot carry (32767 bytes, the node's
+    limit of a stored message's too): the client's PROPERTIES_SIZE_EXCEEDED, not struct's error."""
+
+
 def encode_batch_body(messages: list[tuple[bytes, int, str]]) -> bytes:
     """(body, flag, properties string) per message -> the batch body a SEND_BATCH_MESSAGE carries."""
     parts = []
-    for body, flag, properties in messages:
+    for index, (body, flag, properties) in enumerate(messages):
         props = properties.encode("utf-8")
+        if len(props) > MAX_PROPERTIES_BYTES:
+            raise PropertiesTooLarge(f"message {index} of the batch: properties of {len(props)} bytes exceed "
+                                     f"{MAX_PROPERTIES_BYTES}")
         size = BATCH_MESSAGE_HEAD.size + len(body) + 2 + len(props)
         parts += [BATCH_MESSAGE_HEAD.pack(size, 0, 0, flag, len(body)), body, BATCH_PROPS_LENGTH.pack(len(props)), props]
     return b"".join(parts)

@@ -356,7 +356,10 @@ class AsyncProducer(Coalescing):
         queue = await self._choose_queue(topic, queue_id, shard_key)
         fresh = iter(self.keys.next_many(sum(1 for m in items if not m.properties.get(PROPERTY_UNIQ_KEY))))
         uniq = [m.properties.get(PROPERTY_UNIQ_KEY) or next(fresh) for m in items]
-        body = protocol.encode_batch_body([(m.body, m.flag, m.wire_properties_string(u)) for m, u in zip(items, uniq)])
+        try:
+            body = protocol.encode_batch_body([(m.body, m.flag, m.wire_properties_string(u)) for m, u in zip(items, uniq)])
+        except protocol.PropertiesTooLarge as e:  # (the status a single send of it is answered)
+            raise SendError("PROPERTIES_SIZE_EXCEEDED", str(e)) from None
         header = {"code": protocol.SEND_BATCH_MESSAGE, "topic": topic, "queueId": queue,
                   "bornTimestamp": int(time.time() * 1000)}
         if properties:

@@ -180,6 +180,16 @@ def test_what_a_message_cannot_store_is_refused_before_it_is_sent(node, producer
     assert after.queue_offset == offset + 1  # nothing stored between
 
 
+def test_a_batch_message_with_properties_too_large_is_refused_as_a_single_send_is(node, producer):
+    big = {"p": "v" * 32_800}  # (over the batch body's 2-byte length: struct's "'h' format requires ...")
+    with pytest.raises(SendError) as single:
+        producer.send("TopicD", "x", properties=big)
+    with pytest.raises(SendError) as batched:
+        producer.send_batch("TopicD", [b"fine", Message("TopicD", b"x", properties=big)], queue_id=2)
+    assert single.value.status == batched.value.status == "PROPERTIES_SIZE_EXCEEDED"
+    assert "message 1 of the batch" in batched.value.remark
+
+
 def test_a_batch_stores_a_messages_str_body_as_utf8(node, producer):
     result = producer.send_batch("TopicD", [Message("TopicD", "text é", properties={"k": "v"})], queue_id=1)[0]
     record = _record_at(node, result.offset_msg_id)

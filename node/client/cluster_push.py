@@ -43,7 +43,7 @@ class AsyncClusterPushConsumer:
         self.members: dict[str, tuple[str, AsyncPushConsumer]] = {}  # brokerName -> (endpoint, its consumer)
         self.watcher: asyncio.Task | None = None
         self.failed: asyncio.Event | None = None  # a member's pull failed: its group's route may have moved
-        self.running = False
+        self.running = self.stopping = False
 
     def subscribe(self, topic: str, expression: str = "*", expression_type: str = protocol.EXPRESSION_TAG) -> None:
         protocol.check_expression(expression, expression_type)
@@ -55,7 +55,7 @@ class AsyncClusterPushConsumer:
     async def start(self) -> AsyncClusterPushConsumer:
         if self.listener is None or not self.subscriptions:
             raise ValueError("subscribe() and register_listener() before start()")
-        self.running = True
+        self.running, self.stopping = True, False
         self.failed = asyncio.Event()
         await self._follow_routes()
         if not self.members:
@@ -104,7 +104,9 @@ class AsyncClusterPushConsumer:
         return await consumer.start()
 
     async def shutdown(self) -> None:
-        self.running = False
+        self.running, self.stopping = False, True
+        for _, consumer in self.members.values():  # (at once: what a listener fails from now on is left, node.client.push)
+            consumer.stopping = True
         if self.watcher is not None:
             self.watcher.cancel()
             await asyncio.gather(self.watcher, return_exceptions=True)

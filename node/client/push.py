@@ -24,6 +24,10 @@ SUSPEND_CURRENT_QUEUE_A_MOMENT waits `suspend_current_queue_time_millis` and off
 messages again, up to `max_reconsume_times` (then they go to the DLQ). A member that can no
 longer renew its lock stops before its next message.
 
+Shutdown: the listener's calls under way finish; what is buffered besides, and what a listener
+fails once the consumer is `stopping`, is neither handed back nor committed: the group's next
+member consumes it (RocketMQ's shutdown leaves its buffered messages the same way).
+
 Offsets: CLUSTERING commits to the node (every `persist_interval` s, when a queue is given up,
 and at `shutdown`); BROADCASTING (every member gets every message) keeps them in a local file
 per client, `<offset_store_dir>/<client id>/<group>/offsets.json`, as RocketMQ does.
@@ -104,6 +108,7 @@ class AsyncPushConsumer(Orderly, Asked):
         self.background: list[asyncio.Task] = []
         self.rebalance_wanted: asyncio.Event | None = None  # (made on the consumer's loop, in start)
         self.running = False
+        self.stopping = False  # (from shutdown's first step: a listener may watch it, node.tools.cli_groups)
         self.consumed = self.failed = self.sent_back = self.local_retries = self.rebalances = self.resets = 0
         self.local_offsets: dict[str, int] = {}
         # what the node says about its timeouts (HEART_BEAT's and LOCK_BATCH_MQ's replies) narrows these
@@ -141,7 +146,7 @@ class AsyncPushConsumer(Orderly, Asked):
         self.pull.client.on_request = self._on_node_request  # (node.client.push_asked)
         self.pool = ThreadPoolExecutor(self.options.consume_thread_max, thread_name_prefix=f"mqnode-consume-{self.group}")
         self.rebalance_wanted = asyncio.Event()
-        self.running = True
+        self.running, self.stopping = True, False
         self.started_ms = int(time.time() * 1000)
         await self._heartbeat()
         await self._rebalance()
@@ -154,16 +159,23 @@ class AsyncPushConsumer(Orderly, Asked):
         return self
 
     async def shutdown(self) -> None:
-        """Stop pulling, let the listeners finish, commit, leave the group (unlocking)."""
+        """Stop pulling, let the listeners finish what they hold, commit, leave the group (unlocking).
+        What is buffered but not yet with a listener is left, uncommitted, to the group's next member;
+        so is what a listener fails from now on (`stopping`): it is not handed back."""
         if not self.running:
             return
-        self.running = False
+        self.running, self.stopping = False, True
+        # Batches not yet with the listener are not consumed (as RocketMQ's shutdown leaves them): their
+        # offsets are not committed, so the group's next member gets them. Draining them made a shutdown
+        # with a backlog take the listener's time for each buffered message. (Nothing is handed to the
+        # pool from here: each hand-off is made only while `running`.)
+        self.pool.shutdown(wait=False, cancel_futures=True)
         for task in self.background:
             task.cancel()
         for task in self.tasks.values():
             task.cancel()
         await asyncio.gather(*self.background, *self.tasks.values(), return_exceptions=True)
-        await asyncio.get_running_loop().run_in_executor(None, self.pool.shutdown, True)
+        await asyncio.get_running_loop().run_in_executor(None, self.pool.shutdown, True)  # (the calls under way)
         await asyncio.sleep(0)  # (the last listeners' completions run)
         await self._persist()
         try:
@@ -360,6 +372,8 @@ class AsyncPushConsumer(Orderly, Asked):
                 self._deliver(pq, messages)
 
     def _deliver(self, pq: ProcessQueue, messages: list[ReceivedMessage]) -> None:
+        if not self.running:  # (a pull answered while shutting down: its messages are not done, the next member's)
+            return
         for message in messages:
             as_subscribed(message, pq.topic)  # the listener sees the topic it subscribed
         pq.add(messages)
@@ -375,37 +389,37 @@ class AsyncPushConsumer(Orderly, Asked):
 
     # -- concurrent consumption ----------------------------------------------------------------------
 
-    def _call_concurrently(self, messages: list[ReceivedMessage], size: int) -> tuple[list[ReceivedMessage], int, float]:
-        """On a pool thread: the listener over `messages`, `size` at a time; those to hand back,
-        the calls made and the seconds they took."""
-        failed, started = [], time.monotonic()
+    def _call_concurrently(self, messages: list[ReceivedMessage], size: int) -> tuple[list, list, int, float]:
+        """On a pool thread: the listener over `messages`, `size` at a time, until the consumer is
+        `stopping` (the rest are the next member's); those it consumed, those to hand back, the
+        calls made and the seconds they took."""
+        consumed, failed, calls, started = [], [], 0, time.monotonic()
         for start in range(0, len(messages), size):
+            if self.stopping:
+                break
             chunk = messages[start:start + size]
+            calls += 1
             try:
                 status = self.listener(chunk)
             except Exception:  # the listener's bug: RocketMQ counts it as RECONSUME_LATER
                 status = RECONSUME_LATER
-            if not self.statuses.succeeded(status):
-                failed.extend(chunk)
-        return failed, -(-len(messages) // size), time.monotonic() - started
+            (consumed if self.statuses.succeeded(status) else failed).extend(chunk)
+        return consumed, failed, calls, time.monotonic() - started
 
     def _concurrent_done(self, pq: ProcessQueue, messages: list[ReceivedMessage], future) -> None:
         if future.cancelled():
             return
-        failed, calls, seconds = future.result()  # (the listener's exceptions are caught: one here is our bug)
-        self.consumed += len(messages) - len(failed)
+        consumed, failed, calls, seconds = future.result()  # (the listener's exceptions are caught: one here is our bug)
+        self.consumed += len(consumed)
         self.failed += len(failed)
         pq.last_consume_ms = int(time.time() * 1000)
-        self.topic_stats(pq.topic).consumed(len(messages) - len(failed), len(failed), calls, seconds * 1000)
-        if failed:
-            handed = {m.queue_offset for m in failed}
-            pq.done(m.queue_offset for m in messages if m.queue_offset not in handed)
-        else:
-            pq.done(m.queue_offset for m in messages)
+        self.topic_stats(pq.topic).consumed(len(consumed), len(failed), calls, seconds * 1000)
+        pq.done(m.queue_offset for m in consumed)
         if failed and self.options.message_model == BROADCASTING:
             pq.done(m.queue_offset for m in failed)  # broadcasting has no retry, as in RocketMQ: dropped, counted
-        elif failed:
+        elif failed and not self.stopping:
             aio.detach(self._hand_back(pq, failed))
+        # (failed or not offered while shutting down: not handed back, not committed; the next member's)
 
     async def _hand_back(self, pq: ProcessQueue, messages: list[ReceivedMessage]) -> None:
         """RECONSUME_LATER: back to the node (then %RETRY%, later %DLQ%); if the node refuses,
@@ -507,6 +521,12 @@ class PushConsumer:
     def start(self) -> PushConsumer:
         self._call(self.inner.start())
         return self
+
+    @property
+    def stopping(self) -> bool:
+        """True from the first step of `shutdown`: a listener that fails a message from then on
+        leaves it to the group's next member (it is neither handed back nor committed)."""
+        return self.inner.stopping
 
     def shutdown(self) -> None:
         if self.loop.is_running():

@@ -88,6 +88,8 @@ class Asked:
             return await self._answer(header, "SYSTEM_ERROR", "the node sent no message this client can read")
         if message.topic == RETRY_PREFIX + self.group:  # (a dead letter keeps %DLQ%, as in RocketMQ)
             as_subscribed(message, message.topic)
+        if not self.running:  # (its pool takes no more work)
+            return await self._answer(header, "SYSTEM_ERROR", "the consumer is shutting down")
         started = time.monotonic()
         result, remark = await asyncio.get_running_loop().run_in_executor(self.pool, self._call_directly, message)
         await self._answer(header, consumeResult={

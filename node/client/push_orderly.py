@@ -64,7 +64,7 @@ class Orderly:
                 ok = self.statuses.succeeded(status)
                 self.topic_stats(pq.topic).consumed(len(batch) if ok else 0, 0 if ok else len(batch), 1,
                                                     (time.monotonic() - started) * 1000)
-                if pq.dropped:
+                if pq.dropped or (self.stopping and not ok):  # (a suspension while shutting down: the next member's)
                     return
                 if ok or await self._suspended_too_often(pq, batch):
                     for _ in batch:

@@ -19,7 +19,7 @@ def consume_push(args: argparse.Namespace) -> int:
     import threading
     import time
 
-    from node.client.push import CONSUME_SUCCESS, SUCCESS, PushConsumer
+    from node.client.push import CONSUME_SUCCESS, RECONSUME_LATER, SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT, PushConsumer
     from node.server.signals import StopSignals
 
     options = {"message_model": "BROADCASTING" if args.broadcast else "CLUSTERING",
@@ -32,17 +32,23 @@ def consume_push(args: argparse.Namespace) -> int:
         if getattr(args, name):
             options[name] = getattr(args, name)
     lock, done, state = threading.Lock(), threading.Event(), {"printed": 0, "last": time.monotonic()}
-    answer = SUCCESS if args.orderly else CONSUME_SUCCESS
+    answer, later = (SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT) if args.orderly else (CONSUME_SUCCESS, RECONSUME_LATER)
 
     def listener(messages) -> str:
         lines = "".join(orjson.dumps(m.to_json()).decode() + "\n" for m in messages)
         with lock:
-            sys.stdout.write(lines)
-            sys.stdout.flush()  # printed before it counts as consumed
-            state["printed"] += len(messages)
-            state["last"] = time.monotonic()
-            if args.count and state["printed"] >= args.count:
-                done.set()
+            over = args.count and state["printed"] >= args.count
+            if not over:
+                sys.stdout.write(lines)
+                sys.stdout.flush()  # printed before it counts as consumed
+                state["printed"] += len(messages)
+                state["last"] = time.monotonic()
+                if args.count and state["printed"] >= args.count:
+                    done.set()
+        if over:  # (what the consumer had buffered besides: neither printed nor committed, once it stops)
+            while not consumer.stopping:
+                time.sleep(0.02)
+            return later
         return answer
 
     from node.tools.cli import selection, target

@@ -25,7 +25,7 @@ from nodes import ROOT, running_node
 
 from node import protocol
 from node.client import Message, Producer, PullConsumer, Requester, RequestTimeout, SendError
-from node.client.push import CONSUME_SUCCESS, RECONSUME_LATER, PushConsumer
+from node.client.push import CONSUME_SUCCESS, RECONSUME_LATER, SUSPEND_CURRENT_QUEUE_A_MOMENT, PushConsumer
 from node.client.push_state import SUCCESS
 
 pytestmark = pytest.mark.slow
@@ -460,6 +460,69 @@ def test_a_slow_listener_is_bounded_by_flow_control(node):
         assert 0 < peak <= 200 + 32  # the threshold, and at most one pull beyond it
     finally:
         consumer.shutdown()
+
+
+@pytest.mark.parametrize("orderly", [False, True])
+def test_a_shutdown_leaves_what_is_buffered_and_what_it_fails_to_the_groups_next_member(node, orderly):
+    """A shutdown waits for the listener's calls under way, not for all it has buffered (they ran
+    first: a slow listener's backlog made a shutdown take its time for each); what is left, and
+    what the listener fails once the consumer is stopping, is not committed nor sent back."""
+    topic, group = f"Buffered{int(orderly)}", f"leavers{int(orderly)}"
+    produce(node, topic, 0, 1600)
+    seen, lock, stopping, late = Counter(), threading.Lock(), threading.Event(), Counter()
+    ok, later = (SUCCESS, SUSPEND_CURRENT_QUEUE_A_MOMENT) if orderly else (CONSUME_SUCCESS, RECONSUME_LATER)
+
+    def slow(messages):
+        time.sleep(0.02)
+        if stopping.is_set():
+            late["calls"] += 1
+            return later  # (a failure now: left to the next member, not to %RETRY%)
+        with lock:
+            seen.update(int(m.body) for m in messages)
+        return ok
+
+    first = PushConsumer(node.endpoint, group, consume_from_where="FIRST_OFFSET", consume_thread_max=2,
+                         consume_thread_min=2)
+    first.subscribe(topic)
+    first.register_listener(slow, orderly=orderly)
+    first.start()
+    deadline = time.monotonic() + 30
+    while sum(seen.values()) < 40 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert max(first.statistics()["cached"].values()) > 20  # (a backlog buffered)
+    at_shutdown = sum(seen.values())
+    stopping.set()
+    first.shutdown()
+    assert sum(seen.values()) - at_shutdown <= 4 and late["calls"] <= 8  # (the calls under way: it was a call
+    # for every buffered message, a shutdown taking the listener's time for each)
+    assert first.inner.sent_back == 0
+    second = PushConsumer(node.endpoint, group, consume_from_where="FIRST_OFFSET")
+    second.subscribe(topic)
+    second.register_listener(lambda messages: (seen.update(int(m.body) for m in messages), ok)[1], orderly=orderly)
+    second.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(seen) < 1600 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        second.shutdown()
+    assert set(seen) == set(range(1600))  # none lost
+    with PullConsumer(node.endpoint) as reader:
+        assert reader.max_offset(f"%RETRY%{group}", 0) == 0  # and nothing sent back
+
+
+def test_mqnode_consume_push_prints_count_messages_and_the_next_run_goes_on_after_them(node):
+    topic = "CountedPush"
+    with Producer(node.endpoint) as producer:
+        producer.send_batch(topic, [f"{i}".encode() for i in range(500)], queue_id=0)
+    runs = []
+    for _ in range(2):  # (a member holds what it has pulled: hundreds; it printed them all)
+        done = subprocess.run([sys.executable, "-m", "node.tools.cli", "consume", "--endpoint", node.endpoint,
+                               "--topic", topic, "--group", "counted", "--push", "--count", "5", "--timeout", "20"],
+                              cwd=ROOT, capture_output=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        runs.append([int(orjson.loads(line)["body"]) for line in done.stdout.splitlines()])
+    assert runs == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
 
 
 def test_mqnode_consume_rides_through_a_front_restart_and_gets_every_message_once(node):

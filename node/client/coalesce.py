@@ -40,6 +40,8 @@ class Coalescing:
         coroutine frame between them would be resumed again for every reply, and the retries
         run from the reply's callback instead (the client's CPU a send, docs/performance.md)."""
         loop = asyncio.get_running_loop()
+        if self.connection is not None and self.connection.loop is not loop:  # (a loop after its connection's: node.client.producer)
+            self.opened()
         if future is None:
             future = loop.create_future()
         self.queued.append((entry, body, future, attempt))

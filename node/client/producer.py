@@ -99,11 +99,25 @@ class AsyncProducer(Coalescing):
 
     def opened(self) -> AsyncProducer:
         """Connect now (on the running loop), without a coroutine: `start` for a plain caller."""
+        if self.connection is not None and self.connection.loop is not asyncio.get_running_loop():
+            self._moved()
         if self.connection is None:
             self.connection = Connection(self.context, self.endpoint, self._on_reply, secure=self.credentials.secure,
                                          on_lost=self._on_lost)
             self.reaper = asyncio.create_task(self._reap())
         return self
+
+    def _moved(self) -> None:
+        """Used under another loop than its connection's (a second `asyncio.run`): its replies were
+        read and its deadlines kept by that loop, and a send waited forever. A closed loop's
+        connection is dropped (what waited there is gone with it) for one on this loop; a loop
+        still running keeps it: the client is that loop's."""
+        if not self.connection.loop.is_closed():
+            raise RuntimeError("this client runs on another event loop, which is still open: an asyncio client "
+                               "serves one loop (make one for each)")
+        self.connection.close()
+        self.connection, self.reaper, self.flush_handle = None, None, None
+        self.waiting, self.queued, self.coalesced_in_flight = {}, [], 0
 
     async def close(self) -> None:
         if self.cluster is not None:

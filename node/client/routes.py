@@ -137,7 +137,9 @@ class Routes:
         self.provisional: set[str] = set()  # topics sent to through the default topic's route (`for_send`)
 
     def start(self) -> None:
-        if self.refresher is None:
+        """The refresher, on the running loop: again when the loop it ran on has closed (a client
+        used by one asyncio.run after another)."""
+        if self.refresher is None or self.refresher.get_loop().is_closed():
             self.refresher = asyncio.ensure_future(self._refresh_all())
 
     async def close(self) -> None:
@@ -318,6 +320,7 @@ class Cluster:
         """`call(group's client, queue id)` for a queue of `topic` chosen as the module's docstring
         says: its result. A queue named (`queue_id`, with `broker` when several groups
         hold the topic) or a shard key's (one key, one queue: ordered) is not left for another."""
+        self.routes.start()  # (a client never started, `async with` or `start()`, kept its routes for good)
         route = self.routes.table.get(topic)
         if route is None or topic in self.routes.provisional:
             route = await self.routes.for_send(topic)

@@ -4,6 +4,7 @@ unregistration at a clean stop."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from nodes import ROOT, NodeProcess, free_port, node_settings
 
 from actors.namesrv import TABLE_FILE, Namesrv
 from node import protocol
+from node.client import AsyncProducer
 from node.server.preflight import hold_directory
 
 
@@ -107,10 +109,25 @@ def test_a_node_that_stops_leaves_the_routes_at_once(serving, tmp_path):
                 {"S": ["broker-s"]}:
             assert time.monotonic() < deadline, "the node never registered"
             time.sleep(0.2)
+        _a_cluster_producer_serves_each_asyncio_run(service.listen)
     finally:
         assert node.stop() == 0
     info = _ask(service.listen, [orjson.dumps({"code": protocol.GET_BROKER_CLUSTER_INFO})])
     assert info["clusterAddrTable"] == {} and info["brokerAddrTable"] == {}, info
+
+
+def _a_cluster_producer_serves_each_asyncio_run(namesrv: str) -> None:
+    """A cluster's AsyncProducer, never started, used by one asyncio.run after another: each run's
+    sends are answered and its routes are refreshed on that run's loop (never started, it kept the
+    routes it first fetched for good; after the first run, its sends waited forever)."""
+    producer = AsyncProducer(namesrv=namesrv)
+
+    async def send() -> tuple[str, bool]:
+        result = await asyncio.wait_for(producer.send("T", b"x"), 10)
+        refresher = producer.cluster.routes.refresher
+        return result.status, refresher is not None and refresher.get_loop() is asyncio.get_running_loop()
+
+    assert [asyncio.run(send()) for _ in range(3)] == [("PUT_OK", True)] * 3
 
 
 def test_a_second_name_service_on_a_directory_in_use_is_refused(tmp_path):

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from helpers import wait_until
 from nodes import ROOT, in_process_node
 
 from node import protocol
-from node.client import AsyncProducer, Message, Producer, PullConsumer, SendError
+from node.client import AsyncProducer, AsyncPullConsumer, Message, Producer, PullConsumer, SendError
 from actors import host_tuning as cpu_latency
 from node.server import topology
 from shm.codec import decode_msg_id, encode, encode_host, properties_string
@@ -117,6 +118,31 @@ def test_round_robin_ordered_batch_oneway_and_delay(node, producer):
     record = _record_at(node, delayed.offset_msg_id)
     assert (record.topic, record.queue_id) == ("SCHEDULE_TOPIC_XXXX", 2)
     assert record.properties["REAL_TOPIC"] == "TopicB" and record.properties["REAL_QID"] == "2"
+
+
+def test_an_async_client_serves_each_asyncio_run_in_turn_and_refuses_a_second_open_loop(node):
+    """A module's AsyncProducer used by one asyncio.run after another: its connection was the first
+    loop's (its replies read there), and the second run's send waited forever."""
+    producer, consumer = AsyncProducer(node.settings.listen), AsyncPullConsumer(node.settings.listen)
+    for _ in range(3):
+        sent = asyncio.run(asyncio.wait_for(producer.send("TopicE", b"again", queue_id=0), 10))
+        plain = asyncio.run(asyncio.wait_for(producer.send("TopicE", b"plain"), 10))
+        batch = asyncio.run(asyncio.wait_for(producer.send_batch("TopicE", [b"a", b"b"], queue_id=1), 10))
+        assert sent.status == plain.status == batch[0].status == "PUT_OK"
+        pulled = asyncio.run(asyncio.wait_for(consumer.pull("TopicE", 0, sent.queue_offset), 10))
+        assert pulled.messages[0].body == b"again"
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        assert asyncio.run_coroutine_threadsafe(producer.send("TopicE", b"there"), loop).result(10).status == "PUT_OK"
+        with pytest.raises(RuntimeError, match="another event loop"):
+            asyncio.run(producer.send("TopicE", b"here"))
+        asyncio.run_coroutine_threadsafe(producer.close(), loop).result(10)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
 def test_concurrent_single_sends_are_coalesced(node):

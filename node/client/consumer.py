@@ -11,6 +11,7 @@ sent again after the producer's backoff, for up to `idle_timeout` from its first
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from dataclasses import dataclass
@@ -282,7 +283,8 @@ class AsyncPullConsumer(PopMethods):
         """Yield messages from every queue of `topic`, from the group's committed offsets
         (`start="committed"`, falling back to the first), `"first"` / `"last"`, or a time (epoch
         ms: each queue's first message stored at or after it, CONSUME_FROM_TIMESTAMP); commits after
-        each pull. Each queue is pulled on its own (a long poll of an idle queue holds back no
+        each pull, and when left early (a break, an exception in the caller's loop: `aclose`) what
+        its queue held before the message in hand, not that message. Each queue is pulled on its own (a long poll of an idle queue holds back no
         other), its next pull sent once the last one's messages were taken. Stops after `limit`
         messages or `idle_timeout` seconds without one (not counting a request being sent again:
         see the module's docstring); a request that keeps failing past `idle_timeout` is raised."""
@@ -333,7 +335,11 @@ class AsyncPullConsumer(PopMethods):
                 for message in result.messages:
                     if limit is not None and delivered >= limit:
                         break
-                    yield message
+                    try:
+                        yield message
+                    except GeneratorExit:  # left mid-batch (a break, an exception in the caller's loop)
+                        await self._commit_taken(group, topic, q, message.queue_offset)
+                        raise
                     delivered += 1
                     offsets[q] = message.queue_offset + 1
                     last_message = time.monotonic()
@@ -346,6 +352,13 @@ class AsyncPullConsumer(PopMethods):
                 follower.cancel()
             await asyncio.gather(*followers, return_exceptions=True)
 
+
+    async def _commit_taken(self, group: str, topic: str, queue: tuple[str | None, int], in_hand: int) -> None:
+        """`consume` left at the message `in_hand`: what its queue held before it is committed (taken,
+        or filtered out), not it (it may not have been handled). Left uncommitted, a break after a
+        batch's first messages had them all again next time."""
+        with contextlib.suppress(SendError):  # (then they come again: at least once)
+            await self.commit(group, topic, queue[1], in_hand, broker=queue[0])
 
     @staticmethod
     async def _riding_through(call, budget_s: float, retrying: set, who):

@@ -27,7 +27,9 @@ class ActorHost:
     def __init__(self, process: topology.Process, settings_values: dict, kwargs: dict[str, dict],
                  recovered: dict | None = None):
         """`recovered`: recovery's state for the write service (its queue offsets), for the process
-        that runs it; the launcher passes it as an object it holds (Ray resolves it at each start)."""
+        that runs it; the launcher passes it as an object it holds (resolved here at each start)."""
+        process, settings_values, kwargs, recovered = map(ray_setup.Held.resolved, (process, settings_values, kwargs,
+                                                                                    recovered))
         ray_setup.normal_priority()
         ray_setup.more_open_files()
         ray_setup.steady_heap()

@@ -41,6 +41,7 @@ from node.server.node_watch import NodeWatch
 from node.server.signals import StopSignals
 from shm import ring
 from shm import settings as settings_module
+from shm.disk import write_whole
 from shm.control_block import (
     FLAG_SHUTTING_DOWN,
     FLAG_WRITABLE,
@@ -79,7 +80,7 @@ class Node:
         self.lock: StoreLock | None = None
         self.control: ControlBlock | None = None
         self.hosts: dict[str, object] = {}
-        self.held_arguments: list = []  # the services' constructor arguments in Ray's object store (_launch)
+        self.held_arguments = 0  # the services' constructor arguments in files of the run directory (_held)
         self.started_ray = False
         self.recovery_report = None
         self.fenced_bytes = 0
@@ -204,21 +205,20 @@ class Node:
     def _held(self, value):
         """`value` as an actor's constructor argument that lasts while the node runs: Ray fetches
         an actor's arguments again at each of its restarts. One under Ray's inline limit travels
-        in the actor's creation task, which Ray keeps; a bigger one goes into Ray's object store
-        as a reference this launcher holds. An argument Ray stores itself (recovery's queue
-        offsets on a node of ~5,000 queues) it frees soon after the actor has started, and every
-        restart of that actor then failed ("deleted by the reference counting protocol"), ending
-        the node. (Not every argument in the store: for each, Ray's core worker logs an error
-        that a restart "will fail" on the node's stderr.)"""
+        in the actor's creation task, which Ray keeps; a bigger one (recovery's queue offsets on a
+        node of ~5,000 queues) in a file of the run directory that the actor reads
+        (`ray_setup.Held`: Ray's object store freed it, or logged an error)."""
         import pickle
 
-        import ray
-
-        if len(pickle.dumps(value)) < ray_setup.inline_limit() // 2:  # (cloudpickle's size may differ a little)
+        data = pickle.dumps(value)
+        if len(data) < ray_setup.inline_limit() // 2:  # (cloudpickle's size may differ a little)
             return value
-        reference = ray.put(value)
-        self.held_arguments.append(reference)
-        return reference
+        self.held_arguments += 1
+        path = self.settings.run_dir / f"argument-{self.held_arguments}.pickle"
+        if not write_whole(path, data, sync=False, mode=0o600):  # (a crash restarts the node whole: no fsync)
+            raise StartFailed(f"no room in the run directory for {path.name} ({len(data)} bytes): a service's start "
+                              "arguments")
+        return ray_setup.Held(str(path))
 
     def _wait_ready(self) -> list[str]:
         """The labels of the processes not ready within READY_TIMEOUT_S. One ask at a time is

@@ -21,7 +21,7 @@ from shm.store_files import StoreLock, StoreLocked
 RUN_ROOM_MIN = 4 << 20  # bytes free the run directory's disk needs for a start (Ray's session, the pid files)
 IPC_PATH_MAX = 100  # sun_path holds 107 bytes; the longest endpoint adds "/arrivals"
 RUN_LOCK = "run.lock"  # a run directory's (or a name service's directory's) lock: not the store's, were they one
-RUN_FILES = ("*.pid", "*.starts", "*.fifo", "*.ring", "injected-flush-eio", "supervision.json")
+RUN_FILES = ("*.pid", "*.starts", "*.fifo", "*.ring", "injected-flush-eio", "supervision.json", "argument-*.pickle")
 
 
 def prepare_run_dir(settings) -> tuple[Path, StoreLock]:

@@ -193,18 +193,19 @@ def test_the_embedded_ray_holds_the_node_s_token_its_memory_and_restart_argument
     Ray requires a fresh token that only the node's processes know. Its memory monitor kills no
     service for the host's memory (here told to act at 1 % used, where it killed every service
     as it started and the node never became ready). Recovery's queue offsets reach the write
-    service through an object the launcher holds: Ray stores an argument past its inline limit
-    (100 KiB, ~5,000 queues; here told 64 bytes) and freed it once the actor started, so the
-    writer's first restart failed and ended the node. And without its GCS nothing
+    service through a file of the run directory: Ray stores an argument past its inline limit
+    (100 KiB, ~5,000 queues; here told 4 KiB) and freed it once the actor started, so the
+    writer's first restart failed and ended the node; held by the launcher in Ray's object store
+    instead, it had Ray log an error at each start that a restart "will fail". And without its GCS nothing
     could restart a service (Ray ended the launcher only after 60 s of reconnecting, serving
     unsupervised meanwhile): the watch looks at the embedded Ray's own processes first, and the
     node says which is gone and exits 1 at once, its store closed cleanly."""
     monkeypatch.delenv("RAY_memory_monitor_refresh_ms", raising=False)
     monkeypatch.setenv("RAY_memory_usage_threshold", "0.01")
-    monkeypatch.setenv("RAY_max_direct_call_object_size", "64")
+    monkeypatch.setenv("RAY_max_direct_call_object_size", "4096")
     settings = node_settings(tmp_path / "store", runDir=str(tmp_path / "run"), topology="compact")
-    store = open_store(settings)  # (queues at start: recovery's offsets are more than 64 bytes)
-    put(store, [message(i, queues=8) for i in range(16)])
+    store = open_store(settings)  # (queues at start: recovery's offsets are more than 4 KiB)
+    put(store, [message(i, queues=400) for i in range(400)])
     store.close()
     node = NodeProcess(settings, tmp_path / "node.log").start()
     try:
@@ -218,7 +219,9 @@ def test_the_embedded_ray_holds_the_node_s_token_its_memory_and_restart_argument
             time.sleep(0.2)
         sent = _ask(settings.listen, {"code": protocol.SEND_MESSAGE, "topic": "TopicA", "queueId": 0,
                                       "bornTimestamp": 1, "flag": 0, "properties": {}}, b"after", timeout_ms=30_000)
-        assert sent is not None and sent["status"] == "PUT_OK" and sent["queueOffset"] == 2, node.log.read_text()[-3000:]
+        assert sent is not None and sent["status"] == "PUT_OK" and sent["queueOffset"] == 1, node.log.read_text()[-3000:]
+        assert list((tmp_path / "run").glob("argument-*.pickle"))  # (the offsets were past the limit)
+        assert "constructor arguments in the object store" not in node.log.read_text()
         assert node.process.poll() is None
         gcs = [p for p in node.tree() if p.name() == "gcs_server"]
         assert len(gcs) == 1 and gcs[0].environ().get("RAY_AUTH_MODE") == "token"

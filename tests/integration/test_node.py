@@ -299,10 +299,16 @@ def _thread_nice_values(pid: int) -> set[int]:
     return values
 
 
+# As a shell's foreground job: a background job's children inherit SIGINT ignored (a suite run
+# under `nohup ... &`), and Python leaves an ignored SIGINT ignored.
+FOREGROUND = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "runpy.run_module('node.tools.cli', run_name='__main__', alter_sys=True)")
+
+
 def test_ctrl_c_ends_a_cli_consume_with_the_shells_status_and_no_traceback(node):
     with Producer(node.settings.listen) as producer:
         producer.send("CliCtrlC", b"one")
-    consume = subprocess.Popen([sys.executable, "-m", "node.tools.cli", "consume", "--endpoint", node.settings.listen,
+    consume = subprocess.Popen([sys.executable, "-c", FOREGROUND, "consume", "--endpoint", node.settings.listen,
                                 "--topic", "CliCtrlC", "--group", "ctrl-c", "--timeout", "60"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -51,9 +51,15 @@ def rows(options: dict, batches):
 
 
 def _columns(batch, default_topic: str | None) -> dict:
-    columns = batch.to_pydict()
-    if "body" not in columns:
+    import pyarrow as pa
+
+    if "body" not in batch.schema.names:
         raise PipelineError("writing to mqnode needs a `body` column (binary or string)")
+    kind = batch.schema.field("body").type
+    if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)):  # (a task's TypeError at its first row, before)
+        raise PipelineError(f"the `body` column must be binary or string, not {kind} (cast it: CAST(body AS STRING))")
+    columns = batch.to_pydict()
     if "topic" not in columns and not default_topic:
         raise PipelineError("writing to mqnode needs a `topic` column or the `topic` option")
     return columns

@@ -133,7 +133,7 @@ def test_a_write_of_100k_rows_reads_back_intact(spark, node):
     assert mismatched == 0 and distinct == 100_000
 
 
-def test_a_null_key_or_property_value_is_none_and_an_empty_one_fails_its_row(spark, node):
+def test_a_null_key_or_property_value_is_none_and_an_empty_one_or_a_number_body_fails(spark, node):
     frame = spark.createDataFrame([("b1", "v"), ("b2", None)], "body string, v string").selectExpr(
         "body", "map('a', v) AS properties", "array('k', v) AS keys")
     frame.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkNulls").mode("append").save()
@@ -144,6 +144,9 @@ def test_a_null_key_or_property_value_is_none_and_an_empty_one_fails_its_row(spa
     with pytest.raises(Exception, match="row 0: property 'a' is empty"):
         empty.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkNulls").mode("append").save()
     assert _read(spark, node, topic="SparkNulls").count() == 2
+    numbers = spark.range(3).selectExpr("id AS body")  # (a TypeError in a task at its first row, before)
+    with pytest.raises(Exception, match="the `body` column must be binary or string, not int64"):
+        numbers.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkNulls").mode("append").save()
 
 
 @pytest.mark.parametrize("options, message", [

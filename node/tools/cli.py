@@ -259,6 +259,23 @@ def selection(args: argparse.Namespace) -> tuple[str, str]:
     return (args.sql, "SQL92") if args.sql else (args.tags or "*", "TAG")
 
 
+def _at_least(least: int | float, kind=int):
+    """An argparse type: a number (`kind`) of at least `least` ("--count -1" read no message and
+    said nothing; "--threads -1" was a traceback)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value >= least:  # (NaN too)
+            raise argparse.ArgumentTypeError(f"{text} is below {least}")
+        return value
+    return parse
+
+
+COUNT, SECONDS, THREADS = _at_least(0), _at_least(0.0, float), _at_least(1)
+
+
 def _bool(text: str) -> bool:
     if text.lower() not in ("true", "false"):
         raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
@@ -317,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_options(dump)
     dump.add_argument("--topic", help="only records of this topic")
     dump.add_argument("--from", dest="from_offset", type=int, help="start at this CommitLog offset (a record start)")
-    dump.add_argument("--count", type=int, help="stop after this many records")
+    dump.add_argument("--count", type=COUNT, help="stop after this many records")
     dump.set_defaults(handler=cmd_dump)
     verify = commands.add_parser("verify", help="check CRCs, ConsumeQueues and the IndexFile of a store")
     _add_store_options(verify)
@@ -365,8 +382,8 @@ def _produce_parser(commands) -> None:
     timer.add_argument("--deliver-at", type=int, metavar="MS", help="a timer: deliver at this epoch time in ms")
     timer.add_argument("--delay-ms", type=int, metavar="N", help="a timer: deliver N ms after sending")
     produce.add_argument("--queue", type=int, help="queue id (default: round-robin)")
-    produce.add_argument("--batch", type=int, default=0, help="send N lines at a time as one batch (one queue)")
-    produce.add_argument("--timeout", type=float, default=3.0,
+    produce.add_argument("--batch", type=COUNT, default=0, help="send N lines at a time as one batch (one queue)")
+    produce.add_argument("--timeout", type=SECONDS, default=3.0,
                          help="seconds to wait for each reply; with --transaction unknown --check-answer: to stay "
                               "connected answering the node's checks")
     produce.add_argument("--transaction", choices=["commit", "rollback", "unknown"],
@@ -388,7 +405,7 @@ def _recall_parser(commands) -> None:
     add_credentials(recall)
     recall.add_argument("--topic", required=True)
     recall.add_argument("--handle", action="append", help="a recall handle (repeatable; default: one a stdin line)")
-    recall.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each reply")
+    recall.add_argument("--timeout", type=SECONDS, default=3.0, help="seconds to wait for each reply")
     recall.set_defaults(handler=cmd_recall)
 
 
@@ -407,8 +424,8 @@ def _consume_parser(commands) -> None:
     chosen.add_argument("--tags", help='subscription: "*" or "TagA || TagB"')
     chosen.add_argument("--sql", help="subscription: a SQL92 selector over the messages' properties, e.g. "
                                       "\"a > 5 AND TAGS IN ('TagA')\" (a node with enablePropertyFilter)")
-    consume.add_argument("--count", type=int, help="stop after N messages")
-    consume.add_argument("--timeout", type=float, default=5.0, help="stop after S seconds without a message")
+    consume.add_argument("--count", type=COUNT, help="stop after N messages")
+    consume.add_argument("--timeout", type=SECONDS, default=5.0, help="stop after S seconds without a message")
     consume.add_argument("--push", action="store_true", help="a push consumer: a member of the group, its share of "
                                                              "the queues (rebalanced as members come and go)")
     consume.add_argument("--broadcast", action="store_true", help="--push: every member gets every message")
@@ -419,7 +436,7 @@ def _consume_parser(commands) -> None:
     consume.add_argument("--invisible-ms", type=int, default=60_000, help="--pop: how long a popped message stays "
                                                                           "invisible to the group unless acked")
     consume.add_argument("--no-ack", action="store_true", help="--pop: print without acking (they come back)")
-    consume.add_argument("--threads", type=int, help="--push: consume threads (default 20)")
+    consume.add_argument("--threads", type=THREADS, help="--push: consume threads (default 20)")
     consume.add_argument("--instance-name", help="--push: this member's name in its client id (default: the pid)")
     consume.add_argument("--offset-store-dir", help="--push --broadcast: where its offsets file goes")
     consume.set_defaults(handler=cmd_consume)
@@ -473,7 +490,7 @@ def _admin_parser(commands) -> None:
     admin.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="admin config update: a setting to change while the node runs (brokerPermission: 6, 4 read "
                             "only, 2 write only), until it stops")
-    admin.add_argument("--timeout", type=float, default=None, help="seconds to wait (default 5; 120 for clean)")
+    admin.add_argument("--timeout", type=SECONDS, default=None, help="seconds to wait (default 5; 120 for clean)")
     from node.tools.cli_admin import cmd_admin
 
     admin.set_defaults(handler=cmd_admin)

@@ -1,0 +1,36 @@
+"""The CLI's counts, seconds and thread numbers are refused below their least with a usage error:
+`consume --count -1` read nothing and said nothing, `consume --push --threads -1` ended in a
+traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from node.tools.cli import build_parser
+
+E = ["--endpoint", "tcp://127.0.0.1:1"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["consume", *E, "--topic", "T", "--group", "G", "--count", "-1"],
+    ["consume", *E, "--topic", "T", "--group", "G", "--timeout", "-1"],
+    ["consume", *E, "--topic", "T", "--group", "G", "--timeout", "nan"],
+    ["consume", *E, "--topic", "T", "--group", "G", "--push", "--threads", "0"],
+    ["produce", *E, "--topic", "T", "--batch", "-1"],
+    ["produce", *E, "--topic", "T", "--timeout", "-0.5"],
+    ["recall", *E, "--topic", "T", "--timeout", "x"],
+    ["admin", "stats", *E, "--timeout", "-1"],
+    ["dump", "--count", "-2"],
+])
+def test_a_number_below_its_least_is_a_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    said = capsys.readouterr().err
+    assert e.value.code == 2 and ("is below" in said or "is not a number" in said), said
+
+
+def test_the_least_and_the_defaults_are_taken():
+    args = build_parser().parse_args(["consume", *E, "--topic", "T", "--group", "G", "--count", "0", "--timeout", "0",
+                                      "--threads", "1"])
+    assert (args.count, args.timeout, args.threads) == (0, 0.0, 1)
+    assert build_parser().parse_args(["produce", *E, "--topic", "T"]).timeout == 3.0

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pyarrow as pa
+
 from node.client import Message, Producer, SendError
 from node.pipeline.ranges import DEFAULT_TIMEOUT_S, PipelineError, credentials_option
 
@@ -51,18 +53,32 @@ def rows(options: dict, batches):
 
 
 def _columns(batch, default_topic: str | None) -> dict:
-    import pyarrow as pa
-
     if "body" not in batch.schema.names:
         raise PipelineError("writing to mqnode needs a `body` column (binary or string)")
-    kind = batch.schema.field("body").type
-    if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_string(kind)
-            or pa.types.is_large_string(kind)):  # (a task's TypeError at its first row, before)
-        raise PipelineError(f"the `body` column must be binary or string, not {kind} (cast it: CAST(body AS STRING))")
+    for field in batch.schema:  # (each wrong type was a task's error at its first row: an int shardingKey's
+        # AttributeError, an int keys' "not iterable")
+        expected = _COLUMN_TYPES.get(field.name)
+        if expected is not None and not (expected[1](field.type) or (field.name != "body" and field.type == pa.null())):
+            raise PipelineError(f"the `{field.name}` column must be {expected[0]}, not {field.type}")
     columns = batch.to_pydict()
     if "topic" not in columns and not default_topic:
         raise PipelineError("writing to mqnode needs a `topic` column or the `topic` option")
     return columns
+
+
+def _text(kind) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+_COLUMN_TYPES = {  # a column the sink reads -> (what it must be, the test of its Arrow type)
+    "body": ("binary or string (cast it: CAST(body AS STRING))",
+             lambda t: _text(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)),
+    "topic": ("a string", _text), "tags": ("a string", _text), "shardingKey": ("a string", _text),
+    "keys": ("a string or an array of strings",
+             lambda t: _text(t) or ((pa.types.is_list(t) or pa.types.is_large_list(t)) and _text(t.value_type))),
+    "properties": ("a map of strings to strings", lambda t: pa.types.is_map(t) and _text(t.key_type) and _text(t.item_type)),
+    "queueId": ("an integer", pa.types.is_integer), "delayLevel": ("an integer", pa.types.is_integer),
+}
 
 
 def _send_rows(producer: Producer, columns: dict, default_topic: str | None, rows: int) -> int:

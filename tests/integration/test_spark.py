@@ -144,9 +144,12 @@ def test_a_null_key_or_property_value_is_none_and_an_empty_one_or_a_number_body_
     with pytest.raises(Exception, match="row 0: property 'a' is empty"):
         empty.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkNulls").mode("append").save()
     assert _read(spark, node, topic="SparkNulls").count() == 2
-    numbers = spark.range(3).selectExpr("id AS body")  # (a TypeError in a task at its first row, before)
-    with pytest.raises(Exception, match="the `body` column must be binary or string, not int64"):
-        numbers.write.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkNulls").mode("append").save()
+    for columns, said in ((["id AS body"], "the `body` column must be binary or string"),  # (a TypeError in a
+                          (["'b' AS body", "id AS shardingKey"], "the `shardingKey` column must be a string, not int64"),
+                          (["'b' AS body", "id AS keys"], "the `keys` column must be a string or an array of strings")):
+        with pytest.raises(Exception, match=said):  # task at its first row, an AttributeError, "not iterable")
+            spark.range(3).selectExpr(*columns).write.format("mqnode").option("endpoint", node.endpoint) \
+                .option("topic", "SparkNulls").mode("append").save()
 
 
 @pytest.mark.parametrize("options, message", [

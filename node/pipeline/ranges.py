@@ -204,6 +204,10 @@ class NodeView:
         explicit = orjson.loads(spec) if spec not in ("earliest", "latest") else {}
         default = EARLIEST if spec == "earliest" or (spec != "latest" and start) else LATEST
         out: dict[str, dict[str, int]] = {}
+        strangers = sorted(set(explicit) - set(queues))  # (a misspelt topic's offsets were ignored: read from the default)
+        if strangers:
+            raise PipelineError(f"offsets name topic {strangers[0]!r}, which this read does not read "
+                                f"(it reads {', '.join(map(repr, queues))})")
         for topic, ids in queues.items():
             given = explicit.get(topic, {})
             for key in given:

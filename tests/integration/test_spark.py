@@ -155,6 +155,7 @@ def test_a_null_key_or_property_value_is_none_and_an_empty_one_or_a_number_body_
 @pytest.mark.parametrize("options, message", [
     ({"topic": "NoSuchTopic"}, "TOPIC_NOT_EXIST"),
     ({"topic": "SparkRead", "startingOffsets": "{not json"}, "startingOffsets"),
+    ({"topic": "SparkRead", "startingOffsets": '{"SparkRaed": {"0": 0}}'}, "offsets name topic 'SparkRaed'"),  # (ignored)
     ({"topic": "SparkRead", "endpoint": "tcp://127.0.0.1:1", "timeout": "1"}, "did not answer"),
     ({}, "option `topic`"),
     ({"topic": "SparkRead", "pullBatchSize": "0"}, "pullBatchSize"),

@@ -34,6 +34,8 @@ class Message:
     def __post_init__(self) -> None:
         if type(self.body) is not bytes:  # (a str as UTF-8, as send takes it; a batch encodes bytes only)
             self.body = body_bytes(self.body)
+        if self.flag and not (type(self.flag) is int and -2**31 <= self.flag < 2**31):  # (struct's error in a batch)
+            raise ValueError(f"a message's flag is a 32-bit integer, not {self.flag!r}")
 
     def wire_properties(self, uniq_key: str) -> dict[str, str]:
         """The properties the node stores: the user's, then the fields'. TypeError or ValueError for

@@ -220,6 +220,11 @@ def test_a_batch_stores_a_messages_str_body_as_utf8(node, producer):
     result = producer.send_batch("TopicD", [Message("TopicD", "text é", properties={"k": "v"})], queue_id=1)[0]
     record = _record_at(node, result.offset_msg_id)
     assert record.body == "text é".encode() and record.properties["k"] == "v"
+    flagged = producer.send_batch("TopicD", [Message("TopicD", b"f", flag=-2**31)], queue_id=1)[0]
+    assert _record_at(node, flagged.offset_msg_id).flag == -2**31
+    for flag in (2**31, -2**31 - 1):  # (struct's "'i' format requires ..." at the batch's encoding)
+        with pytest.raises(ValueError, match="flag is a 32-bit integer"):
+            Message("TopicD", b"f", flag=flag)
 
 
 def test_malformed_frames_and_unknown_codes_get_error_replies(node, raw):

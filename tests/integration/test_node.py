@@ -225,6 +225,8 @@ def test_a_batch_stores_a_messages_str_body_as_utf8(node, producer):
     for flag in (2**31, -2**31 - 1):  # (struct's "'i' format requires ..." at the batch's encoding)
         with pytest.raises(ValueError, match="flag is a 32-bit integer"):
             Message("TopicD", b"f", flag=flag)
+    with pytest.raises(TypeError, match="delay_ms is an int"):  # ("unsupported operand type(s) for +" in send)
+        producer.send("TopicD", "later", delay_ms="1000")
 
 
 def test_malformed_frames_and_unknown_codes_get_error_replies(node, raw):

@@ -140,8 +140,7 @@ def _locks(header: dict) -> str | None:
 
 # -- pop consumption --------------------------------------------------------------------------------
 
-POP_MAX_COUNT = 1024  # messages a pop (RocketMQ 5's proxy allows 32 a receive; more helps a batch consumer)
-INVISIBLE_MS_MAX = 12 * 3600 * 1000  # RocketMQ 5's maxInvisibleTime (12 h)
+POP_MAX_COUNT, INVISIBLE_MS_MAX = protocol.POP_MAX_COUNT, protocol.INVISIBLE_MS_MAX  # (the pop consumer's checks too)
 HANDLES_MAX = 4096  # receipt handles a BATCH_ACK_MESSAGE
 
 

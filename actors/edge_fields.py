@@ -9,12 +9,11 @@ import ipaddress
 import re
 
 from actors.topics import TOPIC_MAX_LENGTH
-from node.protocol import GROUP_MAX_LENGTH, NAME  # (one definition: the clients check groups too)
+from node.protocol import GROUP_MAX_LENGTH, NAME, SUSPEND_MS_MAX  # (one definition: the clients check them too)
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
 QUEUE_ID_MAX = 2**31 - 1
-SUSPEND_MS_MAX = 600_000  # a held pull waits at most 10 minutes
 MAX_PULL_COUNT = 1024
 MAX_PROPERTIES_CHARS = 32767
 HEX = re.compile(r"[0-9a-fA-F]+")

@@ -339,6 +339,9 @@ def message_filter(expression_type, expression, *, sql92: bool) -> MessageFilter
 
 
 GROUP_MAX_LENGTH = 255  # RocketMQ's Validators.CHARACTER_MAX_LENGTH
+SUSPEND_MS_MAX = 600_000  # a held pull or pop waits at most 10 minutes
+POP_MAX_COUNT = 1024  # messages a pop (RocketMQ 5's proxy allows 32 a receive; more helps a batch consumer)
+INVISIBLE_MS_MAX = 12 * 3600 * 1000  # RocketMQ 5's maxInvisibleTime (12 h)
 NAME = re.compile(r"[%|a-zA-Z0-9_-]+")  # a topic's or group's characters (RocketMQ's Validators.PATTERN)
 
 

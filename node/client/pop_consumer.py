@@ -45,10 +45,28 @@ class PopOptions:
     timeout: float = 5.0  # the client's wait for an answer
     credentials: object = None
 
+    def check(self) -> None:
+        """ValueError naming what the node would refuse at every pop (the consumer popped nothing,
+        again and again, and said nothing) or what starts no pop at all."""
+        bounds = {"consume_threads": (1, 1000), "pops_in_flight": (1, 1000), "max_count": (1, protocol.POP_MAX_COUNT),
+                  "consume_batch": (1, protocol.POP_MAX_COUNT), "invisible_ms": (1, protocol.INVISIBLE_MS_MAX),
+                  "wait_ms": (0, protocol.SUSPEND_MS_MAX)}
+        for name, (least, most) in bounds.items():
+            value = getattr(self, name)
+            if type(value) is not int or not least <= value <= most:
+                raise ValueError(f"PopConsumer's {name} must be an integer from {least} to {most}, not {value!r}")
+        if self.reconsume_delay_ms is not None and not (type(self.reconsume_delay_ms) is int
+                                                        and 0 <= self.reconsume_delay_ms <= protocol.INVISIBLE_MS_MAX):
+            raise ValueError(f"PopConsumer's reconsume_delay_ms must be None or 0 to {protocol.INVISIBLE_MS_MAX}, "
+                             f"not {self.reconsume_delay_ms!r}")
+        if not self.timeout > 0:
+            raise ValueError(f"PopConsumer's timeout must be above 0 s, not {self.timeout!r}")
+
 
 class PopConsumer:
     def __init__(self, endpoint: str | None = None, group: str | None = None, *, namesrv=None, **options):
         self.options = PopOptions(**options)  # (TypeError names an unknown option)
+        self.options.check()
         if (endpoint is None) == (namesrv is None) or not group:
             raise ValueError("a pop consumer takes a group and endpoint= (one node) or namesrv= (a cluster)")
         protocol.check_group(group)
@@ -65,6 +83,7 @@ class PopConsumer:
         self.tasks: list[asyncio.Task] = []
         self.acking: set[asyncio.Future] = set()  # acks on their way
         self.consumed = self.acked = self.failed = self.ack_lost = self.pop_errors = 0
+        self.errors_told: set[tuple[str, str]] = set()  # (status, remark) of failed pops, logged once each
 
     def subscribe(self, topic: str, tags="*", expression_type: str = protocol.EXPRESSION_TAG) -> None:
         """Pop `topic`'s messages that `tags` selects (a tag expression or a list of tags), or
@@ -122,8 +141,12 @@ class PopConsumer:
                                                    wait_ms=o.wait_ms, tags=tags, orderly=o.orderly,
                                                    expression_type=expression_type)
                 failures = 0
-            except SendError:  # the node restarting or busy: again after a backoff
+            except SendError as e:  # the node restarting or busy: again after a backoff
                 self.pop_errors += 1
+                if (e.status, e.remark) not in self.errors_told and e.status not in ("TIMEOUT", "CLOSED"):
+                    self.errors_told.add((e.status, e.remark))  # (a topic gone, a group refused: said once, not in silence)
+                    logging.getLogger("mqnode.pop").warning("pops of %s for group %s fail: %s: %s (tried again after "
+                                                            "a backoff)", topic, self.group, e.status, e.remark)
                 failures += 1
                 await asyncio.sleep(backoff(min(failures, 4)))
                 continue

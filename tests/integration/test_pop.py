@@ -383,6 +383,30 @@ def test_without_enable_property_filter_sql92_is_refused_as_rocketmq_refuses_it(
     assert caplog.text.count(protocol.SQL92_OFF) == 1, caplog.text
 
 
+def test_a_pop_consumer_refuses_options_the_node_would_and_says_why_its_pops_fail(node, caplog):
+    """A PopConsumer with invisible_ms=0 (or max_count=0, pops_in_flight=0...) popped nothing, again
+    and again, and said nothing; a pop the node refuses (a topic that does not exist) was tried
+    again in silence."""
+    import logging
+
+    for options in ({"invisible_ms": 0}, {"max_count": 0}, {"pops_in_flight": 0}, {"consume_batch": 0},
+                    {"wait_ms": -1}, {"reconsume_delay_ms": -1}, {"timeout": 0}):
+        with pytest.raises(ValueError, match=f"PopConsumer's {next(iter(options))} must be"):
+            PopConsumer(node.endpoint, "bad-options", **options)
+    member = PopConsumer(node.endpoint, "pops-unknown", wait_ms=100)
+    member.subscribe("PopNoSuchTopic")
+    member.register_listener(lambda messages: CONSUME_SUCCESS)
+    with caplog.at_level(logging.WARNING, logger="mqnode.pop"):
+        member.start()
+        try:
+            deadline = time.monotonic() + 15
+            while member.statistics()["popErrors"] < 3 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            member.shutdown()
+    assert caplog.text.count("pops of PopNoSuchTopic for group pops-unknown fail: TOPIC_NOT_EXIST") == 1, caplog.text
+
+
 def test_a_kill_9_of_the_whole_node_brings_back_every_message_in_flight_and_none_acked(tmp_path):
     """1,000 messages in flight, 400 of them acked, then kill -9 of every process: after the
     restart the 600 come back (after their invisible time, not before) and the 400 never do."""

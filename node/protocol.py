@@ -345,16 +345,16 @@ INVISIBLE_MS_MAX = 12 * 3600 * 1000  # RocketMQ 5's maxInvisibleTime (12 h)
 NAME = re.compile(r"[%|a-zA-Z0-9_-]+")  # a topic's or group's characters (RocketMQ's Validators.PATTERN)
 
 
-def check_group(group) -> None:
-    """A client's check of its consumer group, as RocketMQ's clients make it at their start
-    (Validators.checkGroup): ValueError for one every node refuses. Before, a PushConsumer of
+def check_group(group, kind: str = "consumer group") -> None:
+    """A client's check of its consumer (or producer) group, as RocketMQ's clients make it at their
+    start (Validators.checkGroup): ValueError for one every node refuses. Before, a PushConsumer of
     such a group started and consumed nothing in silence (its heartbeats refused)."""
     if not isinstance(group, str) or not group:
-        raise ValueError(f"a consumer group must be a name, not {group!r}")
+        raise ValueError(f"a {kind} must be a name, not {group!r}")
     if len(group) > GROUP_MAX_LENGTH:
-        raise ValueError(f"the consumer group is {len(group)} characters; at most {GROUP_MAX_LENGTH} are allowed")
+        raise ValueError(f"the {kind} is {len(group)} characters; at most {GROUP_MAX_LENGTH} are allowed")
     if not NAME.fullmatch(group):
-        raise ValueError(f"the consumer group {group!r} may only contain characters from [%|a-zA-Z0-9_-]")
+        raise ValueError(f"the {kind} {group!r} may only contain characters from [%|a-zA-Z0-9_-]")
 
 
 def check_expression(expression, expression_type: str = EXPRESSION_TAG) -> None:

@@ -41,6 +41,7 @@ class AsyncRequester:
     def __init__(self, endpoint: str | None = None, group: str | None = None, *, namesrv=None, **options):
         if not group:
             raise ValueError("a requester takes its producer group (group=)")
+        protocol.check_group(group, "producer group")
         self.producer = AsyncProducer(endpoint, namesrv=namesrv, **options)  # (endpoint= or namesrv=)
         self.group, self.client_id = group, client_id_of(self)
         self.memberships: dict[int, ProducerMembership] = {}  # id(a node's producer) -> the requester's membership
@@ -66,7 +67,11 @@ class AsyncRequester:
             await self.producer.start()  # (a member at each group's node as it first asks there)
         elif not self.membership.started:
             await self.producer.start()
-            await self.membership.start()  # known to the node before its first request's reply
+            try:
+                await self.membership.start()  # known to the node before its first request's reply
+            except BaseException:
+                await self.producer.close()  # (its tasks, else destroyed pending with the loop)
+                raise
         return self
 
     async def close(self) -> None:

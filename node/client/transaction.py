@@ -86,6 +86,7 @@ def _state(value) -> LocalTransactionState:
 class AsyncTransactionProducer:
     def __init__(self, endpoint: str, group: str, execute: Callable | None = None, check: Callable | None = None,
                  **options):
+        protocol.check_group(group, "producer group")  # (the node refused its heartbeat: a SendError, later)
         self.group = group
         self.execute, self.check = execute, check
         self.producer = AsyncProducer(endpoint, **options)
@@ -101,7 +102,11 @@ class AsyncTransactionProducer:
     async def start(self) -> AsyncTransactionProducer:
         if not self.membership.started:
             await self.producer.start()
-            await self.membership.start()  # known to the node before the first half: it can be asked about it
+            try:
+                await self.membership.start()  # known to the node before the first half: it can be asked about it
+            except BaseException:
+                await self.producer.close()  # (its tasks, else destroyed pending with the loop)
+                raise
         return self
 
     async def close(self) -> None:

@@ -104,6 +104,30 @@ def end(endpoint: str, sent, group: str, outcome: int, timeout: float = 3.0) -> 
     return reply
 
 
+def test_a_producer_group_no_node_takes_is_refused_at_once_and_a_failed_start_leaves_nothing_pending():
+    """A transactional producer's or requester's group is checked as a consumer group is (it was the
+    node's SYSTEM_ERROR at the start's heartbeat), and a start whose heartbeat fails closes its
+    producer: its reaper task was destroyed pending with the loop ("Task was destroyed but it is
+    pending!" on stderr at the exit)."""
+    from node.client import Requester
+
+    for group in ("bad group!", "x" * 300):
+        with pytest.raises(ValueError, match="producer group"):
+            TransactionProducer("tcp://127.0.0.1:1", group)
+        with pytest.raises(ValueError, match="producer group"):
+            Requester("tcp://127.0.0.1:1", group)
+    script = textwrap.dedent(f"""
+        from node.client import Requester, SendError, TransactionProducer
+        for make in (TransactionProducer, Requester):
+            try:
+                make("tcp://127.0.0.1:{free_port()}", "Nobody", timeout=0.5, retries=0)
+            except SendError as e:
+                print(e.status)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["TIMEOUT", "TIMEOUT"] and "destroyed" not in done.stderr, done.stderr
+
+
 def test_a_commit_is_visible_once_and_a_rollback_never(node):
     with TransactionProducer(node.endpoint, "PG-basic", execute=lambda message, arg: arg) as producer:
         committed = [producer.send_in_transaction("TxBasic", f"commit-{i}", COMMIT_MESSAGE) for i in range(20)]

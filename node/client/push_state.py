@@ -88,6 +88,17 @@ class PushOptions:
             raise ValueError("need 1 <= consume_thread_min <= consume_thread_max <= 1000")
         if not 1 <= self.pull_batch_size <= 1024 or not 1 <= self.consume_message_batch_max_size <= 1024:
             raise ValueError("pull_batch_size and consume_message_batch_max_size must be 1..1024")
+        # RocketMQ's DefaultMQPushConsumerImpl.checkConfig ranges; and the periods above 0 (heartbeat_interval=0
+        # sent heartbeats in a loop that never slept, as fast as the node answered)
+        for name, least, most in (("pull_threshold_for_queue", 1, 65535), ("pull_threshold_size_for_queue", 1, 1024),
+                                  ("suspend_current_queue_time_millis", 10, 30000), ("max_reconsume_times", -1, 10_000)):
+            value = getattr(self, name)
+            if type(value) is not int or not least <= value <= most:
+                raise ValueError(f"{name} must be an integer from {least} to {most}, not {value!r}")
+        for name in ("heartbeat_interval", "rebalance_interval", "persist_interval", "consume_timeout", "timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a number of seconds (minutes: consume_timeout) above 0, not {value!r}")
 
 
 def as_subscribed(message: ReceivedMessage, read_from: str) -> None:

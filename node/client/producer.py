@@ -56,6 +56,7 @@ class AsyncProducer(Coalescing):
                  credentials: Credentials | None = None, isolation_s: float = routes.ISOLATION_S, broker: str = ""):
         if (endpoint is None) == (namesrv is None):
             raise ValueError("a producer takes endpoint= (one node) or namesrv= (a cluster's name services)")
+        _check_options(linger_ms=linger_ms, max_coalesce=max_coalesce, timeout=timeout, retries=retries)
         self.endpoint = endpoint
         self.broker = broker  # the broker group this producer sends to, for its results (a cluster's: node.client.routes)
         # the ACL's account and CURVE's keys (node.security); by default from MQNODE_* variables
@@ -438,6 +439,19 @@ class AsyncProducer(Coalescing):
             for opaque in [o for o, (_, deadline) in self.waiting.items() if deadline < now]:
                 waiter, _ = self.waiting.pop(opaque)
                 self._finish(waiter, None, SendError("TIMEOUT", f"no reply within {self.timeout} s"))
+
+
+def _check_options(*, linger_ms, max_coalesce, timeout, retries) -> None:
+    """ValueError naming an option no producer can work with (retries=-1 sent nothing and ended in
+    an AssertionError of ours)."""
+    if type(retries) is not int or retries < 0:
+        raise ValueError(f"retries must be an integer of 0 or more, not {retries!r}")
+    if type(max_coalesce) is not int or max_coalesce < 1:
+        raise ValueError(f"max_coalesce must be an integer of 1 or more, not {max_coalesce!r}")
+    if not isinstance(timeout, int | float) or not timeout > 0:
+        raise ValueError(f"timeout must be a number of seconds above 0, not {timeout!r}")
+    if not isinstance(linger_ms, int | float) or not linger_ms >= 0:
+        raise ValueError(f"linger_ms must be a number of milliseconds of 0 or more, not {linger_ms!r}")
 
 
 class Producer(aio.Blocking):

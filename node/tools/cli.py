@@ -259,21 +259,22 @@ def selection(args: argparse.Namespace) -> tuple[str, str]:
     return (args.sql, "SQL92") if args.sql else (args.tags or "*", "TAG")
 
 
-def _at_least(least: int | float, kind=int):
-    """An argparse type: a number (`kind`) of at least `least` ("--count -1" read no message and
-    said nothing; "--threads -1" was a traceback)."""
+def _at_least(least: int | float, kind=int, *, above: bool = False):
+    """An argparse type: a number (`kind`) of at least `least` (`above`: more than it) ("--count -1"
+    read no message and said nothing; "--threads -1" was a traceback)."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value >= least:  # (NaN too)
-            raise argparse.ArgumentTypeError(f"{text} is below {least}")
+        if not (value > least if above else value >= least):  # (NaN too)
+            raise argparse.ArgumentTypeError(f"{text} is not above {least}" if above else f"{text} is below {least}")
         return value
     return parse
 
 
-COUNT, SECONDS, THREADS = _at_least(0), _at_least(0.0, float), _at_least(1)
+# a count; seconds without a message (0: stop when none is waiting); a client's wait for a reply; threads
+COUNT, SECONDS, TIMEOUT, THREADS = _at_least(0), _at_least(0.0, float), _at_least(0.0, float, above=True), _at_least(1)
 
 
 def _bool(text: str) -> bool:
@@ -383,7 +384,7 @@ def _produce_parser(commands) -> None:
     timer.add_argument("--delay-ms", type=int, metavar="N", help="a timer: deliver N ms after sending")
     produce.add_argument("--queue", type=int, help="queue id (default: round-robin)")
     produce.add_argument("--batch", type=COUNT, default=0, help="send N lines at a time as one batch (one queue)")
-    produce.add_argument("--timeout", type=SECONDS, default=3.0,
+    produce.add_argument("--timeout", type=TIMEOUT, default=3.0,
                          help="seconds to wait for each reply; with --transaction unknown --check-answer: to stay "
                               "connected answering the node's checks")
     produce.add_argument("--transaction", choices=["commit", "rollback", "unknown"],
@@ -405,7 +406,7 @@ def _recall_parser(commands) -> None:
     add_credentials(recall)
     recall.add_argument("--topic", required=True)
     recall.add_argument("--handle", action="append", help="a recall handle (repeatable; default: one a stdin line)")
-    recall.add_argument("--timeout", type=SECONDS, default=3.0, help="seconds to wait for each reply")
+    recall.add_argument("--timeout", type=TIMEOUT, default=3.0, help="seconds to wait for each reply")
     recall.set_defaults(handler=cmd_recall)
 
 
@@ -490,7 +491,7 @@ def _admin_parser(commands) -> None:
     admin.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="admin config update: a setting to change while the node runs (brokerPermission: 6, 4 read "
                             "only, 2 write only), until it stops")
-    admin.add_argument("--timeout", type=SECONDS, default=None, help="seconds to wait (default 5; 120 for clean)")
+    admin.add_argument("--timeout", type=TIMEOUT, default=None, help="seconds to wait (default 5; 120 for clean)")
     from node.tools.cli_admin import cmd_admin
 
     admin.set_defaults(handler=cmd_admin)

@@ -20,13 +20,14 @@ E = ["--endpoint", "tcp://127.0.0.1:1"]
     ["produce", *E, "--topic", "T", "--timeout", "-0.5"],
     ["recall", *E, "--topic", "T", "--timeout", "x"],
     ["admin", "stats", *E, "--timeout", "-1"],
+    ["produce", *E, "--topic", "T", "--timeout", "0"],  # (a client's wait: Producer(timeout=0) is a ValueError)
     ["dump", "--count", "-2"],
 ])
 def test_a_number_below_its_least_is_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(argv)
     said = capsys.readouterr().err
-    assert e.value.code == 2 and ("is below" in said or "is not a number" in said), said
+    assert e.value.code == 2 and ("is below" in said or "is not" in said), said
 
 
 def test_the_least_and_the_defaults_are_taken():

@@ -24,3 +24,13 @@ def test_the_defaults_and_the_edges_pass():
     PushOptions().check()
     PushOptions(heartbeat_interval=0.5, suspend_current_queue_time_millis=10, max_reconsume_times=-1,
                 pull_threshold_for_queue=65535, pull_threshold_size_for_queue=1024).check()
+
+
+@pytest.mark.parametrize("options", [{"retries": -1}, {"retries": 1.5}, {"timeout": 0}, {"max_coalesce": 0},
+                                     {"linger_ms": -5}])
+def test_a_producer_option_no_producer_works_with_is_a_value_error_naming_it(options):
+    """retries=-1 sent nothing and ended in an AssertionError of the client's ("unreachable")."""
+    from node.client.producer import AsyncProducer
+
+    with pytest.raises(ValueError, match=next(iter(options))):
+        AsyncProducer("tcp://127.0.0.1:1", **options)

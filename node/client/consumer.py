@@ -284,8 +284,9 @@ class AsyncPullConsumer(PopMethods):
         (`start="committed"`, falling back to the first), `"first"` / `"last"`, or a time (epoch
         ms: each queue's first message stored at or after it, CONSUME_FROM_TIMESTAMP); commits after
         each pull, and when left early (a break, an exception in the caller's loop: `aclose`) what
-        its queue held before the message in hand, not that message. Each queue is pulled on its own (a long poll of an idle queue holds back no
-        other), its next pull sent once the last one's messages were taken. Stops after `limit`
+        its queue held before the message in hand, not that message. Each queue is pulled on its
+        own (a long poll of an idle queue holds back no other), its next pull sent once the last
+        one's messages were taken. Stops after `limit`
         messages or `idle_timeout` seconds without one (not counting a request being sent again:
         see the module's docstring); a request that keeps failing past `idle_timeout` is raised."""
         retrying: set = set()  # who is sending a request again: the node is restarting, not idle
@@ -351,7 +352,6 @@ class AsyncPullConsumer(PopMethods):
             for follower in followers:
                 follower.cancel()
             await asyncio.gather(*followers, return_exceptions=True)
-
 
     async def _commit_taken(self, group: str, topic: str, queue: tuple[str | None, int], in_hand: int) -> None:
         """`consume` left at the message `in_hand`: what its queue held before it is committed (taken,

@@ -87,7 +87,12 @@ def test_the_official_client_sends_over_both_groups_and_receives_every_message_o
     sent = official(a, "produce", "--topic", TOPIC, "--count", "40", "--prefix", "gc")
     assert not [line for line in sent if "error" in line], sent
     ids = {line["id"] for line in sent}
-    stored = [_stored_ids(node, TOPIC) for node in cluster]  # what each group holds, read over ZeroMQ
+    deadline = time.monotonic() + 30  # (a send is answered once stored; its queue's entry follows the dispatch)
+    while True:
+        stored = [_stored_ids(node, TOPIC) for node in cluster]  # what each group holds, read over ZeroMQ
+        if stored[0] | stored[1] >= ids or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert stored[0] and stored[1] and not stored[0] & stored[1] and stored[0] | stored[1] == ids, stored
     got = official(a, "simple", "--topic", TOPIC, "--group", "GcG", "--want", "40", "--seconds", "60", timeout=120)
     received = [line["id"] for line in got if "id" in line]

@@ -36,10 +36,11 @@ class Message:
             self.body = body_bytes(self.body)
         if self.flag and not (type(self.flag) is int and -2**31 <= self.flag < 2**31):  # (struct's error in a batch)
             raise ValueError(f"a message's flag is a 32-bit integer, not {self.flag!r}")
-        for name in ("deliver_at_ms", "delay_ms"):  # (a str was "unsupported operand type(s) for +" in send)
-            value = getattr(self, name)
-            if value is not None and type(value) is not int:
-                raise TypeError(f"{name} is an int of milliseconds, not {type(value).__name__}")
+        if self.deliver_at_ms is not None or self.delay_ms is not None:  # (a timer: most messages are none)
+            for name in ("deliver_at_ms", "delay_ms"):  # (a str was "unsupported operand type(s) for +" in send)
+                value = getattr(self, name)
+                if value is not None and type(value) is not int:
+                    raise TypeError(f"{name} is an int of milliseconds, not {type(value).__name__}")
 
     def wire_properties(self, uniq_key: str) -> dict[str, str]:
         """The properties the node stores: the user's, then the fields'. TypeError or ValueError for

@@ -21,6 +21,30 @@ from shm import settings as settings_module
 from shm.control_block import ControlBlock, heartbeat_slot, monotonic_ms
 
 
+class Held:
+    """A service's constructor argument past Ray's inline limit, kept in a file of the node's run
+    directory (private to the node's user) and read by the actor at each of its starts. In Ray's
+    object store, the argument was freed once the actor had started if Ray stored it (every
+    restart then failed), and when the launcher held it instead Ray's core worker logged an error
+    at each start that a restart "will fail" (ray-project/ray#53727), nested in another object
+    or not."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @staticmethod
+    def resolved(value):
+        """`value`, or what a Held's file holds."""
+        if not isinstance(value, Held):
+            return value
+        import pickle
+
+        with open(value.path, "rb") as file:
+            return pickle.load(file)  # (the node's own file, in its 0700 run directory)
+
+
 class ActorHost:
     """A plain actor inside a Ray actor process."""
 
@@ -28,7 +52,7 @@ class ActorHost:
                  recovered: dict | None = None):
         """`recovered`: recovery's state for the write service (its queue offsets), for the process
         that runs it; the launcher passes it as an object it holds (resolved here at each start)."""
-        process, settings_values, kwargs, recovered = map(ray_setup.Held.resolved, (process, settings_values, kwargs,
+        process, settings_values, kwargs, recovered = map(Held.resolved, (process, settings_values, kwargs,
                                                                                     recovered))
         ray_setup.normal_priority()
         ray_setup.more_open_files()

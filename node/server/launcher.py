@@ -36,7 +36,7 @@ from pathlib import Path
 from actors.topics import deleted_topics
 from node import protocol
 from node.server import fencing, logs, preflight, ray_setup, topology
-from node.server.actor_host import ActorHost
+from node.server.actor_host import ActorHost, Held
 from node.server.node_watch import NodeWatch
 from node.server.signals import StopSignals
 from shm import ring
@@ -207,7 +207,7 @@ class Node:
         an actor's arguments again at each of its restarts. One under Ray's inline limit travels
         in the actor's creation task, which Ray keeps; a bigger one (recovery's queue offsets on a
         node of ~5,000 queues) in a file of the run directory that the actor reads
-        (`ray_setup.Held`: Ray's object store freed it, or logged an error)."""
+        (`actor_host.Held`: Ray's object store freed it, or logged an error)."""
         import pickle
 
         data = pickle.dumps(value)
@@ -218,7 +218,7 @@ class Node:
         if not write_whole(path, data, sync=False, mode=0o600):  # (a crash restarts the node whole: no fsync)
             raise StartFailed(f"no room in the run directory for {path.name} ({len(data)} bytes): a service's start "
                               "arguments")
-        return ray_setup.Held(str(path))
+        return Held(str(path))
 
     def _wait_ready(self) -> list[str]:
         """The labels of the processes not ready within READY_TIMEOUT_S. One ask at a time is

@@ -407,30 +407,6 @@ def is_loopback(ip: str) -> bool:
     return address in LOOPBACK_V4 or address == ipaddress.ip_address("::1")
 
 
-class Held:
-    """A service's constructor argument past Ray's inline limit, kept in a file of the node's run
-    directory (private to the node's user) and read by the actor at each of its starts. In Ray's
-    object store, the argument was freed once the actor had started if Ray stored it (every
-    restart then failed), and when the launcher held it instead Ray's core worker logged an error
-    at each start that a restart "will fail" (ray-project/ray#53727), nested in another object
-    or not."""
-
-    __slots__ = ("path",)
-
-    def __init__(self, path: str):
-        self.path = path
-
-    @staticmethod
-    def resolved(value):
-        """`value`, or what a Held's file holds."""
-        if not isinstance(value, Held):
-            return value
-        import pickle
-
-        with open(value.path, "rb") as file:
-            return pickle.load(file)  # (the node's own file, in its 0700 run directory)
-
-
 def inline_limit() -> int:
     """The size under which Ray passes a task's argument in the task itself, not through its
     object store (`max_direct_call_object_size`: 100 KiB unless RAY_max_direct_call_object_size)."""

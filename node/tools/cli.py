@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 
 from node.client.errors import BadEndpoint
+from node.tools import cli_values as values
 from shm import settings as settings_module
 from shm.codec import Corruption, Record
 from shm.mapped_file import StoreError
@@ -259,42 +260,6 @@ def selection(args: argparse.Namespace) -> tuple[str, str]:
     return (args.sql, "SQL92") if args.sql else (args.tags or "*", "TAG")
 
 
-def _at_least(least: int | float, kind=int, *, above: bool = False):
-    """An argparse type: a number (`kind`) of at least `least` (`above`: more than it) ("--count -1"
-    read no message and said nothing; "--threads -1" was a traceback)."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (value > least if above else value >= least):  # (NaN too)
-            raise argparse.ArgumentTypeError(f"{text} is not above {least}" if above else f"{text} is below {least}")
-        return value
-    return parse
-
-
-# a count; seconds without a message (0: stop when none is waiting); a client's wait for a reply; threads
-COUNT, SECONDS, TIMEOUT, THREADS = _at_least(0), _at_least(0.0, float), _at_least(0.0, float, above=True), _at_least(1)
-
-
-def _bool(text: str) -> bool:
-    if text.lower() not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
-    return text.lower() == "true"
-
-
-def _json_object(text: str) -> dict:
-    import orjson
-
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object")
-    return value
-
-
 def add_credentials(parser: argparse.ArgumentParser) -> None:
     """A node with security on (docs/operations.md "Access control"): each flag stands for the
     environment variable named in its help, which it overrides for this command."""
@@ -335,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_options(dump)
     dump.add_argument("--topic", help="only records of this topic")
     dump.add_argument("--from", dest="from_offset", type=int, help="start at this CommitLog offset (a record start)")
-    dump.add_argument("--count", type=COUNT, help="stop after this many records")
+    dump.add_argument("--count", type=values.COUNT, help="stop after this many records")
     dump.set_defaults(handler=cmd_dump)
     verify = commands.add_parser("verify", help="check CRCs, ConsumeQueues and the IndexFile of a store")
     _add_store_options(verify)
@@ -383,8 +348,8 @@ def _produce_parser(commands) -> None:
     timer.add_argument("--deliver-at", type=int, metavar="MS", help="a timer: deliver at this epoch time in ms")
     timer.add_argument("--delay-ms", type=int, metavar="N", help="a timer: deliver N ms after sending")
     produce.add_argument("--queue", type=int, help="queue id (default: round-robin)")
-    produce.add_argument("--batch", type=COUNT, default=0, help="send N lines at a time as one batch (one queue)")
-    produce.add_argument("--timeout", type=TIMEOUT, default=3.0,
+    produce.add_argument("--batch", type=values.COUNT, default=0, help="send N lines at a time as one batch (one queue)")
+    produce.add_argument("--timeout", type=values.TIMEOUT, default=3.0,
                          help="seconds to wait for each reply; with --transaction unknown --check-answer: to stay "
                               "connected answering the node's checks")
     produce.add_argument("--transaction", choices=["commit", "rollback", "unknown"],
@@ -406,7 +371,7 @@ def _recall_parser(commands) -> None:
     add_credentials(recall)
     recall.add_argument("--topic", required=True)
     recall.add_argument("--handle", action="append", help="a recall handle (repeatable; default: one a stdin line)")
-    recall.add_argument("--timeout", type=TIMEOUT, default=3.0, help="seconds to wait for each reply")
+    recall.add_argument("--timeout", type=values.TIMEOUT, default=3.0, help="seconds to wait for each reply")
     recall.set_defaults(handler=cmd_recall)
 
 
@@ -425,8 +390,8 @@ def _consume_parser(commands) -> None:
     chosen.add_argument("--tags", help='subscription: "*" or "TagA || TagB"')
     chosen.add_argument("--sql", help="subscription: a SQL92 selector over the messages' properties, e.g. "
                                       "\"a > 5 AND TAGS IN ('TagA')\" (a node with enablePropertyFilter)")
-    consume.add_argument("--count", type=COUNT, help="stop after N messages")
-    consume.add_argument("--timeout", type=SECONDS, default=5.0, help="stop after S seconds without a message")
+    consume.add_argument("--count", type=values.COUNT, help="stop after N messages")
+    consume.add_argument("--timeout", type=values.SECONDS, default=5.0, help="stop after S seconds without a message")
     consume.add_argument("--push", action="store_true", help="a push consumer: a member of the group, its share of "
                                                              "the queues (rebalanced as members come and go)")
     consume.add_argument("--broadcast", action="store_true", help="--push: every member gets every message")
@@ -437,7 +402,7 @@ def _consume_parser(commands) -> None:
     consume.add_argument("--invisible-ms", type=int, default=60_000, help="--pop: how long a popped message stays "
                                                                           "invisible to the group unless acked")
     consume.add_argument("--no-ack", action="store_true", help="--pop: print without acking (they come back)")
-    consume.add_argument("--threads", type=THREADS, help="--push: consume threads (default 20)")
+    consume.add_argument("--threads", type=values.THREADS, help="--push: consume threads (default 20)")
     consume.add_argument("--instance-name", help="--push: this member's name in its client id (default: the pid)")
     consume.add_argument("--offset-store-dir", help="--push --broadcast: where its offsets file goes")
     consume.set_defaults(handler=cmd_consume)
@@ -472,12 +437,12 @@ def _admin_parser(commands) -> None:
     admin.add_argument("--retry-queues", type=int, help="admin group create|update: retryQueueNums")
     admin.add_argument("--max-retries", type=int, help="admin group create|update: retryMaxTimes (send-backs before the DLQ)")
     admin.add_argument("--which-broker-when-slow", type=int, help="admin group create|update: whichBrokerWhenConsumeSlowly")
-    admin.add_argument("--consume-enable", type=_bool, help="admin group create|update: true|false (false: its pulls are refused)")
-    admin.add_argument("--broadcast", type=_bool, help="admin group create|update: consumeBroadcastEnable, true|false")
-    admin.add_argument("--fifo", dest="orderly_group", type=_bool,
+    admin.add_argument("--consume-enable", type=values.boolean, help="admin group create|update: true|false (false: its pulls are refused)")
+    admin.add_argument("--broadcast", type=values.boolean, help="admin group create|update: consumeBroadcastEnable, true|false")
+    admin.add_argument("--fifo", dest="orderly_group", type=values.boolean,
                        help="admin group create|update: consumeMessageOrderly, true|false (RocketMQ 5 clients over "
                             "gRPC consume the group in order: FIFO)")
-    admin.add_argument("--retry-policy", type=_json_object, metavar="JSON",
+    admin.add_argument("--retry-policy", type=values.json_object, metavar="JSON",
                        help="admin group create|update: groupRetryPolicy, RocketMQ 5's, how gRPC consumers back off "
                             "between retries: '{\"type\": \"EXPONENTIAL\", \"exponentialRetryPolicy\": {\"initial\": 1000, "
                             "\"max\": 60000, \"multiplier\": 2}}' or '{\"type\": \"CUSTOMIZED\", \"customizedRetryPolicy\": "
@@ -491,7 +456,7 @@ def _admin_parser(commands) -> None:
     admin.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="admin config update: a setting to change while the node runs (brokerPermission: 6, 4 read "
                             "only, 2 write only), until it stops")
-    admin.add_argument("--timeout", type=TIMEOUT, default=None, help="seconds to wait (default 5; 120 for clean)")
+    admin.add_argument("--timeout", type=values.TIMEOUT, default=None, help="seconds to wait (default 5; 120 for clean)")
     from node.tools.cli_admin import cmd_admin
 
     admin.set_defaults(handler=cmd_admin)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from node.tools import cli_values as values
+
 WAIT_STEP_S = 0.1
 
 
@@ -26,7 +28,7 @@ def add_parser(commands, add_store_options, settings_from) -> None:
     stop = commands.add_parser("stop", help="stop the node running on a store (SIGTERM to its launcher) and wait "
                                             "until it has stopped")
     add_store_options(stop)
-    stop.add_argument("--timeout", type=float, default=60.0,
+    stop.add_argument("--timeout", type=values.SECONDS, default=60.0,
                       help="seconds to wait for the node to stop (default 60); exit 1 after them")
     stop.set_defaults(handler=lambda args: stop_node(settings_from(args).root, args.timeout))
 

@@ -93,7 +93,10 @@ class AsyncRequester:
                       queue_id: int | None = None) -> ReceivedMessage:
         """Send a message and return its reply (a ReceivedMessage: the replier's body and
         properties). RequestTimeout when none came within `timeout` seconds of the send's start;
-        SendError when the send itself failed."""
+        SendError when the send itself failed; ValueError for a timeout that is no number of
+        seconds above 0 (nothing is sent: no reply could come in time)."""
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"timeout must be a number of seconds above 0, not {timeout!r}")
         await self.start()
         began = time.monotonic()
         correlation = str(uuid.uuid4())

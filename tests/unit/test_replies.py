@@ -117,6 +117,10 @@ def test_each_request_gets_the_reply_of_its_correlation_id_and_a_stray_one_is_co
             await late
         requester._on_request(*_pushed(sent[-1].properties[protocol.PROPERTY_CORRELATION_ID]))  # after its time
         assert requester.statistics() == {"waiting": 0, "replied": 3, "unmatched": 2, "timedOut": 1}
+        for timeout in (0, -1, "3", True, float("nan")):  # (nothing sent: no reply could come in time)
+            with pytest.raises(ValueError, match="timeout must be a number of seconds above 0"):
+                await requester.request("Rpc", "never", timeout=timeout)
+        assert len(sent) == 4
         requester.membership.task = None
         await requester.close()
 

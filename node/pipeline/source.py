@@ -161,18 +161,28 @@ class BatchReader(DataSourceReader):
             starts = node.resolve(o.starting, o.starting_timestamp, queues, start=True)
             ends = node.resolve(o.ending, o.ending_timestamp, queues, start=False)
             if o.fail_on_data_loss:
-                for topic, by_queue in starts.items():
-                    for q, offset in by_queue.items():
-                        low = node.min_offset(topic, q)
-                        if offset < low and ends[topic][q] > offset:
-                            raise PipelineError(f"{topic}/{q}: startingOffsets {offset} was cleaned from the node "
-                                                f"(its first offset is {low}; failOnDataLoss=false skips it)")
+                _check_bounds(node, starts, ends)
         ranges = split(starts, ends, o.min_partitions)
         return [RangePartition(r) for r in ranges] or [RangePartition(QueueRange(o.topics[0], 0, 0, 0))]
 
     def read(self, partition: RangePartition):
         if partition.range.end > partition.range.start:
             yield from _read(self.options, self.schema, partition)
+
+
+def _check_bounds(node: NodeView, starts: dict, ends: dict) -> None:
+    """A batch read whose start the node no longer holds, or whose start lies after its end,
+    fails (Kafka's reportDataLoss: a start past the end read nothing, silently, with no hint
+    that the offsets were wrong); failOnDataLoss=false reads what there is."""
+    for topic, by_queue in starts.items():
+        for q, offset in by_queue.items():
+            low, end = node.min_offset(topic, q), ends[topic][q]
+            if offset < low and end > offset:
+                raise PipelineError(f"{topic}/{q}: startingOffsets {offset} was cleaned from the node "
+                                    f"(its first offset is {low}; failOnDataLoss=false skips it)")
+            if offset > end:
+                raise PipelineError(f"{topic}/{q}: startingOffsets {offset} is after endingOffsets {end} "
+                                    f"(failOnDataLoss=false reads nothing there)")
 
 
 class StreamReader(DataSourceStreamReader):

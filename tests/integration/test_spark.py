@@ -178,6 +178,12 @@ def test_a_read_from_cleaned_offsets_fails_or_skips_as_failOnDataLoss_says(spark
     skipped = _read(spark, node, topic="SparkTime", startingOffsets='{"SparkTime": {"3": -5}}',
                     failOnDataLoss="false").where("queueId = 3").collect()
     assert sorted(r.body for r in skipped) == [f"x-{i}".encode() for i in range(5)]
+    past = '{"SparkTime": {"3": 99}}'  # (a start past the end read nothing, with no word of why)
+    for ending in ("latest", '{"SparkTime": {"3": 2}}'):
+        with pytest.raises(Exception, match="SparkTime/3: startingOffsets 99 is after endingOffsets"):
+            _read(spark, node, topic="SparkTime", startingOffsets=past, endingOffsets=ending).collect()
+    assert _read(spark, node, topic="SparkTime", startingOffsets=past, failOnDataLoss="false").where(
+        "queueId = 3").count() == 0
 
 
 def test_a_node_with_its_acl_on_is_written_and_read_with_the_credentials_options(spark, tmp_path):

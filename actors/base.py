@@ -23,7 +23,7 @@ import orjson
 import zmq
 from zmq.backend import zmq_poll
 
-from node.frames import recv_frame, recv_frames, recv_frames_from
+from node.frames import recv_frame, recv_frames, recv_frames_sourced
 from shm.control_block import INSTANCED, ControlBlock, heartbeat_slot, monotonic_ms
 from shm.disk import write_whole
 
@@ -318,15 +318,15 @@ def wait_readable(items: list, timeout_ms: int) -> set:
     return {sock for sock, _ in zmq_poll(items, timeout_ms)}
 
 
-def incoming(sock: zmq.Socket, limit: int, *, multipart: bool = True, peers: bool = False):
+def incoming(sock: zmq.Socket, limit: int, *, multipart: bool = True, sourced: bool = False):
     """The messages waiting on `sock` now, at most `limit`, without blocking: zmq_poll before
-    each recv, so a drained socket ends the loop without raising zmq.Again. With `peers`, each
-    as (frames, the sender's address)."""
+    each recv, so a drained socket ends the loop without raising zmq.Again. With `sourced`, each
+    as (frames, its first frame: where it came from, node.frames.recv_frames_sourced)."""
     items = [(sock, zmq.POLLIN)]
     for _ in range(limit):
         if not zmq_poll(items, 0):
             return
         try:
-            yield recv_frames_from(sock) if peers else recv_frames(sock) if multipart else recv_frame(sock)
+            yield recv_frames_sourced(sock) if sourced else recv_frames(sock) if multipart else recv_frame(sock)
         except zmq.Again:  # raced away (not expected: each socket has one reader)
             return

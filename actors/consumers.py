@@ -4,8 +4,11 @@ no clock: the front (its shell) passes `now` (monotonic ms) and sends NOTIFY_CON
 to the members of the groups a call says changed.
 
 Members are clients that sent HEART_BEAT with the group in `consumerDataSet`; each is known by
-its `clientID` and reached through the routing id of the DEALER it last spoke from. A member
-silent for `clientChannelExpiredTimeout` ms is dropped (`expire`). Nothing here is persisted: a
+its `clientID` and reached through the routing id of the DEALER it last spoke from. A member whose
+connection closes (the process ended, killed or not: the kernel closes its sockets) is dropped
+then (`disconnected`, as RocketMQ's broker drops a member when its channel closes), so its
+queues move at once; a member silent for `clientChannelExpiredTimeout` ms (a machine cut off, a
+process hung) is dropped then (`expire`). Nothing here is persisted: a
 restarted front learns its groups again from the members' next heartbeats (every 30 s by
 default), as a restarted RocketMQ broker does; until then a member sees an empty list and keeps
 its queues.
@@ -39,6 +42,7 @@ class Member:
     queues: list[tuple[str, int]] = field(default_factory=list)  # what it says it consumes (mqnode)
     language: str = ""  # (as its heartbeat says: a gRPC client's, through the proxy)
     version: str = ""
+    connection: int = -1  # the connection it last heartbeated on (the front's fd of it; -1: unknown)
 
     def to_json(self) -> dict:
         return {"clientId": self.client_id, "language": self.language, "version": self.version,
@@ -54,12 +58,12 @@ class ConsumerGroups:
         self.lock_max_live_ms = lock_max_live_ms
         self.groups: dict[str, dict[str, Member]] = {}  # group -> clientID -> Member
         self.locks: dict[str, dict[tuple[str, int], tuple[str, int]]] = {}  # group -> queue -> (client, at)
-        self.expired = self.notifications = 0
+        self.expired = self.disconnected_count = self.notifications = 0
 
     # -- membership ---------------------------------------------------------------------------------
 
     def heartbeat(self, client_id: str, routing_id: bytes, consumers: list[dict], now: int,
-                  language: str = "", version: str = "") -> set[str]:
+                  language: str = "", version: str = "", connection: int = -1) -> set[str]:
         """A HEART_BEAT's consumer data (already checked at the edge) -> the groups whose members
         or subscriptions changed (their members are to be notified)."""
         changed = set()
@@ -71,7 +75,8 @@ class ConsumerGroups:
             member = Member(client_id, routing_id, now, data.get("messageModel", "CLUSTERING"),
                             data.get("consumeType", "CONSUME_PASSIVELY"),
                             data.get("consumeFromWhere", "CONSUME_FROM_LAST_OFFSET"), subscriptions,
-                            [(q["topic"], q["queueId"]) for q in data.get("queues") or []], language, version)
+                            [(q["topic"], q["queueId"]) for q in data.get("queues") or []], language, version,
+                            connection)
             if old is None or old.subscriptions != subscriptions:
                 changed.add(group)
             members[client_id] = member
@@ -93,6 +98,16 @@ class ConsumerGroups:
             for client_id, member in list(members.items()):
                 if now - member.last_seen > self.channel_expired_ms:
                     self.expired += 1
+                    changed |= self.unregister(client_id, group)
+        return changed
+
+    def disconnected(self, connection: int) -> set[str]:
+        """The connection (its fd) closed: its members leave; the groups that lost one."""
+        changed = set()
+        for group, members in list(self.groups.items()):
+            for client_id, member in list(members.items()):
+                if member.connection == connection:
+                    self.disconnected_count += 1
                     changed |= self.unregister(client_id, group)
         return changed
 
@@ -149,7 +164,7 @@ class ConsumerGroups:
 
     def statistics(self) -> dict:
         return {"groups": len(self.groups), "members": self.member_count(), "expired": self.expired,
-                "notifications": self.notifications,
+                "disconnected": self.disconnected_count, "notifications": self.notifications,
                 "locks": sum(len(t) for t in self.locks.values())}
 
 
@@ -158,9 +173,11 @@ def notice(group: str) -> bytes:
     return orjson.dumps({"code": protocol.NOTIFY_CONSUMER_IDS_CHANGED, "consumerGroup": group})
 
 
-def answer(groups: ConsumerGroups, header: dict, routing_id: bytes, now: int) -> tuple[dict, set[str]]:
+def answer(groups: ConsumerGroups, header: dict, routing_id: bytes, now: int,
+           connection: int = -1) -> tuple[dict, set[str]]:
     """A consumer-group request (its fields checked at the edge) -> (reply header, groups whose
-    members are to be notified)."""
+    members are to be notified). `connection`: the one it came on (a heartbeat's members are
+    dropped when it closes)."""
     code, opaque = header["code"], header.get("opaque")
     if code == protocol.HEART_BEAT:
         consumers = header.get("consumerDataSet") or []
@@ -168,7 +185,7 @@ def answer(groups: ConsumerGroups, header: dict, routing_id: bytes, now: int) ->
                 header["clientID"] in groups.groups.get(c["groupName"], {}) for c in consumers):
             return protocol.reply_header(opaque, "SYSTEM_BUSY", f"the node holds {MAX_MEMBERS} members already"), set()
         changed = groups.heartbeat(header["clientID"], routing_id, consumers, now, header.get("language", ""),
-                                   header.get("version", ""))
+                                   header.get("version", ""), connection)
         return protocol.reply_header(opaque, "OK", clientChannelExpiredTimeout=groups.channel_expired_ms), changed
     group = header.get("consumerGroup")
     if code == protocol.UNREGISTER_CLIENT:  # (a producer's names its producerGroup only: the front's)

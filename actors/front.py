@@ -67,7 +67,7 @@ from actors.offsets import ConsumerOffsets, SubscriptionGroups
 from actors.runtime_info import NodeStatistics
 from actors.topics import TopicTable
 from node import protocol
-from node.frames import NOBLOCK, send_frames
+from node.frames import NOBLOCK, peer_address, send_frames
 from shm.control_block import heartbeat_slot, monotonic_ms
 
 log = logging.getLogger("mqnode")
@@ -112,6 +112,9 @@ class Front(Actor):
         # a frame for a client whose connection is gone raises (EHOSTUNREACH) instead of vanishing:
         # a transaction's check then goes to the group's next producer
         self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # its connections' opening and closing (before it binds: it sees every one): a member's
+        # closing drops it from its groups (actors.front_groups)
+        self.connection_events = self.clients.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self.curve = guard.secure_clients(self.clients, s, self.context)  # (before it binds)
         protocol.ipv6_ready(self.clients, s.listen)
         self.clients.bind(s.listen)
@@ -145,7 +148,8 @@ class Front(Actor):
         self.service_outs = {POP_CLIENT: self.pops_out, TRANSACTION_CLIENT: self.transactions_out}
         self.checks_in = socket(self.context, zmq.PULL, hwm=1_000_000)  # its checks, to a producer of the group
         self.checks_in.bind(self.endpoints["transaction-checks"])
-        self.members = FrontGroups(s, self.clients, "%s:%d" % s.store_address, read=self._read_for_ask)
+        self.members = FrontGroups(s, self.clients, self.connection_events, "%s:%d" % s.store_address,
+                                   read=self._read_for_ask)
         self.reply_topic = protocol.reply_topic(s.brokerClusterName)
         # the schedule service's re-puts in, their answers out: private (the run directory is 0700)
         self.reput_in = socket(self.context, zmq.PULL, hwm=100000)
@@ -166,7 +170,7 @@ class Front(Actor):
         self.stats_in = socket(self.context, zmq.PULL, hwm=1000)
         self.stats_in.bind(self.endpoints["stats"])
         self.items = [(sock, zmq.POLLIN) for sock in (self.clients, self.replies, self.stats_in, self.reput_in,
-                                                      self.checks_in)]
+                                                      self.checks_in, self.connection_events)]
         self.items += self.inbox.poll_items()
         self.pinner = ProcessPinner(s.frontPinBelowCpu) if s.frontPinBelowCpu > 0 else None
         self.cpu_latency = CpuLatencyRequest(s.cpuIdleLatencyUs) if s.cpuIdleLatencyUs != NO_REQUEST else None
@@ -211,6 +215,8 @@ class Front(Actor):
             self._serve_reputs()
         if self.checks_in in events:
             self.members.send_checks(self.checks_in)
+        if self.connection_events in events:
+            self.members.follow_connections()
         if self.outgoing:
             self._ship_sends()
         if self.stats_in in events:
@@ -254,26 +260,27 @@ class Front(Actor):
 
     def _serve_clients(self) -> None:
         acl = self.acl
-        peers = acl is not None and acl.uses_addresses  # (reading the address costs ~1 µs a request)
-        for frames in incoming(self.clients, MAX_TAKE, peers=peers):
-            frames, address = frames if peers else (frames, None)
+        peers = acl is not None and acl.uses_addresses  # (reading the address costs ~0.3 µs a request)
+        for frames, source in incoming(self.clients, MAX_TAKE, sourced=True):
             self.requests += 1
             client, rest = frames[0], frames[1:]
             try:
                 request = protocol.decode_request(rest)
                 # the ACL (actors.acl) before anything else looks at the request
-                remark = None if acl is None else acl.check(request.header, request.body, address)
+                remark = None if acl is None else acl.check(request.header, request.body,
+                                                            peer_address(source) if peers else None)
                 if remark is None:
-                    self._route(client, request, rest)
+                    self._route(client, request, rest, source)
                 else:
                     self._refuse(client, request, request.header.get("oneway") is True, "NO_PERMISSION", remark)
             except protocol.ProtocolError as e:
                 self.malformed += 1
                 self._reply(client, protocol.error_reply(protocol.opaque_of(rest), "SYSTEM_ERROR", str(e)))
 
-    def _route(self, client: bytes, request: protocol.Request, frames: list[bytes]) -> None:
+    def _route(self, client: bytes, request: protocol.Request, frames: list[bytes], source: zmq.Frame) -> None:
         """The router core (actors.router) says where the request goes, its fields checked at the
-        edge: from here on an exception is the node's bug, and stops this process."""
+        edge: from here on an exception is the node's bug, and stops this process. `source`: the
+        request's first frame (which connection it came on, for a heartbeat)."""
         if request.code == self.bug_code:
             raise InjectedBug(f"request code {request.code} (MQNODE_INJECT_BUG)")
         route = self.router.route(request)
@@ -291,7 +298,7 @@ class Front(Actor):
         elif route.to is To.CLEAN:
             self._forward(self.cleans, client, request, frames, "the clean service is not running; try again")
         elif route.to is To.GROUPS:
-            self.members.serve(client, request.header)
+            self.members.serve(client, request.header, source)
         elif route.to is To.REPLY:
             self._send_reply(client, request, frames)
         elif route.to is To.HA:

@@ -7,8 +7,17 @@ GET_CONSUMER_RUNNING_INFO and CONSUME_MESSAGE_DIRECTLY (actors.client_asks), who
 hands to the admin that asked. A direct consumption's message is read first, by the read service
 as a VIEW_MESSAGE_BY_ID whose reply comes back to a pseudo-client of the ask (`ASK_CLIENT`).
 
+A client whose connection closes leaves its groups then, as a RocketMQ broker drops a client
+whose channel closes: a consumer killed -9 gives its queues up at once, not after
+`clientChannelExpiredTimeout`. ZeroMQ hides connections, so this is done with two facts it does
+give: each received message's SRCFD (the fd of the connection it came on: a heartbeat's is the
+member's) and the ROUTER's monitor events (ACCEPTED, DISCONNECTED: an fd). The events are read
+before any heartbeat is taken (an fd is closed only after its DISCONNECTED is queued, so a new
+connection on a reused fd is never mistaken for the old), and a heartbeat still queued from a
+connection that has closed since is not taken for a member.
+
 Part of the front's shell: it sends on the front's client ROUTER, which the front owns and gives
-it, and is called from the front's loop only.
+it with the ROUTER's monitor, and is called from the front's loop only.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from collections.abc import Callable
 
 import orjson
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from actors import consumers, replies
 from actors.base import incoming
@@ -26,16 +36,22 @@ from actors.client_asks import DEFAULT_TIMEOUT_MS, ClientAsks
 from actors.consumers import ConsumerGroups
 from actors.producers import ProducerGroups
 from node import protocol
-from node.frames import NOBLOCK, send_frames
+from node.frames import NOBLOCK, connection_of, send_frames
 from shm.control_block import monotonic_ms
 
 MAX_CHECKS_TAKEN = 4096  # the transaction service's checks sent in one turn
+MAX_EVENTS_TAKEN = 4096  # connection events read in one look
+MAX_CLOSED = 65_536  # closed connections remembered until their fd is reused (fds are fewer: a bound)
 ASK_CLIENT = b"\x00mqnode-ask-"  # + an ask's id: where its message's read is answered (no peer's id is this long)
 
 
 class FrontGroups:
-    def __init__(self, settings, clients: zmq.Socket, store_host: str, read: Callable[[bytes, dict], None]):
+    def __init__(self, settings, clients: zmq.Socket, connection_events: zmq.Socket | None, store_host: str,
+                 read: Callable[[bytes, dict], None]):
         self.clients = clients
+        self.connection_events = connection_events  # the ROUTER's monitor (None: not watched)
+        self.closed: set[int] = set()  # fds whose connection closed and that no new one has taken since
+        self.stale_heartbeats = 0
         self.read = read  # the front's: a read request to the read service, its reply to the pseudo-client given
         self.consumers = ConsumerGroups(settings.clientChannelExpiredTimeout, settings.rebalanceLockMaxLiveTime)
         self.producers = ProducerGroups(settings.clientChannelExpiredTimeout)
@@ -45,8 +61,9 @@ class FrontGroups:
         self.checks_sent = self.checks_unsent = self.unsent = 0
         self.next_look = time.monotonic() + 1.0
 
-    def serve(self, client: bytes, header: dict) -> None:
-        """A group request (its fields checked at the edge), answered to `client`."""
+    def serve(self, client: bytes, header: dict, source: zmq.Frame | None = None) -> None:
+        """A group request (its fields checked at the edge), answered to `client`; `source`, its
+        first frame (the connection a heartbeat came on)."""
         code = header["code"]
         if code == protocol.CLIENT_ANSWER:
             return self._answered(client, header)
@@ -58,13 +75,36 @@ class FrontGroups:
         if code == protocol.GET_PRODUCER_CONNECTION_LIST:
             connections = self.producers.connections(header["producerGroup"], now)  # ([]: none connected now)
             return self._send(client, protocol.reply_header(header.get("opaque"), "OK", connectionSet=connections))
-        reply, changed = consumers.answer(self.consumers, header, client, now)
+        connection = -1
+        if code == protocol.HEART_BEAT:
+            self.follow_connections()  # (first: the fd may be a new connection's, its old one closed)
+            connection = connection_of(source)
+            if connection in self.closed:  # (sent before its connection closed: no member is there)
+                self.stale_heartbeats += 1
+                return
+        reply, changed = consumers.answer(self.consumers, header, client, now, connection)
         if reply.get("status") == "OK" and code == protocol.HEART_BEAT and header.get("producerDataSet"):
-            self.producers.heartbeat(header["clientID"], client, header["producerDataSet"], now)
+            self.producers.heartbeat(header["clientID"], client, header["producerDataSet"], now, connection)
         if code == protocol.UNREGISTER_CLIENT and isinstance(header.get("producerGroup"), str):
             self.producers.unregister(header["clientID"], header["producerGroup"])
         self._send(client, reply)
         self.notify(changed)
+
+    def follow_connections(self) -> None:
+        """The client connections opened and closed since the last look: the consumers and
+        producers that heartbeated on a closed one leave their groups (the groups are told)."""
+        if self.connection_events is None:
+            return
+        for frames in incoming(self.connection_events, MAX_EVENTS_TAKEN):
+            event = parse_monitor_message(frames)
+            fd = event["value"]
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self.closed.discard(fd)
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                if len(self.closed) < MAX_CLOSED:
+                    self.closed.add(fd)
+                self.notify(self.consumers.disconnected(fd))
+                self.producers.disconnected(fd)
 
     def topic_changed(self, topic: str) -> None:
         """A topic's queues changed (`admin topic update|delete`): its subscribers rebalance."""
@@ -218,7 +258,7 @@ class FrontGroups:
             self.unsent += 1  # the client is gone or not reading: its reply is dropped
 
     def statistics(self) -> dict:
-        return {"consumerGroups": self.consumers.statistics(),
+        return {"consumerGroups": self.consumers.statistics() | {"staleHeartbeats": self.stale_heartbeats},
                 "producerGroups": self.producers.statistics() | {"checksSent": self.checks_sent,
                                                                  "checksUnsent": self.checks_unsent},
                 "replies": self.reply_stats.statistics(), "consumerAsks": self.asks.statistics()}

@@ -3,9 +3,9 @@ each group, so a transaction's check reaches a producer that can answer it. No s
 the front (its shell) passes `now` (monotonic ms) and sends the checks.
 
 A producer is known by its `clientID` and reached through the routing id of the DEALER it last
-sent HEART_BEAT from with the group in `producerDataSet`. One silent for
-`clientChannelExpiredTimeout` ms is dropped (`expire`); one whose connection is gone is dropped
-when a check finds it unreachable (`gone`). Nothing is persisted: producers heartbeat at start
+sent HEART_BEAT from with the group in `producerDataSet`. One whose connection closes is dropped
+then (`disconnected`, as RocketMQ's channel close), one silent for `clientChannelExpiredTimeout`
+ms (`expire`: a machine cut off), one a check finds unreachable (`gone`). Nothing is persisted: producers heartbeat at start
 and every 30 s, as RocketMQ's do.
 """
 
@@ -17,15 +17,16 @@ MAX_PRODUCERS = 10_000  # over all groups: a heartbeat beyond it adds no produce
 class ProducerGroups:
     def __init__(self, channel_expired_ms: int):
         self.channel_expired_ms = channel_expired_ms
-        self.groups: dict[str, dict[str, tuple[bytes, int]]] = {}  # group -> clientID -> (routing id, last seen)
+        # group -> clientID -> (routing id, last seen, the connection it heartbeated on)
+        self.groups: dict[str, dict[str, tuple[bytes, int, int]]] = {}
         self.turn = 0  # where the next check starts among a group's producers
-        self.expired = self.unreachable = 0
+        self.expired = self.unreachable = self.disconnected_count = 0
 
-    def heartbeat(self, client_id: str, routing_id: bytes, groups: list[dict], now: int) -> None:
+    def heartbeat(self, client_id: str, routing_id: bytes, groups: list[dict], now: int, connection: int = -1) -> None:
         for data in groups:
             members = self.groups.setdefault(data["groupName"], {})
             if client_id in members or self.count() < MAX_PRODUCERS:
-                members[client_id] = (routing_id, now)
+                members[client_id] = (routing_id, now, connection)
 
     def unregister(self, client_id: str, group: str) -> None:
         members = self.groups.get(group)
@@ -36,9 +37,17 @@ class ProducerGroups:
 
     def expire(self, now: int) -> None:
         for group, members in list(self.groups.items()):
-            for client_id, (_, seen) in list(members.items()):
+            for client_id, (_, seen, _) in list(members.items()):
                 if now - seen > self.channel_expired_ms:
                     self.expired += 1
+                    self.unregister(client_id, group)
+
+    def disconnected(self, connection: int) -> None:
+        """The connection (its fd) closed: the producers that heartbeated on it leave."""
+        for group, members in list(self.groups.items()):
+            for client_id, (_, _, on) in list(members.items()):
+                if on == connection:
+                    self.disconnected_count += 1
                     self.unregister(client_id, group)
 
     def connections(self, group: str, now: int) -> list[dict]:
@@ -46,7 +55,7 @@ class ProducerGroups:
         with how long ago it last heartbeated (ms)."""
         members = self.groups.get(group, {})
         return [{"clientId": client_id, "lastHeartbeatMillisAgo": max(0, now - seen)}
-                for client_id, (_, seen) in sorted(members.items())]
+                for client_id, (_, seen, _) in sorted(members.items())]
 
     def routes(self, group: str) -> list[tuple[str, bytes]]:
         """(clientID, routing id) of the group's producers, in turn: each check starts at the next
@@ -56,7 +65,7 @@ class ProducerGroups:
             return []
         self.turn += 1
         at = self.turn % len(members)
-        return [(c, r) for c, (r, _) in members[at:] + members[:at]]
+        return [(c, r) for c, (r, _, _) in members[at:] + members[:at]]
 
     def find(self, client_id: str) -> bytes | None:
         """The routing id a producer `client_id` last sent HEART_BEAT from, in any of its groups
@@ -83,7 +92,7 @@ class ProducerGroups:
 
     def statistics(self) -> dict:
         return {"groups": len(self.groups), "producers": self.count(), "expired": self.expired,
-                "unreachable": self.unreachable}
+                "disconnected": self.disconnected_count, "unreachable": self.unreachable}
 
     def table(self) -> dict[str, list[str]]:
         return {group: sorted(members) for group, members in sorted(self.groups.items())}

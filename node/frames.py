@@ -40,16 +40,26 @@ def recv_frames(sock: zmq.Socket, flags: int = NOBLOCK) -> list[bytes]:
     return parts
 
 
-def recv_frames_from(sock: zmq.Socket, flags: int = NOBLOCK) -> tuple[list[bytes], str | None]:
-    """`recv_frames`, and the address of the peer that sent them (ZeroMQ's `Peer-Address`
-    message property: the client's IP over TCP; None over ipc)."""
-    frame = _recv(sock, flags, False)
-    peer = frame.get("Peer-Address") or None
+def recv_frames_sourced(sock: zmq.Socket, flags: int = NOBLOCK) -> tuple[list[bytes], zmq.Frame]:
+    """`recv_frames`, and the message's first frame, which knows where it came from when asked
+    (`peer_address`, `connection_of`): asking costs, so only those who need it ask."""
+    first = frame = _recv(sock, flags, False)
     parts = [frame.bytes]
     while frame.more:
         frame = _recv(sock, flags, False)
         parts.append(frame.bytes)
-    return parts, peer
+    return parts, first
+
+
+def peer_address(frame: zmq.Frame) -> str | None:
+    """ZeroMQ's `Peer-Address` message property: the client's IP over TCP; None over ipc."""
+    return frame.get("Peer-Address") or None
+
+
+def connection_of(frame: zmq.Frame | None) -> int:
+    """The file descriptor of the connection a received message came on (ZeroMQ's SRCFD; -1 if
+    unknown), what a socket monitor's events name: a connection's messages, until it closes."""
+    return -1 if frame is None else frame.get(zmq.SRCFD)
 
 
 def recv_frame(sock: zmq.Socket, flags: int = NOBLOCK) -> bytes:

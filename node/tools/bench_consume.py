@@ -153,7 +153,8 @@ async def end_to_end(endpoint: str, rate: int, seconds: float) -> tuple[float, f
 
 def takeover_figures(directory: Path, options: dict[str, str]) -> None:
     """How soon a group's queues are consumed again when a member leaves, on a node whose
-    clientChannelExpiredTimeout is EXPIRE_MS (a killed member is noticed only after it)."""
+    clientChannelExpiredTimeout is EXPIRE_MS (a killed member's closed connection is noticed at
+    once; the timeout is for one cut off, whose connection stays open)."""
     directory.mkdir()
     with bench_node(directory, "ASYNC_FLUSH", None, options | {"clientChannelExpiredTimeout": str(EXPIRE_MS)}) as node:
         from node.client import Producer

@@ -205,7 +205,8 @@ def test_three_members_consume_30k_losing_none_through_a_stop_a_kill_and_a_join(
         members[0].stop()  # leaves cleanly: unregisters, commits
         wait_for_members(node, group, ["m1", "m2"], 8)
         produce(node, topic, 10_000, 10_000)
-        members[1].kill()  # kill -9: dropped after clientChannelExpiredTimeout
+        members[1].kill()  # kill -9: dropped as its connection closes (not after clientChannelExpiredTimeout)
+        wait_for_members(node, group, ["m2"], 8, timeout=EXPIRE_MS / 1000 / 2)
         members.append(Member(node, group, topic, "m3", "--from", "first"))
         everyone.append(members[-1])
         wait_for_members(node, group, ["m2", "m3"], 8, timeout=EXPIRE_MS / 1000 + 30)

@@ -217,3 +217,26 @@ def test_a_listeners_success_is_either_kinds_and_anything_else_a_failure_said_on
         said = [r.getMessage() for r in caplog.records]
         assert said == [f"a listener returned {odd!r}, not {success} or {failure}: taken as {failure}"
                         for odd in (None, "consume_success", 0)], said
+
+
+def test_the_members_of_a_closed_connection_leave_at_once_and_its_locks_are_freed():
+    groups = ConsumerGroups(120_000, 60_000)
+    data = [{"groupName": g, "subscriptionDataSet": [{"topic": "T"}]} for g in ("g", "h")]
+    groups.heartbeat("a", b"a", data, 0, connection=7)  # (one client, two groups, on fd 7)
+    groups.heartbeat("b", b"b", data[:1], 0, connection=8)
+    groups.lock("g", "a", [("T", 0)], 0)
+    assert groups.disconnected(9) == set() and groups.client_ids("g") == ["a", "b"]
+    assert groups.disconnected(7) == {"g", "h"}
+    assert groups.client_ids("g") == ["b"] and "h" not in groups.groups and groups.held_locks("g", 1) == {}
+    assert groups.statistics()["disconnected"] == 2
+
+
+def test_a_producer_of_a_closed_connection_leaves_every_group():
+    from actors.producers import ProducerGroups
+
+    producers = ProducerGroups(120_000)
+    producers.heartbeat("p", b"p", [{"groupName": "tx"}, {"groupName": "ty"}], 0, connection=5)
+    producers.heartbeat("q", b"q", [{"groupName": "tx"}], 0, connection=6)
+    producers.disconnected(5)
+    assert producers.table() == {"tx": ["q"]} and producers.find("p") is None
+    assert producers.statistics()["disconnected"] == 2

@@ -23,6 +23,7 @@ import dataclasses
 import orjson
 
 from node import protocol
+from shm.settings import FIELDS
 from shm.settings_rules import BROKER_PERMISSIONS
 
 PERM_READ, PERM_WRITE = 4, 2
@@ -110,6 +111,9 @@ def parse_properties(body: bytes | None) -> dict[str, int]:
         if cut < 0:
             raise Refused(f"{line[:40]!r} is not key=value")
         key, value = line[:cut].strip(), line[cut + 1:].strip()
+        if key not in FIELDS:  # (a misspelt name: restarting would not help)
+            raise Refused(f"{key[:40]} is no setting of the node (conf/broker.toml lists them; only "
+                          f"{', '.join(RUNTIME)} changes while it runs)")
         if key not in RUNTIME:
             raise Refused(f"{key[:40]} does not change while the node runs (only {', '.join(RUNTIME)} does): "
                           f"set it in the node's settings and restart it")

@@ -95,4 +95,6 @@ def test_the_config_shows_every_setting_and_no_secret(tmp_path, settings):
 def test_properties_text_as_java_writes_it():
     assert parse_properties(b"! comment\nbrokerPermission:2\r\n") == {"brokerPermission": 2}
     with pytest.raises(Refused, match="restart"):
-        parse_properties(b"listenPort=1")
+        parse_properties(b"flushDiskType=SYNC_FLUSH")
+    with pytest.raises(Refused, match="brokerPermision is no setting of the node"):  # (misspelt: no restart helps)
+        parse_properties(b"brokerPermision=4")

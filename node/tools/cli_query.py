@@ -11,6 +11,7 @@ import sys
 
 import orjson
 
+from node.tools import cli_values as values
 from shm.settings import SettingsError
 
 
@@ -26,12 +27,12 @@ def add_parser(commands, add_credentials, default_endpoint: str) -> None:
     which.add_argument("--key", help="every message with this key (a KEYS entry or its msgId)")
     which.add_argument("--msg-id", help="the message with this id: an offsetMsgId, read straight from the "
                                         "CommitLog, or (with --topic) a msgId")
-    which.add_argument("--queue-offset", type=int, metavar="N", help="the message at offset N of --queue-id's queue")
-    query.add_argument("--queue-id", type=int, help="with --queue-offset: the queue")
+    which.add_argument("--queue-offset", type=values.COUNT, metavar="N", help="the message at offset N of --queue-id's queue")
+    query.add_argument("--queue-id", type=values.COUNT, help="with --queue-offset: the queue")
     query.add_argument("--broker", help="with --queue-offset in a cluster: the broker group whose queue it is")
-    query.add_argument("--begin", type=int, default=0, help="store time from (ms)")
-    query.add_argument("--end", type=int, default=2**62, help="store time to (ms)")
-    query.add_argument("--max", type=int, default=32)
+    query.add_argument("--begin", type=values.COUNT, default=0, help="store time from (ms)")
+    query.add_argument("--end", type=values.COUNT, default=2**62, help="store time to (ms)")
+    query.add_argument("--max", type=values.MOST, default=32, help="the most messages to show (default 32)")
     query.add_argument("--group", help="with --msg-id and --client-id: a consumer group; the message goes to that "
                                        "member's listener now (consumeMessageDirectly), nothing committed or handed back")
     query.add_argument("--client-id", help="with --group: the member (admin consumer-status lists them)")

@@ -24,6 +24,7 @@ def _at_least(least: int | float, kind=int, *, above: bool = False):
 
 # a count; seconds without a message (0: stop when none is waiting); a client's wait for a reply; threads
 COUNT, SECONDS, TIMEOUT, THREADS = _at_least(0), _at_least(0.0, float), _at_least(0.0, float, above=True), _at_least(1)
+MOST = THREADS  # the most of something to find: 1 or more
 
 
 def boolean(text: str) -> bool:

@@ -22,6 +22,9 @@ E = ["--endpoint", "tcp://127.0.0.1:1"]
     ["admin", "stats", *E, "--timeout", "-1"],
     ["produce", *E, "--topic", "T", "--timeout", "0"],  # (a client's wait: Producer(timeout=0) is a ValueError)
     ["dump", "--count", "-2"],
+    ["query", *E, "--topic", "T", "--key", "k", "--max", "0"],  # (the node's SYSTEM_ERROR, before)
+    ["query", *E, "--topic", "T", "--queue-id", "1", "--queue-offset", "-1"],
+    ["query", *E, "--topic", "T", "--queue-id", "-1", "--queue-offset", "0"],
 ])
 def test_a_number_below_its_least_is_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as e:

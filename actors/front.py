@@ -82,6 +82,18 @@ SHIP_BYTES = 1 << 20  # a turn's sends go out in ring messages of about this siz
 FRAMES_OVERHEAD = 16  # join_frames' length prefixes of a send's four frames
 
 
+def watch_connections(context: zmq.Context, clients: zmq.Socket) -> zmq.Socket:
+    """A PAIR that receives the `clients` ROUTER's connections' opening and closing (its monitor:
+    a member's closing drops it from its groups, actors.front_groups). Unbounded: ZeroMQ's I/O
+    thread sends monitor events blocking, so a bounded queue the front had not yet read would
+    stall every connection of the process while a storm of clients came or went."""
+    address = f"inproc://front-connections-{clients.underlying:x}"
+    clients.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+    events = socket(context, zmq.PAIR, hwm=0)
+    events.connect(address)
+    return events
+
+
 class Front(Actor):
     name = "front"
 
@@ -112,9 +124,7 @@ class Front(Actor):
         # a frame for a client whose connection is gone raises (EHOSTUNREACH) instead of vanishing:
         # a transaction's check then goes to the group's next producer
         self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # its connections' opening and closing (before it binds: it sees every one): a member's
-        # closing drops it from its groups (actors.front_groups)
-        self.connection_events = self.clients.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self.connection_events = watch_connections(self.context, self.clients)  # (before it binds: every one)
         self.curve = guard.secure_clients(self.clients, s, self.context)  # (before it binds)
         protocol.ipv6_ready(self.clients, s.listen)
         self.clients.bind(s.listen)

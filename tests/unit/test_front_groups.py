@@ -10,6 +10,7 @@ import orjson
 import pytest
 import zmq
 
+from actors.front import watch_connections
 from actors.front_groups import FrontGroups
 from node import protocol
 from node.frames import recv_frames_sourced
@@ -20,7 +21,7 @@ def front():
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    events = router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+    events = watch_connections(context, router)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     settings = SimpleNamespace(clientChannelExpiredTimeout=120_000, rebalanceLockMaxLiveTime=60_000)
     groups = FrontGroups(settings, router, events, "127.0.0.1:1", read=lambda *a: None)
@@ -88,6 +89,29 @@ def test_a_closed_connections_consumers_and_producers_leave_and_the_group_is_tol
     beat(c, "c")
     serve_one(front)
     assert front.groups.consumers.client_ids("g") == ["b", "c"]
+
+
+def test_a_storm_of_connections_does_not_stall_the_router_while_their_events_wait_unread(front):
+    context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, 4000)
+    port = front.router.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1]
+    try:
+        opened = []
+        for _ in range(2500):  # (a monitor's default queue holds 1,000: ZeroMQ's I/O thread then blocks)
+            d = context.socket(zmq.DEALER)
+            d.setsockopt(zmq.LINGER, 0)
+            d.connect(f"tcp://127.0.0.1:{port}")
+            opened.append(d)
+            if len(opened) > 200:  # (each connected a while: accepted, then closed)
+                opened.pop(0).close()
+        for d in opened:
+            d.close()
+        time.sleep(1)
+        late = front.dealer()
+        late.send(b"{}")
+        assert front.router.poll(5000)
+    finally:
+        context.term()
 
 
 def test_a_heartbeat_sent_before_its_connection_closed_makes_no_member(front):

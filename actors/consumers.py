@@ -9,9 +9,9 @@ connection closes (the process ended, killed or not: the kernel closes its socke
 then (`disconnected`, as RocketMQ's broker drops a member when its channel closes), so its
 queues move at once; a member silent for `clientChannelExpiredTimeout` ms (a machine cut off, a
 process hung) is dropped then (`expire`). Nothing here is persisted: a
-restarted front learns its groups again from the members' next heartbeats (every 30 s by
-default), as a restarted RocketMQ broker does; until then a member sees an empty list and keeps
-its queues.
+restarted front learns its groups again from the members' next heartbeats (mqnode's at once, as
+their connection comes back; RocketMQ's every 30 s), as a restarted RocketMQ broker does; until
+then a member sees an empty list and keeps its queues.
 
 Locks (LOCK_BATCH_MQ / UNLOCK_BATCH_MQ): per group, a queue (topic, queueId) is held by one
 client; a lock its holder does not renew within `rebalanceLockMaxLiveTime` ms expires, and a

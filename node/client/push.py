@@ -81,6 +81,7 @@ __all__ = ["AsyncPushConsumer", "PushConsumer", "PushOptions", "ProcessQueue", "
 
 log = logging.getLogger("mqnode.push")
 OUT_OF_REACH = ("TIMEOUT", "CLOSED")  # a node restarting or gone: not a refusal to tell of
+REJOIN_TRIES = 24  # heartbeats after a dropped connection, 0.1 s apart doubling to 2 s: ~40 s, then the interval's
 
 
 class AsyncPushConsumer(Orderly, Concurrently, Asked):
@@ -106,6 +107,7 @@ class AsyncPushConsumer(Orderly, Concurrently, Asked):
         self.pull: AsyncPullConsumer | None = None
         self.pool: ThreadPoolExecutor | None = None
         self.background: list[asyncio.Task] = []
+        self.rejoining: asyncio.Task | None = None  # heartbeats after the connection dropped (`_on_lost`)
         self.rebalance_wanted: asyncio.Event | None = None  # (made on the consumer's loop, in start)
         self.running = False
         self.stopping = False  # (from shutdown's first step: a listener may watch it, node.tools.cli_groups)
@@ -144,6 +146,7 @@ class AsyncPushConsumer(Orderly, Concurrently, Asked):
         await self.pull.start()
         self.pull.client.on_notice = self._on_notice
         self.pull.client.on_request = self._on_node_request  # (node.client.push_asked)
+        self.pull.client.lost_listeners.append(self._on_lost)
         self.pool = ThreadPoolExecutor(self.options.consume_thread_max, thread_name_prefix=f"mqnode-consume-{self.group}")
         self.rebalance_wanted = asyncio.Event()
         self.running, self.stopping = True, False
@@ -220,7 +223,22 @@ class AsyncPushConsumer(Orderly, Concurrently, Asked):
             self.errors_told.add(key)
             log.warning("%s", line)
 
-    async def _heartbeat(self) -> None:
+    def _on_lost(self) -> None:
+        """The connection dropped: the node dropped this member with it (or its front restarted,
+        forgetting every member), so heartbeat as soon as it answers again (ZeroMQ reconnects by
+        itself), not at the next interval: until then the group would go on without it."""
+        if self.running and (self.rejoining is None or self.rejoining.done()):
+            self.rejoining = asyncio.ensure_future(self._rejoin())
+            self.background = [t for t in self.background if not t.done()] + [self.rejoining]  # (shutdown cancels)
+
+    async def _rejoin(self) -> None:
+        for attempt in range(REJOIN_TRIES):
+            if not self.running or await self._heartbeat():
+                return
+            await asyncio.sleep(min(0.1 * 2 ** attempt, 2.0))
+
+    async def _heartbeat(self) -> bool:
+        """HEART_BEAT with the group's data; whether the node took it."""
         data = {"groupName": self.group, "consumeType": "CONSUME_PASSIVELY", "messageModel": self.options.message_model,
                 "consumeFromWhere": FROM_WHERE[self.options.consume_from_where.removeprefix("CONSUME_FROM_")],
                 "subscriptionDataSet": [self._subscription_data(t, e) for t, e in sorted(self.subscriptions.items())],
@@ -231,9 +249,11 @@ class AsyncPushConsumer(Orderly, Concurrently, Asked):
             expires_ms = reply.get("clientChannelExpiredTimeout")
             if expires_ms:  # beat at least three times within it
                 self.heartbeat_s = min(self.options.heartbeat_interval, expires_ms / 3000)
+            return True
         except SendError as e:  # tried again at the next interval; the node keeps us until clientChannelExpiredTimeout
             if e.status not in OUT_OF_REACH:
                 self._tell("heartbeats", e, f"heartbeats of group {self.group} are refused: {e}")
+            return False
 
     async def _rebalancer(self) -> None:
         while self.running:

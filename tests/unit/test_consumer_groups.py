@@ -240,3 +240,33 @@ def test_a_producer_of_a_closed_connection_leaves_every_group():
     producers.disconnected(5)
     assert producers.table() == {"tx": ["q"]} and producers.find("p") is None
     assert producers.statistics()["disconnected"] == 2
+
+
+def test_a_push_consumer_whose_connection_dropped_heartbeats_until_the_node_answers():
+    """The node drops a member with its connection (and a restarted front knows no member): the
+    member heartbeats again at once, until one is taken, not at its next interval (30 s)."""
+    import asyncio
+
+    from node.client.producer import SendError
+    from node.client.push import AsyncPushConsumer
+
+    async def main() -> list[str]:
+        consumer = AsyncPushConsumer("tcp://127.0.0.1:1", "g")
+        consumer.running = True
+        asked = []
+
+        async def ask(header: dict) -> dict:
+            asked.append(header["code"])
+            if len(asked) < 3:  # (the node not back yet)
+                raise SendError("TIMEOUT", "no reply")
+            return {"status": "OK"}
+
+        consumer._ask = ask
+        consumer._on_lost()
+        consumer._on_lost()  # (one rejoin at a time)
+        await asyncio.wait_for(consumer.rejoining, 5)
+        consumer.running = False
+        consumer._on_lost()  # (a consumer shut down does not)
+        return asked
+
+    assert asyncio.run(main()) == [34, 34, 34]

@@ -61,7 +61,7 @@ from actors.schedule import REPUT_CLIENT
 from actors.transaction import TRANSACTION_CLIENT
 from actors.wire import SERVICE_SEND, join_frames, read_meta, read_size, read_to_wire, send_meta, unpack_replies
 from actors import edge, guard, replies
-from actors.front_groups import ASK_CLIENT, FrontGroups
+from actors.front_groups import ASK_CLIENT, FrontGroups, watch_connections
 from actors.host_tuning import NO_REQUEST, CpuLatencyRequest, ProcessPinner
 from actors.offsets import ConsumerOffsets, SubscriptionGroups
 from actors.runtime_info import NodeStatistics
@@ -80,18 +80,6 @@ READS_WAITING = 10000
 WORKER_SILENT_MS = 1000  # a pull worker whose heartbeat is older is not sent reads while another beats
 SHIP_BYTES = 1 << 20  # a turn's sends go out in ring messages of about this size at most
 FRAMES_OVERHEAD = 16  # join_frames' length prefixes of a send's four frames
-
-
-def watch_connections(context: zmq.Context, clients: zmq.Socket) -> zmq.Socket:
-    """A PAIR that receives the `clients` ROUTER's connections' opening and closing (its monitor:
-    a member's closing drops it from its groups, actors.front_groups). Unbounded: ZeroMQ's I/O
-    thread sends monitor events blocking, so a bounded queue the front had not yet read would
-    stall every connection of the process while a storm of clients came or went."""
-    address = f"inproc://front-connections-{clients.underlying:x}"
-    clients.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-    events = socket(context, zmq.PAIR, hwm=0)
-    events.connect(address)
-    return events
 
 
 class Front(Actor):
@@ -287,7 +275,8 @@ class Front(Actor):
                 self.malformed += 1
                 self._reply(client, protocol.error_reply(protocol.opaque_of(rest), "SYSTEM_ERROR", str(e)))
 
-    def _route(self, client: bytes, request: protocol.Request, frames: list[bytes], source: zmq.Frame) -> None:
+    def _route(self, client: bytes, request: protocol.Request, frames: list[bytes],
+               source: zmq.Frame | None = None) -> None:
         """The router core (actors.router) says where the request goes, its fields checked at the
         edge: from here on an exception is the node's bug, and stops this process. `source`: the
         request's first frame (which connection it came on, for a heartbeat)."""

@@ -31,7 +31,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from actors import consumers, replies
-from actors.base import incoming
+from actors.base import incoming, socket
 from actors.client_asks import DEFAULT_TIMEOUT_MS, ClientAsks
 from actors.consumers import ConsumerGroups
 from actors.producers import ProducerGroups
@@ -43,6 +43,18 @@ MAX_CHECKS_TAKEN = 4096  # the transaction service's checks sent in one turn
 MAX_EVENTS_TAKEN = 4096  # connection events read in one look
 MAX_CLOSED = 65_536  # closed connections remembered until their fd is reused (fds are fewer: a bound)
 ASK_CLIENT = b"\x00mqnode-ask-"  # + an ask's id: where its message's read is answered (no peer's id is this long)
+
+
+def watch_connections(context: zmq.Context, clients: zmq.Socket) -> zmq.Socket:
+    """A PAIR that receives the `clients` ROUTER's connections' opening and closing (its monitor:
+    a member's closing drops it from its groups). Unbounded: ZeroMQ's I/O
+    thread sends monitor events blocking, so a bounded queue the front had not yet read would
+    stall every connection of the process while a storm of clients came or went."""
+    address = f"inproc://front-connections-{clients.underlying:x}"
+    clients.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+    events = socket(context, zmq.PAIR, hwm=0)
+    events.connect(address)
+    return events
 
 
 class FrontGroups:

@@ -10,8 +10,7 @@ import orjson
 import pytest
 import zmq
 
-from actors.front import watch_connections
-from actors.front_groups import FrontGroups
+from actors.front_groups import FrontGroups, watch_connections
 from node import protocol
 from node.frames import recv_frames_sourced
 

@@ -232,7 +232,9 @@ def test_presets_resolve_and_flags_override_them():
 
 @pytest.mark.parametrize("flags", [["--producers", "0"], ["--chaos", "--endpoint", "tcp://127.0.0.1:1"],
                                    ["--verify", "--consumers", "0"], ["--size", "8"], ["--count", "0"],
-                                   ["--pop", "--invisible-ms", "10"]])
+                                   ["--pop", "--invisible-ms", "10"], ["--interval", "0"], ["--send-timeout", "0"],
+                                   ["--drain-timeout", "-1"], ["--linger-ms", "-1"], ["--chaos-interval", "5,1"],
+                                   ["--chaos-interval", "x"], ["--chaos-interval", "0,1"]])
 def test_bad_flags_exit_2_before_starting_anything(flags, capsys):
     assert main(flags) == 2
     assert "loadtest:" in capsys.readouterr().out

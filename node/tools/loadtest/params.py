@@ -78,6 +78,17 @@ class RunParams:
             problems.append("--chaos restarts what it kills, so it needs a node the run starts (no --endpoint)")
         if not 1000 <= self.invisible_ms <= 600_000:
             problems.append("--invisible-ms must be 1000..600000")
+        if not 0.05 <= self.interval <= 60:  # (0: each worker reported in a busy loop and never finished)
+            problems.append("--interval must be 0.05..60 seconds")
+        if not self.send_timeout > 0:  # (0: every worker's client refused it, and the worker died)
+            problems.append("--send-timeout must be > 0")
+        if not self.drain_timeout >= 0:
+            problems.append("--drain-timeout must be >= 0")
+        if not self.linger_ms >= 0:
+            problems.append("--linger-ms must be >= 0")
+        low, high = self.chaos_interval
+        if not 0 < low <= high:
+            problems.append("--chaos-interval MIN,MAX needs 0 < MIN <= MAX")
         if self.verify and self.consumers < 1:
             problems.append("--verify needs consumers (--consumers >= 1)")
         try:

@@ -102,7 +102,10 @@ def resolve(args: argparse.Namespace) -> RunParams:
             values[f.name] = given
     if isinstance(values.get("chaos_interval"), str):
         low, _, high = values["chaos_interval"].partition(",")
-        values["chaos_interval"] = (float(low), float(high or low))
+        try:
+            values["chaos_interval"] = (float(low), float(high or low))
+        except ValueError:
+            raise ValueError(f"--chaos-interval {values['chaos_interval']!r}: expected MIN,MAX seconds, e.g. 2,5") from None
     params = RunParams(**values).bounded()
     params.validate()
     return params

@@ -86,6 +86,10 @@ class SegmentPartition(InputPartition):
     segment: Segment
 
 
+NODE_READ_OPTIONS = ("endpoint", "namesrv", "startingOffsets", "endingOffsets", "subscription", "expressionType",
+                     "minPartitions", "failOnDataLoss", "pullBatchSize", "maxOffsetsPerTrigger")
+
+
 @dataclass(frozen=True)
 class OfflineOptions:
     store: str
@@ -97,7 +101,13 @@ class OfflineOptions:
 
     @classmethod
     def parse(cls, options: dict) -> OfflineOptions:
-        get = {str(k).lower(): v for k, v in options.items()}.get
+        given = {str(k).lower(): v for k, v in options.items()}
+        get = given.get
+        for name in NODE_READ_OPTIONS:  # (they were ignored: a "count" from offset 5 counted every message)
+            if name.lower() in given:
+                raise PipelineError(f"option `{name}` is for reads from a node (endpoint, namesrv); a store "
+                                    f"directory is read by topic and startingTimestamp / endingTimestamp, or a "
+                                    f"DataFrame filter (queueId, queueOffset, tags)")
         topics = frozenset(t.strip() for t in (get("topics") or get("topic") or "").split(",") if t.strip())
         mode = (get("mode") or "PERMISSIVE").upper()
         if mode not in ("PERMISSIVE", "FAILFAST"):

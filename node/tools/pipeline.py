@@ -58,6 +58,11 @@ CREDENTIAL_OPTIONS = {"--access-key": "accessKey", "--secret-key": "secretKey", 
 
 def _source_options(args) -> dict[str, str]:
     if getattr(args, "store", None):  # a store directory, read without a node
+        node_only = [flag for flag, name in (("--starting-offsets", "startingOffsets"), ("--ending-offsets", "endingOffsets"),
+                                             ("--subscription", "subscription")) if getattr(args, name, None) is not None]
+        if node_only:
+            raise SystemExit(f"pipeline: {', '.join(node_only)} read from a node (--endpoint); a store directory is "
+                             f"read by --topic and --starting-timestamp / --ending-timestamp")
         options = _store_options(args) | ({"topic": args.topic} if args.topic else {})
     else:
         options = {"endpoint": args.endpoint, "topic": args.topic} | _credential_options(args)
@@ -98,6 +103,7 @@ def cmd_count(args) -> int:
 
     if args.endpoint and not args.topic:
         raise SystemExit("pipeline count: --topic is required with --endpoint")
+    options = None if args.archive else _source_options(args)  # (its refusals before Spark starts)
     spark = spark_session(args.master, "mqnode-count")
     try:
         if args.archive:
@@ -105,7 +111,7 @@ def cmd_count(args) -> int:
             if args.topic:
                 frame = frame.where(F.col("topic").isin([t.strip() for t in args.topic.split(",")]))
         else:
-            frame = spark.read.format("mqnode").options(**_source_options(args)).load()
+            frame = spark.read.format("mqnode").options(**options).load()
         for line in counts(frame):
             sys.stdout.write(orjson.dumps(line).decode() + "\n")
     finally:

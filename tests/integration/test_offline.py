@@ -50,6 +50,13 @@ def test_topic_and_time_filters_and_the_count_commands_lines(spark):
     lines = counts(spark.read.format("mqnode").options(**_source_options(args)).load())
     assert sum(line["count"] for line in lines if line["topic"] == "TopicB") == topic_b.count()
     assert sum(line["count"] for line in lines) == 623
+    with pytest.raises(SystemExit, match="--starting-offsets, --subscription read from a node"):
+        _source_options(build_parser().parse_args(["count", "--store", str(GOLDEN_STORE), "--starting-offsets",
+                                                   "earliest", "--subscription", "TagA"]))
+    for option, value in (("startingOffsets", '{"TopicB": {"0": 5}}'), ("subscription", "TagA"),
+                          ("endpoint", "tcp://127.0.0.1:1")):  # (ignored: every message was read)
+        with pytest.raises(Exception, match=f"option `{option}` is for reads from a node"):
+            spark.read.format("mqnode").option("store", str(GOLDEN_STORE)).option(option, value).load().count()
 
 
 def _damaged_copy(tmp_path):

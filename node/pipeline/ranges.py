@@ -73,10 +73,10 @@ class Options:
             starting=get("startingoffsets") or ("latest" if streaming else "earliest"),
             ending=get("endingoffsets") or "latest",
             starting_timestamp=_int_option(get, "startingTimestamp"), ending_timestamp=_int_option(get, "endingTimestamp"),
-            min_partitions=_int_option(get, "minPartitions") or 0,
-            max_offsets_per_trigger=_int_option(get, "maxOffsetsPerTrigger"),
+            min_partitions=_positive_option(get, "minPartitions") or 0,
+            max_offsets_per_trigger=_positive_option(get, "maxOffsetsPerTrigger"),
             fail_on_data_loss=_bool_option(get, "failOnDataLoss", True),
-            timeout=float(get("timeout") or DEFAULT_TIMEOUT_S), credentials=credentials_option(get),
+            timeout=timeout_option(get), credentials=credentials_option(get),
             pull_batch_size=_pull_batch_size(get), namesrv=namesrv or None)
 
 
@@ -116,6 +116,29 @@ def _int_option(get, name: str) -> int | None:
         return int(value)
     except ValueError:
         raise PipelineError(f"option `{name}` must be an integer, not {value!r}") from None
+
+
+def _positive_option(get, name: str) -> int | None:
+    """An integer option that must be above 0 when given (as Kafka's connector checks
+    minPartitions; a maxOffsetsPerTrigger of 0 or less read nothing, or everything)."""
+    value = _int_option(get, name)
+    if value is not None and value < 1:
+        raise PipelineError(f"option `{name}` must be a positive integer, not {value}")
+    return value
+
+
+def timeout_option(get) -> float:
+    """Option `timeout` (seconds a node may take to answer; DEFAULT_TIMEOUT_S when not given)."""
+    value = get("timeout")
+    if value is None or value == "":
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0:
+        raise PipelineError(f"option `timeout` must be a number of seconds above 0, not {value!r}")
+    return seconds
 
 
 def _bool_option(get, name: str, default: bool) -> bool:

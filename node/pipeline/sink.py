@@ -12,7 +12,7 @@ from collections import defaultdict
 import pyarrow as pa
 
 from node.client import Message, Producer, SendError
-from node.pipeline.ranges import DEFAULT_TIMEOUT_S, PipelineError, credentials_option
+from node.pipeline.ranges import PipelineError, credentials_option, timeout_option
 
 BATCH = 128  # rows a batch send
 
@@ -27,7 +27,7 @@ def send_batches(options: dict, batches) -> int:
     if bool(endpoint) == bool(namesrv):
         raise PipelineError("option `endpoint` (one node) or `namesrv` (a cluster's name services) is required, not both")
     sent = 0
-    timeout = float(get("timeout") or DEFAULT_TIMEOUT_S)
+    timeout = timeout_option(get)
     target = {"namesrv": namesrv} if namesrv else {"endpoint": endpoint}
     with Producer(**target, timeout=timeout, credentials=credentials_option(get)) as producer:
         for batch in batches:

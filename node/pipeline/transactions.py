@@ -42,7 +42,7 @@ import orjson
 from node import protocol
 from node.client import AsyncProducer, Message, SendError
 from node.client.consumer import PullConsumer
-from node.pipeline.ranges import DEFAULT_TIMEOUT_S, PipelineError, credentials_option
+from node.pipeline.ranges import PipelineError, credentials_option, timeout_option
 from shm.codec import PROPERTY_CHECK_IMMUNITY, PROPERTY_PRODUCER_GROUP, PROPERTY_TRANSACTION, decode_msg_id
 
 BATCH = 512  # rows a half holds at most (a one-half batch: one end commits them all) ...
@@ -93,7 +93,7 @@ def send_halves(options: dict, group: str, messages) -> bytes:
     TRAN_MSG in the batch's header): (queue offset, CommitLog offset) of each, packed (`pack`).
     A failure rolls back what was sent, then raises."""
     endpoint = _get(options, "endpoint")
-    timeout = float(_get(options, "timeout") or DEFAULT_TIMEOUT_S)
+    timeout = timeout_option(lambda key: _get(options, key))
     immunity = str(int(_get(options, "transactiontimeoutseconds") or 3600))
     extra = {PROPERTY_TRANSACTION: "true", PROPERTY_PRODUCER_GROUP: group, PROPERTY_CHECK_IMMUNITY: immunity}
 
@@ -214,7 +214,7 @@ async def _roll_back_open(producer: AsyncProducer, group: str) -> None:
 
 async def _with_producer(options: dict, work):
     endpoint = _get(options, "endpoint")
-    timeout = float(_get(options, "timeout") or DEFAULT_TIMEOUT_S)
+    timeout = timeout_option(lambda key: _get(options, key))
     async with AsyncProducer(endpoint, timeout=timeout, retries=3,
                              credentials=credentials_option(lambda k: _get(options, k))) as producer:
         return await work(producer)
@@ -321,7 +321,7 @@ async def _marker(producer: AsyncProducer, topic: str, fields: dict, body: bytes
 def _last_commit(options: dict, topic: str) -> tuple[int | None, tuple[int, array.array] | None]:
     """(the last batch done, a whole intent after it not yet done) from the tail of `topic`."""
     endpoint = _get(options, "endpoint")
-    with PullConsumer(endpoint, timeout=float(_get(options, "timeout") or DEFAULT_TIMEOUT_S),
+    with PullConsumer(endpoint, timeout=timeout_option(lambda key: _get(options, key)),
                       credentials=credentials_option(lambda k: _get(options, k))) as consumer:
         try:
             end = consumer.max_offset(topic, 0)

@@ -18,6 +18,7 @@ import time
 import orjson
 
 from node.tools.cli import CREDENTIAL_FLAGS, _add_store_options, _settings_from, add_credentials, add_settings_flags
+from node.tools import cli_values as values
 
 # count and summary read a store's files as they are: of the store's settings only where its
 # CommitLog lives matters to them; they take the same flags as `archive`, `verify` and `dump`
@@ -158,7 +159,7 @@ def cmd_stream_copy(args) -> int:
     try:
         options = _source_options(args)
         options.setdefault("startingOffsets", "earliest")
-        if args.max_offsets_per_trigger:
+        if args.max_offsets_per_trigger is not None:
             options["maxOffsetsPerTrigger"] = str(args.max_offsets_per_trigger)
         spark.readStream.format("mqnode").options(**options).load().createOrReplaceTempView("source")
         copied = spark.sql(args.sql)
@@ -226,9 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--checkpoint", required=True, help="Spark's checkpoint directory: where a restart goes on")
             sub.add_argument("--sql", default="SELECT body, tags FROM source",
                              help="the transform, over the view `source` (the connector's columns)")
-            sub.add_argument("--trigger-ms", type=int, default=1000)
-            sub.add_argument("--max-offsets-per-trigger", type=int)
-            sub.add_argument("--idle-stop", type=float, help="stop after this many seconds with no new rows")
+            sub.add_argument("--trigger-ms", type=values.COUNT, default=1000, help="a micro-batch every N ms (0: at once)")
+            sub.add_argument("--max-offsets-per-trigger", type=values.MOST,  # (0 went uncapped, silently)
+                             help="the most messages a micro-batch reads")
+            sub.add_argument("--idle-stop", type=values.SECONDS, help="stop after this many seconds with no new rows")
     report = commands.add_parser("summary", help="messages, bytes, sizes, latency, skew, top tags and keys: "
                                                  "summary.json, plots and report.html")
     source = report.add_mutually_exclusive_group(required=True)

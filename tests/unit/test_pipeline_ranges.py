@@ -16,7 +16,11 @@ def test_options_follow_kafkas_connector_and_name_what_is_wrong():
                              ({"endpoint": "e", "topic": "A", "startingOffsets": "[1]"}, "startingOffsets"),
                              ({"endpoint": "e", "topic": "A", "endingOffsets": '{"A": {"x": 1}}'}, "endingOffsets"),
                              ({"endpoint": "e", "topic": "A", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
-                             ({"endpoint": "e", "topic": "A", "minPartitions": "many"}, "minPartitions")]:
+                             ({"endpoint": "e", "topic": "A", "minPartitions": "many"}, "minPartitions"),
+                             ({"endpoint": "e", "topic": "A", "minPartitions": "0"}, "minPartitions` must be a positive"),
+                             ({"endpoint": "e", "topic": "A", "maxOffsetsPerTrigger": "-5"}, "maxOffsetsPerTrigger"),
+                             ({"endpoint": "e", "topic": "A", "timeout": "soon"}, "timeout"),
+                             ({"endpoint": "e", "topic": "A", "timeout": "0"}, "timeout")]:
         with pytest.raises(PipelineError, match=message):
             Options.parse(options)
     with pytest.raises(PipelineError, match="endingOffsets"):

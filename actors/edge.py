@@ -219,7 +219,8 @@ CHECKS = {
     protocol.QUERY_CONSUMER_OFFSET: _offsets,
     protocol.UPDATE_CONSUMER_OFFSET: _offsets,
     protocol.GET_CONSUME_STATS: _offsets,
-    protocol.GET_ROUTEINFO_BY_TOPIC: lambda h: None,  # a bad name: MESSAGE_ILLEGAL, as its send would be
+    # a bad name: MESSAGE_ILLEGAL, as its send would be; `create` false: a consumer's ask, which makes no topic
+    protocol.GET_ROUTEINFO_BY_TOPIC: lambda h: bool_problem(h, "create"),
     protocol.GET_ALL_TOPIC_CONFIG: lambda h: None,
     protocol.GET_ALL_CONSUMER_OFFSET: lambda h: None,
     protocol.UPDATE_AND_CREATE_TOPIC: lambda h: (read_topic_problem(h.get("topic"))

@@ -148,6 +148,8 @@ class Front(Actor):
         self.checks_in.bind(self.endpoints["transaction-checks"])
         self.members = FrontGroups(s, self.clients, self.connection_events, "%s:%d" % s.store_address,
                                    read=self._read_for_ask)
+        # a topic a send creates: its subscribers (consumers do not create topics) rebalance at once
+        self.topics.on_auto_create = self.members.topic_changed
         self.reply_topic = protocol.reply_topic(s.brokerClusterName)
         # the schedule service's re-puts in, their answers out: private (the run directory is 0700)
         self.reput_in = socket(self.context, zmq.PULL, hwm=100000)

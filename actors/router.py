@@ -20,7 +20,7 @@ import orjson
 from node import protocol
 from actors import admin, edge
 from actors.broker_config import BrokerConfig
-from actors.topics import PERM_WRITE
+from actors.topics import PERM_WRITE, topic_error
 from shm.codec import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 
 TRANSACTION_TOPICS = frozenset({TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC})
@@ -212,7 +212,14 @@ class Router:
             return protocol.error_reply(request.opaque, e.status, e.remark)
 
     def _route_info(self, request: protocol.Request) -> list[bytes]:
-        config, status, problem = self.topics.resolve(request.header.get("topic"))
+        """A topic's route; an unknown topic is created (as its first send would create it) unless
+        the ask says `create: false`, a consumer's: a consumer's typo made a topic, which then
+        showed in every listing and registered with the name services."""
+        topic = request.header.get("topic")
+        if request.header.get("create") is False and isinstance(topic, str) and self.topics.get(topic) is None \
+                and not topic_error(topic):
+            return protocol.error_reply(request.opaque, "TOPIC_NOT_EXIST", f"topic {topic} does not exist")
+        config, status, problem = self.topics.resolve(topic)
         if config is None:
             return protocol.error_reply(request.opaque, status, problem)
         return _ok(request, topic=config.topicName, writeQueueNums=config.writeQueueNums,

@@ -113,6 +113,7 @@ class TopicTable(config_files.VersionedFile):
         self.topics: dict[str, TopicConfig] = {}
         self.deleted: dict[str, int] = {}  # DELETED_KEY's: topic -> its deletion floor
         self.log_span: Callable[[], tuple[int, int]] = lambda: (0, 0)  # the CommitLog's (min offset, end) now
+        self.on_auto_create: Callable[[str], None] = lambda topic: None  # (the front: its subscribers are told)
         self.load()
         self.floors_told = dict(self.deleted)  # (what the readers read at their start)
 
@@ -139,7 +140,9 @@ class TopicTable(config_files.VersionedFile):
             return None, "MESSAGE_ILLEGAL", problem
         if not self.auto_create:
             return None, "TOPIC_NOT_EXIST", f"topic {topic} does not exist and autoCreateTopicEnable is false"
-        return self.create(topic, self.default_queues), "", ""
+        config = self.create(topic, self.default_queues)
+        self.on_auto_create(topic)
+        return config, "", ""
 
     def create(self, topic: str, queues: int) -> TopicConfig:
         config = self.topics[topic] = TopicConfig(topic, queues, queues)

@@ -199,7 +199,7 @@ class AsyncPullConsumer(PopMethods):
 
     async def read_queues(self, topic: str) -> list[tuple[str | None, int]]:
         """(broker group, queue id) of every queue of `topic` to read; one node's: (None, q)."""
-        count = await self.client.queue_count(topic)
+        count = await self.client.queue_count(topic, create=False)  # (a consumer's typo makes no topic)
         return [(None, q) for q in range(count)]
 
     async def max_offset(self, topic: str, queue_id: int, *, broker: str | None = None) -> int:

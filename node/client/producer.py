@@ -173,10 +173,13 @@ class AsyncProducer(Coalescing):
         if not self.connection.send(frames) and not await self.connection.send_by(frames, deadline):
             raise SendError("SYSTEM_BUSY", NOT_TAKEN + " until the deadline")
 
-    async def queue_count(self, topic: str) -> int:
+    async def queue_count(self, topic: str, *, create: bool = True) -> int:
+        """The topic's queues. `create` false (a consumer's ask): an unknown topic is
+        SendError("TOPIC_NOT_EXIST"), not made (with autoCreateTopicEnable a send makes it)."""
         count = self.routes.get(topic)
         if count is None:
-            reply, _ = await self.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
+            ask = {"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic} | ({} if create else {"create": False})
+            reply, _ = await self.request(ask)
             if reply.get("status") != "OK":
                 raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
             count = self.routes[topic] = reply["writeQueueNums"]

@@ -301,7 +301,8 @@ class AsyncPushConsumer(Orderly, Concurrently, Asked):
     async def _queue_count(self, topic: str) -> int:
         if topic.startswith(RETRY_PREFIX):
             return 1  # a group's retry topic has one queue (the node makes it on the first send-back)
-        reply, _ = await self.pull.client.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
+        reply, _ = await self.pull.client.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic,
+                                                   "create": False})  # (the node tells us when a send makes it)
         if reply.get("status") == "TOPIC_NOT_EXIST":
             return 0
         if reply.get("status") != "OK":

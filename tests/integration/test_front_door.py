@@ -86,6 +86,8 @@ CASES = {
     # defect 1: a topic that is a list or an object
     "route-topic-list": ({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": ["a"]}, None, "MESSAGE_ILLEGAL"),
     "route-topic-object": ({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": {"a": 1}}, None, "MESSAGE_ILLEGAL"),
+    "route-create-string": ({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": "RouteX", "create": "no"}, None,
+                            "SYSTEM_ERROR"),
     "send-topic-list": (SEND | {"topic": ["a"]}, b"x", "MESSAGE_ILLEGAL"),
     "send-topic-object": (SEND | {"topic": {"a": 1}}, b"x", "MESSAGE_ILLEGAL"),
     "batch-topic-list": (BATCH | {"topic": ["a"]}, ONE_BATCH_BODY, "MESSAGE_ILLEGAL"),
@@ -168,6 +170,17 @@ def test_each_malformed_request_gets_its_documented_reply(node, client, name):
     assert reply["code"] == protocol.STATUS_CODES[status], reply  # code and status agree
     assert reply.get("remark") or status == "OK", reply
     good_send(client)
+
+
+def test_a_consumers_route_ask_makes_no_topic_and_a_producers_does(node, client):
+    ask = {"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": "NotYetMade"}
+    reply, _ = client.ask(ask | {"create": False})  # (a consumer's typo made a topic)
+    assert reply["status"] == "TOPIC_NOT_EXIST" and "NotYetMade" in reply["remark"]
+    topics, _ = client.ask({"code": protocol.GET_ALL_TOPIC_CONFIG})
+    assert "NotYetMade" not in str(topics)
+    assert client.ask(ask | {"create": True})[0]["writeQueueNums"] > 0  # (autoCreateTopicEnable: as a send would)
+    assert client.ask(ask | {"create": False})[0]["status"] == "OK"
+    assert client.ask(ask | {"topic": "bad topic!", "create": False})[0]["status"] == "MESSAGE_ILLEGAL"
 
 
 @pytest.mark.parametrize("topic", [["a"], {"a": 1}, LONG, "bad topic!"])

@@ -166,8 +166,9 @@ def _check_offsets_option(name: str, value) -> None:
 class NodeView:
     """What planning asks a node: its queues and their bounds. Sync, for the driver."""
 
-    def __init__(self, options: Options):
+    def __init__(self, options: Options, *, streaming: bool = False):
         self.options = options
+        self.streaming = streaming  # a stream's topic that does not exist yet has no queues yet (Kafka's subscribe)
         try:
             self.consumer = PullConsumer(**options.target, timeout=options.timeout, credentials=options.credentials)
         except Exception as e:  # a malformed endpoint: zmq says why
@@ -187,14 +188,24 @@ class NodeView:
         try:
             return call()
         except SendError as e:
-            if e.status == "TIMEOUT":
-                raise PipelineError(f"{self.options.where} did not answer within {self.options.timeout:g} s "
-                                    f"(is it running?)") from None
-            raise PipelineError(f"{what}: {self.options.where} refused: {e}") from None
+            raise self._failure(what, e) from None
+
+    def _failure(self, what: str, e: SendError) -> PipelineError:
+        if e.status == "TIMEOUT":
+            return PipelineError(f"{self.options.where} did not answer within {self.options.timeout:g} s "
+                                 f"(is it running?)")
+        return PipelineError(f"{what}: {self.options.where} refused: {e}")
 
     def queues(self, topic: str) -> list[str]:
-        """The keys of `topic`'s queues (`queue_key`)."""
-        return [queue_key(b, q) for b, q in self._call(f"topic {topic!r}", lambda: self.consumer.read_queues(topic))]
+        """The keys of `topic`'s queues (`queue_key`). A topic that does not exist: PipelineError
+        for a batch read; none yet for a stream, which reads it once a send has made it."""
+        try:
+            found = self.consumer.read_queues(topic)
+        except SendError as e:
+            if self.streaming and e.status == "TOPIC_NOT_EXIST":
+                return []
+            raise self._failure(f"topic {topic!r}", e) from None
+        return [queue_key(b, q) for b, q in found]
 
     def min_offset(self, topic: str, key) -> int:
         broker, queue_id = queue_of(key)

@@ -206,7 +206,7 @@ class StreamReader(DataSourceStreamReader):
     def _node(self) -> NodeView:
         """One connection for the query's life (each micro-batch asks for the bounds again)."""
         if self._view is None:
-            self._view = NodeView(self.options)
+            self._view = NodeView(self.options, streaming=True)
         return self._view
 
     def initialOffset(self) -> dict:

@@ -118,6 +118,29 @@ def test_a_stream_restarted_from_its_checkpoint_delivers_each_message_once(spark
     assert sorted(bodies) == sorted(f"m-{i}" for i in range(400))  # all, and none twice
 
 
+def test_a_stream_of_a_topic_not_yet_made_reads_it_once_a_send_makes_it(spark, node, tmp_path):
+    """Consumers make no topic (a batch read of one is TOPIC_NOT_EXIST); a stream waits for it, as
+    Kafka's subscribe does."""
+    stream = spark.readStream.format("mqnode").option("endpoint", node.endpoint).option("topic", "SparkLater") \
+        .option("startingOffsets", "earliest").load()
+    query = (stream.selectExpr("CAST(body AS STRING) AS body").writeStream.format("memory").queryName("later")
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(processingTime="200 milliseconds")
+             .start())
+    try:
+        query.processAllAvailable()
+        with Producer(node.endpoint) as producer:  # (this node makes no topic by itself: the admin's request)
+            made = producer.request({"code": protocol.UPDATE_AND_CREATE_TOPIC, "topic": "SparkLater",
+                                     "readQueueNums": 4, "writeQueueNums": 4, "perm": 6})[0]
+            assert made["status"] == "OK", made
+            producer.send_batch("SparkLater", [Message("SparkLater", f"l-{i}".encode()) for i in range(50)])
+        deadline = time.monotonic() + 60
+        while spark.sql("SELECT * FROM later").count() < 50 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sorted(r.body for r in spark.sql("SELECT body FROM later").collect()) == sorted(f"l-{i}" for i in range(50))
+    finally:
+        query.stop()
+
+
 def test_a_write_of_100k_rows_reads_back_intact(spark, node):
     frame = spark.range(100_000).selectExpr("CAST(id AS STRING) AS body", "CONCAT('t', id % 5) AS tags",
                                             "CAST(id % 4 AS INT) AS queueId")

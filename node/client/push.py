@@ -301,8 +301,10 @@ class AsyncPushConsumer(Orderly, Concurrently, Asked):
     async def _queue_count(self, topic: str) -> int:
         if topic.startswith(RETRY_PREFIX):
             return 1  # a group's retry topic has one queue (the node makes it on the first send-back)
-        reply, _ = await self.pull.client.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic,
-                                                   "create": False})  # (the node tells us when a send makes it)
+        # (the route makes the topic, as it always did: a member started before the first send then
+        # holds its queues from offset 0; one that found no topic would start them at the offset
+        # they had when a send made it, after the first messages, which CONSUME_FROM_LAST_OFFSET skips)
+        reply, _ = await self.pull.client.request({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": topic})
         if reply.get("status") == "TOPIC_NOT_EXIST":
             return 0
         if reply.get("status") != "OK":

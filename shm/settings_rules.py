@@ -128,10 +128,26 @@ def validate(settings) -> None:
         raise SettingsError("transactionTimeOut and transactionCheckMax must be >= 0, transactionCheckInterval >= 100 ms")
     if bool(settings.grpcTlsCertFile) != bool(settings.grpcTlsKeyFile):
         raise SettingsError("grpcTlsCertFile and grpcTlsKeyFile go together: set both (TLS) or neither (plaintext)")
-    if not settings.listen.startswith(("tcp://", "ipc://")):
-        raise SettingsError(f"listen must be a tcp:// or ipc:// endpoint, not {settings.listen!r}")
+    problem = endpoint_problem(settings.listen)
+    if problem:
+        raise SettingsError(f"listen: {problem}")
     _validate_ha(settings)
     _validate_cluster(settings)
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """Why `endpoint` is no endpoint to bind (None: it is one): a tcp:// one needs a host and a
+    port of 1..65535 (ZeroMQ bound port 0 anywhere, which no client then knew, and from it the
+    node's HA and gRPC ports became 1 and 2), an ipc:// one a path."""
+    kind, _, rest = endpoint.partition("://")
+    if kind == "ipc" and rest:
+        return None
+    if kind != "tcp":
+        return f"{endpoint!r} is not a tcp://HOST:PORT or ipc://PATH endpoint"
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"{endpoint!r} needs a host and a port of 1..65535 (tcp://HOST:PORT)"
+    return None
 
 
 def _validate_cluster(settings) -> None:

@@ -18,6 +18,8 @@ from pathlib import Path
 from actors.base import write_pid_file
 from node.server import preflight, ray_setup
 from node.server.signals import StopSignals
+from shm.settings import SettingsError
+from shm.settings_rules import endpoint_problem
 
 DEFAULT_PORT = 9876
 READY_TIMEOUT_S = 30.0
@@ -94,8 +96,14 @@ def default_directory(listen: str) -> Path:
 
 def run(listen: str, directory: str | None, ray_address: str | None, out=print) -> int:
     """`mqnode namesrv`: serve until SIGINT/SIGTERM/SIGHUP."""
+    problem = endpoint_problem(listen)
+    if problem:  # (`--listen bad` crashed its actor over and over; port 0 said "ready" on a port none knew)
+        raise SettingsError(f"--listen: {problem}")
     directory = (Path(directory).expanduser() if directory else default_directory(listen)).absolute()
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as e:
+        raise SettingsError(f"--dir {directory}: {e.strerror}") from None
     # (two on one directory shared its pid file and their embedded Rays' session directory)
     lock = preflight.hold_directory(directory, "directory", "name service", "--dir")
     ray_setup.prepare_embedded(ray_address)

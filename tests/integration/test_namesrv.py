@@ -143,3 +143,23 @@ def test_a_second_name_service_on_a_directory_in_use_is_refused(tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr == (f"mqnode namesrv: directory {tmp_path} is in use by another name service (pid "
                            f"{os.getpid()}): give each name service a --dir of its own\n")
+
+
+@pytest.mark.parametrize("listen, said", [
+    ("bad", "needs a host and a port of 1..65535"),  # (its actor crashed over and over)
+    ("127.0.0.1:0", "needs a host and a port of 1..65535"),  # ("ready" on a port no client knew)
+    ("127.0.0.1:99999", "needs a host and a port of 1..65535"),
+])
+def test_a_name_service_on_no_endpoint_is_refused_before_it_starts(tmp_path, listen, said):
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "namesrv", "--listen", listen, "--dir",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_node_listening_on_port_0_is_refused_as_its_ha_and_grpc_ports_would_be_1_and_2():
+    from shm.settings_rules import endpoint_problem
+
+    assert endpoint_problem("tcp://127.0.0.1:0") and endpoint_problem("tcp://:5") and endpoint_problem("ipc://")
+    assert endpoint_problem("udp://127.0.0.1:5") and endpoint_problem("tcp://127.0.0.1:65536")
+    assert not any(endpoint_problem(e) for e in ("tcp://127.0.0.1:10911", "tcp://[::1]:10911", "tcp://*:1",
+                                                 "ipc:///tmp/node.sock"))

@@ -69,8 +69,35 @@ NOT_IMPLEMENTED = {
 }
 
 
+# the least value each of these numbers may take (ms, counts, bytes): below it a node started and
+# then spun (a flush interval of -1 crashed its flusher over and over), refused every send
+# (maxMessageSize 0), made topics of no queue (defaultTopicQueueNums 0), dropped every member at
+# once (clientChannelExpiredTimeout 0) or answered every pull with nothing
+LEAST = {
+    **dict.fromkeys(["flushIntervalCommitLog", "commitIntervalCommitLog", "flushIntervalConsumeQueue",
+                     "syncFlushTimeout", "flushDelayOffsetInterval", "flushConsumerOffsetInterval",
+                     "waitTimeMillsInSendQueue", "maxMessageSize", "maxMsgsNumBatch", "defaultTopicQueueNums",
+                     "maxTransferBytesOnMessageInMemory", "maxTransferCountOnMessageInMemory",
+                     "maxTransferBytesOnMessageInDisk", "maxTransferCountOnMessageInDisk"], 1),
+    **dict.fromkeys(["flushCommitLogLeastPages", "flushCommitLogThoroughInterval", "commitCommitLogLeastPages",
+                     "commitCommitLogThoroughInterval", "shortPollingTimeMills", "accessMessageInMemoryMaxRatio"], 0),
+    **dict.fromkeys(["clientChannelExpiredTimeout", "rebalanceLockMaxLiveTime"], 1000),
+    "rayObjectStoreMemory": 78 * 1024 * 1024,  # (Ray's own least)
+}
+MOST = {"defaultTopicQueueNums": 1024, "accessMessageInMemoryMaxRatio": 100}
+
+
+def _validate_ranges(settings) -> None:
+    for name, least in LEAST.items():
+        value, most = getattr(settings, name), MOST.get(name)
+        if value < least or (most is not None and value > most):
+            bound = f"from {least} to {most}" if most is not None else f"at least {least}"
+            raise SettingsError(f"{name} must be {bound}, not {value}")
+
+
 def validate(settings) -> None:
     defaults = type(settings)()  # (the class's defaults: this module imports no Settings)
+    _validate_ranges(settings)
     if settings.topology not in CHOICES["topology"]:
         raise SettingsError(f"topology: {settings.topology!r} is not one of compact, split")
     for name, why in NOT_IMPLEMENTED.items():

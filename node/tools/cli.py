@@ -354,7 +354,7 @@ def _produce_parser(commands) -> None:
                               "connected answering the node's checks")
     produce.add_argument("--transaction", choices=["commit", "rollback", "unknown"],
                          help="send each line as a transaction's half, then end it so (unknown: left to the check)")
-    produce.add_argument("--group", help="--transaction: the producer group (PGROUP) the node asks about open halves; "
+    produce.add_argument("--group", type=values.group, help="--transaction: the producer group (PGROUP) the node asks about open halves; "
                                          "--request: the requester's producer group")
     produce.add_argument("--request", action="store_true",
                          help="send each line as a request (request-reply) and print its reply, waiting --timeout s")
@@ -381,7 +381,7 @@ def _consume_parser(commands) -> None:
     consume.add_argument("--namesrv", help="a cluster's name services (host:port;host:port) instead of --endpoint")
     add_credentials(consume)
     consume.add_argument("--topic", required=True)
-    consume.add_argument("--group", required=True)
+    consume.add_argument("--group", type=values.group, required=True)
     consume.add_argument("--from", dest="start", choices=["first", "last", "committed"], default="committed",
                          help="committed (default): the group's offsets, first where it has none")
     consume.add_argument("--from-time", type=int, metavar="MS", help="instead of --from: each queue from its first "

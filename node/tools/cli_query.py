@@ -33,7 +33,7 @@ def add_parser(commands, add_credentials, default_endpoint: str) -> None:
     query.add_argument("--begin", type=values.COUNT, default=0, help="store time from (ms)")
     query.add_argument("--end", type=values.COUNT, default=2**62, help="store time to (ms)")
     query.add_argument("--max", type=values.MOST, default=32, help="the most messages to show (default 32)")
-    query.add_argument("--group", help="with --msg-id and --client-id: a consumer group; the message goes to that "
+    query.add_argument("--group", type=values.group, help="with --msg-id and --client-id: a consumer group; the message goes to that "
                                        "member's listener now (consumeMessageDirectly), nothing committed or handed back")
     query.add_argument("--client-id", help="with --group: the member (admin consumer-status lists them)")
     query.set_defaults(handler=cmd_query)

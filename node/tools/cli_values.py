@@ -7,6 +7,8 @@ import argparse
 
 import orjson
 
+from node import protocol
+
 
 def _at_least(least: int | float, kind=int, *, above: bool = False):
     """An argparse type: a number (`kind`) of at least `least` (`above`: more than it) ("--count -1"
@@ -41,3 +43,13 @@ def json_object(text: str) -> dict:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object")
     return value
+
+
+def group(text: str) -> str:
+    """A consumer or producer group's name, as the clients check it (a ValueError there was a
+    traceback from `produce --transaction` and `consume --push`)."""
+    try:
+        protocol.check_group(text, "group")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text

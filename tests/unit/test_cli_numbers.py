@@ -25,12 +25,15 @@ E = ["--endpoint", "tcp://127.0.0.1:1"]
     ["query", *E, "--topic", "T", "--key", "k", "--max", "0"],  # (the node's SYSTEM_ERROR, before)
     ["query", *E, "--topic", "T", "--queue-id", "1", "--queue-offset", "-1"],
     ["query", *E, "--topic", "T", "--queue-id", "-1", "--queue-offset", "0"],
+    ["produce", *E, "--topic", "T", "--transaction", "commit", "--group", "bad group"],  # (a traceback, before)
+    ["consume", *E, "--topic", "T", "--group", "bad group", "--push"],
+    ["consume", *E, "--topic", "T", "--group", ""],
 ])
 def test_a_number_below_its_least_is_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(argv)
     said = capsys.readouterr().err
-    assert e.value.code == 2 and ("is below" in said or "is not" in said), said
+    assert e.value.code == 2 and ("is below" in said or "is not" in said or "group" in said), said
 
 
 def test_the_least_and_the_defaults_are_taken():

@@ -226,10 +226,30 @@ def _chunks(iterable, size: int):
         yield chunk
 
 
+def consume_flags_problem(args: argparse.Namespace) -> str | None:
+    """A flag `consume` would ignore in the mode asked for (a --broadcast without --push read as
+    an ordinary group, in silence)."""
+    if args.push and args.pop:
+        return "--push and --pop exclude each other"
+    needs = (("--broadcast", args.broadcast, args.push, "--push"), ("--threads", args.threads, args.push, "--push"),
+             ("--instance-name", args.instance_name, args.push, "--push"),
+             ("--offset-store-dir", args.offset_store_dir, args.push and args.broadcast, "--push --broadcast"),
+             ("--orderly", args.orderly, args.push or args.pop, "--push or --pop"),
+             ("--no-ack", args.no_ack, args.pop, "--pop"), ("--invisible-ms", args.invisible_ms, args.pop, "--pop"))
+    for flag, given, mode, named in needs:
+        if given not in (None, False) and not mode:
+            return f"{flag} is for {named}"
+    return None
+
+
 def cmd_consume(args: argparse.Namespace) -> int:
     """One JSON line per message; commits the group's offsets as it goes."""
     from node.client import PullConsumer, SendError
 
+    problem = consume_flags_problem(args)
+    if problem:
+        print(f"mqnode consume: error: {problem}", file=sys.stderr)
+        return 2
     if args.push:
         from node.tools.cli_groups import consume_push
 
@@ -399,7 +419,7 @@ def _consume_parser(commands) -> None:
                                                                 "--pop: a queue's next message only once the one before is acked")
     consume.add_argument("--pop", action="store_true", help="pop consumption: messages from any queue, each invisible "
                                                             "to the group until acked (each is acked once printed)")
-    consume.add_argument("--invisible-ms", type=int, default=60_000, help="--pop: how long a popped message stays "
+    consume.add_argument("--invisible-ms", type=values.MOST, help="--pop: how long a popped message stays "
                                                                           "invisible to the group unless acked")
     consume.add_argument("--no-ack", action="store_true", help="--pop: print without acking (they come back)")
     consume.add_argument("--threads", type=values.THREADS, help="--push: consume threads (default 20)")

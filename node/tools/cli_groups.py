@@ -12,6 +12,8 @@ import orjson
 
 from shm.settings import SettingsError
 
+INVISIBLE_MS = 60_000  # `consume --pop`'s invisible time unless --invisible-ms says
+
 
 def consume_push(args: argparse.Namespace) -> int:
     """`consume --push`: a member of the group (node.client.push), printing what its listener
@@ -82,7 +84,7 @@ def consume_pop(args: argparse.Namespace) -> int:
             while time.monotonic() - last < args.timeout and not (args.count and printed >= args.count):
                 room = min(32, args.count - printed) if args.count else 32
                 wait = max(1, int(min(2.0, args.timeout - (time.monotonic() - last)) * 1000))
-                messages = consumer.pop(args.topic, args.group, max_count=room, invisible_ms=args.invisible_ms,
+                messages = consumer.pop(args.topic, args.group, max_count=room, invisible_ms=args.invisible_ms or INVISIBLE_MS,
                                         wait_ms=wait, tags=expression, orderly=args.orderly,
                                         expression_type=expression_type)
                 for message in messages:

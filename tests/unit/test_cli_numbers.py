@@ -41,3 +41,17 @@ def test_the_least_and_the_defaults_are_taken():
                                       "--threads", "1"])
     assert (args.count, args.timeout, args.threads) == (0, 0.0, 1)
     assert build_parser().parse_args(["produce", *E, "--topic", "T"]).timeout == 3.0
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--broadcast"], "--broadcast is for --push"), (["--threads", "4"], "--threads is for --push"),
+    (["--no-ack"], "--no-ack is for --pop"), (["--push", "--invisible-ms", "5000"], "--invisible-ms is for --pop"),
+    (["--orderly"], "--orderly is for --push or --pop"), (["--push", "--pop"], "exclude each other"),
+    (["--push", "--offset-store-dir", "/tmp/x"], "--offset-store-dir is for --push --broadcast"),
+])
+def test_a_consume_flag_its_mode_would_ignore_is_a_usage_error(flags, said, capsys):
+    """(They were ignored in silence: a --broadcast without --push read as an ordinary group.)"""
+    from node.tools.cli import cmd_consume
+
+    args = build_parser().parse_args(["consume", *E, "--topic", "T", "--group", "G", *flags])
+    assert cmd_consume(args) == 2 and said in capsys.readouterr().err

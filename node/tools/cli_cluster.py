@@ -126,7 +126,7 @@ def admin_cluster(args: argparse.Namespace):
 
 def topics_of_cluster(args: argparse.Namespace):
     """`admin topics --namesrv`: every topic the name service knows, with each group's queues."""
-    names = Names(args.namesrv)
+    names = Names(args.namesrv, args.timeout or 5.0)
     try:
         listed = names.ask({"code": protocol.GET_ALL_TOPIC_LIST_FROM_NAMESERVER})
         out = {}
@@ -149,7 +149,7 @@ def topic_of_cluster(args: argparse.Namespace):
 
     if not args.topic:
         raise SettingsError("admin topic needs --topic")
-    names = Names(args.namesrv)
+    names = Names(args.namesrv, args.timeout or 5.0)
     try:
         reply = names.ask({"code": protocol.GET_ROUTEINFO_BY_TOPIC, "topic": args.topic})
     finally:
@@ -171,9 +171,9 @@ def topic_of_cluster(args: argparse.Namespace):
     return reply, shown
 
 
-def masters(namesrv: str) -> dict[str, str | None]:
+def masters(namesrv: str, timeout: float = 5.0) -> dict[str, str | None]:
     """brokerName -> its master's address (None: the group has none now), as the name services know them."""
-    names = Names(namesrv)
+    names = Names(namesrv, timeout)
     try:
         info = names.ask({"code": protocol.GET_BROKER_CLUSTER_INFO})
     finally:
@@ -202,7 +202,7 @@ def on_every_master(args: argparse.Namespace, ask) -> tuple[dict, dict]:
     from node.client import Producer, SendError
 
     results, statuses = {}, []
-    for name, master in masters(args.namesrv).items():
+    for name, master in masters(args.namesrv, args.timeout or 5.0).items():
         try:
             if master is None:
                 raise SendError("SERVICE_NOT_AVAILABLE", "the group has no master")

@@ -163,3 +163,14 @@ def test_a_node_listening_on_port_0_is_refused_as_its_ha_and_grpc_ports_would_be
     assert endpoint_problem("udp://127.0.0.1:5") and endpoint_problem("tcp://127.0.0.1:65536")
     assert not any(endpoint_problem(e) for e in ("tcp://127.0.0.1:10911", "tcp://[::1]:10911", "tcp://*:1",
                                                  "ipc:///tmp/node.sock"))
+
+
+@pytest.mark.parametrize("command", ["stats", "topics"])
+def test_admin_over_name_services_that_do_not_answer_waits_its_timeout(command):
+    """(The name services' asks waited 5 s whatever --timeout said.)"""
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "admin", command, "--namesrv",
+                           f"127.0.0.1:{free_port()}", "--timeout", "1"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode != 0 and "within 1000 ms" in done.stderr, done.stderr
+    assert time.monotonic() - began < 4.5

@@ -143,10 +143,29 @@ def target(args: argparse.Namespace) -> dict:
     return {"namesrv": namesrv} if namesrv else {"endpoint": args.endpoint}
 
 
+def produce_flags_problem(args: argparse.Namespace) -> str | None:
+    """A flag `produce` would ignore in the mode asked for (a --delay-level with --transaction
+    sent at once, as RocketMQ's client drops a transactional message's delay, in silence)."""
+    if args.transaction and args.request:
+        return "--transaction and --request exclude each other"
+    mode = "--transaction" if args.transaction else "--request" if args.request else None
+    delays = [flag for flag, given in (("--delay-level", args.delay_level), ("--deliver-at", args.deliver_at),
+                                       ("--delay-ms", args.delay_ms), ("--batch", args.batch)) if given]
+    if mode and delays:
+        return f"{mode} sends each message at once, alone: it takes no {', '.join(delays)}"
+    if args.check_answer and args.transaction != "unknown":
+        return "--check-answer is for --transaction unknown (the halves the node then asks about)"
+    return None
+
+
 def cmd_produce(args: argparse.Namespace) -> int:
     """Bodies from stdin, one per line; a JSON line per message; exit 1 if any send failed."""
     from node.client import Message, Producer, SendError
 
+    problem = produce_flags_problem(args)
+    if problem:
+        print(f"mqnode produce: error: {problem}", file=sys.stderr)
+        return 2
     properties = {}
     for item in args.property:
         name, separator, value = item.partition("=")

@@ -55,3 +55,18 @@ def test_a_consume_flag_its_mode_would_ignore_is_a_usage_error(flags, said, caps
 
     args = build_parser().parse_args(["consume", *E, "--topic", "T", "--group", "G", *flags])
     assert cmd_consume(args) == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--transaction", "commit", "--group", "P", "--delay-level", "2"], "--transaction sends each message at once"),
+    (["--request", "--group", "P", "--delay-ms", "100"], "--request sends each message at once"),
+    (["--request", "--group", "P", "--batch", "4"], "it takes no --batch"),
+    (["--check-answer", "commit"], "--check-answer is for --transaction unknown"),
+    (["--transaction", "unknown", "--request", "--group", "P"], "exclude each other"),
+])
+def test_a_produce_flag_its_mode_would_ignore_is_a_usage_error(flags, said, capsys):
+    """(A transactional message's delay was dropped in silence, as RocketMQ's client drops it.)"""
+    from node.tools.cli import cmd_produce
+
+    args = build_parser().parse_args(["produce", *E, "--topic", "T", *flags])
+    assert cmd_produce(args) == 2 and said in capsys.readouterr().err

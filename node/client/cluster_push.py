@@ -48,6 +48,10 @@ class AsyncClusterPushConsumer:
     def subscribe(self, topic: str, expression: str = "*", expression_type: str = protocol.EXPRESSION_TAG) -> None:
         protocol.check_expression(expression, expression_type)
         self.subscriptions[topic] = (expression, expression_type)
+        if self.running:  # (after start: each group's member, and the groups the topic's route adds)
+            for _, member in self.members.values():
+                member.subscribe(topic, expression, expression_type)
+            self.failed.set()
 
     def register_listener(self, listener, *, orderly: bool = False) -> None:
         self.listener, self.orderly = listener, orderly

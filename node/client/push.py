@@ -129,6 +129,16 @@ class AsyncPushConsumer(Orderly, Concurrently, Asked):
         protocol.check_expression(expression, expression_type)  # ValueError for a malformed one
         self.subscriptions[topic] = expression
         self.expression_types[topic] = expression_type
+        if self.running:  # (after start: on the consumer's loop)
+            task = asyncio.ensure_future(self._subscribed())
+            self.background = [t for t in self.background if not t.done()] + [task]  # (shutdown cancels)
+
+    async def _subscribed(self) -> None:
+        """A subscription made after start: the node hears of it now, as RocketMQ's subscribe
+        sends a heartbeat at once (it waited for the next heartbeat and rebalance, up to 30 s),
+        tells the group, and this member takes its share of the topic's queues."""
+        await self._heartbeat()
+        self.rebalance_wanted.set()
 
     def register_listener(self, listener: Callable[[list[ReceivedMessage]], str], *, orderly: bool = False) -> None:
         self.listener, self.orderly = listener, orderly
@@ -470,7 +480,10 @@ class PushConsumer:
         return self.thread.submit(coroutine).result()
 
     def subscribe(self, topic: str, expression: str = "*", expression_type: str = protocol.EXPRESSION_TAG) -> None:
-        self.inner.subscribe(topic, expression, expression_type)
+        async def on_loop() -> None:  # (after start the subscription is the loop's to change)
+            self.inner.subscribe(topic, expression, expression_type)
+
+        self._call(on_loop())
 
     def register_listener(self, listener, *, orderly: bool = False) -> None:
         self.inner.register_listener(listener, orderly=orderly)

@@ -270,3 +270,28 @@ def test_a_push_consumer_whose_connection_dropped_heartbeats_until_the_node_answ
         return asked
 
     assert asyncio.run(main()) == [34, 34, 34]
+
+
+def test_a_subscription_made_after_start_is_heartbeated_at_once_and_rebalanced():
+    """RocketMQ's subscribe after start sends its heartbeat at once; ours waited for the next
+    heartbeat (30 s) before the node, and so the group, knew of the topic."""
+    import asyncio
+
+    from node.client.push import AsyncPushConsumer
+
+    async def main() -> tuple[list, bool]:
+        consumer = AsyncPushConsumer("tcp://127.0.0.1:1", "g")
+        consumer.subscribe("Before")
+        consumer.running, consumer.rebalance_wanted = True, asyncio.Event()
+        beats = []
+
+        async def ask(header: dict) -> dict:
+            beats.append(sorted(s["topic"] for s in header["consumerDataSet"][0]["subscriptionDataSet"]))
+            return {"status": "OK"}
+
+        consumer._ask = ask
+        consumer.subscribe("Later")
+        await asyncio.wait_for(consumer.rebalance_wanted.wait(), 5)
+        return beats, consumer.rebalance_wanted.is_set()
+
+    assert asyncio.run(main()) == ([["Before", "Later"]], True)

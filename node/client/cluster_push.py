@@ -53,6 +53,11 @@ class AsyncClusterPushConsumer:
                 member.subscribe(topic, expression, expression_type)
             self.failed.set()
 
+    def unsubscribe(self, topic: str) -> None:
+        self.subscriptions.pop(topic, None)
+        for _, member in self.members.values():
+            member.unsubscribe(topic)
+
     def register_listener(self, listener, *, orderly: bool = False) -> None:
         self.listener, self.orderly = listener, orderly
 

@@ -133,6 +133,17 @@ class AsyncPushConsumer(Orderly, Concurrently, Asked):
             task = asyncio.ensure_future(self._subscribed())
             self.background = [t for t in self.background if not t.done()] + [task]  # (shutdown cancels)
 
+    def unsubscribe(self, topic: str) -> None:
+        """Consume `topic` no more (RocketMQ's unsubscribe): after start its queues are given up
+        (their offsets committed) and the group is told at once."""
+        if topic.startswith(RETRY_PREFIX) and self.options.message_model == CLUSTERING:
+            raise ValueError(f"{topic} is the group's own retry topic: it is consumed while the consumer runs")
+        self.subscriptions.pop(topic, None)
+        self.expression_types.pop(topic, None)
+        if self.running:
+            task = asyncio.ensure_future(self._subscribed())
+            self.background = [t for t in self.background if not t.done()] + [task]
+
     async def _subscribed(self) -> None:
         """A subscription made after start: the node hears of it now, as RocketMQ's subscribe
         sends a heartbeat at once (it waited for the next heartbeat and rebalance, up to 30 s),
@@ -482,6 +493,12 @@ class PushConsumer:
     def subscribe(self, topic: str, expression: str = "*", expression_type: str = protocol.EXPRESSION_TAG) -> None:
         async def on_loop() -> None:  # (after start the subscription is the loop's to change)
             self.inner.subscribe(topic, expression, expression_type)
+
+        self._call(on_loop())
+
+    def unsubscribe(self, topic: str) -> None:
+        async def on_loop() -> None:
+            self.inner.unsubscribe(topic)
 
         self._call(on_loop())
 

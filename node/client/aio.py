@@ -15,6 +15,8 @@ import threading
 import weakref
 from collections.abc import Coroutine
 
+from node.client.errors import SendError
+
 try:
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is a dependency; the stock loop works the same
@@ -76,6 +78,9 @@ class LoopThread(threading.Thread):
             coroutine.close()
             raise ForkedClient(f"{self.name}: a client made in process {self.made_in} was used in {_pid}, "
                                "forked from it after it was made: make the client in the process that uses it")
+        if self.loop.is_closed():  # ("Event loop is closed", and a warning of a coroutine never awaited)
+            coroutine.close()
+            raise SendError("CLOSED", f"{self.name}: the client was closed (or shut down): make a new one")
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
 

@@ -105,3 +105,23 @@ def test_an_endpoint_is_taken_as_host_port_too_and_a_bad_one_is_named_and_leaves
         with pytest.raises(BadEndpoint, match="'nonsense' is no endpoint of a node"):
             make("nonsense")
     assert not [t.name for t in set(threading.enumerate()) - before if t.name.startswith("mqnode-")]
+
+
+def test_a_blocking_client_used_after_close_says_so_and_leaves_no_coroutine_behind():
+    """(It raised "Event loop is closed" and warned of a coroutine never awaited.)"""
+    import gc
+    import warnings
+
+    from node.client import Producer, PullConsumer, SendError
+
+    producer, consumer = Producer("tcp://127.0.0.1:1"), PullConsumer("tcp://127.0.0.1:1")
+    producer.close()
+    consumer.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for call in (lambda: producer.send("T", b"x"), lambda: consumer.pull("T", 0, 0)):
+            with pytest.raises(SendError, match="CLOSED: .*the client was closed"):
+                call()
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    producer.close()  # (twice: nothing happens)

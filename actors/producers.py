@@ -19,6 +19,7 @@ class ProducerGroups:
         self.channel_expired_ms = channel_expired_ms
         # group -> clientID -> (routing id, last seen, the connection it heartbeated on)
         self.groups: dict[str, dict[str, tuple[bytes, int, int]]] = {}
+        self.on_connection: dict[int, set[tuple[str, str]]] = {}  # fd -> (group, clientID) of its producers
         self.turn = 0  # where the next check starts among a group's producers
         self.expired = self.unreachable = self.disconnected_count = 0
 
@@ -26,14 +27,28 @@ class ProducerGroups:
         for data in groups:
             members = self.groups.setdefault(data["groupName"], {})
             if client_id in members or self.count() < MAX_PRODUCERS:
+                old = members.get(client_id)
+                if old is not None and old[2] != connection:
+                    self._unindex(old[2], data["groupName"], client_id)
+                if connection >= 0:
+                    self.on_connection.setdefault(connection, set()).add((data["groupName"], client_id))
                 members[client_id] = (routing_id, now, connection)
 
     def unregister(self, client_id: str, group: str) -> None:
         members = self.groups.get(group)
         if members is not None:
-            members.pop(client_id, None)
+            gone = members.pop(client_id, None)
+            if gone is not None:
+                self._unindex(gone[2], group, client_id)
             if not members:
                 del self.groups[group]
+
+    def _unindex(self, connection: int, group: str, client_id: str) -> None:
+        held = self.on_connection.get(connection)
+        if held is not None:
+            held.discard((group, client_id))
+            if not held:
+                del self.on_connection[connection]
 
     def expire(self, now: int) -> None:
         for group, members in list(self.groups.items()):
@@ -44,11 +59,9 @@ class ProducerGroups:
 
     def disconnected(self, connection: int) -> None:
         """The connection (its fd) closed: the producers that heartbeated on it leave."""
-        for group, members in list(self.groups.items()):
-            for client_id, (_, _, on) in list(members.items()):
-                if on == connection:
-                    self.disconnected_count += 1
-                    self.unregister(client_id, group)
+        for group, client_id in sorted(self.on_connection.pop(connection, ())):
+            self.disconnected_count += 1
+            self.unregister(client_id, group)
 
     def connections(self, group: str, now: int) -> list[dict]:
         """GET_PRODUCER_CONNECTION_LIST (mqadmin producerConnection): each producer of the group,

@@ -229,6 +229,10 @@ def test_the_members_of_a_closed_connection_leave_at_once_and_its_locks_are_free
     assert groups.disconnected(7) == {"g", "h"}
     assert groups.client_ids("g") == ["b"] and "h" not in groups.groups and groups.held_locks("g", 1) == {}
     assert groups.statistics()["disconnected"] == 2
+    groups.heartbeat("b", b"b", data[:1], 1, connection=9)  # (b reconnected: its old connection's close drops nothing)
+    assert groups.disconnected(8) == set() and groups.client_ids("g") == ["b"]
+    groups.unregister("b", "g")
+    assert groups.on_connection == {}  # (the index keeps nothing of members gone)
 
 
 def test_a_producer_of_a_closed_connection_leaves_every_group():
@@ -240,6 +244,11 @@ def test_a_producer_of_a_closed_connection_leaves_every_group():
     producers.disconnected(5)
     assert producers.table() == {"tx": ["q"]} and producers.find("p") is None
     assert producers.statistics()["disconnected"] == 2
+    producers.heartbeat("q", b"q", [{"groupName": "tx"}], 1, connection=7)
+    producers.disconnected(6)
+    assert producers.table() == {"tx": ["q"]}
+    producers.expire(10**9)
+    assert producers.on_connection == {}
 
 
 def test_a_push_consumer_whose_connection_dropped_heartbeats_until_the_node_answers():

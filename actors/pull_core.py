@@ -139,9 +139,11 @@ class ReadCore:
             return self._pull(header, client, arrival, dispatched, allow_hold, behind)
         if code == protocol.VIEW_MESSAGE_BY_ID:
             return self._view(header, opaque, self.control.get("written"))
-        if behind and (code == protocol.SEARCH_OFFSET_BY_TIMESTAMP
+        # (`indexed`: GET_MAX_OFFSET's, RocketMQ's indexed max at once; a min asked before the
+        # dispatcher made a queue's file, a deleted topic's made again, said 0, not its numbering's 3)
+        if behind and (code in (protocol.SEARCH_OFFSET_BY_TIMESTAMP, protocol.GET_MIN_OFFSET)
                        or code == protocol.GET_MAX_OFFSET and not header.get("indexed")):
-            return DEFER  # (`indexed`: GET_MAX_OFFSET's, RocketMQ's indexed max at once)
+            return DEFER
         if code == protocol.GET_MAX_OFFSET:
             view = self.reader.queue(header["topic"], header["queueId"], dispatched)
             return [orjson.dumps(protocol.reply_header(opaque, "OK", offset=view.max_offset))]

@@ -65,3 +65,15 @@ def test_a_read_waiting_for_a_stalled_dispatcher_gives_up_by_the_clock(read_core
     pull.after_turn(out)
     (_, _, header), = out
     assert orjson.loads(header)["status"] == "SYSTEM_BUSY" and not pull.deferred
+
+
+def test_a_min_offset_waits_for_the_dispatcher_as_a_max_does(read_core):
+    """(Asked before the dispatcher made a queue's file, a deleted topic's made again whose
+    numbering goes on at 3, the min was 0.)"""
+    pull, control = read_core
+    control.advance("written", 4096)
+    control.advance("committed", 4096)
+    out: list = []
+    for code in (protocol.GET_MIN_OFFSET, protocol.GET_MAX_OFFSET):
+        pull.serve_request({"code": code, "opaque": 1, "topic": "Clock", "queueId": 0}, b"c", 1, out)
+    assert out == [] and len(pull.deferred) == 2

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from actors.connections import ByConnection
 from node import protocol
 
 MAX_GROUPS_PER_CLIENT = 64  # (bounds what one heartbeat can make the node hold)
@@ -57,7 +58,7 @@ class ConsumerGroups:
         self.channel_expired_ms = channel_expired_ms
         self.lock_max_live_ms = lock_max_live_ms
         self.groups: dict[str, dict[str, Member]] = {}  # group -> clientID -> Member
-        self.on_connection: dict[int, set[tuple[str, str]]] = {}  # fd -> (group, clientID) of its members
+        self.on_connection = ByConnection()  # its members by the connection they heartbeated on
         self.locks: dict[str, dict[tuple[str, int], tuple[str, int]]] = {}  # group -> queue -> (client, at)
         self.expired = self.disconnected_count = self.notifications = 0
 
@@ -80,10 +81,7 @@ class ConsumerGroups:
                             connection)
             if old is None or old.subscriptions != subscriptions:
                 changed.add(group)
-            if old is not None and old.connection != connection:
-                self._unindex(old.connection, group, client_id)
-            if connection >= 0:
-                self.on_connection.setdefault(connection, set()).add((group, client_id))
+            self.on_connection.put((group, client_id), connection, old.connection if old is not None else None)
             members[client_id] = member
         return changed
 
@@ -92,7 +90,7 @@ class ConsumerGroups:
         member = members.pop(client_id, None) if members else None
         if member is None:
             return set()
-        self._unindex(member.connection, group, client_id)
+        self.on_connection.drop((group, client_id), member.connection)
         self._release_locks(group, client_id)
         if not members:
             del self.groups[group]
@@ -112,17 +110,11 @@ class ConsumerGroups:
         """The connection (its fd) closed: its members leave; the groups that lost one. (By an
         index: a storm of closing connections under thousands of members scanned them all each.)"""
         changed = set()
-        for group, client_id in sorted(self.on_connection.pop(connection, ())):
+        for group, client_id in self.on_connection.take(connection):
             self.disconnected_count += 1
             changed |= self.unregister(client_id, group)
         return changed
 
-    def _unindex(self, connection: int, group: str, client_id: str) -> None:
-        held = self.on_connection.get(connection)
-        if held is not None:
-            held.discard((group, client_id))
-            if not held:
-                del self.on_connection[connection]
 
     def member_count(self) -> int:
         return sum(len(m) for m in self.groups.values())

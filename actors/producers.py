@@ -11,6 +11,8 @@ and every 30 s, as RocketMQ's do.
 
 from __future__ import annotations
 
+from actors.connections import ByConnection
+
 MAX_PRODUCERS = 10_000  # over all groups: a heartbeat beyond it adds no producer
 
 
@@ -19,7 +21,7 @@ class ProducerGroups:
         self.channel_expired_ms = channel_expired_ms
         # group -> clientID -> (routing id, last seen, the connection it heartbeated on)
         self.groups: dict[str, dict[str, tuple[bytes, int, int]]] = {}
-        self.on_connection: dict[int, set[tuple[str, str]]] = {}  # fd -> (group, clientID) of its producers
+        self.on_connection = ByConnection()  # its producers by the connection they heartbeated on
         self.turn = 0  # where the next check starts among a group's producers
         self.expired = self.unreachable = self.disconnected_count = 0
 
@@ -28,10 +30,7 @@ class ProducerGroups:
             members = self.groups.setdefault(data["groupName"], {})
             if client_id in members or self.count() < MAX_PRODUCERS:
                 old = members.get(client_id)
-                if old is not None and old[2] != connection:
-                    self._unindex(old[2], data["groupName"], client_id)
-                if connection >= 0:
-                    self.on_connection.setdefault(connection, set()).add((data["groupName"], client_id))
+                self.on_connection.put((data["groupName"], client_id), connection, old[2] if old is not None else None)
                 members[client_id] = (routing_id, now, connection)
 
     def unregister(self, client_id: str, group: str) -> None:
@@ -39,16 +38,10 @@ class ProducerGroups:
         if members is not None:
             gone = members.pop(client_id, None)
             if gone is not None:
-                self._unindex(gone[2], group, client_id)
+                self.on_connection.drop((group, client_id), gone[2])
             if not members:
                 del self.groups[group]
 
-    def _unindex(self, connection: int, group: str, client_id: str) -> None:
-        held = self.on_connection.get(connection)
-        if held is not None:
-            held.discard((group, client_id))
-            if not held:
-                del self.on_connection[connection]
 
     def expire(self, now: int) -> None:
         for group, members in list(self.groups.items()):
@@ -59,7 +52,7 @@ class ProducerGroups:
 
     def disconnected(self, connection: int) -> None:
         """The connection (its fd) closed: the producers that heartbeated on it leave."""
-        for group, client_id in sorted(self.on_connection.pop(connection, ())):
+        for group, client_id in self.on_connection.take(connection):
             self.disconnected_count += 1
             self.unregister(client_id, group)
 

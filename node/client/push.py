@@ -50,6 +50,7 @@ from node.client.allocate import allocate
 from node.client.consumer import AsyncPullConsumer
 from node.client.producer import SendError
 from node.client.push_concurrent import Concurrently
+from node.client.push_membership import OUT_OF_REACH, Membership
 from node.client.push_orderly import Orderly
 from node.client.push_asked import Asked
 from node.client.running_info import ConsumeStats
@@ -58,7 +59,6 @@ from node.client.push_state import (  # (the listener's statuses and the models,
     CLUSTERING,
     CONSUME_SUCCESS,
     FLOW_CONTROL_S,
-    FROM_WHERE,
     LOCK_RENEW_S,
     PULL_ERROR_S,
     PULL_SUSPEND_MS,
@@ -80,11 +80,9 @@ __all__ = ["AsyncPushConsumer", "PushConsumer", "PushOptions", "ProcessQueue", "
            "SUCCESS", "SUSPEND_CURRENT_QUEUE_A_MOMENT", "CLUSTERING", "BROADCASTING"]
 
 log = logging.getLogger("mqnode.push")
-OUT_OF_REACH = ("TIMEOUT", "CLOSED")  # a node restarting or gone: not a refusal to tell of
-REJOIN_TRIES = 24  # heartbeats after a dropped connection, 0.1 s apart doubling to 2 s: ~40 s, then the interval's
 
 
-class AsyncPushConsumer(Orderly, Concurrently, Asked):
+class AsyncPushConsumer(Membership, Orderly, Concurrently, Asked):
     def __init__(self, endpoint: str, group: str, **options):
         known = {f.name for f in fields(PushOptions)}
         unknown = set(options) - known
@@ -130,8 +128,7 @@ class AsyncPushConsumer(Orderly, Concurrently, Asked):
         self.subscriptions[topic] = expression
         self.expression_types[topic] = expression_type
         if self.running:  # (after start: on the consumer's loop)
-            task = asyncio.ensure_future(self._subscribed())
-            self.background = [t for t in self.background if not t.done()] + [task]  # (shutdown cancels)
+            self._in_background(self._subscribed())
 
     def unsubscribe(self, topic: str) -> None:
         """Consume `topic` no more (RocketMQ's unsubscribe): after start its queues are given up
@@ -141,15 +138,7 @@ class AsyncPushConsumer(Orderly, Concurrently, Asked):
         self.subscriptions.pop(topic, None)
         self.expression_types.pop(topic, None)
         if self.running:
-            task = asyncio.ensure_future(self._subscribed())
-            self.background = [t for t in self.background if not t.done()] + [task]
-
-    async def _subscribed(self) -> None:
-        """A subscription made after start: the node hears of it now, as RocketMQ's subscribe
-        sends a heartbeat at once (it waited for the next heartbeat and rebalance, up to 30 s),
-        tells the group, and this member takes its share of the topic's queues."""
-        await self._heartbeat()
-        self.rebalance_wanted.set()
+            self._in_background(self._subscribed())
 
     def register_listener(self, listener: Callable[[list[ReceivedMessage]], str], *, orderly: bool = False) -> None:
         self.listener, self.orderly = listener, orderly
@@ -213,68 +202,11 @@ class AsyncPushConsumer(Orderly, Concurrently, Asked):
 
     # -- membership and rebalancing ------------------------------------------------------------------
 
-    async def _ask(self, header: dict) -> dict:
-        reply, _ = await self.pull.client.request(header)
-        if reply.get("status") != "OK":
-            raise SendError(reply.get("status", "SYSTEM_ERROR"), reply.get("remark", ""))
-        return reply
-
-    def _on_notice(self, header: dict) -> None:
-        if header.get("code") == protocol.NOTIFY_CONSUMER_IDS_CHANGED and self.rebalance_wanted is not None:
-            self.rebalance_wanted.set()
-
-    def _subscription_data(self, topic: str, expression: str) -> dict:
-        """RocketMQ's SubscriptionData as a heartbeat carries it (expressionType only for SQL92)."""
-        kind = self.expression_types.get(topic, protocol.EXPRESSION_TAG)
-        return {"topic": topic, "subString": expression} | ({} if kind == protocol.EXPRESSION_TAG else
-                                                              {"expressionType": kind})
-
     def _pull_failed(self, pq: ProcessQueue, error: SendError) -> None:
         """A pull refused: tried again after PULL_ERROR_S; said once per status and remark (a
         subscription the node refuses, a SQL92 one on a node without enablePropertyFilter, would
         otherwise fail in silence)."""
         self._tell("pulls", error, f"pulls of {pq.topic} queue {pq.queue_id} for group {self.group} fail: {error}")
-
-    def _tell(self, what: str, error: SendError, line: str) -> None:
-        """A refusal tried again later, said once per kind, status and remark (at most 16 said): a
-        heartbeat or a look at the group the node refuses (an account the ACL denies, say) left
-        the member holding no queue, in silence."""
-        key = (what, error.status, error.remark)
-        if key not in self.errors_told and len(self.errors_told) < 16:
-            self.errors_told.add(key)
-            log.warning("%s", line)
-
-    def _on_lost(self) -> None:
-        """The connection dropped: the node dropped this member with it (or its front restarted,
-        forgetting every member), so heartbeat as soon as it answers again (ZeroMQ reconnects by
-        itself), not at the next interval: until then the group would go on without it."""
-        if self.running and (self.rejoining is None or self.rejoining.done()):
-            self.rejoining = asyncio.ensure_future(self._rejoin())
-            self.background = [t for t in self.background if not t.done()] + [self.rejoining]  # (shutdown cancels)
-
-    async def _rejoin(self) -> None:
-        for attempt in range(REJOIN_TRIES):
-            if not self.running or await self._heartbeat():
-                return
-            await asyncio.sleep(min(0.1 * 2 ** attempt, 2.0))
-
-    async def _heartbeat(self) -> bool:
-        """HEART_BEAT with the group's data; whether the node took it."""
-        data = {"groupName": self.group, "consumeType": "CONSUME_PASSIVELY", "messageModel": self.options.message_model,
-                "consumeFromWhere": FROM_WHERE[self.options.consume_from_where.removeprefix("CONSUME_FROM_")],
-                "subscriptionDataSet": [self._subscription_data(t, e) for t, e in sorted(self.subscriptions.items())],
-                "queues": [{"topic": t, "queueId": q} for t, q in sorted(self.queues)]}
-        try:
-            reply = await self._ask({"code": protocol.HEART_BEAT, "clientID": self.client_id, "language": "PYTHON",
-                                     "version": "mqnode", "consumerDataSet": [data]})
-            expires_ms = reply.get("clientChannelExpiredTimeout")
-            if expires_ms:  # beat at least three times within it
-                self.heartbeat_s = min(self.options.heartbeat_interval, expires_ms / 3000)
-            return True
-        except SendError as e:  # tried again at the next interval; the node keeps us until clientChannelExpiredTimeout
-            if e.status not in OUT_OF_REACH:
-                self._tell("heartbeats", e, f"heartbeats of group {self.group} are refused: {e}")
-            return False
 
     async def _rebalancer(self) -> None:
         while self.running:

@@ -143,26 +143,11 @@ def target(args: argparse.Namespace) -> dict:
     return {"namesrv": namesrv} if namesrv else {"endpoint": args.endpoint}
 
 
-def produce_flags_problem(args: argparse.Namespace) -> str | None:
-    """A flag `produce` would ignore in the mode asked for (a --delay-level with --transaction
-    sent at once, as RocketMQ's client drops a transactional message's delay, in silence)."""
-    if args.transaction and args.request:
-        return "--transaction and --request exclude each other"
-    mode = "--transaction" if args.transaction else "--request" if args.request else None
-    delays = [flag for flag, given in (("--delay-level", args.delay_level), ("--deliver-at", args.deliver_at),
-                                       ("--delay-ms", args.delay_ms), ("--batch", args.batch)) if given]
-    if mode and delays:
-        return f"{mode} sends each message at once, alone: it takes no {', '.join(delays)}"
-    if args.check_answer and args.transaction != "unknown":
-        return "--check-answer is for --transaction unknown (the halves the node then asks about)"
-    return None
-
-
 def cmd_produce(args: argparse.Namespace) -> int:
     """Bodies from stdin, one per line; a JSON line per message; exit 1 if any send failed."""
     from node.client import Message, Producer, SendError
 
-    problem = produce_flags_problem(args)
+    problem = values.produce_flags_problem(args)
     if problem:
         print(f"mqnode produce: error: {problem}", file=sys.stderr)
         return 2
@@ -245,27 +230,11 @@ def _chunks(iterable, size: int):
         yield chunk
 
 
-def consume_flags_problem(args: argparse.Namespace) -> str | None:
-    """A flag `consume` would ignore in the mode asked for (a --broadcast without --push read as
-    an ordinary group, in silence)."""
-    if args.push and args.pop:
-        return "--push and --pop exclude each other"
-    needs = (("--broadcast", args.broadcast, args.push, "--push"), ("--threads", args.threads, args.push, "--push"),
-             ("--instance-name", args.instance_name, args.push, "--push"),
-             ("--offset-store-dir", args.offset_store_dir, args.push and args.broadcast, "--push --broadcast"),
-             ("--orderly", args.orderly, args.push or args.pop, "--push or --pop"),
-             ("--no-ack", args.no_ack, args.pop, "--pop"), ("--invisible-ms", args.invisible_ms, args.pop, "--pop"))
-    for flag, given, mode, named in needs:
-        if given not in (None, False) and not mode:
-            return f"{flag} is for {named}"
-    return None
-
-
 def cmd_consume(args: argparse.Namespace) -> int:
     """One JSON line per message; commits the group's offsets as it goes."""
     from node.client import PullConsumer, SendError
 
-    problem = consume_flags_problem(args)
+    problem = values.consume_flags_problem(args)
     if problem:
         print(f"mqnode consume: error: {problem}", file=sys.stderr)
         return 2

@@ -1,5 +1,7 @@
-"""The argparse types of the CLI's flags (node.tools.cli and its commands): numbers with a least
-value, true/false, a JSON object. Each refusal is argparse's usage error (status 2)."""
+"""The CLI's flags (node.tools.cli and its commands): their argparse types (numbers with a least
+value, true/false, a JSON object, a group's name), each refusal argparse's usage error (status 2),
+and the combinations `produce` and `consume` refuse (status 2 too): a flag their mode would
+ignore."""
 
 from __future__ import annotations
 
@@ -53,3 +55,34 @@ def group(text: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
+
+
+def consume_flags_problem(args: argparse.Namespace) -> str | None:
+    """A flag `consume` would ignore in the mode asked for (a --broadcast without --push read as
+    an ordinary group, in silence)."""
+    if args.push and args.pop:
+        return "--push and --pop exclude each other"
+    needs = (("--broadcast", args.broadcast, args.push, "--push"), ("--threads", args.threads, args.push, "--push"),
+             ("--instance-name", args.instance_name, args.push, "--push"),
+             ("--offset-store-dir", args.offset_store_dir, args.push and args.broadcast, "--push --broadcast"),
+             ("--orderly", args.orderly, args.push or args.pop, "--push or --pop"),
+             ("--no-ack", args.no_ack, args.pop, "--pop"), ("--invisible-ms", args.invisible_ms, args.pop, "--pop"))
+    for flag, given, mode, named in needs:
+        if given not in (None, False) and not mode:
+            return f"{flag} is for {named}"
+    return None
+
+
+def produce_flags_problem(args: argparse.Namespace) -> str | None:
+    """A flag `produce` would ignore in the mode asked for (a --delay-level with --transaction
+    sent at once, as RocketMQ's client drops a transactional message's delay, in silence)."""
+    if args.transaction and args.request:
+        return "--transaction and --request exclude each other"
+    mode = "--transaction" if args.transaction else "--request" if args.request else None
+    delays = [flag for flag, given in (("--delay-level", args.delay_level), ("--deliver-at", args.deliver_at),
+                                       ("--delay-ms", args.delay_ms), ("--batch", args.batch)) if given]
+    if mode and delays:
+        return f"{mode} sends each message at once, alone: it takes no {', '.join(delays)}"
+    if args.check_answer and args.transaction != "unknown":
+        return "--check-answer is for --transaction unknown (the halves the node then asks about)"
+    return None

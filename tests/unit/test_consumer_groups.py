@@ -232,7 +232,7 @@ def test_the_members_of_a_closed_connection_leave_at_once_and_its_locks_are_free
     groups.heartbeat("b", b"b", data[:1], 1, connection=9)  # (b reconnected: its old connection's close drops nothing)
     assert groups.disconnected(8) == set() and groups.client_ids("g") == ["b"]
     groups.unregister("b", "g")
-    assert groups.on_connection == {}  # (the index keeps nothing of members gone)
+    assert groups.on_connection.table == {}  # (the index keeps nothing of members gone)
 
 
 def test_a_producer_of_a_closed_connection_leaves_every_group():
@@ -248,7 +248,7 @@ def test_a_producer_of_a_closed_connection_leaves_every_group():
     producers.disconnected(6)
     assert producers.table() == {"tx": ["q"]}
     producers.expire(10**9)
-    assert producers.on_connection == {}
+    assert producers.on_connection.table == {}
 
 
 def test_a_push_consumer_whose_connection_dropped_heartbeats_until_the_node_answers():

@@ -518,8 +518,11 @@ def test_mqnode_consume_push_prints_count_messages_and_the_next_run_goes_on_afte
         producer.send_batch(topic, [f"{i}".encode() for i in range(500)], queue_id=0)
     runs = []
     for _ in range(2):  # (a member holds what it has pulled: hundreds; it printed them all)
+        # (one thread: with 20, a second pulled batch may be consumed beside the first, 37 before 8,
+        # as RocketMQ's concurrent consumption promises no order)
         done = subprocess.run([sys.executable, "-m", "node.tools.cli", "consume", "--endpoint", node.endpoint,
-                               "--topic", topic, "--group", "counted", "--push", "--count", "5", "--timeout", "20"],
+                               "--topic", topic, "--group", "counted", "--push", "--count", "5", "--timeout", "20",
+                               "--threads", "1"],
                               cwd=ROOT, capture_output=True, timeout=120, check=False)
         assert done.returncode == 0, done.stderr
         runs.append([int(orjson.loads(line)["body"]) for line in done.stdout.splitlines()])
